@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// adminClient calls the admin API of a running gateway.
+type adminClient struct {
+	url, token string
+	http       *http.Client
+}
+
+func adminFlags(fs *flag.FlagSet) (url, token *string) {
+	listen := os.Getenv("TOLLGATE_LISTEN")
+	if listen == "" {
+		listen = "127.0.0.1:8080"
+	}
+	url = fs.String("url", "http://"+listen, "gateway base URL")
+	token = fs.String("token", os.Getenv("TOLLGATE_ADMIN_TOKEN"), "admin token (default $TOLLGATE_ADMIN_TOKEN, else <data_dir>/admin.token)")
+	return url, token
+}
+
+func newAdminClient(url, token string) (*adminClient, error) {
+	if token == "" {
+		dataDir := os.Getenv("TOLLGATE_DATA_DIR")
+		if cfg, err := config.Load(configPath(nil)); err == nil {
+			dataDir = cfg.Server.DataDir
+		}
+		if dataDir == "" {
+			dataDir = "./data"
+		}
+		b, err := os.ReadFile(filepath.Join(dataDir, "admin.token"))
+		if err != nil {
+			return nil, errors.New("no admin token: pass -token, set TOLLGATE_ADMIN_TOKEN, or run where the gateway's data dir is")
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return &adminClient{url: strings.TrimRight(url, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}, nil
+}
+
+func (c *adminClient) call(method, path string, body any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, c.url+"/admin/v1"+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("calling the gateway (is `tollgate serve` running at %s?): %w", c.url, err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	var pretty bytes.Buffer
+	if json.Indent(&pretty, out, "", "  ") == nil {
+		out = pretty.Bytes()
+	}
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s: %s", resp.Status, out)
+	}
+	fmt.Println(string(out))
+	return nil
+}
+
+func splitList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// parseInterleaved parses flags that may come after positional arguments.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func runAccounts(args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD")
+	}
+	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
+	url, token := adminFlags(fs)
+	credit := fs.String("credit", "", "initial credit in USD, e.g. 10.00")
+	pos, err := parseInterleaved(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	c, err := newAdminClient(*url, *token)
+	if err != nil {
+		return err
+	}
+	switch {
+	case args[0] == "create" && len(pos) == 1:
+		body := map[string]string{"id": pos[0]}
+		if *credit != "" {
+			body["credit_usd"] = *credit
+		}
+		return c.call("POST", "/accounts", body)
+	case args[0] == "get" && len(pos) == 1:
+		return c.call("GET", "/accounts/"+pos[0], nil)
+	case args[0] == "credit" && len(pos) == 2:
+		return c.call("POST", "/accounts/"+pos[0]+"/credit", map[string]string{"usd": pos[1]})
+	}
+	return errors.New("usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD")
+}
+
+func runKeys(args []string) error {
+	const keysUsage = "usage: tollgate keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N] | list ACCOUNT | revoke KEY_ID"
+	if len(args) == 0 {
+		return errors.New(keysUsage)
+	}
+	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
+	url, token := adminFlags(fs)
+	name := fs.String("name", "", "key name, e.g. prod-backend")
+	scopes := fs.String("scopes", "", "comma-separated scopes (default: all)")
+	models := fs.String("models", "", "comma-separated model ids (default: all)")
+	rpm := fs.Int64("rpm", 0, "requests per minute (0 = account default)")
+	tpm := fs.Int64("tpm", 0, "tokens per minute (0 = account default)")
+	expiresIn := fs.String("expires-in", "", "lifetime, e.g. 720h (default: never)")
+	logging := fs.Bool("logging", false, "log generation inputs and outputs for this key")
+	retention := fs.Int("retention-days", 0, "days to keep logged requests (0 = forever)")
+	pos, err := parseInterleaved(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	c, err := newAdminClient(*url, *token)
+	if err != nil {
+		return err
+	}
+	switch {
+	case args[0] == "create" && len(pos) == 1:
+		body := map[string]any{"name": *name, "scopes": splitList(*scopes), "models": splitList(*models), "rpm": *rpm, "tpm": *tpm}
+		if *expiresIn != "" {
+			body["expires_in"] = *expiresIn
+		}
+		if *logging {
+			body["logging"] = map[string]any{"enabled": true, "retention_days": *retention}
+		}
+		return c.call("POST", "/accounts/"+pos[0]+"/keys", body)
+	case args[0] == "list" && len(pos) == 1:
+		return c.call("GET", "/accounts/"+pos[0]+"/keys", nil)
+	case args[0] == "revoke" && len(pos) == 1:
+		return c.call("DELETE", "/keys/"+pos[0], nil)
+	}
+	return errors.New(keysUsage)
+}
+
+func runConfig(args []string) error {
+	if len(args) == 0 || args[0] != "check" {
+		return errors.New("usage: tollgate config check [FILE]")
+	}
+	path := configPath(args[1:])
+	if err := config.Check(path); err != nil {
+		return fmt.Errorf("%s is invalid:\n%w", path, err)
+	}
+	fmt.Printf("%s: ok\n", path)
+	return nil
+}

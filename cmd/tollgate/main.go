@@ -1,0 +1,82 @@
+// Command tollgate is the gateway's one binary.
+//
+//	tollgate serve                 run the gateway (default)
+//	tollgate config check [FILE]   validate gateway.yaml, printing every error with its line
+//	tollgate accounts …            manage accounts through the admin API
+//	tollgate keys …                manage API keys through the admin API
+//	tollgate version
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+)
+
+const usage = `usage: tollgate <command> [flags]
+
+commands:
+  serve                  run the gateway (reads $TOLLGATE_CONFIG, default ./gateway.yaml)
+  billing                run the billing consumer (JetStream -> ClickHouse)
+  migrate                apply ClickHouse migrations
+  config check [FILE]    validate a config file; prints every error with file:line:col
+  accounts create ID [-credit USD] | get ID | credit ID USD
+  keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N]
+  keys list ACCOUNT | revoke KEY_ID
+  version                print the version
+
+accounts and keys call the admin API of a running gateway: -url (default
+http://$TOLLGATE_LISTEN) and -token (default $TOLLGATE_ADMIN_TOKEN, else
+<data_dir>/admin.token).
+`
+
+func main() {
+	args := os.Args[1:]
+	cmd := "serve"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	var err error
+	switch cmd {
+	case "serve":
+		err = runServe(args)
+	case "billing":
+		err = runBilling(args)
+	case "migrate":
+		err = runMigrate(args)
+	case "config":
+		err = runConfig(args)
+	case "accounts":
+		err = runAccounts(args)
+	case "keys":
+		err = runKeys(args)
+	case "version", "-version", "--version":
+		fmt.Println("tollgate", version())
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "tollgate: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tollgate:", err)
+		os.Exit(1)
+	}
+}
+
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+func configPath(args []string) string {
+	if len(args) > 0 && args[0] != "" {
+		return args[0]
+	}
+	if p := os.Getenv("TOLLGATE_CONFIG"); p != "" {
+		return p
+	}
+	return "gateway.yaml"
+}

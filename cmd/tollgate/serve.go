@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/tokens"
+
+	_ "github.com/tollgate/tollgate/plugins" // plugins register their routes in init()
+)
+
+func runServe(args []string) error {
+	path := configPath(args)
+	cfg, err := config.Load(path)
+	if err != nil {
+		return fmt.Errorf("loading %s:\n%w", path, err)
+	}
+	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
+		return fmt.Errorf("creating data_dir: %w", err)
+	}
+	go func() { _ = tokens.Preload() }()
+
+	b, err := broker.Start(ctx, cfg.NATS, cfg.Server.DataDir, logf)
+	if err != nil {
+		return fmt.Errorf("starting NATS: %w", err)
+	}
+	defer b.Close()
+	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
+	if err != nil {
+		return fmt.Errorf("opening accounts: %w", err)
+	}
+	defer svc.Close()
+	syncCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = svc.WaitSynced(syncCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("loading accounts: %w", err)
+	}
+
+	adminToken, err := loadAdminToken(cfg)
+	if err != nil {
+		return err
+	}
+	if err := ensureDemoAccount(ctx, cfg, svc); err != nil {
+		return err
+	}
+
+	rec, closeRecorder, err := openRecorder(ctx, cfg, b, svc, logf)
+	if err != nil {
+		return err
+	}
+	defer closeRecorder()
+
+	srv, err := proxy.New(cfg, proxy.Options{
+		Accounts: svc,
+		Recorder: rec,
+		Admin:    proxy.NewAdminAPI(adminToken, svc),
+		Logf:     logf,
+	})
+	if err != nil {
+		return err
+	}
+	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
+	go watcher.Run(ctx)
+
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Server.Listen, err)
+	}
+	logf("tollgate %s listening on http://%s (config %s, data %s, NATS %s)", version(), ln.Addr(), path, cfg.Server.DataDir, b.ClientURL())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	logf("shutting down: waiting for open requests and streams")
+	done := make(chan struct{})
+	go func() { _ = srv.Shutdown(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		logf("shutdown: gave up waiting after 30s")
+	}
+	return nil
+}
+
+// loadAdminToken returns server.admin_token, or the token kept in the data
+// dir, generating and printing it on first start.
+func loadAdminToken(cfg *config.Config) (string, error) {
+	if cfg.Server.AdminToken != "" {
+		return cfg.Server.AdminToken, nil
+	}
+	p := filepath.Join(cfg.Server.DataDir, "admin.token")
+	if b, err := os.ReadFile(p); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("reading admin token: %w", err)
+	}
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	tok := "tga-" + hex.EncodeToString(raw)
+	if err := writeFileAtomic(p, []byte(tok+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("writing admin token: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
+	return tok, nil
+}
+
+// ensureDemoAccount creates the demo account and key on first start and
+// prints the key; it is shown only this once.
+func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Service) error {
+	credit, err := money.ParseUSD(cfg.Server.DemoCreditUSD)
+	if err != nil || credit <= 0 {
+		return nil
+	}
+	marker := filepath.Join(cfg.Server.DataDir, "demo.created")
+	if _, err := os.Stat(marker); err == nil {
+		return nil
+	}
+	if _, err := svc.CreateAccount(ctx, "demo", credit); err != nil && !errors.Is(err, accounts.ErrExists) {
+		return fmt.Errorf("creating demo account: %w", err)
+	}
+	_, token, err := svc.CreateKey(ctx, "demo", accounts.KeyRequest{Name: "demo"})
+	if err != nil {
+		return fmt.Errorf("creating demo key: %w", err)
+	}
+	if err := writeFileAtomic(marker, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n\n", credit, token, cfg.Server.Listen)
+	return nil
+}
+
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// openRecorder returns where usage events go. Until durable metering is
+// configured, events debit balances in the background.
+func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) (meter.Recorder, func(), error) {
+	d := meter.NewDebiter(svc.Debit, logf)
+	go d.Run(ctx)
+	return d, d.Close, nil
+}

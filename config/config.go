@@ -1,0 +1,119 @@
+// Package config holds the schema of gateway.yaml, its loader (environment
+// expansion, strict decoding, validation with line numbers) and hot reload.
+package config
+
+import "time"
+
+// Config is one complete, validated gateway.yaml. A *Config is never mutated
+// after Load returns it: reloads build a new one and swap the pointer.
+type Config struct {
+	Server     Server     `yaml:"server"`
+	Auth       Auth       `yaml:"auth"`
+	Billing    Billing    `yaml:"billing"`
+	Upstreams  []Upstream `yaml:"upstreams"`
+	Models     []Model    `yaml:"models"`
+	NATS       NATS       `yaml:"nats"`
+	ClickHouse ClickHouse `yaml:"clickhouse"`
+
+	// Path is the file this config was read from; not part of the YAML.
+	Path string `yaml:"-"`
+	// source is the SHA-256 of the bytes parsed, so the Watcher can tell a
+	// touched file from a changed one.
+	source [32]byte
+}
+
+// Server is the public listener. Fields marked restart-only in gateway.yaml
+// cannot change on reload: a reload that changes them is refused by name.
+type Server struct {
+	Listen         string   `yaml:"listen"`           // restart-only
+	DataDir        string   `yaml:"data_dir"`         // restart-only
+	AdminToken     string   `yaml:"admin_token"`      // restart-only; empty = generated into data_dir
+	MaxRequestBody ByteSize `yaml:"max_request_body"` // restart-only (fasthttp enforces it while reading)
+	// DemoCreditUSD is the credit of the demo account created on first start;
+	// "0" creates no demo account.
+	DemoCreditUSD string `yaml:"demo_credit_usd"`
+	// TrustedProxies are CIDRs whose X-Forwarded-For is believed.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+}
+
+// Auth configures API key verification.
+type Auth struct {
+	// Algorithm is the only JWT alg accepted; EdDSA (Ed25519) is the one supported.
+	Algorithm string `yaml:"algorithm"`
+	// Issuer is written into and required on every key.
+	Issuer string `yaml:"issuer"`
+}
+
+// Billing holds the money rules.
+type Billing struct {
+	// GraceUSD is the overdraft allowance: requests are refused while
+	// balance < -grace. Decimal string.
+	GraceUSD string `yaml:"grace_usd"`
+}
+
+// Upstream is one OpenAI-compatible generation server.
+type Upstream struct {
+	Name    string `yaml:"name"`
+	BaseURL string `yaml:"base_url"`
+	APIKey  string `yaml:"api_key"`
+	// ConnectTimeout bounds dialing; WriteTimeout bounds sending the request.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	WriteTimeout   time.Duration `yaml:"write_timeout"`
+	// FirstByteTimeout bounds the wait from sending the request to the first
+	// response byte; IdleTimeout bounds every later gap between bytes, so a
+	// long stream that keeps producing is never cut.
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	IdleTimeout      time.Duration `yaml:"idle_timeout"`
+	MaxConnections   int           `yaml:"max_connections"`
+	MaxResponseBody  ByteSize      `yaml:"max_response_body"`
+}
+
+// Model is one catalog entry; its presence in the list is the allow-list.
+type Model struct {
+	ID                          string   `yaml:"id"`
+	HuggingFaceID               string   `yaml:"hugging_face_id"`
+	Name                        string   `yaml:"name"`
+	InputModalities             []string `yaml:"input_modalities"`
+	OutputModalities            []string `yaml:"output_modalities"`
+	Quantization                string   `yaml:"quantization"`
+	ContextLength               int      `yaml:"context_length"`
+	MaxOutputLength             int      `yaml:"max_output_length"`
+	Pricing                     Pricing  `yaml:"pricing"`
+	SupportedFeatures           []string `yaml:"supported_features"`
+	SupportedSamplingParameters []string `yaml:"supported_sampling_parameters"`
+	// Upstream names the entry of upstreams that serves this model, and
+	// UpstreamModel the model name sent to it (defaults to ID).
+	Upstream      string `yaml:"upstream"`
+	UpstreamModel string `yaml:"upstream_model"`
+}
+
+// Pricing is USD per unit as decimal strings, never floats.
+type Pricing struct {
+	Prompt         string `yaml:"prompt"`
+	Completion     string `yaml:"completion"`
+	Image          string `yaml:"image"`
+	Request        string `yaml:"request"`
+	InputCacheRead string `yaml:"input_cache_read"`
+}
+
+// NATS selects the embedded server or an external one.
+type NATS struct {
+	// URL empty runs an embedded nats-server with JetStream under data_dir.
+	URL string `yaml:"url"`
+	// EmbeddedListen is the loopback address of the embedded server, so
+	// `tollgate billing` and nats tools can connect. restart-only.
+	EmbeddedListen string `yaml:"embedded_listen"`
+	CredsFile      string `yaml:"creds_file"`
+	TLSCA          string `yaml:"tls_ca"`
+	TLSCert        string `yaml:"tls_cert"`
+	TLSKey         string `yaml:"tls_key"`
+	// Replicas for streams and KV buckets (1 single node, 3 in a cluster).
+	Replicas int `yaml:"replicas"`
+}
+
+// ClickHouse is the billing store.
+type ClickHouse struct {
+	DSN string `yaml:"dsn"`
+	// ConsumeInServe runs the billing consumer inside `tollgate serve`.
+	ConsumeInServe bool `yaml:"consume_in_serve"`
+}

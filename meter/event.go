@@ -1,0 +1,81 @@
+// Package meter carries usage events from the request path to billing: the
+// event, the Recorder the proxy hands events to, and the publishers behind it.
+package meter
+
+import (
+	"sync"
+	"time"
+
+	"github.com/tollgate/tollgate/money"
+)
+
+// UsageSource says where token counts came from.
+type UsageSource string
+
+const (
+	// SourceUpstream: the upstream reported usage.
+	SourceUpstream UsageSource = "upstream"
+	// SourceEstimated: the upstream never reported usage (stream cut, client
+	// went away) and the forwarded text was counted with the tokenizer.
+	SourceEstimated UsageSource = "estimated"
+)
+
+// Event is one billable call. ID is a UUIDv7, the response's x-request-id,
+// the JetStream Nats-Msg-Id and the ClickHouse dedup key.
+type Event struct {
+	ID               string        `json:"id"`
+	Time             time.Time     `json:"time"`
+	Account          string        `json:"account"`
+	KeyID            string        `json:"key_id"`
+	Endpoint         string        `json:"endpoint"` // e.g. /v1/chat/completions
+	Model            string        `json:"model"`    // client-facing model id
+	Upstream         string        `json:"upstream"` // upstream name from gateway.yaml
+	PromptTokens     int64         `json:"prompt_tokens"`
+	CachedTokens     int64         `json:"cached_tokens"`
+	CompletionTokens int64         `json:"completion_tokens"`
+	ReasoningTokens  int64         `json:"reasoning_tokens"`
+	Images           int64         `json:"images,omitempty"`
+	CostNanos        money.Nanos   `json:"cost_nanos"`
+	UsageSource      UsageSource   `json:"usage_source"`
+	Status           int           `json:"status"` // HTTP status the client got
+	Latency          time.Duration `json:"latency_ns"`
+	TTFB             time.Duration `json:"ttfb_ns"` // time to the first byte relayed to the client
+	Stream           bool          `json:"stream"`
+	// JobID is set on batch billing events.
+	JobID string `json:"job_id,omitempty"`
+}
+
+// Recorder takes billable events. Record must not block on I/O: it is called
+// on the request path. Implementations own ev after the call.
+type Recorder interface {
+	Record(ev *Event)
+}
+
+// Memory is a Recorder that keeps events in memory, for tests and for running
+// without durable metering.
+type Memory struct {
+	mu     sync.Mutex
+	events []*Event
+	notify func(*Event)
+}
+
+// NewMemory returns an empty recorder. notify, if set, is called for each
+// event after it is stored, outside the lock.
+func NewMemory(notify func(*Event)) *Memory { return &Memory{notify: notify} }
+
+// Record stores ev.
+func (m *Memory) Record(ev *Event) {
+	m.mu.Lock()
+	m.events = append(m.events, ev)
+	m.mu.Unlock()
+	if m.notify != nil {
+		m.notify(ev)
+	}
+}
+
+// Events returns a copy of what was recorded so far.
+func (m *Memory) Events() []*Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]*Event(nil), m.events...)
+}

@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/valyala/fasthttp"
+)
+
+// APIError is the one error type at the edge: every refusal the gateway
+// itself produces is written as the OpenAI envelope
+// {"error":{"message","type","param","code"}} so client libraries raise the
+// matching exception (BadRequestError, AuthenticationError, …).
+type APIError struct {
+	Status  int
+	Type    string
+	Code    string
+	Param   string // empty renders as null
+	Message string
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+type envelope struct {
+	Error envelopeBody `json:"error"`
+}
+
+type envelopeBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// MarshalJSON renders the envelope.
+func (e *APIError) MarshalJSON() ([]byte, error) {
+	b := envelopeBody{Message: e.Message, Type: e.Type, Code: e.Code}
+	if e.Param != "" {
+		p := e.Param
+		b.Param = &p
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // messages quote things like <API key> literally
+	if err := enc.Encode(envelope{Error: b}); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// WriteError writes err as the response. Other packages (plugins, admin)
+// use it so every error body looks the same.
+func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
+	body, _ := err.MarshalJSON()
+	ctx.Response.ResetBody()
+	ctx.SetStatusCode(err.Status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// Constructors for the statuses of spec section 7. The codes are the spec's
+// where it names one and OpenAI's otherwise.
+
+// BadRequest is 400 invalid_request_error; param names the offending field.
+func BadRequest(param, msg string) *APIError {
+	return &APIError{Status: 400, Type: "invalid_request_error", Code: "invalid_request_error", Param: param, Message: msg}
+}
+
+func errInvalidKey(msg string) *APIError {
+	return &APIError{Status: 401, Type: "authentication_error", Code: "INVALID_API_KEY", Message: msg}
+}
+
+func errInsufficientBalance(msg string) *APIError {
+	return &APIError{Status: 402, Type: "billing_error", Code: "INSUFFICIENT_BALANCE", Message: msg}
+}
+
+// Forbidden is 403: the key is valid but lacks a scope or model.
+func Forbidden(msg string) *APIError {
+	return &APIError{Status: 403, Type: "permission_error", Code: "permission_denied", Message: msg}
+}
+
+// NotFound is 404.
+func NotFound(msg string) *APIError {
+	return &APIError{Status: 404, Type: "not_found_error", Code: "not_found", Message: msg}
+}
+
+// Conflict is 409.
+func Conflict(msg string) *APIError {
+	return &APIError{Status: 409, Type: "conflict_error", Code: "conflict", Message: msg}
+}
+
+func errMethodNotAllowed(msg string) *APIError {
+	return &APIError{Status: 405, Type: "invalid_request_error", Code: "method_not_allowed", Message: msg}
+}
+
+func errTooLarge(msg string) *APIError {
+	return &APIError{Status: 413, Type: "invalid_request_error", Code: "request_too_large", Message: msg}
+}
+
+// Unavailable is 503: the generation gateway is not configured or unreachable.
+func Unavailable(msg string) *APIError {
+	return &APIError{Status: 503, Type: "service_unavailable_error", Code: "upstream_unavailable", Message: msg}
+}
+
+// Internal is 500 for faults of the gateway itself.
+func Internal(msg string) *APIError {
+	return &APIError{Status: 500, Type: "server_error", Code: "internal_error", Message: msg}
+}

@@ -1,0 +1,518 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+type endpoint int
+
+const (
+	endpointChat endpoint = iota
+	endpointResponses
+)
+
+func (e endpoint) path() string {
+	if e == endpointChat {
+		return "/v1/chat/completions"
+	}
+	return "/v1/responses"
+}
+
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// authenticate verifies the bearer key. Every failure is 401 INVALID_API_KEY
+// with the reason, never which part of a forged key was wrong beyond that.
+func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*accounts.Key, *APIError) {
+	h := ctx.Request.Header.Peek("Authorization")
+	if len(h) == 0 {
+		return nil, errInvalidKey("missing API key: send the header Authorization: Bearer <API key>")
+	}
+	if len(h) < 7 || !strings.EqualFold(string(h[:7]), "bearer ") {
+		return nil, errInvalidKey("the Authorization header must be: Bearer <API key>")
+	}
+	key, err := s.accounts.Verify(bytes.TrimSpace(h[7:]))
+	if err != nil {
+		return nil, errInvalidKey(err.Error())
+	}
+	return key, nil
+}
+
+// checkBalance refuses accounts whose balance is below the grace buffer.
+func (s *Server) checkBalance(w *World, key *accounts.Key) *APIError {
+	bal, ok := s.accounts.Balance(key.Account)
+	if !ok {
+		return errInvalidKey("the account of this API key does not exist")
+	}
+	if bal < -w.grace {
+		return errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, below the grace buffer of -%s USD; a top-up resumes service at once", key.Account, bal, w.grace))
+	}
+	return nil
+}
+
+func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
+	start := time.Now()
+	w := s.world.Load()
+	reqID := newRequestID()
+	ctx.Response.Header.Set("x-request-id", reqID)
+	if !ctx.IsPost() {
+		methodNotAllowed(ctx, "POST")
+		return
+	}
+	key, apiErr := s.authenticate(ctx)
+	if apiErr != nil {
+		WriteError(ctx, apiErr)
+		return
+	}
+	if !key.HasScope(accounts.ScopeGenerate) {
+		WriteError(ctx, Forbidden("this API key lacks the generate scope"))
+		return
+	}
+	if apiErr := s.checkBalance(w, key); apiErr != nil {
+		WriteError(ctx, apiErr)
+		return
+	}
+	body := ctx.PostBody()
+	f, apiErr := scanRequest(body)
+	if apiErr != nil {
+		WriteError(ctx, apiErr)
+		return
+	}
+	switch {
+	case !f.Model.Exists():
+		WriteError(ctx, BadRequest("model", "you must provide a model parameter; valid models: "+w.Catalog.ValidList()))
+		return
+	case f.Model.Type != gjson.String:
+		WriteError(ctx, BadRequest("model", "model must be a string; valid models: "+w.Catalog.ValidList()))
+		return
+	}
+	entry, ok := w.Catalog.Resolve(f.Model.Str)
+	if !ok {
+		WriteError(ctx, BadRequest("model", fmt.Sprintf("the model %q does not exist or is not allowed; valid models: %s", f.Model.Str, w.Catalog.ValidList())))
+		return
+	}
+	if !key.AllowsModel(entry.ID) {
+		WriteError(ctx, Forbidden(fmt.Sprintf("this API key may not use model %q", entry.ID)))
+		return
+	}
+	up := w.upstreams[entry.Upstream]
+	if up == nil {
+		WriteError(ctx, Unavailable(fmt.Sprintf("model %q has no configured upstream", entry.ID)))
+		return
+	}
+	stream := f.Stream.Type == gjson.True
+
+	bufp := bodyPool.Get().(*[]byte)
+	out, injected := rewriteRequest((*bufp)[:0], body, &f, entry.UpstreamModelJSON, stream && ep == endpointChat)
+	*bufp = out
+
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	req.Header.SetMethod(fasthttp.MethodPost)
+	if ep == endpointChat {
+		req.SetRequestURI(up.chatURL)
+	} else {
+		req.SetRequestURI(up.responsesURL)
+	}
+	req.Header.SetContentType("application/json")
+	if up.authHeader != "" {
+		req.Header.Set("Authorization", up.authHeader)
+	}
+	if stream {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	req.SetBodyRaw(out)
+
+	call := &generationCall{
+		server: s, ep: ep, entry: entry, upstream: up, key: key,
+		reqID: reqID, start: start, stream: stream, injected: injected,
+		reqBody: bufp, req: req, resp: resp,
+	}
+	err := up.client.Do(req, resp)
+	if err != nil {
+		call.release()
+		if isTimeout(err) {
+			WriteError(ctx, Unavailable(fmt.Sprintf("upstream %s did not answer within first_byte_timeout (%s)", up.cfg.Name, up.cfg.FirstByteTimeout)))
+		} else {
+			WriteError(ctx, Unavailable(fmt.Sprintf("upstream %s is unreachable: %v", up.cfg.Name, err)))
+		}
+		return
+	}
+	status := resp.StatusCode()
+	copyUpstreamHeaders(ctx, resp)
+	if status < 200 || status > 299 {
+		// Upstream errors pass through as they are; no tokens, no bill.
+		errBody := resp.Body()
+		ctx.SetStatusCode(status)
+		ctx.SetBody(errBody)
+		call.release()
+		return
+	}
+	if stream && bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
+		ctx.SetStatusCode(status)
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		ctx.SetBodyStreamWriter(call.relay)
+		return
+	}
+	call.forwardWhole(ctx, status)
+}
+
+// copyUpstreamHeaders forwards the upstream headers a client may act on.
+// The gateway's own x-request-id stays; the upstream's is kept under
+// x-upstream-request-id for support requests to the provider.
+func copyUpstreamHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	if ct := resp.Header.ContentType(); len(ct) > 0 {
+		ctx.Response.Header.SetContentTypeBytes(ct)
+	}
+	for _, name := range forwardedHeaders {
+		if v := resp.Header.Peek(name); len(v) > 0 {
+			ctx.Response.Header.SetBytesV(name, v)
+		}
+	}
+	if v := resp.Header.Peek("X-Request-Id"); len(v) > 0 {
+		ctx.Response.Header.SetBytesV("x-upstream-request-id", v)
+	}
+}
+
+var forwardedHeaders = []string{"Retry-After", "Openai-Processing-Ms", "Openai-Version"}
+
+// generationCall is one forwarded chat or responses request, alive until
+// its response is fully relayed and metered.
+type generationCall struct {
+	server   *Server
+	ep       endpoint
+	entry    *catalog.Entry
+	upstream *upstream
+	key      *accounts.Key
+	reqID    string
+	start    time.Time
+	stream   bool
+	injected bool
+	reqBody  *[]byte
+	req      *fasthttp.Request
+	resp     *fasthttp.Response
+
+	usage     catalog.Usage
+	haveUsage bool
+	text      []byte // forwarded output text, counted only when usage never came
+	ttfb      time.Duration
+
+	scratchData, scratchEvent []byte // reused for chunks stripped of usage
+}
+
+// maxEstimateText bounds the text kept for estimating a cut stream's usage.
+const maxEstimateText = 4 << 20
+
+func (c *generationCall) release() {
+	fasthttp.ReleaseRequest(c.req)
+	fasthttp.ReleaseResponse(c.resp)
+	if cap(*c.reqBody) <= 1<<20 {
+		bodyPool.Put(c.reqBody)
+	}
+}
+
+// forwardWhole relays a non-streamed response unchanged and meters it.
+func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
+	body := c.resp.Body()
+	if err := c.resp.CloseBodyStream(); err != nil || !gjson.ValidBytes(body) && len(body) == 0 {
+		c.release()
+		WriteError(ctx, &APIError{Status: 502, Type: "upstream_error", Code: "upstream_response_cut",
+			Message: fmt.Sprintf("upstream %s ended its response early", c.upstream.cfg.Name)})
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetBody(body)
+	c.ttfb = time.Since(c.start)
+	if u := gjson.GetBytes(body, "usage"); u.IsObject() {
+		c.setUsage(u)
+	} else {
+		c.collectWholeText(body)
+	}
+	c.record(status)
+	c.release()
+}
+
+// relay is the body stream writer of a streamed response: it forwards the
+// upstream's events one by one, flushing each, and meters the call when the
+// stream ends however it ends.
+func (c *generationCall) relay(bw *bufio.Writer) {
+	rd := newSSEReader(c.resp.BodyStream(), 4096, int(c.upstream.cfg.MaxResponseBody))
+	var readErr error
+	clientGone := false
+	for {
+		ev, err := rd.Next()
+		if err != nil {
+			if err != io.EOF {
+				readErr = err
+			}
+			break
+		}
+		outEv := ev.Raw
+		if c.ep == endpointChat {
+			var drop bool
+			if outEv, drop = c.inspectChat(&ev); drop {
+				continue
+			}
+		} else {
+			c.inspectResponses(&ev)
+		}
+		if _, err := bw.Write(outEv); err != nil {
+			clientGone = true
+			break
+		}
+		if err := bw.Flush(); err != nil {
+			clientGone = true
+			break
+		}
+		if c.ttfb == 0 {
+			c.ttfb = time.Since(c.start)
+		}
+	}
+	if readErr != nil && !clientGone {
+		// The upstream broke the stream: end it cleanly with an error event
+		// the SDKs raise, instead of pretending it completed.
+		msg := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, readErr)
+		if isTimeout(readErr) {
+			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
+		}
+		_, _ = bw.Write(streamErrorEvent(c.ep, msg))
+		_ = bw.Flush()
+	}
+	// Closing a body stream that was not read to the end closes the
+	// upstream connection, which is what aborts generation upstream when the
+	// client went away.
+	_ = c.resp.CloseBodyStream()
+	c.record(fasthttp.StatusOK)
+	c.release()
+}
+
+func streamErrorEvent(ep endpoint, msg string) []byte {
+	if ep == endpointChat {
+		e := &APIError{Type: "upstream_error", Code: "stream_interrupted", Message: msg}
+		body, _ := e.MarshalJSON()
+		return append(append([]byte("data: "), body...), "\n\n"...)
+	}
+	body, _ := sjson.SetBytes([]byte(`{"type":"error","code":"stream_interrupted","param":null}`), "message", msg)
+	return append(append([]byte("event: error\ndata: "), body...), "\n\n"...)
+}
+
+var doneData = []byte("[DONE]")
+
+// inspectChat reads usage and text from one chat chunk. When the gateway
+// injected include_usage, it drops the usage-only chunk and strips the
+// usage field the client did not ask for, returning the event to relay.
+func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
+	data := ev.Data
+	if len(data) == 0 || bytes.Equal(data, doneData) {
+		return ev.Raw, false
+	}
+	usage := gjson.GetBytes(data, "usage")
+	if usage.IsObject() && ev.Complete {
+		c.setUsage(usage)
+	}
+	if !c.haveUsage {
+		c.collectChatText(data)
+	}
+	if !c.injected || !usage.Exists() {
+		return ev.Raw, false
+	}
+	if choices := gjson.GetBytes(data, "choices"); choices.IsArray() && isEmptyArray(choices.Raw) {
+		return nil, true
+	}
+	if ev.dataEnd == 0 {
+		return ev.Raw, false // several data lines: relay untouched rather than guess
+	}
+	stripped, ok := appendWithoutMember(c.scratchData[:0], data, usage, "usage")
+	if !ok {
+		return ev.Raw, false
+	}
+	c.scratchData = stripped
+	c.scratchEvent = appendWithData(c.scratchEvent[:0], ev, stripped)
+	return c.scratchEvent, false
+}
+
+func isEmptyArray(raw string) bool {
+	return len(strings.TrimSpace(raw[1:len(raw)-1])) == 0
+}
+
+func (c *generationCall) inspectResponses(ev *sseEvent) {
+	data := ev.Data
+	if len(data) == 0 {
+		return
+	}
+	typ := string(ev.Name)
+	if typ == "" {
+		typ = gjson.GetBytes(data, "type").Str
+	}
+	switch typ {
+	case "response.completed", "response.incomplete", "response.failed":
+		if u := gjson.GetBytes(data, "response.usage"); u.IsObject() {
+			c.setUsage(u)
+		}
+	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta":
+		if !c.haveUsage {
+			c.appendText(gjson.GetBytes(data, "delta").Str)
+		}
+	}
+}
+
+// setUsage reads the chat (prompt/completion) or responses (input/output)
+// spelling of usage.
+func (c *generationCall) setUsage(u gjson.Result) {
+	var usage catalog.Usage
+	if p := u.Get("prompt_tokens"); p.Exists() {
+		usage.PromptTokens = p.Int()
+		usage.CompletionTokens = u.Get("completion_tokens").Int()
+		usage.CachedTokens = u.Get("prompt_tokens_details.cached_tokens").Int()
+		usage.ReasoningTokens = u.Get("completion_tokens_details.reasoning_tokens").Int()
+	} else {
+		usage.PromptTokens = u.Get("input_tokens").Int()
+		usage.CompletionTokens = u.Get("output_tokens").Int()
+		usage.CachedTokens = u.Get("input_tokens_details.cached_tokens").Int()
+		usage.ReasoningTokens = u.Get("output_tokens_details.reasoning_tokens").Int()
+	}
+	c.usage.PromptTokens, c.usage.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
+	c.usage.CachedTokens, c.usage.ReasoningTokens = usage.CachedTokens, usage.ReasoningTokens
+	c.haveUsage = true
+}
+
+func (c *generationCall) appendText(s string) {
+	if len(c.text)+len(s) <= maxEstimateText {
+		c.text = append(c.text, s...)
+	}
+}
+
+func (c *generationCall) collectChatText(data []byte) {
+	gjson.GetBytes(data, "choices").ForEach(func(_, ch gjson.Result) bool {
+		d := ch.Get("delta")
+		c.appendText(d.Get("content").Str)
+		c.appendText(d.Get("reasoning_content").Str)
+		c.appendText(d.Get("reasoning").Str)
+		return true
+	})
+}
+
+func (c *generationCall) collectWholeText(body []byte) {
+	if c.ep == endpointChat {
+		gjson.GetBytes(body, "choices").ForEach(func(_, ch gjson.Result) bool {
+			c.appendText(ch.Get("message.content").Str)
+			return true
+		})
+		return
+	}
+	gjson.GetBytes(body, "output").ForEach(func(_, item gjson.Result) bool {
+		item.Get("content").ForEach(func(_, part gjson.Result) bool {
+			c.appendText(part.Get("text").Str)
+			return true
+		})
+		return true
+	})
+}
+
+// record hands the call's usage event to the meter. Where the upstream
+// never reported usage, the prompt and the text actually forwarded are
+// counted with the tokenizer and the event says so.
+func (c *generationCall) record(status int) {
+	u := c.usage
+	source := meter.SourceUpstream
+	if !c.haveUsage {
+		source = meter.SourceEstimated
+		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep)))
+		u.CompletionTokens = int64(tokens.Count(string(c.text)))
+	}
+	if c.entry.Prices.Image != 0 {
+		u.Images = countImages(*c.reqBody, c.ep)
+	}
+	c.server.recorder.Record(&meter.Event{
+		ID:               c.reqID,
+		Time:             c.start.UTC(),
+		Account:          c.key.Account,
+		KeyID:            c.key.ID,
+		Endpoint:         c.ep.path(),
+		Model:            c.entry.ID,
+		Upstream:         c.upstream.cfg.Name,
+		PromptTokens:     u.PromptTokens,
+		CachedTokens:     u.CachedTokens,
+		CompletionTokens: u.CompletionTokens,
+		ReasoningTokens:  u.ReasoningTokens,
+		Images:           u.Images,
+		CostNanos:        c.entry.Prices.Cost(u),
+		UsageSource:      source,
+		Status:           status,
+		Latency:          time.Since(c.start),
+		TTFB:             c.ttfb,
+		Stream:           c.stream,
+	})
+}
+
+// promptText gathers the text of a request's messages (chat) or input and
+// instructions (responses), for estimating prompt tokens.
+func promptText(body []byte, ep endpoint) string {
+	var sb strings.Builder
+	add := func(content gjson.Result) {
+		if content.Type == gjson.String {
+			sb.WriteString(content.Str)
+			sb.WriteByte('\n')
+			return
+		}
+		content.ForEach(func(_, part gjson.Result) bool {
+			if t := part.Get("text"); t.Type == gjson.String {
+				sb.WriteString(t.Str)
+				sb.WriteByte('\n')
+			}
+			return true
+		})
+	}
+	if ep == endpointChat {
+		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+			add(m.Get("content"))
+			return true
+		})
+		return sb.String()
+	}
+	add(gjson.GetBytes(body, "instructions"))
+	input := gjson.GetBytes(body, "input")
+	if input.Type == gjson.String {
+		add(input)
+	} else {
+		input.ForEach(func(_, item gjson.Result) bool {
+			add(item.Get("content"))
+			return true
+		})
+	}
+	return sb.String()
+}
+
+// countImages counts image inputs, billed at the model's image price.
+func countImages(body []byte, ep endpoint) int64 {
+	var n int64
+	list, kind := "messages", "image_url"
+	if ep == endpointResponses {
+		list, kind = "input", "input_image"
+	}
+	gjson.GetBytes(body, list).ForEach(func(_, m gjson.Result) bool {
+		m.Get("content").ForEach(func(_, part gjson.Result) bool {
+			if part.Get("type").Str == kind {
+				n++
+			}
+			return true
+		})
+		return true
+	})
+	return n
+}

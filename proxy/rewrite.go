@@ -1,0 +1,174 @@
+package proxy
+
+import (
+	"bytes"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+)
+
+// requestFields are the top-level fields of a generation request the gateway
+// reads, found in one pass over the body.
+type requestFields struct {
+	Model         gjson.Result
+	Stream        gjson.Result
+	StreamOptions gjson.Result
+	end           int // offset of the body's closing '}'
+}
+
+// scanRequest validates body as one JSON object and locates the fields the
+// gateway needs. Duplicate keys among them are refused: upstreams written in
+// Python keep the last duplicate while gjson finds the first, so a second
+// "model" would otherwise slip past the allow-list and the price.
+func scanRequest(body []byte) (requestFields, *APIError) {
+	var f requestFields
+	if !gjson.ValidBytes(body) {
+		return f, BadRequest("", "request body is not valid JSON")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return f, BadRequest("", "request body must be a JSON object")
+	}
+	var dup string
+	root.ForEach(func(key, value gjson.Result) bool {
+		var slot *gjson.Result
+		switch key.Str {
+		case "model":
+			slot = &f.Model
+		case "stream":
+			slot = &f.Stream
+		case "stream_options":
+			slot = &f.StreamOptions
+		default:
+			return true
+		}
+		if slot.Exists() {
+			dup = key.Str
+			return false
+		}
+		*slot = value
+		return true
+	})
+	if dup != "" {
+		return f, BadRequest(dup, "duplicate key "+strconv.Quote(dup)+" in request body")
+	}
+	f.end = bytes.LastIndexByte(body, '}')
+	return f, nil
+}
+
+type edit struct {
+	pos, cut int // replace body[pos:pos+cut] with text
+	text     string
+}
+
+// rewriteRequest appends to dst the body to send upstream: the model renamed
+// to the upstream's name (upstreamModelJSON, already a JSON string) and, when forceUsage, stream_options.include_usage set to
+// true. Every other byte is the client's. It reports whether include_usage
+// was added (the client had not asked for usage), so the relay can drop
+// what the client would not have received.
+func rewriteRequest(dst, body []byte, f *requestFields, upstreamModelJSON string, forceUsage bool) ([]byte, bool) {
+	var edits [2]edit
+	n := 0
+	if f.Model.Raw != upstreamModelJSON {
+		edits[n] = edit{pos: f.Model.Index, cut: len(f.Model.Raw), text: upstreamModelJSON}
+		n++
+	}
+	injected := false
+	if forceUsage {
+		so := f.StreamOptions
+		switch {
+		case !so.Exists():
+			injected = true
+			sep := ","
+			if !hasMembersBefore(body, f.end) {
+				sep = ""
+			}
+			edits[n] = edit{pos: f.end, text: sep + `"stream_options":{"include_usage":true}`}
+			n++
+		case so.IsObject():
+			iu := so.Get("include_usage")
+			switch {
+			case iu.Type == gjson.True:
+			case iu.Exists():
+				injected = true
+				edits[n] = edit{pos: so.Index + iu.Index, cut: len(iu.Raw), text: "true"}
+				n++
+			default:
+				injected = true
+				text := `"include_usage":true,`
+				if len(so.Map()) == 0 {
+					text = `"include_usage":true`
+				}
+				edits[n] = edit{pos: so.Index + 1, text: text}
+				n++
+			}
+		default: // null or a wrong type: the client asked for nothing usable
+			injected = true
+			edits[n] = edit{pos: so.Index, cut: len(so.Raw), text: `{"include_usage":true}`}
+			n++
+		}
+	}
+	es := edits[:n]
+	if n == 2 && es[1].pos < es[0].pos {
+		es[0], es[1] = es[1], es[0]
+	}
+	prev := 0
+	for _, e := range es {
+		dst = append(dst, body[prev:e.pos]...)
+		dst = append(dst, e.text...)
+		prev = e.pos + e.cut
+	}
+	return append(dst, body[prev:]...), injected
+}
+
+// hasMembersBefore reports whether the object ending at end has any member,
+// i.e. something other than whitespace follows its opening brace.
+func hasMembersBefore(body []byte, end int) bool {
+	open := bytes.IndexByte(body, '{')
+	return len(bytes.TrimSpace(body[open+1:end])) > 0
+}
+
+// appendWithoutMember appends obj to dst without the member named key whose
+// value v gjson found at the top level of obj, taking one adjacent comma with
+// it. It reports false when the bytes around v are not the plain `"key":`
+// it expects (an escaped key, say), so the caller can leave obj alone.
+func appendWithoutMember(dst, obj []byte, v gjson.Result, key string) ([]byte, bool) {
+	valStart, valEnd := v.Index, v.Index+len(v.Raw)
+	if valStart <= 0 || valEnd > len(obj) {
+		return dst, false
+	}
+	i := skipSpaceBack(obj, valStart-1)
+	if i < 0 || obj[i] != ':' {
+		return dst, false
+	}
+	i = skipSpaceBack(obj, i-1)
+	if i < 0 || obj[i] != '"' {
+		return dst, false
+	}
+	keyStart := i - len(key) - 1
+	if keyStart < 0 || obj[keyStart] != '"' || string(obj[keyStart+1:i]) != key {
+		return dst, false
+	}
+	if k := skipSpaceBack(obj, keyStart-1); k >= 0 && obj[k] == ',' {
+		dst = append(dst, obj[:k]...)
+		return append(dst, obj[valEnd:]...), true
+	}
+	m := valEnd
+	for m < len(obj) && isJSONSpace(obj[m]) {
+		m++
+	}
+	if m < len(obj) && obj[m] == ',' {
+		valEnd = m + 1
+	}
+	dst = append(dst, obj[:keyStart]...)
+	return append(dst, obj[valEnd:]...), true
+}
+
+func skipSpaceBack(b []byte, i int) int {
+	for i >= 0 && isJSONSpace(b[i]) {
+		i--
+	}
+	return i
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"bytes"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+)
+
+// AuthMode says whether a plugin route needs an API key.
+type AuthMode int
+
+const (
+	// AuthRequired refuses calls without a valid key (401).
+	AuthRequired AuthMode = iota
+	// AuthOptional serves calls without a key in public mode; a key that is
+	// sent must still be valid.
+	AuthOptional
+)
+
+// Call is what a plugin handler gets besides the fasthttp context.
+type Call struct {
+	RequestID string
+	Start     time.Time
+	Key       *accounts.Key // nil in public mode
+	World     *World
+	Server    *Server
+}
+
+// Route is an internal plugin endpoint. Path is exact, or ends in "/*" to
+// match every path under it (the handler reads the rest from ctx.Path()).
+type Route struct {
+	Method  string
+	Path    string
+	Auth    AuthMode
+	Scope   string // scope a key must carry; empty = any valid key
+	Handler func(ctx *fasthttp.RequestCtx, call *Call)
+}
+
+type routeKey struct{ method, path string }
+
+var (
+	registryMu sync.Mutex
+	registry   = map[routeKey]Route{}
+)
+
+// Register adds a plugin route. Plugins call it from init(), so the proxy
+// never names a plugin; a duplicate registration is a programming error and
+// panics at start-up.
+func Register(r Route) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	k := routeKey{r.Method, r.Path}
+	if _, dup := registry[k]; dup {
+		panic("proxy: route registered twice: " + r.Method + " " + r.Path)
+	}
+	registry[k] = r
+}
+
+func registeredRoutes() map[routeKey]Route {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	out := make(map[routeKey]Route, len(registry))
+	for k, v := range registry {
+		out[k] = v
+	}
+	return out
+}
+
+// RoutePaths lists registered plugin routes, for the README check and logs.
+func RoutePaths() []string {
+	var out []string
+	for k := range registeredRoutes() {
+		out = append(out, k.method+" "+k.path)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	switch string(path) {
+	case "/v1/chat/completions":
+		s.generation(ctx, endpointChat)
+		return
+	case "/v1/responses":
+		s.generation(ctx, endpointResponses)
+		return
+	case "/v1/models":
+		if !ctx.IsGet() && !ctx.IsHead() {
+			methodNotAllowed(ctx, "GET")
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(s.world.Load().Catalog.ModelsJSON())
+		return
+	case "/healthz":
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+		return
+	}
+	if bytes.HasPrefix(path, []byte("/admin/")) && s.admin != nil {
+		s.admin.handle(ctx, s.world.Load())
+		return
+	}
+	if s.servePlugin(ctx, path) {
+		return
+	}
+	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)))
+}
+
+func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	ctx.Response.Header.Set("Allow", allow)
+	WriteError(ctx, errMethodNotAllowed(string(ctx.Method())+" is not allowed here; use "+allow))
+}
+
+func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
+	method := string(ctx.Method())
+	r, ok := s.routes[routeKey{method, string(path)}]
+	if !ok {
+		r, ok = s.matchPrefix(method, string(path))
+	}
+	if !ok {
+		if allow := s.allowedMethods(string(path)); allow != "" {
+			methodNotAllowed(ctx, allow)
+			return true
+		}
+		return false
+	}
+	call := &Call{RequestID: newRequestID(), Start: time.Now(), World: s.world.Load(), Server: s}
+	ctx.Response.Header.Set("x-request-id", call.RequestID)
+	if len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired {
+		key, apiErr := s.authenticate(ctx)
+		if apiErr != nil {
+			WriteError(ctx, apiErr)
+			return true
+		}
+		if r.Scope != "" && !key.HasScope(r.Scope) {
+			WriteError(ctx, Forbidden("this API key lacks the "+r.Scope+" scope"))
+			return true
+		}
+		call.Key = key
+	}
+	r.Handler(ctx, call)
+	return true
+}
+
+func (s *Server) matchPrefix(method, path string) (Route, bool) {
+	for k, r := range s.routes {
+		if k.method == method && strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1]) {
+			return r, true
+		}
+	}
+	return Route{}, false
+}
+
+func (s *Server) allowedMethods(path string) string {
+	var methods []string
+	for k := range s.routes {
+		if k.path == path || strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1]) {
+			methods = append(methods, k.method)
+		}
+	}
+	sort.Strings(methods)
+	return strings.Join(methods, ", ")
+}

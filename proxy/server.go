@@ -1,0 +1,153 @@
+// Package proxy is the gateway's HTTP edge: the fasthttp server, routing,
+// authentication, the error envelope, the upstream client and the
+// chat/responses forwarding with its SSE relay.
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+)
+
+// Accounts is what the request path needs from the account store: both
+// calls answer from memory.
+type Accounts interface {
+	Verify(token []byte) (*accounts.Key, error)
+	Balance(account string) (money.Nanos, bool)
+}
+
+// World is everything a request reads from configuration, built whole from
+// one config and swapped in atomically; a request keeps the World it started
+// with until it ends.
+type World struct {
+	Config    *config.Config
+	Catalog   *catalog.Catalog
+	upstreams map[string]*upstream
+	grace     money.Nanos
+}
+
+// Options configures a Server.
+type Options struct {
+	Accounts Accounts
+	Recorder meter.Recorder
+	// Admin serves /admin/v1; nil disables the admin API.
+	Admin *AdminAPI
+	Logf  func(format string, args ...any)
+}
+
+// Server is the public listener.
+type Server struct {
+	world    atomic.Pointer[World]
+	accounts Accounts
+	recorder meter.Recorder
+	admin    *AdminAPI
+	logf     func(string, ...any)
+	routes   map[routeKey]Route
+	http     *fasthttp.Server
+}
+
+// New builds a server for cfg. Apply swaps in later configs.
+func New(cfg *config.Config, opts Options) (*Server, error) {
+	s := &Server{
+		accounts: opts.Accounts,
+		recorder: opts.Recorder,
+		admin:    opts.Admin,
+		logf:     opts.Logf,
+		routes:   registeredRoutes(),
+	}
+	if s.logf == nil {
+		s.logf = func(string, ...any) {}
+	}
+	if err := s.Apply(cfg); err != nil {
+		return nil, err
+	}
+	s.http = &fasthttp.Server{
+		Handler:            s.handle,
+		ErrorHandler:       s.handleParseError,
+		Name:               "tollgate",
+		MaxRequestBodySize: int(cfg.Server.MaxRequestBody),
+		// ReadTimeout bounds reading one request; WriteTimeout must stay
+		// zero, it would cap every streamed response.
+		ReadTimeout:                   60 * time.Second,
+		IdleTimeout:                   120 * time.Second,
+		NoDefaultContentType:          true,
+		DisableHeaderNamesNormalizing: false,
+		CloseOnShutdown:               true,
+		ReadBufferSize:                16 << 10,
+	}
+	return s, nil
+}
+
+// Apply builds the World for cfg and swaps it in. It is the build step of
+// config.Watcher: on error nothing changes. Upstreams whose settings did not
+// change keep their connection pools.
+func (s *Server) Apply(cfg *config.Config) error {
+	cat, err := catalog.New(cfg.Models)
+	if err != nil {
+		return err
+	}
+	grace, err := money.ParseUSD(cfg.Billing.GraceUSD)
+	if err != nil {
+		return fmt.Errorf("billing.grace_usd: %w", err)
+	}
+	w := &World{Config: cfg, Catalog: cat, grace: grace, upstreams: make(map[string]*upstream, len(cfg.Upstreams))}
+	old := s.world.Load()
+	for _, uc := range cfg.Upstreams {
+		if old != nil {
+			if prev, ok := old.upstreams[uc.Name]; ok && prev.cfg == uc {
+				w.upstreams[uc.Name] = prev
+				continue
+			}
+		}
+		up, err := newUpstream(uc)
+		if err != nil {
+			return err
+		}
+		w.upstreams[uc.Name] = up
+	}
+	s.world.Store(w)
+	return nil
+}
+
+// World returns the configuration snapshot in force.
+func (s *Server) World() *World { return s.world.Load() }
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.http.Serve(ln) }
+
+// Shutdown stops accepting and waits for open requests, streams included.
+func (s *Server) Shutdown() error { return s.http.Shutdown() }
+
+func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", s.world.Load().Config.Server.MaxRequestBody)))
+		return
+	}
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		WriteError(ctx, &APIError{Status: 431, Type: "invalid_request_error", Code: "headers_too_large", Message: "request headers are too large"})
+		return
+	}
+	WriteError(ctx, BadRequest("", "malformed HTTP request: "+err.Error()))
+}
+
+// newRequestID returns a UUIDv7: time-ordered, so ClickHouse keeps an
+// account's events close together.
+func newRequestID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		id = uuid.New()
+	}
+	return id.String()
+}

@@ -1,0 +1,176 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+)
+
+// errEventTooLarge stops a stream whose single event outgrows the upstream's
+// max_response_body; raise that limit if an upstream legitimately sends such
+// events (a responses stream's response.completed carries the whole output).
+var errEventTooLarge = errors.New("server-sent event larger than max_response_body")
+
+// sseEvent is one server-sent event as received. Raw holds the exact bytes,
+// including any blank lines before it and the blank line that ends it, so an
+// untouched event is relayed byte for byte. The slices are only valid until
+// the next call to sseReader.Next.
+type sseEvent struct {
+	Raw  []byte
+	Data []byte // data field values joined by "\n"; nil when the event has none
+	Name []byte // value of the event field, if any
+	// Complete is false for a trailing event the stream ended inside of,
+	// which a client would not dispatch.
+	Complete bool
+	// dataStart and dataEnd locate the only data line in Raw (terminator
+	// included) so it can be replaced; both zero when there are several.
+	dataStart, dataEnd int
+	dataLines          int
+}
+
+// sseReader splits a byte stream into events. Lines end with "\n" or
+// "\r\n"; a lone "\r" terminator (allowed by the SSE spec, used by no
+// OpenAI-compatible server) is not recognised.
+//
+// An sseReader MUST NOT be used from concurrently running goroutines.
+type sseReader struct {
+	br       *bufio.Reader
+	maxEvent int
+	raw      []byte
+	data     []byte
+}
+
+func newSSEReader(r io.Reader, bufSize, maxEvent int) *sseReader {
+	return &sseReader{br: bufio.NewReaderSize(r, bufSize), maxEvent: maxEvent}
+}
+
+// reset points the reader at a new stream, keeping its buffers.
+func (r *sseReader) reset(src io.Reader) {
+	r.br.Reset(src)
+	r.raw = r.raw[:0]
+	r.data = r.data[:0]
+}
+
+// readLine appends one line, terminator included, to r.raw and returns its
+// start offset.
+func (r *sseReader) readLine() (int, error) {
+	start := len(r.raw)
+	for {
+		chunk, err := r.br.ReadSlice('\n')
+		r.raw = append(r.raw, chunk...)
+		if err == bufio.ErrBufferFull {
+			if r.maxEvent > 0 && len(r.raw) > r.maxEvent {
+				return start, errEventTooLarge
+			}
+			continue
+		}
+		return start, err
+	}
+}
+
+var (
+	fieldData  = []byte("data")
+	fieldEvent = []byte("event")
+)
+
+// Next returns the next event. At the end of the stream it returns io.EOF;
+// bytes after the last complete event come first as an event with
+// Complete false. Any other error is the underlying reader's.
+func (r *sseReader) Next() (sseEvent, error) {
+	r.raw = r.raw[:0]
+	r.data = r.data[:0]
+	ev := sseEvent{}
+	fields := 0
+	for {
+		start, err := r.readLine()
+		line := r.raw[start:]
+		if err != nil {
+			if len(r.raw) > 0 && (err == io.EOF) {
+				if len(line) > 0 {
+					r.field(&ev, start, len(r.raw), trimEOL(line))
+				}
+				ev.Raw = r.raw
+				r.finish(&ev)
+				return ev, nil
+			}
+			return sseEvent{}, err
+		}
+		content := trimEOL(line)
+		if len(content) == 0 {
+			if fields == 0 {
+				continue // blank lines before an event belong to its Raw
+			}
+			ev.Raw = r.raw
+			ev.Complete = true
+			r.finish(&ev)
+			return ev, nil
+		}
+		fields++
+		r.field(&ev, start, len(r.raw), content)
+		if r.maxEvent > 0 && len(r.raw) > r.maxEvent {
+			return sseEvent{}, errEventTooLarge
+		}
+	}
+}
+
+func (r *sseReader) finish(ev *sseEvent) {
+	if ev.dataLines > 0 {
+		ev.Data = r.data
+	}
+	if ev.dataLines != 1 {
+		ev.dataStart, ev.dataEnd = 0, 0
+	}
+}
+
+// field records one non-blank line located at r.raw[start:end].
+func (r *sseReader) field(ev *sseEvent, start, end int, content []byte) {
+	if content[0] == ':' {
+		return // comment
+	}
+	name, value := content, []byte(nil)
+	if i := bytes.IndexByte(content, ':'); i >= 0 {
+		name, value = content[:i], content[i+1:]
+		if len(value) > 0 && value[0] == ' ' {
+			value = value[1:]
+		}
+	}
+	switch {
+	case bytes.Equal(name, fieldData):
+		if ev.dataLines > 0 {
+			r.data = append(r.data, '\n')
+		}
+		r.data = append(r.data, value...)
+		ev.dataLines++
+		ev.dataStart, ev.dataEnd = start, end
+	case bytes.Equal(name, fieldEvent):
+		ev.Name = value
+	}
+}
+
+func trimEOL(line []byte) []byte {
+	if n := len(line); n > 0 && line[n-1] == '\n' {
+		line = line[:n-1]
+		if n := len(line); n > 0 && line[n-1] == '\r' {
+			line = line[:n-1]
+		}
+	}
+	return line
+}
+
+// appendWithData appends ev to dst with its single data line's value
+// replaced by data, keeping every other byte as received.
+func appendWithData(dst []byte, ev *sseEvent, data []byte) []byte {
+	dst = append(dst, ev.Raw[:ev.dataStart]...)
+	dst = append(dst, "data: "...)
+	dst = append(dst, data...)
+	// keep the line terminator the upstream used
+	term := ev.Raw[ev.dataStart:ev.dataEnd]
+	switch {
+	case bytes.HasSuffix(term, []byte("\r\n")):
+		dst = append(dst, '\r', '\n')
+	case bytes.HasSuffix(term, []byte("\n")):
+		dst = append(dst, '\n')
+	}
+	return append(dst, ev.Raw[ev.dataEnd:]...)
+}
