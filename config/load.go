@@ -1,0 +1,669 @@
+package config
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Load reads, expands, decodes, defaults and validates the config file at
+// path. A file that cannot be read gives a wrapped I/O error; a file with
+// problems gives *Errors listing every one of them.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	return parse(path, data, os.LookupEnv)
+}
+
+// Parse is Load for bytes already read; name is the file name used in error
+// messages and stored in Config.Path. Environment variables are read from the
+// process environment.
+func Parse(name string, data []byte) (*Config, error) {
+	return parse(name, data, os.LookupEnv)
+}
+
+// maxWalk bounds the nodes visited while checking a document, so aliases
+// that fan out (a "billion laughs" file) fail fast instead of running away.
+const maxWalk = 1 << 20
+
+type loader struct {
+	file      string
+	lookupEnv func(string) (string, bool)
+	errs      Errors
+	// failed holds paths already reported while decoding, so validation does
+	// not report the same value a second time as merely "missing".
+	failed map[string]bool
+	// nodes maps a yaml path to the node holding its value, for placing
+	// validation errors on the right line.
+	nodes map[string]*yaml.Node
+	// expanded marks plain scalars whose text came (partly) from the
+	// environment: they must not turn into null or a number where a string
+	// is wanted.
+	expanded map[*yaml.Node]bool
+	// broken are values already reported as the wrong shape or type; they
+	// are cleared before decoding so one bad value cannot stop yaml.v3 from
+	// decoding (and validation from checking) the rest of the file.
+	broken []*yaml.Node
+	walked int
+}
+
+func parse(name string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	l := &loader{
+		file:      name,
+		lookupEnv: lookupEnv,
+		failed:    map[string]bool{},
+		nodes:     map[string]*yaml.Node{},
+		expanded:  map[*yaml.Node]bool{},
+	}
+	cfg := &Config{Path: name, source: sha256.Sum256(data)}
+
+	root, ok := l.parseYAML(data)
+	if !ok {
+		return nil, l.result()
+	}
+	if root != nil {
+		l.expandTree(root, "")
+		l.nodes[""] = root
+		l.walk(root, reflect.TypeOf(*cfg), "", 0)
+		l.decode(root, cfg)
+	}
+	l.applyDefaults(cfg)
+	l.validate(cfg)
+	if err := l.result(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func (l *loader) result() error {
+	if len(l.errs) == 0 {
+		return nil
+	}
+	sort.SliceStable(l.errs, func(i, j int) bool {
+		a, b := l.errs[i], l.errs[j]
+		if (a.Line == 0) != (b.Line == 0) {
+			return b.Line == 0
+		}
+		if a.Line != b.Line {
+			return a.Line < b.Line
+		}
+		return a.Col < b.Col
+	})
+	// A value reached through several aliases is reported once.
+	errs := l.errs[:0:0]
+	for i, e := range l.errs {
+		if i == 0 || e != l.errs[i-1] {
+			errs = append(errs, e)
+		}
+	}
+	return &errs
+}
+
+// errAt records a problem at node n (nil: at the nearest known ancestor of
+// path) and marks path as reported.
+func (l *loader) errAt(n *yaml.Node, path, format string, args ...any) {
+	if n == nil {
+		n = l.nodeFor(path)
+	}
+	e := Error{File: l.file, Path: path, Msg: fmt.Sprintf(format, args...)}
+	if n != nil {
+		e.Line, e.Col = n.Line, n.Column
+	}
+	l.errs = append(l.errs, e)
+	if path != "" {
+		l.failed[path] = true
+	}
+}
+
+// nodeFor finds the node of path, or of its nearest ancestor present in the
+// file (defaults have no node of their own).
+func (l *loader) nodeFor(path string) *yaml.Node {
+	for {
+		if n, ok := l.nodes[path]; ok {
+			return n
+		}
+		if path == "" {
+			return nil
+		}
+		path = parentPath(path)
+	}
+}
+
+func parentPath(path string) string {
+	i := strings.LastIndexAny(path, ".[")
+	if i < 0 {
+		return ""
+	}
+	return path[:i]
+}
+
+func joinPath(parent, key string) string {
+	if parent == "" {
+		return key
+	}
+	return parent + "." + key
+}
+
+var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+
+// yamlErrors turns yaml.v3's "yaml: line N: msg" texts into located errors.
+func (l *loader) yamlErrors(err error) {
+	var texts []string
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		texts = te.Errors
+	} else {
+		texts = []string{err.Error()}
+	}
+	for _, text := range texts {
+		e := Error{File: l.file, Msg: strings.TrimPrefix(text, "yaml: ")}
+		if m := yamlLine.FindStringSubmatch(text); m != nil {
+			e.Line, _ = strconv.Atoi(m[1])
+			e.Msg = m[2]
+		}
+		l.errs = append(l.errs, e)
+	}
+}
+
+// parseYAML returns the root node of the single document in data (nil when
+// the file is empty or holds only comments).
+func (l *loader) parseYAML(data []byte) (root *yaml.Node, ok bool) {
+	defer func() {
+		// yaml.v3 has panicked on hostile input before; a config file must
+		// never take the process down.
+		if r := recover(); r != nil {
+			l.errs = append(l.errs, Error{File: l.file, Msg: fmt.Sprintf("unreadable YAML: %v", r)})
+			root, ok = nil, false
+		}
+	}()
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, true
+		}
+		l.yamlErrors(err)
+		return nil, false
+	}
+	var second yaml.Node
+	if err := dec.Decode(&second); err == nil {
+		l.errs = append(l.errs, Error{File: l.file, Line: second.Line, Col: second.Column,
+			Msg: "a second YAML document (after ---): gateway.yaml holds exactly one"})
+		return nil, false
+	} else if !errors.Is(err, io.EOF) {
+		l.yamlErrors(err)
+		return nil, false
+	}
+	root = &doc
+	if doc.Kind == yaml.DocumentNode {
+		if len(doc.Content) == 0 {
+			return nil, true
+		}
+		root = doc.Content[0]
+	}
+	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" {
+		return nil, true
+	}
+	if root.Kind != yaml.MappingNode {
+		l.errs = append(l.errs, Error{File: l.file, Line: root.Line, Col: root.Column,
+			Msg: "the config must be a mapping of sections (server, auth, billing, upstreams, models, nats, clickhouse), got " + describeNode(root)})
+		return nil, false
+	}
+	return root, true
+}
+
+// expandTree replaces ${VAR}, ${VAR:-default} and $$ in every scalar value
+// (mapping keys stay literal). Expanding after parsing keeps line numbers
+// true and means a value from the environment can never change the YAML
+// structure around it.
+func (l *loader) expandTree(n *yaml.Node, path string) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			l.expandTree(c, path)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			l.expandTree(n.Content[i+1], joinPath(path, n.Content[i].Value))
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			l.expandTree(c, fmt.Sprintf("%s[%d]", path, i))
+		}
+	case yaml.ScalarNode:
+		if !strings.Contains(n.Value, "$") {
+			return
+		}
+		value, err := expandEnv(n.Value, l.lookupEnv)
+		if err != nil {
+			l.errAt(n, path, "%v", err)
+			return
+		}
+		n.Value = value
+		if n.Style&(yaml.TaggedStyle|yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) == 0 {
+			// A plain scalar was typed by its unexpanded text ("${X}" is a
+			// string); type it again by what it says now, as if written so.
+			n.Tag = ""
+			l.expanded[n] = true
+		}
+	}
+}
+
+// ErrUnterminatedVar is returned for a "${" without its "}": close the
+// reference, or write "$$" for a literal dollar sign.
+var ErrUnterminatedVar = errors.New(`unterminated "${" (close it with "}", or write "$$" for a literal "$")`)
+
+// expandEnv expands ${VAR}, ${VAR:-default} (default when VAR is unset or
+// empty) and $$ (a literal $). Any other $ stays as it is. Defaults are
+// literal text: they cannot contain "}" or another ${...}.
+func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			i++
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i += 2
+		case '{':
+			end := strings.IndexByte(s[i+2:], '}')
+			if end < 0 {
+				return "", ErrUnterminatedVar
+			}
+			ref := s[i+2 : i+2+end]
+			name, def, hasDefault := strings.Cut(ref, ":-")
+			if !validVarName(name) {
+				return "", fmt.Errorf("${%s}: %q is not a variable name (letters, digits and _, not starting with a digit)", ref, name)
+			}
+			if strings.Contains(def, "${") {
+				return "", fmt.Errorf("${%s}: a default cannot contain another ${...}", ref)
+			}
+			value, set := lookupEnv(name)
+			if hasDefault && (!set || value == "") {
+				value = def
+			}
+			b.WriteString(value)
+			i += 2 + end + 1
+		default:
+			b.WriteByte('$')
+			i++
+		}
+	}
+	return b.String(), nil
+}
+
+func validVarName(name string) bool {
+	if name == "" || name[0] >= '0' && name[0] <= '9' {
+		return false
+	}
+	for _, c := range name {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+var (
+	durationType    = reflect.TypeOf(time.Duration(0))
+	byteSizeType    = reflect.TypeOf(ByteSize(0))
+	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
+)
+
+// walk checks node n against Go type t: every key must name a field (all
+// unknown keys are reported, with a suggestion), every value must have the
+// right shape, and every leaf must decode. It records each value's node for
+// placing validation errors.
+func (l *loader) walk(n *yaml.Node, t reflect.Type, path string, depth int) {
+	if !l.walkValue(n, t, path, depth) {
+		l.broken = append(l.broken, n)
+	}
+}
+
+// walkValue is walk, reporting whether n itself has the right shape.
+// Problems are placed where the value is used, which for an alias is the
+// alias, not its anchor.
+func (l *loader) walkValue(n *yaml.Node, t reflect.Type, path string, depth int) bool {
+	site := n
+	if n.Kind == yaml.AliasNode {
+		if n.Alias == nil {
+			return true
+		}
+		n = n.Alias
+	}
+	if !l.enter(site, path, depth) {
+		return false
+	}
+	if n.Kind == yaml.ScalarNode && !l.expanded[n] && n.ShortTag() == "!!null" {
+		return true // an empty value leaves the default
+	}
+	if t.Kind() == reflect.Pointer {
+		return l.walkValue(n, t.Elem(), path, depth+1)
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		return l.leaf(n, site, t, path)
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			l.errAt(site, path, "want a mapping of fields, got %s", describeNode(n))
+			return false
+		}
+		l.walkMapping(n, t, path, depth, false)
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			l.errAt(site, path, "want a list, got %s", describeNode(n))
+			return false
+		}
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			l.nodes[p] = c
+			l.walk(c, t.Elem(), p, depth+1)
+		}
+	default:
+		return l.leaf(n, site, t, path)
+	}
+	return true
+}
+
+// enter counts one more node visited and says whether to go on: aliases can
+// make a small file expand enormously, or (through merges) into itself.
+func (l *loader) enter(n *yaml.Node, path string, depth int) bool {
+	l.walked++
+	if l.walked > maxWalk+1 {
+		return false
+	}
+	if l.walked == maxWalk+1 || depth > 64 {
+		l.errAt(n, path, "too many values, or aliases nested too deep, to check; write the file out plainly")
+		l.walked = maxWalk + 2
+		return false
+	}
+	return true
+}
+
+func resolveAlias(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		return n.Alias
+	}
+	return n
+}
+
+// walkMapping checks the keys of n against struct type t. Keys merged in
+// with "<<" are checked like written ones; a written key wins over a merged
+// one, as in YAML.
+func (l *loader) walkMapping(n *yaml.Node, t reflect.Type, path string, depth int, merged bool) {
+	if merged && !l.enter(n, path, depth) {
+		return
+	}
+	seen := map[string]*yaml.Node{}
+	var merges []*yaml.Node
+	// Pairs yaml.v3 would refuse (a repeated key drops the whole mapping)
+	// are reported here and left out of the tree it decodes.
+	kept := n.Content[:0:0]
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Value == "<<" && k.ShortTag() == "!!merge" {
+			sources, ok := mergeSources(v)
+			if !ok {
+				l.errAt(v, path, "a merge (<<) takes a mapping or a list of mappings, got %s", describeNode(v))
+				continue
+			}
+			merges = append(merges, sources...)
+			kept = append(kept, k, v)
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			l.errAt(k, "", "a key must be a plain name, got %s", describeNode(k))
+			continue
+		}
+		if first, dup := seen[k.Value]; dup {
+			l.errAt(k, "", "key %q is repeated (first at line %d)", k.Value, first.Line)
+			continue
+		}
+		seen[k.Value] = k
+		kept = append(kept, k, v)
+		field, ok := fieldByKey(t, k.Value)
+		if !ok {
+			if path == "" && strings.HasPrefix(k.Value, "x-") {
+				continue // an extension key, kept for anchors to live in
+			}
+			l.unknownField(k, t, path)
+			continue
+		}
+		p := joinPath(path, k.Value)
+		if _, known := l.nodes[p]; !known || !merged {
+			l.nodes[p] = v
+		}
+		l.walk(v, field.Type, p, depth+1)
+	}
+	if len(kept) != len(n.Content) {
+		n.Content = kept
+	}
+	for _, m := range merges {
+		l.walkMapping(m, t, path, depth+1, true)
+	}
+}
+
+// mergeSources returns the mappings a "<<" value merges in, and false when
+// it is not a mapping or a list of mappings (yaml.v3 would stop decoding).
+func mergeSources(v *yaml.Node) ([]*yaml.Node, bool) {
+	v = resolveAlias(v)
+	list := []*yaml.Node{v}
+	if v.Kind == yaml.SequenceNode {
+		list = nil
+		for _, c := range v.Content {
+			list = append(list, resolveAlias(c))
+		}
+	}
+	for _, m := range list {
+		if m.Kind != yaml.MappingNode {
+			return nil, false
+		}
+	}
+	return list, true
+}
+
+func (l *loader) unknownField(k *yaml.Node, t reflect.Type, path string) {
+	where := ""
+	if path != "" {
+		where = " in " + path
+	}
+	hint := ""
+	if s := suggest(k.Value, fieldNames(t)); s != "" {
+		hint = fmt.Sprintf(" (did you mean %q?)", s)
+	}
+	l.errAt(k, "", "unknown field %q%s%s", k.Value, where, hint)
+}
+
+// leaf decodes one scalar value into a fresh value of type t, reporting a
+// failure in words a config author reads.
+func (l *loader) leaf(n, site *yaml.Node, t reflect.Type, path string) bool {
+	if n.Kind != yaml.ScalarNode {
+		l.errAt(site, path, "want %s, got %s", describeType(t), describeNode(n))
+		return false
+	}
+	if l.expanded[n] && t.Kind() == reflect.String {
+		n.Tag = "!!str" // "null" or "123" from the environment is still text
+	}
+	if err := safeDecode(n, reflect.New(t).Interface()); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			l.errAt(site, path, "want %s, got %s", describeType(t), describeNode(n))
+		} else {
+			l.errAt(site, path, "%v", err)
+		}
+		return false
+	}
+	return true
+}
+
+func safeDecode(n *yaml.Node, out any) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("unreadable value: %v", r)
+		}
+	}()
+	return n.Decode(out)
+}
+
+// decode fills cfg from the checked tree. Problems yaml.v3 finds were
+// already reported by walk; anything it finds that walk did not is reported
+// as yaml.v3 words it.
+func (l *loader) decode(root *yaml.Node, cfg *Config) {
+	for _, n := range l.broken {
+		*n = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line, Column: n.Column}
+	}
+	before := len(l.errs)
+	err := safeDecode(root, cfg)
+	if err != nil && before == 0 {
+		l.yamlErrors(err)
+	}
+}
+
+func describeType(t reflect.Type) string {
+	switch t {
+	case durationType:
+		return `a duration such as "10s" or "1m30s"`
+	case byteSizeType:
+		return "a size such as 1048576, 8MiB or 5GB"
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice:
+		return "a list"
+	case reflect.Struct, reflect.Map:
+		return "a mapping"
+	}
+	return t.String()
+}
+
+func describeNode(n *yaml.Node) string {
+	n = resolveAlias(n)
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		v := n.Value
+		if len(v) > 40 {
+			v = v[:37] + "..."
+		}
+		if n.ShortTag() == "!!str" {
+			return strconv.Quote(v)
+		}
+		return v
+	}
+	return "nothing"
+}
+
+// fieldByKey finds the struct field a yaml key names, by its yaml tag.
+func fieldByKey(t reflect.Type, key string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if name := yamlName(f); name != "" && name == key {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+func fieldNames(t reflect.Type) []string {
+	var names []string
+	for i := range t.NumField() {
+		if name := yamlName(t.Field(i)); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// yamlName is the key yaml.v3 uses for f, "" when f is not in the YAML.
+func yamlName(f reflect.StructField) string {
+	if !f.IsExported() {
+		return ""
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	switch name {
+	case "-":
+		return ""
+	case "":
+		return strings.ToLower(f.Name)
+	}
+	return name
+}
+
+// suggest returns the candidate nearest to key when it is near enough to be
+// a typo, or "".
+func suggest(key string, candidates []string) string {
+	if !utf8.ValidString(key) || len(key) > 64 {
+		return ""
+	}
+	norm := strings.ToLower(strings.ReplaceAll(key, "-", "_"))
+	best, bestDist := "", 0
+	for _, c := range candidates {
+		d := editDistance(norm, c)
+		if best == "" || d < bestDist {
+			best, bestDist = c, d
+		}
+	}
+	limit := 2
+	if utf8.RuneCountInString(key) <= 4 {
+		limit = 1
+	}
+	if best == "" || bestDist > limit {
+		return ""
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b in runes.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	prev := make([]int, len(rb)+1)
+	cur := make([]int, len(rb)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		cur[0] = i
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(rb)]
+}
+
+func hasSpace(s string) bool {
+	return strings.IndexFunc(s, unicode.IsSpace) >= 0
+}

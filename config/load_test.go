@@ -1,0 +1,347 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite the want part of testdata/*.yamltest from what the loader says now")
+
+const goldenSeparator = "----- want -----\n"
+
+// envLine sets an environment variable for one golden file: "# env: NAME=value".
+var envLine = regexp.MustCompile(`(?m)^# env: ([A-Za-z_][A-Za-z0-9_]*)=(.*)$`)
+
+// TestGolden runs every testdata/*.yamltest: the YAML above the separator is
+// parsed as gateway.yaml, seeing only the variables of its "# env:" lines;
+// below it is the exact error text, or "ok" followed by "path = value" lines
+// that the parsed config must satisfy.
+func TestGolden(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.yamltest")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".yamltest"), func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			input, want, found := strings.Cut(string(raw), goldenSeparator)
+			if !found {
+				t.Fatalf("%s has no %q line", file, strings.TrimSpace(goldenSeparator))
+			}
+			env := map[string]string{}
+			for _, m := range envLine.FindAllStringSubmatch(input, -1) {
+				env[m[1]] = m[2]
+			}
+			lookup := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
+
+			cfg, err := parse("gateway.yaml", []byte(input), lookup)
+			got := "ok\n"
+			if err != nil {
+				var errs *Errors
+				if !errors.As(err, &errs) {
+					t.Fatalf("parse returned %T, want *Errors: %v", err, err)
+				}
+				got = err.Error() + "\n"
+			}
+			if *update {
+				if got == "ok\n" && strings.HasPrefix(want, "ok\n") {
+					return // keep the assertions written by hand
+				}
+				if err := os.WriteFile(file, []byte(input+goldenSeparator+got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantFirst, assertions, _ := strings.Cut(want, "\n")
+			if wantFirst != "ok" || err != nil {
+				if got != want {
+					t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+				}
+				return
+			}
+			for _, line := range strings.Split(strings.TrimSpace(assertions), "\n") {
+				if line == "" {
+					continue
+				}
+				path, wantValue, ok := strings.Cut(line, " = ")
+				if !ok {
+					t.Fatalf("assertion %q: want \"path = value\"", line)
+				}
+				gotValue, err := valueAt(reflect.ValueOf(*cfg), path)
+				if err != nil {
+					t.Fatalf("assertion %q: %v", line, err)
+				}
+				if gotValue != wantValue {
+					t.Errorf("%s = %s, want %s", path, gotValue, wantValue)
+				}
+			}
+		})
+	}
+}
+
+// valueAt reads a yaml path such as models[1].pricing.prompt out of a
+// decoded config, formatted with fmt.Sprint (strings are quoted).
+func valueAt(v reflect.Value, path string) (string, error) {
+	for _, part := range strings.Split(path, ".") {
+		name, index, hasIndex := strings.Cut(part, "[")
+		field, ok := fieldByKey(v.Type(), name)
+		if !ok {
+			return "", fmt.Errorf("no field %q in %s", name, v.Type())
+		}
+		v = v.FieldByIndex(field.Index)
+		if hasIndex {
+			i, err := strconv.Atoi(strings.TrimSuffix(index, "]"))
+			if err != nil || i >= v.Len() {
+				return "", fmt.Errorf("no element %s in %s (%d elements)", part, name, v.Len())
+			}
+			v = v.Index(i)
+		}
+	}
+	if v.Kind() == reflect.String {
+		return strconv.Quote(v.String()), nil
+	}
+	return fmt.Sprint(v.Interface()), nil
+}
+
+func noEnv(string) (string, bool) { return "", false }
+
+// TestDefaultGatewayYAML loads the shipped gateway.yaml as a fresh machine
+// sees it (no variables set), then with every variable of the env contract.
+func TestDefaultGatewayYAML(t *testing.T) {
+	data, err := os.ReadFile("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parse("gateway.yaml", data, noEnv)
+	if err != nil {
+		t.Fatalf("default gateway.yaml does not load:\n%v", err)
+	}
+	if cfg.Server.Listen != "127.0.0.1:8080" || cfg.Server.DataDir != "./data" || cfg.Server.AdminToken != "" ||
+		cfg.NATS.URL != "" || cfg.ClickHouse.DSN != "clickhouse://127.0.0.1:9000/default" {
+		t.Errorf("unexpected defaults: %+v %+v %+v", cfg.Server, cfg.NATS, cfg.ClickHouse)
+	}
+	if len(cfg.Upstreams) != 1 || cfg.Upstreams[0].Name != "default" ||
+		cfg.Upstreams[0].BaseURL != "http://127.0.0.1:8000/v1" || cfg.Upstreams[0].APIKey != "" {
+		t.Errorf("unexpected upstreams: %+v", cfg.Upstreams)
+	}
+	wantModels := map[string]struct {
+		hf      string
+		context int
+		input   []string
+	}{
+		"qwen2.5-14b-instruct-1m":     {"Qwen/Qwen2.5-14B-Instruct-1M", 1010000, []string{"text"}},
+		"qwen3-vl-30b-a3b-instruct":   {"Qwen/Qwen3-VL-30B-A3B-Instruct", 262144, []string{"text", "image"}},
+		"qwen3-vl-235b-a22b-thinking": {"Qwen/Qwen3-VL-235B-A22B-Thinking", 262144, []string{"text", "image"}},
+	}
+	if len(cfg.Models) != len(wantModels) {
+		t.Fatalf("got %d models, want %d", len(cfg.Models), len(wantModels))
+	}
+	for _, m := range cfg.Models {
+		want, ok := wantModels[m.ID]
+		if !ok {
+			t.Errorf("unexpected model %q", m.ID)
+			continue
+		}
+		if m.HuggingFaceID != want.hf || m.UpstreamModel != want.hf || m.Upstream != "default" ||
+			m.ContextLength != want.context || !reflect.DeepEqual(m.InputModalities, want.input) ||
+			len(m.SupportedSamplingParameters) != 13 {
+			t.Errorf("model %s: %+v", m.ID, m)
+		}
+	}
+
+	env := map[string]string{
+		"TOLLGATE_LISTEN":      "0.0.0.0:9000",
+		"TOLLGATE_DATA_DIR":    "/var/lib/tollgate",
+		"TOLLGATE_ADMIN_TOKEN": "s3cret",
+		"UPSTREAM_BASE_URL":    "https://api.example.com/v1",
+		"UPSTREAM_API_KEY":     "sk-123",
+		"NATS_URL":             "nats://10.0.0.1:4222",
+		"CLICKHOUSE_DSN":       "clickhouse://ch:9000/billing",
+	}
+	cfg, err = parse("gateway.yaml", data, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	if err != nil {
+		t.Fatalf("gateway.yaml with the env contract set:\n%v", err)
+	}
+	got := map[string]string{
+		"TOLLGATE_LISTEN":      cfg.Server.Listen,
+		"TOLLGATE_DATA_DIR":    cfg.Server.DataDir,
+		"TOLLGATE_ADMIN_TOKEN": cfg.Server.AdminToken,
+		"UPSTREAM_BASE_URL":    cfg.Upstreams[0].BaseURL,
+		"UPSTREAM_API_KEY":     cfg.Upstreams[0].APIKey,
+		"NATS_URL":             cfg.NATS.URL,
+		"CLICKHOUSE_DSN":       cfg.ClickHouse.DSN,
+	}
+	if !reflect.DeepEqual(got, env) {
+		t.Errorf("env contract: got %v, want %v", got, env)
+	}
+}
+
+// TestLoadAndCheck covers the file entry points: Check says ok for the
+// default file and returns *Errors for a bad one, and a missing file is an
+// I/O error, not *Errors.
+func TestLoadAndCheck(t *testing.T) {
+	if err := Check("../gateway.yaml"); err != nil {
+		t.Fatalf("Check(default gateway.yaml): %v", err)
+	}
+	cfg, err := Load("../gateway.yaml")
+	if err != nil || cfg.Path != "../gateway.yaml" {
+		t.Fatalf("Load: %v, Path %q", err, cfg.Path)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("upstreams: []\nauth: {algorithm: HS256}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = Check(bad)
+	var errs *Errors
+	if !errors.As(err, &errs) || len(*errs) != 2 {
+		t.Fatalf("Check(bad) = %v, want *Errors with 2 entries", err)
+	}
+	if (*errs)[0].File != bad || (*errs)[0].Line != 1 {
+		t.Errorf("first error %+v, want it in %s at line 1", (*errs)[0], bad)
+	}
+	err = Check(filepath.Join(t.TempDir(), "missing.yaml"))
+	if err == nil || errors.As(err, &errs) || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Check(missing) = %v, want a wrapped os.ErrNotExist", err)
+	}
+}
+
+// TestEnvValueWithYAMLSyntaxStaysOneValue: a value from the environment is
+// never parsed as YAML, so ": #", quotes, brackets, "null" or digits arrive
+// exactly as set.
+func TestEnvValueWithYAMLSyntaxStaysOneValue(t *testing.T) {
+	values := []string{
+		"key: value # not a comment",
+		`"quoted' [bracket {brace`,
+		"null",
+		"123",
+		"- item\nsecond: line",
+		"~",
+		"${NOT_EXPANDED_AGAIN}",
+	}
+	for _, v := range values {
+		env := func(name string) (string, bool) {
+			if name == "UPSTREAM_API_KEY" {
+				return v, true
+			}
+			return "", false
+		}
+		input := "upstreams:\n  - name: default # comment\n    base_url: http://127.0.0.1:8000/v1\n    api_key: ${UPSTREAM_API_KEY}\nauth:\n  issuer: x${UPSTREAM_API_KEY}\n"
+		cfg, err := parse("gateway.yaml", []byte(input), env)
+		if err != nil {
+			t.Errorf("value %q: %v", v, err)
+			continue
+		}
+		if cfg.Upstreams[0].APIKey != v || cfg.Auth.Issuer != "x"+v || cfg.Upstreams[0].Name != "default" {
+			t.Errorf("value %q: api_key %q, issuer %q, name %q", v, cfg.Upstreams[0].APIKey, cfg.Auth.Issuer, cfg.Upstreams[0].Name)
+		}
+	}
+}
+
+func TestExpandEnv(t *testing.T) {
+	env := map[string]string{"SET": "v", "EMPTY": ""}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	for in, want := range map[string]string{
+		"${SET}":                 "v",
+		"${UNSET}":               "",
+		"${UNSET:-d}":            "d",
+		"${EMPTY:-d}":            "d",
+		"${SET:-d}":              "v",
+		"${UNSET:-a:b#c}":        "a:b#c",
+		"${UNSET:-}":             "",
+		"$$":                     "$",
+		"$${SET}":                "${SET}",
+		"a$b$":                   "a$b$",
+		"pre-${SET}-${SET}-post": "pre-v-v-post",
+		"$$$$":                   "$$",
+	} {
+		got, err := expandEnv(in, lookup)
+		if err != nil || got != want {
+			t.Errorf("expandEnv(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"${SET", "x ${", "${}", "${1X}", "${A B}", "${X:-${Y}}"} {
+		if got, err := expandEnv(in, lookup); err == nil {
+			t.Errorf("expandEnv(%q) = %q, want an error", in, got)
+		}
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	names := []string{"prompt", "completion", "image", "request", "input_cache_read"}
+	for key, want := range map[string]string{
+		"promt": "prompt", "Prompt": "prompt", "input-cache-read": "input_cache_read",
+		"completions": "completion", "zzz": "", "imgae": "image", "": "",
+	} {
+		if got := suggest(key, names); got != want {
+			t.Errorf("suggest(%q) = %q, want %q", key, got, want)
+		}
+	}
+}
+
+func TestRestartOnlyDiff(t *testing.T) {
+	data, err := os.ReadFile("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := parse("gateway.yaml", data, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, _ := parse("gateway.yaml", data, noEnv)
+	same.Models = nil
+	same.Upstreams[0].IdleTimeout = time.Hour
+	same.Billing.GraceUSD = "1"
+	if diff := same.RestartOnlyDiff(old); diff != nil {
+		t.Errorf("reloadable changes reported as restart-only: %v", diff)
+	}
+	changed, _ := parse("gateway.yaml", data, noEnv)
+	changed.Server.Listen = "127.0.0.1:1"
+	changed.Server.DataDir = "/x"
+	changed.Server.AdminToken = "t"
+	changed.Server.MaxRequestBody = 1 << 20
+	changed.NATS = NATS{URL: "nats://x:4222", EmbeddedListen: "127.0.0.1:1", CredsFile: "c", TLSCA: "a", TLSCert: "b", TLSKey: "k", Replicas: 3}
+	changed.ClickHouse = ClickHouse{DSN: "clickhouse://y:9000/z", ConsumeInServe: true}
+	want := []string{"server.listen", "server.data_dir", "server.admin_token", "server.max_request_body",
+		"nats.url", "nats.embedded_listen", "nats.creds_file", "nats.tls_ca", "nats.tls_cert", "nats.tls_key", "nats.replicas",
+		"clickhouse.dsn", "clickhouse.consume_in_serve"}
+	if diff := changed.RestartOnlyDiff(old); !reflect.DeepEqual(diff, want) {
+		t.Errorf("RestartOnlyDiff = %v, want %v", diff, want)
+	}
+}
+
+// FuzzParse: no input makes Parse panic, and Parse returns exactly one of a
+// config or an error.
+func FuzzParse(f *testing.F) {
+	if data, err := os.ReadFile("../gateway.yaml"); err == nil {
+		f.Add(data)
+	}
+	files, _ := filepath.Glob("testdata/*.yamltest")
+	for _, file := range files {
+		raw, _ := os.ReadFile(file)
+		input, _, _ := strings.Cut(string(raw), goldenSeparator)
+		f.Add([]byte(input))
+	}
+	f.Add([]byte("a: &a [*a]\nserver: &s {<<: *s}\n"))
+	f.Add([]byte("models: [{<<: [{id: x}], id: y}]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse("fuzz.yaml", data)
+		if (cfg == nil) == (err == nil) {
+			t.Fatalf("Parse returned config %v and error %v", cfg != nil, err)
+		}
+		if err != nil && err.Error() == "" {
+			t.Fatal("empty error text")
+		}
+	})
+}

@@ -1,0 +1,179 @@
+package config
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Watcher holds the current config and replaces it when the file changes or
+// the process gets SIGHUP. Current is safe from any goroutine at any time;
+// a *Config it returns is never modified, so readers keep a consistent
+// snapshot for as long as they hold it.
+type Watcher struct {
+	path    string
+	build   func(*Config) error
+	logf    func(format string, args ...any)
+	current atomic.Pointer[Config]
+
+	pollEvery time.Duration
+	// signalsReady is closed once Run listens for SIGHUP (tests wait on it
+	// before signalling, or the signal would kill the process).
+	signalsReady chan struct{}
+	readyOnce    sync.Once
+
+	mu       sync.Mutex // serializes reloads; guards the fields below
+	lastStat os.FileInfo
+	lastHash [32]byte
+	missing  bool
+}
+
+// NewWatcher watches path, starting from initial, which must be what
+// Load(path) returned (not nil).
+//
+// build is called with every new valid config before it becomes current: it
+// builds everything derived from the config (catalog, upstream clients) and
+// swaps it in, or returns an error to keep the running config. Reloads are
+// serialized, so build never runs twice at once; it must not call Reload.
+// A nil build accepts every valid config; a nil logf logs with package log.
+func NewWatcher(path string, initial *Config, build func(*Config) error, logf func(format string, args ...any)) *Watcher {
+	if build == nil {
+		build = func(*Config) error { return nil }
+	}
+	if logf == nil {
+		logf = log.Printf
+	}
+	w := &Watcher{
+		path:         path,
+		build:        build,
+		logf:         logf,
+		pollEvery:    500 * time.Millisecond,
+		signalsReady: make(chan struct{}),
+		lastHash:     initial.source,
+	}
+	w.current.Store(initial)
+	return w
+}
+
+// Current returns the config in force.
+func (w *Watcher) Current() *Config { return w.current.Load() }
+
+// Run polls the file every 500ms and reloads on SIGHUP until ctx is done.
+// Call it once, in its own goroutine.
+func (w *Watcher) Run(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	w.readyOnce.Do(func() { close(w.signalsReady) })
+
+	tick := time.NewTicker(w.pollEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			w.logf("SIGHUP: reloading %s", w.path)
+			_ = w.Reload() // Reload logs its outcome
+		case <-tick.C:
+			w.poll()
+		}
+	}
+}
+
+// Reload reads the file and applies it now, whether or not it changed. On
+// any failure the running config stays, the reason is logged and returned:
+// *Errors for an invalid file, *RestartRequiredError for a change that needs
+// a restart, or build's error.
+func (w *Watcher) Reload() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// Stat before reading: a change racing the read then shows at the
+	// next poll instead of hiding behind a stat taken after it.
+	fi, statErr := os.Stat(w.path)
+	data, err := os.ReadFile(w.path)
+	if err != nil {
+		err = fmt.Errorf("config reload: %w", err)
+		w.logf("%v; keeping the running config", err)
+		return err
+	}
+	if statErr == nil {
+		w.lastStat = fi
+	}
+	return w.apply(data)
+}
+
+// poll reloads when the file's content changed. The stat check keeps idle
+// polls cheap; the hash keeps a touch, or an editor rewriting the same
+// bytes, from reloading. Stat follows the path, so an editor that writes a
+// new file and renames it over the old one is seen too.
+func (w *Watcher) poll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fi, err := os.Stat(w.path)
+	if err != nil {
+		// Some editors remove the file for a moment while saving; say so
+		// once and look again next tick.
+		if !w.missing {
+			w.logf("config watch: %v", err)
+			w.missing = true
+		}
+		return
+	}
+	w.missing = false
+	if prev := w.lastStat; prev != nil && os.SameFile(prev, fi) &&
+		prev.Size() == fi.Size() && prev.ModTime().Equal(fi.ModTime()) {
+		return
+	}
+	data, err := os.ReadFile(w.path)
+	if err != nil {
+		w.logf("config watch: %v", err)
+		return
+	}
+	w.lastStat = fi
+	if sha256.Sum256(data) == w.lastHash {
+		return
+	}
+	_ = w.apply(data) // apply logs its outcome
+}
+
+// apply parses data and makes it current if it is valid, changes nothing
+// that needs a restart, and build accepts it. w.mu must be held.
+func (w *Watcher) apply(data []byte) error {
+	// Remember even a refused file: it is reported once, not every tick.
+	w.lastHash = sha256.Sum256(data)
+	cfg, err := parse(w.path, data, os.LookupEnv)
+	if err != nil {
+		w.logf("config reload failed; keeping the running config:")
+		var errs *Errors
+		if errors.As(err, &errs) {
+			for _, e := range *errs {
+				w.logf("  %v", e)
+			}
+		} else {
+			w.logf("  %v", err)
+		}
+		return err
+	}
+	if changed := cfg.RestartOnlyDiff(w.current.Load()); len(changed) > 0 {
+		err := &RestartRequiredError{Fields: changed}
+		w.logf("%v; keeping the running config", err)
+		return err
+	}
+	if err := w.build(cfg); err != nil {
+		err = fmt.Errorf("config reload: applying %s: %w", w.path, err)
+		w.logf("%v; keeping the running config", err)
+		return err
+	}
+	w.current.Store(cfg)
+	w.logf("config reloaded from %s", w.path)
+	return nil
+}

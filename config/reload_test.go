@@ -1,0 +1,302 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// checkFor calls fn every `every` until it returns nil or total has passed.
+func checkFor(t *testing.T, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+// configWith returns a small valid gateway.yaml serving the given model ids.
+func configWith(listen string, ids ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "server:\n  listen: %s\nupstreams:\n  - name: default\n    base_url: http://127.0.0.1:8000/v1\nmodels:\n", listen)
+	for _, id := range ids {
+		fmt.Fprintf(&b, "  - id: %s\n    context_length: 4096\n    max_output_length: 512\n", id)
+	}
+	return b.String()
+}
+
+// replaceFile writes data the way many editors save: a new file renamed
+// over the old one, so the watched path gets a new inode.
+func replaceFile(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logBuffer collects a Watcher's log lines; Run logs from its own goroutine.
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logBuffer) logf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf(format, args...))
+}
+
+func (l *logBuffer) contains(s string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range l.lines {
+		if strings.Contains(line, s) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no log line contains %q; log:\n%s", s, strings.Join(l.lines, "\n"))
+}
+
+type watchFixture struct {
+	path   string
+	w      *Watcher
+	log    *logBuffer
+	builds atomic.Int32
+}
+
+// newWatchFixture writes content to a fresh file and watches it. buildErr,
+// when set, makes every build fail.
+func newWatchFixture(t *testing.T, content string, buildErr error) *watchFixture {
+	t.Helper()
+	f := &watchFixture{path: filepath.Join(t.TempDir(), "gateway.yaml"), log: &logBuffer{}}
+	if err := os.WriteFile(f.path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	initial, err := Load(f.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.w = NewWatcher(f.path, initial, func(*Config) error {
+		f.builds.Add(1)
+		return buildErr
+	}, f.log.logf)
+	return f
+}
+
+func (f *watchFixture) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.w.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+func modelIDs(c *Config) string {
+	ids := make([]string, len(c.Models))
+	for i, m := range c.Models {
+		ids[i] = m.ID
+	}
+	return strings.Join(ids, ",")
+}
+
+func wantModels(w *Watcher, want string) func() error {
+	return func() error {
+		if got := modelIDs(w.Current()); got != want {
+			return fmt.Errorf("models %q, want %q", got, want)
+		}
+		return nil
+	}
+}
+
+func TestWatcherReloadsEditedFile(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	f.run(t)
+
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a", "b"))
+	checkFor(t, 2*time.Second, 20*time.Millisecond, wantModels(f.w, "a,b"))
+
+	// Written in place, same inode.
+	if err := os.WriteFile(f.path, []byte(configWith("127.0.0.1:8080", "c")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 2*time.Second, 20*time.Millisecond, wantModels(f.w, "c"))
+	if err := f.log.contains("config reloaded from " + f.path); err != nil {
+		t.Error(err)
+	}
+	if n := f.builds.Load(); n != 2 {
+		t.Errorf("build called %d times, want 2", n)
+	}
+}
+
+func TestWatcherIgnoresTouchWithoutChange(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	before := f.w.Current()
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(f.path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	f.w.poll()
+	// The same bytes through a rename: new inode, same content.
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a"))
+	f.w.poll()
+	if f.w.Current() != before || f.builds.Load() != 0 {
+		t.Fatalf("unchanged content reloaded (builds: %d)", f.builds.Load())
+	}
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a", "b"))
+	f.w.poll()
+	if err := wantModels(f.w, "a,b")(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatcherKeepsOldConfigOnInvalidEdit(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	before := f.w.Current()
+	f.run(t)
+
+	bad := configWith("127.0.0.1:8080", "a", "b") + "    pricng: {}\n"
+	replaceFile(t, f.path, bad)
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+		return f.log.contains(`unknown field "pricng" in models[1] (did you mean "pricing"?)`)
+	})
+	if err := f.log.contains("keeping the running config"); err != nil {
+		t.Error(err)
+	}
+	if f.w.Current() != before || f.builds.Load() != 0 {
+		t.Fatalf("invalid file replaced the config (builds: %d)", f.builds.Load())
+	}
+	var errs *Errors
+	if err := f.w.Reload(); !errors.As(err, &errs) || len(*errs) != 1 {
+		t.Fatalf("Reload() = %v, want *Errors with one entry", err)
+	}
+
+	// Fixing the file is picked up.
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a", "b"))
+	checkFor(t, 2*time.Second, 20*time.Millisecond, wantModels(f.w, "a,b"))
+}
+
+func TestWatcherRefusesRestartOnlyChange(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	before := f.w.Current()
+	replaceFile(t, f.path, configWith("127.0.0.1:9999", "a", "b")+"nats:\n  replicas: 3\n")
+
+	err := f.w.Reload()
+	var restart *RestartRequiredError
+	if !errors.As(err, &restart) {
+		t.Fatalf("Reload() = %v, want *RestartRequiredError", err)
+	}
+	const want = "config reload not supported for server.listen, nats.replicas (restart required)"
+	if err.Error() != want {
+		t.Errorf("error %q, want %q", err, want)
+	}
+	if err := f.log.contains(want); err != nil {
+		t.Error(err)
+	}
+	if f.w.Current() != before || f.builds.Load() != 0 {
+		t.Fatal("restart-only change was applied")
+	}
+}
+
+func TestWatcherKeepsOldConfigWhenBuildFails(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), errors.New("upstream client refused"))
+	before := f.w.Current()
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a", "b"))
+	if err := f.w.Reload(); err == nil || !strings.Contains(err.Error(), "upstream client refused") {
+		t.Fatalf("Reload() = %v, want build's error", err)
+	}
+	if f.w.Current() != before || f.builds.Load() != 1 {
+		t.Fatalf("failed build replaced the config (builds: %d)", f.builds.Load())
+	}
+}
+
+func TestWatcherReloadsOnSIGHUP(t *testing.T) {
+	// Our own handler first: should Run fail to catch SIGHUP, the signal
+	// is still not fatal to the test binary.
+	guard := make(chan os.Signal, 1)
+	signal.Notify(guard, syscall.SIGHUP)
+	defer signal.Stop(guard)
+
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	f.w.pollEvery = time.Hour // only the signal can cause a reload
+	f.run(t)
+	<-f.w.signalsReady
+
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a", "hup"))
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 2*time.Second, 20*time.Millisecond, wantModels(f.w, "a,hup"))
+	if err := f.log.contains("SIGHUP"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestWatcherCurrentIsRaceFree reads the config from several goroutines
+// while reloads swap it; run with -race.
+func TestWatcherCurrentIsRaceFree(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	f.run(t)
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	var reads atomic.Int64
+	for range 4 {
+		readers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c := f.w.Current()
+				if len(c.Models) == 0 || c.Models[0].ID != "a" || c.Upstreams[0].Name != "default" {
+					t.Errorf("inconsistent snapshot: %+v", c.Models)
+					return
+				}
+				reads.Add(1)
+			}
+		})
+	}
+	for i := range 20 {
+		ids := []string{"a"}
+		if i%2 == 0 {
+			ids = append(ids, fmt.Sprintf("m%d", i))
+		}
+		replaceFile(t, f.path, configWith("127.0.0.1:8080", ids...))
+		if err := f.w.Reload(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	readers.Wait()
+	if reads.Load() == 0 {
+		t.Fatal("readers never ran")
+	}
+	if got := modelIDs(f.w.Current()); got != "a" {
+		t.Fatalf("final models %q, want a", got)
+	}
+}

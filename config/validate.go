@@ -1,0 +1,270 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/money"
+)
+
+// Defaults for omitted (or zero) fields; gateway.yaml documents each.
+const (
+	DefaultListen           = "127.0.0.1:8080"
+	DefaultDataDir          = "./data"
+	DefaultMaxRequestBody   = 8 << 20 // 8MiB
+	DefaultDemoCreditUSD    = "5.00"
+	DefaultAlgorithm        = "EdDSA"
+	DefaultIssuer           = "tollgate"
+	DefaultGraceUSD         = "0.50"
+	DefaultConnectTimeout   = 2 * time.Second
+	DefaultWriteTimeout     = 10 * time.Second
+	DefaultFirstByteTimeout = 60 * time.Second
+	DefaultIdleTimeout      = 60 * time.Second
+	DefaultMaxConnections   = 512
+	DefaultMaxResponseBody  = 64 << 20 // 64MiB
+	DefaultEmbeddedListen   = "127.0.0.1:4222"
+	DefaultReplicas         = 1
+	DefaultClickHouseDSN    = "clickhouse://127.0.0.1:9000/default"
+)
+
+// Allowed values of the catalog's list fields.
+var (
+	Modalities = []string{"text", "image", "audio", "video", "file"}
+	Features   = []string{"tools", "json_mode", "structured_outputs", "reasoning", "vision", "logprobs", "streaming"}
+)
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+func (l *loader) applyDefaults(c *Config) {
+	s := &c.Server
+	setDefault(&s.Listen, DefaultListen)
+	setDefault(&s.DataDir, DefaultDataDir)
+	setDefault(&s.MaxRequestBody, DefaultMaxRequestBody)
+	setDefault(&s.DemoCreditUSD, DefaultDemoCreditUSD)
+	setDefault(&c.Auth.Algorithm, DefaultAlgorithm)
+	setDefault(&c.Auth.Issuer, DefaultIssuer)
+	setDefault(&c.Billing.GraceUSD, DefaultGraceUSD)
+	for i := range c.Upstreams {
+		u := &c.Upstreams[i]
+		setDefault(&u.ConnectTimeout, DefaultConnectTimeout)
+		setDefault(&u.WriteTimeout, DefaultWriteTimeout)
+		setDefault(&u.FirstByteTimeout, DefaultFirstByteTimeout)
+		setDefault(&u.IdleTimeout, DefaultIdleTimeout)
+		setDefault(&u.MaxConnections, DefaultMaxConnections)
+		setDefault(&u.MaxResponseBody, DefaultMaxResponseBody)
+	}
+	for i := range c.Models {
+		m := &c.Models[i]
+		if len(c.Upstreams) == 1 {
+			setDefault(&m.Upstream, c.Upstreams[0].Name)
+		}
+		setDefault(&m.UpstreamModel, m.ID)
+	}
+	setDefault(&c.NATS.EmbeddedListen, DefaultEmbeddedListen)
+	setDefault(&c.NATS.Replicas, DefaultReplicas)
+	setDefault(&c.ClickHouse.DSN, DefaultClickHouseDSN)
+}
+
+// check reports msg at path unless path (or a parent) already failed to
+// decode: a value that did not decode is not also "missing".
+func (l *loader) check(ok bool, path, format string, args ...any) {
+	if ok {
+		return
+	}
+	for p := path; ; p = parentPath(p) {
+		if l.failed[p] {
+			return
+		}
+		if p == "" {
+			break
+		}
+	}
+	l.errAt(nil, path, format, args...)
+}
+
+func (l *loader) validate(c *Config) {
+	s := c.Server
+	l.checkHostPort(s.Listen, "server.listen")
+	l.check(s.MaxRequestBody >= 1<<10 && s.MaxRequestBody <= 1<<30, "server.max_request_body",
+		"%d bytes is outside 1KiB..1GiB", s.MaxRequestBody)
+	l.checkUSD(s.DemoCreditUSD, "server.demo_credit_usd")
+	for i, p := range s.TrustedProxies {
+		_, errPrefix := netip.ParsePrefix(p)
+		_, errAddr := netip.ParseAddr(p)
+		l.check(errPrefix == nil || errAddr == nil, fmt.Sprintf("server.trusted_proxies[%d]", i),
+			"%q is neither a CIDR (10.0.0.0/8) nor an IP address", p)
+	}
+
+	l.check(c.Auth.Algorithm == "EdDSA", "auth.algorithm",
+		"%q is not supported: EdDSA (Ed25519) is the only supported algorithm", c.Auth.Algorithm)
+	l.checkUSD(c.Billing.GraceUSD, "billing.grace_usd")
+
+	l.check(len(c.Upstreams) > 0, "upstreams", "at least one upstream is required")
+	upstreams := map[string]bool{}
+	var upstreamNames []string
+	for i, u := range c.Upstreams {
+		path := fmt.Sprintf("upstreams[%d]", i)
+		l.check(u.Name != "", path+".name", "an upstream needs a name")
+		l.check(!upstreams[u.Name] || u.Name == "", path+".name", "upstream %q is listed twice", u.Name)
+		if u.Name != "" && !upstreams[u.Name] {
+			upstreams[u.Name] = true
+			upstreamNames = append(upstreamNames, u.Name)
+		}
+		l.checkHTTPURL(u.BaseURL, path+".base_url")
+		for _, d := range []struct {
+			key string
+			v   time.Duration
+		}{
+			{"connect_timeout", u.ConnectTimeout}, {"write_timeout", u.WriteTimeout},
+			{"first_byte_timeout", u.FirstByteTimeout}, {"idle_timeout", u.IdleTimeout},
+		} {
+			l.check(d.v > 0, path+"."+d.key, "must be positive, got %s", d.v)
+		}
+		l.check(u.MaxConnections > 0, path+".max_connections", "must be positive, got %d", u.MaxConnections)
+		l.check(u.MaxResponseBody > 0, path+".max_response_body", "must be positive, got %d", u.MaxResponseBody)
+	}
+
+	models := map[string]bool{}
+	for i, m := range c.Models {
+		path := fmt.Sprintf("models[%d]", i)
+		switch {
+		case m.ID == "":
+			l.check(false, path+".id", "a model needs an id")
+		case hasSpace(m.ID):
+			l.check(false, path+".id", "%q contains whitespace", m.ID)
+		case models[m.ID]:
+			l.check(false, path+".id", "model %q is listed twice", m.ID)
+		}
+		models[m.ID] = true
+		switch {
+		case m.Upstream == "" && len(c.Upstreams) > 1:
+			l.check(false, path+".upstream", "required when more than one upstream is configured (one of: %s)",
+				strings.Join(upstreamNames, ", "))
+		case m.Upstream != "" && !upstreams[m.Upstream] && len(upstreamNames) > 0:
+			l.check(false, path+".upstream", "no upstream is named %q (configured: %s)",
+				m.Upstream, strings.Join(upstreamNames, ", "))
+		}
+		l.check(m.ContextLength > 0, path+".context_length", "must be positive, got %d", m.ContextLength)
+		l.check(m.MaxOutputLength > 0, path+".max_output_length", "must be positive, got %d", m.MaxOutputLength)
+		l.check(m.MaxOutputLength <= m.ContextLength || m.ContextLength <= 0, path+".max_output_length",
+			"%d is more than context_length %d", m.MaxOutputLength, m.ContextLength)
+		p := m.Pricing
+		for _, price := range []struct{ key, v string }{
+			{"prompt", p.Prompt}, {"completion", p.Completion}, {"image", p.Image},
+			{"request", p.Request}, {"input_cache_read", p.InputCacheRead},
+		} {
+			if price.v == "" {
+				continue // an omitted price is free
+			}
+			_, err := money.ParsePrice(price.v)
+			l.check(err == nil, path+".pricing."+price.key, "%v (write USD per unit as a quoted decimal such as \"0.00000015\")", err)
+		}
+		l.checkOneOf(m.InputModalities, Modalities, path+".input_modalities")
+		l.checkOneOf(m.OutputModalities, Modalities, path+".output_modalities")
+		l.checkOneOf(m.SupportedFeatures, Features, path+".supported_features")
+	}
+
+	if c.NATS.URL == "" {
+		l.checkHostPort(c.NATS.EmbeddedListen, "nats.embedded_listen")
+	}
+	l.check(c.NATS.Replicas >= 1 && c.NATS.Replicas <= 5, "nats.replicas",
+		"must be 1 to 5 (JetStream's limit), got %d", c.NATS.Replicas)
+	l.check(c.NATS.TLSKey != "" || c.NATS.TLSCert == "", "nats.tls_cert", "tls_key is missing: set both tls_cert and tls_key, or neither")
+	l.check(c.NATS.TLSCert != "" || c.NATS.TLSKey == "", "nats.tls_key", "tls_cert is missing: set both tls_cert and tls_key, or neither")
+	l.checkClickHouseDSN(c.ClickHouse.DSN, "clickhouse.dsn")
+}
+
+func (l *loader) checkHostPort(v, path string) {
+	host, port, err := net.SplitHostPort(v)
+	if err != nil {
+		l.check(false, path, "%q: want host:port such as 127.0.0.1:8080", v)
+		return
+	}
+	n, err := strconv.Atoi(port)
+	l.check(err == nil && n >= 0 && n <= 65535, path, "%q: port %q is not a number from 0 to 65535", v, port)
+	l.check(!hasSpace(host), path, "%q: the host contains whitespace", v)
+}
+
+func (l *loader) checkUSD(v, path string) {
+	n, err := money.ParseUSD(v)
+	if err != nil {
+		l.check(false, path, "%v (write a quoted decimal such as \"0.50\")", err)
+		return
+	}
+	l.check(n >= 0, path, "must not be negative, got %s", v)
+}
+
+func (l *loader) checkHTTPURL(v, path string) {
+	if v == "" {
+		l.check(false, path, "required: an absolute http:// or https:// URL such as http://127.0.0.1:8000/v1")
+		return
+	}
+	u, err := url.Parse(v)
+	if err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		l.check(false, path, "%q: want an absolute http:// or https:// URL such as http://127.0.0.1:8000/v1", v)
+	}
+}
+
+func (l *loader) checkClickHouseDSN(v, path string) {
+	u, err := url.Parse(v)
+	ok := err == nil && u.Host != ""
+	if ok {
+		switch u.Scheme {
+		case "clickhouse", "tcp", "http", "https":
+		default:
+			ok = false
+		}
+	}
+	l.check(ok, path, "%q: want a DSN such as clickhouse://user:password@127.0.0.1:9000/default", v)
+}
+
+func (l *loader) checkOneOf(values, allowed []string, path string) {
+	for i, v := range values {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || v == a
+		}
+		l.check(ok, fmt.Sprintf("%s[%d]", path, i), "%q is not one of %s", v, strings.Join(allowed, ", "))
+	}
+}
+
+// RestartOnlyDiff names, as yaml paths, the fields that differ between old
+// and c but only take effect at start: the listener, the data directory, the
+// admin token, the request size limit fasthttp reads with, everything under
+// nats, and the clickhouse settings. A reload that changes any is refused.
+func (c *Config) RestartOnlyDiff(old *Config) []string {
+	if old == nil {
+		return nil
+	}
+	var changed []string
+	add := func(differs bool, path string) {
+		if differs {
+			changed = append(changed, path)
+		}
+	}
+	add(c.Server.Listen != old.Server.Listen, "server.listen")
+	add(c.Server.DataDir != old.Server.DataDir, "server.data_dir")
+	add(c.Server.AdminToken != old.Server.AdminToken, "server.admin_token")
+	add(c.Server.MaxRequestBody != old.Server.MaxRequestBody, "server.max_request_body")
+	nv, ov := reflect.ValueOf(c.NATS), reflect.ValueOf(old.NATS)
+	for i := range nv.NumField() {
+		if name := yamlName(nv.Type().Field(i)); name != "" {
+			add(!reflect.DeepEqual(nv.Field(i).Interface(), ov.Field(i).Interface()), "nats."+name)
+		}
+	}
+	add(c.ClickHouse.DSN != old.ClickHouse.DSN, "clickhouse.dsn")
+	// Whether serve runs the billing consumer is decided once at start.
+	add(c.ClickHouse.ConsumeInServe != old.ClickHouse.ConsumeInServe, "clickhouse.consume_in_serve")
+	return changed
+}
