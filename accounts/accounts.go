@@ -1,0 +1,326 @@
+// Package accounts keeps accounts, their balances and their API keys in
+// NATS JetStream KV, and verifies API keys (Ed25519-signed JWTs) without I/O.
+//
+// Every gateway watches both buckets into an in-memory snapshot, so a credit,
+// a debit or a revocation made anywhere is seen everywhere within a second,
+// and the request path (Verify, Balance, KeyInfo) never waits on NATS.
+package accounts
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/money"
+)
+
+// KV buckets owned by this package.
+const (
+	BucketAccounts = "TOLLGATE_ACCOUNTS" // key: account id; value: JSON accountRecord
+	BucketKeys     = "TOLLGATE_KEYS"     // key: key id; value: JSON KeyInfo (never the token)
+)
+
+var (
+	// ErrNotFound is returned for an account or key id that does not exist:
+	// check the id, or create the account first.
+	ErrNotFound = errors.New("not found")
+	// ErrExists is returned when creating an account whose id is taken:
+	// pick another id, or credit the existing account instead.
+	ErrExists = errors.New("already exists")
+	// ErrInvalidInput wraps every rejected argument (account id, amount,
+	// scope, limit); the rest of the message says what to change.
+	ErrInvalidInput = errors.New("invalid input")
+)
+
+// Account is an account's balance and its lifetime totals.
+// Balance = Credited - Debited; it goes negative within the grace buffer.
+type Account struct {
+	ID        string
+	Balance   money.Nanos
+	Credited  money.Nanos
+	Debited   money.Nanos
+	CreatedAt time.Time
+}
+
+// accountRecord is the JSON stored in TOLLGATE_ACCOUNTS.
+type accountRecord struct {
+	ID            string    `json:"id"`
+	BalanceNanos  int64     `json:"balance_nanos"`
+	CreatedAt     time.Time `json:"created_at"`
+	CreditedNanos int64     `json:"credited_nanos"`
+	DebitedNanos  int64     `json:"debited_nanos"`
+}
+
+func (r *accountRecord) account() Account {
+	return Account{
+		ID:        r.ID,
+		Balance:   money.Nanos(r.BalanceNanos),
+		Credited:  money.Nanos(r.CreditedNanos),
+		Debited:   money.Nanos(r.DebitedNanos),
+		CreatedAt: r.CreatedAt,
+	}
+}
+
+// Service is the accounts and keys store of one gateway. All methods are
+// safe for concurrent use.
+type Service struct {
+	conn     *nats.Conn
+	accounts jetstream.KeyValue
+	keys     jetstream.KeyValue
+
+	signer    ed25519.PrivateKey
+	verifier  ed25519.PublicKey
+	issuer    string
+	algorithm string
+	parser    *jwt.Parser
+
+	snap snapshot
+
+	cacheMu sync.RWMutex
+	cache   map[string]*Key // verified tokens; see Verify
+
+	stop    context.CancelFunc
+	stopped sync.WaitGroup
+}
+
+// Open declares the buckets, loads or creates the signing key under dataDir,
+// starts watching both buckets and returns once the snapshot holds their
+// current contents (or ctx ends). Close it before closing the broker.
+func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir string, auth config.Auth) (*Service, error) {
+	algorithm := auth.Algorithm
+	if algorithm == "" {
+		algorithm = config.DefaultAlgorithm
+	}
+	if algorithm != jwt.SigningMethodEdDSA.Alg() {
+		return nil, fmt.Errorf("auth.algorithm %q: only EdDSA (Ed25519) is supported", auth.Algorithm)
+	}
+	issuer := auth.Issuer
+	if issuer == "" {
+		issuer = config.DefaultIssuer
+	}
+	signer, err := loadOrCreateSigningKey(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	replicas = max(replicas, 1)
+	accountsKV, err := broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketAccounts,
+		Description: "tollgate accounts and balances",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return nil, err
+	}
+	keysKV, err := broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketKeys,
+		Description: "tollgate API key metadata (no secrets)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	s := &Service{
+		conn:      js.Conn(),
+		accounts:  accountsKV,
+		keys:      keysKV,
+		signer:    signer,
+		verifier:  signer.Public().(ed25519.PublicKey),
+		issuer:    issuer,
+		algorithm: algorithm,
+		parser: jwt.NewParser(
+			// The one method we sign with: this is what refuses "none",
+			// and HS256 keyed with our public key bytes.
+			jwt.WithValidMethods([]string{algorithm}),
+			jwt.WithIssuer(issuer),
+		),
+		cache: make(map[string]*Key),
+	}
+	s.snap.init()
+	watchCtx, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.stopped.Add(2)
+	go s.watch(watchCtx, accountsKV, bucketAccounts)
+	go s.watch(watchCtx, keysKV, bucketKeys)
+
+	if err := s.snap.waitLoaded(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("loading accounts snapshot: %w", err)
+	}
+	return s, nil
+}
+
+// Close stops watching the buckets. The service must not be used afterwards.
+func (s *Service) Close() {
+	s.stop()
+	s.stopped.Wait()
+}
+
+// Balance is the account's balance as last seen by this gateway; false when
+// the account does not exist. It never does I/O.
+func (s *Service) Balance(account string) (money.Nanos, bool) {
+	return s.snap.balance(account)
+}
+
+// CreateAccount creates an account holding credit (which may be zero).
+func (s *Service) CreateAccount(ctx context.Context, id string, credit money.Nanos) (Account, error) {
+	if err := ValidateAccountID(id); err != nil {
+		return Account{}, err
+	}
+	if credit < 0 {
+		return Account{}, fmt.Errorf("%w: initial credit must not be negative", ErrInvalidInput)
+	}
+	rec := accountRecord{
+		ID:            id,
+		BalanceNanos:  int64(credit),
+		CreditedNanos: int64(credit),
+		CreatedAt:     time.Now().UTC(),
+	}
+	data, err := json.Marshal(&rec)
+	if err != nil {
+		return Account{}, fmt.Errorf("encoding account %s: %w", id, err)
+	}
+	rev, err := s.accounts.Create(ctx, id, data)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return Account{}, fmt.Errorf("account %s: %w", id, ErrExists)
+	}
+	if err != nil {
+		return Account{}, fmt.Errorf("creating account %s: %w", id, err)
+	}
+	s.snap.putAccount(id, rev, rec, false)
+	return rec.account(), nil
+}
+
+// Account reads the account from the bucket (not the snapshot).
+func (s *Service) Account(ctx context.Context, id string) (Account, error) {
+	rec, _, err := s.getAccount(ctx, id)
+	if err != nil {
+		return Account{}, err
+	}
+	return rec.account(), nil
+}
+
+// Credit adds amount (> 0) to the account's balance.
+func (s *Service) Credit(ctx context.Context, id string, amount money.Nanos) (Account, error) {
+	if amount <= 0 {
+		return Account{}, fmt.Errorf("%w: credit amount must be positive, got %s USD", ErrInvalidInput, amount)
+	}
+	return s.updateAccount(ctx, id, func(rec *accountRecord) error {
+		balance, ok1 := addNanos(rec.BalanceNanos, int64(amount))
+		credited, ok2 := addNanos(rec.CreditedNanos, int64(amount))
+		if !ok1 || !ok2 {
+			return fmt.Errorf("%w: crediting %s USD would overflow the balance", ErrInvalidInput, amount)
+		}
+		rec.BalanceNanos, rec.CreditedNanos = balance, credited
+		return nil
+	})
+}
+
+// Debit subtracts amount (>= 0) from the account's balance, which may go
+// negative: refusing service below the grace buffer is the proxy's job, and
+// usage already served must be billed. A zero amount only reads the account.
+//
+// Debit is not idempotent: a caller replaying the same usage event debits
+// it twice.
+func (s *Service) Debit(ctx context.Context, id string, amount money.Nanos) (Account, error) {
+	if amount < 0 {
+		return Account{}, fmt.Errorf("%w: debit amount must not be negative, got %s USD", ErrInvalidInput, amount)
+	}
+	if amount == 0 {
+		return s.Account(ctx, id)
+	}
+	return s.updateAccount(ctx, id, func(rec *accountRecord) error {
+		balance, ok1 := addNanos(rec.BalanceNanos, -int64(amount))
+		debited, ok2 := addNanos(rec.DebitedNanos, int64(amount))
+		if !ok1 || !ok2 {
+			return fmt.Errorf("%w: debiting %s USD would overflow the balance", ErrInvalidInput, amount)
+		}
+		rec.BalanceNanos, rec.DebitedNanos = balance, debited
+		return nil
+	})
+}
+
+// updateAccount applies change with compare-and-set on the entry's revision,
+// retrying from a fresh read whenever another writer got there first.
+func (s *Service) updateAccount(ctx context.Context, id string, change func(*accountRecord) error) (Account, error) {
+	for {
+		rec, rev, err := s.getAccount(ctx, id)
+		if err != nil {
+			return Account{}, err
+		}
+		if err := change(&rec); err != nil {
+			return Account{}, err
+		}
+		data, err := json.Marshal(&rec)
+		if err != nil {
+			return Account{}, fmt.Errorf("encoding account %s: %w", id, err)
+		}
+		newRev, err := s.accounts.Update(ctx, id, data, rev)
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			continue // lost the race; the loop re-reads
+		}
+		if err != nil {
+			return Account{}, fmt.Errorf("updating account %s: %w", id, err)
+		}
+		s.snap.putAccount(id, newRev, rec, false)
+		return rec.account(), nil
+	}
+}
+
+func (s *Service) getAccount(ctx context.Context, id string) (accountRecord, uint64, error) {
+	if err := ValidateAccountID(id); err != nil {
+		return accountRecord{}, 0, err
+	}
+	entry, err := s.accounts.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return accountRecord{}, 0, fmt.Errorf("account %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return accountRecord{}, 0, fmt.Errorf("reading account %s: %w", id, err)
+	}
+	var rec accountRecord
+	if err := json.Unmarshal(entry.Value(), &rec); err != nil {
+		return accountRecord{}, 0, fmt.Errorf("decoding account %s (revision %d): %w", id, entry.Revision(), err)
+	}
+	return rec, entry.Revision(), nil
+}
+
+// ValidateAccountID accepts 1 to 64 characters of letters, digits, '_', '-'
+// and '.', where dots only separate (no leading, trailing or doubled dot:
+// the id is a NATS subject token).
+func ValidateAccountID(id string) error {
+	const rule = "account id must be 1-64 characters of a-z, A-Z, 0-9, '_', '-', '.', not starting or ending with '.' nor containing '..'"
+	if len(id) == 0 || len(id) > 64 || id[0] == '.' || id[len(id)-1] == '.' {
+		return fmt.Errorf("%w: %s, got %q", ErrInvalidInput, rule, id)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
+		if !ok || c == '.' && id[i-1] == '.' {
+			return fmt.Errorf("%w: %s, got %q", ErrInvalidInput, rule, id)
+		}
+	}
+	return nil
+}
+
+func addNanos(a, b int64) (int64, bool) {
+	if b > 0 && a > math.MaxInt64-b || b < 0 && a < math.MinInt64-b {
+		return 0, false
+	}
+	return a + b, true
+}

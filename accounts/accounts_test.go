@@ -1,0 +1,277 @@
+package accounts
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tollgate/tollgate/money"
+)
+
+func TestAccountLifecycle(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+
+	created, err := s.CreateAccount(ctx, "acme.prod-1_x", 2*money.NanosPerUSD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if created.Balance != 2*money.NanosPerUSD || created.Credited != 2*money.NanosPerUSD || created.Debited != 0 || created.CreatedAt.IsZero() {
+		t.Errorf("created = %+v", created)
+	}
+	if _, err := s.CreateAccount(ctx, "acme.prod-1_x", 0); !errors.Is(err, ErrExists) {
+		t.Errorf("second create: %v, want ErrExists", err)
+	}
+	if bal, ok := s.Balance("acme.prod-1_x"); !ok || bal != 2*money.NanosPerUSD {
+		t.Errorf("Balance right after create = %s, %v", bal, ok)
+	}
+	if _, ok := s.Balance("nobody"); ok {
+		t.Error("Balance reports a missing account")
+	}
+	if _, err := s.Account(ctx, "nobody"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Account(nobody): %v, want ErrNotFound", err)
+	}
+
+	if _, err := s.Credit(ctx, "acme.prod-1_x", 500_000_000); err != nil {
+		t.Fatal(err)
+	}
+	after, err := s.Debit(ctx, "acme.prod-1_x", 3*money.NanosPerUSD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Account{ID: "acme.prod-1_x", Balance: -500_000_000, Credited: 2_500_000_000, Debited: 3 * money.NanosPerUSD, CreatedAt: created.CreatedAt}
+	if !after.CreatedAt.Equal(want.CreatedAt) || after.ID != want.ID || after.Balance != want.Balance || after.Credited != want.Credited || after.Debited != want.Debited {
+		t.Errorf("after credit and debit = %+v, want %+v", after, want)
+	}
+	read, err := s.Account(ctx, "acme.prod-1_x")
+	if err != nil || read.Balance != want.Balance {
+		t.Errorf("Account = %+v, %v; want balance %s", read, err, want.Balance)
+	}
+	if bal, _ := s.Balance("acme.prod-1_x"); bal != want.Balance {
+		t.Errorf("Balance = %s, want %s at once on the writing gateway", bal, want.Balance)
+	}
+
+	if _, err := s.Credit(ctx, "nobody", 1); !errors.Is(err, ErrNotFound) {
+		t.Errorf("credit of a missing account: %v, want ErrNotFound", err)
+	}
+	for _, amount := range []money.Nanos{0, -1} {
+		if _, err := s.Credit(ctx, "acme.prod-1_x", amount); !errors.Is(err, ErrInvalidInput) {
+			t.Errorf("Credit(%d): %v, want ErrInvalidInput", amount, err)
+		}
+	}
+	if _, err := s.Debit(ctx, "acme.prod-1_x", -1); !errors.Is(err, ErrInvalidInput) {
+		t.Errorf("Debit(-1): %v, want ErrInvalidInput", err)
+	}
+	if got, err := s.Debit(ctx, "acme.prod-1_x", 0); err != nil || got.Balance != want.Balance {
+		t.Errorf("Debit(0) = %+v, %v; want the account unchanged", got, err)
+	}
+}
+
+func TestAccountBalanceOverflowRefused(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "rich", math.MaxInt64-1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Credit(ctx, "rich", 2); !errors.Is(err, ErrInvalidInput) {
+		t.Errorf("overflowing credit: %v, want ErrInvalidInput", err)
+	}
+	if a, _ := s.Account(ctx, "rich"); a.Balance != math.MaxInt64-1 {
+		t.Errorf("balance changed to %s by a refused credit", a.Balance)
+	}
+}
+
+func TestAccountIDValidation(t *testing.T) {
+	valid := []string{"a", "acme", "A-b_c.d", "0", strings.Repeat("x", 64), "a.b.c"}
+	invalid := []string{"", strings.Repeat("x", 65), "a b", "a/b", "a*", "a>", ".a", "a.", "a..b", "ü", "a\n"}
+	for _, id := range valid {
+		if err := ValidateAccountID(id); err != nil {
+			t.Errorf("ValidateAccountID(%q) = %v, want nil", id, err)
+		}
+	}
+	for _, id := range invalid {
+		err := ValidateAccountID(id)
+		if !errors.Is(err, ErrInvalidInput) || !strings.Contains(fmt.Sprint(err), "1-64 characters") {
+			t.Errorf("ValidateAccountID(%q) = %v, want ErrInvalidInput explaining the rule", id, err)
+		}
+	}
+	s, _, _ := gateway(t)
+	if _, err := s.CreateAccount(testContext(t), "a b", 0); !errors.Is(err, ErrInvalidInput) {
+		t.Errorf("CreateAccount with a space: %v, want ErrInvalidInput", err)
+	}
+}
+
+func TestCreditSeenByOtherGatewayWithinASecond(t *testing.T) {
+	a, brokerA, dataDirA := gateway(t)
+	b := secondGateway(t, brokerA, dataDirA)
+	ctx := testContext(t)
+	if _, err := a.CreateAccount(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Credit(ctx, "acme", 7*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second, 10*time.Millisecond, func() error {
+		if bal, ok := b.Balance("acme"); !ok || bal != 7*money.NanosPerUSD {
+			return fmt.Errorf("other gateway sees balance %s (exists %v), want 7 USD", bal, ok)
+		}
+		return nil
+	})
+}
+
+func TestConcurrentDebitsSumExactly(t *testing.T) {
+	a, brokerA, dataDirA := gateway(t)
+	b := secondGateway(t, brokerA, dataDirA)
+	ctx := testContext(t)
+	const workers, each = 8, 50
+	if _, err := a.CreateAccount(ctx, "acme", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var total money.Nanos
+	errs := make(chan error, workers)
+	for w := range workers {
+		// Half the writers go through each gateway, so CAS conflicts span
+		// connections as they would between real gateways.
+		s := a
+		if w%2 == 1 {
+			s = b
+		}
+		for i := range each {
+			total += money.Nanos(w*1000 + i + 1)
+		}
+		wg.Go(func() {
+			for i := range each {
+				if _, err := s.Debit(ctx, "acme", money.Nanos(w*1000+i+1)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	got, err := a.Account(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Debited != total || got.Balance != money.NanosPerUSD-total || got.Credited != money.NanosPerUSD {
+		t.Errorf("after %d debits totalling %d: %+v", workers*each, total, got)
+	}
+	for _, s := range []*Service{a, b} {
+		if err := s.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if bal, _ := s.Balance("acme"); bal != got.Balance {
+			t.Errorf("snapshot balance %s, bucket has %s", bal, got.Balance)
+		}
+	}
+}
+
+// TestWaitSyncedSeesWritesFromElsewhere writes through one gateway and
+// reads another's snapshot right after WaitSynced, with no polling: a
+// WaitSynced that returned early would fail here.
+func TestWaitSyncedSeesWritesFromElsewhere(t *testing.T) {
+	a, brokerA, dataDirA := gateway(t)
+	b := secondGateway(t, brokerA, dataDirA)
+	ctx := testContext(t)
+	for i := range 20 {
+		id := fmt.Sprintf("acct%d", i)
+		if _, err := a.CreateAccount(ctx, id, money.Nanos(i+1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if bal, ok := b.Balance(id); !ok || bal != money.Nanos(i+1) {
+			t.Fatalf("after WaitSynced, Balance(%s) = %s, %v", id, bal, ok)
+		}
+	}
+	info, _, err := a.CreateKey(ctx, "acct0", KeyRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := b.ListKeys(ctx, "acct0")
+	if err != nil || len(keys) != 1 || keys[0].KeyID != info.KeyID {
+		t.Errorf("other gateway's ListKeys = %v, %v; want the key just made", keys, err)
+	}
+}
+
+// TestSnapshotFollowsAcrossServerRestart restarts the NATS server under two
+// gateways; updates made after it is back must still reach both snapshots.
+func TestSnapshotFollowsAcrossServerRestart(t *testing.T) {
+	storeDir := t.TempDir()
+	port := freePort(t)
+	run := func() *server.Server {
+		srv, err := server.NewServer(&server.Options{
+			Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: storeDir, NoSigs: true, NoLog: true,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Start()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats-server not ready")
+		}
+		return srv
+	}
+	srv := run()
+	url := srv.ClientURL()
+	// Registered first, so it runs after the gateways have closed.
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+
+	dataDirA := t.TempDir()
+	brokerA := connectBroker(t, url)
+	a := openService(t, brokerA, dataDirA)
+	t.Cleanup(func() { a.Close(); brokerA.Close() })
+	b := secondGateway(t, brokerA, dataDirA)
+	ctx := testContext(t)
+	if _, err := a.CreateAccount(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	srv = run()
+
+	restarted := time.Now()
+	// The first writes after the restart may race the reconnect.
+	checkFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		_, err := a.Credit(ctx, "acme", 1)
+		return err
+	})
+	t.Logf("first write %s after the restart", time.Since(restarted))
+	want, err := a.Account(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second, 20*time.Millisecond, func() error {
+		for name, s := range map[string]*Service{"writer": a, "other": b} {
+			if bal, _ := s.Balance("acme"); bal != want.Balance {
+				return fmt.Errorf("%s gateway sees %s, want %s", name, bal, want.Balance)
+			}
+		}
+		return nil
+	})
+	t.Logf("seen everywhere %s after the restart", time.Since(restarted))
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,390 @@
+package accounts
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Scopes a key can be limited to.
+const (
+	ScopeGenerate = "generate" // /v1/chat/completions, /v1/responses, /v1/models
+	ScopeClassify = "classify" // /v1/classify, /v1/tag, /v1/score, /v1/match
+	ScopeBatch    = "batch"    // /v1/batch
+	ScopeConsole  = "console"  // the web console
+)
+
+// AllScopes lists every scope; a key with no scopes has all of them.
+var AllScopes = []string{ScopeGenerate, ScopeClassify, ScopeBatch, ScopeConsole}
+
+// TokenPrefix starts every API key, so leaked keys are easy to grep for.
+const TokenPrefix = "tg-"
+
+// ErrInvalidKey is wrapped by every verification failure; the message after
+// it says why. Create a new key if the key was revoked, expired or issued by
+// another deployment (whose signing.key differs).
+var ErrInvalidKey = errors.New("invalid API key")
+
+// Prebuilt so that refusing a key, which attackers can make us do at will,
+// allocates nothing.
+var (
+	errMissingPrefix  = fmt.Errorf("%w: missing %q prefix", ErrInvalidKey, TokenPrefix)
+	errMalformed      = fmt.Errorf("%w: malformed", ErrInvalidKey)
+	errBadSignature   = fmt.Errorf("%w: bad signature", ErrInvalidKey)
+	errWrongAlgorithm = fmt.Errorf("%w: wrong algorithm", ErrInvalidKey)
+	errExpired        = fmt.Errorf("%w: expired", ErrInvalidKey)
+	errNotYetValid    = fmt.Errorf("%w: not valid yet", ErrInvalidKey)
+	errWrongIssuer    = fmt.Errorf("%w: wrong issuer", ErrInvalidKey)
+	errBadClaims      = fmt.Errorf("%w: invalid claims", ErrInvalidKey)
+	errRevoked        = fmt.Errorf("%w: revoked", ErrInvalidKey)
+	errUnknownKey     = fmt.Errorf("%w: unknown key", ErrInvalidKey)
+)
+
+// Key is a verified API key. It is shared between requests and with the
+// verification cache: never modify it or its slices.
+type Key struct {
+	ID, Account, Name string
+	Scopes            []string  // empty = all scopes
+	Models            []string  // empty = every catalog model
+	RPM, TPM          int64     // 0 = no per-key limit
+	ExpiresAt         time.Time // zero = never
+}
+
+// HasScope reports whether the key may be used for scope s.
+func (k *Key) HasScope(s string) bool {
+	return len(k.Scopes) == 0 || slices.Contains(k.Scopes, s)
+}
+
+// AllowsModel reports whether the key may call catalog model id.
+func (k *Key) AllowsModel(id string) bool {
+	return len(k.Models) == 0 || slices.Contains(k.Models, id)
+}
+
+// Logging is a key's opt-in logging of generation inputs and outputs.
+type Logging struct {
+	Enabled       bool `json:"enabled"`
+	RetentionDays int  `json:"retention_days"` // 0 = keep until deleted
+}
+
+// KeyRequest describes a key to create.
+type KeyRequest struct {
+	Name           string
+	Scopes, Models []string
+	RPM, TPM       int64
+	ExpiresIn      time.Duration // 0 = never expires
+	Logging        Logging
+}
+
+// KeyInfo is a key's metadata as stored in TOLLGATE_KEYS. It never holds the
+// token: a lost key cannot be recovered, only replaced.
+type KeyInfo struct {
+	KeyID     string     `json:"key_id"`
+	Account   string     `json:"account"`
+	Name      string     `json:"name"`
+	Scopes    []string   `json:"scopes"`
+	Models    []string   `json:"models"`
+	RPM       int64      `json:"rpm"`
+	TPM       int64      `json:"tpm"`
+	Logging   Logging    `json:"logging"`
+	CreatedAt time.Time  `json:"created_at"`
+	ExpiresAt *time.Time `json:"expires_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+// keyClaims is the token payload: the registered claims (iss, sub = account,
+// jti = key id, iat, exp) plus the key's limits, so a gateway needs only the
+// token and the revocation list to serve a request.
+type keyClaims struct {
+	jwt.RegisteredClaims
+	Name   string   `json:"name,omitempty"`
+	Scopes []string `json:"scp,omitempty"`
+	Models []string `json:"mdl,omitempty"`
+	RPM    int64    `json:"rpm,omitempty"`
+	TPM    int64    `json:"tpm,omitempty"`
+}
+
+const (
+	maxKeyNameLen  = 200
+	maxCacheSize   = 10_000
+	maxRetainDays  = 36_500
+	keyIDRandBytes = 10 // 16 base32 characters, 80 bits
+)
+
+var keyIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// CreateKey issues a key for an existing account and returns its metadata
+// and the token. The token is shown to the caller once and stored nowhere.
+func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest) (KeyInfo, string, error) {
+	if err := validateKeyRequest(&req); err != nil {
+		return KeyInfo{}, "", err
+	}
+	if _, _, err := s.getAccount(ctx, account); err != nil {
+		return KeyInfo{}, "", err
+	}
+	var random [keyIDRandBytes]byte
+	if _, err := rand.Read(random[:]); err != nil {
+		return KeyInfo{}, "", fmt.Errorf("generating key id: %w", err)
+	}
+	// JWT times have whole seconds; the metadata carries the same instants.
+	now := time.Now().UTC().Truncate(time.Second)
+	info := KeyInfo{
+		KeyID:     "key_" + keyIDEncoding.EncodeToString(random[:]),
+		Account:   account,
+		Name:      req.Name,
+		Scopes:    req.Scopes,
+		Models:    req.Models,
+		RPM:       req.RPM,
+		TPM:       req.TPM,
+		Logging:   req.Logging,
+		CreatedAt: now,
+	}
+	claims := keyClaims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:   s.issuer,
+			Subject:  account,
+			ID:       info.KeyID,
+			IssuedAt: jwt.NewNumericDate(now),
+		},
+		Name:   req.Name,
+		Scopes: req.Scopes,
+		Models: req.Models,
+		RPM:    req.RPM,
+		TPM:    req.TPM,
+	}
+	if req.ExpiresIn > 0 {
+		exp := now.Add(req.ExpiresIn).Truncate(time.Second)
+		info.ExpiresAt = &exp
+		claims.ExpiresAt = jwt.NewNumericDate(exp)
+	}
+	signed, err := jwt.NewWithClaims(jwt.SigningMethodEdDSA, claims).SignedString(s.signer)
+	if err != nil {
+		return KeyInfo{}, "", fmt.Errorf("signing key: %w", err)
+	}
+	data, err := json.Marshal(&info)
+	if err != nil {
+		return KeyInfo{}, "", fmt.Errorf("encoding key %s: %w", info.KeyID, err)
+	}
+	// The metadata is stored before the token is handed out: a token whose
+	// metadata is missing would be refused as an unknown key.
+	rev, err := s.keys.Create(ctx, info.KeyID, data)
+	if err != nil {
+		return KeyInfo{}, "", fmt.Errorf("storing key %s: %w", info.KeyID, err)
+	}
+	stored := info
+	s.snap.putKey(info.KeyID, rev, &stored, false)
+	return info, TokenPrefix + signed, nil
+}
+
+func validateKeyRequest(req *KeyRequest) error {
+	if len(req.Name) > maxKeyNameLen {
+		return fmt.Errorf("%w: key name longer than %d bytes", ErrInvalidInput, maxKeyNameLen)
+	}
+	for _, sc := range req.Scopes {
+		if !slices.Contains(AllScopes, sc) {
+			return fmt.Errorf("%w: unknown scope %q, want one of %s", ErrInvalidInput, sc, strings.Join(AllScopes, ", "))
+		}
+	}
+	for _, m := range req.Models {
+		if m == "" {
+			return fmt.Errorf("%w: empty model id in models", ErrInvalidInput)
+		}
+	}
+	if req.RPM < 0 || req.TPM < 0 {
+		return fmt.Errorf("%w: rpm and tpm must not be negative (0 = no per-key limit)", ErrInvalidInput)
+	}
+	if req.ExpiresIn < 0 {
+		return fmt.Errorf("%w: expiry must not be negative (0 = never expires)", ErrInvalidInput)
+	}
+	if req.Logging.RetentionDays < 0 || req.Logging.RetentionDays > maxRetainDays {
+		return fmt.Errorf("%w: logging retention_days must be 0-%d", ErrInvalidInput, maxRetainDays)
+	}
+	// Sorted and deduplicated so equal requests give equal keys; copied so
+	// the caller's slices are not shared with the stored key.
+	req.Scopes = sortedUnique(req.Scopes)
+	req.Models = sortedUnique(req.Models)
+	return nil
+}
+
+func sortedUnique(in []string) []string {
+	if len(in) == 0 {
+		return nil
+	}
+	out := slices.Clone(in)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// ListKeys returns the account's keys, revoked ones included, oldest first.
+// It waits until this gateway has seen every key written before the call.
+func (s *Service) ListKeys(ctx context.Context, account string) ([]KeyInfo, error) {
+	if err := ValidateAccountID(account); err != nil {
+		return nil, err
+	}
+	if err := s.WaitSynced(ctx); err != nil {
+		return nil, fmt.Errorf("listing keys of %s: %w", account, err)
+	}
+	keys := s.snap.keysOf(account)
+	slices.SortFunc(keys, func(a, b KeyInfo) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.KeyID, b.KeyID)
+	})
+	return keys, nil
+}
+
+// KeyInfo is the key's metadata as last seen by this gateway. It never does
+// I/O. The returned slices are shared: do not modify them.
+func (s *Service) KeyInfo(keyID string) (KeyInfo, bool) {
+	info, ok := s.snap.key(keyID)
+	if !ok {
+		return KeyInfo{}, false
+	}
+	return *info, true
+}
+
+// RevokeKey marks the key revoked; every gateway refuses it within a second.
+// Revoking a revoked key changes nothing and is not an error.
+func (s *Service) RevokeKey(ctx context.Context, keyID string) (KeyInfo, error) {
+	for {
+		entry, err := s.keys.Get(ctx, keyID)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+			return KeyInfo{}, fmt.Errorf("key %s: %w", keyID, ErrNotFound)
+		}
+		if err != nil {
+			return KeyInfo{}, fmt.Errorf("reading key %s: %w", keyID, err)
+		}
+		var info KeyInfo
+		if err := json.Unmarshal(entry.Value(), &info); err != nil {
+			return KeyInfo{}, fmt.Errorf("decoding key %s: %w", keyID, err)
+		}
+		if info.RevokedAt != nil {
+			return info, nil
+		}
+		now := time.Now().UTC()
+		info.RevokedAt = &now
+		data, err := json.Marshal(&info)
+		if err != nil {
+			return KeyInfo{}, fmt.Errorf("encoding key %s: %w", keyID, err)
+		}
+		rev, err := s.keys.Update(ctx, keyID, data, entry.Revision())
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			continue // changed meanwhile; re-read
+		}
+		if err != nil {
+			return KeyInfo{}, fmt.Errorf("revoking key %s: %w", keyID, err)
+		}
+		stored := info
+		s.snap.putKey(keyID, rev, &stored, false)
+		return info, nil
+	}
+}
+
+// Verify checks an API key: "tg-" prefix, EdDSA signature by this
+// deployment's signing key, issuer, expiry, and that its metadata exists and
+// is not revoked in this gateway's snapshot. Failures wrap ErrInvalidKey.
+//
+// Verify does no I/O. A token verified once is cached (up to 10,000 of
+// them), so repeat calls skip the signature check and do not allocate;
+// expiry and revocation are still checked on every call. token is not
+// retained: the caller may reuse its buffer.
+func (s *Service) Verify(token []byte) (*Key, error) {
+	if !bytes.HasPrefix(token, []byte(TokenPrefix)) {
+		return nil, errMissingPrefix
+	}
+	now := time.Now()
+	s.cacheMu.RLock()
+	k := s.cache[string(token)]
+	s.cacheMu.RUnlock()
+	if k != nil {
+		if err := s.checkLive(k, now); err != nil {
+			return nil, err
+		}
+		return k, nil
+	}
+
+	k, err := s.verifySignature(string(token[len(TokenPrefix):]))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkLive(k, now); err != nil {
+		return nil, err
+	}
+	s.cacheMu.Lock()
+	if len(s.cache) >= maxCacheSize {
+		// Dropping everything is crude but bounded; real traffic re-fills
+		// the cache with the keys in use within a few requests each.
+		clear(s.cache)
+	}
+	s.cache[string(token)] = k
+	s.cacheMu.Unlock()
+	return k, nil
+}
+
+// verifySignature parses and verifies the JWT and its registered claims.
+func (s *Service) verifySignature(raw string) (*Key, error) {
+	var claims keyClaims
+	token, err := s.parser.ParseWithClaims(raw, &claims, func(*jwt.Token) (any, error) {
+		return s.verifier, nil
+	})
+	switch {
+	case err == nil:
+	case token != nil && token.Method != nil && token.Method.Alg() != s.algorithm,
+		errors.Is(err, jwt.ErrTokenUnverifiable):
+		return nil, errWrongAlgorithm
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return nil, errMalformed
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return nil, errBadSignature
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return nil, errExpired
+	case errors.Is(err, jwt.ErrTokenNotValidYet):
+		return nil, errNotYetValid
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return nil, errWrongIssuer
+	default:
+		return nil, errBadClaims
+	}
+	if claims.ID == "" || claims.Subject == "" {
+		return nil, errMalformed
+	}
+	k := &Key{
+		ID:      claims.ID,
+		Account: claims.Subject,
+		Name:    claims.Name,
+		Scopes:  claims.Scopes,
+		Models:  claims.Models,
+		RPM:     claims.RPM,
+		TPM:     claims.TPM,
+	}
+	if claims.ExpiresAt != nil {
+		k.ExpiresAt = claims.ExpiresAt.Time
+	}
+	return k, nil
+}
+
+// checkLive is the part of verification that can change after a token was
+// issued: time passing and the snapshot of key metadata.
+func (s *Service) checkLive(k *Key, now time.Time) error {
+	if !k.ExpiresAt.IsZero() && !now.Before(k.ExpiresAt) {
+		return errExpired
+	}
+	info, ok := s.snap.key(k.ID)
+	if !ok || info.Account != k.Account {
+		return errUnknownKey
+	}
+	if info.RevokedAt != nil {
+		return errRevoked
+	}
+	return nil
+}

@@ -1,0 +1,240 @@
+// Package broker connects Tollgate to NATS: either an in-process nats-server
+// with JetStream stored under data_dir (the single-machine default) or an
+// external cluster. Streams and KV buckets are declared by the packages that
+// own them through EnsureStream and EnsureKV.
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+const (
+	clientName    = "tollgate"
+	reconnectWait = 250 * time.Millisecond
+	readyTimeout  = 10 * time.Second
+	drainTimeout  = 5 * time.Second
+)
+
+// Broker is one NATS client connection, plus the embedded server behind it
+// when Tollgate runs its own.
+type Broker struct {
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	embedded *server.Server // nil with an external NATS
+	replicas int
+	closed   chan struct{} // closed by the client's ClosedHandler
+}
+
+// Start runs an embedded nats-server when cfg.URL is empty, otherwise
+// connects to cfg.URL. logf receives the embedded server's notices, warnings
+// and errors, and client connection events; nil keeps both silent.
+//
+// The embedded server has no authentication: keep embedded_listen on a
+// loopback address.
+func Start(ctx context.Context, cfg config.NATS, dataDir string, logf func(string, ...any)) (*Broker, error) {
+	b := &Broker{replicas: max(cfg.Replicas, 1), closed: make(chan struct{})}
+	url := cfg.URL
+	var opts []nats.Option
+	if url == "" {
+		srv, err := startEmbedded(cfg, dataDir, logf)
+		if err != nil {
+			return nil, err
+		}
+		b.embedded = srv
+		url = srv.ClientURL()
+		if b.replicas > 1 && logf != nil {
+			logf("nats: replicas %d needs a cluster; the embedded server stores 1 copy", b.replicas)
+		}
+		b.replicas = 1
+		// The embedded server is in this process; no need to go through TCP.
+		opts = append(opts, nats.InProcessServer(srv))
+	} else {
+		if cfg.CredsFile != "" {
+			opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+		}
+		if cfg.TLSCA != "" {
+			opts = append(opts, nats.RootCAs(cfg.TLSCA))
+		}
+		if cfg.TLSCert != "" || cfg.TLSKey != "" {
+			opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+		}
+	}
+	opts = append(opts,
+		nats.Name(clientName),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(reconnectWait),
+		nats.ClosedHandler(func(*nats.Conn) { close(b.closed) }),
+	)
+	if logf != nil {
+		opts = append(opts,
+			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+				if sub != nil {
+					logf("nats: subscription %s: %v", sub.Subject, err)
+					return
+				}
+				logf("nats: %v", err)
+			}),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					logf("nats: disconnected: %v", err)
+				}
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) { logf("nats: reconnected to %s", nc.ConnectedUrlRedacted()) }),
+		)
+	} else {
+		// nats.go's default handler writes to stderr.
+		opts = append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	}
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) > 0 {
+		opts = append(opts, nats.Timeout(time.Until(deadline)))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		b.shutdownEmbedded()
+		return nil, fmt.Errorf("connecting to nats at %s: %w", url, err)
+	}
+	b.nc = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("opening jetstream: %w", err)
+	}
+	b.js = js
+	return b, nil
+}
+
+func startEmbedded(cfg config.NATS, dataDir string, logf func(string, ...any)) (*server.Server, error) {
+	listen := cfg.EmbeddedListen
+	if listen == "" {
+		listen = config.DefaultEmbeddedListen
+	}
+	host, portText, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("nats.embedded_listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("nats.embedded_listen %q: port must be 0-65535", listen)
+	}
+	if port == 0 {
+		// nats-server reads 0 as "default port 4222"; -1 asks for a free one.
+		port = server.RANDOM_PORT
+	}
+	storeDir := filepath.Join(dataDir, "nats")
+	if err := os.MkdirAll(storeDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating nats store dir: %w", err)
+	}
+	opts := &server.Options{
+		ServerName: "tollgate-embedded",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		NoSigs:     true, // signals belong to the tollgate process, not to the server
+		NoLog:      logf == nil,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("configuring embedded nats: %w", err)
+	}
+	if logf != nil {
+		srv.SetLogger(serverLogger(logf), false, false)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(readyTimeout) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("embedded nats on %s not ready after %s (port in use, or %s not writable?)", listen, readyTimeout, storeDir)
+	}
+	return srv, nil
+}
+
+// Conn is the shared client connection.
+func (b *Broker) Conn() *nats.Conn { return b.nc }
+
+// JetStream is the JetStream context of Conn.
+func (b *Broker) JetStream() jetstream.JetStream { return b.js }
+
+// ClientURL is where other processes (`tollgate billing`, nats tools, tests)
+// reach the embedded server; with an external NATS it is the URL connected to.
+func (b *Broker) ClientURL() string {
+	if b.embedded != nil {
+		return b.embedded.ClientURL()
+	}
+	return b.nc.ConnectedUrlRedacted()
+}
+
+// Replicas is the replica count for streams and KV buckets: the configured
+// one with an external NATS, always 1 with the embedded server.
+func (b *Broker) Replicas() int { return b.replicas }
+
+// Embedded reports whether this broker runs its own nats-server.
+func (b *Broker) Embedded() bool { return b.embedded != nil }
+
+// Close drains the client, so published messages and pending acks are
+// flushed, then stops the embedded server and waits until it has stopped.
+// Close everything using Conn or JetStream (watchers, consumers) first.
+func (b *Broker) Close() {
+	if b.nc != nil {
+		// Draining a connection that is down would only wait out the timeout.
+		if b.nc.IsConnected() && b.nc.Drain() == nil {
+			select {
+			case <-b.closed:
+			case <-time.After(drainTimeout):
+			}
+		}
+		b.nc.Close()
+	}
+	b.shutdownEmbedded()
+}
+
+func (b *Broker) shutdownEmbedded() {
+	if b.embedded != nil {
+		b.embedded.Shutdown()
+		b.embedded.WaitForShutdown()
+	}
+}
+
+// EnsureKV creates the bucket or updates its configuration to cfg. It is
+// idempotent, so every process can call it at start-up.
+func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ensuring kv bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
+
+// EnsureStream creates the stream or updates its configuration to cfg. It is
+// idempotent, so every process can call it at start-up.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	st, err := js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("ensuring stream %s: %w", cfg.Name, err)
+	}
+	return st, nil
+}
+
+// serverLogger routes nats-server's log lines to logf.
+type serverLogger func(string, ...any)
+
+func (l serverLogger) Noticef(format string, v ...any) { l("nats: "+format, v...) }
+func (l serverLogger) Warnf(format string, v ...any)   { l("nats warning: "+format, v...) }
+func (l serverLogger) Fatalf(format string, v ...any)  { l("nats fatal: "+format, v...) }
+func (l serverLogger) Errorf(format string, v ...any)  { l("nats error: "+format, v...) }
+func (l serverLogger) Debugf(string, ...any)           {}
+func (l serverLogger) Tracef(string, ...any)           {}
+
+var _ server.Logger = serverLogger(nil)
