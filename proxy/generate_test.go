@@ -1,0 +1,588 @@
+package proxy_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+const chatBody = `{"model":"small","messages":[{"role":"user","content":"Say hello"}]}`
+
+func TestChatNonStreamPassesThroughAndMeters(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 1234, CompletionTokens: 567, CachedTokens: 200, ReasoningTokens: 0}})
+	resp := h.post("/v1/chat/completions", chatBody)
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	want := h.direct("/v1/chat/completions", `{"model":"proxytest-small","messages":[{"role":"user","content":"Say hello"}]}`)
+	if normalize(string(body)) != normalize(string(want)) {
+		t.Fatalf("body differs from the upstream's:\n got %s\nwant %s", body, want)
+	}
+	reqs := h.up.Requests()
+	if got := string(reqs[0].Body); got != `{"model":"proxytest-small","messages":[{"role":"user","content":"Say hello"}]}` {
+		t.Fatalf("upstream got %s: only the model may change", got)
+	}
+	ev := h.events(1)[0]
+	if ev.ID != resp.Header.Get("x-request-id") || ev.ID == "" {
+		t.Fatalf("event id %q, x-request-id %q", ev.ID, resp.Header.Get("x-request-id"))
+	}
+	// (1234-200)*0.0000001 + 200*0.00000005 + 567*0.0000003 = 0.0001034+0.00001+0.0001701 = 0.0002835 USD
+	if ev.PromptTokens != 1234 || ev.CachedTokens != 200 || ev.CompletionTokens != 567 || ev.CostNanos != 283500 {
+		t.Fatalf("event %+v", ev)
+	}
+	if ev.UsageSource != meter.SourceUpstream || ev.Model != "small" || ev.Upstream != "local" || ev.Stream || ev.Account != "acme" || ev.Status != 200 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestChatStreamWithoutUsageLooksLikeUpstream(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 5, PromptTokens: 7, CompletionTokens: 5}})
+	for _, variant := range []struct {
+		name string
+		body string
+	}{
+		{"absent", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`},
+		{"false", `{"model":"small","stream":true,"stream_options":{"include_usage":false},"messages":[]}`},
+		{"null", `{"model":"small","stream":true,"stream_options":null,"messages":[]}`},
+		{"empty", `{"model":"small","stream":true,"stream_options":{},"messages":[]}`},
+	} {
+		t.Run(variant.name, func(t *testing.T) {
+			h.up.Reset()
+			resp := h.post("/v1/chat/completions", variant.body)
+			got := readAll(t, resp)
+			if resp.Header.Get("Content-Type") != "text/event-stream" && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+				t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
+			}
+			if !gjson.GetBytes(h.up.Requests()[0].Body, "stream_options.include_usage").Bool() {
+				t.Fatalf("gateway did not ask upstream for usage: %s", h.up.Requests()[0].Body)
+			}
+			want := h.direct("/v1/chat/completions", strings.Replace(variant.body, `"small"`, `"proxytest-small"`, 1))
+			if normalize(string(got)) != normalize(string(want)) {
+				t.Fatalf("client stream differs from what upstream sends without include_usage:\n got %s\nwant %s", got, want)
+			}
+			if strings.Contains(string(got), "usage") {
+				t.Fatalf("client saw usage it did not ask for: %s", got)
+			}
+		})
+	}
+	evs := h.events(4)
+	for _, ev := range evs {
+		if ev.PromptTokens != 7 || ev.CompletionTokens != 5 || ev.UsageSource != meter.SourceUpstream || !ev.Stream || ev.TTFB <= 0 {
+			t.Fatalf("event %+v", ev)
+		}
+	}
+}
+
+func TestChatStreamUsageAskedIsRelayedUnchanged(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 4, PromptTokens: 9, CompletionTokens: 4}})
+	body := `{"model":"small","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	got := readAll(t, h.post("/v1/chat/completions", body))
+	want := h.direct("/v1/chat/completions", strings.Replace(body, `"small"`, `"proxytest-small"`, 1))
+	if normalize(string(got)) != normalize(string(want)) {
+		t.Fatalf("stream differs:\n got %s\nwant %s", got, want)
+	}
+	if !strings.Contains(string(got), `"prompt_tokens":9`) {
+		t.Fatalf("usage chunk missing: %s", got)
+	}
+	if ev := h.events(1)[0]; ev.PromptTokens != 9 || ev.CompletionTokens != 4 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// vLLM puts usage on the finish_reason chunk rather than a chunk of its
+// own: the gateway must strip it there and keep the chunk's content.
+func TestChatStreamVLLMStyleUsageIsStripped(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 3, UsageOnLastContentChunk: true, PromptTokens: 3, CompletionTokens: 3}})
+	body := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	got := readAll(t, h.post("/v1/chat/completions", body))
+	want := h.direct("/v1/chat/completions", strings.Replace(body, `"small"`, `"proxytest-small"`, 1))
+	if normalize(string(got)) != normalize(string(want)) {
+		t.Fatalf("stream differs:\n got %s\nwant %s", got, want)
+	}
+	if strings.Contains(string(got), "usage") || !strings.Contains(string(got), `"finish_reason":"stop"`) {
+		t.Fatalf("got %s", got)
+	}
+	if ev := h.events(1)[0]; ev.PromptTokens != 3 || ev.UsageSource != meter.SourceUpstream {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestResponsesStreamAndNot(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 6, PromptTokens: 100, CompletionTokens: 50, ReasoningTokens: 20, CachedTokens: 40}})
+	body := `{"model":"large","input":"Tell me a story"}`
+	resp := h.post("/v1/responses", body)
+	got := readAll(t, resp)
+	want := h.direct("/v1/responses", strings.Replace(body, `"large"`, `"proxytest-large"`, 1))
+	if resp.StatusCode != 200 || normalize(string(got)) != normalize(string(want)) {
+		t.Fatalf("non-stream differs:\n got %s\nwant %s", got, want)
+	}
+	sbody := `{"model":"large","input":"Tell me a story","stream":true}`
+	got = readAll(t, h.post("/v1/responses", sbody))
+	if gjson.GetBytes(h.up.Requests()[1].Body, "stream_options").Exists() {
+		t.Fatalf("responses requests need no stream_options: %s", h.up.Requests()[1].Body)
+	}
+	want = h.direct("/v1/responses", strings.Replace(sbody, `"large"`, `"proxytest-large"`, 1))
+	if normalize(string(got)) != normalize(string(want)) {
+		t.Fatalf("stream differs:\n got %s\nwant %s", got, want)
+	}
+	if !strings.Contains(string(got), "event: response.completed") {
+		t.Fatalf("no response.completed: %s", got)
+	}
+	// (100-40)*0.0000005 + 40*0.00000025 + 50*0.000002 + request 0.0001 = 0.00003+0.00001+0.0001+0.0001 = 0.00024
+	for _, ev := range h.events(2) {
+		if ev.PromptTokens != 100 || ev.CachedTokens != 40 || ev.CompletionTokens != 50 || ev.ReasoningTokens != 20 || ev.CostNanos != 240000 || ev.Endpoint != "/v1/responses" {
+			t.Fatalf("event %+v", ev)
+		}
+	}
+}
+
+func TestImagesAreBilledAtTheImagePrice(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 10, CompletionTokens: 10}})
+	body := `{"model":"large","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}},{"type":"image_url","image_url":{"url":"data:image/png;base64,BBBB"}}]}]}`
+	readAll(t, h.post("/v1/chat/completions", body))
+	// 10*0.0000005 + 10*0.000002 + 2*0.001 + 0.0001 = 0.000005+0.00002+0.002+0.0001
+	if ev := h.events(1)[0]; ev.Images != 2 || ev.CostNanos != 2125000 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	cases := []struct {
+		name, body, param, inMessage string
+	}{
+		{"missing model", `{"messages":[]}`, "model", "small"},
+		{"unknown model", `{"model":"gpt-9","messages":[]}`, "model", "large, small"},
+		{"model not a string", `{"model":42}`, "model", "must be a string"},
+		{"malformed JSON", `{"model":"small",`, "", "not valid JSON"},
+		{"not an object", `["small"]`, "", "JSON object"},
+		{"duplicate model", `{"model":"small","model":"large"}`, "model", "duplicate"},
+		{"empty body", ``, "", "not valid JSON"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := wantError(t, h.post("/v1/chat/completions", c.body), 400, "invalid_request_error")
+			if e["type"] != "invalid_request_error" {
+				t.Fatalf("type %v", e["type"])
+			}
+			if c.param != "" && e["param"] != c.param {
+				t.Fatalf("param %v, want %s", e["param"], c.param)
+			}
+			if !strings.Contains(e["message"].(string), c.inMessage) {
+				t.Fatalf("message %q lacks %q", e["message"], c.inMessage)
+			}
+		})
+	}
+	if len(h.up.Requests()) != 0 {
+		t.Fatalf("bad requests reached the upstream")
+	}
+	resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"`+strings.Repeat("x", 70<<10)+`"}]}`)
+	wantError(t, resp, 413, "request_too_large")
+	if len(h.rec.Events()) != 0 {
+		t.Fatal("refused requests were metered")
+	}
+}
+
+func TestUpstreamErrorsPassThrough(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 429, ErrorBody: `{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}`}})
+	resp := h.post("/v1/chat/completions", chatBody)
+	body := readAll(t, resp)
+	if resp.StatusCode != 429 || string(body) != `{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}` {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	h.up.SetOptions(proxytest.Options{Status: 500, ErrorBody: "upstream exploded"})
+	resp = h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`)
+	if body := readAll(t, resp); resp.StatusCode != 500 || string(body) != "upstream exploded" {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := len(h.rec.Events()); n != 0 {
+		t.Fatalf("%d events for upstream errors", n)
+	}
+}
+
+func TestUnreachableUpstreamIs503(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.up.Close()
+	resp := h.post("/v1/chat/completions", chatBody)
+	e := wantError(t, resp, 503, "upstream_unavailable")
+	if !strings.Contains(e["message"].(string), "unreachable") {
+		t.Fatalf("message %v", e["message"])
+	}
+	// the rest of the gateway still works
+	r, err := http.Get(h.url + "/v1/models")
+	if err != nil || r.StatusCode != 200 {
+		t.Fatalf("models: %v %v", err, r)
+	}
+	readAll(t, r)
+}
+
+func TestSlowFirstByteIs503(t *testing.T) {
+	h := newHarness(t, harnessOptions{firstByteTimeout: "300ms", upstream: proxytest.Options{FirstByteDelay: 2 * time.Second}})
+	start := time.Now()
+	e := wantError(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`), 503, "upstream_unavailable")
+	if !strings.Contains(e["message"].(string), "first_byte_timeout") {
+		t.Fatalf("message %v", e["message"])
+	}
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Fatalf("took %s; first_byte_timeout is 300ms", d)
+	}
+}
+
+// A stream that keeps producing for longer than idle_timeout in total is
+// never cut: the timeout is per gap, not per stream.
+func TestLongStreamOutlivesIdleTimeout(t *testing.T) {
+	h := newHarness(t, harnessOptions{idleTimeout: "300ms", upstream: proxytest.Options{Chunks: 10, ChunkDelay: 100 * time.Millisecond}})
+	got := readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`))
+	if !strings.HasSuffix(string(got), "data: [DONE]\n\n") || strings.Contains(string(got), "error") {
+		t.Fatalf("stream was cut: %s", got)
+	}
+}
+
+func TestStreamCutMidwayEndsCleanlyAndIsMetered(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 10, DropAfter: 4}})
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`)
+	got := readAll(t, resp) // must not fail: the gateway ends the chunked body properly
+	evs := sseEvents(got)
+	last := evs[len(evs)-1]
+	if len(evs) != 5 || !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.HasPrefix(last, "data: {\"error\"") {
+		t.Fatalf("want 4 relayed events and an error event, got %d: %s", len(evs), got)
+	}
+	ev := h.events(1)[0]
+	if ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens < 2 || ev.PromptTokens < 3 || ev.CostNanos <= 0 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestResponsesStreamCutSendsErrorEvent(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 10, DropAfter: 6}})
+	got := readAll(t, h.post("/v1/responses", `{"model":"small","stream":true,"input":"hello there"}`))
+	evs := sseEvents(got)
+	if last := evs[len(evs)-1]; !strings.HasPrefix(last, "event: error\ndata: ") || !strings.Contains(last, `"type":"error"`) {
+		t.Fatalf("last event %q", last)
+	}
+	if ev := h.events(1)[0]; ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens == 0 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestStreamWithoutDoneEndsAndIsMetered(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 3, OmitDone: true, PromptTokens: 5, CompletionTokens: 3}})
+	got := readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`))
+	if strings.Contains(string(got), "[DONE]") || strings.Contains(string(got), "error") || strings.Contains(string(got), "usage") {
+		t.Fatalf("got %s", got)
+	}
+	if ev := h.events(1)[0]; ev.UsageSource != meter.SourceUpstream || ev.PromptTokens != 5 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestStalledUpstreamHitsIdleTimeout(t *testing.T) {
+	h := newHarness(t, harnessOptions{idleTimeout: "300ms", upstream: proxytest.Options{Chunks: 5, Stall: true}})
+	start := time.Now()
+	got := readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`))
+	if !strings.Contains(string(got), "idle_timeout") {
+		t.Fatalf("got %s", got)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("took %s", d)
+	}
+	if ev := h.events(1)[0]; ev.UsageSource != meter.SourceEstimated {
+		t.Fatalf("event %+v", ev)
+	}
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if h.up.Active() != 0 {
+			return fmt.Errorf("upstream still has %d requests open", h.up.Active())
+		}
+		return nil
+	})
+}
+
+func TestClientDisconnectAbortsUpstream(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 200, ChunkDelay: 20 * time.Millisecond}})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", h.key, len(body), body)
+	br := bufio.NewReader(conn)
+	seen := 0
+	for seen < 3 {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, "data: ") {
+			seen++
+		}
+	}
+	conn.Close()
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if h.up.Canceled() != 1 {
+			return fmt.Errorf("upstream saw %d cancellations", h.up.Canceled())
+		}
+		return nil
+	})
+	ev := h.events(1)[0]
+	if ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens < 1 || ev.CompletionTokens > 150 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// Each event reaches the client when the upstream sends it, not when the
+// stream ends.
+func TestStreamIsRelayedEventByEvent(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 5, ChunkDelay: 300 * time.Millisecond}})
+	start := time.Now()
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`)
+	defer resp.Body.Close()
+	sr := &streamReader{br: bufio.NewReader(resp.Body)}
+	first, err := sr.next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("first event after %s; the stream takes ~2s: it was buffered (%q)", d, first)
+	}
+	second, _ := sr.next()
+	if second == "" {
+		t.Fatal("no second event")
+	}
+	io.Copy(io.Discard, resp.Body)
+}
+
+func TestAuthFailures(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	wantError(t, h.post("/v1/chat/completions", chatBody, ""), 401, "INVALID_API_KEY")
+	wantError(t, h.post("/v1/chat/completions", chatBody, "tg-not.a.jwt"), 401, "INVALID_API_KEY")
+	tampered := h.key[:len(h.key)-4] + "AAAA"
+	wantError(t, h.post("/v1/chat/completions", chatBody, tampered), 401, "INVALID_API_KEY")
+	// alg none with the same claims
+	parts := strings.Split(strings.TrimPrefix(h.key, "tg-"), ".")
+	none := "tg-eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0." + parts[1] + "."
+	wantError(t, h.post("/v1/chat/completions", chatBody, none), 401, "INVALID_API_KEY")
+
+	info, key2, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "to-revoke"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp := h.post("/v1/chat/completions", chatBody, key2); resp.StatusCode != 200 {
+		t.Fatalf("fresh key: %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	if _, err := h.svc.RevokeKey(ctx, info.KeyID); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", chatBody, key2)
+		readAll(t, resp)
+		if resp.StatusCode != 401 {
+			return fmt.Errorf("revoked key answered %d", resp.StatusCode)
+		}
+		return nil
+	})
+
+	_, classifyOnly, _ := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "c", Scopes: []string{accounts.ScopeClassify}})
+	e := wantError(t, h.post("/v1/chat/completions", chatBody, classifyOnly), 403, "permission_denied")
+	if !strings.Contains(e["message"].(string), "generate") {
+		t.Fatalf("403 message should name the scope: %v", e["message"])
+	}
+	_, smallOnly, _ := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "s", Models: []string{"small"}})
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e = wantError(t, h.post("/v1/chat/completions", `{"model":"large","messages":[]}`, smallOnly), 403, "permission_denied")
+	if !strings.Contains(e["message"].(string), "large") {
+		t.Fatalf("403 message should name the model: %v", e["message"])
+	}
+}
+
+func TestBalanceBelowGraceIs402UntilTopUp(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	// grace is 0.50: 10.00 - 10.40 = -0.40 still serves, -0.60 does not
+	if _, err := h.svc.Debit(ctx, "acme", 10*money.NanosPerUSD+400_000_000); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resp := h.post("/v1/chat/completions", chatBody)
+	if readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("within grace: %d", resp.StatusCode)
+	}
+	if _, err := h.svc.Debit(ctx, "acme", 200_000_000); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second, 10*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", chatBody)
+		body := readAll(t, resp)
+		if resp.StatusCode != 402 || gjson.GetBytes(body, "error.code").Str != "INSUFFICIENT_BALANCE" {
+			return fmt.Errorf("got %d %s", resp.StatusCode, body)
+		}
+		return nil
+	})
+	if _, err := h.svc.Credit(ctx, "acme", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second, 10*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", chatBody)
+		if readAll(t, resp); resp.StatusCode != 200 {
+			return fmt.Errorf("after top-up: %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+func TestEveryResponseCarriesRequestID(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, resp := range []*http.Response{
+		h.post("/v1/chat/completions", chatBody),
+		h.post("/v1/chat/completions", `{}`),
+		h.post("/v1/chat/completions", chatBody, ""),
+	} {
+		readAll(t, resp)
+		if id := resp.Header.Get("x-request-id"); len(id) != 36 || id[14] != '7' {
+			t.Fatalf("x-request-id %q is not a UUIDv7", id)
+		}
+	}
+}
+
+func TestModelsListing(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	resp, err := http.Get(h.url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, resp)
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID              string            `json:"id"`
+			HuggingFaceID   string            `json:"hugging_face_id"`
+			ContextLength   int               `json:"context_length"`
+			MaxOutputLength int               `json:"max_output_length"`
+			Pricing         map[string]string `json:"pricing"`
+			Features        []string          `json:"supported_features"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Object != "list" || len(list.Data) != 2 || list.Data[1].ID != "large" || list.Data[1].Pricing["completion"] != "0.000002" || list.Data[1].Pricing["input_cache_read"] != "0.00000025" {
+		t.Fatalf("got %s", body)
+	}
+	if strings.Contains(string(body), "proxytest-") || strings.Contains(string(body), "upstream") {
+		t.Fatalf("catalog leaks upstream mapping: %s", body)
+	}
+}
+
+func TestAllowListReloadTakesEffect(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	cfg := fmt.Sprintf(gatewayYAML, h.up.URL, h.t.TempDir(), "5s", "5s")
+	_ = cfg
+	orig := readFile(t, h.cfgPath)
+	// remove "large" from the allow-list
+	trimmed := orig[:strings.Index(orig, "  - id: large")]
+	h.writeConfig(trimmed)
+	start := time.Now()
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", `{"model":"large","messages":[]}`)
+		if readAll(t, resp); resp.StatusCode != 400 {
+			return fmt.Errorf("large still served: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	t.Logf("removal took effect after %s", time.Since(start))
+	h.writeConfig(orig)
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", `{"model":"large","messages":[]}`)
+		if readAll(t, resp); resp.StatusCode != 200 {
+			return fmt.Errorf("large not back: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	// an invalid edit keeps the old config serving
+	h.writeConfig(orig + "\nbogus_key: 1\n")
+	time.Sleep(1200 * time.Millisecond)
+	resp := h.post("/v1/chat/completions", `{"model":"large","messages":[]}`)
+	if readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("invalid edit broke serving: %d", resp.StatusCode)
+	}
+}
+
+// Requests keep flowing, none failing, while the allow-list changes under
+// them: in-flight requests finish on the config they started with.
+func TestReloadUnderLoadFailsNoRequest(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 5, ChunkDelay: 5 * time.Millisecond}})
+	orig := readFile(t, h.cfgPath)
+	var failures, done atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				body := chatBody
+				if i%2 == 0 {
+					body = `{"model":"small","stream":true,"messages":[]}`
+				}
+				resp := h.post("/v1/chat/completions", body)
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 || strings.Contains(string(b), "error") {
+					failures.Add(1)
+				}
+				done.Add(1)
+			}
+		}(i)
+	}
+	for i := 0; i < 6; i++ {
+		// toggle a model the load does not use, and the price of the one it does
+		next := orig
+		if i%2 == 0 {
+			next = strings.Replace(orig[:strings.Index(orig, "  - id: large")], `prompt: "0.0000001"`, `prompt: "0.0000002"`, 1)
+		}
+		h.writeConfig(next)
+		time.Sleep(700 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if failures.Load() != 0 || done.Load() < 50 {
+		t.Fatalf("%d of %d requests failed during reloads", failures.Load(), done.Load())
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := readFileBytes(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,291 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+// harness is one gateway in front of one proxytest upstream, with a real
+// embedded NATS behind its account store.
+type harness struct {
+	t       *testing.T
+	up      *proxytest.Server
+	gw      *proxy.Server
+	url     string // gateway base, e.g. http://127.0.0.1:1234
+	rec     *meter.Memory
+	svc     *accounts.Service
+	key     string // generate-scoped key of account "acme" (10 USD)
+	cfgPath string
+	watcher *config.Watcher
+	client  *http.Client
+}
+
+// gatewayYAML is the test config; %s is the upstream base URL.
+const gatewayYAML = `
+server:
+  listen: 127.0.0.1:0
+  data_dir: %[2]s
+  max_request_body: 64KiB
+  demo_credit_usd: "0"
+billing:
+  grace_usd: "0.50"
+upstreams:
+  - name: local
+    base_url: %[1]s
+    first_byte_timeout: %[3]s
+    idle_timeout: %[4]s
+models:
+  - id: small
+    upstream: local
+    upstream_model: proxytest-small
+    hugging_face_id: test/small
+    name: Small
+    input_modalities: [text]
+    output_modalities: [text]
+    quantization: bf16
+    context_length: 1000000
+    max_output_length: 8192
+    pricing: {prompt: "0.0000001", completion: "0.0000003", image: "0", request: "0", input_cache_read: "0.00000005"}
+    supported_features: [tools, json_mode]
+  - id: large
+    upstream: local
+    upstream_model: proxytest-large
+    hugging_face_id: test/large
+    name: Large
+    input_modalities: [text, image]
+    output_modalities: [text]
+    quantization: fp8
+    context_length: 262144
+    max_output_length: 65536
+    pricing: {prompt: "0.0000005", completion: "0.000002", image: "0.001", request: "0.0001", input_cache_read: "0.00000025"}
+    supported_features: [tools, json_mode, vision, reasoning]
+`
+
+type harnessOptions struct {
+	upstream         proxytest.Options
+	firstByteTimeout string
+	idleTimeout      string
+}
+
+func newHarness(t *testing.T, ho harnessOptions) *harness {
+	t.Helper()
+	if ho.firstByteTimeout == "" {
+		ho.firstByteTimeout = "5s"
+	}
+	if ho.idleTimeout == "" {
+		ho.idleTimeout = "5s"
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	h := &harness{t: t, up: proxytest.NewServer(ho.upstream), rec: meter.NewMemory(nil)}
+	t.Cleanup(h.up.Close)
+	dir := t.TempDir()
+	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	h.cfgPath = filepath.Join(dir, "gateway.yaml")
+	h.writeConfig(fmt.Sprintf(gatewayYAML, h.up.URL, dir, ho.firstByteTimeout, ho.idleTimeout))
+	cfg, err := config.Load(h.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.svc, err = accounts.Open(ctx, b.JetStream(), 1, dir, cfg.Auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.svc.Close)
+	if _, err := h.svc.CreateAccount(ctx, "acme", 10*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	_, h.key, err = h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Admin: proxy.NewAdminAPI("admin-secret", h.svc), Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.watcher = config.NewWatcher(h.cfgPath, cfg, h.gw.Apply, t.Logf)
+	go h.watcher.Run(ctx)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = h.gw.Serve(ln) }()
+	t.Cleanup(func() { _ = h.gw.Shutdown() })
+	h.url = "http://" + ln.Addr().String()
+	h.client = &http.Client{Timeout: 30 * time.Second}
+	return h
+}
+
+func (h *harness) writeConfig(s string) {
+	h.t.Helper()
+	tmp := h.cfgPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.cfgPath); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// post sends a JSON body with the harness key (or key, if set).
+func (h *harness) post(path, body string, key ...string) *http.Response {
+	h.t.Helper()
+	req, err := http.NewRequest("POST", h.url+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	k := h.key
+	if len(key) > 0 {
+		k = key[0]
+	}
+	if k != "" {
+		req.Header.Set("Authorization", "Bearer "+k)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) []byte {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading body: %v", err)
+	}
+	return b
+}
+
+// wantError checks status and the OpenAI envelope's type/code.
+func wantError(t *testing.T, resp *http.Response, status int, code string) map[string]any {
+	t.Helper()
+	body := readAll(t, resp)
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d; body %s", resp.StatusCode, status, body)
+	}
+	var env struct {
+		Error map[string]any `json:"error"`
+	}
+	if err := json.Unmarshal(body, &env); err != nil || env.Error == nil {
+		t.Fatalf("body is not the error envelope: %s", body)
+	}
+	for _, f := range []string{"message", "type", "param", "code"} {
+		if _, ok := env.Error[f]; !ok {
+			t.Fatalf("envelope lacks %q: %s", f, body)
+		}
+	}
+	if env.Error["code"] != code {
+		t.Fatalf("code %v, want %s; body %s", env.Error["code"], code, body)
+	}
+	return env.Error
+}
+
+// sseEvents splits a stream body into events (without the blank line).
+func sseEvents(body []byte) []string {
+	var out []string
+	for _, ev := range strings.Split(strings.TrimRight(string(body), "\n"), "\n\n") {
+		if ev != "" {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+var volatile = regexp.MustCompile(`"(id|item_id)":"[^"]*"|"(created|created_at)":\d+`)
+
+// normalize blanks ids and timestamps, which differ between two calls.
+func normalize(s string) string { return volatile.ReplaceAllString(s, `"$1$2":_`) }
+
+// direct calls the upstream itself, bypassing the gateway.
+func (h *harness) direct(path, body string) []byte {
+	h.t.Helper()
+	resp, err := http.Post(strings.TrimSuffix(h.up.URL, "/v1")+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return readAll(h.t, resp)
+}
+
+// events waits for n recorded events and returns them.
+func (h *harness) events(n int) []*meter.Event {
+	h.t.Helper()
+	var evs []*meter.Event
+	checkFor(h.t, 5*time.Second, 10*time.Millisecond, func() error {
+		evs = h.rec.Events()
+		if len(evs) != n {
+			return fmt.Errorf("%d events recorded, want %d", len(evs), n)
+		}
+		return nil
+	})
+	return evs
+}
+
+// checkFor polls fn until it returns nil or total passes.
+func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+// streamReader reads SSE events from a live response one by one.
+type streamReader struct {
+	br *bufio.Reader
+}
+
+func (s *streamReader) next() (string, error) {
+	var ev bytes.Buffer
+	for {
+		line, err := s.br.ReadString('\n')
+		if err != nil {
+			return ev.String(), err
+		}
+		if line == "\n" {
+			if ev.Len() == 0 {
+				continue
+			}
+			return strings.TrimRight(ev.String(), "\n"), nil
+		}
+		ev.WriteString(line)
+	}
+}
+
+func readFileBytes(p string) ([]byte, error) { return os.ReadFile(p) }

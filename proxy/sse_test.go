@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func readEvents(t testing.TB, in string, bufSize int) []sseEvent {
+	rd := newSSEReader(iotest.HalfReader(strings.NewReader(in)), bufSize, 0)
+	var out []sseEvent
+	for {
+		ev, err := rd.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("Next: %v", err)
+		}
+		ev.Raw = append([]byte(nil), ev.Raw...)
+		ev.Data = append([]byte(nil), ev.Data...)
+		ev.Name = append([]byte(nil), ev.Name...)
+		out = append(out, ev)
+	}
+}
+
+func TestSSEReaderSplitsEvents(t *testing.T) {
+	in := "data: {\"a\":1}\n\n" +
+		": comment\r\nevent: response.created\r\ndata: x\r\n\r\n" +
+		"\n\ndata: line1\ndata: line2\nid: 7\n\n" +
+		"data:nospace\n\n" +
+		"data: [DONE]\n\n" +
+		"data: partial"
+	evs := readEvents(t, in, 16)
+	if len(evs) != 6 {
+		t.Fatalf("got %d events", len(evs))
+	}
+	var joined bytes.Buffer
+	for _, ev := range evs {
+		joined.Write(ev.Raw)
+	}
+	if joined.String() != in {
+		t.Fatalf("raw bytes not preserved:\n%q\n%q", joined.String(), in)
+	}
+	want := []struct{ data, name string }{
+		{`{"a":1}`, ""}, {"x", "response.created"}, {"line1\nline2", ""}, {"nospace", ""}, {"[DONE]", ""}, {"partial", ""},
+	}
+	for i, w := range want {
+		if string(evs[i].Data) != w.data || string(evs[i].Name) != w.name {
+			t.Fatalf("event %d: data %q name %q, want %q %q", i, evs[i].Data, evs[i].Name, w.data, w.name)
+		}
+	}
+	if !evs[4].Complete || evs[5].Complete {
+		t.Fatal("Complete flags wrong")
+	}
+}
+
+func TestSSEReaderEventTooLarge(t *testing.T) {
+	rd := newSSEReader(strings.NewReader("data: "+strings.Repeat("x", 1000)+"\n\n"), 16, 100)
+	if _, err := rd.Next(); err != errEventTooLarge {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestAppendWithDataKeepsOtherFields(t *testing.T) {
+	evs := readEvents(t, "event: e\r\ndata: old\r\nid: 1\r\n\r\n", 64)
+	got := appendWithData(nil, &evs[0], []byte("new"))
+	if string(got) != "event: e\r\ndata: new\r\nid: 1\r\n\r\n" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+// FuzzSSEReader: whatever the bytes, the reader never panics and the events
+// it returns are, byte for byte, the stream it read.
+func FuzzSSEReader(f *testing.F) {
+	f.Add("data: a\n\ndata: b\r\n\r\n")
+	f.Add("event: x\ndata: {}\n\n: c\n\n\n\ndata")
+	f.Add("\r\r\n\n\ndata: [DONE]\n\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		rd := newSSEReader(strings.NewReader(in), 16, 0)
+		var joined bytes.Buffer
+		for {
+			ev, err := rd.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev.dataEnd > 0 {
+				// the single data line can be replaced without losing bytes
+				re := appendWithData(nil, &ev, ev.Data)
+				if !bytes.Contains(re, ev.Data) {
+					t.Fatalf("replacement lost data: %q", re)
+				}
+			}
+			joined.Write(ev.Raw)
+		}
+		if joined.String() != in {
+			t.Fatalf("raw bytes not preserved:\n%q\n%q", joined.String(), in)
+		}
+	})
+}
