@@ -211,6 +211,9 @@ type generationCall struct {
 	haveUsage bool
 	text      []byte // forwarded output text, counted only when usage never came
 	ttfb      time.Duration
+	// finished is set by what ends a stream's content: [DONE] or a
+	// finish_reason (chat), a terminal or error event (responses).
+	finished bool
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 }
@@ -238,7 +241,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
 	c.ttfb = time.Since(c.start)
-	if u := gjson.GetBytes(body, "usage"); u.IsObject() {
+	if u := gjson.Get(bstr(body), "usage"); u.IsObject() {
 		c.setUsage(u)
 	} else {
 		c.collectWholeText(body)
@@ -259,6 +262,10 @@ func (c *generationCall) relay(bw *bufio.Writer) {
 		if err != nil {
 			if err != io.EOF {
 				readErr = err
+			} else if !c.finished {
+				// fasthttp reports a connection closed between two chunks as
+				// a plain EOF, so an ending is judged by its content.
+				readErr = io.ErrUnexpectedEOF
 			}
 			break
 		}
@@ -318,20 +325,22 @@ var doneData = []byte("[DONE]")
 // usage field the client did not ask for, returning the event to relay.
 func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	data := ev.Data
-	if len(data) == 0 || bytes.Equal(data, doneData) {
+	if len(data) == 0 {
 		return ev.Raw, false
 	}
-	usage := gjson.GetBytes(data, "usage")
+	if bytes.Equal(data, doneData) {
+		c.finished = true
+		return ev.Raw, false
+	}
+	c.readChoices(data)
+	usage := gjson.Get(bstr(data), "usage")
 	if usage.IsObject() && ev.Complete {
 		c.setUsage(usage)
-	}
-	if !c.haveUsage {
-		c.collectChatText(data)
 	}
 	if !c.injected || !usage.Exists() {
 		return ev.Raw, false
 	}
-	if choices := gjson.GetBytes(data, "choices"); choices.IsArray() && isEmptyArray(choices.Raw) {
+	if choices := gjson.Get(bstr(data), "choices"); choices.IsArray() && isEmptyArray(choices.Raw) {
 		return nil, true
 	}
 	if ev.dataEnd == 0 {
@@ -357,16 +366,19 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 	}
 	typ := string(ev.Name)
 	if typ == "" {
-		typ = gjson.GetBytes(data, "type").Str
+		typ = gjson.Get(bstr(data), "type").Str
 	}
 	switch typ {
+	case "error":
+		c.finished = true
 	case "response.completed", "response.incomplete", "response.failed":
-		if u := gjson.GetBytes(data, "response.usage"); u.IsObject() {
+		c.finished = true
+		if u := gjson.Get(bstr(data), "response.usage"); u.IsObject() {
 			c.setUsage(u)
 		}
 	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta":
 		if !c.haveUsage {
-			c.appendText(gjson.GetBytes(data, "delta").Str)
+			c.appendText(gjson.Get(bstr(data), "delta").Str)
 		}
 	}
 }
@@ -397,25 +409,32 @@ func (c *generationCall) appendText(s string) {
 	}
 }
 
-func (c *generationCall) collectChatText(data []byte) {
-	gjson.GetBytes(data, "choices").ForEach(func(_, ch gjson.Result) bool {
-		d := ch.Get("delta")
-		c.appendText(d.Get("content").Str)
-		c.appendText(d.Get("reasoning_content").Str)
-		c.appendText(d.Get("reasoning").Str)
+// readChoices notes a finish_reason and, until usage is known, keeps the
+// delta text for estimating.
+func (c *generationCall) readChoices(data []byte) {
+	gjson.Get(bstr(data), "choices").ForEach(func(_, ch gjson.Result) bool {
+		if ch.Get("finish_reason").Type == gjson.String {
+			c.finished = true
+		}
+		if !c.haveUsage {
+			d := ch.Get("delta")
+			c.appendText(d.Get("content").Str)
+			c.appendText(d.Get("reasoning_content").Str)
+			c.appendText(d.Get("reasoning").Str)
+		}
 		return true
 	})
 }
 
 func (c *generationCall) collectWholeText(body []byte) {
 	if c.ep == endpointChat {
-		gjson.GetBytes(body, "choices").ForEach(func(_, ch gjson.Result) bool {
+		gjson.Get(bstr(body), "choices").ForEach(func(_, ch gjson.Result) bool {
 			c.appendText(ch.Get("message.content").Str)
 			return true
 		})
 		return
 	}
-	gjson.GetBytes(body, "output").ForEach(func(_, item gjson.Result) bool {
+	gjson.Get(bstr(body), "output").ForEach(func(_, item gjson.Result) bool {
 		item.Get("content").ForEach(func(_, part gjson.Result) bool {
 			c.appendText(part.Get("text").Str)
 			return true
@@ -479,14 +498,14 @@ func promptText(body []byte, ep endpoint) string {
 		})
 	}
 	if ep == endpointChat {
-		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		gjson.Get(bstr(body), "messages").ForEach(func(_, m gjson.Result) bool {
 			add(m.Get("content"))
 			return true
 		})
 		return sb.String()
 	}
-	add(gjson.GetBytes(body, "instructions"))
-	input := gjson.GetBytes(body, "input")
+	add(gjson.Get(bstr(body), "instructions"))
+	input := gjson.Get(bstr(body), "input")
 	if input.Type == gjson.String {
 		add(input)
 	} else {
@@ -505,7 +524,7 @@ func countImages(body []byte, ep endpoint) int64 {
 	if ep == endpointResponses {
 		list, kind = "input", "input_image"
 	}
-	gjson.GetBytes(body, list).ForEach(func(_, m gjson.Result) bool {
+	gjson.Get(bstr(body), list).ForEach(func(_, m gjson.Result) bool {
 		m.Get("content").ForEach(func(_, part gjson.Result) bool {
 			if part.Get("type").Str == kind {
 				n++

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"strconv"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -25,7 +26,7 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 	if !gjson.ValidBytes(body) {
 		return f, BadRequest("", "request body is not valid JSON")
 	}
-	root := gjson.ParseBytes(body)
+	root := gjson.Parse(bstr(body))
 	if !root.IsObject() {
 		return f, BadRequest("", "request body must be a JSON object")
 	}
@@ -79,11 +80,11 @@ func rewriteRequest(dst, body []byte, f *requestFields, upstreamModelJSON string
 		switch {
 		case !so.Exists():
 			injected = true
-			sep := ","
+			text := `,"stream_options":{"include_usage":true}`
 			if !hasMembersBefore(body, f.end) {
-				sep = ""
+				text = text[1:]
 			}
-			edits[n] = edit{pos: f.end, text: sep + `"stream_options":{"include_usage":true}`}
+			edits[n] = edit{pos: f.end, text: text}
 			n++
 		case so.IsObject():
 			iu := so.Get("include_usage")
@@ -91,7 +92,7 @@ func rewriteRequest(dst, body []byte, f *requestFields, upstreamModelJSON string
 			case iu.Type == gjson.True:
 			case iu.Exists():
 				injected = true
-				edits[n] = edit{pos: so.Index + iu.Index, cut: len(iu.Raw), text: "true"}
+				edits[n] = edit{pos: iu.Index, cut: len(iu.Raw), text: "true"} // gjson indexes are absolute
 				n++
 			default:
 				injected = true
@@ -172,3 +173,9 @@ func skipSpaceBack(b []byte, i int) int {
 }
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// bstr views b as a string without copying, for gjson: gjson.GetBytes
+// copies every result to stay safe, which costs allocations per chunk.
+// The string, and every gjson.Result taken from it, MUST NOT be used after
+// b is modified or reused.
+func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }

@@ -1,0 +1,290 @@
+package proxytest
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
+
+// Header values shared by every response; net/http only reads them.
+var (
+	contentJSON = []string{"application/json"}
+	contentSSE  = []string{"text/event-stream; charset=utf-8"}
+	noCache     = []string{"no-cache"}
+)
+
+var (
+	errNotFound     = errorEnvelope(http.StatusNotFound, "proxytest: no such route")
+	errMethod       = errorEnvelope(http.StatusMethodNotAllowed, "proxytest: method not allowed")
+	errInvalidJSON  = errorEnvelope(http.StatusBadRequest, "proxytest: request body is not valid JSON")
+	errMissingModel = errorEnvelope(http.StatusBadRequest, "you must provide a model parameter")
+	errShuttingDown = errorEnvelope(http.StatusServiceUnavailable, "proxytest: server is closing")
+)
+
+// outcome is how a handler ended; only clientGone counts as canceled.
+type outcome int
+
+const (
+	finished outcome = iota
+	clientGone
+	serverClosing
+	dropped
+)
+
+// idSeq numbers answers process-wide, so ids never repeat across servers.
+var idSeq atomic.Uint64
+
+// scratch is one request's reusable memory.
+type scratch struct {
+	vals  values
+	slots []byte // backing array of vals
+	out   []byte // the body or event being written
+	body  bytes.Buffer
+	timer *time.Timer
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// ServeHTTP answers one request; it is what the server's net/http.Server runs.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !s.enter() {
+		writeStatic(w, http.StatusServiceUnavailable, errShuttingDown)
+		return
+	}
+	defer s.handlers.Done()
+	s.active.Add(1)
+	defer s.active.Add(-1)
+
+	st := s.state.Load()
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+
+	var body []byte
+	var err error
+	if st.opts.NoRecord {
+		sc.body.Reset()
+		_, err = sc.body.ReadFrom(r.Body)
+		body = sc.body.Bytes()
+	} else {
+		body, err = io.ReadAll(r.Body)
+		s.record(r, body)
+	}
+	if err != nil {
+		// The client hung up while sending the body.
+		s.countCanceled()
+		return
+	}
+	if s.serve(w, r, st, body, sc) == clientGone {
+		s.countCanceled()
+	}
+}
+
+// countCanceled counts a request whose connection went away, unless Close
+// is what took it away.
+func (s *Server) countCanceled() {
+	select {
+	case <-s.closing:
+	default:
+		s.canceled.Add(1)
+	}
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, body []byte, sc *scratch) outcome {
+	o := &st.opts
+	if o.Status != 0 {
+		return s.respond(w, r, o, o.Status, st.errorBody, sc)
+	}
+	chat := false
+	switch r.URL.Path {
+	case "/v1/chat/completions":
+		chat = true
+	case "/v1/responses":
+	case "/v1/models":
+		if r.Method != http.MethodGet {
+			return s.respond(w, r, o, http.StatusMethodNotAllowed, errMethod, sc)
+		}
+		return s.respond(w, r, o, http.StatusOK, st.modelsBody, sc)
+	default:
+		return s.respond(w, r, o, http.StatusNotFound, errNotFound, sc)
+	}
+	if r.Method != http.MethodPost {
+		return s.respond(w, r, o, http.StatusMethodNotAllowed, errMethod, sc)
+	}
+	if !gjson.ValidBytes(body) {
+		return s.respond(w, r, o, http.StatusBadRequest, errInvalidJSON, sc)
+	}
+	// body outlives none of these reads, so gjson may look at it in place.
+	js := unsafe.String(unsafe.SliceData(body), len(body))
+	model := gjson.Get(js, "model")
+	if model.Type != gjson.String {
+		return s.respond(w, r, o, http.StatusBadRequest, errMissingModel, sc)
+	}
+	stream := gjson.Get(js, "stream").Type == gjson.True
+
+	idPrefix := "resp_"
+	if chat {
+		idPrefix = "chatcmpl-"
+	}
+	sc.fill(idPrefix, model.Raw)
+
+	switch {
+	case chat && stream:
+		events := st.chatStream
+		if gjson.Get(js, "stream_options.include_usage").Type == gjson.True {
+			events = st.chatStreamUsed
+		}
+		return s.stream(w, r, o, events, sc)
+	case chat:
+		sc.out = st.chatBody.appendTo(sc.out[:0], &sc.vals)
+	case stream:
+		return s.stream(w, r, o, st.respStream, sc)
+	default:
+		sc.out = st.respBody.appendTo(sc.out[:0], &sc.vals)
+	}
+	return s.respond(w, r, o, http.StatusOK, sc.out, sc)
+}
+
+// fill sets the request's slot values; modelJSON is the model as the client
+// wrote it, quotes and escapes included.
+func (sc *scratch) fill(idPrefix, modelJSON string) {
+	n := idSeq.Add(1)
+	b := append(sc.slots[:0], idPrefix...)
+	b = appendID(b, n)
+	idEnd := len(b)
+	b = strconv.AppendInt(b, time.Now().Unix(), 10)
+	createdEnd := len(b)
+	b = append(b, "msg_"...)
+	b = appendID(b, n)
+	itemEnd := len(b)
+	b = append(b, modelJSON...)
+	sc.slots = b
+	sc.vals = values{id: b[:idEnd], created: b[idEnd:createdEnd], itemID: b[createdEnd:itemEnd], model: b[itemEnd:]}
+}
+
+// appendID writes n as 24 hex digits, the length of OpenAI's id suffixes.
+func appendID(b []byte, n uint64) []byte {
+	const hex = "0123456789abcdef"
+	var d [24]byte
+	for i := len(d) - 1; i >= 0; i-- {
+		d[i] = hex[n&0xf]
+		n >>= 4
+	}
+	return append(b, d[:]...)
+}
+
+// wait sleeps d unless the client goes away or the server closes first.
+func (s *Server) wait(ctx context.Context, d time.Duration, sc *scratch) outcome {
+	if d <= 0 {
+		return finished
+	}
+	if sc.timer == nil {
+		sc.timer = time.NewTimer(d)
+	} else {
+		sc.timer.Reset(d)
+	}
+	select {
+	case <-sc.timer.C:
+		return finished
+	case <-ctx.Done():
+		sc.timer.Stop()
+		return clientGone
+	case <-s.closing:
+		sc.timer.Stop()
+		return serverClosing
+	}
+}
+
+// respond writes a whole, non-stream body.
+func (s *Server) respond(w http.ResponseWriter, r *http.Request, o *Options, status int, body []byte, sc *scratch) outcome {
+	h := w.Header()
+	h["Content-Type"] = contentJSON
+	h["Content-Length"] = []string{strconv.Itoa(len(body))}
+	if o.HeaderFlushThenDelay {
+		w.WriteHeader(status)
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			return clientGone
+		}
+		if out := s.wait(r.Context(), o.FirstByteDelay, sc); out != finished {
+			return out
+		}
+	} else {
+		if out := s.wait(r.Context(), o.FirstByteDelay, sc); out != finished {
+			return out
+		}
+		w.WriteHeader(status)
+	}
+	if _, err := w.Write(body); err != nil {
+		return clientGone
+	}
+	return finished
+}
+
+// stream writes events as server-sent events, flushing each one so the
+// client sees it at once, and applies the hazards of o.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, o *Options, events []template, sc *scratch) outcome {
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h["Content-Type"] = contentSSE
+	h["Cache-Control"] = noCache
+	if false {
+		w.WriteHeader(http.StatusOK)
+		if err := rc.Flush(); err != nil {
+			return clientGone
+		}
+	}
+	if out := s.wait(ctx, o.FirstByteDelay, sc); out != finished {
+		return out
+	}
+	for i, ev := range events {
+		if i > 0 {
+			if out := s.wait(ctx, o.ChunkDelay, sc); out != finished {
+				return out
+			}
+		}
+		if ctx.Err() != nil {
+			return clientGone
+		}
+		sc.out = ev.appendTo(sc.out[:0], &sc.vals)
+		if _, err := w.Write(sc.out); err != nil {
+			return clientGone
+		}
+		if err := rc.Flush(); err != nil {
+			return clientGone
+		}
+		written := i + 1
+		if written == o.DropAfter {
+			// Everything written so far is flushed; closing the hijacked
+			// connection leaves the chunked body without its terminator.
+			conn, _, err := rc.Hijack()
+			if err != nil {
+				return clientGone
+			}
+			_ = conn.Close()
+			return dropped
+		}
+		if o.Stall && written == 1 {
+			select {
+			case <-ctx.Done():
+				return clientGone
+			case <-s.closing:
+				return serverClosing
+			}
+		}
+	}
+	return finished
+}
+
+func writeStatic(w http.ResponseWriter, status int, body []byte) {
+	w.Header()["Content-Type"] = contentJSON
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
