@@ -52,8 +52,8 @@ type Entry struct {
 	// UpstreamModelJSON is UpstreamModel as a JSON string literal, spliced
 	// into request bodies without re-encoding on every request.
 	UpstreamModelJSON string
-	Prices        Prices
-	Config        config.Model
+	Prices            Prices
+	Config            config.Model
 }
 
 // Catalog is immutable once built; a config reload builds a new one.

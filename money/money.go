@@ -25,8 +25,8 @@ const NanosPerUSD Nanos = 1_000_000_000
 type Price uint64
 
 const (
-	nanoDigits = 9
-	attoDigits = 18
+	nanoDigits  = 9
+	attoDigits  = 18
 	attoPerNano = 1_000_000_000
 )
 
