@@ -85,6 +85,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		ReadBufferSize:                16 << 10,
+		Logger:                        fasthttpLogger(s.logf),
 	}
 	return s, nil
 }
@@ -141,6 +142,12 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	}
 	WriteError(ctx, BadRequest("", "malformed HTTP request: "+err.Error()))
 }
+
+// fasthttpLogger routes fasthttp's own messages (malformed requests,
+// oversized bodies) to the gateway's log instead of the standard logger.
+type fasthttpLogger func(string, ...any)
+
+func (l fasthttpLogger) Printf(format string, args ...any) { l("http: "+format, args...) }
 
 // newRequestID returns a UUIDv7: time-ordered, so ClickHouse keeps an
 // account's events close together.

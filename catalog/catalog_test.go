@@ -1,0 +1,68 @@
+package catalog
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/money"
+)
+
+func model(id string, p config.Pricing) config.Model {
+	return config.Model{ID: id, Upstream: "u", Pricing: p, ContextLength: 10, MaxOutputLength: 5}
+}
+
+func TestCostIsExact(t *testing.T) {
+	c, err := New([]config.Model{model("m", config.Pricing{
+		Prompt: "0.0000005", Completion: "0.000002", InputCacheRead: "0.00000025", Image: "0.001", Request: "0.0001",
+	})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := c.Resolve("m")
+	// 900 uncached*0.5e-6 + 100 cached*0.25e-6 + 300*2e-6 (reasoning 200 included) + 2 images*1e-3 + 1e-4
+	got := e.Prices.Cost(Usage{PromptTokens: 1000, CachedTokens: 100, CompletionTokens: 300, ReasoningTokens: 200, Images: 2})
+	want := money.Nanos(450_000 + 25_000 + 600_000 + 2_000_000 + 100_000)
+	if got != want {
+		t.Fatalf("cost %d, want %d", got, want)
+	}
+	// cached tokens beyond the prompt cannot make the cost negative
+	if got := e.Prices.Cost(Usage{PromptTokens: 10, CachedTokens: 50}); got != 10*250+100_000 {
+		t.Fatalf("cost %d", got)
+	}
+}
+
+func TestCatalogRendersSpecShape(t *testing.T) {
+	c, err := New([]config.Model{model("b", config.Pricing{Prompt: "0.0000001"}), model("a", config.Pricing{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ValidList() != "a, b" {
+		t.Fatalf("valid list %q", c.ValidList())
+	}
+	var list struct {
+		Object string                   `json:"object"`
+		Data   []map[string]interface{} `json:"data"`
+	}
+	if err := json.Unmarshal(c.ModelsJSON(), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Object != "list" || list.Data[0]["id"] != "b" {
+		t.Fatalf("%s", c.ModelsJSON())
+	}
+	for _, f := range []string{"id", "hugging_face_id", "name", "input_modalities", "output_modalities", "quantization", "context_length", "max_output_length", "pricing", "supported_features", "supported_sampling_parameters"} {
+		if _, ok := list.Data[0][f]; !ok {
+			t.Errorf("field %s missing", f)
+		}
+	}
+	pricing := list.Data[0]["pricing"].(map[string]interface{})
+	if pricing["prompt"] != "0.0000001" || pricing["image"] != "0" {
+		t.Fatalf("pricing %v", pricing)
+	}
+	if _, err := New([]config.Model{model("x", config.Pricing{Prompt: "1e-6"})}); err == nil {
+		t.Fatal("float-style price accepted")
+	}
+	if _, err := New([]config.Model{model("x", config.Pricing{}), model("x", config.Pricing{})}); err == nil {
+		t.Fatal("duplicate id accepted")
+	}
+}
