@@ -1,0 +1,140 @@
+-- Finance queries over usage_events. Every query reads FINAL, which drops
+-- redelivered copies of an event, so the numbers are exact at any moment.
+--
+-- Parameters are written {name:Type}. Current clickhouse-client binds them
+-- itself: --param_name=value. ClickHouse 18.16 has no query parameters:
+-- replace each one by a literal first, a String by 'acme', a Date by
+-- toDate('2025-01-01'). Days are UTC days. Ranges are half-open: from_date is
+-- included, to_date is not.
+--
+-- Money: spend_nanos is the exact integer in nano-USD; spend_usd shows it as
+-- a decimal string with nine places, built with integer division so no
+-- floating point ever touches it.
+--
+-- No alias repeats the name of a column it reads: ClickHouse resolves names
+-- to aliases first, and versions differ in what they make of sum(x) AS x.
+--
+-- Each query starts with a "-- name:" line; the Go package chmigrate finds
+-- queries by those names (FinanceQuery) and its tests run every one of them.
+
+-- name: spend_per_account_per_day
+-- Spend of every account on each UTC day from {from_date} to {to_date}.
+SELECT
+    date,
+    account,
+    count() AS requests,
+    sum(cost_nanos) AS spend_nanos,
+    concat(if(spend_nanos < 0, '-', ''),
+           toString(intDiv(abs(spend_nanos), 1000000000)), '.',
+           substring(toString(1000000000 + abs(spend_nanos) % 1000000000), 2)) AS spend_usd
+FROM usage_events FINAL
+WHERE date >= {from_date:Date} AND date < {to_date:Date}
+GROUP BY date, account
+ORDER BY date, account;
+
+-- name: spend_per_account_per_month
+-- Spend of every account in each calendar month (UTC) from {from_date} to
+-- {to_date}; pass first days of months to get whole months.
+SELECT
+    toStartOfMonth(date) AS month,
+    account,
+    count() AS requests,
+    sum(cost_nanos) AS spend_nanos,
+    concat(if(spend_nanos < 0, '-', ''),
+           toString(intDiv(abs(spend_nanos), 1000000000)), '.',
+           substring(toString(1000000000 + abs(spend_nanos) % 1000000000), 2)) AS spend_usd
+FROM usage_events FINAL
+WHERE date >= {from_date:Date} AND date < {to_date:Date}
+GROUP BY month, account
+ORDER BY month, account;
+
+-- name: tokens_and_cost_per_model
+-- Tokens and spend per model, all accounts together, from {from_date} to
+-- {to_date}, biggest spend first.
+SELECT
+    model,
+    count() AS requests,
+    sum(prompt_tokens) AS prompt,
+    sum(cached_tokens) AS cached,
+    sum(completion_tokens) AS completion,
+    sum(reasoning_tokens) AS reasoning,
+    sum(images) AS image_count,
+    sum(cost_nanos) AS spend_nanos,
+    concat(if(spend_nanos < 0, '-', ''),
+           toString(intDiv(abs(spend_nanos), 1000000000)), '.',
+           substring(toString(1000000000 + abs(spend_nanos) % 1000000000), 2)) AS spend_usd
+FROM usage_events FINAL
+WHERE date >= {from_date:Date} AND date < {to_date:Date}
+GROUP BY model
+ORDER BY spend_nanos DESC, model;
+
+-- name: top_keys_by_spend
+-- The 50 API keys that spent most from {from_date} to {to_date}, with their
+-- account; change LIMIT for more.
+SELECT
+    key_id,
+    account,
+    count() AS requests,
+    sum(cost_nanos) AS spend_nanos,
+    concat(if(spend_nanos < 0, '-', ''),
+           toString(intDiv(abs(spend_nanos), 1000000000)), '.',
+           substring(toString(1000000000 + abs(spend_nanos) % 1000000000), 2)) AS spend_usd
+FROM usage_events FINAL
+WHERE date >= {from_date:Date} AND date < {to_date:Date}
+GROUP BY key_id, account
+ORDER BY spend_nanos DESC, key_id
+LIMIT 50;
+
+-- name: invoice
+-- The invoice of account {account} for the calendar month (UTC) holding
+-- {month}, any day of it: one line per model and endpoint with requests,
+-- tokens and spend, then a last line, model TOTAL, summing all lines.
+SELECT
+    model,
+    endpoint,
+    requests,
+    prompt AS prompt_tokens,
+    cached AS cached_tokens,
+    completion AS completion_tokens,
+    reasoning AS reasoning_tokens,
+    image_count AS images,
+    spend_nanos,
+    concat(if(spend_nanos < 0, '-', ''),
+           toString(intDiv(abs(spend_nanos), 1000000000)), '.',
+           substring(toString(1000000000 + abs(spend_nanos) % 1000000000), 2)) AS spend_usd
+FROM
+(
+    SELECT
+        toUInt8(0) AS is_total,
+        model,
+        endpoint,
+        count() AS requests,
+        sum(prompt_tokens) AS prompt,
+        sum(cached_tokens) AS cached,
+        sum(completion_tokens) AS completion,
+        sum(reasoning_tokens) AS reasoning,
+        sum(images) AS image_count,
+        sum(cost_nanos) AS spend_nanos
+    FROM usage_events FINAL
+    WHERE account = {account:String}
+      AND date >= toStartOfMonth({month:Date})
+      AND date < addMonths(toStartOfMonth({month:Date}), 1)
+    GROUP BY model, endpoint
+    UNION ALL
+    SELECT
+        toUInt8(1) AS is_total,
+        'TOTAL' AS model,
+        '' AS endpoint,
+        count() AS requests,
+        sum(prompt_tokens) AS prompt,
+        sum(cached_tokens) AS cached,
+        sum(completion_tokens) AS completion,
+        sum(reasoning_tokens) AS reasoning,
+        sum(images) AS image_count,
+        sum(cost_nanos) AS spend_nanos
+    FROM usage_events FINAL
+    WHERE account = {account:String}
+      AND date >= toStartOfMonth({month:Date})
+      AND date < addMonths(toStartOfMonth({month:Date}), 1)
+)
+ORDER BY is_total, model, endpoint;

@@ -1,0 +1,301 @@
+package chmigrate_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
+	"github.com/tollgate/tollgate/internal/chtest"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+)
+
+// billingEvents returns n events of two accounts on 40 days from 1 January
+// 2025 (UTC), with costs that do not add up to round numbers. Events i and
+// i+120 share day, account, model and endpoint, so rollups have groups of
+// several events.
+func billingEvents(t testing.TB, n int) []*meter.Event {
+	t.Helper()
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	events := make([]*meter.Event, n)
+	for i := range events {
+		id, err := uuid.NewV7()
+		if err != nil {
+			t.Fatal(err)
+		}
+		events[i] = &meter.Event{
+			ID:               id.String(),
+			Time:             start.Add(time.Duration(i%40)*24*time.Hour + time.Duration(i)*time.Minute),
+			Account:          []string{"acme", "globex"}[i%2],
+			KeyID:            fmt.Sprintf("key-%d", i%5),
+			Endpoint:         []string{"/v1/chat/completions", "/v1/responses"}[(i/2)%2],
+			Model:            []string{"small", "vision", "reasoner"}[i%3],
+			Upstream:         "local",
+			PromptTokens:     int64(1000 + i),
+			CachedTokens:     int64(i % 100),
+			CompletionTokens: int64(50 + i%300),
+			ReasoningTokens:  int64(i % 17),
+			Images:           int64(i % 3 / 2),
+			CostNanos:        money.Nanos(987_654_321 + int64(i)*7_777_777),
+			UsageSource:      meter.SourceUpstream,
+			Status:           200,
+			Latency:          time.Second,
+			TTFB:             100 * time.Millisecond,
+		}
+	}
+	return events
+}
+
+func openSink(t testing.TB, srv *chtest.Server) *meter.ClickHouseSink {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sink, err := meter.OpenClickHouse(ctx, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sink.Close() })
+	return sink
+}
+
+// table is query output in TabSeparatedWithNames, row by row, by column name.
+type table []map[string]string
+
+func runQuery(t testing.TB, srv *chtest.Server, q chmigrate.Query, params map[string]string) table {
+	t.Helper()
+	sql, err := q.Bind(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := srv.Query(t, sql+"\nFORMAT TabSeparatedWithNames")
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	names := strings.Split(lines[0], "\t")
+	var rows table
+	for _, line := range lines[1:] {
+		row := make(map[string]string)
+		for i, v := range strings.Split(line, "\t") {
+			row[names[i]] = v
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func sumColumn(t testing.TB, rows table, column string) int64 {
+	t.Helper()
+	var sum int64
+	for _, row := range rows {
+		v, err := strconv.ParseInt(row[column], 10, 64)
+		if err != nil {
+			t.Fatalf("column %s: %v", column, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+func TestFinanceQueriesAreExactAfterRedelivery(t *testing.T) {
+	srv := chtest.Start(t)
+	sink := openSink(t, srv)
+	ctx := context.Background()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	events := billingEvents(t, 600)
+	for range 2 { // the second insert is JetStream redelivering every event
+		if err := sink.Insert(ctx, events); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var total, acmeJanuary money.Nanos
+	var acmeJanuaryRequests int64
+	for _, ev := range events {
+		total += ev.CostNanos
+		if ev.Account == "acme" && ev.Time.Month() == time.January {
+			acmeJanuary += ev.CostNanos
+			acmeJanuaryRequests++
+		}
+	}
+	whole := map[string]string{"from_date": "2025-01-01", "to_date": "2025-03-01"}
+
+	queries, err := chmigrate.FinanceQueries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(map[string]table)
+	for _, q := range queries {
+		params := whole
+		if q.Name == "invoice" {
+			params = map[string]string{"account": "acme", "month": "2025-01-20"}
+		}
+		rows := runQuery(t, srv, q, params)
+		if len(rows) == 0 {
+			t.Errorf("%s returned no rows", q.Name)
+		}
+		for _, row := range rows {
+			nanos, _ := strconv.ParseInt(row["spend_nanos"], 10, 64)
+			if got, want := row["spend_usd"], money.Nanos(nanos).String(); got != want {
+				t.Errorf("%s: spend_usd %s for %d nanos, want %s", q.Name, got, nanos, want)
+			}
+		}
+		ran[q.Name] = rows
+	}
+	for _, name := range []string{"spend_per_account_per_day", "spend_per_account_per_month", "tokens_and_cost_per_model", "top_keys_by_spend"} {
+		rows, ok := ran[name]
+		if !ok {
+			t.Errorf("queries.sql lost %s", name)
+			continue
+		}
+		if got := money.Nanos(sumColumn(t, rows, "spend_nanos")); got != total {
+			t.Errorf("%s: spend adds up to %v, want %v", name, got, total)
+		}
+		if got := sumColumn(t, rows, "requests"); got != int64(len(events)) {
+			t.Errorf("%s: %d requests, want %d", name, got, len(events))
+		}
+	}
+
+	invoice := ran["invoice"]
+	if len(invoice) < 2 {
+		t.Fatalf("invoice has %d rows, want lines and a total", len(invoice))
+	}
+	lines, totalLine := invoice[:len(invoice)-1], invoice[len(invoice)-1]
+	if totalLine["model"] != "TOTAL" {
+		t.Fatalf("the invoice's last line is %v, want the TOTAL", totalLine)
+	}
+	if got := totalLine["spend_usd"]; got != acmeJanuary.String() {
+		t.Errorf("invoice total %s USD, want %s", got, acmeJanuary)
+	}
+	if got := money.Nanos(sumColumn(t, lines, "spend_nanos")); got != acmeJanuary {
+		t.Errorf("invoice lines add up to %v, want %v", got, acmeJanuary)
+	}
+	if got := totalLine["requests"]; got != strconv.FormatInt(acmeJanuaryRequests, 10) {
+		t.Errorf("invoice total has %s requests, want %d", got, acmeJanuaryRequests)
+	}
+	for _, line := range lines {
+		if line["model"] == "TOTAL" || line["endpoint"] == "" {
+			t.Errorf("invoice line %v is not a model and endpoint", line)
+		}
+	}
+}
+
+func TestInvoiceParameterCannotEscapeItsQuotes(t *testing.T) {
+	srv := chtest.Start(t)
+	sink := openSink(t, srv)
+	ctx := context.Background()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Insert(ctx, billingEvents(t, 20)); err != nil {
+		t.Fatal(err)
+	}
+	q, err := chmigrate.FinanceQuery("invoice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, account := range []string{`acme' OR account != '`, `acme\' OR 1 = 1 OR account = \'`} {
+		rows := runQuery(t, srv, q, map[string]string{"account": account, "month": "2025-01-01"})
+		if len(rows) != 1 || rows[0]["requests"] != "0" {
+			t.Errorf("account %q: got %v, want only an empty TOTAL", account, rows)
+		}
+	}
+}
+
+func TestDailyRollupCountsEventsInsertedBeforeItAndRedeliveredOnce(t *testing.T) {
+	srv := chtest.Start(t)
+	sink := openSink(t, srv)
+	ctx := context.Background()
+	migrations, err := chmigrate.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only usage_events exists while the first events come in.
+	for _, statement := range migrations[0].Statements {
+		if err := sink.Conn().Exec(ctx, statement); err != nil {
+			t.Fatal(err)
+		}
+	}
+	events := billingEvents(t, 300)
+	early, late := events[:200], events[200:]
+	if err := sink.Insert(ctx, early); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Redelivery of a batch that straddles the view's creation.
+	for _, batch := range [][]*meter.Event{late, events[150:], late} {
+		if err := sink.Insert(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	want := make(map[string]int64)
+	for _, ev := range events {
+		key := strings.Join([]string{ev.Time.UTC().Format(time.DateOnly), ev.Account, ev.Model, ev.Endpoint}, "\t")
+		want[key] += int64(ev.CostNanos)
+	}
+	out := srv.Query(t, "SELECT date, account, model, endpoint, cost_nanos FROM usage_daily")
+	got := make(map[string]int64)
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		cut := strings.LastIndexByte(line, '\t')
+		cost, err := strconv.ParseInt(line[cut+1:], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[line[:cut]] = cost
+	}
+	if len(got) != len(want) {
+		t.Fatalf("rollup has %d rows, want %d", len(got), len(want))
+	}
+	for key, cost := range want {
+		if got[key] != cost {
+			t.Errorf("rollup %q: cost %d, want %d", key, got[key], cost)
+		}
+	}
+}
+
+func TestBind(t *testing.T) {
+	q, err := chmigrate.FinanceQuery("invoice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q.Params) != 2 || q.Params[0] != (chmigrate.Param{Name: "account", Type: "String"}) ||
+		q.Params[1] != (chmigrate.Param{Name: "month", Type: "Date"}) {
+		t.Fatalf("invoice params %v, want account String and month Date", q.Params)
+	}
+	if !strings.Contains(q.Doc, "invoice") {
+		t.Errorf("invoice doc %q does not say what it answers", q.Doc)
+	}
+
+	sql, err := q.Bind(map[string]string{"account": `o'brien\`, "month": "2025-02-01"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sql, `account = 'o\'brien\\'`) || !strings.Contains(sql, "toStartOfMonth(toDate('2025-02-01'))") {
+		t.Errorf("bound SQL lacks the literals:\n%s", sql)
+	}
+	if strings.Contains(sql, "{") {
+		t.Errorf("a placeholder is left:\n%s", sql)
+	}
+
+	for name, params := range map[string]map[string]string{
+		"missing month":  {"account": "acme"},
+		"unknown param":  {"account": "acme", "month": "2025-02-01", "monht": "2025-02-01"},
+		"month not date": {"account": "acme", "month": "2025-02"},
+		"date injection": {"account": "acme", "month": "2025-02-01') OR (1"},
+	} {
+		if _, err := q.Bind(params); err == nil {
+			t.Errorf("%s: bound without error", name)
+		}
+	}
+	if _, err := chmigrate.FinanceQuery("nope"); err == nil || !strings.Contains(err.Error(), "invoice") {
+		t.Errorf("unknown query: %v, want an error listing the queries", err)
+	}
+}

@@ -1,0 +1,188 @@
+package meter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
+)
+
+// ErrClickHouseNotNative is returned for a DSN of ClickHouse's HTTP
+// interface. Fix: use clickhouse://host:9000/db, the native protocol; the
+// driver's HTTP protocol does not work with ClickHouse 18.16.
+var ErrClickHouseNotNative = errors.New("clickhouse dsn must use the native protocol (clickhouse://host:9000/db)")
+
+// ErrInvalidEvent is returned by Insert for an event ClickHouse cannot hold
+// exactly; no event of the batch is written. Inserting it again fails
+// again: fix or drop the event (for a JetStream message: Term it).
+var ErrInvalidEvent = errors.New("invalid usage event")
+
+// defaultClickHouseDialTimeout bounds connecting when the DSN does not say
+// (dial_timeout=…): the driver's own default of 30s would hold a billing
+// batch that long when ClickHouse is down.
+const defaultClickHouseDialTimeout = 5 * time.Second
+
+// insertUsageEvents names every column: clickhouse-go needs that to insert
+// into ClickHouse 18.16. date and inserted_at take their defaults, so date
+// is derived by the same expression on every insert of an event. The order
+// is that of the column slices in Insert.
+const insertUsageEvents = `INSERT INTO usage_events (id, time, account, key_id, endpoint, model, upstream,
+prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens, images, cost_nanos,
+usage_source, status, latency_us, ttfb_us, stream, job_id)`
+
+// ClickHouseSink writes usage events into ClickHouse's usage_events table.
+// It is safe for concurrent use.
+type ClickHouseSink struct {
+	conn driver.Conn
+}
+
+// OpenClickHouse connects to the ClickHouse at dsn (clickhouse://user:pass@host:port/db?options)
+// and pings it.
+func OpenClickHouse(ctx context.Context, dsn string) (*ClickHouseSink, error) {
+	opts, err := clickhouse.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parsing clickhouse dsn: %w", err)
+	}
+	if opts.Protocol != clickhouse.Native {
+		return nil, ErrClickHouseNotNative
+	}
+	if u, err := url.Parse(dsn); err == nil && !u.Query().Has("dial_timeout") {
+		opts.DialTimeout = defaultClickHouseDialTimeout
+	}
+	conn, err := clickhouse.Open(opts)
+	if err != nil {
+		return nil, fmt.Errorf("opening clickhouse: %w", err)
+	}
+	if err := conn.Ping(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("pinging clickhouse at %v: %w", opts.Addr, err)
+	}
+	return &ClickHouseSink{conn: conn}, nil
+}
+
+// Conn is the connection pool, for queries beyond inserting events.
+func (s *ClickHouseSink) Conn() driver.Conn { return s.conn }
+
+// Migrate brings the schema up to date; see chmigrate.Migrate.
+func (s *ClickHouseSink) Migrate(ctx context.Context) ([]string, error) {
+	return chmigrate.Migrate(ctx, s.conn)
+}
+
+// Close closes the connections.
+func (s *ClickHouseSink) Close() error { return s.conn.Close() }
+
+// Insert writes events in one INSERT. On error any part of the batch may
+// have been written (the daily rollup is a second table); retry the whole
+// batch: an event inserted again is one row under FINAL, in usage_events
+// and in the rollup. ctx bounds the whole call, also against a ClickHouse
+// that accepts connections but never answers: give it a deadline.
+func (s *ClickHouseSink) Insert(ctx context.Context, events []*Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	cols, err := usageColumnsOf(events)
+	if err != nil {
+		return err
+	}
+	batch, err := s.conn.PrepareBatch(ctx, insertUsageEvents)
+	if err != nil {
+		return fmt.Errorf("inserting %d usage events: %w", len(events), err)
+	}
+	for i, col := range cols.slices() {
+		if err := batch.Column(i).Append(col); err != nil {
+			_ = batch.Abort()
+			return fmt.Errorf("inserting %d usage events: column %d: %w", len(events), i, err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("inserting %d usage events: %w", len(events), err)
+	}
+	return nil
+}
+
+// usageColumns holds a batch column by column, the shape the native
+// protocol sends: one slice append per column is far cheaper than one
+// reflective append per value.
+type usageColumns struct {
+	id, account, keyID, endpoint, model, upstream, usageSource, jobID []string
+	time                                                              []time.Time
+	prompt, cached, completion, reasoning, images, cost               []int64
+	status                                                            []uint16
+	latencyUS, ttfbUS                                                 []uint64
+	stream                                                            []uint8
+}
+
+// slices returns the columns in the order of insertUsageEvents.
+func (c *usageColumns) slices() []any {
+	return []any{c.id, c.time, c.account, c.keyID, c.endpoint, c.model, c.upstream,
+		c.prompt, c.cached, c.completion, c.reasoning, c.images, c.cost,
+		c.usageSource, c.status, c.latencyUS, c.ttfbUS, c.stream, c.jobID}
+}
+
+// DateTime holds whole seconds from 1970 to 2105 as an unsigned 32-bit count.
+var (
+	minDateTime = time.Unix(0, 0)
+	maxDateTime = time.Unix(1<<32-1, 0)
+)
+
+func usageColumnsOf(events []*Event) (*usageColumns, error) {
+	n := len(events)
+	c := &usageColumns{
+		id: make([]string, n), account: make([]string, n), keyID: make([]string, n),
+		endpoint: make([]string, n), model: make([]string, n), upstream: make([]string, n),
+		usageSource: make([]string, n), jobID: make([]string, n),
+		time:   make([]time.Time, n),
+		prompt: make([]int64, n), cached: make([]int64, n), completion: make([]int64, n),
+		reasoning: make([]int64, n), images: make([]int64, n), cost: make([]int64, n),
+		status:    make([]uint16, n),
+		latencyUS: make([]uint64, n), ttfbUS: make([]uint64, n),
+		stream: make([]uint8, n),
+	}
+	for i, ev := range events {
+		switch {
+		case ev == nil:
+			return nil, fmt.Errorf("%w: event %d of the batch is nil", ErrInvalidEvent, i)
+		case ev.ID == "":
+			return nil, fmt.Errorf("%w: event %d of the batch has no id, the dedup key", ErrInvalidEvent, i)
+		case ev.Time.Before(minDateTime) || ev.Time.After(maxDateTime):
+			return nil, fmt.Errorf("%w: event %s: time %v is outside ClickHouse DateTime", ErrInvalidEvent, ev.ID, ev.Time)
+		case ev.Status < 0 || ev.Status > 0xffff:
+			return nil, fmt.Errorf("%w: event %s: status %d", ErrInvalidEvent, ev.ID, ev.Status)
+		}
+		c.id[i] = ev.ID
+		c.time[i] = ev.Time
+		c.account[i] = ev.Account
+		c.keyID[i] = ev.KeyID
+		c.endpoint[i] = ev.Endpoint
+		c.model[i] = ev.Model
+		c.upstream[i] = ev.Upstream
+		c.prompt[i] = ev.PromptTokens
+		c.cached[i] = ev.CachedTokens
+		c.completion[i] = ev.CompletionTokens
+		c.reasoning[i] = ev.ReasoningTokens
+		c.images[i] = ev.Images
+		c.cost[i] = int64(ev.CostNanos)
+		c.usageSource[i] = string(ev.UsageSource)
+		c.status[i] = uint16(ev.Status)
+		c.latencyUS[i] = microseconds(ev.Latency)
+		c.ttfbUS[i] = microseconds(ev.TTFB)
+		if ev.Stream {
+			c.stream[i] = 1
+		}
+		c.jobID[i] = ev.JobID
+	}
+	return c, nil
+}
+
+func microseconds(d time.Duration) uint64 {
+	if d < 0 {
+		return 0
+	}
+	return uint64(d / time.Microsecond)
+}
