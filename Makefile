@@ -1,0 +1,41 @@
+# Tollgate. `make run` starts the gateway on its embedded defaults; `make test`
+# installs and starts what the tests need, then runs them.
+GO      ?= go
+BIN     := bin/tollgate
+
+.PHONY: all build run test bench lint fuzz demo-upstream clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/tollgate
+
+# Starts a local ClickHouse under ./data/clickhouse (installing Debian's
+# package if missing), then the gateway with embedded NATS on ./data.
+run: build
+	scripts/run.sh
+
+# A fake OpenAI-compatible upstream on 127.0.0.1:8000 (the default
+# UPSTREAM_BASE_URL), for trying the gateway without a GPU.
+demo-upstream:
+	$(GO) run ./cmd/tollgate-upstream -chunk-delay 30ms
+
+test:
+	scripts/test.sh
+
+bench:
+	scripts/bench.sh
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+# Runs each fuzz target for FUZZTIME (default 30s).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test ./proxy -run '^$$' -fuzz FuzzSSEReader -fuzztime $(FUZZTIME)
+	$(GO) test ./proxy -run '^$$' -fuzz FuzzRewriteRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./config -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
+
+clean:
+	rm -rf bin

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# make run: a local ClickHouse for billing (unless CLICKHOUSE_DSN points
+# elsewhere), then the gateway in the foreground. Ctrl-C stops both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+data="${TOLLGATE_DATA_DIR:-./data}"
+mkdir -p "$data"
+if [ -z "${CLICKHOUSE_DSN:-}" ]; then
+	if scripts/clickhouse.sh install >/dev/null 2>&1; then
+		chdir="$data/clickhouse"
+		CLICKHOUSE_TCP_PORT="${CLICKHOUSE_TCP_PORT:-9000}" scripts/clickhouse.sh start "$chdir" >/dev/null
+		# shellcheck disable=SC1091
+		. "$chdir/env"
+		export CLICKHOUSE_DSN
+		echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; stop with scripts/clickhouse.sh stop $chdir)"
+	else
+		echo "ClickHouse could not be installed (apt-get needs root): usage waits in JetStream until CLICKHOUSE_DSN points at one." >&2
+	fi
+fi
+exec bin/tollgate serve
