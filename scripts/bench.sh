@@ -50,11 +50,11 @@ import json, sys
 rss = int(sys.argv[1])
 rows = [json.loads(a) for a in sys.argv[2:]]
 def ms(v): return f"{v:.2f}"
-print(f"{'':28}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
+print(f"{'':38}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
 for label, (d, g) in (("non-streaming", rows[0:2]), ("streaming, 20 chunks", rows[2:4])):
     for name, r in (("direct", d), ("through gateway", g)):
-        print(f"{label+' '+name:28}{r['rps']:>10.0f}{ms(r['p50_ms']):>10}{ms(r['p99_ms']):>10}{r['errors']:>8}")
-    print(f"{label+' difference':28}{(g['rps']/d['rps']-1)*100:>9.1f}%{ms(g['p50_ms']-d['p50_ms']):>10}{ms(g['p99_ms']-d['p99_ms']):>10}")
+        print(f"{label+' '+name:38}{r['rps']:>10.0f}{ms(r['p50_ms']):>10}{ms(r['p99_ms']):>10}{r['errors']:>8}")
+    print(f"{label+' difference':38}{(g['rps']/d['rps']-1)*100:>9.1f}%{ms(g['p50_ms']-d['p50_ms']):>10}{ms(g['p99_ms']-d['p99_ms']):>10}")
 print(f"gateway peak RSS: {rss/1024:.1f} MiB")
 PY
 
