@@ -1,0 +1,115 @@
+// Package classifiers holds the classification engines behind classify,
+// tag, score, match and batch: "lexical" (offline, deterministic) and
+// "llm" (prompts a catalog model through the gateway's upstream client).
+package classifiers
+
+import (
+	"context"
+
+	"github.com/tollgate/tollgate/catalog"
+)
+
+// Confidences and scores are probabilities in [0,1]; they are float64
+// because they are not money.
+
+// Mode selects one label or several.
+type Mode string
+
+const (
+	ModeSingle Mode = "single"
+	ModeMulti  Mode = "multi"
+)
+
+// ClassifyRequest is a validated classify call (or one batch line).
+type ClassifyRequest struct {
+	Text         string
+	Labels       []string            // 1..200, unique, non-empty
+	Descriptions map[string]string   // per label, optional
+	Examples     map[string][]string // per label, optional
+	TextType     string              // context for prompt tuning, optional
+	Mode         Mode
+	Threshold    float64 // multi mode: labels at or above it are returned
+}
+
+// LabelScore is one label with its confidence.
+type LabelScore struct {
+	Label      string  `json:"label"`
+	Confidence float64 `json:"confidence"`
+}
+
+// Usage is the tokens an engine spent; lexical engines count the input
+// with the tokenizer and report no completion tokens.
+type Usage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
+// Answer says which engine and model produced a result.
+type Answer struct {
+	Engine string `json:"engine"`          // "lexical" or "llm"
+	Model  string `json:"model,omitempty"` // catalog model for llm
+	Usage  Usage  `json:"usage"`
+}
+
+// ClassifyResult: in single mode Label/Confidence is the best label and
+// Scores every label, sorted by confidence descending; in multi mode Labels
+// holds those at or above the threshold (sorted) and Scores every label.
+type ClassifyResult struct {
+	Label      string       `json:"label,omitempty"`
+	Confidence float64      `json:"confidence,omitempty"`
+	Labels     []LabelScore `json:"labels,omitempty"`
+	Scores     []LabelScore `json:"scores"`
+	Answer
+}
+
+// TagRequest tags text from a closed set (Tags) or, when Tags is empty,
+// with open tags the engine finds.
+type TagRequest struct {
+	Text      string
+	Tags      []string
+	MaxTags   int     // default 5
+	Threshold float64 // default 0.5 for a closed set
+}
+
+// TagResult lists tags by confidence, descending.
+type TagResult struct {
+	Tags []LabelScore `json:"tags"`
+	Answer
+}
+
+// ScoreRequest scores Source on Attribute (any name; common ones: urgency,
+// toxicity, sentiment, formality, quality, spam).
+type ScoreRequest struct {
+	Source      string
+	Attribute   string
+	Description string
+}
+
+// MatchRequest scores how relevant Source is to Query.
+type MatchRequest struct {
+	Source string
+	Query  string
+}
+
+// ScoreResult is a score in [0,1].
+type ScoreResult struct {
+	Score float64 `json:"score"`
+	Answer
+}
+
+// Engine is one classification engine. Implementations are safe for
+// concurrent use.
+type Engine interface {
+	Name() string
+	Classify(ctx context.Context, req ClassifyRequest) (ClassifyResult, error)
+	Tag(ctx context.Context, req TagRequest) (TagResult, error)
+	Score(ctx context.Context, req ScoreRequest) (ScoreResult, error)
+	Match(ctx context.Context, req MatchRequest) (ScoreResult, error)
+}
+
+// ModelCaller sends a non-streamed chat completion to a catalog model;
+// proxy.(*World).CallModel implements it.
+type ModelCaller interface {
+	CallModel(ctx context.Context, model string, body []byte) ([]byte, catalog.Usage, error)
+}
