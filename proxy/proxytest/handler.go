@@ -21,12 +21,13 @@ var (
 	noCache     = []string{"no-cache"}
 )
 
+// Error bodies of requests no real upstream would accept either.
 var (
-	errNotFound     = errorEnvelope(http.StatusNotFound, "proxytest: no such route")
-	errMethod       = errorEnvelope(http.StatusMethodNotAllowed, "proxytest: method not allowed")
-	errInvalidJSON  = errorEnvelope(http.StatusBadRequest, "proxytest: request body is not valid JSON")
-	errMissingModel = errorEnvelope(http.StatusBadRequest, "you must provide a model parameter")
-	errShuttingDown = errorEnvelope(http.StatusServiceUnavailable, "proxytest: server is closing")
+	bodyNotFound    = errorEnvelope(http.StatusNotFound, "proxytest: no such route")
+	bodyBadMethod   = errorEnvelope(http.StatusMethodNotAllowed, "proxytest: method not allowed")
+	bodyInvalidJSON = errorEnvelope(http.StatusBadRequest, "proxytest: request body is not valid JSON")
+	bodyNoModel     = errorEnvelope(http.StatusBadRequest, "you must provide a model parameter")
+	bodyClosing     = errorEnvelope(http.StatusServiceUnavailable, "proxytest: server is closing")
 )
 
 // outcome is how a handler ended; only clientGone counts as canceled.
@@ -56,7 +57,7 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 // ServeHTTP answers one request; it is what the server's net/http.Server runs.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !s.enter() {
-		writeStatic(w, http.StatusServiceUnavailable, errShuttingDown)
+		writeStatic(w, http.StatusServiceUnavailable, bodyClosing)
 		return
 	}
 	defer s.handlers.Done()
@@ -109,23 +110,23 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 	case "/v1/responses":
 	case "/v1/models":
 		if r.Method != http.MethodGet {
-			return s.respond(w, r, o, http.StatusMethodNotAllowed, errMethod, sc)
+			return s.respond(w, r, o, http.StatusMethodNotAllowed, bodyBadMethod, sc)
 		}
 		return s.respond(w, r, o, http.StatusOK, st.modelsBody, sc)
 	default:
-		return s.respond(w, r, o, http.StatusNotFound, errNotFound, sc)
+		return s.respond(w, r, o, http.StatusNotFound, bodyNotFound, sc)
 	}
 	if r.Method != http.MethodPost {
-		return s.respond(w, r, o, http.StatusMethodNotAllowed, errMethod, sc)
+		return s.respond(w, r, o, http.StatusMethodNotAllowed, bodyBadMethod, sc)
 	}
 	if !gjson.ValidBytes(body) {
-		return s.respond(w, r, o, http.StatusBadRequest, errInvalidJSON, sc)
+		return s.respond(w, r, o, http.StatusBadRequest, bodyInvalidJSON, sc)
 	}
 	// body outlives none of these reads, so gjson may look at it in place.
 	js := unsafe.String(unsafe.SliceData(body), len(body))
 	model := gjson.Get(js, "model")
 	if model.Type != gjson.String {
-		return s.respond(w, r, o, http.StatusBadRequest, errMissingModel, sc)
+		return s.respond(w, r, o, http.StatusBadRequest, bodyNoModel, sc)
 	}
 	stream := gjson.Get(js, "stream").Type == gjson.True
 
@@ -235,7 +236,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, o *Options, even
 	h := w.Header()
 	h["Content-Type"] = contentSSE
 	h["Cache-Control"] = noCache
-	if false {
+	if o.HeaderFlushThenDelay {
 		w.WriteHeader(http.StatusOK)
 		if err := rc.Flush(); err != nil {
 			return clientGone

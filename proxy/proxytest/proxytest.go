@@ -10,6 +10,10 @@
 // /v1/responses. Options inject the hazards the gateway must survive: slow
 // first bytes, stalls, cut connections, missing [DONE], missing usage, error
 // statuses.
+//
+// Like a real server it refuses what it cannot answer: a body that is not
+// JSON or has no string "model" gets 400, an unknown path 404, a wrong method
+// 405, all in the OpenAI error envelope. Any model is accepted and echoed.
 package proxytest
 
 import (
@@ -140,7 +144,7 @@ func (s *Server) SetOptions(opts Options) {
 	s.state.Store(render(opts))
 }
 
-// Options returns the options in effect.
+// Options returns the options in effect, defaults filled in.
 func (s *Server) Options() Options {
 	return s.state.Load().opts
 }

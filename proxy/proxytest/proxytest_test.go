@@ -626,7 +626,13 @@ func TestFirstByteDelayOrder(t *testing.T) {
 				t.Fatalf("%s: request succeeded after cancel", c.body)
 			}
 		} else {
-			a := <-headers
+			var a answer
+			select {
+			case a = <-headers:
+			case <-time.After(5 * time.Second):
+				cancel()
+				t.Fatalf("%s: no headers within 5s although HeaderFlushThenDelay", c.body)
+			}
 			if a.err != nil || a.resp.StatusCode != 200 {
 				cancel()
 				t.Fatalf("%s: no headers: %v", c.body, a.err)
