@@ -3,7 +3,7 @@
 GO      ?= go
 BIN     := bin/tollgate
 
-.PHONY: all build run test bench lint fuzz demo-upstream clean
+.PHONY: all build run test bench eval lint fuzz demo-upstream clean
 
 all: build
 
@@ -25,6 +25,11 @@ test:
 
 bench:
 	scripts/bench.sh
+
+# Scores the lexical classification engine on the hand-labelled set in
+# classifiers/testdata/eval: accuracy, score agreement, NDCG@5.
+eval:
+	$(GO) run ./cmd/tollgate-eval
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

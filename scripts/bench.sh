@@ -60,4 +60,8 @@ PY
 
 echo
 echo "micro-benchmarks:"
-go test -run '^$' -bench . -benchtime 2s ./proxy ./accounts 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
+go test -run '^$' -bench . -benchtime 2s ./proxy ./accounts ./classifiers 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
+
+echo
+echo "classifiers, lexical engine on the evaluation texts (latency per call, throughput):"
+go run ./cmd/tollgate-eval -bench

@@ -136,6 +136,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 	}
 	sc.fill(idPrefix, model.Raw)
 
+	if chat && !stream && o.ClassifierAnswers {
+		if out, ok := s.classifierAnswer(js, st, &sc.vals); ok {
+			return s.respond(w, r, o, http.StatusOK, out, sc)
+		}
+	}
 	switch {
 	case chat && stream:
 		events := st.chatStream

@@ -77,6 +77,22 @@ type Options struct {
 	// NoRecord keeps requests out of Requests(), so the memory of a
 	// long-running benchmark or standalone upstream stays flat.
 	NoRecord bool
+
+	// ClassifierAnswers makes non-stream chat requests that carry a
+	// classifier prompt — "response_format": {"type": "json_object"} and a
+	// system message containing "tollgate-classifier: TASK", as the
+	// classifiers package's llm engine sends — answer as a model would,
+	// deterministically, with JSON built from the request (see
+	// answerPieces), and with "logprobs": true in the request, with
+	// choices[0].logprobs.content in OpenAI's shape. Other requests are
+	// answered as usual. Status still takes precedence.
+	ClassifierAnswers bool
+	// BadJSONTimes makes the first N classifier answers under these
+	// options prose instead of JSON, to exercise retries.
+	BadJSONTimes int
+	// NoLogprobs leaves logprobs out of classifier answers even when asked,
+	// like upstreams that ignore the parameter.
+	NoLogprobs bool
 }
 
 // Recorded is one request as the server received it.

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // Every body is rendered once per SetOptions into templates whose few
@@ -94,6 +95,8 @@ type rendered struct {
 	respStream     []template
 	modelsBody     []byte
 	errorBody      []byte
+
+	classifierServed atomic.Int64 // classifier answers given under opts
 }
 
 const (
