@@ -14,6 +14,12 @@ type Config struct {
 	Models     []Model    `yaml:"models"`
 	NATS       NATS       `yaml:"nats"`
 	ClickHouse ClickHouse `yaml:"clickhouse"`
+	Plugins    Plugins    `yaml:"plugins"`
+	// Classifiers are the saved classifiers a classify request names with
+	// "classifier" instead of sending labels; keyed by name.
+	Classifiers map[string]Classifier `yaml:"classifiers"`
+	// Storage holds batch job files (config/storage.go).
+	Storage Storage `yaml:"storage"`
 
 	// Path is the file this config was read from; not part of the YAML.
 	Path string `yaml:"-"`
@@ -116,4 +122,56 @@ type ClickHouse struct {
 	DSN string `yaml:"dsn"`
 	// ConsumeInServe runs the billing consumer inside `tollgate serve`.
 	ConsumeInServe bool `yaml:"consume_in_serve"`
+}
+
+// Plugins configures the classify, tag, score and match endpoints. Every
+// field is hot-reloadable.
+type Plugins struct {
+	// Engine answers requests that name no model: "lexical" (offline),
+	// "llm" (prompts LLMModel) or "auto" (llm while its upstream answers a
+	// health probe, else lexical).
+	Engine string `yaml:"engine"`
+	// LLMModel is the catalog id the llm engine prompts; default: the first
+	// model of the catalog.
+	LLMModel string `yaml:"llm_model"`
+	// Pricing is USD per token, billed on keyed calls.
+	Pricing PluginPricing `yaml:"pricing"`
+	// MaxTextBytes bounds text, source, query and description.
+	MaxTextBytes ByteSize `yaml:"max_text_bytes"`
+	// PublicLimits apply per client address to calls without a key;
+	// KeyLimits per key, where the key carries no rpm/tpm of its own.
+	PublicLimits Limits `yaml:"public_limits"`
+	KeyLimits    Limits `yaml:"key_limits"`
+}
+
+// PluginPricing is USD per token (prompt and completion alike) as decimal
+// strings, per endpoint.
+type PluginPricing struct {
+	Classify string `yaml:"classify"`
+	Tag      string `yaml:"tag"`
+	Score    string `yaml:"score"`
+	Match    string `yaml:"match"`
+}
+
+// Limits are rates over a sliding minute and a bound on requests in
+// flight. NoLimit (-1) switches one off.
+type Limits struct {
+	RequestsPerMinute int64 `yaml:"requests_per_minute"`
+	TokensPerMinute   int64 `yaml:"tokens_per_minute"`
+	Concurrent        int64 `yaml:"concurrent"`
+}
+
+// NoLimit in a Limits field means unlimited.
+const NoLimit = -1
+
+// Classifier is a saved classify request without its text.
+type Classifier struct {
+	Labels       []string            `yaml:"labels"`
+	Descriptions map[string]string   `yaml:"descriptions"`
+	Examples     map[string][]string `yaml:"examples"`
+	TextType     string              `yaml:"text_type"`
+	Mode         string              `yaml:"mode"`
+	// Threshold defaults to DefaultThreshold only when omitted: an explicit
+	// 0 (every label in multi mode) is kept.
+	Threshold float64 `yaml:"threshold"`
 }

@@ -220,7 +220,7 @@ func (l *loader) parseYAML(data []byte) (root *yaml.Node, ok bool) {
 	}
 	if root.Kind != yaml.MappingNode {
 		l.errs = append(l.errs, Error{File: l.file, Line: root.Line, Col: root.Column,
-			Msg: "the config must be a mapping of sections (server, auth, billing, upstreams, models, nats, clickhouse), got " + describeNode(root)})
+			Msg: "the config must be a mapping of sections (server, auth, billing, upstreams, models, nats, clickhouse, plugins, classifiers), got " + describeNode(root)})
 		return nil, false
 	}
 	return root, true
@@ -367,6 +367,12 @@ func (l *loader) walkValue(n *yaml.Node, t reflect.Type, path string, depth int)
 			return false
 		}
 		l.walkMapping(n, t, path, depth, false)
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			l.errAt(site, path, "want a mapping, got %s", describeNode(n))
+			return false
+		}
+		l.walkMap(n, t, path, depth)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			l.errAt(site, path, "want a list, got %s", describeNode(n))
@@ -458,6 +464,36 @@ func (l *loader) walkMapping(n *yaml.Node, t reflect.Type, path string, depth in
 	}
 	for _, m := range merges {
 		l.walkMapping(m, t, path, depth+1, true)
+	}
+}
+
+// walkMap checks a mapping of free-form names (map[string]T): keys must be
+// plain, unique names; every value is walked as T under path.name.
+func (l *loader) walkMap(n *yaml.Node, t reflect.Type, path string, depth int) {
+	seen := map[string]*yaml.Node{}
+	kept := n.Content[:0:0]
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Value == "<<" && k.ShortTag() == "!!merge" {
+			l.errAt(k, path, "a merge (<<) is not supported in %s: write its entries out", path)
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			l.errAt(k, "", "a key must be a plain name, got %s", describeNode(k))
+			continue
+		}
+		if first, dup := seen[k.Value]; dup {
+			l.errAt(k, "", "key %q is repeated (first at line %d)", k.Value, first.Line)
+			continue
+		}
+		seen[k.Value] = k
+		kept = append(kept, k, v)
+		p := joinPath(path, k.Value)
+		l.nodes[p] = v
+		l.walk(v, t.Elem(), p, depth+1)
+	}
+	if len(kept) != len(n.Content) {
+		n.Content = kept
 	}
 }
 

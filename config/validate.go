@@ -6,9 +6,12 @@ import (
 	"net/netip"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/tollgate/tollgate/money"
 )
@@ -31,7 +34,20 @@ const (
 	DefaultEmbeddedListen   = "127.0.0.1:4222"
 	DefaultReplicas         = 1
 	DefaultClickHouseDSN    = "clickhouse://127.0.0.1:9000/default"
+	DefaultEngine           = "auto"
+	// DefaultPluginPrice is the spec's batch price, 0.08 USD per 1M tokens.
+	DefaultPluginPrice   = "0.00000008"
+	DefaultMaxTextBytes  = 64 << 10 // 64KiB
+	DefaultPublicRPM     = 1
+	DefaultPublicTPM     = 10_000
+	DefaultPublicConc    = 1
+	DefaultKeyRPM        = 600
+	DefaultKeyTPM        = 1_000_000
+	DefaultKeyConcurrent = 16
 )
+
+// Engines are the values of plugins.engine.
+var Engines = []string{"auto", "llm", "lexical"}
 
 // Allowed values of the catalog's list fields.
 var (
@@ -74,6 +90,40 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&c.NATS.EmbeddedListen, DefaultEmbeddedListen)
 	setDefault(&c.NATS.Replicas, DefaultReplicas)
 	setDefault(&c.ClickHouse.DSN, DefaultClickHouseDSN)
+	applyStorageDefaults(&c.Storage)
+
+	p := &c.Plugins
+	setDefault(&p.Engine, DefaultEngine)
+	if len(c.Models) > 0 {
+		setDefault(&p.LLMModel, c.Models[0].ID)
+	}
+	for _, price := range []*string{&p.Pricing.Classify, &p.Pricing.Tag, &p.Pricing.Score, &p.Pricing.Match} {
+		setDefault(price, DefaultPluginPrice)
+	}
+	setDefault(&p.MaxTextBytes, DefaultMaxTextBytes)
+	setDefault(&p.PublicLimits.RequestsPerMinute, DefaultPublicRPM)
+	setDefault(&p.PublicLimits.TokensPerMinute, DefaultPublicTPM)
+	setDefault(&p.PublicLimits.Concurrent, DefaultPublicConc)
+	setDefault(&p.KeyLimits.RequestsPerMinute, DefaultKeyRPM)
+	setDefault(&p.KeyLimits.TokensPerMinute, DefaultKeyTPM)
+	setDefault(&p.KeyLimits.Concurrent, DefaultKeyConcurrent)
+	for name, cl := range c.Classifiers {
+		setDefault(&cl.Mode, ModeSingle)
+		if !l.isSet("classifiers." + name + ".threshold") {
+			cl.Threshold = DefaultThreshold
+		}
+		c.Classifiers[name] = cl
+	}
+}
+
+// isSet reports whether the file gives path a value (null is no value).
+func (l *loader) isSet(path string) bool {
+	n, ok := l.nodes[path]
+	if !ok {
+		return false
+	}
+	n = resolveAlias(n)
+	return !(n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null")
 }
 
 // check reports msg at path unless path (or a parent) already failed to
@@ -183,6 +233,54 @@ func (l *loader) validate(c *Config) {
 	l.check(c.NATS.TLSKey != "" || c.NATS.TLSCert == "", "nats.tls_cert", "tls_key is missing: set both tls_cert and tls_key, or neither")
 	l.check(c.NATS.TLSCert != "" || c.NATS.TLSKey == "", "nats.tls_key", "tls_cert is missing: set both tls_cert and tls_key, or neither")
 	l.checkClickHouseDSN(c.ClickHouse.DSN, "clickhouse.dsn")
+	l.validatePlugins(c, models)
+	l.validateStorage(c.Storage)
+}
+
+func (l *loader) validatePlugins(c *Config, models map[string]bool) {
+	p := c.Plugins
+	l.check(slices.Contains(Engines, p.Engine), "plugins.engine", "%q is not one of %s", p.Engine, strings.Join(Engines, ", "))
+	switch {
+	case p.LLMModel == "" && p.Engine == "llm":
+		l.check(false, "plugins.llm_model", "engine llm needs a model: list one under models or set llm_model")
+	case p.LLMModel != "" && !models[p.LLMModel]:
+		l.check(false, "plugins.llm_model", "no model has id %q (catalog: %s)", p.LLMModel, strings.Join(catalogIDs(c), ", "))
+	}
+	for _, price := range []struct{ key, v string }{
+		{"classify", p.Pricing.Classify}, {"tag", p.Pricing.Tag}, {"score", p.Pricing.Score}, {"match", p.Pricing.Match},
+	} {
+		_, err := money.ParsePrice(price.v)
+		l.check(err == nil, "plugins.pricing."+price.key, "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
+	}
+	l.check(p.MaxTextBytes >= 1 && p.MaxTextBytes <= 1<<30, "plugins.max_text_bytes", "%d bytes is outside 1..1GiB", p.MaxTextBytes)
+	for _, lim := range []struct {
+		path string
+		v    Limits
+	}{{"plugins.public_limits", p.PublicLimits}, {"plugins.key_limits", p.KeyLimits}} {
+		for _, f := range []struct {
+			key string
+			v   int64
+		}{{"requests_per_minute", lim.v.RequestsPerMinute}, {"tokens_per_minute", lim.v.TokensPerMinute}, {"concurrent", lim.v.Concurrent}} {
+			l.check(f.v > 0 || f.v == NoLimit, lim.path+"."+f.key, "must be positive, or -1 for no limit; got %d", f.v)
+		}
+	}
+	for _, name := range c.ClassifierNames() {
+		path := "classifiers." + name
+		cl := c.Classifiers[name]
+		for _, pr := range CheckClassification(cl.Labels, cl.Descriptions, cl.Examples, cl.Mode, cl.Threshold) {
+			l.check(false, path+"."+pr.Field, "%s", pr.Msg)
+		}
+		// Checked last: a failed path hides the problems under it.
+		l.check(name != "" && !hasSpace(name), path, "a classifier name must be non-empty and without whitespace, got %q", name)
+	}
+}
+
+func catalogIDs(c *Config) []string {
+	ids := make([]string, len(c.Models))
+	for i, m := range c.Models {
+		ids[i] = m.ID
+	}
+	return ids
 }
 
 func (l *loader) checkHostPort(v, path string) {
@@ -242,7 +340,8 @@ func (l *loader) checkOneOf(values, allowed []string, path string) {
 // RestartOnlyDiff names, as yaml paths, the fields that differ between old
 // and c but only take effect at start: the listener, the data directory, the
 // admin token, the request size limit fasthttp reads with, everything under
-// nats, and the clickhouse settings. A reload that changes any is refused.
+// nats, the clickhouse settings, and the storage backend with its
+// connection (storageRestartOnly). A reload that changes any is refused.
 func (c *Config) RestartOnlyDiff(old *Config) []string {
 	if old == nil {
 		return nil
@@ -266,5 +365,6 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.ClickHouse.DSN != old.ClickHouse.DSN, "clickhouse.dsn")
 	// Whether serve runs the billing consumer is decided once at start.
 	add(c.ClickHouse.ConsumeInServe != old.ClickHouse.ConsumeInServe, "clickhouse.consume_in_serve")
+	changed = append(changed, storageRestartOnly(c.Storage, old.Storage)...)
 	return changed
 }

@@ -18,6 +18,9 @@ const (
 	// SourceEstimated: the upstream never reported usage (stream cut, client
 	// went away) and the forwarded text was counted with the tokenizer.
 	SourceEstimated UsageSource = "estimated"
+	// SourceTokenizer: an offline engine (the lexical classifier) did the
+	// work, and the tokenizer's count of its input is the billed measure.
+	SourceTokenizer UsageSource = "tokenizer"
 )
 
 // Event is one billable call. ID is a UUIDv7, the response's x-request-id,

@@ -30,6 +30,8 @@ type Call struct {
 	Key       *accounts.Key // nil in public mode
 	World     *World
 	Server    *Server
+
+	limit *admission // nil on routes with LimitNone
 }
 
 // Route is an internal plugin endpoint. Path is exact, or ends in "/*" to
@@ -39,6 +41,7 @@ type Route struct {
 	Path    string
 	Auth    AuthMode
 	Scope   string // scope a key must carry; empty = any valid key
+	Limits  LimitMode
 	Handler func(ctx *fasthttp.RequestCtx, call *Call)
 }
 
@@ -145,6 +148,14 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
 			return true
 		}
 		call.Key = key
+	}
+	if r.Limits == LimitCaller {
+		call.limit = s.limits.admissionFor(ctx, call)
+		if apiErr := call.limit.precheck(ctx); apiErr != nil {
+			WriteError(ctx, apiErr)
+			return true
+		}
+		defer call.limit.done()
 	}
 	r.Handler(ctx, call)
 	return true

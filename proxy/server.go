@@ -54,6 +54,7 @@ type Server struct {
 	admin    *AdminAPI
 	logf     func(string, ...any)
 	routes   map[routeKey]Route
+	limits   *limiter
 	http     *fasthttp.Server
 }
 
@@ -65,6 +66,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		admin:    opts.Admin,
 		logf:     opts.Logf,
 		routes:   registeredRoutes(),
+		limits:   newLimiter(),
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}

@@ -1,0 +1,91 @@
+package config
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Rules shared by saved classifiers (here) and classify requests (the
+// plugins), so a saved classifier is exactly as valid as the request it
+// stands for.
+const (
+	// MaxLabels bounds the labels of one classification (spec: 1 to 200).
+	MaxLabels = 200
+	// DefaultThreshold is the multi-mode confidence threshold.
+	DefaultThreshold = 0.5
+	ModeSingle       = "single"
+	ModeMulti        = "multi"
+)
+
+// FieldProblem is one invalid field. Field is its path relative to the
+// request or classifier ("labels[3]", "descriptions.x"), for placing the
+// problem; Msg is a sentence that names the field itself.
+type FieldProblem struct {
+	Field, Msg string
+}
+
+// CheckLabelList checks a list of labels (or tags): at most MaxLabels, at
+// least minCount, none empty, none twice. field names the list.
+func CheckLabelList(field string, labels []string, minCount int) []FieldProblem {
+	var out []FieldProblem
+	if len(labels) < minCount || len(labels) > MaxLabels {
+		out = append(out, FieldProblem{field, fmt.Sprintf("%s must have %d to %d entries, got %d", field, minCount, MaxLabels, len(labels))})
+	}
+	seen := make(map[string]bool, len(labels))
+	for i, l := range labels {
+		switch {
+		case l == "":
+			p := fmt.Sprintf("%s[%d]", field, i)
+			out = append(out, FieldProblem{p, p + " is empty"})
+		case seen[l]:
+			out = append(out, FieldProblem{fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s has %q twice", field, l)})
+		}
+		seen[l] = true
+	}
+	return out
+}
+
+// CheckClassification checks everything of a classification but its text.
+// mode "" stands for single.
+func CheckClassification(labels []string, descriptions map[string]string, examples map[string][]string, mode string, threshold float64) []FieldProblem {
+	out := CheckLabelList("labels", labels, 1)
+	isLabel := make(map[string]bool, len(labels))
+	for _, l := range labels {
+		isLabel[l] = true
+	}
+	for _, k := range sortedKeys(descriptions) {
+		if !isLabel[k] {
+			out = append(out, FieldProblem{"descriptions." + k, fmt.Sprintf("descriptions has a key %q that is not a label", k)})
+		}
+	}
+	for _, k := range sortedKeys(examples) {
+		if !isLabel[k] {
+			out = append(out, FieldProblem{"examples." + k, fmt.Sprintf("examples has a key %q that is not a label", k)})
+			continue
+		}
+		for i, e := range examples[k] {
+			if e == "" {
+				out = append(out, FieldProblem{fmt.Sprintf("examples.%s[%d]", k, i), fmt.Sprintf("examples of %q: entry %d is empty", k, i)})
+			}
+		}
+	}
+	if mode != "" && mode != ModeSingle && mode != ModeMulti {
+		out = append(out, FieldProblem{"mode", fmt.Sprintf("mode must be single or multi, got %q", mode)})
+	}
+	if !(threshold >= 0 && threshold <= 1) { // also refuses NaN
+		out = append(out, FieldProblem{"threshold", fmt.Sprintf("threshold must be between 0 and 1, got %v", threshold)})
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// ClassifierNames lists the saved classifiers, sorted.
+func (c *Config) ClassifierNames() []string { return sortedKeys(c.Classifiers) }

@@ -1,0 +1,64 @@
+package config
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestSavedClassifierDefaults: golden assertions cannot reach into maps, so
+// the saved classifiers of plugins_defaults.yamltest are checked here.
+func TestSavedClassifierDefaults(t *testing.T) {
+	raw, err := os.ReadFile("testdata/plugins_defaults.yamltest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	input, _, _ := strings.Cut(string(raw), goldenSeparator)
+	cfg, err := parse("gateway.yaml", []byte(input), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Classifier{
+		"support-intent": {
+			Labels:       []string{"billing", "bug"},
+			Descriptions: map[string]string{"billing": "Charges and refunds"},
+			Examples:     map[string][]string{"bug": {"The app crashes on start"}},
+			Mode:         ModeSingle,
+			Threshold:    DefaultThreshold,
+		},
+		"everything": {Labels: []string{"a", "b"}, Mode: ModeMulti, Threshold: 0},
+	}
+	if !reflect.DeepEqual(cfg.Classifiers, want) {
+		t.Errorf("classifiers = %+v\nwant %+v", cfg.Classifiers, want)
+	}
+	if got := cfg.ClassifierNames(); !reflect.DeepEqual(got, []string{"everything", "support-intent"}) {
+		t.Errorf("ClassifierNames = %v", got)
+	}
+}
+
+func TestCheckClassification(t *testing.T) {
+	many := make([]string, MaxLabels+1)
+	for i := range many {
+		many[i] = strings.Repeat("x", i+1)
+	}
+	for _, c := range []struct {
+		labels    []string
+		desc      map[string]string
+		mode      string
+		threshold float64
+		want      []FieldProblem
+	}{
+		{labels: []string{"a"}, threshold: 0.5},
+		{labels: nil, threshold: 0.5, want: []FieldProblem{{"labels", "labels must have 1 to 200 entries, got 0"}}},
+		{labels: many, threshold: 0.5, want: []FieldProblem{{"labels", "labels must have 1 to 200 entries, got 201"}}},
+		{labels: []string{"a", "", "a"}, threshold: 0.5, want: []FieldProblem{{"labels[1]", "labels[1] is empty"}, {"labels[2]", `labels has "a" twice`}}},
+		{labels: []string{"a"}, desc: map[string]string{"b": "x"}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions has a key "b" that is not a label`}}},
+		{labels: []string{"a"}, mode: "both", threshold: -0.1, want: []FieldProblem{{"mode", `mode must be single or multi, got "both"`}, {"threshold", "threshold must be between 0 and 1, got -0.1"}}},
+	} {
+		got := CheckClassification(c.labels, c.desc, nil, c.mode, c.threshold)
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("CheckClassification(%d labels, %v, %q, %v) = %v, want %v", len(c.labels), c.desc, c.mode, c.threshold, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,156 @@
+package plugins
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+func init() {
+	proxy.Register(proxy.Route{
+		Method:  fasthttp.MethodPost,
+		Path:    "/v1/classify",
+		Auth:    proxy.AuthOptional, // public mode (spec 5.2)
+		Scope:   accounts.ScopeClassify,
+		Limits:  proxy.LimitCaller,
+		Handler: handleClassify,
+	})
+}
+
+// classifyBody is POST /v1/classify: text plus the fields of batch job
+// creation (spec 4.3), and model.
+type classifyBody struct {
+	Text         string              `json:"text"`
+	Labels       []string            `json:"labels"`
+	Classifier   string              `json:"classifier"`
+	Descriptions map[string]string   `json:"descriptions"`
+	Examples     map[string][]string `json:"examples"`
+	TextType     string              `json:"text_type"`
+	Mode         string              `json:"mode"`
+	Threshold    *float64            `json:"threshold"`
+	Model        string              `json:"model"`
+}
+
+const classifyExample = `{"text": "I was charged twice", "labels": ["billing", "bug"]}`
+
+// request validates the body, filling in a saved classifier it names.
+func (b *classifyBody) request(cfg *config.Config) (classifiers.ClassifyRequest, *proxy.APIError) {
+	if err := requireText("text", b.Text, cfg.Plugins); err != nil {
+		return classifiers.ClassifyRequest{}, err
+	}
+	req := classifiers.ClassifyRequest{
+		Text: b.Text, Labels: b.Labels, Descriptions: b.Descriptions, Examples: b.Examples,
+		TextType: b.TextType, Mode: classifiers.Mode(b.Mode),
+	}
+	threshold := b.Threshold
+	if b.Classifier != "" {
+		saved, ok := cfg.Classifiers[b.Classifier]
+		if !ok {
+			return req, proxy.BadRequest("classifier", fmt.Sprintf("classifier %q is not defined; %s", b.Classifier, savedList(cfg)))
+		}
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"labels", b.Labels != nil}, {"descriptions", b.Descriptions != nil}, {"examples", b.Examples != nil}} {
+			if f.set {
+				return req, proxy.BadRequest(f.name, fmt.Sprintf("%s cannot be sent with classifier: the saved classifier %q defines them", f.name, b.Classifier))
+			}
+		}
+		req.Labels, req.Descriptions, req.Examples = saved.Labels, saved.Descriptions, saved.Examples
+		if req.TextType == "" {
+			req.TextType = saved.TextType
+		}
+		if req.Mode == "" {
+			req.Mode = classifiers.Mode(saved.Mode)
+		}
+		if threshold == nil {
+			threshold = &saved.Threshold
+		}
+	} else if b.Labels == nil {
+		return req, proxy.BadRequest("labels", fmt.Sprintf("labels is required (1 to %d labels), unless classifier names a saved classifier", config.MaxLabels))
+	}
+	if req.Mode == "" {
+		req.Mode = classifiers.ModeSingle
+	}
+	t, apiErr := checkThreshold(threshold)
+	if apiErr != nil {
+		return req, apiErr
+	}
+	req.Threshold = t
+	if apiErr := firstProblem(config.CheckClassification(req.Labels, req.Descriptions, req.Examples, string(req.Mode), t)); apiErr != nil {
+		return req, apiErr
+	}
+	return req, maxText("text_type", req.TextType, cfg.Plugins)
+}
+
+func savedList(cfg *config.Config) string {
+	names := cfg.ClassifierNames()
+	if len(names) == 0 {
+		return "no saved classifiers are defined (gateway.yaml, classifiers)"
+	}
+	return "saved classifiers: " + strings.Join(names, ", ")
+}
+
+// classifySingle is the answer in mode single: the best label, and every
+// label by confidence.
+type classifySingle struct {
+	Mode       string                   `json:"mode"`
+	Classifier string                   `json:"classifier,omitempty"`
+	Label      string                   `json:"label"`
+	Confidence float64                  `json:"confidence"`
+	Scores     []classifiers.LabelScore `json:"scores"`
+	tail
+}
+
+// classifyMulti is the answer in mode multi: the labels at or above the
+// threshold, and every label by confidence.
+type classifyMulti struct {
+	Mode       string                   `json:"mode"`
+	Classifier string                   `json:"classifier,omitempty"`
+	Labels     []classifiers.LabelScore `json:"labels"`
+	Threshold  float64                  `json:"threshold"`
+	Scores     []classifiers.LabelScore `json:"scores"`
+	tail
+}
+
+func handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+	var body classifyBody
+	if apiErr := decodeBody(ctx, &body, classifyExample); apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	req, apiErr := body.request(call.World.Config)
+	if apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	var res classifiers.ClassifyResult
+	t, ok := execute(ctx, call, execution{
+		endpoint: "/v1/classify",
+		price:    call.World.Config.Plugins.Pricing.Classify,
+		model:    body.Model,
+		tokens:   int64(tokens.Count(req.Text)),
+		run: func(e classifiers.Engine) (classifiers.Answer, error) {
+			var err error
+			res, err = e.Classify(ctx, req)
+			return res.Answer, err
+		},
+	})
+	if !ok {
+		return
+	}
+	if req.Mode == classifiers.ModeMulti {
+		writeJSON(ctx, classifyMulti{Mode: string(req.Mode), Classifier: body.Classifier, Labels: sortScores(res.Labels),
+			Threshold: req.Threshold, Scores: sortScores(res.Scores), tail: t})
+		return
+	}
+	writeJSON(ctx, classifySingle{Mode: string(req.Mode), Classifier: body.Classifier, Label: res.Label,
+		Confidence: res.Confidence, Scores: sortScores(res.Scores), tail: t})
+}

@@ -1,0 +1,323 @@
+package plugins
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// decodeBody reads the request body into dst, a pointer to a struct whose
+// json tags are the endpoint's fields. Unknown fields are refused by name
+// (a client that typed "lables" must hear so, not get a default), and every
+// failure names the field at fault. example is a minimal valid body, quoted
+// when the body is missing.
+func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIError {
+	body := bytes.TrimSpace(ctx.PostBody())
+	if len(body) == 0 {
+		return proxy.BadRequest("", "the request body is empty: send a JSON object such as "+example)
+	}
+	if body[0] != '{' {
+		return proxy.BadRequest("", "the request body must be a JSON object such as "+example)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeError(err, dst)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return proxy.BadRequest("", "the request body has more after its JSON object: send one object")
+	}
+	return nil
+}
+
+func decodeError(err error, dst any) *proxy.APIError {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syntax):
+		return proxy.BadRequest("", fmt.Sprintf("the request body is not valid JSON: %s (at byte %d)", strings.TrimPrefix(syntax.Error(), "json: "), syntax.Offset))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return proxy.BadRequest("", "the request body is not valid JSON: it ends before the object is closed")
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			return proxy.BadRequest("", "the request body must be a JSON object")
+		}
+		want, got := typ.Type, "got"
+		if f, ok := fieldType(dst, field); ok && f != typ.Type && !(f.Kind() == reflect.Pointer && f.Elem() == typ.Type) {
+			want, got = f, "it holds" // an element of an array or object is wrong
+		}
+		return proxy.BadRequest(field, fmt.Sprintf("%s must be %s, %s %s", field, describeJSONType(want), got, describeJSONValue(typ.Value)))
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		name = strings.Trim(name, `"`)
+		msg := fmt.Sprintf("unknown field %q", name)
+		fields := jsonFields(dst)
+		if s := suggest(name, fields); s != "" {
+			msg += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		return proxy.BadRequest(name, msg+"; fields of this endpoint: "+strings.Join(fields, ", "))
+	}
+	return proxy.BadRequest("", "the request body could not be read: "+strings.TrimPrefix(err.Error(), "json: "))
+}
+
+func describeJSONType(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Slice:
+		return "an array of " + pluralJSONType(t.Elem())
+	case reflect.Map:
+		return "an object whose values are " + pluralJSONType(t.Elem())
+	case reflect.Pointer:
+		return describeJSONType(t.Elem())
+	}
+	one := strings.TrimSuffix(pluralJSONType(t), "s")
+	if strings.IndexByte("aeiou", one[0]) >= 0 {
+		return "an " + one
+	}
+	return "a " + one
+}
+
+func pluralJSONType(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "strings"
+	case reflect.Float32, reflect.Float64:
+		return "numbers"
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return "integers"
+	case reflect.Bool:
+		return "booleans"
+	case reflect.Slice:
+		return "arrays of " + pluralJSONType(t.Elem())
+	case reflect.Pointer:
+		return pluralJSONType(t.Elem())
+	}
+	return "objects"
+}
+
+// describeJSONValue words encoding/json's UnmarshalTypeError.Value ("number",
+// "number 2.5", "string", "array", "object", "bool").
+func describeJSONValue(v string) string {
+	switch {
+	case v == "array" || v == "object":
+		return "an " + v
+	case v == "bool":
+		return "true or false"
+	}
+	return "a " + v
+}
+
+// fieldType is the type of the field dst's struct calls name in JSON.
+func fieldType(dst any, name string) (reflect.Type, bool) {
+	t := reflect.TypeOf(dst).Elem()
+	for i := range t.NumField() {
+		if n, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); n == name {
+			return t.Field(i).Type, true
+		}
+	}
+	return nil, false
+}
+
+// jsonFields lists the json names of the struct dst points to.
+func jsonFields(dst any) []string {
+	t := reflect.TypeOf(dst).Elem()
+	var names []string
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// suggest returns the candidate within two edits of name, or "".
+func suggest(name string, candidates []string) string {
+	if len(name) > 64 {
+		return ""
+	}
+	best, bestDist := "", 3
+	for _, c := range candidates {
+		if d := editDistance(strings.ToLower(name), c); d < bestDist {
+			best, bestDist = c, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// requireText checks a required text field against plugins.max_text_bytes.
+func requireText(field, v string, p config.Plugins) *proxy.APIError {
+	if v == "" {
+		return proxy.BadRequest(field, field+" is required")
+	}
+	return maxText(field, v, p)
+}
+
+func maxText(field, v string, p config.Plugins) *proxy.APIError {
+	if len(v) > int(p.MaxTextBytes) {
+		return proxy.BadRequest(field, fmt.Sprintf("%s is %d bytes, longer than plugins.max_text_bytes (%d bytes)", field, len(v), p.MaxTextBytes))
+	}
+	return nil
+}
+
+// checkThreshold applies the default to an omitted threshold.
+func checkThreshold(t *float64) (float64, *proxy.APIError) {
+	if t == nil {
+		return config.DefaultThreshold, nil
+	}
+	if !(*t >= 0 && *t <= 1) {
+		return 0, proxy.BadRequest("threshold", fmt.Sprintf("threshold must be between 0 and 1, got %v", *t))
+	}
+	return *t, nil
+}
+
+func firstProblem(problems []config.FieldProblem) *proxy.APIError {
+	if len(problems) == 0 {
+		return nil
+	}
+	return proxy.BadRequest(problems[0].Field, problems[0].Msg)
+}
+
+// tail is what every response ends with: who answered, the usage and the
+// time taken.
+type tail struct {
+	LatencyMS int64             `json:"latency_ms"`
+	Usage     classifiers.Usage `json:"usage"`
+	Engine    string            `json:"engine"`
+	Model     string            `json:"model,omitempty"`
+	// Fallback says why an llm answer was wanted and lexical gave it.
+	Fallback string `json:"fallback,omitempty"`
+}
+
+// execution is one validated request, ready to run.
+type execution struct {
+	endpoint string // path, as metered
+	price    string // plugins.pricing entry, USD per token
+	model    string // the request's "model", "" when absent
+	tokens   int64  // the request's text in tokens, for the limits
+	// run calls the engine and keeps its result; it may be called twice
+	// (llm, then lexical after a fallback).
+	run func(e classifiers.Engine) (classifiers.Answer, error)
+}
+
+// execute picks the engine, checks the balance and the limits, runs the
+// request and meters it. It returns false when it wrote an error.
+func execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution) (tail, bool) {
+	choice, apiErr := chooseEngine(call, x.model)
+	if apiErr == nil {
+		apiErr = call.Server.CheckBalance(call.World, call)
+	}
+	if apiErr == nil {
+		apiErr = call.Admit(ctx, x.tokens)
+	}
+	if apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return tail{}, false
+	}
+	ans, apiErr := choice.run(ctx, x.run)
+	if apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return tail{}, false
+	}
+	u := ans.Usage
+	if u.TotalTokens == 0 {
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	call.AddTokens(ctx, u.TotalTokens-x.tokens)
+	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, Usage: u, LatencyMS: time.Since(call.Start).Milliseconds()}
+	if call.Key != nil {
+		record(call, x, choice, u)
+	}
+	return t, true
+}
+
+// record meters a keyed call at the endpoint's price per token.
+func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.Usage) {
+	price, err := money.ParsePrice(x.price) // validated with the config
+	if err != nil {
+		price = 0
+	}
+	var cost money.Atto
+	cost.Add(u.TotalTokens, price)
+	source := meter.SourceTokenizer
+	if choice.name == engineLLM {
+		source = meter.SourceUpstream
+	}
+	model := choice.model
+	if model == "" {
+		model = engineLexical
+	}
+	call.Server.Record(&meter.Event{
+		ID:               call.RequestID,
+		Time:             call.Start.UTC(),
+		Account:          call.Key.Account,
+		KeyID:            call.Key.ID,
+		Endpoint:         x.endpoint,
+		Model:            model,
+		Upstream:         choice.upstream,
+		PromptTokens:     u.PromptTokens,
+		CompletionTokens: u.CompletionTokens,
+		CostNanos:        cost.Nanos(),
+		UsageSource:      source,
+		Status:           fasthttp.StatusOK,
+		Latency:          time.Since(call.Start),
+	})
+}
+
+// writeJSON writes v as a 200 response.
+func writeJSON(ctx *fasthttp.RequestCtx, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		proxy.WriteError(ctx, proxy.Internal("encoding the response: "+err.Error()))
+		return
+	}
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(buf.Bytes())
+}
+
+// sortScores orders scores by confidence, highest first; ties keep the
+// order the engine gave.
+func sortScores(s []classifiers.LabelScore) []classifiers.LabelScore {
+	if s == nil {
+		return []classifiers.LabelScore{}
+	}
+	sort.SliceStable(s, func(i, j int) bool { return s[i].Confidence > s[j].Confidence })
+	return s
+}

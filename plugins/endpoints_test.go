@@ -1,0 +1,208 @@
+package plugins_test
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+)
+
+func keysOf(m map[string]any) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// checkUsage checks the spec 2.4 usage object and returns total_tokens.
+func checkUsage(t *testing.T, m map[string]any) int64 {
+	t.Helper()
+	u, ok := m["usage"].(map[string]any)
+	if !ok {
+		t.Fatalf("no usage object in %v", m)
+	}
+	if got := keysOf(u); !reflect.DeepEqual(got, []string{"completion_tokens", "prompt_tokens", "total_tokens"}) {
+		t.Fatalf("usage fields %v", got)
+	}
+	p, c, total := u["prompt_tokens"].(float64), u["completion_tokens"].(float64), u["total_tokens"].(float64)
+	if total != p+c || total <= 0 {
+		t.Fatalf("usage %v: total is not prompt + completion, or 0", u)
+	}
+	return int64(total)
+}
+
+// checkScores checks a sorted list of {label, confidence}.
+func checkScores(t *testing.T, v any, field string, n int) []any {
+	t.Helper()
+	list, ok := v.([]any)
+	if !ok || len(list) != n {
+		t.Fatalf("%s = %v, want %d entries", field, v, n)
+	}
+	prev := 2.0
+	for _, e := range list {
+		m := e.(map[string]any)
+		c, ok := m["confidence"].(float64)
+		if _, isLabel := m[field[:len(field)-1]].(string); !isLabel && field != "scores" || !ok || c < 0 || c > 1 || c > prev {
+			t.Fatalf("%s entry %v: want a label and a confidence in [0,1], sorted descending", field, m)
+		}
+		prev = c
+	}
+	return list
+}
+
+// TestEndpointsWithAndWithoutKey: classify and tag answer without a key
+// (free, unmetered); score and match need one; with a key all four answer
+// and are metered.
+func TestEndpointsWithAndWithoutKey(t *testing.T) {
+	h := newHarness(t, harnessOptions{trustedProxies: "127.0.0.1"})
+
+	m := h.do(request{path: "/v1/classify", body: `{"text": "I was charged twice for billing", "labels": ["bug", "billing", "account"]}`, xff: "203.0.113.1"}).ok(t)
+	if m["mode"] != "single" || m["label"] == "" || m["engine"] != "lexical" || m["latency_ms"] == nil {
+		t.Errorf("classify answer %v", m)
+	}
+	if _, ok := m["confidence"].(float64); !ok {
+		t.Errorf("classify answer has no confidence: %v", m)
+	}
+	if _, ok := m["model"]; ok {
+		t.Errorf("lexical answer names a model: %v", m)
+	}
+	scores := checkScores(t, m["scores"], "scores", 3)
+	if scores[0].(map[string]any)["label"] != m["label"] {
+		t.Errorf("label %v is not the best of scores %v", m["label"], scores)
+	}
+	checkUsage(t, m)
+
+	m = h.do(request{path: "/v1/tag", body: `{"text": "The export button does nothing", "tags": ["bug", "ui", "billing"]}`, xff: "203.0.113.2"}).ok(t)
+	if _, ok := m["tags"].([]any); !ok || m["engine"] != "lexical" {
+		t.Errorf("tag answer %v", m)
+	}
+	checkUsage(t, m)
+
+	for _, path := range []string{"/v1/score", "/v1/match"} {
+		r := h.do(request{path: path, body: `{"source": "x", "attribute": "urgency", "query": "y"}`, xff: "203.0.113.3"})
+		r.apiError(t, 401, "INVALID_API_KEY")
+	}
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`, key: "tg-forged"}).apiError(t, 401, "INVALID_API_KEY")
+	noScope := h.newKey("acme", accounts.KeyRequest{Name: "gen", Scopes: []string{accounts.ScopeGenerate}})
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`, key: noScope}).apiError(t, 403, "permission_denied")
+	time.Sleep(50 * time.Millisecond)
+	if n := len(h.rec.Events()); n != 0 {
+		t.Fatalf("%d events for public or refused calls, want 0", n)
+	}
+
+	bodies := map[string]string{
+		"/v1/classify": `{"text": "Please refund the charge", "classifier": "support-intent"}`,
+		"/v1/tag":      `{"text": "Dark mode please"}`,
+		"/v1/score":    `{"source": "Server is down!", "attribute": "urgency", "description": "how soon someone must act"}`,
+		"/v1/match":    `{"source": "Refunds take 5 days.", "query": "how long do refunds take?"}`,
+	}
+	for _, path := range []string{"/v1/classify", "/v1/tag", "/v1/score", "/v1/match"} {
+		r := h.keyed(path, bodies[path])
+		m := r.ok(t)
+		total := checkUsage(t, m)
+		if r.header.Get("x-request-id") == "" || r.header.Get("x-ratelimit-limit-requests") != "600" {
+			t.Errorf("%s headers %v", path, r.header)
+		}
+		if path == "/v1/score" || path == "/v1/match" {
+			if got := keysOf(m); !reflect.DeepEqual(got, []string{"engine", "latency_ms", "score", "usage"}) {
+				t.Errorf("%s fields %v, want score, latency_ms, usage and engine", path, got)
+			}
+			if s := m["score"].(float64); s < 0 || s > 1 {
+				t.Errorf("%s score %v outside [0,1]", path, s)
+			}
+		}
+		ev := h.events(1 + indexOf(path))[indexOf(path)]
+		price := money.Price(80_000_000_000) // the default 0.00000008 USD per token
+		var want money.Atto
+		want.Add(total, price)
+		if ev.ID != r.header.Get("x-request-id") || ev.Endpoint != path || ev.Account != "acme" || ev.Model != "lexical" ||
+			ev.Upstream != "" || ev.PromptTokens+ev.CompletionTokens != total || ev.CostNanos != want.Nanos() ||
+			ev.UsageSource != meter.SourceTokenizer || ev.Status != 200 || ev.Latency <= 0 {
+			t.Errorf("%s event %+v (total %d tokens, want cost %s)", path, ev, total, want.Nanos())
+		}
+	}
+}
+
+func indexOf(path string) int {
+	return map[string]int{"/v1/classify": 0, "/v1/tag": 1, "/v1/score": 2, "/v1/match": 3}[path]
+}
+
+// TestClassifyModes: multi mode returns the labels at or above the
+// threshold; a saved classifier supplies labels and its mode can be
+// overridden per request.
+func TestClassifyModes(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	m := h.keyed("/v1/classify", `{"text": "billing bug", "labels": ["billing", "bug", "account"], "mode": "multi", "threshold": 0}`).ok(t)
+	if m["mode"] != "multi" || m["threshold"] != 0.0 {
+		t.Errorf("multi answer %v", m)
+	}
+	if _, ok := m["label"]; ok {
+		t.Errorf("multi answer has a single label: %v", m)
+	}
+	checkScores(t, m["labels"], "labels", 3) // threshold 0: every label
+	checkScores(t, m["scores"], "scores", 3)
+
+	m = h.keyed("/v1/classify", `{"text": "billing", "labels": ["billing", "bug"], "mode": "multi", "threshold": 1}`).ok(t)
+	labels, ok := m["labels"].([]any)
+	if !ok {
+		t.Fatalf("multi answer without labels array: %v", m)
+	}
+	for _, l := range labels {
+		if l.(map[string]any)["confidence"].(float64) < 1 {
+			t.Errorf("label %v under the threshold 1", l)
+		}
+	}
+
+	m = h.keyed("/v1/classify", `{"text": "refund my charge", "classifier": "support-intent"}`).ok(t)
+	if m["classifier"] != "support-intent" || m["mode"] != "single" {
+		t.Errorf("saved classifier answer %v", m)
+	}
+	checkScores(t, m["scores"], "scores", 3)
+	m = h.keyed("/v1/classify", `{"text": "refund my charge", "classifier": "support-intent", "mode": "multi", "threshold": 0}`).ok(t)
+	checkScores(t, m["labels"], "labels", 3)
+}
+
+// TestBalance: a keyed call of an account below the grace buffer is 402
+// and uses no quota; public calls do not care.
+func TestBalance(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := context.Background()
+	if _, err := h.svc.CreateAccount(ctx, "broke", 0); err != nil {
+		t.Fatal(err)
+	}
+	key := h.newKey("broke", accounts.KeyRequest{Name: "k"})
+	if _, err := h.svc.Debit(ctx, "broke", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		bal, _ := h.svc.Balance("broke")
+		if bal != -money.NanosPerUSD {
+			return fmt.Errorf("balance %s", bal)
+		}
+		return nil
+	})
+	for _, path := range []string{"/v1/classify", "/v1/score"} {
+		h.do(request{path: path, body: body(path), key: key}).apiError(t, 402, "INSUFFICIENT_BALANCE")
+	}
+	h.do(request{path: "/v1/classify", body: body("/v1/classify")}).ok(t)
+}
+
+func body(path string) string {
+	switch path {
+	case "/v1/score":
+		return `{"source": "x", "attribute": "spam"}`
+	case "/v1/match":
+		return `{"source": "x", "query": "y"}`
+	case "/v1/tag":
+		return `{"text": "x"}`
+	}
+	return `{"text": "x", "labels": ["a", "b"]}`
+}

@@ -1,0 +1,246 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// Engine names, as plugins.engine, the request's "model" and the
+// response's "engine" spell them.
+const (
+	engineLLM     = classifiers.EngineLLM
+	engineLexical = classifiers.EngineLexical
+)
+
+// lexicalEngine is shared: the lexical engine keeps no per-request state.
+var lexicalEngine = sync.OnceValue(func() classifiers.Engine { return classifiers.NewLexical() })
+
+// engineChoice is the engine one request runs on.
+type engineChoice struct {
+	engine   classifiers.Engine
+	name     string // engineLLM or engineLexical
+	model    string // catalog id, llm only
+	upstream string // upstream name, llm only
+	probe    *probe // the upstream's health, llm only
+	// auto: chosen by plugins.engine auto, so an llm failure falls back
+	// to lexical instead of failing the request.
+	auto     bool
+	fallback string
+}
+
+func lexicalChoice() *engineChoice {
+	return &engineChoice{engine: lexicalEngine(), name: engineLexical}
+}
+
+// chooseEngine resolves the request's "model" (empty: plugins.engine).
+func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.APIError) {
+	p := call.World.Config.Plugins
+	switch requested {
+	case engineLexical:
+		return lexicalChoice(), nil
+	case engineLLM:
+		if p.LLMModel == "" {
+			return nil, proxy.BadRequest("model", "the llm engine has no model: the catalog is empty; use model lexical")
+		}
+		return llmChoice(call, p.LLMModel, "model")
+	case "":
+	default:
+		if _, ok := call.World.Catalog.Resolve(requested); !ok {
+			return nil, proxy.BadRequest("model", fmt.Sprintf("model %q does not exist; use lexical, llm or a catalog model: %s",
+				requested, strings.Join(call.World.Catalog.IDs(), ", ")))
+		}
+		return llmChoice(call, requested, "model")
+	}
+	switch p.Engine {
+	case engineLexical:
+		return lexicalChoice(), nil
+	case engineLLM:
+		return llmChoice(call, p.LLMModel, "plugins.llm_model")
+	}
+	// auto: llm while its upstream is up and the key may use its model.
+	if p.LLMModel == "" || call.Key != nil && !call.Key.AllowsModel(p.LLMModel) {
+		return lexicalChoice(), nil
+	}
+	c, apiErr := llmChoice(call, p.LLMModel, "plugins.llm_model")
+	if apiErr != nil || !c.probe.up() {
+		return lexicalChoice(), nil
+	}
+	c.auto = true
+	return c, nil
+}
+
+func llmChoice(call *proxy.Call, model, from string) (*engineChoice, *proxy.APIError) {
+	entry, ok := call.World.Catalog.Resolve(model)
+	if !ok {
+		return nil, proxy.Unavailable(fmt.Sprintf("%s %q is not in the catalog", from, model))
+	}
+	if call.Key != nil && !call.Key.AllowsModel(entry.ID) {
+		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"lexical\"", entry.ID, from))
+	}
+	c := &engineChoice{engine: classifiers.NewLLM(call.World, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream}
+	for _, u := range call.World.Config.Upstreams {
+		if u.Name == entry.Upstream {
+			c.probe = probes.get(u)
+		}
+	}
+	if c.probe == nil {
+		return nil, proxy.Unavailable(fmt.Sprintf("model %q has no configured upstream", entry.ID))
+	}
+	return c, nil
+}
+
+// run runs the request, falling back to lexical when an auto-chosen llm
+// fails: auto promises an answer, and lexical always has one.
+func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (classifiers.Answer, error)) (classifiers.Answer, *proxy.APIError) {
+	ans, err := do(c.engine)
+	if err == nil {
+		return ans, nil
+	}
+	if c.name == engineLLM && errors.Is(err, proxy.ErrModelUnavailable) {
+		c.probe.markDown()
+	}
+	if ctx.Err() != nil {
+		return ans, proxy.Unavailable("the request was cancelled: " + ctx.Err().Error())
+	}
+	if c.auto {
+		c.fallback = fmt.Sprintf("llm model %s failed (%s); lexical answered", c.model, failure(c, err))
+		c.engine, c.name, c.model, c.upstream = lexicalEngine(), engineLexical, "", ""
+		ans, err = do(c.engine)
+		if err == nil {
+			return ans, nil
+		}
+	}
+	return ans, engineError(c, err)
+}
+
+// failure words an llm failure for the client. Transport errors name
+// internal addresses, so they are summarized, never quoted.
+func failure(c *engineChoice, err error) string {
+	var me *proxy.ModelError
+	switch {
+	case errors.Is(err, proxy.ErrModelUnavailable):
+		return fmt.Sprintf("upstream %s is unavailable", c.upstream)
+	case errors.As(err, &me):
+		return fmt.Sprintf("upstream %s answered %d", c.upstream, me.Status)
+	}
+	return err.Error()
+}
+
+func engineError(c *engineChoice, err error) *proxy.APIError {
+	if c.name == engineLexical {
+		return proxy.Internal("the lexical engine failed: " + err.Error())
+	}
+	msg := fmt.Sprintf("model %s: %s; retry later or send \"model\": \"lexical\"", c.model, failure(c, err))
+	if errors.Is(err, proxy.ErrModelUnavailable) {
+		return proxy.Unavailable(msg)
+	}
+	return &proxy.APIError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_error", Message: msg}
+}
+
+// Health probes: auto uses llm while the upstream of llm_model answered
+// GET <base_url>/models recently. Probes run on demand, at most one per
+// upstream every probeEvery, in a goroutine of their own, so a request
+// never holds a lock across one.
+const (
+	probeEvery   = 10 * time.Second
+	probeStale   = 30 * time.Second       // older than this, a request waits for a fresh probe…
+	probeWait    = 500 * time.Millisecond // …but no longer than this
+	probeTimeout = 3 * time.Second
+)
+
+var probes = &probeSet{byUpstream: map[string]*probe{}}
+
+type probeSet struct {
+	mu         sync.Mutex
+	byUpstream map[string]*probe
+}
+
+// get returns the probe of an upstream; upstreams are told apart by what
+// a probe reaches, so a reload that changes base_url starts afresh.
+func (s *probeSet) get(u config.Upstream) *probe {
+	k := u.BaseURL + "\x00" + u.APIKey
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.byUpstream[k]
+	if p == nil {
+		p = &probe{url: strings.TrimRight(u.BaseURL, "/") + "/models", apiKey: u.APIKey}
+		s.byUpstream[k] = p
+	}
+	return p
+}
+
+type probe struct {
+	url, apiKey string
+
+	mu        sync.Mutex
+	checkedAt time.Time
+	ok        bool
+	running   chan struct{} // closed when the probe in flight ends; nil when none
+}
+
+// up reports whether the upstream answered its last probe, starting a new
+// probe when the last is older than probeEvery.
+func (p *probe) up() bool {
+	p.mu.Lock()
+	age := time.Since(p.checkedAt)
+	if age > probeEvery && p.running == nil {
+		p.running = make(chan struct{})
+		go p.check(p.running)
+	}
+	running, ok := p.running, p.ok
+	p.mu.Unlock()
+	if age <= probeStale || running == nil {
+		return ok
+	}
+	select {
+	case <-running:
+	case <-time.After(probeWait):
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ok && time.Since(p.checkedAt) <= probeStale
+}
+
+func (p *probe) check(done chan struct{}) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(p.url)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	if p.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+p.apiKey)
+	}
+	err := probeClient.DoTimeout(req, resp, probeTimeout)
+	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() <= 299
+	p.mu.Lock()
+	p.ok, p.checkedAt, p.running = ok, time.Now(), nil
+	p.mu.Unlock()
+	close(done)
+}
+
+// markDown records a failed llm call: auto requests go lexical until the
+// next probe finds the upstream back.
+func (p *probe) markDown() {
+	p.mu.Lock()
+	p.ok, p.checkedAt = false, time.Now()
+	p.mu.Unlock()
+}
+
+var probeClient = &fasthttp.Client{
+	Name:                "tollgate-probe",
+	MaxConnsPerHost:     4,
+	MaxIdleConnDuration: 4 * time.Second,
+	ReadTimeout:         probeTimeout,
+	WriteTimeout:        probeTimeout,
+}

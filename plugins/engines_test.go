@@ -1,0 +1,155 @@
+package plugins_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+// chatCalls counts the chat completions the upstream received.
+func chatCalls(up *proxytest.Server) int {
+	n := 0
+	for _, r := range up.Requests() {
+		if strings.HasSuffix(r.Path, "/chat/completions") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestEngineSelection: "model" picks the engine per request; without it
+// plugins.engine decides, and auto follows the upstream's health.
+func TestEngineSelection(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: `
+  engine: auto
+  llm_model: small
+  pricing: {score: "0.000001"}`})
+
+	// auto, upstream up: llm with plugins.llm_model.
+	r := h.keyed("/v1/score", `{"source": "Server is down!", "attribute": "urgency"}`)
+	m := r.ok(t)
+	if m["engine"] != "llm" || m["model"] != "small" {
+		t.Fatalf("auto with the upstream up: %v", m)
+	}
+	total := checkUsage(t, m)
+	if chatCalls(h.up) != 1 {
+		t.Errorf("%d chat calls upstream, want 1", chatCalls(h.up))
+	}
+	ev := h.events(1)[0]
+	var cost money.Atto
+	cost.Add(total, money.Price(1_000_000_000_000)) // 0.000001 USD per token
+	if ev.Model != "small" || ev.Upstream != "local" || ev.UsageSource != meter.SourceUpstream ||
+		ev.PromptTokens+ev.CompletionTokens != total || ev.CostNanos != cost.Nanos() || ev.Endpoint != "/v1/score" {
+		t.Errorf("llm event %+v, want model small, upstream local, %d tokens, cost %s", ev, total, cost.Nanos())
+	}
+
+	// model names the engine, or a catalog model for llm.
+	m = h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`).ok(t)
+	if m["engine"] != "lexical" || m["model"] != nil {
+		t.Errorf("model lexical: %v", m)
+	}
+	m = h.keyed("/v1/match", `{"source": "x", "query": "y", "model": "large"}`).ok(t)
+	if m["engine"] != "llm" || m["model"] != "large" {
+		t.Errorf("model large: %v", m)
+	}
+	m = h.keyed("/v1/tag", `{"text": "x y z", "model": "llm"}`).ok(t)
+	if m["engine"] != "llm" || m["model"] != "small" {
+		t.Errorf("model llm: %v", m)
+	}
+	if chatCalls(h.up) != 3 {
+		t.Errorf("%d chat calls upstream, want 3", chatCalls(h.up))
+	}
+
+	// The upstream goes away: an llm call fails, auto falls back to
+	// lexical and says so; the next call goes lexical at once.
+	h.up.Close()
+	m = h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
+	if m["engine"] != "lexical" || !strings.Contains(fmt.Sprint(m["fallback"]), "llm model small failed (upstream local is unavailable)") {
+		t.Errorf("auto with the upstream gone: %v", m)
+	}
+	m = h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
+	if m["engine"] != "lexical" || m["fallback"] != nil {
+		t.Errorf("auto after a failed call: %v", m)
+	}
+	// Asked for by name, the llm is not replaced: 503.
+	e := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "small"}`).apiError(t, 503, "upstream_unavailable")
+	if msg := e["message"].(string); !strings.Contains(msg, `send "model": "lexical"`) || strings.Contains(msg, "127.0.0.1") {
+		t.Errorf("503 message %q: want advice, and no internal address", msg)
+	}
+}
+
+// TestAutoWithUpstreamDown: when the upstream fails its health probe, auto
+// answers with lexical without trying the model.
+func TestAutoWithUpstreamDown(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 503}, plugins: "  engine: auto"})
+	m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
+	if m["engine"] != "lexical" || m["fallback"] != nil {
+		t.Errorf("auto with the upstream down: %v", m)
+	}
+	if n := chatCalls(h.up); n != 0 {
+		t.Errorf("%d chat calls to a down upstream", n)
+	}
+	if len(h.up.Requests()) != 1 {
+		t.Errorf("upstream requests %v, want one GET /models", h.up.Requests())
+	}
+	// The model back up: the next probe (every 10 s) finds it; until then
+	// explicit llm requests still go through and fail honestly.
+	h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`).apiError(t, 502, "upstream_error")
+}
+
+// TestKeyModelAllowList: a key limited to some models cannot name others,
+// and auto skips an llm model the key may not use.
+func TestKeyModelAllowList(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: auto\n  llm_model: small"})
+	key := h.newKey("acme", accounts.KeyRequest{Name: "limited", Models: []string{"large"}})
+	m := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"]}`, key: key}).ok(t)
+	if m["engine"] != "lexical" {
+		t.Errorf("auto with llm_model outside the key's models: %v", m)
+	}
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "small"}`, key: key}).apiError(t, 403, "permission_denied")
+	m = h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "large"}`, key: key}).ok(t)
+	if m["engine"] != "llm" || m["model"] != "large" {
+		t.Errorf("allowed model: %v", m)
+	}
+}
+
+// TestSavedClassifierReload: a classifier added to gateway.yaml is usable
+// within 2 s, without a restart; one removed is gone as fast.
+func TestSavedClassifierReload(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	body := `{"text": "WIN A FREE PRIZE NOW", "classifier": "spam-check"}`
+	e := h.keyed("/v1/classify", body).apiError(t, 400, "invalid_request_error")
+	if !strings.Contains(e["message"].(string), "saved classifiers: support-intent") {
+		t.Errorf("message %q", e["message"])
+	}
+	opts := h.opts
+	opts.classifiers = `
+  spam-check:
+    labels: [spam, ham]
+    mode: multi
+    threshold: 0.2
+`
+	h.writeConfig(opts)
+	start := time.Now()
+	var m map[string]any
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+		r := h.keyed("/v1/classify", body)
+		if r.status != 200 {
+			return fmt.Errorf("%s", r)
+		}
+		m = r.ok(t)
+		return nil
+	})
+	t.Logf("new classifier served %s after the write", time.Since(start).Round(time.Millisecond))
+	if m["classifier"] != "spam-check" || m["mode"] != "multi" || m["threshold"] != 0.2 {
+		t.Errorf("answer %v", m)
+	}
+	checkScores(t, m["scores"], "scores", 2)
+	h.keyed("/v1/classify", `{"text": "x", "classifier": "support-intent"}`).apiError(t, 400, "invalid_request_error")
+}

@@ -1,0 +1,285 @@
+package plugins_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+
+	_ "github.com/tollgate/tollgate/plugins"
+)
+
+// harness is one gateway (with the plugins) in front of one upstream, with
+// a real embedded NATS behind its account store.
+type harness struct {
+	t       *testing.T
+	up      *proxytest.Server
+	gw      *proxy.Server
+	url     string // gateway base, e.g. http://127.0.0.1:1234
+	rec     *meter.Memory
+	svc     *accounts.Service
+	key     string // key of account "acme" (10 USD), every scope
+	cfgPath string
+	opts    harnessOptions
+	client  *http.Client
+}
+
+// gatewayYAML is the test config: %[1]s upstream base URL, %[2]s data dir,
+// %[3]s trusted proxies, %[4]s the plugins section, %[5]s the classifiers
+// section.
+const gatewayYAML = `
+server:
+  listen: 127.0.0.1:0
+  data_dir: %[2]s
+  demo_credit_usd: "0"
+  trusted_proxies: [%[3]s]
+billing:
+  grace_usd: "0.50"
+upstreams:
+  - name: local
+    base_url: %[1]s
+    first_byte_timeout: 5s
+models:
+  - id: small
+    upstream: local
+    upstream_model: proxytest-small
+    context_length: 1000000
+    max_output_length: 8192
+    pricing: {prompt: "0.0000001", completion: "0.0000003"}
+  - id: large
+    upstream: local
+    upstream_model: proxytest-large
+    context_length: 262144
+    max_output_length: 65536
+plugins:
+%[4]s
+classifiers:
+%[5]s
+`
+
+const defaultClassifiers = `
+  support-intent:
+    labels: [billing, bug, account]
+    descriptions:
+      billing: Charges and refunds
+    examples:
+      bug: ["The export button does nothing"]
+    text_type: support ticket
+`
+
+type harnessOptions struct {
+	upstream proxytest.Options
+	// plugins is the body of the plugins section, indented two spaces;
+	// default: engine lexical, so tests that do not test engine choice
+	// never depend on the upstream.
+	plugins        string
+	classifiers    string
+	trustedProxies string // e.g. "127.0.0.1"
+}
+
+func newHarness(t *testing.T, ho harnessOptions) *harness {
+	t.Helper()
+	if ho.plugins == "" {
+		ho.plugins = "  engine: lexical"
+	}
+	if ho.classifiers == "" {
+		ho.classifiers = defaultClassifiers
+	}
+	// The llm engine's prompts get the JSON answers a model would give.
+	ho.upstream.ClassifierAnswers = true
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	h := &harness{t: t, up: proxytest.NewServer(ho.upstream), rec: meter.NewMemory(nil), opts: ho}
+	t.Cleanup(h.up.Close)
+	dir := t.TempDir()
+	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	h.cfgPath = filepath.Join(dir, "gateway.yaml")
+	h.writeConfig(ho)
+	cfg, err := config.Load(h.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.svc, err = accounts.Open(ctx, b.JetStream(), 1, dir, cfg.Auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.svc.Close)
+	if _, err := h.svc.CreateAccount(ctx, "acme", 10*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	h.key = h.newKey("acme", accounts.KeyRequest{Name: "test"})
+	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watcher := config.NewWatcher(h.cfgPath, cfg, h.gw.Apply, t.Logf)
+	go watcher.Run(ctx)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = h.gw.Serve(ln) }()
+	t.Cleanup(func() { _ = h.gw.Shutdown() })
+	h.url = "http://" + ln.Addr().String()
+	h.client = &http.Client{Timeout: 30 * time.Second}
+	return h
+}
+
+// newKey creates a key and waits until the gateway's snapshot knows it.
+func (h *harness) newKey(account string, req accounts.KeyRequest) string {
+	h.t.Helper()
+	ctx := context.Background()
+	_, key, err := h.svc.CreateKey(ctx, account, req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		h.t.Fatal(err)
+	}
+	return key
+}
+
+// writeConfig writes the config file atomically, as editors do.
+func (h *harness) writeConfig(ho harnessOptions) {
+	h.t.Helper()
+	s := fmt.Sprintf(gatewayYAML, h.up.URL, filepath.Dir(h.cfgPath), ho.trustedProxies, ho.plugins, ho.classifiers)
+	tmp := h.cfgPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, h.cfgPath); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// request is one call to the gateway.
+type request struct {
+	path, body string
+	key        string // "" sends no Authorization header
+	xff        string // X-Forwarded-For, when set
+}
+
+// reply is a finished response.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r reply) String() string { return fmt.Sprintf("%d %s", r.status, r.body) }
+
+func (h *harness) do(r request) reply {
+	h.t.Helper()
+	req, err := http.NewRequest("POST", h.url+r.path, strings.NewReader(r.body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if r.key != "" {
+		req.Header.Set("Authorization", "Bearer "+r.key)
+	}
+	if r.xff != "" {
+		req.Header.Set("X-Forwarded-For", r.xff)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatalf("reading body: %v", err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: body}
+}
+
+// keyed calls path with the harness key.
+func (h *harness) keyed(path, body string) reply {
+	h.t.Helper()
+	return h.do(request{path: path, body: body, key: h.key})
+}
+
+// ok decodes a 200 answer.
+func (r reply) ok(t *testing.T) map[string]any {
+	t.Helper()
+	if r.status != 200 {
+		t.Fatalf("status %d, want 200; body %s", r.status, r.body)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("answer is not a JSON object: %s", r.body)
+	}
+	return m
+}
+
+// apiError checks status and the OpenAI envelope, returning its body.
+func (r reply) apiError(t *testing.T, status int, code string) map[string]any {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status %d, want %d; body %s", r.status, status, r.body)
+	}
+	var env struct {
+		Error map[string]any `json:"error"`
+	}
+	if err := json.Unmarshal(r.body, &env); err != nil || env.Error == nil {
+		t.Fatalf("body is not the error envelope: %s", r.body)
+	}
+	for _, f := range []string{"message", "type", "param", "code"} {
+		if _, ok := env.Error[f]; !ok {
+			t.Fatalf("envelope lacks %q: %s", f, r.body)
+		}
+	}
+	if env.Error["code"] != code {
+		t.Fatalf("code %v, want %s; body %s", env.Error["code"], code, r.body)
+	}
+	return env.Error
+}
+
+// events waits for n recorded events and returns them.
+func (h *harness) events(n int) []*meter.Event {
+	h.t.Helper()
+	var evs []*meter.Event
+	checkFor(h.t, 5*time.Second, 10*time.Millisecond, func() error {
+		evs = h.rec.Events()
+		if len(evs) != n {
+			return fmt.Errorf("%d events recorded, want %d", len(evs), n)
+		}
+		return nil
+	})
+	return evs
+}
+
+// checkFor polls fn until it returns nil or total passes.
+func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}

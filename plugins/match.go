@@ -1,0 +1,67 @@
+package plugins
+
+import (
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+func init() {
+	proxy.Register(proxy.Route{
+		Method:  fasthttp.MethodPost,
+		Path:    "/v1/match",
+		Auth:    proxy.AuthRequired, // only classify and tag have a public mode
+		Scope:   accounts.ScopeClassify,
+		Limits:  proxy.LimitCaller,
+		Handler: handleMatch,
+	})
+}
+
+// matchBody is POST /v1/match (spec 4.10).
+type matchBody struct {
+	Source string `json:"source"`
+	Query  string `json:"query"`
+	Model  string `json:"model"`
+}
+
+const matchExample = `{"source": "Refunds are issued within 5 days.", "query": "how long do refunds take?"}`
+
+func (b *matchBody) request(p config.Plugins) (classifiers.MatchRequest, *proxy.APIError) {
+	req := classifiers.MatchRequest{Source: b.Source, Query: b.Query}
+	if apiErr := requireText("source", b.Source, p); apiErr != nil {
+		return req, apiErr
+	}
+	return req, requireText("query", b.Query, p)
+}
+
+func handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+	var body matchBody
+	if apiErr := decodeBody(ctx, &body, matchExample); apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	req, apiErr := body.request(call.World.Config.Plugins)
+	if apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	var res classifiers.ScoreResult
+	t, ok := execute(ctx, call, execution{
+		endpoint: "/v1/match",
+		price:    call.World.Config.Plugins.Pricing.Match,
+		model:    body.Model,
+		tokens:   int64(tokens.Count(req.Source) + tokens.Count(req.Query)),
+		run: func(e classifiers.Engine) (classifiers.Answer, error) {
+			var err error
+			res, err = e.Match(ctx, req)
+			return res.Answer, err
+		},
+	})
+	if ok {
+		writeJSON(ctx, scoreResponse{Score: clamp01(res.Score), tail: t})
+	}
+}

@@ -1,0 +1,108 @@
+package plugins
+
+import (
+	"fmt"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+func init() {
+	proxy.Register(proxy.Route{
+		Method:  fasthttp.MethodPost,
+		Path:    "/v1/tag",
+		Auth:    proxy.AuthOptional, // public mode (spec 5.2)
+		Scope:   accounts.ScopeClassify,
+		Limits:  proxy.LimitCaller,
+		Handler: handleTag,
+	})
+}
+
+// Tag limits. The default of max_tags is the engines' (classifiers.TagRequest).
+const (
+	defaultMaxTags = 5
+	maxMaxTags     = 50
+)
+
+// tagBody is POST /v1/tag: tags from a closed set when tags is given, open
+// tags the engine finds otherwise.
+type tagBody struct {
+	Text      string   `json:"text"`
+	Tags      []string `json:"tags"`
+	MaxTags   *int     `json:"max_tags"`
+	Threshold *float64 `json:"threshold"`
+	Model     string   `json:"model"`
+}
+
+const tagExample = `{"text": "The export button does nothing on Safari"}`
+
+func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIError) {
+	req := classifiers.TagRequest{Text: b.Text, Tags: b.Tags, MaxTags: defaultMaxTags}
+	if apiErr := requireText("text", b.Text, p); apiErr != nil {
+		return req, apiErr
+	}
+	if apiErr := firstProblem(config.CheckLabelList("tags", b.Tags, 0)); apiErr != nil {
+		return req, apiErr
+	}
+	if b.MaxTags != nil {
+		if *b.MaxTags < 1 || *b.MaxTags > maxMaxTags {
+			return req, proxy.BadRequest("max_tags", fmt.Sprintf("max_tags must be between 1 and %d, got %d", maxMaxTags, *b.MaxTags))
+		}
+		req.MaxTags = *b.MaxTags
+	}
+	if b.Threshold != nil {
+		t, apiErr := checkThreshold(b.Threshold)
+		req.Threshold = t
+		return req, apiErr
+	}
+	return req, nil // 0: the engine's default, 0.5 for a closed set
+}
+
+// tagScore is one tag with its confidence.
+type tagScore struct {
+	Tag        string  `json:"tag"`
+	Confidence float64 `json:"confidence"`
+}
+
+type tagResponse struct {
+	Tags []tagScore `json:"tags"`
+	tail
+}
+
+func handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+	var body tagBody
+	if apiErr := decodeBody(ctx, &body, tagExample); apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	req, apiErr := body.request(call.World.Config.Plugins)
+	if apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	var res classifiers.TagResult
+	t, ok := execute(ctx, call, execution{
+		endpoint: "/v1/tag",
+		price:    call.World.Config.Plugins.Pricing.Tag,
+		model:    body.Model,
+		tokens:   int64(tokens.Count(req.Text)),
+		run: func(e classifiers.Engine) (classifiers.Answer, error) {
+			var err error
+			res, err = e.Tag(ctx, req)
+			return res.Answer, err
+		},
+	})
+	if !ok {
+		return
+	}
+	out := tagResponse{Tags: make([]tagScore, 0, len(res.Tags)), tail: t}
+	for _, s := range sortScores(res.Tags) {
+		out.Tags = append(out.Tags, tagScore{Tag: s.Label, Confidence: s.Confidence})
+	}
+	writeJSON(ctx, out)
+}

@@ -1,0 +1,102 @@
+package plugins_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestValidation: every refusal of a malformed body is 400
+// invalid_request_error naming the field at fault, before any engine runs
+// or any quota is used.
+func TestValidation(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: lexical\n  max_text_bytes: 1KiB"})
+	labels201 := make([]string, 201)
+	for i := range labels201 {
+		labels201[i] = fmt.Sprintf("%q", fmt.Sprint("l", i))
+	}
+	long := strings.Repeat("a", 1025)
+	cases := []struct {
+		name, path, body, param, msg string
+	}{
+		{"empty body", "/v1/classify", ``, "", "the request body is empty"},
+		{"not an object", "/v1/classify", `["text"]`, "", "must be a JSON object"},
+		{"bad JSON", "/v1/classify", `{"text": "x",}`, "", "not valid JSON"},
+		{"cut JSON", "/v1/classify", `{"text": "x"`, "", "not valid JSON"},
+		{"two objects", "/v1/classify", `{"text": "x", "labels": ["a"]} {}`, "", "more after its JSON object"},
+		{"typo", "/v1/classify", `{"text": "x", "lables": ["a"]}`, "lables", `unknown field "lables" (did you mean "labels"?)`},
+		{"text missing", "/v1/classify", `{"labels": ["a"]}`, "text", "text is required"},
+		{"text empty", "/v1/classify", `{"text": "", "labels": ["a"]}`, "text", "text is required"},
+		{"text not a string", "/v1/classify", `{"text": 5, "labels": ["a"]}`, "text", "text must be a string, got a number"},
+		{"text too long", "/v1/classify", `{"text": "` + long + `", "labels": ["a"]}`, "text", "text is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
+		{"labels missing", "/v1/classify", `{"text": "x"}`, "labels", "labels is required (1 to 200 labels), unless classifier names a saved classifier"},
+		{"labels empty", "/v1/classify", `{"text": "x", "labels": []}`, "labels", "labels must have 1 to 200 entries, got 0"},
+		{"labels too many", "/v1/classify", `{"text": "x", "labels": [` + strings.Join(labels201, ",") + `]}`, "labels", "labels must have 1 to 200 entries, got 201"},
+		{"labels not strings", "/v1/classify", `{"text": "x", "labels": [1]}`, "labels", "labels must be an array of strings, it holds a number"},
+		{"label empty", "/v1/classify", `{"text": "x", "labels": ["a", "b", "c", ""]}`, "labels[3]", "labels[3] is empty"},
+		{"label twice", "/v1/classify", `{"text": "x", "labels": ["billing", "bug", "billing"]}`, "labels[2]", `labels has "billing" twice`},
+		{"description of no label", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"x": "y"}}`, "descriptions.x", `descriptions has a key "x" that is not a label`},
+		{"descriptions not strings", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": 1}}`, "descriptions", "descriptions must be an object whose values are strings, it holds a number"},
+		{"example of no label", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"b": ["y"]}}`, "examples.b", `examples has a key "b" that is not a label`},
+		{"example empty", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": [""]}}`, "examples.a[0]", `examples of "a": entry 0 is empty`},
+		{"examples not arrays", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": "y"}}`, "examples", "examples must be an object whose values are arrays of strings, it holds a string"},
+		{"mode", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "several"}`, "mode", `mode must be single or multi, got "several"`},
+		{"threshold above 1", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1.5}`, "threshold", "threshold must be between 0 and 1, got 1.5"},
+		{"threshold below 0", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -0.1}`, "threshold", "threshold must be between 0 and 1, got -0.1"},
+		{"threshold a string", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": "0.5"}`, "threshold", "threshold must be a number, got a string"},
+		{"unknown classifier", "/v1/classify", `{"text": "x", "classifier": "foo"}`, "classifier", `classifier "foo" is not defined; saved classifiers: support-intent`},
+		{"classifier and labels", "/v1/classify", `{"text": "x", "classifier": "support-intent", "labels": ["a"]}`, "labels", "labels cannot be sent with classifier"},
+		{"classifier, bad threshold", "/v1/classify", `{"text": "x", "classifier": "support-intent", "threshold": 2}`, "threshold", "threshold must be between 0 and 1"},
+		{"text_type too long", "/v1/classify", `{"text": "x", "labels": ["a"], "text_type": "` + long + `"}`, "text_type", "text_type is 1025 bytes"},
+		{"unknown model", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "gpt-5"}`, "model", `model "gpt-5" does not exist; use lexical, llm or a catalog model: small, large`},
+
+		{"tag text missing", "/v1/tag", `{"tags": ["a"]}`, "text", "text is required"},
+		{"tag typo", "/v1/tag", `{"text": "x", "tag": ["a"]}`, "tag", `unknown field "tag" (did you mean "tags"?)`},
+		{"tag empty", "/v1/tag", `{"text": "x", "tags": ["a", ""]}`, "tags[1]", "tags[1] is empty"},
+		{"tag twice", "/v1/tag", `{"text": "x", "tags": ["a", "a"]}`, "tags[1]", `tags has "a" twice`},
+		{"max_tags 0", "/v1/tag", `{"text": "x", "max_tags": 0}`, "max_tags", "max_tags must be between 1 and 50, got 0"},
+		{"max_tags fraction", "/v1/tag", `{"text": "x", "max_tags": 2.5}`, "max_tags", "max_tags must be an integer, got a number 2.5"},
+		{"tag threshold", "/v1/tag", `{"text": "x", "threshold": 7}`, "threshold", "threshold must be between 0 and 1, got 7"},
+
+		{"score source missing", "/v1/score", `{"attribute": "urgency"}`, "source", "source is required"},
+		{"score attribute missing", "/v1/score", `{"source": "x"}`, "attribute", "attribute is required"},
+		{"score attribute too long", "/v1/score", `{"source": "x", "attribute": "` + strings.Repeat("u", 201) + `"}`, "attribute", "attribute is 201 bytes, longer than 200"},
+		{"score source too long", "/v1/score", `{"source": "` + long + `", "attribute": "urgency"}`, "source", "source is 1025 bytes"},
+		{"score description too long", "/v1/score", `{"source": "x", "attribute": "urgency", "description": "` + long + `"}`, "description", "description is 1025 bytes"},
+		{"score typo", "/v1/score", `{"source": "x", "atribute": "urgency"}`, "atribute", `unknown field "atribute" (did you mean "attribute"?)`},
+
+		{"match source missing", "/v1/match", `{"query": "x"}`, "source", "source is required"},
+		{"match query missing", "/v1/match", `{"source": "x"}`, "query", "query is required"},
+		{"match query too long", "/v1/match", `{"source": "x", "query": "` + long + `"}`, "query", "query is 1025 bytes"},
+		{"match unknown field", "/v1/match", `{"source": "x", "query": "y", "top_k": 3}`, "top_k", `unknown field "top_k"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := h.keyed(c.path, c.body).apiError(t, 400, "invalid_request_error")
+			param, _ := e["param"].(string)
+			if param != c.param {
+				t.Errorf("param %v, want %q", e["param"], c.param)
+			}
+			if msg := e["message"].(string); !strings.Contains(msg, c.msg) {
+				t.Errorf("message %q does not contain %q", msg, c.msg)
+			}
+		})
+	}
+	if n := len(h.rec.Events()); n != 0 {
+		t.Errorf("%d events recorded for refused requests", n)
+	}
+	// None of those used the key's quota: the limits count admitted calls.
+	r := h.keyed("/v1/classify", `{"text": "x", "labels": ["a"]}`)
+	r.ok(t)
+	if got := r.header.Get("x-ratelimit-remaining-requests"); got != "599" {
+		t.Errorf("x-ratelimit-remaining-requests %q after the first admitted call, want 599", got)
+	}
+}
+
+// TestValidationPublicCostsNoQuota: a public caller who gets a 400 can fix
+// the request and send it again at once.
+func TestValidationPublicCostsNoQuota(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "lables": ["a"]}`}).apiError(t, 400, "invalid_request_error")
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`}).ok(t)
+}

@@ -1,0 +1,394 @@
+package proxy
+
+import (
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// LimitMode says how a plugin route is rate limited.
+type LimitMode int
+
+const (
+	// LimitNone leaves the route unlimited (or limiting itself).
+	LimitNone LimitMode = iota
+	// LimitCaller limits keyed calls per key (the key's rpm/tpm, else
+	// plugins.key_limits) and public calls per client address
+	// (plugins.public_limits). The handler must call Call.Admit once it
+	// has validated the request and knows its tokens; until then the call
+	// has used nothing, so a 400 costs no quota.
+	LimitCaller
+)
+
+// limitWindow is the period requests_per_minute and tokens_per_minute count.
+const limitWindow = int64(time.Minute)
+
+// limiter holds the rate and concurrency state of every caller. Rates use
+// GCRA: one "theoretical arrival time" per caller and rate, moved forward
+// by cost × window/limit and refused while it would pass now + window. That
+// is a sliding minute in one int64, which changes of the limit on reload
+// apply to at once.
+type limiter struct {
+	now     func() int64 // unix ns; a field so tests can move time
+	seed    maphash.Seed
+	shards  [64]limitShard
+	trusted atomic.Pointer[trustedProxies]
+}
+
+type limitShard struct {
+	mu        sync.Mutex
+	callers   map[string]*callerState
+	lastSweep int64
+}
+
+// callerState is one caller's use. Guarded by its shard's mu.
+type callerState struct {
+	requestsTAT, tokensTAT int64 // unix ns
+	inFlight               int64
+}
+
+func newLimiter() *limiter {
+	l := &limiter{seed: maphash.MakeSeed(), now: func() int64 { return time.Now().UnixNano() }}
+	for i := range l.shards {
+		l.shards[i].callers = map[string]*callerState{}
+	}
+	return l
+}
+
+// admission is one call's standing with the limiter.
+type admission struct {
+	l      *limiter
+	shard  *limitShard
+	caller string
+	limits config.Limits
+	public bool
+	// state is set by a successful Admit; done releases its slot.
+	state *callerState
+}
+
+// admissionFor resolves who is calling and which limits hold for them.
+func (l *limiter) admissionFor(ctx *fasthttp.RequestCtx, call *Call) *admission {
+	plugins := call.World.Config.Plugins
+	a := &admission{l: l}
+	if call.Key != nil {
+		a.caller = "key " + call.Key.ID
+		a.limits = plugins.KeyLimits
+		if call.Key.RPM > 0 {
+			a.limits.RequestsPerMinute = call.Key.RPM
+		}
+		if call.Key.TPM > 0 {
+			a.limits.TokensPerMinute = call.Key.TPM
+		}
+	} else {
+		a.public = true
+		a.caller = "addr " + clientSubject(l.clientAddr(ctx, call.World.Config))
+		a.limits = plugins.PublicLimits
+	}
+	a.shard = &l.shards[maphash.String(l.seed, a.caller)%uint64(len(l.shards))]
+	return a
+}
+
+// clientSubject is what public limits count per: the address, or for IPv6
+// its /64, which one subscriber usually holds whole.
+func clientSubject(addr netip.Addr) string {
+	if addr.Is6() {
+		p, _ := addr.Prefix(64)
+		return p.String()
+	}
+	return addr.String()
+}
+
+// clientAddr is the TCP peer, or, when the peer is a trusted proxy, the
+// last address of X-Forwarded-For that is not a trusted proxy: everything
+// left of it was written by the client and proves nothing.
+func (l *limiter) clientAddr(ctx *fasthttp.RequestCtx, cfg *config.Config) netip.Addr {
+	peer, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	peer = peer.Unmap()
+	tp := l.trustedFor(cfg)
+	if !tp.contains(peer) {
+		return peer
+	}
+	client := peer
+	values := ctx.Request.Header.PeekAll("X-Forwarded-For")
+	for i := len(values) - 1; i >= 0; i-- {
+		hops := strings.Split(string(values[i]), ",")
+		for j := len(hops) - 1; j >= 0; j-- {
+			hop, ok := parseHop(hops[j])
+			if !ok {
+				return client // garbage: the last hop we could read is all we know
+			}
+			client = hop
+			if !tp.contains(hop) {
+				return hop
+			}
+		}
+	}
+	return client
+}
+
+func parseHop(s string) (netip.Addr, bool) {
+	s = strings.TrimSpace(s)
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+// trustedProxies is server.trusted_proxies parsed, for the config it was
+// parsed from.
+type trustedProxies struct {
+	cfg      *config.Config
+	prefixes []netip.Prefix
+}
+
+func (l *limiter) trustedFor(cfg *config.Config) *trustedProxies {
+	if tp := l.trusted.Load(); tp != nil && tp.cfg == cfg {
+		return tp
+	}
+	tp := &trustedProxies{cfg: cfg}
+	for _, s := range cfg.Server.TrustedProxies {
+		// config validated each entry as a CIDR or an address.
+		if p, err := netip.ParsePrefix(s); err == nil {
+			tp.prefixes = append(tp.prefixes, p.Masked())
+		} else if a, err := netip.ParseAddr(s); err == nil {
+			a = a.Unmap()
+			tp.prefixes = append(tp.prefixes, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	l.trusted.Store(tp)
+	return tp
+}
+
+func (tp *trustedProxies) contains(a netip.Addr) bool {
+	for _, p := range tp.prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// interval is the time cost units take of a limit per window, capped at two
+// windows (a caller who overdraws is locked out at most that long).
+func interval(cost, limit int64) int64 {
+	if cost <= 0 || limit <= 0 {
+		return 0
+	}
+	cost = min(cost, 2*limit)
+	hi, lo := bits.Mul64(uint64(cost), uint64(limitWindow))
+	q, _ := bits.Div64(hi, lo, uint64(limit))
+	return int64(q)
+}
+
+// remaining is how many units of limit a caller whose TAT is tat may still
+// use now.
+func remaining(tat, now, limit int64) int64 {
+	free := limitWindow - max(tat-now, 0)
+	if free <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(free), uint64(limit))
+	q, _ := bits.Div64(hi, lo, uint64(limitWindow))
+	return int64(q)
+}
+
+// precheck refuses at once a caller who is over the request or concurrency
+// limit, before the handler spends anything on the request. It uses nothing.
+func (a *admission) precheck(ctx *fasthttp.RequestCtx) *APIError {
+	now := a.l.now()
+	a.shard.mu.Lock()
+	st := a.shard.callers[a.caller]
+	var snap callerState
+	if st != nil {
+		snap = *st
+	}
+	a.shard.mu.Unlock()
+	if c := a.limits.Concurrent; c > 0 && snap.inFlight >= c {
+		return a.refuseConcurrent(ctx)
+	}
+	if rpm := a.limits.RequestsPerMinute; rpm > 0 {
+		if next := max(snap.requestsTAT, now) + interval(1, rpm); next-now > limitWindow {
+			a.setHeaders(ctx, snap, now)
+			return a.refuse(ctx, "requests", rpm, 0, next-now-limitWindow)
+		}
+	}
+	return nil
+}
+
+// admit takes one request and tokens from the caller's limits and a
+// concurrency slot, all or nothing.
+func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
+	now := a.l.now()
+	lim := a.limits
+	sh := a.shard
+	sh.mu.Lock()
+	st := sh.callers[a.caller]
+	if st == nil {
+		sh.sweep(now)
+		st = &callerState{}
+		sh.callers[a.caller] = st
+	}
+	snap := *st
+	var refusal func() *APIError
+	nextReq := max(st.requestsTAT, now) + interval(1, lim.RequestsPerMinute)
+	nextTok := max(st.tokensTAT, now) + interval(tokens, lim.TokensPerMinute)
+	switch {
+	case lim.Concurrent > 0 && st.inFlight >= lim.Concurrent:
+		refusal = func() *APIError { return a.refuseConcurrent(ctx) }
+	case lim.TokensPerMinute > 0 && tokens > lim.TokensPerMinute:
+		refusal = func() *APIError { return a.refuse(ctx, "tokens", lim.TokensPerMinute, tokens, -1) }
+	case lim.RequestsPerMinute > 0 && nextReq-now > limitWindow:
+		refusal = func() *APIError { return a.refuse(ctx, "requests", lim.RequestsPerMinute, 0, nextReq-now-limitWindow) }
+	case lim.TokensPerMinute > 0 && nextTok-now > limitWindow:
+		refusal = func() *APIError { return a.refuse(ctx, "tokens", lim.TokensPerMinute, tokens, nextTok-now-limitWindow) }
+	default:
+		if lim.RequestsPerMinute > 0 {
+			st.requestsTAT = nextReq
+		}
+		if lim.TokensPerMinute > 0 {
+			st.tokensTAT = nextTok
+		}
+		st.inFlight++
+		snap = *st
+		a.state = st
+	}
+	sh.mu.Unlock()
+	a.setHeaders(ctx, snap, now)
+	if refusal != nil {
+		return refusal()
+	}
+	return nil
+}
+
+// addTokens charges tokens found after the work (an engine's prompt beyond
+// the text). They may overdraw the minute; the next call then waits.
+func (a *admission) addTokens(ctx *fasthttp.RequestCtx, tokens int64) {
+	if a.state == nil || tokens <= 0 || a.limits.TokensPerMinute <= 0 {
+		return
+	}
+	now := a.l.now()
+	a.shard.mu.Lock()
+	a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(tokens, a.limits.TokensPerMinute)
+	snap := *a.state
+	a.shard.mu.Unlock()
+	a.setHeaders(ctx, snap, now)
+}
+
+// done gives back the concurrency slot of an admitted call.
+func (a *admission) done() {
+	if a.state == nil {
+		return
+	}
+	a.shard.mu.Lock()
+	a.state.inFlight--
+	a.shard.mu.Unlock()
+	a.state = nil
+}
+
+// sweep forgets callers whose limits are whole again and who have nothing
+// in flight, once a window, so memory follows recent traffic only. mu must
+// be held.
+func (sh *limitShard) sweep(now int64) {
+	if now-sh.lastSweep < limitWindow {
+		return
+	}
+	sh.lastSweep = now
+	for k, st := range sh.callers {
+		if st.inFlight == 0 && st.requestsTAT <= now && st.tokensTAT <= now {
+			delete(sh.callers, k)
+		}
+	}
+}
+
+// setHeaders writes OpenAI's x-ratelimit-* headers for st at now.
+func (a *admission) setHeaders(ctx *fasthttp.RequestCtx, st callerState, now int64) {
+	h := &ctx.Response.Header
+	for _, r := range []struct {
+		name       string
+		limit, tat int64
+	}{{"requests", a.limits.RequestsPerMinute, st.requestsTAT}, {"tokens", a.limits.TokensPerMinute, st.tokensTAT}} {
+		if r.limit <= 0 {
+			continue
+		}
+		h.Set("x-ratelimit-limit-"+r.name, strconv.FormatInt(r.limit, 10))
+		h.Set("x-ratelimit-remaining-"+r.name, strconv.FormatInt(remaining(r.tat, now, r.limit), 10))
+		h.Set("x-ratelimit-reset-"+r.name, formatReset(max(r.tat-now, 0)))
+	}
+}
+
+// formatReset writes a wait as OpenAI does: "1s", "6m0s", "120ms".
+func formatReset(ns int64) string {
+	return time.Duration(ns).Round(time.Millisecond).String()
+}
+
+func (a *admission) who() (subject, remedy string) {
+	if a.public {
+		return "requests without an API key from one client address", "; send an API key (Authorization: Bearer <API key>) for higher limits"
+	}
+	return "this API key", ""
+}
+
+// refuse builds the 429 for a rate. wait < 0 means the request can never
+// pass (more tokens than the whole limit): no Retry-After then.
+func (a *admission) refuse(ctx *fasthttp.RequestCtx, what string, limit, tokens, wait int64) *APIError {
+	subject, remedy := a.who()
+	var msg string
+	switch {
+	case wait < 0:
+		msg = fmt.Sprintf("this request has %d tokens, more than the %d tokens per minute allowed to %s; shorten the text%s", tokens, limit, subject, remedy)
+	case what == "tokens":
+		msg = fmt.Sprintf("rate limit reached for tokens: %s may use %d tokens per minute and this request has %d; try again in %s%s",
+			subject, limit, tokens, formatReset(wait), remedy)
+	default:
+		msg = fmt.Sprintf("rate limit reached for requests: %s may make %d per minute; try again in %s%s",
+			subject, limit, formatReset(wait), remedy)
+	}
+	if wait >= 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(max((wait+int64(time.Second)-1)/int64(time.Second), 1), 10))
+	}
+	return errRateLimited(msg)
+}
+
+func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx) *APIError {
+	subject, remedy := a.who()
+	ctx.Response.Header.Set("Retry-After", "1")
+	return errRateLimited(fmt.Sprintf("too many requests at once: %s may have %d in flight; wait for one to finish%s",
+		subject, a.limits.Concurrent, remedy))
+}
+
+func errRateLimited(msg string) *APIError {
+	return &APIError{Status: 429, Type: "rate_limit_error", Code: "rate_limit_exceeded", Message: msg}
+}
+
+// Admit counts the call against its caller's limits: one request, tokens
+// (the request's text as tokens.Count sees it) and a concurrency slot held
+// until the handler returns. A refusal is the 429 to write; the x-ratelimit
+// headers are set either way. Call it once, after validating the request
+// and before doing the work; on a route without limits it does nothing.
+func (c *Call) Admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
+	if c.limit == nil {
+		return nil
+	}
+	return c.limit.admit(ctx, tokens)
+}
+
+// AddTokens charges tokens the work used beyond those Admit counted, so a
+// prompt longer than the text still counts against tokens_per_minute.
+func (c *Call) AddTokens(ctx *fasthttp.RequestCtx, tokens int64) {
+	if c.limit != nil {
+		c.limit.addTokens(ctx, tokens)
+	}
+}

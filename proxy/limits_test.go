@@ -1,0 +1,184 @@
+package proxy
+
+import (
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/config"
+)
+
+// limitCtx is a request from peer with the given X-Forwarded-For values.
+func limitCtx(peer string, xff ...string) *fasthttp.RequestCtx {
+	var req fasthttp.Request
+	for _, v := range xff {
+		req.Header.Add("X-Forwarded-For", v)
+	}
+	ctx := &fasthttp.RequestCtx{}
+	ctx.Init(&req, &net.TCPAddr{IP: net.ParseIP(peer), Port: 40000}, nil)
+	return ctx
+}
+
+func TestClientAddr(t *testing.T) {
+	cfg := &config.Config{Server: config.Server{TrustedProxies: []string{"10.0.0.0/8", "192.0.2.1", "::1"}}}
+	l := newLimiter()
+	for _, c := range []struct {
+		peer string
+		xff  []string
+		want string
+	}{
+		{"203.0.113.1", nil, "203.0.113.1"},
+		{"203.0.113.1", []string{"198.51.100.1"}, "203.0.113.1"}, // peer not trusted: XFF is a claim
+		{"10.1.2.3", nil, "10.1.2.3"},
+		{"10.1.2.3", []string{"198.51.100.1"}, "198.51.100.1"},
+		{"10.1.2.3", []string{"6.6.6.6, 198.51.100.1, 10.9.9.9"}, "198.51.100.1"},    // last untrusted hop
+		{"10.1.2.3", []string{"6.6.6.6", "198.51.100.1, 192.0.2.1"}, "198.51.100.1"}, // several headers, in order
+		{"10.1.2.3", []string{"10.0.0.5, 10.0.0.6"}, "10.0.0.5"},                     // all trusted: the first
+		{"10.1.2.3", []string{"198.51.100.1, garbage"}, "10.1.2.3"},                  // unreadable: stop at what is known
+		{"10.1.2.3", []string{"198.51.100.1:5555"}, "198.51.100.1"},
+		{"::1", []string{"[2001:db8::1]:443"}, "2001:db8::1"},
+		{"::ffff:10.1.2.3", []string{"::ffff:198.51.100.1"}, "198.51.100.1"},
+	} {
+		got := l.clientAddr(limitCtx(c.peer, c.xff...), cfg)
+		if got.String() != c.want {
+			t.Errorf("peer %s, XFF %q: client %s, want %s", c.peer, c.xff, got, c.want)
+		}
+	}
+}
+
+// fakeClock lets a test move the limiter's time.
+type fakeClock struct{ ns int64 }
+
+func (c *fakeClock) now() int64              { return c.ns }
+func (c *fakeClock) advance(d time.Duration) { c.ns += int64(d) }
+
+func testAdmission(l *limiter, caller string, lim config.Limits) *admission {
+	a := &admission{l: l, caller: caller, limits: lim}
+	a.shard = &l.shards[0]
+	return a
+}
+
+func TestAdmitRates(t *testing.T) {
+	clock := &fakeClock{ns: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	l := newLimiter()
+	l.now = clock.now
+	lim := config.Limits{RequestsPerMinute: 3, TokensPerMinute: 600, Concurrent: config.NoLimit}
+	for i := range 3 {
+		a := testAdmission(l, "key k", lim)
+		ctx := limitCtx("127.0.0.1")
+		if err := a.admit(ctx, 100); err != nil {
+			t.Fatalf("call %d refused: %v", i, err)
+		}
+		if got := string(ctx.Response.Header.Peek("x-ratelimit-remaining-requests")); got != strconv.Itoa(2-i) {
+			t.Errorf("call %d: remaining-requests %s, want %d", i, got, 2-i)
+		}
+		a.done()
+	}
+	ctx := limitCtx("127.0.0.1")
+	err := testAdmission(l, "key k", lim).admit(ctx, 1)
+	if err == nil || err.Status != 429 {
+		t.Fatalf("4th call in a minute: %v, want 429", err)
+	}
+	// Three requests of a 3/min budget come back one per 20 s.
+	if ra := string(ctx.Response.Header.Peek("Retry-After")); ra != "20" {
+		t.Errorf("Retry-After %s, want 20", ra)
+	}
+	if reset := string(ctx.Response.Header.Peek("x-ratelimit-reset-requests")); reset != "1m0s" {
+		t.Errorf("reset-requests %s, want 1m0s", reset)
+	}
+	if rt := string(ctx.Response.Header.Peek("x-ratelimit-remaining-tokens")); rt != "300" {
+		t.Errorf("remaining-tokens %s, want 300", rt)
+	}
+	clock.advance(20 * time.Second)
+	if err := testAdmission(l, "key k", lim).admit(limitCtx("127.0.0.1"), 1); err != nil {
+		t.Errorf("after 20 s: %v", err)
+	}
+	// Tokens come back at 10 per second: by now all 600 are there.
+	clock.advance(40 * time.Second)
+	if err := testAdmission(l, "key k", lim).admit(limitCtx("127.0.0.1"), 500); err != nil {
+		t.Fatalf("500 of 600 tokens: %v", err)
+	}
+	ctx = limitCtx("127.0.0.1")
+	if err := testAdmission(l, "key k", lim).admit(ctx, 200); err == nil {
+		t.Errorf("200 tokens with %s left admitted", ctx.Response.Header.Peek("x-ratelimit-remaining-tokens"))
+	}
+	if ra := string(ctx.Response.Header.Peek("Retry-After")); ra != "10" {
+		t.Errorf("Retry-After %s for 100 tokens missing at 10/s, want 10", ra)
+	}
+	if err := testAdmission(l, "key k", lim).admit(limitCtx("127.0.0.1"), 700); err == nil || err.Status != 429 {
+		t.Errorf("700 tokens of a 600/min limit: %v", err)
+	}
+	// A limit of -1 is no limit and sends no headers.
+	ctx = limitCtx("127.0.0.1")
+	free := config.Limits{RequestsPerMinute: config.NoLimit, TokensPerMinute: config.NoLimit, Concurrent: config.NoLimit}
+	for range 100 {
+		if err := testAdmission(l, "key free", free).admit(ctx, 1<<40); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h := ctx.Response.Header.Peek("x-ratelimit-limit-requests"); h != nil {
+		t.Errorf("x-ratelimit-limit-requests %q without a limit", h)
+	}
+}
+
+func TestAdmitConcurrencyAndSweep(t *testing.T) {
+	clock := &fakeClock{ns: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	l := newLimiter()
+	l.now = clock.now
+	lim := config.Limits{RequestsPerMinute: 1000, TokensPerMinute: 1000, Concurrent: 2}
+	a, b := testAdmission(l, "addr x", lim), testAdmission(l, "addr x", lim)
+	if a.admit(limitCtx("127.0.0.1"), 1) != nil || b.admit(limitCtx("127.0.0.1"), 1) != nil {
+		t.Fatal("two calls of two refused")
+	}
+	c := testAdmission(l, "addr x", lim)
+	if err := c.precheck(limitCtx("127.0.0.1")); err == nil {
+		t.Error("precheck passed a third concurrent call")
+	}
+	if err := c.admit(limitCtx("127.0.0.1"), 1); err == nil {
+		t.Error("third concurrent call admitted")
+	}
+	a.done()
+	a.done() // a second done gives back nothing
+	if err := c.admit(limitCtx("127.0.0.1"), 1); err != nil {
+		t.Errorf("after one ended: %v", err)
+	}
+	if err := testAdmission(l, "addr x", lim).admit(limitCtx("127.0.0.1"), 1); err == nil {
+		t.Error("a double done freed two slots")
+	}
+	b.done()
+	c.done()
+	// Idle callers are forgotten once their minute has passed.
+	clock.advance(2 * time.Minute)
+	if err := testAdmission(l, "addr y", lim).admit(limitCtx("127.0.0.1"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := l.shards[0].callers["addr x"]; ok {
+		t.Error("an idle caller survived the sweep")
+	}
+	if _, ok := l.shards[0].callers["addr y"]; !ok {
+		t.Error("the active caller was swept")
+	}
+}
+
+// TestAdmissionFor: a key's own rpm/tpm replace key_limits; public callers
+// get public_limits and are told apart by address.
+func TestAdmissionFor(t *testing.T) {
+	cfg := &config.Config{Plugins: config.Plugins{
+		PublicLimits: config.Limits{RequestsPerMinute: 1, TokensPerMinute: 10, Concurrent: 1},
+		KeyLimits:    config.Limits{RequestsPerMinute: 600, TokensPerMinute: 1000, Concurrent: 16},
+	}}
+	l := newLimiter()
+	w := &World{Config: cfg}
+	a := l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", RPM: 5}})
+	if a.caller != "key k1" || a.public || a.limits != (config.Limits{RequestsPerMinute: 5, TokensPerMinute: 1000, Concurrent: 16}) {
+		t.Errorf("keyed admission %+v", a)
+	}
+	a = l.admissionFor(limitCtx("2001:db8:1:2:3:4:5:6"), &Call{World: w})
+	if a.caller != "addr 2001:db8:1:2::/64" || !a.public || a.limits != cfg.Plugins.PublicLimits {
+		t.Errorf("public admission %+v", a)
+	}
+}
