@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -19,9 +20,20 @@ import (
 // AdminAPI serves /admin/v1: accounts, credit and keys. It is what the CLI
 // and the console call; every call needs the admin bearer token.
 type AdminAPI struct {
-	token []byte
-	svc   *accounts.Service
+	token  []byte
+	svc    *accounts.Service
+	logins ConsoleLogins // nil until the console is configured
 }
+
+// ConsoleLogins issues one-time sign-in tokens for the web console. The
+// console package implements it; the admin API only hands the link out.
+type ConsoleLogins interface {
+	IssueLogin(ctx context.Context, account string) (token string, expiresAt time.Time, err error)
+}
+
+// SetConsoleLogins enables POST /admin/v1/accounts/{id}/console-login.
+// Call it before Serve: it is not synchronized with running requests.
+func (a *AdminAPI) SetConsoleLogins(l ConsoleLogins) { a.logins = l }
 
 // NewAdminAPI serves the admin API with the given bearer token.
 func NewAdminAPI(token string, svc *accounts.Service) *AdminAPI {
@@ -65,6 +77,8 @@ func (a *AdminAPI) handle(ctx *fasthttp.RequestCtx, w *World) {
 		}
 	case len(parts) == 2 && parts[0] == "keys":
 		a.route(ctx, method, "DELETE", func() { a.revokeKey(c, ctx, parts[1]) })
+	case len(parts) == 3 && parts[0] == "accounts" && parts[2] == "console-login":
+		a.route(ctx, method, "POST", func() { a.consoleLogin(c, ctx, parts[1]) })
 	default:
 		WriteError(ctx, NotFound("no admin route "+string(ctx.Path())))
 	}
@@ -296,6 +310,36 @@ func (a *AdminAPI) revokeKey(c context.Context, ctx *fasthttp.RequestCtx, keyID 
 		accounts.KeyInfo
 		Revoked bool `json:"revoked"`
 	}{info, true})
+}
+
+// consoleLogin answers {"url","expires_at"}: a one-time link that signs the
+// account holder into the web console. The link is the credential: hand it
+// to the account holder only.
+func (a *AdminAPI) consoleLogin(c context.Context, ctx *fasthttp.RequestCtx, account string) {
+	if a.logins == nil {
+		WriteError(ctx, &APIError{Status: 503, Type: "service_unavailable_error", Code: "console_unavailable",
+			Message: "the web console is not configured on this gateway"})
+		return
+	}
+	if _, err := a.svc.Account(c, account); err != nil {
+		writeStoreError(ctx, err)
+		return
+	}
+	token, expiresAt, err := a.logins.IssueLogin(c, account)
+	if err != nil {
+		WriteError(ctx, Internal("issuing a console login: "+err.Error()))
+		return
+	}
+	scheme := "http"
+	if ctx.IsTLS() {
+		scheme = "https"
+	}
+	link := scheme + "://" + string(ctx.Host()) + "/console/login?token=" + url.QueryEscape(token)
+	writeJSON(ctx, 201, struct {
+		Account   string    `json:"account"`
+		URL       string    `json:"url"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}{account, link, expiresAt})
 }
 
 func contains(list []string, s string) bool {

@@ -21,6 +21,11 @@ const (
 	// AuthOptional serves calls without a key in public mode; a key that is
 	// sent must still be valid.
 	AuthOptional
+	// AuthNone never reads the Authorization header: the route
+	// authenticates by other means (the web console's session cookie), and
+	// a header meant for something else, such as a reverse proxy's Basic
+	// auth, must not make it fail. Call.Key is always nil.
+	AuthNone
 )
 
 // Call is what a plugin handler gets besides the fasthttp context.
@@ -137,7 +142,7 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
 	}
 	call := &Call{RequestID: newRequestID(), Start: time.Now(), World: s.world.Load(), Server: s}
 	ctx.Response.Header.Set("x-request-id", call.RequestID)
-	if len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired {
+	if r.Auth != AuthNone && (len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired) {
 		key, apiErr := s.authenticate(ctx)
 		if apiErr != nil {
 			WriteError(ctx, apiErr)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -87,7 +89,10 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		ReadBufferSize:                16 << 10,
-		Logger:                        fasthttpLogger(s.logf),
+		// Without it fasthttp quotes the headers of a request it cannot
+		// parse in the log (and in the 400), Authorization included.
+		SecureErrorLogMessage: true,
+		Logger:                fasthttpLogger(s.logf),
 	}
 	return s, nil
 }
@@ -142,14 +147,30 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 		WriteError(ctx, &APIError{Status: 431, Type: "invalid_request_error", Code: "headers_too_large", Message: "request headers are too large"})
 		return
 	}
-	WriteError(ctx, BadRequest("", "malformed HTTP request: "+err.Error()))
+	WriteError(ctx, BadRequest("", "malformed HTTP request: "+redactSecrets(err.Error())))
 }
 
 // fasthttpLogger routes fasthttp's own messages (malformed requests,
 // oversized bodies) to the gateway's log instead of the standard logger.
 type fasthttpLogger func(string, ...any)
 
-func (l fasthttpLogger) Printf(format string, args ...any) { l("http: "+format, args...) }
+// Printf redacts secrets: fasthttp quotes a malformed header line whole,
+// and "Authorization Bearer tg-…" without its colon is one.
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l("%s", redactSecrets(fmt.Sprintf("http: "+format, args...)))
+}
+
+// secretPattern matches API keys (tg-), admin tokens (tga-) and console
+// sign-in tokens (tgl-), whole or cut off.
+var secretPattern = regexp.MustCompile(`\btg[al]?-[A-Za-z0-9_.\-]{6,}`)
+
+// redactSecrets replaces every key or token in s by its prefix and
+// "[redacted]", for text bound for a log or an error message.
+func redactSecrets(s string) string {
+	return secretPattern.ReplaceAllStringFunc(s, func(m string) string {
+		return m[:strings.IndexByte(m, '-')+1] + "[redacted]"
+	})
+}
 
 // newRequestID returns a UUIDv7: time-ordered, so ClickHouse keeps an
 // account's events close together.

@@ -51,35 +51,48 @@ func newAdminClient(url, token string) (*adminClient, error) {
 }
 
 func (c *adminClient) call(method, path string, body any) error {
+	out, err := c.fetch(method, path, body)
+	if err != nil {
+		return err
+	}
+	var pretty bytes.Buffer
+	if json.Indent(&pretty, out, "", "  ") == nil {
+		out = pretty.Bytes()
+	}
+	fmt.Println(string(out))
+	return nil
+}
+
+// fetch calls the admin API and returns the body of a successful answer.
+func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequest(method, c.url+"/admin/v1"+path, rd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("calling the gateway (is `tollgate serve` running at %s?): %w", c.url, err)
+		return nil, fmt.Errorf("calling the gateway (is `tollgate serve` running at %s?): %w", c.url, err)
 	}
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
-	var pretty bytes.Buffer
-	if json.Indent(&pretty, out, "", "  ") == nil {
-		out = pretty.Bytes()
-	}
 	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s: %s", resp.Status, out)
+		var pretty bytes.Buffer
+		if json.Indent(&pretty, out, "", "  ") == nil {
+			out = pretty.Bytes()
+		}
+		return nil, fmt.Errorf("%s: %s", resp.Status, out)
 	}
-	fmt.Println(string(out))
-	return nil
+	return out, nil
 }
 
 func splitList(s string) []string {
@@ -111,9 +124,11 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD | login ID"
+
 func runAccounts(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD")
+		return errors.New(accountsUsage)
 	}
 	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
 	url, token := adminFlags(fs)
@@ -137,8 +152,30 @@ func runAccounts(args []string) error {
 		return c.call("GET", "/accounts/"+pos[0], nil)
 	case args[0] == "credit" && len(pos) == 2:
 		return c.call("POST", "/accounts/"+pos[0]+"/credit", map[string]string{"usd": pos[1]})
+	case args[0] == "login" && len(pos) == 1:
+		return printConsoleLogin(c, pos[0])
 	}
-	return errors.New("usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD")
+	return errors.New(accountsUsage)
+}
+
+// printConsoleLogin prints a one-time web console sign-in link for the
+// account. The link is the credential: send it to the account holder only.
+func printConsoleLogin(c *adminClient, account string) error {
+	out, err := c.fetch("POST", "/accounts/"+account+"/console-login", nil)
+	if err != nil {
+		return err
+	}
+	var login struct {
+		URL       string    `json:"url"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	if err := json.Unmarshal(out, &login); err != nil || login.URL == "" {
+		return fmt.Errorf("unexpected answer from the gateway: %s", out)
+	}
+	fmt.Println(login.URL)
+	fmt.Fprintf(os.Stderr, "One-time sign-in link for account %s: open it in a browser; it works once, until %s.\n",
+		account, login.ExpiresAt.Local().Format("15:04:05 MST"))
+	return nil
 }
 
 func runKeys(args []string) error {

@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/console" // also registers /console in init()
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -72,10 +73,18 @@ func runServe(args []string) error {
 	}
 	defer closeRecorder()
 
+	admin := proxy.NewAdminAPI(adminToken, svc)
+	con, err := console.Configure(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
+		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Admin: admin, Logf: logf})
+	if err != nil {
+		return fmt.Errorf("starting the web console: %w", err)
+	}
+	defer con.Close()
+
 	srv, err := proxy.New(cfg, proxy.Options{
 		Accounts: svc,
 		Recorder: rec,
-		Admin:    proxy.NewAdminAPI(adminToken, svc),
+		Admin:    admin,
 		Logf:     logf,
 	})
 	if err != nil {

@@ -1,0 +1,200 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/tollgate/tollgate/internal/chtest"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+)
+
+// chromiumPath is Debian's chromium, which `make test` installs.
+const chromiumPath = "/usr/bin/chromium"
+
+// The whole journey in a real browser: sign in with a link from the admin
+// API, see balance and usage from ClickHouse, create a key, use it with the
+// OpenAI SDK, delete it, and see the SDK get 401.
+func TestBrowserCreateUseAndDeleteKey(t *testing.T) {
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("%s is missing (%v): run make test, which installs Debian's chromium", chromiumPath, err)
+	}
+	ch := chtest.Start(t)
+	wantTotal := insertUsage(t, ch.DSN())
+	g := startGateway(t, ch.DSN())
+	link := g.loginURL("acme")
+
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
+		chromedp.ExecPath(chromiumPath),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1000),
+	)
+	defer cancelAlloc()
+	tabCtx, cancelTab := chromedp.NewContext(allocCtx)
+	defer cancelTab()
+	ctx, cancel := context.WithTimeout(tabCtx, 30*time.Second)
+	defer cancel()
+
+	do := func(step string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	text := func(selector string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(selector)))
+		if err != nil {
+			t.Fatalf("reading %s: %v", selector, err)
+		}
+		return strings.TrimSpace(s)
+	}
+
+	do("signing in", chromedp.Navigate(link), chromedp.Click(chromedp.ID("sign-in")), chromedp.WaitVisible(chromedp.ID("balance")))
+	if got := text("#balance"); got != "10.00" {
+		t.Fatalf("balance %q, want 10.00", got)
+	}
+	if got := text("#usage-total-cost"); got != wantTotal {
+		t.Fatalf("30-day cost %q, want %q (FINAL drops the duplicate; other accounts and older days excluded)", got, wantTotal)
+	}
+	perModel := text("#usage-per-model tbody")
+	if !strings.Contains(perModel, "large") || !strings.Contains(perModel, "small") || strings.Contains(perModel, "secret-model") {
+		t.Fatalf("per-model usage: %q", perModel)
+	}
+	if days := text("#usage-per-day tbody"); strings.Count(days, "\n") != 1 {
+		t.Fatalf("per-day usage, want 2 days: %q", days)
+	}
+
+	do("creating a key",
+		chromedp.Click(chromedp.CSS(`nav a[href="/console/keys"]`)),
+		chromedp.WaitVisible(chromedp.ID("create-key")),
+		chromedp.SendKeys(chromedp.ID("name"), "ci"),
+		chromedp.Click(chromedp.ID("create")),
+		chromedp.WaitVisible(chromedp.ID("new-key")),
+		// Visible only if the inline script ran, i.e. the CSP allows it.
+		chromedp.WaitVisible(chromedp.ID("copy")),
+	)
+	token, err := chromedp.Run(ctx, chromedp.Value(chromedp.ID("new-key")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := g.svc.Verify([]byte(token))
+	if err != nil {
+		t.Fatalf("the key on the page does not verify: %v", err)
+	}
+	if key.Name != "ci" || strings.Join(key.Scopes, ",") != "generate" {
+		t.Fatalf("created %+v, want name ci with scope generate only", key)
+	}
+
+	client := openai.NewClient(option.WithBaseURL(g.url+"/v1"), option.WithAPIKey(token), option.WithMaxRetries(0))
+	chat := func() error {
+		_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+			Model:    "small",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hello")},
+		})
+		return err
+	}
+	if err := chat(); err != nil {
+		t.Fatalf("calling with the new key: %v", err)
+	}
+
+	do("listing keys", chromedp.Click(chromedp.ID("back-to-keys")), chromedp.WaitVisible(chromedp.ID("revoke-"+key.ID)))
+	page, err := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS("html")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(page, token) {
+		t.Fatal("the key list shows the key")
+	}
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100 means PNG
+	if err != nil {
+		t.Fatal(err)
+	}
+	shotPath := filepath.Join(t.TempDir(), "console-keys.png")
+	if err := os.WriteFile(shotPath, shot, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot of /console/keys: %s (%d bytes)", shotPath, len(shot))
+
+	do("deleting the key",
+		chromedp.Click(chromedp.ID("revoke-"+key.ID)),
+		chromedp.WaitVisible(chromedp.ID("confirm-revoke")),
+		chromedp.Click(chromedp.ID("confirm-revoke")),
+		chromedp.WaitVisible(chromedp.CSS(".flash")),
+	)
+	checkFor(t, time.Second, 20*time.Millisecond, func() error {
+		err := chat()
+		var apiErr *openai.Error
+		if errors.As(err, &apiErr) && apiErr.StatusCode == 401 {
+			return nil
+		}
+		return errors.New("the deleted key is still accepted: " + errString(err))
+	})
+
+	if logs := g.log.String(); strings.Contains(logs, token) {
+		t.Fatal("the key reached the log")
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "no error"
+	}
+	return err.Error()
+}
+
+// insertUsage writes acme's usage (and distractors) into ClickHouse the way
+// the billing consumer does, and returns acme's expected 30-day cost.
+func insertUsage(t *testing.T, dsn string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	sink, err := meter.OpenClickHouse(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Second)
+	event := func(account, model string, at time.Time, prompt, completion int64, cost int64) *meter.Event {
+		return &meter.Event{ID: uuid.NewString(), Time: at, Account: account, KeyID: "key_test", Endpoint: "/v1/chat/completions",
+			Model: model, Upstream: "local", PromptTokens: prompt, CompletionTokens: completion, CostNanos: money.Nanos(cost),
+			UsageSource: meter.SourceUpstream, Status: 200}
+	}
+	today := event("acme", "small", now, 1000, 500, 250_000)
+	events := []*meter.Event{
+		today,
+		event("acme", "large", now, 2000, 1000, 3_000_000),
+		event("acme", "small", now.Add(-24*time.Hour), 100, 50, 25_000),
+		event("acme", "small", now.Add(-40*24*time.Hour), 1, 1, 7_000_000_000), // too old
+		event("other", "secret-model", now, 5, 5, 999_000_000),                 // another account
+	}
+	if err := sink.Insert(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	// Redelivered by JetStream: a second row with the same id.
+	if err := sink.Insert(ctx, []*meter.Event{today}); err != nil {
+		t.Fatal(err)
+	}
+	return "0.003275"
+}

@@ -1,0 +1,565 @@
+// Package console is the account holder's web console at /console: the
+// balance, usage of the last 30 days from ClickHouse, and API keys (create,
+// shown once; list without secrets; delete).
+//
+// It is server-rendered HTML (html/template) with embedded CSS and one small
+// inline script for the Copy button; nothing is fetched from elsewhere, and
+// every page works without JavaScript. There are no passwords: the operator
+// issues a one-time sign-in link (admin API POST
+// /admin/v1/accounts/{id}/console-login, or `tollgate accounts login ID`),
+// which the holder exchanges for a session. The session is a signed,
+// expiring cookie, so gateways keep no session state.
+//
+// The routes register themselves in init(); Configure makes them serve.
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// Options configures the console.
+type Options struct {
+	Accounts *accounts.Service
+	// JetStream holds the sign-in tokens (bucket TOLLGATE_CONSOLE_LOGINS).
+	JetStream jetstream.JetStream
+	Replicas  int
+	// DataDir holds console.secret, the key of the session cookies.
+	DataDir string
+	// ClickHouseDSN is where usage is read, connected to on first use with
+	// short timeouts. Empty, or unreachable: the console says "usage
+	// unavailable" and everything else works.
+	ClickHouseDSN string
+	// ClickHouse, when set, is used instead of ClickHouseDSN; the caller
+	// keeps ownership and closes it.
+	ClickHouse driver.Conn
+	// Admin, when set, gets POST /admin/v1/accounts/{id}/console-login.
+	Admin *proxy.AdminAPI
+	// SessionTTL is how long a sign-in lasts; 0 means DefaultSessionTTL.
+	SessionTTL time.Duration
+	Logf       func(format string, args ...any)
+}
+
+// Console serves the /console pages of this process.
+type Console struct {
+	accounts *accounts.Service
+	logins   *Logins
+	sessions sessions
+	usage    *usageReader
+	logf     func(string, ...any)
+}
+
+// served is the console the registered routes use. Routes are registered
+// once per process, in init(), so there is one console per process.
+var served atomic.Pointer[Console]
+
+const storeTimeout = 10 * time.Second
+
+// Configure builds the console and makes /console serve it, replacing any
+// console configured before. Call it before the gateway serves requests,
+// and Close it on shutdown.
+func Configure(ctx context.Context, opts Options) (*Console, error) {
+	if opts.Accounts == nil || opts.JetStream == nil || opts.DataDir == "" {
+		return nil, errors.New("console: Accounts, JetStream and DataDir are required")
+	}
+	secret, err := loadOrCreateSecret(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	logins, err := OpenLogins(ctx, opts.JetStream, opts.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{
+		accounts: opts.Accounts,
+		logins:   logins,
+		sessions: sessions{secret: secret, ttl: opts.SessionTTL, now: time.Now},
+		usage:    &usageReader{dsn: opts.ClickHouseDSN, conn: opts.ClickHouse, logf: opts.Logf},
+		logf:     opts.Logf,
+	}
+	if c.sessions.ttl <= 0 {
+		c.sessions.ttl = DefaultSessionTTL
+	}
+	if c.logf == nil {
+		c.logf = func(string, ...any) {}
+	}
+	if c.usage.logf == nil {
+		c.usage.logf = c.logf
+	}
+	if opts.Admin != nil {
+		opts.Admin.SetConsoleLogins(logins)
+	}
+	served.Store(c)
+	return c, nil
+}
+
+// Close stops serving this console and closes the ClickHouse connection it
+// opened.
+func (c *Console) Close() {
+	served.CompareAndSwap(c, nil)
+	c.usage.close()
+}
+
+type handlerFunc func(c *Console, ctx *fasthttp.RequestCtx, call *proxy.Call)
+
+func init() {
+	routes := []struct {
+		method, path string
+		handle       handlerFunc
+	}{
+		{"GET", "/console", (*Console).overview},
+		{"GET", "/console/login", (*Console).signInPage},
+		{"POST", "/console/login", (*Console).signIn},
+		{"POST", "/console/logout", (*Console).signOut},
+		{"GET", "/console/keys", (*Console).keys},
+		{"POST", "/console/keys", (*Console).createKey},
+		{"GET", "/console/keys/revoke", (*Console).confirmRevoke},
+		{"POST", "/console/keys/revoke", (*Console).revoke},
+	}
+	for _, r := range routes {
+		// AuthNone: the console signs in with its own cookie, never with an
+		// API key.
+		proxy.Register(proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: page(r.handle)})
+	}
+	proxy.Register(proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style})
+}
+
+func page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
+	return func(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+		h := &ctx.Response.Header
+		// no-store: pages hold balances and, once, a key; none may linger
+		// in a cache or in the back/forward history.
+		h.Set("Cache-Control", "no-store")
+		h.Set("Content-Security-Policy", contentSecurityPolicy)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		// same-origin: sign-in links carry a token in their URL, which must
+		// never travel in a Referer to another site.
+		h.Set("Referrer-Policy", "same-origin")
+		c := served.Load()
+		if c == nil {
+			(&Console{logf: func(string, ...any) {}}).message(ctx, 503, "Console not available",
+				"The web console is not configured on this gateway.", false)
+			return
+		}
+		handle(c, ctx, call)
+	}
+}
+
+func style(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	ctx.Response.Header.Set("Cache-Control", "public, max-age=3600")
+	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
+	ctx.SetContentType("text/css; charset=utf-8")
+	ctx.SetBody(styleCSS)
+}
+
+// session returns the signed-in session, or answers 401 and returns false.
+func (c *Console) session(ctx *fasthttp.RequestCtx) (session, bool) {
+	sess, err := c.sessions.verify(string(ctx.Request.Header.Cookie(cookieName)))
+	switch {
+	case err == nil:
+		return sess, true
+	case errors.Is(err, errSessionExpired):
+		c.clearCookie(ctx)
+		c.message(ctx, 401, "Session expired", "Your console session has ended; sign in again with a new link.", true)
+	case errors.Is(err, errSessionInvalid):
+		c.clearCookie(ctx)
+		c.message(ctx, 401, "Not signed in", "Your session is not valid on this gateway (its console secret differs or was replaced).", true)
+	default:
+		c.message(ctx, 401, "Not signed in", "You are not signed in to the console.", true)
+	}
+	return session{}, false
+}
+
+// formSession is session for a form POST: it also refuses cross-site
+// requests and a missing or wrong CSRF token (403).
+func (c *Console) formSession(ctx *fasthttp.RequestCtx) (session, bool) {
+	if !sameOrigin(ctx) {
+		c.message(ctx, 403, "Refused", "This form was sent from another site.", false)
+		return session{}, false
+	}
+	sess, ok := c.session(ctx)
+	if !ok {
+		return session{}, false
+	}
+	if !c.sessions.checkCSRF(sess, string(ctx.PostArgs().Peek("csrf"))) {
+		c.message(ctx, 403, "Form expired", "This form does not belong to your current console session. Reload the page and try again.", false)
+		return session{}, false
+	}
+	return sess, true
+}
+
+// sameOrigin rejects POSTs a browser marks as coming from another site. The
+// CSRF token is the real check; this also covers the sign-in form, which
+// has no session yet.
+func sameOrigin(ctx *fasthttp.RequestCtx) bool {
+	switch string(ctx.Request.Header.Peek("Sec-Fetch-Site")) {
+	case "", "same-origin", "none":
+	default:
+		return false
+	}
+	origin := ctx.Request.Header.Peek("Origin")
+	if len(origin) == 0 {
+		return true
+	}
+	u, err := url.Parse(string(origin))
+	return err == nil && u.Host == string(ctx.Host())
+}
+
+func (c *Console) setCookie(ctx *fasthttp.RequestCtx, value string, expires time.Time) {
+	ck := fasthttp.AcquireCookie()
+	defer fasthttp.ReleaseCookie(ck)
+	ck.SetKey(cookieName)
+	ck.SetValue(value)
+	ck.SetPath(cookiePath)
+	ck.SetHTTPOnly(true)
+	ck.SetSameSite(fasthttp.CookieSameSiteStrictMode)
+	ck.SetSecure(ctx.IsTLS())
+	ck.SetExpire(expires)
+	ctx.Response.Header.SetCookie(ck)
+}
+
+func (c *Console) clearCookie(ctx *fasthttp.RequestCtx) {
+	c.setCookie(ctx, "", fasthttp.CookieExpireDelete)
+}
+
+func (c *Console) pageData(sess session, title, nav string, page any) pageData {
+	return pageData{Title: title, Nav: nav, Account: sess.Account, CSRF: c.sessions.csrf(sess), Page: page}
+}
+
+// storeError answers an accounts-store failure.
+func (c *Console) storeError(ctx *fasthttp.RequestCtx, what string, err error) {
+	switch {
+	case errors.Is(err, accounts.ErrNotFound):
+		c.message(ctx, 404, "Not found", capitalize(what)+" does not exist.", false)
+	case errors.Is(err, context.DeadlineExceeded):
+		c.logf("console: %s: %v", what, err)
+		c.message(ctx, 503, "Try again", "The account store did not answer in time. Reload the page in a moment.", false)
+	default:
+		c.logf("console: %s: %v", what, err)
+		c.message(ctx, 500, "Something went wrong", "The console could not read "+what+"; the gateway log says why.", false)
+	}
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+func storeContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), storeTimeout)
+}
+
+func baseURL(ctx *fasthttp.RequestCtx) string {
+	scheme := "http"
+	if ctx.IsTLS() {
+		scheme = "https"
+	}
+	return scheme + "://" + string(ctx.Host()) + "/v1"
+}
+
+func seeOther(ctx *fasthttp.RequestCtx, location string) {
+	ctx.Response.Header.Set("Location", location)
+	ctx.SetStatusCode(fasthttp.StatusSeeOther)
+}
+
+// signInPage shows who a sign-in link is for and a button that redeems it.
+// The GET itself uses nothing up, so a link previewer cannot burn the link,
+// and the session cookie is set by a same-site POST, which SameSite=Strict
+// needs when the link was opened from a mail or chat app.
+func (c *Console) signInPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	token := string(ctx.QueryArgs().Peek("token"))
+	if token == "" {
+		c.message(ctx, 200, "Sign in", "Sign in with the one-time link you were given.", true)
+		return
+	}
+	sctx, cancel := storeContext()
+	defer cancel()
+	account, err := c.logins.Peek(sctx, token)
+	if errors.Is(err, ErrLoginInvalid) {
+		c.message(ctx, 401, "Sign-in link not valid", "This sign-in link is invalid, has expired or was already used.", true)
+		return
+	}
+	if err != nil {
+		c.storeError(ctx, "the sign-in link", err)
+		return
+	}
+	c.render(ctx, 200, "login", pageData{Title: "Sign in", Page: loginPage{
+		Account: account, Token: token, SessionHours: int(c.sessions.ttl / time.Hour)}})
+}
+
+func (c *Console) signIn(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	if !sameOrigin(ctx) {
+		c.message(ctx, 403, "Refused", "This sign-in form was sent from another site.", true)
+		return
+	}
+	sctx, cancel := storeContext()
+	defer cancel()
+	account, err := c.logins.Redeem(sctx, string(ctx.PostArgs().Peek("token")))
+	if errors.Is(err, ErrLoginInvalid) {
+		c.message(ctx, 401, "Sign-in link not valid", "This sign-in link is invalid, has expired or was already used.", true)
+		return
+	}
+	if err != nil {
+		c.storeError(ctx, "the sign-in link", err)
+		return
+	}
+	value, sess, err := c.sessions.issue(account)
+	if err != nil {
+		c.storeError(ctx, "a new session", err)
+		return
+	}
+	c.setCookie(ctx, value, sess.Expires)
+	seeOther(ctx, "/console")
+}
+
+func (c *Console) signOut(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	if _, ok := c.formSession(ctx); !ok {
+		return
+	}
+	c.clearCookie(ctx)
+	c.message(ctx, 200, "Signed out", "You are signed out of the console.", true)
+}
+
+func (c *Console) overview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	sess, ok := c.session(ctx)
+	if !ok {
+		return
+	}
+	sctx, cancel := storeContext()
+	defer cancel()
+	acc, err := c.accounts.Account(sctx, sess.Account)
+	if err != nil {
+		c.storeError(ctx, "account "+sess.Account, err)
+		return
+	}
+	view := overviewPage{Balance: usd(acc.Balance), Credited: usd(acc.Credited), Debited: usd(acc.Debited),
+		Negative: acc.Balance < 0, Days: UsageDays}
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	rows, err := c.usage.usageSince(sctx, sess.Account, today.AddDate(0, 0, -(UsageDays-1)))
+	if err != nil {
+		view.UsageUnavailable = true
+	} else {
+		days, models, total := summarize(rows)
+		for _, d := range days {
+			view.PerDay = append(view.PerDay, lineOf(d))
+		}
+		for _, m := range models {
+			view.PerModel = append(view.PerModel, lineOf(m))
+		}
+		view.Total = lineOf(total)
+	}
+	c.render(ctx, 200, "overview", c.pageData(sess, "Overview", "overview", view))
+}
+
+// keyInput is the create form as submitted, kept to show it again with an
+// error.
+type keyInput struct {
+	Name      string
+	Scopes    []string
+	Models    []string
+	Logging   bool
+	Retention string
+}
+
+func (c *Console) keys(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+	sess, ok := c.session(ctx)
+	if !ok {
+		return
+	}
+	c.renderKeys(ctx, call, sess, 200, keyInput{Scopes: []string{accounts.ScopeGenerate}}, "")
+}
+
+// renderKeys renders the list and the create form (with problem, if any).
+func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess session, status int, in keyInput, problem string) {
+	sctx, cancel := storeContext()
+	defer cancel()
+	list, err := c.accounts.ListKeys(sctx, sess.Account)
+	if err != nil {
+		c.storeError(ctx, "the keys of "+sess.Account, err)
+		return
+	}
+	view := keysPage{BaseURL: baseURL(ctx), Form: formFor(in, call.World.Catalog)}
+	deleted := string(ctx.QueryArgs().Peek("deleted"))
+	var flash string
+	now := time.Now()
+	for _, k := range list {
+		view.Keys = append(view.Keys, describeKey(k, now))
+		if k.KeyID == deleted && k.RevokedAt != nil {
+			flash = fmt.Sprintf("Key “%s” (%s) is deleted: calls with it are refused.", k.Name, k.KeyID)
+		}
+	}
+	data := c.pageData(sess, "API keys", "keys", view)
+	data.Flash, data.Error = flash, problem
+	c.render(ctx, status, "keys", data)
+}
+
+func formFor(in keyInput, cat *catalog.Catalog) keyForm {
+	f := keyForm{Name: in.Name, Logging: in.Logging, Retention: in.Retention}
+	if f.Retention == "" {
+		f.Retention = "0"
+	}
+	for _, s := range accounts.AllScopes {
+		f.Scopes = append(f.Scopes, scopeChoice{Name: s, Help: scopeHelp[s], Checked: slices.Contains(in.Scopes, s)})
+	}
+	for _, id := range cat.IDs() {
+		f.Models = append(f.Models, modelChoice{ID: id, Selected: slices.Contains(in.Models, id)})
+	}
+	f.ModelRows = min(max(len(f.Models), 2), 8)
+	return f
+}
+
+// maxRetentionDays matches what the accounts store accepts (100 years).
+const maxRetentionDays = 36_500
+
+// keyRequest checks the form against the scopes and the live catalog and
+// returns what to create, or a problem to show beside the form.
+func keyRequest(in keyInput, cat *catalog.Catalog) (accounts.KeyRequest, string) {
+	req := accounts.KeyRequest{Name: in.Name, Scopes: in.Scopes, Models: in.Models}
+	switch {
+	case in.Name == "":
+		return req, "Give the key a name that says where it is used, for example prod-backend."
+	case len(in.Name) > 200:
+		return req, "The name is too long: at most 200 characters."
+	case strings.ContainsFunc(in.Name, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		return req, "The name must not contain control characters."
+	case len(in.Scopes) == 0:
+		return req, "Choose at least one scope."
+	}
+	for _, s := range in.Scopes {
+		if !slices.Contains(accounts.AllScopes, s) {
+			return req, fmt.Sprintf("Unknown scope %q; scopes are %s.", s, strings.Join(accounts.AllScopes, ", "))
+		}
+	}
+	for _, m := range in.Models {
+		if _, ok := cat.Resolve(m); !ok {
+			return req, fmt.Sprintf("Model %q is not in the catalog (any more); reload the page.", m)
+		}
+	}
+	if in.Logging {
+		days := 0
+		if in.Retention != "" {
+			var err error
+			days, err = strconv.Atoi(strings.TrimSpace(in.Retention))
+			if err != nil || days < 0 || days > maxRetentionDays {
+				return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted).", maxRetentionDays)
+			}
+		}
+		req.Logging = accounts.Logging{Enabled: true, RetentionDays: days}
+	}
+	return req, ""
+}
+
+func peekMulti(args *fasthttp.Args, name string) []string {
+	var out []string
+	for _, v := range args.PeekMulti(name) {
+		out = append(out, string(v))
+	}
+	return out
+}
+
+func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+	sess, ok := c.formSession(ctx)
+	if !ok {
+		return
+	}
+	args := ctx.PostArgs()
+	in := keyInput{
+		Name:      strings.TrimSpace(string(args.Peek("name"))),
+		Scopes:    peekMulti(args, "scopes"),
+		Models:    peekMulti(args, "models"),
+		Logging:   string(args.Peek("logging")) == "on",
+		Retention: string(args.Peek("retention_days")),
+	}
+	req, problem := keyRequest(in, call.World.Catalog)
+	if problem != "" {
+		c.renderKeys(ctx, call, sess, 400, in, problem)
+		return
+	}
+	sctx, cancel := storeContext()
+	defer cancel()
+	info, token, err := c.accounts.CreateKey(sctx, sess.Account, req)
+	if errors.Is(err, accounts.ErrInvalidInput) {
+		c.renderKeys(ctx, call, sess, 400, in, err.Error())
+		return
+	}
+	if err != nil {
+		c.storeError(ctx, "a new key", err)
+		return
+	}
+	// The one page that ever holds the token; it is sent no-store and is
+	// not logged.
+	data := c.pageData(sess, "Key created", "keys", createdPage{Name: info.Name, KeyID: info.KeyID, Token: token, BaseURL: baseURL(ctx)})
+	data.Script = copyScript
+	c.render(ctx, 200, "created", data)
+}
+
+// ownedKey returns the key if it belongs to the session's account. A key of
+// another account is answered exactly like a missing one (404), so ids of
+// other accounts cannot be probed.
+func (c *Console) ownedKey(ctx *fasthttp.RequestCtx, sess session, keyID string) (accounts.KeyInfo, bool) {
+	sctx, cancel := storeContext()
+	defer cancel()
+	// A key created through another gateway a moment ago must be found.
+	if err := c.accounts.WaitSynced(sctx); err != nil {
+		c.storeError(ctx, "key "+keyID, err)
+		return accounts.KeyInfo{}, false
+	}
+	info, ok := c.accounts.KeyInfo(keyID)
+	if !ok || info.Account != sess.Account {
+		c.message(ctx, 404, "No such key", "Your account has no key "+keyID+".", false)
+		return accounts.KeyInfo{}, false
+	}
+	return info, true
+}
+
+func (c *Console) confirmRevoke(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	sess, ok := c.session(ctx)
+	if !ok {
+		return
+	}
+	info, ok := c.ownedKey(ctx, sess, string(ctx.QueryArgs().Peek("key_id")))
+	if !ok {
+		return
+	}
+	if info.RevokedAt != nil {
+		seeOther(ctx, "/console/keys?deleted="+url.QueryEscape(info.KeyID))
+		return
+	}
+	c.render(ctx, 200, "revoke", c.pageData(sess, "Delete key", "keys", revokePage{ID: info.KeyID, Name: info.Name}))
+}
+
+func (c *Console) revoke(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	sess, ok := c.formSession(ctx)
+	if !ok {
+		return
+	}
+	info, ok := c.ownedKey(ctx, sess, string(ctx.PostArgs().Peek("key_id")))
+	if !ok {
+		return
+	}
+	sctx, cancel := storeContext()
+	defer cancel()
+	if _, err := c.accounts.RevokeKey(sctx, info.KeyID); err != nil {
+		c.storeError(ctx, "key "+info.KeyID, err)
+		return
+	}
+	seeOther(ctx, "/console/keys?deleted="+url.QueryEscape(info.KeyID))
+}

@@ -1,0 +1,486 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/money"
+)
+
+func TestSignInLinkWorksOnceAndIsStoredOnlyAsHash(t *testing.T) {
+	g := startGateway(t, "")
+	resp := g.admin("POST", "/admin/v1/accounts/acme/console-login")
+	body := readAll(t, resp)
+	if resp.StatusCode != 201 {
+		t.Fatalf("console-login: %d %s", resp.StatusCode, body)
+	}
+	var issued struct {
+		Account   string    `json:"account"`
+		URL       string    `json:"url"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	if err := json.Unmarshal(body, &issued); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(issued.URL, g.url+"/console/login?token=tgl-") {
+		t.Fatalf("url %q", issued.URL)
+	}
+	if d := time.Until(issued.ExpiresAt); d < 14*time.Minute || d > 15*time.Minute {
+		t.Fatalf("expires in %s, want 15 minutes", d)
+	}
+	token := tokenOf(t, issued.URL)
+
+	// The bucket holds the token's SHA-256 and the account, never the token.
+	kv, err := g.broker.JetStream().KeyValue(t.Context(), BucketLogins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := kv.Get(t.Context(), loginKey(token))
+	if err != nil {
+		t.Fatalf("no entry under the token's hash: %v", err)
+	}
+	if strings.Contains(string(entry.Value()), token) || strings.Contains(entry.Key(), token) {
+		t.Fatalf("the bucket holds the token itself: %s", entry.Value())
+	}
+
+	b := g.browser()
+	// Opening the link only shows a button; it can be opened again.
+	for range 2 {
+		if status, page := b.get("/console/login?token=" + token); status != 200 || !strings.Contains(page, `id="sign-in"`) {
+			t.Fatalf("sign-in page: %d %s", status, page)
+		}
+	}
+	resp = b.post("/console/login", url.Values{"token": {token}})
+	readAll(t, resp)
+	if resp.StatusCode != 303 {
+		t.Fatalf("sign in: %d", resp.StatusCode)
+	}
+	setCookie := resp.Header.Get("Set-Cookie")
+	for _, want := range []string{cookieName + "=", "HttpOnly", "SameSite=Strict", "path=/console"} {
+		if !strings.Contains(setCookie, want) {
+			t.Errorf("Set-Cookie %q lacks %q", setCookie, want)
+		}
+	}
+	if status, page := b.get("/console"); status != 200 || !strings.Contains(page, `<span id="balance">10.00</span>`) {
+		t.Fatalf("overview: %d %s", status, page)
+	}
+
+	// Used up: neither the page nor the exchange accepts it again, and a
+	// fresh browser gets no session from it.
+	if status, _ := b.get("/console/login?token=" + token); status != 401 {
+		t.Fatalf("used link page: %d, want 401", status)
+	}
+	other := g.browser()
+	resp = other.post("/console/login", url.Values{"token": {token}})
+	if page := readAll(t, resp); resp.StatusCode != 401 || !strings.Contains(string(page), "already used") {
+		t.Fatalf("second redeem: %d %s", resp.StatusCode, page)
+	}
+	if other.cookie() != nil {
+		t.Fatal("a used link still set a session cookie")
+	}
+
+	if resp := g.admin("POST", "/admin/v1/accounts/nobody/console-login"); resp.StatusCode != 404 {
+		t.Fatalf("link for a missing account: %d, want 404", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("POST", g.url+"/admin/v1/accounts/acme/console-login", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if resp.StatusCode != 401 {
+		t.Fatalf("link without the admin token: %d, want 401", resp.StatusCode)
+	}
+}
+
+// Gateways redeeming one link at the same moment: one session, never two.
+func TestSignInLinkRedeemedConcurrentlyWorksOnce(t *testing.T) {
+	g := startGateway(t, "")
+	for range 20 {
+		token, _, err := g.console.logins.IssueLogin(t.Context(), "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		wins := 0
+		for range 8 {
+			wg.Go(func() {
+				<-start
+				if account, err := g.console.logins.Redeem(context.Background(), token); err == nil && account == "acme" {
+					mu.Lock()
+					wins++
+					mu.Unlock()
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if wins != 1 {
+			t.Fatalf("%d redeems of one token succeeded, want 1", wins)
+		}
+	}
+}
+
+func TestSignInLinkExpires(t *testing.T) {
+	g := startGateway(t, "")
+	link := g.loginURL("acme")
+	token := tokenOf(t, link)
+	// Age the record as 15 minutes would: the bucket's own TTL is not exact
+	// to the second, the stored expiry is.
+	kv, err := g.broker.JetStream().KeyValue(t.Context(), BucketLogins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aged, _ := json.Marshal(loginRecord{Account: "acme", ExpiresAt: time.Now().Add(-time.Second)})
+	if _, err := kv.Put(t.Context(), loginKey(token), aged); err != nil {
+		t.Fatal(err)
+	}
+	b := g.browser()
+	if status, page := b.get("/console/login?token=" + token); status != 401 || !strings.Contains(page, "expired") {
+		t.Fatalf("expired link page: %d %s", status, page)
+	}
+	resp := b.post("/console/login", url.Values{"token": {token}})
+	readAll(t, resp)
+	if resp.StatusCode != 401 || b.cookie() != nil {
+		t.Fatalf("expired link signed in: %d", resp.StatusCode)
+	}
+	// Malformed and unknown tokens are refused the same way.
+	for _, bad := range []string{"", "tgl-short", "tg-" + strings.Repeat("a", 43), "tgl-" + strings.Repeat("A", 43)} {
+		resp := b.post("/console/login", url.Values{"token": {bad}})
+		readAll(t, resp)
+		if resp.StatusCode != 401 {
+			t.Errorf("token %q: %d, want 401", bad, resp.StatusCode)
+		}
+	}
+}
+
+func TestFormsRefuseMissingWrongOrCrossSiteCSRF(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	csrf := b.csrf()
+	other := g.browser()
+	other.signIn("acme") // same account, another sign-in: another token
+	otherCSRF := other.csrf()
+	if otherCSRF == csrf {
+		t.Fatal("two sign-ins share one CSRF token")
+	}
+	form := func(token string) url.Values {
+		return url.Values{"csrf": {token}, "name": {"x"}, "scopes": {"generate"}}
+	}
+	cases := []struct {
+		name   string
+		form   url.Values
+		header []string
+	}{
+		{"no token", url.Values{"name": {"x"}, "scopes": {"generate"}}, nil},
+		{"wrong token", form("AAAA"), nil},
+		{"another session's token", form(otherCSRF), nil},
+		{"other origin", form(csrf), []string{"Origin", "http://evil.example"}},
+		{"cross-site fetch", form(csrf), []string{"Sec-Fetch-Site", "cross-site"}},
+	}
+	for _, tc := range cases {
+		resp := b.post("/console/keys", tc.form, tc.header...)
+		readAll(t, resp)
+		if resp.StatusCode != 403 {
+			t.Errorf("%s: %d, want 403", tc.name, resp.StatusCode)
+		}
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 0 {
+		t.Fatalf("a refused form created %d keys", len(keys))
+	}
+	resp := b.post("/console/logout", url.Values{})
+	readAll(t, resp)
+	if resp.StatusCode != 403 {
+		t.Fatalf("logout without token: %d, want 403", resp.StatusCode)
+	}
+	// The sign-in form has no session yet: the origin check guards it.
+	resp = g.browser().post("/console/login", url.Values{"token": {tokenOf(t, g.loginURL("acme"))}}, "Origin", "http://evil.example")
+	readAll(t, resp)
+	if resp.StatusCode != 403 {
+		t.Fatalf("cross-site sign-in: %d, want 403", resp.StatusCode)
+	}
+
+	resp = b.post("/console/keys", form(csrf))
+	page := string(readAll(t, resp))
+	if resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
+		t.Fatalf("create with the right token: %d %s", resp.StatusCode, page)
+	}
+	resp = b.post("/console/logout", url.Values{"csrf": {csrf}})
+	readAll(t, resp)
+	if resp.StatusCode != 200 || b.cookie() != nil {
+		t.Fatalf("logout: %d, cookie %v", resp.StatusCode, b.cookie())
+	}
+	if status, _ := b.get("/console"); status != 401 {
+		t.Fatalf("after logout: %d, want 401", status)
+	}
+}
+
+func TestSessionExpiresAndForgedSessionsAreRefused(t *testing.T) {
+	g := startGateway(t, "")
+	signer := g.console.sessions
+	signer.now = func() time.Time { return time.Now().Add(-DefaultSessionTTL - time.Second) }
+	expired, _, err := signer.issue("acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, _, err := g.console.sessions.issue("acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same payload for another account, keeping acme's signature.
+	parts := strings.Split(live, ".")
+	forgedAccount := strings.Join(append([]string{"b3RoZXI"}, parts[1:]...), ".")
+	// A later expiry, keeping the signature.
+	forgedExpiry := strings.Join([]string{parts[0], "9999999999", parts[2], parts[3]}, ".")
+	foreign := (&sessions{secret: []byte(strings.Repeat("k", 32)), ttl: time.Hour, now: time.Now})
+	foreignValue, _, _ := foreign.issue("acme")
+
+	get := func(cookie string) (int, string, string) {
+		req, _ := http.NewRequest("GET", g.url+"/console", nil)
+		req.AddCookie(&http.Cookie{Name: cookieName, Value: cookie})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(readAll(t, resp)), resp.Header.Get("Set-Cookie")
+	}
+	status, page, setCookie := get(expired)
+	if status != 401 || !strings.Contains(page, "Session expired") {
+		t.Fatalf("expired session: %d %s", status, page)
+	}
+	if !strings.Contains(setCookie, cookieName+"=;") || !strings.Contains(setCookie, "expires=Tue, 10 Nov 2009") {
+		t.Errorf("expired session cookie not cleared: %q", setCookie)
+	}
+	for name, value := range map[string]string{"other account": forgedAccount, "later expiry": forgedExpiry,
+		"other secret": foreignValue, "garbage": "x.y.z"} {
+		if status, page, _ := get(value); status != 401 || strings.Contains(page, `id="balance"`) {
+			t.Errorf("%s: %d, want 401", name, status)
+		}
+	}
+	if status, page, _ := get(live); status != 200 || !strings.Contains(page, `id="balance"`) {
+		t.Fatalf("live session: %d %s", status, page)
+	}
+}
+
+func TestAnotherAccountsKeyIsNotFound(t *testing.T) {
+	g := startGateway(t, "")
+	theirs, theirToken, err := g.svc.CreateKey(t.Context(), "other", accounts.KeyRequest{Name: "theirs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := g.browser()
+	b.signIn("acme")
+	csrf := b.csrf()
+	if _, page := b.get("/console/keys"); strings.Contains(page, theirs.KeyID) {
+		t.Fatal("acme's key list shows other's key")
+	}
+	if status, _ := b.get("/console/keys/revoke?key_id=" + theirs.KeyID); status != 404 {
+		t.Fatalf("confirm page for other's key: %d, want 404", status)
+	}
+	for _, id := range []string{theirs.KeyID, "key_doesnotexist", "../../x"} {
+		resp := b.post("/console/keys/revoke", url.Values{"csrf": {csrf}, "key_id": {id}})
+		page := string(readAll(t, resp))
+		if resp.StatusCode != 404 || !strings.Contains(page, "No such key") {
+			t.Fatalf("revoke %s: %d %s", id, resp.StatusCode, page)
+		}
+	}
+	info, _ := g.svc.KeyInfo(theirs.KeyID)
+	if info.RevokedAt != nil {
+		t.Fatal("other's key was revoked from acme's session")
+	}
+	if _, err := g.svc.Verify([]byte(theirToken)); err != nil {
+		t.Fatalf("other's key stopped working: %v", err)
+	}
+}
+
+func TestCreateListAndRevokeKeyWithoutClickHouse(t *testing.T) {
+	g := startGateway(t, "clickhouse://127.0.0.1:1/default") // nothing listens there
+	b := g.browser()
+	b.signIn("acme")
+	status, page := b.get("/console")
+	if status != 200 || !strings.Contains(page, `id="usage-unavailable"`) || !strings.Contains(page, `<span id="balance">10.00</span>`) {
+		t.Fatalf("overview without ClickHouse: %d %s", status, page)
+	}
+	csrf := b.csrf()
+
+	// A rejected form comes back with the problem and the input kept.
+	resp := b.post("/console/keys", url.Values{"csrf": {csrf}, "name": {"ci"}, "scopes": {"generate"}, "models": {"gpt-4o"}})
+	page = string(readAll(t, resp))
+	if resp.StatusCode != 400 || !strings.Contains(page, `Model &#34;gpt-4o&#34; is not in the catalog`) || !strings.Contains(page, `value="ci"`) {
+		t.Fatalf("unknown model: %d %s", resp.StatusCode, page)
+	}
+	resp = b.post("/console/keys", url.Values{"csrf": {csrf}, "name": {"ci"}})
+	if page := string(readAll(t, resp)); resp.StatusCode != 400 || !strings.Contains(page, "at least one scope") {
+		t.Fatalf("no scope: %d %s", resp.StatusCode, page)
+	}
+
+	resp = b.post("/console/keys", url.Values{"csrf": {csrf}, "name": {"ci"}, "scopes": {"generate", "batch"},
+		"models": {"small"}, "logging": {"on"}, "retention_days": {"30"}})
+	page = string(readAll(t, resp))
+	if resp.StatusCode != 200 {
+		t.Fatalf("create: %d %s", resp.StatusCode, page)
+	}
+	token := between(page, `id="new-key" class="secret" readonly autocomplete="off" spellcheck="false" value="`, `"`)
+	key, err := g.svc.Verify([]byte(token))
+	if err != nil {
+		t.Fatalf("the shown key does not verify: %v (page %s)", err, page)
+	}
+	if key.Account != "acme" || key.Name != "ci" || strings.Join(key.Scopes, ",") != "batch,generate" || strings.Join(key.Models, ",") != "small" {
+		t.Fatalf("created key %+v", key)
+	}
+	info, _ := g.svc.KeyInfo(key.ID)
+	if !info.Logging.Enabled || info.Logging.RetentionDays != 30 {
+		t.Fatalf("logging %+v", info.Logging)
+	}
+	for _, advice := range []string{"only time the key is shown", "environment variable", "separate key for each environment", "Rotate keys"} {
+		if !strings.Contains(page, advice) {
+			t.Errorf("created page lacks %q", advice)
+		}
+	}
+
+	// The list shows metadata, never the key.
+	_, list := b.get("/console/keys")
+	if strings.Contains(list, token) || strings.Contains(list, token[len(token)-20:]) {
+		t.Fatal("the key list shows the key")
+	}
+	for _, want := range []string{key.ID, "batch, generate", "on, kept 30 days", `class="status">active<`} {
+		if !strings.Contains(list, want) {
+			t.Errorf("key list lacks %q", want)
+		}
+	}
+
+	status, confirm := b.get("/console/keys/revoke?key_id=" + key.ID)
+	if status != 200 || !strings.Contains(confirm, `id="confirm-revoke"`) {
+		t.Fatalf("confirm page: %d %s", status, confirm)
+	}
+	if info, _ := g.svc.KeyInfo(key.ID); info.RevokedAt != nil {
+		t.Fatal("opening the confirmation revoked the key")
+	}
+	resp = b.post("/console/keys/revoke", url.Values{"csrf": {csrf}, "key_id": {key.ID}})
+	readAll(t, resp)
+	if resp.StatusCode != 303 || resp.Header.Get("Location") != "/console/keys?deleted="+key.ID {
+		t.Fatalf("revoke: %d %s", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if _, err := g.svc.Verify([]byte(token)); err == nil {
+		t.Fatal("revoked key still verifies")
+	}
+	_, list = b.get("/console/keys?deleted=" + key.ID)
+	if !strings.Contains(list, `class="flash"`) || !strings.Contains(list, `class="revoked"`) || strings.Contains(list, `id="revoke-`+key.ID) {
+		t.Fatalf("list after revoke: %s", list)
+	}
+
+	if logs := g.log.String(); strings.Contains(logs, token) || strings.Contains(logs, "tgl-") {
+		t.Fatalf("a secret reached the log:\n%s", logs)
+	}
+}
+
+func TestPagesSendProtectiveHeaders(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	resp, err := b.client.Get(g.url + "/console/keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	for header, want := range map[string]string{
+		"Cache-Control":           "no-store",
+		"Content-Security-Policy": "default-src 'none'; style-src 'self'",
+		"X-Frame-Options":         "DENY",
+		"Referrer-Policy":         "same-origin",
+		"Content-Type":            "text/html; charset=utf-8",
+	} {
+		if got := resp.Header.Get(header); !strings.Contains(got, want) {
+			t.Errorf("%s: %q, want %q", header, got, want)
+		}
+	}
+	// A reverse proxy's own Authorization header is not an API key to check.
+	req, _ := http.NewRequest("GET", g.url+"/console", nil)
+	req.Header.Set("Authorization", "Basic dXNlcjpwYXNz")
+	resp, err = b.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if page := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(string(page), `id="balance"`) {
+		t.Fatalf("with a Basic Authorization header: %d %s", resp.StatusCode, page)
+	}
+	resp, err = b.client.Get(g.url + "/console/style.css")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if css := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(string(css), "--text") || strings.Contains(string(css), "url(") {
+		t.Fatalf("style.css: %d, or it fetches something", resp.StatusCode)
+	}
+}
+
+func TestSecretIsCreatedOnceAndShared(t *testing.T) {
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	secrets := make([][]byte, 4)
+	for i := range secrets {
+		wg.Go(func() {
+			s, err := loadOrCreateSecret(dir)
+			if err != nil {
+				t.Error(err)
+			}
+			secrets[i] = s
+		})
+	}
+	wg.Wait()
+	for _, s := range secrets[1:] {
+		if string(s) != string(secrets[0]) || len(s) != secretLen {
+			t.Fatalf("gateways on one data dir got different secrets")
+		}
+	}
+}
+
+func TestSummarizeIsExact(t *testing.T) {
+	rows := []usageRow{
+		{Day: "2026-01-02", Model: "small", Requests: 2, Prompt: 10, Completion: 5, Cost: 1},
+		{Day: "2026-01-02", Model: "large", Requests: 1, Prompt: 7, Completion: 3, Cost: 999_999_999},
+		{Day: "2026-01-01", Model: "small", Requests: 1, Prompt: 1, Completion: 1, Cost: 100_000_000},
+	}
+	days, models, total := summarize(rows)
+	if len(days) != 2 || days[0].Label != "2026-01-02" || days[0].Cost != 1_000_000_000 || days[0].Requests != 3 {
+		t.Fatalf("days %+v", days)
+	}
+	if len(models) != 2 || models[0].Label != "large" || models[1].Cost != 100_000_001 {
+		t.Fatalf("models %+v", models)
+	}
+	if total.Cost != 1_100_000_000 || usd(total.Cost) != "1.10" || total.Prompt != 18 {
+		t.Fatalf("total %+v", total)
+	}
+	for n, want := range map[money.Nanos]string{0: "0.00", 1: "0.000000001", 4_990_000_000: "4.99", -1_500_000: "-0.0015", 123_456_789_012: "123.456789012"} {
+		if got := usd(n); got != want {
+			t.Errorf("usd(%d) = %q, want %q", n, got, want)
+		}
+	}
+	for n, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 1234567: "1,234,567", -12345: "-12,345"} {
+		if got := thousands(n); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func between(s, start, end string) string {
+	i := strings.Index(s, start)
+	if i < 0 {
+		return ""
+	}
+	s = s[i+len(start):]
+	return s[:strings.Index(s, end)]
+}

@@ -1,0 +1,293 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+const adminToken = "admin-secret"
+
+// gateway is one in-process gateway (real TCP, embedded NATS, proxytest
+// upstream) serving the console.
+type gateway struct {
+	t       *testing.T
+	url     string
+	svc     *accounts.Service
+	console *Console
+	broker  *broker.Broker
+	log     *logBuffer
+}
+
+const gatewayYAML = `
+server:
+  listen: 127.0.0.1:0
+  data_dir: %[2]s
+  demo_credit_usd: "0"
+upstreams:
+  - name: local
+    base_url: %[1]s
+models:
+  - id: small
+    upstream: local
+    upstream_model: proxytest-small
+    context_length: 32768
+    max_output_length: 4096
+    pricing: {prompt: "0.0000001", completion: "0.0000003"}
+  - id: large
+    upstream: local
+    upstream_model: proxytest-large
+    context_length: 32768
+    max_output_length: 4096
+    pricing: {prompt: "0.0000005", completion: "0.000002"}
+`
+
+// logBuffer collects everything the gateway logs, to check no secret is
+// ever written there.
+type logBuffer struct {
+	t  *testing.T
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) logf(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	l.mu.Lock()
+	l.b.WriteString(line + "\n")
+	l.mu.Unlock()
+	l.t.Log(line)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startGateway starts a gateway whose accounts "acme" (10 USD) and "other"
+// (1 USD) exist. clickHouseDSN may be "" (usage unavailable).
+func startGateway(t *testing.T, clickHouseDSN string) *gateway {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	g := &gateway{t: t, log: &logBuffer{t: t}}
+	up := proxytest.NewServer(proxytest.Options{Chunks: 3, PromptTokens: 8, CompletionTokens: 3})
+	t.Cleanup(up.Close)
+	dir := t.TempDir()
+	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	g.broker = b
+	cfgPath := filepath.Join(dir, "gateway.yaml")
+	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(gatewayYAML, up.URL, dir)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.svc, err = accounts.Open(ctx, b.JetStream(), 1, dir, cfg.Auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.svc.Close)
+	for id, credit := range map[string]money.Nanos{"acme": 10 * money.NanosPerUSD, "other": money.NanosPerUSD} {
+		if _, err := g.svc.CreateAccount(ctx, id, credit); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := proxy.NewAdminAPI(adminToken, g.svc)
+	g.console, err = Configure(ctx, Options{Accounts: g.svc, JetStream: b.JetStream(), Replicas: 1, DataDir: dir,
+		ClickHouseDSN: clickHouseDSN, Admin: admin, Logf: g.log.logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.console.Close)
+	gw, err := proxy.New(cfg, proxy.Options{Accounts: g.svc, Recorder: meter.NewMemory(nil), Admin: admin, Logf: g.log.logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gw.Serve(ln) }()
+	t.Cleanup(func() { _ = gw.Shutdown() })
+	g.url = "http://" + ln.Addr().String()
+	return g
+}
+
+// loginURL asks the admin API for a sign-in link.
+func (g *gateway) loginURL(account string) string {
+	g.t.Helper()
+	resp := g.admin("POST", "/admin/v1/accounts/"+account+"/console-login")
+	body := readAll(g.t, resp)
+	if resp.StatusCode != 201 {
+		g.t.Fatalf("console-login: %d %s", resp.StatusCode, body)
+	}
+	var out struct {
+		URL       string    `json:"url"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		g.t.Fatal(err)
+	}
+	return out.URL
+}
+
+func (g *gateway) admin(method, path string) *http.Response {
+	g.t.Helper()
+	req, err := http.NewRequest(method, g.url+path, nil)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return resp
+}
+
+// browser is a cookie-keeping HTTP client that does not follow redirects,
+// so tests see each answer.
+type browser struct {
+	t      *testing.T
+	g      *gateway
+	client *http.Client
+}
+
+func (g *gateway) browser() *browser {
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return &browser{t: g.t, g: g, client: &http.Client{
+		Jar:           jar,
+		Timeout:       10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}}
+}
+
+// signIn follows a sign-in link as a person would: open it, press the
+// button.
+func (b *browser) signIn(account string) {
+	b.t.Helper()
+	link := b.g.loginURL(account)
+	status, body := b.get(strings.TrimPrefix(link, b.g.url))
+	if status != 200 || !strings.Contains(body, `id="login-account">`+account+`<`) {
+		b.t.Fatalf("sign-in page: %d %s", status, body)
+	}
+	resp := b.post("/console/login", url.Values{"token": {tokenOf(b.t, link)}})
+	if body := readAll(b.t, resp); resp.StatusCode != 303 || resp.Header.Get("Location") != "/console" {
+		b.t.Fatalf("sign in: %d %s", resp.StatusCode, body)
+	}
+}
+
+func tokenOf(t *testing.T, link string) string {
+	t.Helper()
+	u, err := url.Parse(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Query().Get("token")
+}
+
+func (b *browser) get(path string) (int, string) {
+	b.t.Helper()
+	resp, err := b.client.Get(b.g.url + path)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return resp.StatusCode, string(readAll(b.t, resp))
+}
+
+// post sends a form as a browser does from the console's own page.
+func (b *browser) post(path string, form url.Values, header ...string) *http.Response {
+	b.t.Helper()
+	req, err := http.NewRequest("POST", b.g.url+path, strings.NewReader(form.Encode()))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", b.g.url)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return resp
+}
+
+// csrf reads the form token from a console page.
+func (b *browser) csrf() string {
+	b.t.Helper()
+	_, body := b.get("/console/keys")
+	const marker = `name="csrf" value="`
+	i := strings.Index(body, marker)
+	if i < 0 {
+		b.t.Fatalf("no csrf field on /console/keys: %s", body)
+	}
+	rest := body[i+len(marker):]
+	return rest[:strings.IndexByte(rest, '"')]
+}
+
+func (b *browser) cookie() *http.Cookie {
+	u, _ := url.Parse(b.g.url + "/console")
+	for _, c := range b.client.Jar.Cookies(u) {
+		if c.Name == cookieName {
+			return c
+		}
+	}
+	return nil
+}
+
+func readAll(t *testing.T, resp *http.Response) []byte {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// checkFor polls fn until it returns nil or total passes.
+func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}

@@ -1,0 +1,219 @@
+package console
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"html/template"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/money"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static/style.css
+var styleCSS []byte
+
+// pages are parsed once: each is the layout plus the page's "content".
+var pages = func() map[string]*template.Template {
+	out := map[string]*template.Template{}
+	for _, name := range []string{"message", "login", "overview", "keys", "created", "revoke"} {
+		out[name] = template.Must(template.New(name).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
+	}
+	return out
+}()
+
+// copyScript is the console's only JavaScript: it reveals the Copy button
+// on the key-created page and copies the key. Without it the key is still
+// shown, selectable, in a read-only field.
+const copyScript = `
+for (const button of document.querySelectorAll("button[data-copy]")) {
+  const field = document.getElementById(button.dataset.copy);
+  const status = document.getElementById(button.dataset.status);
+  button.hidden = false;
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(field.value);
+      status.textContent = "Copied to the clipboard.";
+    } catch (e) {
+      field.select();
+      status.textContent = "Copying failed: the key is selected, press Ctrl+C (or Cmd+C).";
+    }
+  });
+}
+`
+
+// contentSecurityPolicy allows nothing from other origins and only the copy
+// script by its hash, so even an injection bug could not load or run code.
+var contentSecurityPolicy = func() string {
+	sum := sha256.Sum256([]byte(copyScript))
+	return "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'sha256-" +
+		base64.StdEncoding.EncodeToString(sum[:]) + "'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+}()
+
+// pageData is what the layout reads; Page is the page's own view.
+type pageData struct {
+	Title   string
+	Nav     string // "overview" or "keys": marks the current link
+	Account string // empty when signed out: no navigation
+	CSRF    string
+	Flash   string
+	Error   string
+	Script  template.JS
+	Page    any
+}
+
+type messagePage struct {
+	Heading, Text string
+	SignInHelp    bool
+	Back          string
+}
+
+type loginPage struct {
+	Account, Token string
+	SessionHours   int
+}
+
+type overviewPage struct {
+	Balance, Credited, Debited string
+	Negative                   bool
+	Days                       int
+	UsageUnavailable           bool
+	PerDay, PerModel           []usageLine
+	Total                      usageLine
+}
+
+type usageLine struct {
+	Label, Requests, Prompt, Completion, Cost string
+}
+
+func lineOf(t usageTotals) usageLine {
+	return usageLine{Label: t.Label, Requests: thousands(int64(t.Requests)), Prompt: thousands(t.Prompt),
+		Completion: thousands(t.Completion), Cost: usd(t.Cost)}
+}
+
+type keysPage struct {
+	BaseURL string
+	Keys    []keyLine
+	Form    keyForm
+}
+
+// keyLine describes a key; it has no field that could hold the token.
+type keyLine struct {
+	ID, Name, Scopes, Models, Logging, Created, Status, StatusClass string
+	Active                                                          bool // not deleted yet: offer to delete it
+}
+
+type keyForm struct {
+	Name      string
+	Scopes    []scopeChoice
+	Models    []modelChoice
+	ModelRows int
+	Logging   bool
+	Retention string
+}
+
+type scopeChoice struct {
+	Name, Help string
+	Checked    bool
+}
+
+type modelChoice struct {
+	ID       string
+	Selected bool
+}
+
+var scopeHelp = map[string]string{
+	accounts.ScopeGenerate: "chat completions and responses (/v1/chat/completions, /v1/responses)",
+	accounts.ScopeClassify: "classify, tag, score and match",
+	accounts.ScopeBatch:    "batch jobs (/v1/batch)",
+	accounts.ScopeConsole:  "console functions called with the key; signing in to this console needs no key",
+}
+
+type createdPage struct {
+	Name, KeyID, Token, BaseURL string
+}
+
+type revokePage struct {
+	ID, Name string
+}
+
+func (c *Console) render(ctx *fasthttp.RequestCtx, status int, name string, data pageData) {
+	var buf bytes.Buffer
+	if err := pages[name].ExecuteTemplate(&buf, "layout", data); err != nil {
+		c.logf("console: rendering %s: %v", name, err)
+		ctx.SetStatusCode(500)
+		ctx.SetContentType("text/plain; charset=utf-8")
+		ctx.SetBodyString("the console could not render this page; the gateway log says why")
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("text/html; charset=utf-8")
+	ctx.SetBody(buf.Bytes())
+}
+
+func (c *Console) message(ctx *fasthttp.RequestCtx, status int, heading, text string, signInHelp bool) {
+	c.render(ctx, status, "message", pageData{Title: heading, Page: messagePage{Heading: heading, Text: text, SignInHelp: signInHelp}})
+}
+
+// usd shows nano-USD as a decimal with 2 to 9 places: exact, and short
+// for round amounts ("4.99", "0.0012345").
+func usd(n money.Nanos) string {
+	s := n.String() // nine places
+	trimmed := strings.TrimRight(s, "0")
+	if dot := strings.IndexByte(s, '.'); len(trimmed) < dot+3 {
+		trimmed = s[:dot+3]
+	}
+	return trimmed
+}
+
+// thousands groups digits by three with commas: 1234567 → "1,234,567".
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	sign := ""
+	if strings.HasPrefix(s, "-") {
+		sign, s = "-", s[1:]
+	}
+	var b strings.Builder
+	for i, d := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(d)
+	}
+	return sign + b.String()
+}
+
+func describeKey(k accounts.KeyInfo, now time.Time) keyLine {
+	line := keyLine{ID: k.KeyID, Name: k.Name, Created: k.CreatedAt.UTC().Format("2006-01-02 15:04 UTC"),
+		Scopes: "all scopes", Models: "all models", Logging: "off", Status: "active", StatusClass: "active", Active: true}
+	if len(k.Scopes) > 0 {
+		line.Scopes = strings.Join(k.Scopes, ", ")
+	}
+	if len(k.Models) > 0 {
+		line.Models = strings.Join(k.Models, ", ")
+	}
+	if k.Logging.Enabled {
+		line.Logging = "on, kept until deleted"
+		if k.Logging.RetentionDays > 0 {
+			line.Logging = "on, kept " + strconv.Itoa(k.Logging.RetentionDays) + " days"
+		}
+	}
+	switch {
+	case k.RevokedAt != nil:
+		line.Status, line.StatusClass, line.Active = "deleted "+k.RevokedAt.UTC().Format("2006-01-02 15:04 UTC"), "revoked", false
+	case k.ExpiresAt != nil && !now.Before(*k.ExpiresAt):
+		line.Status, line.StatusClass = "expired "+k.ExpiresAt.UTC().Format("2006-01-02 15:04 UTC"), "expired"
+	case k.ExpiresAt != nil:
+		line.Status = "active until " + k.ExpiresAt.UTC().Format("2006-01-02 15:04 UTC")
+	}
+	return line
+}

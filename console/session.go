@@ -1,0 +1,164 @@
+package console
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// SecretFile, under data_dir, keys the session cookies. Every gateway of a
+// deployment must have the same file (like signing.key); deleting it signs
+// everyone out.
+const SecretFile = "console.secret"
+
+const (
+	cookieName = "tollgate_console"
+	cookiePath = "/console"
+	secretLen  = 32
+	// DefaultSessionTTL is how long a console session lasts; it does not
+	// slide, so a stolen cookie is worth at most this long.
+	DefaultSessionTTL = 8 * time.Hour
+)
+
+var (
+	errNoSession      = errors.New("not signed in")
+	errSessionExpired = errors.New("session expired")
+	errSessionInvalid = errors.New("session cookie is not valid here")
+)
+
+// session is a verified console session. The cookie carries it whole,
+// signed: gateways keep no session state, so any gateway of a deployment
+// serves any session.
+type session struct {
+	Account string
+	Expires time.Time
+	nonce   string // random per sign-in; keys the CSRF token
+}
+
+// sessions signs and verifies session cookies with HMAC-SHA256.
+type sessions struct {
+	secret []byte
+	ttl    time.Duration
+	now    func() time.Time
+}
+
+// cookie value: base64url(account) "." expiry unix seconds "." nonce (hex)
+// "." base64url(HMAC of the three).
+func (s *sessions) issue(account string) (value string, sess session, err error) {
+	var nonce [16]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return "", session{}, fmt.Errorf("generating session nonce: %w", err)
+	}
+	sess = session{Account: account, Expires: s.now().Add(s.ttl).Truncate(time.Second), nonce: hex.EncodeToString(nonce[:])}
+	payload := base64.RawURLEncoding.EncodeToString([]byte(account)) + "." +
+		strconv.FormatInt(sess.Expires.Unix(), 10) + "." + sess.nonce
+	return payload + "." + s.mac("session", payload), sess, nil
+}
+
+func (s *sessions) verify(value string) (session, error) {
+	if value == "" {
+		return session{}, errNoSession
+	}
+	cut := strings.LastIndexByte(value, '.')
+	if cut < 0 {
+		return session{}, errSessionInvalid
+	}
+	payload, sum := value[:cut], value[cut+1:]
+	if subtle.ConstantTimeCompare([]byte(sum), []byte(s.mac("session", payload))) != 1 {
+		return session{}, errSessionInvalid
+	}
+	parts := strings.Split(payload, ".")
+	if len(parts) != 3 {
+		return session{}, errSessionInvalid
+	}
+	account, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil {
+		return session{}, errSessionInvalid
+	}
+	exp, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return session{}, errSessionInvalid
+	}
+	sess := session{Account: string(account), Expires: time.Unix(exp, 0), nonce: parts[2]}
+	if !s.now().Before(sess.Expires) {
+		return session{}, errSessionExpired
+	}
+	return sess, nil
+}
+
+// csrf is the session's anti-forgery token: derived, not stored, and
+// different for every sign-in.
+func (s *sessions) csrf(sess session) string { return s.mac("csrf", sess.nonce) }
+
+func (s *sessions) checkCSRF(sess session, got string) bool {
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.csrf(sess))) == 1
+}
+
+// mac separates its uses by purpose, so a CSRF token is never a valid
+// session signature or the other way round.
+func (s *sessions) mac(purpose, data string) string {
+	m := hmac.New(sha256.New, s.secret)
+	m.Write([]byte("tollgate console v1 " + purpose + "\x00"))
+	m.Write([]byte(data))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// loadOrCreateSecret reads <dataDir>/console.secret, creating it with a new
+// random secret on first use. Creation is exclusive (link of a finished
+// temporary file), so gateways starting together on one data dir agree.
+func loadOrCreateSecret(dataDir string) ([]byte, error) {
+	path := filepath.Join(dataDir, SecretFile)
+	for attempt := 0; ; attempt++ {
+		text, err := os.ReadFile(path)
+		if err == nil {
+			secret, err := hex.DecodeString(strings.TrimSpace(string(text)))
+			if err != nil || len(secret) < secretLen {
+				return nil, fmt.Errorf("%s must hold at least %d hex-encoded random bytes; delete it to generate a new one (signs everyone out)", path, secretLen)
+			}
+			return secret, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) || attempt > 0 {
+			return nil, fmt.Errorf("reading console secret: %w", err)
+		}
+		if err := createSecret(dataDir, path); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func createSecret(dataDir, path string) error {
+	secret := make([]byte, secretLen)
+	if _, err := rand.Read(secret); err != nil {
+		return fmt.Errorf("generating console secret: %w", err)
+	}
+	tmp, err := os.CreateTemp(dataDir, SecretFile+".tmp*")
+	if err != nil {
+		return fmt.Errorf("creating console secret: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.WriteString(hex.EncodeToString(secret) + "\n")
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("writing console secret: %w", err)
+	}
+	// CreateTemp made the file 0600. Link fails if another process won.
+	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("installing console secret: %w", err)
+	}
+	return nil
+}

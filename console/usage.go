@@ -1,0 +1,196 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+)
+
+// UsageDays is how many UTC days, today included, the overview shows.
+const UsageDays = 30
+
+const (
+	usageQueryTimeout = 5 * time.Second
+	usageDialTimeout  = 2 * time.Second
+	// usageRetryAfter keeps a down ClickHouse from costing every page load
+	// a dial timeout.
+	usageRetryAfter = 5 * time.Second
+)
+
+// usageReader reads an account's usage from ClickHouse, connecting on first
+// use. A ClickHouse that is missing or down only makes usage unavailable.
+type usageReader struct {
+	dsn  string
+	logf func(string, ...any)
+
+	mu       sync.Mutex
+	conn     driver.Conn           // given, or opened from dsn
+	sink     *meter.ClickHouseSink // opened here, closed by close
+	failedAt time.Time
+	lastErr  error
+}
+
+// usageRow is one (day, model) of an account's usage.
+type usageRow struct {
+	Day        string // YYYY-MM-DD, UTC
+	Model      string
+	Requests   uint64
+	Prompt     int64
+	Completion int64
+	Cost       money.Nanos
+}
+
+func (u *usageReader) connect(ctx context.Context) (driver.Conn, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.conn != nil {
+		return u.conn, nil
+	}
+	if u.dsn == "" {
+		return nil, errors.New("no clickhouse.dsn configured")
+	}
+	if !u.failedAt.IsZero() && time.Since(u.failedAt) < usageRetryAfter {
+		return nil, u.lastErr
+	}
+	ctx, cancel := context.WithTimeout(ctx, usageDialTimeout)
+	defer cancel()
+	sink, err := meter.OpenClickHouse(ctx, withDialTimeout(u.dsn))
+	if err != nil {
+		u.failedAt, u.lastErr = time.Now(), err
+		u.logf("console: usage unavailable (retrying in %s): %v", usageRetryAfter, err)
+		return nil, err
+	}
+	u.sink, u.conn = sink, sink.Conn()
+	return u.conn, nil
+}
+
+// withDialTimeout shortens the connect timeout unless the DSN sets one: a
+// page waits for it.
+func withDialTimeout(dsn string) string {
+	parsed, err := url.Parse(dsn)
+	if err != nil || parsed.Query().Has("dial_timeout") {
+		return dsn
+	}
+	q := parsed.Query()
+	q.Set("dial_timeout", usageDialTimeout.String())
+	parsed.RawQuery = q.Encode()
+	return parsed.String()
+}
+
+func (u *usageReader) close() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.sink != nil {
+		_ = u.sink.Close()
+		u.sink, u.conn = nil, nil
+	}
+}
+
+// usageSince returns the account's usage per UTC day and model from the day
+// of from on, newest day first. It reads FINAL, so an event the billing
+// consumer inserted twice counts once.
+func (u *usageReader) usageSince(ctx context.Context, account string, from time.Time) ([]usageRow, error) {
+	conn, err := u.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, usageQueryTimeout)
+	defer cancel()
+	// Literals, not parameters: ClickHouse 18.16 has no query parameters.
+	// The account id is validated (letters, digits, _ - .) and quoted.
+	query := `SELECT toString(date) AS day, model, count() AS requests,
+       sum(prompt_tokens) AS prompt, sum(completion_tokens) AS completion,
+       sum(cost_nanos) AS spend_nanos
+FROM usage_events FINAL
+WHERE account = ` + quoteString(account) + ` AND date >= toDate('` + from.UTC().Format(time.DateOnly) + `')
+GROUP BY date, model
+ORDER BY date DESC, model`
+	rows, err := conn.Query(ctx, query)
+	if err != nil {
+		u.logf("console: usage unavailable: querying usage of %s: %v", account, err)
+		return nil, fmt.Errorf("querying usage of %s: %w", account, err)
+	}
+	defer rows.Close()
+	var out []usageRow
+	for rows.Next() {
+		var r usageRow
+		var cost int64
+		if err := rows.Scan(&r.Day, &r.Model, &r.Requests, &r.Prompt, &r.Completion, &cost); err != nil {
+			return nil, fmt.Errorf("reading usage of %s: %w", account, err)
+		}
+		r.Cost = money.Nanos(cost)
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading usage of %s: %w", account, err)
+	}
+	return out, nil
+}
+
+func quoteString(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+// usageTotals is one line of a usage table.
+type usageTotals struct {
+	Label      string
+	Requests   uint64
+	Prompt     int64
+	Completion int64
+	Cost       money.Nanos
+}
+
+func (t *usageTotals) add(r usageRow) {
+	t.Requests += r.Requests
+	t.Prompt += r.Prompt
+	t.Completion += r.Completion
+	t.Cost += r.Cost
+}
+
+// summarize folds (day, model) rows into per-day lines (newest first),
+// per-model lines (biggest cost first) and the total. Sums are integers:
+// the total cost is exact to the nano-dollar.
+func summarize(rows []usageRow) (days, models []usageTotals, total usageTotals) {
+	dayIndex := map[string]int{}
+	modelIndex := map[string]int{}
+	total.Label = "Total"
+	for _, r := range rows {
+		i, ok := dayIndex[r.Day]
+		if !ok {
+			i = len(days)
+			dayIndex[r.Day] = i
+			days = append(days, usageTotals{Label: r.Day})
+		}
+		days[i].add(r)
+		label := r.Model
+		if label == "" {
+			label = "(no model)"
+		}
+		j, ok := modelIndex[label]
+		if !ok {
+			j = len(models)
+			modelIndex[label] = j
+			models = append(models, usageTotals{Label: label})
+		}
+		models[j].add(r)
+		total.add(r)
+	}
+	sort.SliceStable(days, func(a, b int) bool { return days[a].Label > days[b].Label })
+	sort.SliceStable(models, func(a, b int) bool {
+		if models[a].Cost != models[b].Cost {
+			return models[a].Cost > models[b].Cost
+		}
+		return models[a].Label < models[b].Label
+	})
+	return days, models, total
+}
