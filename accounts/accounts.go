@@ -60,6 +60,10 @@ type accountRecord struct {
 	CreatedAt     time.Time `json:"created_at"`
 	CreditedNanos int64     `json:"credited_nanos"`
 	DebitedNanos  int64     `json:"debited_nanos"`
+	// BilledThroughSeq and BilledRanges say which USAGE stream messages
+	// are already charged to the account; see ApplyUsage.
+	BilledThroughSeq uint64     `json:"billed_through_seq"`
+	BilledRanges     []SeqRange `json:"billed_ranges,omitempty"`
 }
 
 func (r *accountRecord) account() Account {

@@ -20,6 +20,8 @@ type Config struct {
 	Classifiers map[string]Classifier `yaml:"classifiers"`
 	// Storage holds batch job files (config/storage.go).
 	Storage Storage `yaml:"storage"`
+	// Batch configures batch classification jobs (config/batch.go).
+	Batch Batch `yaml:"batch"`
 
 	// Path is the file this config was read from; not part of the YAML.
 	Path string `yaml:"-"`
@@ -55,6 +57,9 @@ type Billing struct {
 	// GraceUSD is the overdraft allowance: requests are refused while
 	// balance < -grace. Decimal string.
 	GraceUSD string `yaml:"grace_usd"`
+	// OutboxMaxBytes bounds the local usage outbox (events not yet
+	// acknowledged by JetStream) in data_dir/outbox. restart-only.
+	OutboxMaxBytes ByteSize `yaml:"outbox_max_bytes"`
 }
 
 // Upstream is one OpenAI-compatible generation server.

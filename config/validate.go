@@ -25,6 +25,7 @@ const (
 	DefaultAlgorithm        = "EdDSA"
 	DefaultIssuer           = "tollgate"
 	DefaultGraceUSD         = "0.50"
+	DefaultOutboxMaxBytes   = ByteSize(1 << 30)
 	DefaultConnectTimeout   = 2 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultFirstByteTimeout = 60 * time.Second
@@ -71,6 +72,7 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&c.Auth.Algorithm, DefaultAlgorithm)
 	setDefault(&c.Auth.Issuer, DefaultIssuer)
 	setDefault(&c.Billing.GraceUSD, DefaultGraceUSD)
+	setDefault(&c.Billing.OutboxMaxBytes, DefaultOutboxMaxBytes)
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
 		setDefault(&u.ConnectTimeout, DefaultConnectTimeout)
@@ -91,6 +93,7 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&c.NATS.Replicas, DefaultReplicas)
 	setDefault(&c.ClickHouse.DSN, DefaultClickHouseDSN)
 	applyStorageDefaults(&c.Storage)
+	applyBatchDefaults(&c.Batch)
 
 	p := &c.Plugins
 	setDefault(&p.Engine, DefaultEngine)
@@ -159,6 +162,8 @@ func (l *loader) validate(c *Config) {
 	l.check(c.Auth.Algorithm == "EdDSA", "auth.algorithm",
 		"%q is not supported: EdDSA (Ed25519) is the only supported algorithm", c.Auth.Algorithm)
 	l.checkUSD(c.Billing.GraceUSD, "billing.grace_usd")
+	l.check(c.Billing.OutboxMaxBytes >= 1<<20, "billing.outbox_max_bytes",
+		"%d bytes is below the 1MiB minimum", c.Billing.OutboxMaxBytes)
 
 	l.check(len(c.Upstreams) > 0, "upstreams", "at least one upstream is required")
 	upstreams := map[string]bool{}
@@ -235,6 +240,7 @@ func (l *loader) validate(c *Config) {
 	l.checkClickHouseDSN(c.ClickHouse.DSN, "clickhouse.dsn")
 	l.validatePlugins(c, models)
 	l.validateStorage(c.Storage)
+	l.validateBatch(c.Batch)
 }
 
 func (l *loader) validatePlugins(c *Config, models map[string]bool) {
@@ -356,6 +362,7 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.Server.DataDir != old.Server.DataDir, "server.data_dir")
 	add(c.Server.AdminToken != old.Server.AdminToken, "server.admin_token")
 	add(c.Server.MaxRequestBody != old.Server.MaxRequestBody, "server.max_request_body")
+	add(c.Billing.OutboxMaxBytes != old.Billing.OutboxMaxBytes, "billing.outbox_max_bytes")
 	nv, ov := reflect.ValueOf(c.NATS), reflect.ValueOf(old.NATS)
 	for i := range nv.NumField() {
 		if name := yamlName(nv.Type().Field(i)); name != "" {
@@ -366,5 +373,6 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	// Whether serve runs the billing consumer is decided once at start.
 	add(c.ClickHouse.ConsumeInServe != old.ClickHouse.ConsumeInServe, "clickhouse.consume_in_serve")
 	changed = append(changed, storageRestartOnly(c.Storage, old.Storage)...)
+	add(c.Batch.MaxJobs != old.Batch.MaxJobs, "batch.max_jobs")
 	return changed
 }

@@ -54,6 +54,14 @@ type Recorder interface {
 	Record(ev *Event)
 }
 
+// DurableRecorder is a Recorder that can say when an event is safe from a
+// crash. The proxy waits on the channel, bounded, before it sends the last
+// byte of an answer, so a client never holds an answer that is not billed.
+type DurableRecorder interface {
+	Recorder
+	RecordDurable(ev *Event) <-chan struct{}
+}
+
 // Memory is a Recorder that keeps events in memory, for tests and for running
 // without durable metering.
 type Memory struct {

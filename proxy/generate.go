@@ -216,6 +216,15 @@ type generationCall struct {
 	finished bool
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
+	recorded                  bool
+}
+
+// terminal reports, for a finished call, whether ev is the event that ends
+// the answer for the client: [DONE] in chat (the finish_reason chunk comes
+// before the usage chunk), and in responses the terminal event itself, which
+// is what set finished.
+func (c *generationCall) terminal(ev *sseEvent) bool {
+	return c.ep == endpointResponses || bytes.Equal(ev.Data, doneData)
 }
 
 // maxEstimateText bounds the text kept for estimating a cut stream's usage.
@@ -246,7 +255,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	} else {
 		c.collectWholeText(body)
 	}
-	c.record(status)
+	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
 	c.release()
 }
 
@@ -278,6 +287,11 @@ func (c *generationCall) relay(bw *bufio.Writer) {
 		} else {
 			c.inspectResponses(&ev)
 		}
+		if c.finished && c.terminal(&ev) {
+			// The event that tells the client the answer is complete goes
+			// out only once the answer is billed.
+			c.recordAndWait(fasthttp.StatusOK)
+		}
 		if _, err := bw.Write(outEv); err != nil {
 			clientGone = true
 			break
@@ -304,7 +318,7 @@ func (c *generationCall) relay(bw *bufio.Writer) {
 	// upstream connection, which is what aborts generation upstream when the
 	// client went away.
 	_ = c.resp.CloseBodyStream()
-	c.record(fasthttp.StatusOK)
+	c.recordAndWait(fasthttp.StatusOK)
 	c.release()
 }
 
@@ -443,10 +457,38 @@ func (c *generationCall) collectWholeText(body []byte) {
 	})
 }
 
-// record hands the call's usage event to the meter. Where the upstream
-// never reported usage, the prompt and the text actually forwarded are
-// counted with the tokenizer and the event says so.
-func (c *generationCall) record(status int) {
+// durableWait bounds how long an answer waits for its usage event to reach
+// disk; past it the answer goes out anyway (a stuck disk must not hang
+// clients) and the event is still on its way.
+const durableWait = 2 * time.Second
+
+// recordAndWait records the call's event once and waits, bounded, until the
+// meter has it on disk, so the answer a client receives is billed even if
+// the gateway is killed right after sending it.
+func (c *generationCall) recordAndWait(status int) {
+	if c.recorded {
+		return
+	}
+	c.recorded = true
+	ev := c.event(status)
+	d, ok := c.server.recorder.(meter.DurableRecorder)
+	if !ok {
+		c.server.recorder.Record(ev)
+		return
+	}
+	t := time.NewTimer(durableWait)
+	defer t.Stop()
+	select {
+	case <-d.RecordDurable(ev):
+	case <-t.C:
+		c.server.logf("meter: usage event %s not on disk after %s; answering anyway", ev.ID, durableWait)
+	}
+}
+
+// event is the call's usage event. Where the upstream never reported
+// usage, the prompt and the text actually forwarded are counted with the
+// tokenizer and the event says so.
+func (c *generationCall) event(status int) *meter.Event {
 	u := c.usage
 	source := meter.SourceUpstream
 	if !c.haveUsage {
@@ -457,7 +499,7 @@ func (c *generationCall) record(status int) {
 	if c.entry.Prices.Image != 0 {
 		u.Images = countImages(*c.reqBody, c.ep)
 	}
-	c.server.recorder.Record(&meter.Event{
+	return &meter.Event{
 		ID:               c.reqID,
 		Time:             c.start.UTC(),
 		Account:          c.key.Account,
@@ -476,7 +518,7 @@ func (c *generationCall) record(status int) {
 		Latency:          time.Since(c.start),
 		TTFB:             c.ttfb,
 		Stream:           c.stream,
-	})
+	}
 }
 
 // promptText gathers the text of a request's messages (chat) or input and

@@ -111,6 +111,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
+	case "/metrics":
+		if s.metrics != nil {
+			ctx.SetContentType("text/plain; version=0.0.4")
+			ctx.SetBody(s.metrics())
+			return
+		}
 	}
 	if bytes.HasPrefix(path, []byte("/admin/")) && s.admin != nil {
 		s.admin.handle(ctx, s.world.Load())

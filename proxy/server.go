@@ -45,7 +45,9 @@ type Options struct {
 	Recorder meter.Recorder
 	// Admin serves /admin/v1; nil disables the admin API.
 	Admin *AdminAPI
-	Logf  func(format string, args ...any)
+	// Metrics renders GET /metrics (Prometheus text); nil serves none.
+	Metrics func() []byte
+	Logf    func(format string, args ...any)
 }
 
 // Server is the public listener.
@@ -54,6 +56,7 @@ type Server struct {
 	accounts Accounts
 	recorder meter.Recorder
 	admin    *AdminAPI
+	metrics  func() []byte
 	logf     func(string, ...any)
 	routes   map[routeKey]Route
 	limits   *limiter
@@ -66,6 +69,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		accounts: opts.Accounts,
 		recorder: opts.Recorder,
 		admin:    opts.Admin,
+		metrics:  opts.Metrics,
 		logf:     opts.Logf,
 		routes:   registeredRoutes(),
 		limits:   newLimiter(),

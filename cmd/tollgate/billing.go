@@ -1,11 +1,132 @@
 package main
 
-import "errors"
+import (
+	"context"
 
+	"fmt"
+	"log"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+)
+
+// runBilling is `tollgate billing`: the billing consumer on its own, for
+// deployments where gateways only publish (clickhouse.consume_in_serve:
+// false). Several may run; they share one durable consumer.
 func runBilling(args []string) error {
-	return errors.New("billing: not built yet")
+	cfg, err := config.Load(configPath(args))
+	if err != nil {
+		return err
+	}
+	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	b, err := connectNATS(ctx, cfg, logf)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
+	if err != nil {
+		return fmt.Errorf("opening accounts: %w", err)
+	}
+	defer svc.Close()
+	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
+		return fmt.Errorf("declaring the USAGE stream: %w", err)
+	}
+	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), redactDSN(cfg.ClickHouse.DSN))
+	billingLoop(ctx, cfg, b, svc, logf)
+	return nil
 }
 
+// connectNATS connects to nats.url or, when it is empty, to the embedded
+// server of a `tollgate serve` on this machine (nats.embedded_listen).
+func connectNATS(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (*broker.Broker, error) {
+	nc := cfg.NATS
+	if nc.URL == "" {
+		nc.URL = "nats://" + nc.EmbeddedListen
+	}
+	b, err := broker.Start(ctx, nc, cfg.Server.DataDir, logf)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NATS at %s (is `tollgate serve` running?): %w", nc.URL, err)
+	}
+	return b, nil
+}
+
+// billingLoop opens ClickHouse (waiting while it is down), applies the
+// migrations and runs the consumer until ctx ends. Nothing is acknowledged
+// while ClickHouse is unreachable, so events wait in JetStream.
+func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := runBillingOnce(ctx, cfg, b, svc, logf)
+		if ctx.Err() != nil {
+			return
+		}
+		logf("billing: %v; retrying in %s", err, backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) error {
+	sink, err := meter.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	if err != nil {
+		return fmt.Errorf("ClickHouse at %s unreachable: %w", redactDSN(cfg.ClickHouse.DSN), err)
+	}
+	defer sink.Close()
+	if applied, err := sink.Migrate(ctx); err != nil {
+		return fmt.Errorf("migrating ClickHouse: %w", err)
+	} else if len(applied) > 0 {
+		logf("billing: applied ClickHouse migrations %v", applied)
+	}
+	return meter.RunBilling(ctx, b.JetStream(), sink, svc.ApplyUsage, meter.BillingOptions{Logf: logf})
+}
+
+// runMigrate is `tollgate migrate`: apply pending ClickHouse migrations.
 func runMigrate(args []string) error {
-	return errors.New("migrate: not built yet")
+	cfg, err := config.Load(configPath(args))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sink, err := meter.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	if err != nil {
+		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
+	}
+	defer sink.Close()
+	applied, err := sink.Migrate(ctx)
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		fmt.Println("ClickHouse schema is up to date")
+	}
+	for _, m := range applied {
+		fmt.Println("applied", m)
+	}
+	return nil
+}
+
+// redactDSN hides a password in a DSN for logs.
+func redactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "redacted")
+			return u.String()
+		}
+	}
+	return dsn
 }

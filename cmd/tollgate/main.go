@@ -19,6 +19,7 @@ commands:
   serve                  run the gateway (reads $TOLLGATE_CONFIG, default ./gateway.yaml)
   billing                run the billing consumer (JetStream -> ClickHouse)
   migrate                apply ClickHouse migrations
+  finance [QUERY k=v...] run a finance query of deploy/clickhouse/queries.sql (no QUERY: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
   accounts create ID [-credit USD] | get ID | credit ID USD
   accounts login ID      print a one-time web console sign-in link (15 minutes)
@@ -45,6 +46,8 @@ func main() {
 		err = runBilling(args)
 	case "migrate":
 		err = runMigrate(args)
+	case "finance":
+		err = runFinance(args)
 	case "config":
 		err = runConfig(args)
 	case "accounts":

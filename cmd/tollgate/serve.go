@@ -85,6 +85,7 @@ func runServe(args []string) error {
 		Accounts: svc,
 		Recorder: rec,
 		Admin:    admin,
+		Metrics:  func() []byte { return metricsText(rec.Stats()) },
 		Logf:     logf,
 	})
 	if err != nil {
@@ -173,10 +174,38 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	return os.Rename(tmp, path)
 }
 
-// openRecorder returns where usage events go. Until durable metering is
-// configured, events debit balances in the background.
-func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) (meter.Recorder, func(), error) {
-	d := meter.NewDebiter(svc.Debit, logf)
-	go d.Run(ctx)
-	return d, d.Close, nil
+// openRecorder returns the durable usage pipeline: events go to the local
+// outbox (fsync'ed), then to JetStream stream USAGE. With
+// clickhouse.consume_in_serve the billing consumer runs here too.
+func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) (*meter.Publisher, func(), error) {
+	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
+		return nil, nil, fmt.Errorf("declaring the USAGE stream: %w", err)
+	}
+	ob, err := meter.OpenOutbox(filepath.Join(cfg.Server.DataDir, "outbox"), int64(cfg.Billing.OutboxMaxBytes))
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening the usage outbox: %w", err)
+	}
+	if r := ob.Recovery(); r.Unacked > 0 || r.TruncatedBytes > 0 {
+		logf("meter: outbox holds %d unpublished events from the last run; publishing them (%v)", r.Unacked, r.Notes)
+	}
+	pub := meter.NewPublisher(b.JetStream(), ob, logf)
+	billingCtx, stopBilling := context.WithCancel(ctx)
+	billingDone := make(chan struct{})
+	if cfg.ClickHouse.ConsumeInServe {
+		go func() {
+			defer close(billingDone)
+			billingLoop(billingCtx, cfg, b, svc, logf)
+		}()
+	} else {
+		close(billingDone)
+	}
+	return pub, func() {
+		stopBilling()
+		<-billingDone
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := pub.Close(c); err != nil {
+			logf("meter: closing the publisher: %v (unpublished events stay in the outbox for the next start)", err)
+		}
+	}, nil
 }

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
+	"github.com/tollgate/tollgate/meter"
+)
+
+// runFinance is `tollgate finance`: the finance queries of
+// deploy/clickhouse/queries.sql with their placeholders filled in, run
+// against clickhouse.dsn (ClickHouse 18.16 has no query parameters, so
+// clickhouse-client alone would need the SQL edited by hand).
+func runFinance(args []string) error {
+	fs := flag.NewFlagSet("finance", flag.ContinueOnError)
+	printSQL := fs.Bool("sql", false, "print the SQL with its parameters filled in instead of running it")
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
+		return err
+	}
+	queries, err := chmigrate.FinanceQueries()
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
+		fmt.Println("usage: tollgate finance QUERY name=value ... [-sql]\n\nqueries:")
+		for _, q := range queries {
+			var params []string
+			for _, p := range q.Params {
+				params = append(params, p.Name+"="+strings.ToLower(p.Type))
+			}
+			fmt.Printf("\n  %s %s\n    %s\n", q.Name, strings.Join(params, " "), strings.ReplaceAll(q.Doc, "\n", "\n    "))
+		}
+		return nil
+	}
+	q, err := chmigrate.FinanceQuery(pos[0])
+	if err != nil {
+		return err
+	}
+	values := map[string]string{}
+	for _, kv := range pos[1:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("parameter %q: write name=value", kv)
+		}
+		values[k] = v
+	}
+	sql, err := q.Bind(values)
+	if err != nil {
+		return err
+	}
+	if *printSQL {
+		fmt.Println(sql)
+		return nil
+	}
+	cfg, err := config.Load(configPath(nil))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sink, err := meter.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	if err != nil {
+		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
+	}
+	defer sink.Close()
+	rows, err := sink.Conn().Query(ctx, strings.TrimSuffix(strings.TrimSpace(sql), ";"))
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(rows.Columns(), "\t")+"\t")
+	types := rows.ColumnTypes()
+	for rows.Next() {
+		cells := make([]any, len(types))
+		for i, ct := range types {
+			cells[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(cells...); err != nil {
+			return err
+		}
+		out := make([]string, len(cells))
+		for i, c := range cells {
+			out[i] = fmt.Sprint(reflect.ValueOf(c).Elem().Interface())
+		}
+		fmt.Fprintln(tw, strings.Join(out, "\t")+"\t")
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return errors.Join(tw.Flush())
+}

@@ -1,0 +1,502 @@
+package meter
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/money"
+)
+
+// BillingConsumer is the durable pull consumer on USAGE that every billing
+// process shares; JetStream hands each of them a part of the stream.
+const BillingConsumer = "billing"
+
+// DebitFunc charges an account for usage, skipping events it was charged
+// for already; (*accounts.Service).ApplyUsage is the one to use. An error
+// wrapping accounts.ErrNotFound or accounts.ErrInvalidInput is final: the
+// usage is logged and left uncharged. Any other error is retried.
+type DebitFunc func(ctx context.Context, account string, usage accounts.Usage) (accounts.Account, money.Nanos, error)
+
+// BillingOptions tune RunBilling; zero values take the defaults.
+type BillingOptions struct {
+	// Batch is how many events are fetched, inserted and debited together
+	// (default 5000). It is also the consumer's MaxAckPending, so billing
+	// holds at most one batch unacknowledged across all processes.
+	Batch int
+	// MaxWait is how long a fetch waits to fill a batch (default 1s): the
+	// delay between a quiet gateway's event and its debit.
+	MaxWait time.Duration
+	// AckWait is how long JetStream waits for an ack before delivering a
+	// batch to another process (default 60s). A live process keeps its
+	// batch with progress acks while it retries.
+	AckWait time.Duration
+	// InsertTimeout bounds one INSERT attempt (default 30s).
+	InsertTimeout time.Duration
+	// Logf receives problems that do not stop billing; nil discards them.
+	Logf func(string, ...any)
+
+	// Test hooks, each run once per batch: after the INSERT and after the
+	// debits. An error ends RunBilling with no ack sent, as a crash there
+	// would.
+	afterInsert func() error
+	afterDebit  func() error
+}
+
+func (o BillingOptions) withDefaults() BillingOptions {
+	if o.Batch <= 0 {
+		o.Batch = 5000
+	}
+	if o.MaxWait <= 0 {
+		o.MaxWait = time.Second
+	}
+	if o.AckWait <= 0 {
+		o.AckWait = 60 * time.Second
+	}
+	if o.InsertTimeout <= 0 {
+		o.InsertTimeout = 30 * time.Second
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	return o
+}
+
+const (
+	maxBillingBackoff = 5 * time.Second
+	debitTimeout      = 10 * time.Second
+	debitWorkers      = 8
+	ackTimeout        = 5 * time.Second
+)
+
+// RunBilling moves usage events from the USAGE stream into ClickHouse and
+// account balances until ctx ends, then returns nil. Per batch: fetch,
+// INSERT (retried while ClickHouse is down), debit each account once for
+// the batch (ApplyUsage skips events already charged), then ack. Nothing
+// is acked before its INSERT and debit have succeeded, so a crash anywhere
+// means redelivery, and redelivery is harmless: ClickHouse keeps one row
+// per event id under FINAL and debits are idempotent per stream sequence.
+//
+// Acks are explicit, one per message: with AckAll, acking the end of this
+// process's batch would also ack messages delivered to another process
+// that has not billed them yet.
+//
+// Messages that do not decode, events with a negative cost and events
+// ClickHouse refuses (ErrInvalidEvent) are logged and terminated, so they
+// never block the stream. Events of accounts that do not exist are stored
+// in ClickHouse and logged, not charged.
+//
+// The USAGE stream must exist (EnsureUsageStream). Any number of processes
+// may run RunBilling at once.
+func RunBilling(ctx context.Context, js jetstream.JetStream, sink *ClickHouseSink, debit DebitFunc, opts BillingOptions) error {
+	opts = opts.withDefaults()
+	b := &biller{js: js, sink: sink, debit: debit, opts: opts}
+	var backoff time.Duration
+	for {
+		err := b.ensureConsumer(ctx)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		opts.Logf("billing: %v; retrying", err)
+		backoff = nextBackoff(backoff)
+		sleepCtx(ctx, backoff)
+	}
+	backoff = 0
+	for ctx.Err() == nil {
+		msgs, err := b.fetch()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
+				opts.Logf("billing: consumer %s is gone; creating it again", BillingConsumer)
+				if err := b.ensureConsumer(ctx); err != nil && ctx.Err() == nil {
+					opts.Logf("billing: %v", err)
+				}
+			} else {
+				opts.Logf("billing: fetching usage: %v", err)
+			}
+			backoff = nextBackoff(backoff)
+			sleepCtx(ctx, backoff)
+			continue
+		}
+		backoff = 0
+		if len(msgs) == 0 {
+			continue
+		}
+		if err := b.bill(ctx, msgs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type biller struct {
+	js    jetstream.JetStream
+	sink  *ClickHouseSink
+	debit DebitFunc
+	opts  BillingOptions
+	cons  jetstream.Consumer
+}
+
+func (b *biller) ensureConsumer(ctx context.Context) error {
+	cons, err := b.js.CreateOrUpdateConsumer(ctx, UsageStream, jetstream.ConsumerConfig{
+		Durable:       BillingConsumer,
+		Description:   "tollgate billing: usage into ClickHouse and balances",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       b.opts.AckWait,
+		MaxAckPending: b.opts.Batch,
+		MaxDeliver:    -1, // events are money: never give up on one
+	})
+	if err != nil {
+		return fmt.Errorf("creating consumer %s on stream %s (created by EnsureUsageStream): %w", BillingConsumer, UsageStream, err)
+	}
+	b.cons = cons
+	return nil
+}
+
+// fetch waits up to MaxWait for a batch.
+func (b *biller) fetch() ([]jetstream.Msg, error) {
+	batch, err := b.cons.Fetch(b.opts.Batch, jetstream.FetchMaxWait(b.opts.MaxWait))
+	if err != nil {
+		return nil, err
+	}
+	var msgs []jetstream.Msg
+	for msg := range batch.Messages() {
+		msgs = append(msgs, msg)
+	}
+	if err := batch.Error(); err != nil && len(msgs) == 0 && !errors.Is(err, jetstream.ErrNoMessages) {
+		return nil, err
+	}
+	return msgs, nil
+}
+
+// delivery is one decoded message of a batch.
+type delivery struct {
+	msg jetstream.Msg
+	seq uint64
+	ev  *Event
+}
+
+// bill processes one batch; it returns an error only from a test hook.
+// When ctx ends before the acks, it returns nil and the batch goes back
+// to the stream.
+func (b *biller) bill(ctx context.Context, msgs []jetstream.Msg) error {
+	stopKeepAlive := b.keepAlive(msgs)
+	defer stopKeepAlive()
+
+	var good []delivery
+	var poison []jetstream.Msg
+	var seqs []uint64
+	for _, msg := range msgs {
+		meta, err := msg.Metadata()
+		if err != nil {
+			b.opts.Logf("billing: terminating a message on %s without metadata: %v", msg.Subject(), err)
+			poison = append(poison, msg)
+			continue
+		}
+		seqs = append(seqs, meta.Sequence.Stream)
+		ev := new(Event)
+		if err := json.Unmarshal(msg.Data(), ev); err != nil {
+			b.opts.Logf("billing: terminating undecodable message %d on %s: %v: %.500q", meta.Sequence.Stream, msg.Subject(), err, msg.Data())
+			poison = append(poison, msg)
+			continue
+		}
+		if ev.CostNanos < 0 {
+			b.opts.Logf("billing: terminating event %s (message %d): negative cost %s USD", ev.ID, meta.Sequence.Stream, ev.CostNanos)
+			poison = append(poison, msg)
+			continue
+		}
+		good = append(good, delivery{msg: msg, seq: meta.Sequence.Stream, ev: ev})
+	}
+	// A message redelivered into the batch that already holds it.
+	slices.SortFunc(good, func(a, b delivery) int { return cmp.Compare(a.seq, b.seq) })
+	unique := slices.CompactFunc(slices.Clone(good), func(a, b delivery) bool { return a.seq == b.seq })
+
+	rejected, err := b.insert(ctx, unique)
+	if err != nil {
+		b.release(msgs)
+		return nil
+	}
+	if b.opts.afterInsert != nil {
+		if err := b.opts.afterInsert(); err != nil {
+			return err
+		}
+	}
+	if len(rejected) > 0 {
+		refused := make(map[uint64]bool, len(rejected))
+		for _, d := range rejected {
+			refused[d.seq] = true
+		}
+		for _, d := range good {
+			if refused[d.seq] {
+				poison = append(poison, d.msg)
+			}
+		}
+		unique = slices.DeleteFunc(unique, func(d delivery) bool { return refused[d.seq] })
+		good = slices.DeleteFunc(good, func(d delivery) bool { return refused[d.seq] })
+	}
+
+	if err := b.debitAll(ctx, unique, seqs); err != nil {
+		b.release(msgs)
+		return nil
+	}
+	if b.opts.afterDebit != nil {
+		if err := b.opts.afterDebit(); err != nil {
+			return err
+		}
+	}
+
+	stopKeepAlive()
+	b.ack(good, poison)
+	return nil
+}
+
+// insert writes the batch into ClickHouse, retrying until it succeeds or
+// ctx ends. It returns the events ClickHouse refuses (ErrInvalidEvent),
+// found by splitting the batch.
+func (b *biller) insert(ctx context.Context, batch []delivery) ([]delivery, error) {
+	var backoff time.Duration
+	var logged time.Time
+	for {
+		rejected, err := b.insertSplitting(ctx, batch)
+		if err == nil {
+			if !logged.IsZero() {
+				b.opts.Logf("billing: ClickHouse takes inserts again")
+			}
+			return rejected, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if time.Since(logged) > 10*time.Second {
+			logged = time.Now()
+			b.opts.Logf("billing: inserting %d usage events: %v; retrying, nothing is acked meanwhile", len(batch), err)
+		}
+		backoff = nextBackoff(backoff)
+		sleepCtx(ctx, backoff)
+	}
+}
+
+func (b *biller) insertSplitting(ctx context.Context, batch []delivery) ([]delivery, error) {
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	events := make([]*Event, len(batch))
+	for i, d := range batch {
+		events[i] = d.ev
+	}
+	insertCtx, cancel := context.WithTimeout(ctx, b.opts.InsertTimeout)
+	err := b.sink.Insert(insertCtx, events)
+	cancel()
+	if err == nil {
+		return nil, nil
+	}
+	if !errors.Is(err, ErrInvalidEvent) {
+		return nil, err
+	}
+	if len(batch) == 1 {
+		data, _ := json.Marshal(batch[0].ev)
+		b.opts.Logf("billing: terminating message %d, ClickHouse cannot store it: %v: %s", batch[0].seq, err, data)
+		return batch, nil
+	}
+	mid := len(batch) / 2
+	left, err := b.insertSplitting(ctx, batch[:mid])
+	if err != nil {
+		return nil, err
+	}
+	right, err := b.insertSplitting(ctx, batch[mid:])
+	if err != nil {
+		return nil, err
+	}
+	return append(left, right...), nil
+}
+
+// debitAll charges every account of the batch, in parallel, retrying
+// failures other than a missing account or refused input until ctx ends.
+// seqs are the stream sequences of every message in the batch.
+func (b *biller) debitAll(ctx context.Context, batch []delivery, seqs []uint64) error {
+	perAccount := map[string]*accounts.Usage{}
+	for _, d := range batch {
+		u := perAccount[d.ev.Account]
+		if u == nil {
+			u = &accounts.Usage{}
+			perAccount[d.ev.Account] = u
+		}
+		u.Events = append(u.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos})
+	}
+	if len(perAccount) == 0 {
+		return nil
+	}
+	covered := seqRuns(seqs)
+	settled := b.ackFloor(ctx)
+	work := make(chan string)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed error
+	for range min(debitWorkers, len(perAccount)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for account := range work {
+				u := perAccount[account]
+				u.Covered, u.SettledThrough = covered, settled
+				if err := b.debitOne(ctx, account, *u); err != nil {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for account := range perAccount {
+		work <- account
+	}
+	close(work)
+	wg.Wait()
+	return failed
+}
+
+func (b *biller) debitOne(ctx context.Context, account string, u accounts.Usage) error {
+	var backoff time.Duration
+	var logged time.Time
+	for {
+		debitCtx, cancel := context.WithTimeout(ctx, debitTimeout)
+		_, _, err := b.debit(debitCtx, account, u)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, accounts.ErrNotFound), errors.Is(err, accounts.ErrInvalidInput):
+			var total money.Nanos
+			for _, e := range u.Events {
+				total += e.Cost
+			}
+			b.opts.Logf("billing: NOT CHARGED: %d usage events, %s USD, of account %q: %v", len(u.Events), total, account, err)
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		if time.Since(logged) > 10*time.Second {
+			logged = time.Now()
+			b.opts.Logf("billing: debiting %s: %v; retrying, nothing is acked meanwhile", account, err)
+		}
+		backoff = nextBackoff(backoff)
+		sleepCtx(ctx, backoff)
+	}
+}
+
+// ackFloor is the stream sequence up to which the consumer has every
+// message acknowledged, 0 when it cannot be read (which only makes
+// ApplyUsage keep more ranges).
+func (b *biller) ackFloor(ctx context.Context) uint64 {
+	infoCtx, cancel := context.WithTimeout(ctx, ackTimeout)
+	defer cancel()
+	info, err := b.cons.Info(infoCtx)
+	if err != nil {
+		return 0
+	}
+	return info.AckFloor.Stream
+}
+
+// release hands an unfinished batch back when billing stops, so another
+// process need not wait out AckWait for it. Debits already made stay,
+// and are not made again on redelivery.
+func (b *biller) release(msgs []jetstream.Msg) {
+	for _, msg := range msgs {
+		_ = msg.Nak()
+	}
+}
+
+// ack acknowledges the billed messages and terminates the poison ones.
+// The last ack waits for the server's confirmation, and with it the
+// others sent before it on the connection. A lost ack only means a
+// redelivery, which is harmless.
+func (b *biller) ack(good []delivery, poison []jetstream.Msg) {
+	for _, msg := range poison {
+		if err := msg.TermWithReason("tollgate billing cannot use this message"); err != nil {
+			b.opts.Logf("billing: terminating message: %v", err)
+		}
+	}
+	for i, d := range good {
+		var err error
+		if i == len(good)-1 {
+			ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+			err = d.msg.DoubleAck(ctx)
+			cancel()
+		} else {
+			err = d.msg.Ack()
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			b.opts.Logf("billing: acking message %d: %v (it will be delivered again, and not charged twice)", d.seq, err)
+			return
+		}
+	}
+}
+
+// keepAlive tells JetStream every third of AckWait that the batch is
+// still being worked on, so a live process retrying a down ClickHouse
+// keeps its batch. The returned stop may be called more than once.
+func (b *biller) keepAlive(msgs []jetstream.Msg) (stop func()) {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		tick := time.NewTicker(b.opts.AckWait / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				for _, msg := range msgs {
+					_ = msg.InProgress()
+				}
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(done); <-exited })
+	}
+}
+
+// seqRuns returns the runs of consecutive sequences in seqs.
+func seqRuns(seqs []uint64) []accounts.SeqRange {
+	sorted := slices.Clone(seqs)
+	slices.Sort(sorted)
+	var runs []accounts.SeqRange
+	for _, seq := range sorted {
+		if n := len(runs); n > 0 && seq <= runs[n-1].Through+1 {
+			runs[n-1].Through = max(runs[n-1].Through, seq)
+			continue
+		}
+		runs = append(runs, accounts.SeqRange{From: seq, Through: seq})
+	}
+	return runs
+}
+
+func nextBackoff(d time.Duration) time.Duration {
+	return min(max(2*d, 100*time.Millisecond), maxBillingBackoff)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

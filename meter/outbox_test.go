@@ -1,0 +1,456 @@
+package meter
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/money"
+)
+
+func outboxTestEvent(i int) *Event {
+	return &Event{
+		ID:               fmt.Sprintf("ev-%07d", i),
+		Time:             time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second),
+		Account:          fmt.Sprintf("acct-%d", i%3),
+		Model:            "small",
+		PromptTokens:     int64(100 + i),
+		CompletionTokens: int64(i % 50),
+		CostNanos:        money.Nanos(1_000 + i),
+		UsageSource:      SourceUpstream,
+		Status:           200,
+	}
+}
+
+// checkFor polls fn every `every` until it returns nil, failing the test
+// with fn's last error once total has passed.
+func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing after %s: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+func openTestOutbox(t testing.TB, dir string, maxBytes int64) *Outbox {
+	t.Helper()
+	ob, err := OpenOutbox(dir, maxBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	return ob
+}
+
+func appendEvents(t testing.TB, ob *Outbox, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		if err := ob.Append(outboxTestEvent(i)); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+}
+
+func waitDurable(t testing.TB, ob *Outbox, seq uint64) {
+	t.Helper()
+	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+		if got, _ := ob.durableState(); got < seq {
+			return fmt.Errorf("durable through %d, want %d", got, seq)
+		}
+		return nil
+	})
+}
+
+// readAll reads every durable record after `after` and checks they are
+// the events wantFrom, wantFrom+1, … in order.
+func readAll(t testing.TB, ob *Outbox, after uint64, wantFrom int) []outboxRecord {
+	t.Helper()
+	r := ob.newReader(after)
+	defer r.close()
+	var all []outboxRecord
+	for {
+		recs, err := r.next(1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 0 {
+			break
+		}
+		all = append(all, recs...)
+	}
+	for i, rec := range all {
+		want := outboxTestEvent(wantFrom + i)
+		var got Event
+		if err := json.Unmarshal(rec.data, &got); err != nil {
+			t.Fatalf("record %d: %v", rec.seq, err)
+		}
+		if rec.id != want.ID || rec.account != want.Account || got.ID != want.ID || got.CostNanos != want.CostNanos || !got.Time.Equal(want.Time) {
+			t.Fatalf("record %d (#%d read) is %s/%s %+v, want %+v", rec.seq, i, rec.id, rec.account, got, want)
+		}
+		if i > 0 && rec.seq != all[i-1].seq+1 {
+			t.Fatalf("sequence jumps from %d to %d", all[i-1].seq, rec.seq)
+		}
+	}
+	return all
+}
+
+func TestOutboxReplaysUnackedEventsAfterReopen(t *testing.T) {
+	dir := t.TempDir()
+	ob, err := OpenOutbox(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEvents(t, ob, 0, 1000)
+	waitDurable(t, ob, 1000)
+	if got := readAll(t, ob, 0, 0); len(got) != 1000 {
+		t.Fatalf("read %d records, want 1000", len(got))
+	}
+	ob.ack(400)
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	ob = openTestOutbox(t, dir, 0)
+	if rec := ob.Recovery(); rec.Unacked != 600 || rec.TruncatedBytes != 0 {
+		t.Fatalf("recovery %+v, want 600 unacked and nothing cut", rec)
+	}
+	if got := readAll(t, ob, ob.ackedSeq(), 400); len(got) != 600 || got[0].seq != 401 {
+		t.Fatalf("replay has %d records from %d, want 600 from 401", len(got), got[0].seq)
+	}
+	// New events continue the sequence.
+	appendEvents(t, ob, 1000, 1010)
+	waitDurable(t, ob, 1010)
+	if got := readAll(t, ob, 1000, 1000); len(got) != 10 || got[0].seq != 1001 {
+		t.Fatalf("after reopen: %d new records from %d", len(got), got[0].seq)
+	}
+}
+
+func TestOutboxCutsATornTailOnOpen(t *testing.T) {
+	dir := t.TempDir()
+	ob, err := OpenOutbox(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEvents(t, ob, 0, 50)
+	waitDurable(t, ob, 50)
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	if len(segs) != 1 {
+		t.Fatalf("segments %v, want 1", segs)
+	}
+	intact, err := os.Stat(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A crash in the middle of writing the 51st record: its header and
+	// half its body reached the disk.
+	body, err := encodeOutboxPayload(outboxTestEvent(50))
+	if err != nil {
+		t.Fatal(err)
+	}
+	torn := appendOutboxRecord(nil, 51, body)
+	f, err := os.OpenFile(segs[0], os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(torn[:len(torn)/2]); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	ob = openTestOutbox(t, dir, 0)
+	if rec := ob.Recovery(); rec.Unacked != 50 || rec.TruncatedBytes != int64(len(torn)/2) {
+		t.Fatalf("recovery %+v, want 50 unacked and %d bytes cut", rec, len(torn)/2)
+	}
+	if st, _ := os.Stat(segs[0]); st.Size() != intact.Size() {
+		t.Fatalf("segment is %d bytes after open, want %d", st.Size(), intact.Size())
+	}
+	if got := readAll(t, ob, 0, 0); len(got) != 50 {
+		t.Fatalf("replay has %d records, want 50", len(got))
+	}
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A complete last record whose bytes are damaged fails its CRC.
+	data, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)-3] ^= 0x20
+	if err := os.WriteFile(segs[0], data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ob2 := openTestOutbox(t, dir, 0)
+	if rec := ob2.Recovery(); rec.Unacked != 49 || rec.TruncatedBytes == 0 {
+		t.Fatalf("recovery %+v, want the damaged 50th record cut", rec)
+	}
+	if got := readAll(t, ob2, 0, 0); len(got) != 49 {
+		t.Fatalf("replay has %d records, want 49", len(got))
+	}
+	appendEvents(t, ob2, 100, 101)
+	waitDurable(t, ob2, 50)
+	if got := readAll(t, ob2, 49, 100); len(got) != 1 || got[0].seq != 50 {
+		t.Fatalf("the next event got sequence %d, want 50 (the cut one's)", got[0].seq)
+	}
+}
+
+func TestOutboxDeletesAcknowledgedSegmentsAndWaitsOutItsBound(t *testing.T) {
+	dir := t.TempDir()
+	const maxBytes = 64 << 10 // segments of 8 KiB, about 30 events each
+	ob := openTestOutbox(t, dir, maxBytes)
+	const n = 3000 // ~20 times the bound
+	appendEvents(t, ob, 0, n)
+
+	// Past its bound the outbox stops writing; events wait in memory.
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		st := ob.Stats()
+		if st.Bytes < maxBytes || st.Queued == 0 {
+			return fmt.Errorf("stats %+v: want the bound reached and events queued", st)
+		}
+		return nil
+	})
+	if st := ob.Stats(); st.Bytes > maxBytes+outboxMaxBatch*512 {
+		t.Fatalf("segments hold %d bytes, far over the %d bound", st.Bytes, maxBytes)
+	}
+
+	// A publisher acknowledging as it reads drains it all.
+	r := ob.newReader(0)
+	defer r.close()
+	read := 0
+	checkFor(t, 20*time.Second, time.Millisecond, func() error {
+		recs, err := r.next(500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range recs {
+			if rec.id != outboxTestEvent(read).ID {
+				t.Fatalf("record %d is %s, want %s", rec.seq, rec.id, outboxTestEvent(read).ID)
+			}
+			read++
+		}
+		if len(recs) > 0 {
+			ob.ack(recs[len(recs)-1].seq)
+		}
+		if read < n {
+			return fmt.Errorf("read %d of %d", read, n)
+		}
+		return nil
+	})
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+		if st := ob.Stats(); st.Unacked != 0 || st.Segments != 1 || len(segs) != 1 {
+			return fmt.Errorf("stats %+v, %d segment files; want only the active one left", st, len(segs))
+		}
+		return nil
+	})
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ob = openTestOutbox(t, dir, maxBytes)
+	if rec := ob.Recovery(); rec.Unacked != 0 {
+		t.Fatalf("after acknowledging everything, reopening replays %d", rec.Unacked)
+	}
+}
+
+func TestOutboxRefusesEventsPastItsMemoryQueue(t *testing.T) {
+	ob := openTestOutbox(t, t.TempDir(), 256<<10)
+	refused := 0
+	for i := 0; i < outboxQueueLen+3*outboxMaxBatch && refused == 0; i++ {
+		if err := ob.Append(outboxTestEvent(i)); errors.Is(err, ErrOutboxFull) {
+			refused = i
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if refused < outboxQueueLen {
+		t.Fatalf("refused event %d, before the %d-event queue was full", refused, outboxQueueLen)
+	}
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Append(outboxTestEvent(0)); !errors.Is(err, ErrOutboxClosed) {
+		t.Fatalf("append after close: %v", err)
+	}
+}
+
+func TestOutboxIsLockedWhileOpen(t *testing.T) {
+	dir := t.TempDir()
+	openTestOutbox(t, dir, 0)
+	if _, err := OpenOutbox(dir, 0); !errors.Is(err, ErrOutboxLocked) {
+		t.Fatalf("second open: %v, want ErrOutboxLocked", err)
+	}
+}
+
+const outboxChildEnv = "TOLLGATE_TEST_OUTBOX_CHILD"
+
+// TestOutboxChild is the process TestOutboxSurvivesSIGKILL kills: it
+// appends events as fast as it can, acknowledges half of what is durable,
+// and prints the durable sequence as it grows.
+func TestOutboxChild(t *testing.T) {
+	dir := os.Getenv(outboxChildEnv)
+	if dir == "" {
+		return // only runs as the child
+	}
+	ob, err := OpenOutbox(dir, 0)
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	go func() {
+		// Enough to pass the parent's mark; more only makes it read longer.
+		for i := range 50_000 {
+			for ob.Append(outboxTestEvent(i)) != nil {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}()
+	for {
+		seq, more := ob.durableState()
+		ob.ack(seq / 2)
+		fmt.Printf("durable %d\n", seq)
+		select {
+		case <-more:
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func TestOutboxSurvivesSIGKILL(t *testing.T) {
+	dir := t.TempDir()
+	for round := range 3 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestOutboxChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), outboxChildEnv+"="+dir)
+		cmd.Stderr = os.Stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Round 0 dies before the acked file is first written, the later
+		// ones after the compactor has run a few times.
+		started := time.Now()
+		var durable uint64
+		lines := bufio.NewScanner(stdout)
+		for lines.Scan() && (durable < uint64(20_000*(round+1)) || round > 0 && time.Since(started) < 5*outboxAckPersistEvery) {
+			if seq, ok := strings.CutPrefix(lines.Text(), "durable "); ok {
+				durable, _ = strconv.ParseUint(seq, 10, 64)
+			} else {
+				t.Fatalf("child: %s", lines.Text())
+			}
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, stdout)
+		_ = cmd.Wait()
+
+		ob, err := OpenOutbox(dir, 0)
+		if err != nil {
+			t.Fatalf("round %d: reopening after SIGKILL: %v", round, err)
+		}
+		acked := ob.ackedSeq()
+		if round > 0 && acked == 0 {
+			t.Fatalf("round %d: the acked sequence was never persisted", round)
+		}
+		recs := readAllRecords(t, ob, acked)
+		if len(recs) == 0 || recs[0].seq != acked+1 || recs[len(recs)-1].seq < durable {
+			t.Fatalf("round %d: replay from %d holds %d records; want from %d through at least %d", round, acked, len(recs), acked+1, durable)
+		}
+		for i, rec := range recs {
+			if i > 0 && rec.seq != recs[i-1].seq+1 {
+				t.Fatalf("round %d: sequence jumps from %d to %d", round, recs[i-1].seq, rec.seq)
+			}
+			var ev Event
+			if err := json.Unmarshal(rec.data, &ev); err != nil || ev.ID != rec.id {
+				t.Fatalf("round %d: record %d: %v, id %q vs %q", round, rec.seq, err, ev.ID, rec.id)
+			}
+		}
+		t.Logf("round %d: killed at durable %d, acked %d; replay %d-%d, %d bytes of torn tail cut", round, durable, acked, recs[0].seq, recs[len(recs)-1].seq, ob.Recovery().TruncatedBytes)
+		if err := ob.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func readAllRecords(t testing.TB, ob *Outbox, after uint64) []outboxRecord {
+	t.Helper()
+	r := ob.newReader(after)
+	defer r.close()
+	var all []outboxRecord
+	for {
+		recs, err := r.next(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 0 {
+			return all
+		}
+		all = append(all, recs...)
+	}
+}
+
+func FuzzDecodeOutboxRecord(f *testing.F) {
+	body, _ := encodeOutboxPayload(outboxTestEvent(7))
+	valid := appendOutboxRecord(nil, 7, body)
+	f.Add(valid)
+	f.Add(valid[:len(valid)-1])
+	f.Add(append(valid, valid...))
+	f.Add([]byte{})
+	f.Add([]byte{10, 0, 0, 0, 0, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		rec, n, err := decodeOutboxRecord(b)
+		if err != nil {
+			if n != 0 {
+				t.Fatalf("error %v with length %d", err, n)
+			}
+			return
+		}
+		if n < outboxRecordHeader || n > len(b) || rec.seq == 0 {
+			t.Fatalf("decoded length %d of %d bytes, sequence %d", n, len(b), rec.seq)
+		}
+		// What decodes survives encoding and decoding again.
+		again, m, err := decodeOutboxRecord(appendOutboxRecord(nil, rec.seq, binaryPayload(rec)))
+		if err != nil || m > n || again.seq != rec.seq || again.id != rec.id || again.account != rec.account || string(again.data) != string(rec.data) {
+			t.Fatalf("round trip of %+v gave %+v, %v", rec, again, err)
+		}
+	})
+}
+
+func binaryPayload(rec outboxRecord) []byte {
+	var out []byte
+	for _, field := range []string{rec.id, rec.account} {
+		out = appendUvarint(out, uint64(len(field)))
+		out = append(out, field...)
+	}
+	return append(out, rec.data...)
+}
+
+func appendUvarint(b []byte, v uint64) []byte {
+	for v >= 0x80 {
+		b = append(b, byte(v)|0x80)
+		v >>= 7
+	}
+	return append(b, byte(v))
+}

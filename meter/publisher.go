@@ -1,0 +1,400 @@
+package meter
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
+)
+
+// The USAGE stream carries every usage event from the gateways to billing.
+const (
+	UsageStream        = "USAGE"
+	UsageSubjectPrefix = "usage." // followed by the account id
+	// UsageDuplicatesWindow is how long JetStream remembers event ids and
+	// drops a republished event. The outbox republishes what was not
+	// acknowledged before a crash when the gateway starts again, so the
+	// window must outlast a restart, outage included: an event first
+	// stored longer ago than this and republished is stored twice, and
+	// billed twice (ClickHouse still counts it once, by id).
+	// The server keeps every id of the window in memory, about 150 bytes
+	// each: 2 hours at 1,000 events/s is about 1 GB.
+	UsageDuplicatesWindow = 2 * time.Hour
+	// UsageMaxAge is how long the stream keeps events, billed or not. It
+	// must exceed UsageDuplicatesWindow: the server rebuilds its dedup
+	// memory after a restart from the events it still stores. Events not
+	// billed within it are lost to billing; it bounds the stream's disk.
+	UsageMaxAge = 7 * 24 * time.Hour
+
+	// publishMaxInFlight bounds events published and not yet acknowledged.
+	publishMaxInFlight = 4096
+	// publishAckTimeout turns a PubAck that never comes (a reply lost in
+	// a cluster failover) into an error, which republishes the event.
+	publishAckTimeout = 10 * time.Second
+	maxPublishBackoff = 5 * time.Second
+	// invalidAccountSubject takes events whose account is not a valid
+	// subject token sequence; billing reads the account from the event.
+	// '~' never appears in account ids.
+	invalidAccountSubject = UsageSubjectPrefix + "~invalid"
+)
+
+// EnsureUsageStream creates the USAGE stream or updates its configuration;
+// every gateway and billing process may call it at start-up.
+//
+// Limits retention, not work-queue: acknowledged events must stay stored
+// for the duplicates window, because after a server restart JetStream
+// rebuilds its dedup memory from stored messages only.
+func EnsureUsageStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
+	return broker.EnsureStream(ctx, js, jetstream.StreamConfig{
+		Name:        UsageStream,
+		Description: "tollgate usage events, one per billable call, id in Nats-Msg-Id",
+		Subjects:    []string{UsageSubjectPrefix + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      UsageMaxAge,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+		Duplicates:  UsageDuplicatesWindow,
+	})
+}
+
+// PublisherStats are the publisher's counters, for the metrics endpoint.
+type PublisherStats struct {
+	// OutboxDepth is events taken by Record and not yet acknowledged by
+	// JetStream: queued in memory or on disk.
+	OutboxDepth int64
+	OutboxBytes int64
+	// Published counts events acknowledged by JetStream, Duplicates those
+	// of them it already had (republished after a failure or restart).
+	Published  uint64
+	Duplicates uint64
+	// Failures counts failed publishes and outbox writes; each is retried.
+	Failures uint64
+	// Dropped (outbox_dropped_total) counts events Record could not keep:
+	// they are logged and never billed.
+	Dropped uint64
+	// LastPublishLatency is from publishing to the PubAck of the last
+	// acknowledged event.
+	LastPublishLatency time.Duration
+}
+
+// Publisher is the Recorder of a gateway with durable metering: Record
+// appends to the outbox and a goroutine publishes the outbox to the USAGE
+// stream, each event with Nats-Msg-Id set to its id, acknowledging records
+// in order as PubAcks arrive. NATS being down loses nothing: events wait
+// in the outbox and go out when it is back.
+type Publisher struct {
+	js     jetstream.JetStream // own context: own async window and ack timeout
+	nc     *nats.Conn
+	outbox *Outbox
+	logf   func(string, ...any)
+
+	published   atomic.Uint64
+	duplicates  atomic.Uint64
+	failures    atomic.Uint64
+	dropped     atomic.Uint64
+	lastLatency atomic.Int64
+
+	dropLog rateLimitedLog
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewPublisher starts publishing ob, beginning with the records it kept
+// from before (see OpenOutbox). The stream must exist (EnsureUsageStream);
+// until it does, publishing is retried. logf may be nil. The Publisher owns
+// ob from here: Close closes it.
+func NewPublisher(js jetstream.JetStream, ob *Outbox, logf func(string, ...any)) *Publisher {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	p := &Publisher{
+		js:     js,
+		nc:     js.Conn(),
+		outbox: ob,
+		logf:   logf,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	p.dropLog.logf = logf
+	// A context of its own: the async publish window and the ack timeout
+	// are per context, and the shared one has no timeout.
+	if own, err := jetstream.New(js.Conn(),
+		jetstream.WithPublishAsyncMaxPending(publishMaxInFlight),
+		jetstream.WithPublishAsyncTimeout(publishAckTimeout),
+	); err == nil {
+		p.js = own
+	} else {
+		logf("meter: publishing without an ack timeout: %v", err)
+	}
+	rec := ob.Recovery()
+	for _, note := range rec.Notes {
+		logf("meter: outbox: %s", note)
+	}
+	if rec.Unacked > 0 {
+		logf("meter: outbox holds %d usage events not acknowledged before; publishing them again (JetStream drops the ones it has)", rec.Unacked)
+	}
+	go p.run()
+	return p
+}
+
+// Record hands ev to the outbox without waiting on the disk or NATS. It
+// drops ev only when the outbox refuses it (full: see ErrOutboxFull, or
+// closed); the drop is counted in Dropped and logged with the event, so it
+// can be billed by hand.
+func (p *Publisher) Record(ev *Event) {
+	if ev.ID == "" {
+		// The id is the dedup key all the way to ClickHouse, which
+		// refuses events without one.
+		if id, err := uuid.NewV7(); err == nil {
+			ev.ID = id.String()
+		}
+	}
+	if err := p.outbox.Append(ev); err != nil {
+		p.dropped.Add(1)
+		p.dropLog.log(err, ev)
+	}
+}
+
+// RecordDurable is Record that returns a channel closed once ev is on disk
+// in the outbox, or at once if ev was dropped (the drop is counted and
+// logged as in Record).
+func (p *Publisher) RecordDurable(ev *Event) <-chan struct{} {
+	if ev.ID == "" {
+		if id, err := uuid.NewV7(); err == nil {
+			ev.ID = id.String()
+		}
+	}
+	done, err := p.outbox.AppendDurable(ev)
+	if err != nil {
+		p.dropped.Add(1)
+		p.dropLog.log(err, ev)
+		return closedChan
+	}
+	return done
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Stats returns the current counters.
+func (p *Publisher) Stats() PublisherStats {
+	ob := p.outbox.Stats()
+	return PublisherStats{
+		OutboxDepth:        int64(ob.Unacked) + int64(ob.Queued),
+		OutboxBytes:        ob.Bytes,
+		Published:          p.published.Load(),
+		Duplicates:         p.duplicates.Load(),
+		Failures:           p.failures.Load() + ob.WriteFailures,
+		Dropped:            p.dropped.Load() + ob.Lost,
+		LastPublishLatency: time.Duration(p.lastLatency.Load()),
+	}
+}
+
+// Close stops taking events, writes the queued ones to the outbox and
+// publishes until JetStream has acknowledged all of them or ctx ends, then
+// closes the outbox. What is left is published at the next start; the
+// error says how many.
+func (p *Publisher) Close(ctx context.Context) error {
+	p.closeOnce.Do(func() {
+		p.outbox.closeInput()
+		final, _ := p.outbox.durableState()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+	wait:
+		for p.outbox.ackedSeq() < final {
+			select {
+			case <-ctx.Done():
+				break wait
+			case <-p.done:
+				break wait
+			case <-tick.C:
+			}
+		}
+		close(p.stop)
+		<-p.done
+		left := final - min(p.outbox.ackedSeq(), final)
+		if err := p.outbox.Close(); err != nil {
+			p.closeErr = fmt.Errorf("closing outbox: %w", err)
+		}
+		if left > 0 {
+			p.closeErr = errors.Join(p.closeErr, fmt.Errorf("%d usage events not acknowledged by JetStream stay in the outbox for the next start: %w", left, cmp.Or(context.Cause(ctx), context.DeadlineExceeded)))
+		}
+		if lost := p.outbox.Stats().Lost; lost > 0 {
+			p.logf("meter: LOST %d usage events: the outbox could not write them while closing (%v)", lost, p.outbox.Stats().LastWriteErr)
+		}
+	})
+	return p.closeErr
+}
+
+// inflight is one published event waiting for its PubAck.
+type inflight struct {
+	seq  uint64
+	fut  jetstream.PubAckFuture
+	sent time.Time
+}
+
+// run publishes the outbox in order with up to publishMaxInFlight events
+// in flight. Records are acknowledged in the outbox in sequence order, so
+// after the first failure later PubAcks cannot count: the window is let
+// drain, and after a backoff publishing starts over from the first
+// unacknowledged record. Events republished that way are dropped by
+// JetStream as duplicates.
+func (p *Publisher) run() {
+	defer close(p.done)
+	reader := p.outbox.newReader(p.outbox.ackedSeq())
+	defer func() { reader.close() }()
+	var (
+		window    []inflight
+		failing   bool
+		backoff   time.Duration
+		errLogged time.Time
+	)
+	fail := func(format string, args ...any) {
+		p.failures.Add(1)
+		failing = true
+		if time.Since(errLogged) > 5*time.Second {
+			errLogged = time.Now()
+			p.logf("meter: publishing usage: "+format+"; retrying, events wait in the outbox", args...)
+		}
+	}
+	for {
+		// Taken before reading, so a commit after the read closes it.
+		durableSeq, more := p.outbox.durableState()
+		connected := p.nc.IsConnected()
+		canPublish := !failing && connected && len(window) < publishMaxInFlight
+		if canPublish && durableSeq > reader.after {
+			recs, err := reader.next(publishMaxInFlight - len(window))
+			if err != nil {
+				p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
+				reader.skipSegment()
+			}
+			for _, rec := range recs {
+				fut, err := p.js.PublishMsgAsync(&nats.Msg{
+					Subject: usageSubject(rec.account),
+					Header:  nats.Header{jetstream.MsgIDHeader: []string{rec.id}},
+					Data:    rec.data,
+				})
+				if err != nil {
+					fail("%v", err)
+					break
+				}
+				window = append(window, inflight{seq: rec.seq, fut: fut, sent: time.Now()})
+			}
+			if len(recs) > 0 {
+				continue // read on until the window is full or caught up
+			}
+		}
+		if failing && len(window) == 0 {
+			backoff = min(max(2*backoff, 100*time.Millisecond), maxPublishBackoff)
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(backoff):
+			}
+			reader.close()
+			reader = p.outbox.newReader(p.outbox.ackedSeq())
+			failing = false
+			continue
+		}
+		if !canPublish {
+			more = nil
+		}
+		var recheck <-chan time.Time
+		if !connected {
+			recheck = time.After(100 * time.Millisecond)
+		}
+		var acked <-chan *jetstream.PubAck
+		var failed <-chan error
+		if len(window) > 0 {
+			acked, failed = window[0].fut.Ok(), window[0].fut.Err()
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-more:
+		case <-recheck:
+		case ack := <-acked:
+			head := window[0]
+			window = window[1:]
+			if failing {
+				continue // after a failure, later PubAcks cannot move the watermark
+			}
+			backoff = 0
+			p.outbox.ack(head.seq)
+			p.published.Add(1)
+			if ack.Duplicate {
+				p.duplicates.Add(1)
+			}
+			p.lastLatency.Store(int64(time.Since(head.sent)))
+		case err := <-failed:
+			head := window[0]
+			window = window[1:]
+			fail("event %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
+		}
+		if len(window) == 0 {
+			window = nil // let the backing array go
+		}
+	}
+}
+
+// usageSubject is usage.<account>, or invalidAccountSubject for an
+// account that would not make a valid literal subject.
+func usageSubject(account string) string {
+	if account == "" || len(account) > 255 || account[0] == '.' || account[len(account)-1] == '.' {
+		return invalidAccountSubject
+	}
+	for i := 0; i < len(account); i++ {
+		switch c := account[i]; {
+		case c <= ' ', c == '*', c == '>', c == 0x7f:
+			return invalidAccountSubject
+		case c == '.' && account[i-1] == '.':
+			return invalidAccountSubject
+		}
+	}
+	return UsageSubjectPrefix + account
+}
+
+// rateLimitedLog logs dropped events, each with its full JSON so it can
+// be billed by hand, but at most dropLogBurst a second: past that it
+// counts them and says how many went unlogged.
+type rateLimitedLog struct {
+	logf       func(string, ...any)
+	mu         sync.Mutex
+	second     time.Time
+	logged     int
+	suppressed int
+}
+
+const dropLogBurst = 20
+
+func (l *rateLimitedLog) log(err error, ev *Event) {
+	now := time.Now()
+	l.mu.Lock()
+	if now.Sub(l.second) >= time.Second {
+		if l.suppressed > 0 {
+			l.logf("meter: DROPPED %d more usage events in the last second without logging them", l.suppressed)
+		}
+		l.second, l.logged, l.suppressed = now, 0, 0
+	}
+	if l.logged >= dropLogBurst {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	l.logged++
+	l.mu.Unlock()
+	data, _ := json.Marshal(ev)
+	l.logf("meter: DROPPED usage event, not billed: %v: %s", err, data)
+}

@@ -1,0 +1,414 @@
+package meter_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+)
+
+func testContext(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls fn every `every` until it returns nil, failing the test
+// with fn's last error once total has passed.
+func waitFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing after %s: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+// natsServer is an embedded nats-server that a test can stop and start
+// again on the same port and store, as a restart of the machine would.
+type natsServer struct {
+	t       testing.TB
+	dataDir string
+	listen  string
+	b       *broker.Broker
+}
+
+func startNATSServer(t testing.TB) *natsServer {
+	t.Helper()
+	s := &natsServer{t: t, dataDir: t.TempDir(), listen: "127.0.0.1:0"}
+	s.start()
+	u, err := url.Parse(s.b.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.listen = net.JoinHostPort("127.0.0.1", u.Port())
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *natsServer) start() {
+	s.t.Helper()
+	b, err := broker.Start(testContext(s.t), config.NATS{EmbeddedListen: s.listen}, s.dataDir, nil)
+	if err != nil {
+		s.t.Fatalf("starting nats: %v", err)
+	}
+	s.b = b
+}
+
+func (s *natsServer) stop() {
+	if s.b != nil {
+		s.b.Close()
+		s.b = nil
+	}
+}
+
+func (s *natsServer) url() string { return "nats://" + s.listen }
+
+// connectNATS is a gateway's own connection, which outlives server
+// restarts by reconnecting.
+func connectNATS(t testing.TB, url string) *broker.Broker {
+	t.Helper()
+	b, err := broker.Start(testContext(t), config.NATS{URL: url}, t.TempDir(), nil)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", url, err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
+func usageEvent(i int) *meter.Event {
+	return &meter.Event{
+		ID:               fmt.Sprintf("evt-%07d", i),
+		Time:             time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Millisecond),
+		Account:          fmt.Sprintf("acct-%d", i%5),
+		KeyID:            "key-1",
+		Endpoint:         "/v1/chat/completions",
+		Model:            "small",
+		Upstream:         "local",
+		PromptTokens:     int64(10 + i%1000),
+		CompletionTokens: int64(1 + i%97),
+		CostNanos:        money.Nanos(1_000_003 + int64(i%7919)*13),
+		UsageSource:      meter.SourceUpstream,
+		Status:           200,
+		Latency:          time.Duration(i%500) * time.Millisecond,
+	}
+}
+
+// streamEvents reads every message of the USAGE stream and returns how
+// often each event id occurs.
+func streamEvents(t testing.TB, js jetstream.JetStream) map[string]int {
+	t.Helper()
+	ctx := testContext(t)
+	stream, err := js.Stream(ctx, meter.UsageStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	if info.State.Msgs == 0 {
+		return seen
+	}
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for read := uint64(0); read < info.State.Msgs; {
+		batch, err := cons.Fetch(int(min(1000, info.State.Msgs-read)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			var ev meter.Event
+			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+				t.Fatalf("message on %s: %v", msg.Subject(), err)
+			}
+			if msg.Headers().Get(jetstream.MsgIDHeader) != ev.ID || msg.Subject() != meter.UsageSubjectPrefix+ev.Account {
+				t.Fatalf("event %s went to %s with id header %q", ev.ID, msg.Subject(), msg.Headers().Get(jetstream.MsgIDHeader))
+			}
+			seen[ev.ID]++
+			n++
+		}
+		if n == 0 {
+			t.Fatalf("read %d of %d stream messages, then nothing: %v", read, info.State.Msgs, batch.Error())
+		}
+		read += uint64(n)
+	}
+	return seen
+}
+
+func checkEachEventOnce(t testing.TB, seen map[string]int, n int) {
+	t.Helper()
+	missing, doubled := 0, 0
+	for i := range n {
+		switch seen[usageEvent(i).ID] {
+		case 0:
+			missing++
+		case 1:
+		default:
+			doubled++
+		}
+	}
+	if missing > 0 || doubled > 0 || len(seen) != n {
+		t.Fatalf("stream holds %d distinct events of %d: %d missing, %d more than once", len(seen), n, missing, doubled)
+	}
+}
+
+// syncLog is a logf that may be called from any goroutine until the test
+// ends.
+func syncLog(t testing.TB) func(string, ...any) {
+	var mu sync.Mutex
+	done := false
+	t.Cleanup(func() { mu.Lock(); done = true; mu.Unlock() })
+	return func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !done {
+			t.Logf(format, args...)
+		}
+	}
+}
+
+func openPublisher(t testing.TB, js jetstream.JetStream, outboxDir string) *meter.Publisher {
+	t.Helper()
+	ob, err := meter.OpenOutbox(outboxDir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(js, ob, syncLog(t))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = p.Close(ctx)
+	})
+	return p
+}
+
+func TestPublisherLosesAndDoublesNothingAcrossANATSRestart(t *testing.T) {
+	srv := startNATSServer(t)
+	gw := connectNATS(t, srv.url())
+	ctx := testContext(t)
+	if _, err := meter.EnsureUsageStream(ctx, gw.JetStream(), 1); err != nil {
+		t.Fatal(err)
+	}
+	p := openPublisher(t, gw.JetStream(), filepath.Join(t.TempDir(), "outbox"))
+
+	const n = 20_000
+	for i := range n {
+		p.Record(usageEvent(i))
+		if i%100 == 0 {
+			time.Sleep(time.Millisecond) // a steady load, not one burst
+		}
+		switch i {
+		case n / 3:
+			// The server goes away with events in flight, the load goes
+			// on, and it comes back on the same port and store.
+			srv.stop()
+		case 2 * n / 3:
+			if st := p.Stats(); st.OutboxDepth < n/3 {
+				t.Errorf("NATS down, yet only %d events wait in the outbox: %+v", st.OutboxDepth, st)
+			}
+			srv.start()
+		}
+	}
+	waitFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if st := p.Stats(); st.OutboxDepth != 0 || st.Published < n {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
+	st := p.Stats()
+	if st.Dropped != 0 {
+		t.Errorf("stats %+v: want nothing dropped", st)
+	}
+	t.Logf("stats after the restart: %+v", st)
+	checkEachEventOnce(t, streamEvents(t, gw.JetStream()), n)
+}
+
+func TestPublisherClosedWhileNATSIsDownPublishesAtTheNextStart(t *testing.T) {
+	srv := startNATSServer(t)
+	gw := connectNATS(t, srv.url())
+	ctx := testContext(t)
+	if _, err := meter.EnsureUsageStream(ctx, gw.JetStream(), 1); err != nil {
+		t.Fatal(err)
+	}
+	outboxDir := filepath.Join(t.TempDir(), "outbox")
+	ob, err := meter.OpenOutbox(outboxDir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(gw.JetStream(), ob, syncLog(t))
+	for i := range 100 {
+		p.Record(usageEvent(i))
+	}
+	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := p.Stats(); st.Published < 100 {
+			return fmt.Errorf("published %d", st.Published)
+		}
+		return nil
+	})
+	srv.stop()
+	for i := 100; i < 1000; i++ {
+		p.Record(usageEvent(i))
+	}
+	closeCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = p.Close(closeCtx)
+	cancel()
+	if err == nil {
+		t.Fatal("Close reported everything published while NATS was down")
+	}
+	t.Logf("close while NATS is down: %v", err)
+	p.Record(usageEvent(5000)) // after Close: dropped and counted
+	if st := p.Stats(); st.Dropped != 1 {
+		t.Fatalf("Record after Close: dropped %d, want 1", st.Dropped)
+	}
+
+	// The gateway starts again, NATS with it.
+	srv.start()
+	p2 := openPublisher(t, gw.JetStream(), outboxDir)
+	waitFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if st := p2.Stats(); st.OutboxDepth != 0 {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
+	checkEachEventOnce(t, streamEvents(t, gw.JetStream()), 1000)
+}
+
+// A crash between a PubAck and the acked file being written leaves
+// published events in the outbox; the next start publishes them again.
+func TestPublisherReplayOfPublishedEventsIsDeduplicated(t *testing.T) {
+	srv := startNATSServer(t)
+	ctx := testContext(t)
+	js := srv.b.JetStream()
+	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	outboxDir := t.TempDir()
+	ob, err := meter.OpenOutbox(outboxDir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(js, ob, syncLog(t))
+	for i := range 500 {
+		p.Record(usageEvent(i))
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As if the crash came before the acked file was ever written.
+	if err := os.Remove(filepath.Join(outboxDir, "acked")); err != nil {
+		t.Fatal(err)
+	}
+	p = openPublisher(t, js, outboxDir)
+	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := p.Stats(); st.OutboxDepth != 0 || st.Duplicates != 500 {
+			return fmt.Errorf("stats %+v, want all 500 republished and dropped as duplicates", st)
+		}
+		return nil
+	})
+	checkEachEventOnce(t, streamEvents(t, js), 500)
+}
+
+func TestEnsureUsageStreamIsIdempotent(t *testing.T) {
+	srv := startNATSServer(t)
+	ctx := testContext(t)
+	for range 2 {
+		st, err := meter.EnsureUsageStream(ctx, srv.b.JetStream(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		if cfg.Duplicates != meter.UsageDuplicatesWindow || cfg.Retention != jetstream.LimitsPolicy || cfg.Storage != jetstream.FileStorage || cfg.MaxAge <= cfg.Duplicates {
+			t.Fatalf("stream config %+v", cfg)
+		}
+	}
+}
+
+func TestPublisherRoutesEventsWithUnusableAccounts(t *testing.T) {
+	srv := startNATSServer(t)
+	ctx := testContext(t)
+	js := srv.b.JetStream()
+	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	p := openPublisher(t, js, t.TempDir())
+	for i, account := range []string{"", "a b", "a.*", "x..y", "ok.sub"} {
+		ev := usageEvent(i)
+		ev.Account = account
+		p.Record(ev)
+	}
+	noID := usageEvent(9)
+	noID.ID = ""
+	p.Record(noID)
+	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := p.Stats(); st.Published != 6 {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
+	if noID.ID == "" {
+		t.Fatal("an event without id was published without one")
+	}
+	stream, _ := js.Stream(ctx, meter.UsageStream)
+	for subject, want := range map[string]uint64{"usage.~invalid": 4, "usage.ok.sub": 1, "usage.acct-4": 1} {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := info.State.Subjects[subject]; got != want {
+			t.Errorf("%s holds %d events, want %d", subject, got, want)
+		}
+	}
+}
+
+// BenchmarkPublisher measures Record through the outbox to PubAcks from
+// an embedded server.
+func BenchmarkPublisher(b *testing.B) {
+	srv := startNATSServer(b)
+	ctx := testContext(b)
+	js := srv.b.JetStream()
+	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+		b.Fatal(err)
+	}
+	p := openPublisher(b, js, b.TempDir())
+	events := make([]*meter.Event, b.N)
+	for i := range events {
+		events[i] = usageEvent(i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, ev := range events {
+		p.Record(ev)
+	}
+	for p.Stats().Published < uint64(b.N) {
+		time.Sleep(time.Millisecond)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+	if st := p.Stats(); st.Dropped > 0 {
+		b.Fatalf("dropped %d", st.Dropped)
+	}
+}
