@@ -26,10 +26,12 @@ const (
 	// acknowledged before a crash when the gateway starts again, so the
 	// window must outlast a restart, outage included: an event first
 	// stored longer ago than this and republished is stored twice, and
-	// billed twice (ClickHouse still counts it once, by id).
+	// debited twice (ClickHouse still counts it once, by id). Only the
+	// events in flight at a crash (about 100 ms of traffic) are exposed,
+	// and only if the gateway stays down longer than the window.
 	// The server keeps every id of the window in memory, about 150 bytes
-	// each: 2 hours at 1,000 events/s is about 1 GB.
-	UsageDuplicatesWindow = 2 * time.Hour
+	// each: 15 minutes at 1,000 events/s is about 135 MB.
+	UsageDuplicatesWindow = 15 * time.Minute
 	// UsageMaxAge is how long the stream keeps events, billed or not. It
 	// must exceed UsageDuplicatesWindow: the server rebuilds its dedup
 	// memory after a restart from the events it still stores. Events not
