@@ -103,7 +103,9 @@ func (s *ClickHouseSink) Insert(ctx context.Context, events []*Event) error {
 	if err := batch.Send(); err != nil {
 		return fmt.Errorf("inserting %d usage events: %w", len(events), err)
 	}
-	return nil
+	// After the usage: a retry of a half-done Insert repeats both, and
+	// both tables collapse the repeat on id.
+	return s.insertLogs(ctx, events)
 }
 
 // usageColumns holds a batch column by column, the shape the native
@@ -185,4 +187,91 @@ func microseconds(d time.Duration) uint64 {
 		return 0
 	}
 	return uint64(d / time.Microsecond)
+}
+
+const insertRequestLogs = `INSERT INTO request_logs (id, time, expire_date, account, key_id, endpoint, model, stream, status, request, response)`
+
+// keepForever is the expiry of rows whose key keeps logs without a
+// retention window: the last day a ClickHouse Date holds.
+var keepForever = time.Date(2105, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// expiryOf is the day a logged row stops being kept: retention days after
+// the call's UTC day.
+func expiryOf(ev *Event) time.Time {
+	if ev.Log.RetentionDays <= 0 {
+		return keepForever
+	}
+	d := ev.Time.UTC().Truncate(24*time.Hour).AddDate(0, 0, ev.Log.RetentionDays)
+	if d.After(keepForever) {
+		return keepForever
+	}
+	return d
+}
+
+// insertLogs writes the request logs carried by events, if any.
+func (s *ClickHouseSink) insertLogs(ctx context.Context, events []*Event) error {
+	var batch driver.Batch
+	n := 0
+	for _, ev := range events {
+		if ev.Log == nil {
+			continue
+		}
+		if batch == nil {
+			var err error
+			if batch, err = s.conn.PrepareBatch(ctx, insertRequestLogs); err != nil {
+				return fmt.Errorf("inserting request logs: %w", err)
+			}
+		}
+		stream := uint8(0)
+		if ev.Stream {
+			stream = 1
+		}
+		if err := batch.Append(ev.ID, ev.Time.UTC(), expiryOf(ev), ev.Account, ev.KeyID, ev.Endpoint, ev.Model,
+			stream, uint16(ev.Status), ev.Log.Request, ev.Log.Response); err != nil {
+			_ = batch.Abort()
+			return fmt.Errorf("inserting request logs: %w", err)
+		}
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("inserting %d request logs: %w", n, err)
+	}
+	return nil
+}
+
+// PurgeExpiredLogs drops the request_logs partitions whose expiry day is
+// before today (UTC) and returns how many it dropped. It is how retention
+// windows are enforced on ClickHouse versions without TTL.
+func (s *ClickHouseSink) PurgeExpiredLogs(ctx context.Context, now time.Time) (int, error) {
+	today := now.UTC().Format("20060102")
+	rows, err := s.conn.Query(ctx, `SELECT DISTINCT partition FROM system.parts
+		WHERE database = currentDatabase() AND table = 'request_logs' AND active`)
+	if err != nil {
+		return 0, fmt.Errorf("listing request_logs partitions: %w", err)
+	}
+	var expired []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		// Partition ids are YYYYMMDD numbers, so string order is day order.
+		if len(p) == 8 && p < today {
+			expired = append(expired, p)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	for _, p := range expired {
+		if err := s.conn.Exec(ctx, "ALTER TABLE request_logs DROP PARTITION "+p); err != nil {
+			return 0, fmt.Errorf("dropping expired request_logs partition %s: %w", p, err)
+		}
+	}
+	return len(expired), nil
 }

@@ -46,6 +46,17 @@ type Event struct {
 	Stream           bool          `json:"stream"`
 	// JobID is set on batch billing events.
 	JobID string `json:"job_id,omitempty"`
+	// Log is set only for keys with request logging on: it travels the
+	// same durable pipeline as the usage and lands in request_logs.
+	Log *RequestLog `json:"log,omitempty"`
+}
+
+// RequestLog is what a logging key exchanged in one call.
+type RequestLog struct {
+	Request  string `json:"request"`  // the client's request body, as sent
+	Response string `json:"response"` // the response body; for streams, the assembled text
+	// RetentionDays is the key's retention window; 0 keeps the row forever.
+	RetentionDays int `json:"retention_days"`
 }
 
 // Recorder takes billable events. Record must not block on I/O: it is called

@@ -397,6 +397,10 @@ func (l *rateLimitedLog) log(err error, ev *Event) {
 	}
 	l.logged++
 	l.mu.Unlock()
-	data, _ := json.Marshal(ev)
+	// A logged request's text goes to request_logs or nowhere: never into
+	// the gateway's own log.
+	billable := *ev
+	billable.Log = nil
+	data, _ := json.Marshal(&billable)
 	l.logf("meter: DROPPED usage event, not billed: %v: %s", err, data)
 }

@@ -142,6 +142,12 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		reqID: reqID, start: start, stream: stream, injected: injected,
 		reqBody: bufp, req: req, resp: resp,
 	}
+	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
+		// Copied: a stream's events are recorded after the handler returns
+		// and fasthttp reuses the request body.
+		call.logging = info.Logging
+		call.logRequest = string(body)
+	}
 	err := up.client.Do(req, resp)
 	if err != nil {
 		call.release()
@@ -217,7 +223,16 @@ type generationCall struct {
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 	recorded                  bool
+
+	// Request logging, for keys that turned it on.
+	logging     accounts.Logging
+	logRequest  string
+	logResponse []byte // a non-streamed answer's body; streams log c.text
 }
+
+// keepText reports whether delta text must be kept: to estimate usage the
+// upstream has not reported (yet), or to log the assembled answer.
+func (c *generationCall) keepText() bool { return !c.haveUsage || c.logging.Enabled }
 
 // terminal reports, for a finished call, whether ev is the event that ends
 // the answer for the client: [DONE] in chat (the finish_reason chunk comes
@@ -254,6 +269,9 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		c.setUsage(u)
 	} else {
 		c.collectWholeText(body)
+	}
+	if c.logging.Enabled {
+		c.logResponse = body
 	}
 	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
 	c.release()
@@ -391,7 +409,7 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 			c.setUsage(u)
 		}
 	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta":
-		if !c.haveUsage {
+		if c.keepText() {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
 		}
 	}
@@ -430,7 +448,7 @@ func (c *generationCall) readChoices(data []byte) {
 		if ch.Get("finish_reason").Type == gjson.String {
 			c.finished = true
 		}
-		if !c.haveUsage {
+		if c.keepText() {
 			d := ch.Get("delta")
 			c.appendText(d.Get("content").Str)
 			c.appendText(d.Get("reasoning_content").Str)
@@ -518,7 +536,21 @@ func (c *generationCall) event(status int) *meter.Event {
 		Latency:          time.Since(c.start),
 		TTFB:             c.ttfb,
 		Stream:           c.stream,
+		Log:              c.requestLog(),
 	}
+}
+
+// requestLog is what a logging key exchanged: the client's request as sent
+// and the answer (the body, or for streams the assembled text).
+func (c *generationCall) requestLog() *meter.RequestLog {
+	if !c.logging.Enabled {
+		return nil
+	}
+	resp := string(c.text)
+	if !c.stream {
+		resp = string(c.logResponse)
+	}
+	return &meter.RequestLog{Request: c.logRequest, Response: resp, RetentionDays: c.logging.RetentionDays}
 }
 
 // promptText gathers the text of a request's messages (chat) or input and

@@ -586,3 +586,40 @@ func readFile(t *testing.T, p string) string {
 	}
 	return string(b)
 }
+
+func TestRequestLoggingOnlyForLoggingKeys(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 4}})
+	ctx := t.Context()
+	_, logged, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "logged", Logging: accounts.Logging{Enabled: true, RetentionDays: 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"small","messages":[{"role":"user","content":"secret question"}]}`
+	got := readAll(t, h.post("/v1/chat/completions", body, logged))
+	sbody := `{"model":"small","stream":true,"messages":[{"role":"user","content":"another"}]}`
+	readAll(t, h.post("/v1/chat/completions", sbody, logged))
+	readAll(t, h.post("/v1/chat/completions", body)) // the harness key logs nothing
+	evs := h.events(3)
+	byKey := map[bool][]*meter.Event{}
+	for _, ev := range evs {
+		byKey[ev.KeyID == h.keyID(t)] = append(byKey[ev.KeyID == h.keyID(t)], ev)
+	}
+	if len(byKey[true]) != 1 || byKey[true][0].Log != nil {
+		t.Fatalf("a key without logging logged: %+v", byKey[true])
+	}
+	for _, ev := range byKey[false] {
+		if ev.Log == nil || ev.Log.RetentionDays != 7 {
+			t.Fatalf("no log on a logging key: %+v", ev)
+		}
+		if ev.Stream {
+			if ev.Log.Request != sbody || ev.Log.Response != "tok0 tok1 tok2 tok3" {
+				t.Fatalf("stream log %+v", ev.Log)
+			}
+		} else if ev.Log.Request != body || ev.Log.Response != string(got) {
+			t.Fatalf("log %+v, answer %s", ev.Log, got)
+		}
+	}
+}

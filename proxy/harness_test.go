@@ -289,3 +289,13 @@ func (s *streamReader) next() (string, error) {
 }
 
 func readFileBytes(p string) ([]byte, error) { return os.ReadFile(p) }
+
+// keyID is the id of the harness key.
+func (h *harness) keyID(t *testing.T) string {
+	t.Helper()
+	key, err := h.svc.Verify([]byte(h.key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key.ID
+}

@@ -27,6 +27,8 @@ import (
 type Accounts interface {
 	Verify(token []byte) (*accounts.Key, error)
 	Balance(account string) (money.Nanos, bool)
+	// KeyInfo carries the key's request-logging settings.
+	KeyInfo(keyID string) (accounts.KeyInfo, bool)
 }
 
 // World is everything a request reads from configuration, built whole from

@@ -91,7 +91,29 @@ func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, s
 	} else if len(applied) > 0 {
 		logf("billing: applied ClickHouse migrations %v", applied)
 	}
+	purgeCtx, stopPurge := context.WithCancel(ctx)
+	defer stopPurge()
+	go purgeExpiredLogs(purgeCtx, sink, logf)
 	return meter.RunBilling(ctx, b.JetStream(), sink, svc.ApplyUsage, meter.BillingOptions{Logf: logf})
+}
+
+// purgeExpiredLogs enforces request-log retention windows: hourly, it drops
+// the request_logs partitions whose expiry day has passed.
+func purgeExpiredLogs(ctx context.Context, sink *meter.ClickHouseSink, logf func(string, ...any)) {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if n, err := sink.PurgeExpiredLogs(ctx, time.Now()); err != nil {
+			logf("billing: %v", err)
+		} else if n > 0 {
+			logf("billing: removed %d expired days of request logs", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // runMigrate is `tollgate migrate`: apply pending ClickHouse migrations.
