@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# make test: install what the tests need (ClickHouse from Debian), then run
-# every test. Tests start their own servers (embedded NATS, private
-# ClickHouse instances on free loopback ports) and stop them after.
+# make test: install what the tests need (ClickHouse and chromium from Debian, MinIO built
+# from source), then run every test. Tests start their own servers (embedded
+# NATS, private ClickHouse and MinIO instances on free loopback ports) and
+# stop them after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/clickhouse.sh install
+# A pinned MinIO for the s3 storage backend's tests; built once (minutes).
+scripts/minio.sh install
+# Debian's chromium for the console's browser test (about 25 s to install).
+if [ ! -x /usr/bin/chromium ]; then
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo=sudo
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get install -y chromium || { $sudo apt-get update && $sudo apt-get install -y chromium; }
+fi
 make lint
 go test -count=1 -timeout 25m ./...
 # The race detector over the packages where goroutines meet.
-go test -count=1 -race -timeout 20m ./proxy/... ./accounts ./config ./meter ./broker
+go test -count=1 -race -timeout 20m ./proxy/... ./accounts ./config ./meter ./broker ./storage

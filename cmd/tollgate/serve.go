@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/storage"
 	"github.com/tollgate/tollgate/tokens"
 
 	_ "github.com/tollgate/tollgate/plugins" // plugins register their routes in init()
@@ -91,6 +92,13 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	store, stopStore, err := openStorage(ctx, cfg, logf)
+	if err != nil {
+		return err
+	}
+	defer stopStore()
+	_ = store // batch jobs are wired next
+
 	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
 	go watcher.Run(ctx)
 
@@ -172,6 +180,36 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// openStorage opens the object store of batch jobs. The local backend
+// serves its S3-compatible upload and download endpoint on a listener of its
+// own (storage.local.listen): uploads of up to 5 GB stream to disk there,
+// which the API listener, which reads bodies whole, must not do.
+func openStorage(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (storage.Store, func(), error) {
+	store, err := storage.FromConfig(ctx, cfg, logf)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening object storage: %w", err)
+	}
+	local, ok := store.(*storage.Local)
+	if !ok {
+		return store, func() {}, nil
+	}
+	ln, err := net.Listen("tcp", cfg.Storage.Local.Listen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening for uploads on storage.local.listen %s: %w", cfg.Storage.Local.Listen, err)
+	}
+	go func() {
+		if err := local.Serve(ln); err != nil {
+			logf("storage: %v", err)
+		}
+	}()
+	logf("object storage (local) on http://%s, files in %s", ln.Addr(), filepath.Join(cfg.Server.DataDir, "objects"))
+	return store, func() {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = local.Shutdown(c)
+	}, nil
 }
 
 // openRecorder returns the durable usage pipeline: events go to the local
