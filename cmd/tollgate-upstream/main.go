@@ -24,6 +24,7 @@ func main() {
 	flag.IntVar(&o.PromptTokens, "prompt-tokens", 10, "prompt_tokens reported in usage")
 	flag.IntVar(&o.CachedTokens, "cached-tokens", 0, "cached prompt tokens reported in usage")
 	flag.IntVar(&o.ReasoningTokens, "reasoning-tokens", 0, "reasoning tokens reported in usage")
+	flag.BoolVar(&o.ClassifierAnswers, "classifier-answers", true, "answer the llm classifier engine's prompts with JSON and logprobs")
 	flag.Parse()
 	// A long-running process must not keep every request it ever served.
 	o.NoRecord = true
