@@ -45,8 +45,16 @@ func (b *classifyBody) request(cfg *config.Config) (classifiers.ClassifyRequest,
 	if err := requireText("text", b.Text, cfg.Plugins); err != nil {
 		return classifiers.ClassifyRequest{}, err
 	}
+	req, apiErr := b.classification(cfg)
+	req.Text = b.Text
+	return req, apiErr
+}
+
+// classification validates every field but text, which batch jobs share
+// (spec 4.3).
+func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyRequest, *proxy.APIError) {
 	req := classifiers.ClassifyRequest{
-		Text: b.Text, Labels: b.Labels, Descriptions: b.Descriptions, Examples: b.Examples,
+		Labels: b.Labels, Descriptions: b.Descriptions, Examples: b.Examples,
 		TextType: b.TextType, Mode: classifiers.Mode(b.Mode),
 	}
 	threshold := b.Threshold

@@ -37,11 +37,13 @@ type harness struct {
 	cfgPath string
 	opts    harnessOptions
 	client  *http.Client
+	broker  *broker.Broker
+	ctx     context.Context
 }
 
 // gatewayYAML is the test config: %[1]s upstream base URL, %[2]s data dir,
 // %[3]s trusted proxies, %[4]s the plugins section, %[5]s the classifiers
-// section.
+// section, %[6]s more top-level sections.
 const gatewayYAML = `
 server:
   listen: 127.0.0.1:0
@@ -70,6 +72,7 @@ plugins:
 %[4]s
 classifiers:
 %[5]s
+%[6]s
 `
 
 const defaultClassifiers = `
@@ -90,6 +93,8 @@ type harnessOptions struct {
 	plugins        string
 	classifiers    string
 	trustedProxies string // e.g. "127.0.0.1"
+	// extra is more top-level sections (storage, batch).
+	extra string
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -104,7 +109,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	ho.upstream.ClassifierAnswers = true
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	h := &harness{t: t, up: proxytest.NewServer(ho.upstream), rec: meter.NewMemory(nil), opts: ho}
+	h := &harness{t: t, up: proxytest.NewServer(ho.upstream), rec: meter.NewMemory(nil), opts: ho, ctx: ctx}
 	t.Cleanup(h.up.Close)
 	dir := t.TempDir()
 	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
@@ -112,6 +117,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
+	h.broker = b
 	h.cfgPath = filepath.Join(dir, "gateway.yaml")
 	h.writeConfig(ho)
 	cfg, err := config.Load(h.cfgPath)
@@ -161,7 +167,7 @@ func (h *harness) newKey(account string, req accounts.KeyRequest) string {
 // writeConfig writes the config file atomically, as editors do.
 func (h *harness) writeConfig(ho harnessOptions) {
 	h.t.Helper()
-	s := fmt.Sprintf(gatewayYAML, h.up.URL, filepath.Dir(h.cfgPath), ho.trustedProxies, ho.plugins, ho.classifiers)
+	s := fmt.Sprintf(gatewayYAML, h.up.URL, filepath.Dir(h.cfgPath), ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
 	tmp := h.cfgPath + ".tmp"
 	if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
 		h.t.Fatal(err)

@@ -65,3 +65,6 @@ go test -run '^$' -bench . -benchtime 2s ./proxy ./accounts ./classifiers 2>&1 |
 echo
 echo "classifiers, lexical engine on the evaluation texts (latency per call, throughput):"
 go run ./cmd/tollgate-eval -bench
+
+echo
+scripts/bench-batch.sh

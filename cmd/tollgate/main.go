@@ -18,6 +18,7 @@ const usage = `usage: tollgate <command> [flags]
 commands:
   serve                  run the gateway (reads $TOLLGATE_CONFIG, default ./gateway.yaml)
   billing                run the billing consumer (JetStream -> ClickHouse)
+  worker                 run batch jobs only (storage.backend s3), beside the gateways
   migrate                apply ClickHouse migrations
   finance [QUERY k=v...] run a finance query of deploy/clickhouse/queries.sql (no QUERY: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
@@ -42,6 +43,8 @@ func main() {
 	switch cmd {
 	case "serve":
 		err = runServe(args)
+	case "worker":
+		err = runWorker(args)
 	case "billing":
 		err = runBilling(args)
 	case "migrate":

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/console" // also registers /console in init()
@@ -25,7 +26,7 @@ import (
 	"github.com/tollgate/tollgate/storage"
 	"github.com/tollgate/tollgate/tokens"
 
-	_ "github.com/tollgate/tollgate/plugins" // plugins register their routes in init()
+	"github.com/tollgate/tollgate/plugins" // plugins register their routes in init()
 )
 
 func runServe(args []string) error {
@@ -97,7 +98,22 @@ func runServe(args []string) error {
 		return err
 	}
 	defer stopStore()
-	_ = store // batch jobs are wired next
+	jobs, err := batch.Open(ctx, b.JetStream(), store, batch.Options{
+		Replicas: b.Replicas(), Runtime: plugins.BatchRuntime(srv), Recorder: rec, Logf: logf})
+	if err != nil {
+		return fmt.Errorf("opening batch jobs: %w", err)
+	}
+	plugins.ServeBatch(srv, jobs)
+	workerDone := make(chan struct{})
+	go func() {
+		defer close(workerDone)
+		if err := jobs.RunWorker(ctx); err != nil {
+			logf("batch worker: %v", err)
+		}
+	}()
+	// Runs before the store, the recorder and NATS close: a job stopped
+	// here resumes from its checkpoint on another worker or at next start.
+	defer func() { stop(); <-workerDone }()
 
 	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
 	go watcher.Run(ctx)

@@ -1,0 +1,381 @@
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/storage"
+)
+
+// ErrInvalid: the request cannot make a job; the message says why.
+var ErrInvalid = errors.New("invalid batch request")
+
+// CreateParams is a validated POST /v1/batch.
+type CreateParams struct {
+	Account, KeyID string
+	KeyModels      []string
+	Classifier     string
+	Request        Request
+	Model          string
+}
+
+// Created is the 201 answer of POST /v1/batch (spec 4.3).
+type Created struct {
+	JobID        string            `json:"job_id"`
+	UploadURL    string            `json:"upload_url"`
+	UploadFields map[string]string `json:"upload_fields"`
+	InputKey     string            `json:"input_key"`
+	// UploadExpiresAt is when upload_url stops accepting the file.
+	UploadExpiresAt string `json:"upload_expires_at"`
+}
+
+// Create records a pending job and presigns the upload of its input.
+func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
+	cfg := s.runtime.Config()
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Created{}, fmt.Errorf("making a job id: %w", err)
+	}
+	now := time.Now().UTC()
+	j := &Job{
+		ID: id.String(), Account: p.Account, KeyID: p.KeyID, KeyModels: p.KeyModels, Status: StatusPending,
+		Classifier: p.Classifier, Request: p.Request, Model: p.Model, Price: cfg.Batch.PricePerToken,
+		InputKey: inputObject(p.Account, id.String()), CreatedAt: now,
+	}
+	data, err := json.Marshal(j)
+	if err != nil {
+		return Created{}, fmt.Errorf("encoding job %s: %w", j.ID, err)
+	}
+	if len(data) > maxRequestBytes {
+		return Created{}, apiError(ErrInvalid, "labels, descriptions and examples of a batch job take %d bytes; at most %d are kept with a job", len(data), maxRequestBytes)
+	}
+	ttl := cfg.Storage.UploadTTL
+	url, fields, err := s.store.PresignPost(ctx, j.InputKey, int64(cfg.Storage.MaxUploadBytes), ttl)
+	if err != nil {
+		return Created{}, fmt.Errorf("presigning the upload of job %s: %w", j.ID, err)
+	}
+	if _, err := s.jobs.Create(ctx, jobKey(p.Account, j.ID), data); err != nil {
+		return Created{}, fmt.Errorf("saving job %s: %w", j.ID, err)
+	}
+	return Created{JobID: j.ID, UploadURL: url, UploadFields: fields, InputKey: j.InputKey,
+		UploadExpiresAt: *formatTime(new(now.Add(ttl)))}, nil
+}
+
+// Get returns one of account's jobs.
+func (s *Service) Get(ctx context.Context, account, id string) (*Job, error) {
+	j, _, err := s.load(ctx, account, id)
+	return j, err
+}
+
+// load returns the job and its revision; ErrNotFound for an id account
+// has no job under.
+func (s *Service) load(ctx context.Context, account, id string) (*Job, uint64, error) {
+	if !validJobID(id) {
+		return nil, 0, apiError(ErrNotFound, "no batch job has the id %q: job ids are UUIDs as POST /v1/batch returns them", id)
+	}
+	entry, err := s.jobs.Get(ctx, jobKey(account, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	j, err := decodeJob(entry.Value())
+	if err != nil {
+		return nil, 0, err
+	}
+	if j.Account != account { // the key says otherwise; never show it
+		return nil, 0, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
+	}
+	return j, entry.Revision(), nil
+}
+
+// List returns account's 20 newest jobs, newest first.
+func (s *Service) List(ctx context.Context, account string) ([]*Job, error) {
+	lister, err := s.jobs.ListKeysFiltered(ctx, accountToken(account)+".*")
+	if err != nil {
+		return nil, fmt.Errorf("listing jobs: %w", err)
+	}
+	var ids []string
+	for key := range lister.Keys() {
+		if _, id, ok := strings.Cut(key, "."); ok {
+			ids = append(ids, id)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// UUIDv7 ids sort by creation time.
+	slices.Sort(ids)
+	slices.Reverse(ids)
+	ids = slices.Compact(ids)
+	jobs := make([]*Job, 0, listLength)
+	for _, id := range ids {
+		if len(jobs) == listLength {
+			break
+		}
+		j, _, err := s.load(ctx, account, id)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted since the listing
+		}
+		if err != nil {
+			return nil, err
+		}
+		jobs = append(jobs, j)
+	}
+	return jobs, nil
+}
+
+// Results returns a download URL of a completed job's results and when it
+// expires.
+func (s *Service) Results(ctx context.Context, account, id string) (string, time.Time, error) {
+	j, _, err := s.load(ctx, account, id)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	switch j.Status {
+	case StatusCompleted:
+	case StatusFailed:
+		return "", time.Time{}, apiError(ErrConflict, "job %s failed (%s): it has no results; start it again", id, j.Error)
+	default:
+		return "", time.Time{}, apiError(ErrConflict, "job %s is %s: results can be downloaded once it is completed", id, j.Status)
+	}
+	ttl := s.runtime.Config().Storage.DownloadTTL
+	url, err := s.store.PresignGet(ctx, j.OutputKey, ttl)
+	if err != nil {
+		return "", time.Time{}, fmt.Errorf("presigning the results of job %s: %w", id, err)
+	}
+	return url, time.Now().Add(ttl), nil
+}
+
+// Delete removes a job that is not processing, with its files.
+func (s *Service) Delete(ctx context.Context, account, id string) error {
+	for try := 0; ; try++ {
+		j, rev, err := s.load(ctx, account, id)
+		if err != nil {
+			return err
+		}
+		if j.Status == StatusProcessing {
+			return apiError(ErrConflict, "job %s is processing and cannot be deleted: wait until it is completed or failed", id)
+		}
+		err = s.jobs.Delete(ctx, jobKey(account, id), jetstream.LastRevision(rev))
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && try < 3 {
+			continue // changed meanwhile (started?): look again
+		}
+		if err != nil {
+			return fmt.Errorf("deleting job %s: %w", id, err)
+		}
+		// The record is gone first, so the job can no longer start while
+		// its files go; a file that cannot be deleted is only logged.
+		for _, key := range j.objects() {
+			if err := s.store.Delete(ctx, key); err != nil {
+				s.logf("batch: job %s deleted, but not its file %s: %v", id, key, err)
+			}
+		}
+		s.release(ctx, account, id)
+		return nil
+	}
+}
+
+// objects lists every file the job has made: input, results, and the
+// parts of every run.
+func (j *Job) objects() []string {
+	keys := []string{j.InputKey}
+	if j.OutputKey != "" {
+		keys = append(keys, j.OutputKey)
+	}
+	keys = append(keys, j.partKeys(j.Progress.Parts)...)
+	return append(keys, j.partKeys(j.Leftovers)...)
+}
+
+// Start moves a pending or failed job to processing and queues it (spec
+// section 3).
+func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
+	for try := 0; ; try++ {
+		j, rev, err := s.load(ctx, account, id)
+		if err != nil {
+			return nil, err
+		}
+		switch j.Status {
+		case StatusProcessing:
+			return nil, apiError(ErrConflict, "job %s is already processing: poll GET /v1/batch/%s until it is completed or failed", id, id)
+		case StatusCompleted:
+			return nil, apiError(ErrConflict, "job %s is completed and cannot run again: download its results, or create a new job", id)
+		}
+		if _, err := s.store.Stat(ctx, j.InputKey); errors.Is(err, storage.ErrNotExist) {
+			return nil, apiError(ErrNoInput, "job %s has no input file yet: upload it first (POST the file to upload_url with every upload_fields entry as a form field, the file last as field \"file\"), then start the job", id)
+		} else if err != nil {
+			return nil, fmt.Errorf("checking the input of job %s: %w", id, err)
+		}
+		if err := s.claim(ctx, account, id); err != nil {
+			return nil, err
+		}
+		next := cloneJob(j)
+		now := time.Now().UTC()
+		next.Status = StatusProcessing
+		next.Run++
+		next.Attempt, next.Worker, next.HeartbeatAt = 0, "", nil
+		next.RequestsTotal, next.RequestsCompleted, next.RequestsFailed, next.EstimatedTokens = 0, 0, 0, 0
+		next.ActualTokens, next.StartedAt, next.CompletedAt, next.Error = nil, &now, nil, ""
+		// A failed run's parts are deleted by the worker that takes up
+		// this run; until then they are listed as leftovers.
+		next.Leftovers = append(next.Leftovers, next.Progress.Parts...)
+		next.Progress = Progress{}
+		data, err := json.Marshal(next)
+		if err != nil {
+			s.release(ctx, account, id)
+			return nil, fmt.Errorf("encoding job %s: %w", id, err)
+		}
+		_, err = s.jobs.Update(ctx, jobKey(account, id), data, rev)
+		if err != nil {
+			s.release(ctx, account, id)
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && try < 3 {
+				continue
+			}
+			return nil, fmt.Errorf("starting job %s: %w", id, err)
+		}
+		if err := s.enqueue(ctx, next, fmt.Sprintf("%s.%d", id, next.Run)); err != nil {
+			s.abandonStart(account, id, err)
+			return nil, fmt.Errorf("queueing job %s: %w", id, err)
+		}
+		return next, nil
+	}
+}
+
+// abandonStart fails a job that was marked processing but could not be
+// queued, so the client can start it again.
+func (s *Service) abandonStart(account, id string, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j, rev, err := s.load(ctx, account, id)
+	if err == nil && j.Status == StatusProcessing {
+		now := time.Now().UTC()
+		j.Status, j.Error, j.CompletedAt = StatusFailed, "the job could not be queued ("+cause.Error()+"): start it again", &now
+		if data, err := json.Marshal(j); err == nil {
+			_, err = s.jobs.Update(ctx, jobKey(account, id), data, rev)
+			if err != nil {
+				s.logf("batch: job %s is processing but not queued; the reaper queues it: %v", id, err)
+			}
+		}
+	}
+	s.release(ctx, account, id)
+}
+
+// enqueue puts a run of j on the work queue. msgID makes a repeated
+// publish of the same run a no-op.
+func (s *Service) enqueue(ctx context.Context, j *Job, msgID string) error {
+	data, err := json.Marshal(workMessage{Key: jobKey(j.Account, j.ID), Run: j.Run})
+	if err != nil {
+		return err
+	}
+	_, err = s.js.Publish(ctx, workSubjectPrefix+j.ID, data, jetstream.WithMsgID(msgID))
+	return err
+}
+
+// claim takes the account's processing slot for job id: a KV create, which
+// exactly one of several gateways starting jobs of one account at once
+// wins. A marker that no longer stands for a processing job is cleared
+// first (see markerStale).
+func (s *Service) claim(ctx context.Context, account, id string) error {
+	key := accountToken(account)
+	value, err := json.Marshal(activeMarker{JobID: id, Since: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	for range 5 {
+		_, err := s.active.Create(ctx, key, value)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return fmt.Errorf("claiming the account's active job: %w", err)
+		}
+		entry, err := s.active.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // released meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("reading the account's active job: %w", err)
+		}
+		stale, holder, err := s.markerStale(ctx, account, entry.Value())
+		if err != nil {
+			return err
+		}
+		if !stale {
+			if holder == id {
+				return apiError(ErrConflict, "job %s is being started by another request", id)
+			}
+			return apiError(ErrConflict, "job %s of this account is processing, and an account runs one job at a time: start job %s once it is completed or failed (GET /v1/batch/%s)", holder, id, holder)
+		}
+		err = s.active.Delete(ctx, key, jetstream.LastRevision(entry.Revision()))
+		if err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return fmt.Errorf("clearing the account's finished job: %w", err)
+		}
+	}
+	return apiError(ErrConflict, "other jobs of this account are being started at the same time; try again")
+}
+
+// markerStale reports whether an active marker no longer holds the slot:
+// its job was deleted or completed, or it failed after the marker was set,
+// or — for a job still pending or failed before — the marker is older than
+// a start takes (the start died half way). A young marker of a pending job
+// is a start in progress and holds.
+func (s *Service) markerStale(ctx context.Context, account string, value []byte) (stale bool, holder string, err error) {
+	var m activeMarker
+	if err := json.Unmarshal(value, &m); err != nil || m.JobID == "" {
+		return true, "", nil
+	}
+	j, _, err := s.load(ctx, account, m.JobID)
+	if errors.Is(err, ErrNotFound) {
+		return true, m.JobID, nil
+	}
+	if err != nil {
+		return false, m.JobID, err
+	}
+	switch {
+	case j.Status == StatusProcessing:
+		return false, m.JobID, nil
+	case j.Status == StatusCompleted:
+		return true, m.JobID, nil
+	case j.Status == StatusFailed && j.CompletedAt != nil && !j.CompletedAt.Before(m.Since):
+		return true, m.JobID, nil
+	}
+	return time.Since(m.Since) > s.t.startGrace, m.JobID, nil
+}
+
+// release frees the account's slot if job id holds it.
+func (s *Service) release(ctx context.Context, account, id string) {
+	key := accountToken(account)
+	entry, err := s.active.Get(ctx, key)
+	if err != nil {
+		return
+	}
+	var m activeMarker
+	if json.Unmarshal(entry.Value(), &m) != nil || m.JobID != id {
+		return
+	}
+	if err := s.active.Delete(ctx, key, jetstream.LastRevision(entry.Revision())); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		s.logf("batch: releasing the active job of %s: %v (the next start clears it)", account, err)
+	}
+}
+
+// cloneJob returns a deep copy of j.
+func cloneJob(j *Job) *Job {
+	data, err := json.Marshal(j)
+	if err != nil {
+		panic(fmt.Sprintf("batch: a job record does not encode: %v", err)) // every field is plain data
+	}
+	c, err := decodeJob(data)
+	if err != nil {
+		panic(fmt.Sprintf("batch: a job record does not decode: %v", err))
+	}
+	return c
+}

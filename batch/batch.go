@@ -1,0 +1,229 @@
+// Package batch runs batch classification jobs (spec 2.1-2.3, 3, 4.3-4.9).
+//
+// A job is a record in JetStream KV. Starting it claims the account's one
+// processing slot with a KV create (atomic across gateways) and puts the
+// job on a JetStream work queue; any gateway, or `tollgate worker`, takes
+// it from there. The worker streams the input from object storage line by
+// line, classifies lines with bounded concurrency, and streams the results,
+// in input order, into parts of the output; after each part it saves a
+// checkpoint in the record. A worker that dies stops renewing its claim on
+// the work message, so JetStream hands the job to another worker, which
+// resumes from the checkpoint: no line is lost, none is written twice.
+// When the job completes its parts are joined into one results file and
+// the job is billed once, through the meter, at batch.price_per_token.
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/storage"
+)
+
+// JetStream names.
+const (
+	// JobsBucket holds job records, key <account>.<job_id>.
+	JobsBucket = "TOLLGATE_BATCH_JOBS"
+	// ActiveBucket holds, per account, the job that is processing: the one
+	// active job rule (spec section 8).
+	ActiveBucket = "TOLLGATE_BATCH_ACTIVE"
+	// WorkStream is the work queue, one subject per job.
+	WorkStream = "BATCH_WORK"
+	// workSubjectPrefix + job id is a job's work subject.
+	workSubjectPrefix = "batch.work."
+	// workerConsumer is the durable consumer every worker pulls from.
+	workerConsumer = "batch-workers"
+)
+
+// Errors of the API calls. Each is wrapped in an *Error whose message is
+// written for the client.
+var (
+	// ErrNotFound: no job of this account has this id. Another account's
+	// job is not found either: it is never visible.
+	ErrNotFound = errors.New("batch job not found")
+	// ErrConflict: the job's state does not allow the call (spec section
+	// 3); the message says what would.
+	ErrConflict = errors.New("batch job state does not allow this")
+	// ErrNoInput: start found no input file; upload it to the job's
+	// upload_url with its upload_fields (spec 4.4), then start again.
+	ErrNoInput = errors.New("batch input not uploaded")
+	// ErrEngineUnavailable, wrapped by an Engine's error, means the engine
+	// cannot answer any line now (its upstream is down or overloaded). The
+	// worker retries the line with backoff, and fails the job when the
+	// engine stays away; the client starts the job again later.
+	ErrEngineUnavailable = errors.New("classification engine unavailable")
+)
+
+// Error is an API error: Kind is one of the errors above, Msg the message
+// for the client.
+type Error struct {
+	Kind error
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }
+func (e *Error) Unwrap() error { return e.Kind }
+
+func apiError(kind error, format string, args ...any) *Error {
+	return &Error{Kind: kind, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Runtime is what jobs need from the gateway: the configuration in force
+// (it reloads while jobs run) and the engine a job's lines run on.
+// plugins.BatchRuntime implements it.
+type Runtime interface {
+	Config() *config.Config
+	// Engine returns the engine for job, from its Model and KeyModels and
+	// the configuration in force. An error fails the job with its message.
+	Engine(job *Job) (Engine, error)
+}
+
+// Engine classifies the lines of one job. It is called from many
+// goroutines at once. An error wrapping ErrEngineUnavailable is retried;
+// any other fails only its line, with the error's message written into the
+// results, so it must not name internal addresses.
+type Engine interface {
+	Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error)
+}
+
+// Options configures Open.
+type Options struct {
+	// Replicas of the buckets and the stream (broker.Replicas).
+	Replicas int
+	Runtime  Runtime
+	// Recorder receives one event per completed job. It must drop an event
+	// whose ID it has already taken (the JetStream publisher does, through
+	// Nats-Msg-Id): a worker that dies between billing and recording the
+	// completion bills again, with the same event ID.
+	Recorder meter.Recorder
+	Logf     func(format string, args ...any)
+	// Name identifies this process in job records; default host:pid.
+	Name string
+	// AckWait is how long a worker that stopped renewing its claim on a
+	// job (it died, or lost NATS) keeps it before another worker takes it
+	// over. Default 30s.
+	AckWait time.Duration
+
+	tuning tuning
+}
+
+// tuning holds timings tests shorten (see export_test.go).
+type tuning struct {
+	startGrace    time.Duration // a fresh active marker may be a start in progress
+	heartbeat     time.Duration // record heartbeat and work message renewal
+	checkpointAge time.Duration // longest time between checkpoints
+	staleAfter    time.Duration // a processing job silent this long, with no work message, is queued again
+	reapEvery     time.Duration
+	retryBackoff  time.Duration // first wait after ErrEngineUnavailable; doubles
+	retries       int
+	maxAttempts   int // workers taking up one run before it fails
+	hook          func(point string) bool
+}
+
+const (
+	// maxRequestBytes bounds a job's labels, descriptions and examples as
+	// stored in its record (NATS messages default to at most 1MiB).
+	maxRequestBytes = 256 << 10
+	// listLength is spec 4.6's 20 most recent jobs.
+	listLength = 20
+	// workDuplicates is how long the work stream remembers message ids.
+	workDuplicates = 2 * time.Minute
+)
+
+// Service is the batch job store, queue and worker of one process. It is
+// safe for concurrent use.
+type Service struct {
+	js       jetstream.JetStream
+	jobs     jetstream.KeyValue
+	active   jetstream.KeyValue
+	work     jetstream.Stream
+	store    storage.Store
+	runtime  Runtime
+	recorder meter.Recorder
+	logf     func(string, ...any)
+	name     string
+	ackWait  time.Duration
+	t        tuning
+}
+
+// Open declares the buckets and the work stream (idempotent, so every
+// process calls it at start) and returns the service. Workers run only
+// once RunWorker is called.
+func Open(ctx context.Context, js jetstream.JetStream, store storage.Store, opts Options) (*Service, error) {
+	if opts.Runtime == nil || opts.Recorder == nil || store == nil {
+		return nil, errors.New("batch: Open needs a store, a Runtime and a Recorder")
+	}
+	replicas := max(opts.Replicas, 1)
+	s := &Service{js: js, store: store, runtime: opts.Runtime, recorder: opts.Recorder, logf: opts.Logf, name: opts.Name,
+		ackWait: opts.AckWait, t: opts.tuning}
+	if s.logf == nil {
+		s.logf = func(string, ...any) {}
+	}
+	if s.name == "" {
+		host, _ := os.Hostname()
+		s.name = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if s.ackWait <= 0 {
+		s.ackWait = 30 * time.Second
+	}
+	s.t.defaults(s.ackWait)
+	var err error
+	s.jobs, err = broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: JobsBucket, Description: "tollgate batch jobs, key <account>.<job_id>",
+		History: 1, Storage: jetstream.FileStorage, Replicas: replicas,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.active, err = broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: ActiveBucket, Description: "tollgate batch: the processing job of each account",
+		History: 1, Storage: jetstream.FileStorage, Replicas: replicas,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.work, err = broker.EnsureStream(ctx, js, jetstream.StreamConfig{
+		Name: WorkStream, Description: "tollgate batch jobs to process, subject batch.work.<job_id>",
+		Subjects: []string{workSubjectPrefix + "*"}, Retention: jetstream.WorkQueuePolicy,
+		Storage: jetstream.FileStorage, Replicas: replicas, Duplicates: workDuplicates,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (t *tuning) defaults(ackWait time.Duration) {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&t.startGrace, 30*time.Second)
+	def(&t.heartbeat, min(10*time.Second, ackWait/3))
+	def(&t.checkpointAge, 10*time.Second)
+	def(&t.staleAfter, max(5*time.Minute, 4*ackWait))
+	def(&t.reapEvery, time.Minute)
+	def(&t.retryBackoff, time.Second)
+	if t.retries <= 0 {
+		t.retries = 5
+	}
+	if t.maxAttempts <= 0 {
+		t.maxAttempts = 10
+	}
+}
+
+// at calls the test hook; true means "die here": the worker stops at once,
+// as if killed, without another write.
+func (s *Service) at(point string) bool {
+	return s.t.hook != nil && s.t.hook(point)
+}

@@ -1,0 +1,565 @@
+package batch_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+// wantBilled checks the job's one usage event: its id is the job id, its
+// tokens those of the results, its cost tokens × 0.08 USD per 1M.
+func wantBilled(t *testing.T, e *env, j *batch.Job, tokens int64) {
+	t.Helper()
+	evs := e.jobEvents(j.ID)
+	ids := map[string]bool{}
+	for _, ev := range evs {
+		ids[ev.ID] = true
+	}
+	if len(evs) == 0 || len(ids) != 1 || !ids[j.ID] {
+		t.Fatalf("job %s: %d usage events with ids %v, want one (repeats only with the same id, the job's)", j.ID, len(evs), ids)
+	}
+	ev := evs[0]
+	price, _ := money.ParsePrice("0.00000008")
+	var cost money.Atto
+	cost.Add(tokens, price)
+	if ev.Endpoint != "/v1/batch" || ev.Account != j.Account || ev.KeyID != j.KeyID || ev.PromptTokens+ev.CompletionTokens != tokens ||
+		ev.CostNanos != cost.Nanos() || ev.Status != 200 {
+		t.Fatalf("usage event %+v; want endpoint /v1/batch, %d tokens, cost %d nano-USD", ev, tokens, cost.Nanos())
+	}
+	if j.ActualTokens == nil || *j.ActualTokens != tokens || !j.Billed {
+		t.Fatalf("job actual_tokens %v billed %v, want %d and billed", j.ActualTokens, j.Billed, tokens)
+	}
+}
+
+func TestJobRunsToCompletion(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	const n = 1000
+	for _, mode := range []string{"single", "multi"} {
+		t.Run(mode, func(t *testing.T) {
+			id := e.create(svc, "acme", inputLines(n, 97), mode)
+			if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+				t.Fatal(err)
+			}
+			j := e.waitEnd(svc, "acme", id, 30*time.Second)
+			lines, tokens := checkResults(t, e.results(j), n)
+			bad := n / 97
+			if j.RequestsTotal != n || j.RequestsCompleted != n-int64(bad) || j.RequestsFailed != int64(bad) {
+				t.Fatalf("total %d completed %d failed %d; want %d, %d, %d", j.RequestsTotal, j.RequestsCompleted, j.RequestsFailed, n, n-bad, bad)
+			}
+			if j.EstimatedTokens <= 0 || j.EstimatedTokens > 2*tokens || j.EstimatedTokens < tokens/2 {
+				t.Errorf("estimated_tokens %d, actual %d: off by more than half", j.EstimatedTokens, tokens)
+			}
+			wantBilled(t, e, j, tokens)
+			for i, l := range lines {
+				switch {
+				case (i+1)%97 == 0:
+					if !strings.Contains(l.Error, "not valid JSON") {
+						t.Fatalf("line %d: %+v, want a JSON error", i+1, l)
+					}
+				case mode == "single" && (l.Label == "" || l.Confidence <= 0 || l.Tokens <= 0):
+					t.Fatalf("line %d: %+v, want label, confidence and tokens", i+1, l)
+				case mode == "multi" && (l.Label != "" || l.Labels == nil || l.Tokens <= 0):
+					t.Fatalf("line %d: %+v, want labels and tokens", i+1, l)
+				}
+			}
+			if mode == "single" && (lines[0].Label != "bug" || lines[1].Label != "other" || lines[2].Label != "billing") {
+				t.Errorf("lines 1-3 labelled %s, %s, %s; want bug, other, billing", lines[0].Label, lines[1].Label, lines[2].Label)
+			}
+			e.wantOnlyInputAndResults("acme", id)
+			v := j.View()
+			if v.StartedAt == nil || v.CompletedAt == nil || v.Error != nil || v.ActualTokens == nil {
+				t.Errorf("view %+v", v)
+			}
+		})
+	}
+}
+
+func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	long := `{"text": "` + strings.Repeat("a", 6000) + `"}`
+	tooLongText := `{"text": "` + strings.Repeat("b", 2000) + `"}`
+	input := strings.Join([]string{
+		`{"text": "refund my invoice please"}`,
+		``,
+		`not json`,
+		`["text"]`,
+		`{"txt": "typo"}`,
+		`{"text": 42}`,
+		`{"text": ""}`,
+		long,
+		tooLongText,
+		"{\"text\": \"the app crashes with an error\"}\r",
+		`{"text": "last line without a newline"}`,
+	}, "\n")
+	want := []string{"", "line is empty", "not valid JSON", "not a JSON object", "no text field", "text is not a string",
+		"text is empty", "longer than 5120 bytes", "longer than plugins.max_text_bytes", "", ""}
+	id := e.create(svc, "acme", []byte(input), "")
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	lines, _ := checkResults(t, e.results(j), len(want))
+	for i, w := range want {
+		if w == "" && (lines[i].Error != "" || lines[i].Label == "") || w != "" && !strings.Contains(lines[i].Error, w) {
+			t.Errorf("line %d: %+v, want %q", i+1, lines[i], w)
+		}
+	}
+	if j.RequestsCompleted != 3 || j.RequestsFailed != 8 {
+		t.Errorf("completed %d failed %d, want 3 and 8", j.RequestsCompleted, j.RequestsFailed)
+	}
+
+	id = e.create(svc, "acme", []byte("nope\n\n{\"text\": 1}\n"), "")
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	j = e.waitEnd(svc, "acme", id, 30*time.Second)
+	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "no line of the input could be classified (3 lines); line 1: the line is not valid JSON") {
+		t.Fatalf("job %s %q; want failed, quoting the first bad line", j.Status, j.Error)
+	}
+	if v := j.View(); v.Error == nil || v.ActualTokens != nil || v.CompletedAt == nil {
+		t.Fatalf("failed view %+v", v)
+	}
+	if _, _, err := svc.Results(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("results of a failed job: %v, want ErrConflict", err)
+	}
+	if len(e.jobEvents(id)) != 0 {
+		t.Fatal("a failed job was billed")
+	}
+}
+
+// TestWorkerDiesAndIsReplaced kills a worker (without another write, as a
+// SIGKILL would) at every point where dying matters; another worker takes
+// the job over after AckWait and the results are those of a job that ran
+// undisturbed, billed once.
+func TestWorkerDiesAndIsReplaced(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	var target atomic.Value // point name, "" for none
+	target.Store("")
+	var hits atomic.Int64
+	svc := e.service(500*time.Millisecond, batch.Tuning{Hook: func(point string) bool {
+		if point != target.Load().(string) {
+			return false
+		}
+		if point == "chunk" && hits.Add(1) < 40 {
+			return false
+		}
+		target.Store("") // die once
+		return true
+	}})
+	e.work(svc)
+	const n = 2000
+	input := inputLines(n, 101)
+	ref := e.create(svc, "reference", input, "")
+	if _, err := svc.Start(e.ctx, "reference", ref); err != nil {
+		t.Fatal(err)
+	}
+	want := e.results(e.waitEnd(svc, "reference", ref, 30*time.Second))
+
+	for _, point := range []string{"counted", "chunk", "part-committed", "checkpointed", "joined", "billed"} {
+		t.Run(point, func(t *testing.T) {
+			hits.Store(0)
+			target.Store(point)
+			id := e.create(svc, "acme", input, "")
+			if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+				t.Fatal(err)
+			}
+			j := e.waitEnd(svc, "acme", id, 30*time.Second)
+			if target.Load().(string) != "" {
+				t.Fatalf("the worker never reached %s", point)
+			}
+			got := e.results(j)
+			if !bytes.Equal(got, want) {
+				checkResults(t, got, n)
+				t.Fatalf("results differ from an undisturbed run")
+			}
+			_, tokens := checkResults(t, got, n)
+			if j.Attempt != 2 || j.RequestsCompleted != n-n/101 || j.RequestsFailed != n/101 {
+				t.Fatalf("attempt %d completed %d failed %d; want 2, %d, %d", j.Attempt, j.RequestsCompleted, j.RequestsFailed, n-n/101, n/101)
+			}
+			wantBilled(t, e, j, tokens)
+			if point == "billed" && len(e.jobEvents(id)) != 2 {
+				t.Errorf("dying after billing: %d events, want the bill repeated with the same id", len(e.jobEvents(id)))
+			}
+			e.wantOnlyInputAndResults("acme", id)
+		})
+	}
+}
+
+// TestStalledWorkerLosesTheJob: a worker that stops renewing its claim
+// (stalled, or cut off from NATS) past AckWait loses the job to another;
+// when it wakes up its next write fails and it stops without writing more.
+func TestStalledWorkerLosesTheJob(t *testing.T) {
+	// One job per process, so the stalled process cannot take its own job
+	// back with its other slot.
+	e := newEnv(t, envOptions{batch: "  checkpoint_lines: 300\n  concurrency: 4\n  max_jobs: 1"})
+	var stalled atomic.Bool
+	a := e.serviceNamed("stalls", time.Second, batch.Tuning{Hook: func(p string) bool {
+		switch {
+		case p == "heartbeat":
+			return true // renews nothing
+		case p == "part-committed" && stalled.CompareAndSwap(false, true):
+			time.Sleep(2 * time.Second)
+		}
+		return false
+	}})
+	b := e.serviceNamed("takes-over", time.Second, batch.Tuning{})
+	const n = 2000
+	ref := e.create(b, "reference", inputLines(n, 0), "")
+	id := e.create(a, "acme", inputLines(n, 0), "")
+	e.work(a)
+	if _, err := a.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if !stalled.Load() {
+			return errors.New("the first worker has not stalled yet")
+		}
+		return nil
+	})
+	e.work(b)
+	j := e.waitEnd(b, "acme", id, 30*time.Second)
+	if j.Worker != "takes-over" || j.Attempt != 2 {
+		t.Fatalf("completed by %s, attempt %d; want the second worker, attempt 2", j.Worker, j.Attempt)
+	}
+	got := e.results(j)
+	_, tokens := checkResults(t, got, n)
+	wantBilled(t, e, j, tokens)
+	time.Sleep(2 * time.Second) // the stalled worker wakes up, and must write nothing
+	if again, _ := b.Get(e.ctx, "acme", id); again.Status != batch.StatusCompleted || again.Worker != "takes-over" || len(e.jobEvents(id)) != 1 {
+		t.Fatalf("after the stalled worker woke up: %s by %s, %d events", again.Status, again.Worker, len(e.jobEvents(id)))
+	}
+	e.wantOnlyInputAndResults("acme", id)
+	if _, err := b.Start(e.ctx, "reference", ref); err != nil {
+		t.Fatal(err)
+	}
+	if want := e.results(e.waitEnd(b, "reference", ref, 30*time.Second)); !bytes.Equal(got, want) {
+		t.Fatal("results differ from an undisturbed run")
+	}
+}
+
+// TestGivesUpAfterMaxAttempts: a job every worker dies on fails, instead
+// of going round for ever.
+func TestGivesUpAfterMaxAttempts(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(500*time.Millisecond, batch.Tuning{MaxAttempts: 3, Hook: func(p string) bool { return p == "chunk" }})
+	e.work(svc)
+	id := e.create(svc, "acme", inputLines(10, 0), "")
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "gave up after 3 workers") {
+		t.Fatalf("job %s %q, want failed after 3 attempts", j.Status, j.Error)
+	}
+	// The account's slot is free again.
+	id2 := e.create(svc, "acme", inputLines(10, 0), "")
+	if _, err := svc.Start(e.ctx, "acme", id2); err != nil {
+		t.Fatalf("starting the next job: %v", err)
+	}
+}
+
+// TestOneActiveJobPerAccountAcrossGateways races starts of one account's
+// jobs through two gateways (two NATS connections): exactly one wins.
+func TestOneActiveJobPerAccountAcrossGateways(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	gateways := []*batch.Service{e.service(0, batch.Tuning{}), e.service(0, batch.Tuning{})}
+	const jobs = 8
+	ids := make([]string, jobs)
+	for i := range ids {
+		ids[i] = e.create(gateways[0], "acme", inputLines(5, 0), "")
+	}
+	other := e.create(gateways[1], "globex", inputLines(5, 0), "")
+	var wg sync.WaitGroup
+	errs := make([]error, jobs)
+	for i, id := range ids {
+		wg.Go(func() { _, errs[i] = gateways[i%2].Start(e.ctx, "acme", id) })
+	}
+	wg.Wait()
+	won := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, batch.ErrConflict):
+			t.Fatalf("start %d: %v, want success or ErrConflict", i, err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d of %d concurrent starts succeeded, want 1: %v", won, jobs, errs)
+	}
+	// Another account is not held up.
+	if _, err := gateways[1].Start(e.ctx, "globex", other); err != nil {
+		t.Fatalf("another account's start: %v", err)
+	}
+	// Nothing else of acme starts while its job processes, on either gateway.
+	for i, id := range ids {
+		if errs[i] == nil {
+			continue
+		}
+		_, err := gateways[(i+1)%2].Start(e.ctx, "acme", id)
+		if !errors.Is(err, batch.ErrConflict) || !strings.Contains(err.Error(), "one job at a time") {
+			t.Fatalf("start while another processes: %v, want a 409 saying one job at a time", err)
+		}
+	}
+}
+
+// TestStaleActiveMarkers: a start that died between claiming the slot and
+// marking its job processing holds the slot only for the start grace.
+func TestStaleActiveMarkers(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{StartGrace: 300 * time.Millisecond})
+	dead := e.create(svc, "acme", inputLines(5, 0), "")
+	next := e.create(svc, "acme", inputLines(5, 0), "")
+	marker, _ := json.Marshal(map[string]any{"job_id": dead, "since": time.Now().UTC()})
+	if _, err := e.kv(batch.ActiveBucket).Put(e.ctx, "acme", marker); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Start(e.ctx, "acme", next); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("start beside a young marker: %v, want ErrConflict", err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if _, err := svc.Start(e.ctx, "acme", next); err != nil {
+		t.Fatalf("start after the grace: %v", err)
+	}
+}
+
+// TestReaperQueuesAnOrphanedJob: a job marked processing whose work
+// message never made it (the gateway died in between) is queued again.
+func TestReaperQueuesAnOrphanedJob(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{StaleAfter: 100 * time.Millisecond, ReapEvery: time.Hour})
+	id := e.create(svc, "acme", inputLines(50, 0), "")
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.broker.JetStream().Stream(e.ctx, batch.WorkStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.work(svc)
+	time.Sleep(300 * time.Millisecond)
+	if j, _ := svc.Get(e.ctx, "acme", id); j.Status != batch.StatusProcessing || j.Attempt != 0 {
+		t.Fatalf("job %s attempt %d before the reaper; want processing, never taken", j.Status, j.Attempt)
+	}
+	svc.ReapOnce(e.ctx)
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	checkResults(t, e.results(j), 50)
+}
+
+// TestEngineUnavailableFailsAndRestartCompletes: with the llm engine, an
+// upstream that goes down mid-job fails the job, saying so; started again
+// once the upstream is back, the job runs from its first line, completes,
+// and the first run's parts are deleted.
+func TestEngineUnavailableFailsAndRestartCompletes(t *testing.T) {
+	e := newEnv(t, envOptions{plugins: "  engine: llm\n  llm_model: small"})
+	svc := e.service(0, batch.Tuning{RetryBackoff: 10 * time.Millisecond, Retries: 2})
+	e.work(svc)
+	const n = 3000
+	id := e.create(svc, "acme", inputLines(n, 0), "")
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 30*time.Second, time.Millisecond, func() error {
+		j, err := svc.Get(e.ctx, "acme", id)
+		if err != nil || j.Progress.Lines == 0 {
+			return fmt.Errorf("no checkpoint yet: %v", err)
+		}
+		return nil
+	})
+	e.up.SetOptions(proxytest.Options{Status: 503})
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "upstream local answered 503") || !strings.Contains(j.Error, "start the job again") {
+		t.Fatalf("job %s %q; want failed, naming the upstream's 503", j.Status, j.Error)
+	}
+	if len(j.Progress.Parts) == 0 || j.Progress.Lines >= n {
+		t.Fatalf("the first run failed at line %d with parts %v: the upstream went down too late to test anything", j.Progress.Lines, j.Progress.Parts)
+	}
+	e.up.SetOptions(proxytest.Options{ClassifierAnswers: true})
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatalf("starting the failed job again: %v", err)
+	}
+	j = e.waitEnd(svc, "acme", id, 30*time.Second)
+	_, tokens := checkResults(t, e.results(j), n)
+	if j.Run != 2 || j.RequestsCompleted != n {
+		t.Fatalf("run %d completed %d, want run 2 with every line", j.Run, j.RequestsCompleted)
+	}
+	wantBilled(t, e, j, tokens)
+	ev := e.jobEvents(id)[0]
+	if ev.Model != "small" || ev.Upstream != "local" || ev.UsageSource != meter.SourceUpstream || ev.CompletionTokens == 0 {
+		t.Errorf("llm job billed as %+v", ev)
+	}
+	e.wantOnlyInputAndResults("acme", id)
+}
+
+// TestLargeInputRunsInBoundedMemory streams a 64MB input through a job:
+// the live heap grows by a small fraction of it. Every 200th chunk the
+// hook holds the job's writer until reading and classifying have filled
+// every window ahead of it and stalled, then measures the live heap.
+// Most lines are 4KB of JSON without a text string, read, parsed and
+// reported without the cost of classifying them.
+func TestLargeInputRunsInBoundedMemory(t *testing.T) {
+	e := newEnv(t, envOptions{batch: "  checkpoint_lines: 2000\n  concurrency: 8"})
+	live := func() int64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	var chunks, peak atomic.Int64
+	svc := e.service(0, batch.Tuning{Hook: func(p string) bool {
+		if p == "chunk" && chunks.Add(1)%200 == 0 {
+			time.Sleep(20 * time.Millisecond)
+			peak.Store(max(peak.Load(), live()))
+		}
+		return false
+	}})
+	created, err := svc.Create(e.ctx, batch.CreateParams{Account: "acme", KeyID: "k", Request: batch.Request{Labels: []string{"a", "b"}, Mode: "single"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lines, textBytes = 16_000, 4000
+	pr, pw := io.Pipe()
+	go func() {
+		long := []byte(`{"text": 1, "padding": "` + strings.Repeat("word ", textBytes/5) + `"}` + "\n")
+		short := []byte(`{"text": "a short text"}` + "\n")
+		for i := range lines {
+			line := long
+			if i%50 == 0 {
+				line = short
+			}
+			if _, err := pw.Write(line); err != nil {
+				return
+			}
+		}
+		pw.Close()
+	}()
+	e.put(created.InputKey, pr)
+	// Loaded once per process, whatever the input: the tokenizer's
+	// vocabulary and the lexical engine's lexicon.
+	if err := tokens.Preload(); err != nil {
+		t.Fatal(err)
+	}
+	classifiers.NewLexical()
+	e.work(svc)
+	base := live()
+	if _, err := svc.Start(e.ctx, "acme", created.JobID); err != nil {
+		t.Fatal(err)
+	}
+	j := e.waitEnd(svc, "acme", created.JobID, 120*time.Second)
+	res, _ := checkResults(t, e.results(j), lines)
+	if j.RequestsCompleted != lines/50 || !strings.Contains(res[1].Error, "text is not a string") {
+		t.Fatalf("completed %d, line 2 %+v", j.RequestsCompleted, res[1])
+	}
+	if chunks.Load() < 1000 {
+		t.Fatalf("%d chunks: the input did not stream through", chunks.Load())
+	}
+	input := int64(lines * (textBytes + 27))
+	grown := peak.Load() - base
+	t.Logf("live heap grew by at most %.1f MB while a %d MB input ran", float64(grown)/(1<<20), input>>20)
+	if grown > input/16 {
+		t.Fatalf("live heap grew by %d MB for a %d MB input; want a bounded fraction", grown>>20, input>>20)
+	}
+}
+
+func TestNotFoundAndConflicts(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	id := e.create(svc, "acme", nil, "")
+	for _, bad := range []string{"nope", strings.ToUpper(id), id + "/x", "../" + id} {
+		if _, err := svc.Get(e.ctx, "acme", bad); !errors.Is(err, batch.ErrNotFound) {
+			t.Errorf("Get(%q): %v, want ErrNotFound", bad, err)
+		}
+	}
+	if _, err := svc.Get(e.ctx, "acme.corp", id); !errors.Is(err, batch.ErrNotFound) {
+		t.Errorf("another account's Get: %v, want ErrNotFound", err)
+	}
+	if _, err := svc.Start(e.ctx, "acme", id); !errors.Is(err, batch.ErrNoInput) {
+		t.Fatalf("start without input: %v, want ErrNoInput", err)
+	}
+	if j, _ := svc.Get(e.ctx, "acme", id); j.Status != batch.StatusPending {
+		t.Fatalf("after a refused start the job is %s, want pending", j.Status)
+	}
+	e.put(batch.InputObject("acme", id), bytes.NewReader(inputLines(3, 0)))
+	if _, _, err := svc.Results(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("results of a pending job: %v, want ErrConflict", err)
+	}
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Start(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("second start: %v, want ErrConflict", err)
+	}
+	if err := svc.Delete(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("delete while processing: %v, want ErrConflict", err)
+	}
+	if _, _, err := svc.Results(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("results while processing: %v, want ErrConflict", err)
+	}
+	e.work(svc)
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	if _, err := svc.Start(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("start of a completed job: %v, want ErrConflict", err)
+	}
+	if err := svc.Delete(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	if files := e.jobFiles("acme", j.ID); len(files) != 0 {
+		t.Fatalf("files left after delete: %v", files)
+	}
+	if _, err := svc.Get(e.ctx, "acme", id); !errors.Is(err, batch.ErrNotFound) {
+		t.Fatalf("Get after delete: %v", err)
+	}
+	if err := svc.Delete(e.ctx, "acme", id); !errors.Is(err, batch.ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+func TestListIsNewestFirstCappedAndPerAccount(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	var ids []string
+	for range 23 {
+		ids = append(ids, e.create(svc, "acme", nil, ""))
+	}
+	other := e.create(svc, "acme.corp", nil, "") // an account whose id starts the same
+	jobs, err := svc.List(e.ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 20 {
+		t.Fatalf("listed %d jobs, want 20", len(jobs))
+	}
+	for i, j := range jobs {
+		if want := ids[len(ids)-1-i]; j.ID != want {
+			t.Fatalf("job %d of the list is %s, want %s (newest first)", i, j.ID, want)
+		}
+	}
+	if jobs, _ := svc.List(e.ctx, "acme.corp"); len(jobs) != 1 || jobs[0].ID != other {
+		t.Fatalf("acme.corp lists %d jobs, want only its own", len(jobs))
+	}
+	if jobs, err := svc.List(e.ctx, "nobody"); err != nil || len(jobs) != 0 {
+		t.Fatalf("an account without jobs: %v, %v", jobs, err)
+	}
+}

@@ -1,0 +1,31 @@
+package batch
+
+import (
+	"context"
+	"time"
+)
+
+// Tuning shortens the service's timings for tests, and Hook lets a test
+// kill a worker at a named point (see Service.at).
+type Tuning struct {
+	StartGrace, Heartbeat, CheckpointAge, StaleAfter, ReapEvery, RetryBackoff time.Duration
+	Retries, MaxAttempts                                                      int
+	Hook                                                                      func(point string) bool
+}
+
+// WithTuning returns o with t applied.
+func WithTuning(o Options, t Tuning) Options {
+	o.tuning = tuning{startGrace: t.StartGrace, heartbeat: t.Heartbeat, checkpointAge: t.CheckpointAge,
+		staleAfter: t.StaleAfter, reapEvery: t.ReapEvery, retryBackoff: t.RetryBackoff,
+		retries: t.Retries, maxAttempts: t.MaxAttempts, hook: t.Hook}
+	return o
+}
+
+// ReapOnce runs one pass of the reaper.
+func (s *Service) ReapOnce(ctx context.Context) { s.reapOnce(ctx) }
+
+// Exported for tests: key names.
+var (
+	JobKey      = jobKey
+	InputObject = inputObject
+)

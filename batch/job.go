@@ -1,0 +1,269 @@
+package batch
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tollgate/tollgate/classifiers"
+)
+
+// Status is a job's state (spec section 3).
+type Status string
+
+const (
+	StatusPending    Status = "pending"
+	StatusProcessing Status = "processing"
+	StatusCompleted  Status = "completed"
+	StatusFailed     Status = "failed"
+)
+
+// Request is what a job asks of every line: the fields of batch creation
+// (spec 4.3), validated and with a saved classifier already filled in.
+type Request struct {
+	Labels       []string            `json:"labels"`
+	Descriptions map[string]string   `json:"descriptions,omitempty"`
+	Examples     map[string][]string `json:"examples,omitempty"`
+	TextType     string              `json:"text_type,omitempty"`
+	Mode         classifiers.Mode    `json:"mode"`
+	Threshold    float64             `json:"threshold"`
+}
+
+// classify is the request for one line's text.
+func (r *Request) classify(text string) classifiers.ClassifyRequest {
+	return classifiers.ClassifyRequest{
+		Text: text, Labels: r.Labels, Descriptions: r.Descriptions, Examples: r.Examples,
+		TextType: r.TextType, Mode: r.Mode, Threshold: r.Threshold,
+	}
+}
+
+// Job is a job's record, the value of its key in the TOLLGATE_BATCH_JOBS
+// bucket. Every change is a compare-and-set on the key's revision, so two
+// gateways (or a worker taking over from one that died) never overwrite
+// each other.
+type Job struct {
+	ID      string `json:"id"` // UUIDv7: ids sort by creation time
+	Account string `json:"account"`
+	KeyID   string `json:"key_id"`
+	// KeyModels is the creating key's model list (empty: every model), so
+	// the worker only prompts a model the key may use.
+	KeyModels []string `json:"key_models,omitempty"`
+	Status    Status   `json:"status"`
+
+	// Classifier names the saved classifier Request was filled from.
+	Classifier string  `json:"classifier,omitempty"`
+	Request    Request `json:"request"`
+	// Model is the engine or model asked for: "lexical", "llm", a catalog
+	// id, or "" for plugins.engine at the time the job runs.
+	Model string `json:"model,omitempty"`
+	// Price is USD per token, batch.price_per_token when the job was
+	// created: the price the client saw is the price billed.
+	Price string `json:"price"`
+
+	InputKey  string `json:"input_key"`
+	OutputKey string `json:"output_key,omitempty"` // set when completed
+
+	RequestsTotal     int64      `json:"requests_total"`
+	RequestsCompleted int64      `json:"requests_completed"`
+	RequestsFailed    int64      `json:"requests_failed"`
+	EstimatedTokens   int64      `json:"estimated_tokens"`
+	ActualTokens      *int64     `json:"actual_tokens,omitempty"`
+	CreatedAt         time.Time  `json:"created_at"`
+	StartedAt         *time.Time `json:"started_at,omitempty"`
+	CompletedAt       *time.Time `json:"completed_at,omitempty"`
+	Error             string     `json:"error,omitempty"`
+
+	// Run counts starts; a work message names the run it is for, so a
+	// message left from an earlier run is recognised and dropped.
+	Run int `json:"run"`
+	// Attempt counts the workers that took up the current run.
+	Attempt int `json:"attempt,omitempty"`
+	// Worker names the process holding the run, for operators.
+	Worker      string     `json:"worker,omitempty"`
+	HeartbeatAt *time.Time `json:"heartbeat_at,omitempty"`
+	Progress    Progress   `json:"progress"`
+	// Billed is set in the same write that completes the job.
+	Billed bool `json:"billed,omitempty"`
+	// Leftovers are the parts of earlier runs, deleted by the worker that
+	// takes up the next run, or with the job.
+	Leftovers []Segment `json:"leftovers,omitempty"`
+}
+
+// Progress is the checkpoint of the current run: the input up to Offset
+// (Lines lines) is done and its results are in Parts, in order.
+type Progress struct {
+	// Counted: the counting pass filled RequestsTotal, EstimatedTokens and
+	// InputSize.
+	Counted   bool      `json:"counted,omitempty"`
+	InputSize int64     `json:"input_size,omitempty"`
+	Offset    int64     `json:"offset,omitempty"`
+	Lines     int64     `json:"lines,omitempty"`
+	Parts     []Segment `json:"parts,omitempty"`
+	// Token sums over the lines done, billed at completion.
+	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
+	CompletionTokens int64 `json:"completion_tokens,omitempty"`
+	TotalTokens      int64 `json:"total_tokens,omitempty"`
+	// LLMModel is the model that answered lines, "" while only the lexical
+	// engine did.
+	LLMModel string `json:"llm_model,omitempty"`
+	// FirstError is the first line's error, quoted when no line succeeds.
+	FirstError string `json:"first_error,omitempty"`
+}
+
+// Keys. A KV key is <account>.<job_id> with the account's dots written as
+// '=' (account ids allow dots; '=' is allowed in keys but not in account
+// ids), so the filter <account>.* lists one account's jobs and never those
+// of an account whose id only starts the same.
+
+func accountToken(account string) string { return strings.ReplaceAll(account, ".", "=") }
+
+func jobKey(account, id string) string { return accountToken(account) + "." + id }
+
+// Object keys: everything of a job lives under batch/<account>/<job_id>/.
+func inputObject(account, id string) string { return "batch/" + account + "/" + id + "/input.ndjson" }
+
+// A run's attempt writes its parts and results under r<run>a<attempt>/,
+// so a worker that lost the job (it stalled, another took over) can never
+// overwrite what its successor wrote.
+func partObject(account, id string, run, attempt, seq int) string {
+	return fmt.Sprintf("batch/%s/%s/r%da%d/part-%06d.ndjson", account, id, run, attempt, seq)
+}
+
+func resultObject(account, id string, run, attempt int) string {
+	return fmt.Sprintf("batch/%s/%s/r%da%d/results.ndjson", account, id, run, attempt)
+}
+
+// Segment is consecutive parts written by one attempt: sequence numbers
+// First to First+Count-1. A run's parts, in order, are its segments' parts
+// in order; the record stays small however many parts a job has.
+type Segment struct {
+	Run     int `json:"run"`
+	Attempt int `json:"attempt"`
+	First   int `json:"first"`
+	Count   int `json:"count"`
+}
+
+// partKeys lists the object keys of segs, in order.
+func (j *Job) partKeys(segs []Segment) []string {
+	var keys []string
+	for _, sg := range segs {
+		for seq := sg.First; seq < sg.First+sg.Count; seq++ {
+			keys = append(keys, partObject(j.Account, j.ID, sg.Run, sg.Attempt, seq))
+		}
+	}
+	return keys
+}
+
+// addPart appends part seq of the current attempt to the run's segments.
+func (p *Progress) addPart(run, attempt, seq int) {
+	if n := len(p.Parts); n > 0 {
+		last := &p.Parts[n-1]
+		if last.Run == run && last.Attempt == attempt && last.First+last.Count == seq {
+			last.Count++
+			return
+		}
+	}
+	p.Parts = append(p.Parts, Segment{Run: run, Attempt: attempt, First: seq, Count: 1})
+}
+
+// nextSeq is the sequence number of the run's next part.
+func (p *Progress) nextSeq() int {
+	n := 1
+	for _, sg := range p.Parts {
+		n = max(n, sg.First+sg.Count)
+	}
+	return n
+}
+
+// validJobID accepts the canonical form of a UUID, the only form ids are
+// handed out in; anything else cannot name a job (and must not reach a KV
+// key or an object path).
+func validJobID(id string) bool {
+	u, err := uuid.Parse(id)
+	return err == nil && u.String() == id
+}
+
+// timeFormat is ISO 8601 in UTC with milliseconds.
+const timeFormat = "2006-01-02T15:04:05.000Z07:00"
+
+func formatTime(t *time.Time) *string {
+	if t == nil {
+		return nil
+	}
+	s := t.UTC().Format(timeFormat)
+	return &s
+}
+
+// View is a job as GET /v1/batch/{job_id} shows it (spec 2.1). Times not
+// reached yet, actual_tokens before completion and error outside failure
+// are null. completed_at is when the job ended, completed or failed.
+type View struct {
+	JobID             string  `json:"job_id"`
+	Status            Status  `json:"status"`
+	RequestsTotal     int64   `json:"requests_total"`
+	RequestsCompleted int64   `json:"requests_completed"`
+	RequestsFailed    int64   `json:"requests_failed"`
+	EstimatedTokens   int64   `json:"estimated_tokens"`
+	ActualTokens      *int64  `json:"actual_tokens"`
+	CreatedAt         string  `json:"created_at"`
+	StartedAt         *string `json:"started_at"`
+	CompletedAt       *string `json:"completed_at"`
+	Error             *string `json:"error"`
+}
+
+// View returns the spec's representation of j.
+func (j *Job) View() View {
+	v := View{
+		JobID: j.ID, Status: j.Status,
+		RequestsTotal: j.RequestsTotal, RequestsCompleted: j.RequestsCompleted, RequestsFailed: j.RequestsFailed,
+		EstimatedTokens: j.EstimatedTokens, CreatedAt: *formatTime(&j.CreatedAt),
+		StartedAt: formatTime(j.StartedAt), CompletedAt: formatTime(j.CompletedAt),
+	}
+	if j.Status == StatusCompleted {
+		v.ActualTokens = j.ActualTokens
+	}
+	if j.Status == StatusFailed {
+		msg := j.Error
+		v.Error = &msg
+	}
+	return v
+}
+
+// ListItem is a job in GET /v1/batch (spec 2.1, list representation).
+type ListItem struct {
+	JobID             string `json:"job_id"`
+	Status            Status `json:"status"`
+	RequestsTotal     int64  `json:"requests_total"`
+	RequestsCompleted int64  `json:"requests_completed"`
+	CreatedAt         string `json:"created_at"`
+}
+
+// ListItem returns the list representation of j.
+func (j *Job) ListItem() ListItem {
+	return ListItem{JobID: j.ID, Status: j.Status, RequestsTotal: j.RequestsTotal,
+		RequestsCompleted: j.RequestsCompleted, CreatedAt: *formatTime(&j.CreatedAt)}
+}
+
+func decodeJob(data []byte) (*Job, error) {
+	var j Job
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("decoding batch job record: %w", err)
+	}
+	return &j, nil
+}
+
+// workMessage is a work queue entry: run Run of the job under Key.
+type workMessage struct {
+	Key string `json:"key"`
+	Run int    `json:"run"`
+}
+
+// activeMarker is the value of an account's key in TOLLGATE_BATCH_ACTIVE:
+// the job that holds the account's one processing slot.
+type activeMarker struct {
+	JobID string    `json:"job_id"`
+	Since time.Time `json:"since"`
+}

@@ -1,0 +1,738 @@
+package batch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/storage"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+// Pipeline sizes. Lines travel in chunks so the per-line cost of the
+// pipeline stays small next to classifying one line with the lexical
+// engine (about 20µs).
+const (
+	chunkLines   = 8
+	chunkBytes   = 64 << 10
+	readBuffer   = 256 << 10
+	writeBuffer  = 256 << 10
+	sampleLines  = 1000 // lines whose texts are tokenized to estimate tokens
+	errorMaxText = 300  // bytes of an engine error quoted in a result line
+)
+
+// errEnded: the job ended (failed) in its record before its input did.
+var errEnded = errors.New("job ended")
+
+// maxLineBytes is the longest input line read: room for a text of
+// plugins.max_text_bytes written with JSON escapes. Longer lines are
+// skipped and reported, never held in memory.
+func maxLineBytes(cfg *config.Config) int {
+	return 4*int(cfg.Plugins.MaxTextBytes) + 1024
+}
+
+// run processes the run o holds from its checkpoint to the end. It returns
+// nil once the job is completed or failed in its record, errDied or
+// errLost when it must stop without another write, and any other error
+// for a fault worth a retry (the run resumes from its checkpoint).
+func (s *Service) run(ctx context.Context, o *owner) error {
+	cfg := s.runtime.Config()
+	j := o.snapshot()
+	engine, err := s.runtime.Engine(j)
+	if err != nil {
+		return o.fail(ctx, "the job cannot run: "+err.Error())
+	}
+	size, err := s.store.Stat(ctx, j.InputKey)
+	if errors.Is(err, storage.ErrNotExist) {
+		return o.fail(ctx, "the input file is gone: upload it again and start the job")
+	}
+	if err != nil {
+		return fmt.Errorf("reading the input size: %w", err)
+	}
+	if !j.Progress.Counted {
+		total, estimate, err := s.count(ctx, j, maxLineBytes(cfg))
+		if err != nil {
+			return err
+		}
+		if err := o.update(ctx, func(j *Job) {
+			j.RequestsTotal, j.EstimatedTokens = total, estimate
+			j.Progress.Counted, j.Progress.InputSize = true, size
+		}); err != nil {
+			return err
+		}
+		if s.at("counted") {
+			return errDied
+		}
+	} else if size != j.Progress.InputSize {
+		return o.fail(ctx, fmt.Sprintf("the input file changed while the job ran (%d bytes, %d before): start the job again", size, j.Progress.InputSize))
+	}
+	switch err := s.classifyInput(ctx, o, engine, cfg); {
+	case errors.Is(err, errEnded):
+		return nil
+	case err != nil:
+		return err
+	}
+	return s.finish(ctx, o)
+}
+
+// count reads the whole input once for requests_total and
+// estimated_tokens: lines are counted, texts are measured in bytes, the
+// first texts are tokenized for the tokens per byte, and every line adds
+// the tokens of the labels, descriptions and examples (as the lexical
+// engine bills them). The llm engine's instructions and answers come on
+// top, so for it the estimate is low.
+func (s *Service) count(ctx context.Context, j *Job, maxLine int) (lines, estimate int64, err error) {
+	rc, err := s.store.Open(ctx, j.InputKey)
+	if err != nil {
+		return 0, 0, fmt.Errorf("opening the input: %w", err)
+	}
+	defer rc.Close()
+	lr := newLineReader(rc, 0, maxLine)
+	var textBytes, sampleBytes, sampleTokens, sampled int64
+	for {
+		line, tooLong, err := lr.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("reading the input at byte %d: %w", lr.offset, err)
+		}
+		lines++
+		if tooLong {
+			continue
+		}
+		if t := gjson.GetBytes(line, "text"); t.Type == gjson.String {
+			textBytes += int64(len(t.Str))
+			if sampled < sampleLines {
+				sampled++
+				sampleBytes += int64(len(t.Str))
+				sampleTokens += int64(tokens.Count(t.Str))
+			}
+		}
+		if lines%65536 == 0 && ctx.Err() != nil {
+			return 0, 0, ctx.Err()
+		}
+	}
+	if sampleBytes > 0 {
+		estimate = textBytes * sampleTokens / sampleBytes
+	}
+	return lines, estimate + lines*labelTokens(&j.Request), nil
+}
+
+// labelTokens is the tokens of a request's labels, descriptions and
+// examples.
+func labelTokens(r *Request) int64 {
+	var b strings.Builder
+	for _, l := range r.Labels {
+		b.WriteString(l)
+		b.WriteByte('\n')
+		if d := r.Descriptions[l]; d != "" {
+			b.WriteString(d)
+			b.WriteByte('\n')
+		}
+		for _, ex := range r.Examples[l] {
+			b.WriteString(ex)
+			b.WriteByte('\n')
+		}
+	}
+	return int64(tokens.Count(b.String()))
+}
+
+// chunk is consecutive input lines and, once done is closed, their
+// results.
+type chunk struct {
+	first   int64 // line number of lines[0], from 1
+	lines   [][]byte
+	tooLong []bool
+	end     int64 // input offset after the last line
+	// err: the chunk could not be finished (the input could not be read,
+	// the engine stayed unavailable, the run was stopped).
+	err error
+
+	out                       bytes.Buffer
+	completed, failed         int64
+	prompt, completion, total int64
+	llmModel, firstError      string
+	done                      chan struct{}
+}
+
+// classifyInput classifies the input from the checkpoint on: one reader,
+// batch.concurrency classifiers, and this goroutine writing results in
+// input order, checkpointing after each part.
+func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cfg *config.Config) error {
+	j := o.snapshot()
+	concurrency := max(cfg.Batch.Concurrency, 1)
+	rc, err := s.store.OpenAt(ctx, j.InputKey, j.Progress.Offset)
+	if err != nil {
+		return fmt.Errorf("opening the input at byte %d: %w", j.Progress.Offset, err)
+	}
+	defer rc.Close()
+
+	pctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	// order holds chunks in input order, and bounds how far reading runs
+	// ahead of writing: memory stays flat whatever the input's size.
+	order := make(chan *chunk, 2*concurrency)
+	work := make(chan *chunk, concurrency)
+	wg.Go(func() {
+		s.readChunks(pctx, newLineReader(rc, j.Progress.Offset, maxLineBytes(cfg)), j.Progress.Lines, order, work)
+	})
+	lc := newLineClassifier(s, engine, &j.Request, cfg)
+	for range concurrency {
+		wg.Go(func() {
+			for c := range work {
+				lc.classifyChunk(pctx, c)
+				close(c.done)
+			}
+		})
+	}
+
+	w := &partWriter{s: s, o: o, job: j, every: int64(max(cfg.Batch.CheckpointLines, 1)), seq: j.Progress.nextSeq()}
+	defer w.abort()
+	for c := range order {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if s.at("chunk") {
+			return errDied
+		}
+		if c.err != nil {
+			if errors.Is(c.err, ErrEngineUnavailable) {
+				if err := o.fail(ctx, fmt.Sprintf("stopped at line %d: %s; start the job again when the model is back", c.first, c.err)); err != nil {
+					return err
+				}
+				return errEnded
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return c.err
+		}
+		if err := w.add(ctx, c); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return w.checkpoint(ctx)
+}
+
+// readChunks reads lines into chunks until the input ends or ctx does.
+// A read error travels as a last chunk with err set.
+func (s *Service) readChunks(ctx context.Context, lr *lineReader, linesDone int64, order, work chan<- *chunk) {
+	defer close(order)
+	defer close(work)
+	next := linesDone + 1
+	for {
+		c := &chunk{first: next, done: make(chan struct{})}
+		size := 0
+		var readErr error
+		for len(c.lines) < chunkLines && size < chunkBytes {
+			line, tooLong, err := lr.next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				readErr = fmt.Errorf("reading the input at byte %d: %w", lr.offset, err)
+				break
+			}
+			c.lines = append(c.lines, bytes.Clone(line))
+			c.tooLong = append(c.tooLong, tooLong)
+			size += len(line)
+		}
+		c.end = lr.offset
+		next += int64(len(c.lines))
+		last := readErr != nil || len(c.lines) < chunkLines && size < chunkBytes
+		if readErr != nil && len(c.lines) == 0 {
+			c.err = readErr
+			close(c.done)
+			select {
+			case order <- c:
+			case <-ctx.Done():
+			}
+			return
+		}
+		if len(c.lines) > 0 {
+			select {
+			case order <- c:
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case work <- c:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if readErr != nil {
+			c := &chunk{first: next, err: readErr, done: make(chan struct{})}
+			close(c.done)
+			select {
+			case order <- c:
+			case <-ctx.Done():
+			}
+			return
+		}
+		if last {
+			return
+		}
+	}
+}
+
+// partWriter streams results into the run's current part and saves a
+// checkpoint after each: the part is committed first, then the record
+// names it with the input offset and counters it covers. A worker that
+// dies between the two leaves a part no record names (the next attempt
+// deletes it) and its lines are done again.
+type partWriter struct {
+	s     *Service
+	o     *owner
+	job   *Job
+	every int64
+	seq   int
+
+	up      storage.Upload
+	key     string
+	buf     *bufio.Writer
+	started time.Time
+
+	// since the last checkpoint
+	lines, completed, failed  int64
+	prompt, completion, total int64
+	end                       int64
+	llmModel, firstError      string
+}
+
+func (w *partWriter) add(ctx context.Context, c *chunk) error {
+	if w.up == nil {
+		w.key = partObject(w.job.Account, w.job.ID, w.job.Run, w.job.Attempt, w.seq)
+		up, err := w.s.store.Create(ctx, w.key)
+		if err != nil {
+			return fmt.Errorf("writing results part %s: %w", w.key, err)
+		}
+		w.up, w.started = up, time.Now()
+		if w.buf == nil {
+			w.buf = bufio.NewWriterSize(up, writeBuffer)
+		} else {
+			w.buf.Reset(up)
+		}
+	}
+	if _, err := w.buf.Write(c.out.Bytes()); err != nil {
+		return fmt.Errorf("writing results part %s: %w", w.key, err)
+	}
+	w.lines += int64(len(c.lines))
+	w.completed += c.completed
+	w.failed += c.failed
+	w.prompt += c.prompt
+	w.completion += c.completion
+	w.total += c.total
+	w.end = c.end
+	if w.llmModel == "" {
+		w.llmModel = c.llmModel
+	}
+	if w.firstError == "" {
+		w.firstError = c.firstError
+	}
+	if w.lines >= w.every || time.Since(w.started) >= w.s.t.checkpointAge {
+		return w.checkpoint(ctx)
+	}
+	return nil
+}
+
+// checkpoint commits the current part, if any, and records it.
+func (w *partWriter) checkpoint(ctx context.Context) error {
+	if w.up == nil {
+		return nil
+	}
+	if err := w.buf.Flush(); err != nil {
+		return fmt.Errorf("writing results part %s: %w", w.key, err)
+	}
+	if err := w.up.Commit(); err != nil {
+		w.up = nil
+		return fmt.Errorf("saving results part %s: %w", w.key, err)
+	}
+	w.up = nil
+	if w.s.at("part-committed") {
+		return errDied
+	}
+	err := w.o.update(ctx, func(j *Job) {
+		p := &j.Progress
+		p.addPart(j.Run, j.Attempt, w.seq)
+		p.Offset, p.Lines = w.end, p.Lines+w.lines
+		p.PromptTokens += w.prompt
+		p.CompletionTokens += w.completion
+		p.TotalTokens += w.total
+		if p.LLMModel == "" {
+			p.LLMModel = w.llmModel
+		}
+		if p.FirstError == "" {
+			p.FirstError = w.firstError
+		}
+		j.RequestsCompleted += w.completed
+		j.RequestsFailed += w.failed
+		now := time.Now().UTC()
+		j.HeartbeatAt = &now
+	})
+	if err != nil {
+		if errors.Is(err, errLost) {
+			_ = w.s.store.Delete(context.Background(), w.key) // named by no record
+		}
+		return err
+	}
+	w.seq++
+	w.lines, w.completed, w.failed, w.prompt, w.completion, w.total = 0, 0, 0, 0, 0, 0
+	w.llmModel, w.firstError = "", ""
+	if w.s.at("checkpointed") {
+		return errDied
+	}
+	return nil
+}
+
+func (w *partWriter) abort() {
+	if w.up != nil {
+		w.up.Abort()
+		w.up = nil
+	}
+}
+
+// finish joins the parts into the results file, bills the job and
+// records it completed — or failed, when no line could be classified.
+func (s *Service) finish(ctx context.Context, o *owner) error {
+	j := o.snapshot()
+	if j.RequestsCompleted == 0 {
+		msg := fmt.Sprintf("no line of the input could be classified (%d lines)", j.Progress.Lines)
+		if j.Progress.FirstError != "" {
+			msg += "; " + j.Progress.FirstError
+		}
+		return o.fail(ctx, msg)
+	}
+	outKey := resultObject(j.Account, j.ID, j.Run, j.Attempt)
+	if err := s.join(ctx, outKey, j.partKeys(j.Progress.Parts)); err != nil {
+		return err
+	}
+	if s.at("joined") {
+		return errDied
+	}
+	now := time.Now().UTC()
+	// Billed before the completion is recorded: a worker dying in between
+	// leaves the job processing, and its successor bills again with the
+	// same event id, which the meter drops. The other order could lose
+	// the bill.
+	s.recorder.Record(s.billingEvent(j, now))
+	if s.at("billed") {
+		return errDied
+	}
+	err := o.update(ctx, func(j *Job) {
+		actual := j.Progress.TotalTokens
+		j.Status, j.CompletedAt, j.ActualTokens, j.OutputKey = StatusCompleted, &now, &actual, outKey
+		j.Billed, j.Error, j.HeartbeatAt = true, "", nil
+	})
+	if err != nil {
+		return err
+	}
+	s.release(ctx, j.Account, j.ID)
+	// The parts stay named in the record, so a delete that fails here is
+	// tried again when the job is deleted.
+	for _, key := range j.partKeys(j.Progress.Parts) {
+		if err := s.store.Delete(ctx, key); err != nil {
+			s.logf("batch: job %s: deleting %s: %v", j.ID, key, err)
+		}
+	}
+	return nil
+}
+
+// join streams parts, in order, into one object.
+func (s *Service) join(ctx context.Context, key string, parts []string) error {
+	up, err := s.store.Create(ctx, key)
+	if err != nil {
+		return fmt.Errorf("writing results %s: %w", key, err)
+	}
+	defer up.Abort()
+	buf := make([]byte, writeBuffer)
+	for _, part := range parts {
+		rc, err := s.store.Open(ctx, part)
+		if err != nil {
+			return fmt.Errorf("reading results part %s: %w", part, err)
+		}
+		_, err = io.CopyBuffer(up, rc, buf)
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("joining results part %s: %w", part, err)
+		}
+	}
+	if err := up.Commit(); err != nil {
+		return fmt.Errorf("saving results %s: %w", key, err)
+	}
+	return nil
+}
+
+// billingEvent is the job's one usage event: its id is the job id, so
+// billing it twice is billing it once.
+func (s *Service) billingEvent(j *Job, now time.Time) *meter.Event {
+	price, err := money.ParsePrice(j.Price) // validated with the config it came from
+	if err != nil {
+		s.logf("batch: job %s has price %q: %v; billing 0", j.ID, j.Price, err)
+	}
+	var cost money.Atto
+	cost.Add(j.Progress.TotalTokens, price)
+	ev := &meter.Event{
+		ID: j.ID, JobID: j.ID, Time: now, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
+		Model: classifiers.EngineLexical, PromptTokens: j.Progress.PromptTokens, CompletionTokens: j.Progress.CompletionTokens,
+		CostNanos: cost.Nanos(), UsageSource: meter.SourceTokenizer, Status: 200,
+	}
+	if j.StartedAt != nil {
+		ev.Latency = now.Sub(*j.StartedAt)
+	}
+	if m := j.Progress.LLMModel; m != "" {
+		ev.Model, ev.UsageSource = m, meter.SourceUpstream
+		for _, cm := range s.runtime.Config().Models {
+			if cm.ID == m {
+				ev.Upstream = cm.Upstream
+			}
+		}
+	}
+	return ev
+}
+
+// lineClassifier turns input lines into result lines.
+type lineClassifier struct {
+	s       *Service
+	engine  Engine
+	req     *Request
+	maxText int
+	maxLine int
+	// labelJSON is each label as a JSON string, encoded once per run.
+	labelJSON map[string][]byte
+}
+
+func newLineClassifier(s *Service, engine Engine, req *Request, cfg *config.Config) *lineClassifier {
+	lc := &lineClassifier{s: s, engine: engine, req: req, maxText: int(cfg.Plugins.MaxTextBytes), maxLine: maxLineBytes(cfg), labelJSON: make(map[string][]byte, len(req.Labels))}
+	for _, l := range req.Labels {
+		lc.labelJSON[l] = jsonString(l)
+	}
+	return lc
+}
+
+func jsonString(s string) []byte {
+	b, _ := json.Marshal(s) // a string always encodes
+	return b
+}
+
+// classifyChunk fills c's results. An engine that stays unavailable, or a
+// stopped run, leaves c.err set and the rest of the chunk undone.
+func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
+	for i, line := range c.lines {
+		n := c.first + int64(i)
+		if c.tooLong[i] {
+			lc.lineError(c, n, fmt.Sprintf("the line is longer than %d bytes (4 times plugins.max_text_bytes, plus 1KiB)", lc.maxLine))
+			continue
+		}
+		text, problem := parseLine(line, lc.maxText)
+		if problem != "" {
+			lc.lineError(c, n, problem)
+			continue
+		}
+		res, err := lc.classify(ctx, lc.req.classify(text))
+		if err != nil {
+			if errors.Is(err, ErrEngineUnavailable) || ctx.Err() != nil {
+				c.err = err
+				return
+			}
+			msg := err.Error()
+			if len(msg) > errorMaxText {
+				msg = msg[:errorMaxText] + "…"
+			}
+			lc.lineError(c, n, msg)
+			continue
+		}
+		lc.lineResult(c, n, &res)
+	}
+}
+
+// classify retries an unavailable engine with backoff.
+func (lc *lineClassifier) classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
+	wait := lc.s.t.retryBackoff
+	for try := 0; ; try++ {
+		res, err := lc.engine.Classify(ctx, req)
+		if err == nil || !errors.Is(err, ErrEngineUnavailable) || try == lc.s.t.retries {
+			return res, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, ctx.Err()
+		case <-t.C:
+		}
+		wait *= 2
+	}
+}
+
+// parseLine returns the line's text, or why the line has none.
+func parseLine(line []byte, maxText int) (string, string) {
+	const want = `: want a JSON object with a text string, such as {"text": "I was charged twice"}`
+	if len(bytes.TrimSpace(line)) == 0 {
+		return "", "the line is empty" + want
+	}
+	if !gjson.ValidBytes(line) {
+		return "", "the line is not valid JSON" + want
+	}
+	v := gjson.ParseBytes(line)
+	if !v.IsObject() {
+		return "", "the line is not a JSON object" + want
+	}
+	t := v.Get("text")
+	switch {
+	case !t.Exists():
+		return "", "the line has no text field" + want
+	case t.Type != gjson.String:
+		return "", "text is not a string" + want
+	case t.Str == "":
+		return "", "text is empty"
+	case len(t.Str) > maxText:
+		return "", fmt.Sprintf("text is %d bytes, longer than plugins.max_text_bytes (%d bytes)", len(t.Str), maxText)
+	}
+	return t.Str, ""
+}
+
+// Result lines. Mode single: {"line":N,"label":…,"confidence":…,"tokens":…};
+// mode multi: {"line":N,"labels":[{"label":…,"confidence":…}],"tokens":…}
+// (labels at or above the threshold, highest first); a line that failed:
+// {"line":N,"error":"…"}. N is the input line, from 1.
+
+func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.ClassifyResult) {
+	u := res.Usage
+	if u.TotalTokens == 0 {
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	b := c.out.AvailableBuffer()
+	b = append(b, `{"line":`...)
+	b = strconv.AppendInt(b, n, 10)
+	if lc.req.Mode == classifiers.ModeMulti {
+		b = append(b, `,"labels":[`...)
+		for i, l := range res.Labels {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"label":`...)
+			b = lc.appendLabel(b, l.Label)
+			b = append(b, `,"confidence":`...)
+			b = strconv.AppendFloat(b, l.Confidence, 'f', -1, 64)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	} else {
+		b = append(b, `,"label":`...)
+		b = lc.appendLabel(b, res.Label)
+		b = append(b, `,"confidence":`...)
+		b = strconv.AppendFloat(b, res.Confidence, 'f', -1, 64)
+	}
+	b = append(b, `,"tokens":`...)
+	b = strconv.AppendInt(b, u.TotalTokens, 10)
+	b = append(b, "}\n"...)
+	c.out.Write(b)
+	c.completed++
+	c.prompt += u.PromptTokens
+	c.completion += u.CompletionTokens
+	c.total += u.TotalTokens
+	if res.Engine == classifiers.EngineLLM && c.llmModel == "" {
+		c.llmModel = res.Model
+	}
+}
+
+func (lc *lineClassifier) appendLabel(b []byte, label string) []byte {
+	if q, ok := lc.labelJSON[label]; ok {
+		return append(b, q...)
+	}
+	return append(b, jsonString(label)...)
+}
+
+func (lc *lineClassifier) lineError(c *chunk, n int64, msg string) {
+	b := c.out.AvailableBuffer()
+	b = append(b, `{"line":`...)
+	b = strconv.AppendInt(b, n, 10)
+	b = append(b, `,"error":`...)
+	b = append(b, jsonString(msg)...)
+	b = append(b, "}\n"...)
+	c.out.Write(b)
+	c.failed++
+	if c.firstError == "" {
+		c.firstError = fmt.Sprintf("line %d: %s", n, msg)
+	}
+}
+
+// lineReader reads lines of at most max bytes. Lines end at '\n' (a '\r'
+// before it is dropped); a last line without one counts.
+type lineReader struct {
+	r      *bufio.Reader
+	max    int
+	offset int64 // input bytes consumed
+	long   []byte
+}
+
+func newLineReader(r io.Reader, offset int64, max int) *lineReader {
+	return &lineReader{r: bufio.NewReaderSize(r, readBuffer), max: max, offset: offset}
+}
+
+// next returns the next line, valid until the following call. tooLong
+// says the line had more than max bytes; they were skipped, and line is
+// empty. The error is io.EOF at the end of the input.
+func (lr *lineReader) next() (line []byte, tooLong bool, err error) {
+	lr.long = lr.long[:0]
+	for {
+		frag, err := lr.r.ReadSlice('\n')
+		lr.offset += int64(len(frag))
+		if err == nil && len(lr.long) == 0 && !tooLong {
+			if len(frag) > lr.max+2 {
+				return nil, true, nil
+			}
+			return trimEOL(frag), false, nil // the common case: no copy
+		}
+		if !tooLong {
+			if len(lr.long)+len(frag) > lr.max+2 {
+				tooLong, lr.long = true, lr.long[:0]
+			} else {
+				lr.long = append(lr.long, frag...)
+			}
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err == io.EOF:
+			if len(lr.long) == 0 && !tooLong {
+				return nil, false, io.EOF
+			}
+			return trimEOL(lr.long), tooLong, nil
+		case err != nil:
+			return nil, false, err
+		}
+		if tooLong {
+			return nil, true, nil
+		}
+		return trimEOL(lr.long), false, nil
+	}
+}
+
+func trimEOL(b []byte) []byte {
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	return bytes.TrimSuffix(b, []byte("\r"))
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/plugins"
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/storage"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+// runWorker is `tollgate worker`: the batch worker of serve without the
+// API, for more batch capacity beside the gateways. It needs the NATS and
+// the object storage the gateways use, so storage.backend must be s3: the
+// local backend's files live on the gateway's machine.
+func runWorker(args []string) error {
+	path := configPath(args)
+	cfg, err := config.Load(path)
+	if err != nil {
+		return fmt.Errorf("loading %s:\n%w", path, err)
+	}
+	if cfg.Storage.Backend != "s3" {
+		return errors.New("tollgate worker needs storage.backend s3 (shared by every gateway); with the local backend, tollgate serve runs the batch jobs itself")
+	}
+	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
+		return fmt.Errorf("creating data_dir: %w", err)
+	}
+	go func() { _ = tokens.Preload() }()
+	b, err := connectNATS(ctx, cfg, logf)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	// Its own outbox: a worker beside serve on one machine shares data_dir.
+	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
+		return fmt.Errorf("declaring the USAGE stream: %w", err)
+	}
+	ob, err := meter.OpenOutbox(filepath.Join(cfg.Server.DataDir, "outbox-worker"), int64(cfg.Billing.OutboxMaxBytes))
+	if err != nil {
+		return fmt.Errorf("opening the usage outbox: %w", err)
+	}
+	rec := meter.NewPublisher(b.JetStream(), ob, logf)
+	defer func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := rec.Close(c); err != nil {
+			logf("meter: closing the publisher: %v (unpublished events stay in the outbox for the next start)", err)
+		}
+	}()
+	store, err := storage.FromConfig(ctx, cfg, logf)
+	if err != nil {
+		return fmt.Errorf("opening object storage: %w", err)
+	}
+	// The engines prompt models through a gateway's upstream client; this
+	// one never listens.
+	srv, err := proxy.New(cfg, proxy.Options{Recorder: rec, Logf: logf})
+	if err != nil {
+		return err
+	}
+	go config.NewWatcher(path, cfg, srv.Apply, logf).Run(ctx)
+	jobs, err := batch.Open(ctx, b.JetStream(), store, batch.Options{
+		Replicas: b.Replicas(), Runtime: plugins.BatchRuntime(srv), Recorder: rec, Logf: logf})
+	if err != nil {
+		return fmt.Errorf("opening batch jobs: %w", err)
+	}
+	logf("tollgate %s batch worker (config %s, NATS %s, %d jobs at a time)", version(), path, b.ClientURL(), cfg.Batch.MaxJobs)
+	return jobs.RunWorker(ctx)
+}

@@ -1,0 +1,46 @@
+package config
+
+import "github.com/tollgate/tollgate/money"
+
+// Batch configures batch classification jobs (spec 4.3-4.9). Every field
+// but max_jobs reloads: a job run reads them when it starts, and a job
+// keeps the price in force when it was created.
+type Batch struct {
+	// PricePerToken is USD per token, billed once per job when it
+	// completes, on its actual tokens.
+	PricePerToken string `yaml:"price_per_token"`
+	// Concurrency is how many lines of one job are classified at once:
+	// upstream calls in flight with the llm engine.
+	Concurrency int `yaml:"concurrency"`
+	// CheckpointLines: a job's progress is saved (a part of the results
+	// written, its record updated) after this many lines, and at least
+	// every 10 seconds. A worker that dies costs at most this much redone.
+	CheckpointLines int `yaml:"checkpoint_lines"`
+	// MaxJobs is how many jobs one process (serve or worker) runs at once.
+	// restart-only.
+	MaxJobs int `yaml:"max_jobs"`
+}
+
+// Batch defaults; gateway.yaml documents each.
+const (
+	// DefaultBatchPrice is the spec's batch price, 0.08 USD per 1M tokens.
+	DefaultBatchPrice           = "0.00000008"
+	DefaultBatchConcurrency     = 128
+	DefaultBatchCheckpointLines = 20_000
+	DefaultBatchMaxJobs         = 2
+)
+
+func applyBatchDefaults(b *Batch) {
+	setDefault(&b.PricePerToken, DefaultBatchPrice)
+	setDefault(&b.Concurrency, DefaultBatchConcurrency)
+	setDefault(&b.CheckpointLines, DefaultBatchCheckpointLines)
+	setDefault(&b.MaxJobs, DefaultBatchMaxJobs)
+}
+
+func (l *loader) validateBatch(b Batch) {
+	_, err := money.ParsePrice(b.PricePerToken)
+	l.check(err == nil, "batch.price_per_token", "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
+	l.check(b.Concurrency >= 1 && b.Concurrency <= 4096, "batch.concurrency", "%d is outside 1..4096", b.Concurrency)
+	l.check(b.CheckpointLines >= 1 && b.CheckpointLines <= 10_000_000, "batch.checkpoint_lines", "%d is outside 1..10000000", b.CheckpointLines)
+	l.check(b.MaxJobs >= 1 && b.MaxJobs <= 256, "batch.max_jobs", "%d is outside 1..256", b.MaxJobs)
+}

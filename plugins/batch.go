@@ -1,0 +1,287 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+func init() {
+	for _, r := range []struct{ method, path string }{
+		{fasthttp.MethodPost, "/v1/batch"},
+		{fasthttp.MethodGet, "/v1/batch"},
+		{fasthttp.MethodGet, "/v1/batch/*"},
+		{fasthttp.MethodPost, "/v1/batch/*"},
+		{fasthttp.MethodDelete, "/v1/batch/*"},
+	} {
+		proxy.Register(proxy.Route{
+			Method:  r.method,
+			Path:    r.path,
+			Auth:    proxy.AuthRequired,
+			Scope:   accounts.ScopeBatch,
+			Limits:  proxy.LimitNone, // jobs are limited to one at a time per account
+			Handler: handleBatch,
+		})
+	}
+}
+
+// engineAuto is plugins.engine's per-request choice between llm and lexical.
+const engineAuto = "auto"
+
+// batchServices maps each gateway to its batch service.
+var batchServices sync.Map // *proxy.Server → *batch.Service
+
+// ServeBatch makes svc answer srv's /v1/batch routes. Until it is called
+// they answer 503: batch jobs need object storage.
+func ServeBatch(srv *proxy.Server, svc *batch.Service) { batchServices.Store(srv, svc) }
+
+// BatchRuntime is what the batch worker of srv needs from it: the
+// configuration in force and the engine choice of the classify endpoint.
+// `tollgate worker` builds a proxy.Server without a listener for it.
+func BatchRuntime(srv *proxy.Server) batch.Runtime { return batchRuntime{srv} }
+
+// batchBody is POST /v1/batch: the classify fields without text (spec
+// 4.3), and model as in classify.
+type batchBody struct {
+	Labels       []string            `json:"labels"`
+	Classifier   string              `json:"classifier"`
+	Descriptions map[string]string   `json:"descriptions"`
+	Examples     map[string][]string `json:"examples"`
+	TextType     string              `json:"text_type"`
+	Mode         string              `json:"mode"`
+	Threshold    *float64            `json:"threshold"`
+	Model        string              `json:"model"`
+}
+
+const batchExample = `{"labels": ["billing", "bug", "other"]}`
+
+// batchCallTimeout bounds one API call's NATS and storage work.
+const batchCallTimeout = 30 * time.Second
+
+func handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+	v, ok := batchServices.Load(call.Server)
+	if !ok {
+		proxy.WriteError(ctx, proxy.Unavailable("batch jobs are not set up on this gateway (they need object storage: see storage in gateway.yaml)"))
+		return
+	}
+	svc := v.(*batch.Service)
+	c, cancel := context.WithTimeout(context.Background(), batchCallTimeout)
+	defer cancel()
+	method := string(ctx.Method())
+	rest := strings.TrimPrefix(string(ctx.Path()), "/v1/batch")
+	if rest == "" {
+		if method == fasthttp.MethodPost {
+			createBatch(c, ctx, call, svc)
+		} else {
+			listBatch(c, ctx, call, svc)
+		}
+		return
+	}
+	id, action, _ := strings.Cut(strings.TrimPrefix(rest, "/"), "/")
+	if id == "" {
+		proxy.WriteError(ctx, proxy.NotFound("no route for "+method+" "+string(ctx.Path())+": name a job, /v1/batch/{job_id}"))
+		return
+	}
+	switch {
+	case action == "" && method == fasthttp.MethodGet:
+		j, err := svc.Get(c, call.Key.Account, id)
+		if err != nil {
+			writeBatchError(ctx, err)
+			return
+		}
+		writeJSON(ctx, j.View())
+	case action == "" && method == fasthttp.MethodDelete:
+		if err := svc.Delete(c, call.Key.Account, id); err != nil {
+			writeBatchError(ctx, err)
+			return
+		}
+		writeJSON(ctx, struct {
+			JobID   string `json:"job_id"`
+			Deleted bool   `json:"deleted"`
+		}{id, true})
+	case action == "start" && method == fasthttp.MethodPost:
+		startBatch(c, ctx, call, svc, id)
+	case action == "results" && method == fasthttp.MethodGet:
+		url, expires, err := svc.Results(c, call.Key.Account, id)
+		if err != nil {
+			writeBatchError(ctx, err)
+			return
+		}
+		writeJSON(ctx, struct {
+			JobID       string `json:"job_id"`
+			DownloadURL string `json:"download_url"`
+			ExpiresAt   string `json:"expires_at"`
+		}{id, url, expires.UTC().Format(time.RFC3339)})
+	case action == "":
+		batchMethodNotAllowed(ctx, "DELETE, GET")
+	case action == "start":
+		batchMethodNotAllowed(ctx, "POST")
+	case action == "results":
+		batchMethodNotAllowed(ctx, "GET")
+	default:
+		proxy.WriteError(ctx, proxy.NotFound("no route for "+method+" "+string(ctx.Path())+
+			": batch paths are /v1/batch/{job_id}, /v1/batch/{job_id}/start and /v1/batch/{job_id}/results"))
+	}
+}
+
+func batchMethodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	ctx.Response.Header.Set("Allow", allow)
+	proxy.WriteError(ctx, &proxy.APIError{Status: fasthttp.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		Message: string(ctx.Method()) + " is not allowed here; use " + allow})
+}
+
+func createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
+	var body batchBody
+	if apiErr := decodeBody(ctx, &body, batchExample); apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	cb := classifyBody{Labels: body.Labels, Classifier: body.Classifier, Descriptions: body.Descriptions,
+		Examples: body.Examples, TextType: body.TextType, Mode: body.Mode, Threshold: body.Threshold}
+	req, apiErr := cb.classification(call.World.Config)
+	if apiErr == nil && (body.Model != "" || call.World.Config.Plugins.Engine != engineAuto) {
+		// The engine is chosen again when the job runs; this refuses now
+		// a model that does not exist or that the key may not use. (auto
+		// refuses nothing, and would only wait for a health probe.)
+		_, apiErr = chooseEngine(call, body.Model)
+	}
+	if apiErr == nil {
+		apiErr = call.Server.CheckBalance(call.World, call)
+	}
+	if apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	created, err := svc.Create(c, batch.CreateParams{
+		Account: call.Key.Account, KeyID: call.Key.ID, KeyModels: call.Key.Models, Classifier: body.Classifier, Model: body.Model,
+		Request: batch.Request{Labels: req.Labels, Descriptions: req.Descriptions, Examples: req.Examples,
+			TextType: req.TextType, Mode: req.Mode, Threshold: req.Threshold},
+	})
+	if err != nil {
+		writeBatchError(ctx, err)
+		return
+	}
+	writeJSON(ctx, created)
+	ctx.SetStatusCode(fasthttp.StatusCreated)
+}
+
+func startBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service, id string) {
+	if len(ctx.PostBody()) > 0 && strings.TrimSpace(string(ctx.PostBody())) != "{}" {
+		proxy.WriteError(ctx, proxy.BadRequest("", "POST /v1/batch/{job_id}/start takes no body"))
+		return
+	}
+	if apiErr := call.Server.CheckBalance(call.World, call); apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
+		return
+	}
+	j, err := svc.Start(c, call.Key.Account, id)
+	if err != nil {
+		writeBatchError(ctx, err)
+		return
+	}
+	writeJSON(ctx, struct {
+		JobID  string       `json:"job_id"`
+		Status batch.Status `json:"status"`
+	}{j.ID, j.Status})
+	ctx.SetStatusCode(fasthttp.StatusAccepted)
+}
+
+func listBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
+	jobs, err := svc.List(c, call.Key.Account)
+	if err != nil {
+		writeBatchError(ctx, err)
+		return
+	}
+	items := make([]batch.ListItem, len(jobs))
+	for i, j := range jobs {
+		items[i] = j.ListItem()
+	}
+	writeJSON(ctx, items)
+}
+
+func writeBatchError(ctx *fasthttp.RequestCtx, err error) {
+	var be *batch.Error
+	if errors.As(err, &be) {
+		switch {
+		case errors.Is(err, batch.ErrNotFound):
+			proxy.WriteError(ctx, proxy.NotFound(be.Msg))
+			return
+		case errors.Is(err, batch.ErrConflict):
+			proxy.WriteError(ctx, proxy.Conflict(be.Msg))
+			return
+		case errors.Is(err, batch.ErrNoInput), errors.Is(err, batch.ErrInvalid):
+			proxy.WriteError(ctx, proxy.BadRequest("", be.Msg))
+			return
+		}
+	}
+	proxy.WriteError(ctx, proxy.Internal("batch: "+err.Error()))
+}
+
+// batchRuntime serves batch.Runtime from a gateway's World.
+type batchRuntime struct{ srv *proxy.Server }
+
+func (r batchRuntime) Config() *config.Config { return r.srv.World().Config }
+
+// Engine picks a job's engine as classify picks a request's, for the key
+// that created the job. With plugins.engine auto the choice is made per
+// line, so a long job follows its upstream going down and coming back.
+func (r batchRuntime) Engine(job *batch.Job) (batch.Engine, error) {
+	w := r.srv.World()
+	call := &proxy.Call{World: w, Server: r.srv, Key: &accounts.Key{ID: job.KeyID, Account: job.Account, Models: job.KeyModels}}
+	p := w.Config.Plugins
+	if job.Model == "" && p.Engine == engineAuto {
+		if p.LLMModel == "" || !call.Key.AllowsModel(p.LLMModel) {
+			return &batchEngine{choice: lexicalChoice()}, nil
+		}
+		c, apiErr := llmChoice(call, p.LLMModel, "plugins.llm_model")
+		if apiErr != nil {
+			return &batchEngine{choice: lexicalChoice()}, nil
+		}
+		c.auto = true
+		return &batchEngine{choice: c}, nil
+	}
+	c, apiErr := chooseEngine(call, job.Model)
+	if apiErr != nil {
+		return nil, errors.New(apiErr.Message)
+	}
+	return &batchEngine{choice: c}, nil
+}
+
+// batchEngine runs a job's lines on one engine choice; unlike
+// engineChoice.run it never changes the choice, so it is safe for the
+// job's concurrent lines.
+type batchEngine struct{ choice *engineChoice }
+
+func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
+	c := e.choice
+	if c.auto && !c.probe.up() {
+		return lexicalEngine().Classify(ctx, req)
+	}
+	res, err := c.engine.Classify(ctx, req)
+	if err == nil || ctx.Err() != nil || c.name == engineLexical {
+		return res, err
+	}
+	if errors.Is(err, proxy.ErrModelUnavailable) {
+		c.probe.markDown()
+	}
+	if c.auto {
+		return lexicalEngine().Classify(ctx, req)
+	}
+	msg := fmt.Sprintf("model %s: %s", c.model, failure(c, err))
+	var me *proxy.ModelError
+	if errors.Is(err, proxy.ErrModelUnavailable) || errors.As(err, &me) && (me.Status >= 500 || me.Status == fasthttp.StatusTooManyRequests) {
+		return res, fmt.Errorf("%w: %s", batch.ErrEngineUnavailable, msg)
+	}
+	return res, errors.New(msg)
+}

@@ -1,0 +1,511 @@
+package plugins_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/internal/miniotest"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/plugins"
+	"github.com/tollgate/tollgate/storage"
+)
+
+// batchHarness is a gateway with batch jobs: object storage (the local
+// backend on its own listener, or MinIO through the s3 backend) and, when
+// asked, a worker.
+type batchHarness struct {
+	*harness
+	svc *batch.Service
+}
+
+func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarness {
+	t.Helper()
+	h := &batchHarness{harness: newHarness(t, ho)}
+	var store storage.Store
+	switch backend {
+	case "local":
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := storage.NewLocal(storage.LocalOptions{DataDir: t.TempDir(), PublicBaseURL: "http://" + ln.Addr().String(), Logf: t.Logf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = l.Serve(ln) }()
+		t.Cleanup(func() { _ = l.Shutdown(context.Background()) })
+		store = l
+	case "s3":
+		srv := miniotest.Start(t)
+		s3, err := storage.NewS3(h.ctx, storage.S3Options{Endpoint: srv.Endpoint(), Bucket: "tollgate-batch",
+			AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), CreateBucket: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		store = s3
+	default:
+		t.Fatalf("no backend %q", backend)
+	}
+	var err error
+	h.svc, err = batch.Open(h.ctx, h.broker.JetStream(), store, batch.Options{Runtime: plugins.BatchRuntime(h.gw), Recorder: h.rec, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugins.ServeBatch(h.gw, h.svc)
+	return h
+}
+
+// startWorker runs the gateway's batch worker until the test ends.
+func (h *batchHarness) startWorker() {
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = h.svc.RunWorker(ctx) }()
+	h.t.Cleanup(func() { cancel(); <-done })
+}
+
+// call sends method path with key (none when empty) and body.
+func (h *batchHarness) call(method, path, key, body string) reply {
+	h.t.Helper()
+	req, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: data}
+}
+
+// object decodes a JSON object answer with the given status.
+func (r reply) object(t *testing.T, status int) map[string]any {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status %d, want %d; body %s", r.status, status, r.body)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("answer is not a JSON object: %s", r.body)
+	}
+	return m
+}
+
+// created is the answer of POST /v1/batch.
+type created struct {
+	JobID        string            `json:"job_id"`
+	UploadURL    string            `json:"upload_url"`
+	UploadFields map[string]string `json:"upload_fields"`
+	InputKey     string            `json:"input_key"`
+}
+
+func (h *batchHarness) createJob(key, body string) created {
+	h.t.Helper()
+	r := h.call("POST", "/v1/batch", key, body)
+	if r.status != http.StatusCreated {
+		h.t.Fatalf("create: %s", r)
+	}
+	var c created
+	if err := json.Unmarshal(r.body, &c); err != nil {
+		h.t.Fatal(err)
+	}
+	return c
+}
+
+// upload posts file to the upload URL as `curl -F` does: every upload
+// field as a form field, then the file as field "file", and no
+// Authorization header (spec 4.4).
+func upload(t *testing.T, url string, fields map[string]string, file []byte) (int, string) {
+	t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	names := make([]string, 0, len(fields))
+	for name := range fields {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := mw.WriteField(name, fields[name]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fw, err := mw.CreateFormFile("file", "input.ndjson")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.Write(file)
+	mw.Close()
+	resp, err := http.Post(url, mw.FormDataContentType(), &body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(msg)
+}
+
+func (h *batchHarness) upload(c created, file []byte) {
+	h.t.Helper()
+	if status, msg := upload(h.t, c.UploadURL, c.UploadFields, file); status/100 != 2 {
+		h.t.Fatalf("upload: %d %s", status, msg)
+	}
+}
+
+// poll waits until the job is completed or failed, as spec 3.4's pollers
+// do, and returns its last status.
+func (h *batchHarness) poll(key, id string) map[string]any {
+	h.t.Helper()
+	var job map[string]any
+	checkFor(h.t, 60*time.Second, 20*time.Millisecond, func() error {
+		job = h.call("GET", "/v1/batch/"+id, key, "").object(h.t, 200)
+		if s := job["status"]; s != "completed" && s != "failed" {
+			return fmt.Errorf("job is %v: %v", s, job)
+		}
+		return nil
+	})
+	return job
+}
+
+func download(t *testing.T, url string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, data
+}
+
+const batchInput = `{"text": "I was charged twice this month, please refund me"}
+{"text": "The export button does nothing and the app crashes"}
+not json
+{"text": "How do I reset my password?"}
+`
+
+// TestBatchWalkthrough runs spec 4.3-4.9 as a client does with curl, on
+// both storage backends: create, upload with the returned fields, start,
+// poll, download, delete; and checks the bill.
+func TestBatchWalkthrough(t *testing.T) {
+	for _, backend := range []string{"local", "s3"} {
+		t.Run(backend, func(t *testing.T) {
+			h := newBatchHarness(t, backend, harnessOptions{})
+			h.startWorker()
+			c := h.createJob(h.key, `{"labels": ["billing", "bug", "account"], "descriptions": {"billing": "charges, refunds and invoices",
+				"bug": "something is broken: crashes, errors, buttons that do nothing", "account": "sign-in and passwords"}}`)
+			if c.JobID == "" || c.UploadURL == "" || c.InputKey == "" || c.UploadFields["key"] != c.InputKey ||
+				c.UploadFields["policy"] == "" || c.UploadFields["x-amz-signature"] == "" {
+				t.Fatalf("create answered %+v; want job_id, upload_url, and upload_fields with key (= input_key), policy and signature", c)
+			}
+			h.upload(c, []byte(batchInput))
+			start := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, http.StatusAccepted)
+			if start["job_id"] != c.JobID || start["status"] != "processing" {
+				t.Fatalf("start answered %v", start)
+			}
+			job := h.poll(h.key, c.JobID)
+			for _, f := range []string{"job_id", "status", "requests_total", "requests_completed", "requests_failed",
+				"estimated_tokens", "actual_tokens", "created_at", "started_at", "completed_at", "error"} {
+				if _, ok := job[f]; !ok {
+					t.Errorf("job lacks %s: %v", f, job)
+				}
+			}
+			if job["status"] != "completed" || job["requests_total"] != 4.0 || job["requests_completed"] != 3.0 ||
+				job["requests_failed"] != 1.0 || job["error"] != nil || job["actual_tokens"] == nil {
+				t.Fatalf("job %v", job)
+			}
+			for _, f := range []string{"created_at", "started_at", "completed_at"} {
+				if _, err := time.Parse(time.RFC3339, job[f].(string)); err != nil {
+					t.Errorf("%s %q is not ISO 8601: %v", f, job[f], err)
+				}
+			}
+			res := h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)
+			status, data := download(t, res["download_url"].(string))
+			if status != 200 {
+				t.Fatalf("download: %d %s", status, data)
+			}
+			var lines []map[string]any
+			sc := bufio.NewScanner(bytes.NewReader(data))
+			for sc.Scan() {
+				var m map[string]any
+				if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+					t.Fatalf("result line %q: %v", sc.Text(), err)
+				}
+				lines = append(lines, m)
+			}
+			if len(lines) != 4 || lines[0]["label"] != "billing" || lines[1]["label"] != "bug" || lines[3]["label"] != "account" ||
+				lines[2]["error"] == nil || lines[0]["confidence"] == nil || lines[0]["tokens"] == nil {
+				t.Fatalf("results:\n%s", data)
+			}
+			var tokens int64
+			for i, l := range lines {
+				if l["line"] != float64(i+1) {
+					t.Fatalf("result %d is for line %v", i+1, l["line"])
+				}
+				if n, ok := l["tokens"].(float64); ok {
+					tokens += int64(n)
+				}
+			}
+			if job["actual_tokens"] != float64(tokens) {
+				t.Fatalf("actual_tokens %v, the lines' tokens add up to %d", job["actual_tokens"], tokens)
+			}
+			evs := h.events(1)
+			price, _ := money.ParsePrice("0.00000008")
+			var cost money.Atto
+			cost.Add(tokens, price)
+			if ev := evs[0]; ev.JobID != c.JobID || ev.ID != c.JobID || ev.Endpoint != "/v1/batch" || ev.Account != "acme" ||
+				ev.CostNanos != cost.Nanos() || ev.PromptTokens != tokens || ev.Model != "lexical" {
+				t.Fatalf("event %+v; want job %s, %d tokens, %d nano-USD", ev, c.JobID, tokens, cost.Nanos())
+			}
+
+			list := h.call("GET", "/v1/batch", h.key, "")
+			var items []map[string]any
+			if err := json.Unmarshal(list.body, &items); err != nil || len(items) != 1 || items[0]["job_id"] != c.JobID || len(items[0]) != 5 {
+				t.Fatalf("list: %s", list)
+			}
+			del := h.call("DELETE", "/v1/batch/"+c.JobID, h.key, "").object(t, 200)
+			if del["job_id"] != c.JobID || del["deleted"] != true {
+				t.Fatalf("delete answered %v", del)
+			}
+			h.call("GET", "/v1/batch/"+c.JobID, h.key, "").apiError(t, 404, "not_found")
+			if status, _ := download(t, res["download_url"].(string)); status != 404 {
+				t.Fatalf("download after delete: %d, want 404: the files go with the job", status)
+			}
+		})
+	}
+}
+
+func TestBatchMultiMode(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{})
+	h.startWorker()
+	c := h.createJob(h.key, `{"classifier": "support-intent", "mode": "multi", "threshold": 0.2}`)
+	h.upload(c, []byte(batchInput))
+	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
+	if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
+		t.Fatalf("job %v", job)
+	}
+	_, data := download(t, h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)["download_url"].(string))
+	first, _, _ := strings.Cut(string(data), "\n")
+	var line struct {
+		Line   int `json:"line"`
+		Labels []struct {
+			Label      string  `json:"label"`
+			Confidence float64 `json:"confidence"`
+		} `json:"labels"`
+		Tokens int `json:"tokens"`
+	}
+	if err := json.Unmarshal([]byte(first), &line); err != nil || line.Line != 1 || len(line.Labels) == 0 || line.Labels[0].Label != "billing" || line.Tokens == 0 {
+		t.Fatalf("multi-mode line %s", first)
+	}
+}
+
+// TestBatchConflicts checks every 409 rule of spec section 3, and that a
+// start without an uploaded file is refused and leaves the job pending.
+func TestBatchConflicts(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{}) // no worker yet: started jobs stay processing
+	a := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	b := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+
+	e := h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
+	if !strings.Contains(e["message"].(string), "upload it first") {
+		t.Fatalf("start without a file: %v", e["message"])
+	}
+	if job := h.call("GET", "/v1/batch/"+a.JobID, h.key, "").object(t, 200); job["status"] != "pending" {
+		t.Fatalf("after a refused start: %v", job)
+	}
+	h.call("GET", "/v1/batch/"+a.JobID+"/results", h.key, "").apiError(t, 409, "conflict")
+
+	h.upload(a, []byte(batchInput))
+	h.upload(b, []byte(batchInput))
+	h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").object(t, 202)
+	e = h.call("POST", "/v1/batch/"+b.JobID+"/start", h.key, "").apiError(t, 409, "conflict")
+	if !strings.Contains(e["message"].(string), a.JobID) {
+		t.Fatalf("409 does not name the running job: %v", e["message"])
+	}
+	h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").apiError(t, 409, "conflict")
+	h.call("GET", "/v1/batch/"+a.JobID+"/results", h.key, "").apiError(t, 409, "conflict")
+	h.call("DELETE", "/v1/batch/"+a.JobID, h.key, "").apiError(t, 409, "conflict")
+	// A pending job can be deleted while another processes.
+	h.call("DELETE", "/v1/batch/"+b.JobID, h.key, "").object(t, 200)
+
+	h.startWorker()
+	if job := h.poll(h.key, a.JobID); job["status"] != "completed" {
+		t.Fatalf("job %v", job)
+	}
+	h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").apiError(t, 409, "conflict")
+	c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	h.upload(c, []byte(batchInput))
+	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202) // the slot is free again
+}
+
+// TestBatchUploadPolicies: the store takes only the upload the gateway
+// signed, and only until it expires.
+func TestBatchUploadPolicies(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{extra: "storage:\n  upload_ttl: 1s"})
+	c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	other := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	forge := func(change func(map[string]string)) map[string]string {
+		f := map[string]string{}
+		for k, v := range c.UploadFields {
+			f[k] = v
+		}
+		change(f)
+		return f
+	}
+	policy, _ := base64.StdEncoding.DecodeString(c.UploadFields["policy"])
+	for name, fields := range map[string]map[string]string{
+		"another job's key":      forge(func(f map[string]string) { f["key"] = other.InputKey }),
+		"a rewritten policy":     forge(func(f map[string]string) { f["policy"] = base64.StdEncoding.EncodeToString(append(policy, ' ')) }),
+		"another job's policy":   forge(func(f map[string]string) { f["policy"] = other.UploadFields["policy"] }),
+		"a made-up signature":    forge(func(f map[string]string) { f["x-amz-signature"] = strings.Repeat("0", 64) }),
+		"no signature":           forge(func(f map[string]string) { delete(f, "x-amz-signature") }),
+		"someone else's account": forge(func(f map[string]string) { f["key"] = strings.Replace(c.InputKey, "acme", "globex", 1) }),
+	} {
+		if status, msg := upload(t, c.UploadURL, fields, []byte(batchInput)); status != http.StatusForbidden && status != http.StatusBadRequest {
+			t.Errorf("upload with %s: %d %s, want it refused", name, status, msg)
+		}
+	}
+	time.Sleep(2100 * time.Millisecond)
+	if status, msg := upload(t, c.UploadURL, c.UploadFields, []byte(batchInput)); status != http.StatusForbidden {
+		t.Fatalf("upload after the policy expired: %d %s, want 403", status, msg)
+	}
+	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
+	h.call("POST", "/v1/batch/"+other.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
+}
+
+// TestBatchOtherAccountsJobsAreInvisible: every route answers 404 for
+// another account's job, exactly as for a job that does not exist.
+func TestBatchOtherAccountsJobsAreInvisible(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{})
+	if _, err := h.harness.svc.CreateAccount(h.ctx, "globex", 5*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	intruder := h.newKey("globex", accounts.KeyRequest{Name: "intruder"})
+	c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	h.upload(c, []byte(batchInput))
+	missing := "01900000-0000-7000-8000-000000000000"
+	for _, id := range []string{c.JobID, missing} {
+		for _, r := range []struct{ method, path string }{
+			{"GET", "/v1/batch/" + id}, {"POST", "/v1/batch/" + id + "/start"},
+			{"GET", "/v1/batch/" + id + "/results"}, {"DELETE", "/v1/batch/" + id},
+		} {
+			h.call(r.method, r.path, intruder, "").apiError(t, 404, "not_found")
+		}
+	}
+	if list := h.call("GET", "/v1/batch", intruder, ""); list.status != 200 || strings.TrimSpace(string(list.body)) != "[]" {
+		t.Fatalf("globex's list: %s", list)
+	}
+	if job := h.call("GET", "/v1/batch/"+c.JobID, h.key, "").object(t, 200); job["status"] != "pending" {
+		t.Fatalf("the owner's job after the attempts: %v", job)
+	}
+}
+
+func TestBatchListNewestFirst(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{})
+	var ids []string
+	for range 22 {
+		ids = append(ids, h.createJob(h.key, `{"labels": ["a", "b"]}`).JobID)
+	}
+	r := h.call("GET", "/v1/batch", h.key, "")
+	var items []map[string]any
+	if err := json.Unmarshal(r.body, &items); err != nil || r.status != 200 {
+		t.Fatalf("list: %s", r)
+	}
+	if len(items) != 20 {
+		t.Fatalf("%d jobs listed, want the 20 most recent", len(items))
+	}
+	for i, it := range items {
+		if it["job_id"] != ids[len(ids)-1-i] {
+			t.Fatalf("item %d is %v, want %s (newest first)", i, it["job_id"], ids[len(ids)-1-i])
+		}
+		keys := make([]string, 0, len(it))
+		for k := range it {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		if !slices.Equal(keys, []string{"created_at", "job_id", "requests_completed", "requests_total", "status"}) {
+			t.Fatalf("list item fields %v, want the spec's five", keys)
+		}
+	}
+}
+
+func TestBatchRequestValidation(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{})
+	labels := make([]string, 201)
+	for i := range labels {
+		labels[i] = fmt.Sprintf("l%d", i)
+	}
+	many, _ := json.Marshal(map[string]any{"labels": labels})
+	for _, tc := range []struct{ body, param, msg string }{
+		{``, "", "body is empty"},
+		{`{}`, "labels", "labels is required"},
+		{`{"labels": []}`, "labels", ""},
+		{string(many), "labels", "200"},
+		{`{"lables": ["a"]}`, "lables", `did you mean "labels"`},
+		{`{"labels": ["a"], "mode": "several"}`, "mode", ""},
+		{`{"labels": ["a"], "threshold": 2}`, "threshold", ""},
+		{`{"labels": ["a"], "classifier": "support-intent"}`, "labels", "cannot be sent with classifier"},
+		{`{"classifier": "nope"}`, "classifier", "not defined"},
+		{`{"labels": ["a"], "descriptions": {"b": "x"}}`, "descriptions", ""},
+		{`{"labels": ["a"], "model": "gpt-9"}`, "model", "does not exist"},
+		{`{"labels": ["a"], "text": "per line, not here"}`, "text", "unknown field"},
+	} {
+		r := h.call("POST", "/v1/batch", h.key, tc.body)
+		e := r.apiError(t, 400, "invalid_request_error")
+		if p, _ := e["param"].(string); !strings.HasPrefix(p, tc.param) || !strings.Contains(e["message"].(string), tc.msg) {
+			t.Errorf("body %.60s: param %v message %q; want %q containing %q", tc.body, e["param"], e["message"], tc.param, tc.msg)
+		}
+	}
+	h.call("POST", "/v1/batch", "", `{"labels": ["a"]}`).apiError(t, 401, "INVALID_API_KEY")
+	classifyOnly := h.newKey("acme", accounts.KeyRequest{Name: "c", Scopes: []string{accounts.ScopeClassify}})
+	h.call("GET", "/v1/batch", classifyOnly, "").apiError(t, 403, "permission_denied")
+	largeOnly := h.newKey("acme", accounts.KeyRequest{Name: "l", Models: []string{"large"}})
+	h.call("POST", "/v1/batch", largeOnly, `{"labels": ["a"], "model": "small"}`).apiError(t, 403, "permission_denied")
+	h.createJob(largeOnly, `{"labels": ["a"], "model": "lexical"}`)
+
+	h.call("PUT", "/v1/batch", h.key, "").apiError(t, 405, "method_not_allowed")
+	c := h.createJob(h.key, `{"labels": ["a", "b"]}`)
+	if r := h.call("POST", "/v1/batch/"+c.JobID, h.key, ""); r.status != 405 || r.header.Get("Allow") != "DELETE, GET" {
+		t.Errorf("POST on a job: %s (Allow %q)", r, r.header.Get("Allow"))
+	}
+	if r := h.call("GET", "/v1/batch/"+c.JobID+"/start", h.key, ""); r.status != 405 || r.header.Get("Allow") != "POST" {
+		t.Errorf("GET on start: %s", r)
+	}
+	h.call("GET", "/v1/batch/"+c.JobID+"/log", h.key, "").apiError(t, 404, "not_found")
+	h.call("GET", "/v1/batch/not-an-id", h.key, "").apiError(t, 404, "not_found")
+}
+
+func TestBatchWithoutStorageIs503(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	r := h.keyed("/v1/batch", `{"labels": ["a"]}`)
+	if r.status != 503 || !strings.Contains(string(r.body), "object storage") {
+		t.Fatalf("batch without a service: %s", r)
+	}
+}
