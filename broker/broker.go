@@ -210,6 +210,15 @@ func (b *Broker) shutdownEmbedded() {
 // EnsureKV creates the bucket or updates its configuration to cfg. It is
 // idempotent, so every process can call it at start-up.
 func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	// A process started with a smaller nats.replicas (say a billing
+	// consumer on the default file) must not shrink a cluster's R3 bucket.
+	if kv, err := js.KeyValue(ctx, cfg.Bucket); err == nil {
+		if st, err := kv.Status(ctx); err == nil {
+			if info, ok := st.(*jetstream.KeyValueBucketStatus); ok && info.StreamInfo().Config.Replicas > cfg.Replicas {
+				cfg.Replicas = info.StreamInfo().Config.Replicas
+			}
+		}
+	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("ensuring kv bucket %s: %w", cfg.Bucket, err)
@@ -220,6 +229,9 @@ func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 // EnsureStream creates the stream or updates its configuration to cfg. It is
 // idempotent, so every process can call it at start-up.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	if existing, err := js.Stream(ctx, cfg.Name); err == nil && existing.CachedInfo().Config.Replicas > cfg.Replicas {
+		cfg.Replicas = existing.CachedInfo().Config.Replicas // never shrink, as in EnsureKV
+	}
 	st, err := js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("ensuring stream %s: %w", cfg.Name, err)

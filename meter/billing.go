@@ -36,7 +36,7 @@ type BillingOptions struct {
 	// delay between a quiet gateway's event and its debit.
 	MaxWait time.Duration
 	// AckWait is how long JetStream waits for an ack before delivering a
-	// batch to another process (default 60s). A live process keeps its
+	// batch to another process (default 20s). A live process keeps its
 	// batch with progress acks while it retries.
 	AckWait time.Duration
 	// InsertTimeout bounds one INSERT attempt (default 30s).
@@ -59,7 +59,7 @@ func (o BillingOptions) withDefaults() BillingOptions {
 		o.MaxWait = time.Second
 	}
 	if o.AckWait <= 0 {
-		o.AckWait = 60 * time.Second
+		o.AckWait = 20 * time.Second
 	}
 	if o.InsertTimeout <= 0 {
 		o.InsertTimeout = 30 * time.Second

@@ -239,9 +239,6 @@ func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening the usage outbox: %w", err)
 	}
-	if r := ob.Recovery(); r.Unacked > 0 || r.TruncatedBytes > 0 {
-		logf("meter: outbox holds %d unpublished events from the last run; publishing them (%v)", r.Unacked, r.Notes)
-	}
 	pub := meter.NewPublisher(b.JetStream(), ob, logf)
 	billingCtx, stopBilling := context.WithCancel(ctx)
 	billingDone := make(chan struct{})
