@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"sort"
 	"strings"
 	"sync"
@@ -91,6 +92,10 @@ func RoutePaths() []string {
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if limit := s.world.Load().Config.Server.MaxRequestBody; int64(len(ctx.Request.Body())) > int64(limit) {
+		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit)))
+		return
+	}
 	path := ctx.Path()
 	switch string(path) {
 	case "/v1/chat/completions":

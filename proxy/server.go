@@ -83,10 +83,13 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.http = &fasthttp.Server{
-		Handler:            s.handle,
-		ErrorHandler:       s.handleParseError,
-		Name:               "tollgate",
-		MaxRequestBodySize: int(cfg.Server.MaxRequestBody),
+		Handler:      s.handle,
+		ErrorHandler: s.handleParseError,
+		Name:         "tollgate",
+		// Twice the limit: a body up to that size is read whole and refused
+		// by handle with a clean 413; fasthttp itself refuses a bigger one
+		// by closing the connection, which clients see as a reset.
+		MaxRequestBodySize: int(min(2*cfg.Server.MaxRequestBody, 2<<30)),
 		// ReadTimeout bounds reading one request; WriteTimeout must stay
 		// zero, it would cap every streamed response.
 		ReadTimeout:                   60 * time.Second,
