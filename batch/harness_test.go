@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/plugins"
 	"github.com/tollgate/tollgate/proxy"
@@ -334,20 +335,7 @@ func inputLines(n, badEvery int) []byte {
 }
 
 // checkFor polls fn until it returns nil or total passes.
-func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+var checkFor = testutil.CheckFor
 
 // kv opens one of the batch buckets.
 func (e *env) kv(bucket string) jetstream.KeyValue {

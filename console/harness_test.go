@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -277,17 +278,4 @@ func readAll(t *testing.T, resp *http.Response) []byte {
 }
 
 // checkFor polls fn until it returns nil or total passes.
-func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+var checkFor = testutil.CheckFor

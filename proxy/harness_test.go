@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -251,20 +252,7 @@ func (h *harness) events(n int) []*meter.Event {
 }
 
 // checkFor polls fn until it returns nil or total passes.
-func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+var checkFor = testutil.CheckFor
 
 // streamReader reads SSE events from a live response one by one.
 type streamReader struct {
