@@ -2,6 +2,8 @@ module github.com/tollgate/tollgate
 
 go 1.26.8
 
+// fasthttp v1.77.0 requires go-brrr v1.3.0, which the module proxy refuses
+// (403); v1.0.1 has the API fasthttp uses. Drop this once v1.3.0 is served.
 replace github.com/molecule-man/go-brrr v1.3.0 => github.com/molecule-man/go-brrr v1.0.1
 
 require (
