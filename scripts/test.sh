@@ -9,12 +9,13 @@ cd "$(dirname "$0")/.."
 scripts/clickhouse.sh install
 # A pinned MinIO for the s3 storage backend's tests; built once (minutes).
 scripts/minio.sh install
-# Debian's chromium for the console's browser test (about 25 s to install).
-if [ ! -x /usr/bin/chromium ]; then
+# Debian's chromium for the console's browser test (about 25 s to install),
+# and curl, which the storage tests upload with exactly as the README does.
+if [ ! -x /usr/bin/chromium ] || ! command -v curl >/dev/null; then
 	sudo=""
 	[ "$(id -u)" = 0 ] || sudo=sudo
 	export DEBIAN_FRONTEND=noninteractive
-	$sudo apt-get install -y chromium || { $sudo apt-get update && $sudo apt-get install -y chromium; }
+	$sudo apt-get install -y chromium curl || { $sudo apt-get update && $sudo apt-get install -y chromium curl; }
 fi
 make lint
 go test -count=1 -timeout 25m ./...

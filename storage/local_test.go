@@ -343,8 +343,7 @@ func TestLocalBehindAReverseProxy(t *testing.T) {
 func TestLocalUploadWithCurl(t *testing.T) {
 	curl, err := exec.LookPath("curl")
 	if err != nil {
-		t.Log("curl is not installed: the multipart client of the other tests stands in for it")
-		return
+		t.Fatal("curl is not installed (apt-get install curl): this test uploads exactly as the README tells users to")
 	}
 	l, _, _ := startLocal(t, LocalOptions{})
 	ctx := context.Background()
