@@ -86,6 +86,21 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		WriteError(ctx, apiErr)
 		return
 	}
+	// A key's own rpm/tpm: the request counts now, its tokens once the
+	// usage is known, so a key over its tokens waits for its next call.
+	limit := s.limits.keyAdmission(key)
+	if limit != nil {
+		if apiErr := limit.admit(ctx, 0); apiErr != nil {
+			WriteError(ctx, apiErr)
+			return
+		}
+	}
+	var call *generationCall
+	defer func() {
+		if call == nil { // refused before reaching the upstream
+			limit.done()
+		}
+	}()
 	body := ctx.PostBody()
 	f, apiErr := scanRequest(body)
 	if apiErr != nil {
@@ -137,10 +152,10 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	req.SetBodyRaw(out)
 
-	call := &generationCall{
+	call = &generationCall{
 		server: s, ep: ep, entry: entry, upstream: up, key: key,
 		reqID: reqID, start: start, stream: stream, injected: injected,
-		reqBody: bufp, req: req, resp: resp,
+		reqBody: bufp, req: req, resp: resp, limit: limit,
 	}
 	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
 		// Copied: a stream's events are recorded after the handler returns
@@ -224,6 +239,8 @@ type generationCall struct {
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 	recorded                  bool
 
+	limit *admission // the key's own limits; nil without
+
 	// Request logging, for keys that turned it on.
 	logging     accounts.Logging
 	logRequest  string
@@ -246,6 +263,7 @@ func (c *generationCall) terminal(ev *sseEvent) bool {
 const maxEstimateText = 4 << 20
 
 func (c *generationCall) release() {
+	c.limit.done()
 	fasthttp.ReleaseRequest(c.req)
 	fasthttp.ReleaseResponse(c.resp)
 	if cap(*c.reqBody) <= 1<<20 {
@@ -489,6 +507,7 @@ func (c *generationCall) recordAndWait(status int) {
 	}
 	c.recorded = true
 	ev := c.event(status)
+	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
 	d, ok := c.server.recorder.(meter.DurableRecorder)
 	if !ok {
 		c.server.recorder.Record(ev)

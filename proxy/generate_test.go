@@ -623,3 +623,48 @@ func TestRequestLoggingOnlyForLoggingKeys(t *testing.T) {
 		}
 	}
 }
+
+// A key's own rpm and tpm hold for generation too: requests count at once,
+// tokens once the usage is known.
+func TestKeyLimitsHoldForGeneration(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 10, CompletionTokens: 20}})
+	ctx := t.Context()
+	_, rpmKey, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "rpm", RPM: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tpmKey, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "tpm", TPM: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		resp := h.post("/v1/chat/completions", chatBody, rpmKey)
+		if readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	resp := h.post("/v1/chat/completions", chatBody, rpmKey)
+	wantError(t, resp, 429, "rate_limit_exceeded")
+	if resp.Header.Get("Retry-After") == "" || resp.Header.Get("x-ratelimit-limit-requests") != "2" {
+		t.Fatalf("headers %v", resp.Header)
+	}
+	// 30 tokens a call against 40 a minute: the second call is admitted
+	// (the first used 45 s of the minute), the third waits.
+	for i := range 2 {
+		resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`, tpmKey)
+		if readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("tpm request %d: %d", i, resp.StatusCode)
+		}
+	}
+	wantError(t, h.post("/v1/chat/completions", chatBody, tpmKey), 429, "rate_limit_exceeded")
+	// the harness key has no limits of its own
+	for range 5 {
+		resp := h.post("/v1/chat/completions", chatBody)
+		if readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("unlimited key: %d", resp.StatusCode)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/config"
 )
 
@@ -289,7 +290,7 @@ func (a *admission) addTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 
 // done gives back the concurrency slot of an admitted call.
 func (a *admission) done() {
-	if a.state == nil {
+	if a == nil || a.state == nil {
 		return
 	}
 	a.shard.mu.Lock()
@@ -391,4 +392,30 @@ func (c *Call) AddTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 	if c.limit != nil {
 		c.limit.addTokens(ctx, tokens)
 	}
+}
+
+// keyAdmission is the standing of a generation call whose key carries its
+// own rpm or tpm; nil when it carries neither (generation has no default
+// limits). It shares the key's state with the plugin routes, so a key's
+// limits hold across everything it calls.
+func (l *limiter) keyAdmission(key *accounts.Key) *admission {
+	if key.RPM <= 0 && key.TPM <= 0 {
+		return nil
+	}
+	a := &admission{l: l, caller: "key " + key.ID,
+		limits: config.Limits{RequestsPerMinute: key.RPM, TokensPerMinute: key.TPM}}
+	a.shard = &l.shards[maphash.String(l.seed, a.caller)%uint64(len(l.shards))]
+	return a
+}
+
+// charge counts tokens known only once an answer is complete (a
+// generation's usage) without touching headers, which are sent by then.
+func (a *admission) charge(tokens int64) {
+	if a == nil || a.state == nil || tokens <= 0 || a.limits.TokensPerMinute <= 0 {
+		return
+	}
+	now := a.l.now()
+	a.shard.mu.Lock()
+	a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(tokens, a.limits.TokensPerMinute)
+	a.shard.mu.Unlock()
 }
