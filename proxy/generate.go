@@ -11,6 +11,7 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
@@ -239,7 +240,8 @@ type generationCall struct {
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 	recorded                  bool
 
-	limit *admission // the key's own limits; nil without
+	limit   *admission                 // the key's own limits; nil without
+	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
 
 	// Request logging, for keys that turned it on.
 	logging     accounts.Logging
@@ -264,6 +266,10 @@ const maxEstimateText = 4 << 20
 
 func (c *generationCall) release() {
 	c.limit.done()
+	if c.respBuf != nil {
+		bytebufferpool.Put(c.respBuf)
+		c.respBuf = nil
+	}
 	fasthttp.ReleaseRequest(c.req)
 	fasthttp.ReleaseResponse(c.resp)
 	if cap(*c.reqBody) <= 1<<20 {
@@ -273,11 +279,11 @@ func (c *generationCall) release() {
 
 // forwardWhole relays a non-streamed response unchanged and meters it.
 func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
-	body := c.resp.Body()
-	if err := c.resp.CloseBodyStream(); err != nil || !gjson.ValidBytes(body) && len(body) == 0 {
+	body, err := c.readBody()
+	if err != nil {
 		c.release()
 		WriteError(ctx, &APIError{Status: 502, Type: "upstream_error", Code: "upstream_response_cut",
-			Message: fmt.Sprintf("upstream %s ended its response early", c.upstream.cfg.Name)})
+			Message: fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err)})
 		return
 	}
 	ctx.SetStatusCode(status)
@@ -293,6 +299,27 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	}
 	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
 	c.release()
+}
+
+// readBody reads a non-streamed answer whole, up to max_response_body.
+// fasthttp's Response.Body would hide a read error by putting its text in
+// place of the body, which would reach the client as a 200.
+func (c *generationCall) readBody() ([]byte, error) {
+	rs := c.resp.BodyStream()
+	if rs == nil {
+		return c.resp.Body(), nil
+	}
+	c.respBuf = bytebufferpool.Get()
+	limit := int64(c.upstream.cfg.MaxResponseBody)
+	n, err := c.respBuf.ReadFrom(io.LimitReader(rs, limit+1))
+	_ = c.resp.CloseBodyStream()
+	switch {
+	case err != nil:
+		return nil, err
+	case n > limit:
+		return nil, fmt.Errorf("larger than max_response_body (%d bytes)", limit)
+	}
+	return c.respBuf.B, nil
 }
 
 // relay is the body stream writer of a streamed response: it forwards the

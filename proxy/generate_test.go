@@ -668,3 +668,50 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 		}
 	}
 }
+
+// An upstream that promises a body and closes the connection halfway is a
+// 502, not a 200 carrying fasthttp's error text (what Response.Body does).
+func TestNonStreamCutIs502(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for { // headers, then a small body we need not parse
+					line, err := br.ReadString('\n')
+					if err != nil || line == "\r\n" {
+						break
+					}
+				}
+				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"id\":\"chatcmpl-1\",\"choices\":[")
+			}()
+		}
+	}()
+	cut := "http://" + ln.Addr().String() + "/v1"
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, cut, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", chatBody)
+		body := readAll(t, resp)
+		if resp.StatusCode != 502 || gjson.GetBytes(body, "error.code").Str != "upstream_response_cut" {
+			return fmt.Errorf("got %d %s", resp.StatusCode, body)
+		}
+		return nil
+	})
+	before := len(h.rec.Events()) // answers the old upstream gave until the reload
+	resp := h.post("/v1/chat/completions", chatBody)
+	wantError(t, resp, 502, "upstream_response_cut")
+	time.Sleep(50 * time.Millisecond)
+	if n := len(h.rec.Events()); n != before {
+		t.Fatalf("%d events for a cut answer", n-before)
+	}
+}
