@@ -409,15 +409,25 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		c.finished = true
 		return ev.Raw, false
 	}
-	c.readChoices(data)
-	usage := gjson.Get(bstr(data), "usage")
+	// One pass over the chunk's members finds both fields.
+	var choices, usage gjson.Result
+	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "choices":
+			choices = v
+		case "usage":
+			usage = v
+		}
+		return true
+	})
+	c.readChoices(choices)
 	if usage.IsObject() && ev.Complete {
 		c.setUsage(usage)
 	}
 	if !c.injected || !usage.Exists() {
 		return ev.Raw, false
 	}
-	if choices := gjson.Get(bstr(data), "choices"); choices.IsArray() && isEmptyArray(choices.Raw) {
+	if choices.IsArray() && isEmptyArray(choices.Raw) {
 		return nil, true
 	}
 	if ev.dataEnd == 0 {
@@ -488,8 +498,8 @@ func (c *generationCall) appendText(s string) {
 
 // readChoices notes a finish_reason and, until usage is known, keeps the
 // delta text for estimating.
-func (c *generationCall) readChoices(data []byte) {
-	gjson.Get(bstr(data), "choices").ForEach(func(_, ch gjson.Result) bool {
+func (c *generationCall) readChoices(choices gjson.Result) {
+	choices.ForEach(func(_, ch gjson.Result) bool {
 		if ch.Get("finish_reason").Type == gjson.String {
 			c.finished = true
 		}
