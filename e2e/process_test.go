@@ -17,24 +17,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
-// checkFor polls fn every `every` until it returns nil, failing the test
-// with fn's last error once total has passed.
-func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+// checkFor polls fn until it returns nil or total passes.
+var checkFor = testutil.CheckFor
 
 // freeAddr returns 127.0.0.1:<port> of a port free right now. Another
 // process may take it before the child binds it; on a test machine that is
@@ -118,7 +106,7 @@ func (p *process) start() {
 	cmd.Dir = p.dir
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = dieWithParent()
+	cmd.SysProcAttr = testutil.DieWithParent()
 	if err := cmd.Start(); err != nil {
 		p.t.Fatalf("starting %s: %v", p.name, err)
 	}

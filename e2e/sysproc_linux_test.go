@@ -4,18 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"syscall"
 )
-
-// dieWithParent kills a child when the test binary dies without running its
-// cleanups (a panic, a -timeout), so no gateway outlives its test.
-//
-// Linux sends the signal when the thread that started the child ends; the Go
-// runtime keeps its threads unless a goroutine exits while locked to one,
-// which this package never does.
-func dieWithParent() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
 
 // isStopped reports, as an error, whether some thread of process pid is
 // not stopped yet: after SIGSTOP, kill(2) returns before every thread has

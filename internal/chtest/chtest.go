@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 const (
@@ -189,7 +191,7 @@ func (s *Server) launch() error {
 	cmd := exec.Command(name, args...)
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = dieWithParent()
+	cmd.SysProcAttr = testutil.DieWithParent()
 	began := time.Now()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s: %w", name, err)

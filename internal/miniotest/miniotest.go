@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 const (
@@ -119,7 +121,7 @@ func (s *Server) launch() error {
 		"MINIO_ROOT_USER="+s.accessKey, "MINIO_ROOT_PASSWORD="+s.secretKey,
 		"MINIO_BROWSER=off", "MINIO_UPDATE=off")
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = dieWithParent()
+	cmd.SysProcAttr = testutil.DieWithParent()
 	began := time.Now()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s: %w", bin, err)
