@@ -9,6 +9,7 @@ import (
 
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 var testAuth = config.Auth{Algorithm: "EdDSA", Issuer: "tollgate-test"}
@@ -77,19 +78,5 @@ func secondGateway(t testing.TB, first *broker.Broker, firstDataDir string) *Ser
 	return s
 }
 
-// checkFor polls fn every `every` until it returns nil, failing the test
-// with fn's last error once total has passed.
-func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+// checkFor polls fn until it returns nil or total passes.
+var checkFor = testutil.CheckFor

@@ -13,23 +13,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
-// checkFor calls fn every `every` until it returns nil or total has passed.
-func checkFor(t *testing.T, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+// checkFor polls fn until it returns nil or total passes.
+var checkFor = testutil.CheckFor
 
 // configWith returns a small valid gateway.yaml serving the given model ids.
 func configWith(listen string, ids ...string) string {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/money"
 )
 
@@ -32,22 +33,8 @@ func outboxTestEvent(i int) *Event {
 	}
 }
 
-// checkFor polls fn every `every` until it returns nil, failing the test
-// with fn's last error once total has passed.
-func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+// checkFor polls fn until it returns nil or total passes.
+var checkFor = testutil.CheckFor
 
 func openTestOutbox(t testing.TB, dir string, maxBytes int64) *Outbox {
 	t.Helper()

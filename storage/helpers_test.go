@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 // backend is one Store under test with what the shared tests need to know
@@ -246,17 +248,5 @@ func ndjson(n int) []byte {
 	return []byte(b.String())
 }
 
-func checkFor(t *testing.T, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+// checkFor polls fn until it returns nil or total passes.
+var checkFor = testutil.CheckFor

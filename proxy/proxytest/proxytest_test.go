@@ -14,23 +14,12 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
-// checkFor polls fn until it returns nil or total has passed.
-func checkFor(t *testing.T, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+// checkFor polls fn until it returns nil or total passes.
+var checkFor = testutil.CheckFor
 
 func newServer(t *testing.T, o Options) *Server {
 	t.Helper()
