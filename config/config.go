@@ -42,6 +42,9 @@ type Server struct {
 	DemoCreditUSD string `yaml:"demo_credit_usd"`
 	// TrustedProxies are CIDRs whose X-Forwarded-For is believed.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// DebugListen serves Go's pprof profiles on a private address; empty
+	// (the default) serves none. restart-only.
+	DebugListen string `yaml:"debug_listen"`
 }
 
 // Auth configures API key verification.

@@ -149,6 +149,9 @@ func (l *loader) check(ok bool, path, format string, args ...any) {
 func (l *loader) validate(c *Config) {
 	s := c.Server
 	l.checkHostPort(s.Listen, "server.listen")
+	if s.DebugListen != "" {
+		l.checkHostPort(s.DebugListen, "server.debug_listen")
+	}
 	l.check(s.MaxRequestBody >= 1<<10 && s.MaxRequestBody <= 1<<30, "server.max_request_body",
 		"%d bytes is outside 1KiB..1GiB", s.MaxRequestBody)
 	l.checkUSD(s.DemoCreditUSD, "server.demo_credit_usd")
@@ -362,6 +365,7 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.Server.DataDir != old.Server.DataDir, "server.data_dir")
 	add(c.Server.AdminToken != old.Server.AdminToken, "server.admin_token")
 	add(c.Server.MaxRequestBody != old.Server.MaxRequestBody, "server.max_request_body")
+	add(c.Server.DebugListen != old.Server.DebugListen, "server.debug_listen")
 	add(c.Billing.OutboxMaxBytes != old.Billing.OutboxMaxBytes, "billing.outbox_max_bytes")
 	nv, ov := reflect.ValueOf(c.NATS), reflect.ValueOf(old.NATS)
 	for i := range nv.NumField() {

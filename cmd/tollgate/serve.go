@@ -43,6 +43,11 @@ func runServe(args []string) error {
 		return fmt.Errorf("creating data_dir: %w", err)
 	}
 	go func() { _ = tokens.Preload() }()
+	if cfg.Server.DebugListen != "" {
+		if err := serveDebug(cfg.Server.DebugListen, logf); err != nil {
+			return err
+		}
+	}
 
 	b, err := broker.Start(ctx, cfg.NATS, cfg.Server.DataDir, logf)
 	if err != nil {
