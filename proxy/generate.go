@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -136,27 +135,17 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	out, injected := rewriteRequest((*bufp)[:0], body, &f, entry.UpstreamModelJSON, stream && ep == endpointChat)
 	*bufp = out
 
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	req.Header.SetMethod(fasthttp.MethodPost)
-	if ep == endpointChat {
-		req.SetRequestURI(up.chatURL)
-	} else {
-		req.SetRequestURI(up.responsesURL)
+	head := up.chatHead
+	if ep == endpointResponses {
+		head = up.responsesHead
 	}
-	req.Header.SetContentType("application/json")
-	if up.authHeader != "" {
-		req.Header.Set("Authorization", up.authHeader)
-	}
-	if stream {
-		req.Header.Set("Accept", "text/event-stream")
-	}
-	req.SetBodyRaw(out)
+	reqp := bodyPool.Get().(*[]byte)
+	*reqp = appendRequest((*reqp)[:0], head, out, stream)
 
 	call = &generationCall{
 		server: s, ep: ep, entry: entry, upstream: up, key: key,
 		reqID: reqID, start: start, stream: stream, injected: injected,
-		reqBody: bufp, req: req, resp: resp, limit: limit,
+		reqBody: bufp, limit: limit,
 	}
 	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
 		// Copied: a stream's events are recorded after the handler returns
@@ -164,7 +153,10 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		call.logging = info.Logging
 		call.logRequest = string(body)
 	}
-	err := up.client.Do(req, resp)
+	resp, err := up.pool.roundTrip(*reqp)
+	if cap(*reqp) <= 1<<20 {
+		bodyPool.Put(reqp)
+	}
 	if err != nil {
 		call.release()
 		if isTimeout(err) {
@@ -174,11 +166,17 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		}
 		return
 	}
-	status := resp.StatusCode()
-	copyUpstreamHeaders(ctx, resp)
+	call.resp = resp
+	status := resp.Header.StatusCode()
+	copyUpstreamHeaders(ctx, &resp.Header)
 	if status < 200 || status > 299 {
 		// Upstream errors pass through as they are; no tokens, no bill.
-		errBody := resp.Body()
+		errBody, err := call.readBody()
+		if err != nil {
+			call.release()
+			WriteError(ctx, upstreamCut(up, err))
+			return
+		}
 		ctx.SetStatusCode(status)
 		ctx.SetBody(errBody)
 		call.release()
@@ -188,7 +186,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		ctx.SetStatusCode(status)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		ctx.SetBodyStreamWriter(call.relay)
+		ctx.SetBodyStream(call, -1)
 		return
 	}
 	call.forwardWhole(ctx, status)
@@ -197,16 +195,16 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 // copyUpstreamHeaders forwards the upstream headers a client may act on.
 // The gateway's own x-request-id stays; the upstream's is kept under
 // x-upstream-request-id for support requests to the provider.
-func copyUpstreamHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
-	if ct := resp.Header.ContentType(); len(ct) > 0 {
+func copyUpstreamHeaders(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
+	if ct := h.ContentType(); len(ct) > 0 {
 		ctx.Response.Header.SetContentTypeBytes(ct)
 	}
 	for _, name := range forwardedHeaders {
-		if v := resp.Header.Peek(name); len(v) > 0 {
+		if v := h.Peek(name); len(v) > 0 {
 			ctx.Response.Header.SetBytesV(name, v)
 		}
 	}
-	if v := resp.Header.Peek("X-Request-Id"); len(v) > 0 {
+	if v := h.Peek("X-Request-Id"); len(v) > 0 {
 		ctx.Response.Header.SetBytesV("x-upstream-request-id", v)
 	}
 }
@@ -226,8 +224,7 @@ type generationCall struct {
 	stream   bool
 	injected bool
 	reqBody  *[]byte
-	req      *fasthttp.Request
-	resp     *fasthttp.Response
+	resp     *upstreamResponse // nil until the upstream answered
 
 	usage     catalog.Usage
 	haveUsage bool
@@ -239,6 +236,12 @@ type generationCall struct {
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 	recorded                  bool
+
+	// The relay of a streamed answer (WriteTo, Read, Close).
+	sse        *sseReader
+	pending    []byte // events read and not yet written
+	streamDone bool   // the upstream's stream ended; only io.EOF is left
+	closed     bool
 
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
@@ -270,8 +273,10 @@ func (c *generationCall) release() {
 		bytebufferpool.Put(c.respBuf)
 		c.respBuf = nil
 	}
-	fasthttp.ReleaseRequest(c.req)
-	fasthttp.ReleaseResponse(c.resp)
+	if c.resp != nil {
+		c.resp.Close()
+		c.resp = nil
+	}
 	if cap(*c.reqBody) <= 1<<20 {
 		bodyPool.Put(c.reqBody)
 	}
@@ -282,8 +287,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
 		c.release()
-		WriteError(ctx, &APIError{Status: 502, Type: "upstream_error", Code: "upstream_response_cut",
-			Message: fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err)})
+		WriteError(ctx, upstreamCut(c.upstream, err))
 		return
 	}
 	ctx.SetStatusCode(status)
@@ -301,88 +305,150 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	c.release()
 }
 
-// readBody reads a non-streamed answer whole, up to max_response_body.
-// fasthttp's Response.Body would hide a read error by putting its text in
-// place of the body, which would reach the client as a 200.
-func (c *generationCall) readBody() ([]byte, error) {
-	rs := c.resp.BodyStream()
-	if rs == nil {
-		return c.resp.Body(), nil
-	}
-	c.respBuf = bytebufferpool.Get()
-	limit := int64(c.upstream.cfg.MaxResponseBody)
-	n, err := c.respBuf.ReadFrom(io.LimitReader(rs, limit+1))
-	_ = c.resp.CloseBodyStream()
-	switch {
-	case err != nil:
-		return nil, err
-	case n > limit:
-		return nil, fmt.Errorf("larger than max_response_body (%d bytes)", limit)
-	}
-	return c.respBuf.B, nil
+func upstreamCut(up *upstream, err error) *APIError {
+	return &APIError{Status: 502, Type: "upstream_error", Code: "upstream_response_cut",
+		Message: fmt.Sprintf("upstream %s: reading its response: %v", up.cfg.Name, err)}
 }
 
-// relay is the body stream writer of a streamed response: it forwards the
-// upstream's events one by one, flushing each, and meters the call when the
-// stream ends however it ends.
-func (c *generationCall) relay(bw *bufio.Writer) {
-	rd := newSSEReader(c.resp.BodyStream(), 4096, int(c.upstream.cfg.MaxResponseBody))
-	var readErr error
-	clientGone := false
-	for {
-		ev, err := rd.Next()
-		if err != nil {
-			if err != io.EOF {
-				readErr = err
-			} else if !c.finished {
-				// fasthttp reports a connection closed between two chunks as
-				// a plain EOF, so an ending is judged by its content.
-				readErr = io.ErrUnexpectedEOF
-			}
-			break
+// readBody reads a whole answer, up to max_response_body. A read error is
+// returned, never passed on as if it were the body.
+func (c *generationCall) readBody() ([]byte, error) {
+	c.respBuf = bytebufferpool.Get()
+	var err error
+	c.respBuf.B, err = c.resp.readAll(c.respBuf.B[:0], int64(c.upstream.cfg.MaxResponseBody))
+	return c.respBuf.B, err
+}
+
+// A streamed answer is the generationCall itself, set as the response's
+// body stream: fasthttp calls WriteTo from the connection's own goroutine
+// with a writer that sends each Write as one chunk and flushes it, then
+// Close however writing ended. Unlike SetBodyStreamWriter, no goroutine and
+// no pipe stand between the upstream's events and the client's socket.
+
+// SupportsBodyWriteTo tells fasthttp to frame WriteTo's writes directly.
+func (c *generationCall) SupportsBodyWriteTo() bool { return true }
+
+// maxCoalesced bounds the events that arrived together and go out in one
+// write.
+const maxCoalesced = 16 << 10
+
+// WriteTo relays the upstream's events. Each goes out as soon as it is
+// read: events that arrived together in one read from the upstream go out
+// together in one write (as a bare nginx hop would send them), and an event
+// still arriving never holds back those before it. The event that tells the
+// client the answer is complete is written only once the call is billed.
+func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
+	var n int64
+	flush := func() error {
+		if len(c.pending) == 0 {
+			return nil
 		}
-		outEv := ev.Raw
-		if c.ep == endpointChat {
-			var drop bool
-			if outEv, drop = c.inspectChat(&ev); drop {
-				continue
-			}
-		} else {
-			c.inspectResponses(&ev)
-		}
-		if c.finished && c.terminal(&ev) {
-			// The event that tells the client the answer is complete goes
-			// out only once the answer is billed.
-			c.recordAndWait(fasthttp.StatusOK)
-		}
-		if _, err := bw.Write(outEv); err != nil {
-			clientGone = true
-			break
-		}
-		if err := bw.Flush(); err != nil {
-			clientGone = true
-			break
-		}
+		m, err := w.Write(c.pending)
+		n += int64(m)
+		c.pending = c.pending[:0]
 		if c.ttfb == 0 {
 			c.ttfb = time.Since(c.start)
 		}
+		return err // a failed write is a client gone; Close ends the call
 	}
-	if readErr != nil && !clientGone {
+	for {
+		out, terminal, err := c.nextEvent()
+		if err != nil {
+			return n, flush()
+		}
+		if terminal {
+			if err := flush(); err != nil {
+				return n, err
+			}
+			c.recordAndWait(fasthttp.StatusOK)
+		}
+		c.pending = append(c.pending, out...)
+		if len(c.pending) < maxCoalesced && c.sse.eventBuffered() {
+			continue
+		}
+		if err := flush(); err != nil {
+			return n, err
+		}
+	}
+}
+
+// Read serves fasthttp paths that read the body instead of calling WriteTo:
+// one event per read, split over several if larger than p.
+func (c *generationCall) Read(p []byte) (int, error) {
+	for len(c.pending) == 0 {
+		out, terminal, err := c.nextEvent()
+		if err != nil {
+			return 0, err
+		}
+		if terminal {
+			c.recordAndWait(fasthttp.StatusOK)
+		}
+		c.pending = append(c.pending[:0], out...)
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
+	if c.ttfb == 0 {
+		c.ttfb = time.Since(c.start)
+	}
+	return n, nil
+}
+
+// nextEvent returns the next bytes to relay: an upstream event as it came
+// (or stripped of the usage the client did not ask for; nil for one dropped
+// whole), then, if the upstream broke the stream, an error event; then
+// io.EOF. terminal marks the event that tells the client the answer is
+// complete. The returned slice is valid until the next call.
+func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
+	if c.streamDone {
+		return nil, false, io.EOF
+	}
+	if c.sse == nil {
+		c.sse = newSSEReader(c.resp, 4096, int(c.upstream.cfg.MaxResponseBody))
+	}
+	ev, err := c.sse.Next()
+	if err != nil {
+		c.streamDone = true
+		if err == io.EOF {
+			if c.finished {
+				return nil, false, io.EOF
+			}
+			// fasthttp reports a connection closed between two chunks as a
+			// plain EOF, so an ending is judged by its content.
+			err = io.ErrUnexpectedEOF
+		}
 		// The upstream broke the stream: end it cleanly with an error event
 		// the SDKs raise, instead of pretending it completed.
-		msg := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, readErr)
-		if isTimeout(readErr) {
+		msg := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, err)
+		if isTimeout(err) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
 		}
-		_, _ = bw.Write(streamErrorEvent(c.ep, msg))
-		_ = bw.Flush()
+		return streamErrorEvent(c.ep, msg), false, nil
 	}
-	// Closing a body stream that was not read to the end closes the
-	// upstream connection, which is what aborts generation upstream when the
-	// client went away.
-	_ = c.resp.CloseBodyStream()
+	out = ev.Raw
+	if c.ep == endpointChat {
+		var drop bool
+		if out, drop = c.inspectChat(&ev); drop {
+			return nil, false, nil
+		}
+	} else {
+		c.inspectResponses(&ev)
+	}
+	return out, c.finished && c.terminal(&ev), nil
+}
+
+// Close ends a streamed call however its relay ended: completed, cut by
+// the upstream, or abandoned by a client that went away (fasthttp calls it
+// after a failed write, and when it drops a response it never wrote).
+// Closing an upstream body that was not read to the end closes that
+// connection, which is what aborts generation upstream.
+func (c *generationCall) Close() error {
+	if c.closed {
+		return nil
+	}
+	c.closed = true
 	c.recordAndWait(fasthttp.StatusOK)
 	c.release()
+	return nil
 }
 
 func streamErrorEvent(ep endpoint, msg string) []byte {

@@ -134,6 +134,13 @@ func (s *Server) Apply(cfg *config.Config) error {
 		w.upstreams[uc.Name] = up
 	}
 	s.world.Store(w)
+	if old != nil {
+		for name, up := range old.upstreams {
+			if w.upstreams[name] != up {
+				up.pool.retire()
+			}
+		}
+	}
 	return nil
 }
 

@@ -69,7 +69,18 @@ func (r *sseReader) readLine() (int, error) {
 	}
 }
 
+// eventBuffered reports whether the next event is already whole in the
+// buffer, so that reading it cannot wait on the upstream.
+func (r *sseReader) eventBuffered() bool {
+	b, _ := r.br.Peek(r.br.Buffered())
+	b = bytes.TrimLeft(b, "\r\n")
+	return bytes.Contains(b, blankLF) || bytes.Contains(b, blankCRLF) || bytes.Contains(b, blankCR)
+}
+
 var (
+	blankLF    = []byte("\n\n")
+	blankCRLF  = []byte("\r\n\r\n")
+	blankCR    = []byte("\r\r")
 	fieldData  = []byte("data")
 	fieldEvent = []byte("event")
 )

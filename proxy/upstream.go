@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	cryptotls "crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +26,12 @@ type upstream struct {
 	modelsURL    string
 	authHeader   string // "Bearer …", empty when no key is configured
 	client       *fasthttp.HostClient
+	// Generation calls go through pool; client serves the rest (model
+	// calls of plugins, probes).
+	pool *connPool
+	// chatHead and responsesHead are a request's fixed first lines, up to
+	// and including the headers every generation call sends.
+	chatHead, responsesHead []byte
 }
 
 // idlePoolTime is kept below the 5 s keep-alive of uvicorn (vLLM, SGLang) so
@@ -54,6 +62,13 @@ func newUpstream(cfg config.Upstream) (*upstream, error) {
 	if cfg.APIKey != "" {
 		up.authHeader = "Bearer " + cfg.APIKey
 	}
+	var tlsConfig *cryptotls.Config
+	if tls {
+		tlsConfig = &cryptotls.Config{ServerName: u.Hostname(), MinVersion: cryptotls.VersionTLS12}
+	}
+	up.pool = newConnPool(addr, tlsConfig, cfg.MaxConnections, cfg.FirstByteTimeout, up.dial)
+	up.chatHead = requestHead(u, "/chat/completions", up.authHeader)
+	up.responsesHead = requestHead(u, "/responses", up.authHeader)
 	up.client = &fasthttp.HostClient{
 		Addr:                     addr,
 		IsTLS:                    tls,
@@ -73,6 +88,32 @@ func newUpstream(cfg config.Upstream) (*upstream, error) {
 		// timeoutConn enforces first-byte and idle timeouts per read.
 	}
 	return up, nil
+}
+
+// requestHead renders the request line and the headers every generation
+// call to this upstream sends; appendRequest adds the rest.
+func requestHead(u *url.URL, path, auth string) []byte {
+	p := strings.TrimRight(u.EscapedPath(), "/") + path
+	if u.RawQuery != "" {
+		p += "?" + u.RawQuery
+	}
+	h := "POST " + p + " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: tollgate\r\nContent-Type: application/json\r\n"
+	if auth != "" {
+		h += "Authorization: " + auth + "\r\n"
+	}
+	return []byte(h)
+}
+
+// appendRequest appends a whole generation request for body to dst.
+func appendRequest(dst, head, body []byte, stream bool) []byte {
+	dst = append(dst, head...)
+	if stream {
+		dst = append(dst, "Accept: text/event-stream\r\n"...)
+	}
+	dst = append(dst, "Content-Length: "...)
+	dst = strconv.AppendInt(dst, int64(len(body)), 10)
+	dst = append(dst, "\r\n\r\n"...)
+	return append(dst, body...)
 }
 
 // retryStaleConnection retries once when a pooled keep-alive connection turns
@@ -95,18 +136,26 @@ func (u *upstream) dial(addr string) (net.Conn, error) {
 // may wait idle. A stream that keeps producing is therefore never cut, and
 // one that stalls is, which fasthttp's whole-response ReadTimeout cannot do.
 //
-// fasthttp uses a connection from one goroutine at a time, so awaitingFirst
-// needs no lock.
+// Re-arming a deadline costs a runtime timer update, so a read within
+// a sixteenth of the wait after the last arming keeps the deadline it has:
+// the gap allowed is then between 15/16 of the wait and the whole wait.
+//
+// A connection is used from one goroutine at a time, so it needs no lock.
 type timeoutConn struct {
 	net.Conn
 	firstByte, idle, write time.Duration
 	awaitingFirst          bool
+	readWait               time.Duration // the wait the read deadline was armed with
+	readArmed, writeArmed  time.Time     // when the deadlines were last armed
 }
 
 func (c *timeoutConn) Write(p []byte) (int, error) {
 	c.awaitingFirst = true
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.write)); err != nil {
-		return 0, err
+	if now := time.Now(); now.Sub(c.writeArmed) > c.write/16 {
+		if err := c.Conn.SetWriteDeadline(now.Add(c.write)); err != nil {
+			return 0, err
+		}
+		c.writeArmed = now
 	}
 	return c.Conn.Write(p)
 }
@@ -116,8 +165,11 @@ func (c *timeoutConn) Read(p []byte) (int, error) {
 	if c.awaitingFirst {
 		wait = c.firstByte
 	}
-	if err := c.Conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
-		return 0, err
+	if now := time.Now(); wait != c.readWait || now.Sub(c.readArmed) > wait/16 {
+		if err := c.Conn.SetReadDeadline(now.Add(wait)); err != nil {
+			return 0, err
+		}
+		c.readWait, c.readArmed = wait, now
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {

@@ -1,0 +1,408 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The gateway's own HTTP/1.1 client for generation calls. fasthttp's
+// HostClient hands a streamed body out one upstream chunk per Read, behind
+// a mutex and per-response closures, and gives no way to tell whether more
+// of the body has already arrived. Here the body is read straight off the
+// connection's buffer, so a relay can send every event that arrived in one
+// read from the upstream in one write to the client (as a bare nginx hop
+// does) without ever holding back an event that arrived alone.
+
+// errNoFreeConns is returned when max_connections requests to an upstream
+// are in flight and none finished within first_byte_timeout. Raise
+// upstreams[].max_connections, or add upstreams.
+var errNoFreeConns = errors.New("every connection is busy (max_connections reached)")
+
+// connPool keeps an upstream's keep-alive connections.
+type connPool struct {
+	addr      string
+	tlsConfig *tls.Config // nil for http
+	dialer    func(addr string) (net.Conn, error)
+	maxWait   time.Duration
+
+	// busy holds one token per connection in use; with idle reused first,
+	// no more than cap(busy) connections are ever open.
+	busy chan struct{}
+
+	mu      sync.Mutex
+	idle    []*upstreamConn // most recently used last
+	retired bool            // a reload replaced the upstream: keep nothing idle
+}
+
+// upstreamConn is one connection and its read buffer.
+type upstreamConn struct {
+	conn      net.Conn
+	tc        *timeoutConn
+	br        *bufio.Reader
+	idleSince time.Time
+	reused    bool // served a request before: a failure before any byte may be the upstream closing it
+}
+
+func newConnPool(addr string, tlsConfig *tls.Config, maxConns int, maxWait time.Duration, dialer func(string) (net.Conn, error)) *connPool {
+	return &connPool{addr: addr, tlsConfig: tlsConfig, dialer: dialer, maxWait: maxWait, busy: make(chan struct{}, max(maxConns, 1))}
+}
+
+func (p *connPool) acquire() (*upstreamConn, error) {
+	select {
+	case p.busy <- struct{}{}:
+	default:
+		t := time.NewTimer(p.maxWait)
+		select {
+		case p.busy <- struct{}{}:
+			t.Stop()
+		case <-t.C:
+			return nil, errNoFreeConns
+		}
+	}
+	now := time.Now()
+	p.mu.Lock()
+	for n := len(p.idle); n > 0; n = len(p.idle) {
+		uc := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		if now.Sub(uc.idleSince) < idlePoolTime {
+			p.mu.Unlock()
+			return uc, nil
+		}
+		p.mu.Unlock()
+		_ = uc.conn.Close()
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+	uc, err := p.dial()
+	if err != nil {
+		<-p.busy
+		return nil, err
+	}
+	return uc, nil
+}
+
+func (p *connPool) dial() (*upstreamConn, error) {
+	raw, err := p.dialer(p.addr)
+	if err != nil {
+		return nil, err
+	}
+	tc, _ := raw.(*timeoutConn)
+	conn := raw
+	if p.tlsConfig != nil {
+		conn = tls.Client(raw, p.tlsConfig)
+	}
+	return &upstreamConn{conn: conn, tc: tc, br: bufio.NewReaderSize(conn, 16<<10)}, nil
+}
+
+// release gives back a connection whose response was read to its end.
+func (p *connPool) release(uc *upstreamConn) {
+	uc.reused = true
+	uc.idleSince = time.Now()
+	var stale *upstreamConn
+	p.mu.Lock()
+	if p.retired {
+		p.mu.Unlock()
+		p.discard(uc)
+		return
+	}
+	if len(p.idle) > 0 && uc.idleSince.Sub(p.idle[0].idleSince) >= idlePoolTime {
+		// The least recently used one would be handed out only after the
+		// upstream's own keep-alive closed it.
+		stale = p.idle[0]
+		p.idle = append(p.idle[:0], p.idle[1:]...)
+	}
+	p.idle = append(p.idle, uc)
+	p.mu.Unlock()
+	<-p.busy
+	if stale != nil {
+		_ = stale.conn.Close()
+	}
+}
+
+// discard closes a connection that must not be reused: a body not read to
+// its end, a broken exchange, or the upstream's Connection: close.
+func (p *connPool) discard(uc *upstreamConn) {
+	_ = uc.conn.Close()
+	<-p.busy
+}
+
+// retire closes the idle connections of an upstream a reload replaced or
+// removed; calls still in flight close theirs when they end.
+func (p *connPool) retire() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle, p.retired = nil, true
+	p.mu.Unlock()
+	for _, uc := range idle {
+		_ = uc.conn.Close()
+	}
+}
+
+// upstreamResponse is one response: its header and its body on the
+// connection it came on. Close (or reading the body to its end and then
+// Close) gives the connection back.
+type upstreamResponse struct {
+	Header fasthttp.ResponseHeader
+	pool   *connPool
+	uc     *upstreamConn
+
+	// The body's framing and how far it is read.
+	chunked    bool
+	untilClose bool  // no length: the body ends when the upstream closes
+	left       int64 // bytes left of a sized body, or of the current chunk
+	needCRLF   bool  // the CRLF after a chunk's data is still unread
+	done       bool  // read to its end
+	err        error
+}
+
+var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamResponse) }}
+
+// roundTrip sends req (a whole HTTP/1.1 request) and reads the response
+// header. A pooled connection the upstream closed before answering is
+// replaced once by a new one; a request that reached an upstream which then
+// failed is never sent again, so nothing is generated twice.
+func (p *connPool) roundTrip(req []byte) (*upstreamResponse, error) {
+	for attempt := 1; ; attempt++ {
+		uc, err := p.acquire()
+		if err != nil {
+			return nil, err
+		}
+		resp := upstreamResponsePool.Get().(*upstreamResponse)
+		resp.pool, resp.uc = p, uc
+		err = resp.exchange(req)
+		if err == nil {
+			return resp, nil
+		}
+		// Not one byte of an answer came on a connection that served
+		// before: the upstream closed it while it sat idle.
+		stale := uc.reused && (uc.tc == nil || uc.tc.awaitingFirst) && !isTimeout(err)
+		p.discard(uc)
+		resp.recycle()
+		if !stale || attempt >= 2 {
+			return nil, err
+		}
+	}
+}
+
+func (r *upstreamResponse) exchange(req []byte) error {
+	if _, err := r.uc.conn.Write(req); err != nil {
+		return err
+	}
+	for {
+		if err := r.Header.Read(r.uc.br); err != nil {
+			return err
+		}
+		if st := r.Header.StatusCode(); st >= 200 || st == 101 {
+			break
+		}
+		// 1xx: informational; the real answer follows.
+	}
+	switch cl := r.Header.ContentLength(); {
+	case r.Header.StatusCode() == 204 || r.Header.StatusCode() == 304:
+		r.done = true
+	case cl == -1:
+		r.chunked = true
+	case cl == -2:
+		r.untilClose = true
+	case cl == 0:
+		r.done = true
+	default:
+		r.left = int64(cl)
+	}
+	return nil
+}
+
+// Read reads the body. It returns what has already arrived as soon as
+// there is some, and waits on the upstream only when nothing has: so one
+// Read hands out every event of a stream that came in one TCP read.
+func (r *upstreamResponse) Read(p []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	n := 0
+	for n < len(p) && !r.done {
+		br := r.uc.br
+		if n > 0 && br.Buffered() == 0 {
+			break
+		}
+		if r.chunked && r.left == 0 {
+			if n > 0 && !r.chunkHeaderBuffered() {
+				break
+			}
+			if err := r.nextChunk(); err != nil {
+				r.err = err
+				break
+			}
+			continue
+		}
+		want := len(p) - n
+		if !r.untilClose && int64(want) > r.left {
+			want = int(r.left)
+		}
+		m, err := br.Read(p[n : n+want])
+		n += m
+		r.left -= int64(m)
+		if err == io.EOF && r.untilClose {
+			r.done = true
+			break
+		}
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			r.err = err
+			break
+		}
+		if !r.chunked && !r.untilClose && r.left == 0 {
+			r.done = true
+		}
+		if r.chunked && r.left == 0 {
+			r.needCRLF = true
+		}
+	}
+	if n > 0 {
+		return n, nil
+	}
+	if r.err != nil {
+		return 0, r.err
+	}
+	return 0, io.EOF
+}
+
+// chunkHeaderBuffered reports whether the next chunk's size line is whole
+// in the buffer, so parsing it cannot wait on the upstream.
+func (r *upstreamResponse) chunkHeaderBuffered() bool {
+	b, _ := r.uc.br.Peek(r.uc.br.Buffered())
+	if r.needCRLF {
+		if len(b) < 2 {
+			return false
+		}
+		b = b[2:]
+	}
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+var errBadChunk = errors.New("malformed chunked encoding from upstream")
+
+// nextChunk reads the CRLF ending the previous chunk and the next size
+// line; at the last chunk it reads the trailer and marks the body done.
+func (r *upstreamResponse) nextChunk() error {
+	br := r.uc.br
+	if r.needCRLF {
+		if err := expectCRLF(br); err != nil {
+			return err
+		}
+		r.needCRLF = false
+	}
+	line, err := readLine(br)
+	if err != nil {
+		return err
+	}
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i] // chunk extensions
+	}
+	size, err := strconv.ParseInt(string(bytes.TrimSpace(line)), 16, 64)
+	if err != nil || size < 0 {
+		return errBadChunk
+	}
+	if size > 0 {
+		r.left = size
+		return nil
+	}
+	for { // trailer fields, up to the blank line
+		line, err := readLine(br)
+		if err != nil {
+			return err
+		}
+		if len(line) == 0 {
+			r.done = true
+			return nil
+		}
+	}
+}
+
+func expectCRLF(br *bufio.Reader) error {
+	line, err := readLine(br)
+	if err != nil {
+		return err
+	}
+	if len(line) != 0 {
+		return errBadChunk
+	}
+	return nil
+}
+
+// readLine returns one line without its CRLF or LF.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		if err == bufio.ErrBufferFull {
+			err = errBadChunk
+		}
+		return nil, err
+	}
+	line = line[:len(line)-1]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, nil
+}
+
+// readAll reads the rest of the body into dst, refusing more than limit
+// bytes.
+func (r *upstreamResponse) readAll(dst []byte, limit int64) ([]byte, error) {
+	for !r.done {
+		if len(dst) == cap(dst) {
+			dst = append(dst, 0)[:len(dst)]
+		}
+		n, err := r.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if int64(len(dst)) > limit {
+			return dst, fmt.Errorf("larger than max_response_body (%d bytes)", limit)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return dst, err
+		}
+	}
+	return dst, nil
+}
+
+// Close gives the connection back when the body was read to its end and
+// the upstream keeps it open; otherwise it closes it, which is what stops
+// an upstream still generating for a client that went away.
+func (r *upstreamResponse) Close() {
+	if r.uc == nil {
+		return
+	}
+	if r.done && r.err == nil && !r.untilClose && !r.Header.ConnectionClose() {
+		r.pool.release(r.uc)
+	} else {
+		r.pool.discard(r.uc)
+	}
+	r.recycle()
+}
+
+func (r *upstreamResponse) recycle() {
+	r.Header.Reset()
+	r.pool, r.uc = nil, nil
+	r.chunked, r.untilClose, r.needCRLF, r.done = false, false, false, false
+	r.left, r.err = 0, nil
+	upstreamResponsePool.Put(r)
+}
