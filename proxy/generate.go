@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"strings"
@@ -142,11 +143,10 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	reqp := bodyPool.Get().(*[]byte)
 	*reqp = appendRequest((*reqp)[:0], head, out, stream)
 
-	call = &generationCall{
-		server: s, ep: ep, entry: entry, upstream: up, key: key,
-		reqID: reqID, start: start, stream: stream, injected: injected,
-		reqBody: bufp, limit: limit,
-	}
+	call = callPool.Get().(*generationCall)
+	call.server, call.ep, call.entry, call.upstream, call.key = s, ep, entry, up, key
+	call.reqID, call.start, call.stream, call.injected = reqID, start, stream, injected
+	call.reqBody, call.limit = bufp, limit
 	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
 		// Copied: a stream's events are recorded after the handler returns
 		// and fasthttp reuses the request body.
@@ -229,6 +229,7 @@ type generationCall struct {
 	usage     catalog.Usage
 	haveUsage bool
 	text      []byte // forwarded output text, counted only when usage never came
+	rawChunks []byte // chat chunks whose text is read only if usage never came
 	ttfb      time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
 	// finish_reason (chat), a terminal or error event (responses).
@@ -239,6 +240,7 @@ type generationCall struct {
 
 	// The relay of a streamed answer (WriteTo, Read, Close).
 	sse        *sseReader
+	sseStarted bool   // sse reads this call's response (it may come from a pooled call)
 	pending    []byte // events read and not yet written
 	streamDone bool   // the upstream's stream ended; only io.EOF is left
 	closed     bool
@@ -280,14 +282,45 @@ func (c *generationCall) release() {
 	if cap(*c.reqBody) <= 1<<20 {
 		bodyPool.Put(c.reqBody)
 	}
+	c.recycle()
+}
+
+var callPool = sync.Pool{New: func() any { return new(generationCall) }}
+
+// maxPooledScratch bounds the buffers a pooled call keeps.
+const maxPooledScratch = 64 << 10
+
+// recycle clears c for its next call, keeping its buffers and SSE reader
+// when they are small, and puts it in the pool. Nothing may touch c after.
+func (c *generationCall) recycle() {
+	keep := func(b []byte) []byte {
+		if cap(b) > maxPooledScratch {
+			return nil
+		}
+		return b[:0]
+	}
+	sse := c.sse
+	if sse != nil {
+		sse.reset(nil)
+		if cap(sse.raw) > maxPooledScratch || cap(sse.data) > maxPooledScratch {
+			sse = nil
+		}
+	}
+	*c = generationCall{
+		text: keep(c.text), rawChunks: keep(c.rawChunks),
+		scratchData: keep(c.scratchData), scratchEvent: keep(c.scratchEvent),
+		pending: keep(c.pending), sse: sse,
+	}
+	callPool.Put(c)
 }
 
 // forwardWhole relays a non-streamed response unchanged and meters it.
 func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
+		apiErr := upstreamCut(c.upstream, err)
 		c.release()
-		WriteError(ctx, upstreamCut(c.upstream, err))
+		WriteError(ctx, apiErr)
 		return
 	}
 	ctx.SetStatusCode(status)
@@ -357,10 +390,16 @@ func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
 			return n, flush()
 		}
 		if terminal {
-			if err := flush(); err != nil {
-				return n, err
+			if c.ttfb == 0 {
+				c.ttfb = time.Since(c.start) // the whole answer goes out in this write
 			}
-			c.recordAndWait(fasthttp.StatusOK)
+			if safe := c.record(fasthttp.StatusOK); safe != nil {
+				// Events before the terminal one do not wait for the disk.
+				if err := flush(); err != nil {
+					return n, err
+				}
+				c.waitRecorded(safe)
+			}
 		}
 		c.pending = append(c.pending, out...)
 		if len(c.pending) < maxCoalesced && c.sse.eventBuffered() {
@@ -404,7 +443,11 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 	}
 	if c.sse == nil {
 		c.sse = newSSEReader(c.resp, 4096, int(c.upstream.cfg.MaxResponseBody))
+	} else if !c.sseStarted {
+		c.sse.reset(c.resp)
+		c.sse.maxEvent = int(c.upstream.cfg.MaxResponseBody)
 	}
+	c.sseStarted = true
 	ev, err := c.sse.Next()
 	if err != nil {
 		c.streamDone = true
@@ -475,6 +518,15 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		c.finished = true
 		return ev.Raw, false
 	}
+	if !c.logging.Enabled && !mayEndOrCarryUsage(data) {
+		// Most chunks carry only a delta. Their text matters only if the
+		// stream ends without usage, so they are kept as they came and
+		// read then, instead of parsed now.
+		if !c.haveUsage {
+			c.keepRawChunk(data)
+		}
+		return ev.Raw, false
+	}
 	// One pass over the chunk's members finds both fields.
 	var choices, usage gjson.Result
 	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
@@ -506,6 +558,57 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	c.scratchData = stripped
 	c.scratchEvent = appendWithData(c.scratchEvent[:0], ev, stripped)
 	return c.scratchEvent, false
+}
+
+// mayEndOrCarryUsage reports whether a chat chunk may hold usage or a
+// finish_reason, which must be read as the chunk passes. It errs towards
+// yes: anything it does not recognise as "finish_reason":null is read.
+func mayEndOrCarryUsage(data []byte) bool {
+	if bytes.Contains(data, keyUsage) {
+		return true
+	}
+	rest := data
+	for {
+		i := bytes.Index(rest, keyFinishReason)
+		if i < 0 {
+			return false
+		}
+		rest = bytes.TrimLeft(rest[i+len(keyFinishReason):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			return true
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if !bytes.HasPrefix(rest, jsonNull) {
+			return true
+		}
+	}
+}
+
+var (
+	keyUsage        = []byte(`"usage"`)
+	keyFinishReason = []byte(`"finish_reason"`)
+	jsonNull        = []byte("null")
+)
+
+// keepRawChunk keeps a chunk's data, length-prefixed, for textOfRawChunks.
+func (c *generationCall) keepRawChunk(data []byte) {
+	if len(c.rawChunks)+len(data)+binary.MaxVarintLen64 <= maxEstimateText {
+		c.rawChunks = binary.AppendUvarint(c.rawChunks, uint64(len(data)))
+		c.rawChunks = append(c.rawChunks, data...)
+	}
+}
+
+// textOfRawChunks adds the delta text of the chunks keepRawChunk kept.
+func (c *generationCall) textOfRawChunks() {
+	for b := c.rawChunks; len(b) > 0; {
+		n, w := binary.Uvarint(b)
+		if w <= 0 || uint64(len(b)-w) < n {
+			break
+		}
+		c.readChoices(gjson.Get(bstr(b[w:w+int(n)]), "choices"))
+		b = b[w+int(n):]
+	}
+	c.rawChunks = c.rawChunks[:0]
 }
 
 func isEmptyArray(raw string) bool {
@@ -602,11 +705,18 @@ func (c *generationCall) collectWholeText(body []byte) {
 const durableWait = 2 * time.Second
 
 // recordAndWait records the call's event once and waits, bounded, until the
-// meter has it on disk, so the answer a client receives is billed even if
-// the gateway is killed right after sending it.
+// meter has it safe from a crash (see meter.DurableRecorder), so the answer
+// a client receives is billed even if the gateway is killed right after
+// sending it.
 func (c *generationCall) recordAndWait(status int) {
+	c.waitRecorded(c.record(status))
+}
+
+// record records the call's event once. It returns a channel closed when
+// the event is safe from a crash, or nil when there is nothing to wait for.
+func (c *generationCall) record(status int) <-chan struct{} {
 	if c.recorded {
-		return
+		return nil
 	}
 	c.recorded = true
 	ev := c.event(status)
@@ -614,14 +724,29 @@ func (c *generationCall) recordAndWait(status int) {
 	d, ok := c.server.recorder.(meter.DurableRecorder)
 	if !ok {
 		c.server.recorder.Record(ev)
+		return nil
+	}
+	safe := d.RecordDurable(ev)
+	select {
+	case <-safe:
+		return nil // in the kernel's hands already: no wait, no timer
+	default:
+		return safe
+	}
+}
+
+// waitRecorded waits for record's channel, at most durableWait: a stuck
+// disk must not hang clients, and the event is on its way anyway.
+func (c *generationCall) waitRecorded(safe <-chan struct{}) {
+	if safe == nil {
 		return
 	}
 	t := time.NewTimer(durableWait)
 	defer t.Stop()
 	select {
-	case <-d.RecordDurable(ev):
+	case <-safe:
 	case <-t.C:
-		c.server.logf("meter: usage event %s not on disk after %s; answering anyway", ev.ID, durableWait)
+		c.server.logf("meter: usage event %s not on disk after %s; answering anyway", c.reqID, durableWait)
 	}
 }
 
@@ -632,6 +757,7 @@ func (c *generationCall) event(status int) *meter.Event {
 	u := c.usage
 	source := meter.SourceUpstream
 	if !c.haveUsage {
+		c.textOfRawChunks()
 		source = meter.SourceEstimated
 		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep)))
 		u.CompletionTokens = int64(tokens.Count(string(c.text)))

@@ -1,0 +1,272 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// rawUpstream answers each request on a connection with the next of its
+// scripted byte strings, written as they are; an empty one closes the
+// connection without answering.
+type rawUpstream struct {
+	ln       net.Listener
+	accepted atomic.Int32
+}
+
+func startRawUpstream(t *testing.T, answer func(conn int, req int, c net.Conn) bool) *rawUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n := int(u.accepted.Add(1))
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for req := 1; ; req++ {
+					if !readRequest(br) || !answer(n, req, c) {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return u
+}
+
+// readRequest reads one request with a Content-Length body.
+func readRequest(br *bufio.Reader) bool {
+	length := 0
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return false
+		}
+		line = strings.TrimRight(line, "\r\n")
+		if line == "" {
+			break
+		}
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.EqualFold(k, "Content-Length") {
+			for _, c := range strings.TrimSpace(v) {
+				length = length*10 + int(c-'0')
+			}
+		}
+	}
+	_, err := io.CopyN(io.Discard, br, int64(length))
+	return err == nil
+}
+
+func testPool(t *testing.T, addr string, maxConns int) *connPool {
+	up := &upstream{}
+	up.cfg.ConnectTimeout, up.cfg.FirstByteTimeout, up.cfg.IdleTimeout, up.cfg.WriteTimeout = time.Second, 2*time.Second, 2*time.Second, time.Second
+	return newConnPool(addr, nil, maxConns, 300*time.Millisecond, up.dial)
+}
+
+var testRequest = appendRequest(nil, []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"), []byte(`{"model":"m"}`), false)
+
+func readBodyAll(t *testing.T, r *upstreamResponse) string {
+	t.Helper()
+	b, err := r.readAll(nil, 1<<20)
+	if err != nil {
+		t.Fatalf("reading body: %v (got %q)", err, b)
+	}
+	return string(b)
+}
+
+func TestUpstreamBodyFramings(t *testing.T) {
+	answers := []string{
+		"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nhel\r\n2\r\nlo\r\n0\r\nX-Trailer: t\r\n\r\n",
+		"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+		"HTTP/1.1 204 No Content\r\n\r\n",
+	}
+	u := startRawUpstream(t, func(_, req int, c net.Conn) bool {
+		_, err := io.WriteString(c, answers[req-1])
+		return err == nil
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	for i, want := range []string{"hello", "hello", "hello", ""} {
+		r, err := p.roundTrip(testRequest)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i+1, err)
+		}
+		if got := readBodyAll(t, r); got != want {
+			t.Fatalf("answer %d: body %q, want %q", i+1, got, want)
+		}
+		r.Close()
+	}
+	if n := u.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections for four keep-alive answers, want 1", n)
+	}
+}
+
+func TestUpstreamBodyUntilCloseIsNotReused(t *testing.T) {
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\nuntil the end")
+		return false
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	for range 2 {
+		r, err := p.roundTrip(testRequest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readBodyAll(t, r); got != "until the end" {
+			t.Fatalf("body %q", got)
+		}
+		r.Close()
+	}
+	if n := u.accepted.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2: a body ended by closing cannot be followed by another", n)
+	}
+}
+
+func TestUpstreamChunkedBodyCutIsAnError(t *testing.T) {
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel")
+		return false
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	r, err := p.roundTrip(testRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.readAll(nil, 1<<20); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("err %v, want unexpected EOF", err)
+	}
+}
+
+// A pooled connection the upstream closed while it sat idle is replaced
+// once, without the caller noticing; the request reached nobody.
+func TestUpstreamStaleConnectionIsReplacedOnce(t *testing.T) {
+	u := startRawUpstream(t, func(_, req int, c net.Conn) bool {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return false // close after each answer, without saying so
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	for i := range 3 {
+		r, err := p.roundTrip(testRequest)
+		if err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		if got := readBodyAll(t, r); got != "ok" {
+			t.Fatalf("body %q", got)
+		}
+		r.Close()
+		time.Sleep(20 * time.Millisecond) // let the close arrive
+	}
+}
+
+// An upstream that fails after reading a request on a fresh connection is
+// not sent the request again: it may have started generating.
+func TestUpstreamFailureOnFreshConnectionIsNotRetried(t *testing.T) {
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { return false })
+	p := testPool(t, u.ln.Addr().String(), 4)
+	if _, err := p.roundTrip(testRequest); err == nil {
+		t.Fatal("want an error")
+	}
+	if n := u.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections, want 1", n)
+	}
+}
+
+func TestUpstreamMaxConnectionsWaitsThenRefuses(t *testing.T) {
+	release := make(chan struct{})
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		<-release
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	defer close(release)
+	p := testPool(t, u.ln.Addr().String(), 1)
+	held := make(chan *upstreamResponse)
+	go func() {
+		r, _ := p.roundTrip(testRequest)
+		held <- r
+	}()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	if _, err := p.roundTrip(testRequest); !errors.Is(err, errNoFreeConns) {
+		t.Fatalf("err %v, want errNoFreeConns", err)
+	}
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Fatalf("refused after %s, want it to wait for a free connection first", waited)
+	}
+	release <- struct{}{}
+	if r := <-held; r != nil {
+		r.Close()
+	}
+}
+
+// Events that arrived together come out of one Read; an event still
+// arriving is not waited for while others are ready.
+func TestUpstreamReadHandsOutWhatArrivedWithoutWaiting(t *testing.T) {
+	more := make(chan struct{})
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"+
+			"4\r\none\n\r\n4\r\ntwo\n\r\n6\r\nthr")
+		<-more
+		io.WriteString(c, "ee\n\r\n0\r\n\r\n")
+		return true
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	r, err := p.roundTrip(testRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	buf := make([]byte, 4096)
+	var got []byte
+	deadline := time.Now().Add(2 * time.Second)
+	for !bytes.Contains(got, []byte("thr")) && time.Now().Before(deadline) {
+		n, err := r.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, buf[:n]...)
+	}
+	if string(got) != "one\ntwo\nthr" {
+		t.Fatalf("before the rest was sent: %q", got)
+	}
+	close(more)
+	rest := readBodyAll(t, r)
+	if rest != "ee\n" {
+		t.Fatalf("rest %q", rest)
+	}
+}
+
+func TestMayEndOrCarryUsage(t *testing.T) {
+	for _, c := range []struct {
+		chunk string
+		want  bool
+	}{
+		{`{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason": null}]}`, false},
+		{`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`, false},
+		{`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, true},
+		{`{"choices":[{"index":0,"delta":{},"finish_reason" : "length"}]}`, true},
+		{`{"choices":[],"usage":{"prompt_tokens":1}}`, true},
+		{`{"choices":[{"delta":{"content":"x"},"finish_reason":null}],"usage":null}`, true},
+		{`{"choices":[{"finish_reason":null},{"finish_reason":"stop"}]}`, true},
+	} {
+		if got := mayEndOrCarryUsage([]byte(c.chunk)); got != c.want {
+			t.Errorf("%s: got %v, want %v", c.chunk, got, c.want)
+		}
+	}
+}
