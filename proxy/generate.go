@@ -518,14 +518,23 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		c.finished = true
 		return ev.Raw, false
 	}
-	if !c.logging.Enabled && !mayEndOrCarryUsage(data) {
+	if !c.logging.Enabled && !mayFinish(data) {
 		// Most chunks carry only a delta. Their text matters only if the
 		// stream ends without usage, so they are kept as they came and
 		// read then, instead of parsed now.
-		if !c.haveUsage {
-			c.keepRawChunk(data)
+		usage := gjson.Result{}
+		if bytes.Contains(data, keyUsage) {
+			usage = gjson.Get(bstr(data), "usage") // top level only
 		}
-		return ev.Raw, false
+		if usage.Type != gjson.JSON { // absent or null: no usage yet
+			if !c.haveUsage {
+				c.keepRawChunk(data)
+			}
+			if !c.injected || !usage.Exists() {
+				return ev.Raw, false
+			}
+			return c.stripUsage(ev, usage), false
+		}
 	}
 	// One pass over the chunk's members finds both fields.
 	var choices, usage gjson.Result
@@ -548,25 +557,28 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	if choices.IsArray() && isEmptyArray(choices.Raw) {
 		return nil, true
 	}
+	return c.stripUsage(ev, usage), false
+}
+
+// stripUsage returns ev without the usage member the client did not ask
+// for, or ev as it came where that cannot be done safely.
+func (c *generationCall) stripUsage(ev *sseEvent, usage gjson.Result) []byte {
 	if ev.dataEnd == 0 {
-		return ev.Raw, false // several data lines: relay untouched rather than guess
+		return ev.Raw // several data lines: relay untouched rather than guess
 	}
-	stripped, ok := appendWithoutMember(c.scratchData[:0], data, usage, "usage")
+	stripped, ok := appendWithoutMember(c.scratchData[:0], ev.Data, usage, "usage")
 	if !ok {
-		return ev.Raw, false
+		return ev.Raw
 	}
 	c.scratchData = stripped
 	c.scratchEvent = appendWithData(c.scratchEvent[:0], ev, stripped)
-	return c.scratchEvent, false
+	return c.scratchEvent
 }
 
-// mayEndOrCarryUsage reports whether a chat chunk may hold usage or a
-// finish_reason, which must be read as the chunk passes. It errs towards
-// yes: anything it does not recognise as "finish_reason":null is read.
-func mayEndOrCarryUsage(data []byte) bool {
-	if bytes.Contains(data, keyUsage) {
-		return true
-	}
+// mayFinish reports whether a chat chunk may set a finish_reason, which
+// must be read as the chunk passes. It errs towards yes: anything it does
+// not recognise as "finish_reason":null counts.
+func mayFinish(data []byte) bool {
 	rest := data
 	for {
 		i := bytes.Index(rest, keyFinishReason)

@@ -251,7 +251,7 @@ func TestUpstreamReadHandsOutWhatArrivedWithoutWaiting(t *testing.T) {
 	}
 }
 
-func TestMayEndOrCarryUsage(t *testing.T) {
+func TestMayFinish(t *testing.T) {
 	for _, c := range []struct {
 		chunk string
 		want  bool
@@ -261,11 +261,11 @@ func TestMayEndOrCarryUsage(t *testing.T) {
 		{`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`, false},
 		{`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, true},
 		{`{"choices":[{"index":0,"delta":{},"finish_reason" : "length"}]}`, true},
-		{`{"choices":[],"usage":{"prompt_tokens":1}}`, true},
-		{`{"choices":[{"delta":{"content":"x"},"finish_reason":null}],"usage":null}`, true},
+		{`{"choices":[],"usage":{"prompt_tokens":1}}`, false},
+		{`{"choices":[{"delta":{"content":"x"},"finish_reason":null}],"usage":null}`, false},
 		{`{"choices":[{"finish_reason":null},{"finish_reason":"stop"}]}`, true},
 	} {
-		if got := mayEndOrCarryUsage([]byte(c.chunk)); got != c.want {
+		if got := mayFinish([]byte(c.chunk)); got != c.want {
 			t.Errorf("%s: got %v, want %v", c.chunk, got, c.want)
 		}
 	}
