@@ -40,6 +40,7 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test ./proxy -run '^$$' -fuzz FuzzSSEReader -fuzztime $(FUZZTIME)
 	$(GO) test ./proxy -run '^$$' -fuzz FuzzRewriteRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./proxy -run '^$$' -fuzz FuzzUpstreamResponse -fuzztime $(FUZZTIME)
 	$(GO) test ./config -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
 
 clean:

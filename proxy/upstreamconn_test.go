@@ -270,3 +270,41 @@ func TestMayFinish(t *testing.T) {
 		}
 	}
 }
+
+// bytesConn is a connection whose reads come from a fixed byte string and
+// whose writes go nowhere, for fuzzing the response reader.
+type bytesConn struct {
+	net.Conn
+	r *bytes.Reader
+}
+
+func (c *bytesConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
+func (c *bytesConn) Write(p []byte) (int, error) { return len(p), nil }
+func (c *bytesConn) Close() error                { return nil }
+
+// FuzzUpstreamResponse feeds arbitrary bytes as an upstream's answer: the
+// reader must never panic, never return more body than arrived, and
+// either end the body or report an error.
+func FuzzUpstreamResponse(f *testing.F) {
+	f.Add([]byte("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x\r\nhel\r\n2\r\nlo\r\n0\r\nT: 1\r\n\r\n"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nx"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\n\r\nuntil close"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		conn := &bytesConn{r: bytes.NewReader(data)}
+		p := &connPool{busy: make(chan struct{}, 1)}
+		p.busy <- struct{}{}
+		r := &upstreamResponse{pool: p, uc: &upstreamConn{conn: conn, br: bufio.NewReaderSize(conn, 64)}}
+		if err := r.exchange(nil); err != nil {
+			return
+		}
+		body, err := r.readAll(nil, 1<<20)
+		if len(body) > len(data) {
+			t.Fatalf("%d body bytes out of %d input bytes", len(body), len(data))
+		}
+		if err == nil && !r.done {
+			t.Fatal("no error and the body not done")
+		}
+		r.Close()
+	})
+}
