@@ -63,6 +63,23 @@ type Billing struct {
 	// OutboxMaxBytes bounds the local usage outbox (events not yet
 	// acknowledged by JetStream) in data_dir/outbox. restart-only.
 	OutboxMaxBytes ByteSize `yaml:"outbox_max_bytes"`
+	// Durability is what a usage event must reach before its answer's
+	// last byte goes out: "process" (the page cache: survives a killed
+	// gateway) or "fsync" (the disk: survives a power loss). restart-only.
+	Durability string `yaml:"durability"`
+	// FsyncInterval is how often "process" durability writes the outbox
+	// to disk. restart-only.
+	FsyncInterval time.Duration `yaml:"fsync_interval"`
+	// PublishBatch bounds the batches of events sent to JetStream as one
+	// message each. restart-only.
+	PublishBatch PublishBatch `yaml:"publish_batch"`
+}
+
+// PublishBatch bounds one JetStream message of usage events.
+type PublishBatch struct {
+	MaxEvents int           `yaml:"max_events"`
+	MaxBytes  ByteSize      `yaml:"max_bytes"`
+	MaxDelay  time.Duration `yaml:"max_delay"`
 }
 
 // Upstream is one OpenAI-compatible generation server.

@@ -26,6 +26,11 @@ const (
 	DefaultIssuer           = "tollgate"
 	DefaultGraceUSD         = "0.50"
 	DefaultOutboxMaxBytes   = ByteSize(1 << 30)
+	DefaultDurability       = "process"
+	DefaultFsyncInterval    = 100 * time.Millisecond
+	DefaultBatchMaxEvents   = 1000
+	DefaultBatchMaxBytes    = ByteSize(512 << 10)
+	DefaultBatchMaxDelay    = 2 * time.Millisecond
 	DefaultConnectTimeout   = 2 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultFirstByteTimeout = 60 * time.Second
@@ -73,6 +78,11 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&c.Auth.Issuer, DefaultIssuer)
 	setDefault(&c.Billing.GraceUSD, DefaultGraceUSD)
 	setDefault(&c.Billing.OutboxMaxBytes, DefaultOutboxMaxBytes)
+	setDefault(&c.Billing.Durability, DefaultDurability)
+	setDefault(&c.Billing.FsyncInterval, DefaultFsyncInterval)
+	setDefault(&c.Billing.PublishBatch.MaxEvents, DefaultBatchMaxEvents)
+	setDefault(&c.Billing.PublishBatch.MaxBytes, DefaultBatchMaxBytes)
+	setDefault(&c.Billing.PublishBatch.MaxDelay, DefaultBatchMaxDelay)
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
 		setDefault(&u.ConnectTimeout, DefaultConnectTimeout)
@@ -167,6 +177,17 @@ func (l *loader) validate(c *Config) {
 	l.checkUSD(c.Billing.GraceUSD, "billing.grace_usd")
 	l.check(c.Billing.OutboxMaxBytes >= 1<<20, "billing.outbox_max_bytes",
 		"%d bytes is below the 1MiB minimum", c.Billing.OutboxMaxBytes)
+	l.check(c.Billing.Durability == "process" || c.Billing.Durability == "fsync", "billing.durability",
+		"%q is neither process (the page cache: survives a killed gateway) nor fsync (the disk: survives a power loss)", c.Billing.Durability)
+	l.check(c.Billing.FsyncInterval > 0 && c.Billing.FsyncInterval <= time.Minute, "billing.fsync_interval",
+		"%s is outside 1ns..1m", c.Billing.FsyncInterval)
+	pb := c.Billing.PublishBatch
+	l.check(pb.MaxEvents >= 1 && pb.MaxEvents <= 100_000, "billing.publish_batch.max_events",
+		"%d is outside 1..100000", pb.MaxEvents)
+	l.check(pb.MaxBytes >= 4<<10 && pb.MaxBytes <= 768<<10, "billing.publish_batch.max_bytes",
+		"%d bytes is outside 4KiB..768KiB (a batch must fit NATS's 1MB max_payload)", pb.MaxBytes)
+	l.check(pb.MaxDelay > 0 && pb.MaxDelay <= time.Second, "billing.publish_batch.max_delay",
+		"%s is outside 1ns..1s", pb.MaxDelay)
 
 	l.check(len(c.Upstreams) > 0, "upstreams", "at least one upstream is required")
 	upstreams := map[string]bool{}
@@ -367,6 +388,9 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.Server.MaxRequestBody != old.Server.MaxRequestBody, "server.max_request_body")
 	add(c.Server.DebugListen != old.Server.DebugListen, "server.debug_listen")
 	add(c.Billing.OutboxMaxBytes != old.Billing.OutboxMaxBytes, "billing.outbox_max_bytes")
+	add(c.Billing.Durability != old.Billing.Durability, "billing.durability")
+	add(c.Billing.FsyncInterval != old.Billing.FsyncInterval, "billing.fsync_interval")
+	add(c.Billing.PublishBatch != old.Billing.PublishBatch, "billing.publish_batch")
 	nv, ov := reflect.ValueOf(c.NATS), reflect.ValueOf(old.NATS)
 	for i := range nv.NumField() {
 		if name := yamlName(nv.Type().Field(i)); name != "" {

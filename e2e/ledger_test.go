@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -62,8 +63,9 @@ func openLedger(t *testing.T, dsn, natsURL string) *ledger {
 // outboxes are empty (JetStream has every event) and the billing consumer
 // has nothing undelivered or unacknowledged (it acks only after the INSERT
 // and the debit). Then ClickHouse must hold, under FINAL, one row per
-// message in the stream; more messages than rows means an event was stored
-// in the stream twice, and so debited twice.
+// event in the stream's messages; more events than rows means an event
+// was stored in the stream twice (a batch published twice under another
+// id), and so debited twice.
 func (l *ledger) settle(gateways ...*gateway) {
 	l.t.Helper()
 	began := time.Now()
@@ -108,9 +110,34 @@ func (l *ledger) settle(gateways ...*gateway) {
 	if err := l.ch.QueryRow(ctx, "SELECT count() FROM usage_events FINAL").Scan(&rows); err != nil {
 		l.t.Fatalf("ClickHouse: %v", err)
 	}
-	if rows != sinfo.State.Msgs {
-		l.t.Errorf("the USAGE stream holds %d messages, ClickHouse %d events under FINAL: events were stored in the stream more than once (JetStream deduplication by Nats-Msg-Id failed) and are debited once per copy", sinfo.State.Msgs, rows)
+	if events := l.streamEvents(ctx, stream, sinfo.State.Msgs); rows != events {
+		l.t.Errorf("the USAGE stream holds %d events in %d messages, ClickHouse %d events under FINAL: events were stored in the stream more than once (JetStream deduplication by Nats-Msg-Id failed) and are debited once per copy", events, sinfo.State.Msgs, rows)
 	}
+}
+
+// streamEvents counts the events (lines) of the stream's msgs messages.
+func (l *ledger) streamEvents(ctx context.Context, stream jetstream.Stream, msgs uint64) uint64 {
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	var events uint64
+	for read := uint64(0); read < msgs; {
+		batch, err := cons.Fetch(int(min(500, msgs-read)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			l.t.Fatal(err)
+		}
+		n := 0
+		for msg := range batch.Messages() {
+			events += uint64(bytes.Count(msg.Data(), []byte("\n")) + 1)
+			n++
+		}
+		if n == 0 {
+			l.t.Fatalf("read %d of %d stream messages, then nothing: %v", read, msgs, batch.Error())
+		}
+		read += uint64(n)
+	}
+	return events
 }
 
 func (l *ledger) consumerInfo() (*jetstream.ConsumerInfo, error) {

@@ -1,6 +1,7 @@
 package meter
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -28,10 +29,14 @@ type DebitFunc func(ctx context.Context, account string, usage accounts.Usage) (
 
 // BillingOptions tune RunBilling; zero values take the defaults.
 type BillingOptions struct {
-	// Batch is how many events are fetched, inserted and debited together
+	// Batch is the most messages fetched, inserted and debited together
 	// (default 5000). It is also the consumer's MaxAckPending, so billing
-	// holds at most one batch unacknowledged across all processes.
+	// holds at most one fetch unacknowledged across all processes.
 	Batch int
+	// FetchBytes bounds the bytes of one fetch (default 4 MiB, about 8,000
+	// events). It must exceed the largest message (a gateway's batch,
+	// under MaxBatchBytes), or that message would never be delivered.
+	FetchBytes int
 	// MaxWait is how long a fetch waits to fill a batch (default 1s): the
 	// delay between a quiet gateway's event and its debit.
 	MaxWait time.Duration
@@ -55,6 +60,10 @@ func (o BillingOptions) withDefaults() BillingOptions {
 	if o.Batch <= 0 {
 		o.Batch = 5000
 	}
+	if o.FetchBytes <= 0 {
+		o.FetchBytes = 4 << 20
+	}
+	o.FetchBytes = max(o.FetchBytes, 2*MaxBatchBytes)
 	if o.MaxWait <= 0 {
 		o.MaxWait = time.Second
 	}
@@ -169,7 +178,7 @@ func (b *biller) ensureConsumer(ctx context.Context) error {
 
 // fetch waits up to MaxWait for a batch.
 func (b *biller) fetch() ([]jetstream.Msg, error) {
-	batch, err := b.cons.Fetch(b.opts.Batch, jetstream.FetchMaxWait(b.opts.MaxWait))
+	batch, err := b.cons.FetchBytes(b.opts.FetchBytes, jetstream.FetchMaxWait(b.opts.MaxWait))
 	if err != nil {
 		return nil, err
 	}
@@ -183,23 +192,57 @@ func (b *biller) fetch() ([]jetstream.Msg, error) {
 	return msgs, nil
 }
 
-// delivery is one decoded message of a batch.
+// delivery is one event of a fetched message; a message holds a batch of
+// events (one per line), or one event from earlier gateways.
 type delivery struct {
 	msg jetstream.Msg
 	seq uint64
 	ev  *Event
 }
 
-// bill processes one batch; it returns an error only from a test hook.
-// When ctx ends before the acks, it returns nil and the batch goes back
+// decodeMessage returns the events of a message. A line that does not
+// decode is logged with its text, for billing by hand, and skipped: the
+// other events of the batch are billed.
+func (b *biller) decodeMessage(msg jetstream.Msg, seq uint64) []delivery {
+	var out []delivery
+	data := msg.Data()
+	for line := 0; len(data) > 0; line++ {
+		next := bytes.IndexByte(data, '\n')
+		raw := data
+		if next >= 0 {
+			raw, data = data[:next], data[next+1:]
+		} else {
+			data = nil
+		}
+		if len(bytes.TrimSpace(raw)) == 0 {
+			continue
+		}
+		ev := new(Event)
+		if err := json.Unmarshal(raw, ev); err != nil {
+			b.opts.Logf("billing: NOT CHARGED: undecodable event %d of message %d on %s: %v: %.500q", line, seq, msg.Subject(), err, raw)
+			continue
+		}
+		if ev.CostNanos < 0 {
+			b.opts.Logf("billing: NOT CHARGED: event %s (message %d): negative cost %s USD", ev.ID, seq, ev.CostNanos)
+			continue
+		}
+		out = append(out, delivery{msg: msg, seq: seq, ev: ev})
+	}
+	return out
+}
+
+// bill processes one fetch; it returns an error only from a test hook.
+// When ctx ends before the acks, it returns nil and the messages go back
 // to the stream.
 func (b *biller) bill(ctx context.Context, msgs []jetstream.Msg) error {
 	stopKeepAlive := b.keepAlive(msgs)
 	defer stopKeepAlive()
 
-	var good []delivery
 	var poison []jetstream.Msg
 	var seqs []uint64
+	var good []jetstream.Msg
+	seen := make(map[uint64]bool, len(msgs))
+	var events []delivery
 	for _, msg := range msgs {
 		meta, err := msg.Metadata()
 		if err != nil {
@@ -207,25 +250,18 @@ func (b *biller) bill(ctx context.Context, msgs []jetstream.Msg) error {
 			poison = append(poison, msg)
 			continue
 		}
-		seqs = append(seqs, meta.Sequence.Stream)
-		ev := new(Event)
-		if err := json.Unmarshal(msg.Data(), ev); err != nil {
-			b.opts.Logf("billing: terminating undecodable message %d on %s: %v: %.500q", meta.Sequence.Stream, msg.Subject(), err, msg.Data())
-			poison = append(poison, msg)
-			continue
+		seq := meta.Sequence.Stream
+		seqs = append(seqs, seq)
+		good = append(good, msg)
+		if seen[seq] {
+			continue // redelivered into the fetch that already holds it
 		}
-		if ev.CostNanos < 0 {
-			b.opts.Logf("billing: terminating event %s (message %d): negative cost %s USD", ev.ID, meta.Sequence.Stream, ev.CostNanos)
-			poison = append(poison, msg)
-			continue
-		}
-		good = append(good, delivery{msg: msg, seq: meta.Sequence.Stream, ev: ev})
+		seen[seq] = true
+		events = append(events, b.decodeMessage(msg, seq)...)
 	}
-	// A message redelivered into the batch that already holds it.
-	slices.SortFunc(good, func(a, b delivery) int { return cmp.Compare(a.seq, b.seq) })
-	unique := slices.CompactFunc(slices.Clone(good), func(a, b delivery) bool { return a.seq == b.seq })
+	slices.SortStableFunc(events, func(a, b delivery) int { return cmp.Compare(a.seq, b.seq) })
 
-	rejected, err := b.insert(ctx, unique)
+	rejected, err := b.insert(ctx, events)
 	if err != nil {
 		b.release(msgs)
 		return nil
@@ -236,20 +272,16 @@ func (b *biller) bill(ctx context.Context, msgs []jetstream.Msg) error {
 		}
 	}
 	if len(rejected) > 0 {
-		refused := make(map[uint64]bool, len(rejected))
+		// Logged with their JSON by insertSplitting; not charged, and the
+		// rest of their batches are.
+		refused := make(map[*Event]bool, len(rejected))
 		for _, d := range rejected {
-			refused[d.seq] = true
+			refused[d.ev] = true
 		}
-		for _, d := range good {
-			if refused[d.seq] {
-				poison = append(poison, d.msg)
-			}
-		}
-		unique = slices.DeleteFunc(unique, func(d delivery) bool { return refused[d.seq] })
-		good = slices.DeleteFunc(good, func(d delivery) bool { return refused[d.seq] })
+		events = slices.DeleteFunc(events, func(d delivery) bool { return refused[d.ev] })
 	}
 
-	if err := b.debitAll(ctx, unique, seqs); err != nil {
+	if err := b.debitAll(ctx, events, seqs); err != nil {
 		b.release(msgs)
 		return nil
 	}
@@ -309,7 +341,7 @@ func (b *biller) insertSplitting(ctx context.Context, batch []delivery) ([]deliv
 	}
 	if len(batch) == 1 {
 		data, _ := json.Marshal(batch[0].ev)
-		b.opts.Logf("billing: terminating message %d, ClickHouse cannot store it: %v: %s", batch[0].seq, err, data)
+		b.opts.Logf("billing: NOT CHARGED: event of message %d, ClickHouse cannot store it: %v: %s", batch[0].seq, err, data)
 		return batch, nil
 	}
 	mid := len(batch) / 2
@@ -328,12 +360,18 @@ func (b *biller) insertSplitting(ctx context.Context, batch []delivery) ([]deliv
 // failures other than a missing account or refused input until ctx ends.
 // seqs are the stream sequences of every message in the batch.
 func (b *biller) debitAll(ctx context.Context, batch []delivery, seqs []uint64) error {
+	// One entry per account and message: a message's events of one
+	// account are charged together, idempotently by its stream sequence.
 	perAccount := map[string]*accounts.Usage{}
-	for _, d := range batch {
+	for _, d := range batch { // sorted by sequence
 		u := perAccount[d.ev.Account]
 		if u == nil {
 			u = &accounts.Usage{}
 			perAccount[d.ev.Account] = u
+		}
+		if n := len(u.Events); n > 0 && u.Events[n-1].Seq == d.seq {
+			u.Events[n-1].Cost += d.ev.CostNanos
+			continue
 		}
 		u.Events = append(u.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos})
 	}
@@ -424,23 +462,23 @@ func (b *biller) release(msgs []jetstream.Msg) {
 // The last ack waits for the server's confirmation, and with it the
 // others sent before it on the connection. A lost ack only means a
 // redelivery, which is harmless.
-func (b *biller) ack(good []delivery, poison []jetstream.Msg) {
+func (b *biller) ack(good []jetstream.Msg, poison []jetstream.Msg) {
 	for _, msg := range poison {
 		if err := msg.TermWithReason("tollgate billing cannot use this message"); err != nil {
 			b.opts.Logf("billing: terminating message: %v", err)
 		}
 	}
-	for i, d := range good {
+	for i, msg := range good {
 		var err error
 		if i == len(good)-1 {
 			ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-			err = d.msg.DoubleAck(ctx)
+			err = msg.DoubleAck(ctx)
 			cancel()
 		} else {
-			err = d.msg.Ack()
+			err = msg.Ack()
 		}
 		if err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-			b.opts.Logf("billing: acking message %d: %v (it will be delivered again, and not charged twice)", d.seq, err)
+			b.opts.Logf("billing: acking a message: %v (it will be delivered again, and not charged twice)", err)
 			return
 		}
 	}

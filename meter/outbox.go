@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,24 +20,64 @@ import (
 
 // The outbox keeps usage events on local disk from the moment the request
 // path hands them over until JetStream has acknowledged them, so a NATS
-// outage or a crash loses nothing that reached the disk.
+// outage or a crash loses nothing that reached the outbox.
 //
-// On disk, <dir> holds segment files named by the sequence number of their
-// first record (00000000000000000001.seg), each a magic header followed by
+// Appending is a copy into a shared memory map of the active segment file,
+// under a short lock: no system call, no wait. What is copied is in the
+// kernel's page cache at once, so a killed process (SIGKILL included)
+// loses none of it; a syncer goroutine writes it to disk in the background
+// (durability "process"), or at once with the caller waiting on it
+// (durability "fsync"). Segments are preallocated, so a full disk shows
+// when a segment is created, as refused events, never as a SIGBUS.
+//
+// On disk, <dir> holds segment files (<n>.seg), each a header followed by
 // records:
 //
+//	header:    magic "TGOUTBX2" | uint64 LE first sequence (0: never used)
 //	uint32 LE  body length n
 //	uint32 LE  CRC-32C of the body
-//	body:      uint64 LE outbox sequence | uvarint len | event id |
-//	           uvarint len | account | event JSON
+//	body:      uint64 LE outbox sequence | uint64 LE batch | uvarint len |
+//	           event id | uvarint len | account | event JSON
 //
-// and the file "acked", the sequence through which every record has been
+// then zeros up to the preallocated size. Events of one batch go to
+// JetStream as one message; the batch number is fixed when the event is
+// appended, so a batch published again after a crash is the same batch,
+// under the same message id, and JetStream drops it as a duplicate.
+// Segments of the first format ("TGOUTBX1", named by their first sequence,
+// no batch numbers) are still read: each of their events is its own batch.
+//
+// The file "acked" holds the sequence through which every record has been
 // acknowledged by JetStream (uint64 LE, CRC-32C), replaced atomically.
 // A crash can leave a torn record at the end of a segment; its length or
 // CRC gives it away and opening the outbox cuts it off.
 
+// Durability says what a record must reach before an answer may go out.
+type Durability string
+
 const (
-	outboxMagic        = "TGOUTBX1"
+	// DurabilityProcess: the page cache (survives a killed process; a
+	// power loss loses the last fsync interval).
+	DurabilityProcess Durability = "process"
+	// DurabilityFsync: the disk (survives a power loss); each answer waits
+	// for a group-committed fsync.
+	DurabilityFsync Durability = "fsync"
+)
+
+// OutboxOptions configures an outbox; zero values take the defaults.
+type OutboxOptions struct {
+	MaxBytes      int64 // bound on the segment files; default DefaultOutboxMaxBytes
+	Durability    Durability
+	FsyncInterval time.Duration // process durability: how often written records are synced; default 100ms
+	// A batch (one JetStream message) closes at BatchMaxEvents events or
+	// BatchMaxBytes of event JSON, whichever comes first.
+	BatchMaxEvents int // default 1000
+	BatchMaxBytes  int // default 512 KiB; at most 768 KiB
+}
+
+const (
+	outboxMagicV1      = "TGOUTBX1"
+	outboxMagic        = "TGOUTBX2"
+	outboxHeaderSize   = len(outboxMagic) + 8
 	outboxSegmentExt   = ".seg"
 	outboxAckedFile    = "acked"
 	outboxLockFile     = "LOCK"
@@ -51,19 +89,11 @@ const (
 	// one (under 4 KiB), far below NATS's default 1 MB max_payload, so a
 	// record always publishes.
 	maxOutboxEventBytes = 256 << 10
-	// outboxSegmentBytes is where the writer starts a new segment (or at
-	// an eighth of the byte bound, if smaller): a segment is deleted whole
-	// once acknowledged, so smaller ones free space sooner.
-	outboxSegmentBytes = 8 << 20
-	// outboxQueueLen is how many events wait in memory for the writer:
-	// enough for about three seconds of a stalled disk at 20,000 events/s.
-	outboxQueueLen = 65536
-	// outboxMaxBatch bounds the records written with one fsync; so does
-	// the segment size, which keeps the byte bound's overshoot small.
-	outboxMaxBatch = 4096
-	// outboxCloseAttempts is how often a closing outbox tries to write
-	// what is queued before it gives it up.
-	outboxCloseAttempts = 5
+	// outboxSegmentBytes is the size of a segment (or an eighth of the
+	// byte bound, if smaller): a segment is deleted whole once
+	// acknowledged, and its mapping is resident while it is active, so
+	// smaller ones free disk and memory sooner.
+	outboxSegmentBytes = 4 << 20
 	// outboxAckPersistEvery paces rewriting the acked file. After a crash
 	// at most this much acknowledged work is published again, which
 	// JetStream drops as duplicates.
@@ -71,14 +101,21 @@ const (
 	// DefaultOutboxMaxBytes is the disk bound used when OpenOutbox gets 0:
 	// about 2.5 million events, two hours at 350 events/s.
 	DefaultOutboxMaxBytes = 1 << 30
+	// DefaultFsyncInterval is how often process durability syncs.
+	DefaultFsyncInterval = 100 * time.Millisecond
+	// DefaultBatchMaxEvents and DefaultBatchMaxBytes bound a batch.
+	DefaultBatchMaxEvents = 1000
+	DefaultBatchMaxBytes  = 512 << 10
+	// MaxBatchBytes keeps a batch, framing included, under NATS's default
+	// 1 MB max_payload.
+	MaxBatchBytes = 768 << 10
 )
 
 var (
-	// ErrOutboxFull is returned by Append when the in-memory queue in front
-	// of the disk is full: the disk is slower than the traffic, or the
+	// ErrOutboxFull is returned by Append when no segment has room: the
 	// outbox reached its byte bound because JetStream has been unreachable
-	// for long. Fix the NATS connection or the disk; raise the bound for
-	// longer outages.
+	// for long, or the disk is full. Fix the NATS connection or free disk;
+	// raise the bound for longer outages.
 	ErrOutboxFull = errors.New("outbox full")
 	// ErrOutboxClosed is returned by Append after Close.
 	ErrOutboxClosed = errors.New("outbox closed")
@@ -94,6 +131,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // outboxRecord is one event as the publisher needs it.
 type outboxRecord struct {
 	seq     uint64
+	batch   uint64 // 0 in segments of the first format: a batch of its own
 	id      string
 	account string
 	data    []byte // the event as JSON
@@ -102,17 +140,18 @@ type outboxRecord struct {
 // outboxSegment is one segment file. first never changes; last and size
 // are guarded by Outbox.mu and count durable records only.
 type outboxSegment struct {
-	first uint64
-	last  uint64 // 0 while it holds no record
-	size  int64
-	path  string
-	skip  bool // moved aside by recover
+	first   uint64
+	last    uint64 // 0 while it holds no record
+	size    int64  // bytes written: header and records
+	path    string
+	skip    bool // moved aside by recover
+	version int  // 1 or 2: its format
 }
 
 // OutboxStats is a point-in-time view of the outbox.
 type OutboxStats struct {
-	Queued        int    // events waiting in memory for the writer
-	Unacked       uint64 // events on disk not yet acknowledged by JetStream
+	Queued        int    // always 0: appending writes the record at once
+	Unacked       uint64 // events written and not yet acknowledged by JetStream
 	Bytes         int64  // size of the segment files
 	Segments      int
 	WriteFailures uint64 // failed writes or fsyncs, each retried
@@ -129,64 +168,94 @@ type OutboxRecovery struct {
 	Notes          []string
 }
 
-// queuedRecord is an encoded record body, without its sequence, and the
-// channel to close once it is on disk (nil when nobody waits).
-type queuedRecord struct {
-	body    []byte
-	durable chan struct{}
+// mappedSegment is a segment file mapped for appending.
+type mappedSegment struct {
+	seg    *outboxSegment // nil for a spare not yet in use
+	file   *os.File
+	mem    []byte
+	synced int // bytes of mem known to be on disk
 }
 
 // Outbox is a bounded, durable, append-only queue of usage events. Append
-// never waits on the disk: a writer goroutine writes what has queued up
-// and fsyncs it, one batch per fsync (group commit). Records stay until
-// they are acknowledged (ack) and the segment holding them is done.
+// copies a record into the mapped active segment and returns; the syncer
+// goroutine writes the pages to disk. Records stay until they are
+// acknowledged (ack) and the segment holding them is done.
 type Outbox struct {
 	dir      string
-	maxBytes int64
+	opts     OutboxOptions
 	lock     *os.File
 	recovery OutboxRecovery
 
-	inMu     sync.RWMutex // guards sending on queue against closing it
-	inClosed bool
-	queue    chan queuedRecord
-
-	segmentBytes int64 // where the writer starts a new segment
-
-	// Owned by the writer goroutine (and by OpenOutbox before it starts).
-	active  *os.File
-	nextSeq uint64
+	segmentBytes int64 // size of a preallocated segment
 
 	mu           sync.Mutex
-	segments     []*outboxSegment // by first sequence; the last is active
-	durableSeq   uint64           // last sequence fsynced
+	closed       bool
+	active       *mappedSegment // nil until one could be made
+	spare        *mappedSegment // made ahead by the syncer, so Append never creates files
+	retired      []*mappedSegment
+	nextSeq      uint64
+	nextFile     uint64 // number of the next segment file
+	writtenSeq   uint64 // last sequence copied into a segment
+	durableSeq   uint64 // last sequence synced to disk
+	openBatch    uint64 // batch new events join
+	openCount    int
+	openBytes    int
+	waiters      []durableWaiter  // fsync durability: appends waiting for the disk
+	segments     []*outboxSegment // by first sequence; the last may be active
 	acked        uint64           // in memory; persisted trails it
 	persisted    uint64
 	bytes        int64
-	durable      chan struct{} // closed and replaced when durableSeq grows
-	space        chan struct{} // closed and replaced when segments are deleted
+	written      chan struct{} // 1-buffered: records were appended
+	syncNow      chan struct{} // 1-buffered: wake the syncer
 	lastWriteErr error
 
 	writeFailures atomic.Uint64
 	lost          atomic.Uint64
 
-	writerDone    chan struct{}
+	stopSyncer    chan struct{}
+	syncerDone    chan struct{}
 	stopCompactor chan struct{}
 	compactorDone chan struct{}
 	closeOnce     sync.Once
 	closeErr      error
 }
 
-// OpenOutbox opens or creates the outbox in dir (for a gateway,
+type durableWaiter struct {
+	seq  uint64
+	done chan struct{}
+}
+
+// encodeBufPool holds the buffers events are encoded in before the copy.
+var encodeBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
+// OpenOutbox opens or creates the outbox in dir with default options
+// but for the byte bound (0: DefaultOutboxMaxBytes).
+func OpenOutbox(dir string, maxBytes int64) (*Outbox, error) {
+	return OpenOutboxWith(dir, OutboxOptions{MaxBytes: maxBytes})
+}
+
+// OpenOutboxWith opens or creates the outbox in dir (for a gateway,
 // <data_dir>/outbox), cutting off torn records a crash left behind.
 // Records not acknowledged before are read first by the publisher.
-// maxBytes bounds the segment files (0: DefaultOutboxMaxBytes); past it,
-// events wait in memory, then Append refuses them.
 //
 // One process at a time may have dir open; Close releases it.
-func OpenOutbox(dir string, maxBytes int64) (*Outbox, error) {
-	if maxBytes <= 0 {
-		maxBytes = DefaultOutboxMaxBytes
+func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultOutboxMaxBytes
 	}
+	if opts.Durability == "" {
+		opts.Durability = DurabilityProcess
+	}
+	if opts.FsyncInterval <= 0 {
+		opts.FsyncInterval = DefaultFsyncInterval
+	}
+	if opts.BatchMaxEvents <= 0 {
+		opts.BatchMaxEvents = DefaultBatchMaxEvents
+	}
+	if opts.BatchMaxBytes <= 0 {
+		opts.BatchMaxBytes = DefaultBatchMaxBytes
+	}
+	opts.BatchMaxBytes = min(opts.BatchMaxBytes, MaxBatchBytes)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating outbox dir: %w", err)
 	}
@@ -196,13 +265,13 @@ func OpenOutbox(dir string, maxBytes int64) (*Outbox, error) {
 	}
 	ob := &Outbox{
 		dir:           dir,
-		maxBytes:      maxBytes,
-		segmentBytes:  max(min(maxBytes/8, outboxSegmentBytes), 1),
+		opts:          opts,
+		segmentBytes:  max(min(opts.MaxBytes/8, outboxSegmentBytes), 64<<10),
 		lock:          lock,
-		queue:         make(chan queuedRecord, outboxQueueLen),
-		durable:       make(chan struct{}),
-		space:         make(chan struct{}),
-		writerDone:    make(chan struct{}),
+		written:       make(chan struct{}, 1),
+		syncNow:       make(chan struct{}, 1),
+		stopSyncer:    make(chan struct{}),
+		syncerDone:    make(chan struct{}),
 		stopCompactor: make(chan struct{}),
 		compactorDone: make(chan struct{}),
 	}
@@ -210,17 +279,26 @@ func OpenOutbox(dir string, maxBytes int64) (*Outbox, error) {
 		unlockDir(lock)
 		return nil, err
 	}
-	if err := ob.startSegment(ob.nextSeq); err != nil {
+	spare, err := ob.newSpare()
+	if err != nil {
+		unlockDir(lock)
+		return nil, err
+	}
+	ob.mu.Lock()
+	ob.spare = spare
+	err = ob.rotateLocked()
+	ob.mu.Unlock()
+	if err != nil {
 		ob.closeFiles()
 		return nil, err
 	}
-	go ob.write()
+	go ob.syncer()
 	go ob.compact()
 	return ob, nil
 }
 
 // recover reads the acked file and the segments, cuts torn tails, deletes
-// what is fully acknowledged and sets the next sequence.
+// what is fully acknowledged and sets the next sequence, batch and file.
 func (ob *Outbox) recover() error {
 	_ = os.Remove(filepath.Join(ob.dir, outboxAckedFile+".tmp"))
 	acked, note := readAcked(filepath.Join(ob.dir, outboxAckedFile))
@@ -239,23 +317,33 @@ func (ob *Outbox) recover() error {
 		if !strings.HasSuffix(name, outboxSegmentExt) {
 			continue
 		}
-		first, err := strconv.ParseUint(strings.TrimSuffix(name, outboxSegmentExt), 10, 64)
-		if err != nil || first == 0 {
+		n, err := strconv.ParseUint(strings.TrimSuffix(name, outboxSegmentExt), 10, 64)
+		if err != nil || n == 0 {
 			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("ignored %s: not a segment name", name))
 			continue
 		}
-		segments = append(segments, &outboxSegment{first: first, path: filepath.Join(ob.dir, name)})
+		ob.nextFile = max(ob.nextFile, n+1)
+		// A first-format segment is named by its first sequence; a
+		// second-format one says it in its header (read below).
+		segments = append(segments, &outboxSegment{first: n, path: filepath.Join(ob.dir, name)})
 	}
+	var maxBatch uint64
+	kept := segments[:0]
+	for _, seg := range segments {
+		batch, err := ob.recoverSegment(seg)
+		if err != nil {
+			return err
+		}
+		maxBatch = max(maxBatch, batch)
+		if !seg.skip {
+			kept = append(kept, seg)
+		}
+	}
+	segments = kept
 	slices.SortFunc(segments, func(a, b *outboxSegment) int { return cmp.Compare(a.first, b.first) })
 
 	maxSeq := acked
 	for _, seg := range segments {
-		if err := ob.recoverSegment(seg); err != nil {
-			return err
-		}
-		if seg.skip {
-			continue
-		}
 		if seg.last == 0 || seg.last <= acked {
 			if err := os.Remove(seg.path); err != nil {
 				return fmt.Errorf("removing outbox segment: %w", err)
@@ -268,40 +356,54 @@ func (ob *Outbox) recover() error {
 		ob.recovery.Unacked += seg.last - max(acked, seg.first-1)
 	}
 	ob.nextSeq = maxSeq + 1
-	ob.durableSeq = maxSeq // what is on disk is synced above
+	ob.nextFile = max(ob.nextFile, 1)
+	ob.writtenSeq, ob.durableSeq = maxSeq, maxSeq // what is on disk is synced above
+	ob.openBatch = maxBatch + 1
 	return nil
 }
 
 // recoverSegment scans a segment, truncating it after its last valid
 // record, and fsyncs it: what a crashed process left in the page cache is
-// durable from here on.
-func (ob *Outbox) recoverSegment(seg *outboxSegment) error {
+// durable from here on. It returns the highest batch number in it.
+func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 	f, err := os.OpenFile(seg.path, os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Errorf("opening outbox segment: %w", err)
+		return 0, fmt.Errorf("opening outbox segment: %w", err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(f)
 	if err != nil {
-		return fmt.Errorf("reading outbox segment %s: %w", seg.path, err)
+		return 0, fmt.Errorf("reading outbox segment %s: %w", seg.path, err)
 	}
-	if !bytes.HasPrefix(data, []byte(outboxMagic)) {
-		if strings.HasPrefix(outboxMagic, string(data)) {
-			return nil // creation torn by a crash: no record, removed
+	off := 0
+	switch {
+	case bytes.HasPrefix(data, []byte(outboxMagicV1)):
+		seg.version, off = 1, len(outboxMagicV1)
+	case bytes.HasPrefix(data, []byte(outboxMagic)) && len(data) >= outboxHeaderSize:
+		seg.version, off = 2, outboxHeaderSize
+		seg.first = binary.LittleEndian.Uint64(data[len(outboxMagic):])
+		if seg.first == 0 { // a spare never used
+			seg.skip = true
+			return 0, os.Remove(seg.path)
 		}
+	case strings.HasPrefix(outboxMagic, string(data)) || strings.HasPrefix(outboxMagicV1, string(data)) ||
+		len(data) < outboxHeaderSize && bytes.HasPrefix(data, []byte(outboxMagic)):
+		seg.skip = true // creation torn by a crash: no record
+		return 0, os.Remove(seg.path)
+	default:
 		// Not written by this code, or its header is damaged: keep it out
 		// of the way for a person to look at, and go on without it.
 		bad := seg.path + ".corrupt"
 		if err := os.Rename(seg.path, bad); err != nil {
-			return fmt.Errorf("outbox segment %s has no outbox header and cannot be moved aside: %w", seg.path, err)
+			return 0, fmt.Errorf("outbox segment %s has no outbox header and cannot be moved aside: %w", seg.path, err)
 		}
 		ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("moved %s aside to %s: no outbox header", filepath.Base(seg.path), filepath.Base(bad)))
 		seg.skip = true
-		return nil
+		return 0, nil
 	}
-	off := len(outboxMagic)
+	var maxBatch uint64
 	for off < len(data) {
-		rec, n, err := decodeOutboxRecord(data[off:])
+		rec, n, err := decodeOutboxRecord(data[off:], seg.version)
 		if err != nil {
 			break
 		}
@@ -310,62 +412,326 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) error {
 			break
 		}
 		seg.last = rec.seq
+		maxBatch = max(maxBatch, rec.batch)
 		off += n
 	}
-	if off < len(data) {
-		ob.recovery.TruncatedBytes += int64(len(data) - off)
+	if tail := data[off:]; len(tail) > 0 && !allZero(tail) {
+		ob.recovery.TruncatedBytes += int64(len(bytes.TrimRight(tail, "\x00")))
 		ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("cut %d bytes of torn or corrupt records off %s after sequence %d",
-			len(data)-off, filepath.Base(seg.path), seg.last))
+			len(bytes.TrimRight(tail, "\x00")), filepath.Base(seg.path), seg.last))
+	}
+	if off < len(data) {
+		// Also the zeros a preallocated segment ends in.
 		if err := f.Truncate(int64(off)); err != nil {
-			return fmt.Errorf("truncating outbox segment: %w", err)
+			return 0, fmt.Errorf("truncating outbox segment: %w", err)
 		}
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("syncing outbox segment: %w", err)
+		return 0, fmt.Errorf("syncing outbox segment: %w", err)
 	}
 	seg.size = int64(off)
-	return nil
+	return maxBatch, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Recovery says what opening found: unacknowledged events and cut tails.
 func (ob *Outbox) Recovery() OutboxRecovery { return ob.recovery }
 
-// Append queues ev to be written and fsynced by the writer goroutine; it
-// never waits on the disk. An error means ev is not in the outbox:
-// ErrOutboxFull or ErrOutboxClosed, or ev does not encode.
+// Append copies ev into the outbox. It makes no system call and waits on
+// nothing but a short lock, except when a segment fills up and no spare is
+// ready. An error means ev is not in the outbox: ErrOutboxFull or
+// ErrOutboxClosed, or ev does not encode.
 func (ob *Outbox) Append(ev *Event) error {
-	return ob.append(ev, nil)
+	_, err := ob.append(ev, false)
+	return err
 }
 
 // AppendDurable is Append that also returns a channel closed once ev is
-// fsynced (or, after repeated write failures while closing, given up and
-// counted as lost). The gateway waits on it before it tells a client a
-// call is complete, so a call whose answer a client received is billed
-// even if the process is killed right after.
+// as durable as the outbox's durability asks: at once for "process" (the
+// record is in the page cache when Append returns), after the next fsync
+// for "fsync". The gateway waits on it before it tells a client a call is
+// complete, so a call whose answer a client received is billed even if the
+// process is killed right after.
 func (ob *Outbox) AppendDurable(ev *Event) (<-chan struct{}, error) {
-	done := make(chan struct{})
-	if err := ob.append(ev, done); err != nil {
+	done, err := ob.append(ev, ob.opts.Durability == DurabilityFsync)
+	if err != nil {
 		return nil, err
+	}
+	if done == nil {
+		return closedChan, nil
 	}
 	return done, nil
 }
 
-func (ob *Outbox) append(ev *Event, durable chan struct{}) error {
-	body, err := encodeOutboxPayload(ev)
+func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
+	bufp := encodeBufPool.Get().(*[]byte)
+	defer func() {
+		if cap(*bufp) <= 64<<10 {
+			encodeBufPool.Put(bufp)
+		}
+	}()
+	payload, err := appendOutboxPayload((*bufp)[:0], ev)
+	*bufp = payload
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ob.inMu.RLock()
-	defer ob.inMu.RUnlock()
-	if ob.inClosed {
-		return ErrOutboxClosed
+	size := outboxRecordHeader + 16 + len(payload)
+	var done chan struct{}
+	if wait {
+		done = make(chan struct{})
 	}
+
+	ob.mu.Lock()
+	if ob.closed {
+		ob.mu.Unlock()
+		return nil, ErrOutboxClosed
+	}
+	if ob.active == nil || int(ob.active.seg.size)+size > len(ob.active.mem) {
+		if err := ob.rotateLocked(); err != nil {
+			ob.mu.Unlock()
+			return nil, err
+		}
+	}
+	if ob.openCount >= ob.opts.BatchMaxEvents || ob.openCount > 0 && ob.openBytes+len(payload) > ob.opts.BatchMaxBytes {
+		ob.sealLocked()
+	}
+	seq, batch := ob.nextSeq, ob.openBatch
+	ob.nextSeq++
+	ob.openCount++
+	ob.openBytes += len(payload)
+	seg := ob.active.seg
+	rec := ob.active.mem[seg.size : seg.size+int64(size)]
+	binary.LittleEndian.PutUint32(rec, uint32(size-outboxRecordHeader))
+	binary.LittleEndian.PutUint64(rec[8:], seq)
+	binary.LittleEndian.PutUint64(rec[16:], batch)
+	copy(rec[24:], payload)
+	binary.LittleEndian.PutUint32(rec[4:], crc32.Checksum(rec[outboxRecordHeader:], castagnoli))
+	seg.size += int64(size)
+	seg.last = seq
+	ob.bytes += int64(size)
+	ob.writtenSeq = seq
+	if wait {
+		ob.waiters = append(ob.waiters, durableWaiter{seq: seq, done: done})
+	}
+	ob.mu.Unlock()
+
+	signal(ob.written)
+	if wait {
+		signal(ob.syncNow)
+	}
+	return done, nil
+}
+
+// signal wakes the one goroutine waiting on c, if it is not awake already.
+func signal(c chan struct{}) {
 	select {
-	case ob.queue <- queuedRecord{body: body, durable: durable}:
-		return nil
+	case c <- struct{}{}:
 	default:
-		return ErrOutboxFull
 	}
+}
+
+// sealLocked closes the open batch: events appended from now on go to the
+// next one. ob.mu must be held.
+func (ob *Outbox) sealLocked() {
+	ob.openBatch++
+	ob.openCount, ob.openBytes = 0, 0
+}
+
+// seal closes batch if it is still the open one, and returns the last
+// sequence written: every event of batch is at or before it.
+func (ob *Outbox) seal(batch uint64) uint64 {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if ob.openBatch == batch && ob.openCount > 0 {
+		ob.sealLocked()
+	}
+	return ob.writtenSeq
+}
+
+// rotateLocked makes the spare the active segment, starting at nextSeq; the
+// old one is retired for the syncer to sync and unmap. Without a spare it
+// makes one here, the only system calls Append can come to. ob.mu must be
+// held.
+func (ob *Outbox) rotateLocked() error {
+	if ob.bytes >= ob.opts.MaxBytes {
+		return fmt.Errorf("%w: %d bytes of events wait for JetStream (billing.outbox_max_bytes)", ErrOutboxFull, ob.bytes)
+	}
+	next := ob.spare
+	ob.spare = nil
+	if next == nil {
+		var err error
+		if next, err = ob.newSpareLocked(); err != nil {
+			ob.writeFailures.Add(1)
+			ob.lastWriteErr = err
+			return fmt.Errorf("%w: %v", ErrOutboxFull, err)
+		}
+	}
+	binary.LittleEndian.PutUint64(next.mem[len(outboxMagic):], ob.nextSeq)
+	next.seg = &outboxSegment{first: ob.nextSeq, size: int64(outboxHeaderSize), path: next.file.Name(), version: 2}
+	if ob.active != nil {
+		ob.retired = append(ob.retired, ob.active)
+	}
+	ob.active = next
+	ob.segments = append(ob.segments, next.seg)
+	ob.bytes += int64(outboxHeaderSize)
+	signal(ob.syncNow) // to make the next spare
+	return nil
+}
+
+// newSpare makes a segment file ready for rotateLocked.
+func (ob *Outbox) newSpare() (*mappedSegment, error) {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	return ob.newSpareLocked()
+}
+
+func (ob *Outbox) newSpareLocked() (*mappedSegment, error) {
+	path := filepath.Join(ob.dir, fmt.Sprintf("%020d%s", ob.nextFile, outboxSegmentExt))
+	ob.nextFile++
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating outbox segment: %w", err)
+	}
+	mem, err := allocateAndMap(f, int(ob.segmentBytes))
+	if err == nil {
+		copy(mem, outboxMagic)
+		err = syncMapped(mem[:outboxHeaderSize])
+		if err == nil {
+			err = syncDir(ob.dir)
+		}
+		if err != nil {
+			_ = unmap(mem)
+		}
+	}
+	if err != nil {
+		f.Close()
+		_ = os.Remove(path)
+		return nil, err
+	}
+	return &mappedSegment{file: f, mem: mem, synced: outboxHeaderSize}, nil
+}
+
+// syncer writes appended records to disk: at once when an fsync-durable
+// append waits, else every FsyncInterval. It also makes the next spare
+// segment and unmaps retired ones.
+func (ob *Outbox) syncer() {
+	defer close(ob.syncerDone)
+	tick := time.NewTicker(ob.opts.FsyncInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ob.syncNow:
+		case <-tick.C:
+		case <-ob.stopSyncer:
+			ob.syncOnce()
+			return
+		}
+		ob.syncOnce()
+		ob.mu.Lock()
+		needSpare := ob.spare == nil && !ob.closed
+		ob.mu.Unlock()
+		if needSpare {
+			spare, err := ob.newSpare()
+			ob.mu.Lock()
+			if err != nil {
+				ob.writeFailures.Add(1)
+				ob.lastWriteErr = err
+			} else if ob.spare == nil && !ob.closed {
+				ob.spare, spare = spare, nil
+			}
+			ob.mu.Unlock()
+			if spare != nil {
+				ob.dropSpare(spare)
+			}
+		}
+	}
+}
+
+// syncOnce syncs what was written since the last time, releases the
+// waiters it covers, and unmaps retired segments.
+func (ob *Outbox) syncOnce() {
+	ob.mu.Lock()
+	through := ob.writtenSeq
+	if through == ob.durableSeq && len(ob.retired) == 0 {
+		ob.mu.Unlock()
+		return
+	}
+	type pending struct {
+		m    *mappedSegment
+		from int
+		to   int
+	}
+	var work []pending
+	for _, m := range ob.retired {
+		work = append(work, pending{m, m.synced, int(m.seg.size)})
+	}
+	retired := ob.retired
+	ob.retired = nil
+	if a := ob.active; a != nil && int(a.seg.size) > a.synced {
+		work = append(work, pending{a, a.synced, int(a.seg.size)})
+	}
+	ob.mu.Unlock()
+
+	var syncErr error
+	for _, w := range work {
+		if w.to > w.from {
+			// msync wants a page-aligned start.
+			from := w.from &^ (os.Getpagesize() - 1)
+			if err := syncMapped(w.m.mem[from:w.to]); err != nil {
+				syncErr = fmt.Errorf("syncing outbox segment %s: %w", filepath.Base(w.m.seg.path), err)
+				continue
+			}
+		}
+		w.m.synced = w.to
+	}
+	for _, m := range retired {
+		if m.synced >= int(m.seg.size) {
+			_ = unmap(m.mem)
+			// Cut the unused preallocated end: the file's size is then
+			// its records' (and the reader never meets the zeros).
+			_ = m.file.Truncate(m.seg.size)
+			_ = m.file.Close()
+		}
+	}
+
+	ob.mu.Lock()
+	for _, m := range retired {
+		if m.synced < int(m.seg.size) {
+			ob.retired = append(ob.retired, m) // retried next time
+		}
+	}
+	if syncErr != nil {
+		ob.writeFailures.Add(1)
+		ob.lastWriteErr = syncErr
+		ob.mu.Unlock()
+		return
+	}
+	ob.durableSeq = max(ob.durableSeq, through)
+	keep := ob.waiters[:0]
+	for _, w := range ob.waiters {
+		if w.seq <= ob.durableSeq {
+			close(w.done)
+		} else {
+			keep = append(keep, w)
+		}
+	}
+	clear(ob.waiters[len(keep):])
+	ob.waiters = keep
+	ob.mu.Unlock()
+}
+
+func (ob *Outbox) dropSpare(m *mappedSegment) {
+	_ = unmap(m.mem)
+	_ = m.file.Close()
+	_ = os.Remove(m.file.Name())
 }
 
 // Stats reports the outbox's current state.
@@ -373,8 +739,7 @@ func (ob *Outbox) Stats() OutboxStats {
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	return OutboxStats{
-		Queued:        len(ob.queue),
-		Unacked:       ob.durableSeq - min(ob.acked, ob.durableSeq),
+		Unacked:       ob.writtenSeq - min(ob.acked, ob.writtenSeq),
 		Bytes:         ob.bytes,
 		Segments:      len(ob.segments),
 		WriteFailures: ob.writeFailures.Load(),
@@ -397,27 +762,36 @@ func (ob *Outbox) ackedSeq() uint64 {
 	return ob.acked
 }
 
-// durableState returns the last durable sequence and a channel closed
-// when it grows.
-func (ob *Outbox) durableState() (uint64, <-chan struct{}) {
+// writtenState returns the last sequence written, the batch new events
+// join, and a channel that receives when more is written. Every event of
+// a batch below openBatch is at or before the sequence returned.
+func (ob *Outbox) writtenState() (seq, openBatch uint64, more <-chan struct{}) {
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
-	return ob.durableSeq, ob.durable
+	return ob.writtenSeq, ob.openBatch, ob.written
 }
 
-// closeInput refuses further Appends and lets the writer finish what is
-// queued; it returns once that is on disk.
+// durableState returns the last durable sequence (synced to disk).
+func (ob *Outbox) durableState() uint64 {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	return ob.durableSeq
+}
+
+// closeInput refuses further Appends and syncs what was written.
 func (ob *Outbox) closeInput() {
-	ob.inMu.Lock()
-	if !ob.inClosed {
-		ob.inClosed = true
-		close(ob.queue)
+	ob.mu.Lock()
+	if ob.closed {
+		ob.mu.Unlock()
+		return
 	}
-	ob.inMu.Unlock()
-	<-ob.writerDone
+	ob.closed = true
+	ob.mu.Unlock()
+	close(ob.stopSyncer)
+	<-ob.syncerDone
 }
 
-// Close writes what is queued, persists the acknowledged sequence and
+// Close syncs what was written, persists the acknowledged sequence and
 // releases the directory. Unacknowledged records stay for the next open.
 func (ob *Outbox) Close() error {
 	ob.closeOnce.Do(func() {
@@ -430,195 +804,36 @@ func (ob *Outbox) Close() error {
 }
 
 func (ob *Outbox) closeFiles() error {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
 	var err error
-	if ob.active != nil {
-		err = ob.active.Close()
+	if a := ob.active; a != nil {
+		err = syncMapped(a.mem[:a.seg.size])
+		_ = unmap(a.mem)
+		if terr := a.file.Truncate(a.seg.size); err == nil {
+			err = terr
+		}
+		if cerr := a.file.Close(); err == nil {
+			err = cerr
+		}
 		ob.active = nil
 	}
+	for _, m := range ob.retired {
+		_ = unmap(m.mem)
+		_ = m.file.Truncate(m.seg.size)
+		_ = m.file.Close()
+	}
+	ob.retired = nil
+	if ob.spare != nil {
+		ob.dropSpare(ob.spare)
+		ob.spare = nil
+	}
+	for _, w := range ob.waiters {
+		close(w.done) // synced above, or as good as it gets
+	}
+	ob.waiters = nil
 	unlockDir(ob.lock)
 	return err
-}
-
-// write is the writer goroutine: it takes what has queued up, writes it
-// with one fsync, and repeats until the queue is closed and empty. It owns
-// nextSeq and active.
-func (ob *Outbox) write() {
-	defer close(ob.writerDone)
-	var backoff time.Duration
-	var waiting []chan struct{}
-	for {
-		ob.waitForSpace()
-		rec, ok := <-ob.queue
-		if !ok {
-			return
-		}
-		waiting = waiting[:0]
-		if rec.durable != nil {
-			waiting = append(waiting, rec.durable)
-		}
-		first := ob.nextSeq
-		last := first
-		framed := appendOutboxRecord(nil, last, rec.body)
-		batchBytes := ob.segmentBytes
-		if ob.closing() {
-			batchBytes = math.MaxInt64 // over the bound anyway; finish quickly
-		}
-	drain:
-		for n := 1; n < outboxMaxBatch && int64(len(framed)) < batchBytes; n++ {
-			select {
-			case rec, ok := <-ob.queue:
-				if !ok {
-					break drain
-				}
-				last++
-				framed = appendOutboxRecord(framed, last, rec.body)
-				if rec.durable != nil {
-					waiting = append(waiting, rec.durable)
-				}
-			default:
-				break drain
-			}
-		}
-		ob.nextSeq = last + 1
-		for attempt := 1; ; attempt++ {
-			err := ob.commit(framed, first, last)
-			if err == nil {
-				backoff = 0
-				break
-			}
-			ob.writeFailures.Add(1)
-			ob.mu.Lock()
-			ob.lastWriteErr = err
-			ob.mu.Unlock()
-			if attempt >= outboxCloseAttempts && ob.closing() {
-				// Nobody is left to retry for: give the batch up, counted.
-				ob.lost.Add(last - first + 1)
-				break
-			}
-			backoff = min(max(2*backoff, 50*time.Millisecond), 2*time.Second)
-			time.Sleep(backoff)
-		}
-		for _, c := range waiting {
-			close(c)
-		}
-	}
-}
-
-func (ob *Outbox) closing() bool {
-	ob.inMu.RLock()
-	defer ob.inMu.RUnlock()
-	return ob.inClosed
-}
-
-// waitForSpace blocks while the segments are over the byte bound, so
-// events wait in the queue and, once it is full, Append refuses them.
-// When the outbox is closing it writes what is queued even over the bound:
-// losing money to stay under a disk quota is worse.
-func (ob *Outbox) waitForSpace() {
-	for {
-		ob.mu.Lock()
-		over, space := ob.bytes >= ob.maxBytes, ob.space
-		ob.mu.Unlock()
-		if !over || ob.closing() {
-			return
-		}
-		select {
-		case <-space:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-// commit writes the framed records first..last to the active segment and
-// fsyncs it. On failure the segment is cut back to its durable size and,
-// since a failed fsync leaves the file's state unknown, a fresh segment
-// takes the retry.
-func (ob *Outbox) commit(framed []byte, first, last uint64) error {
-	if ob.active == nil {
-		if err := ob.replaceActive(first); err != nil {
-			return err
-		}
-	}
-	ob.mu.Lock()
-	seg := ob.segments[len(ob.segments)-1]
-	offset := seg.size
-	ob.mu.Unlock()
-	_, err := ob.active.WriteAt(framed, offset)
-	if err == nil {
-		err = ob.active.Sync()
-	}
-	if err != nil {
-		_ = ob.active.Truncate(offset)
-		_ = ob.active.Close()
-		ob.active = nil
-		return fmt.Errorf("writing outbox segment %s: %w", filepath.Base(seg.path), err)
-	}
-	ob.mu.Lock()
-	seg.size += int64(len(framed))
-	seg.last = last
-	ob.bytes += int64(len(framed))
-	ob.durableSeq = last
-	close(ob.durable)
-	ob.durable = make(chan struct{})
-	rotate := seg.size >= ob.segmentBytes
-	ob.mu.Unlock()
-	if rotate {
-		// The batch is durable either way; a failed rotation is retried
-		// by the next commit.
-		_ = ob.active.Close()
-		ob.active = nil
-		if err := ob.startSegment(last + 1); err != nil {
-			ob.writeFailures.Add(1)
-		}
-	}
-	return nil
-}
-
-// replaceActive opens a fresh active segment for the batch starting at
-// first. An active segment that never got a durable record is dropped: it
-// is named after the same sequence.
-func (ob *Outbox) replaceActive(first uint64) error {
-	ob.mu.Lock()
-	var stale *outboxSegment
-	if n := len(ob.segments); n > 0 && ob.segments[n-1].last == 0 {
-		stale = ob.segments[n-1]
-		ob.segments = ob.segments[:n-1]
-		ob.bytes -= stale.size
-	}
-	ob.mu.Unlock()
-	if stale != nil && stale.first != first {
-		_ = os.Remove(stale.path)
-	}
-	return ob.startSegment(first)
-}
-
-// startSegment creates the segment whose first record will be first and
-// makes it the active one. A file of that name holds no durable record
-// and is overwritten.
-func (ob *Outbox) startSegment(first uint64) error {
-	path := filepath.Join(ob.dir, fmt.Sprintf("%020d%s", first, outboxSegmentExt))
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating outbox segment: %w", err)
-	}
-	if _, err := f.WriteString(outboxMagic); err != nil {
-		f.Close()
-		return fmt.Errorf("writing outbox segment header: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("syncing outbox segment: %w", err)
-	}
-	if err := syncDir(ob.dir); err != nil {
-		f.Close()
-		return err
-	}
-	ob.active = f
-	ob.mu.Lock()
-	ob.segments = append(ob.segments, &outboxSegment{first: first, size: int64(len(outboxMagic)), path: path})
-	ob.bytes += int64(len(outboxMagic))
-	ob.mu.Unlock()
-	return nil
 }
 
 // compact persists the acknowledged sequence and deletes the segments it
@@ -666,10 +881,6 @@ func (ob *Outbox) compactOnce() {
 	}
 	clear(ob.segments[len(keep):])
 	ob.segments = keep
-	if len(done) > 0 {
-		close(ob.space)
-		ob.space = make(chan struct{})
-	}
 	ob.mu.Unlock()
 	for _, seg := range done {
 		if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -730,10 +941,14 @@ func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 			if err != nil {
 				return out, fmt.Errorf("opening outbox segment: %w", err)
 			}
-			r.seg, r.file, r.off, r.buf = seg, f, int64(len(outboxMagic)), nil
+			header := int64(outboxHeaderSize)
+			if seg.version == 1 {
+				header = int64(len(outboxMagicV1))
+			}
+			r.seg, r.file, r.off, r.buf = seg, f, header, nil
 		}
 		for len(out) < limit {
-			rec, n, err := decodeOutboxRecord(r.buf)
+			rec, n, err := decodeOutboxRecord(r.buf, r.seg.version)
 			if errors.Is(err, io.ErrUnexpectedEOF) {
 				break
 			}
@@ -792,44 +1007,50 @@ func (r *outboxReader) skipSegment() {
 	r.close()
 }
 
-// encodeOutboxPayload encodes ev as a record body without its sequence.
-func encodeOutboxPayload(ev *Event) ([]byte, error) {
-	data, err := json.Marshal(ev)
-	if err != nil {
-		return nil, fmt.Errorf("encoding usage event %s: %w", ev.ID, err)
+// appendOutboxPayload appends ev's record payload (without sequence and
+// batch) to dst.
+func appendOutboxPayload(dst []byte, ev *Event) ([]byte, error) {
+	dst = binary.AppendUvarint(dst, uint64(len(ev.ID)))
+	dst = append(dst, ev.ID...)
+	dst = binary.AppendUvarint(dst, uint64(len(ev.Account)))
+	dst = append(dst, ev.Account...)
+	dst = ev.AppendJSON(dst)
+	if len(dst) > maxOutboxEventBytes {
+		return dst, fmt.Errorf("usage event %s encodes to %d bytes, over the %d an event may take", ev.ID, len(dst), maxOutboxEventBytes)
 	}
-	body := make([]byte, 0, 2*binary.MaxVarintLen16+len(ev.ID)+len(ev.Account)+len(data))
-	body = binary.AppendUvarint(body, uint64(len(ev.ID)))
-	body = append(body, ev.ID...)
-	body = binary.AppendUvarint(body, uint64(len(ev.Account)))
-	body = append(body, ev.Account...)
-	body = append(body, data...)
-	if len(body) > maxOutboxEventBytes {
-		return nil, fmt.Errorf("usage event %s encodes to %d bytes, over the %d an event may take", ev.ID, len(body), maxOutboxEventBytes)
-	}
-	return body, nil
+	return dst, nil
 }
 
-// appendOutboxRecord frames payload as the record seq.
-func appendOutboxRecord(dst []byte, seq uint64, payload []byte) []byte {
+// encodeOutboxPayload is appendOutboxPayload into a new slice.
+func encodeOutboxPayload(ev *Event) ([]byte, error) { return appendOutboxPayload(nil, ev) }
+
+// appendOutboxRecord frames payload as the record seq of batch (the
+// second format).
+func appendOutboxRecord(dst []byte, seq, batch uint64, payload []byte) []byte {
 	start := len(dst)
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(8+len(payload)))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(16+len(payload)))
 	dst = binary.LittleEndian.AppendUint32(dst, 0)
 	dst = binary.LittleEndian.AppendUint64(dst, seq)
+	dst = binary.LittleEndian.AppendUint64(dst, batch)
 	dst = append(dst, payload...)
 	binary.LittleEndian.PutUint32(dst[start+4:], crc32.Checksum(dst[start+outboxRecordHeader:], castagnoli))
 	return dst
 }
 
-// decodeOutboxRecord decodes the record at the start of b and returns its
-// length. io.ErrUnexpectedEOF means b ends inside the record: at the end
-// of a segment, a torn write. The returned fields alias b.
-func decodeOutboxRecord(b []byte) (outboxRecord, int, error) {
+// decodeOutboxRecord decodes the record at the start of b, of a segment of
+// the given format, and returns its length. io.ErrUnexpectedEOF means b
+// ends inside the record: at the end of a segment, a torn write. The
+// returned data aliases b.
+func decodeOutboxRecord(b []byte, version int) (outboxRecord, int, error) {
 	if len(b) < outboxRecordHeader {
 		return outboxRecord{}, 0, io.ErrUnexpectedEOF
 	}
+	fixed := 16 // sequence and batch
+	if version == 1 {
+		fixed = 8
+	}
 	n := binary.LittleEndian.Uint32(b)
-	if n < 8+2 || n > maxOutboxRecordBody {
+	if n < uint32(fixed)+2 || n > maxOutboxRecordBody {
 		return outboxRecord{}, 0, fmt.Errorf("%w: body length %d", errOutboxCorrupt, n)
 	}
 	if len(b) < outboxRecordHeader+int(n) {
@@ -843,7 +1064,10 @@ func decodeOutboxRecord(b []byte) (outboxRecord, int, error) {
 	if rec.seq == 0 {
 		return outboxRecord{}, 0, fmt.Errorf("%w: sequence 0", errOutboxCorrupt)
 	}
-	rest := body[8:]
+	if version != 1 {
+		rec.batch = binary.LittleEndian.Uint64(body[8:])
+	}
+	rest := body[fixed:]
 	var fields [2]string
 	for i := range fields {
 		l, k := binary.Uvarint(rest)

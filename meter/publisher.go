@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,8 +39,12 @@ const (
 	// billed within it are lost to billing; it bounds the stream's disk.
 	UsageMaxAge = 7 * 24 * time.Hour
 
-	// publishMaxInFlight bounds events published and not yet acknowledged.
-	publishMaxInFlight = 4096
+	// publishMaxInFlight bounds batches published and not yet acknowledged.
+	publishMaxInFlight = 256
+	// UsageBatchSubject carries batches: one message, many events of
+	// any accounts, one per line (NDJSON). Billing also reads the
+	// one-event messages of earlier versions on usage.<account>.
+	UsageBatchSubject = UsageSubjectPrefix + "batch"
 	// publishAckTimeout turns a PubAck that never comes (a reply lost in
 	// a cluster failover) into an error, which republishes the event.
 	publishAckTimeout = 10 * time.Second
@@ -59,7 +64,7 @@ const (
 func EnsureUsageStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
 	return broker.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        UsageStream,
-		Description: "tollgate usage events, one per billable call, id in Nats-Msg-Id",
+		Description: "tollgate usage events in batches (NDJSON), batch id in Nats-Msg-Id",
 		Subjects:    []string{UsageSubjectPrefix + ">"},
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      UsageMaxAge,
@@ -91,9 +96,9 @@ type PublisherStats struct {
 
 // Publisher is the Recorder of a gateway with durable metering: Record
 // appends to the outbox and a goroutine publishes the outbox to the USAGE
-// stream, each event with Nats-Msg-Id set to its id, acknowledging records
-// in order as PubAcks arrive. NATS being down loses nothing: events wait
-// in the outbox and go out when it is back.
+// stream, a batch of events per message with Nats-Msg-Id set to the
+// batch's id, acknowledging records in order as PubAcks arrive. NATS being
+// down loses nothing: events wait in the outbox and go out when it is back.
 type Publisher struct {
 	js     jetstream.JetStream // own context: own async window and ack timeout
 	nc     *nats.Conn
@@ -108,27 +113,42 @@ type Publisher struct {
 
 	dropLog rateLimitedLog
 
+	maxDelay time.Duration // how long an open batch waits for more events
+
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
 	closeErr  error
 }
 
+// DefaultBatchMaxDelay is how long an open batch waits for more events.
+const DefaultBatchMaxDelay = 2 * time.Millisecond
+
 // NewPublisher starts publishing ob, beginning with the records it kept
 // from before (see OpenOutbox). The stream must exist (EnsureUsageStream);
 // until it does, publishing is retried. logf may be nil. The Publisher owns
 // ob from here: Close closes it.
 func NewPublisher(js jetstream.JetStream, ob *Outbox, logf func(string, ...any)) *Publisher {
+	return NewPublisherWith(js, ob, DefaultBatchMaxDelay, logf)
+}
+
+// NewPublisherWith is NewPublisher with the longest wait of an open batch
+// for more events (billing.publish_batch.max_delay).
+func NewPublisherWith(js jetstream.JetStream, ob *Outbox, maxDelay time.Duration, logf func(string, ...any)) *Publisher {
 	if logf == nil {
 		logf = func(string, ...any) {}
 	}
+	if maxDelay <= 0 {
+		maxDelay = DefaultBatchMaxDelay
+	}
 	p := &Publisher{
-		js:     js,
-		nc:     js.Conn(),
-		outbox: ob,
-		logf:   logf,
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		js:       js,
+		nc:       js.Conn(),
+		outbox:   ob,
+		logf:     logf,
+		maxDelay: maxDelay,
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	p.dropLog.logf = logf
 	// A context of its own: the async publish window and the ack timeout
@@ -211,7 +231,7 @@ func (p *Publisher) Stats() PublisherStats {
 func (p *Publisher) Close(ctx context.Context) error {
 	p.closeOnce.Do(func() {
 		p.outbox.closeInput()
-		final, _ := p.outbox.durableState()
+		final, _, _ := p.outbox.writtenState()
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 	wait:
@@ -240,28 +260,62 @@ func (p *Publisher) Close(ctx context.Context) error {
 	return p.closeErr
 }
 
-// inflight is one published event waiting for its PubAck.
+// inflight is one published batch waiting for its PubAck.
 type inflight struct {
-	seq  uint64
-	fut  jetstream.PubAckFuture
-	sent time.Time
+	last   uint64 // sequence of its last event
+	events int
+	fut    jetstream.PubAckFuture
+	sent   time.Time
 }
 
-// run publishes the outbox in order with up to publishMaxInFlight events
-// in flight. Records are acknowledged in the outbox in sequence order, so
-// after the first failure later PubAcks cannot count: the window is let
-// drain, and after a backoff publishing starts over from the first
-// unacknowledged record. Events republished that way are dropped by
-// JetStream as duplicates.
+// pendingBatch gathers the events of one batch as they are read.
+type pendingBatch struct {
+	batch   uint64
+	firstID string
+	last    uint64
+	events  int
+	data    []byte // NDJSON
+	started time.Time
+}
+
+func (b *pendingBatch) add(rec outboxRecord) {
+	if b.events == 0 {
+		b.batch, b.firstID, b.started = rec.batch, rec.id, time.Now()
+	} else {
+		b.data = append(b.data, '\n')
+	}
+	b.data = append(b.data, rec.data...)
+	b.last = rec.seq
+	b.events++
+}
+
+// id is the batch's Nats-Msg-Id: the same events make the same id, so a
+// batch published again after a failure or a crash is a duplicate.
+func (b *pendingBatch) id() string {
+	if b.batch == 0 {
+		return b.firstID // first-format records: one event per message, as then
+	}
+	return b.firstID + "+" + strconv.Itoa(b.events)
+}
+
+// run publishes the outbox in order, a batch per message, with up to
+// publishMaxInFlight batches in flight. A batch goes out once it is sealed:
+// full, or open for maxDelay. Records are acknowledged in the outbox in
+// sequence order, so after the first failure later PubAcks cannot count:
+// the window is let drain, and after a backoff publishing starts over from
+// the first unacknowledged record, rebuilding the same batches. JetStream
+// drops the ones it has as duplicates.
 func (p *Publisher) run() {
 	defer close(p.done)
 	reader := p.outbox.newReader(p.outbox.ackedSeq())
 	defer func() { reader.close() }()
 	var (
 		window    []inflight
+		cur       pendingBatch
 		failing   bool
 		backoff   time.Duration
 		errLogged time.Time
+		lingering *time.Timer
 	)
 	fail := func(format string, args ...any) {
 		p.failures.Add(1)
@@ -271,31 +325,60 @@ func (p *Publisher) run() {
 			p.logf("meter: publishing usage: "+format+"; retrying, events wait in the outbox", args...)
 		}
 	}
+	publish := func() {
+		subject := UsageBatchSubject
+		if cur.batch == 0 {
+			subject = usageSubject(gjsonAccount(cur.data))
+		}
+		fut, err := p.js.PublishMsgAsync(&nats.Msg{
+			Subject: subject,
+			Header:  nats.Header{jetstream.MsgIDHeader: []string{cur.id()}},
+			Data:    cur.data,
+		})
+		if err != nil {
+			fail("%v", err)
+		} else {
+			window = append(window, inflight{last: cur.last, events: cur.events, fut: fut, sent: time.Now()})
+		}
+		cur = pendingBatch{} // the message owns data now
+	}
 	for {
-		// Taken before reading, so a commit after the read closes it.
-		durableSeq, more := p.outbox.durableState()
+		written, openBatch, more := p.outbox.writtenState()
 		connected := p.nc.IsConnected()
 		canPublish := !failing && connected && len(window) < publishMaxInFlight
-		if canPublish && durableSeq > reader.after {
-			recs, err := reader.next(publishMaxInFlight - len(window))
+		if canPublish && written > reader.after {
+			recs, err := reader.next(1024)
 			if err != nil {
 				p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
 				reader.skipSegment()
+				cur = pendingBatch{}
 			}
 			for _, rec := range recs {
-				fut, err := p.js.PublishMsgAsync(&nats.Msg{
-					Subject: usageSubject(rec.account),
-					Header:  nats.Header{jetstream.MsgIDHeader: []string{rec.id}},
-					Data:    rec.data,
-				})
-				if err != nil {
-					fail("%v", err)
-					break
+				if cur.events > 0 && (rec.batch != cur.batch || rec.batch == 0) {
+					publish() // a later batch began: this one is whole
 				}
-				window = append(window, inflight{seq: rec.seq, fut: fut, sent: time.Now()})
+				cur.add(rec)
 			}
 			if len(recs) > 0 {
-				continue // read on until the window is full or caught up
+				continue // read on until caught up or the window is full
+			}
+		}
+		var linger <-chan time.Time
+		if canPublish && cur.events > 0 && reader.after >= written {
+			switch {
+			case cur.batch < openBatch || cur.batch == 0:
+				publish() // sealed, and every event of it read
+				continue
+			case time.Since(cur.started) >= p.maxDelay:
+				p.outbox.seal(cur.batch)
+				continue // read what was appended before the seal
+			default:
+				if lingering == nil {
+					lingering = time.NewTimer(p.maxDelay - time.Since(cur.started))
+				} else {
+					lingering.Reset(p.maxDelay - time.Since(cur.started))
+				}
+				linger = lingering.C
 			}
 		}
 		if failing && len(window) == 0 {
@@ -307,6 +390,7 @@ func (p *Publisher) run() {
 			}
 			reader.close()
 			reader = p.outbox.newReader(p.outbox.ackedSeq())
+			cur = pendingBatch{}
 			failing = false
 			continue
 		}
@@ -327,6 +411,7 @@ func (p *Publisher) run() {
 			return
 		case <-more:
 		case <-recheck:
+		case <-linger:
 		case ack := <-acked:
 			head := window[0]
 			window = window[1:]
@@ -334,21 +419,31 @@ func (p *Publisher) run() {
 				continue // after a failure, later PubAcks cannot move the watermark
 			}
 			backoff = 0
-			p.outbox.ack(head.seq)
-			p.published.Add(1)
+			p.outbox.ack(head.last)
+			p.published.Add(uint64(head.events))
 			if ack.Duplicate {
-				p.duplicates.Add(1)
+				p.duplicates.Add(uint64(head.events))
 			}
 			p.lastLatency.Store(int64(time.Since(head.sent)))
 		case err := <-failed:
 			head := window[0]
 			window = window[1:]
-			fail("event %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
+			fail("batch %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
 		}
 		if len(window) == 0 {
 			window = nil // let the backing array go
 		}
 	}
+}
+
+// gjsonAccount reads the account of a one-event message of the first
+// format, for its subject.
+func gjsonAccount(event []byte) string {
+	var ev struct {
+		Account string `json:"account"`
+	}
+	_ = json.Unmarshal(event, &ev)
+	return ev.Account
 }
 
 // usageSubject is usage.<account>, or invalidAccountSubject for an

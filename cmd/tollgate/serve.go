@@ -233,18 +233,30 @@ func openStorage(ctx context.Context, cfg *config.Config, logf func(string, ...a
 	}, nil
 }
 
+// outboxOptions are the billing settings of the usage outbox.
+func outboxOptions(cfg *config.Config) meter.OutboxOptions {
+	return meter.OutboxOptions{
+		MaxBytes:       int64(cfg.Billing.OutboxMaxBytes),
+		Durability:     meter.Durability(cfg.Billing.Durability),
+		FsyncInterval:  cfg.Billing.FsyncInterval,
+		BatchMaxEvents: cfg.Billing.PublishBatch.MaxEvents,
+		BatchMaxBytes:  int(cfg.Billing.PublishBatch.MaxBytes),
+	}
+}
+
 // openRecorder returns the durable usage pipeline: events go to the local
-// outbox (fsync'ed), then to JetStream stream USAGE. With
+// outbox (memory-mapped, synced in the background or per answer, as
+// billing.durability says), then in batches to JetStream stream USAGE. With
 // clickhouse.consume_in_serve the billing consumer runs here too.
 func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) (*meter.Publisher, func(), error) {
 	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
 		return nil, nil, fmt.Errorf("declaring the USAGE stream: %w", err)
 	}
-	ob, err := meter.OpenOutbox(filepath.Join(cfg.Server.DataDir, "outbox"), int64(cfg.Billing.OutboxMaxBytes))
+	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox"), outboxOptions(cfg))
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening the usage outbox: %w", err)
 	}
-	pub := meter.NewPublisher(b.JetStream(), ob, logf)
+	pub := meter.NewPublisherWith(b.JetStream(), ob, cfg.Billing.PublishBatch.MaxDelay, logf)
 	billingCtx, stopBilling := context.WithCancel(ctx)
 	billingDone := make(chan struct{})
 	if cfg.ClickHouse.ConsumeInServe {

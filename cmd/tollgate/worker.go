@@ -49,11 +49,11 @@ func runWorker(args []string) error {
 	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
 		return fmt.Errorf("declaring the USAGE stream: %w", err)
 	}
-	ob, err := meter.OpenOutbox(filepath.Join(cfg.Server.DataDir, "outbox-worker"), int64(cfg.Billing.OutboxMaxBytes))
+	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox-worker"), outboxOptions(cfg))
 	if err != nil {
 		return fmt.Errorf("opening the usage outbox: %w", err)
 	}
-	rec := meter.NewPublisher(b.JetStream(), ob, logf)
+	rec := meter.NewPublisherWith(b.JetStream(), ob, cfg.Billing.PublishBatch.MaxDelay, logf)
 	defer func() {
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
