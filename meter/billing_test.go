@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -56,9 +57,40 @@ func newBillingRig(t testing.TB) *billingRig {
 	return r
 }
 
-// publish puts events into USAGE as the publisher does: one message per
-// event, id in Nats-Msg-Id.
+// publish puts events into USAGE as the publisher does: batches of up to
+// 100 events, one per line, the batch id in Nats-Msg-Id.
 func (r *billingRig) publish(events []*meter.Event) {
+	r.t.Helper()
+	for len(events) > 0 {
+		batch := events[:min(100, len(events))]
+		events = events[len(batch):]
+		var data []byte
+		for i, ev := range batch {
+			if i > 0 {
+				data = append(data, '\n')
+			}
+			data = ev.AppendJSON(data)
+		}
+		msg := &nats.Msg{Subject: meter.UsageBatchSubject, Data: data, Header: nats.Header{}}
+		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s+%d", batch[0].ID, len(batch)))
+		if _, err := r.js.PublishMsgAsync(msg); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	r.waitPublished()
+}
+
+func (r *billingRig) waitPublished() {
+	select {
+	case <-r.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		r.t.Fatal("publishing timed out")
+	}
+}
+
+// publishSingles puts events into USAGE as gateways before batching did:
+// one message per event on usage.<account>, its id in Nats-Msg-Id.
+func (r *billingRig) publishSingles(events []*meter.Event) {
 	r.t.Helper()
 	for _, ev := range events {
 		data, err := json.Marshal(ev)
@@ -227,7 +259,8 @@ func totalsOf(events []*meter.Event) usageTotals {
 func TestBillingStoresAndChargesEveryEventExactly(t *testing.T) {
 	r := newBillingRig(t)
 	events := eventsFrom(0, 12_000)
-	r.publish(events[:7000])
+	r.publish(events[:5000])
+	r.publishSingles(events[5000:7000]) // from gateways before batches
 	// Poison: not JSON, and a negative cost. Neither may block the stream.
 	if _, err := r.js.Publish(testContext(t), "usage.acct-1", []byte("{not json")); err != nil {
 		t.Fatal(err)
@@ -235,6 +268,15 @@ func TestBillingStoresAndChargesEveryEventExactly(t *testing.T) {
 	negative := usageEvent(99_999)
 	negative.CostNanos = -5
 	r.publish([]*meter.Event{negative})
+	// A batch with a line that does not decode: the other events count.
+	mixed := eventsFrom(50_000, 50_003)
+	data := append(mixed[0].AppendJSON(nil), "\n{broken\n"...)
+	data = append(mixed[1].AppendJSON(data), '\n')
+	data = mixed[2].AppendJSON(data)
+	if _, err := r.js.Publish(testContext(t), meter.UsageBatchSubject, data); err != nil {
+		t.Fatal(err)
+	}
+
 	// An account that does not exist: stored, not charged.
 	ghost := usageEvent(100_000)
 	ghost.Account = "ghost"
@@ -242,9 +284,10 @@ func TestBillingStoresAndChargesEveryEventExactly(t *testing.T) {
 	r.publish(events[7000:])
 
 	billing := r.run(meter.BillingOptions{Batch: 3000})
-	want := totalsOf(append(events, ghost))
+	charged := append(slices.Clone(events), mixed...)
+	want := totalsOf(append(slices.Clone(charged), ghost))
 	r.waitForTotals(want, 30*time.Second)
-	r.checkBalances(events)
+	r.checkBalances(charged)
 	if err := billing.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +325,7 @@ func TestBillingRedeliveryAfterACrashChargesOnce(t *testing.T) {
 
 			crashed := errors.New("killed before the ack")
 			var opts meter.BillingOptions
-			opts.Batch, opts.AckWait = 1500, time.Second
+			opts.Batch, opts.AckWait = 15, time.Second // messages of 100 events
 			hook := func() error { return crashed }
 			if crashAfter == "insert" {
 				meter.SetBillingHooks(&opts, hook, nil)
@@ -295,12 +338,12 @@ func TestBillingRedeliveryAfterACrashChargesOnce(t *testing.T) {
 			if got := r.totals("usage_events"); got.Count != 1500 {
 				t.Fatalf("first batch: %d rows, want 1500", got.Count)
 			}
-			if _, pending := r.consumerState(); pending != 1500 {
-				t.Fatalf("%d messages pending after the crash, want the unacked batch of 1500", pending)
+			if _, pending := r.consumerState(); pending != 15 {
+				t.Fatalf("%d messages pending after the crash, want the unacked fetch of 15", pending)
 			}
 
 			// Another process takes over once AckWait has passed.
-			r.run(meter.BillingOptions{Batch: 1500, AckWait: time.Second})
+			r.run(meter.BillingOptions{Batch: 15, AckWait: time.Second})
 			r.waitForTotals(totalsOf(events), 30*time.Second)
 			r.checkBalances(events)
 			if got := r.totals("usage_events"); got.Count <= uint64(len(events)) {
