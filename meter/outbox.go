@@ -132,8 +132,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 type outboxRecord struct {
 	seq     uint64
 	batch   uint64 // 0 in segments of the first format: a batch of its own
-	id      string
-	account string
+	id      []byte
+	account []byte
 	data    []byte // the event as JSON
 }
 
@@ -506,6 +506,7 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 	seq, batch := ob.nextSeq, ob.openBatch
 	ob.nextSeq++
 	ob.openCount++
+	opened := ob.openCount == 1
 	ob.openBytes += len(payload)
 	seg := ob.active.seg
 	rec := ob.active.mem[seg.size : seg.size+int64(size)]
@@ -523,7 +524,12 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 	}
 	ob.mu.Unlock()
 
-	signal(ob.written)
+	// The publisher is woken once per batch, by its first event; it then
+	// reads on until the batch is sealed (full, or max_delay after it
+	// opened), so a busy gateway does not wake it for every event.
+	if opened {
+		signal(ob.written)
+	}
 	if wait {
 		signal(ob.syncNow)
 	}
@@ -586,16 +592,38 @@ func (ob *Outbox) rotateLocked() error {
 	return nil
 }
 
-// newSpare makes a segment file ready for rotateLocked.
+// newSpare makes a segment file ready for rotateLocked, with ob.mu held
+// only to number it: appends never wait on its file system calls. Each of
+// its pages is written once here, so the page faults of a fresh shared
+// mapping happen on this goroutine rather than on the request path; the
+// appends then copy into pages already dirty and writable.
 func (ob *Outbox) newSpare() (*mappedSegment, error) {
 	ob.mu.Lock()
-	defer ob.mu.Unlock()
-	return ob.newSpareLocked()
+	number := ob.nextFile
+	ob.nextFile++
+	ob.mu.Unlock()
+	m, err := ob.makeSegment(number)
+	if err != nil {
+		return nil, err
+	}
+	page := os.Getpagesize()
+	for i := outboxHeaderSize; i < len(m.mem); i += page {
+		m.mem[i] = 0
+	}
+	return m, nil
 }
 
+// newSpareLocked makes a segment when rotateLocked finds no spare (the
+// syncer could not make one in time), with ob.mu held.
 func (ob *Outbox) newSpareLocked() (*mappedSegment, error) {
-	path := filepath.Join(ob.dir, fmt.Sprintf("%020d%s", ob.nextFile, outboxSegmentExt))
+	number := ob.nextFile
 	ob.nextFile++
+	return ob.makeSegment(number)
+}
+
+// makeSegment creates, preallocates and maps segment file number.
+func (ob *Outbox) makeSegment(number uint64) (*mappedSegment, error) {
+	path := filepath.Join(ob.dir, fmt.Sprintf("%020d%s", number, outboxSegmentExt))
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("creating outbox segment: %w", err)
@@ -912,7 +940,9 @@ type outboxReader struct {
 	seg   outboxSegment
 	file  *os.File
 	off   int64  // file offset of buf[0]
-	buf   []byte // read but not yet decoded
+	buf   []byte // read but not yet decoded; within mem
+	mem   []byte // reused for every read
+	out   []outboxRecord
 }
 
 func (ob *Outbox) newReader(after uint64) *outboxReader {
@@ -928,9 +958,12 @@ func (r *outboxReader) close() {
 }
 
 // next returns up to limit durable records after the last one returned,
-// none when it has caught up with the writer.
+// none when it has caught up with the writer. The records and their bytes
+// are valid until the next call: they point into the reader's buffer,
+// which is reused so that steady publishing allocates nothing.
 func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
-	var out []outboxRecord
+	out := r.out[:0]
+	defer func() { r.out = out[:0] }()
 	for len(out) < limit {
 		if r.file == nil {
 			seg, _, ok := r.ob.segmentFor(r.after + 1)
@@ -960,7 +993,6 @@ func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 			if rec.seq <= r.after {
 				continue // written again after a failed write
 			}
-			rec.data = slices.Clone(rec.data) // r.buf is reused
 			r.after = rec.seq
 			out = append(out, rec)
 		}
@@ -975,10 +1007,16 @@ func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 			continue
 		}
 		if end := r.off + int64(len(r.buf)); end < cur.size {
-			buf := make([]byte, len(r.buf)+int(min(cur.size-end, 1<<20)))
-			copy(buf, r.buf)
-			n, err := r.file.ReadAt(buf[len(r.buf):], end)
-			r.buf = buf[:len(r.buf)+n]
+			if len(out) > 0 {
+				break // reading on would overwrite the records in out
+			}
+			want := len(r.buf) + int(min(cur.size-end, 1<<20))
+			if cap(r.mem) < want {
+				r.mem = make([]byte, max(want, 64<<10))
+			}
+			kept := copy(r.mem[:cap(r.mem)], r.buf)
+			n, err := r.file.ReadAt(r.mem[kept:want], end)
+			r.buf = r.mem[:kept+n]
 			if err != nil && !errors.Is(err, io.EOF) {
 				return out, fmt.Errorf("reading outbox segment: %w", err)
 			}
@@ -1068,13 +1106,13 @@ func decodeOutboxRecord(b []byte, version int) (outboxRecord, int, error) {
 		rec.batch = binary.LittleEndian.Uint64(body[8:])
 	}
 	rest := body[fixed:]
-	var fields [2]string
+	var fields [2][]byte
 	for i := range fields {
 		l, k := binary.Uvarint(rest)
 		if k <= 0 || l > uint64(len(rest)-k) {
 			return outboxRecord{}, 0, fmt.Errorf("%w: field %d length", errOutboxCorrupt, i)
 		}
-		fields[i] = string(rest[k : k+int(l)])
+		fields[i] = rest[k : k+int(l)]
 		rest = rest[k+int(l):]
 	}
 	rec.id, rec.account, rec.data = fields[0], fields[1], rest

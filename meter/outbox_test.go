@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -80,7 +81,9 @@ func readAll(t testing.TB, ob *Outbox, after uint64, wantFrom int) []outboxRecor
 		if len(recs) == 0 {
 			break
 		}
-		all = append(all, recs...)
+		for _, rec := range recs {
+			all = append(all, rec.clone())
+		}
 	}
 	for i, rec := range all {
 		want := outboxTestEvent(wantFrom + i)
@@ -88,7 +91,7 @@ func readAll(t testing.TB, ob *Outbox, after uint64, wantFrom int) []outboxRecor
 		if err := json.Unmarshal(rec.data, &got); err != nil {
 			t.Fatalf("record %d: %v", rec.seq, err)
 		}
-		if rec.id != want.ID || rec.account != want.Account || got.ID != want.ID || got.CostNanos != want.CostNanos || !got.Time.Equal(want.Time) {
+		if string(rec.id) != want.ID || string(rec.account) != want.Account || got.ID != want.ID || got.CostNanos != want.CostNanos || !got.Time.Equal(want.Time) {
 			t.Fatalf("record %d (#%d read) is %s/%s %+v, want %+v", rec.seq, i, rec.id, rec.account, got, want)
 		}
 		if i > 0 && rec.seq != all[i-1].seq+1 {
@@ -230,7 +233,7 @@ func TestOutboxRefusesPastItsBoundAndTakesAgainOnceAcknowledged(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, rec := range recs {
-			if rec.id != outboxTestEvent(read).ID {
+			if string(rec.id) != outboxTestEvent(read).ID {
 				t.Fatalf("record %d is %s, want %s", rec.seq, rec.id, outboxTestEvent(read).ID)
 			}
 			read++
@@ -354,7 +357,7 @@ func TestOutboxSurvivesSIGKILL(t *testing.T) {
 				t.Fatalf("round %d: sequence jumps from %d to %d", round, recs[i-1].seq, rec.seq)
 			}
 			var ev Event
-			if err := json.Unmarshal(rec.data, &ev); err != nil || ev.ID != rec.id {
+			if err := json.Unmarshal(rec.data, &ev); err != nil || ev.ID != string(rec.id) {
 				t.Fatalf("round %d: record %d: %v, id %q vs %q", round, rec.seq, err, ev.ID, rec.id)
 			}
 		}
@@ -378,7 +381,9 @@ func readAllRecords(t testing.TB, ob *Outbox, after uint64) []outboxRecord {
 		if len(recs) == 0 {
 			return all
 		}
-		all = append(all, recs...)
+		for _, rec := range recs {
+			all = append(all, rec.clone())
+		}
 	}
 }
 
@@ -403,7 +408,7 @@ func FuzzDecodeOutboxRecord(f *testing.F) {
 		}
 		// What decodes survives encoding and decoding again.
 		again, m, err := decodeOutboxRecord(appendOutboxRecord(nil, rec.seq, rec.batch, binaryPayload(rec)), 2)
-		if err != nil || m > n || again.seq != rec.seq || again.batch != rec.batch || again.id != rec.id || again.account != rec.account || string(again.data) != string(rec.data) {
+		if err != nil || m > n || again.seq != rec.seq || again.batch != rec.batch || string(again.id) != string(rec.id) || string(again.account) != string(rec.account) || string(again.data) != string(rec.data) {
 			t.Fatalf("round trip of %+v gave %+v, %v", rec, again, err)
 		}
 	})
@@ -411,7 +416,7 @@ func FuzzDecodeOutboxRecord(f *testing.F) {
 
 func binaryPayload(rec outboxRecord) []byte {
 	var out []byte
-	for _, field := range []string{rec.id, rec.account} {
+	for _, field := range []string{string(rec.id), string(rec.account)} {
 		out = appendUvarint(out, uint64(len(field)))
 		out = append(out, field...)
 	}
@@ -424,4 +429,10 @@ func appendUvarint(b []byte, v uint64) []byte {
 		v >>= 7
 	}
 	return append(b, byte(v))
+}
+
+// clone copies rec out of the reader's buffer, which the next read reuses.
+func (rec outboxRecord) clone() outboxRecord {
+	rec.id, rec.account, rec.data = slices.Clone(rec.id), slices.Clone(rec.account), slices.Clone(rec.data)
+	return rec
 }

@@ -280,7 +280,7 @@ type pendingBatch struct {
 
 func (b *pendingBatch) add(rec outboxRecord) {
 	if b.events == 0 {
-		b.batch, b.firstID, b.started = rec.batch, rec.id, time.Now()
+		b.batch, b.firstID, b.started = rec.batch, string(rec.id), time.Now()
 	} else {
 		b.data = append(b.data, '\n')
 	}
@@ -312,6 +312,7 @@ func (p *Publisher) run() {
 	var (
 		window    []inflight
 		cur       pendingBatch
+		spareData [][]byte // data of acknowledged batches, for new ones
 		failing   bool
 		backoff   time.Duration
 		errLogged time.Time
@@ -340,7 +341,18 @@ func (p *Publisher) run() {
 		} else {
 			window = append(window, inflight{last: cur.last, events: cur.events, fut: fut, sent: time.Now()})
 		}
-		cur = pendingBatch{} // the message owns data now
+		cur = pendingBatch{} // the message owns data until its PubAck
+		if n := len(spareData); n > 0 {
+			cur.data, spareData = spareData[n-1], spareData[:n-1]
+		}
+	}
+	// recycle takes back a batch's data once its future is done: nats.go
+	// copied it into the connection's buffer when it was published, and
+	// no retry can send it again.
+	recycle := func(head inflight) {
+		if data := head.fut.Msg().Data; cap(data) <= 2*MaxBatchBytes && len(spareData) < publishMaxInFlight {
+			spareData = append(spareData, data[:0])
+		}
 	}
 	for {
 		written, openBatch, more := p.outbox.writtenState()
@@ -415,6 +427,7 @@ func (p *Publisher) run() {
 		case ack := <-acked:
 			head := window[0]
 			window = window[1:]
+			recycle(head)
 			if failing {
 				continue // after a failure, later PubAcks cannot move the watermark
 			}
@@ -428,6 +441,7 @@ func (p *Publisher) run() {
 		case err := <-failed:
 			head := window[0]
 			window = window[1:]
+			recycle(head)
 			fail("batch %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
 		}
 		if len(window) == 0 {
