@@ -381,9 +381,14 @@ func TestRunBillingWithoutTheStreamSaysHowToFixIt(t *testing.T) {
 // published before the clock starts.
 func BenchmarkBillingThroughput(b *testing.B) {
 	r := newBillingRig(b)
-	n := max(b.N, 5000)
+	n := max(b.N, 50000)
 	events := eventsFrom(0, n)
 	r.publish(events)
+	stream, err := r.js.Stream(testContext(b), meter.UsageStream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	messages := stream.CachedInfo().State.Msgs
 	b.ResetTimer()
 	r.run(meter.BillingOptions{Batch: 5000, MaxWait: 100 * time.Millisecond, Logf: func(string, ...any) {}})
 	cons, err := r.js.Consumer(testContext(b), meter.UsageStream, meter.BillingConsumer)
@@ -396,7 +401,7 @@ func BenchmarkBillingThroughput(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if info.AckFloor.Stream == uint64(n) && info.NumAckPending == 0 {
+		if info.AckFloor.Stream == messages && info.NumAckPending == 0 {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
