@@ -18,8 +18,8 @@ var (
 	loadErr  error
 )
 
-// Preload loads the vocabulary (about 0.3 s) so the first Count is fast.
-// Call it in the background at start-up.
+// Preload loads the vocabulary (about 0.3 s, 17 MiB of heap) so the first
+// Count is fast. Count loads it too, on first use.
 func Preload() error {
 	loadOnce.Do(func() {
 		tiktoken.SetBpeLoader(loader.NewOfflineLoader())
