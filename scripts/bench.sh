@@ -1,14 +1,41 @@
 #!/usr/bin/env bash
-# make bench: the same load against the fake upstream directly and through
-# the gateway (non-streaming, and streaming with 20 chunks), with the
-# gateway's peak RSS; then the micro-benchmarks. Everything runs on this
-# machine over loopback: the load generator, the gateway and the upstream
-# share its cores, so read the difference, not the absolute numbers.
+# make bench: the hop side by side, then the micro-benchmarks.
+#
+# 1. The same wrk load (Debian's wrk, BENCH_CONNECTIONS keep-alive
+#    connections, one wrk thread so the generator takes little CPU) against
+#    the fake upstream directly, through nginx (Debian's package, one worker,
+#    keep-alive upstream pool, proxy_buffering off) and through
+#    `tollgate serve` on the repository's gateway.yaml (auth, budgets and
+#    metering on). Non-streamed and streamed (20 chunks), targets
+#    interleaved and rotated each round, BENCH_ROUNDS rounds; the table shows
+#    medians and each target's ratio to direct. Then one connection at a
+#    time, for the latency a single request pays for the hop.
+# 2. BENCH_SOAK=10m: Tollgate alone under mixed load for that long, its RSS,
+#    threads and goroutines sampled every 10 s.
+# 3. Unless BENCH_ONLY=sbs: Go micro-benchmarks, metering into ClickHouse,
+#    the classifiers, batch jobs.
+#
+# Everything shares this machine's cores over loopback: read the ratios,
+# not the absolute numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+ROUNDS="${BENCH_ROUNDS:-3}"
 DURATION="${BENCH_DURATION:-10s}"
-CONC="${BENCH_CONCURRENCY:-32}"
+CONNS="${BENCH_CONNECTIONS:-16}"
+SINGLE_DURATION="${BENCH_SINGLE_DURATION:-5s}"
+ONLY="${BENCH_ONLY:-}"
+SOAK="${BENCH_SOAK:-}"
+
+if ! command -v wrk >/dev/null || ! [ -x /usr/sbin/nginx ]; then
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo=sudo
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get install -y nginx-light wrk || { $sudo apt-get update && $sudo apt-get install -y nginx-light wrk; }
+	# Debian starts its own nginx on port 80 after installing; it is not ours.
+	$sudo systemctl stop nginx 2>/dev/null || $sudo /usr/sbin/nginx -s quit 2>/dev/null || true
+fi
+
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -16,54 +43,120 @@ trap cleanup EXIT
 
 go build -o "$work/tollgate" ./cmd/tollgate
 go build -o "$work/upstream" ./cmd/tollgate-upstream
-go build -o "$work/load" ./cmd/tollgate-load
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-up_port=$(free_port); gw_port=$(free_port)
+up_port=$(free_port); ngx_port=$(free_port); gw_port=$(free_port); dbg_port=$(free_port)
 
 "$work/upstream" -addr "127.0.0.1:$up_port" -chunks 20 >"$work/upstream.log" 2>&1 &
 pids+=($!)
+
+mkdir -p "$work/nginx-body" "$work/nginx-proxy"
+sed -e "s|@UPSTREAM@|127.0.0.1:$up_port|" -e "s|@LISTEN@|127.0.0.1:$ngx_port|" -e "s|@WORK@|$work|g" \
+	scripts/bench/nginx.conf.in >"$work/nginx.conf"
+/usr/sbin/nginx -e "$work/nginx-error.log" -p "$work" -c "$work/nginx.conf" &
+pids+=($!)
+
+# The consumer into ClickHouse runs in its own process in production; here
+# it is off so the gateway is measured alone (its events wait in JetStream).
 TOLLGATE_LISTEN="127.0.0.1:$gw_port" TOLLGATE_DATA_DIR="$work/data" TOLLGATE_ADMIN_TOKEN=bench-admin \
-TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false \
+TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_DEBUG_LISTEN="127.0.0.1:$dbg_port" \
 UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway.log" 2>&1 &
 gw_pid=$!
 pids+=("$gw_pid")
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$gw_port/healthz" >/dev/null && break; sleep 0.1; done
+for port in "$gw_port" "$ngx_port" "$up_port"; do
+	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+done
+curl -sf "http://127.0.0.1:$gw_port/healthz" >/dev/null || { cat "$work/gateway.log"; exit 1; }
 
 admin() { "$work/tollgate" "$@" -url "http://127.0.0.1:$gw_port" -token bench-admin; }
 admin accounts create bench -credit 1000000 >/dev/null
 key=$(admin keys create bench -name bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
-model=qwen2.5-14b-instruct-1m
 
-run() { # name url model key stream
-	"$work/load" -json -url "$2" -model "$3" -key "$4" -stream="$5" -c "$CONC" -d "$DURATION"
+# target -> url, model, key
+declare -A url=([direct]="http://127.0.0.1:$up_port" [nginx]="http://127.0.0.1:$ngx_port" [tollgate]="http://127.0.0.1:$gw_port")
+declare -A model=([direct]=proxytest-small [nginx]=proxytest-small [tollgate]=qwen2.5-14b-instruct-1m)
+declare -A bearer=([direct]="" [nginx]="" [tollgate]="$key")
+
+# wrk_run target stream connections duration: prints "rps p50 p99 errors requests".
+wrk_run() {
+	local out
+	out=$(MODEL="${model[$1]}" KEY="${bearer[$1]}" STREAM="$2" \
+		wrk -t1 -c"$3" -d"$4" --timeout 10s -s scripts/bench/post.lua "${url[$1]}/v1/chat/completions")
+	grep '^RESULT' <<<"$out" | cut -d' ' -f2-
 }
-echo "load: $CONC concurrent connections for $DURATION each; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-declare -A res
-for mode in false true; do
-	res[direct,$mode]=$(run direct "http://127.0.0.1:$up_port/v1" proxytest-small "" "$mode")
-	res[gateway,$mode]=$(run gateway "http://127.0.0.1:$gw_port/v1" "$model" "$key" "$mode")
+
+targets=(direct nginx tollgate)
+echo "side by side: $ROUNDS rounds, $CONNS connections x $DURATION per run; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for t in "${targets[@]}"; do for s in false true; do wrk_run "$t" "$s" "$CONNS" 2s >/dev/null; done; done # warm-up
+: >"$work/results"
+for round in $(seq "$ROUNDS"); do
+	for stream in false true; do
+		for i in 0 1 2; do
+			t=${targets[$(((i + round) % 3))]}
+			echo "$t $stream $CONNS $(wrk_run "$t" "$stream" "$CONNS" "$DURATION")" >>"$work/results"
+		done
+	done
+	for stream in false true; do
+		for i in 0 1 2; do
+			t=${targets[$(((i + round) % 3))]}
+			echo "$t $stream 1 $(wrk_run "$t" "$stream" 1 "$SINGLE_DURATION")" >>"$work/results"
+		done
+	done
+	echo "  round $round of $ROUNDS done"
 done
-rss=$(awk '/VmHWM/ {print $2}' "/proc/$gw_pid/status")
-python3 - "$rss" "${res[direct,false]}" "${res[gateway,false]}" "${res[direct,true]}" "${res[gateway,true]}" <<'PY'
-import json, sys
-rss = int(sys.argv[1])
-rows = [json.loads(a) for a in sys.argv[2:]]
-def ms(v): return f"{v:.2f}"
-print(f"{'':38}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
-for label, (d, g) in (("non-streaming", rows[0:2]), ("streaming, 20 chunks", rows[2:4])):
-    for name, r in (("direct", d), ("through gateway", g)):
-        print(f"{label+' '+name:38}{r['rps']:>10.0f}{ms(r['p50_ms']):>10}{ms(r['p99_ms']):>10}{r['errors']:>8}")
-    print(f"{label+' difference':38}{(g['rps']/d['rps']-1)*100:>9.1f}%{ms(g['p50_ms']-d['p50_ms']):>10}{ms(g['p99_ms']-d['p99_ms']):>10}")
-print(f"gateway peak RSS: {rss/1024:.1f} MiB")
+rss_kib=$(awk '/VmHWM/ {print $2}' "/proc/$gw_pid/status")
+python3 - "$work/results" "$rss_kib" "$CONNS" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    t, stream, conns, rps, p50, p99, errors, _ = line.split()
+    rows.setdefault((stream, conns, t), []).append((float(rps), float(p50), float(p99), int(errors)))
+def med(rs, i): return statistics.median(r[i] for r in rs)
+print()
+print(f"{'':46}{'req/s':>9}{'ratio':>7}{'p50 ms':>8}{'+p50':>7}{'p99 ms':>8}{'errors':>7}")
+for conns, what in ((sys.argv[3], f"{sys.argv[3]} connections"), ("1", "1 connection")):
+    for stream, kind in (("false", "non-streamed"), ("true", "streamed 20 chunks")):
+        d = rows[(stream, conns, "direct")]
+        for t in ("direct", "nginx", "tollgate"):
+            rs = rows[(stream, conns, t)]
+            print(f"{kind+', '+what+', '+t:46}{med(rs,0):>9.0f}{med(rs,0)/med(d,0):>7.2f}"
+                  f"{med(rs,1):>8.2f}{med(rs,1)-med(d,1):>7.2f}{med(rs,2):>8.2f}{sum(r[3] for r in rs):>7}")
+print(f"tollgate peak RSS (VmHWM): {int(sys.argv[2])/1024:.1f} MiB")
 PY
+
+if [ -n "$SOAK" ]; then
+	echo
+	echo "soak: tollgate alone for $SOAK, $((CONNS / 2)) non-streamed + $((CONNS / 2)) streamed connections"
+	MODEL="${model[tollgate]}" KEY="$key" STREAM=false wrk -t1 -c$((CONNS / 2)) -d"$SOAK" --timeout 10s \
+		-s scripts/bench/post.lua "${url[tollgate]}/v1/chat/completions" >"$work/soak-a" &
+	a=$!
+	MODEL="${model[tollgate]}" KEY="$key" STREAM=true wrk -t1 -c$((CONNS / 2)) -d"$SOAK" --timeout 10s \
+		-s scripts/bench/post.lua "${url[tollgate]}/v1/chat/completions" >"$work/soak-b" &
+	b=$!
+	printf '%8s %10s %8s %11s\n' elapsed "RSS MiB" threads goroutines
+	start=$(date +%s)
+	while kill -0 "$a" 2>/dev/null; do
+		sleep 10
+		kill -0 "$a" 2>/dev/null || break
+		rss=$(awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$gw_pid/status")
+		threads=$(awk '/Threads/ {print $2}' "/proc/$gw_pid/status")
+		gor=$(curl -s "http://127.0.0.1:$dbg_port/debug/pprof/goroutine?debug=1" | head -1 | awk '{print $NF}')
+		printf '%7ss %10s %8s %11s\n' $(($(date +%s) - start)) "$rss" "$threads" "$gor"
+	done
+	wait "$a" "$b"
+	grep -h '^RESULT' "$work/soak-a" "$work/soak-b" | awk '{printf "  %s: %.0f req/s, p99 %.2f ms, %d errors\n", NR==1?"non-streamed":"streamed", $2, $4, $5}'
+	echo "tollgate peak RSS (VmHWM) after the soak: $(awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$gw_pid/status") MiB"
+fi
+
+[ "$ONLY" = sbs ] && exit 0
 
 echo
 echo "micro-benchmarks:"
 go test -run '^$' -bench . -benchtime 2s ./proxy ./accounts ./classifiers 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
 
 echo
-echo "metering: Record -> outbox -> JetStream PubAck; JetStream -> ClickHouse 18.16 with balances; raw inserts:"
+scripts/clickhouse.sh install >/dev/null
+echo "metering: Record -> outbox -> JetStream PubAck; JetStream -> ClickHouse with balances; raw inserts:"
 go test -run '^$' -bench 'Publisher' -benchtime 100000x ./meter 2>&1 | grep -E '^Benchmark'
 go test -run '^$' -bench 'BillingThroughput|ClickHouseInsert' -benchtime 3x ./meter 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
 
@@ -72,4 +165,4 @@ echo "classifiers, lexical engine on the evaluation texts (latency per call, thr
 go run ./cmd/tollgate-eval -bench
 
 echo
-scripts/bench-batch.sh
+scripts/bench/batch.sh

@@ -7,7 +7,7 @@
 #      the fake upstream answering after 50 ms.
 # make bench runs it after the proxy benchmarks; it also runs on its own.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 LINES="${BATCH_LINES:-1000000}"
 LLM_LINES="${BATCH_LLM_LINES:-100000}"
