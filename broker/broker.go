@@ -44,11 +44,27 @@ type Broker struct {
 // The embedded server has no authentication: keep embedded_listen on a
 // loopback address.
 func Start(ctx context.Context, cfg config.NATS, dataDir string, logf func(string, ...any)) (*Broker, error) {
+	return StartWith(ctx, cfg, dataDir, logf, DiskSync{})
+}
+
+// DiskSync says how often the embedded server writes JetStream's files to
+// disk. It matters only for a power loss or kernel crash: what JetStream
+// acknowledged is in the page cache at once, and survives a killed process.
+type DiskSync struct {
+	// Interval between fsyncs; 0 keeps nats-server's default, 2 minutes.
+	Interval time.Duration
+	// Always fsyncs every message before it is acknowledged.
+	Always bool
+}
+
+// StartWith is Start with the embedded server's disk sync set; an external
+// server keeps its own (its sync_interval setting).
+func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(string, ...any), sync DiskSync) (*Broker, error) {
 	b := &Broker{replicas: max(cfg.Replicas, 1), closed: make(chan struct{})}
 	url := cfg.URL
 	var opts []nats.Option
 	if url == "" {
-		srv, err := startEmbedded(cfg, dataDir, logf)
+		srv, err := startEmbedded(cfg, dataDir, logf, sync)
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +131,7 @@ func Start(ctx context.Context, cfg config.NATS, dataDir string, logf func(strin
 	return b, nil
 }
 
-func startEmbedded(cfg config.NATS, dataDir string, logf func(string, ...any)) (*server.Server, error) {
+func startEmbedded(cfg config.NATS, dataDir string, logf func(string, ...any), sync DiskSync) (*server.Server, error) {
 	listen := cfg.EmbeddedListen
 	if listen == "" {
 		listen = config.DefaultEmbeddedListen
@@ -144,6 +160,9 @@ func startEmbedded(cfg config.NATS, dataDir string, logf func(string, ...any)) (
 		StoreDir:   storeDir,
 		NoSigs:     true, // signals belong to the tollgate process, not to the server
 		NoLog:      logf == nil,
+
+		SyncInterval: sync.Interval,
+		SyncAlways:   sync.Always,
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {

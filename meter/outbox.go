@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -606,11 +607,28 @@ func (ob *Outbox) newSpare() (*mappedSegment, error) {
 	if err != nil {
 		return nil, err
 	}
-	page := os.Getpagesize()
-	for i := outboxHeaderSize; i < len(m.mem); i += page {
-		m.mem[i] = 0
+	if err := touchPages(m.mem); err != nil {
+		ob.dropSpare(m)
+		return nil, err
 	}
 	return m, nil
+}
+
+// touchPages writes one byte of every page of mem. On a file system
+// without fallocate a full disk shows here as a fault, turned into an
+// error instead of a crash.
+func touchPages(mem []byte) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("writing a new outbox segment (disk full?): %v", r)
+		}
+	}()
+	page := os.Getpagesize()
+	for i := outboxHeaderSize; i < len(mem); i += page {
+		mem[i] = 0
+	}
+	return nil
 }
 
 // newSpareLocked makes a segment when rotateLocked finds no spare (the
