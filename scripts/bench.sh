@@ -45,7 +45,7 @@ go build -o "$work/tollgate" ./cmd/tollgate
 go build -o "$work/upstream" ./cmd/tollgate-upstream
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-up_port=$(free_port); ngx_port=$(free_port); gw_port=$(free_port); dbg_port=$(free_port)
+up_port=$(free_port); ngx_port=$(free_port); gw_port=$(free_port); dbg_port=$(free_port); storage_port=$(free_port)
 
 "$work/upstream" -addr "127.0.0.1:$up_port" -chunks 20 >"$work/upstream.log" 2>&1 &
 pids+=($!)
@@ -59,7 +59,7 @@ pids+=($!)
 # The consumer into ClickHouse runs in its own process in production; here
 # it is off so the gateway is measured alone (its events wait in JetStream).
 TOLLGATE_LISTEN="127.0.0.1:$gw_port" TOLLGATE_DATA_DIR="$work/data" TOLLGATE_ADMIN_TOKEN=bench-admin \
-TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_DEBUG_LISTEN="127.0.0.1:$dbg_port" \
+TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_DEBUG_LISTEN="127.0.0.1:$dbg_port" TOLLGATE_STORAGE_LISTEN="127.0.0.1:$storage_port" \
 UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway.log" 2>&1 &
 gw_pid=$!
 pids+=("$gw_pid")
