@@ -30,7 +30,7 @@ const (
 	DefaultFsyncInterval    = 100 * time.Millisecond
 	DefaultBatchMaxEvents   = 1000
 	DefaultBatchMaxBytes    = ByteSize(512 << 10)
-	DefaultBatchMaxDelay    = 2 * time.Millisecond
+	DefaultBatchMaxDelay    = 10 * time.Millisecond
 	DefaultConnectTimeout   = 2 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultFirstByteTimeout = 60 * time.Second

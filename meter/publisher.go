@@ -122,7 +122,7 @@ type Publisher struct {
 }
 
 // DefaultBatchMaxDelay is how long an open batch waits for more events.
-const DefaultBatchMaxDelay = 2 * time.Millisecond
+const DefaultBatchMaxDelay = 10 * time.Millisecond
 
 // NewPublisher starts publishing ob, beginning with the records it kept
 // from before (see OpenOutbox). The stream must exist (EnsureUsageStream);
