@@ -7,11 +7,14 @@ import "time"
 // Config is one complete, validated gateway.yaml. A *Config is never mutated
 // after Load returns it: reloads build a new one and swap the pointer.
 type Config struct {
-	Server     Server     `yaml:"server"`
-	Auth       Auth       `yaml:"auth"`
-	Billing    Billing    `yaml:"billing"`
-	Upstreams  []Upstream `yaml:"upstreams"`
-	Models     []Model    `yaml:"models"`
+	Server    Server     `yaml:"server"`
+	Auth      Auth       `yaml:"auth"`
+	Billing   Billing    `yaml:"billing"`
+	Upstreams []Upstream `yaml:"upstreams"`
+	Models    []Model    `yaml:"models"`
+	// Routing balances a model's pool, ejects failing upstreams and
+	// retries before the first byte (config/routing.go).
+	Routing    Routing    `yaml:"routing"`
 	NATS       NATS       `yaml:"nats"`
 	ClickHouse ClickHouse `yaml:"clickhouse"`
 	Plugins    Plugins    `yaml:"plugins"`
@@ -112,10 +115,12 @@ type Model struct {
 	Pricing                     Pricing  `yaml:"pricing"`
 	SupportedFeatures           []string `yaml:"supported_features"`
 	SupportedSamplingParameters []string `yaml:"supported_sampling_parameters"`
-	// Upstream names the entry of upstreams that serves this model, and
-	// UpstreamModel the model name sent to it (defaults to ID).
-	Upstream      string `yaml:"upstream"`
-	UpstreamModel string `yaml:"upstream_model"`
+	// Upstream names the entry of upstreams that serves this model;
+	// Upstreams instead names a pool of several (config/routing.go).
+	// UpstreamModel is the model name sent to them (defaults to ID).
+	Upstream      string       `yaml:"upstream"`
+	Upstreams     []PoolMember `yaml:"upstreams"`
+	UpstreamModel string       `yaml:"upstream_model"`
 }
 
 // Pricing is USD per unit as decimal strings, never floats.

@@ -357,6 +357,10 @@ func (l *loader) walkValue(n *yaml.Node, t reflect.Type, path string, depth int)
 	if t.Kind() == reflect.Pointer {
 		return l.walkValue(n, t.Elem(), path, depth+1)
 	}
+	if t == poolMemberType && n.Kind == yaml.MappingNode {
+		l.walkMapping(n, t, path, depth, false) // the long form of a pool member
+		return true
+	}
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
 		return l.leaf(n, site, t, path)
 	}

@@ -94,11 +94,15 @@ func (l *loader) applyDefaults(c *Config) {
 	}
 	for i := range c.Models {
 		m := &c.Models[i]
-		if len(c.Upstreams) == 1 {
+		if len(c.Upstreams) == 1 && len(m.Upstreams) == 0 {
 			setDefault(&m.Upstream, c.Upstreams[0].Name)
 		}
 		setDefault(&m.UpstreamModel, m.ID)
+		for j := range m.Upstreams {
+			setDefault(&m.Upstreams[j].Weight, 1)
+		}
 	}
+	l.applyRoutingDefaults(&c.Routing)
 	setDefault(&c.NATS.EmbeddedListen, DefaultEmbeddedListen)
 	setDefault(&c.NATS.Replicas, DefaultReplicas)
 	setDefault(&c.ClickHouse.DSN, DefaultClickHouseDSN)
@@ -226,14 +230,7 @@ func (l *loader) validate(c *Config) {
 			l.check(false, path+".id", "model %q is listed twice", m.ID)
 		}
 		models[m.ID] = true
-		switch {
-		case m.Upstream == "" && len(c.Upstreams) > 1:
-			l.check(false, path+".upstream", "required when more than one upstream is configured (one of: %s)",
-				strings.Join(upstreamNames, ", "))
-		case m.Upstream != "" && !upstreams[m.Upstream] && len(upstreamNames) > 0:
-			l.check(false, path+".upstream", "no upstream is named %q (configured: %s)",
-				m.Upstream, strings.Join(upstreamNames, ", "))
-		}
+		l.validatePool(m, path, len(c.Upstreams), upstreams, upstreamNames)
 		l.check(m.ContextLength > 0, path+".context_length", "must be positive, got %d", m.ContextLength)
 		l.check(m.MaxOutputLength > 0, path+".max_output_length", "must be positive, got %d", m.MaxOutputLength)
 		l.check(m.MaxOutputLength <= m.ContextLength || m.ContextLength <= 0, path+".max_output_length",
@@ -253,6 +250,8 @@ func (l *loader) validate(c *Config) {
 		l.checkOneOf(m.OutputModalities, Modalities, path+".output_modalities")
 		l.checkOneOf(m.SupportedFeatures, Features, path+".supported_features")
 	}
+
+	l.validateRouting(c.Routing)
 
 	if c.NATS.URL == "" {
 		l.checkHostPort(c.NATS.EmbeddedListen, "nats.embedded_listen")

@@ -1,0 +1,179 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// PoolMember is one upstream of a model's pool. In YAML it is a bare name
+// (`- gpu-a`) or a mapping (`- {name: gpu-a, weight: 3}`).
+type PoolMember struct {
+	Name string `yaml:"name"`
+	// Weight is the member's share of the traffic relative to the others
+	// (1..1000). Default 1.
+	Weight int `yaml:"weight"`
+}
+
+// UnmarshalYAML accepts the bare-name form as well as the mapping.
+func (p *PoolMember) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		p.Name = n.Value
+		return nil
+	}
+	type plain PoolMember
+	return n.Decode((*plain)(p))
+}
+
+var poolMemberType = reflect.TypeOf(PoolMember{})
+
+// Routing decides which upstream of a model's pool serves a call, when an
+// upstream is taken out, and when a call is tried again elsewhere. Every
+// field is hot-reloadable.
+type Routing struct {
+	// Balance is "p2c" (power of two choices over in-flight requests and
+	// latency), "least_in_flight" or "round_robin". Default p2c.
+	Balance string `yaml:"balance"`
+	// Affinity sends calls that belong together to the same upstream while
+	// it is healthy, so its prefix cache hits: "none", "prefix" (a hash of
+	// the first AffinityPrefixBytes of messages or input) or "header" (the
+	// AffinityHeader request header, falling back to balancing without
+	// it). Default none.
+	Affinity            string   `yaml:"affinity"`
+	AffinityPrefixBytes ByteSize `yaml:"affinity_prefix_bytes"`
+	AffinityHeader      string   `yaml:"affinity_header"`
+	// Retries is how many more upstreams a call may try when one refuses
+	// the connection, times out before the first byte, or answers 429, 502
+	// or 503; RetryBudget bounds the time all attempts may take before a
+	// first byte. Nothing is retried once a byte went to the client.
+	Retries     int           `yaml:"retries"`
+	RetryBudget time.Duration `yaml:"retry_budget"`
+	// EjectAfter consecutive failures (connect errors, 5xx, first-byte
+	// timeouts) take an upstream out for EjectFor, doubling while it keeps
+	// failing up to EjectMax (a circuit breaker: closed, open, half-open).
+	EjectAfter int           `yaml:"eject_after"`
+	EjectFor   time.Duration `yaml:"eject_for"`
+	EjectMax   time.Duration `yaml:"eject_max"`
+	// ProbeInterval is how often an ejected upstream is probed with
+	// GET {base_url}/models; a success brings it back at once.
+	ProbeInterval time.Duration `yaml:"probe_interval"`
+}
+
+// Balancing modes and affinity kinds.
+var (
+	BalanceModes  = []string{"p2c", "least_in_flight", "round_robin"}
+	AffinityKinds = []string{"none", "prefix", "header"}
+)
+
+// Routing defaults.
+const (
+	DefaultBalance             = "p2c"
+	DefaultAffinity            = "none"
+	DefaultAffinityPrefixBytes = ByteSize(1 << 10)
+	DefaultAffinityHeader      = "x-session-id"
+	DefaultRetries             = 2
+	DefaultRetryBudget         = 10 * time.Second
+	DefaultEjectAfter          = 3
+	DefaultEjectFor            = time.Second
+	DefaultEjectMax            = 30 * time.Second
+	DefaultProbeInterval       = 2 * time.Second
+)
+
+func (l *loader) applyRoutingDefaults(r *Routing) {
+	if r.Balance == "" {
+		r.Balance = DefaultBalance
+	}
+	if r.Affinity == "" {
+		r.Affinity = DefaultAffinity
+	}
+	if r.AffinityPrefixBytes == 0 {
+		r.AffinityPrefixBytes = DefaultAffinityPrefixBytes
+	}
+	if r.AffinityHeader == "" {
+		r.AffinityHeader = DefaultAffinityHeader
+	}
+	if r.Retries == 0 && !l.isSet("routing.retries") {
+		r.Retries = DefaultRetries
+	}
+	if r.RetryBudget == 0 {
+		r.RetryBudget = DefaultRetryBudget
+	}
+	if r.EjectAfter == 0 {
+		r.EjectAfter = DefaultEjectAfter
+	}
+	if r.EjectFor == 0 {
+		r.EjectFor = DefaultEjectFor
+	}
+	if r.EjectMax == 0 {
+		r.EjectMax = DefaultEjectMax
+	}
+	if r.ProbeInterval == 0 {
+		r.ProbeInterval = DefaultProbeInterval
+	}
+}
+
+func (l *loader) validateRouting(r Routing) {
+	l.check(slices.Contains(BalanceModes, r.Balance), "routing.balance", "%q is not one of %s", r.Balance, strings.Join(BalanceModes, ", "))
+	l.check(slices.Contains(AffinityKinds, r.Affinity), "routing.affinity", "%q is not one of %s", r.Affinity, strings.Join(AffinityKinds, ", "))
+	l.check(r.AffinityPrefixBytes >= 16 && r.AffinityPrefixBytes <= 1<<20, "routing.affinity_prefix_bytes",
+		"%d is outside 16..1MiB", r.AffinityPrefixBytes)
+	l.check(!strings.ContainsAny(r.AffinityHeader, " :\t\r\n"), "routing.affinity_header", "%q is not a header name", r.AffinityHeader)
+	l.check(r.Retries >= 0 && r.Retries <= 10, "routing.retries", "%d is outside 0..10", r.Retries)
+	l.check(r.RetryBudget > 0, "routing.retry_budget", "must be positive, got %s", r.RetryBudget)
+	l.check(r.EjectAfter >= 1 && r.EjectAfter <= 1000, "routing.eject_after", "%d is outside 1..1000", r.EjectAfter)
+	l.check(r.EjectFor > 0, "routing.eject_for", "must be positive, got %s", r.EjectFor)
+	l.check(r.EjectMax >= r.EjectFor, "routing.eject_max", "%s is less than eject_for %s", r.EjectMax, r.EjectFor)
+	l.check(r.ProbeInterval >= 100*time.Millisecond, "routing.probe_interval", "%s is under 100ms", r.ProbeInterval)
+}
+
+// Pool returns the upstreams serving m: its upstreams list, or its one
+// upstream (after defaults, the only configured one when it named none).
+func (m Model) Pool() []PoolMember {
+	if len(m.Upstreams) > 0 {
+		return m.Upstreams
+	}
+	if m.Upstream == "" {
+		return nil
+	}
+	return []PoolMember{{Name: m.Upstream, Weight: 1}}
+}
+
+// validatePool checks a model's upstream or upstreams against the
+// configured upstream names.
+func (l *loader) validatePool(m Model, path string, configured int, known map[string]bool, names []string) {
+	if m.Upstream != "" && len(m.Upstreams) > 0 {
+		l.check(false, path+".upstreams", "give either upstream (one) or upstreams (a pool), not both")
+		return
+	}
+	check := func(name, at string) {
+		switch {
+		case name == "":
+			l.check(false, at, "an upstream name is required")
+		case !known[name] && len(names) > 0:
+			l.check(false, at, "no upstream is named %q (configured: %s)", name, strings.Join(names, ", "))
+		}
+	}
+	if len(m.Upstreams) == 0 {
+		if m.Upstream == "" && configured > 1 {
+			l.check(false, path+".upstream", "required when more than one upstream is configured (one of: %s; or a pool with upstreams)",
+				strings.Join(names, ", "))
+			return
+		}
+		if m.Upstream != "" {
+			check(m.Upstream, path+".upstream")
+		}
+		return
+	}
+	seen := map[string]bool{}
+	for i, p := range m.Upstreams {
+		at := fmt.Sprintf("%s.upstreams[%d]", path, i)
+		check(p.Name, at)
+		l.check(!seen[p.Name] || p.Name == "", at, "upstream %q is in the pool twice", p.Name)
+		seen[p.Name] = true
+		l.check(p.Weight >= 1 && p.Weight <= 1000, at+".weight", "%d is outside 1..1000", p.Weight)
+	}
+}
