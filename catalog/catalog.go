@@ -47,7 +47,8 @@ func (p *Prices) Cost(u Usage) money.Nanos {
 // Entry is one served model.
 type Entry struct {
 	ID            string
-	Upstream      string // name of the upstream in gateway.yaml
+	Upstream      string // the pool's first upstream, by its name in gateway.yaml
+	Pool          []config.PoolMember
 	UpstreamModel string // model name sent upstream
 	// UpstreamModelJSON is UpstreamModel as a JSON string literal, spliced
 	// into request bodies without re-encoding on every request.
@@ -68,7 +69,10 @@ type Catalog struct {
 func New(models []config.Model) (*Catalog, error) {
 	c := &Catalog{byID: make(map[string]*Entry, len(models))}
 	for _, m := range models {
-		e := &Entry{ID: m.ID, Upstream: m.Upstream, UpstreamModel: m.UpstreamModel, Config: m}
+		e := &Entry{ID: m.ID, Upstream: m.Upstream, Pool: m.Pool(), UpstreamModel: m.UpstreamModel, Config: m}
+		if e.Upstream == "" && len(e.Pool) > 0 {
+			e.Upstream = e.Pool[0].Name
+		}
 		if e.UpstreamModel == "" {
 			e.UpstreamModel = m.ID
 		}
@@ -130,6 +134,9 @@ func (c *Catalog) IDs() []string {
 	}
 	return ids
 }
+
+// Entries returns the served models in catalog order; do not modify.
+func (c *Catalog) Entries() []*Entry { return c.ordered }
 
 // ValidList is the sorted, comma-separated id list used in error messages.
 func (c *Catalog) ValidList() string { return c.validList }

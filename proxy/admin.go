@@ -79,6 +79,8 @@ func (a *AdminAPI) handle(ctx *fasthttp.RequestCtx, w *World) {
 		a.route(ctx, method, "DELETE", func() { a.revokeKey(c, ctx, parts[1]) })
 	case len(parts) == 3 && parts[0] == "accounts" && parts[2] == "console-login":
 		a.route(ctx, method, "POST", func() { a.consoleLogin(c, ctx, parts[1]) })
+	case len(parts) == 1 && parts[0] == "upstreams":
+		a.route(ctx, method, "GET", func() { writeJSON(ctx, 200, map[string]any{"data": upstreamStatuses(w)}) })
 	default:
 		WriteError(ctx, NotFound("no admin route "+string(ctx.Path())))
 	}

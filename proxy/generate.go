@@ -125,10 +125,15 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		WriteError(ctx, Forbidden(fmt.Sprintf("this API key may not use model %q", entry.ID)))
 		return
 	}
-	up := w.upstreams[entry.Upstream]
-	if up == nil {
+	p := w.pools[entry.ID]
+	if p == nil || len(p.members) == 0 {
 		WriteError(ctx, Unavailable(fmt.Sprintf("model %q has no configured upstream", entry.ID)))
 		return
+	}
+	rt := &w.Config.Routing
+	var affinity uint64
+	if rt.Affinity != "none" {
+		affinity = affinityKey(rt, ctx, body)
 	}
 	stream := f.Stream.Type == gjson.True
 
@@ -136,15 +141,8 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	out, injected := rewriteRequest((*bufp)[:0], body, &f, entry.UpstreamModelJSON, stream && ep == endpointChat)
 	*bufp = out
 
-	head := up.chatHead
-	if ep == endpointResponses {
-		head = up.responsesHead
-	}
-	reqp := bodyPool.Get().(*[]byte)
-	*reqp = appendRequest((*reqp)[:0], head, out, stream)
-
 	call = callPool.Get().(*generationCall)
-	call.server, call.ep, call.entry, call.upstream, call.key = s, ep, entry, up, key
+	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.reqID, call.start, call.stream, call.injected = reqID, start, stream, injected
 	call.reqBody, call.limit = bufp, limit
 	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
@@ -153,17 +151,10 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		call.logging = info.Logging
 		call.logRequest = string(body)
 	}
-	resp, err := up.pool.roundTrip(*reqp)
-	if cap(*reqp) <= 1<<20 {
-		bodyPool.Put(reqp)
-	}
-	if err != nil {
+	resp, up, apiErr := s.attempt(call, p, rt, affinity, out)
+	if apiErr != nil {
 		call.release()
-		if isTimeout(err) {
-			WriteError(ctx, Unavailable(fmt.Sprintf("upstream %s did not answer within first_byte_timeout (%s)", up.cfg.Name, up.cfg.FirstByteTimeout)))
-		} else {
-			WriteError(ctx, Unavailable(fmt.Sprintf("upstream %s is unreachable: %v", up.cfg.Name, err)))
-		}
+		WriteError(ctx, apiErr)
 		return
 	}
 	call.resp = resp
@@ -245,6 +236,8 @@ type generationCall struct {
 	streamDone bool   // the upstream's stream ended; only io.EOF is left
 	closed     bool
 
+	inflight bool // counted in upstream's in-flight requests until release
+
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
 
@@ -271,6 +264,9 @@ const maxEstimateText = 4 << 20
 
 func (c *generationCall) release() {
 	c.limit.done()
+	if c.inflight {
+		c.upstream.health.inflight.Add(-1)
+	}
 	if c.respBuf != nil {
 		bytebufferpool.Put(c.respBuf)
 		c.respBuf = nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -46,10 +47,18 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	if !ok {
 		return nil, usage, fmt.Errorf("%w: %q is not in the catalog", ErrModelUnavailable, model)
 	}
-	up := w.upstreams[entry.Upstream]
-	if up == nil {
+	p := w.pools[entry.ID]
+	if p == nil || len(p.members) == 0 {
 		return nil, usage, fmt.Errorf("%w: %q has no upstream", ErrModelUnavailable, model)
 	}
+	rt := &w.Config.Routing
+	up, _ := p.pick(rt, 0, 0)
+	if up == nil {
+		return nil, usage, fmt.Errorf("%w: %s", ErrModelUnavailable, p.allDown(model).Message)
+	}
+	up.health.inflight.Add(1)
+	defer up.health.inflight.Add(-1)
+	sent := time.Now()
 	f, apiErr := scanRequest(body)
 	if apiErr != nil {
 		return nil, usage, fmt.Errorf("building model request: %s", apiErr.Message)
@@ -72,7 +81,13 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 		return nil, usage, err
 	}
 	if err := up.client.Do(req, resp); err != nil {
+		up.health.failed(rt, err.Error())
 		return nil, usage, fmt.Errorf("%w: upstream %s: %v", ErrModelUnavailable, up.cfg.Name, err)
+	}
+	if resp.StatusCode() >= 500 {
+		up.health.failed(rt, fmt.Sprintf("answered %d", resp.StatusCode()))
+	} else {
+		up.health.succeeded(time.Since(sent))
 	}
 	respBody := append([]byte(nil), resp.Body()...)
 	if st := resp.StatusCode(); st < 200 || st > 299 {

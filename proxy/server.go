@@ -38,6 +38,7 @@ type World struct {
 	Config    *config.Config
 	Catalog   *catalog.Catalog
 	upstreams map[string]*upstream
+	pools     map[string]*pool // by model id
 	grace     money.Nanos
 }
 
@@ -133,10 +134,15 @@ func (s *Server) Apply(cfg *config.Config) error {
 		}
 		w.upstreams[uc.Name] = up
 	}
+	w.pools = make(map[string]*pool, len(cfg.Models))
+	for _, e := range cat.Entries() {
+		w.pools[e.ID] = newPool(e.Pool, w.upstreams)
+	}
 	s.world.Store(w)
 	if old != nil {
 		for name, up := range old.upstreams {
 			if w.upstreams[name] != up {
+				up.retired.Store(true)
 				up.pool.retire()
 			}
 		}

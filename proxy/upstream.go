@@ -4,11 +4,13 @@ import (
 	cryptotls "crypto/tls"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -32,6 +34,10 @@ type upstream struct {
 	// chatHead and responsesHead are a request's fixed first lines, up to
 	// and including the headers every generation call sends.
 	chatHead, responsesHead []byte
+
+	health   upstreamHealth
+	nameHash uint64 // for prefix affinity
+	retired  atomic.Bool
 }
 
 // idlePoolTime is kept below the 5 s keep-alive of uvicorn (vLLM, SGLang) so
@@ -54,6 +60,7 @@ func newUpstream(cfg config.Upstream) (*upstream, error) {
 	}
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	up := &upstream{
+		nameHash:     maphash.String(affinitySeed, cfg.Name),
 		cfg:          cfg,
 		chatURL:      base + "/chat/completions",
 		responsesURL: base + "/responses",

@@ -101,6 +101,9 @@ func (s *Server) countCanceled() {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, body []byte, sc *scratch) outcome {
 	o := &st.opts
 	if o.Status != 0 {
+		if o.RetryAfter != "" {
+			w.Header().Set("Retry-After", o.RetryAfter)
+		}
 		return s.respond(w, r, o, o.Status, st.errorBody, sc)
 	}
 	chat := false

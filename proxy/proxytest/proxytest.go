@@ -50,6 +50,8 @@ type Options struct {
 	// so tests can also send malformed or non-JSON error bodies.
 	Status    int
 	ErrorBody string
+	// RetryAfter, with Status, is sent as the Retry-After header.
+	RetryAfter string
 
 	// DropAfter, for streams, closes the TCP connection after this many
 	// events have been written and flushed (the "data: [DONE]" line counts as

@@ -1,0 +1,153 @@
+package proxy
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// attempt sends call to an upstream of its pool and, while the outcome is
+// one another upstream may fix (no connection, no first byte in time, 429,
+// 502, 503), on to the next, within routing.retries and retry_budget.
+// Nothing has gone to the client yet, so a retried call is generated and
+// billed once, by the upstream whose answer is returned. The returned
+// upstream is also call.upstream; its in-flight count is released with the
+// call.
+func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, body []byte) (*upstreamResponse, *upstream, *APIError) {
+	reqp := bodyPool.Get().(*[]byte)
+	defer func() {
+		if cap(*reqp) <= 1<<20 {
+			bodyPool.Put(reqp)
+		}
+	}()
+	var tried uint64
+	var lastErr *APIError
+	for n := 0; ; n++ {
+		up, i := p.pick(rt, tried, affinity)
+		if up == nil {
+			if lastErr != nil {
+				return nil, nil, lastErr
+			}
+			return nil, nil, p.allDown(c.entry.ID)
+		}
+		tried |= 1 << i
+		c.upstream = up
+		head := up.chatHead
+		if c.ep == endpointResponses {
+			head = up.responsesHead
+		}
+		*reqp = appendRequest((*reqp)[:0], head, body, c.stream)
+		sent := c.start
+		if n > 0 {
+			sent = time.Now()
+		}
+		h := &up.health
+		h.inflight.Add(1)
+		resp, err := up.pool.roundTrip(*reqp)
+		if err != nil {
+			h.inflight.Add(-1)
+			if isTimeout(err) {
+				lastErr = Unavailable(fmt.Sprintf("upstream %s did not answer within first_byte_timeout (%s)", up.cfg.Name, up.cfg.FirstByteTimeout))
+			} else {
+				lastErr = Unavailable(fmt.Sprintf("upstream %s is unreachable: %v", up.cfg.Name, err))
+			}
+			s.upstreamFailed(up, rt, err.Error())
+			if retryable(n, rt, c.start, p, tried) {
+				h.retries.Add(1)
+				continue
+			}
+			return nil, nil, lastErr
+		}
+		status := resp.Header.StatusCode()
+		switch {
+		case status == fasthttp.StatusTooManyRequests:
+			h.count(false)
+			if d := retryAfter(&resp.Header); d > 0 {
+				h.rest(d, "answered 429 with Retry-After "+strconv.Itoa(int(d/time.Second))+"s")
+			}
+		case status >= 500:
+			s.upstreamFailed(up, rt, "answered "+strconv.Itoa(status))
+		default:
+			h.succeeded(time.Since(sent))
+		}
+		if (status == 429 || status == 502 || status == 503) && retryable(n, rt, c.start, p, tried) {
+			resp.Close()
+			h.inflight.Add(-1)
+			h.retries.Add(1)
+			continue
+		}
+		c.inflight = true
+		return resp, up, nil
+	}
+}
+
+// retryable reports whether a call whose attempt n failed may try again.
+func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64) bool {
+	return n < rt.Retries && time.Since(start) < rt.RetryBudget && p.another(tried)
+}
+
+// upstreamFailed counts a failure against up and, when that ejects it,
+// starts probing it so it comes back as soon as it answers again.
+func (s *Server) upstreamFailed(up *upstream, rt *config.Routing, reason string) {
+	if !up.health.failed(rt, reason) {
+		return
+	}
+	s.logf("upstream %s ejected: %s", up.cfg.Name, reason)
+	up.health.mu.Lock()
+	start := !up.health.probing
+	up.health.probing = true
+	up.health.mu.Unlock()
+	if start {
+		go s.probe(up)
+	}
+}
+
+// probe asks an ejected upstream GET {base_url}/models every
+// routing.probe_interval until it answers (it is then back in service) or
+// it recovered through a trial call, or a reload removed it.
+func (s *Server) probe(up *upstream) {
+	defer func() {
+		up.health.mu.Lock()
+		up.health.probing = false
+		up.health.mu.Unlock()
+	}()
+	for {
+		time.Sleep(s.world.Load().Config.Routing.ProbeInterval)
+		if up.retired.Load() || up.health.state.Load() == stateClosed {
+			return
+		}
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		req.SetRequestURI(up.modelsURL)
+		if up.authHeader != "" {
+			req.Header.Set("Authorization", up.authHeader)
+		}
+		err := up.client.DoTimeout(req, resp, up.cfg.ConnectTimeout+time.Second)
+		ok := err == nil && resp.StatusCode() < 500
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+		if ok {
+			up.health.close()
+			s.logf("upstream %s is back: GET /models answered", up.cfg.Name)
+			return
+		}
+	}
+}
+
+// retryAfter reads a Retry-After header in seconds (the form inference
+// servers and OpenAI send), capped at 10 minutes; 0 without one.
+func retryAfter(h *fasthttp.ResponseHeader) time.Duration {
+	v := h.Peek("Retry-After")
+	if len(v) == 0 {
+		return 0
+	}
+	secs, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || secs <= 0 {
+		return 0
+	}
+	return min(time.Duration(secs*float64(time.Second)), 10*time.Minute)
+}

@@ -1,0 +1,508 @@
+package proxy
+
+import (
+	"fmt"
+	"hash/maphash"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// A model's pool is the upstreams that serve it. Every call picks one that
+// is not ejected (balance), may move on to another before the first byte
+// reaches the client (retries), and reports how the attempt went (health),
+// which ejects upstreams that keep failing and brings them back.
+
+// Breaker states of an upstream.
+const (
+	stateClosed   int32 = iota // serving
+	stateOpen                  // ejected until openUntil
+	stateHalfOpen              // one trial call decides
+)
+
+// upstreamHealth is an upstream's load and circuit breaker. It lives in the
+// upstream, so a reload that keeps the upstream keeps its state.
+type upstreamHealth struct {
+	inflight  atomic.Int64
+	latency   atomic.Int64 // moving average of the time to response headers, ns
+	state     atomic.Int32
+	openUntil atomic.Int64 // unix ns: open until then, then half-open
+	trial     atomic.Bool  // a half-open trial call is out
+
+	mu        sync.Mutex // breaker transitions; never held across I/O
+	failures  int        // consecutive
+	ejectFor  time.Duration
+	lastError string
+	probing   bool
+
+	// Calls and failures in the current and the previous minute, for the
+	// error rate the admin API shows.
+	window   atomic.Int64 // unix minute of cur
+	curCalls atomic.Int64
+	curFails atomic.Int64
+	prvCalls atomic.Int64
+	prvFails atomic.Int64
+
+	calls     atomic.Uint64 // attempts that got an answer or failed, ever
+	ejections atomic.Uint64
+	retries   atomic.Uint64 // calls moved away from this upstream
+}
+
+// initialLatency stands in for an upstream's latency until it answered.
+const initialLatency = int64(time.Millisecond)
+
+// available reports whether a call may go to the upstream now, and takes
+// the half-open trial slot when the call is that trial.
+func (h *upstreamHealth) available(now int64) bool {
+	switch h.state.Load() {
+	case stateClosed:
+		return true
+	case stateOpen:
+		if now < h.openUntil.Load() {
+			return false
+		}
+		h.state.CompareAndSwap(stateOpen, stateHalfOpen)
+		fallthrough
+	default:
+		return h.trial.CompareAndSwap(false, true)
+	}
+}
+
+// eligible is available without taking the trial slot: for choosing.
+func (h *upstreamHealth) eligible(now int64) bool {
+	switch h.state.Load() {
+	case stateClosed:
+		return true
+	case stateOpen:
+		return now >= h.openUntil.Load()
+	default:
+		return !h.trial.Load()
+	}
+}
+
+func (h *upstreamHealth) count(failed bool) {
+	minute := time.Now().Unix() / 60
+	if w := h.window.Load(); w != minute && h.window.CompareAndSwap(w, minute) {
+		if w == minute-1 {
+			h.prvCalls.Store(h.curCalls.Swap(0))
+			h.prvFails.Store(h.curFails.Swap(0))
+		} else {
+			h.prvCalls.Store(0)
+			h.prvFails.Store(0)
+			h.curCalls.Store(0)
+			h.curFails.Store(0)
+		}
+	}
+	h.calls.Add(1)
+	h.curCalls.Add(1)
+	if failed {
+		h.curFails.Add(1)
+	}
+}
+
+// succeeded records an answer (any status but those failed takes) after
+// ttfb.
+func (h *upstreamHealth) succeeded(ttfb time.Duration) {
+	h.count(false)
+	old := h.latency.Load()
+	if old == 0 {
+		old = int64(ttfb)
+	}
+	h.latency.Store(old + (int64(ttfb)-old)/8)
+	if h.state.Load() == stateClosed {
+		if h.failures != 0 { // racy read is fine: a stale non-zero only costs the lock
+			h.mu.Lock()
+			h.failures = 0
+			h.mu.Unlock()
+		}
+		return
+	}
+	h.close()
+}
+
+// close puts the upstream back in service.
+func (h *upstreamHealth) close() {
+	h.mu.Lock()
+	h.failures, h.ejectFor = 0, 0
+	h.state.Store(stateClosed)
+	h.trial.Store(false)
+	h.mu.Unlock()
+}
+
+// failed records a connect error, a first-byte timeout or a 5xx. It
+// returns true when this failure ejected the upstream, so the caller can
+// start probing it.
+func (h *upstreamHealth) failed(rt *config.Routing, reason string) (ejected bool) {
+	h.count(true)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failures++
+	h.lastError = reason
+	switch h.state.Load() {
+	case stateClosed:
+		if h.failures < rt.EjectAfter {
+			return false
+		}
+		h.ejectFor = rt.EjectFor
+	default: // a failed trial, or a failure racing an ejection
+		h.ejectFor = min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax)
+	}
+	h.openUntil.Store(time.Now().Add(h.ejectFor).UnixNano())
+	h.state.Store(stateOpen)
+	h.trial.Store(false)
+	h.ejections.Add(1)
+	return true
+}
+
+// rest takes the upstream out for d without counting a failure: it
+// answered 429 with Retry-After.
+func (h *upstreamHealth) rest(d time.Duration, reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lastError = reason
+	until := time.Now().Add(d).UnixNano()
+	if h.state.Load() == stateOpen && h.openUntil.Load() >= until {
+		return
+	}
+	h.openUntil.Store(until)
+	h.state.Store(stateOpen)
+	h.trial.Store(false)
+}
+
+// describe says why an upstream is out, for the 503 when all are.
+func (h *upstreamHealth) describe(now int64) string {
+	h.mu.Lock()
+	reason := h.lastError
+	h.mu.Unlock()
+	switch h.state.Load() {
+	case stateOpen:
+		left := time.Duration(h.openUntil.Load() - now).Round(time.Millisecond)
+		return fmt.Sprintf("ejected for %s more (%s)", max(left, 0), reason)
+	case stateHalfOpen:
+		return fmt.Sprintf("being retried (%s)", reason)
+	}
+	return "serving"
+}
+
+// pool is one model's upstreams with their weights. It is built with the
+// World; the upstreams (and their health) may outlive it.
+type pool struct {
+	members []poolMember
+	weights int
+	rr      atomic.Uint64
+	names   string
+}
+
+type poolMember struct {
+	up     *upstream
+	weight int
+}
+
+func newPool(members []config.PoolMember, upstreams map[string]*upstream) *pool {
+	p := &pool{}
+	var names []string
+	for _, m := range members {
+		up := upstreams[m.Name]
+		if up == nil {
+			continue
+		}
+		p.members = append(p.members, poolMember{up, max(m.Weight, 1)})
+		p.weights += max(m.Weight, 1)
+		names = append(names, m.Name)
+	}
+	p.names = strings.Join(names, ", ")
+	return p
+}
+
+// pick chooses the upstream for the next attempt of a call, never one of
+// the members in tried (by index), which earlier attempts used. affinity, when not 0, keeps calls with the
+// same key on the same member while it is available. nil means every
+// member is ejected.
+func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstream, int) {
+	now := time.Now().UnixNano()
+	if len(p.members) == 1 {
+		if tried == 0 && p.members[0].up.health.available(now) {
+			return p.members[0].up, 0
+		}
+		return nil, -1
+	}
+	if affinity != 0 {
+		if i := p.rendezvous(affinity, now, tried); i >= 0 && p.members[i].up.health.available(now) {
+			return p.members[i].up, i
+		}
+	}
+	// Up to three passes: a chosen member may lose its half-open slot to
+	// a concurrent call between choosing and taking.
+	for range 3 {
+		i := p.choose(rt.Balance, now, tried)
+		if i < 0 {
+			return nil, -1
+		}
+		if p.members[i].up.health.available(now) {
+			return p.members[i].up, i
+		}
+	}
+	return nil, -1
+}
+
+// another reports whether a member outside tried could take a retry.
+func (p *pool) another(tried uint64) bool {
+	now := time.Now().UnixNano()
+	for i, m := range p.members {
+		if tried&(1<<i) == 0 && m.up.health.eligible(now) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *pool) choose(mode string, now int64, skip uint64) int {
+	switch mode {
+	case "round_robin":
+		// Turn t goes to the member whose slice of the total weight holds
+		// t, or the next one taking calls.
+		turn := int(p.rr.Add(1) % uint64(p.weights))
+		start := 0
+		for turn >= p.members[start].weight {
+			turn -= p.members[start].weight
+			start++
+		}
+		n := len(p.members)
+		for k := range n {
+			i := (start + k) % n
+			if skip&(1<<i) == 0 && p.members[i].up.health.eligible(now) {
+				return i
+			}
+		}
+		return -1
+	case "least_in_flight":
+		best, bestCost := -1, int64(0)
+		for i, m := range p.members {
+			if skip&(1<<i) != 0 || !m.up.health.eligible(now) {
+				continue
+			}
+			cost := (m.up.health.inflight.Load() + 1) * 1000 / int64(m.weight)
+			if best < 0 || cost < bestCost {
+				best, bestCost = i, cost
+			}
+		}
+		return best
+	}
+	// Power of two choices: two members drawn by weight, the one with less
+	// work queued (in flight x latency, per unit of weight) wins.
+	a := p.draw(now, skip, -1)
+	if a < 0 {
+		return -1
+	}
+	b := p.draw(now, skip, a)
+	if b < 0 || p.cost(a) <= p.cost(b) {
+		return a
+	}
+	return b
+}
+
+func (p *pool) cost(i int) int64 {
+	h := &p.members[i].up.health
+	lat := h.latency.Load()
+	if lat == 0 {
+		lat = initialLatency
+	}
+	return (h.inflight.Load() + 1) * (lat / int64(p.members[i].weight))
+}
+
+// draw picks an eligible member at random by weight, other than not and
+// those in skip, or -1.
+func (p *pool) draw(now int64, skip uint64, not int) int {
+	total := 0
+	for i, m := range p.members {
+		if i != not && skip&(1<<i) == 0 && m.up.health.eligible(now) {
+			total += m.weight
+		}
+	}
+	if total == 0 {
+		return -1
+	}
+	r := rand.IntN(total)
+	for i, m := range p.members {
+		if i != not && skip&(1<<i) == 0 && m.up.health.eligible(now) {
+			if r -= m.weight; r < 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// rendezvous is the member with the highest weighted hash for key among
+// those eligible: a key stays on its member while that member serves, and
+// moves only when it leaves.
+func (p *pool) rendezvous(key uint64, now int64, skip uint64) int {
+	best, bestScore := -1, 0.0
+	for i, m := range p.members {
+		if skip&(1<<i) != 0 || !m.up.health.eligible(now) {
+			continue
+		}
+		// Weighted rendezvous hashing: weight / -ln(u), u uniform in (0, 1].
+		u := (float64(mix(key^m.up.nameHash)>>11) + 1) / (1 << 53)
+		score := float64(m.weight) / -math.Log(u)
+		if best < 0 || score > bestScore {
+			best, bestScore = i, score
+		}
+	}
+	return best
+}
+
+// mix is SplitMix64's finalizer: a cheap, well-spread hash of x.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// allDown is the 503 for a call none of whose upstreams is available.
+func (p *pool) allDown(model string) *APIError {
+	now := time.Now().UnixNano()
+	parts := make([]string, 0, len(p.members))
+	for _, m := range p.members {
+		parts = append(parts, m.up.cfg.Name+": "+m.up.health.describe(now))
+	}
+	return Unavailable(fmt.Sprintf("every upstream of model %q is unavailable (%s)", model, strings.Join(parts, "; ")))
+}
+
+var affinitySeed = maphash.MakeSeed()
+
+// affinityKey is the key calls of one session share, or 0: the header's
+// value, or a hash of the first bytes of the messages or input.
+func affinityKey(rt *config.Routing, ctx *fasthttp.RequestCtx, body []byte) uint64 {
+	switch rt.Affinity {
+	case "header":
+		if v := ctx.Request.Header.Peek(rt.AffinityHeader); len(v) > 0 {
+			return maphash.Bytes(affinitySeed, v) | 1
+		}
+	case "prefix":
+		start := prefixStart(body)
+		if start < 0 {
+			return 0
+		}
+		end := min(len(body), start+int(rt.AffinityPrefixBytes))
+		return maphash.Bytes(affinitySeed, body[start:end]) | 1
+	}
+	return 0
+}
+
+// prefixStart is the offset in body of the messages (chat) or input
+// (responses) value, or -1.
+func prefixStart(body []byte) int {
+	for _, key := range [...]string{"messages", "input"} {
+		if r := gjson.GetBytes(body, key); r.Exists() && r.Index > 0 {
+			return r.Index
+		}
+	}
+	return -1
+}
+
+// UpstreamStatus is one upstream as GET /admin/v1/upstreams shows it.
+type UpstreamStatus struct {
+	Name    string   `json:"name"`
+	BaseURL string   `json:"base_url"`
+	Models  []string `json:"models"`
+	// State is "healthy", "ejected" (until EjectedUntil) or "half_open"
+	// (the next call is a trial).
+	State        string     `json:"state"`
+	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+	InFlight     int64      `json:"in_flight"`
+	LatencyMs    float64    `json:"latency_ms"` // moving average of the time to response headers
+	// Calls and failed calls in the current and the previous minute.
+	RecentCalls     int64   `json:"recent_calls"`
+	RecentErrorRate float64 `json:"recent_error_rate"`
+	Calls           uint64  `json:"calls"` // since the gateway started
+	Ejections       uint64  `json:"ejections"`
+	Retries         uint64  `json:"retries"` // calls that moved on from it
+}
+
+// upstreamStatuses reports every configured upstream, in config order.
+func upstreamStatuses(w *World) []UpstreamStatus {
+	models := map[string][]string{}
+	for _, e := range w.Catalog.Entries() {
+		for _, m := range e.Pool {
+			models[m.Name] = append(models[m.Name], e.ID)
+		}
+	}
+	now := time.Now()
+	out := make([]UpstreamStatus, 0, len(w.Config.Upstreams))
+	for _, uc := range w.Config.Upstreams {
+		up := w.upstreams[uc.Name]
+		if up == nil {
+			continue
+		}
+		h := &up.health
+		st := UpstreamStatus{Name: uc.Name, BaseURL: uc.BaseURL, Models: models[uc.Name], State: "healthy",
+			InFlight: h.inflight.Load(), LatencyMs: float64(h.latency.Load()) / 1e6,
+			Calls: h.calls.Load(), Ejections: h.ejections.Load(), Retries: h.retries.Load()}
+		if st.Models == nil {
+			st.Models = []string{}
+		}
+		switch h.state.Load() {
+		case stateOpen:
+			until := time.Unix(0, h.openUntil.Load())
+			if until.After(now) {
+				st.State, st.EjectedUntil = "ejected", &until
+			} else {
+				st.State = "half_open"
+			}
+		case stateHalfOpen:
+			st.State = "half_open"
+		}
+		h.mu.Lock()
+		st.LastError = h.lastError
+		h.mu.Unlock()
+		calls, fails := h.curCalls.Load()+h.prvCalls.Load(), h.curFails.Load()+h.prvFails.Load()
+		st.RecentCalls = calls
+		if calls > 0 {
+			st.RecentErrorRate = float64(fails) / float64(calls)
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// UpstreamMetrics appends the upstreams' Prometheus series to b.
+func (w *World) UpstreamMetrics(b []byte) []byte {
+	type series struct {
+		name, help, kind string
+		value            func(h *upstreamHealth) float64
+	}
+	all := []series{
+		{"tollgate_upstream_in_flight", "Generation calls in flight per upstream.", "gauge", func(h *upstreamHealth) float64 { return float64(h.inflight.Load()) }},
+		{"tollgate_upstream_healthy", "1 while the upstream takes calls, 0 while ejected.", "gauge", func(h *upstreamHealth) float64 {
+			if h.state.Load() == stateClosed {
+				return 1
+			}
+			return 0
+		}},
+		{"tollgate_upstream_latency_seconds", "Moving average of the time to response headers.", "gauge", func(h *upstreamHealth) float64 { return float64(h.latency.Load()) / 1e9 }},
+		{"tollgate_upstream_calls_total", "Attempts sent to the upstream that were answered or failed.", "counter", func(h *upstreamHealth) float64 { return float64(h.calls.Load()) }},
+		{"tollgate_upstream_ejections_total", "Times the upstream was ejected.", "counter", func(h *upstreamHealth) float64 { return float64(h.ejections.Load()) }},
+		{"tollgate_upstream_retries_total", "Calls that moved on from the upstream to another.", "counter", func(h *upstreamHealth) float64 { return float64(h.retries.Load()) }},
+	}
+	for _, s := range all {
+		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", s.name, s.help, s.name, s.kind)
+		for _, uc := range w.Config.Upstreams {
+			if up := w.upstreams[uc.Name]; up != nil {
+				b = fmt.Appendf(b, "%s{upstream=%q} %g\n", s.name, uc.Name, s.value(&up.health))
+			}
+		}
+	}
+	return b
+}

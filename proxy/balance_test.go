@@ -1,0 +1,120 @@
+package proxy
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+func testRouting(balance string) *config.Routing {
+	return &config.Routing{Balance: balance, Retries: 2, RetryBudget: 10 * time.Second,
+		EjectAfter: 2, EjectFor: 50 * time.Millisecond, EjectMax: 200 * time.Millisecond, ProbeInterval: time.Second}
+}
+
+func testModelPool(t testing.TB, n int) *pool {
+	ups := map[string]*upstream{}
+	var members []config.PoolMember
+	for i := range n {
+		name := fmt.Sprintf("u%d", i)
+		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
+			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
+			MaxConnections: 8, MaxResponseBody: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ups[name] = up
+		members = append(members, config.PoolMember{Name: name, Weight: 1})
+	}
+	return newPool(members, ups)
+}
+
+func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
+	rt := testRouting("p2c")
+	p := testModelPool(t, 1)
+	h := &p.members[0].up.health
+	if h.failed(rt, "refused") {
+		t.Fatal("ejected after one failure with eject_after 2")
+	}
+	if !h.failed(rt, "refused") {
+		t.Fatal("not ejected after eject_after failures")
+	}
+	if up, _ := p.pick(rt, 0, 0); up != nil {
+		t.Fatal("an ejected upstream was picked")
+	}
+	time.Sleep(60 * time.Millisecond)
+	if up, _ := p.pick(rt, 0, 0); up == nil {
+		t.Fatal("no trial call after eject_for")
+	}
+	if up, _ := p.pick(rt, 0, 0); up != nil {
+		t.Fatal("a second call went out while the half-open trial was out")
+	}
+	h.failed(rt, "refused again") // the trial failed: out for twice as long
+	time.Sleep(60 * time.Millisecond)
+	if up, _ := p.pick(rt, 0, 0); up != nil {
+		t.Fatal("back after eject_for although the cool-down doubled")
+	}
+	time.Sleep(50 * time.Millisecond)
+	if up, _ := p.pick(rt, 0, 0); up == nil {
+		t.Fatal("no trial after the doubled cool-down")
+	}
+	h.succeeded(time.Millisecond)
+	for range 3 {
+		if up, _ := p.pick(rt, 0, 0); up == nil {
+			t.Fatal("not serving after a successful trial")
+		}
+	}
+}
+
+func TestPickSkipsTriedAndEjected(t *testing.T) {
+	for _, mode := range config.BalanceModes {
+		rt := testRouting(mode)
+		p := testModelPool(t, 3)
+		p.members[1].up.health.rest(time.Minute, "429")
+		for range 50 {
+			up, i := p.pick(rt, 1<<0, 0)
+			if up == nil || i != 2 {
+				t.Fatalf("%s: picked %d with u0 tried and u1 resting", mode, i)
+			}
+			p.members[2].up.health.trial.Store(false)
+		}
+		if up, _ := p.pick(rt, 1<<0|1<<2, 0); up != nil {
+			t.Fatalf("%s: picked with every member tried or out", mode)
+		}
+	}
+}
+
+func TestAffinityKeepsAKeyOnOneMember(t *testing.T) {
+	rt := testRouting("p2c")
+	p := testModelPool(t, 4)
+	for key := uint64(1); key < 200; key += 7 {
+		first, _ := p.pick(rt, 0, key)
+		for range 5 {
+			if up, _ := p.pick(rt, 0, key); up != first {
+				t.Fatalf("key %d moved from %s to %s", key, first.cfg.Name, up.cfg.Name)
+			}
+		}
+	}
+}
+
+// BenchmarkPick is what choosing an upstream costs per call: the one-member
+// pool every model had before pools, and three members per mode.
+func BenchmarkPick(b *testing.B) {
+	b.Run("one", func(b *testing.B) {
+		rt, p := testRouting("p2c"), testModelPool(b, 1)
+		b.ReportAllocs()
+		for b.Loop() {
+			p.pick(rt, 0, 0)
+		}
+	})
+	for _, mode := range config.BalanceModes {
+		b.Run("three-"+mode, func(b *testing.B) {
+			rt, p := testRouting(mode), testModelPool(b, 3)
+			b.ReportAllocs()
+			for b.Loop() {
+				p.pick(rt, 0, 0)
+			}
+		})
+	}
+}

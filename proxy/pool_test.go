@@ -1,0 +1,238 @@
+package proxy_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+// poolHarness is the harness with model "small" served by a pool of extra
+// proxytest upstreams named p0, p1, …, put in place by a config reload.
+type poolHarness struct {
+	*harness
+	ups []*proxytest.Server
+}
+
+func newPoolHarness(t *testing.T, n int, routing string, opts ...proxytest.Options) *poolHarness {
+	t.Helper()
+	h := &poolHarness{harness: newHarness(t, harnessOptions{})}
+	for i := range n {
+		var o proxytest.Options
+		if i < len(opts) {
+			o = opts[i]
+		}
+		up := proxytest.NewServer(o)
+		t.Cleanup(up.Close)
+		h.ups = append(h.ups, up)
+	}
+	h.setPool(routing, h.names()...)
+	return h
+}
+
+func (h *poolHarness) names() []string {
+	var names []string
+	for i := range h.ups {
+		names = append(names, fmt.Sprintf("p%d", i))
+	}
+	return names
+}
+
+// setPool rewrites the config so that model small is served by members
+// (names of the p upstreams), and waits until the gateway runs it.
+func (h *poolHarness) setPool(routing string, members ...string) {
+	h.t.Helper()
+	cfg := readFile(h.t, h.cfgPath)
+	if i := strings.Index(cfg, "routing:"); i >= 0 {
+		cfg = cfg[:i]
+	} else {
+		cfg = cfg[:strings.Index(cfg, "upstreams:")]
+	}
+	cfg += "routing:\n" + routing + "\nupstreams:\n  - {name: local, base_url: " + h.up.URL + "}\n"
+	for i, up := range h.ups {
+		cfg += fmt.Sprintf("  - {name: p%d, base_url: %s, first_byte_timeout: 2s}\n", i, up.URL)
+	}
+	cfg += "models:\n  - id: small\n    upstream_model: proxytest-small\n    context_length: 1000\n    max_output_length: 100\n" +
+		"    upstreams: [" + strings.Join(members, ", ") + "]\n"
+	h.writeConfig(cfg)
+	checkFor(h.t, 3*time.Second, 10*time.Millisecond, func() error {
+		got := map[string]bool{}
+		for _, s := range h.statuses() {
+			for _, m := range s.Models {
+				if m == "small" {
+					got[s.Name] = true
+				}
+			}
+		}
+		for _, m := range members {
+			if !got[m] {
+				return fmt.Errorf("pool not in force yet: %v", got)
+			}
+		}
+		if len(got) != len(members) {
+			return fmt.Errorf("pool not in force yet: %v", got)
+		}
+		return nil
+	})
+}
+
+type poolStatus struct {
+	Name      string   `json:"name"`
+	Models    []string `json:"models"`
+	State     string   `json:"state"`
+	LastError string   `json:"last_error"`
+	Calls     uint64   `json:"calls"`
+	InFlight  int64    `json:"in_flight"`
+	Retries   uint64   `json:"retries"`
+}
+
+func (h *poolHarness) statuses() map[string]poolStatus {
+	h.t.Helper()
+	req, _ := http.NewRequest("GET", h.url+"/admin/v1/upstreams", nil)
+	req.Header.Set("Authorization", "Bearer admin-secret")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	body := readAll(h.t, resp)
+	if resp.StatusCode != 200 {
+		h.t.Fatalf("GET /admin/v1/upstreams: %d %s", resp.StatusCode, body)
+	}
+	var out struct {
+		Data []poolStatus `json:"data"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		h.t.Fatal(err)
+	}
+	m := map[string]poolStatus{}
+	for _, s := range out.Data {
+		m[s.Name] = s
+	}
+	return m
+}
+
+const smallChat = `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+
+func TestPoolSpreadsByWeightAndReleasesInFlight(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	cfg := readFile(t, h.cfgPath)
+	h.writeConfig(strings.Replace(cfg, "upstreams: [p0, p1]", "upstreams: [p0, {name: p1, weight: 3}]", 1))
+	time.Sleep(700 * time.Millisecond) // the watcher checks every 500ms
+	before := h.statuses()
+	for range 400 {
+		resp := h.post("/v1/chat/completions", smallChat)
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	after := h.statuses()
+	p0 := after["p0"].Calls - before["p0"].Calls
+	p1 := after["p1"].Calls - before["p1"].Calls
+	if p0+p1 != 400 || p1 < 2*p0 {
+		t.Fatalf("weights 1:3 gave p0 %d, p1 %d calls", p0, p1)
+	}
+	if after["p0"].InFlight != 0 || after["p1"].InFlight != 0 {
+		t.Fatalf("in flight after all calls ended: %+v", after)
+	}
+}
+
+func TestPoolAllDownAnswers503NamingThemAtOnce(t *testing.T) {
+	h := newPoolHarness(t, 2, "  eject_for: 30s\n  eject_after: 1")
+	h.ups[0].Close()
+	h.ups[1].Close()
+	// The first call finds both down (each is tried once) and ejects them.
+	resp := h.post("/v1/chat/completions", smallChat)
+	wantError(t, resp, 503, "upstream_unavailable")
+	began := time.Now()
+	resp = h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`)
+	env := wantError(t, resp, 503, "upstream_unavailable")
+	if took := time.Since(began); took > 500*time.Millisecond {
+		t.Fatalf("503 took %v with every upstream ejected", took)
+	}
+	msg, _ := env["message"].(string)
+	if !strings.Contains(msg, "every upstream of model \"small\"") || !strings.Contains(msg, "p0: ejected") || !strings.Contains(msg, "p1: ejected") {
+		t.Fatalf("503 does not name the ejected upstreams: %q", msg)
+	}
+	if st := h.statuses()["p0"]; st.State != "ejected" || st.LastError == "" {
+		t.Fatalf("p0 is %+v, want ejected with its error", st)
+	}
+}
+
+func TestPoolRetriesBeforeTheFirstByteStreamedOrNot(t *testing.T) {
+	// p0 refuses connections, p1 answers 429 with Retry-After, p2 serves.
+	h := newPoolHarness(t, 3, "  retries: 2", proxytest.Options{}, proxytest.Options{Status: 429, RetryAfter: "30"})
+	h.ups[0].Close()
+	for i := range 20 {
+		body := smallChat
+		if i%2 == 1 {
+			body = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		resp := h.post("/v1/chat/completions", body)
+		got := readAll(t, resp)
+		if resp.StatusCode != 200 {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, got)
+		}
+		if i%2 == 1 && !strings.HasSuffix(strings.TrimSpace(string(got)), "data: [DONE]") {
+			t.Fatalf("stream %d did not end with [DONE]: %s", i, got)
+		}
+	}
+	st := h.statuses()
+	if st["p1"].State != "ejected" || !strings.Contains(st["p1"].LastError, "429") {
+		t.Fatalf("p1 answered 429 with Retry-After 30 and is %+v", st["p1"])
+	}
+	if st["p2"].Calls < 20 {
+		t.Fatalf("p2 served %d calls, want all 20", st["p2"].Calls)
+	}
+	// Each call was billed once, by p2.
+	events := h.events(20)
+	for _, ev := range events {
+		if ev.Upstream != "p2" {
+			t.Fatalf("event billed for upstream %s, want p2: %+v", ev.Upstream, ev)
+		}
+	}
+}
+
+func TestPoolReloadUnderLoadFailsNoCall(t *testing.T) {
+	h := newPoolHarness(t, 3, "  balance: p2c")
+	var calls, failed atomic.Int64
+	var first atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp := h.post("/v1/chat/completions", smallChat)
+				body := readAll(t, resp)
+				calls.Add(1)
+				if resp.StatusCode != 200 {
+					failed.Add(1)
+					first.CompareAndSwap(nil, fmt.Sprintf("%d %s", resp.StatusCode, body))
+				}
+			}
+		}()
+	}
+	h.setPool("  balance: p2c", "p0", "p1")
+	h.setPool("  balance: least_in_flight", "p2")
+	h.setPool("  balance: round_robin", "p0", "p1", "p2")
+	close(stop)
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d of %d calls failed across reloads; first: %v", failed.Load(), calls.Load(), first.Load())
+	}
+	if calls.Load() < 20 {
+		t.Fatalf("only %d calls ran across the reloads", calls.Load())
+	}
+}
