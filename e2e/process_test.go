@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +43,7 @@ func freeAddr(t testing.TB) string {
 // fails.
 type process struct {
 	t       *testing.T
+	bin     string // default tollgateBin
 	name    string
 	args    []string
 	env     []string
@@ -102,7 +104,7 @@ func (p *process) start() {
 	}
 	defer logFile.Close() // the child holds its own descriptor
 	fmt.Fprintf(logFile, "=== %s: starting %s %s\n", time.Now().Format(time.TimeOnly), p.name, strings.Join(p.args, " "))
-	cmd := exec.Command(tollgateBin, p.args...)
+	cmd := exec.Command(cmp.Or(p.bin, tollgateBin), p.args...)
 	cmd.Dir = p.dir
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
