@@ -1,6 +1,6 @@
 // Package catalog turns the models of gateway.yaml into the served catalog:
 // the allow-list, the upstream each model maps to, exact prices, and the
-// pre-rendered GET /v1/models body.
+// pre-rendered GET /v1/models and GET /v1/models/{id} bodies.
 package catalog
 
 import (
@@ -55,6 +55,8 @@ type Entry struct {
 	UpstreamModelJSON string
 	Prices            Prices
 	Config            config.Model
+
+	json []byte // this entry as GET /v1/models lists it
 }
 
 // Catalog is immutable once built; a config reload builds a new one.
@@ -112,11 +114,21 @@ func New(models []config.Model) (*Catalog, error) {
 	ids := c.IDs()
 	sort.Strings(ids)
 	c.validList = strings.Join(ids, ", ")
-	body, err := json.Marshal(c.render())
-	if err != nil {
-		return nil, err
+	// The list is assembled from the entries' own bytes, so GET
+	// /v1/models/{id} answers exactly what the list says about id.
+	list := []byte(`{"object":"list","data":[`)
+	for i, e := range c.ordered {
+		body, err := json.Marshal(e.view())
+		if err != nil {
+			return nil, err
+		}
+		e.json = body
+		if i > 0 {
+			list = append(list, ',')
+		}
+		list = append(list, body...)
 	}
-	c.modelsJSON = body
+	c.modelsJSON = append(list, "]}"...)
 	return c, nil
 }
 
@@ -144,6 +156,16 @@ func (c *Catalog) ValidList() string { return c.validList }
 // ModelsJSON is the GET /v1/models body, rendered once per catalog.
 func (c *Catalog) ModelsJSON() []byte { return c.modelsJSON }
 
+// ModelJSON is the GET /v1/models/{id} body: id's element of the list,
+// rendered once per catalog. The caller MUST NOT modify it.
+func (c *Catalog) ModelJSON(id string) ([]byte, bool) {
+	e, ok := c.byID[id]
+	if !ok {
+		return nil, false
+	}
+	return e.json, true
+}
+
 type modelPricing struct {
 	Prompt         string `json:"prompt"`
 	Completion     string `json:"completion"`
@@ -169,11 +191,6 @@ type modelView struct {
 	SupportedSamplingParameters []string     `json:"supported_sampling_parameters"`
 }
 
-type listView struct {
-	Object string      `json:"object"`
-	Data   []modelView `json:"data"`
-}
-
 func nonNil(s []string) []string {
 	if s == nil {
 		return []string{}
@@ -181,31 +198,27 @@ func nonNil(s []string) []string {
 	return s
 }
 
-func (c *Catalog) render() listView {
-	out := listView{Object: "list", Data: make([]modelView, 0, len(c.ordered))}
-	for _, e := range c.ordered {
-		m := e.Config
-		out.Data = append(out.Data, modelView{
-			ID:               m.ID,
-			Object:           "model",
-			OwnedBy:          "tollgate",
-			HuggingFaceID:    m.HuggingFaceID,
-			Name:             m.Name,
-			InputModalities:  nonNil(m.InputModalities),
-			OutputModalities: nonNil(m.OutputModalities),
-			Quantization:     m.Quantization,
-			ContextLength:    m.ContextLength,
-			MaxOutputLength:  m.MaxOutputLength,
-			Pricing: modelPricing{
-				Prompt:         e.Prices.Prompt.String(),
-				Completion:     e.Prices.Completion.String(),
-				Image:          e.Prices.Image.String(),
-				Request:        e.Prices.Request.String(),
-				InputCacheRead: e.Prices.InputCacheRead.String(),
-			},
-			SupportedFeatures:           nonNil(m.SupportedFeatures),
-			SupportedSamplingParameters: nonNil(m.SupportedSamplingParameters),
-		})
+func (e *Entry) view() modelView {
+	m := e.Config
+	return modelView{
+		ID:               m.ID,
+		Object:           "model",
+		OwnedBy:          "tollgate",
+		HuggingFaceID:    m.HuggingFaceID,
+		Name:             m.Name,
+		InputModalities:  nonNil(m.InputModalities),
+		OutputModalities: nonNil(m.OutputModalities),
+		Quantization:     m.Quantization,
+		ContextLength:    m.ContextLength,
+		MaxOutputLength:  m.MaxOutputLength,
+		Pricing: modelPricing{
+			Prompt:         e.Prices.Prompt.String(),
+			Completion:     e.Prices.Completion.String(),
+			Image:          e.Prices.Image.String(),
+			Request:        e.Prices.Request.String(),
+			InputCacheRead: e.Prices.InputCacheRead.String(),
+		},
+		SupportedFeatures:           nonNil(m.SupportedFeatures),
+		SupportedSamplingParameters: nonNil(m.SupportedSamplingParameters),
 	}
-	return out
 }

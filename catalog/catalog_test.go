@@ -66,3 +66,31 @@ func TestCatalogRendersSpecShape(t *testing.T) {
 		t.Fatal("duplicate id accepted")
 	}
 }
+
+// GET /v1/models/{id} must answer byte for byte what the list holds for id,
+// slashes in the id included.
+func TestModelJSONIsTheListElement(t *testing.T) {
+	c, err := New([]config.Model{model("Qwen/Qwen2.5-7B", config.Pricing{Prompt: "0.0000001"}), model("a", config.Pricing{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Data []json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(c.ModelsJSON(), &list); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"Qwen/Qwen2.5-7B", "a"} {
+		got, ok := c.ModelJSON(id)
+		if !ok || string(got) != string(list.Data[i]) {
+			t.Errorf("ModelJSON(%q) = %s, %v; the list has %s", id, got, ok, list.Data[i])
+		}
+	}
+	if _, ok := c.ModelJSON("Qwen"); ok {
+		t.Error("a prefix of an id was found")
+	}
+	empty, err := New(nil)
+	if err != nil || string(empty.ModelsJSON()) != `{"object":"list","data":[]}` {
+		t.Fatalf("empty catalog: %s, %v", empty.ModelsJSON(), err)
+	}
+}

@@ -84,6 +84,12 @@ func NotFound(msg string) *APIError {
 	return &APIError{Status: 404, Type: "not_found_error", Code: "not_found", Message: msg}
 }
 
+// errModelNotFound is OpenAI's own 404 for GET /v1/models/{id}, so SDK code
+// that checks for code model_not_found works unchanged.
+func errModelNotFound(id string) *APIError {
+	return &APIError{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model", Message: "The model '" + id + "' does not exist"}
+}
+
 // Conflict is 409.
 func Conflict(msg string) *APIError {
 	return &APIError{Status: 409, Type: "conflict_error", Code: "conflict", Message: msg}

@@ -199,6 +199,52 @@ func TestBadRequests(t *testing.T) {
 	}
 }
 
+// stream and stream_options of the wrong type were read as "not streaming"
+// or rewritten into something the client never sent; now they are refused
+// as OpenAI refuses them, before the upstream is called. null stays absent.
+func TestStreamFieldsOfTheWrongTypeAreRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	cases := []struct {
+		field, param, message string
+	}{
+		{`"stream":"true"`, "stream", "Invalid type for 'stream': expected a boolean, but got a string instead."},
+		{`"stream":1`, "stream", "Invalid type for 'stream': expected a boolean, but got a number instead."},
+		{`"stream":{}`, "stream", "Invalid type for 'stream': expected a boolean, but got an object instead."},
+		{`"stream":[true]`, "stream", "Invalid type for 'stream': expected a boolean, but got an array instead."},
+		{`"stream":true,"stream_options":true`, "stream_options", "Invalid type for 'stream_options': expected an object, but got a boolean instead."},
+		{`"stream":true,"stream_options":"include_usage"`, "stream_options", "Invalid type for 'stream_options': expected an object, but got a string instead."},
+		{`"stream":true,"stream_options":[]`, "stream_options", "Invalid type for 'stream_options': expected an object, but got an array instead."},
+		{`"stream":true,"stream_options":{"include_usage":"false"}`, "stream_options.include_usage", "Invalid type for 'stream_options.include_usage': expected a boolean, but got a string instead."},
+		{`"stream":true,"stream_options":{"include_usage":0}`, "stream_options.include_usage", "Invalid type for 'stream_options.include_usage': expected a boolean, but got a number instead."},
+		{`"stream_options":{"include_usage":{}}`, "stream_options.include_usage", "Invalid type for 'stream_options.include_usage': expected a boolean, but got an object instead."},
+	}
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses"} {
+		for _, c := range cases {
+			e := wantError(t, h.post(path, `{"model":"small",`+c.field+`,"messages":[],"input":"hi"}`), 400, "invalid_request_error")
+			if e["param"] != c.param || e["message"] != c.message {
+				t.Errorf("%s %s: param %v, message %q; want %s, %q", path, c.field, e["param"], e["message"], c.param, c.message)
+			}
+		}
+	}
+	if n := len(h.up.Requests()); n != 0 {
+		t.Fatalf("%d refused requests reached the upstream", n)
+	}
+
+	// null is absent, as at OpenAI: no stream, or no usage asked for.
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":null,"messages":[]}`)
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		t.Fatalf("stream null: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	resp = h.post("/v1/chat/completions", `{"model":"small","stream":true,"stream_options":{"include_usage":null},"messages":[]}`)
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 || strings.Contains(string(body), "usage") {
+		t.Fatalf("include_usage null: %d %s", resp.StatusCode, body)
+	}
+	if sent := h.up.Requests()[1].Body; !gjson.GetBytes(sent, "stream_options.include_usage").Bool() {
+		t.Fatalf("gateway did not ask upstream for usage: %s", sent)
+	}
+}
+
 func TestUpstreamErrorsPassThrough(t *testing.T) {
 	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 429, ErrorBody: `{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate_limit_exceeded"}}`}})
 	resp := h.post("/v1/chat/completions", chatBody)

@@ -14,13 +14,17 @@ type requestFields struct {
 	Model         gjson.Result
 	Stream        gjson.Result
 	StreamOptions gjson.Result
-	end           int // offset of the body's closing '}'
+	IncludeUsage  gjson.Result // stream_options.include_usage; Index is into the body
+	end           int          // offset of the body's closing '}'
 }
 
 // scanRequest validates body as one JSON object and locates the fields the
 // gateway needs. Duplicate keys among them are refused: upstreams written in
 // Python keep the last duplicate while gjson finds the first, so a second
-// "model" would otherwise slip past the allow-list and the price.
+// "model" would otherwise slip past the allow-list and the price. stream
+// and stream_options of the wrong type are refused too, as OpenAI refuses
+// them, rather than read as "not streaming" or rewritten; null counts as
+// absent, as it does at OpenAI.
 func scanRequest(body []byte) (requestFields, *APIError) {
 	var f requestFields
 	if !gjson.ValidBytes(body) {
@@ -53,8 +57,48 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 	if dup != "" {
 		return f, BadRequest(dup, "duplicate key "+strconv.Quote(dup)+" in request body")
 	}
+	if !isBoolOrNull(f.Stream) {
+		return f, wrongType("stream", "a boolean", f.Stream)
+	}
+	if so := f.StreamOptions; so.Type != gjson.Null {
+		if !so.IsObject() {
+			return f, wrongType("stream_options", "an object", so)
+		}
+		f.IncludeUsage = so.Get("include_usage")
+		if !isBoolOrNull(f.IncludeUsage) {
+			return f, wrongType("stream_options.include_usage", "a boolean", f.IncludeUsage)
+		}
+	}
 	f.end = bytes.LastIndexByte(body, '}')
 	return f, nil
+}
+
+// isBoolOrNull is true for true, false, null and a missing field (whose
+// gjson type is Null too).
+func isBoolOrNull(v gjson.Result) bool {
+	return v.Type == gjson.True || v.Type == gjson.False || v.Type == gjson.Null
+}
+
+// wrongType words the refusal as OpenAI does, so a client sees the same
+// message from the gateway as from OpenAI.
+func wrongType(param, want string, got gjson.Result) *APIError {
+	return BadRequest(param, "Invalid type for '"+param+"': expected "+want+", but got "+jsonType(got)+" instead.")
+}
+
+func jsonType(v gjson.Result) string {
+	switch {
+	case v.Type == gjson.String:
+		return "a string"
+	case v.Type == gjson.Number:
+		return "a number"
+	case v.Type == gjson.True || v.Type == gjson.False:
+		return "a boolean"
+	case v.IsArray():
+		return "an array"
+	case v.IsObject():
+		return "an object"
+	}
+	return "null"
 }
 
 type edit struct {
@@ -66,7 +110,9 @@ type edit struct {
 // to the upstream's name (upstreamModelJSON, already a JSON string) and, when forceUsage, stream_options.include_usage set to
 // true. Every other byte is the client's. It reports whether include_usage
 // was added (the client had not asked for usage), so the relay can drop
-// what the client would not have received.
+// what the client would not have received. f MUST come from scanRequest
+// without an error: stream_options is then absent, null or an object whose
+// include_usage is absent, null or a boolean.
 func rewriteRequest(dst, body []byte, f *requestFields, upstreamModelJSON string, forceUsage bool) ([]byte, bool) {
 	var edits [2]edit
 	n := 0
@@ -87,7 +133,7 @@ func rewriteRequest(dst, body []byte, f *requestFields, upstreamModelJSON string
 			edits[n] = edit{pos: f.end, text: text}
 			n++
 		case so.IsObject():
-			iu := so.Get("include_usage")
+			iu := f.IncludeUsage
 			switch {
 			case iu.Type == gjson.True:
 			case iu.Exists():
@@ -103,7 +149,7 @@ func rewriteRequest(dst, body []byte, f *requestFields, upstreamModelJSON string
 				edits[n] = edit{pos: so.Index + 1, text: text}
 				n++
 			}
-		default: // null or a wrong type: the client asked for nothing usable
+		default: // null: the client asked for nothing
 			injected = true
 			edits[n] = edit{pos: so.Index, cut: len(so.Raw), text: `{"include_usage":true}`}
 			n++

@@ -30,6 +30,7 @@ func TestRewriteRequest(t *testing.T) {
 		{`{"model":"a","stream_options":{}}`, `{"model":"up/a","stream_options":{"include_usage":true}}`, true, true},
 		{`{"model":"a","stream_options":{"x":1}}`, `{"model":"up/a","stream_options":{"include_usage":true,"x":1}}`, true, true},
 		{`{"model":"a","stream_options":null}`, `{"model":"up/a","stream_options":{"include_usage":true}}`, true, true},
+		{`{"model":"a","stream_options":{"include_usage":null}}`, `{"model":"up/a","stream_options":{"include_usage":true}}`, true, true},
 		{`{"model":"up/a"}`, `{"model":"up/a"}`, false, false},
 	}
 	for _, c := range cases {

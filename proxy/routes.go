@@ -123,6 +123,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
+	// Model ids may hold slashes ("Qwen/Qwen2.5-7B"): the id is the whole
+	// rest of the path, which fasthttp has already percent-decoded, so the
+	// SDKs' escaped "Qwen%2FQwen2.5-7B" finds it too.
+	if id, ok := bytes.CutPrefix(path, modelsPrefix); ok && len(id) > 0 {
+		s.model(ctx, id)
+		return
+	}
 	if bytes.HasPrefix(path, []byte("/admin/")) && s.admin != nil {
 		s.admin.handle(ctx, s.world.Load())
 		return
@@ -131,6 +138,23 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)))
+}
+
+var modelsPrefix = []byte("/v1/models/")
+
+// model serves GET /v1/models/{id}: like the list, it needs no key.
+func (s *Server) model(ctx *fasthttp.RequestCtx, id []byte) {
+	if !ctx.IsGet() && !ctx.IsHead() {
+		methodNotAllowed(ctx, "GET")
+		return
+	}
+	body, ok := s.world.Load().Catalog.ModelJSON(string(id))
+	if !ok {
+		WriteError(ctx, errModelNotFound(string(id)))
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
 }
 
 func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {

@@ -90,6 +90,25 @@ func TestOfficialGoSDK(t *testing.T) {
 	h.events(4)
 }
 
+// client.Models.Get is GET /v1/models/{id}: the SDK decodes the catalog
+// entry, and an unknown id raises the SDK's 404 with OpenAI's code.
+func TestOfficialGoSDKRetrievesModel(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	client := openai.NewClient(option.WithBaseURL(h.url+"/v1"), option.WithAPIKey(h.key), option.WithMaxRetries(0))
+	m, err := client.Models.Get(t.Context(), "large")
+	if err != nil || m.ID != "large" || m.Object != "model" || m.OwnedBy != "tollgate" {
+		t.Fatalf("large: %v %+v", err, m)
+	}
+	if !strings.Contains(m.RawJSON(), `"context_length":262144`) {
+		t.Fatalf("catalog fields missing: %s", m.RawJSON())
+	}
+	_, err = client.Models.Get(t.Context(), "gpt-9")
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 || apiErr.Code != "model_not_found" || apiErr.Param != "model" || apiErr.Message != "The model 'gpt-9' does not exist" {
+		t.Fatalf("unknown model: %v", err)
+	}
+}
+
 // A stream the upstream cuts reaches the SDK as an error, not as a
 // complete answer.
 func TestOfficialGoSDKSeesCutStream(t *testing.T) {
