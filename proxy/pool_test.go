@@ -166,7 +166,8 @@ func TestPoolAllDownAnswers503NamingThemAtOnce(t *testing.T) {
 
 func TestPoolRetriesBeforeTheFirstByteStreamedOrNot(t *testing.T) {
 	// p0 refuses connections, p1 answers 429 with Retry-After, p2 serves.
-	h := newPoolHarness(t, 3, "  retries: 2", proxytest.Options{}, proxytest.Options{Status: 429, RetryAfter: "30"})
+	// Round robin, so every member gets its turn (p2c would settle on p2).
+	h := newPoolHarness(t, 3, "  retries: 2\n  balance: round_robin", proxytest.Options{}, proxytest.Options{Status: 429, RetryAfter: "30"})
 	h.ups[0].Close()
 	for i := range 20 {
 		body := smallChat
