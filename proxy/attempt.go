@@ -55,7 +55,7 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 			} else {
 				lastErr = Unavailable(fmt.Sprintf("upstream %s is unreachable: %v", up.cfg.Name, err))
 			}
-			s.upstreamFailed(up, rt, err.Error())
+			up.fail(rt, err.Error())
 			if retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
@@ -70,7 +70,7 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 				h.rest(d, "answered 429 with Retry-After "+strconv.Itoa(int(d/time.Second))+"s")
 			}
 		case status >= 500:
-			s.upstreamFailed(up, rt, "answered "+strconv.Itoa(status))
+			up.fail(rt, "answered "+strconv.Itoa(status))
 		default:
 			h.succeeded(time.Since(sent))
 		}
@@ -90,33 +90,33 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 	return n < rt.Retries && time.Since(start) < rt.RetryBudget && p.another(tried)
 }
 
-// upstreamFailed counts a failure against up and, when that ejects it,
-// starts probing it so it comes back as soon as it answers again.
-func (s *Server) upstreamFailed(up *upstream, rt *config.Routing, reason string) {
+// fail counts a failure against up and, when that ejects it, starts
+// probing it so it comes back as soon as it answers again.
+func (up *upstream) fail(rt *config.Routing, reason string) {
 	if !up.health.failed(rt, reason) {
 		return
 	}
-	s.logf("upstream %s ejected: %s", up.cfg.Name, reason)
+	up.logf("upstream %s ejected: %s", up.cfg.Name, reason)
 	up.health.mu.Lock()
 	start := !up.health.probing
 	up.health.probing = true
 	up.health.mu.Unlock()
 	if start {
-		go s.probe(up)
+		go up.probe(rt.ProbeInterval)
 	}
 }
 
-// probe asks an ejected upstream GET {base_url}/models every
-// routing.probe_interval until it answers (it is then back in service) or
-// it recovered through a trial call, or a reload removed it.
-func (s *Server) probe(up *upstream) {
+// probe asks an ejected upstream GET {base_url}/models every interval
+// until it answers (it is then back in service) or it recovered through a
+// trial call, or a reload removed it.
+func (up *upstream) probe(interval time.Duration) {
 	defer func() {
 		up.health.mu.Lock()
 		up.health.probing = false
 		up.health.mu.Unlock()
 	}()
 	for {
-		time.Sleep(s.world.Load().Config.Routing.ProbeInterval)
+		time.Sleep(interval)
 		if up.retired.Load() || up.health.state.Load() == stateClosed {
 			return
 		}
@@ -132,7 +132,7 @@ func (s *Server) probe(up *upstream) {
 		fasthttp.ReleaseResponse(resp)
 		if ok {
 			up.health.close()
-			s.logf("upstream %s is back: GET /models answered", up.cfg.Name)
+			up.logf("upstream %s is back: GET /models answered", up.cfg.Name)
 			return
 		}
 	}

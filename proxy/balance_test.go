@@ -20,7 +20,7 @@ func testModelPool(t testing.TB, n int) *pool {
 		name := fmt.Sprintf("u%d", i)
 		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
 			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
-			MaxConnections: 8, MaxResponseBody: 1 << 20})
+			MaxConnections: 8, MaxResponseBody: 1 << 20}, t.Logf)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -81,11 +81,11 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 		return nil, usage, err
 	}
 	if err := up.client.Do(req, resp); err != nil {
-		up.health.failed(rt, err.Error())
+		up.fail(rt, err.Error())
 		return nil, usage, fmt.Errorf("%w: upstream %s: %v", ErrModelUnavailable, up.cfg.Name, err)
 	}
 	if resp.StatusCode() >= 500 {
-		up.health.failed(rt, fmt.Sprintf("answered %d", resp.StatusCode()))
+		up.fail(rt, fmt.Sprintf("answered %d", resp.StatusCode()))
 	} else {
 		up.health.succeeded(time.Since(sent))
 	}

@@ -128,7 +128,7 @@ func (s *Server) Apply(cfg *config.Config) error {
 				continue
 			}
 		}
-		up, err := newUpstream(uc)
+		up, err := newUpstream(uc, s.logf)
 		if err != nil {
 			return err
 		}

@@ -36,6 +36,7 @@ type upstream struct {
 	chatHead, responsesHead []byte
 
 	health   upstreamHealth
+	logf     func(string, ...any)
 	nameHash uint64 // for prefix affinity
 	retired  atomic.Bool
 }
@@ -44,7 +45,7 @@ type upstream struct {
 // the pool does not hand out connections the upstream is about to close.
 const idlePoolTime = 4 * time.Second
 
-func newUpstream(cfg config.Upstream) (*upstream, error) {
+func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, error) {
 	u, err := url.Parse(cfg.BaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %s: base_url: %w", cfg.Name, err)
@@ -60,6 +61,7 @@ func newUpstream(cfg config.Upstream) (*upstream, error) {
 	}
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	up := &upstream{
+		logf:         logf,
 		nameHash:     maphash.String(affinitySeed, cfg.Name),
 		cfg:          cfg,
 		chatURL:      base + "/chat/completions",
