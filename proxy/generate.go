@@ -153,6 +153,11 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	resp, up, apiErr := s.attempt(call, p, rt, affinity, out)
 	if apiErr != nil {
+		upstreamName := ""
+		if call.upstream != nil {
+			upstreamName = call.upstream.cfg.Name
+		}
+		s.calls.observe(entry.ID, upstreamName, ep.path(), apiErr.Status, time.Since(start))
 		call.release()
 		WriteError(ctx, apiErr)
 		return
@@ -162,6 +167,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	copyUpstreamHeaders(ctx, &resp.Header)
 	if status < 200 || status > 299 {
 		// Upstream errors pass through as they are; no tokens, no bill.
+		s.calls.observe(entry.ID, up.cfg.Name, ep.path(), status, time.Since(start))
 		errBody, err := call.readBody()
 		if err != nil {
 			call.release()
@@ -728,6 +734,7 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	}
 	c.recorded = true
 	ev := c.event(status)
+	c.server.calls.observeEvent(ev)
 	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
 	d, ok := c.server.recorder.(meter.DurableRecorder)
 	if !ok {

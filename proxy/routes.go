@@ -117,11 +117,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
 	case "/metrics":
+		var b []byte
 		if s.metrics != nil {
-			ctx.SetContentType("text/plain; version=0.0.4")
-			ctx.SetBody(s.world.Load().UpstreamMetrics(s.metrics()))
-			return
+			b = s.metrics()
 		}
+		ctx.SetContentType("text/plain; version=0.0.4")
+		ctx.SetBody(s.calls.appendText(s.world.Load().UpstreamMetrics(b)))
+		return
 	}
 	// Model ids may hold slashes ("Qwen/Qwen2.5-7B"): the id is the whole
 	// rest of the path, which fasthttp has already percent-decoded, so the

@@ -63,6 +63,7 @@ type Server struct {
 	logf     func(string, ...any)
 	routes   map[routeKey]Route
 	limits   *limiter
+	calls    *callMetrics
 	http     *fasthttp.Server
 }
 
@@ -76,6 +77,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		logf:     opts.Logf,
 		routes:   registeredRoutes(),
 		limits:   newLimiter(),
+		calls:    newCallMetrics(),
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}

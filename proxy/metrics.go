@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tollgate/tollgate/meter"
+)
+
+// callMetrics counts generation calls for GET /metrics, by model, upstream,
+// endpoint and status: calls, duration and time to first token as
+// histograms, tokens by kind. Every label comes from the config or from a
+// status code, so the number of series stays bounded.
+type callMetrics struct {
+	mu     sync.RWMutex
+	series map[seriesKey]*callSeries
+}
+
+type seriesKey struct {
+	model, upstream, endpoint string
+	status                    int
+}
+
+type callSeries struct {
+	calls                                 atomic.Uint64
+	duration, ttft                        histogram
+	prompt, cached, completion, reasoning atomic.Uint64
+}
+
+// latencyBounds are the histograms' upper bounds in seconds: from a cached
+// answer on a local GPU to a long reasoning stream.
+var latencyBounds = [...]float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+type histogram struct {
+	buckets [len(latencyBounds) + 1]atomic.Uint64 // the last is +Inf
+	sumNs   atomic.Uint64
+}
+
+func (h *histogram) observe(d time.Duration) {
+	s := d.Seconds()
+	i := 0
+	for i < len(latencyBounds) && s > latencyBounds[i] {
+		i++
+	}
+	h.buckets[i].Add(1)
+	h.sumNs.Add(uint64(max(d, 0)))
+}
+
+func newCallMetrics() *callMetrics {
+	return &callMetrics{series: map[seriesKey]*callSeries{}}
+}
+
+func (m *callMetrics) get(k seriesKey) *callSeries {
+	m.mu.RLock()
+	s := m.series[k]
+	m.mu.RUnlock()
+	if s != nil {
+		return s
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s = m.series[k]; s == nil {
+		s = new(callSeries)
+		m.series[k] = s
+	}
+	return s
+}
+
+// observeEvent counts a metered call from its usage event.
+func (m *callMetrics) observeEvent(ev *meter.Event) {
+	s := m.get(seriesKey{ev.Model, ev.Upstream, ev.Endpoint, ev.Status})
+	s.calls.Add(1)
+	s.duration.observe(ev.Latency)
+	if ev.Status >= 200 && ev.Status < 300 {
+		s.ttft.observe(ev.TTFB)
+	}
+	s.prompt.Add(uint64(max(ev.PromptTokens, 0)))
+	s.cached.Add(uint64(max(ev.CachedTokens, 0)))
+	s.completion.Add(uint64(max(ev.CompletionTokens, 0)))
+	s.reasoning.Add(uint64(max(ev.ReasoningTokens, 0)))
+}
+
+// observe counts a call that ended without a usage event: an upstream's
+// error passed through, or a 503 with no upstream to try ("" upstream).
+func (m *callMetrics) observe(model, upstream, endpoint string, status int, took time.Duration) {
+	s := m.get(seriesKey{model, upstream, endpoint, status})
+	s.calls.Add(1)
+	s.duration.observe(took)
+}
+
+// appendText appends the Prometheus text of every series to b.
+func (m *callMetrics) appendText(b []byte) []byte {
+	m.mu.RLock()
+	keys := make([]seriesKey, 0, len(m.series))
+	for k := range m.series {
+		keys = append(keys, k)
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(keys, func(a, b seriesKey) int {
+		return cmp.Or(cmp.Compare(a.model, b.model), cmp.Compare(a.upstream, b.upstream),
+			cmp.Compare(a.endpoint, b.endpoint), cmp.Compare(a.status, b.status))
+	})
+	labels := func(k seriesKey) string {
+		return fmt.Sprintf("model=%q,upstream=%q,endpoint=%q,status=\"%d\"", k.model, k.upstream, k.endpoint, k.status)
+	}
+	b = append(b, "# HELP tollgate_requests_total Generation calls by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
+	for _, k := range keys {
+		b = fmt.Appendf(b, "tollgate_requests_total{%s} %d\n", labels(k), m.get(k).calls.Load())
+	}
+	for _, h := range []struct {
+		name, help string
+		of         func(*callSeries) *histogram
+	}{
+		{"tollgate_request_duration_seconds", "Generation calls from request to last byte.", func(s *callSeries) *histogram { return &s.duration }},
+		{"tollgate_time_to_first_token_seconds", "Successful generation calls from request to the first byte of the answer (for a non-streamed answer, the whole body).", func(s *callSeries) *histogram { return &s.ttft }},
+	} {
+		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s histogram\n", h.name, h.help, h.name)
+		for _, k := range keys {
+			hist := h.of(m.get(k))
+			var count uint64
+			l := labels(k)
+			for i := range hist.buckets {
+				count += hist.buckets[i].Load()
+				le := "+Inf"
+				if i < len(latencyBounds) {
+					le = strconv.FormatFloat(latencyBounds[i], 'g', -1, 64)
+				}
+				b = fmt.Appendf(b, "%s_bucket{%s,le=%q} %d\n", h.name, l, le, count)
+			}
+			b = fmt.Appendf(b, "%s_sum{%s} %g\n%s_count{%s} %d\n", h.name, l, float64(hist.sumNs.Load())/1e9, h.name, l, count)
+		}
+	}
+	b = append(b, "# HELP tollgate_tokens_total Tokens billed, by kind (prompt includes cached; completion includes reasoning).\n# TYPE tollgate_tokens_total counter\n"...)
+	for _, k := range keys {
+		s := m.get(k)
+		l := labels(k)
+		for _, t := range []struct {
+			kind string
+			n    *atomic.Uint64
+		}{{"prompt", &s.prompt}, {"cached", &s.cached}, {"completion", &s.completion}, {"reasoning", &s.reasoning}} {
+			b = fmt.Appendf(b, "tollgate_tokens_total{%s,kind=%q} %d\n", l, t.kind, t.n.Load())
+		}
+	}
+	return b
+}

@@ -1,0 +1,81 @@
+package proxy_test
+
+import (
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+func scrape(t *testing.T, h *harness) string {
+	t.Helper()
+	resp, err := h.client.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(readAll(t, resp))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", resp.StatusCode, body)
+	}
+	return body
+}
+
+func TestMetricsCountCallsLatencyAndTokens(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin\n  eject_after: 100", proxytest.Options{PromptTokens: 7, CompletionTokens: 5}, proxytest.Options{Status: 500})
+	for range 6 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	for range 2 {
+		readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	}
+	body := scrape(t, h.harness)
+	labels := func(upstream, status string) string {
+		return `{model="small",upstream="` + upstream + `",endpoint="/v1/chat/completions",status="` + status + `"}`
+	}
+	for _, want := range []string{
+		"tollgate_requests_total" + labels("p0", "200") + " 4",
+		"tollgate_requests_total" + labels("p1", "500") + " 4",
+		`tollgate_request_duration_seconds_bucket{model="small",upstream="p0",endpoint="/v1/chat/completions",status="200",le="+Inf"} 4`,
+		`tollgate_time_to_first_token_seconds_count{model="small",upstream="p0",endpoint="/v1/chat/completions",status="200"} 4`,
+		`tollgate_tokens_total{model="small",upstream="p0",endpoint="/v1/chat/completions",status="200",kind="prompt"} 28`,
+		`tollgate_tokens_total{model="small",upstream="p0",endpoint="/v1/chat/completions",status="200",kind="completion"} 20`,
+		`tollgate_upstream_calls_total{upstream="p1"} 4`,
+		`tollgate_upstream_in_flight{upstream="p0"} 0`,
+		"# TYPE tollgate_request_duration_seconds histogram",
+	} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", body)
+	}
+}
+
+// TestGrafanaDashboardUsesServedMetrics keeps deploy/grafana/tollgate.json
+// honest: every metric it queries is one the gateway serves (the metering
+// series come from cmd/tollgate/metrics.go).
+func TestGrafanaDashboardUsesServedMetrics(t *testing.T) {
+	h := newPoolHarness(t, 1, "  balance: p2c")
+	readAll(t, h.post("/v1/chat/completions", smallChat))
+	served := map[string]bool{}
+	meterSrc := readFile(t, "../cmd/tollgate/metrics.go")
+	for _, text := range []string{scrape(t, h.harness), meterSrc} {
+		for _, m := range regexp.MustCompile(`# TYPE (tollgate_\w+)`).FindAllStringSubmatch(text, -1) {
+			served[m[1]] = true
+		}
+	}
+	dash := readFile(t, "../deploy/grafana/tollgate.json")
+	used := regexp.MustCompile(`tollgate_[a-z_]+`).FindAllString(dash, -1)
+	if len(used) < 10 {
+		t.Fatalf("dashboard queries only %d metrics", len(used))
+	}
+	for _, name := range used {
+		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_sum"), "_count")
+		if !served[base] {
+			t.Errorf("dashboard queries %s, which /metrics does not serve", name)
+		}
+	}
+}
