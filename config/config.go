@@ -14,7 +14,9 @@ type Config struct {
 	Models    []Model    `yaml:"models"`
 	// Routing balances a model's pool, ejects failing upstreams and
 	// retries before the first byte (config/routing.go).
-	Routing    Routing    `yaml:"routing"`
+	Routing Routing `yaml:"routing"`
+	// Tracing exports OpenTelemetry traces (config/tracing.go).
+	Tracing    Tracing    `yaml:"tracing"`
 	NATS       NATS       `yaml:"nats"`
 	ClickHouse ClickHouse `yaml:"clickhouse"`
 	Plugins    Plugins    `yaml:"plugins"`

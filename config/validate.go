@@ -103,6 +103,7 @@ func (l *loader) applyDefaults(c *Config) {
 		}
 	}
 	l.applyRoutingDefaults(&c.Routing)
+	applyTracingDefaults(&c.Tracing)
 	setDefault(&c.NATS.EmbeddedListen, DefaultEmbeddedListen)
 	setDefault(&c.NATS.Replicas, DefaultReplicas)
 	setDefault(&c.ClickHouse.DSN, DefaultClickHouseDSN)
@@ -252,6 +253,7 @@ func (l *loader) validate(c *Config) {
 	}
 
 	l.validateRouting(c.Routing)
+	l.validateTracing(c.Tracing)
 
 	if c.NATS.URL == "" {
 		l.checkHostPort(c.NATS.EmbeddedListen, "nats.embedded_listen")
@@ -397,6 +399,7 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 		}
 	}
 	add(c.ClickHouse.DSN != old.ClickHouse.DSN, "clickhouse.dsn")
+	add(c.Tracing != old.Tracing, "tracing")
 	// Whether serve runs the billing consumer is decided once at start.
 	add(c.ClickHouse.ConsumeInServe != old.ClickHouse.ConsumeInServe, "clickhouse.consume_in_serve")
 	changed = append(changed, storageRestartOnly(c.Storage, old.Storage)...)

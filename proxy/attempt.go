@@ -47,8 +47,10 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 		}
 		h := &up.health
 		h.inflight.Add(1)
+		span := c.startAttemptSpan(up, n)
 		resp, err := up.pool.roundTrip(*reqp)
 		if err != nil {
+			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
 			if isTimeout(err) {
 				lastErr = Unavailable(fmt.Sprintf("upstream %s did not answer within first_byte_timeout (%s)", up.cfg.Name, up.cfg.FirstByteTimeout))
@@ -63,6 +65,7 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 			return nil, nil, lastErr
 		}
 		status := resp.Header.StatusCode()
+		endAttemptSpan(span, status, nil)
 		switch {
 		case status == fasthttp.StatusTooManyRequests:
 			h.count(false)

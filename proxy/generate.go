@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -145,6 +147,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.reqID, call.start, call.stream, call.injected = reqID, start, stream, injected
 	call.reqBody, call.limit = bufp, limit
+	call.span = s.startCallSpan(ctx, start, ep, entry.ID, stream)
 	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
 		// Copied: a stream's events are recorded after the handler returns
 		// and fasthttp reuses the request body.
@@ -158,6 +161,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 			upstreamName = call.upstream.cfg.Name
 		}
 		s.calls.observe(entry.ID, upstreamName, ep.path(), apiErr.Status, time.Since(start))
+		call.failCallSpan(apiErr.Status, apiErr.Message)
 		call.release()
 		WriteError(ctx, apiErr)
 		return
@@ -168,6 +172,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	if status < 200 || status > 299 {
 		// Upstream errors pass through as they are; no tokens, no bill.
 		s.calls.observe(entry.ID, up.cfg.Name, ep.path(), status, time.Since(start))
+		call.failCallSpan(status, "upstream answered "+strconv.Itoa(status))
 		errBody, err := call.readBody()
 		if err != nil {
 			call.release()
@@ -242,7 +247,8 @@ type generationCall struct {
 	streamDone bool   // the upstream's stream ended; only io.EOF is left
 	closed     bool
 
-	inflight bool // counted in upstream's in-flight requests until release
+	inflight bool       // counted in upstream's in-flight requests until release
+	span     trace.Span // nil unless tracing
 
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
@@ -270,6 +276,7 @@ const maxEstimateText = 4 << 20
 
 func (c *generationCall) release() {
 	c.limit.done()
+	c.failCallSpan(0, "") // a call released without a usage event or status
 	if c.inflight {
 		c.upstream.health.inflight.Add(-1)
 	}
@@ -735,6 +742,7 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	c.recorded = true
 	ev := c.event(status)
 	c.server.calls.observeEvent(ev)
+	c.endCallSpan(ev)
 	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
 	d, ok := c.server.recorder.(meter.DurableRecorder)
 	if !ok {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"net"
 	"net/http"
@@ -84,6 +85,7 @@ models:
 
 type harnessOptions struct {
 	upstream         proxytest.Options
+	tracer           trace.Tracer
 	firstByteTimeout string
 	idleTimeout      string
 }
@@ -127,7 +129,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if err := h.svc.WaitSynced(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Admin: proxy.NewAdminAPI("admin-secret", h.svc), Logf: t.Logf})
+	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Admin: proxy.NewAdminAPI("admin-secret", h.svc), Tracer: ho.tracer, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}

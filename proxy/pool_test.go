@@ -22,7 +22,12 @@ type poolHarness struct {
 
 func newPoolHarness(t *testing.T, n int, routing string, opts ...proxytest.Options) *poolHarness {
 	t.Helper()
-	h := &poolHarness{harness: newHarness(t, harnessOptions{})}
+	return newPoolHarnessWith(t, harnessOptions{}, n, routing, opts...)
+}
+
+func newPoolHarnessWith(t *testing.T, ho harnessOptions, n int, routing string, opts ...proxytest.Options) *poolHarness {
+	t.Helper()
+	h := &poolHarness{harness: newHarness(t, ho)}
 	for i := range n {
 		var o proxytest.Options
 		if i < len(opts) {

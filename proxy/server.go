@@ -6,6 +6,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"net"
 	"regexp"
 	"strings"
@@ -50,7 +51,9 @@ type Options struct {
 	Admin *AdminAPI
 	// Metrics renders GET /metrics (Prometheus text); nil serves none.
 	Metrics func() []byte
-	Logf    func(format string, args ...any)
+	// Tracer traces generation calls (proxy/tracing.go); nil traces none.
+	Tracer trace.Tracer
+	Logf   func(format string, args ...any)
 }
 
 // Server is the public listener.
@@ -64,6 +67,7 @@ type Server struct {
 	routes   map[routeKey]Route
 	limits   *limiter
 	calls    *callMetrics
+	tracer   trace.Tracer
 	http     *fasthttp.Server
 }
 
@@ -78,6 +82,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		routes:   registeredRoutes(),
 		limits:   newLimiter(),
 		calls:    newCallMetrics(),
+		tracer:   opts.Tracer,
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}

@@ -96,11 +96,21 @@ func runServe(args []string) error {
 	}
 	defer con.Close()
 
+	tracer, stopTracing, err := startTracing(ctx, cfg.Tracing, version())
+	if err != nil {
+		return err
+	}
+	defer func() {
+		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(flush)
+	}()
 	srv, err := proxy.New(cfg, proxy.Options{
 		Accounts: svc,
 		Recorder: rec,
 		Admin:    admin,
 		Metrics:  func() []byte { return metricsText(rec.Stats()) },
+		Tracer:   tracer,
 		Logf:     logf,
 	})
 	if err != nil {

@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tollgate/tollgate/meter"
+)
+
+// Tracing, when Options.Tracer is set: a span per generation call named as
+// the GenAI semantic conventions ask ("chat <model>"), joined to the
+// client's trace when the request carries a traceparent header, and a child
+// span per upstream attempt, so a retried call shows where each try went.
+// With no tracer every hook below is a nil check.
+
+var traceContext = propagation.TraceContext{}
+
+// headerCarrier reads W3C trace context from a fasthttp request.
+type headerCarrier struct{ h *fasthttp.RequestHeader }
+
+func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }
+func (c headerCarrier) Set(string, string)    {}
+func (c headerCarrier) Keys() []string        { return []string{"traceparent", "tracestate"} }
+
+// startCallSpan starts the call's span at start, or returns nil.
+func (s *Server) startCallSpan(ctx *fasthttp.RequestCtx, start time.Time, ep endpoint, model string, stream bool) trace.Span {
+	if s.tracer == nil {
+		return nil
+	}
+	parent := context.Background()
+	if len(ctx.Request.Header.Peek("traceparent")) > 0 {
+		parent = traceContext.Extract(parent, headerCarrier{&ctx.Request.Header})
+	}
+	_, span := s.tracer.Start(parent, "chat "+model, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", model),
+			attribute.String("http.route", ep.path()),
+			attribute.Bool("tollgate.stream", stream),
+		))
+	return span
+}
+
+// startAttemptSpan starts a child of the call's span for one attempt on up.
+func (c *generationCall) startAttemptSpan(up *upstream, n int) trace.Span {
+	if c.span == nil {
+		return nil
+	}
+	_, span := c.server.tracer.Start(trace.ContextWithSpan(context.Background(), c.span), "attempt "+up.cfg.Name,
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(
+			attribute.String("tollgate.upstream", up.cfg.Name),
+			attribute.String("server.address", up.pool.addr),
+			attribute.Int("tollgate.attempt", n+1),
+		))
+	return span
+}
+
+// endAttemptSpan ends an attempt's span with the upstream's status, or err.
+func endAttemptSpan(span trace.Span, status int, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	} else {
+		span.SetAttributes(attribute.Int("http.response.status_code", status))
+		if status >= 500 || status == 429 {
+			span.SetStatus(codes.Error, "upstream answered "+strconv.Itoa(status))
+		}
+	}
+	span.End()
+}
+
+// endCallSpan ends the call's span with its usage event's tokens.
+func (c *generationCall) endCallSpan(ev *meter.Event) {
+	if c.span == nil {
+		return
+	}
+	c.span.SetAttributes(
+		attribute.String("gen_ai.response.model", c.entry.UpstreamModel),
+		attribute.Int64("gen_ai.usage.input_tokens", ev.PromptTokens),
+		attribute.Int64("gen_ai.usage.output_tokens", ev.CompletionTokens),
+		attribute.Int64("tollgate.usage.cached_tokens", ev.CachedTokens),
+		attribute.Int64("tollgate.usage.reasoning_tokens", ev.ReasoningTokens),
+		attribute.String("tollgate.usage_source", string(ev.UsageSource)),
+		attribute.String("tollgate.upstream", ev.Upstream),
+		attribute.String("tollgate.request_id", ev.ID),
+		attribute.Int64("tollgate.cost_nanos", int64(ev.CostNanos)),
+		attribute.Int("http.response.status_code", ev.Status),
+	)
+	c.span.End()
+	c.span = nil
+}
+
+// failCallSpan ends the call's span for a call that got no usage event.
+func (c *generationCall) failCallSpan(status int, msg string) {
+	if c.span == nil {
+		return
+	}
+	c.span.SetAttributes(attribute.Int("http.response.status_code", status))
+	if status >= 500 {
+		c.span.SetStatus(codes.Error, msg)
+	}
+	c.span.End()
+	c.span = nil
+}

@@ -1,0 +1,123 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// otlpReceiver is an in-process OTLP/HTTP traces endpoint.
+type otlpReceiver struct {
+	mu    sync.Mutex
+	spans []*tracepb.Span
+}
+
+func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	var msg collectortrace.ExportTraceServiceRequest
+	if req.URL.Path != "/v1/traces" || proto.Unmarshal(body, &msg) != nil {
+		http.Error(w, "bad export", http.StatusBadRequest)
+		return
+	}
+	r.mu.Lock()
+	for _, rs := range msg.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			r.spans = append(r.spans, ss.Spans...)
+		}
+	}
+	r.mu.Unlock()
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
+	_, _ = w.Write(out)
+}
+
+func attr(s *tracepb.Span, key string) string {
+	for _, kv := range s.Attributes {
+		if kv.Key == key {
+			if v, ok := kv.Value.Value.(*commonpb.AnyValue_IntValue); ok {
+				return strconv.FormatInt(v.IntValue, 10)
+			}
+			return kv.Value.GetStringValue()
+		}
+	}
+	return ""
+}
+
+func TestTracingExportsCallAndAttemptSpansOverOTLP(t *testing.T) {
+	recv := &otlpReceiver{}
+	collector := httptest.NewServer(recv)
+	defer collector.Close()
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(collector.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
+	defer tp.Shutdown(context.Background())
+
+	// p0 refuses connections, p1 answers: one call, two attempts.
+	h := newPoolHarnessWith(t, harnessOptions{tracer: tp.Tracer("test")}, 2, "  balance: round_robin")
+	h.ups[0].Close()
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	for range 2 { // round robin starts at p1 or p0; the second call is sure to try p0 first if the first did not
+		req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(smallChat))
+		req.Header.Set("Authorization", "Bearer "+h.key)
+		req.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+		resp, err := h.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+	}
+	if err := tp.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	var calls []*tracepb.Span
+	children := map[string][]*tracepb.Span{}
+	for _, s := range recv.spans {
+		if hex.EncodeToString(s.TraceId) != traceID {
+			t.Fatalf("span %q is in trace %x, not the client's", s.Name, s.TraceId)
+		}
+		if s.Name == "chat small" {
+			calls = append(calls, s)
+		} else {
+			children[hex.EncodeToString(s.ParentSpanId)] = append(children[hex.EncodeToString(s.ParentSpanId)], s)
+		}
+	}
+	if len(calls) != 2 {
+		t.Fatalf("got %d call spans, want 2; spans: %v", len(calls), recv.spans)
+	}
+	retried := false
+	for _, c := range calls {
+		if attr(c, "gen_ai.request.model") != "small" || attr(c, "gen_ai.usage.input_tokens") != "10" ||
+			attr(c, "gen_ai.usage.output_tokens") != "20" || attr(c, "tollgate.upstream") != "p1" {
+			t.Fatalf("call span attributes: %v", c.Attributes)
+		}
+		kids := children[hex.EncodeToString(c.SpanId)]
+		if len(kids) == 0 || kids[len(kids)-1].Name != "attempt p1" {
+			t.Fatalf("call span's attempts: %v", kids)
+		}
+		if len(kids) == 2 && kids[0].Name == "attempt p0" && kids[0].Status.GetCode() == tracepb.Status_STATUS_CODE_ERROR {
+			retried = true
+		}
+	}
+	if !retried {
+		t.Fatal("no call shows its failed attempt on p0 before p1")
+	}
+}
