@@ -12,8 +12,8 @@
 #    time, for the latency a single request pays for the hop.
 # 2. BENCH_SOAK=10m: Tollgate alone under mixed load for that long, its RSS,
 #    threads and goroutines sampled every 10 s.
-# 3. Unless BENCH_ONLY=sbs: Go micro-benchmarks, metering into ClickHouse,
-#    the classifiers, batch jobs.
+# 3. Unless BENCH_ONLY=sbs: Go micro-benchmarks, pool failover under load,
+#    metering into ClickHouse, the classifiers, batch jobs.
 #
 # Everything shares this machine's cores over loopback: read the ratios,
 # not the absolute numbers.
@@ -152,7 +152,11 @@ fi
 
 echo
 echo "micro-benchmarks:"
-go test -run '^$' -bench . -benchtime 2s ./proxy ./accounts ./classifiers 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
+go test -run '^$' -bench . -benchtime 2s ./proxy ./accounts ./classifiers ./tokens 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
+
+echo
+echo "pool failover: three upstream processes behind one model, steady load, one SIGKILLed and restarted:"
+go test -count=1 -run TestPoolSurvivesUpstreamSIGKILL -v ./e2e 2>&1 | grep -E 'calls|took calls again|^(--- |ok|FAIL)'
 
 echo
 scripts/clickhouse.sh install >/dev/null
