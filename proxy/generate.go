@@ -145,6 +145,9 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.reqID, call.start, call.stream, call.injected = reqID, start, stream, injected
 	call.reqBody, call.limit = bufp, limit
+	// A stored response is remembered as soon as its id is known; "store":
+	// false ones are kept nowhere, so there is nothing to find later.
+	call.remember = ep == endpointResponses && f.Store.Type != gjson.False
 	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
 		// Copied: a stream's events are recorded after the handler returns
 		// and fasthttp reuses the request body.
@@ -238,6 +241,8 @@ type generationCall struct {
 
 	inflight bool // counted in upstream's in-flight requests until release
 
+	remember bool // a responses call whose id is to be remembered
+
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
 
@@ -322,6 +327,9 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
 	c.ttfb = time.Since(c.start)
+	if c.remember {
+		c.rememberResponse(gjson.Get(bstr(body), "id"))
+	}
 	if u := gjson.Get(bstr(body), "usage"); u.IsObject() {
 		c.setUsage(u)
 	} else {
@@ -633,6 +641,10 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		typ = gjson.Get(bstr(data), "type").Str
 	}
 	switch typ {
+	case "response.created":
+		if c.remember {
+			c.rememberResponse(gjson.Get(bstr(data), "response.id"))
+		}
 	case "error":
 		c.finished = true
 	case "response.completed", "response.incomplete", "response.failed":
@@ -645,6 +657,17 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
 		}
 	}
+}
+
+// rememberResponse records which upstream created the response with this
+// id, once per call, for its state routes and previous_response_id.
+func (c *generationCall) rememberResponse(id gjson.Result) {
+	c.remember = false
+	if id.Type != gjson.String || id.Str == "" || len(id.Str) > maxResponseID {
+		return
+	}
+	// id.Str points into a buffer that is reused: the store keeps a copy.
+	c.server.responses.remember(strings.Clone(id.Str), c.upstream.cfg.Name, c.key.Account, c.entry.ID)
 }
 
 // setUsage reads the chat (prompt/completion) or responses (input/output)

@@ -15,7 +15,10 @@ type requestFields struct {
 	Stream        gjson.Result
 	StreamOptions gjson.Result
 	IncludeUsage  gjson.Result // stream_options.include_usage; Index is into the body
-	end           int          // offset of the body's closing '}'
+	// Responses only: whether the upstream keeps the response (store
+	// defaults to true).
+	Store gjson.Result
+	end   int // offset of the body's closing '}'
 }
 
 // scanRequest validates body as one JSON object and locates the fields the
@@ -44,6 +47,8 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			slot = &f.Stream
 		case "stream_options":
 			slot = &f.StreamOptions
+		case "store":
+			slot = &f.Store
 		default:
 			return true
 		}

@@ -119,7 +119,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/metrics":
 		if s.metrics != nil {
 			ctx.SetContentType("text/plain; version=0.0.4")
-			ctx.SetBody(s.world.Load().UpstreamMetrics(s.metrics()))
+			ctx.SetBody(s.responses.metrics(s.world.Load().UpstreamMetrics(s.metrics())))
 			return
 		}
 	}

@@ -48,6 +48,10 @@ type Options struct {
 	Recorder meter.Recorder
 	// Admin serves /admin/v1; nil disables the admin API.
 	Admin *AdminAPI
+	// Responses remembers which upstream created each response, shared
+	// with other gateways through JetStream KV (OpenResponseStore); nil
+	// remembers in this process only.
+	Responses *ResponseStore
 	// Metrics renders GET /metrics (Prometheus text); nil serves none.
 	Metrics func() []byte
 	Logf    func(format string, args ...any)
@@ -55,30 +59,35 @@ type Options struct {
 
 // Server is the public listener.
 type Server struct {
-	world    atomic.Pointer[World]
-	accounts Accounts
-	recorder meter.Recorder
-	admin    *AdminAPI
-	metrics  func() []byte
-	logf     func(string, ...any)
-	routes   map[routeKey]Route
-	limits   *limiter
-	http     *fasthttp.Server
+	world     atomic.Pointer[World]
+	accounts  Accounts
+	recorder  meter.Recorder
+	admin     *AdminAPI
+	metrics   func() []byte
+	logf      func(string, ...any)
+	routes    map[routeKey]Route
+	limits    *limiter
+	responses *ResponseStore
+	http      *fasthttp.Server
 }
 
 // New builds a server for cfg. Apply swaps in later configs.
 func New(cfg *config.Config, opts Options) (*Server, error) {
 	s := &Server{
-		accounts: opts.Accounts,
-		recorder: opts.Recorder,
-		admin:    opts.Admin,
-		metrics:  opts.Metrics,
-		logf:     opts.Logf,
-		routes:   registeredRoutes(),
-		limits:   newLimiter(),
+		accounts:  opts.Accounts,
+		recorder:  opts.Recorder,
+		admin:     opts.Admin,
+		metrics:   opts.Metrics,
+		logf:      opts.Logf,
+		routes:    registeredRoutes(),
+		limits:    newLimiter(),
+		responses: opts.Responses,
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
+	}
+	if s.responses == nil {
+		s.responses = newResponseStore(nil, cfg.Routing.ResponseTTL, s.logf)
 	}
 	if err := s.Apply(cfg); err != nil {
 		return nil, err
@@ -139,6 +148,7 @@ func (s *Server) Apply(cfg *config.Config) error {
 		w.pools[e.ID] = newPool(e.Pool, w.upstreams)
 	}
 	s.world.Store(w)
+	s.responses.setTTL(cfg.Routing.ResponseTTL)
 	if old != nil {
 		for name, up := range old.upstreams {
 			if w.upstreams[name] != up {
