@@ -131,8 +131,21 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		return
 	}
 	rt := &w.Config.Routing
+	// A call that continues a stored response goes to the upstream that
+	// holds it, and only for the account that created it.
+	var pinned *upstream
+	if ep == endpointResponses && f.PreviousResponseID.Type != gjson.Null {
+		if f.PreviousResponseID.Type != gjson.String {
+			WriteError(ctx, wrongType("previous_response_id", "a string", f.PreviousResponseID))
+			return
+		}
+		if pinned, apiErr = s.previousResponse(w, key, p, f.PreviousResponseID.Str); apiErr != nil {
+			WriteError(ctx, apiErr)
+			return
+		}
+	}
 	var affinity uint64
-	if rt.Affinity != "none" {
+	if rt.Affinity != "none" && pinned == nil {
 		affinity = affinityKey(rt, ctx, body)
 	}
 	stream := f.Stream.Type == gjson.True
@@ -145,6 +158,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.reqID, call.start, call.stream, call.injected = reqID, start, stream, injected
 	call.reqBody, call.limit = bufp, limit
+	call.pinned = pinned
 	// A stored response is remembered as soon as its id is known; "store":
 	// false ones are kept nowhere, so there is nothing to find later.
 	call.remember = ep == endpointResponses && f.Store.Type != gjson.False
@@ -241,7 +255,8 @@ type generationCall struct {
 
 	inflight bool // counted in upstream's in-flight requests until release
 
-	remember bool // a responses call whose id is to be remembered
+	pinned   *upstream // the upstream holding previous_response_id; no other is tried
+	remember bool      // a responses call whose id is to be remembered
 
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody

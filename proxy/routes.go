@@ -123,6 +123,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
+	if rest, ok := bytes.CutPrefix(path, responsesPrefix); ok {
+		s.responseState(ctx, rest)
+		return
+	}
 	// Model ids may hold slashes ("Qwen/Qwen2.5-7B"): the id is the whole
 	// rest of the path, which fasthttp has already percent-decoded, so the
 	// SDKs' escaped "Qwen%2FQwen2.5-7B" finds it too.
