@@ -149,6 +149,12 @@ func TestResponsesStateReachesTheUpstreamThatCreatedIt(t *testing.T) {
 			last.Method != "GET" {
 			t.Fatalf("p%d got %s %s?%s", m.holder, last.Method, last.Path, last.RawQuery)
 		}
+		// ?stream=true: the holder's event stream, relayed as it comes.
+		status, body = h.send("", "GET", path+"?stream=true", "", "")
+		if ev := sseEvents(body); status != 200 || len(ev) != 1 || !strings.HasPrefix(ev[0], "event: response.completed\n") ||
+			!strings.Contains(ev[0], `"id":"`+m.id+`"`) {
+			t.Fatalf("GET %s?stream=true: %d %s", m.id, status, body)
+		}
 		// A completed response cannot be cancelled: the holder says so.
 		status, body = h.send("", "POST", path+"/cancel", "", "")
 		if status != 400 || !strings.Contains(string(body), "Cannot cancel a synchronous response.") {
@@ -176,8 +182,8 @@ func TestResponsesStateReachesTheUpstreamThatCreatedIt(t *testing.T) {
 	if status != 404 || string(body) != notFoundBody(id) {
 		t.Fatalf("GET after DELETE: %d %s", status, body)
 	}
-	if n := h.calls("/v1/responses/" + id)[all[0].holder]; n != 2 {
-		t.Fatalf("the holder got %d GET/DELETE calls for %s, want 2 (the GET after DELETE is answered by the gateway)", n, id)
+	if n := h.calls("/v1/responses/" + id)[all[0].holder]; n != 3 {
+		t.Fatalf("the holder got %d GET/DELETE calls for %s, want 3 (the GET after DELETE is answered by the gateway)", n, id)
 	}
 	// State calls are not billed: still the 7 creations only.
 	time.Sleep(100 * time.Millisecond)
