@@ -453,3 +453,31 @@ func TestResponsesWithNATSGone(t *testing.T) {
 		t.Fatalf("round robin over 3 upstreams never missed p%d: %v", at, landed)
 	}
 }
+
+// TestResponseTTLReloads: routing.response_ttl is the bucket's max age,
+// changed by a config reload without a restart.
+func TestResponseTTLReloads(t *testing.T) {
+	h := newPoolHarness(t, 1, "  balance: round_robin")
+	ctx := context.Background()
+	ttl := func() time.Duration {
+		kv, err := h.broker.JetStream().KeyValue(ctx, proxy.BucketResponses)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.TTL()
+	}
+	if got := ttl(); got != config.DefaultResponseTTL {
+		t.Fatalf("bucket TTL %s, want the default %s", got, config.DefaultResponseTTL)
+	}
+	h.setPool("  balance: round_robin\n  response_ttl: 2h", "p0")
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if got := ttl(); got != 2*time.Hour {
+			return fmt.Errorf("bucket TTL %s after the reload, want 2h", got)
+		}
+		return nil
+	})
+}
