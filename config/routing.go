@@ -61,6 +61,12 @@ type Routing struct {
 	// ProbeInterval is how often an ejected upstream is probed with
 	// GET {base_url}/models; a success brings it back at once.
 	ProbeInterval time.Duration `yaml:"probe_interval"`
+	// ResponseTTL is how long the gateway remembers which upstream created
+	// a /v1/responses response (and for which account), so
+	// previous_response_id and GET/DELETE /v1/responses/{id} reach it: the
+	// max age of the JetStream KV bucket shared by all gateways. Default
+	// 720h (30 days), like OpenAI's retention of stored responses.
+	ResponseTTL time.Duration `yaml:"response_ttl"`
 }
 
 // Balancing modes and affinity kinds.
@@ -81,6 +87,7 @@ const (
 	DefaultEjectFor            = time.Second
 	DefaultEjectMax            = 30 * time.Second
 	DefaultProbeInterval       = 2 * time.Second
+	DefaultResponseTTL         = 30 * 24 * time.Hour
 )
 
 func (l *loader) applyRoutingDefaults(r *Routing) {
@@ -114,6 +121,9 @@ func (l *loader) applyRoutingDefaults(r *Routing) {
 	if r.ProbeInterval == 0 {
 		r.ProbeInterval = DefaultProbeInterval
 	}
+	if r.ResponseTTL == 0 {
+		r.ResponseTTL = DefaultResponseTTL
+	}
 }
 
 func (l *loader) validateRouting(r Routing) {
@@ -128,6 +138,8 @@ func (l *loader) validateRouting(r Routing) {
 	l.check(r.EjectFor > 0, "routing.eject_for", "must be positive, got %s", r.EjectFor)
 	l.check(r.EjectMax >= r.EjectFor, "routing.eject_max", "%s is less than eject_for %s", r.EjectMax, r.EjectFor)
 	l.check(r.ProbeInterval >= 100*time.Millisecond, "routing.probe_interval", "%s is under 100ms", r.ProbeInterval)
+	l.check(r.ResponseTTL >= time.Minute && r.ResponseTTL <= 8760*time.Hour, "routing.response_ttl",
+		"%s is outside 1m..8760h", r.ResponseTTL)
 }
 
 // Pool returns the upstreams serving m: its upstreams list, or its one

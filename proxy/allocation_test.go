@@ -3,8 +3,12 @@
 package proxy
 
 import (
+	"context"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/catalog"
 )
 
 func TestRewriteAllocatesNothing(t *testing.T) {
@@ -42,5 +46,45 @@ func TestSSEReaderAllocatesNothingPerEvent(t *testing.T) {
 	})
 	if n != 0 {
 		t.Fatalf("%v allocations per 22-event stream", n)
+	}
+}
+
+// TestResponsesRelayAllocatesNothingPerEvent: remembering the response id
+// costs one copy of the id per stream, whatever its length; the events
+// themselves allocate nothing.
+func TestResponsesRelayAllocatesNothingPerEvent(t *testing.T) {
+	stream := func(deltas int) string {
+		s := `event: response.created` + "\n" + `data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_0123456789abcdef","object":"response","status":"in_progress","usage":null}}` + "\n\n"
+		s += strings.Repeat(`event: response.output_text.delta`+"\n"+`data: {"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":" tok","logprobs":[]}`+"\n\n", deltas)
+		return s + `event: response.completed` + "\n" + `data: {"type":"response.completed","sequence_number":2,"response":{"id":"resp_0123456789abcdef","object":"response","status":"completed","usage":{"input_tokens":10,"output_tokens":20,"total_tokens":30}}}` + "\n\n"
+	}
+	s := &Server{responses: newResponseStore(nil, 0, nil)}
+	up := &upstream{}
+	up.cfg.Name = "gpu-a"
+	c := &generationCall{server: s, ep: endpointResponses, upstream: up, key: &accounts.Key{Account: "acme"}, entry: &catalog.Entry{ID: "small"}}
+	allocs := func(body string) float64 {
+		src := strings.NewReader(body)
+		rd := newSSEReader(src, 4096, 0)
+		run := func() {
+			src.Reset(body)
+			rd.reset(src)
+			c.haveUsage, c.finished, c.text, c.remember = false, false, c.text[:0], true
+			for {
+				ev, err := rd.Next()
+				if err != nil {
+					break
+				}
+				c.inspectResponses(&ev)
+			}
+		}
+		run() // warm the buffers
+		return testing.AllocsPerRun(100, run)
+	}
+	short, long := allocs(stream(20)), allocs(stream(400))
+	if short > 1 || long > short {
+		t.Fatalf("%v allocations per 20-delta stream, %v per 400-delta stream; want at most 1 for both", short, long)
+	}
+	if m, ok, _ := s.responses.lookup(context.Background(), "resp_0123456789abcdef"); !ok || m.Upstream != "gpu-a" || m.Account != "acme" {
+		t.Fatalf("the id was not remembered: %+v", m)
 	}
 }

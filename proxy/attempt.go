@@ -14,9 +14,10 @@ import (
 // one another upstream may fix (no connection, no first byte in time, 429,
 // 502, 503), on to the next, within routing.retries and retry_budget.
 // Nothing has gone to the client yet, so a retried call is generated and
-// billed once, by the upstream whose answer is returned. The returned
-// upstream is also call.upstream; its in-flight count is released with the
-// call.
+// billed once, by the upstream whose answer is returned. A call pinned to
+// the upstream holding its previous response goes there or nowhere. The
+// returned upstream is also call.upstream; its in-flight count is released
+// with the call.
 func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, body []byte) (*upstreamResponse, *upstream, *APIError) {
 	reqp := bodyPool.Get().(*[]byte)
 	defer func() {
@@ -27,8 +28,16 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 	var tried uint64
 	var lastErr *APIError
 	for n := 0; ; n++ {
-		up, i := p.pick(rt, tried, affinity)
-		if up == nil {
+		var up *upstream
+		var i int
+		if c.pinned != nil {
+			// The state the call continues lives there and nowhere else.
+			up = c.pinned
+			if now := time.Now().UnixNano(); !up.health.available(now) {
+				return nil, nil, Unavailable(fmt.Sprintf("upstream %s, which holds the previous response, is unavailable: %s",
+					up.cfg.Name, up.health.describe(now)))
+			}
+		} else if up, i = p.pick(rt, tried, affinity); up == nil {
 			if lastErr != nil {
 				return nil, nil, lastErr
 			}
@@ -58,7 +67,7 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 				lastErr = Unavailable(fmt.Sprintf("upstream %s is unreachable: %v", up.cfg.Name, err))
 			}
 			up.fail(rt, err.Error())
-			if retryable(n, rt, c.start, p, tried) {
+			if c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
 			}
@@ -77,7 +86,7 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 		default:
 			h.succeeded(time.Since(sent))
 		}
-		if (status == 429 || status == 502 || status == 503) && retryable(n, rt, c.start, p, tried) {
+		if (status == 429 || status == 502 || status == 503) && c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 			resp.Close()
 			h.inflight.Add(-1)
 			h.retries.Add(1)

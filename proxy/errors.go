@@ -14,7 +14,7 @@ import (
 type APIError struct {
 	Status  int
 	Type    string
-	Code    string
+	Code    string // empty renders as null
 	Param   string // empty renders as null
 	Message string
 }
@@ -29,15 +29,19 @@ type envelopeBody struct {
 	Message string  `json:"message"`
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
-	Code    string  `json:"code"`
+	Code    *string `json:"code"`
 }
 
 // MarshalJSON renders the envelope.
 func (e *APIError) MarshalJSON() ([]byte, error) {
-	b := envelopeBody{Message: e.Message, Type: e.Type, Code: e.Code}
+	b := envelopeBody{Message: e.Message, Type: e.Type}
 	if e.Param != "" {
 		p := e.Param
 		b.Param = &p
+	}
+	if e.Code != "" {
+		c := e.Code
+		b.Code = &c
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)

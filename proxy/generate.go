@@ -133,8 +133,21 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		return
 	}
 	rt := &w.Config.Routing
+	// A call that continues a stored response goes to the upstream that
+	// holds it, and only for the account that created it.
+	var pinned *upstream
+	if ep == endpointResponses && f.PreviousResponseID.Type != gjson.Null {
+		if f.PreviousResponseID.Type != gjson.String {
+			WriteError(ctx, wrongType("previous_response_id", "a string", f.PreviousResponseID))
+			return
+		}
+		if pinned, apiErr = s.previousResponse(w, key, p, f.PreviousResponseID.Str); apiErr != nil {
+			WriteError(ctx, apiErr)
+			return
+		}
+	}
 	var affinity uint64
-	if rt.Affinity != "none" {
+	if rt.Affinity != "none" && pinned == nil {
 		affinity = affinityKey(rt, ctx, body)
 	}
 	stream := f.Stream.Type == gjson.True
@@ -148,6 +161,10 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	call.reqID, call.start, call.stream, call.injected = reqID, start, stream, injected
 	call.reqBody, call.limit = bufp, limit
 	call.span = s.startCallSpan(ctx, start, ep, entry.ID, stream)
+	call.pinned = pinned
+	// A stored response is remembered as soon as its id is known; "store":
+	// false ones are kept nowhere, so there is nothing to find later.
+	call.remember = ep == endpointResponses && f.Store.Type != gjson.False
 	if info, ok := s.accounts.KeyInfo(key.ID); ok && info.Logging.Enabled {
 		// Copied: a stream's events are recorded after the handler returns
 		// and fasthttp reuses the request body.
@@ -250,6 +267,9 @@ type generationCall struct {
 	inflight bool       // counted in upstream's in-flight requests until release
 	span     trace.Span // nil unless tracing
 
+	pinned   *upstream // the upstream holding previous_response_id; no other is tried
+	remember bool      // a responses call whose id is to be remembered
+
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
 
@@ -335,6 +355,9 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
 	c.ttfb = time.Since(c.start)
+	if c.remember {
+		c.rememberResponse(gjson.Get(bstr(body), "id"))
+	}
 	if u := gjson.Get(bstr(body), "usage"); u.IsObject() {
 		c.setUsage(u)
 	} else {
@@ -646,6 +669,10 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		typ = gjson.Get(bstr(data), "type").Str
 	}
 	switch typ {
+	case "response.created":
+		if c.remember {
+			c.rememberResponse(gjson.Get(bstr(data), "response.id"))
+		}
 	case "error":
 		c.finished = true
 	case "response.completed", "response.incomplete", "response.failed":
@@ -658,6 +685,17 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
 		}
 	}
+}
+
+// rememberResponse records which upstream created the response with this
+// id, once per call, for its state routes and previous_response_id.
+func (c *generationCall) rememberResponse(id gjson.Result) {
+	c.remember = false
+	if id.Type != gjson.String || id.Str == "" || len(id.Str) > maxResponseID {
+		return
+	}
+	// id.Str points into a buffer that is reused: the store keeps a copy.
+	c.server.responses.remember(strings.Clone(id.Str), c.upstream.cfg.Name, c.key.Account, c.entry.ID)
 }
 
 // setUsage reads the chat (prompt/completion) or responses (input/output)

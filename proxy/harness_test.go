@@ -36,7 +36,9 @@ type harness struct {
 	url     string // gateway base, e.g. http://127.0.0.1:1234
 	rec     *meter.Memory
 	svc     *accounts.Service
-	key     string // generate-scoped key of account "acme" (10 USD)
+	broker  *broker.Broker
+	store   *proxy.ResponseStore // response id -> upstream, in the broker's KV
+	key     string               // generate-scoped key of account "acme" (10 USD)
 	cfgPath string
 	watcher *config.Watcher
 	client  *http.Client
@@ -108,6 +110,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
+	h.broker = b
 	h.cfgPath = filepath.Join(dir, "gateway.yaml")
 	h.writeConfig(fmt.Sprintf(gatewayYAML, h.up.URL, dir, ho.firstByteTimeout, ho.idleTimeout))
 	cfg, err := config.Load(h.cfgPath)
@@ -129,7 +132,13 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if err := h.svc.WaitSynced(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Admin: proxy.NewAdminAPI("admin-secret", h.svc), Tracer: ho.tracer, Logf: t.Logf})
+	h.store, err = proxy.OpenResponseStore(ctx, b.JetStream(), 1, cfg.Routing.ResponseTTL, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.store.Close)
+	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Responses: h.store,
+		Admin: proxy.NewAdminAPI("admin-secret", h.svc), Tracer: ho.tracer, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}

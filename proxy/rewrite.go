@@ -15,13 +15,18 @@ type requestFields struct {
 	Stream        gjson.Result
 	StreamOptions gjson.Result
 	IncludeUsage  gjson.Result // stream_options.include_usage; Index is into the body
-	end           int          // offset of the body's closing '}'
+	// Responses only: the state a call continues, and whether the upstream
+	// keeps the response (store defaults to true).
+	PreviousResponseID gjson.Result
+	Store              gjson.Result
+	end                int // offset of the body's closing '}'
 }
 
 // scanRequest validates body as one JSON object and locates the fields the
 // gateway needs. Duplicate keys among them are refused: upstreams written in
 // Python keep the last duplicate while gjson finds the first, so a second
-// "model" would otherwise slip past the allow-list and the price. stream
+// "model" would otherwise slip past the allow-list and the price, and a
+// second "previous_response_id" past the owner check. stream
 // and stream_options of the wrong type are refused too, as OpenAI refuses
 // them, rather than read as "not streaming" or rewritten; null counts as
 // absent, as it does at OpenAI.
@@ -44,6 +49,10 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			slot = &f.Stream
 		case "stream_options":
 			slot = &f.StreamOptions
+		case "previous_response_id":
+			slot = &f.PreviousResponseID
+		case "store":
+			slot = &f.Store
 		default:
 			return true
 		}

@@ -122,7 +122,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			b = s.metrics()
 		}
 		ctx.SetContentType("text/plain; version=0.0.4")
-		ctx.SetBody(s.calls.appendText(s.world.Load().UpstreamMetrics(b)))
+		ctx.SetBody(s.calls.appendText(s.responses.metrics(s.world.Load().UpstreamMetrics(b))))
+		return
+	}
+	if rest, ok := bytes.CutPrefix(path, responsesPrefix); ok {
+		s.responseState(ctx, rest)
 		return
 	}
 	// Model ids may hold slashes ("Qwen/Qwen2.5-7B"): the id is the whole

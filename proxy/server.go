@@ -49,6 +49,10 @@ type Options struct {
 	Recorder meter.Recorder
 	// Admin serves /admin/v1; nil disables the admin API.
 	Admin *AdminAPI
+	// Responses remembers which upstream created each response, shared
+	// with other gateways through JetStream KV (OpenResponseStore); nil
+	// remembers in this process only.
+	Responses *ResponseStore
 	// Metrics renders GET /metrics (Prometheus text); nil serves none.
 	Metrics func() []byte
 	// Tracer traces generation calls (proxy/tracing.go); nil traces none.
@@ -58,34 +62,39 @@ type Options struct {
 
 // Server is the public listener.
 type Server struct {
-	world    atomic.Pointer[World]
-	accounts Accounts
-	recorder meter.Recorder
-	admin    *AdminAPI
-	metrics  func() []byte
-	logf     func(string, ...any)
-	routes   map[routeKey]Route
-	limits   *limiter
-	calls    *callMetrics
-	tracer   trace.Tracer
-	http     *fasthttp.Server
+	world     atomic.Pointer[World]
+	accounts  Accounts
+	recorder  meter.Recorder
+	admin     *AdminAPI
+	metrics   func() []byte
+	logf      func(string, ...any)
+	routes    map[routeKey]Route
+	limits    *limiter
+	responses *ResponseStore
+	calls     *callMetrics
+	tracer    trace.Tracer
+	http      *fasthttp.Server
 }
 
 // New builds a server for cfg. Apply swaps in later configs.
 func New(cfg *config.Config, opts Options) (*Server, error) {
 	s := &Server{
-		accounts: opts.Accounts,
-		recorder: opts.Recorder,
-		admin:    opts.Admin,
-		metrics:  opts.Metrics,
-		logf:     opts.Logf,
-		routes:   registeredRoutes(),
-		limits:   newLimiter(),
-		calls:    newCallMetrics(),
-		tracer:   opts.Tracer,
+		accounts:  opts.Accounts,
+		recorder:  opts.Recorder,
+		admin:     opts.Admin,
+		metrics:   opts.Metrics,
+		logf:      opts.Logf,
+		routes:    registeredRoutes(),
+		limits:    newLimiter(),
+		responses: opts.Responses,
+		calls:     newCallMetrics(),
+		tracer:    opts.Tracer,
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
+	}
+	if s.responses == nil {
+		s.responses = newResponseStore(nil, cfg.Routing.ResponseTTL, s.logf)
 	}
 	if err := s.Apply(cfg); err != nil {
 		return nil, err
@@ -146,6 +155,7 @@ func (s *Server) Apply(cfg *config.Config) error {
 		w.pools[e.ID] = newPool(e.Pool, w.upstreams)
 	}
 	s.world.Store(w)
+	s.responses.setTTL(cfg.Routing.ResponseTTL)
 	if old != nil {
 		for name, up := range old.upstreams {
 			if w.upstreams[name] != up {

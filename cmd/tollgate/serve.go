@@ -105,13 +105,23 @@ func runServe(args []string) error {
 		defer cancel()
 		_ = stopTracing(flush)
 	}()
+	// Which upstream created each response, shared with the other
+	// gateways; written in the background, so the request path never
+	// waits on NATS for it.
+	responses, err := proxy.OpenResponseStore(ctx, b.JetStream(), b.Replicas(), cfg.Routing.ResponseTTL, logf)
+	if err != nil {
+		return fmt.Errorf("opening the responses bucket: %w", err)
+	}
+	defer responses.Close()
+
 	srv, err := proxy.New(cfg, proxy.Options{
-		Accounts: svc,
-		Recorder: rec,
-		Admin:    admin,
-		Metrics:  func() []byte { return metricsText(rec.Stats()) },
-		Tracer:   tracer,
-		Logf:     logf,
+		Accounts:  svc,
+		Recorder:  rec,
+		Responses: responses,
+		Admin:     admin,
+		Metrics:   func() []byte { return metricsText(rec.Stats()) },
+		Tracer:    tracer,
+		Logf:      logf,
 	})
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,6 +118,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 		}
 		return s.respond(w, r, o, http.StatusOK, st.modelsBody, sc)
 	default:
+		if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok {
+			return s.responseState(w, r, o, rest, sc)
+		}
 		return s.respond(w, r, o, http.StatusNotFound, bodyNotFound, sc)
 	}
 	if r.Method != http.MethodPost {
@@ -133,11 +137,24 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 	}
 	stream := gjson.Get(js, "stream").Type == gjson.True
 
+	// Responses state is kept unless NoRecord (see state.go).
+	keep, background := false, false
+	if !chat && !o.NoRecord {
+		if prev := gjson.Get(js, "previous_response_id"); prev.Type == gjson.String && !s.Stored(prev.Str) {
+			return s.respond(w, r, o, http.StatusNotFound, responseNotFound(prev.Str), sc)
+		}
+		keep = gjson.Get(js, "store").Type != gjson.False
+		background = !stream && gjson.Get(js, "background").Type == gjson.True
+	}
+
 	idPrefix := "resp_"
 	if chat {
 		idPrefix = "chatcmpl-"
 	}
 	sc.fill(idPrefix, model.Raw)
+	if keep {
+		s.keep(st, js, background, sc)
+	}
 
 	if chat && !stream && o.ClassifierAnswers {
 		if out, ok := s.classifierAnswer(js, st, &sc.vals); ok {
@@ -155,6 +172,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 		sc.out = st.chatBody.appendTo(sc.out[:0], &sc.vals)
 	case stream:
 		return s.stream(w, r, o, st.respStream, sc)
+	case background:
+		sc.out = st.respQueued.appendTo(sc.out[:0], &sc.vals)
 	default:
 		sc.out = st.respBody.appendTo(sc.out[:0], &sc.vals)
 	}

@@ -14,6 +14,9 @@
 // Like a real server it refuses what it cannot answer: a body that is not
 // JSON or has no string "model" gets 400, an unknown path 404, a wrong method
 // 405, all in the OpenAI error envelope. Any model is accepted and echoed.
+// Responses are kept by id, as vLLM keeps them, for GET, DELETE, cancel and
+// input_items under /v1/responses/{id} and for previous_response_id
+// (state.go).
 package proxytest
 
 import (
@@ -76,8 +79,9 @@ type Options struct {
 	// Models are the ids GET /v1/models lists. Default: proxytest-small and
 	// proxytest-large. Generation requests accept any model and echo it.
 	Models []string
-	// NoRecord keeps requests out of Requests(), so the memory of a
-	// long-running benchmark or standalone upstream stays flat.
+	// NoRecord keeps requests out of Requests(), and responses out of the
+	// store behind GET /v1/responses/{id} (see state.go), so the memory of
+	// a long-running benchmark or standalone upstream stays flat.
 	NoRecord bool
 
 	// ClassifierAnswers makes non-stream chat requests that carry a
@@ -99,10 +103,11 @@ type Options struct {
 
 // Recorded is one request as the server received it.
 type Recorded struct {
-	Method string
-	Path   string
-	Header http.Header
-	Body   []byte
+	Method   string
+	Path     string
+	RawQuery string
+	Header   http.Header
+	Body     []byte
 }
 
 // Server is a running fake upstream. Its methods are safe for concurrent use.
@@ -119,10 +124,11 @@ type Server struct {
 	served   chan struct{}
 	closing  chan struct{}
 
-	mu       sync.Mutex // guards closed, handlers.Add, requests
-	closed   bool
-	handlers sync.WaitGroup
-	requests []Recorded
+	mu        sync.Mutex // guards closed, handlers.Add, requests, responses
+	closed    bool
+	handlers  sync.WaitGroup
+	requests  []Recorded
+	responses map[string]*storedResponse // by id; see state.go
 
 	active   atomic.Int64
 	canceled atomic.Int64
@@ -229,7 +235,7 @@ func (s *Server) enter() bool {
 }
 
 func (s *Server) record(r *http.Request, body []byte) {
-	rec := Recorded{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
+	rec := Recorded{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Header: r.Header.Clone(), Body: body}
 	s.mu.Lock()
 	s.requests = append(s.requests, rec)
 	s.mu.Unlock()

@@ -92,6 +92,7 @@ type rendered struct {
 	chatStream     []template // without stream_options.include_usage
 	chatStreamUsed []template // with it
 	respBody       template
+	respQueued     template // a background response, as first answered
 	respStream     []template
 	modelsBody     []byte
 	errorBody      []byte
@@ -132,6 +133,7 @@ func render(o Options) *rendered {
 	r.chatStream = chatStream(o, words, false)
 	r.chatStreamUsed = chatStream(o, words, true)
 	r.respBody = compile(response(o, "completed", itemCompleted(text), true))
+	r.respQueued = compile(response(o, "queued", "", false))
 	r.respStream = responseStream(o, words, text)
 	r.modelsBody = models(o.Models)
 	if o.Status != 0 {

@@ -1,0 +1,350 @@
+package proxy
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+)
+
+// Responses state lives on the upstream that created a response: a
+// previous_response_id, GET/DELETE /v1/responses/{id}, .../cancel and
+// .../input_items must reach that upstream, and only the account that
+// created it may use it. The gateway remembers response id -> {upstream,
+// account} in a JetStream KV bucket shared by every gateway, with the
+// bucket's max age as TTL, and in a bounded map of recent ids.
+//
+// Remembering never waits on NATS: the id goes into the local map at once
+// (so this gateway finds it on the very next call) and onto a bounded
+// queue that one goroutine writes to KV; a full queue drops the write,
+// counted and logged. Looking up an id the map lacks asks KV, bounded by
+// kvLookupTimeout; only calls that name an id wait for that.
+
+// BucketResponses is the KV bucket of response mappings; key: the response
+// id (see mappingKey), value: JSON responseMapping.
+const BucketResponses = "TOLLGATE_RESPONSES"
+
+const (
+	// mappingQueue bounds the KV writes waiting for the writer.
+	mappingQueue = 4096
+	// kvWriteTimeout bounds one KV write; a NATS that is down fills the
+	// queue, and what does not fit is dropped.
+	kvWriteTimeout = 2 * time.Second
+	// kvLookupTimeout bounds a KV read on the request path.
+	kvLookupTimeout = 500 * time.Millisecond
+	// cacheGeneration is how many ids one generation of the recent-ids
+	// map holds; two generations are kept.
+	cacheGeneration = 1 << 15
+	// maxResponseID bounds the ids remembered (OpenAI's and vLLM's are
+	// about 50 bytes).
+	maxResponseID = 256
+)
+
+// responseMapping is who holds a response and whom it belongs to.
+type responseMapping struct {
+	Upstream string `json:"upstream"`
+	Account  string `json:"account"`
+	Model    string `json:"model,omitempty"`
+	// At is when the gateway saw the response created, unix ns.
+	At int64 `json:"at"`
+}
+
+// mappingKV is what the store needs of jetstream.KeyValue.
+type mappingKV interface {
+	Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error)
+	Put(ctx context.Context, key string, value []byte) (uint64, error)
+	Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error
+}
+
+type mappingOp struct {
+	key    string
+	del    bool
+	record responseMapping
+}
+
+// ResponseStore remembers which upstream created each response. Open it
+// with OpenResponseStore and pass it in Options.Responses; without one, a
+// Server remembers in memory only, which a single gateway that is never
+// restarted can live with.
+type ResponseStore struct {
+	kv     mappingKV // nil: memory only
+	retune func(ctx context.Context, ttl time.Duration) error
+	logf   func(string, ...any)
+	ttl    atomic.Int64 // ns
+
+	mu       sync.Mutex
+	cur, old map[string]responseMapping
+
+	ops      chan mappingOp
+	ttlCh    chan time.Duration // a new TTL for the bucket; latest wins
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+
+	stored, dropped, failed atomic.Uint64
+	lastLog                 atomic.Int64 // unix ns, of logSometimes
+}
+
+// OpenResponseStore declares the bucket with max age ttl and starts the
+// writer. Close it before the broker.
+func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration, logf func(string, ...any)) (*ResponseStore, error) {
+	cfg := func(ttl time.Duration) jetstream.KeyValueConfig {
+		return jetstream.KeyValueConfig{
+			Bucket:      BucketResponses,
+			Description: "tollgate responses: id -> the upstream that created it and its account",
+			History:     1,
+			TTL:         ttl,
+			Storage:     jetstream.FileStorage,
+			Replicas:    max(replicas, 1),
+		}
+	}
+	kv, err := broker.EnsureKV(ctx, js, cfg(ttl))
+	if err != nil {
+		return nil, err
+	}
+	r := newResponseStore(kv, ttl, logf)
+	r.retune = func(ctx context.Context, ttl time.Duration) error {
+		_, err := broker.EnsureKV(ctx, js, cfg(ttl))
+		return err
+	}
+	r.start()
+	return r, nil
+}
+
+func newResponseStore(kv mappingKV, ttl time.Duration, logf func(string, ...any)) *ResponseStore {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if ttl <= 0 {
+		ttl = config.DefaultResponseTTL
+	}
+	r := &ResponseStore{kv: kv, logf: logf, cur: map[string]responseMapping{}}
+	r.ttl.Store(int64(ttl))
+	return r
+}
+
+func (r *ResponseStore) start() {
+	r.ops = make(chan mappingOp, mappingQueue)
+	r.ttlCh = make(chan time.Duration, 1)
+	r.stop = make(chan struct{})
+	r.done = make(chan struct{})
+	go r.write()
+}
+
+// Close stops the writer after the writes already queued, waiting at most
+// a few seconds for them.
+func (r *ResponseStore) Close() {
+	if r == nil || r.done == nil {
+		return
+	}
+	r.stopOnce.Do(func() { close(r.stop) })
+	select {
+	case <-r.done:
+	case <-time.After(2 * kvWriteTimeout):
+		r.logf("responses: %d mapping writes not done at shutdown", len(r.ops))
+	}
+}
+
+// setTTL applies routing.response_ttl: to the map at once, and to the
+// bucket's max age by the writer.
+func (r *ResponseStore) setTTL(ttl time.Duration) {
+	if ttl <= 0 || time.Duration(r.ttl.Swap(int64(ttl))) == ttl || r.ttlCh == nil {
+		return
+	}
+	for {
+		select {
+		case r.ttlCh <- ttl:
+			return
+		default:
+			select { // replace a TTL the writer has not taken yet
+			case <-r.ttlCh:
+			default:
+			}
+		}
+	}
+}
+
+// remember records that up created response id for account. It never
+// blocks: the KV write is queued, or dropped when the queue is full.
+func (r *ResponseStore) remember(id, upstream, account, model string) {
+	if id == "" || len(id) > maxResponseID {
+		return
+	}
+	m := responseMapping{Upstream: upstream, Account: account, Model: model, At: time.Now().UnixNano()}
+	r.cache(id, m)
+	if r.kv == nil {
+		return
+	}
+	select {
+	case r.ops <- mappingOp{key: mappingKey(id), record: m}:
+	default:
+		r.drop(id)
+	}
+}
+
+// forget drops the mapping of a deleted response.
+func (r *ResponseStore) forget(id string) {
+	r.mu.Lock()
+	delete(r.cur, id)
+	delete(r.old, id)
+	r.mu.Unlock()
+	if r.kv == nil || len(id) > maxResponseID {
+		return
+	}
+	select {
+	case r.ops <- mappingOp{key: mappingKey(id), del: true}:
+	default:
+		r.drop(id)
+	}
+}
+
+func (r *ResponseStore) drop(id string) {
+	n := r.dropped.Add(1)
+	r.logSometimes("responses: KV write queue full (NATS slow or down): mapping of %s not shared with other gateways (%d dropped so far)", id, n)
+}
+
+// logSometimes logs at most once every 10 s: what it reports happens on
+// every call while NATS is down.
+func (r *ResponseStore) logSometimes(format string, args ...any) {
+	now := time.Now().UnixNano()
+	if last := r.lastLog.Load(); now-last > int64(10*time.Second) && r.lastLog.CompareAndSwap(last, now) {
+		r.logf(format, args...)
+	}
+}
+
+func (r *ResponseStore) cache(id string, m responseMapping) {
+	r.mu.Lock()
+	if len(r.cur) >= cacheGeneration {
+		r.old, r.cur = r.cur, make(map[string]responseMapping, cacheGeneration/4)
+	}
+	r.cur[id] = m
+	r.mu.Unlock()
+}
+
+// errMappingsUnavailable wraps a KV lookup that failed (not a missing id).
+var errMappingsUnavailable = errors.New("response mappings unavailable")
+
+// lookup finds who holds response id: in memory, else in KV. found is
+// false for an id never remembered or past the TTL; err is set only when
+// KV could not answer.
+func (r *ResponseStore) lookup(ctx context.Context, id string) (m responseMapping, found bool, err error) {
+	if id == "" || len(id) > maxResponseID {
+		return m, false, nil
+	}
+	ttl := r.ttl.Load()
+	r.mu.Lock()
+	m, found = r.cur[id]
+	if !found {
+		m, found = r.old[id]
+	}
+	r.mu.Unlock()
+	if found && time.Now().UnixNano()-m.At < ttl {
+		return m, true, nil
+	}
+	if r.kv == nil {
+		return responseMapping{}, false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, kvLookupTimeout)
+	defer cancel()
+	e, err := r.kv.Get(ctx, mappingKey(id))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return responseMapping{}, false, nil
+	case err != nil:
+		return responseMapping{}, false, fmt.Errorf("%w: %v", errMappingsUnavailable, err)
+	}
+	if err := json.Unmarshal(e.Value(), &m); err != nil || m.Upstream == "" {
+		r.logf("responses: mapping of %s in KV is unreadable: %q", id, e.Value())
+		return responseMapping{}, false, nil
+	}
+	if time.Now().UnixNano()-m.At >= ttl {
+		return responseMapping{}, false, nil
+	}
+	r.cache(id, m)
+	return m, true, nil
+}
+
+// write is the one goroutine that writes mappings to KV.
+func (r *ResponseStore) write() {
+	defer close(r.done)
+	for {
+		select {
+		case op := <-r.ops:
+			r.apply(op)
+		case ttl := <-r.ttlCh:
+			ctx, cancel := context.WithTimeout(context.Background(), kvWriteTimeout)
+			if err := r.retune(ctx, ttl); err != nil {
+				r.logf("responses: setting the bucket's TTL to %s: %v", ttl, err)
+			}
+			cancel()
+		case <-r.stop:
+			for {
+				select {
+				case op := <-r.ops:
+					r.apply(op)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (r *ResponseStore) apply(op mappingOp) {
+	ctx, cancel := context.WithTimeout(context.Background(), kvWriteTimeout)
+	defer cancel()
+	var err error
+	if op.del {
+		err = r.kv.Delete(ctx, op.key)
+	} else {
+		var value []byte
+		value, err = json.Marshal(&op.record)
+		if err == nil {
+			_, err = r.kv.Put(ctx, op.key, value)
+		}
+	}
+	if err != nil {
+		n := r.failed.Add(1)
+		r.logSometimes("responses: writing the mapping %s to KV: %v (%d failed so far)", op.key, err, n)
+		return
+	}
+	if !op.del {
+		r.stored.Add(1)
+	}
+}
+
+// mappingKey is id as a KV key: as it is when it uses only letters,
+// digits, '_' and '-' (every id OpenAI and vLLM make), else hex-encoded
+// behind "x.", which no plain id can start with.
+func mappingKey(id string) string {
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return "x." + hex.EncodeToString([]byte(id))
+		}
+	}
+	return id
+}
+
+// metrics appends the store's Prometheus series to b.
+func (r *ResponseStore) metrics(b []byte) []byte {
+	return fmt.Appendf(b, `# HELP tollgate_response_mappings_stored_total Response id mappings written to JetStream KV.
+# TYPE tollgate_response_mappings_stored_total counter
+tollgate_response_mappings_stored_total %d
+# HELP tollgate_response_mappings_dropped_total Response id mappings not written because the queue was full (NATS slow or down).
+# TYPE tollgate_response_mappings_dropped_total counter
+tollgate_response_mappings_dropped_total %d
+# HELP tollgate_response_mappings_failed_total Response id mapping writes JetStream KV refused or timed out.
+# TYPE tollgate_response_mappings_failed_total counter
+tollgate_response_mappings_failed_total %d
+`, r.stored.Load(), r.dropped.Load(), r.failed.Load())
+}

@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// stuckKV is a KV whose writes hang until released and whose reads answer
+// from values or fail with err.
+type stuckKV struct {
+	release chan struct{}
+	puts    atomic.Int64
+	gets    atomic.Int64
+	values  map[string][]byte
+	err     error
+}
+
+func (k *stuckKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	select {
+	case <-k.release:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	k.puts.Add(1)
+	return 1, nil
+}
+
+func (k *stuckKV) Delete(context.Context, string, ...jetstream.KVDeleteOpt) error { return nil }
+
+func (k *stuckKV) Get(_ context.Context, key string) (jetstream.KeyValueEntry, error) {
+	k.gets.Add(1)
+	if k.err != nil {
+		return nil, k.err
+	}
+	v, ok := k.values[key]
+	if !ok {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return entry(v), nil
+}
+
+type entry []byte
+
+func (e entry) Bucket() string                  { return BucketResponses }
+func (e entry) Key() string                     { return "" }
+func (e entry) Value() []byte                   { return e }
+func (e entry) Revision() uint64                { return 1 }
+func (e entry) Created() time.Time              { return time.Now() }
+func (e entry) Delta() uint64                   { return 0 }
+func (e entry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
+// TestRememberNeverWaitsOnKV: with KV writes stuck, remembering stays
+// immediate; what does not fit the queue is dropped and counted, and this
+// gateway still finds every id in memory.
+func TestRememberNeverWaitsOnKV(t *testing.T) {
+	kv := &stuckKV{release: make(chan struct{})}
+	r := newResponseStore(kv, time.Hour, t.Logf)
+	r.start()
+	const n = mappingQueue + 1000
+	began := time.Now()
+	for i := range n {
+		r.remember("resp_"+strconv.Itoa(i), "gpu-a", "acme", "small")
+	}
+	if took := time.Since(began); took > time.Second {
+		t.Fatalf("%d remembers took %v with KV stuck", n, took)
+	}
+	if d := r.dropped.Load(); d < 900 {
+		t.Fatalf("%d dropped, want about 1000", d)
+	}
+	m, found, err := r.lookup(context.Background(), "resp_0")
+	if err != nil || !found || m.Upstream != "gpu-a" || m.Account != "acme" || kv.gets.Load() != 0 {
+		t.Fatalf("lookup from memory: %+v %v %v, %d KV reads", m, found, err, kv.gets.Load())
+	}
+	close(kv.release)
+	r.Close()
+	if got := kv.puts.Load() + int64(r.dropped.Load()); got != n {
+		t.Fatalf("%d written + dropped, want %d", got, n)
+	}
+}
+
+func TestLookupAsksKVAndKeepsWhatItFound(t *testing.T) {
+	kv := &stuckKV{values: map[string][]byte{
+		"resp_1":               []byte(`{"upstream":"gpu-b","account":"acme","at":` + itoa(time.Now().UnixNano()) + `}`),
+		"resp_old":             []byte(`{"upstream":"gpu-b","account":"acme","at":` + itoa(time.Now().Add(-2*time.Hour).UnixNano()) + `}`),
+		mappingKey("odd.id/1"): []byte(`{"upstream":"gpu-c","account":"acme","at":` + itoa(time.Now().UnixNano()) + `}`),
+	}}
+	r := newResponseStore(kv, time.Hour, t.Logf)
+	for i := range 2 {
+		m, found, err := r.lookup(context.Background(), "resp_1")
+		if err != nil || !found || m.Upstream != "gpu-b" || kv.gets.Load() != 1 {
+			t.Fatalf("lookup %d: %+v %v %v, %d KV reads", i, m, found, err, kv.gets.Load())
+		}
+	}
+	if m, found, _ := r.lookup(context.Background(), "odd.id/1"); !found || m.Upstream != "gpu-c" {
+		t.Fatalf("an id that is not a plain KV key: %+v %v", m, found)
+	}
+	if _, found, err := r.lookup(context.Background(), "resp_old"); found || err != nil {
+		t.Fatalf("a mapping past the TTL: %v %v", found, err)
+	}
+	if _, found, err := r.lookup(context.Background(), "resp_none"); found || err != nil {
+		t.Fatalf("an unknown id: %v %v", found, err)
+	}
+	kv.err = errors.New("nats: timeout")
+	if _, found, err := r.lookup(context.Background(), "resp_2"); found || !errors.Is(err, errMappingsUnavailable) {
+		t.Fatalf("KV failing: %v %v", found, err)
+	}
+	if _, found, err := r.lookup(context.Background(), "resp_1"); !found || err != nil {
+		t.Fatalf("a cached id with KV failing: %v %v", found, err)
+	}
+	r.forget("resp_1")
+	kv.err = nil
+	delete(kv.values, "resp_1")
+	if _, found, _ := r.lookup(context.Background(), "resp_1"); found {
+		t.Fatal("a forgotten id was found")
+	}
+}
+
+func TestMappingKey(t *testing.T) {
+	for id, want := range map[string]string{
+		"resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b": "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b",
+		"resp-AbC_09": "resp-AbC_09",
+		"a.b":         "x.612e62",
+		"x.612e62":    "x.782e363132653632",
+	} {
+		if got := mappingKey(id); got != want {
+			t.Errorf("mappingKey(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

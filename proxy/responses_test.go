@@ -1,0 +1,483 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// send is a request with the harness key (or key) to base (h.url unless
+// set), returning status and body.
+func (h *harness) send(base, method, path, body, key string) (int, []byte) {
+	h.t.Helper()
+	if base == "" {
+		base = h.url
+	}
+	if key == "" {
+		key = h.key
+	}
+	req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp.StatusCode, readAll(h.t, resp)
+}
+
+func jsonField(t *testing.T, body []byte, path ...string) any {
+	t.Helper()
+	var cur any
+	if err := json.Unmarshal(body, &cur); err != nil {
+		t.Fatalf("not JSON: %s", body)
+	}
+	for _, p := range path {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			t.Fatalf("no %v in %s", path, body)
+		}
+		cur = m[p]
+	}
+	return cur
+}
+
+// create makes a response through the gateway (streamed or not) and
+// returns its id and the index of the pool member that holds it.
+func (h *poolHarness) create(base, body, key string) (string, int) {
+	h.t.Helper()
+	status, got := h.send(base, "POST", "/v1/responses", body, key)
+	if status != 200 {
+		h.t.Fatalf("creating: %d %s", status, got)
+	}
+	var id string
+	if strings.Contains(body, `"stream":true`) {
+		created := sseEvents(got)[0]
+		_, data, _ := strings.Cut(created, "data: ")
+		id, _ = jsonField(h.t, []byte(data), "response", "id").(string)
+	} else {
+		id, _ = jsonField(h.t, got, "id").(string)
+	}
+	return id, h.holder(id)
+}
+
+// holder is the index of the pool member that stores id, or -1.
+func (h *poolHarness) holder(id string) int {
+	h.t.Helper()
+	at := -1
+	for i, up := range h.ups {
+		if up.Stored(id) {
+			if at >= 0 {
+				h.t.Fatalf("%s is stored on p%d and p%d", id, at, i)
+			}
+			at = i
+		}
+	}
+	return at
+}
+
+// calls counts the requests each pool member received on path.
+func (h *poolHarness) calls(path string) []int {
+	n := make([]int, len(h.ups))
+	for i, up := range h.ups {
+		for _, r := range up.Requests() {
+			if r.Path == path {
+				n[i]++
+			}
+		}
+	}
+	return n
+}
+
+const createResp = `{"model":"small","input":"hello"}`
+
+func notFoundBody(id string) string {
+	return `{"error":{"message":"Response with id '` + id + `' not found.","type":"invalid_request_error","param":null,"code":null}}`
+}
+
+func TestResponsesStateReachesTheUpstreamThatCreatedIt(t *testing.T) {
+	h := newPoolHarness(t, 3, "  balance: round_robin")
+	type made struct {
+		id     string
+		holder int
+	}
+	var all []made
+	seen := map[int]bool{}
+	for i := range 6 {
+		body := createResp
+		if i%2 == 1 {
+			body = `{"model":"small","input":"hello","stream":true}`
+		}
+		id, at := h.create("", body, "")
+		if at < 0 {
+			t.Fatalf("%s is stored on no upstream", id)
+		}
+		all = append(all, made{id, at})
+		seen[at] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("round robin put every response on one upstream: %v", seen)
+	}
+	h.events(6)
+	for _, m := range all {
+		path := "/v1/responses/" + m.id
+		status, body := h.send("", "GET", path, "", "")
+		if status != 200 || jsonField(t, body, "id") != m.id || jsonField(t, body, "status") != "completed" {
+			t.Fatalf("GET %s: %d %s", m.id, status, body)
+		}
+		status, body = h.send("", "GET", path+"/input_items?limit=1&order=asc", "", "")
+		if status != 200 || jsonField(t, body, "object") != "list" {
+			t.Fatalf("input_items %s: %d %s", m.id, status, body)
+		}
+		reqs := h.ups[m.holder].Requests()
+		if last := reqs[len(reqs)-1]; last.Path != path+"/input_items" || last.RawQuery != "limit=1&order=asc" ||
+			last.Method != "GET" {
+			t.Fatalf("p%d got %s %s?%s", m.holder, last.Method, last.Path, last.RawQuery)
+		}
+		// ?stream=true: the holder's event stream, relayed as it comes.
+		status, body = h.send("", "GET", path+"?stream=true", "", "")
+		if ev := sseEvents(body); status != 200 || len(ev) != 1 || !strings.HasPrefix(ev[0], "event: response.completed\n") ||
+			!strings.Contains(ev[0], `"id":"`+m.id+`"`) {
+			t.Fatalf("GET %s?stream=true: %d %s", m.id, status, body)
+		}
+		// A completed response cannot be cancelled: the holder says so.
+		status, body = h.send("", "POST", path+"/cancel", "", "")
+		if status != 400 || !strings.Contains(string(body), "Cannot cancel a synchronous response.") {
+			t.Fatalf("cancel %s: %d %s", m.id, status, body)
+		}
+		for i := range h.ups {
+			if n := h.calls(path)[i]; (i == m.holder) != (n > 0) {
+				t.Fatalf("%s held by p%d, but p%d got %d calls for it", m.id, m.holder, i, n)
+			}
+		}
+	}
+	// A background response is cancelled where it lives.
+	bg, at := h.create("", `{"model":"small","input":"hello","background":true}`, "")
+	status, body := h.send("", "POST", "/v1/responses/"+bg+"/cancel", "", "")
+	if status != 200 || jsonField(t, body, "status") != "cancelled" || at < 0 {
+		t.Fatalf("cancel %s on p%d: %d %s", bg, at, status, body)
+	}
+	// DELETE: the holder forgets it, and so does the gateway.
+	id := all[0].id
+	status, body = h.send("", "DELETE", "/v1/responses/"+id, "", "")
+	if status != 200 || jsonField(t, body, "deleted") != true || h.ups[all[0].holder].Stored(id) {
+		t.Fatalf("DELETE %s: %d %s", id, status, body)
+	}
+	status, body = h.send("", "GET", "/v1/responses/"+id, "", "")
+	if status != 404 || string(body) != notFoundBody(id) {
+		t.Fatalf("GET after DELETE: %d %s", status, body)
+	}
+	if n := h.calls("/v1/responses/" + id)[all[0].holder]; n != 3 {
+		t.Fatalf("the holder got %d GET/DELETE calls for %s, want 3 (the GET after DELETE is answered by the gateway)", n, id)
+	}
+	// State calls are not billed: still the 7 creations only.
+	time.Sleep(100 * time.Millisecond)
+	if n := len(h.rec.Events()); n != 7 {
+		t.Fatalf("%d usage events, want 7", n)
+	}
+	// Wrong methods and paths.
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"POST", "/v1/responses/" + bg, 405, "method_not_allowed"},
+		{"GET", "/v1/responses/" + bg + "/cancel", 405, "method_not_allowed"},
+		{"DELETE", "/v1/responses/" + bg + "/input_items", 405, "method_not_allowed"},
+		{"GET", "/v1/responses/" + bg + "/nope", 404, "not_found"},
+		{"GET", "/v1/responses/", 404, "not_found"},
+	} {
+		req, _ := http.NewRequest(c.method, h.url+c.path, nil)
+		req.Header.Set("Authorization", "Bearer "+h.key)
+		resp, err := h.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantError(t, resp, c.status, c.code)
+	}
+}
+
+func TestPreviousResponseIDLandsOnItsUpstream(t *testing.T) {
+	h := newPoolHarness(t, 3, "  balance: round_robin")
+	id, at := h.create("", createResp, "")
+	before := h.calls("/v1/responses")
+	for i := range 6 {
+		body := `{"model":"small","input":"more","previous_response_id":"` + id + `"}`
+		if i%2 == 1 {
+			body = `{"model":"small","input":"more","stream":true,"previous_response_id":"` + id + `"}`
+		}
+		// proxytest answers 404 for a previous response it does not hold.
+		next, nextAt := h.create("", body, "")
+		if nextAt != at {
+			t.Fatalf("call %d continuing %s (on p%d) made %s on p%d", i, id, at, next, nextAt)
+		}
+	}
+	after := h.calls("/v1/responses")
+	for i := range h.ups {
+		if got := after[i] - before[i]; (i == at) != (got == 6) || i != at && got != 0 {
+			t.Fatalf("p%d got %d of the calls continuing a response on p%d", i, got, at)
+		}
+	}
+
+	// An id the gateway never saw is balanced, and the upstream's own 404
+	// comes back as it is.
+	status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"resp_never"}`, "")
+	if status != 404 || string(body) != notFoundBody("resp_never") {
+		t.Fatalf("unknown previous_response_id: %d %s", status, body)
+	}
+	// An id the gateway knows but its upstream lost: the upstream's 404.
+	h.ups[at].Forget(id)
+	status, body = h.send("", "GET", "/v1/responses/"+id, "", "")
+	if status != 404 || h.calls("/v1/responses/" + id)[at] != 1 {
+		t.Fatalf("lost response: %d %s, holder calls %v", status, body, h.calls("/v1/responses/"+id))
+	}
+	before = h.calls("/v1/responses")
+	status, _ = h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, "")
+	if status != 404 || h.calls("/v1/responses")[at]-before[at] != 1 {
+		t.Fatalf("continuing a lost response: %d, calls %v", status, h.calls("/v1/responses"))
+	}
+	// A previous_response_id that is not a string is refused.
+	status, body = h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":5}`, "")
+	if status != 400 || jsonField(t, body, "error", "param") != "previous_response_id" {
+		t.Fatalf("numeric previous_response_id: %d %s", status, body)
+	}
+	// A second previous_response_id could pass the owner check while the
+	// upstream reads it: refused.
+	status, body = h.send("", "POST", "/v1/responses", `{"model":"small","previous_response_id":"`+id+`","previous_response_id":"resp_x"}`, "")
+	if status != 400 || jsonField(t, body, "error", "param") != "previous_response_id" {
+		t.Fatalf("duplicated previous_response_id: %d %s", status, body)
+	}
+	// store:false responses are not remembered: nothing holds them.
+	status, body = h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","store":false}`, "")
+	if status != 200 {
+		t.Fatalf("store:false: %d %s", status, body)
+	}
+	unstored, _ := jsonField(t, body, "id").(string)
+	if status, body = h.send("", "GET", "/v1/responses/"+unstored, "", ""); status != 404 || string(body) != notFoundBody(unstored) {
+		t.Fatalf("GET of a store:false response: %d %s", status, body)
+	}
+}
+
+func TestResponsesStateIsTheOwningAccountsOnly(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	ctx := context.Background()
+	if _, err := h.svc.CreateAccount(ctx, "other", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	_, otherKey, err := h.svc.CreateKey(ctx, "other", accounts.KeyRequest{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second key of the owning account is the owner too.
+	_, sameAccount, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, classifyOnly, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "c", Scopes: []string{accounts.ScopeClassify}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, at := h.create("", createResp, "")
+	unknown := "resp_000000000000000000000000"
+	for _, c := range []struct{ method, suffix string }{
+		{"GET", ""}, {"GET", "/input_items"}, {"POST", "/cancel"}, {"DELETE", ""},
+	} {
+		status, body := h.send("", c.method, "/v1/responses/"+id+c.suffix, "", otherKey)
+		if status != 404 || string(body) != notFoundBody(id) {
+			t.Fatalf("%s %s with another account's key: %d %s", c.method, c.suffix, status, body)
+		}
+		// Exactly what an id nobody made gets.
+		status, body = h.send("", c.method, "/v1/responses/"+unknown+c.suffix, "", otherKey)
+		if status != 404 || string(body) != notFoundBody(unknown) {
+			t.Fatalf("%s %s of an unknown id: %d %s", c.method, c.suffix, status, body)
+		}
+	}
+	if n := h.calls("/v1/responses/" + id)[at]; n != 0 || !h.ups[at].Stored(id) {
+		t.Fatalf("another account's calls reached the holder (%d) or deleted it", n)
+	}
+	status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, otherKey)
+	if status != 404 || jsonField(t, body, "error", "code") != "previous_response_not_found" ||
+		jsonField(t, body, "error", "param") != "previous_response_id" {
+		t.Fatalf("previous_response_id of another account: %d %s", status, body)
+	}
+	if status, body := h.send("", "GET", "/v1/responses/"+id, "", sameAccount); status != 200 {
+		t.Fatalf("another key of the owning account: %d %s", status, body)
+	}
+	if status, body := h.send("", "GET", "/v1/responses/"+id, "", classifyOnly); status != 403 {
+		t.Fatalf("a key without generate: %d %s", status, body)
+	}
+	if status, _ := h.send("", "GET", "/v1/responses/"+id, "", "tg-forged"); status != 401 {
+		t.Fatalf("a forged key: %d", status)
+	}
+}
+
+func TestPinnedUpstreamDownIs503NamingIt(t *testing.T) {
+	h := newPoolHarness(t, 3, "  balance: round_robin\n  eject_after: 1\n  eject_for: 30s")
+	id, at := h.create("", createResp, "")
+	name := fmt.Sprintf("p%d", at)
+	h.ups[at].Close()
+	for range 2 { // unreachable, then ejected
+		status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, "")
+		if status != 503 || !strings.Contains(string(body), "upstream "+name) {
+			t.Fatalf("continuing a response on a stopped upstream: %d %s", status, body)
+		}
+	}
+	status, body := h.send("", "GET", "/v1/responses/"+id, "", "")
+	if status != 503 || !strings.Contains(string(body), "upstream "+name) {
+		t.Fatalf("GET of a response on a stopped upstream: %d %s", status, body)
+	}
+	// Calls without state still go to the others.
+	if status, body := h.send("", "POST", "/v1/responses", createResp, ""); status != 200 {
+		t.Fatalf("a call without state: %d %s", status, body)
+	}
+}
+
+// another starts another gateway with the harness's config, accounts and
+// NATS, and nothing in memory; it returns its base URL.
+func (h *poolHarness) another() string {
+	t := h.t
+	t.Helper()
+	cfg, err := config.Load(h.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := proxy.OpenResponseStore(context.Background(), h.broker.JetStream(), 1, cfg.Routing.ResponseTTL, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	gw, err := proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Responses: store, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gw.Serve(ln) }()
+	t.Cleanup(func() { _ = gw.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
+// TestResponsesStateAcrossGateways: a second gateway on the same NATS,
+// with nothing in memory, finds the mapping in KV.
+func TestResponsesStateAcrossGateways(t *testing.T) {
+	h := newPoolHarness(t, 3, "  balance: round_robin")
+	second := h.another
+	gw2 := second()
+	id, at := h.create("", createResp, "")
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if status, body := h.send(gw2, "GET", "/v1/responses/"+id, "", ""); status != 200 {
+			return fmt.Errorf("GET through the second gateway: %d %s", status, body)
+		}
+		return nil
+	})
+	for i := range 3 { // round robin would send one of these elsewhere
+		body := `{"model":"small","input":"x","previous_response_id":"` + id + `"}`
+		if i == 1 {
+			body = `{"model":"small","input":"x","stream":true,"previous_response_id":"` + id + `"}`
+		}
+		if _, nextAt := h.create(gw2, body, ""); nextAt != at {
+			t.Fatalf("second gateway sent the continuation to p%d, the response is on p%d", nextAt, at)
+		}
+	}
+	if status, body := h.send(gw2, "DELETE", "/v1/responses/"+id, "", ""); status != 200 {
+		t.Fatalf("DELETE through the second gateway: %d %s", status, body)
+	}
+	// A third gateway finds no mapping any more; the first still holds it
+	// in memory and gets the upstream's own 404.
+	gw3 := second()
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if status, body := h.send(gw3, "GET", "/v1/responses/"+id, "", ""); status != 404 || string(body) != notFoundBody(id) {
+			return fmt.Errorf("GET through a third gateway after DELETE: %d %s", status, body)
+		}
+		return nil
+	})
+	before := h.calls("/v1/responses/" + id)[at]
+	if status, _ := h.send("", "GET", "/v1/responses/"+id, "", ""); status != 404 || h.calls("/v1/responses/" + id)[at] != before+1 {
+		t.Fatalf("GET through the first gateway after DELETE: %d", status)
+	}
+}
+
+// TestResponsesWithNATSGone: without KV, a gateway still serves what it
+// remembers itself, creating responses never waits on NATS, a gateway that
+// cannot look an id up says so (503), and a previous_response_id it cannot
+// place is balanced as usual.
+func TestResponsesWithNATSGone(t *testing.T) {
+	h := newPoolHarness(t, 3, "  balance: round_robin")
+	gw2 := h.another()
+	id, at := h.create("", createResp, "")
+	h.broker.Close()
+
+	began := time.Now()
+	for range 5 {
+		h.create("", createResp, "")
+	}
+	if took := time.Since(began); took > 2*time.Second {
+		t.Fatalf("5 responses took %v with NATS gone", took)
+	}
+	if status, body := h.send("", "GET", "/v1/responses/"+id, "", ""); status != 200 {
+		t.Fatalf("GET through the gateway that made it: %d %s", status, body)
+	}
+	status, body := h.send(gw2, "GET", "/v1/responses/"+id, "", "")
+	if status != 503 || jsonField(t, body, "error", "code") != "state_unavailable" {
+		t.Fatalf("GET through a gateway that cannot look it up: %d %s", status, body)
+	}
+	landed := map[int]int{}
+	for range 3 {
+		status, body := h.send(gw2, "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, "")
+		landed[status]++
+		if status != 200 && status != 404 {
+			t.Fatalf("continuation through a gateway without KV: %d %s", status, body)
+		}
+	}
+	if landed[404] == 0 {
+		t.Fatalf("round robin over 3 upstreams never missed p%d: %v", at, landed)
+	}
+}
+
+// TestResponseTTLReloads: routing.response_ttl is the bucket's max age,
+// changed by a config reload without a restart.
+func TestResponseTTLReloads(t *testing.T) {
+	h := newPoolHarness(t, 1, "  balance: round_robin")
+	ctx := context.Background()
+	ttl := func() time.Duration {
+		kv, err := h.broker.JetStream().KeyValue(ctx, proxy.BucketResponses)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.TTL()
+	}
+	if got := ttl(); got != config.DefaultResponseTTL {
+		t.Fatalf("bucket TTL %s, want the default %s", got, config.DefaultResponseTTL)
+	}
+	h.setPool("  balance: round_robin\n  response_ttl: 2h", "p0")
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if got := ttl(); got != 2*time.Hour {
+			return fmt.Errorf("bucket TTL %s after the reload, want 2h", got)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,237 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+)
+
+// The routes of a stored response, answered by the upstream that created
+// it (see responses.go for how the gateway remembers which one):
+//
+//	GET    /v1/responses/{id}               (query passed on, e.g. ?stream=true)
+//	DELETE /v1/responses/{id}
+//	POST   /v1/responses/{id}/cancel
+//	GET    /v1/responses/{id}/input_items   (query passed on: limit, order, after…)
+//
+// They take a key with the generate scope and count against its rpm, and
+// are not billed. An id the gateway does not know, or one created by
+// another account, is the same 404 as OpenAI's; a known one is relayed to
+// its upstream as it answers, its own 404 included.
+
+var responsesPrefix = []byte("/v1/responses/")
+
+// errResponseNotFound is OpenAI's (and vLLM's) 404 for an unknown response.
+func errResponseNotFound(id string) *APIError {
+	return &APIError{Status: 404, Type: "invalid_request_error", Message: "Response with id '" + id + "' not found."}
+}
+
+// errPreviousNotFound refuses a previous_response_id of another account in
+// OpenAI's words, as if it did not exist.
+func errPreviousNotFound(id string) *APIError {
+	return &APIError{Status: 404, Type: "invalid_request_error", Code: "previous_response_not_found", Param: "previous_response_id",
+		Message: "Previous response with id '" + id + "' not found."}
+}
+
+func errStateUnavailable(err error) *APIError {
+	return &APIError{Status: 503, Type: "service_unavailable_error", Code: "state_unavailable",
+		Message: "which upstream holds this response cannot be looked up now (" + err.Error() + "); try again"}
+}
+
+// previousResponse finds where the state a call continues lives: the
+// upstream to pin the call to, or nil to balance it as usual (an id the
+// gateway does not know, an upstream that left the model's pool, a lookup
+// that failed: the chosen upstream then answers as it would).
+func (s *Server) previousResponse(w *World, key *accounts.Key, p *pool, id string) (*upstream, *APIError) {
+	m, found, err := s.responses.lookup(context.Background(), id)
+	switch {
+	case err != nil:
+		s.responses.logSometimes("responses: previous_response_id %s: %v; the call is balanced as usual", id, err)
+		return nil, nil
+	case !found:
+		return nil, nil
+	case m.Account != key.Account:
+		return nil, errPreviousNotFound(id)
+	}
+	up := w.upstreams[m.Upstream]
+	for _, member := range p.members {
+		if member.up == up {
+			return up, nil
+		}
+	}
+	return nil, nil
+}
+
+// responseState serves the routes under /v1/responses/; rest is the path
+// after that prefix.
+func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
+	w := s.world.Load()
+	ctx.Response.Header.Set("x-request-id", newRequestID())
+	idb, action, _ := bytes.Cut(rest, []byte("/"))
+	method := string(ctx.Method())
+	var allow string
+	switch string(action) {
+	case "":
+		allow = "DELETE, GET"
+	case "cancel":
+		allow = "POST"
+	case "input_items":
+		allow = "GET"
+	}
+	if allow == "" || len(idb) == 0 {
+		WriteError(ctx, NotFound("no route for "+method+" "+string(ctx.Path())))
+		return
+	}
+	if !(method == "GET" && allow != "POST" || method == "DELETE" && allow == "DELETE, GET" || method == "POST" && allow == "POST") {
+		methodNotAllowed(ctx, allow)
+		return
+	}
+	key, apiErr := s.authenticate(ctx)
+	if apiErr != nil {
+		WriteError(ctx, apiErr)
+		return
+	}
+	if !key.HasScope(accounts.ScopeGenerate) {
+		WriteError(ctx, Forbidden("this API key lacks the generate scope"))
+		return
+	}
+	if limit := s.limits.keyAdmission(key); limit != nil {
+		if apiErr := limit.admit(ctx, 0); apiErr != nil {
+			WriteError(ctx, apiErr)
+			return
+		}
+		defer limit.done()
+	}
+	id := string(idb)
+	m, found, err := s.responses.lookup(context.Background(), id)
+	switch {
+	case err != nil:
+		WriteError(ctx, errStateUnavailable(err))
+		return
+	case !found || m.Account != key.Account:
+		WriteError(ctx, errResponseNotFound(id))
+		return
+	}
+	up := w.upstreams[m.Upstream]
+	if up == nil {
+		WriteError(ctx, Unavailable(fmt.Sprintf("upstream %s, which holds response %s, is not configured any more", m.Upstream, id)))
+		return
+	}
+	suffix := ""
+	if len(action) > 0 {
+		suffix = "/" + string(action)
+	}
+	if s.relayState(ctx, up, method, id, suffix) && method == "DELETE" {
+		s.responses.forget(id)
+	}
+}
+
+// relayState sends the call to up and relays its answer: status, body,
+// content type; a stream as it comes. It reports a 2xx answer.
+func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, method, id, suffix string) bool {
+	req := fasthttp.AcquireRequest()
+	defer fasthttp.ReleaseRequest(req)
+	resp := fasthttp.AcquireResponse()
+	uri := up.responsesURL + "/" + url.PathEscape(id) + suffix
+	if q := ctx.URI().QueryString(); len(q) > 0 {
+		uri += "?" + string(q)
+	}
+	req.Header.SetMethod(method)
+	req.SetRequestURI(uri)
+	if up.authHeader != "" {
+		req.Header.Set("Authorization", up.authHeader)
+	}
+	if a := ctx.Request.Header.Peek("Accept"); len(a) > 0 {
+		req.Header.SetBytesV("Accept", a)
+	}
+	// The upstream's first_byte_timeout and idle_timeout bound the call.
+	if err := up.client.Do(req, resp); err != nil {
+		fasthttp.ReleaseResponse(resp)
+		msg := fmt.Sprintf("upstream %s, which holds response %s, is unreachable: %v", up.cfg.Name, id, err)
+		if isTimeout(err) {
+			msg = fmt.Sprintf("upstream %s, which holds response %s, did not answer within first_byte_timeout (%s)", up.cfg.Name, id, up.cfg.FirstByteTimeout)
+		}
+		WriteError(ctx, Unavailable(msg))
+		return false
+	}
+	status := resp.StatusCode()
+	copyUpstreamHeaders(ctx, &resp.Header)
+	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) && resp.BodyStream() != nil {
+		ctx.SetStatusCode(status)
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		ctx.SetBodyStream(&stateStream{resp: resp}, -1) // released by its Close
+		return status >= 200 && status <= 299
+	}
+	body, err := readWhole(resp, int64(up.cfg.MaxResponseBody))
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		WriteError(ctx, upstreamCut(up, err))
+		return false
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetBody(body) // a copy
+	fasthttp.ReleaseResponse(resp)
+	return status >= 200 && status <= 299
+}
+
+// readWhole reads a streamed response's body, up to limit bytes.
+func readWhole(resp *fasthttp.Response, limit int64) ([]byte, error) {
+	rs := resp.BodyStream()
+	if rs == nil {
+		return resp.Body(), nil
+	}
+	body, err := io.ReadAll(io.LimitReader(rs, limit+1))
+	if err == nil && int64(len(body)) > limit {
+		err = fmt.Errorf("body larger than max_response_body (%d bytes)", limit)
+	}
+	closeStream(resp, err)
+	return body, err
+}
+
+// closeStream ends a response's body stream: after a clean end the
+// connection goes back to the pool; otherwise it is closed, not drained.
+func closeStream(resp *fasthttp.Response, err error) {
+	if err != nil {
+		if c, ok := resp.BodyStream().(fasthttp.ReadCloserWithError); ok {
+			_ = c.CloseWithError(err)
+			return
+		}
+	}
+	_ = resp.CloseBodyStream()
+}
+
+// stateStream relays an upstream's event stream (GET ?stream=true) to the
+// client; fasthttp writes each read as one flushed chunk and calls Close
+// however the relay ended.
+type stateStream struct {
+	resp *fasthttp.Response
+	eof  bool
+}
+
+var errRelayEnded = errors.New("client went away")
+
+func (s *stateStream) Read(p []byte) (int, error) {
+	n, err := s.resp.BodyStream().Read(p)
+	if err == io.EOF {
+		s.eof = true
+	}
+	return n, err
+}
+
+func (s *stateStream) Close() error {
+	var err error
+	if !s.eof {
+		err = errRelayEnded
+	}
+	closeStream(s.resp, err)
+	fasthttp.ReleaseResponse(s.resp)
+	return nil
+}
