@@ -140,7 +140,9 @@ if [ -n "$SOAK" ]; then
 		kill -0 "$a" 2>/dev/null || break
 		rss=$(awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$gw_pid/status")
 		threads=$(awk '/Threads/ {print $2}' "/proc/$gw_pid/status")
-		gor=$(curl -s "http://127.0.0.1:$dbg_port/debug/pprof/goroutine?debug=1" | head -1 | awk '{print $NF}')
+		# awk reads the whole profile: a head that closed the pipe early
+		# would fail the pipeline (pipefail) and end the bench.
+		gor=$(curl -s "http://127.0.0.1:$dbg_port/debug/pprof/goroutine?debug=1" | awk 'NR == 1 {print $NF}')
 		printf '%7ss %10s %8s %11s\n' $(($(date +%s) - start)) "$rss" "$threads" "$gor"
 	done
 	wait "$a" "$b"
