@@ -39,8 +39,12 @@ const (
 	// billed within it are lost to billing; it bounds the stream's disk.
 	UsageMaxAge = 7 * 24 * time.Hour
 
-	// publishMaxInFlight bounds batches published and not yet acknowledged.
-	publishMaxInFlight = 256
+	// publishMaxInFlight bounds batches published and not yet
+	// acknowledged, and with them the memory a slow JetStream (a disk
+	// stall) makes the gateway hold: at most this many batches of up to
+	// publish_batch.max_bytes. 32 batches of up to 1000 events keep tens of
+	// thousands of events in flight, far above what an ack's latency needs.
+	publishMaxInFlight = 32
 	// UsageBatchSubject carries batches: one message, many events of
 	// any accounts, one per line (NDJSON). Billing also reads the
 	// one-event messages of earlier versions on usage.<account>.
