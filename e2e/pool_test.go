@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -169,6 +170,45 @@ func TestPoolSurvivesUpstreamSIGKILL(t *testing.T) {
 			}
 		}()
 	}
+	// Streams too: one cut because its upstream was killed after it began
+	// is allowed (its client saw the error event); one that fails before
+	// its first byte is not, since the gateway could still move it.
+	var streams, streamsCut, streamsFailed atomic.Int64
+	var firstStreamFailure atomic.Value
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest("POST", g.url("/v1/chat/completions"),
+					strings.NewReader(`{"model":"pooled","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+				req.Header.Set("Authorization", "Bearer "+key)
+				req.Header.Set("Content-Type", "application/json")
+				streams.Add(1)
+				resp, err := client.Do(req)
+				if err == nil && resp.StatusCode != 200 {
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					err = fmt.Errorf("status %d: %s", resp.StatusCode, body)
+				}
+				if err != nil {
+					streamsFailed.Add(1)
+					firstStreamFailure.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || !strings.HasSuffix(strings.TrimSpace(string(body)), "data: [DONE]") {
+					streamsCut.Add(1)
+				}
+			}
+		}()
+	}
 	defer func() { close(stop); wg.Wait() }()
 
 	// All up: each upstream carries at least a fifth of the calls.
@@ -208,6 +248,10 @@ func TestPoolSurvivesUpstreamSIGKILL(t *testing.T) {
 		t.Fatalf("%d of %d calls failed; first: %v", n, calls.Load(), firstFailure.Load())
 	}
 	t.Logf("%d calls, none failed", calls.Load())
+	if n := streamsFailed.Load(); n > 0 {
+		t.Fatalf("%d of %d streams failed before their first byte; first: %v", n, streams.Load(), firstStreamFailure.Load())
+	}
+	t.Logf("%d streams, none failed before its first byte; %d cut after it by the kill", streams.Load(), streamsCut.Load())
 	if len(g.upstreams()) != 3 {
 		t.Fatalf("admin lists %v, want u1, u2, u3", g.upstreams())
 	}

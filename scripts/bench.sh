@@ -158,7 +158,7 @@ go test -run '^$' -bench . -benchtime 2s ./proxy ./accounts ./classifiers ./toke
 
 echo
 echo "pool failover: three upstream processes behind one model, steady load, one SIGKILLed and restarted:"
-go test -count=1 -run TestPoolSurvivesUpstreamSIGKILL -v ./e2e 2>&1 | grep -E 'calls|took calls again|^(--- |ok|FAIL)'
+go test -count=1 -run TestPoolSurvivesUpstreamSIGKILL -v ./e2e 2>&1 | grep -E 'calls|streams|took calls again|^(--- |ok|FAIL)'
 
 echo
 scripts/clickhouse.sh install >/dev/null
