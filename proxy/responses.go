@@ -194,8 +194,11 @@ func (r *ResponseStore) remember(id, upstream, account, model string) {
 // forget drops the mapping of a deleted response.
 func (r *ResponseStore) forget(id string) {
 	r.mu.Lock()
-	delete(r.cur, id)
+	// A tombstone, not a deletion: the KV delete is written in the
+	// background, and until it is, a lookup here must not find the old
+	// mapping in KV and send the next call to the upstream again.
 	delete(r.old, id)
+	r.cur[id] = responseMapping{At: time.Now().UnixNano()}
 	r.mu.Unlock()
 	if r.kv == nil || len(id) > maxResponseID {
 		return
@@ -248,6 +251,9 @@ func (r *ResponseStore) lookup(ctx context.Context, id string) (m responseMappin
 	}
 	r.mu.Unlock()
 	if found && time.Now().UnixNano()-m.At < ttl {
+		if m.Upstream == "" {
+			return responseMapping{}, false, nil // forgotten here (a tombstone)
+		}
 		return m, true, nil
 	}
 	if r.kv == nil {
