@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -41,6 +42,13 @@ func runServe(args []string) error {
 
 	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data_dir: %w", err)
+	}
+	// The heap may grow to 1.5 times what is live rather than Go's default
+	// of twice: the gateway's garbage is short-lived request scraps, GC is
+	// under 1 % of its CPU, and the difference is about 12 MiB of RSS.
+	// GOGC in the environment still decides.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
 	}
 	// The o200k vocabulary (5 MiB of heap, 15 ms to load) is loaded by the
 	// first call that counts tokens: a gateway whose upstreams report usage
