@@ -504,6 +504,8 @@ func TestBatchRequestValidation(t *testing.T) {
 		{`{"labels": ["a"], "descriptions": {"b": "x"}}`, "descriptions", ""},
 		{`{"labels": ["a"], "model": "gpt-9"}`, "model", "does not exist"},
 		{`{"labels": ["a"], "text": "per line, not here"}`, "text", "unknown field"},
+		{`{"labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels"`},
+		{`{"labels": ["a"], "mode": "multi", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400"},
 	} {
 		r := h.call("POST", "/v1/batch", h.key, tc.body)
 		e := r.apiError(t, 400, "invalid_request_error")
