@@ -614,7 +614,9 @@ func parseLine(line []byte, maxText int) (string, string) {
 	return t.Str, ""
 }
 
-// Result lines. Mode single: {"line":N,"label":…,"confidence":…,"tokens":…};
+// Result lines. Mode single: {"line":N,"label":…,"confidence":…,"tokens":…},
+// with "tie":true after confidence when the engine could not separate the
+// top labels (classifiers.ClassifyResult.Tie);
 // mode multi: {"line":N,"labels":[{"label":…,"confidence":…}],"tokens":…}
 // (labels at or above the threshold, highest first); a line that failed:
 // {"line":N,"error":"…"}. N is the input line, from 1.
@@ -645,6 +647,9 @@ func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.Classif
 		b = lc.appendLabel(b, res.Label)
 		b = append(b, `,"confidence":`...)
 		b = strconv.AppendFloat(b, res.Confidence, 'f', -1, 64)
+		if res.Tie {
+			b = append(b, `,"tie":true`...)
+		}
 	}
 	b = append(b, `,"tokens":`...)
 	b = strconv.AppendInt(b, u.TotalTokens, 10)

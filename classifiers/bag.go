@@ -190,3 +190,16 @@ func contentStems(terms []term) []string {
 func sortScores(s []LabelScore) {
 	sort.SliceStable(s, func(i, j int) bool { return s[i].Confidence > s[j].Confidence })
 }
+
+// sortScoresByLabel orders by confidence, descending, and equal
+// confidences by label (byte order): the result does not depend on the
+// order the caller listed the labels in. The lexical engine's ties come
+// from the words alone, so the caller's order must not break them.
+func sortScoresByLabel(s []LabelScore) {
+	sort.Slice(s, func(i, j int) bool {
+		if s[i].Confidence != s[j].Confidence {
+			return s[i].Confidence > s[j].Confidence
+		}
+		return s[i].Label < s[j].Label
+	})
+}

@@ -55,9 +55,16 @@ type Answer struct {
 // ClassifyResult: in single mode Label/Confidence is the best label and
 // Scores every label, sorted by confidence descending; in multi mode Labels
 // holds those at or above the threshold (sorted) and Scores every label.
+//
+// Tie (single mode) says the engine could not separate the top labels:
+// two or more share the highest confidence, and Label is the first of
+// them by name, not a decision. The lexical engine ties when no label
+// shares a word with the text; the llm engine never sets it (the model
+// names one label).
 type ClassifyResult struct {
 	Label      string       `json:"label,omitempty"`
 	Confidence float64      `json:"confidence,omitempty"`
+	Tie        bool         `json:"tie,omitempty"`
 	Labels     []LabelScore `json:"labels,omitempty"`
 	Scores     []LabelScore `json:"scores"`
 	Answer

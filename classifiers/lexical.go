@@ -89,22 +89,44 @@ func (e lexical) Classify(ctx context.Context, req ClassifyRequest) (ClassifyRes
 		for i, l := range req.Labels {
 			res.Scores[i] = LabelScore{Label: l, Confidence: round4(multiConfidence(sims[i]))}
 		}
-		sortScores(res.Scores)
-		for _, s := range res.Scores {
-			if s.Confidence >= req.Threshold {
-				res.Labels = append(res.Labels, s)
-			}
-		}
+		res.Labels = matched(res.Scores, sims, req.Threshold, len(req.Labels))
+		sortScoresByLabel(res.Scores)
 	} else {
 		probs := softmax(sims, softmaxTemperature)
 		for i, l := range req.Labels {
 			res.Scores[i] = LabelScore{Label: l, Confidence: round4(probs[i])}
 		}
-		sortScores(res.Scores)
+		sortScoresByLabel(res.Scores)
 		res.Label, res.Confidence = res.Scores[0].Label, res.Scores[0].Confidence
+		// Equal top confidences mean the words could not tell the labels
+		// apart (typically: no label shares a word with the text, so all
+		// tie at 1/n). sortScoresByLabel put the first tied label by name first,
+		// so the answer does not depend on the order labels were listed
+		// in, and Tie tells the caller not to trust it as a decision.
+		res.Tie = len(res.Scores) > 1 && res.Scores[1].Confidence == res.Scores[0].Confidence
 	}
 	res.Answer = lexicalAnswer(req.Text, ls.tokens)
 	return res, nil
+}
+
+// matched is the labels of scores (parallel to sims) at or above
+// threshold, highest first, at most limit of them. A label without any
+// evidence (similarity 0: no shared word, no sentiment, not a catch-all)
+// is never matched, whatever the threshold: its confidence is the
+// logistic's floor, the same for every such label, and says nothing about
+// the text. The result is never nil.
+func matched(scores []LabelScore, sims []float64, threshold float64, limit int) []LabelScore {
+	out := []LabelScore{}
+	for i, s := range scores {
+		if sims[i] > 0 && s.Confidence >= threshold {
+			out = append(out, s)
+		}
+	}
+	sortScoresByLabel(out)
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out
 }
 
 // labelSimilarities scores text against every label's profile: the cosine
@@ -276,13 +298,7 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	for i, t := range req.Tags {
 		all[i] = LabelScore{Label: t, Confidence: round4(multiConfidence(sims[i]))}
 	}
-	sortScores(all)
-	res.Tags = []LabelScore{}
-	for _, s := range all {
-		if s.Confidence >= threshold && len(res.Tags) < maxTags {
-			res.Tags = append(res.Tags, s)
-		}
-	}
+	res.Tags = matched(all, sims, threshold, maxTags)
 	res.Answer = lexicalAnswer(req.Text, ls.tokens)
 	return res, nil
 }

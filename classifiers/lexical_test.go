@@ -194,9 +194,11 @@ func TestLexicalClassifyMultiThreshold(t *testing.T) {
 	if !got["billing"] || !got["delivery"] || got["login"] || r.Label != "" || len(r.Scores) != 3 {
 		t.Errorf("multi result %+v", r)
 	}
+	// Threshold 0 returns every label with evidence; login shares no word
+	// with the text, so it is not returned as if it matched.
 	req.Threshold = 0
-	if r, _ := e.Classify(ctx, req); len(r.Labels) != 3 {
-		t.Errorf("threshold 0 returned %d labels", len(r.Labels))
+	if r, _ := e.Classify(ctx, req); len(r.Labels) != 2 || len(r.Scores) != 3 {
+		t.Errorf("threshold 0 returned %+v", r)
 	}
 	req.Threshold = 1
 	if r, _ := e.Classify(ctx, req); len(r.Labels) != 0 {
@@ -343,5 +345,72 @@ func TestLexicalOddInputs(t *testing.T) {
 		for _, s := range tg.Tags {
 			inRange("tag", s.Confidence)
 		}
+	}
+}
+
+// TestLexicalTieIsFlaggedNotPickedByOrder: when no label shares a word
+// with the text, every label ties. The answer says so, gives the tied
+// labels equal confidences, and does not depend on the order they were
+// listed in (it used to be the first listed, at 0.5).
+func TestLexicalTieIsFlaggedNotPickedByOrder(t *testing.T) {
+	e := NewLexical()
+	text := "The export button crashes"
+	var first ClassifyResult
+	for i, labels := range [][]string{{"billing", "bug"}, {"bug", "billing"}} {
+		r, err := e.Classify(ctx, ClassifyRequest{Text: text, Labels: labels, Mode: ModeSingle})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.Tie || r.Label != "billing" || r.Confidence != 0.5 ||
+			len(r.Scores) != 2 || r.Scores[0] != (LabelScore{"billing", 0.5}) || r.Scores[1] != (LabelScore{"bug", 0.5}) {
+			t.Fatalf("labels %v: %+v; want a tie, billing (first by name), both at 0.5", labels, r)
+		}
+		if i == 0 {
+			first = r
+		} else if !reflect.DeepEqual(r.Scores, first.Scores) {
+			t.Errorf("label order changed the answer: %+v vs %+v", r, first)
+		}
+	}
+	// Three labels without evidence: 1/3 each.
+	r, _ := e.Classify(ctx, ClassifyRequest{Text: text, Labels: []string{"shipping", "billing", "account"}, Mode: ModeSingle})
+	if !r.Tie || r.Label != "account" || r.Confidence != 0.3333 {
+		t.Errorf("three-way tie %+v", r)
+	}
+	// Evidence for one label: no tie.
+	r, _ = e.Classify(ctx, ClassifyRequest{Text: "The export button crashes", Labels: []string{"billing", "bug"}, Mode: ModeSingle,
+		Descriptions: map[string]string{"bug": "something is broken: crashes, errors"}})
+	if r.Tie || r.Label != "bug" || r.Confidence <= 0.5 {
+		t.Errorf("clear case %+v; want bug, no tie", r)
+	}
+	r, _ = e.Classify(ctx, ClassifyRequest{Text: "I was charged twice on my invoice", Labels: []string{"billing", "bug"}, Mode: ModeSingle,
+		Descriptions: map[string]string{"billing": "charges, refunds and invoices"}})
+	if r.Tie || r.Label != "billing" {
+		t.Errorf("clear case %+v; want billing, no tie", r)
+	}
+	// A catch-all is a decision, not a tie.
+	r, _ = e.Classify(ctx, ClassifyRequest{Text: text, Labels: []string{"billing", "other"}, Mode: ModeSingle})
+	if r.Tie || r.Label != "other" {
+		t.Errorf("catch-all %+v; want other, no tie", r)
+	}
+}
+
+// TestLexicalNoEvidenceIsNeverMatched: in multi mode and for closed tags,
+// a label that shares nothing with the text is not returned, even at a
+// threshold below its (floor) confidence.
+func TestLexicalNoEvidenceIsNeverMatched(t *testing.T) {
+	e := NewLexical()
+	r, err := e.Classify(ctx, ClassifyRequest{Text: "The export button crashes", Labels: []string{"billing", "bug"}, Mode: ModeMulti, Threshold: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Labels) != 0 || len(r.Scores) != 2 || r.Tie {
+		t.Errorf("multi without evidence %+v; want no labels, both scores", r)
+	}
+	tg, err := e.Tag(ctx, TagRequest{Text: "The export button crashes", Tags: []string{"billing", "export", "login"}, Threshold: 0.01})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tg.Tags) != 1 || tg.Tags[0].Label != "export" {
+		t.Errorf("tags %+v; want export only", tg.Tags)
 	}
 }

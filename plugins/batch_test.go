@@ -326,6 +326,34 @@ func TestBatchMultiMode(t *testing.T) {
 	}
 }
 
+// TestBatchTie: a line whose text shares no word with any label carries
+// "tie":true, as /v1/classify does; a line with evidence does not.
+func TestBatchTie(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{})
+	h.startWorker()
+	c := h.createJob(h.key, `{"labels": ["bug", "billing"], "model": "lexical"}`)
+	h.upload(c, []byte(`{"text": "The export button crashes"}`+"\n"+`{"text": "A billing question"}`+"\n"))
+	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
+	if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
+		t.Fatalf("job %v", job)
+	}
+	_, data := download(t, h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)["download_url"].(string))
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("results:\n%s", data)
+	}
+	var tied, clear map[string]any
+	if json.Unmarshal([]byte(lines[0]), &tied) != nil || json.Unmarshal([]byte(lines[1]), &clear) != nil {
+		t.Fatalf("results:\n%s", data)
+	}
+	if tied["tie"] != true || tied["label"] != "billing" || tied["confidence"] != 0.5 {
+		t.Errorf("line without evidence %s; want tie true, billing (first by name) at 0.5", lines[0])
+	}
+	if _, ok := clear["tie"]; ok || clear["label"] != "billing" {
+		t.Errorf("line with evidence %s; want billing without tie", lines[1])
+	}
+}
+
 // TestBatchConflicts checks every 409 rule of spec section 3, and that a
 // start without an uploaded file is refused and leaves the job pending.
 func TestBatchConflicts(t *testing.T) {
@@ -476,6 +504,8 @@ func TestBatchRequestValidation(t *testing.T) {
 		{`{"labels": ["a"], "descriptions": {"b": "x"}}`, "descriptions", ""},
 		{`{"labels": ["a"], "model": "gpt-9"}`, "model", "does not exist"},
 		{`{"labels": ["a"], "text": "per line, not here"}`, "text", "unknown field"},
+		{`{"labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels"`},
+		{`{"labels": ["a"], "mode": "multi", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400"},
 	} {
 		r := h.call("POST", "/v1/batch", h.key, tc.body)
 		e := r.apiError(t, 400, "invalid_request_error")

@@ -109,11 +109,15 @@ func savedList(cfg *config.Config) string {
 // classifySingle is the answer in mode single: the best label, and every
 // label by confidence.
 type classifySingle struct {
-	Mode       string                   `json:"mode"`
-	Classifier string                   `json:"classifier,omitempty"`
-	Label      string                   `json:"label"`
-	Confidence float64                  `json:"confidence"`
-	Scores     []classifiers.LabelScore `json:"scores"`
+	Mode       string  `json:"mode"`
+	Classifier string  `json:"classifier,omitempty"`
+	Label      string  `json:"label"`
+	Confidence float64 `json:"confidence"`
+	// Tie is present (true) when the top labels share the highest
+	// confidence: the engine could not tell them apart, and label is the
+	// first of them by name, not a decision.
+	Tie    bool                     `json:"tie,omitempty"`
+	Scores []classifiers.LabelScore `json:"scores"`
 	tail
 }
 
@@ -160,5 +164,5 @@ func handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	writeJSON(ctx, classifySingle{Mode: string(req.Mode), Classifier: body.Classifier, Label: res.Label,
-		Confidence: res.Confidence, Scores: sortScores(res.Scores), tail: t})
+		Confidence: res.Confidence, Tie: res.Tie, Scores: sortScores(res.Scores), tail: t})
 }

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/classifiers"
@@ -41,7 +44,80 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 	if _, err := dec.Token(); err != io.EOF {
 		return proxy.BadRequest("", "the request body has more after its JSON object: send one object")
 	}
+	return duplicateKey(body, dst)
+}
+
+// duplicateKey refuses a body that names one of dst's fields twice, as
+// the gateway refuses a second "model" in chat (proxy.scanRequest):
+// encoding/json keeps the last one, other readers of the same body the
+// first, and a client that sent two texts cannot know which was
+// classified. Keys are matched to fields as encoding/json matches them
+// (exactly, else case-insensitively), so "text" and "Text" are the same
+// key. body is valid JSON: decoding it succeeded.
+func duplicateKey(body []byte, dst any) *proxy.APIError {
+	fields := jsonFields(dst)
+	seen := make(map[string]bool, len(fields))
+	var dup string
+	gjson.ParseBytes(body).ForEach(func(key, _ gjson.Result) bool {
+		name := key.Str
+		for _, f := range fields {
+			if f == name {
+				break
+			}
+			if strings.EqualFold(f, name) {
+				name = f
+			}
+		}
+		if seen[name] {
+			dup = name
+			return false
+		}
+		seen[name] = true
+		return true
+	})
+	if dup != "" {
+		return proxy.BadRequest(dup, fmt.Sprintf("duplicate key %q in request body: send each field once", dup))
+	}
 	return nil
+}
+
+// numberRanges words the valid values of the numeric fields, for a number
+// that does not fit the field's type (threshold: 1e400).
+var numberRanges = map[string]string{
+	"threshold": "a number between 0 and 1",
+	"max_tags":  fmt.Sprintf("an integer between 1 and %d", maxMaxTags),
+}
+
+// outOfRange is the message for a number that encoding/json could not
+// store in field (of type t): one that overflows a float64, or an integer
+// field given an integral number it cannot hold. ok is false for other
+// mismatches (a fraction for an integer, a string for a number).
+func outOfRange(field string, t reflect.Type, value string) (string, bool) {
+	num, isNumber := strings.CutPrefix(value, "number ")
+	if !isNumber {
+		return "", false
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64:
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if f, err := strconv.ParseFloat(num, 64); err == nil && f != math.Trunc(f) {
+			return "", false // a fraction: "must be an integer" says it
+		}
+	default:
+		return "", false
+	}
+	want, ok := numberRanges[field]
+	if !ok {
+		want = describeJSONType(t) + " in range"
+	}
+	if len(num) > 32 {
+		num = num[:32] + "…"
+	}
+	return fmt.Sprintf("%s must be %s, got %s, which is out of range", field, want, num), true
 }
 
 func decodeError(err error, dst any) *proxy.APIError {
@@ -58,8 +134,11 @@ func decodeError(err error, dst any) *proxy.APIError {
 			return proxy.BadRequest("", "the request body must be a JSON object")
 		}
 		want, got := typ.Type, "got"
-		if f, ok := fieldType(dst, field); ok && f != typ.Type && !(f.Kind() == reflect.Pointer && f.Elem() == typ.Type) {
+		f, ok := fieldType(dst, field)
+		if ok && f != typ.Type && !(f.Kind() == reflect.Pointer && f.Elem() == typ.Type) {
 			want, got = f, "it holds" // an element of an array or object is wrong
+		} else if msg, ok := outOfRange(field, typ.Type, typ.Value); ok {
+			return proxy.BadRequest(field, msg)
 		}
 		return proxy.BadRequest(field, fmt.Sprintf("%s must be %s, %s %s", field, describeJSONType(want), got, describeJSONValue(typ.Value)))
 	}

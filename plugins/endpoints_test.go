@@ -147,7 +147,7 @@ func TestClassifyModes(t *testing.T) {
 	if _, ok := m["label"]; ok {
 		t.Errorf("multi answer has a single label: %v", m)
 	}
-	checkScores(t, m["labels"], "labels", 3) // threshold 0: every label
+	checkScores(t, m["labels"], "labels", 2) // threshold 0: every label with evidence; account has none
 	checkScores(t, m["scores"], "scores", 3)
 
 	m = h.keyed("/v1/classify", `{"text": "billing", "labels": ["billing", "bug"], "mode": "multi", "threshold": 1}`).ok(t)
@@ -167,7 +167,8 @@ func TestClassifyModes(t *testing.T) {
 	}
 	checkScores(t, m["scores"], "scores", 3)
 	m = h.keyed("/v1/classify", `{"text": "refund my charge", "classifier": "support-intent", "mode": "multi", "threshold": 0}`).ok(t)
-	checkScores(t, m["labels"], "labels", 3)
+	checkScores(t, m["labels"], "labels", 1) // only billing shares a word with the text
+	checkScores(t, m["scores"], "scores", 3)
 }
 
 // TestBalance: a keyed call of an account below the grace buffer is 402
@@ -205,4 +206,27 @@ func body(path string) string {
 		return `{"text": "x"}`
 	}
 	return `{"text": "x", "labels": ["a", "b"]}`
+}
+
+// TestClassifyTie: a text that shares no word with any label is a tie,
+// flagged, with equal confidences and the same answer whatever the order
+// of the labels; a text with evidence has no tie field.
+func TestClassifyTie(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: lexical"})
+	for _, labels := range []string{`["billing", "bug"]`, `["bug", "billing"]`} {
+		m := h.keyed("/v1/classify", `{"text": "The export button crashes", "labels": `+labels+`}`).ok(t)
+		scores := checkScores(t, m["scores"], "scores", 2)
+		if m["tie"] != true || m["label"] != "billing" || m["confidence"] != 0.5 ||
+			scores[0].(map[string]any)["label"] != "billing" || scores[1].(map[string]any)["confidence"] != 0.5 {
+			t.Errorf("labels %s: %v; want tie true, billing (first by name) at 0.5", labels, m)
+		}
+	}
+	m := h.keyed("/v1/classify", `{"text": "The export button crashes", "labels": ["billing", "bug"],
+		"descriptions": {"bug": "something is broken: crashes, errors"}}`).ok(t)
+	if _, ok := m["tie"]; ok || m["label"] != "bug" {
+		t.Errorf("clear case %v; want bug without tie", m)
+	}
+	m = h.keyed("/v1/classify", `{"text": "The export button crashes", "labels": ["billing", "bug"], "mode": "multi", "threshold": 0}`).ok(t)
+	checkScores(t, m["labels"], "labels", 0)
+	checkScores(t, m["scores"], "scores", 2)
 }

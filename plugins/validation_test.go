@@ -44,6 +44,13 @@ func TestValidation(t *testing.T) {
 		{"threshold above 1", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1.5}`, "threshold", "threshold must be between 0 and 1, got 1.5"},
 		{"threshold below 0", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -0.1}`, "threshold", "threshold must be between 0 and 1, got -0.1"},
 		{"threshold a string", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": "0.5"}`, "threshold", "threshold must be a number, got a string"},
+		{"threshold overflows", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400, which is out of range"},
+		{"threshold overflows below", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -1e400}`, "threshold", "threshold must be a number between 0 and 1, got -1e400"},
+		{"text twice", "/v1/classify", `{"text": "x", "labels": ["a"], "text": "y"}`, "text", `duplicate key "text" in request body`},
+		{"text twice, other case", "/v1/classify", `{"text": "x", "labels": ["a"], "Text": "y"}`, "text", `duplicate key "text" in request body`},
+		{"text twice, escaped", "/v1/classify", `{"text": "x", "labels": ["a"], "te\u0078t": "y"}`, "text", `duplicate key "text" in request body`},
+		{"labels twice", "/v1/classify", `{"text": "x", "labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels" in request body`},
+		{"model twice", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "lexical", "model": "llm"}`, "model", `duplicate key "model" in request body`},
 		{"unknown classifier", "/v1/classify", `{"text": "x", "classifier": "foo"}`, "classifier", `classifier "foo" is not defined; saved classifiers: support-intent`},
 		{"classifier and labels", "/v1/classify", `{"text": "x", "classifier": "support-intent", "labels": ["a"]}`, "labels", "labels cannot be sent with classifier"},
 		{"classifier, bad threshold", "/v1/classify", `{"text": "x", "classifier": "support-intent", "threshold": 2}`, "threshold", "threshold must be between 0 and 1"},
@@ -56,6 +63,10 @@ func TestValidation(t *testing.T) {
 		{"tag twice", "/v1/tag", `{"text": "x", "tags": ["a", "a"]}`, "tags[1]", `tags has "a" twice`},
 		{"max_tags 0", "/v1/tag", `{"text": "x", "max_tags": 0}`, "max_tags", "max_tags must be between 1 and 50, got 0"},
 		{"max_tags fraction", "/v1/tag", `{"text": "x", "max_tags": 2.5}`, "max_tags", "max_tags must be an integer, got a number 2.5"},
+		{"max_tags overflows", "/v1/tag", `{"text": "x", "max_tags": 1e400}`, "max_tags", "max_tags must be an integer between 1 and 50, got 1e400, which is out of range"},
+		{"max_tags too big for an int", "/v1/tag", `{"text": "x", "max_tags": 99999999999999999999}`, "max_tags", "max_tags must be an integer between 1 and 50, got 99999999999999999999"},
+		{"tag threshold overflows", "/v1/tag", `{"text": "x", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400"},
+		{"tag text twice", "/v1/tag", `{"text": "x", "text": "y"}`, "text", `duplicate key "text" in request body`},
 		{"tag threshold", "/v1/tag", `{"text": "x", "threshold": 7}`, "threshold", "threshold must be between 0 and 1, got 7"},
 
 		{"score source missing", "/v1/score", `{"attribute": "urgency"}`, "source", "source is required"},
@@ -63,11 +74,13 @@ func TestValidation(t *testing.T) {
 		{"score attribute too long", "/v1/score", `{"source": "x", "attribute": "` + strings.Repeat("u", 201) + `"}`, "attribute", "attribute is 201 bytes, longer than 200"},
 		{"score source too long", "/v1/score", `{"source": "` + long + `", "attribute": "urgency"}`, "source", "source is 1025 bytes"},
 		{"score description too long", "/v1/score", `{"source": "x", "attribute": "urgency", "description": "` + long + `"}`, "description", "description is 1025 bytes"},
+		{"score source twice", "/v1/score", `{"source": "x", "attribute": "urgency", "source": "y"}`, "source", `duplicate key "source" in request body`},
 		{"score typo", "/v1/score", `{"source": "x", "atribute": "urgency"}`, "atribute", `unknown field "atribute" (did you mean "attribute"?)`},
 
 		{"match source missing", "/v1/match", `{"query": "x"}`, "source", "source is required"},
 		{"match query missing", "/v1/match", `{"source": "x"}`, "query", "query is required"},
 		{"match query too long", "/v1/match", `{"source": "x", "query": "` + long + `"}`, "query", "query is 1025 bytes"},
+		{"match query twice", "/v1/match", `{"source": "x", "query": "y", "query": "z"}`, "query", `duplicate key "query" in request body`},
 		{"match unknown field", "/v1/match", `{"source": "x", "query": "y", "top_k": 3}`, "top_k", `unknown field "top_k"`},
 	}
 	for _, c := range cases {

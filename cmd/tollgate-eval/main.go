@@ -162,7 +162,7 @@ func evaluate(w io.Writer, engine classifiers.Engine, s *evalSet, dir string) er
 
 	// classify
 	setNames := sortedKeys(s.sets)
-	type tally struct{ n, withHelp, bare int }
+	type tally struct{ n, withHelp, bare, tiesWithHelp, tiesBare int }
 	per := map[string]*tally{}
 	var total tally
 	var chance float64
@@ -179,6 +179,16 @@ func evaluate(w io.Writer, engine classifiers.Engine, s *evalSet, dir string) er
 			res, err := engine.Classify(ctx, s.classifyRequest(it, help))
 			if err != nil {
 				return fmt.Errorf("classify %q: %w", it.Text, err)
+			}
+			if res.Tie {
+				// The engine said it could not decide: its label is the
+				// first tied one by name, not a prediction.
+				if help {
+					total.tiesWithHelp++
+				} else {
+					total.tiesBare++
+				}
+				continue
 			}
 			if res.Label == it.Label {
 				if help {
@@ -201,6 +211,7 @@ func evaluate(w io.Writer, engine classifiers.Engine, s *evalSet, dir string) er
 		fmt.Fprintf(w, "  %-12s %5d %8d %21.1f%% %11.1f%%\n", name, t.n, len(s.sets[name].Labels), pct(t.withHelp, t.n), pct(t.bare, t.n))
 	}
 	fmt.Fprintf(w, "  %-12s %5d %8s %21.1f%% %11.1f%%\n", "overall", total.n, "", pct(total.withHelp, total.n), pct(total.bare, total.n))
+	fmt.Fprintf(w, "  ties, counted as misses: %d with descriptions+ex., %d labels only\n", total.tiesWithHelp, total.tiesBare)
 	fmt.Fprintf(w, "  chance (one label at random): %.1f%%\n\n", 100*chance/float64(total.n))
 
 	// score
