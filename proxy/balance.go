@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
@@ -37,8 +37,8 @@ type upstreamHealth struct {
 	openUntil atomic.Int64 // unix ns: open until then, then half-open
 	trial     atomic.Bool  // a half-open trial call is out
 
-	mu        sync.Mutex // breaker transitions; never held across I/O
-	failures  int        // consecutive
+	failures  atomic.Int32 // consecutive; written under mu, read without it
+	mu        sync.Mutex   // breaker transitions; never held across I/O
 	ejectFor  time.Duration
 	lastError string
 	probing   bool
@@ -118,9 +118,9 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) {
 	}
 	h.latency.Store(old + (int64(ttfb)-old)/8)
 	if h.state.Load() == stateClosed {
-		if h.failures != 0 { // racy read is fine: a stale non-zero only costs the lock
+		if h.failures.Load() != 0 {
 			h.mu.Lock()
-			h.failures = 0
+			h.failures.Store(0)
 			h.mu.Unlock()
 		}
 		return
@@ -131,7 +131,8 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) {
 // close puts the upstream back in service.
 func (h *upstreamHealth) close() {
 	h.mu.Lock()
-	h.failures, h.ejectFor = 0, 0
+	h.failures.Store(0)
+	h.ejectFor = 0
 	h.state.Store(stateClosed)
 	h.trial.Store(false)
 	h.mu.Unlock()
@@ -144,11 +145,11 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason string) (ejected bool
 	h.count(true)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.failures++
+	failures := h.failures.Add(1)
 	h.lastError = reason
 	switch h.state.Load() {
 	case stateClosed:
-		if h.failures < rt.EjectAfter {
+		if int(failures) < rt.EjectAfter {
 			return false
 		}
 		h.ejectFor = rt.EjectFor
@@ -198,7 +199,6 @@ type pool struct {
 	members []poolMember
 	weights int
 	rr      atomic.Uint64
-	names   string
 }
 
 type poolMember struct {
@@ -208,17 +208,12 @@ type poolMember struct {
 
 func newPool(members []config.PoolMember, upstreams map[string]*upstream) *pool {
 	p := &pool{}
-	var names []string
 	for _, m := range members {
-		up := upstreams[m.Name]
-		if up == nil {
-			continue
+		if up := upstreams[m.Name]; up != nil {
+			p.members = append(p.members, poolMember{up, max(m.Weight, 1)})
+			p.weights += max(m.Weight, 1)
 		}
-		p.members = append(p.members, poolMember{up, max(m.Weight, 1)})
-		p.weights += max(m.Weight, 1)
-		names = append(names, m.Name)
 	}
-	p.names = strings.Join(names, ", ")
 	return p
 }
 
@@ -379,7 +374,10 @@ func (p *pool) allDown(model string) *APIError {
 	return Unavailable(fmt.Sprintf("every upstream of model %q is unavailable (%s)", model, strings.Join(parts, "; ")))
 }
 
-var affinitySeed = maphash.MakeSeed()
+// affinityHash hashes affinity keys and upstream names with a fixed
+// function, not a per-process seed, so every gateway of a deployment, and a
+// restarted one, sends a session to the same upstream.
+func affinityHash(b []byte) uint64 { return xxhash.Sum64(b) | 1 }
 
 // affinityKey is the key calls of one session share, or 0: the header's
 // value, or a hash of the first bytes of the messages or input.
@@ -387,7 +385,7 @@ func affinityKey(rt *config.Routing, ctx *fasthttp.RequestCtx, body []byte) uint
 	switch rt.Affinity {
 	case "header":
 		if v := ctx.Request.Header.Peek(rt.AffinityHeader); len(v) > 0 {
-			return maphash.Bytes(affinitySeed, v) | 1
+			return affinityHash(v)
 		}
 	case "prefix":
 		start := prefixStart(body)
@@ -395,7 +393,7 @@ func affinityKey(rt *config.Routing, ctx *fasthttp.RequestCtx, body []byte) uint
 			return 0
 		}
 		end := min(len(body), start+int(rt.AffinityPrefixBytes))
-		return maphash.Bytes(affinitySeed, body[start:end]) | 1
+		return affinityHash(body[start:end])
 	}
 	return 0
 }

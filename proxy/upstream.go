@@ -4,7 +4,6 @@ import (
 	cryptotls "crypto/tls"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"io"
 	"net"
 	"net/url"
@@ -13,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
@@ -62,7 +62,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	up := &upstream{
 		logf:         logf,
-		nameHash:     maphash.String(affinitySeed, cfg.Name),
+		nameHash:     xxhash.Sum64String(cfg.Name),
 		cfg:          cfg,
 		chatURL:      base + "/chat/completions",
 		responsesURL: base + "/responses",
