@@ -61,11 +61,7 @@ func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinit
 		if err != nil {
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
-			if isTimeout(err) {
-				lastErr = Unavailable(fmt.Sprintf("upstream %s did not answer within first_byte_timeout (%s)", up.cfg.Name, up.cfg.FirstByteTimeout))
-			} else {
-				lastErr = Unavailable(fmt.Sprintf("upstream %s is unreachable: %v", up.cfg.Name, err))
-			}
+			lastErr = upstreamUnreachable(up, "", err)
 			up.fail(rt, err.Error())
 			if c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"go.opentelemetry.io/otel/trace"
 	"io"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/tidwall/sjson"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/catalog"
@@ -40,6 +40,18 @@ var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b
 
 // authenticate verifies the bearer key. Every failure is 401 INVALID_API_KEY
 // with the reason, never which part of a forged key was wrong beyond that.
+// authorize is authenticate, then a check that the key has scope.
+func (s *Server) authorize(ctx *fasthttp.RequestCtx, scope string) (*accounts.Key, *APIError) {
+	key, apiErr := s.authenticate(ctx)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	if scope != "" && !key.HasScope(scope) {
+		return nil, Forbidden("this API key lacks the " + scope + " scope")
+	}
+	return key, nil
+}
+
 func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*accounts.Key, *APIError) {
 	h := ctx.Request.Header.Peek("Authorization")
 	if len(h) == 0 {
@@ -76,13 +88,9 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		methodNotAllowed(ctx, "POST")
 		return
 	}
-	key, apiErr := s.authenticate(ctx)
+	key, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
 	if apiErr != nil {
 		WriteError(ctx, apiErr)
-		return
-	}
-	if !key.HasScope(accounts.ScopeGenerate) {
-		WriteError(ctx, Forbidden("this API key lacks the generate scope"))
 		return
 	}
 	if apiErr := s.checkBalance(w, key); apiErr != nil {
@@ -368,6 +376,16 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	}
 	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
 	c.release()
+}
+
+// upstreamUnreachable is the 503 for an upstream that refused the
+// connection or sent no first byte in time; what names its role in the
+// call ("" for a generation call).
+func upstreamUnreachable(up *upstream, what string, err error) *APIError {
+	if isTimeout(err) {
+		return Unavailable(fmt.Sprintf("upstream %s%s did not answer within first_byte_timeout (%s)", up.cfg.Name, what, up.cfg.FirstByteTimeout))
+	}
+	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %v", up.cfg.Name, what, err))
 }
 
 func upstreamCut(up *upstream, err error) *APIError {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 
@@ -89,17 +91,13 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 		WriteError(ctx, NotFound("no route for "+method+" "+string(ctx.Path())))
 		return
 	}
-	if !(method == "GET" && allow != "POST" || method == "DELETE" && allow == "DELETE, GET" || method == "POST" && allow == "POST") {
+	if !slices.Contains(strings.Split(allow, ", "), method) {
 		methodNotAllowed(ctx, allow)
 		return
 	}
-	key, apiErr := s.authenticate(ctx)
+	key, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
 	if apiErr != nil {
 		WriteError(ctx, apiErr)
-		return
-	}
-	if !key.HasScope(accounts.ScopeGenerate) {
-		WriteError(ctx, Forbidden("this API key lacks the generate scope"))
 		return
 	}
 	if limit := s.limits.keyAdmission(key); limit != nil {
@@ -154,11 +152,7 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, method, id, 
 	// The upstream's first_byte_timeout and idle_timeout bound the call.
 	if err := up.client.Do(req, resp); err != nil {
 		fasthttp.ReleaseResponse(resp)
-		msg := fmt.Sprintf("upstream %s, which holds response %s, is unreachable: %v", up.cfg.Name, id, err)
-		if isTimeout(err) {
-			msg = fmt.Sprintf("upstream %s, which holds response %s, did not answer within first_byte_timeout (%s)", up.cfg.Name, id, up.cfg.FirstByteTimeout)
-		}
-		WriteError(ctx, Unavailable(msg))
+		WriteError(ctx, upstreamUnreachable(up, ", which holds response "+id+",", err))
 		return false
 	}
 	status := resp.StatusCode()

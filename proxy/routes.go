@@ -184,13 +184,9 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
 	call := &Call{RequestID: newRequestID(), Start: time.Now(), World: s.world.Load(), Server: s}
 	ctx.Response.Header.Set("x-request-id", call.RequestID)
 	if r.Auth != AuthNone && (len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired) {
-		key, apiErr := s.authenticate(ctx)
+		key, apiErr := s.authorize(ctx, r.Scope)
 		if apiErr != nil {
 			WriteError(ctx, apiErr)
-			return true
-		}
-		if r.Scope != "" && !key.HasScope(r.Scope) {
-			WriteError(ctx, Forbidden("this API key lacks the "+r.Scope+" scope"))
 			return true
 		}
 		call.Key = key
