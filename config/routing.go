@@ -75,6 +75,9 @@ var (
 	AffinityKinds = []string{"none", "prefix", "header"}
 )
 
+// MaxPoolSize bounds the upstreams of one model's pool.
+const MaxPoolSize = 64
+
 // Routing defaults.
 const (
 	DefaultBalance             = "p2c"
@@ -91,39 +94,19 @@ const (
 )
 
 func (l *loader) applyRoutingDefaults(r *Routing) {
-	if r.Balance == "" {
-		r.Balance = DefaultBalance
+	setDefault(&r.Balance, DefaultBalance)
+	setDefault(&r.Affinity, DefaultAffinity)
+	setDefault(&r.AffinityPrefixBytes, DefaultAffinityPrefixBytes)
+	setDefault(&r.AffinityHeader, DefaultAffinityHeader)
+	if !l.isSet("routing.retries") {
+		setDefault(&r.Retries, DefaultRetries) // an explicit 0 turns retries off
 	}
-	if r.Affinity == "" {
-		r.Affinity = DefaultAffinity
-	}
-	if r.AffinityPrefixBytes == 0 {
-		r.AffinityPrefixBytes = DefaultAffinityPrefixBytes
-	}
-	if r.AffinityHeader == "" {
-		r.AffinityHeader = DefaultAffinityHeader
-	}
-	if r.Retries == 0 && !l.isSet("routing.retries") {
-		r.Retries = DefaultRetries
-	}
-	if r.RetryBudget == 0 {
-		r.RetryBudget = DefaultRetryBudget
-	}
-	if r.EjectAfter == 0 {
-		r.EjectAfter = DefaultEjectAfter
-	}
-	if r.EjectFor == 0 {
-		r.EjectFor = DefaultEjectFor
-	}
-	if r.EjectMax == 0 {
-		r.EjectMax = DefaultEjectMax
-	}
-	if r.ProbeInterval == 0 {
-		r.ProbeInterval = DefaultProbeInterval
-	}
-	if r.ResponseTTL == 0 {
-		r.ResponseTTL = DefaultResponseTTL
-	}
+	setDefault(&r.RetryBudget, DefaultRetryBudget)
+	setDefault(&r.EjectAfter, DefaultEjectAfter)
+	setDefault(&r.EjectFor, DefaultEjectFor)
+	setDefault(&r.EjectMax, DefaultEjectMax)
+	setDefault(&r.ProbeInterval, DefaultProbeInterval)
+	setDefault(&r.ResponseTTL, DefaultResponseTTL)
 }
 
 func (l *loader) validateRouting(r Routing) {
@@ -180,6 +163,8 @@ func (l *loader) validatePool(m Model, path string, configured int, known map[st
 		}
 		return
 	}
+	// The picker marks tried members in a 64-bit mask.
+	l.check(len(m.Upstreams) <= MaxPoolSize, path+".upstreams", "%d upstreams; a pool holds at most %d", len(m.Upstreams), MaxPoolSize)
 	seen := map[string]bool{}
 	for i, p := range m.Upstreams {
 		at := fmt.Sprintf("%s.upstreams[%d]", path, i)
