@@ -134,81 +134,72 @@ func TestPoolSurvivesUpstreamSIGKILL(t *testing.T) {
 	g := startGateway(t, gatewayOptions{name: "gateway", config: cfg, adminToken: "tga-pool-test"})
 	_, key := newAccount(t, g, "pool", "100")
 
-	var calls, failures atomic.Int64
-	var firstFailure atomic.Value
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	client := &http.Client{Timeout: 10 * time.Second}
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				req, _ := http.NewRequest("POST", g.url("/v1/chat/completions"),
-					strings.NewReader(`{"model":"pooled","messages":[{"role":"user","content":"hi"}]}`))
-				req.Header.Set("Authorization", "Bearer "+key)
-				req.Header.Set("Content-Type", "application/json")
-				resp, err := client.Do(req)
-				if err == nil {
-					body := make([]byte, 512)
-					n, _ := resp.Body.Read(body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						err = fmt.Errorf("status %d: %s", resp.StatusCode, body[:n])
+	// repeat runs call in n goroutines until stop closes.
+	repeat := func(n int, call func()) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						call()
 					}
 				}
-				calls.Add(1)
-				if err != nil {
-					failures.Add(1)
-					firstFailure.CompareAndSwap(nil, err.Error())
-				}
-			}
-		}()
+			}()
+		}
 	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	chat := func(stream bool) (*http.Response, error) {
+		body := fmt.Sprintf(`{"model":"pooled","stream":%t,"messages":[{"role":"user","content":"hi"}]}`, stream)
+		req, _ := http.NewRequest("POST", g.url("/v1/chat/completions"), strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err == nil && resp.StatusCode != 200 {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			err = fmt.Errorf("status %d: %s", resp.StatusCode, body)
+		}
+		return resp, err
+	}
+
+	var calls, failures atomic.Int64
+	var firstFailure atomic.Value
+	repeat(8, func() {
+		resp, err := chat(false)
+		calls.Add(1)
+		if err != nil {
+			failures.Add(1)
+			firstFailure.CompareAndSwap(nil, err.Error())
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	})
 	// Streams too: one cut because its upstream was killed after it began
 	// is allowed (its client saw the error event); one that fails before
 	// its first byte is not, since the gateway could still move it.
 	var streams, streamsCut, streamsFailed atomic.Int64
 	var firstStreamFailure atomic.Value
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				req, _ := http.NewRequest("POST", g.url("/v1/chat/completions"),
-					strings.NewReader(`{"model":"pooled","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
-				req.Header.Set("Authorization", "Bearer "+key)
-				req.Header.Set("Content-Type", "application/json")
-				streams.Add(1)
-				resp, err := client.Do(req)
-				if err == nil && resp.StatusCode != 200 {
-					body, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					err = fmt.Errorf("status %d: %s", resp.StatusCode, body)
-				}
-				if err != nil {
-					streamsFailed.Add(1)
-					firstStreamFailure.CompareAndSwap(nil, err.Error())
-					continue
-				}
-				body, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if err != nil || !strings.HasSuffix(strings.TrimSpace(string(body)), "data: [DONE]") {
-					streamsCut.Add(1)
-				}
-			}
-		}()
-	}
+	repeat(4, func() {
+		streams.Add(1)
+		resp, err := chat(true)
+		if err != nil {
+			streamsFailed.Add(1)
+			firstStreamFailure.CompareAndSwap(nil, err.Error())
+			return
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || !strings.HasSuffix(strings.TrimSpace(string(body)), "data: [DONE]") {
+			streamsCut.Add(1)
+		}
+	})
 	defer func() { close(stop); wg.Wait() }()
 
 	// All up: each upstream carries at least a fifth of the calls.
