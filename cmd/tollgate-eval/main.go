@@ -59,7 +59,7 @@ type evalSet struct {
 }
 
 func main() {
-	dir := flag.String("dir", "classifiers/testdata/eval", "directory of the evaluation set")
+	dir := flag.String("dir", "classifiers/testdata/eval/dev", "directory of the evaluation set")
 	bench := flag.Bool("bench", false, "measure latency and throughput instead of quality")
 	rounds := flag.Int("rounds", 30, "with -bench: passes over the evaluation texts per operation")
 	flag.Parse()
