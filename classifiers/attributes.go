@@ -20,30 +20,20 @@ var urgencyCues = compileCues(`
 3 immediate
 3 critical
 3 right away
-3 right now
-3 at once
 3 outage
-2.5 is down
 2.5 are down
 2.5 went down
 2.5 been down
 2.5 offline
 2 not working
-2 stopped working
 2 fail
-2.5 breach
-2 leak
 2.5 fire
-2 alarm
-3 evacuate
 2 deadline
-2 overdue
 1.5 today
 1.5 tonight
 1.2 now
 1.5 quickly
 2 hurry
-2.5 time sensitive
 2.5 time-sensitive
 3 top priority
 2.5 high priority
@@ -54,13 +44,9 @@ var urgencyCues = compileCues(`
 1.2 unable
 1 stuck
 1 help
-1.5 need help
 2 within the hour
-2 in an hour
-1.5 minutes ago
 1.5 end of day
 1.5 eod
-1 by tomorrow
 1 error
 1.5 security
 3 sev1
@@ -72,28 +58,17 @@ var urgencyCues = compileCues(`
 1.5 warning
 1 important
 1 soon
--3 no rush
 -3 no hurry
 -3 not urgent
--3 not time sensitive
--2.5 whenever
--2.5 when you get a chance
 -2.5 when you have time
--2 when you can
--2 at some point
 -2 low priority
--1.5 next week
--2 next month
--2 next year
 -1.5 someday
 -1.5 eventually
 -1 sometime
 -1.5 fyi
 -1.5 for your information
--1.5 just sharing
 -1.5 no deadline
 -1.5 take your time
--1 feel free
 -0.5 later
 `)
 
@@ -104,7 +79,6 @@ var toxicityCues = compileCues(`
 3 moronic
 2.5 stupid
 2.5 dumb
-2.5 dumbest
 3 imbecile
 3 cretin
 3 loser
@@ -122,7 +96,6 @@ var toxicityCues = compileCues(`
 4.5 retarded
 1.5 trash
 1.5 garbage
-4 piece of garbage
 4 piece of trash
 4 piece of shit
 2 ugly
@@ -153,9 +126,6 @@ var toxicityCues = compileCues(`
 3.5 wanker
 3.5 twat
 3 douche
-3 shut up
-3 get lost
-4 go to hell
 4 screw you
 3.5 piss off
 4.5 fuck off
@@ -164,23 +134,15 @@ var toxicityCues = compileCues(`
 5 kys
 1.5 go away
 3.5 nobody likes you
-3.5 nobody wants you
-2.5 nobody asked
-2.5 no one asked
 3.5 you suck
-2.5 make me sick
 3.5 hate you
 5 kill you
 4 hurt you
-2.5 find you
 3.5 watch your back
-2 regret this
 3 you'll pay
 2 shame on you
 2.5 get a life
 2.5 what is wrong with you
-1 lazy
-1.5 annoying
 `)
 
 var spamCues = compileCues(`
@@ -194,23 +156,16 @@ var spamCues = compileCues(`
 2 won
 3 prize
 2 claim
-3 claim your
 2.5 congratulations
-1.5 selected
-3 you have been selected
 1.5 lucky
 3.5 lottery
 3 jackpot
 1.5 reward
 2 click
-3.5 click here
 3 click the link
 3 tap here
 1 link
 1.5 offer
-3 limited time
-3.5 act now
-3 buy now
 2.5 order now
 2 shop now
 2.5 today only
@@ -220,10 +175,7 @@ var spamCues = compileCues(`
 1 money
 2 cash
 2 earn
-3.5 make money
 3 extra income
-3 work from home
-2.5 no experience
 3 guaranteed
 2 guarantee
 3 risk free
@@ -236,40 +188,28 @@ var spamCues = compileCues(`
 3 double your
 1.5 rich
 2.5 millionaire
-3 meds
 3 pills
-3.5 no prescription
 5 viagra
 5 cialis
 3 weight loss
 2.5 lose weight
-3 singles
-4 hot singles
 1.5 dating
 2.5 sexy
 4 xxx
-3 verify your
 1.5 verify
-2.5 suspended
 2.5 unusual activity
-3 bank details
 3 credit card details
 2.5 login details
 2 update your payment
-2 prince
 3 inheritance
 2.5 beneficiary
 3 wire transfer
-3 million dollars
-2.5 dear friend
 1.5 dear customer
 2 unsubscribe
 2 opt out
-1 newsletter
 1.5 promo
 1.5 promotion
 1.5 coupon
-1 webinar
 1 sale
 1 urgent
 1.5 hurry
@@ -281,18 +221,11 @@ var formalCues = compileCues(`
 1.5 dear
 3 sincerely
 2.5 regards
-3 kind regards
 3 best regards
 3.5 yours faithfully
 3.5 yours sincerely
 4 to whom it may concern
-3 please find attached
-2 please find
-1 attached
-2 enclosed
-3 hereby
 3 herewith
-3.5 pursuant
 2 accordingly
 2.5 furthermore
 2.5 moreover
@@ -301,33 +234,18 @@ var formalCues = compileCues(`
 1.5 regarding
 2.5 with regard to
 3 in accordance with
-3.5 regret to inform
-2.5 i am writing
-3 i would be grateful
-1.5 grateful
 2 kindly
-1.5 would like to
-1.5 inform
-2 enquire
 2 inquire
-2.5 confirm receipt
-2 consideration
-2 thank you for your
-2 sir
-2 madam
 1 mr
 1 mrs
 1 ms
 1 appreciate
-1 committee
-2 convene
 1.5 shall
 1 please
 -2 hey
 -0.7 hi
 -2.5 yo
 -2.5 sup
--2.5 whats up
 -3 lol
 -3.5 lmao
 -3 rofl
@@ -372,28 +290,16 @@ var formalCues = compileCues(`
 -2.5 y'all
 -2.5 gimme
 -2.5 lemme
--1.5 sounds good
--1 see you
 `)
 
 // lowQualityCues are chat shorthand and filler that say little.
 var lowQualityCues = compileCues(`
 2 lol
 2 idk
-2 wat
 1.5 u
-1.5 r
 1.5 ur
-3 asdf
-1.5 whatever
-1 stuff
-0.8 thing
-2 click here
-2 buy now
 1 omg
 1.5 lmao
-1 yes
-1 nice
 `)
 
 var secondPerson = setOf(`you your you're yourself yourselves u ur ya youre`)
