@@ -10,7 +10,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
+	"github.com/tollgate/tollgate/billing/schema"
 )
 
 // ErrClickHouseNotNative is returned for a DSN of ClickHouse's HTTP
@@ -69,9 +69,9 @@ func OpenClickHouse(ctx context.Context, dsn string) (*ClickHouseSink, error) {
 // Conn is the connection pool, for queries beyond inserting events.
 func (s *ClickHouseSink) Conn() driver.Conn { return s.conn }
 
-// Migrate brings the schema up to date; see chmigrate.Migrate.
+// Migrate brings the schema up to date; see schema.Migrate.
 func (s *ClickHouseSink) Migrate(ctx context.Context) ([]string, error) {
-	return chmigrate.Migrate(ctx, s.conn)
+	return schema.Migrate(ctx, s.conn)
 }
 
 // Close closes the connections.

@@ -20,7 +20,7 @@ commands:
   billing                run the billing consumer (JetStream -> ClickHouse)
   worker                 run batch jobs only (storage.backend s3), beside the gateways
   migrate                apply ClickHouse migrations
-  finance [QUERY k=v...] run a finance query of deploy/clickhouse/queries.sql (no QUERY: list them)
+  finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
   accounts create ID [-credit USD] | get ID | credit ID USD
   accounts login ID      print a one-time web console sign-in link (15 minutes)
