@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/billing/schema"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
@@ -52,11 +53,11 @@ func billingEvents(t testing.TB, n int) []*meter.Event {
 	return events
 }
 
-func openSink(t testing.TB, srv *chtest.Server) *meter.ClickHouseSink {
+func openSink(t testing.TB, srv *chtest.Server) *billing.ClickHouseSink {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, srv.DSN())
+	sink, err := billing.OpenClickHouse(ctx, srv.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}

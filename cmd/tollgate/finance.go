@@ -11,9 +11,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/billing/schema"
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/meter"
 )
 
 // runFinance is `tollgate finance`: the finance queries of
@@ -68,7 +68,7 @@ func runFinance(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
 	if err != nil {
 		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
 	}
