@@ -18,10 +18,11 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/console" // also registers /console in init()
+	"github.com/tollgate/tollgate/console" // registers /console and admin console-login in init()
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -96,9 +97,8 @@ func runServe(args []string) error {
 	}
 	defer closeRecorder()
 
-	admin := proxy.NewAdminAPI(adminToken, svc)
 	con, err := console.Configure(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
-		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Admin: admin, Logf: logf})
+		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Logf: logf})
 	if err != nil {
 		return fmt.Errorf("starting the web console: %w", err)
 	}
@@ -126,7 +126,7 @@ func runServe(args []string) error {
 		Accounts:  svc,
 		Recorder:  rec,
 		Responses: responses,
-		Admin:     admin,
+		Admin:     admin.New(adminToken, svc),
 		Metrics:   func() []byte { return metricsText(rec.Stats()) },
 		Tracer:    tracer,
 		Logf:      logf,
