@@ -3,8 +3,6 @@ package admin
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
@@ -109,23 +107,6 @@ func (a *API) createKey(call *Call) (int, any, error) {
 	if err := decodeStrict(call.HTTP, &body); err != nil {
 		return 0, nil, err
 	}
-	if body.Name == "" {
-		return 0, nil, proxy.BadRequest("name", "name is required: name keys after where they are used, e.g. \"prod-backend\"")
-	}
-	for _, sc := range body.Scopes {
-		if !slices.Contains(accounts.AllScopes, sc) {
-			return 0, nil, proxy.BadRequest("scopes", fmt.Sprintf("unknown scope %q; scopes are %s", sc, strings.Join(accounts.AllScopes, ", ")))
-		}
-	}
-	cat := call.World.Catalog
-	for _, m := range body.Models {
-		if _, ok := cat.Resolve(m); !ok {
-			return 0, nil, proxy.BadRequest("models", fmt.Sprintf("unknown model %q; valid models: %s", m, cat.ValidList()))
-		}
-	}
-	if body.RPM < 0 || body.TPM < 0 {
-		return 0, nil, proxy.BadRequest("rpm", "rpm and tpm must not be negative")
-	}
 	req := accounts.KeyRequest{Name: body.Name, Scopes: body.Scopes, Models: body.Models, RPM: body.RPM, TPM: body.TPM}
 	if body.ExpiresIn != "" {
 		d, err := time.ParseDuration(body.ExpiresIn)
@@ -135,10 +116,10 @@ func (a *API) createKey(call *Call) (int, any, error) {
 		req.ExpiresIn = d
 	}
 	if body.Logging != nil {
-		if body.Logging.RetentionDays < 0 {
-			return 0, nil, proxy.BadRequest("logging.retention_days", "retention_days must not be negative")
-		}
 		req.Logging = accounts.Logging{Enabled: body.Logging.Enabled, RetentionDays: body.Logging.RetentionDays}
+	}
+	if p := CheckKeyRequest(req, call.World.Catalog); p != nil {
+		return 0, nil, proxy.BadRequest(p.Field, p.Message)
 	}
 	info, token, err := a.svc.CreateKey(call.Ctx, call.Args[0], req)
 	if err != nil {

@@ -133,6 +133,39 @@ func wantError(t *testing.T, body []byte, param, code string) string {
 	return env.Error.Message
 }
 
+func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, tc := range []struct {
+		body, param, message string
+	}{
+		{`{"name":"` + strings.Repeat("n", 201) + `"}`, "name", "name is too long: at most 200 bytes"},
+		{`{"name":"ci\u0007"}`, "name", "name must not contain control characters"},
+		{`{"name":"ci","logging":{"enabled":true,"retention_days":36501}}`, "logging.retention_days",
+			"logging retention must be a whole number of days from 0 to 36500 (0 keeps logged calls until deleted)"},
+		{`{"name":"ci","models":["gpt-4o"]}`, "models", `model "gpt-4o" is not in the catalog; valid models: small`},
+	} {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", tc.body)
+		if status != 400 {
+			t.Fatalf("%s: %d %s, want 400", tc.body, status, body)
+		}
+		if msg := wantError(t, body, tc.param, "invalid_request_error"); msg != tc.message {
+			t.Errorf("%s: message %q, want %q", tc.body, msg, tc.message)
+		}
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("refused requests left keys %+v (%v)", keys, err)
+	}
+	// At the caps exactly, the key is created.
+	body := `{"name":"` + strings.Repeat("n", 200) + `","logging":{"enabled":true,"retention_days":36500}}`
+	if status, _, out := g.call("POST", "/admin/v1/accounts/acme/keys", body); status != 201 {
+		t.Fatalf("key at the caps: %d %s", status, out)
+	}
+}
+
 func TestRoutesAuthAndMethods(t *testing.T) {
 	g := startGateway(t)
 	req, _ := http.NewRequest("GET", g.url+"/admin/v1/upstreams", nil)

@@ -12,5 +12,6 @@
 // Other packages add admin routes with Register from init(), as plugins do
 // with proxy.Register: the console serves its sign-in links
 // (accounts/{id}/console-login) that way, so this package never names the
-// console.
+// console. CheckKeyRequest is the one validation of a key request, shared
+// with the console's key form.
 package admin

@@ -440,43 +440,28 @@ func formFor(in keyInput, cat *catalog.Catalog) keyForm {
 	return f
 }
 
-// maxRetentionDays matches what the accounts store accepts (100 years).
-const maxRetentionDays = 36_500
-
-// keyRequest checks the form against the scopes and the live catalog and
-// returns what to create, or a problem to show beside the form.
+// keyRequest checks the form against the rules the admin API shares
+// (admin.CheckKeyRequest) and the live catalog, and returns what to
+// create, or a problem to show beside the form.
 func keyRequest(in keyInput, cat *catalog.Catalog) (accounts.KeyRequest, string) {
 	req := accounts.KeyRequest{Name: in.Name, Scopes: in.Scopes, Models: in.Models}
-	switch {
-	case in.Name == "":
-		return req, "Give the key a name that says where it is used, for example prod-backend."
-	case len(in.Name) > 200:
-		return req, "The name is too long: at most 200 characters."
-	case strings.ContainsFunc(in.Name, func(r rune) bool { return r < ' ' || r == 0x7f }):
-		return req, "The name must not contain control characters."
-	case len(in.Scopes) == 0:
-		return req, "Choose at least one scope."
-	}
-	for _, s := range in.Scopes {
-		if !slices.Contains(accounts.AllScopes, s) {
-			return req, fmt.Sprintf("Unknown scope %q; scopes are %s.", s, strings.Join(accounts.AllScopes, ", "))
-		}
-	}
-	for _, m := range in.Models {
-		if _, ok := cat.Resolve(m); !ok {
-			return req, fmt.Sprintf("Model %q is not in the catalog (any more); reload the page.", m)
-		}
-	}
 	if in.Logging {
 		days := 0
 		if in.Retention != "" {
 			var err error
-			days, err = strconv.Atoi(strings.TrimSpace(in.Retention))
-			if err != nil || days < 0 || days > maxRetentionDays {
-				return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted).", maxRetentionDays)
+			if days, err = strconv.Atoi(strings.TrimSpace(in.Retention)); err != nil {
+				return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted).", accounts.MaxRetentionDays)
 			}
 		}
 		req.Logging = accounts.Logging{Enabled: true, RetentionDays: days}
+	}
+	if p := admin.CheckKeyRequest(req, cat); p != nil {
+		return req, capitalize(p.Message) + "."
+	}
+	// The admin API reads no scopes as all of them; a form sent with every
+	// box unticked is more likely a slip.
+	if len(in.Scopes) == 0 {
+		return req, "Choose at least one scope."
 	}
 	return req, ""
 }

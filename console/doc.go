@@ -13,5 +13,6 @@
 // The routes register themselves in init(): the pages with proxy.Register,
 // console-login with admin.Register, so neither proxy nor admin names the
 // console, and the sign-in links are issued where they are redeemed.
-// Configure makes them serve.
+// Configure makes them serve. The key form is checked by
+// admin.CheckKeyRequest, the same rules the admin API applies.
 package console
