@@ -278,18 +278,6 @@ func TestExpandEnv(t *testing.T) {
 	}
 }
 
-func TestSuggest(t *testing.T) {
-	names := []string{"prompt", "completion", "image", "request", "input_cache_read"}
-	for key, want := range map[string]string{
-		"promt": "prompt", "Prompt": "prompt", "input-cache-read": "input_cache_read",
-		"completions": "completion", "zzz": "", "imgae": "image", "": "",
-	} {
-		if got := suggest(key, names); got != want {
-			t.Errorf("suggest(%q) = %q, want %q", key, got, want)
-		}
-	}
-}
-
 func TestRestartOnlyDiff(t *testing.T) {
 	data, err := os.ReadFile("../gateway.yaml")
 	if err != nil {
