@@ -56,7 +56,7 @@ type Server struct {
 type Auth struct {
 	// Algorithm is the only JWT alg accepted; EdDSA (Ed25519) is the one supported.
 	Algorithm string `yaml:"algorithm"`
-	// Issuer is written into and required on every key.
+	// Issuer is written into and required on every key. restart-only.
 	Issuer string `yaml:"issuer"`
 }
 

@@ -388,6 +388,10 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.Server.AdminToken != old.Server.AdminToken, "server.admin_token")
 	add(c.Server.MaxRequestBody != old.Server.MaxRequestBody, "server.max_request_body")
 	add(c.Server.DebugListen != old.Server.DebugListen, "server.debug_listen")
+	// The account store takes the issuer once, when it opens: a reload
+	// that changed it would report success and sign and check keys with
+	// the old one until the next start.
+	add(c.Auth.Issuer != old.Auth.Issuer, "auth.issuer")
 	add(c.Billing.OutboxMaxBytes != old.Billing.OutboxMaxBytes, "billing.outbox_max_bytes")
 	add(c.Billing.Durability != old.Billing.Durability, "billing.durability")
 	add(c.Billing.FsyncInterval != old.Billing.FsyncInterval, "billing.fsync_interval")
