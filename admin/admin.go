@@ -61,10 +61,17 @@ var (
 
 // Register adds a route served by another package; the console registers
 // console-login this way from init(), so the admin API never names the
-// console, as proxy never names a plugin.
+// console, as proxy never names a plugin. A route registered twice is a
+// programming error and panics at start-up; one that shadows a route of
+// this package is never reached.
 func Register(r Route) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
+	for _, have := range registry {
+		if have.Method == r.Method && have.Path == r.Path {
+			panic("admin: route registered twice: " + r.Method + " " + r.Path)
+		}
+	}
 	registry = append(registry, r)
 }
 

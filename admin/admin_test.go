@@ -221,19 +221,26 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 	}
 }
 
+// echo is registered the way another package registers its admin routes,
+// from init(), so running the tests again does not register it twice.
+func init() {
+	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/test-echo", Handle: echo})
+}
+
+func echo(call *admin.Call) (int, any, error) {
+	if _, ok := call.World.Catalog.Resolve("small"); !ok {
+		return 0, nil, proxy.Internal("no catalog in the call")
+	}
+	if call.Args[0] == "nobody" {
+		return 0, nil, fmt.Errorf("echo: %w", accounts.ErrNotFound)
+	}
+	return 201, map[string]string{"account": call.Args[0]}, nil
+}
+
 // A route registered by another package (as the console registers
 // console-login) gets its path arguments, and its errors go out in the
 // envelope with the status the admin API gives them.
 func TestRegisteredRoute(t *testing.T) {
-	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/test-echo", Handle: func(call *admin.Call) (int, any, error) {
-		if _, ok := call.World.Catalog.Resolve("small"); !ok {
-			return 0, nil, proxy.Internal("no catalog in the call")
-		}
-		if call.Args[0] == "nobody" {
-			return 0, nil, fmt.Errorf("echo: %w", accounts.ErrNotFound)
-		}
-		return 201, map[string]string{"account": call.Args[0]}, nil
-	}})
 	g := startGateway(t)
 	if status, _, body := g.call("POST", "/admin/v1/accounts/acme/test-echo", ""); status != 201 || string(body) != `{"account":"acme"}` {
 		t.Fatalf("registered route: %d %s", status, body)
@@ -246,4 +253,10 @@ func TestRegisteredRoute(t *testing.T) {
 	if status, allow, _ := g.call("GET", "/admin/v1/accounts/acme/test-echo", ""); status != 405 || allow != "POST" {
 		t.Fatalf("GET on a POST route: %d, Allow %q", status, allow)
 	}
+	defer func() {
+		if recover() == nil {
+			t.Error("registering a route twice did not panic")
+		}
+	}()
+	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/test-echo", Handle: echo})
 }
