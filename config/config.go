@@ -1,5 +1,3 @@
-// Package config holds the schema of gateway.yaml, its loader (environment
-// expansion, strict decoding, validation with line numbers) and hot reload.
 package config
 
 import "time"
