@@ -1,9 +1,3 @@
-// Package accounts keeps accounts, their balances and their API keys in
-// NATS JetStream KV, and verifies API keys (Ed25519-signed JWTs) without I/O.
-//
-// Every gateway watches both buckets into an in-memory snapshot, so a credit,
-// a debit or a revocation made anywhere is seen everywhere within a second,
-// and the request path (Verify, Balance, KeyInfo) never waits on NATS.
 package accounts
 
 import (

@@ -113,10 +113,20 @@ type keyClaims struct {
 	TPM    int64    `json:"tpm,omitempty"`
 }
 
+// The bounds of a key request. CreateKey enforces them for every caller;
+// the admin API and the console check them first (admin.CheckKeyRequest)
+// so a person sees which field to fix.
 const (
-	maxKeyNameLen  = 200
+	// MaxKeyNameLen is the longest key name, in bytes: the name travels in
+	// every key's token.
+	MaxKeyNameLen = 200
+	// MaxRetentionDays is the longest request-log retention (100 years);
+	// 0 keeps logged calls until deleted.
+	MaxRetentionDays = 36_500
+)
+
+const (
 	maxCacheSize   = 10_000
-	maxRetainDays  = 36_500
 	keyIDRandBytes = 10 // 16 base32 characters, 80 bits
 )
 
@@ -186,8 +196,8 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 }
 
 func validateKeyRequest(req *KeyRequest) error {
-	if len(req.Name) > maxKeyNameLen {
-		return fmt.Errorf("%w: key name longer than %d bytes", ErrInvalidInput, maxKeyNameLen)
+	if len(req.Name) > MaxKeyNameLen {
+		return fmt.Errorf("%w: key name longer than %d bytes", ErrInvalidInput, MaxKeyNameLen)
 	}
 	for _, sc := range req.Scopes {
 		if !slices.Contains(AllScopes, sc) {
@@ -205,8 +215,8 @@ func validateKeyRequest(req *KeyRequest) error {
 	if req.ExpiresIn < 0 {
 		return fmt.Errorf("%w: expiry must not be negative (0 = never expires)", ErrInvalidInput)
 	}
-	if req.Logging.RetentionDays < 0 || req.Logging.RetentionDays > maxRetainDays {
-		return fmt.Errorf("%w: logging retention_days must be 0-%d", ErrInvalidInput, maxRetainDays)
+	if req.Logging.RetentionDays < 0 || req.Logging.RetentionDays > MaxRetentionDays {
+		return fmt.Errorf("%w: logging retention_days must be 0-%d", ErrInvalidInput, MaxRetentionDays)
 	}
 	// Sorted and deduplicated so equal requests give equal keys; copied so
 	// the caller's slices are not shared with the stored key.

@@ -1,5 +1,3 @@
-// Package config holds the schema of gateway.yaml, its loader (environment
-// expansion, strict decoding, validation with line numbers) and hot reload.
 package config
 
 import "time"
@@ -56,7 +54,7 @@ type Server struct {
 type Auth struct {
 	// Algorithm is the only JWT alg accepted; EdDSA (Ed25519) is the one supported.
 	Algorithm string `yaml:"algorithm"`
-	// Issuer is written into and required on every key.
+	// Issuer is written into and required on every key. restart-only.
 	Issuer string `yaml:"issuer"`
 }
 

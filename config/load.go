@@ -13,9 +13,10 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate/tollgate/internal/suggest"
 )
 
 // Load reads, expands, decodes, defaults and validates the config file at
@@ -526,7 +527,7 @@ func (l *loader) unknownField(k *yaml.Node, t reflect.Type, path string) {
 		where = " in " + path
 	}
 	hint := ""
-	if s := suggest(k.Value, fieldNames(t)); s != "" {
+	if s := suggest.Nearest(k.Value, fieldNames(t)); s != "" {
 		hint = fmt.Sprintf(" (did you mean %q?)", s)
 	}
 	l.errAt(k, "", "unknown field %q%s%s", k.Value, where, hint)
@@ -656,52 +657,6 @@ func yamlName(f reflect.StructField) string {
 		return strings.ToLower(f.Name)
 	}
 	return name
-}
-
-// suggest returns the candidate nearest to key when it is near enough to be
-// a typo, or "".
-func suggest(key string, candidates []string) string {
-	if !utf8.ValidString(key) || len(key) > 64 {
-		return ""
-	}
-	norm := strings.ToLower(strings.ReplaceAll(key, "-", "_"))
-	best, bestDist := "", 0
-	for _, c := range candidates {
-		d := editDistance(norm, c)
-		if best == "" || d < bestDist {
-			best, bestDist = c, d
-		}
-	}
-	limit := 2
-	if utf8.RuneCountInString(key) <= 4 {
-		limit = 1
-	}
-	if best == "" || bestDist > limit {
-		return ""
-	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b in runes.
-func editDistance(a, b string) int {
-	ra, rb := []rune(a), []rune(b)
-	prev := make([]int, len(rb)+1)
-	cur := make([]int, len(rb)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(ra); i++ {
-		cur[0] = i
-		for j := 1; j <= len(rb); j++ {
-			cost := 1
-			if ra[i-1] == rb[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(rb)]
 }
 
 func hasSpace(s string) bool {

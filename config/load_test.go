@@ -278,18 +278,6 @@ func TestExpandEnv(t *testing.T) {
 	}
 }
 
-func TestSuggest(t *testing.T) {
-	names := []string{"prompt", "completion", "image", "request", "input_cache_read"}
-	for key, want := range map[string]string{
-		"promt": "prompt", "Prompt": "prompt", "input-cache-read": "input_cache_read",
-		"completions": "completion", "zzz": "", "imgae": "image", "": "",
-	} {
-		if got := suggest(key, names); got != want {
-			t.Errorf("suggest(%q) = %q, want %q", key, got, want)
-		}
-	}
-}
-
 func TestRestartOnlyDiff(t *testing.T) {
 	data, err := os.ReadFile("../gateway.yaml")
 	if err != nil {
@@ -311,9 +299,10 @@ func TestRestartOnlyDiff(t *testing.T) {
 	changed.Server.DataDir = "/x"
 	changed.Server.AdminToken = "t"
 	changed.Server.MaxRequestBody = 1 << 20
+	changed.Auth.Issuer = "someone-else"
 	changed.NATS = NATS{URL: "nats://x:4222", EmbeddedListen: "127.0.0.1:1", CredsFile: "c", TLSCA: "a", TLSCert: "b", TLSKey: "k", Replicas: 3}
 	changed.ClickHouse = ClickHouse{DSN: "clickhouse://y:9000/z", ConsumeInServe: !old.ClickHouse.ConsumeInServe}
-	want := []string{"server.listen", "server.data_dir", "server.admin_token", "server.max_request_body",
+	want := []string{"server.listen", "server.data_dir", "server.admin_token", "server.max_request_body", "auth.issuer",
 		"nats.url", "nats.embedded_listen", "nats.creds_file", "nats.tls_ca", "nats.tls_cert", "nats.tls_key", "nats.replicas",
 		"clickhouse.dsn", "clickhouse.consume_in_serve"}
 	if diff := changed.RestartOnlyDiff(old); !reflect.DeepEqual(diff, want) {

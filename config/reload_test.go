@@ -211,6 +211,25 @@ func TestWatcherRefusesRestartOnlyChange(t *testing.T) {
 	}
 }
 
+// auth.issuer reloaded "successfully" while the account store kept
+// signing and checking keys with the issuer it opened with; now the reload
+// is refused by name, like every other setting read once at start.
+func TestWatcherRefusesIssuerChange(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	before := f.w.Current()
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a")+"auth:\n  issuer: someone-else\n")
+	const want = "config reload not supported for auth.issuer (restart required)"
+	if err := f.w.Reload(); err == nil || err.Error() != want {
+		t.Fatalf("Reload() = %v, want %q", err, want)
+	}
+	if err := f.log.contains(want); err != nil {
+		t.Error(err)
+	}
+	if f.w.Current() != before || f.w.Current().Auth.Issuer != "tollgate" || f.builds.Load() != 0 {
+		t.Fatal("issuer change was applied")
+	}
+}
+
 func TestWatcherKeepsOldConfigWhenBuildFails(t *testing.T) {
 	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), errors.New("upstream client refused"))
 	before := f.w.Current()

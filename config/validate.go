@@ -162,7 +162,22 @@ func (l *loader) check(ok bool, path, format string, args ...any) {
 }
 
 func (l *loader) validate(c *Config) {
-	s := c.Server
+	l.validateServer(c.Server)
+	l.check(c.Auth.Algorithm == "EdDSA", "auth.algorithm",
+		"%q is not supported: EdDSA (Ed25519) is the only supported algorithm", c.Auth.Algorithm)
+	l.validateBilling(c.Billing)
+	upstreams, upstreamNames := l.validateUpstreams(c.Upstreams)
+	models := l.validateModels(c.Models, len(c.Upstreams), upstreams, upstreamNames)
+	l.validateRouting(c.Routing)
+	l.validateTracing(c.Tracing)
+	l.validateNATS(c.NATS)
+	l.checkClickHouseDSN(c.ClickHouse.DSN, "clickhouse.dsn")
+	l.validatePlugins(c, models)
+	l.validateStorage(c.Storage)
+	l.validateBatch(c.Batch)
+}
+
+func (l *loader) validateServer(s Server) {
 	l.checkHostPort(s.Listen, "server.listen")
 	if s.DebugListen != "" {
 		l.checkHostPort(s.DebugListen, "server.debug_listen")
@@ -176,28 +191,32 @@ func (l *loader) validate(c *Config) {
 		l.check(errPrefix == nil || errAddr == nil, fmt.Sprintf("server.trusted_proxies[%d]", i),
 			"%q is neither a CIDR (10.0.0.0/8) nor an IP address", p)
 	}
+}
 
-	l.check(c.Auth.Algorithm == "EdDSA", "auth.algorithm",
-		"%q is not supported: EdDSA (Ed25519) is the only supported algorithm", c.Auth.Algorithm)
-	l.checkUSD(c.Billing.GraceUSD, "billing.grace_usd")
-	l.check(c.Billing.OutboxMaxBytes >= 1<<20, "billing.outbox_max_bytes",
-		"%d bytes is below the 1MiB minimum", c.Billing.OutboxMaxBytes)
-	l.check(c.Billing.Durability == "process" || c.Billing.Durability == "fsync", "billing.durability",
-		"%q is neither process (the page cache: survives a killed gateway) nor fsync (the disk: survives a power loss)", c.Billing.Durability)
-	l.check(c.Billing.FsyncInterval > 0 && c.Billing.FsyncInterval <= time.Minute, "billing.fsync_interval",
-		"%s is outside 1ns..1m", c.Billing.FsyncInterval)
-	pb := c.Billing.PublishBatch
+func (l *loader) validateBilling(b Billing) {
+	l.checkUSD(b.GraceUSD, "billing.grace_usd")
+	l.check(b.OutboxMaxBytes >= 1<<20, "billing.outbox_max_bytes",
+		"%d bytes is below the 1MiB minimum", b.OutboxMaxBytes)
+	l.check(b.Durability == "process" || b.Durability == "fsync", "billing.durability",
+		"%q is neither process (the page cache: survives a killed gateway) nor fsync (the disk: survives a power loss)", b.Durability)
+	l.check(b.FsyncInterval > 0 && b.FsyncInterval <= time.Minute, "billing.fsync_interval",
+		"%s is outside 1ns..1m", b.FsyncInterval)
+	pb := b.PublishBatch
 	l.check(pb.MaxEvents >= 1 && pb.MaxEvents <= 100_000, "billing.publish_batch.max_events",
 		"%d is outside 1..100000", pb.MaxEvents)
 	l.check(pb.MaxBytes >= 4<<10 && pb.MaxBytes <= 768<<10, "billing.publish_batch.max_bytes",
 		"%d bytes is outside 4KiB..768KiB (a batch must fit NATS's 1MB max_payload)", pb.MaxBytes)
 	l.check(pb.MaxDelay > 0 && pb.MaxDelay <= time.Second, "billing.publish_batch.max_delay",
 		"%s is outside 1ns..1s", pb.MaxDelay)
+}
 
-	l.check(len(c.Upstreams) > 0, "upstreams", "at least one upstream is required")
+// validateUpstreams returns the set of upstream names and the names in
+// config order, for checking the models' pools against them.
+func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) {
+	l.check(len(list) > 0, "upstreams", "at least one upstream is required")
 	upstreams := map[string]bool{}
 	var upstreamNames []string
-	for i, u := range c.Upstreams {
+	for i, u := range list {
 		path := fmt.Sprintf("upstreams[%d]", i)
 		l.check(u.Name != "", path+".name", "an upstream needs a name")
 		l.check(!upstreams[u.Name] || u.Name == "", path+".name", "upstream %q is listed twice", u.Name)
@@ -218,9 +237,14 @@ func (l *loader) validate(c *Config) {
 		l.check(u.MaxConnections > 0, path+".max_connections", "must be positive, got %d", u.MaxConnections)
 		l.check(u.MaxResponseBody > 0, path+".max_response_body", "must be positive, got %d", u.MaxResponseBody)
 	}
+	return upstreams, upstreamNames
+}
 
+// validateModels returns the set of model ids, for checking what the
+// plugins name against it.
+func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[string]bool, upstreamNames []string) map[string]bool {
 	models := map[string]bool{}
-	for i, m := range c.Models {
+	for i, m := range list {
 		path := fmt.Sprintf("models[%d]", i)
 		switch {
 		case m.ID == "":
@@ -231,7 +255,7 @@ func (l *loader) validate(c *Config) {
 			l.check(false, path+".id", "model %q is listed twice", m.ID)
 		}
 		models[m.ID] = true
-		l.validatePool(m, path, len(c.Upstreams), upstreams, upstreamNames)
+		l.validatePool(m, path, nUpstreams, upstreams, upstreamNames)
 		l.check(m.ContextLength > 0, path+".context_length", "must be positive, got %d", m.ContextLength)
 		l.check(m.MaxOutputLength > 0, path+".max_output_length", "must be positive, got %d", m.MaxOutputLength)
 		l.check(m.MaxOutputLength <= m.ContextLength || m.ContextLength <= 0, path+".max_output_length",
@@ -251,21 +275,17 @@ func (l *loader) validate(c *Config) {
 		l.checkOneOf(m.OutputModalities, Modalities, path+".output_modalities")
 		l.checkOneOf(m.SupportedFeatures, Features, path+".supported_features")
 	}
+	return models
+}
 
-	l.validateRouting(c.Routing)
-	l.validateTracing(c.Tracing)
-
-	if c.NATS.URL == "" {
-		l.checkHostPort(c.NATS.EmbeddedListen, "nats.embedded_listen")
+func (l *loader) validateNATS(n NATS) {
+	if n.URL == "" {
+		l.checkHostPort(n.EmbeddedListen, "nats.embedded_listen")
 	}
-	l.check(c.NATS.Replicas >= 1 && c.NATS.Replicas <= 5, "nats.replicas",
-		"must be 1 to 5 (JetStream's limit), got %d", c.NATS.Replicas)
-	l.check(c.NATS.TLSKey != "" || c.NATS.TLSCert == "", "nats.tls_cert", "tls_key is missing: set both tls_cert and tls_key, or neither")
-	l.check(c.NATS.TLSCert != "" || c.NATS.TLSKey == "", "nats.tls_key", "tls_cert is missing: set both tls_cert and tls_key, or neither")
-	l.checkClickHouseDSN(c.ClickHouse.DSN, "clickhouse.dsn")
-	l.validatePlugins(c, models)
-	l.validateStorage(c.Storage)
-	l.validateBatch(c.Batch)
+	l.check(n.Replicas >= 1 && n.Replicas <= 5, "nats.replicas",
+		"must be 1 to 5 (JetStream's limit), got %d", n.Replicas)
+	l.check(n.TLSKey != "" || n.TLSCert == "", "nats.tls_cert", "tls_key is missing: set both tls_cert and tls_key, or neither")
+	l.check(n.TLSCert != "" || n.TLSKey == "", "nats.tls_key", "tls_cert is missing: set both tls_cert and tls_key, or neither")
 }
 
 func (l *loader) validatePlugins(c *Config, models map[string]bool) {
@@ -388,6 +408,10 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.Server.AdminToken != old.Server.AdminToken, "server.admin_token")
 	add(c.Server.MaxRequestBody != old.Server.MaxRequestBody, "server.max_request_body")
 	add(c.Server.DebugListen != old.Server.DebugListen, "server.debug_listen")
+	// The account store takes the issuer once, when it opens: a reload
+	// that changed it would report success and sign and check keys with
+	// the old one until the next start.
+	add(c.Auth.Issuer != old.Auth.Issuer, "auth.issuer")
 	add(c.Billing.OutboxMaxBytes != old.Billing.OutboxMaxBytes, "billing.outbox_max_bytes")
 	add(c.Billing.Durability != old.Billing.Durability, "billing.durability")
 	add(c.Billing.FsyncInterval != old.Billing.FsyncInterval, "billing.fsync_interval")

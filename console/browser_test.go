@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -167,7 +168,7 @@ func insertUsage(t *testing.T, dsn string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, dsn)
+	sink, err := billing.OpenClickHouse(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}

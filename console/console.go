@@ -1,16 +1,3 @@
-// Package console is the account holder's web console at /console: the
-// balance, usage of the last 30 days from ClickHouse, and API keys (create,
-// shown once; list without secrets; delete).
-//
-// It is server-rendered HTML (html/template) with embedded CSS and one small
-// inline script for the Copy button; nothing is fetched from elsewhere, and
-// every page works without JavaScript. There are no passwords: the operator
-// issues a one-time sign-in link (admin API POST
-// /admin/v1/accounts/{id}/console-login, or `tollgate accounts login ID`),
-// which the holder exchanges for a session. The session is a signed,
-// expiring cookie, so gateways keep no session state.
-//
-// The routes register themselves in init(); Configure makes them serve.
 package console
 
 import (
@@ -29,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -48,8 +36,6 @@ type Options struct {
 	// ClickHouse, when set, is used instead of ClickHouseDSN; the caller
 	// keeps ownership and closes it.
 	ClickHouse driver.Conn
-	// Admin, when set, gets POST /admin/v1/accounts/{id}/console-login.
-	Admin *proxy.AdminAPI
 	// SessionTTL is how long a sign-in lasts; 0 means DefaultSessionTTL.
 	SessionTTL time.Duration
 	Logf       func(format string, args ...any)
@@ -101,9 +87,6 @@ func Configure(ctx context.Context, opts Options) (*Console, error) {
 	if c.usage.logf == nil {
 		c.usage.logf = c.logf
 	}
-	if opts.Admin != nil {
-		opts.Admin.SetConsoleLogins(logins)
-	}
 	served.Store(c)
 	return c, nil
 }
@@ -137,6 +120,8 @@ func init() {
 		proxy.Register(proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: page(r.handle)})
 	}
 	proxy.Register(proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style})
+	// The operator's way in: behind the admin token, under /admin/v1.
+	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/console-login", Handle: consoleLogin})
 }
 
 func page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
@@ -159,6 +144,35 @@ func page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
 		}
 		handle(c, ctx, call)
 	}
+}
+
+// consoleLogin serves POST /admin/v1/accounts/{id}/console-login: a
+// one-time link that signs the account holder into the console. The link
+// is the credential: hand it to the account holder only.
+func consoleLogin(call *admin.Call) (int, any, error) {
+	c := served.Load()
+	if c == nil {
+		return 0, nil, &proxy.APIError{Status: 503, Type: "service_unavailable_error", Code: "console_unavailable",
+			Message: "the web console is not configured on this gateway"}
+	}
+	account := call.Args[0]
+	if _, err := c.accounts.Account(call.Ctx, account); err != nil {
+		return 0, nil, err
+	}
+	token, expiresAt, err := c.logins.IssueLogin(call.Ctx, account)
+	if err != nil {
+		return 0, nil, proxy.Internal("issuing a console login: " + err.Error())
+	}
+	scheme := "http"
+	if call.HTTP.IsTLS() {
+		scheme = "https"
+	}
+	link := scheme + "://" + string(call.HTTP.Host()) + "/console/login?token=" + url.QueryEscape(token)
+	return 201, struct {
+		Account   string    `json:"account"`
+		URL       string    `json:"url"`
+		ExpiresAt time.Time `json:"expires_at"`
+	}{account, link, expiresAt}, nil
 }
 
 func style(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
@@ -426,43 +440,28 @@ func formFor(in keyInput, cat *catalog.Catalog) keyForm {
 	return f
 }
 
-// maxRetentionDays matches what the accounts store accepts (100 years).
-const maxRetentionDays = 36_500
-
-// keyRequest checks the form against the scopes and the live catalog and
-// returns what to create, or a problem to show beside the form.
+// keyRequest checks the form against the rules the admin API shares
+// (admin.CheckKeyRequest) and the live catalog, and returns what to
+// create, or a problem to show beside the form.
 func keyRequest(in keyInput, cat *catalog.Catalog) (accounts.KeyRequest, string) {
 	req := accounts.KeyRequest{Name: in.Name, Scopes: in.Scopes, Models: in.Models}
-	switch {
-	case in.Name == "":
-		return req, "Give the key a name that says where it is used, for example prod-backend."
-	case len(in.Name) > 200:
-		return req, "The name is too long: at most 200 characters."
-	case strings.ContainsFunc(in.Name, func(r rune) bool { return r < ' ' || r == 0x7f }):
-		return req, "The name must not contain control characters."
-	case len(in.Scopes) == 0:
-		return req, "Choose at least one scope."
-	}
-	for _, s := range in.Scopes {
-		if !slices.Contains(accounts.AllScopes, s) {
-			return req, fmt.Sprintf("Unknown scope %q; scopes are %s.", s, strings.Join(accounts.AllScopes, ", "))
-		}
-	}
-	for _, m := range in.Models {
-		if _, ok := cat.Resolve(m); !ok {
-			return req, fmt.Sprintf("Model %q is not in the catalog (any more); reload the page.", m)
-		}
-	}
 	if in.Logging {
 		days := 0
 		if in.Retention != "" {
 			var err error
-			days, err = strconv.Atoi(strings.TrimSpace(in.Retention))
-			if err != nil || days < 0 || days > maxRetentionDays {
-				return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted).", maxRetentionDays)
+			if days, err = strconv.Atoi(strings.TrimSpace(in.Retention)); err != nil {
+				return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted).", accounts.MaxRetentionDays)
 			}
 		}
 		req.Logging = accounts.Logging{Enabled: true, RetentionDays: days}
+	}
+	if p := admin.CheckKeyRequest(req, cat); p != nil {
+		return req, capitalize(p.Message) + "."
+	}
+	// The admin API reads no scopes as all of them; a form sent with every
+	// box unticked is more likely a slip.
+	if len(in.Scopes) == 0 {
+		return req, "Choose at least one scope."
 	}
 	return req, ""
 }

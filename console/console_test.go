@@ -388,6 +388,38 @@ func TestCreateListAndRevokeKeyWithoutClickHouse(t *testing.T) {
 	}
 }
 
+// The key form and the admin API share one validation (admin.CheckKeyRequest):
+// the caps on the name and on retention hold here as they do there, and
+// nothing is created.
+func TestKeyFormRefusesTooLongNameAndRetention(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	csrf := b.csrf()
+	for _, tc := range []struct {
+		name string
+		form url.Values
+		want string
+	}{
+		{"name", url.Values{"name": {strings.Repeat("n", 201)}, "scopes": {"generate"}}, "Name is too long: at most 200 bytes."},
+		{"retention", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"on"}, "retention_days": {"36501"}},
+			"Logging retention must be a whole number of days from 0 to 36500"},
+	} {
+		tc.form.Set("csrf", csrf)
+		resp := b.post("/console/keys", tc.form)
+		if page := string(readAll(t, resp)); resp.StatusCode != 400 || !strings.Contains(page, tc.want) {
+			t.Fatalf("%s: %d, want 400 with %q:\n%s", tc.name, resp.StatusCode, tc.want, page)
+		}
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 0 {
+		t.Fatalf("refused forms created keys: %+v", keys)
+	}
+}
+
 func TestPagesSendProtectiveHeaders(t *testing.T) {
 	g := startGateway(t, "")
 	b := g.browser()

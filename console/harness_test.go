@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/testutil"
@@ -118,14 +119,14 @@ func startGateway(t *testing.T, clickHouseDSN string) *gateway {
 			t.Fatal(err)
 		}
 	}
-	admin := proxy.NewAdminAPI(adminToken, g.svc)
+	adminAPI := admin.New(adminToken, g.svc)
 	g.console, err = Configure(ctx, Options{Accounts: g.svc, JetStream: b.JetStream(), Replicas: 1, DataDir: dir,
-		ClickHouseDSN: clickHouseDSN, Admin: admin, Logf: g.log.logf})
+		ClickHouseDSN: clickHouseDSN, Logf: g.log.logf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(g.console.Close)
-	gw, err := proxy.New(cfg, proxy.Options{Accounts: g.svc, Recorder: meter.NewMemory(nil), Admin: admin, Logf: g.log.logf})
+	gw, err := proxy.New(cfg, proxy.Options{Accounts: g.svc, Recorder: meter.NewMemory(nil), Admin: adminAPI, Logf: g.log.logf})
 	if err != nil {
 		t.Fatal(err)
 	}

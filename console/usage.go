@@ -12,7 +12,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/money"
 )
 
@@ -34,8 +34,8 @@ type usageReader struct {
 	logf func(string, ...any)
 
 	mu       sync.Mutex
-	conn     driver.Conn           // given, or opened from dsn
-	sink     *meter.ClickHouseSink // opened here, closed by close
+	conn     driver.Conn             // given, or opened from dsn
+	sink     *billing.ClickHouseSink // opened here, closed by close
 	failedAt time.Time
 	lastErr  error
 }
@@ -64,7 +64,7 @@ func (u *usageReader) connect(ctx context.Context) (driver.Conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, usageDialTimeout)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, withDialTimeout(u.dsn))
+	sink, err := billing.OpenClickHouse(ctx, withDialTimeout(u.dsn))
 	if err != nil {
 		u.failedAt, u.lastErr = time.Now(), err
 		u.logf("console: usage unavailable (retrying in %s): %v", usageRetryAfter, err)

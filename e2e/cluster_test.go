@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
 )
@@ -261,7 +262,7 @@ func (c *natsCluster) roles(i int) string {
 	if srv.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, meter.UsageStream) {
 		r = append(r, "USAGE leader")
 	}
-	if srv.JetStreamIsConsumerLeader(server.DEFAULT_GLOBAL_ACCOUNT, meter.UsageStream, meter.BillingConsumer) {
+	if srv.JetStreamIsConsumerLeader(server.DEFAULT_GLOBAL_ACCOUNT, meter.UsageStream, billing.ConsumerName) {
 		r = append(r, "billing consumer leader")
 	}
 	if srv.JetStreamIsStreamLeader(server.DEFAULT_GLOBAL_ACCOUNT, "KV_"+accounts.BucketAccounts) {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 )
@@ -143,7 +144,7 @@ func (l *ledger) streamEvents(ctx context.Context, stream jetstream.Stream, msgs
 func (l *ledger) consumerInfo() (*jetstream.ConsumerInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cons, err := l.js.Consumer(ctx, meter.UsageStream, meter.BillingConsumer)
+	cons, err := l.js.Consumer(ctx, meter.UsageStream, billing.ConsumerName)
 	if err != nil {
 		return nil, fmt.Errorf("billing consumer: %w", err)
 	}

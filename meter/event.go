@@ -1,5 +1,3 @@
-// Package meter carries usage events from the request path to billing: the
-// event, the Recorder the proxy hands events to, and the publishers behind it.
 package meter
 
 import (

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/suggest"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -146,7 +147,7 @@ func decodeError(err error, dst any) *proxy.APIError {
 		name = strings.Trim(name, `"`)
 		msg := fmt.Sprintf("unknown field %q", name)
 		fields := jsonFields(dst)
-		if s := suggest(name, fields); s != "" {
+		if s := suggest.Nearest(name, fields); s != "" {
 			msg += fmt.Sprintf(" (did you mean %q?)", s)
 		}
 		return proxy.BadRequest(name, msg+"; fields of this endpoint: "+strings.Join(fields, ", "))
@@ -222,40 +223,6 @@ func jsonFields(dst any) []string {
 		}
 	}
 	return names
-}
-
-// suggest returns the candidate within two edits of name, or "".
-func suggest(name string, candidates []string) string {
-	if len(name) > 64 {
-		return ""
-	}
-	best, bestDist := "", 3
-	for _, c := range candidates {
-		if d := editDistance(strings.ToLower(name), c); d < bestDist {
-			best, bestDist = c, d
-		}
-	}
-	return best
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // requireText checks a required text field against plugins.max_text_bytes.

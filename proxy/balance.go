@@ -429,8 +429,8 @@ type UpstreamStatus struct {
 	Retries         uint64  `json:"retries"` // calls that moved on from it
 }
 
-// upstreamStatuses reports every configured upstream, in config order.
-func upstreamStatuses(w *World) []UpstreamStatus {
+// UpstreamStatuses reports every configured upstream, in config order.
+func (w *World) UpstreamStatuses() []UpstreamStatus {
 	models := map[string][]string{}
 	for _, e := range w.Catalog.Entries() {
 		for _, m := range e.Pool {

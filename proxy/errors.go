@@ -99,6 +99,10 @@ func Conflict(msg string) *APIError {
 	return &APIError{Status: 409, Type: "conflict_error", Code: "conflict", Message: msg}
 }
 
+// MethodNotAllowed answers 405 with the Allow header set to allow, for
+// handlers outside this package that route by method themselves (admin).
+func MethodNotAllowed(ctx *fasthttp.RequestCtx, allow string) { methodNotAllowed(ctx, allow) }
+
 func errMethodNotAllowed(msg string) *APIError {
 	return &APIError{Status: 405, Type: "invalid_request_error", Code: "method_not_allowed", Message: msg}
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/testutil"
@@ -138,7 +139,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	}
 	t.Cleanup(h.store.Close)
 	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Responses: h.store,
-		Admin: proxy.NewAdminAPI("admin-secret", h.svc), Tracer: ho.tracer, Logf: t.Logf})
+		Admin: admin.New("admin-secret", h.svc), Tracer: ho.tracer, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,14 @@ type Route struct {
 
 type routeKey struct{ method, path string }
 
+// AdminHandler serves every path under /admin/. The admin API lives in its
+// own package (admin), which imports proxy, so the server knows it only
+// by this method. w is the World the call runs under: the catalog for
+// checking models, the upstreams for their status.
+type AdminHandler interface {
+	ServeAdmin(ctx *fasthttp.RequestCtx, w *World)
+}
+
 var (
 	registryMu sync.Mutex
 	registry   = map[routeKey]Route{}
@@ -137,7 +145,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if bytes.HasPrefix(path, []byte("/admin/")) && s.admin != nil {
-		s.admin.handle(ctx, s.world.Load())
+		s.admin.ServeAdmin(ctx, s.world.Load())
 		return
 	}
 	if s.servePlugin(ctx, path) {

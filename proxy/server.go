@@ -47,8 +47,8 @@ type World struct {
 type Options struct {
 	Accounts Accounts
 	Recorder meter.Recorder
-	// Admin serves /admin/v1; nil disables the admin API.
-	Admin *AdminAPI
+	// Admin serves /admin/ (package admin); nil disables the admin API.
+	Admin AdminHandler
 	// Responses remembers which upstream created each response, shared
 	// with other gateways through JetStream KV (OpenResponseStore); nil
 	// remembers in this process only.
@@ -65,7 +65,7 @@ type Server struct {
 	world     atomic.Pointer[World]
 	accounts  Accounts
 	recorder  meter.Recorder
-	admin     *AdminAPI
+	admin     AdminHandler
 	metrics   func() []byte
 	logf      func(string, ...any)
 	routes    map[routeKey]Route

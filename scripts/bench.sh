@@ -164,7 +164,7 @@ echo
 scripts/clickhouse.sh install >/dev/null
 echo "metering: Record -> outbox -> JetStream PubAck; JetStream -> ClickHouse with balances; raw inserts:"
 go test -run '^$' -bench 'Publisher' -benchtime 100000x ./meter 2>&1 | grep -E '^Benchmark'
-go test -run '^$' -bench 'BillingThroughput|ClickHouseInsert' -benchtime 3x ./meter 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
+go test -run '^$' -bench 'BillingThroughput|ClickHouseInsert' -benchtime 3x ./billing 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
 
 echo
 echo "classifiers, lexical engine on the evaluation texts (latency per call, throughput):"

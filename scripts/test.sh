@@ -20,4 +20,4 @@ fi
 make lint
 go test -count=1 -timeout 25m ./...
 # The race detector over the packages where goroutines meet.
-go test -count=1 -race -timeout 20m ./proxy/... ./accounts ./config ./meter ./broker ./storage
+go test -count=1 -race -timeout 20m ./proxy/... ./admin ./accounts ./config ./meter ./billing/... ./broker ./storage

@@ -27,7 +27,7 @@ func reference(t testing.TB) *tiktoken.Tiktoken {
 func corpus(t testing.TB) []string {
 	t.Helper()
 	var texts []string
-	for _, pattern := range []string{"../README.md", "../*.yaml", "../proxy/*.go", "../classifiers/testdata/*/*", "../deploy/clickhouse/*"} {
+	for _, pattern := range []string{"../README.md", "../*.yaml", "../proxy/*.go", "../classifiers/testdata/*/*", "../billing/schema/*"} {
 		files, _ := filepath.Glob(pattern)
 		for _, f := range files {
 			data, err := os.ReadFile(f)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
@@ -81,7 +82,7 @@ func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc 
 }
 
 func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) error {
-	sink, err := meter.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
 	if err != nil {
 		return fmt.Errorf("ClickHouse at %s unreachable: %w", redactDSN(cfg.ClickHouse.DSN), err)
 	}
@@ -94,12 +95,12 @@ func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, s
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	defer stopPurge()
 	go purgeExpiredLogs(purgeCtx, sink, logf)
-	return meter.RunBilling(ctx, b.JetStream(), sink, svc.ApplyUsage, meter.BillingOptions{Logf: logf})
+	return billing.Run(ctx, b.JetStream(), sink, svc.ApplyUsage, billing.Options{Logf: logf})
 }
 
 // purgeExpiredLogs enforces request-log retention windows: hourly, it drops
 // the request_logs partitions whose expiry day has passed.
-func purgeExpiredLogs(ctx context.Context, sink *meter.ClickHouseSink, logf func(string, ...any)) {
+func purgeExpiredLogs(ctx context.Context, sink *billing.ClickHouseSink, logf func(string, ...any)) {
 	t := time.NewTicker(time.Hour)
 	defer t.Stop()
 	for {
@@ -124,7 +125,7 @@ func runMigrate(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
 	if err != nil {
 		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
 	}

@@ -11,13 +11,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/billing/schema"
 	"github.com/tollgate/tollgate/config"
-	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
-	"github.com/tollgate/tollgate/meter"
 )
 
 // runFinance is `tollgate finance`: the finance queries of
-// deploy/clickhouse/queries.sql with their placeholders filled in, run
+// billing/schema/queries.sql with their placeholders filled in, run
 // against clickhouse.dsn (ClickHouse 18.16 has no query parameters, so
 // clickhouse-client alone would need the SQL edited by hand).
 func runFinance(args []string) error {
@@ -27,7 +27,7 @@ func runFinance(args []string) error {
 	if err != nil {
 		return err
 	}
-	queries, err := chmigrate.FinanceQueries()
+	queries, err := schema.FinanceQueries()
 	if err != nil {
 		return err
 	}
@@ -42,7 +42,7 @@ func runFinance(args []string) error {
 		}
 		return nil
 	}
-	q, err := chmigrate.FinanceQuery(pos[0])
+	q, err := schema.FinanceQuery(pos[0])
 	if err != nil {
 		return err
 	}
@@ -68,7 +68,7 @@ func runFinance(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
 	if err != nil {
 		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
 	}

@@ -1,10 +1,21 @@
 // Command tollgate is the gateway's one binary.
 //
-//	tollgate serve                 run the gateway (default)
+//	tollgate serve                 run the gateway (default): the public API, the web
+//	                               console, the admin API, a batch worker, and the
+//	                               billing consumer when clickhouse.consume_in_serve
+//	tollgate billing               run the billing consumer alone (JetStream -> ClickHouse, debits)
+//	tollgate worker                run batch jobs alone, beside the gateways (storage.backend s3)
+//	tollgate migrate               apply the ClickHouse migrations of billing/schema
+//	tollgate finance [QUERY k=v…]  run a finance query of billing/schema/queries.sql
 //	tollgate config check [FILE]   validate gateway.yaml, printing every error with its line
-//	tollgate accounts …            manage accounts through the admin API
+//	tollgate accounts …            manage accounts through the admin API;
+//	                               `accounts login ID` prints a one-time console link
 //	tollgate keys …                manage API keys through the admin API
 //	tollgate version
+//
+// The commands live in serve.go, billing.go (billing, migrate), worker.go,
+// finance.go and admincli.go (accounts, keys, config check); the packages
+// they start are in the README's layout table.
 package main
 
 import (
@@ -20,7 +31,7 @@ commands:
   billing                run the billing consumer (JetStream -> ClickHouse)
   worker                 run batch jobs only (storage.backend s3), beside the gateways
   migrate                apply ClickHouse migrations
-  finance [QUERY k=v...] run a finance query of deploy/clickhouse/queries.sql (no QUERY: list them)
+  finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
   accounts create ID [-credit USD] | get ID | credit ID USD
   accounts login ID      print a one-time web console sign-in link (15 minutes)

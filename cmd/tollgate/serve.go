@@ -18,10 +18,11 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/console" // also registers /console in init()
+	"github.com/tollgate/tollgate/console" // registers /console and admin console-login in init()
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -39,7 +40,61 @@ func runServe(args []string) error {
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if err := prepareProcess(cfg, logf); err != nil {
+		return err
+	}
+	b, svc, closeAccounts, err := openAccounts(ctx, cfg, logf)
+	if err != nil {
+		return err
+	}
+	defer closeAccounts()
 
+	adminToken, err := loadAdminToken(cfg)
+	if err != nil {
+		return err
+	}
+	if err := ensureDemoAccount(ctx, cfg, svc); err != nil {
+		return err
+	}
+	rec, closeRecorder, err := openRecorder(ctx, cfg, b, svc, logf)
+	if err != nil {
+		return err
+	}
+	defer closeRecorder()
+	con, err := console.Configure(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
+		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Logf: logf})
+	if err != nil {
+		return fmt.Errorf("starting the web console: %w", err)
+	}
+	defer con.Close()
+
+	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
+		Admin: admin.New(adminToken, svc), Metrics: func() []byte { return metricsText(rec.Stats()) }, Logf: logf})
+	if err != nil {
+		return err
+	}
+	defer closeServer()
+	store, stopStore, err := openStorage(ctx, cfg, logf)
+	if err != nil {
+		return err
+	}
+	defer stopStore()
+	workerDone, err := startBatch(ctx, b, store, srv, rec, logf)
+	if err != nil {
+		return err
+	}
+	// Runs before the store, the recorder and NATS close: a job stopped
+	// here resumes from its checkpoint on another worker or at next start.
+	defer func() { stop(); <-workerDone }()
+
+	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
+	go watcher.Run(ctx)
+	return serveUntilDone(ctx, srv, cfg, path, b, logf)
+}
+
+// prepareProcess readies what the process itself needs before anything
+// opens: the data directory, the GC target, the debug listener.
+func prepareProcess(cfg *config.Config, logf func(string, ...any)) error {
 	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data_dir: %w", err)
 	}
@@ -54,11 +109,15 @@ func runServe(args []string) error {
 	// first call that counts tokens: a gateway whose upstreams report usage
 	// and whose streams are not cut may never need it.
 	if cfg.Server.DebugListen != "" {
-		if err := serveDebug(cfg.Server.DebugListen, logf); err != nil {
-			return err
-		}
+		return serveDebug(cfg.Server.DebugListen, logf)
 	}
+	return nil
+}
 
+// openAccounts starts NATS (embedded or connected) and the account store,
+// and waits until the store's snapshots are loaded. closeAll closes both,
+// the store first.
+func openAccounts(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (*broker.Broker, *accounts.Service, func(), error) {
 	// The embedded JetStream syncs to disk as often as the outbox does (its
 	// default is every 2 minutes): an event leaves the outbox once
 	// JetStream has it, so a power loss must not find it only there.
@@ -67,82 +126,61 @@ func runServe(args []string) error {
 		Always:   meter.Durability(cfg.Billing.Durability) == meter.DurabilityFsync,
 	})
 	if err != nil {
-		return fmt.Errorf("starting NATS: %w", err)
+		return nil, nil, nil, fmt.Errorf("starting NATS: %w", err)
 	}
-	defer b.Close()
 	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
 	if err != nil {
-		return fmt.Errorf("opening accounts: %w", err)
+		b.Close()
+		return nil, nil, nil, fmt.Errorf("opening accounts: %w", err)
 	}
-	defer svc.Close()
+	closeAll := func() { svc.Close(); b.Close() }
 	syncCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err = svc.WaitSynced(syncCtx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("loading accounts: %w", err)
+		closeAll()
+		return nil, nil, nil, fmt.Errorf("loading accounts: %w", err)
 	}
+	return b, svc, closeAll, nil
+}
 
-	adminToken, err := loadAdminToken(cfg)
-	if err != nil {
-		return err
-	}
-	if err := ensureDemoAccount(ctx, cfg, svc); err != nil {
-		return err
-	}
-
-	rec, closeRecorder, err := openRecorder(ctx, cfg, b, svc, logf)
-	if err != nil {
-		return err
-	}
-	defer closeRecorder()
-
-	admin := proxy.NewAdminAPI(adminToken, svc)
-	con, err := console.Configure(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
-		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Admin: admin, Logf: logf})
-	if err != nil {
-		return fmt.Errorf("starting the web console: %w", err)
-	}
-	defer con.Close()
-
+// newServer builds the public server from opts, adding tracing and the
+// shared responses store. closeAll closes those two, responses first.
+func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts proxy.Options) (*proxy.Server, func(), error) {
 	tracer, stopTracing, err := startTracing(ctx, cfg.Tracing, version())
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer func() {
+	flushTracing := func() {
 		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = stopTracing(flush)
-	}()
+	}
 	// Which upstream created each response, shared with the other
 	// gateways; written in the background, so the request path never
 	// waits on NATS for it.
-	responses, err := proxy.OpenResponseStore(ctx, b.JetStream(), b.Replicas(), cfg.Routing.ResponseTTL, logf)
+	responses, err := proxy.OpenResponseStore(ctx, b.JetStream(), b.Replicas(), cfg.Routing.ResponseTTL, opts.Logf)
 	if err != nil {
-		return fmt.Errorf("opening the responses bucket: %w", err)
+		flushTracing()
+		return nil, nil, fmt.Errorf("opening the responses bucket: %w", err)
 	}
-	defer responses.Close()
+	closeAll := func() { responses.Close(); flushTracing() }
+	opts.Tracer, opts.Responses = tracer, responses
+	srv, err := proxy.New(cfg, opts)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return srv, closeAll, nil
+}
 
-	srv, err := proxy.New(cfg, proxy.Options{
-		Accounts:  svc,
-		Recorder:  rec,
-		Responses: responses,
-		Admin:     admin,
-		Metrics:   func() []byte { return metricsText(rec.Stats()) },
-		Tracer:    tracer,
-		Logf:      logf,
-	})
-	if err != nil {
-		return err
-	}
-	store, stopStore, err := openStorage(ctx, cfg, logf)
-	if err != nil {
-		return err
-	}
-	defer stopStore()
+// startBatch opens batch jobs, serves their endpoints on srv and runs this
+// process's worker until ctx ends; workerDone is closed once it has.
+func startBatch(ctx context.Context, b *broker.Broker, store storage.Store, srv *proxy.Server, rec meter.Recorder, logf func(string, ...any)) (<-chan struct{}, error) {
 	jobs, err := batch.Open(ctx, b.JetStream(), store, batch.Options{
 		Replicas: b.Replicas(), Runtime: plugins.BatchRuntime(srv), Recorder: rec, Logf: logf})
 	if err != nil {
-		return fmt.Errorf("opening batch jobs: %w", err)
+		return nil, fmt.Errorf("opening batch jobs: %w", err)
 	}
 	plugins.ServeBatch(srv, jobs)
 	workerDone := make(chan struct{})
@@ -152,13 +190,12 @@ func runServe(args []string) error {
 			logf("batch worker: %v", err)
 		}
 	}()
-	// Runs before the store, the recorder and NATS close: a job stopped
-	// here resumes from its checkpoint on another worker or at next start.
-	defer func() { stop(); <-workerDone }()
+	return workerDone, nil
+}
 
-	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
-	go watcher.Run(ctx)
-
+// serveUntilDone listens and serves until the server fails or ctx ends,
+// then waits up to 30 seconds for open requests and streams.
+func serveUntilDone(ctx context.Context, srv *proxy.Server, cfg *config.Config, path string, b *broker.Broker, logf func(string, ...any)) error {
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Server.Listen, err)

@@ -14,7 +14,7 @@
 -- No alias repeats the name of a column it reads: ClickHouse resolves names
 -- to aliases first, and versions differ in what they make of sum(x) AS x.
 --
--- Each query starts with a "-- name:" line; the Go package chmigrate finds
+-- Each query starts with a "-- name:" line; the Go package billing/schema finds
 -- queries by those names (FinanceQuery) and its tests run every one of them.
 
 -- name: spend_per_account_per_day

@@ -1,4 +1,4 @@
-package chmigrate_test
+package schema_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
+	"github.com/tollgate/tollgate/billing/schema"
 	"github.com/tollgate/tollgate/internal/chtest"
 )
 
@@ -32,7 +32,7 @@ func connect(t testing.TB, srv *chtest.Server) driver.Conn {
 
 func migrationNames(t testing.TB) []string {
 	t.Helper()
-	migrations, err := chmigrate.Migrations()
+	migrations, err := schema.Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func migrationNames(t testing.TB) []string {
 }
 
 func TestMigrationsAreNumberedWithoutGaps(t *testing.T) {
-	migrations, err := chmigrate.Migrations()
+	migrations, err := schema.Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestMigrationsAreNumberedWithoutGaps(t *testing.T) {
 }
 
 func TestSplitStatements(t *testing.T) {
-	got := chmigrate.SplitStatements(`-- a comment; with a semicolon;
+	got := schema.SplitStatements(`-- a comment; with a semicolon;
 CREATE TABLE a (x String DEFAULT ';') ENGINE = Log;
 
 -- another
@@ -87,14 +87,14 @@ func TestMigrateTwiceAppliesOnce(t *testing.T) {
 	conn := connect(t, srv)
 	ctx := context.Background()
 
-	applied, err := chmigrate.Migrate(ctx, conn)
+	applied, err := schema.Migrate(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := migrationNames(t); !reflect.DeepEqual(applied, want) {
 		t.Fatalf("first run applied %v, want %v", applied, want)
 	}
-	applied, err = chmigrate.Migrate(ctx, conn)
+	applied, err = schema.Migrate(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestMigrateFromSeveralProcessesAtOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := chmigrate.Migrate(ctx, conn)
+			_, err := schema.Migrate(ctx, conn)
 			errs <- err
 		}()
 	}
@@ -136,7 +136,7 @@ func TestMigrateFromSeveralProcessesAtOnce(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	applied, err := chmigrate.Migrate(ctx, connect(t, srv))
+	applied, err := schema.Migrate(ctx, connect(t, srv))
 	if err != nil || len(applied) != 0 {
 		t.Fatalf("after concurrent runs: applied %v, %v; want nothing left", applied, err)
 	}

@@ -1,4 +1,4 @@
-package meter_test
+package billing_test
 
 import (
 	"context"
@@ -14,8 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/chtest"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 )
@@ -24,10 +27,10 @@ import (
 // and accounts acct-0 … acct-4 with no credit.
 type billingRig struct {
 	t     testing.TB
-	nats  *natsServer
+	nats  *broker.Broker
 	js    jetstream.JetStream
 	ch    *chtest.Server
-	sink  *meter.ClickHouseSink
+	sink  *billing.ClickHouseSink
 	accts *accounts.Service
 }
 
@@ -35,8 +38,8 @@ const rigAccounts = 5 // usageEvent spreads events over acct-0 … acct-4
 
 func newBillingRig(t testing.TB) *billingRig {
 	t.Helper()
-	r := &billingRig{t: t, nats: startNATSServer(t)}
-	r.js = r.nats.b.JetStream()
+	r := &billingRig{t: t, nats: startNATS(t)}
+	r.js = r.nats.JetStream()
 	ctx := testContext(t)
 	if _, err := meter.EnsureUsageStream(ctx, r.js, 1); err != nil {
 		t.Fatal(err)
@@ -119,13 +122,13 @@ type billingProcess struct {
 }
 
 // run starts a billing process, stopped when the test ends.
-func (r *billingRig) run(opts meter.BillingOptions) *billingProcess {
+func (r *billingRig) run(opts billing.Options) *billingProcess {
 	ctx, cancel := context.WithCancel(context.Background())
 	if opts.Logf == nil {
 		opts.Logf = syncLog(r.t)
 	}
 	p := &billingProcess{cancel: cancel, done: make(chan error, 1)}
-	go func() { p.done <- meter.RunBilling(ctx, r.js, r.sink, r.accts.ApplyUsage, opts) }()
+	go func() { p.done <- billing.Run(ctx, r.js, r.sink, r.accts.ApplyUsage, opts) }()
 	r.t.Cleanup(func() { _ = p.stop() })
 	return p
 }
@@ -165,7 +168,7 @@ func (r *billingRig) totals(from string) usageTotals {
 
 func (r *billingRig) waitForTotals(want usageTotals, within time.Duration) {
 	r.t.Helper()
-	waitFor(r.t, within, 50*time.Millisecond, func() error {
+	testutil.CheckFor(r.t, within, 50*time.Millisecond, func() error {
 		if got := r.totals("usage_events FINAL"); got != want {
 			return fmt.Errorf("ClickHouse FINAL holds %+v, want %+v", got, want)
 		}
@@ -216,7 +219,7 @@ func (r *billingRig) waitAllAcked() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	waitFor(r.t, 30*time.Second, 20*time.Millisecond, func() error {
+	testutil.CheckFor(r.t, 30*time.Second, 20*time.Millisecond, func() error {
 		if floor, pending := r.consumerState(); floor != info.State.LastSeq || pending != 0 {
 			return fmt.Errorf("ack floor %d with %d pending, want all %d messages acked", floor, pending, info.State.LastSeq)
 		}
@@ -228,7 +231,7 @@ func (r *billingRig) waitAllAcked() {
 func (r *billingRig) consumerState() (ackFloor uint64, pending int) {
 	r.t.Helper()
 	ctx := testContext(r.t)
-	cons, err := r.js.Consumer(ctx, meter.UsageStream, meter.BillingConsumer)
+	cons, err := r.js.Consumer(ctx, meter.UsageStream, billing.ConsumerName)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -283,12 +286,12 @@ func TestBillingStoresAndChargesEveryEventExactly(t *testing.T) {
 	r.publish([]*meter.Event{ghost})
 	r.publish(events[7000:])
 
-	billing := r.run(meter.BillingOptions{Batch: 3000})
+	proc := r.run(billing.Options{Batch: 3000})
 	charged := append(slices.Clone(events), mixed...)
 	want := totalsOf(append(slices.Clone(charged), ghost))
 	r.waitForTotals(want, 30*time.Second)
 	r.checkBalances(charged)
-	if err := billing.stop(); err != nil {
+	if err := proc.stop(); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.totals("usage_events"); got != want {
@@ -300,7 +303,7 @@ func TestBillingWaitsOutAClickHouseOutage(t *testing.T) {
 	r := newBillingRig(t)
 	events := eventsFrom(0, 6000)
 	r.publish(events[:2000])
-	r.run(meter.BillingOptions{Batch: 1000, MaxWait: 100 * time.Millisecond})
+	r.run(billing.Options{Batch: 1000, MaxWait: 100 * time.Millisecond})
 	r.waitForTotals(totalsOf(events[:2000]), 20*time.Second)
 
 	r.ch.Stop()
@@ -324,13 +327,13 @@ func TestBillingRedeliveryAfterACrashChargesOnce(t *testing.T) {
 			r.publish(events)
 
 			crashed := errors.New("killed before the ack")
-			var opts meter.BillingOptions
+			var opts billing.Options
 			opts.Batch, opts.AckWait = 15, time.Second // messages of 100 events
 			hook := func() error { return crashed }
 			if crashAfter == "insert" {
-				meter.SetBillingHooks(&opts, hook, nil)
+				billing.SetHooks(&opts, hook, nil)
 			} else {
-				meter.SetBillingHooks(&opts, nil, hook)
+				billing.SetHooks(&opts, nil, hook)
 			}
 			if err := r.run(opts).wait(t, 20*time.Second); !errors.Is(err, crashed) {
 				t.Fatalf("RunBilling returned %v, want the hook's error", err)
@@ -343,7 +346,7 @@ func TestBillingRedeliveryAfterACrashChargesOnce(t *testing.T) {
 			}
 
 			// Another process takes over once AckWait has passed.
-			r.run(meter.BillingOptions{Batch: 15, AckWait: time.Second})
+			r.run(billing.Options{Batch: 15, AckWait: time.Second})
 			r.waitForTotals(totalsOf(events), 30*time.Second)
 			r.checkBalances(events)
 			if got := r.totals("usage_events"); got.Count <= uint64(len(events)) {
@@ -359,7 +362,7 @@ func TestBillingProcessesSharingTheConsumerChargeExactly(t *testing.T) {
 	r := newBillingRig(t)
 	events := eventsFrom(0, 6000)
 	for range 3 {
-		r.run(meter.BillingOptions{Batch: 200, MaxWait: 50 * time.Millisecond})
+		r.run(billing.Options{Batch: 200, MaxWait: 50 * time.Millisecond})
 	}
 	for i := 0; i < len(events); i += 1000 {
 		r.publish(events[i : i+1000])
@@ -369,8 +372,8 @@ func TestBillingProcessesSharingTheConsumerChargeExactly(t *testing.T) {
 }
 
 func TestRunBillingWithoutTheStreamSaysHowToFixIt(t *testing.T) {
-	srv := startNATSServer(t)
-	err := meter.RunBilling(testContext(t), srv.b.JetStream(), nil, nil, meter.BillingOptions{})
+	b := startNATS(t)
+	err := billing.Run(testContext(t), b.JetStream(), nil, nil, billing.Options{})
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("got %v, want ErrStreamNotFound", err)
 	}
@@ -390,11 +393,11 @@ func BenchmarkBillingThroughput(b *testing.B) {
 	}
 	messages := stream.CachedInfo().State.Msgs
 	b.ResetTimer()
-	r.run(meter.BillingOptions{Batch: 5000, MaxWait: 100 * time.Millisecond, Logf: func(string, ...any) {}})
-	cons, err := r.js.Consumer(testContext(b), meter.UsageStream, meter.BillingConsumer)
+	r.run(billing.Options{Batch: 5000, MaxWait: 100 * time.Millisecond, Logf: func(string, ...any) {}})
+	cons, err := r.js.Consumer(testContext(b), meter.UsageStream, billing.ConsumerName)
 	for err != nil {
 		time.Sleep(time.Millisecond) // until RunBilling has created it
-		cons, err = r.js.Consumer(testContext(b), meter.UsageStream, meter.BillingConsumer)
+		cons, err = r.js.Consumer(testContext(b), meter.UsageStream, billing.ConsumerName)
 	}
 	for {
 		info, err := cons.Info(testContext(b))

@@ -1,4 +1,4 @@
-package chmigrate_test
+package schema_test
 
 import (
 	"context"
@@ -10,7 +10,8 @@ import (
 
 	"github.com/google/uuid"
 
-	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
+	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/billing/schema"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -52,11 +53,11 @@ func billingEvents(t testing.TB, n int) []*meter.Event {
 	return events
 }
 
-func openSink(t testing.TB, srv *chtest.Server) *meter.ClickHouseSink {
+func openSink(t testing.TB, srv *chtest.Server) *billing.ClickHouseSink {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, srv.DSN())
+	sink, err := billing.OpenClickHouse(ctx, srv.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func openSink(t testing.TB, srv *chtest.Server) *meter.ClickHouseSink {
 // table is query output in TabSeparatedWithNames, row by row, by column name.
 type table []map[string]string
 
-func runQuery(t testing.TB, srv *chtest.Server, q chmigrate.Query, params map[string]string) table {
+func runQuery(t testing.TB, srv *chtest.Server, q schema.Query, params map[string]string) table {
 	t.Helper()
 	sql, err := q.Bind(params)
 	if err != nil {
@@ -125,7 +126,7 @@ func TestFinanceQueriesAreExactAfterRedelivery(t *testing.T) {
 	}
 	whole := map[string]string{"from_date": "2025-01-01", "to_date": "2025-03-01"}
 
-	queries, err := chmigrate.FinanceQueries()
+	queries, err := schema.FinanceQueries()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestInvoiceParameterCannotEscapeItsQuotes(t *testing.T) {
 	if err := sink.Insert(ctx, billingEvents(t, 20)); err != nil {
 		t.Fatal(err)
 	}
-	q, err := chmigrate.FinanceQuery("invoice")
+	q, err := schema.FinanceQuery("invoice")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +212,7 @@ func TestDailyRollupCountsEventsInsertedBeforeItAndRedeliveredOnce(t *testing.T)
 	srv := chtest.Start(t)
 	sink := openSink(t, srv)
 	ctx := context.Background()
-	migrations, err := chmigrate.Migrations()
+	migrations, err := schema.Migrations()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,12 +263,12 @@ func TestDailyRollupCountsEventsInsertedBeforeItAndRedeliveredOnce(t *testing.T)
 }
 
 func TestBind(t *testing.T) {
-	q, err := chmigrate.FinanceQuery("invoice")
+	q, err := schema.FinanceQuery("invoice")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(q.Params) != 2 || q.Params[0] != (chmigrate.Param{Name: "account", Type: "String"}) ||
-		q.Params[1] != (chmigrate.Param{Name: "month", Type: "Date"}) {
+	if len(q.Params) != 2 || q.Params[0] != (schema.Param{Name: "account", Type: "String"}) ||
+		q.Params[1] != (schema.Param{Name: "month", Type: "Date"}) {
 		t.Fatalf("invoice params %v, want account String and month Date", q.Params)
 	}
 	if !strings.Contains(q.Doc, "invoice") {
@@ -295,7 +296,7 @@ func TestBind(t *testing.T) {
 			t.Errorf("%s: bound without error", name)
 		}
 	}
-	if _, err := chmigrate.FinanceQuery("nope"); err == nil || !strings.Contains(err.Error(), "invoice") {
+	if _, err := schema.FinanceQuery("nope"); err == nil || !strings.Contains(err.Error(), "invoice") {
 		t.Errorf("unknown query: %v, want an error listing the queries", err)
 	}
 }

@@ -1,4 +1,4 @@
-package meter_test
+package billing_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -51,11 +52,11 @@ func clickHouseTestEvents(t testing.TB, n int) []*meter.Event {
 	return events
 }
 
-func openClickHouseSink(t testing.TB, srv *chtest.Server) *meter.ClickHouseSink {
+func openClickHouseSink(t testing.TB, srv *chtest.Server) *billing.ClickHouseSink {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sink, err := meter.OpenClickHouse(ctx, srv.DSN())
+	sink, err := billing.OpenClickHouse(ctx, srv.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func clickHouseTotalsOf(events []*meter.Event) clickHouseTotals {
 	return want
 }
 
-func queryClickHouseTotals(t testing.TB, sink *meter.ClickHouseSink, from string) clickHouseTotals {
+func queryClickHouseTotals(t testing.TB, sink *billing.ClickHouseSink, from string) clickHouseTotals {
 	t.Helper()
 	var got clickHouseTotals
 	row := sink.Conn().QueryRow(context.Background(), `SELECT count(), sum(prompt_tokens), sum(cached_tokens),
@@ -198,11 +199,11 @@ func TestClickHouseSinkRejectsEventsItCannotStoreExactly(t *testing.T) {
 	} {
 		events := clickHouseTestEvents(t, 3)
 		mutate(events[1])
-		if err := sink.Insert(ctx, events); !errors.Is(err, meter.ErrInvalidEvent) {
+		if err := sink.Insert(ctx, events); !errors.Is(err, billing.ErrInvalidEvent) {
 			t.Errorf("%s: got %v, want ErrInvalidEvent", name, err)
 		}
 	}
-	if err := sink.Insert(ctx, []*meter.Event{nil}); !errors.Is(err, meter.ErrInvalidEvent) {
+	if err := sink.Insert(ctx, []*meter.Event{nil}); !errors.Is(err, billing.ErrInvalidEvent) {
 		t.Errorf("nil event: got %v, want ErrInvalidEvent", err)
 	}
 	if got := queryClickHouseTotals(t, sink, "usage_events"); got.Count != 0 {
@@ -214,8 +215,8 @@ func TestClickHouseSinkRejectsEventsItCannotStoreExactly(t *testing.T) {
 }
 
 func TestOpenClickHouseRefusesHTTP(t *testing.T) {
-	_, err := meter.OpenClickHouse(context.Background(), "http://127.0.0.1:8123/default")
-	if !errors.Is(err, meter.ErrClickHouseNotNative) {
+	_, err := billing.OpenClickHouse(context.Background(), "http://127.0.0.1:8123/default")
+	if !errors.Is(err, billing.ErrClickHouseNotNative) {
 		t.Fatalf("got %v, want ErrClickHouseNotNative", err)
 	}
 }

@@ -1,10 +1,4 @@
-// Package chmigrate holds the ClickHouse side of billing: the schema as
-// numbered SQL migrations embedded in the binary, the runner that applies
-// them, and the finance queries of queries.sql.
-//
-// Everything here runs on ClickHouse 18.16 (Debian's) and on current
-// releases, over the native protocol.
-package chmigrate
+package schema
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package chmigrate
+package schema
 
 import (
 	_ "embed"
@@ -183,7 +183,7 @@ func literalOf(typ, value string) (string, error) {
 		}
 		return value, nil
 	}
-	return "", fmt.Errorf("type %s cannot be bound; add it to chmigrate.literalOf", typ)
+	return "", fmt.Errorf("type %s cannot be bound; add it to schema.literalOf", typ)
 }
 
 // quoteString quotes s as a ClickHouse string literal: backslash and quote

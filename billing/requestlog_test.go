@@ -1,10 +1,11 @@
-package meter_test
+package billing_test
 
 import (
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
 )
@@ -14,7 +15,7 @@ import (
 func TestRequestLogsAndRetention(t *testing.T) {
 	ch := chtest.Start(t)
 	ctx := t.Context()
-	sink, err := meter.OpenClickHouse(ctx, ch.DSN())
+	sink, err := billing.OpenClickHouse(ctx, ch.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}

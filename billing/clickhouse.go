@@ -1,4 +1,4 @@
-package meter
+package billing
 
 import (
 	"context"
@@ -10,7 +10,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	chmigrate "github.com/tollgate/tollgate/deploy/clickhouse"
+	"github.com/tollgate/tollgate/billing/schema"
+	"github.com/tollgate/tollgate/meter"
 )
 
 // ErrClickHouseNotNative is returned for a DSN of ClickHouse's HTTP
@@ -69,9 +70,9 @@ func OpenClickHouse(ctx context.Context, dsn string) (*ClickHouseSink, error) {
 // Conn is the connection pool, for queries beyond inserting events.
 func (s *ClickHouseSink) Conn() driver.Conn { return s.conn }
 
-// Migrate brings the schema up to date; see chmigrate.Migrate.
+// Migrate brings the schema up to date; see schema.Migrate.
 func (s *ClickHouseSink) Migrate(ctx context.Context) ([]string, error) {
-	return chmigrate.Migrate(ctx, s.conn)
+	return schema.Migrate(ctx, s.conn)
 }
 
 // Close closes the connections.
@@ -82,7 +83,7 @@ func (s *ClickHouseSink) Close() error { return s.conn.Close() }
 // batch: an event inserted again is one row under FINAL, in usage_events
 // and in the rollup. ctx bounds the whole call, also against a ClickHouse
 // that accepts connections but never answers: give it a deadline.
-func (s *ClickHouseSink) Insert(ctx context.Context, events []*Event) error {
+func (s *ClickHouseSink) Insert(ctx context.Context, events []*meter.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
@@ -133,7 +134,7 @@ var (
 	maxDateTime = time.Unix(1<<32-1, 0)
 )
 
-func usageColumnsOf(events []*Event) (*usageColumns, error) {
+func usageColumnsOf(events []*meter.Event) (*usageColumns, error) {
 	n := len(events)
 	c := &usageColumns{
 		id: make([]string, n), account: make([]string, n), keyID: make([]string, n),
@@ -197,7 +198,7 @@ var keepForever = time.Date(2105, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // expiryOf is the day a logged row stops being kept: retention days after
 // the call's UTC day.
-func expiryOf(ev *Event) time.Time {
+func expiryOf(ev *meter.Event) time.Time {
 	if ev.Log.RetentionDays <= 0 {
 		return keepForever
 	}
@@ -209,7 +210,7 @@ func expiryOf(ev *Event) time.Time {
 }
 
 // insertLogs writes the request logs carried by events, if any.
-func (s *ClickHouseSink) insertLogs(ctx context.Context, events []*Event) error {
+func (s *ClickHouseSink) insertLogs(ctx context.Context, events []*meter.Event) error {
 	var batch driver.Batch
 	n := 0
 	for _, ev := range events {

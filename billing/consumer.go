@@ -1,4 +1,4 @@
-package meter
+package billing
 
 import (
 	"bytes"
@@ -14,12 +14,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 )
 
-// BillingConsumer is the durable pull consumer on USAGE that every billing
+// ConsumerName is the durable pull consumer on USAGE that every billing
 // process shares; JetStream hands each of them a part of the stream.
-const BillingConsumer = "billing"
+const ConsumerName = "billing"
 
 // DebitFunc charges an account for usage, skipping events it was charged
 // for already; (*accounts.Service).ApplyUsage is the one to use. An error
@@ -27,15 +28,15 @@ const BillingConsumer = "billing"
 // usage is logged and left uncharged. Any other error is retried.
 type DebitFunc func(ctx context.Context, account string, usage accounts.Usage) (accounts.Account, money.Nanos, error)
 
-// BillingOptions tune RunBilling; zero values take the defaults.
-type BillingOptions struct {
+// Options tune Run; zero values take the defaults.
+type Options struct {
 	// Batch is the most messages fetched, inserted and debited together
 	// (default 5000). It is also the consumer's MaxAckPending, so billing
 	// holds at most one fetch unacknowledged across all processes.
 	Batch int
 	// FetchBytes bounds the bytes of one fetch (default 4 MiB, about 8,000
 	// events). It must exceed the largest message (a gateway's batch,
-	// under MaxBatchBytes), or that message would never be delivered.
+	// under meter.MaxBatchBytes), or that message would never be delivered.
 	FetchBytes int
 	// MaxWait is how long a fetch waits to fill a batch (default 1s): the
 	// delay between a quiet gateway's event and its debit.
@@ -50,20 +51,20 @@ type BillingOptions struct {
 	Logf func(string, ...any)
 
 	// Test hooks, each run once per batch: after the INSERT and after the
-	// debits. An error ends RunBilling with no ack sent, as a crash there
+	// debits. An error ends Run with no ack sent, as a crash there
 	// would.
 	afterInsert func() error
 	afterDebit  func() error
 }
 
-func (o BillingOptions) withDefaults() BillingOptions {
+func (o Options) withDefaults() Options {
 	if o.Batch <= 0 {
 		o.Batch = 5000
 	}
 	if o.FetchBytes <= 0 {
 		o.FetchBytes = 4 << 20
 	}
-	o.FetchBytes = max(o.FetchBytes, 2*MaxBatchBytes)
+	o.FetchBytes = max(o.FetchBytes, 2*meter.MaxBatchBytes)
 	if o.MaxWait <= 0 {
 		o.MaxWait = time.Second
 	}
@@ -86,7 +87,7 @@ const (
 	ackTimeout        = 5 * time.Second
 )
 
-// RunBilling moves usage events from the USAGE stream into ClickHouse and
+// Run moves usage events from the USAGE stream into ClickHouse and
 // account balances until ctx ends, then returns nil. Per batch: fetch,
 // INSERT (retried while ClickHouse is down), debit each account once for
 // the batch (ApplyUsage skips events already charged), then ack. Nothing
@@ -103,9 +104,9 @@ const (
 // never block the stream. Events of accounts that do not exist are stored
 // in ClickHouse and logged, not charged.
 //
-// The USAGE stream must exist (EnsureUsageStream). Any number of processes
-// may run RunBilling at once.
-func RunBilling(ctx context.Context, js jetstream.JetStream, sink *ClickHouseSink, debit DebitFunc, opts BillingOptions) error {
+// The USAGE stream must exist (meter.EnsureUsageStream). Any number of
+// processes may bill the stream at once.
+func Run(ctx context.Context, js jetstream.JetStream, sink *ClickHouseSink, debit DebitFunc, opts Options) error {
 	opts = opts.withDefaults()
 	b := &biller{js: js, sink: sink, debit: debit, opts: opts}
 	var backoff time.Duration
@@ -129,7 +130,7 @@ func RunBilling(ctx context.Context, js jetstream.JetStream, sink *ClickHouseSin
 		msgs, err := b.fetch()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
-				opts.Logf("billing: consumer %s is gone; creating it again", BillingConsumer)
+				opts.Logf("billing: consumer %s is gone; creating it again", ConsumerName)
 				if err := b.ensureConsumer(ctx); err != nil && ctx.Err() == nil {
 					opts.Logf("billing: %v", err)
 				}
@@ -155,13 +156,13 @@ type biller struct {
 	js    jetstream.JetStream
 	sink  *ClickHouseSink
 	debit DebitFunc
-	opts  BillingOptions
+	opts  Options
 	cons  jetstream.Consumer
 }
 
 func (b *biller) ensureConsumer(ctx context.Context) error {
-	cons, err := b.js.CreateOrUpdateConsumer(ctx, UsageStream, jetstream.ConsumerConfig{
-		Durable:       BillingConsumer,
+	cons, err := b.js.CreateOrUpdateConsumer(ctx, meter.UsageStream, jetstream.ConsumerConfig{
+		Durable:       ConsumerName,
 		Description:   "tollgate billing: usage into ClickHouse and balances",
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
@@ -170,7 +171,7 @@ func (b *biller) ensureConsumer(ctx context.Context) error {
 		MaxDeliver:    -1, // events are money: never give up on one
 	})
 	if err != nil {
-		return fmt.Errorf("creating consumer %s on stream %s (created by EnsureUsageStream): %w", BillingConsumer, UsageStream, err)
+		return fmt.Errorf("creating consumer %s on stream %s (created by EnsureUsageStream): %w", ConsumerName, meter.UsageStream, err)
 	}
 	b.cons = cons
 	return nil
@@ -197,7 +198,7 @@ func (b *biller) fetch() ([]jetstream.Msg, error) {
 type delivery struct {
 	msg jetstream.Msg
 	seq uint64
-	ev  *Event
+	ev  *meter.Event
 }
 
 // decodeMessage returns the events of a message. A line that does not
@@ -217,7 +218,7 @@ func (b *biller) decodeMessage(msg jetstream.Msg, seq uint64) []delivery {
 		if len(bytes.TrimSpace(raw)) == 0 {
 			continue
 		}
-		ev := new(Event)
+		ev := new(meter.Event)
 		if err := json.Unmarshal(raw, ev); err != nil {
 			b.opts.Logf("billing: NOT CHARGED: undecodable event %d of message %d on %s: %v: %.500q", line, seq, msg.Subject(), err, raw)
 			continue
@@ -274,7 +275,7 @@ func (b *biller) bill(ctx context.Context, msgs []jetstream.Msg) error {
 	if len(rejected) > 0 {
 		// Logged with their JSON by insertSplitting; not charged, and the
 		// rest of their batches are.
-		refused := make(map[*Event]bool, len(rejected))
+		refused := make(map[*meter.Event]bool, len(rejected))
 		for _, d := range rejected {
 			refused[d.ev] = true
 		}
@@ -326,7 +327,7 @@ func (b *biller) insertSplitting(ctx context.Context, batch []delivery) ([]deliv
 	if len(batch) == 0 {
 		return nil, nil
 	}
-	events := make([]*Event, len(batch))
+	events := make([]*meter.Event, len(batch))
 	for i, d := range batch {
 		events[i] = d.ev
 	}

@@ -1,0 +1,161 @@
+package admin
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+type accountView struct {
+	ID          string    `json:"id"`
+	BalanceUSD  string    `json:"balance_usd"`
+	CreditedUSD string    `json:"credited_usd"`
+	DebitedUSD  string    `json:"debited_usd"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+func viewAccount(acc accounts.Account) accountView {
+	return accountView{ID: acc.ID, BalanceUSD: acc.Balance.String(), CreditedUSD: acc.Credited.String(),
+		DebitedUSD: acc.Debited.String(), CreatedAt: acc.CreatedAt}
+}
+
+func parseUSDField(field, s string, positive bool) (money.Nanos, error) {
+	n, err := money.ParseUSD(s)
+	if err == nil && (n < 0 || positive && n == 0) {
+		err = errors.New("must be greater than zero")
+		if !positive {
+			err = errors.New("must not be negative")
+		}
+	}
+	if err != nil {
+		return 0, proxy.BadRequest(field, fmt.Sprintf("%s: %v (write USD as a decimal string such as \"10.00\")", field, err))
+	}
+	return n, nil
+}
+
+func (a *API) createAccount(call *Call) (int, any, error) {
+	var req struct {
+		ID        string `json:"id"`
+		CreditUSD string `json:"credit_usd"`
+	}
+	if err := decodeStrict(call.HTTP, &req); err != nil {
+		return 0, nil, err
+	}
+	if req.ID == "" {
+		return 0, nil, proxy.BadRequest("id", "id is required")
+	}
+	credit := money.Nanos(0)
+	if req.CreditUSD != "" {
+		var err error
+		if credit, err = parseUSDField("credit_usd", req.CreditUSD, false); err != nil {
+			return 0, nil, err
+		}
+	}
+	acc, err := a.svc.CreateAccount(call.Ctx, req.ID, credit)
+	if err != nil {
+		return 0, nil, err
+	}
+	return 201, viewAccount(acc), nil
+}
+
+func (a *API) getAccount(call *Call) (int, any, error) {
+	acc, err := a.svc.Account(call.Ctx, call.Args[0])
+	if err != nil {
+		return 0, nil, err
+	}
+	return 200, viewAccount(acc), nil
+}
+
+func (a *API) credit(call *Call) (int, any, error) {
+	var req struct {
+		USD string `json:"usd"`
+	}
+	if err := decodeStrict(call.HTTP, &req); err != nil {
+		return 0, nil, err
+	}
+	amount, err := parseUSDField("usd", req.USD, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	acc, err := a.svc.Credit(call.Ctx, call.Args[0], amount)
+	if err != nil {
+		return 0, nil, err
+	}
+	return 200, viewAccount(acc), nil
+}
+
+// keyBody is POST /admin/v1/accounts/{id}/keys as sent.
+type keyBody struct {
+	Name      string   `json:"name"`
+	Scopes    []string `json:"scopes"`
+	Models    []string `json:"models"`
+	RPM       int64    `json:"rpm"`
+	TPM       int64    `json:"tpm"`
+	ExpiresIn string   `json:"expires_in"` // Go duration, e.g. "720h"
+	Logging   *struct {
+		Enabled       bool `json:"enabled"`
+		RetentionDays int  `json:"retention_days"`
+	} `json:"logging"`
+}
+
+func (a *API) createKey(call *Call) (int, any, error) {
+	var body keyBody
+	if err := decodeStrict(call.HTTP, &body); err != nil {
+		return 0, nil, err
+	}
+	req := accounts.KeyRequest{Name: body.Name, Scopes: body.Scopes, Models: body.Models, RPM: body.RPM, TPM: body.TPM}
+	if body.ExpiresIn != "" {
+		d, err := time.ParseDuration(body.ExpiresIn)
+		if err != nil || d <= 0 {
+			return 0, nil, proxy.BadRequest("expires_in", "expires_in must be a positive duration such as \"720h\"")
+		}
+		req.ExpiresIn = d
+	}
+	if body.Logging != nil {
+		req.Logging = accounts.Logging{Enabled: body.Logging.Enabled, RetentionDays: body.Logging.RetentionDays}
+	}
+	if p := CheckKeyRequest(req, call.World.Catalog); p != nil {
+		return 0, nil, proxy.BadRequest(p.Field, p.Message)
+	}
+	info, token, err := a.svc.CreateKey(call.Ctx, call.Args[0], req)
+	if err != nil {
+		return 0, nil, err
+	}
+	return 201, struct {
+		accounts.KeyInfo
+		Key string `json:"key"`
+	}{info, token}, nil
+}
+
+func (a *API) listKeys(call *Call) (int, any, error) {
+	account := call.Args[0]
+	if _, err := a.svc.Account(call.Ctx, account); err != nil {
+		return 0, nil, err
+	}
+	keys, err := a.svc.ListKeys(call.Ctx, account)
+	if err != nil {
+		return 0, nil, err
+	}
+	if keys == nil {
+		keys = []accounts.KeyInfo{}
+	}
+	return 200, struct {
+		Object string             `json:"object"`
+		Data   []accounts.KeyInfo `json:"data"`
+	}{"list", keys}, nil
+}
+
+func (a *API) revokeKey(call *Call) (int, any, error) {
+	info, err := a.svc.RevokeKey(call.Ctx, call.Args[0])
+	if err != nil {
+		return 0, nil, err
+	}
+	return 200, struct {
+		accounts.KeyInfo
+		Revoked bool `json:"revoked"`
+	}{info, true}, nil
+}

@@ -1,0 +1,204 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// API serves /admin/v1: accounts, credit, keys and upstream status, plus
+// the routes other packages register. Every call needs the admin bearer
+// token.
+type API struct {
+	token []byte
+	svc   *accounts.Service
+}
+
+// New serves the admin API with the given bearer token.
+func New(token string, svc *accounts.Service) *API {
+	return &API{token: []byte(token), svc: svc}
+}
+
+// Call is one admin call being served.
+type Call struct {
+	// Ctx bounds the call's store operations (10 seconds).
+	Ctx  context.Context
+	HTTP *fasthttp.RequestCtx
+	// World is the configuration the call runs under.
+	World *proxy.World
+	// Args are the path segments the route's "{}" matched, in order.
+	Args []string
+}
+
+// Handler answers a call: body is written as JSON with status. An error
+// is written as the error envelope: a *proxy.APIError as it is, an
+// account-store error as writeStoreError maps it.
+type Handler func(call *Call) (status int, body any, err error)
+
+// Route is one admin call. Path is relative to /admin/v1/, segments split
+// by "/"; a segment "{}" matches any one segment.
+type Route struct {
+	Method string
+	Path   string
+	Handle Handler
+}
+
+var (
+	registryMu sync.Mutex
+	registry   []Route
+)
+
+// Register adds a route served by another package; the console registers
+// console-login this way from init(), so the admin API never names the
+// console, as proxy never names a plugin. A route registered twice is a
+// programming error and panics at start-up; one that shadows a route of
+// this package is never reached.
+func Register(r Route) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	for _, have := range registry {
+		if have.Method == r.Method && have.Path == r.Path {
+			panic("admin: route registered twice: " + r.Method + " " + r.Path)
+		}
+	}
+	registry = append(registry, r)
+}
+
+func (a *API) routes() []Route {
+	own := []Route{
+		{"POST", "accounts", a.createAccount},
+		{"GET", "accounts/{}", a.getAccount},
+		{"POST", "accounts/{}/credit", a.credit},
+		{"POST", "accounts/{}/keys", a.createKey},
+		{"GET", "accounts/{}/keys", a.listKeys},
+		{"DELETE", "keys/{}", a.revokeKey},
+		{"GET", "upstreams", upstreams},
+	}
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	return append(own, registry...)
+}
+
+const adminTimeout = 10 * time.Second
+
+// ServeAdmin serves one call under /admin/; proxy.Server calls it.
+func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World) {
+	h := ctx.Request.Header.Peek("Authorization")
+	tok, ok := bytes.CutPrefix(h, []byte("Bearer "))
+	if !ok || subtle.ConstantTimeCompare(bytes.TrimSpace(tok), a.token) != 1 {
+		proxy.WriteError(ctx, &proxy.APIError{Status: 401, Type: "authentication_error", Code: "invalid_admin_token",
+			Message: "admin API needs Authorization: Bearer <admin token> (TOLLGATE_ADMIN_TOKEN or <data_dir>/admin.token)"})
+		return
+	}
+	rest, ok := strings.CutPrefix(string(ctx.Path()), "/admin/v1/")
+	if !ok {
+		proxy.WriteError(ctx, proxy.NotFound("no admin route "+string(ctx.Path())))
+		return
+	}
+	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
+	method := string(ctx.Method())
+	c, cancel := context.WithTimeout(context.Background(), adminTimeout)
+	defer cancel()
+	var allowed []string
+	for _, r := range a.routes() {
+		args, ok := match(r.Path, parts)
+		if !ok {
+			continue
+		}
+		if r.Method != method {
+			allowed = append(allowed, r.Method)
+			continue
+		}
+		status, body, err := r.Handle(&Call{Ctx: c, HTTP: ctx, World: w, Args: args})
+		if err != nil {
+			writeError(ctx, err)
+			return
+		}
+		writeJSON(ctx, status, body)
+		return
+	}
+	if len(allowed) > 0 {
+		sort.Strings(allowed)
+		proxy.MethodNotAllowed(ctx, strings.Join(allowed, ", "))
+		return
+	}
+	proxy.WriteError(ctx, proxy.NotFound("no admin route "+string(ctx.Path())))
+}
+
+// match returns the segments of parts that pattern's "{}" segments match.
+func match(pattern string, parts []string) ([]string, bool) {
+	want := strings.Split(pattern, "/")
+	if len(want) != len(parts) {
+		return nil, false
+	}
+	var args []string
+	for i, seg := range want {
+		switch seg {
+		case "{}":
+			args = append(args, parts[i])
+		case parts[i]:
+		default:
+			return nil, false
+		}
+	}
+	return args, true
+}
+
+// decodeStrict decodes a JSON body refusing unknown fields, so a typo in an
+// admin call fails loudly instead of being ignored.
+func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
+	body := ctx.PostBody()
+	if len(bytes.TrimSpace(body)) == 0 {
+		body = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return proxy.BadRequest("", "invalid JSON body: "+err.Error())
+	}
+	return nil
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		proxy.WriteError(ctx, proxy.Internal(err.Error()))
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// writeError writes err as the envelope; account-store errors get the
+// status that says what went wrong.
+func writeError(ctx *fasthttp.RequestCtx, err error) {
+	var apiErr *proxy.APIError
+	switch {
+	case errors.As(err, &apiErr):
+		proxy.WriteError(ctx, apiErr)
+	case errors.Is(err, accounts.ErrNotFound):
+		proxy.WriteError(ctx, proxy.NotFound(err.Error()))
+	case errors.Is(err, accounts.ErrExists):
+		proxy.WriteError(ctx, proxy.Conflict(err.Error()))
+	case errors.Is(err, context.DeadlineExceeded):
+		proxy.WriteError(ctx, proxy.Unavailable("account store did not answer in time: "+err.Error()))
+	default:
+		proxy.WriteError(ctx, proxy.BadRequest("", err.Error()))
+	}
+}
+
+func upstreams(call *Call) (int, any, error) {
+	return 200, map[string]any{"data": call.World.UpstreamStatuses()}, nil
+}

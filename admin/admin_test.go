@@ -1,0 +1,262 @@
+package admin_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/admin"
+	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+const adminToken = "admin-secret"
+
+// Nothing listens on the upstream: the admin API never calls it.
+const gatewayYAML = `
+server:
+  listen: 127.0.0.1:0
+  data_dir: %s
+  demo_credit_usd: "0"
+upstreams:
+  - name: local
+    base_url: http://127.0.0.1:1/v1
+models:
+  - id: small
+    upstream: local
+    upstream_model: proxytest-small
+    context_length: 32768
+    max_output_length: 4096
+    pricing: {prompt: "0.0000001", completion: "0.0000003"}
+`
+
+// gateway is a proxy.Server with the admin API, on real TCP, with an
+// embedded NATS behind its account store.
+type gateway struct {
+	t   *testing.T
+	url string
+	svc *accounts.Service
+}
+
+func startGateway(t *testing.T) *gateway {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := t.TempDir()
+	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	cfg, err := config.Parse("gateway.yaml", []byte(fmt.Sprintf(gatewayYAML, dir)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := accounts.Open(ctx, b.JetStream(), 1, dir, cfg.Auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Close)
+	gw, err := proxy.New(cfg, proxy.Options{Accounts: svc, Recorder: meter.NewMemory(nil),
+		Admin: admin.New(adminToken, svc), Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gw.Serve(ln) }()
+	t.Cleanup(func() { _ = gw.Shutdown() })
+	return &gateway{t: t, url: "http://" + ln.Addr().String(), svc: svc}
+}
+
+// call sends an admin call with the admin token and returns the status,
+// the Allow header and the body.
+func (g *gateway) call(method, path, body string) (int, string, []byte) {
+	g.t.Helper()
+	req, err := http.NewRequest(method, g.url+path, strings.NewReader(body))
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	client := &http.Client{Timeout: 15 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header.Get("Allow"), b
+}
+
+type envelope struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+// wantError checks that body is the OpenAI error envelope with param and
+// code, and returns its message.
+func wantError(t *testing.T, body []byte, param, code string) string {
+	t.Helper()
+	var env envelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		t.Fatalf("not the error envelope: %v: %s", err, body)
+	}
+	gotParam, gotCode := "", ""
+	if env.Error.Param != nil {
+		gotParam = *env.Error.Param
+	}
+	if env.Error.Code != nil {
+		gotCode = *env.Error.Code
+	}
+	if gotParam != param || gotCode != code || env.Error.Message == "" {
+		t.Fatalf("envelope %s: want param %q, code %q", body, param, code)
+	}
+	return env.Error.Message
+}
+
+func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, tc := range []struct {
+		body, param, message string
+	}{
+		{`{"name":"` + strings.Repeat("n", 201) + `"}`, "name", "name is too long: at most 200 bytes"},
+		{`{"name":"ci\u0007"}`, "name", "name must not contain control characters"},
+		{`{"name":"ci","logging":{"enabled":true,"retention_days":36501}}`, "logging.retention_days",
+			"logging retention must be a whole number of days from 0 to 36500 (0 keeps logged calls until deleted)"},
+		{`{"name":"ci","models":["gpt-4o"]}`, "models", `model "gpt-4o" is not in the catalog; valid models: small`},
+	} {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", tc.body)
+		if status != 400 {
+			t.Fatalf("%s: %d %s, want 400", tc.body, status, body)
+		}
+		if msg := wantError(t, body, tc.param, "invalid_request_error"); msg != tc.message {
+			t.Errorf("%s: message %q, want %q", tc.body, msg, tc.message)
+		}
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("refused requests left keys %+v (%v)", keys, err)
+	}
+	// At the caps exactly, the key is created.
+	body := `{"name":"` + strings.Repeat("n", 200) + `","logging":{"enabled":true,"retention_days":36500}}`
+	if status, _, out := g.call("POST", "/admin/v1/accounts/acme/keys", body); status != 201 {
+		t.Fatalf("key at the caps: %d %s", status, out)
+	}
+}
+
+func TestRoutesAuthAndMethods(t *testing.T) {
+	g := startGateway(t)
+	req, _ := http.NewRequest("GET", g.url+"/admin/v1/upstreams", nil)
+	req.Header.Set("Authorization", "Bearer wrong")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("wrong token: %d %s", resp.StatusCode, body)
+	}
+	wantError(t, body, "", "invalid_admin_token")
+
+	steps := []struct {
+		method, path, body string
+		status             int
+		contains           string
+	}{
+		{"POST", "/admin/v1/accounts", `{"id":"acme","credit_usd":"1.50"}`, 201, `"balance_usd":"1.500000000"`},
+		{"POST", "/admin/v1/accounts", `{"id":"acme"}`, 409, `"code":"conflict"`},
+		{"POST", "/admin/v1/accounts", `{"id":"x","typo":1}`, 400, `unknown field`},
+		{"GET", "/admin/v1/accounts/acme", "", 200, `"id":"acme"`},
+		{"GET", "/admin/v1/accounts/nobody", "", 404, `"code":"not_found"`},
+		{"POST", "/admin/v1/accounts/acme/credit", `{"usd":"0"}`, 400, `"param":"usd"`},
+		{"POST", "/admin/v1/accounts/acme/credit", `{"usd":"2.5"}`, 200, `"balance_usd":"4.000000000"`},
+		{"GET", "/admin/v1/accounts/acme/keys", "", 200, `"data":[]`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"soon"}`, 400, `"param":"expires_in"`},
+		{"GET", "/admin/v1/upstreams", "", 200, `"name":"local"`},
+		{"GET", "/admin/v1/nothing/here", "", 404, `no admin route /admin/v1/nothing/here`},
+	}
+	for _, s := range steps {
+		status, _, body := g.call(s.method, s.path, s.body)
+		if status != s.status || !bytes.Contains(body, []byte(s.contains)) {
+			t.Fatalf("%s %s: %d %s, want %d with %s", s.method, s.path, status, body, s.status, s.contains)
+		}
+	}
+	if status, allow, body := g.call("PUT", "/admin/v1/accounts/acme/keys", ""); status != 405 || allow != "GET, POST" {
+		t.Fatalf("PUT keys: %d, Allow %q: %s", status, allow, body)
+	}
+
+	status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","scopes":["generate"]}`)
+	var created struct {
+		KeyID string `json:"key_id"`
+		Key   string `json:"key"`
+	}
+	if err := json.Unmarshal(body, &created); status != 201 || err != nil || created.Key == "" {
+		t.Fatalf("create key: %d %s", status, body)
+	}
+	if status, _, body := g.call("DELETE", "/admin/v1/keys/"+created.KeyID, ""); status != 200 || !bytes.Contains(body, []byte(`"revoked":true`)) {
+		t.Fatalf("revoke: %d %s", status, body)
+	}
+}
+
+// echo is registered the way another package registers its admin routes,
+// from init(), so running the tests again does not register it twice.
+func init() {
+	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/test-echo", Handle: echo})
+}
+
+func echo(call *admin.Call) (int, any, error) {
+	if _, ok := call.World.Catalog.Resolve("small"); !ok {
+		return 0, nil, proxy.Internal("no catalog in the call")
+	}
+	if call.Args[0] == "nobody" {
+		return 0, nil, fmt.Errorf("echo: %w", accounts.ErrNotFound)
+	}
+	return 201, map[string]string{"account": call.Args[0]}, nil
+}
+
+// A route registered by another package (as the console registers
+// console-login) gets its path arguments, and its errors go out in the
+// envelope with the status the admin API gives them.
+func TestRegisteredRoute(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts/acme/test-echo", ""); status != 201 || string(body) != `{"account":"acme"}` {
+		t.Fatalf("registered route: %d %s", status, body)
+	}
+	status, _, body := g.call("POST", "/admin/v1/accounts/nobody/test-echo", "")
+	if status != 404 {
+		t.Fatalf("registered route's not-found: %d %s", status, body)
+	}
+	wantError(t, body, "", "not_found")
+	if status, allow, _ := g.call("GET", "/admin/v1/accounts/acme/test-echo", ""); status != 405 || allow != "POST" {
+		t.Fatalf("GET on a POST route: %d, Allow %q", status, allow)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("registering a route twice did not panic")
+		}
+	}()
+	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/test-echo", Handle: echo})
+}

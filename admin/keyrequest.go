@@ -1,0 +1,51 @@
+package admin
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/catalog"
+)
+
+// Problem is a request field a person has to fix. Field is the field's
+// name in the admin API's JSON (the envelope's param); Message says what
+// is wrong and what to send instead.
+type Problem struct {
+	Field   string
+	Message string
+}
+
+// CheckKeyRequest checks a key request against the rules the admin API
+// and the console share, and the live catalog, before it reaches the
+// store. It is the one copy of those rules: each caller only turns its
+// own input (JSON, a form) into req first.
+func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
+	switch {
+	case req.Name == "":
+		return &Problem{"name", "name is required: name keys after where they are used, e.g. \"prod-backend\""}
+	case len(req.Name) > accounts.MaxKeyNameLen:
+		return &Problem{"name", fmt.Sprintf("name is too long: at most %d bytes", accounts.MaxKeyNameLen)}
+	case strings.ContainsFunc(req.Name, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		return &Problem{"name", "name must not contain control characters"}
+	}
+	for _, sc := range req.Scopes {
+		if !slices.Contains(accounts.AllScopes, sc) {
+			return &Problem{"scopes", fmt.Sprintf("unknown scope %q; scopes are %s", sc, strings.Join(accounts.AllScopes, ", "))}
+		}
+	}
+	for _, m := range req.Models {
+		if _, ok := cat.Resolve(m); !ok {
+			return &Problem{"models", fmt.Sprintf("model %q is not in the catalog; valid models: %s", m, cat.ValidList())}
+		}
+	}
+	if req.RPM < 0 || req.TPM < 0 {
+		return &Problem{"rpm", "rpm and tpm must not be negative"}
+	}
+	if days := req.Logging.RetentionDays; days < 0 || days > accounts.MaxRetentionDays {
+		return &Problem{"logging.retention_days", fmt.Sprintf(
+			"logging retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted)", accounts.MaxRetentionDays)}
+	}
+	return nil
+}
