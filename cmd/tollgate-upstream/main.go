@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,6 +30,9 @@ func offlineView() classifiers.Engine { return classifiers.NewLexical() }
 
 func main() {
 	s, err := start(os.Args[1:], os.Stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tollgate-upstream: %v\n", err)
 		os.Exit(1)
