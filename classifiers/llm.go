@@ -256,12 +256,15 @@ func writeNumbered(b *strings.Builder, codes, labels []string, descriptions map[
 
 // Formats asked for, repeated in the retry's reminder.
 const (
-	formatCode   = "Answer with the number of the one best label only: its digits, nothing else."
-	formatYesNo  = "Answer with one line per label, in the order given: its number, a colon and yes or no (for example \"12: yes\"), and nothing else."
-	formatDigit  = "Answer with one digit from 0 to 9 only, nothing else."
-	formatTags   = "Answer with one tag per line, most fitting first, and nothing else."
-	yesNoPerLine = 6 // tokens of "123: yes\n" in digit-splitting tokenizers
+	formatCode  = "Answer with the number of the one best label only: its digits, nothing else."
+	formatYesNo = "Answer with one line per label, in the order given: its number, a colon and yes or no (for example \"12: yes\"), and nothing else."
+	formatDigit = "Answer with one digit from 0 to 9 only, nothing else."
+	formatTags  = "Answer with one tag per line, most fitting first, and nothing else."
 )
+
+// yesNoPerLine is the max_tokens a yes/no line may take: "123: yes\n" is 6
+// tokens where numbers are split into digits, 4 where they are not.
+const yesNoPerLine = 6
 
 func classifyPrompt(req ClassifyRequest, codes []string) string {
 	var b strings.Builder

@@ -431,3 +431,20 @@ func TestYesNoProbabilities(t *testing.T) {
 		t.Errorf("accepted an answer without label 2")
 	}
 }
+
+// TestLLMMulti200LabelsInOneBoundedCall: one call answers every label,
+// with max_tokens bounded by the yes/no lines' length.
+func TestLLMMulti200LabelsInOneBoundedCall(t *testing.T) {
+	e, s := newLLM(t, proxytest.Options{})
+	req := manyLabels(200)
+	req.Mode, req.Threshold = ModeMulti, 0.5
+	want, _ := NewLexical().Classify(ctx, req)
+	r, err := e.Classify(ctx, req)
+	if err != nil || len(r.Scores) != 200 || len(r.Labels) == 0 || fmt.Sprint(r.Labels) != fmt.Sprint(want.Labels) {
+		t.Fatalf("llm %v, %v; lexical %v", r.Labels, err, want.Labels)
+	}
+	reqs := s.Requests()
+	if len(reqs) != 1 || gjson.GetBytes(reqs[0].Body, "max_tokens").Int() != 200*yesNoPerLine+8 {
+		t.Errorf("%d calls, max_tokens %d", len(reqs), gjson.GetBytes(reqs[0].Body, "max_tokens").Int())
+	}
+}
