@@ -97,8 +97,8 @@ type chatRequest struct {
 	Messages    []chatMessage `json:"messages"`
 	Temperature float64       `json:"temperature"`
 	MaxTokens   int           `json:"max_tokens"`
-	Logprobs    bool          `json:"logprobs"`
-	TopLogprobs int           `json:"top_logprobs"`
+	Logprobs    bool          `json:"logprobs,omitempty"`
+	TopLogprobs int           `json:"top_logprobs,omitempty"`
 }
 
 type chatMessage struct {
@@ -147,16 +147,9 @@ func (e *llm) ask(ctx context.Context, system, user, format string, maxTokens in
 				chatMessage{Role: "assistant", Content: lastText},
 				chatMessage{Role: "user", Content: "That answer is not valid: " + lastErr.Error() + ". " + format})
 		}
-		body, err := json.Marshal(req)
+		raw, err := e.call(ctx, &req, usage)
 		if err != nil {
-			return fmt.Errorf("encoding model request: %w", err)
-		}
-		raw, u, err := e.caller.CallModel(ctx, e.model, body)
-		usage.PromptTokens += u.PromptTokens
-		usage.CompletionTokens += u.CompletionTokens
-		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-		if err != nil {
-			return fmt.Errorf("calling model %s: %w", e.model, err)
+			return err
 		}
 		ans := readAnswer(raw)
 		lastText = ans.text
@@ -165,6 +158,38 @@ func (e *llm) ask(ctx context.Context, system, user, format string, maxTokens in
 		}
 	}
 	return fmt.Errorf("%w: %v; model %s answered %q", ErrUnparseable, lastErr, e.model, truncateText(lastText, 200))
+}
+
+// call sends req once. An upstream that refuses logprobs (OpenAI's
+// reasoning models answer 400 naming the parameter) is asked again
+// without them, and req keeps them off for the retry: the answer then
+// says NoLogprobs instead of the request failing. The refusal is told by
+// its wording, "answered 400" (or 422) and "logprobs", which
+// proxy.ModelError and the eval's client both give.
+func (e *llm) call(ctx context.Context, req *chatRequest, usage *Usage) ([]byte, error) {
+	for {
+		body, err := json.Marshal(req)
+		if err != nil {
+			return nil, fmt.Errorf("encoding model request: %w", err)
+		}
+		raw, u, err := e.caller.CallModel(ctx, e.model, body)
+		usage.PromptTokens += u.PromptTokens
+		usage.CompletionTokens += u.CompletionTokens
+		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+		if err != nil && req.Logprobs && refusesLogprobs(err) {
+			req.Logprobs, req.TopLogprobs = false, 0
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("calling model %s: %w", e.model, err)
+		}
+		return raw, nil
+	}
+}
+
+func refusesLogprobs(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "logprobs") && (strings.Contains(msg, "answered 400") || strings.Contains(msg, "answered 422"))
 }
 
 // readAnswer keeps the log-probabilities only when their tokens spell the

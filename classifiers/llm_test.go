@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -446,5 +448,50 @@ func TestLLMMulti200LabelsInOneBoundedCall(t *testing.T) {
 	reqs := s.Requests()
 	if len(reqs) != 1 || gjson.GetBytes(reqs[0].Body, "max_tokens").Int() != 200*yesNoPerLine+8 {
 		t.Errorf("%d calls, max_tokens %d", len(reqs), gjson.GetBytes(reqs[0].Body, "max_tokens").Int())
+	}
+}
+
+// TestLLMUpstreamRefusingLogprobsIsAskedWithout: an upstream that answers
+// 400 to logprobs (as OpenAI's reasoning models do) still gets its answer
+// used, flagged, instead of failing every request.
+func TestLLMUpstreamRefusingLogprobsIsAskedWithout(t *testing.T) {
+	view := NewViewModel(NewLexical())
+	var calls atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		calls.Add(1)
+		if gjson.GetBytes(body, "model").String() == "gone" {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"the model gone does not exist","type":"invalid_request_error"}}`)
+			return
+		}
+		if gjson.GetBytes(body, "logprobs").Exists() || gjson.GetBytes(body, "top_logprobs").Exists() {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"logprobs is not supported with this model","type":"invalid_request_error","param":"logprobs","code":"unsupported_parameter"}}`)
+			return
+		}
+		content, _, _ := view.Reply(body)
+		out, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}},
+			"usage": map[string]any{"prompt_tokens": 40, "completion_tokens": 9}})
+		_, _ = w.Write(out)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	e := NewLLM(httpCaller{"http://" + ln.Addr().String() + "/v1"}, "reasoning-model")
+	r, err := e.Classify(ctx, supportRequest)
+	if err != nil || r.Label != "shipping" || !r.NoLogprobs || r.Confidence != 0.25 {
+		t.Fatalf("classify %+v, %v", r, err)
+	}
+	if calls.Load() != 2 || r.Usage.TotalTokens != oneCall.TotalTokens {
+		t.Errorf("%d calls, usage %+v: want the refusal and one answer", calls.Load(), r.Usage)
+	}
+	// Other 400s are not retried.
+	_, err = NewLLM(httpCaller{"http://" + ln.Addr().String() + "/v1"}, "gone").Score(ctx, ScoreRequest{Source: "x", Attribute: "urgency"})
+	if err == nil || !strings.Contains(err.Error(), "does not exist") || calls.Load() != 3 {
+		t.Errorf("err %v after %d calls", err, calls.Load())
 	}
 }
