@@ -399,7 +399,7 @@ func TestEngineUnavailableFailsAndRestartCompletes(t *testing.T) {
 	if len(j.Progress.Parts) == 0 || j.Progress.Lines >= n {
 		t.Fatalf("the first run failed at line %d with parts %v: the upstream went down too late to test anything", j.Progress.Lines, j.Progress.Parts)
 	}
-	e.up.SetOptions(proxytest.Options{ClassifierAnswers: true})
+	e.up.SetOptions(proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply})
 	// The gateway takes the ejected upstream back once its probe (or a
 	// trial call after eject_for) finds it answering.
 	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {

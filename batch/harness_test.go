@@ -85,7 +85,7 @@ func newEnv(t *testing.T, eo envOptions) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := &env{t: t, ctx: ctx, dir: t.TempDir(), rec: meter.NewMemory(nil), secret: "test-secret"}
-	e.up = proxytest.NewServer(proxytest.Options{ClassifierAnswers: true})
+	e.up = proxytest.NewServer(proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply})
 	t.Cleanup(e.up.Close)
 	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, e.dir, nil)
 	if err != nil {
@@ -283,6 +283,8 @@ type resultLine struct {
 		Confidence float64 `json:"confidence"`
 	} `json:"labels"`
 	Tokens int64  `json:"tokens"`
+	Engine string `json:"engine"`
+	Model  string `json:"model"`
 	Error  string `json:"error"`
 }
 
@@ -301,6 +303,9 @@ func checkResults(t *testing.T, data []byte, inputLines int) ([]resultLine, int6
 		}
 		if r.Line != int64(len(lines)+1) {
 			t.Fatalf("result line %d says line %d: lines lost, repeated or out of order", len(lines)+1, r.Line)
+		}
+		if r.Error == "" && (r.Engine != "lexical" && r.Engine != "llm" || (r.Model != "") != (r.Engine == "llm")) {
+			t.Fatalf("result line %d does not name its engine: %s", r.Line, sc.Text())
 		}
 		lines = append(lines, r)
 		tokens += r.Tokens

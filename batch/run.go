@@ -614,10 +614,12 @@ func parseLine(line []byte, maxText int) (string, string) {
 	return t.Str, ""
 }
 
-// Result lines. Mode single: {"line":N,"label":…,"confidence":…,"tokens":…},
+// Result lines. Mode single: {"line":N,"label":…,"confidence":…,"tokens":…,"engine":…},
 // with "tie":true after confidence when the engine could not separate the
 // top labels (classifiers.ClassifyResult.Tie);
-// mode multi: {"line":N,"labels":[{"label":…,"confidence":…}],"tokens":…}
+// mode multi: {"line":N,"labels":[{"label":…,"confidence":…}],"tokens":…,"engine":…}
+// ("model" follows engine for the llm, and "no_logprobs":true when its
+// upstream sent none)
 // (labels at or above the threshold, highest first); a line that failed:
 // {"line":N,"error":"…"}. N is the input line, from 1.
 
@@ -653,6 +655,7 @@ func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.Classif
 	}
 	b = append(b, `,"tokens":`...)
 	b = strconv.AppendInt(b, u.TotalTokens, 10)
+	b = appendEngine(b, res)
 	b = append(b, "}\n"...)
 	c.out.Write(b)
 	c.completed++
@@ -662,6 +665,21 @@ func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.Classif
 	if res.Engine == classifiers.EngineLLM && c.llmModel == "" {
 		c.llmModel = res.Model
 	}
+}
+
+// appendEngine names who answered the line, as /v1/classify does: with
+// plugins.engine auto, lines of one job can go to the llm or to lexical.
+func appendEngine(b []byte, res *classifiers.ClassifyResult) []byte {
+	b = append(b, `,"engine":`...)
+	b = append(b, jsonString(res.Engine)...)
+	if res.Model != "" {
+		b = append(b, `,"model":`...)
+		b = append(b, jsonString(res.Model)...)
+	}
+	if res.NoLogprobs {
+		b = append(b, `,"no_logprobs":true`...)
+	}
+	return b
 }
 
 func (lc *lineClassifier) appendLabel(b []byte, label string) []byte {

@@ -50,6 +50,10 @@ type Answer struct {
 	Engine string `json:"engine"`          // "lexical" or "llm"
 	Model  string `json:"model,omitempty"` // catalog model for llm
 	Usage  Usage  `json:"usage"`
+	// NoLogprobs says the upstream returned no log-probabilities: the
+	// answer is the model's, but its confidences or score carry no
+	// measure of how sure the model was (llm engine, see NewLLM).
+	NoLogprobs bool `json:"no_logprobs,omitempty"`
 }
 
 // ClassifyResult: in single mode Label/Confidence is the best label and
@@ -59,8 +63,8 @@ type Answer struct {
 // Tie (single mode) says the engine could not separate the top labels:
 // two or more share the highest confidence, and Label is the first of
 // them by name, not a decision. The lexical engine ties when no label
-// shares a word with the text; the llm engine never sets it (the model
-// names one label).
+// shares a word with the text; the llm engine when the model gave two
+// labels' numbers the same probability (to 4 decimals).
 type ClassifyResult struct {
 	Label      string       `json:"label,omitempty"`
 	Confidence float64      `json:"confidence,omitempty"`

@@ -13,48 +13,92 @@ import (
 )
 
 // ErrUnparseable means the model answered twice with something that is not
-// the JSON it was asked for, or named a label outside the set. Retrying the
-// same call rarely helps: use a stronger model or the lexical engine.
-var ErrUnparseable = errors.New("model output is not the JSON asked for")
+// the answer it was asked for (a label number, yes/no lines, a digit), or
+// named a number outside the list. Retrying the same call rarely helps:
+// use a stronger model or the lexical engine.
+var ErrUnparseable = errors.New("model output is not the answer asked for")
 
 // EngineLLM is the Name of the model-backed engine.
 const EngineLLM = "llm"
 
 // PromptMarker starts the system prompt of every llm-engine call, followed
-// by the task (classify, classify-multi, tag, score, match), so test
-// upstreams (proxytest's ClassifierAnswers) recognise classifier calls.
+// by the task (classify, classify-multi, tag, tag-open, score, match), so
+// fake upstreams (ViewModel) recognise classifier calls.
 const PromptMarker = "tollgate-classifier:"
+
+// TopLogprobs is how many alternatives per answer token the engine asks
+// for: OpenAI's cap (vLLM allows more, LLMOptions.TopLogprobs asks it).
+const TopLogprobs = 20
+
+// LLMTemperature divides the label log-probabilities of single mode before
+// they are normalised (p ∝ p_model^(1/T)), the usual one-parameter
+// calibration of a classifier's confidences.
+//
+// It is 1 (the model's own probabilities) because it has not been fitted
+// on a real model yet: none was at hand when the engine was written, and
+// fitting it on the demo upstream would calibrate the lexical engine that
+// answers there, not a model. To fit it, run `make eval` with
+// TOLLGATE_EVAL_LLM_URL (and _KEY, _MODEL) set: FitTemperature's choice on
+// the dev part's classify items is printed; write it here with the model,
+// the date and the NLL before and after.
+const LLMTemperature = 1.0
+
+// LLMOptions tune the llm engine; the zero value is the default.
+type LLMOptions struct {
+	// Temperature: 0 means LLMTemperature.
+	Temperature float64
+	// TopLogprobs: 0 means TopLogprobs.
+	TopLogprobs int
+}
 
 // llm asks a catalog model through a ModelCaller.
 type llm struct {
 	caller ModelCaller
 	model  string
+	temp   float64
+	top    int
 }
 
 // NewLLM returns the engine that prompts model (a catalog id) through
-// caller, asking for JSON at temperature 0. Confidences come from token
-// log-probabilities when the upstream returns them, otherwise from the
-// probability the model states. An unparseable answer is retried once with
-// a stricter reminder; a second one is an error wrapping ErrUnparseable.
-// Results carry engine "llm", the model and the usage of every call made,
-// also when an error is returned after a call, so the caller can bill it.
+// caller at temperature 0, with the default LLMOptions.
+//
+// Every answer is one a model gives in few tokens whose log-probabilities
+// are the confidence: a label's number (single mode), a yes or no per
+// label (multi mode, closed tags), a digit 0-9 (score, match). Upstreams
+// that return no log-probabilities still get the model's answer, but
+// results then say NoLogprobs and carry no confidence the model did not
+// give (see the Classify, Tag and Score methods). An unparseable answer is
+// retried once with a stricter reminder; a second one is an error wrapping
+// ErrUnparseable. Results carry engine "llm", the model and the usage of
+// every call made, also when an error is returned after a call, so the
+// caller can bill it.
 func NewLLM(caller ModelCaller, model string) Engine {
-	return &llm{caller: caller, model: model}
+	return NewLLMWith(caller, model, LLMOptions{})
+}
+
+// NewLLMWith is NewLLM with options.
+func NewLLMWith(caller ModelCaller, model string, o LLMOptions) Engine {
+	e := &llm{caller: caller, model: model, temp: o.Temperature, top: o.TopLogprobs}
+	if e.temp <= 0 {
+		e.temp = LLMTemperature
+	}
+	if e.top <= 0 {
+		e.top = TopLogprobs
+	}
+	return e
 }
 
 func (e *llm) Name() string { return EngineLLM }
 
-// chatRequest is the body sent to the model.
+// chatRequest is the body sent to the model. There is no response_format:
+// the answers are bare numbers and words, which every model can give.
 type chatRequest struct {
-	Model          string        `json:"model"`
-	Messages       []chatMessage `json:"messages"`
-	Temperature    float64       `json:"temperature"`
-	MaxTokens      int           `json:"max_tokens"`
-	ResponseFormat struct {
-		Type string `json:"type"`
-	} `json:"response_format"`
-	Logprobs    bool `json:"logprobs"`
-	TopLogprobs int  `json:"top_logprobs"`
+	Model       string        `json:"model"`
+	Messages    []chatMessage `json:"messages"`
+	Temperature float64       `json:"temperature"`
+	MaxTokens   int           `json:"max_tokens"`
+	Logprobs    bool          `json:"logprobs,omitempty"`
+	TopLogprobs int           `json:"top_logprobs,omitempty"`
 }
 
 type chatMessage struct {
@@ -64,16 +108,18 @@ type chatMessage struct {
 
 // tokenLogprob is one token of the answer with its alternatives.
 type tokenLogprob struct {
-	Token       string  `json:"token"`
-	Logprob     float64 `json:"logprob"`
-	TopLogprobs []struct {
-		Token   string  `json:"token"`
-		Logprob float64 `json:"logprob"`
-	} `json:"top_logprobs"`
+	Token       string    `json:"token"`
+	Logprob     float64   `json:"logprob"`
+	TopLogprobs []altProb `json:"top_logprobs"`
 }
 
-// modelAnswer is the model's text and, when the upstream sent them, the
-// log-probabilities of its tokens.
+type altProb struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+}
+
+// modelAnswer is the model's text and, when the upstream sent them and
+// they spell the text, the log-probabilities of its tokens.
 type modelAnswer struct {
 	text     string
 	logprobs []tokenLogprob
@@ -82,7 +128,7 @@ type modelAnswer struct {
 // ask sends system and user to the model and hands the answer to parse;
 // when parse rejects it, it asks once more with the answer and a reminder
 // of the format, and gives up after that. usage sums both calls.
-func (e *llm) ask(ctx context.Context, system, user string, maxTokens int, usage *Usage, parse func(modelAnswer) error) error {
+func (e *llm) ask(ctx context.Context, system, user, format string, maxTokens int, usage *Usage, parse func(modelAnswer) error) error {
 	req := chatRequest{
 		Model: e.model,
 		Messages: []chatMessage{
@@ -91,28 +137,19 @@ func (e *llm) ask(ctx context.Context, system, user string, maxTokens int, usage
 		},
 		MaxTokens:   maxTokens,
 		Logprobs:    true,
-		TopLogprobs: 5,
+		TopLogprobs: e.top,
 	}
-	req.ResponseFormat.Type = "json_object"
 	var lastErr error
 	var lastText string
 	for attempt := 0; attempt < 2; attempt++ {
 		if attempt == 1 {
 			req.Messages = append(req.Messages,
 				chatMessage{Role: "assistant", Content: lastText},
-				chatMessage{Role: "user", Content: "That answer is not valid: " + lastErr.Error() +
-					". Reply with the JSON object only, exactly in the format the instructions give, and nothing else."})
+				chatMessage{Role: "user", Content: "That answer is not valid: " + lastErr.Error() + ". " + format})
 		}
-		body, err := json.Marshal(req)
+		raw, err := e.call(ctx, &req, usage)
 		if err != nil {
-			return fmt.Errorf("encoding model request: %w", err)
-		}
-		raw, u, err := e.caller.CallModel(ctx, e.model, body)
-		usage.PromptTokens += u.PromptTokens
-		usage.CompletionTokens += u.CompletionTokens
-		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-		if err != nil {
-			return fmt.Errorf("calling model %s: %w", e.model, err)
+			return err
 		}
 		ans := readAnswer(raw)
 		lastText = ans.text
@@ -123,11 +160,54 @@ func (e *llm) ask(ctx context.Context, system, user string, maxTokens int, usage
 	return fmt.Errorf("%w: %v; model %s answered %q", ErrUnparseable, lastErr, e.model, truncateText(lastText, 200))
 }
 
+// call sends req once. An upstream that refuses logprobs (OpenAI's
+// reasoning models answer 400 naming the parameter) is asked again
+// without them, and req keeps them off for the retry: the answer then
+// says NoLogprobs instead of the request failing. The refusal is told by
+// its wording, "answered 400" (or 422) and "logprobs", which
+// proxy.ModelError and the eval's client both give.
+func (e *llm) call(ctx context.Context, req *chatRequest, usage *Usage) ([]byte, error) {
+	for {
+		body, err := json.Marshal(req)
+		if err != nil {
+			return nil, fmt.Errorf("encoding model request: %w", err)
+		}
+		raw, u, err := e.caller.CallModel(ctx, e.model, body)
+		usage.PromptTokens += u.PromptTokens
+		usage.CompletionTokens += u.CompletionTokens
+		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+		if err != nil && req.Logprobs && refusesLogprobs(err) {
+			req.Logprobs, req.TopLogprobs = false, 0
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("calling model %s: %w", e.model, err)
+		}
+		return raw, nil
+	}
+}
+
+func refusesLogprobs(err error) bool {
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, "logprobs") && (strings.Contains(msg, "answered 400") || strings.Contains(msg, "answered 422"))
+}
+
+// readAnswer keeps the log-probabilities only when their tokens spell the
+// text: offsets into the text are looked up in the tokens.
 func readAnswer(raw []byte) modelAnswer {
 	choice := gjson.GetBytes(raw, "choices.0")
 	ans := modelAnswer{text: choice.Get("message.content").String()}
-	if lp := choice.Get("logprobs.content"); lp.IsArray() {
-		_ = json.Unmarshal([]byte(lp.Raw), &ans.logprobs) // absent or odd logprobs only lose the refinement
+	lp := choice.Get("logprobs.content")
+	if !lp.IsArray() || json.Unmarshal([]byte(lp.Raw), &ans.logprobs) != nil {
+		ans.logprobs = nil
+		return ans
+	}
+	var joined strings.Builder
+	for _, t := range ans.logprobs {
+		joined.WriteString(t.Token)
+	}
+	if joined.String() != ans.text || len(ans.logprobs) == 0 {
+		ans.logprobs = nil
 	}
 	return ans
 }
@@ -145,358 +225,286 @@ func truncateText(s string, n int) string {
 
 func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
-// jsonObject extracts the JSON object from a model's text, tolerating the
-// code fences and prose some models wrap around it.
-func jsonObject(text string) (string, error) {
-	start := strings.IndexByte(text, '{')
-	end := strings.LastIndexByte(text, '}')
-	if start < 0 || end < start {
-		return "", errors.New("no JSON object in the answer")
-	}
-	obj := text[start : end+1]
-	if !json.Valid([]byte(obj)) {
-		return "", errors.New("the JSON object is malformed")
-	}
-	return obj, nil
+// oneLine keeps caller text on its prompt line, so that a description
+// cannot start a line that reads as another label.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
 }
 
-// writeLabels lists the labels with their descriptions and examples.
-func writeLabels(b *strings.Builder, noun string, labels []string, descriptions map[string]string, examples map[string][]string) {
-	list, _ := json.Marshal(labels) // strings always marshal
-	fmt.Fprintf(b, "Allowed %s: %s\n", noun, list)
-	for _, l := range labels {
-		d := descriptions[l]
-		ex := examples[l]
-		if d == "" && len(ex) == 0 {
-			continue
-		}
-		fmt.Fprintf(b, "- %s", l)
-		if d != "" {
-			fmt.Fprintf(b, ": %s", d)
-		}
-		for _, x := range ex {
-			q, _ := json.Marshal(x)
-			fmt.Fprintf(b, "\n  example: %s", q)
-		}
-		b.WriteByte('\n')
-	}
+func quote(s string) string {
+	b, _ := json.Marshal(s) // a string always marshals
+	return string(b)
 }
 
 func textTypeLine(t string) string {
 	if t == "" {
 		return ""
 	}
-	return "The text is a " + t + ".\n"
+	return "The text is a " + oneLine(t) + ".\n"
 }
 
+// labelCodes numbers n labels with decimal codes of one width: 1-9 for up
+// to 9 labels, 10-99 for up to 90, 100-999 beyond (200 labels: 100-299).
+// One width makes the codes prefix-free, so a tokenizer that splits
+// numbers into digits (Llama 2, Mistral, Qwen) still spells each code
+// unambiguously, and its first digit's alternatives are read as groups of
+// codes (codeDistribution); tokenizers with numbers up to 999 as single
+// tokens (cl100k, o200k, Llama 3) see each code as one token.
+func labelCodes(n int) []string {
+	start := 1
+	for 9*start < n {
+		start *= 10
+	}
+	codes := make([]string, n)
+	for i := range codes {
+		codes[i] = strconv.Itoa(start + i)
+	}
+	return codes
+}
+
+// writeNumbered lists the labels one a line as `CODE. "label": description`,
+// each example on an indented line after it. Labels and examples are JSON
+// strings, so any label (quotes, newlines) stays on its line; ViewModel
+// reads the list back (parseNumbered).
+func writeNumbered(b *strings.Builder, codes, labels []string, descriptions map[string]string, examples map[string][]string) {
+	for i, l := range labels {
+		fmt.Fprintf(b, "%s. %s", codes[i], quote(l))
+		if d := descriptions[l]; d != "" {
+			b.WriteString(": " + oneLine(d))
+		}
+		for _, x := range examples[l] {
+			b.WriteString("\n   example: " + quote(x))
+		}
+		b.WriteByte('\n')
+	}
+}
+
+// Formats asked for, repeated in the retry's reminder.
+const (
+	formatCode  = "Answer with the number of the one best label only: its digits, nothing else."
+	formatYesNo = "Answer with one line per label, in the order given: its number, a colon and yes or no (for example \"12: yes\"), and nothing else."
+	formatDigit = "Answer with one digit from 0 to 9 only, nothing else."
+	formatTags  = "Answer with one tag per line, most fitting first, and nothing else."
+)
+
+// yesNoPerLine is the max_tokens a yes/no line may take: "123: yes\n" is 6
+// tokens where numbers are split into digits, 4 where they are not.
+const yesNoPerLine = 6
+
+func classifyPrompt(req ClassifyRequest, codes []string) string {
+	var b strings.Builder
+	if req.Mode == ModeMulti {
+		b.WriteString(PromptMarker + " classify-multi\n")
+		b.WriteString("You are a text classifier. For each label below, judge whether it applies to the text the user sends.\n")
+	} else {
+		b.WriteString(PromptMarker + " classify\n")
+		b.WriteString("You are a text classifier. Choose the one label below that fits the text the user sends best.\n")
+	}
+	b.WriteString(textTypeLine(req.TextType))
+	b.WriteString("Labels, each after its number:\n")
+	writeNumbered(&b, codes, req.Labels, req.Descriptions, req.Examples)
+	if req.Mode == ModeMulti {
+		b.WriteString(formatYesNo)
+	} else {
+		b.WriteString(formatCode)
+	}
+	return b.String()
+}
+
+// Classify in single mode asks for one label's number (max_tokens 4) and
+// reads the distribution over labels from the log-probabilities of the
+// numbers (codeDistribution), tempered by LLMTemperature. Label is the
+// most probable label, the model's own answer under greedy decoding; Tie
+// is set, as for the lexical engine, when another label is as probable.
+//
+// Multi mode asks for a yes or no per label in one call (about 6 tokens a
+// label, 1,200 for 200 labels): bounded, where a call per label would
+// repeat the text 200 times. Each label's confidence is P(yes)/(P(yes) +
+// P(no)) at its answer token (yesNoProbabilities), independent of the
+// others as multi mode wants; labels at or above the threshold are
+// returned.
+//
+// Without log-probabilities the model's answer is kept but no confidence
+// is made up: single mode gives every label 1/n (Label is still the
+// model's choice), multi mode every label 0.5 with Labels the ones the
+// model said yes to, and NoLogprobs is set.
 func (e *llm) Classify(ctx context.Context, req ClassifyRequest) (ClassifyResult, error) {
 	res := ClassifyResult{Answer: Answer{Engine: EngineLLM, Model: e.model}}
 	if len(req.Labels) == 0 {
 		return res, ErrNoLabels
 	}
-	var b strings.Builder
+	codes := labelCodes(len(req.Labels))
+	system := classifyPrompt(req, codes)
 	if req.Mode == ModeMulti {
-		b.WriteString(PromptMarker + " classify-multi\n")
-		b.WriteString("You are a text classifier. For every allowed label, judge whether it applies to the text the user sends.\n")
-	} else {
-		b.WriteString(PromptMarker + " classify\n")
-		b.WriteString("You are a text classifier. Choose the one allowed label that fits the text the user sends best.\n")
+		err := e.ask(ctx, system, req.Text, formatYesNo, yesNoPerLine*len(codes)+8, &res.Usage, func(ans modelAnswer) error {
+			probs, said, err := yesNoProbabilities(ans, codes)
+			if err != nil {
+				return err
+			}
+			res.NoLogprobs = probs == nil
+			res.Scores, res.Labels = multiScores(req.Labels, probs, said, req.Threshold)
+			return nil
+		})
+		return res, err
 	}
-	b.WriteString(textTypeLine(req.TextType))
-	writeLabels(&b, "labels", req.Labels, req.Descriptions, req.Examples)
-	if req.Mode == ModeMulti {
-		b.WriteString(`Answer with one JSON object and nothing else: {"labels": [{"label": "<allowed label>", "confidence": <probability from 0 to 1 that it applies>}, ...]} with every allowed label once, spelled exactly as given.`)
-	} else {
-		b.WriteString(`Answer with one JSON object and nothing else: {"label": "<one allowed label, spelled exactly as given>", "confidence": <probability from 0 to 1 that it is right>}.`)
-	}
-	canon := canonicalLabels(req.Labels)
-	maxTokens := 80
-	if req.Mode == ModeMulti {
-		maxTokens = min(4096, 40+24*len(req.Labels))
-	}
-	err := e.ask(ctx, b.String(), req.Text, maxTokens, &res.Usage, func(ans modelAnswer) error {
-		if req.Mode == ModeMulti {
-			return parseMulti(ans, canon, req, &res)
+	err := e.ask(ctx, system, req.Text, formatCode, 4, &res.Usage, func(ans modelAnswer) error {
+		chosen, dist, err := codeDistribution(ans, codes)
+		if err != nil {
+			return err
 		}
-		return parseSingle(ans, canon, req.Labels, &res)
+		res.NoLogprobs = dist == nil
+		e.singleResult(req.Labels, chosen, dist, &res)
+		return nil
 	})
 	return res, err
 }
 
-// canonicalLabels maps the trimmed, lower-cased form of each label to the
-// label, so "Billing " from a model finds "billing".
-func canonicalLabels(labels []string) map[string]string {
-	m := make(map[string]string, len(labels))
-	for _, l := range labels {
-		m[strings.ToLower(strings.TrimSpace(l))] = l
-	}
-	return m
-}
-
-func findLabel(c map[string]string, s string) (string, bool) {
-	l, ok := c[strings.ToLower(strings.TrimSpace(s))]
-	return l, ok
-}
-
-func parseSingle(ans modelAnswer, canon map[string]string, labels []string, res *ClassifyResult) error {
-	obj, err := jsonObject(ans.text)
-	if err != nil {
-		return err
-	}
-	var out struct {
-		Label      *string  `json:"label"`
-		Confidence *float64 `json:"confidence"`
-	}
-	if err := json.Unmarshal([]byte(obj), &out); err != nil || out.Label == nil {
-		return errors.New(`no "label" string in the JSON object`)
-	}
-	label, ok := findLabel(canon, *out.Label)
-	if !ok {
-		return fmt.Errorf("label %q is not one of the allowed labels", *out.Label)
-	}
-	dist := labelDistribution(ans, "label", label, labels)
-	if dist == nil {
-		if out.Confidence == nil || !isProbability(*out.Confidence) {
-			return errors.New(`"confidence" must be a number from 0 to 1`)
-		}
-		// Without log-probabilities the model's stated probability is all
-		// there is; the rest is spread evenly over the other labels.
-		dist = make(map[string]float64, len(labels))
-		dist[label] = *out.Confidence
-		if len(labels) > 1 {
-			for _, l := range labels {
-				if l != label {
-					dist[l] = (1 - *out.Confidence) / float64(len(labels)-1)
-				}
-			}
-		}
-	}
+// singleResult fills res from the model's chosen label index and the
+// distribution (nil without log-probabilities).
+func (e *llm) singleResult(labels []string, chosen int, dist []float64, res *ClassifyResult) {
 	res.Scores = make([]LabelScore, len(labels))
+	if dist == nil {
+		res.Scores[0] = LabelScore{Label: labels[chosen], Confidence: round4(1 / float64(len(labels)))}
+		n := 1
+		for i, l := range labels {
+			if i != chosen {
+				res.Scores[n] = LabelScore{Label: l, Confidence: res.Scores[0].Confidence}
+				n++
+			}
+		}
+		res.Label, res.Confidence = labels[chosen], res.Scores[0].Confidence
+		return
+	}
+	dist = temper(dist, e.temp)
 	for i, l := range labels {
-		res.Scores[i] = LabelScore{Label: l, Confidence: round4(dist[l])}
+		res.Scores[i] = LabelScore{Label: l, Confidence: round4(dist[i])}
 	}
-	sortScores(res.Scores)
-	// The model's choice is the answer even if rounding ties it.
-	res.Label, res.Confidence = label, round4(dist[label])
-	return nil
+	sortScoresByLabel(res.Scores)
+	res.Label, res.Confidence = res.Scores[0].Label, res.Scores[0].Confidence
+	res.Tie = len(res.Scores) > 1 && res.Scores[1].Confidence == res.Scores[0].Confidence
 }
 
-func isProbability(x float64) bool { return x >= 0 && x <= 1 && !math.IsNaN(x) }
-
-func parseMulti(ans modelAnswer, canon map[string]string, req ClassifyRequest, res *ClassifyResult) error {
-	obj, err := jsonObject(ans.text)
-	if err != nil {
-		return err
-	}
-	var out struct {
-		Labels []struct {
-			Label      string   `json:"label"`
-			Confidence *float64 `json:"confidence"`
-		} `json:"labels"`
-	}
-	if err := json.Unmarshal([]byte(obj), &out); err != nil || out.Labels == nil {
-		return errors.New(`no "labels" array of {"label", "confidence"} in the JSON object`)
-	}
-	conf := make(map[string]float64, len(req.Labels))
-	for _, l := range out.Labels {
-		label, ok := findLabel(canon, l.Label)
-		if !ok {
-			return fmt.Errorf("label %q is not one of the allowed labels", l.Label)
-		}
-		if l.Confidence == nil || !isProbability(*l.Confidence) {
-			return fmt.Errorf(`"confidence" of %q must be a number from 0 to 1`, l.Label)
-		}
-		conf[label] = *l.Confidence
-	}
-	res.Scores = make([]LabelScore, len(req.Labels))
-	for i, l := range req.Labels {
-		res.Scores[i] = LabelScore{Label: l, Confidence: round4(conf[l])}
-	}
-	sortScores(res.Scores)
-	res.Labels = nil
-	for _, s := range res.Scores {
-		if s.Confidence >= req.Threshold {
-			res.Labels = append(res.Labels, s)
+// temper raises p to 1/t and normalises: t > 1 flattens, t < 1 sharpens.
+func temper(p []float64, t float64) []float64 {
+	out := make([]float64, len(p))
+	var sum float64
+	for i, x := range p {
+		if x > 0 {
+			out[i] = math.Exp(math.Log(x) / t)
+			sum += out[i]
 		}
 	}
-	return nil
+	if sum == 0 {
+		return p
+	}
+	for i := range out {
+		out[i] /= sum
+	}
+	return out
 }
 
-// valueToken finds the token in which the string or number value of key
-// starts, and how many bytes of that token come before the value. The
-// tokens must spell the answer's text; ok is false when they do not or
-// the key is missing.
-func valueToken(ans modelAnswer, key string) (index, offset int, ok bool) {
-	var joined strings.Builder
-	for _, t := range ans.logprobs {
-		joined.WriteString(t.Token)
-	}
-	text := joined.String()
-	if text != ans.text {
-		return 0, 0, false
-	}
-	k := strings.Index(text, `"`+key+`"`)
-	if k < 0 {
-		return 0, 0, false
-	}
-	pos := k + len(key) + 2
-	for pos < len(text) && (text[pos] == ' ' || text[pos] == ':' || text[pos] == '\n' || text[pos] == '\t') {
-		pos++
-	}
-	if pos < len(text) && text[pos] == '"' {
-		pos++
-	}
-	start := 0
-	for i, t := range ans.logprobs {
-		end := start + len(t.Token)
-		if pos >= start && pos < end {
-			return i, pos - start, true
+// multiScores: probs nil means no log-probabilities, and said is all the
+// model gave.
+func multiScores(labels []string, probs []float64, said []bool, threshold float64) (scores, matched []LabelScore) {
+	scores = make([]LabelScore, len(labels))
+	matched = []LabelScore{}
+	for i, l := range labels {
+		s := LabelScore{Label: l, Confidence: 0.5}
+		in := said[i]
+		if probs != nil {
+			s.Confidence = round4(probs[i])
+			in = s.Confidence >= threshold
 		}
-		start = end
+		scores[i] = s
+		if in {
+			matched = append(matched, s)
+		}
 	}
-	return 0, 0, false
+	sortScoresByLabel(scores)
+	sortScoresByLabel(matched)
+	return scores, matched
 }
 
-// labelDistribution turns the log-probabilities of the first token of the
-// chosen label into a distribution over the labels: the chosen token counts
-// for the chosen label (its later tokens decided between labels that begin
-// alike), every other alternative the model weighed at that position for
-// the labels it can begin, split evenly when it begins several, and the
-// masses are renormalised over the alternatives that begin some label.
-// The later tokens' probabilities are not consulted. It is nil when the
-// answer has no usable log-probabilities.
-func labelDistribution(ans modelAnswer, key, chosen string, labels []string) map[string]float64 {
-	if len(ans.logprobs) == 0 {
+// Tag with a closed set is multi mode over the tags (a yes or no per tag,
+// confidence P(yes)), then the threshold (default 0.5) and MaxTags. Open
+// tags are asked for one a line; a tag's confidence is the probability of
+// its first token, the model's preference for starting that tag over the
+// alternatives it weighed there: a rough measure, as there is no closed
+// set to normalise over. Without log-probabilities every tag gets 0.5 and
+// NoLogprobs is set; the tags are the ones the model gave, in its order.
+func (e *llm) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
+	res := TagResult{Answer: Answer{Engine: EngineLLM, Model: e.model}}
+	maxTags := req.MaxTags
+	if maxTags <= 0 {
+		maxTags = 5
+	}
+	threshold := req.Threshold
+	if len(req.Tags) == 0 {
+		return e.openTags(ctx, req.Text, maxTags, threshold)
+	}
+	if threshold == 0 {
+		threshold = 0.5
+	}
+	codes := labelCodes(len(req.Tags))
+	var b strings.Builder
+	b.WriteString(PromptMarker + " tag\n")
+	b.WriteString("You tag texts. For each tag below, judge whether it applies to the text the user sends.\n")
+	b.WriteString("Tags, each after its number:\n")
+	writeNumbered(&b, codes, req.Tags, nil, nil)
+	b.WriteString(formatYesNo)
+	err := e.ask(ctx, b.String(), req.Text, formatYesNo, yesNoPerLine*len(codes)+8, &res.Usage, func(ans modelAnswer) error {
+		probs, said, err := yesNoProbabilities(ans, codes)
+		if err != nil {
+			return err
+		}
+		res.NoLogprobs = probs == nil
+		_, res.Tags = multiScores(req.Tags, probs, said, threshold)
+		if len(res.Tags) > maxTags {
+			res.Tags = res.Tags[:maxTags]
+		}
 		return nil
-	}
-	idx, offset, ok := valueToken(ans, key)
-	if !ok {
-		return nil
-	}
-	tok := ans.logprobs[idx]
-	prefix := tok.Token[:offset]
-	alts := tok.TopLogprobs
-	type alt struct {
-		token string
-		p     float64
-	}
-	list := make([]alt, 0, len(alts)+1)
-	sawChosen := false
-	for _, a := range alts {
-		list = append(list, alt{a.Token, math.Exp(a.Logprob)})
-		sawChosen = sawChosen || a.Token == tok.Token
-	}
-	if !sawChosen {
-		list = append(list, alt{tok.Token, math.Exp(tok.Logprob)})
-	}
-	dist := make(map[string]float64, len(labels))
-	var total float64
-	for _, a := range list {
-		if !strings.HasPrefix(a.token, prefix) {
-			continue
+	})
+	return res, err
+}
+
+func (e *llm) openTags(ctx context.Context, text string, maxTags int, threshold float64) (TagResult, error) {
+	res := TagResult{Answer: Answer{Engine: EngineLLM, Model: e.model}}
+	system := fmt.Sprintf("%s tag-open\nYou tag the text the user sends with at most %d short topical tags, one or two lowercase words each.\n%s",
+		PromptMarker, maxTags, formatTags)
+	err := e.ask(ctx, system, text, formatTags, 8*maxTags+8, &res.Usage, func(ans modelAnswer) error {
+		tags, err := lineTags(ans, maxTags)
+		if err != nil {
+			return err
 		}
-		rest := a.token[len(prefix):]
-		if a.token == tok.Token {
-			dist[chosen] += a.p
-			total += a.p
-			continue
-		}
-		var begins []string
-		for _, l := range labels {
-			if labelBegins(l, rest) {
-				begins = append(begins, l)
+		res.NoLogprobs = ans.logprobs == nil
+		res.Tags = []LabelScore{}
+		for _, t := range tags {
+			if t.Confidence >= threshold {
+				res.Tags = append(res.Tags, t)
 			}
 		}
-		for _, l := range begins {
-			dist[l] += a.p / float64(len(begins))
-		}
-		if len(begins) > 0 {
-			total += a.p
-		}
-	}
-	if total == 0 {
+		sortScores(res.Tags)
 		return nil
-	}
-	for l := range dist {
-		dist[l] /= total
-	}
-	return dist
+	})
+	return res, err
 }
 
-// labelBegins says whether a token that starts a JSON string value can be
-// the start of label: the token is a prefix of the label, or the whole
-// label followed by its closing quote.
-func labelBegins(label, token string) bool {
-	if token == "" {
-		return false
-	}
-	if q := strings.IndexByte(token, '"'); q >= 0 {
-		return strings.EqualFold(token[:q], label)
-	}
-	return len(token) <= len(label) && strings.EqualFold(label[:len(token)], token)
-}
-
-// digitScore reads a 0-9 rating: with log-probabilities, the expected
-// digit over the alternatives that are digits (a common way to get a
-// graded score from a model); otherwise the stated number. It returns a
-// score in [0,1].
-func digitScore(ans modelAnswer, key string) (float64, error) {
-	obj, err := jsonObject(ans.text)
-	if err != nil {
-		return 0, err
-	}
-	v := gjson.Get(obj, key)
-	if v.Type != gjson.Number {
-		return 0, fmt.Errorf(`no %q number in the JSON object`, key)
-	}
-	stated := v.Float()
-	if stated < 0 || stated > 9 {
-		return 0, fmt.Errorf("%q is %v, outside 0 to 9", key, stated)
-	}
-	if idx, offset, ok := valueToken(ans, key); ok && offset == 0 && isDigitToken(ans.logprobs[idx].Token) && stated == math.Trunc(stated) {
-		tok := ans.logprobs[idx]
-		var sum, mass float64
-		seen := false
-		for _, a := range tok.TopLogprobs {
-			if isDigitToken(a.Token) {
-				p := math.Exp(a.Logprob)
-				sum += p * float64(a.Token[0]-'0')
-				mass += p
-				seen = seen || a.Token == tok.Token
-			}
-		}
-		if !seen {
-			p := math.Exp(tok.Logprob)
-			sum += p * float64(tok.Token[0]-'0')
-			mass += p
-		}
-		if mass > 0 {
-			return round4(sum / mass / 9), nil
-		}
-	}
-	return round4(stated / 9), nil
-}
-
-func isDigitToken(t string) bool { return len(t) == 1 && t[0] >= '0' && t[0] <= '9' }
-
+// Score asks for a digit 0-9 and reads the expected digit over the digit
+// log-probabilities, divided by 9: a graded score, where the digit alone
+// would move in steps of 0.11. Without log-probabilities it is the digit
+// the model gave, divided by 9, and NoLogprobs is set.
 func (e *llm) Score(ctx context.Context, req ScoreRequest) (ScoreResult, error) {
-	res := ScoreResult{Answer: Answer{Engine: EngineLLM, Model: e.model}}
 	var b strings.Builder
 	b.WriteString(PromptMarker + " score\n")
 	b.WriteString("You rate the text the user sends on one attribute.\n")
-	b.WriteString("Attribute: " + strconv.Quote(req.Attribute) + "\n")
+	b.WriteString("Attribute: " + quote(req.Attribute) + "\n")
 	if req.Description != "" {
-		b.WriteString("Meaning: " + req.Description + "\n")
+		b.WriteString("Meaning: " + oneLine(req.Description) + "\n")
 	} else if d := commonAttributeMeaning[strings.ToLower(req.Attribute)]; d != "" {
 		b.WriteString("Meaning: " + d + "\n")
 	}
-	b.WriteString(`Rate from 0 (not at all) to 9 (extremely). Answer with one JSON object and nothing else: {"score": <one digit 0-9>}.`)
-	err := e.ask(ctx, b.String(), req.Source, 12, &res.Usage, func(ans modelAnswer) error {
-		s, err := digitScore(ans, "score")
-		res.Score = s
-		return err
-	})
-	return res, err
+	b.WriteString("Rate it from 0 (not at all) to 9 (extremely). " + formatDigit)
+	return e.digit(ctx, b.String(), req.Source)
 }
 
 // commonAttributeMeaning spells out the common attributes of /v1/score.
@@ -509,81 +517,21 @@ var commonAttributeMeaning = map[string]string{
 	"spam":      "how likely the text is spam: unsolicited, promotional or fraudulent",
 }
 
+// Match is Score's digit for the relevance of the document to the query.
 func (e *llm) Match(ctx context.Context, req MatchRequest) (ScoreResult, error) {
-	res := ScoreResult{Answer: Answer{Engine: EngineLLM, Model: e.model}}
 	system := PromptMarker + " match\n" +
 		"You judge how relevant a document is to a search query: does it answer or address the query?\n" +
-		"Query: " + strconv.Quote(req.Query) + "\n" +
-		`The user sends the document. Rate its relevance from 0 (unrelated) to 9 (answers the query fully). Answer with one JSON object and nothing else: {"relevance": <one digit 0-9>}.`
-	err := e.ask(ctx, system, req.Source, 12, &res.Usage, func(ans modelAnswer) error {
-		s, err := digitScore(ans, "relevance")
-		res.Score = s
-		return err
-	})
-	return res, err
+		"Query: " + quote(req.Query) + "\n" +
+		"The user sends the document. Rate its relevance from 0 (unrelated) to 9 (answers the query fully). " + formatDigit
+	return e.digit(ctx, system, req.Source)
 }
 
-func (e *llm) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
-	res := TagResult{Answer: Answer{Engine: EngineLLM, Model: e.model}}
-	maxTags := req.MaxTags
-	if maxTags <= 0 {
-		maxTags = 5
-	}
-	threshold := req.Threshold
-	if threshold == 0 && len(req.Tags) > 0 {
-		threshold = 0.5
-	}
-	var b strings.Builder
-	b.WriteString(PromptMarker + " tag\n")
-	if len(req.Tags) > 0 {
-		b.WriteString("You tag the text the user sends with the allowed tags that apply.\n")
-		writeLabels(&b, "tags", req.Tags, nil, nil)
-		fmt.Fprintf(&b, "Give at most %d tags, spelled exactly as given, each with the probability from 0 to 1 that it applies. ", maxTags)
-	} else {
-		fmt.Fprintf(&b, "You tag the text the user sends with at most %d short topical tags (one or two lowercase words each), each with the probability from 0 to 1 that it fits. ", maxTags)
-	}
-	b.WriteString(`Answer with one JSON object and nothing else: {"tags": [{"tag": "<tag>", "confidence": <0 to 1>}, ...]}.`)
-	canon := canonicalLabels(req.Tags)
-	err := e.ask(ctx, b.String(), req.Text, min(4096, 40+24*maxTags), &res.Usage, func(ans modelAnswer) error {
-		obj, err := jsonObject(ans.text)
-		if err != nil {
-			return err
-		}
-		var out struct {
-			Tags []struct {
-				Tag        string   `json:"tag"`
-				Confidence *float64 `json:"confidence"`
-			} `json:"tags"`
-		}
-		if err := json.Unmarshal([]byte(obj), &out); err != nil || out.Tags == nil {
-			return errors.New(`no "tags" array of {"tag", "confidence"} in the JSON object`)
-		}
-		tags := []LabelScore{}
-		seen := map[string]bool{}
-		for _, t := range out.Tags {
-			name := strings.TrimSpace(t.Tag)
-			if len(req.Tags) > 0 {
-				c, ok := findLabel(canon, name)
-				if !ok {
-					return fmt.Errorf("tag %q is not one of the allowed tags", t.Tag)
-				}
-				name = c
-			}
-			if t.Confidence == nil || !isProbability(*t.Confidence) {
-				return fmt.Errorf(`"confidence" of %q must be a number from 0 to 1`, t.Tag)
-			}
-			if name == "" || seen[name] || *t.Confidence < threshold {
-				continue
-			}
-			seen[name] = true
-			tags = append(tags, LabelScore{Label: name, Confidence: round4(*t.Confidence)})
-		}
-		sortScores(tags)
-		if len(tags) > maxTags {
-			tags = tags[:maxTags]
-		}
-		res.Tags = tags
-		return nil
+func (e *llm) digit(ctx context.Context, system, user string) (ScoreResult, error) {
+	res := ScoreResult{Answer: Answer{Engine: EngineLLM, Model: e.model}}
+	err := e.ask(ctx, system, user, formatDigit, 2, &res.Usage, func(ans modelAnswer) error {
+		s, err := digitScore(ans)
+		res.Score, res.NoLogprobs = s, ans.logprobs == nil
+		return err
 	})
 	return res, err
 }

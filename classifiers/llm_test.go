@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -46,9 +48,11 @@ func (c httpCaller) CallModel(ctx context.Context, model string, body []byte) ([
 	return raw, u, nil
 }
 
+// newLLM returns the llm engine talking over TCP to a fake upstream whose
+// model answers from the lexical engine's view.
 func newLLM(t *testing.T, o proxytest.Options) (Engine, *proxytest.Server) {
 	t.Helper()
-	o.ClassifierAnswers = true
+	o.Reply = NewViewModel(NewLexical()).Reply
 	o.PromptTokens, o.CompletionTokens = 40, 9
 	s := proxytest.NewServer(o)
 	t.Cleanup(s.Close)
@@ -57,81 +61,149 @@ func newLLM(t *testing.T, o proxytest.Options) (Engine, *proxytest.Server) {
 
 var oneCall = Usage{PromptTokens: 40, CompletionTokens: 9, TotalTokens: 49}
 
-func near(a, b float64) bool { return math.Abs(a-b) < 1e-3 }
+func near(a, b float64) bool { return math.Abs(a-b) < 2e-3 }
 
 var supportRequest = ClassifyRequest{
-	Text:         "Where is my shipping confirmation?",
+	Text:         "Where is my parcel? The delivery is late.",
 	Labels:       []string{"billing", "shipping", "account", "other"},
-	Descriptions: map[string]string{"billing": "payments and refunds", "shipping": "delivery of orders"},
+	Descriptions: map[string]string{"billing": "payments and refunds", "shipping": "delivery of orders, parcels"},
 	Examples:     map[string][]string{"account": {"I cannot log in"}},
 	TextType:     "customer support email",
+	Mode:         ModeSingle,
 }
 
-func TestLLMClassifyConfidenceFromLogprobs(t *testing.T) {
+// confidences maps label to confidence.
+func confidences(s []LabelScore) map[string]float64 {
+	m := make(map[string]float64, len(s))
+	for _, x := range s {
+		m[x.Label] = x.Confidence
+	}
+	return m
+}
+
+// TestIssue11LLMClassifyIsTheViewsAnswer: the demo upstream used to answer
+// every classify with the first label at 0.8. Through the view model the
+// llm engine gives the lexical engine's label and confidences, read from
+// the log-probabilities of the labels' numbers.
+func TestIssue11LLMClassifyIsTheViewsAnswer(t *testing.T) {
 	e, s := newLLM(t, proxytest.Options{})
+	want, _ := NewLexical().Classify(ctx, supportRequest)
 	r, err := e.Classify(ctx, supportRequest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The fake model gives the chosen label's first token 0.8 and the three
-	// other labels 0.2/3 each, and states 0.9.
-	if r.Label != "shipping" || !near(r.Confidence, 0.8) || r.Scores[0].Label != "shipping" {
-		t.Fatalf("result %+v", r)
+	if r.Label != "shipping" || r.Label != want.Label || !near(r.Confidence, want.Confidence) || r.Tie || r.NoLogprobs {
+		t.Fatalf("llm %+v, lexical %+v", r, want)
 	}
-	for _, sc := range r.Scores[1:] {
-		if !near(sc.Confidence, 0.2/3) {
-			t.Errorf("score %+v, want %.4f from the log-probabilities", sc, 0.2/3)
+	got := confidences(r.Scores)
+	for _, w := range want.Scores {
+		if !near(got[w.Label], w.Confidence) {
+			t.Errorf("%s: llm %.4f, lexical %.4f", w.Label, got[w.Label], w.Confidence)
 		}
 	}
 	if r.Engine != "llm" || r.Model != "catalog-model" || r.Usage != oneCall {
 		t.Errorf("answer %+v", r.Answer)
 	}
-
 	reqs := s.Requests()
 	if len(reqs) != 1 {
 		t.Fatalf("%d requests, want 1", len(reqs))
 	}
 	body := string(reqs[0].Body)
 	for path, want := range map[string]string{
-		"model": "catalog-model", "response_format.type": "json_object", "logprobs": "true",
-		"top_logprobs": "5", "temperature": "0", "messages.1.content": supportRequest.Text,
+		"model": "catalog-model", "logprobs": "true", "top_logprobs": "20", "temperature": "0",
+		"max_tokens": "4", "messages.1.content": supportRequest.Text, "response_format": "",
 	} {
 		if got := gjson.Get(body, path).String(); got != want {
 			t.Errorf("request %s = %q, want %q", path, got, want)
 		}
 	}
 	system := gjson.Get(body, "messages.0.content").String()
-	for _, want := range []string{PromptMarker + " classify", `["billing","shipping","account","other"]`, "payments and refunds", `"I cannot log in"`, "customer support email"} {
+	for _, want := range []string{PromptMarker + " classify\n", "\n1. \"billing\": payments and refunds\n", "\n2. \"shipping\"", "\n3. \"account\"\n   example: \"I cannot log in\"\n", "customer support email", formatCode} {
 		if !strings.Contains(system, want) {
 			t.Errorf("system prompt lacks %q:\n%s", want, system)
 		}
 	}
 }
 
-func TestLLMClassifyFallsBackToStatedConfidence(t *testing.T) {
+// manyLabels is n labels; label i is described by its own word, and the
+// text names label 137's word.
+func manyLabels(n int) ClassifyRequest {
+	req := ClassifyRequest{Mode: ModeSingle, Descriptions: map[string]string{}, Text: "The parcel with the zebra137 figurine arrived broken."}
+	for i := 0; i < n; i++ {
+		l := fmt.Sprintf("topic-%03d", i)
+		req.Labels = append(req.Labels, l)
+		req.Descriptions[l] = fmt.Sprintf("texts about zebra%d", i)
+	}
+	return req
+}
+
+func TestLLMClassify150LabelsFromTop20(t *testing.T) {
+	e, s := newLLM(t, proxytest.Options{})
+	req := manyLabels(150)
+	want, _ := NewLexical().Classify(ctx, req)
+	r, err := e.Classify(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Label != want.Label || r.Label != "topic-137" || len(r.Scores) != 150 {
+		t.Fatalf("llm %s %.4f (%d scores), lexical %s %.4f", r.Label, r.Confidence, len(r.Scores), want.Label, want.Confidence)
+	}
+	// The numbers are 100 to 249, one width, so no number begins another.
+	system := gjson.GetBytes(s.Requests()[0].Body, "messages.0.content").String()
+	if !strings.Contains(system, "\n100. \"topic-000\"") || !strings.Contains(system, "\n249. \"topic-149\"") {
+		t.Errorf("labels are not numbered 100 to 249:\n%s", truncateText(system, 400))
+	}
+	// The 20 labels shown carry the view's probabilities; the 130 others
+	// share what is left, at most the 20th's each; the sum is 1 up to the
+	// rounding of 150 confidences.
+	var sum float64
+	for _, sc := range r.Scores {
+		sum += sc.Confidence
+	}
+	if math.Abs(sum-1) > 0.01 || !near(r.Confidence, want.Confidence) {
+		t.Errorf("confidences sum to %.4f; top %.4f, lexical %.4f", sum, r.Confidence, want.Confidence)
+	}
+	if twentieth, last := r.Scores[19].Confidence, r.Scores[149].Confidence; last > twentieth {
+		t.Errorf("a label outside the top 20 has %.4f, more than the 20th's %.4f", last, twentieth)
+	}
+}
+
+// TestLLMWithoutLogprobsInventsNoConfidence: the model's label is kept,
+// every label gets 1/n and the answer says there were no logprobs.
+func TestLLMWithoutLogprobsInventsNoConfidence(t *testing.T) {
 	e, _ := newLLM(t, proxytest.Options{NoLogprobs: true})
 	r, err := e.Classify(ctx, supportRequest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Label != "shipping" || !near(r.Confidence, 0.9) {
-		t.Fatalf("result %+v, want the stated 0.9", r)
+	if r.Label != "shipping" || r.Confidence != 0.25 || !r.NoLogprobs || r.Scores[0].Label != "shipping" {
+		t.Fatalf("result %+v", r)
 	}
-	for _, sc := range r.Scores[1:] {
-		if !near(sc.Confidence, 0.1/3) {
-			t.Errorf("score %+v: the rest of the stated confidence is spread evenly", sc)
+	for _, sc := range r.Scores {
+		if sc.Confidence != 0.25 {
+			t.Errorf("score %+v, want 1/4", sc)
 		}
+	}
+	m, err := e.Classify(ctx, ClassifyRequest{Text: "refund for the parcel delivery", Labels: []string{"billing", "shipping", "account"},
+		Descriptions: supportRequest.Descriptions, Mode: ModeMulti, Threshold: 0.9})
+	if err != nil || !m.NoLogprobs || len(m.Labels) == 0 || m.Labels[0].Confidence != 0.5 {
+		t.Errorf("multi without logprobs: %+v, %v; want the model's yes labels at 0.5", m, err)
+	}
+	sc, err := e.Score(ctx, ScoreRequest{Source: "URGENT: the server is down!", Attribute: "urgency"})
+	want, _ := NewLexical().Score(ctx, ScoreRequest{Source: "URGENT: the server is down!", Attribute: "urgency"})
+	if err != nil || !sc.NoLogprobs || math.Abs(sc.Score-want.Score) > 1.0/18+1e-3 || sc.Score*9 != math.Round(sc.Score*9) {
+		t.Errorf("score without logprobs %+v, %v; want the nearest digit to lexical's %.4f, over 9", sc, err, want.Score)
 	}
 }
 
 func TestLLMRetriesOnceOnUnparseableOutput(t *testing.T) {
-	e, s := newLLM(t, proxytest.Options{BadJSONTimes: 1})
+	e, s := newLLM(t, proxytest.Options{BadAnswerTimes: 1})
 	r, err := e.Classify(ctx, supportRequest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Label != "shipping" {
-		t.Errorf("label %q", r.Label)
+	if r.Label != "shipping" || r.NoLogprobs {
+		t.Errorf("result %+v", r)
 	}
 	if want := (Usage{PromptTokens: 80, CompletionTokens: 18, TotalTokens: 98}); r.Usage != want {
 		t.Errorf("usage %+v, want both calls %+v", r.Usage, want)
@@ -142,13 +214,13 @@ func TestLLMRetriesOnceOnUnparseableOutput(t *testing.T) {
 	}
 	retry := gjson.GetBytes(reqs[1].Body, "messages")
 	if n := len(retry.Array()); n != 4 || retry.Get("2.role").String() != "assistant" ||
-		!strings.Contains(retry.Get("3.content").String(), "not valid") {
+		!strings.Contains(retry.Get("3.content").String(), "not valid") || !strings.Contains(retry.Get("3.content").String(), formatCode) {
 		t.Errorf("retry messages %s", retry.Raw)
 	}
 }
 
 func TestLLMGivesUpAfterTheSecondUnparseableOutput(t *testing.T) {
-	e, s := newLLM(t, proxytest.Options{BadJSONTimes: 2})
+	e, s := newLLM(t, proxytest.Options{BadAnswerTimes: 2})
 	r, err := e.Score(ctx, ScoreRequest{Source: "x", Attribute: "urgency"})
 	if !errors.Is(err, ErrUnparseable) || !strings.Contains(err.Error(), "Sure! The text looks fine") {
 		t.Fatalf("err %v, want ErrUnparseable quoting the model", err)
@@ -172,46 +244,84 @@ func TestLLMUpstreamErrorIsNotUnparseable(t *testing.T) {
 	}
 }
 
-func TestLLMScoreAndMatchFromDigitLogprobs(t *testing.T) {
-	withLogprobs, s := newLLM(t, proxytest.Options{})
-	without, _ := newLLM(t, proxytest.Options{NoLogprobs: true})
-
-	r, err := withLogprobs.Score(ctx, ScoreRequest{Source: "server down", Attribute: "urgency"})
-	if err != nil {
-		t.Fatal(err)
+// TestIssue11LLMScoreAndMatchAreExpectedDigits: the demo upstream used to
+// give every score and match 0.6778; now the expected digit over the
+// digit log-probabilities, divided by 9, is the view's score.
+func TestIssue11LLMScoreAndMatchAreExpectedDigits(t *testing.T) {
+	e, s := newLLM(t, proxytest.Options{})
+	lex := NewLexical()
+	scores := map[float64]bool{}
+	for _, req := range []ScoreRequest{
+		{Source: "URGENT: production is down, customers cannot pay!", Attribute: "urgency"},
+		{Source: "Whenever you have time, no rush.", Attribute: "urgency"},
+		{Source: "You are an idiot and I hate you.", Attribute: "toxicity"},
+		{Source: "I love this, thank you so much!", Attribute: "politeness", Description: "how polite and kind the text is"},
+	} {
+		want, _ := lex.Score(ctx, req)
+		r, err := e.Score(ctx, req)
+		if err != nil || !near(r.Score, want.Score) || r.NoLogprobs || r.Usage != oneCall {
+			t.Errorf("%+v: llm %+v, %v; lexical %.4f", req, r, err, want.Score)
+		}
+		scores[r.Score] = true
 	}
-	if !near(r.Score, 6.1/9) || r.Usage != oneCall {
-		t.Errorf("score %+v, want the expected digit 6.1/9", r)
+	if len(scores) < 3 {
+		t.Errorf("scores %v: the texts should not all score alike", scores)
 	}
-	if sys := gjson.GetBytes(s.Requests()[0].Body, "messages.0.content").String(); !strings.Contains(sys, "urgently") {
+	if sys := gjson.GetBytes(s.Requests()[0].Body, "messages.0.content").String(); !strings.Contains(sys, "urgently") || !strings.Contains(sys, formatDigit) {
 		t.Errorf("the common attribute's meaning is not in the prompt:\n%s", sys)
 	}
-	m, err := withLogprobs.Match(ctx, MatchRequest{Source: "doc", Query: "q"})
-	if err != nil || !near(m.Score, 6.1/9) {
-		t.Errorf("match %+v, %v", m, err)
-	}
-	r, err = without.Score(ctx, ScoreRequest{Source: "x", Attribute: "politeness", Description: "how polite"})
-	if err != nil || !near(r.Score, 6.0/9) {
-		t.Errorf("stated score %+v, %v; want 6/9", r, err)
+	for _, req := range []MatchRequest{
+		{Source: "Refunds are issued within 5 days of the request.", Query: "how long do refunds take"},
+		{Source: "Preheat the oven to 200 degrees.", Query: "how long do refunds take"},
+	} {
+		want, _ := lex.Match(ctx, req)
+		r, err := e.Match(ctx, req)
+		if err != nil || !near(r.Score, want.Score) {
+			t.Errorf("%+v: llm %+v, %v; lexical %.4f", req, r, err, want.Score)
+		}
 	}
 }
 
-func TestLLMMultiAndTags(t *testing.T) {
-	e, _ := newLLM(t, proxytest.Options{})
-	r, err := e.Classify(ctx, ClassifyRequest{Text: "cats and dogs", Labels: []string{"cats", "dogs", "fish"}, Mode: ModeMulti, Threshold: 0.5})
-	if err != nil {
+func TestLLMMultiAndTagsAgreeWithTheView(t *testing.T) {
+	e, s := newLLM(t, proxytest.Options{})
+	lex := NewLexical()
+	req := ClassifyRequest{Text: "My parcel arrived broken and I want a refund of the payment.", Labels: []string{"billing", "shipping", "account"},
+		Descriptions: supportRequest.Descriptions, Mode: ModeMulti, Threshold: 0.5}
+	want, _ := lex.Classify(ctx, req)
+	r, err := e.Classify(ctx, req)
+	if err != nil || fmt.Sprint(r.Labels) != fmt.Sprint(want.Labels) || len(r.Labels) == 0 || len(r.Scores) != 3 || r.Label != "" {
+		t.Errorf("multi: llm %+v, %v; lexical %+v", r, err, want)
+	}
+	if sys := gjson.GetBytes(s.Requests()[0].Body, "messages.0.content").String(); !strings.Contains(sys, formatYesNo) {
+		t.Errorf("multi prompt:\n%s", sys)
+	}
+	treq := TagRequest{Text: "Rust and Go are fast; Go compiles quickly.", Tags: []string{"go", "rust", "java"}}
+	wantTags, _ := lex.Tag(ctx, treq)
+	tg, err := e.Tag(ctx, treq)
+	if err != nil || fmt.Sprint(tg.Tags) != fmt.Sprint(wantTags.Tags) || len(tg.Tags) != 2 {
+		t.Errorf("closed tags: llm %+v, %v; lexical %+v", tg.Tags, err, wantTags.Tags)
+	}
+	oreq := TagRequest{Text: "The export button does nothing on Safari; the export fails silently.", MaxTags: 3}
+	wantOpen, _ := lex.Tag(ctx, oreq)
+	tg, err = e.Tag(ctx, oreq)
+	if err != nil || fmt.Sprint(tg.Tags) != fmt.Sprint(wantOpen.Tags) || len(tg.Tags) == 0 {
+		t.Errorf("open tags: llm %+v, %v; lexical %+v", tg.Tags, err, wantOpen.Tags)
+	}
+}
+
+func TestLLMRequestIsValidJSON(t *testing.T) {
+	e, s := newLLM(t, proxytest.Options{})
+	tags := []string{`a "b"`, "line\nbreak"}
+	if _, err := e.Tag(ctx, TagRequest{Text: `quote " and \ backslash`, Tags: tags}); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Labels) != 2 || r.Labels[0].Label != "cats" || r.Labels[1].Label != "dogs" || len(r.Scores) != 3 || r.Label != "" {
-		t.Errorf("multi %+v", r)
+	body := s.Requests()[0].Body
+	if !json.Valid(body) {
+		t.Errorf("request is not JSON: %s", body)
 	}
-	tg, err := e.Tag(ctx, TagRequest{Text: "Rust and Go", Tags: []string{"go", "rust", "java"}})
-	if err != nil || len(tg.Tags) != 2 || !near(tg.Tags[0].Confidence, 0.9) {
-		t.Errorf("closed tags %+v, %v", tg, err)
-	}
-	tg, err = e.Tag(ctx, TagRequest{Text: "The quick brown fox jumps", MaxTags: 2})
-	if err != nil || len(tg.Tags) != 2 || tg.Tags[0].Label != "quick" {
-		t.Errorf("open tags %+v, %v", tg, err)
+	// The view model reads the labels back as they were sent.
+	if got := parseNumbered(gjson.GetBytes(body, "messages.0.content").String()).Labels; fmt.Sprint(got) != fmt.Sprint(tags) {
+		t.Errorf("labels read back as %q", got)
 	}
 }
 
@@ -224,68 +334,164 @@ func answer(tokens ...tokenLogprob) modelAnswer {
 	return modelAnswer{text: b.String(), logprobs: tokens}
 }
 
+// tok is a token of probability p with alternatives (token, p, ...).
 func tok(token string, p float64, alts ...any) tokenLogprob {
 	t := tokenLogprob{Token: token, Logprob: math.Log(p)}
 	for i := 0; i+1 < len(alts); i += 2 {
-		t.TopLogprobs = append(t.TopLogprobs, struct {
-			Token   string  `json:"token"`
-			Logprob float64 `json:"logprob"`
-		}{alts[i].(string), math.Log(alts[i+1].(float64))})
+		t.TopLogprobs = append(t.TopLogprobs, altProb{alts[i].(string), math.Log(alts[i+1].(float64))})
 	}
 	return t
 }
 
-func TestLabelDistribution(t *testing.T) {
-	labels := []string{"billing", "bugs", "shipping"}
-	// The value's first token also holds the opening quote; "b" begins two
-	// labels and splits its mass; " maybe" begins none and is left out.
-	ans := answer(tok(`{"label":`, 1), tok(`"ship`, 0.6, `"ship`, 0.6, `"b`, 0.2, `"bill`, 0.1, ` maybe`, 0.1), tok(`ping"}`, 1))
-	d := labelDistribution(ans, "label", "shipping", labels)
-	if !near(d["shipping"], 0.6/0.9) || !near(d["billing"], 0.2/0.9) || !near(d["bugs"], 0.1/0.9) {
-		t.Errorf("distribution %v", d)
-	}
-	// Tokens that do not spell the text: no distribution.
-	bad := ans
-	bad.text += " "
-	if labelDistribution(bad, "label", "shipping", labels) != nil {
-		t.Errorf("distribution from tokens that do not spell the answer")
+func wantDist(t *testing.T, name string, got []float64, want ...float64) {
+	t.Helper()
+	for i := range want {
+		if !near(got[i], want[i]) {
+			t.Errorf("%s: distribution %.4f, want %.4f", name, got, want)
+			return
+		}
 	}
 }
 
-func TestParseRejectsInvalidAnswers(t *testing.T) {
-	canon := canonicalLabels([]string{"billing", "shipping"})
-	for _, text := range []string{
-		`the label is billing`,
-		`{"label": "refunds", "confidence": 0.9}`,
-		`{"label": "billing", "confidence": 1.5}`,
-		`{"label": "billing"}`,
-		`{"labels": ["billing"]}`,
-	} {
-		var r ClassifyResult
-		if err := parseSingle(modelAnswer{text: text}, canon, []string{"billing", "shipping"}, &r); err == nil {
-			t.Errorf("accepted %s as %+v", text, r)
-		}
+func TestCodeDistribution(t *testing.T) {
+	four := labelCodes(4)
+	// One token per number, after a newline token; "The" is not a label
+	// number and is left out; label 4 was not shown and gets the rest,
+	// capped at the least probable shown (0.05).
+	ans := answer(tok("\n", 1), tok("2", 0.6, "2", 0.6, "1", 0.2, "The", 0.1, "3", 0.05))
+	chosen, d, err := codeDistribution(ans, four)
+	if err != nil || chosen != 1 {
+		t.Fatalf("chosen %d, %v", chosen, err)
 	}
-	var r ClassifyResult
-	if err := parseSingle(modelAnswer{text: "```json\n{\"label\": \" Billing\", \"confidence\": 0.7}\n```"}, canon, []string{"billing", "shipping"}, &r); err != nil || r.Label != "billing" {
-		t.Errorf("fenced answer with odd case: %+v, %v", r, err)
-	}
-	for _, text := range []string{`{"score": 12}`, `{"score": "7"}`, `{"rating": 7}`} {
-		if _, err := digitScore(modelAnswer{text: text}, "score"); err == nil {
-			t.Errorf("accepted %s", text)
-		}
-	}
-	if s, err := digitScore(modelAnswer{text: `{"score": 4.5}`}, "score"); err != nil || !near(s, 0.5) {
-		t.Errorf("stated 4.5 gave %v, %v", s, err)
-	}
-}
+	wantDist(t, "one token", d, 0.2/0.9, 0.6/0.9, 0.05/0.9, 0.05/0.9)
 
-func TestLLMRequestIsValidJSON(t *testing.T) {
-	e, s := newLLM(t, proxytest.Options{})
-	if _, err := e.Tag(ctx, TagRequest{Text: `quote " and \ backslash`, Tags: []string{`a "b"`}}); err != nil {
+	// A tokenizer that splits numbers into digits, 12 labels numbered 10
+	// to 21: the first digit's "2" stands for 20 and 21 (split evenly);
+	// the second digit's alternatives are weighed by P("1").
+	twelve := labelCodes(12)
+	ans = answer(tok(" 1", 0.8, " 1", 0.8, " 2", 0.2), tok("3", 0.5, "3", 0.5, "4", 0.3, "0", 0.2))
+	chosen, d, err = codeDistribution(ans, twelve)
+	if err != nil || twelve[chosen] != "13" {
+		t.Fatalf("chosen %s, %v", twelve[chosen], err)
+	}
+	wantDist(t, "digits", d, 0.8*0.2, 0, 0, 0.8*0.5, 0.8*0.3, 0, 0, 0, 0, 0, 0.1, 0.1)
+
+	// Words before the number are not part of it.
+	_, d, err = codeDistribution(answer(tok("Label", 1), tok(" 3", 0.9, " 3", 0.9, " 1", 0.1)), four)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if body := s.Requests()[0].Body; !json.Valid(body) {
-		t.Errorf("request is not JSON: %s", body)
+	wantDist(t, "prose first", d, 0.1, 0, 0.9, 0)
+
+	for _, bad := range []modelAnswer{
+		{text: "the shipping one"},
+		{text: "7"},
+		answer(tok("1", 0.9)), // 12 labels are numbered from 10
+	} {
+		if _, _, err := codeDistribution(bad, twelve); err == nil {
+			t.Errorf("accepted %q", bad.text)
+		}
+	}
+}
+
+func TestTemperatureAndItsFit(t *testing.T) {
+	p := []float64{0.7, 0.2, 0.1}
+	flat, sharp := temper(p, 2), temper(p, 0.5)
+	if !(flat[0] < 0.7 && sharp[0] > 0.7) || !near(flat[0]+flat[1]+flat[2], 1) {
+		t.Errorf("tempered %v %v", flat, sharp)
+	}
+	// A model that says 0.9 and is right 60% of the time is too sure:
+	// the fit flattens it, and the NLL goes down.
+	var dists [][]float64
+	var gold []int
+	for i := 0; i < 100; i++ {
+		dists = append(dists, []float64{0.9, 0.05, 0.05})
+		gold = append(gold, map[bool]int{true: 0, false: 1 + i%2}[i%10 < 6])
+	}
+	temp, before, after := FitTemperature(dists, gold)
+	if temp <= 1 || after >= before {
+		t.Errorf("fit t=%v, NLL %.3f -> %.3f", temp, before, after)
+	}
+	if got := temper([]float64{0.9, 0.05, 0.05}, temp)[0]; math.Abs(got-0.6) > 0.02 {
+		t.Errorf("calibrated confidence %.3f, want the accuracy 0.6", got)
+	}
+}
+
+func TestYesNoProbabilities(t *testing.T) {
+	codes := labelCodes(2)
+	ans := answer(tok("1", 1), tok(":", 1), tok(" yes", 0.7, " yes", 0.7, " no", 0.2), tok("\n", 1),
+		tok("2", 1), tok(":", 1), tok(" no", 0.95, " no", 0.95))
+	probs, said, err := yesNoProbabilities(ans, codes)
+	if err != nil || !said[0] || said[1] {
+		t.Fatalf("said %v, %v", said, err)
+	}
+	// Label 2's yes was not shown: at most the 0.05 left.
+	if !near(probs[0], 0.7/0.9) || !near(probs[1], 0.05/1.0) {
+		t.Errorf("P(yes) %v", probs)
+	}
+	if _, _, err := yesNoProbabilities(modelAnswer{text: "1: yes"}, codes); err == nil {
+		t.Errorf("accepted an answer without label 2")
+	}
+}
+
+// TestLLMMulti200LabelsInOneBoundedCall: one call answers every label,
+// with max_tokens bounded by the yes/no lines' length.
+func TestLLMMulti200LabelsInOneBoundedCall(t *testing.T) {
+	e, s := newLLM(t, proxytest.Options{})
+	req := manyLabels(200)
+	req.Mode, req.Threshold = ModeMulti, 0.5
+	want, _ := NewLexical().Classify(ctx, req)
+	r, err := e.Classify(ctx, req)
+	if err != nil || len(r.Scores) != 200 || len(r.Labels) == 0 || fmt.Sprint(r.Labels) != fmt.Sprint(want.Labels) {
+		t.Fatalf("llm %v, %v; lexical %v", r.Labels, err, want.Labels)
+	}
+	reqs := s.Requests()
+	if len(reqs) != 1 || gjson.GetBytes(reqs[0].Body, "max_tokens").Int() != 200*yesNoPerLine+8 {
+		t.Errorf("%d calls, max_tokens %d", len(reqs), gjson.GetBytes(reqs[0].Body, "max_tokens").Int())
+	}
+}
+
+// TestLLMUpstreamRefusingLogprobsIsAskedWithout: an upstream that answers
+// 400 to logprobs (as OpenAI's reasoning models do) still gets its answer
+// used, flagged, instead of failing every request.
+func TestLLMUpstreamRefusingLogprobsIsAskedWithout(t *testing.T) {
+	view := NewViewModel(NewLexical())
+	var calls atomic.Int64
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		calls.Add(1)
+		if gjson.GetBytes(body, "model").String() == "gone" {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"the model gone does not exist","type":"invalid_request_error"}}`)
+			return
+		}
+		if gjson.GetBytes(body, "logprobs").Exists() || gjson.GetBytes(body, "top_logprobs").Exists() {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"logprobs is not supported with this model","type":"invalid_request_error","param":"logprobs","code":"unsupported_parameter"}}`)
+			return
+		}
+		content, _, _ := view.Reply(body)
+		out, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"message": map[string]any{"content": content}}},
+			"usage": map[string]any{"prompt_tokens": 40, "completion_tokens": 9}})
+		_, _ = w.Write(out)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	e := NewLLM(httpCaller{"http://" + ln.Addr().String() + "/v1"}, "reasoning-model")
+	r, err := e.Classify(ctx, supportRequest)
+	if err != nil || r.Label != "shipping" || !r.NoLogprobs || r.Confidence != 0.25 {
+		t.Fatalf("classify %+v, %v", r, err)
+	}
+	if calls.Load() != 2 || r.Usage.TotalTokens != oneCall.TotalTokens {
+		t.Errorf("%d calls, usage %+v: want the refusal and one answer", calls.Load(), r.Usage)
+	}
+	// Other 400s are not retried.
+	_, err = NewLLM(httpCaller{"http://" + ln.Addr().String() + "/v1"}, "gone").Score(ctx, ScoreRequest{Source: "x", Attribute: "urgency"})
+	if err == nil || !strings.Contains(err.Error(), "does not exist") || calls.Load() != 3 {
+		t.Errorf("err %v after %d calls", err, calls.Load())
 	}
 }

@@ -267,6 +267,9 @@ type tail struct {
 	Model     string            `json:"model,omitempty"`
 	// Fallback says why an llm answer was wanted and lexical gave it.
 	Fallback string `json:"fallback,omitempty"`
+	// NoLogprobs: the llm's upstream sent no log-probabilities, so the
+	// confidences or score carry no measure of the model's certainty.
+	NoLogprobs bool `json:"no_logprobs,omitempty"`
 }
 
 // execution is one validated request, ready to run.
@@ -304,7 +307,8 @@ func execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution) (tail, boo
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	}
 	call.AddTokens(ctx, u.TotalTokens-x.tokens)
-	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, Usage: u, LatencyMS: time.Since(call.Start).Milliseconds()}
+	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, NoLogprobs: ans.NoLogprobs,
+		Usage: u, LatencyMS: time.Since(call.Start).Milliseconds()}
 	if call.Key != nil {
 		record(call, x, choice, u)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
@@ -106,8 +107,9 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if ho.classifiers == "" {
 		ho.classifiers = defaultClassifiers
 	}
-	// The llm engine's prompts get the JSON answers a model would give.
-	ho.upstream.ClassifierAnswers = true
+	// The llm engine's prompts get the answers a model would give, from
+	// the lexical engine's view, as the demo upstream gives them.
+	ho.upstream.Reply = classifiers.NewViewModel(classifiers.NewLexical()).Reply
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	h := &harness{t: t, up: proxytest.NewServer(ho.upstream), rec: meter.NewMemory(nil), opts: ho, ctx: ctx}

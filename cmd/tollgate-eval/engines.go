@@ -12,6 +12,7 @@ import (
 // -bench can measure the memory it adds.
 var engines = map[string]func() (classifiers.Engine, error){
 	classifiers.EngineLexical: func() (classifiers.Engine, error) { return classifiers.NewLexical(), nil },
+	classifiers.EngineLLM:     llmEngineFromEnv,
 }
 
 const defaultEngine = classifiers.EngineLexical

@@ -9,12 +9,15 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/tollgate/tollgate/classifiers"
 )
 
 // parts are evaluated in this order, each with what the output says of it.
@@ -28,8 +31,15 @@ func main() {
 	engine := flag.String("engine", defaultEngine, "engine to measure: "+strings.Join(engineNames(), ", "))
 	bench := flag.Bool("bench", false, "measure latency per call and the memory the engine adds, instead of quality")
 	rounds := flag.Int("rounds", 30, "with -bench: passes over the evaluation texts per operation")
+	calibrate := flag.Bool("calibrate", false, "with -engine llm: fit the calibration temperature on the dev part's classify items instead")
 	flag.Parse()
-	if err := run(os.Stdout, *root, *engine, *bench, *rounds); err != nil {
+	var err error
+	if *calibrate {
+		err = calibrateLLM(os.Stdout, *root, *engine)
+	} else {
+		err = run(os.Stdout, *root, *engine, *bench, *rounds)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "tollgate-eval: %v\n", err)
 		os.Exit(1)
 	}
@@ -63,5 +73,35 @@ func run(w io.Writer, root, engineName string, bench bool, rounds int) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// calibrateLLM fits the llm engine's temperature on the dev part only: the
+// test part never tunes anything.
+func calibrateLLM(w io.Writer, root, engineName string) error {
+	if engineName != classifiers.EngineLLM {
+		return fmt.Errorf("-calibrate fits the llm engine's temperature; use it with -engine %s", classifiers.EngineLLM)
+	}
+	dev, err := load("dev", filepath.Join(root, "dev"))
+	if err != nil {
+		return err
+	}
+	engine, err := llmEngineFromEnv()
+	if err != nil {
+		return err
+	}
+	var reqs []classifiers.ClassifyRequest
+	var gold []string
+	for _, it := range dev.classify {
+		ls := dev.sets[it.Set]
+		reqs = append(reqs, classifiers.ClassifyRequest{Text: it.Text, Labels: it.Labels, Mode: classifiers.ModeSingle,
+			Descriptions: ls.Descriptions, Examples: ls.Examples})
+		gold = append(gold, it.Label)
+	}
+	line, err := llmCalibration(context.Background(), engine, reqs, gold)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, line)
 	return nil
 }

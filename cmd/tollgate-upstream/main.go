@@ -1,44 +1,75 @@
 // Command tollgate-upstream runs proxytest's fake OpenAI-compatible upstream
 // on its own, so `make run` has something to forward to without a GPU: its
 // default address is the default UPSTREAM_BASE_URL of gateway.yaml.
+//
+// It answers the llm classifier engine's prompts from the offline engine's
+// view (classifiers.ViewModel), with log-probabilities that say what that
+// engine said, so that classify, tag, score and match through the demo
+// give the offline engine's answers by way of the whole llm path, not a
+// fixed label at a fixed confidence.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
+// offlineView is the engine the fake model answers classifier prompts
+// with; one line, so it can become the semantic engine when there is one.
+func offlineView() classifiers.Engine { return classifiers.NewLexical() }
+
 func main() {
-	addr := flag.String("addr", "127.0.0.1:8000", "listen address")
+	s, err := start(os.Args[1:], os.Stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tollgate-upstream: %v\n", err)
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	s.Close()
+}
+
+// start parses the flags, listens and prints the base URL to out.
+func start(args []string, out io.Writer) (*proxytest.Server, error) {
+	fs := flag.NewFlagSet("tollgate-upstream", flag.ContinueOnError)
+	addr := fs.String("addr", "127.0.0.1:8000", "listen address")
 	var o proxytest.Options
-	flag.IntVar(&o.Chunks, "chunks", 20, "words per answer; one stream event per word")
-	flag.DurationVar(&o.ChunkDelay, "chunk-delay", 0, "wait between stream events, e.g. 20ms")
-	flag.DurationVar(&o.FirstByteDelay, "first-byte-delay", 0, "wait before answering")
-	flag.IntVar(&o.PromptTokens, "prompt-tokens", 10, "prompt_tokens reported in usage")
-	flag.IntVar(&o.CachedTokens, "cached-tokens", 0, "cached prompt tokens reported in usage")
-	flag.IntVar(&o.ReasoningTokens, "reasoning-tokens", 0, "reasoning tokens reported in usage")
-	flag.BoolVar(&o.ClassifierAnswers, "classifier-answers", true, "answer the llm classifier engine's prompts with JSON and logprobs")
-	flag.Parse()
+	fs.IntVar(&o.Chunks, "chunks", 20, "words per answer; one stream event per word")
+	fs.DurationVar(&o.ChunkDelay, "chunk-delay", 0, "wait between stream events, e.g. 20ms")
+	fs.DurationVar(&o.FirstByteDelay, "first-byte-delay", 0, "wait before answering")
+	fs.IntVar(&o.PromptTokens, "prompt-tokens", 10, "prompt_tokens reported in usage")
+	fs.IntVar(&o.CachedTokens, "cached-tokens", 0, "cached prompt tokens reported in usage")
+	fs.IntVar(&o.ReasoningTokens, "reasoning-tokens", 0, "reasoning tokens reported in usage")
+	classifierAnswers := fs.Bool("classifier-answers", true, "answer the llm classifier engine's prompts from the offline engine's view, with logprobs")
+	fs.BoolVar(&o.NoLogprobs, "no-logprobs", false, "leave logprobs out of classifier answers, like upstreams that ignore them")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if *classifierAnswers {
+		o.Reply = classifiers.NewViewModel(offlineView()).Reply
+	}
 	// A long-running process must not keep every request it ever served.
 	o.NoRecord = true
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "tollgate-upstream: listening on %s: %v\n", *addr, err)
-		os.Exit(1)
+		return nil, fmt.Errorf("listening on %s: %w", *addr, err)
 	}
 	s := proxytest.NewServerOn(ln, o)
-	fmt.Println(s.URL)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	<-ctx.Done()
-	s.Close()
+	fmt.Fprintln(out, s.URL)
+	return s, nil
 }

@@ -156,8 +156,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 		s.keep(st, js, background, sc)
 	}
 
-	if chat && !stream && o.ClassifierAnswers {
-		if out, ok := s.classifierAnswer(js, st, &sc.vals); ok {
+	if chat && !stream && o.Reply != nil {
+		if out, ok := s.reply(js, st, &sc.vals); ok {
 			return s.respond(w, r, o, http.StatusOK, out, sc)
 		}
 	}

@@ -84,19 +84,18 @@ type Options struct {
 	// a long-running benchmark or standalone upstream stays flat.
 	NoRecord bool
 
-	// ClassifierAnswers makes non-stream chat requests that carry a
-	// classifier prompt — "response_format": {"type": "json_object"} and a
-	// system message containing "tollgate-classifier: TASK", as the
-	// classifiers package's llm engine sends — answer as a model would,
-	// deterministically, with JSON built from the request (see
-	// answerPieces), and with "logprobs": true in the request, with
-	// choices[0].logprobs.content in OpenAI's shape. Other requests are
-	// answered as usual. Status still takes precedence.
-	ClassifierAnswers bool
-	// BadJSONTimes makes the first N classifier answers under these
-	// options prose instead of JSON, to exercise retries.
-	BadJSONTimes int
-	// NoLogprobs leaves logprobs out of classifier answers even when asked,
+	// Reply, when set, may answer a non-stream chat request the way a
+	// model would: it gets the request body and returns the reply's text
+	// and, for OpenAI's choices[0].logprobs.content, a JSON array of
+	// entries (AppendTokenLogprob writes one), or ok false to leave the
+	// request to the usual answer. classifiers.ViewModel.Reply answers the
+	// llm classifier engine's prompts this way. Status still takes
+	// precedence; logprobs are sent only when the request asked for them.
+	Reply func(request []byte) (content string, logprobs []byte, ok bool)
+	// BadAnswerTimes makes the first N answers Reply gives under these
+	// options prose instead, to exercise retries.
+	BadAnswerTimes int
+	// NoLogprobs leaves logprobs out of Reply's answers even when asked,
 	// like upstreams that ignore the parameter.
 	NoLogprobs bool
 }

@@ -97,7 +97,7 @@ type rendered struct {
 	modelsBody     []byte
 	errorBody      []byte
 
-	classifierServed atomic.Int64 // classifier answers given under opts
+	replies atomic.Int64 // Reply answers given under opts
 }
 
 const (

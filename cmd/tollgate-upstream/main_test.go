@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/classifiers"
+)
+
+// caller posts the llm engine's calls to the demo upstream over TCP.
+type caller struct{ url string }
+
+func (c caller) CallModel(ctx context.Context, model string, body []byte) ([]byte, catalog.Usage, error) {
+	var u catalog.Usage
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url+"/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, u, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, u, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil, u, fmt.Errorf("status %d, %v: %s", resp.StatusCode, err, raw)
+	}
+	u.PromptTokens = gjson.GetBytes(raw, "usage.prompt_tokens").Int()
+	u.CompletionTokens = gjson.GetBytes(raw, "usage.completion_tokens").Int()
+	return raw, u, nil
+}
+
+func startDemo(t *testing.T, args ...string) classifiers.Engine {
+	t.Helper()
+	var out bytes.Buffer
+	s, err := start(append([]string{"-addr", "127.0.0.1:0"}, args...), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if got := strings.TrimSpace(out.String()); got != s.URL {
+		t.Errorf("printed %q, want the base URL %s", got, s.URL)
+	}
+	return classifiers.NewLLM(caller{s.URL}, "qwen2.5-14b-instruct-1m")
+}
+
+// TestIssue11DemoUpstreamAnswersAsTheOfflineEngine runs the demo upstream
+// as `make demo-upstream` does and checks the llm engine's answers through
+// it against the offline engine's.
+func TestIssue11DemoUpstreamAnswersAsTheOfflineEngine(t *testing.T) {
+	llm, lex := startDemo(t), offlineView()
+	ctx := context.Background()
+	req := classifiers.ClassifyRequest{Text: "Where is my parcel? It was due on Monday.", Labels: []string{"billing", "shipping"},
+		Descriptions: map[string]string{"shipping": "delivery of parcels and orders"}, Mode: classifiers.ModeSingle}
+	got, err := llm.Classify(ctx, req)
+	want, _ := lex.Classify(ctx, req)
+	if err != nil || got.Label != "shipping" || got.Label != want.Label || got.Confidence != want.Confidence || got.NoLogprobs {
+		t.Errorf("classify: llm %+v, %v; lexical %+v", got, err, want)
+	}
+	sreq := classifiers.ScoreRequest{Source: "URGENT: the site is down!", Attribute: "urgency"}
+	s, err := llm.Score(ctx, sreq)
+	ws, _ := lex.Score(ctx, sreq)
+	if err != nil || s.Score < ws.Score-1e-3 || s.Score > ws.Score+1e-3 || s.Engine != "llm" {
+		t.Errorf("score: llm %+v, %v; lexical %.4f", s, err, ws.Score)
+	}
+}
+
+func TestDemoUpstreamWithoutLogprobs(t *testing.T) {
+	llm := startDemo(t, "-no-logprobs")
+	got, err := llm.Classify(context.Background(), classifiers.ClassifyRequest{Text: "my parcel is late", Labels: []string{"billing", "shipping"},
+		Descriptions: map[string]string{"shipping": "delivery of parcels"}, Mode: classifiers.ModeSingle})
+	if err != nil || got.Label != "shipping" || !got.NoLogprobs || got.Confidence != 0.5 {
+		t.Errorf("classify %+v, %v: want the view's label at 1/2, flagged", got, err)
+	}
+}
