@@ -191,7 +191,8 @@ func TestLLMWithoutLogprobsInventsNoConfidence(t *testing.T) {
 	}
 	sc, err := e.Score(ctx, ScoreRequest{Source: "URGENT: the server is down!", Attribute: "urgency"})
 	want, _ := NewLexical().Score(ctx, ScoreRequest{Source: "URGENT: the server is down!", Attribute: "urgency"})
-	if err != nil || !sc.NoLogprobs || math.Abs(sc.Score-want.Score) > 1.0/18+1e-3 || sc.Score*9 != math.Round(sc.Score*9) {
+	if err != nil || !sc.NoLogprobs || math.Abs(sc.Score-want.Score) > 1.0/18+1e-3 || math.Abs(sc.Score*9-math.Round(sc.Score*9)) > 1e-3 {
+		// Scores are rounded to 4 decimals, so 8/9 comes back as 0.8889.
 		t.Errorf("score without logprobs %+v, %v; want the nearest digit to lexical's %.4f, over 9", sc, err, want.Score)
 	}
 }
