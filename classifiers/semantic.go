@@ -1,0 +1,300 @@
+package classifiers
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+)
+
+// EngineSemantic is the Name of the semantic engine.
+const EngineSemantic = "semantic"
+
+// semantic is the offline engine that knows what words mean: pretrained
+// word vectors (see Vectors) for the text, the labels, attributes and
+// queries, combined with the lexical engine's evidence (shared words,
+// BM25, VADER sentiment, cue lists), which stays right where it is sure
+// and answers alone for words the vectors do not know. Like lexical it is
+// deterministic and never touches the network.
+type semantic struct {
+	v   *Vectors
+	lex lexical
+
+	mu     sync.Mutex
+	labels map[string]*semanticLabels // compiled label sets, by labelBlock
+	poles  map[string]*attributePoles // compiled attributes, by name and description
+}
+
+// NewSemantic returns the semantic engine over v; it answers with engine
+// "semantic" and counts usage like lexical (the input as prompt tokens).
+func NewSemantic(v *Vectors) Engine {
+	vader()
+	return &semantic{v: v, labels: map[string]*semanticLabels{}, poles: map[string]*attributePoles{}}
+}
+
+func (e *semantic) Name() string { return EngineSemantic }
+
+func (e *semantic) answer(a Answer) Answer {
+	a.Engine = EngineSemantic
+	return a
+}
+
+// cacheLimit bounds each compiled-request cache; a full cache is
+// cleared, which is crude but bounded, as in lexical.
+const cacheLimit = 128
+
+// Classification: every label gets a similarity that adds its meaning
+// (the cosine of the text's vector with the label's) to the lexical
+// engine's evidence for it; single mode takes a softmax of those, multi
+// mode a logistic of each.
+const (
+	semWeight       = 1.0
+	lexWeight       = 0.6
+	semTemperature  = 0.05
+	semMultiCentre  = 0.3
+	semMultiSpread  = 0.06
+	semFallbackBase = 0.22 // a catch-all's meaning score: what an unrelated label reaches
+)
+
+func (e *semantic) Classify(ctx context.Context, req ClassifyRequest) (ClassifyResult, error) {
+	var res ClassifyResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if len(req.Labels) == 0 {
+		return res, ErrNoLabels
+	}
+	text := analyze(req.Text)
+	sl := e.compileLabels(req.Labels, req.Descriptions, req.Examples)
+	sims := e.labelSims(&text, req.Text, sl)
+	res.Scores = make([]LabelScore, len(req.Labels))
+	if req.Mode == ModeMulti {
+		for i, l := range req.Labels {
+			res.Scores[i] = LabelScore{Label: l, Confidence: round4(logistic((sims[i] - semMultiCentre) / semMultiSpread))}
+		}
+		res.Labels = matched(res.Scores, sims, req.Threshold, len(req.Labels))
+		sortScoresByLabel(res.Scores)
+	} else {
+		probs := softmax(sims, semTemperature)
+		for i, l := range req.Labels {
+			res.Scores[i] = LabelScore{Label: l, Confidence: round4(probs[i])}
+		}
+		sortScoresByLabel(res.Scores)
+		res.Label, res.Confidence = res.Scores[0].Label, res.Scores[0].Confidence
+		// As in lexical: equal top confidences are no decision. They
+		// happen when the text has no word the vectors know and no word
+		// any label shares, so every label scored the same.
+		res.Tie = len(res.Scores) > 1 && res.Scores[1].Confidence == res.Scores[0].Confidence
+	}
+	res.Answer = e.answer(lexicalAnswer(req.Text, sl.lex.tokens))
+	return res, nil
+}
+
+// labelSims adds each label's meaning score to its lexical evidence.
+func (e *semantic) labelSims(text *doc, raw string, sl *semanticLabels) []float64 {
+	textBag := bagOf(text.terms)
+	sims := labelSimilarities(&textBag, raw, sl.lex)
+	t := e.v.embed(text.terms)
+	if t.known == 0 {
+		return sims
+	}
+	for i := range sims {
+		m := 0.0
+		switch {
+		case sl.fallback[i]:
+			m = semFallbackBase
+		case sl.vecs[i] != nil:
+			m = float64(dot(t.vec, sl.vecs[i]))
+		}
+		sims[i] = lexWeight*sims[i] + semWeight*m
+	}
+	return sims
+}
+
+// semanticLabels is a label set compiled for the semantic engine: the
+// lexical engine's compilation, and per label a unit vector of what it
+// means (nil for a label without known words), centred on the set.
+type semanticLabels struct {
+	lex      *labelSet
+	vecs     [][]float32
+	fallback []bool
+}
+
+// Weights of a label's parts in its vector. The name is what the caller
+// chose the label by, a description says it in more words, examples show
+// texts of the label: each part is normalised first, so a long
+// description does not drown the name.
+const (
+	semNameWeight        = 1.0
+	semDescriptionWeight = 0.8
+	semExampleWeight     = 0.6
+)
+
+func (e *semantic) compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
+	key := labelBlock(labels, descriptions, examples)
+	e.mu.Lock()
+	sl := e.labels[key]
+	e.mu.Unlock()
+	if sl != nil {
+		return sl
+	}
+	sl = &semanticLabels{
+		lex:      compileLabels(labels, descriptions, examples),
+		vecs:     make([][]float32, len(labels)),
+		fallback: make([]bool, len(labels)),
+	}
+	for i, l := range labels {
+		_, sl.fallback[i] = fallbackNames[strings.ToLower(strings.TrimSpace(l))]
+		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l])
+	}
+	centre(sl.vecs)
+	e.mu.Lock()
+	if len(e.labels) >= cacheLimit {
+		clear(e.labels)
+	}
+	e.labels[key] = sl
+	e.mu.Unlock()
+	return sl
+}
+
+func (e *semantic) labelVector(name, description string, examples []string) []float32 {
+	acc := make([]float32, e.v.dims)
+	any := false
+	add := func(text string, w float32) {
+		emb := e.v.embedText(strings.ReplaceAll(text, "_", " "))
+		if emb.known == 0 {
+			return
+		}
+		any = true
+		for d, x := range emb.vec {
+			acc[d] += w * x
+		}
+	}
+	add(name, semNameWeight)
+	if description != "" {
+		add(description, semDescriptionWeight)
+	}
+	for _, ex := range examples {
+		add(ex, semExampleWeight/float32(len(examples)))
+	}
+	if !any {
+		return nil
+	}
+	normalize(acc)
+	return acc
+}
+
+// centre removes from each label vector what the labels of the set have
+// in common (half their mean), so that what tells them apart decides:
+// "billing" and "shipping" are both about buying things, and a text
+// about buying things should not be pulled to whichever is closer to
+// commerce in general.
+func centre(vecs [][]float32) {
+	var mean []float32
+	n := 0
+	for _, v := range vecs {
+		if v == nil {
+			continue
+		}
+		if mean == nil {
+			mean = make([]float32, len(v))
+		}
+		for d, x := range v {
+			mean[d] += x
+		}
+		n++
+	}
+	if n < 2 {
+		return
+	}
+	for _, v := range vecs {
+		if v == nil {
+			continue
+		}
+		for d := range v {
+			v[d] -= 0.5 * mean[d] / float32(n)
+		}
+		normalize(v)
+	}
+}
+
+func (e *semantic) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
+	if len(req.Tags) == 0 {
+		// Open tags are the text's own keywords: lexical's are already
+		// ranked by rarity, which is what the vectors' ranks would say.
+		res, err := e.lex.Tag(ctx, req)
+		res.Answer = e.answer(res.Answer)
+		return res, err
+	}
+	var res TagResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	maxTags := req.MaxTags
+	if maxTags <= 0 {
+		maxTags = 5
+	}
+	threshold := req.Threshold
+	if threshold == 0 {
+		threshold = 0.5
+	}
+	text := analyze(req.Text)
+	sl := e.compileLabels(req.Tags, nil, nil)
+	sims := e.labelSims(&text, req.Text, sl)
+	all := make([]LabelScore, len(req.Tags))
+	for i, t := range req.Tags {
+		all[i] = LabelScore{Label: t, Confidence: round4(logistic((sims[i] - semMultiCentre) / semMultiSpread))}
+	}
+	res.Tags = matched(all, sims, threshold, maxTags)
+	res.Answer = e.answer(lexicalAnswer(req.Text, sl.lex.tokens))
+	return res, nil
+}
+
+func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, error) {
+	var res ScoreResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.Score = round4(e.matchScore(req.Query, req.Source))
+	res.Answer = e.answer(lexicalAnswer(req.Query+"\n"+req.Source, 0))
+	return res, nil
+}
+
+// Match combines how much of the query's meaning the document covers
+// (align), the cosine of their meanings, and BM25. BM25 alone ranks a
+// document that repeats the query's words above one that answers it in
+// other words; with meaning beside it, shared words are one piece of
+// evidence among three, and saturate.
+const (
+	matchAlignWeight  = 0.5
+	matchCosineWeight = 0.3
+	matchLexWeight    = 0.35
+	matchCentre       = 0.55
+	matchSpread       = 0.12
+)
+
+func (e *semantic) matchScore(query, source string) float64 {
+	lex := matchScore(query, source)
+	q := e.v.embedText(query)
+	d := e.v.embedText(source)
+	if q.known == 0 || d.known == 0 {
+		return lex
+	}
+	x := matchAlignWeight*float64(e.v.align(&q, &d)) +
+		matchCosineWeight*float64(dot(q.vec, d.vec)) +
+		matchLexWeight*lex
+	return logistic((x - matchCentre) / matchSpread)
+}
+
+func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, error) {
+	var res ScoreResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.Score = round4(e.scoreAttribute(req.Source, req.Attribute, req.Description))
+	res.Answer = e.answer(lexicalAnswer(req.Source+"\n"+req.Attribute+"\n"+req.Description, 0))
+	return res, nil
+}
+
+// clamp01 keeps a score within [0,1].
+func clamp01(x float64) float64 { return math.Max(0, math.Min(1, x)) }
