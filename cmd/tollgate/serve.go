@@ -108,6 +108,10 @@ func prepareProcess(cfg *config.Config, logf func(string, ...any)) error {
 	// The o200k vocabulary (5 MiB of heap, 15 ms to load) is loaded by the
 	// first call that counts tokens: a gateway whose upstreams report usage
 	// and whose streams are not cut may never need it.
+	// The word vectors are mapped now (a few milliseconds, pages read on
+	// demand) so that a missing file is said once at start, not found by
+	// the first request.
+	plugins.LoadVectors(cfg, logf)
 	if cfg.Server.DebugListen != "" {
 		return serveDebug(cfg.Server.DebugListen, logf)
 	}
