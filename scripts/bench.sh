@@ -36,6 +36,8 @@ if ! command -v wrk >/dev/null || ! [ -x /usr/sbin/nginx ]; then
 	$sudo systemctl stop nginx 2>/dev/null || $sudo /usr/sbin/nginx -s quit 2>/dev/null || true
 fi
 
+scripts/vectors.sh install
+
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
