@@ -49,7 +49,8 @@ const cacheLimit = 128
 // mode a logistic of each.
 const (
 	semWeight       = 1.0
-	lexWeight       = 0.6
+	lexWeight       = 0.8
+	labelPeakMix    = 0.3 // share of the closest word in a label's meaning score
 	semTemperature  = 0.05
 	semMultiCentre  = 0.3
 	semMultiSpread  = 0.06
@@ -104,12 +105,49 @@ func (e *semantic) labelSims(text *doc, raw string, sl *semanticLabels) []float6
 		case sl.fallback[i]:
 			m = semFallbackBase
 		case sl.vecs[i] != nil:
-			m = float64(dot(t.vec, sl.vecs[i]))
+			m = e.labelMeaning(&t, sl.vecs[i], sl.hub[i])
 		}
 		sims[i] = lexWeight*sims[i] + semWeight*m
 	}
 	return sims
 }
+
+// labelMeaning is how close the text's meaning is to a label's: the
+// cosine of the whole text, mixed with the closest single word's (one
+// telling word, "paycheck", is enough to say "payroll"), less the label's
+// hub score, the similarity it has with any word at all.
+func (e *semantic) labelMeaning(t *embedding, label []float32, hub float32) float64 {
+	peak := float32(-1)
+	for _, w := range t.words {
+		if c := e.v.dotWith(int(w), label); c > peak {
+			peak = c
+		}
+	}
+	return (1-labelPeakMix)*float64(dot(t.vec, label)) + labelPeakMix*float64(peak) - float64(hub)
+}
+
+// hubness is a label vector's mean similarity with a fixed sample of
+// ordinary words: some words ("leave", "delivery") are near much of
+// English, and without this correction they would win every text that
+// no label fits well.
+func (e *semantic) hubness(label []float32) float32 {
+	var sum float32
+	n := 0
+	for i := hubSampleFrom; i < hubSampleTo && i < e.v.count; i += hubSampleStep {
+		sum += e.v.dotWith(i, label)
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float32(n)
+}
+
+const (
+	hubSampleFrom = 500
+	hubSampleTo   = 20000
+	hubSampleStep = 7
+)
 
 // semanticLabels is a label set compiled for the semantic engine: the
 // lexical engine's compilation, and per label a unit vector of what it
@@ -118,6 +156,7 @@ type semanticLabels struct {
 	lex      *labelSet
 	vecs     [][]float32
 	fallback []bool
+	hub      []float32
 }
 
 // Weights of a label's parts in its vector. The name is what the caller
@@ -148,6 +187,12 @@ func (e *semantic) compileLabels(labels []string, descriptions map[string]string
 		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l])
 	}
 	centre(sl.vecs)
+	sl.hub = make([]float32, len(labels))
+	for i, v := range sl.vecs {
+		if v != nil {
+			sl.hub[i] = e.hubness(v)
+		}
+	}
 	e.mu.Lock()
 	if len(e.labels) >= cacheLimit {
 		clear(e.labels)
@@ -260,30 +305,65 @@ func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, er
 	return res, nil
 }
 
-// Match combines how much of the query's meaning the document covers
-// (align), the cosine of their meanings, and BM25. BM25 alone ranks a
-// document that repeats the query's words above one that answers it in
-// other words; with meaning beside it, shared words are one piece of
-// evidence among three, and saturate.
+// Match weighs three pieces of evidence. Elaboration: how close to the
+// query the document's other words are, those that are not the query's
+// own (see elaboration). Coverage: how much of the query's meaning the
+// document's words cover (align). And lexical's BM25 score. Coverage and
+// BM25 count only as far as the document elaborates on the query
+// (matchGate): a document that repeats the query's words while talking
+// about something else is the typical wrong answer word overlap finds.
+// Last, a question that asks for a kind of answer (a quantity, a cause, a
+// name) moves documents that hold one up and those that do not down.
 const (
-	matchAlignWeight  = 0.5
-	matchCosineWeight = 0.3
-	matchLexWeight    = 0.35
+	matchElabWeight   = 0.8
+	matchCoverWeight  = 0.3
+	matchLexWeight    = 0.6
+	matchGate         = 0.22
+	matchGateSpread   = 0.05
+	matchKindEvidence = 0.2
 	matchCentre       = 0.55
 	matchSpread       = 0.12
 )
 
 func (e *semantic) matchScore(query, source string) float64 {
 	lex := matchScore(query, source)
-	q := e.v.embedText(query)
-	d := e.v.embedText(source)
+	qd, dd := analyze(query), analyze(source)
+	q := e.v.embed(qd.terms)
+	d := e.v.embed(dd.terms)
 	if q.known == 0 || d.known == 0 {
 		return lex
 	}
-	x := matchAlignWeight*float64(e.v.align(&q, &d)) +
-		matchCosineWeight*float64(dot(q.vec, d.vec)) +
-		matchLexWeight*lex
+	elab := float64(e.elaboration(&q, qd.terms, dd.terms))
+	gate := logistic((elab - matchGate) / matchGateSpread)
+	x := matchElabWeight*elab + gate*(matchCoverWeight*float64(e.v.align(&q, &d))+matchLexWeight*lex)
+	if kind := answerKindOf(query); kind != kindNone {
+		if hasAnswerKind(kind, &dd, source, qd.terms) {
+			x += matchKindEvidence
+		} else {
+			x -= matchKindEvidence
+		}
+	}
 	return logistic((x - matchCentre) / matchSpread)
+}
+
+// elaboration is how close the document's other words (content words
+// whose stems are not the query's) come to the query: for each, the
+// cosine of its closest query word, averaged with SIF weights. An answer
+// goes on about its question (a modem's button, factory settings for
+// "reset my router"); a trap goes on about something else.
+func (e *semantic) elaboration(q *embedding, query, doc []term) float32 {
+	stems := make(map[string]struct{}, len(query))
+	for i := range query {
+		stems[query[i].stem] = struct{}{}
+	}
+	rest := make([]term, 0, len(doc))
+	for i := range doc {
+		if _, ok := stems[doc[i].stem]; !ok {
+			rest = append(rest, doc[i])
+		}
+	}
+	r := e.v.embed(rest)
+	return e.v.align(&r, q)
 }
 
 func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, error) {
