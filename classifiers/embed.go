@@ -10,7 +10,7 @@ import "math"
 // "parcel") close to 1. The common direction that SIF removes from
 // sentence vectors was removed from the word vectors at conversion.
 const (
-	sifA = 3e-4
+	sifA = 1e-4
 	// zipfNorm is the harmonic number of the vocabulary GloVe counted
 	// (400k words): p(rank) ≈ 1/((rank+1)·zipfNorm).
 	zipfNorm = 13.5

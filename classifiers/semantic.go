@@ -52,8 +52,8 @@ const (
 	lexWeight       = 0.8
 	labelPeakMix    = 0.3 // share of the closest word in a label's meaning score
 	semTemperature  = 0.05
-	semMultiCentre  = 0.3
-	semMultiSpread  = 0.06
+	semMultiCentre  = 0.2
+	semMultiSpread  = 0.05
 	semFallbackBase = 0.22 // a catch-all's meaning score: what an unrelated label reaches
 )
 
@@ -216,6 +216,11 @@ func (e *semantic) labelVector(name, description string, examples []string) []fl
 		}
 	}
 	add(name, semNameWeight)
+	if nb := e.neighbours(name); nb != nil {
+		for d, x := range nb {
+			acc[d] += expandWeight * x
+		}
+	}
 	if description != "" {
 		add(description, semDescriptionWeight)
 	}
@@ -224,6 +229,62 @@ func (e *semantic) labelVector(name, description string, examples []string) []fl
 	}
 	if !any {
 		return nil
+	}
+	normalize(acc)
+	return acc
+}
+
+// Label expansion: a label's name is one or two words, and one word's
+// vector carries its senses and its corpus's habits; the mean of its
+// nearest neighbours among common words ("payroll": salaries, wages,
+// pension...) says the same thing more robustly.
+const (
+	expandWeight     = 0.6
+	expandNeighbours = 10
+	expandVocabulary = 20000 // neighbours are looked for among the most frequent words
+)
+
+// neighbours is the normalised, similarity-weighted mean of the nearest
+// common words to name's vector (not the name's own words), or nil.
+func (e *semantic) neighbours(name string) []float32 {
+	emb := e.v.embedText(strings.ReplaceAll(name, "_", " "))
+	if emb.known == 0 {
+		return nil
+	}
+	own := make(map[int32]bool, len(emb.words))
+	for _, w := range emb.words {
+		own[w] = true
+	}
+	type nb struct {
+		i int
+		c float32
+	}
+	best := make([]nb, 0, expandNeighbours+1)
+	for i := 0; i < expandVocabulary && i < e.v.count; i++ {
+		if own[int32(i)] {
+			continue
+		}
+		c := e.v.dotWith(i, emb.vec)
+		if len(best) == expandNeighbours && c <= best[len(best)-1].c {
+			continue
+		}
+		j := len(best)
+		if j < expandNeighbours {
+			best = append(best, nb{})
+		} else {
+			j--
+		}
+		for j > 0 && best[j-1].c < c {
+			best[j] = best[j-1]
+			j--
+		}
+		best[j] = nb{i, c}
+	}
+	acc := make([]float32, e.v.dims)
+	for _, b := range best {
+		if b.c > 0 {
+			e.v.addTo(acc, b.i, b.c)
+		}
 	}
 	normalize(acc)
 	return acc
