@@ -64,7 +64,10 @@ const (
 	poleSpread     = 0.08
 	poleUnknownMid = 0.15
 	poleMeanMix    = 0.5 // share of the whole-text cosine; the rest is the closest word
-	scoreSemMix    = 0.5 // share of the meaning score in the final score
+	// undirectedToxicity shrinks the toxic lean of a text that addresses
+	// no one.
+	undirectedToxicity = 0.4
+	scoreSemMix        = 0.4 // share of the meaning score in the final score
 )
 
 func (e *semantic) scoreAttribute(text, attribute, description string) float64 {
@@ -84,6 +87,11 @@ func (e *semantic) scoreAttribute(text, attribute, description string) float64 {
 		lean -= poleUnknownMid
 	}
 	sem := logistic(lean / poleSpread)
+	if p.kind == "toxicity" && !addressesSomeone(text) {
+		// Hostile words about the weather or a Monday are negativity,
+		// not toxicity: that is aimed at someone.
+		sem = 0.5 + (sem-0.5)*undirectedToxicity
+	}
 	if p.inverted {
 		sem = 1 - sem
 	}
@@ -156,3 +164,20 @@ func (e *semantic) poleVector(words string) []float32 {
 	normalize(acc)
 	return acc
 }
+
+// addressesSomeone reports whether text speaks to or of a person: a
+// second-person word, or one of the words people are called by.
+func addressesSomeone(text string) bool {
+	for _, t := range analyze(text).terms {
+		if _, ok := secondPerson[t.word]; ok {
+			return true
+		}
+		if _, ok := personWords[t.word]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+var personWords = setOf(`he she him her they them his hers their people person guy guys man men
+woman women everyone anyone somebody someone`)
