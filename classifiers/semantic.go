@@ -166,7 +166,7 @@ type semanticLabels struct {
 const (
 	semNameWeight        = 1.0
 	semDescriptionWeight = 0.8
-	semExampleWeight     = 0.6
+	semExampleWeight     = 1.0
 )
 
 func (e *semantic) compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
