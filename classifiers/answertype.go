@@ -41,11 +41,13 @@ var quantityWords = func() map[string]struct{} {
 	return m
 }()
 
+// causeWords leave out "so" and "make", which as often mean nothing
+// causal ("so why not", "make a cake").
 var causeWords = func() map[string]struct{} {
 	m := map[string]struct{}{}
 	for w := range strings.FieldsSeq(`because since due cause causes caused reason reasons therefore thus
-	hence result results resulting lead leads led trigger triggers triggered effect effects make makes
-	so explain explains consequence consequently owing`) {
+	hence result results resulting lead leads led trigger triggers triggered effect effects
+	explain explains consequence consequently owing`) {
 		m[stem(w)] = struct{}{}
 	}
 	return m
