@@ -1,6 +1,7 @@
 package classifiers
 
 import (
+	"math"
 	"strings"
 )
 
@@ -67,7 +68,10 @@ const (
 	// undirectedToxicity shrinks the toxic lean of a text that addresses
 	// no one.
 	undirectedToxicity = 0.4
-	scoreSemMix        = 0.4 // share of the meaning score in the final score
+	// aimedNegativity adds VADER's negativity to the toxic lean of a text
+	// that addresses someone.
+	aimedNegativity = 0.2
+	scoreSemMix     = 0.4 // share of the meaning score in the final score
 )
 
 func (e *semantic) scoreAttribute(text, attribute, description string) float64 {
@@ -86,8 +90,14 @@ func (e *semantic) scoreAttribute(text, attribute, description string) float64 {
 	} else {
 		lean -= poleUnknownMid
 	}
+	aimed := p.kind == "toxicity" && addressesSomeone(text)
+	if aimed {
+		// Negative words aimed at someone are hostility even when no
+		// insult word is among them ("nobody wants you here").
+		lean += aimedNegativity * math.Max(0, -vader().PolarityScores(text).Compound)
+	}
 	sem := logistic(lean / poleSpread)
-	if p.kind == "toxicity" && !addressesSomeone(text) {
+	if p.kind == "toxicity" && !aimed {
 		// Hostile words about the weather or a Monday are negativity,
 		// not toxicity: that is aimed at someone.
 		sem = 0.5 + (sem-0.5)*undirectedToxicity
