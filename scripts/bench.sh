@@ -169,8 +169,9 @@ go test -run '^$' -bench 'Publisher' -benchtime 100000x ./meter 2>&1 | grep -E '
 go test -run '^$' -bench 'BillingThroughput|ClickHouseInsert' -benchtime 3x ./billing 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
 
 echo
-echo "classifiers, lexical engine on the evaluation texts (latency per call, throughput):"
+echo "classifiers, lexical and semantic engines on the evaluation texts (latency per call, throughput, memory):"
 go run ./cmd/tollgate-eval -bench
+go run ./cmd/tollgate-eval -bench -engine semantic
 
 echo
 scripts/bench/batch.sh
