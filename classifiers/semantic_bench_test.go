@@ -1,6 +1,7 @@
 package classifiers
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/tollgate/tollgate/tokens"
@@ -64,6 +65,22 @@ func BenchmarkSemanticMatch(b *testing.B) {
 	for b.Loop() {
 		req := MatchRequest{Query: "why was I charged twice", Source: benchTexts[i%len(benchTexts)]}
 		if _, err := e.Match(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+// BenchmarkSemanticClassifyNewLabels: every call brings a label set not
+// seen before (five labels), so it pays for compiling them.
+func BenchmarkSemanticClassifyNewLabels(b *testing.B) {
+	e := semanticBenchSetup(b)
+	i := 0
+	for b.Loop() {
+		req := benchRequest
+		req.Text = benchTexts[i%len(benchTexts)]
+		req.Labels = append([]string{"other " + strconv.Itoa(i)}, benchRequest.Labels[:4]...)
+		if _, err := e.Classify(ctx, req); err != nil {
 			b.Fatal(err)
 		}
 		i++
