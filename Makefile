@@ -33,6 +33,7 @@ bench:
 # NDCG@5 and traps ranked below the answer.
 ENGINE ?= lexical
 eval:
+	scripts/vectors.sh install
 	$(GO) run ./cmd/tollgate-eval -engine $(ENGINE)
 
 lint:

@@ -157,10 +157,15 @@ type ClickHouse struct {
 // Plugins configures the classify, tag, score and match endpoints. Every
 // field is hot-reloadable.
 type Plugins struct {
-	// Engine answers requests that name no model: "lexical" (offline),
+	// Engine answers requests that name no model: "semantic" (offline,
+	// word vectors and lexical evidence), "lexical" (offline, words only),
 	// "llm" (prompts LLMModel) or "auto" (llm while its upstream answers a
-	// health probe, else lexical).
+	// health probe, else semantic, or lexical without vectors).
 	Engine string `yaml:"engine"`
+	// Vectors is the semantic engine's word-vector file
+	// (scripts/vectors.sh install); missing or corrupt, semantic answers
+	// as lexical would and the gateway says so once at start.
+	Vectors string `yaml:"vectors"`
 	// LLMModel is the catalog id the llm engine prompts; default: the first
 	// model of the catalog.
 	LLMModel string `yaml:"llm_model"`

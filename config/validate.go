@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -41,6 +42,9 @@ const (
 	DefaultReplicas         = 1
 	DefaultClickHouseDSN    = "clickhouse://127.0.0.1:9000/default"
 	DefaultEngine           = "auto"
+	// DefaultVectors is where scripts/vectors.sh installs the semantic
+	// engine's word vectors, relative to the working directory.
+	DefaultVectors = "./data/vectors/en-100d.tgv"
 	// DefaultPluginPrice is the spec's batch price, 0.08 USD per 1M tokens.
 	DefaultPluginPrice   = "0.00000008"
 	DefaultMaxTextBytes  = 64 << 10 // 64KiB
@@ -53,7 +57,7 @@ const (
 )
 
 // Engines are the values of plugins.engine.
-var Engines = []string{"auto", "llm", "lexical"}
+var Engines = []string{"auto", "llm", "semantic", "lexical"}
 
 // Allowed values of the catalog's list fields.
 var (
@@ -112,6 +116,7 @@ func (l *loader) applyDefaults(c *Config) {
 
 	p := &c.Plugins
 	setDefault(&p.Engine, DefaultEngine)
+	setDefault(&p.Vectors, DefaultVectors)
 	if len(c.Models) > 0 {
 		setDefault(&p.LLMModel, c.Models[0].ID)
 	}
@@ -302,6 +307,11 @@ func (l *loader) validatePlugins(c *Config, models map[string]bool) {
 	} {
 		_, err := money.ParsePrice(price.v)
 		l.check(err == nil, "plugins.pricing."+price.key, "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
+	}
+	// A missing vectors file is not an error (the gateway answers with
+	// the lexical engine and says so at start); a directory is a typo.
+	if st, err := os.Stat(p.Vectors); err == nil {
+		l.check(!st.IsDir(), "plugins.vectors", "%s is a directory; name the vectors file (default %s)", p.Vectors, DefaultVectors)
 	}
 	l.check(p.MaxTextBytes >= 1 && p.MaxTextBytes <= 1<<30, "plugins.max_text_bytes", "%d bytes is outside 1..1GiB", p.MaxTextBytes)
 	for _, lim := range []struct {

@@ -36,7 +36,7 @@ func init() {
 	}
 }
 
-// engineAuto is plugins.engine's per-request choice between llm and lexical.
+// engineAuto is plugins.engine's per-request choice between llm and the offline engine.
 const engineAuto = "auto"
 
 // batchServices maps each gateway to its batch service.
@@ -242,13 +242,13 @@ func (r batchRuntime) Engine(job *batch.Job) (batch.Engine, error) {
 	p := w.Config.Plugins
 	if job.Model == "" && p.Engine == engineAuto {
 		if p.LLMModel == "" || !call.Key.AllowsModel(p.LLMModel) {
-			return &batchEngine{choice: lexicalChoice()}, nil
+			return &batchEngine{choice: offlineChoice(p)}, nil
 		}
 		c, apiErr := llmChoice(call, p.LLMModel, "plugins.llm_model")
 		if apiErr != nil {
-			return &batchEngine{choice: lexicalChoice()}, nil
+			return &batchEngine{choice: offlineChoice(p)}, nil
 		}
-		c.auto = true
+		c.auto, c.vectors = true, p.Vectors
 		return &batchEngine{choice: c}, nil
 	}
 	c, apiErr := chooseEngine(call, job.Model)
@@ -266,17 +266,17 @@ type batchEngine struct{ choice *engineChoice }
 func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
 	c := e.choice
 	if c.auto && !c.probe.up() {
-		return lexicalEngine().Classify(ctx, req)
+		return offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
 	}
 	res, err := c.engine.Classify(ctx, req)
-	if err == nil || ctx.Err() != nil || c.name == engineLexical {
+	if err == nil || ctx.Err() != nil || offline(c.name) {
 		return res, err
 	}
 	if errors.Is(err, proxy.ErrModelUnavailable) {
 		c.probe.markDown()
 	}
 	if c.auto {
-		return lexicalEngine().Classify(ctx, req)
+		return offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
 	}
 	msg := fmt.Sprintf("model %s: %s", c.model, failure(c, err))
 	var me *proxy.ModelError

@@ -265,7 +265,7 @@ type tail struct {
 	Usage     classifiers.Usage `json:"usage"`
 	Engine    string            `json:"engine"`
 	Model     string            `json:"model,omitempty"`
-	// Fallback says why an llm answer was wanted and lexical gave it.
+	// Fallback says why an llm answer was wanted and an offline engine gave it.
 	Fallback string `json:"fallback,omitempty"`
 	// NoLogprobs: the llm's upstream sent no log-probabilities, so the
 	// confidences or score carry no measure of the model's certainty.
@@ -279,7 +279,7 @@ type execution struct {
 	model    string // the request's "model", "" when absent
 	tokens   int64  // the request's text in tokens, for the limits
 	// run calls the engine and keeps its result; it may be called twice
-	// (llm, then lexical after a fallback).
+	// (llm, then semantic or lexical after a fallback).
 	run func(e classifiers.Engine) (classifiers.Answer, error)
 }
 
@@ -329,7 +329,7 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 	}
 	model := choice.model
 	if model == "" {
-		model = engineLexical
+		model = choice.name // an offline engine
 	}
 	call.Server.Record(&meter.Event{
 		ID:               call.RequestID,

@@ -28,12 +28,13 @@ var lexicalEngine = sync.OnceValue(func() classifiers.Engine { return classifier
 // engineChoice is the engine one request runs on.
 type engineChoice struct {
 	engine   classifiers.Engine
-	name     string // engineLLM or engineLexical
+	name     string // engineLLM, engineSemantic or engineLexical
 	model    string // catalog id, llm only
 	upstream string // upstream name, llm only
 	probe    *probe // the upstream's health, llm only
+	vectors  string // plugins.vectors, for an auto llm's fallback
 	// auto: chosen by plugins.engine auto, so an llm failure falls back
-	// to lexical instead of failing the request.
+	// to the offline engine instead of failing the request.
 	auto     bool
 	fallback string
 }
@@ -48,6 +49,12 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 	switch requested {
 	case engineLexical:
 		return lexicalChoice(), nil
+	case engineSemantic:
+		e, err := semanticEngine(p.Vectors)
+		if err != nil {
+			return nil, proxy.Unavailable(err.Error() + "; or send \"model\": \"lexical\"")
+		}
+		return &engineChoice{engine: e, name: engineSemantic}, nil
 	case engineLLM:
 		if p.LLMModel == "" {
 			return nil, proxy.BadRequest("model", "the llm engine has no model: the catalog is empty; use model lexical")
@@ -56,7 +63,7 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 	case "":
 	default:
 		if _, ok := call.World.Catalog.Resolve(requested); !ok {
-			return nil, proxy.BadRequest("model", fmt.Sprintf("model %q does not exist; use lexical, llm or a catalog model: %s",
+			return nil, proxy.BadRequest("model", fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s",
 				requested, strings.Join(call.World.Catalog.IDs(), ", ")))
 		}
 		return llmChoice(call, requested, "model")
@@ -64,17 +71,22 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 	switch p.Engine {
 	case engineLexical:
 		return lexicalChoice(), nil
+	case engineSemantic:
+		// Configured, not asked for: without its vectors (warned about
+		// at start) lexical answers and the response says so.
+		return offlineChoice(p), nil
 	case engineLLM:
 		return llmChoice(call, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
 	if p.LLMModel == "" || call.Key != nil && !call.Key.AllowsModel(p.LLMModel) {
-		return lexicalChoice(), nil
+		return offlineChoice(p), nil
 	}
 	c, apiErr := llmChoice(call, p.LLMModel, "plugins.llm_model")
 	if apiErr != nil || !c.probe.up() {
-		return lexicalChoice(), nil
+		return offlineChoice(p), nil
 	}
+	c.vectors = p.Vectors
 	c.auto = true
 	return c, nil
 }
@@ -99,8 +111,9 @@ func llmChoice(call *proxy.Call, model, from string) (*engineChoice, *proxy.APIE
 	return c, nil
 }
 
-// run runs the request, falling back to lexical when an auto-chosen llm
-// fails: auto promises an answer, and lexical always has one.
+// run runs the request, falling back to the offline engine when an
+// auto-chosen llm fails: auto promises an answer, and the offline engines
+// always have one.
 func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (classifiers.Answer, error)) (classifiers.Answer, *proxy.APIError) {
 	ans, err := do(c.engine)
 	if err == nil {
@@ -113,8 +126,9 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 		return ans, proxy.Unavailable("the request was cancelled: " + ctx.Err().Error())
 	}
 	if c.auto {
-		c.fallback = fmt.Sprintf("llm model %s failed (%s); lexical answered", c.model, failure(c, err))
-		c.engine, c.name, c.model, c.upstream = lexicalEngine(), engineLexical, "", ""
+		off := offlineChoice(config.Plugins{Vectors: c.vectors})
+		c.fallback = fmt.Sprintf("llm model %s failed (%s); %s answered", c.model, failure(c, err), off.name)
+		c.engine, c.name, c.model, c.upstream = off.engine, off.name, "", ""
 		ans, err = do(c.engine)
 		if err == nil {
 			return ans, nil
@@ -137,10 +151,10 @@ func failure(c *engineChoice, err error) string {
 }
 
 func engineError(c *engineChoice, err error) *proxy.APIError {
-	if c.name == engineLexical {
-		return proxy.Internal("the lexical engine failed: " + err.Error())
+	if offline(c.name) {
+		return proxy.Internal("the " + c.name + " engine failed: " + err.Error())
 	}
-	msg := fmt.Sprintf("model %s: %s; retry later or send \"model\": \"lexical\"", c.model, failure(c, err))
+	msg := fmt.Sprintf("model %s: %s; retry later or send \"model\": \"semantic\" or \"lexical\"", c.model, failure(c, err))
 	if errors.Is(err, proxy.ErrModelUnavailable) {
 		return proxy.Unavailable(msg)
 	}
@@ -229,7 +243,7 @@ func (p *probe) check(done chan struct{}) {
 	close(done)
 }
 
-// markDown records a failed llm call: auto requests go lexical until the
+// markDown records a failed llm call: auto requests go offline until the
 // next probe finds the upstream back.
 func (p *probe) markDown() {
 	p.mu.Lock()

@@ -79,7 +79,7 @@ func TestEngineSelection(t *testing.T) {
 	}
 	// Asked for by name, the llm is not replaced: 503.
 	e := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "small"}`).apiError(t, 503, "upstream_unavailable")
-	if msg := e["message"].(string); !strings.Contains(msg, `send "model": "lexical"`) || strings.Contains(msg, "127.0.0.1") {
+	if msg := e["message"].(string); !strings.Contains(msg, `send "model": "semantic" or "lexical"`) || strings.Contains(msg, "127.0.0.1") {
 		t.Errorf("503 message %q: want advice, and no internal address", msg)
 	}
 }

@@ -55,7 +55,7 @@ func TestValidation(t *testing.T) {
 		{"classifier and labels", "/v1/classify", `{"text": "x", "classifier": "support-intent", "labels": ["a"]}`, "labels", "labels cannot be sent with classifier"},
 		{"classifier, bad threshold", "/v1/classify", `{"text": "x", "classifier": "support-intent", "threshold": 2}`, "threshold", "threshold must be between 0 and 1"},
 		{"text_type too long", "/v1/classify", `{"text": "x", "labels": ["a"], "text_type": "` + long + `"}`, "text_type", "text_type is 1025 bytes"},
-		{"unknown model", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "gpt-5"}`, "model", `model "gpt-5" does not exist; use lexical, llm or a catalog model: small, large`},
+		{"unknown model", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "gpt-5"}`, "model", `model "gpt-5" does not exist; use semantic, lexical, llm or a catalog model: small, large`},
 
 		{"tag text missing", "/v1/tag", `{"tags": ["a"]}`, "text", "text is required"},
 		{"tag typo", "/v1/tag", `{"text": "x", "tag": ["a"]}`, "tag", `unknown field "tag" (did you mean "tags"?)`},

@@ -36,6 +36,8 @@ if ! command -v wrk >/dev/null || ! [ -x /usr/sbin/nginx ]; then
 	$sudo systemctl stop nginx 2>/dev/null || $sudo /usr/sbin/nginx -s quit 2>/dev/null || true
 fi
 
+scripts/vectors.sh install
+
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -167,8 +169,9 @@ go test -run '^$' -bench 'Publisher' -benchtime 100000x ./meter 2>&1 | grep -E '
 go test -run '^$' -bench 'BillingThroughput|ClickHouseInsert' -benchtime 3x ./billing 2>&1 | grep -E '^(Benchmark|ok|FAIL)'
 
 echo
-echo "classifiers, lexical engine on the evaluation texts (latency per call, throughput):"
+echo "classifiers, lexical and semantic engines on the evaluation texts (latency per call, throughput, memory):"
 go run ./cmd/tollgate-eval -bench
+go run ./cmd/tollgate-eval -bench -engine semantic
 
 echo
 scripts/bench/batch.sh

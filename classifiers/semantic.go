@@ -1,0 +1,467 @@
+package classifiers
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+)
+
+// EngineSemantic is the Name of the semantic engine.
+const EngineSemantic = "semantic"
+
+// semantic is the offline engine that knows what words mean: pretrained
+// word vectors (see Vectors) for the text, the labels, attributes and
+// queries, combined with the lexical engine's evidence (shared words,
+// BM25, VADER sentiment, cue lists), which stays right where it is sure
+// and answers alone for words the vectors do not know. Like lexical it is
+// deterministic and never touches the network.
+type semantic struct {
+	v   *Vectors
+	lex lexical
+
+	mu     sync.Mutex
+	labels map[string]*semanticLabels // compiled label sets, by labelBlock
+	poles  map[string]*attributePoles // compiled attributes, by name and description
+	// expanded holds each label name's neighbour vector: names recur
+	// across label sets, and finding neighbours is the costly part of
+	// compiling a set (about 1.7 ms a name).
+	expanded map[string][]float32
+}
+
+// NewSemantic returns the semantic engine over v; it answers with engine
+// "semantic" and counts usage like lexical (the input as prompt tokens).
+func NewSemantic(v *Vectors) Engine {
+	vader()
+	return &semantic{v: v, labels: map[string]*semanticLabels{}, poles: map[string]*attributePoles{},
+		expanded: map[string][]float32{}}
+}
+
+func (e *semantic) Name() string { return EngineSemantic }
+
+func (e *semantic) answer(a Answer) Answer {
+	a.Engine = EngineSemantic
+	return a
+}
+
+// cacheLimit bounds each compiled-request cache; a full cache is
+// cleared, which is crude but bounded, as in lexical.
+const cacheLimit = 128
+
+// Classification: every label gets a similarity that adds its meaning
+// (the cosine of the text's vector with the label's) to the lexical
+// engine's evidence for it; single mode takes a softmax of those, multi
+// mode a logistic of each.
+const (
+	semWeight       = 1.0
+	lexWeight       = 0.8
+	labelPeakMix    = 0.3 // share of the closest word in a label's meaning score
+	semTemperature  = 0.05
+	semMultiCentre  = 0.2
+	semMultiSpread  = 0.05
+	semFallbackBase = 0.22 // a catch-all's meaning score: what an unrelated label reaches
+)
+
+func (e *semantic) Classify(ctx context.Context, req ClassifyRequest) (ClassifyResult, error) {
+	var res ClassifyResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if len(req.Labels) == 0 {
+		return res, ErrNoLabels
+	}
+	text := analyze(req.Text)
+	sl := e.compileLabels(req.Labels, req.Descriptions, req.Examples)
+	sims := e.labelSims(&text, req.Text, sl)
+	res.Scores = make([]LabelScore, len(req.Labels))
+	if req.Mode == ModeMulti {
+		for i, l := range req.Labels {
+			res.Scores[i] = LabelScore{Label: l, Confidence: round4(logistic((sims[i] - semMultiCentre) / semMultiSpread))}
+		}
+		res.Labels = matched(res.Scores, sims, req.Threshold, len(req.Labels))
+		sortScoresByLabel(res.Scores)
+	} else {
+		probs := softmax(sims, semTemperature)
+		for i, l := range req.Labels {
+			res.Scores[i] = LabelScore{Label: l, Confidence: round4(probs[i])}
+		}
+		sortScoresByLabel(res.Scores)
+		res.Label, res.Confidence = res.Scores[0].Label, res.Scores[0].Confidence
+		// As in lexical: equal top confidences are no decision. They
+		// happen when the text has no word the vectors know and no word
+		// any label shares, so every label scored the same.
+		res.Tie = len(res.Scores) > 1 && res.Scores[1].Confidence == res.Scores[0].Confidence
+	}
+	res.Answer = e.answer(lexicalAnswer(req.Text, sl.lex.tokens))
+	return res, nil
+}
+
+// labelSims adds each label's meaning score to its lexical evidence.
+func (e *semantic) labelSims(text *doc, raw string, sl *semanticLabels) []float64 {
+	textBag := bagOf(text.terms)
+	sims := labelSimilarities(&textBag, raw, sl.lex)
+	t := e.v.embed(text.terms)
+	if t.known == 0 {
+		return sims
+	}
+	for i := range sims {
+		m := 0.0
+		switch {
+		case sl.fallback[i]:
+			m = semFallbackBase
+		case sl.vecs[i] != nil:
+			m = e.labelMeaning(&t, sl.vecs[i], sl.hub[i])
+		}
+		sims[i] = lexWeight*sims[i] + semWeight*m
+	}
+	return sims
+}
+
+// labelMeaning is how close the text's meaning is to a label's: the
+// cosine of the whole text, mixed with the closest single word's (one
+// telling word, "paycheck", is enough to say "payroll"), less the label's
+// hub score, the similarity it has with any word at all.
+func (e *semantic) labelMeaning(t *embedding, label []float32, hub float32) float64 {
+	peak := float32(-1)
+	for _, w := range t.words {
+		if c := e.v.dotWith(int(w), label); c > peak {
+			peak = c
+		}
+	}
+	return (1-labelPeakMix)*float64(dot(t.vec, label)) + labelPeakMix*float64(peak) - float64(hub)
+}
+
+// hubness is a label vector's mean similarity with a fixed sample of
+// ordinary words: some words ("leave", "delivery") are near much of
+// English, and without this correction they would win every text that
+// no label fits well.
+func (e *semantic) hubness(label []float32) float32 {
+	var sum float32
+	n := 0
+	for i := hubSampleFrom; i < hubSampleTo && i < e.v.count; i += hubSampleStep {
+		sum += e.v.dotWith(i, label)
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float32(n)
+}
+
+const (
+	hubSampleFrom = 500
+	hubSampleTo   = 20000
+	hubSampleStep = 7
+)
+
+// semanticLabels is a label set compiled for the semantic engine: the
+// lexical engine's compilation, and per label a unit vector of what it
+// means (nil for a label without known words), centred on the set.
+type semanticLabels struct {
+	lex      *labelSet
+	vecs     [][]float32
+	fallback []bool
+	hub      []float32
+}
+
+// Weights of a label's parts in its vector. The name is what the caller
+// chose the label by, a description says it in more words, examples show
+// texts of the label: each part is normalised first, so a long
+// description does not drown the name.
+const (
+	semNameWeight        = 1.0
+	semDescriptionWeight = 0.8
+	semExampleWeight     = 1.0
+)
+
+func (e *semantic) compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
+	key := labelBlock(labels, descriptions, examples)
+	e.mu.Lock()
+	sl := e.labels[key]
+	e.mu.Unlock()
+	if sl != nil {
+		return sl
+	}
+	sl = &semanticLabels{
+		lex:      compileLabels(labels, descriptions, examples),
+		vecs:     make([][]float32, len(labels)),
+		fallback: make([]bool, len(labels)),
+	}
+	for i, l := range labels {
+		_, sl.fallback[i] = fallbackNames[strings.ToLower(strings.TrimSpace(l))]
+		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l])
+	}
+	centre(sl.vecs)
+	sl.hub = make([]float32, len(labels))
+	for i, v := range sl.vecs {
+		if v != nil {
+			sl.hub[i] = e.hubness(v)
+		}
+	}
+	e.mu.Lock()
+	if len(e.labels) >= cacheLimit {
+		clear(e.labels)
+	}
+	e.labels[key] = sl
+	e.mu.Unlock()
+	return sl
+}
+
+func (e *semantic) labelVector(name, description string, examples []string) []float32 {
+	acc := make([]float32, e.v.dims)
+	any := false
+	add := func(text string, w float32) {
+		emb := e.v.embedText(strings.ReplaceAll(text, "_", " "))
+		if emb.known == 0 {
+			return
+		}
+		any = true
+		for d, x := range emb.vec {
+			acc[d] += w * x
+		}
+	}
+	add(name, semNameWeight)
+	if nb := e.cachedNeighbours(name); nb != nil {
+		for d, x := range nb {
+			acc[d] += expandWeight * x
+		}
+	}
+	if description != "" {
+		add(description, semDescriptionWeight)
+	}
+	for _, ex := range examples {
+		add(ex, semExampleWeight/float32(len(examples)))
+	}
+	if !any {
+		return nil
+	}
+	normalize(acc)
+	return acc
+}
+
+// Label expansion: a label's name is one or two words, and one word's
+// vector carries its senses and its corpus's habits; the mean of its
+// nearest neighbours among common words ("payroll": salaries, wages,
+// pension...) says the same thing more robustly.
+const (
+	expandWeight     = 0.6
+	expandNeighbours = 10
+	expandVocabulary = 20000 // neighbours are looked for among the most frequent words
+)
+
+// expandedLimit bounds the names whose neighbours are kept (400 KiB each
+// thousand).
+const expandedLimit = 4096
+
+func (e *semantic) cachedNeighbours(name string) []float32 {
+	e.mu.Lock()
+	nb, ok := e.expanded[name]
+	e.mu.Unlock()
+	if ok {
+		return nb
+	}
+	nb = e.neighbours(name)
+	e.mu.Lock()
+	if len(e.expanded) >= expandedLimit {
+		clear(e.expanded)
+	}
+	e.expanded[name] = nb
+	e.mu.Unlock()
+	return nb
+}
+
+// neighbours is the normalised, similarity-weighted mean of the nearest
+// common words to name's vector (not the name's own words), or nil.
+func (e *semantic) neighbours(name string) []float32 {
+	emb := e.v.embedText(strings.ReplaceAll(name, "_", " "))
+	if emb.known == 0 {
+		return nil
+	}
+	own := make(map[int32]bool, len(emb.words))
+	for _, w := range emb.words {
+		own[w] = true
+	}
+	type nb struct {
+		i int
+		c float32
+	}
+	best := make([]nb, 0, expandNeighbours+1)
+	for i := 0; i < expandVocabulary && i < e.v.count; i++ {
+		if own[int32(i)] {
+			continue
+		}
+		c := e.v.dotWith(i, emb.vec)
+		if len(best) == expandNeighbours && c <= best[len(best)-1].c {
+			continue
+		}
+		j := len(best)
+		if j < expandNeighbours {
+			best = append(best, nb{})
+		} else {
+			j--
+		}
+		for j > 0 && best[j-1].c < c {
+			best[j] = best[j-1]
+			j--
+		}
+		best[j] = nb{i, c}
+	}
+	acc := make([]float32, e.v.dims)
+	for _, b := range best {
+		if b.c > 0 {
+			e.v.addTo(acc, b.i, b.c)
+		}
+	}
+	normalize(acc)
+	return acc
+}
+
+// centre removes from each label vector what the labels of the set have
+// in common (half their mean), so that what tells them apart decides:
+// "billing" and "shipping" are both about buying things, and a text
+// about buying things should not be pulled to whichever is closer to
+// commerce in general.
+func centre(vecs [][]float32) {
+	var mean []float32
+	n := 0
+	for _, v := range vecs {
+		if v == nil {
+			continue
+		}
+		if mean == nil {
+			mean = make([]float32, len(v))
+		}
+		for d, x := range v {
+			mean[d] += x
+		}
+		n++
+	}
+	if n < 2 {
+		return
+	}
+	for _, v := range vecs {
+		if v == nil {
+			continue
+		}
+		for d := range v {
+			v[d] -= 0.5 * mean[d] / float32(n)
+		}
+		normalize(v)
+	}
+}
+
+func (e *semantic) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
+	if len(req.Tags) == 0 {
+		// Open tags are the text's own keywords: lexical's are already
+		// ranked by rarity, which is what the vectors' ranks would say.
+		res, err := e.lex.Tag(ctx, req)
+		res.Answer = e.answer(res.Answer)
+		return res, err
+	}
+	var res TagResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	maxTags := req.MaxTags
+	if maxTags <= 0 {
+		maxTags = 5
+	}
+	threshold := req.Threshold
+	if threshold == 0 {
+		threshold = 0.5
+	}
+	text := analyze(req.Text)
+	sl := e.compileLabels(req.Tags, nil, nil)
+	sims := e.labelSims(&text, req.Text, sl)
+	all := make([]LabelScore, len(req.Tags))
+	for i, t := range req.Tags {
+		all[i] = LabelScore{Label: t, Confidence: round4(logistic((sims[i] - semMultiCentre) / semMultiSpread))}
+	}
+	res.Tags = matched(all, sims, threshold, maxTags)
+	res.Answer = e.answer(lexicalAnswer(req.Text, sl.lex.tokens))
+	return res, nil
+}
+
+func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, error) {
+	var res ScoreResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.Score = round4(e.matchScore(req.Query, req.Source))
+	res.Answer = e.answer(lexicalAnswer(req.Query+"\n"+req.Source, 0))
+	return res, nil
+}
+
+// Match weighs three pieces of evidence. Elaboration: how close to the
+// query the document's other words are, those that are not the query's
+// own (see elaboration). Coverage: how much of the query's meaning the
+// document's words cover (align). And lexical's BM25 score. Coverage and
+// BM25 count only as far as the document elaborates on the query
+// (matchGate): a document that repeats the query's words while talking
+// about something else is the typical wrong answer word overlap finds.
+// Last, a question that asks for a kind of answer (a quantity, a cause, a
+// name) moves documents that hold one up and those that do not down.
+const (
+	matchElabWeight   = 0.8
+	matchCoverWeight  = 0.3
+	matchLexWeight    = 0.6
+	matchGate         = 0.22
+	matchGateSpread   = 0.05
+	matchKindEvidence = 0.2
+	matchCentre       = 0.55
+	matchSpread       = 0.12
+)
+
+func (e *semantic) matchScore(query, source string) float64 {
+	lex := matchScore(query, source)
+	qd, dd := analyze(query), analyze(source)
+	q := e.v.embed(qd.terms)
+	d := e.v.embed(dd.terms)
+	if q.known == 0 || d.known == 0 {
+		return lex
+	}
+	elab := float64(e.elaboration(&q, qd.terms, dd.terms))
+	gate := logistic((elab - matchGate) / matchGateSpread)
+	x := matchElabWeight*elab + gate*(matchCoverWeight*float64(e.v.align(&q, &d))+matchLexWeight*lex)
+	if kind := answerKindOf(query); kind != kindNone {
+		if hasAnswerKind(kind, &dd, source, qd.terms) {
+			x += matchKindEvidence
+		} else {
+			x -= matchKindEvidence
+		}
+	}
+	return logistic((x - matchCentre) / matchSpread)
+}
+
+// elaboration is how close the document's other words (content words
+// whose stems are not the query's) come to the query: for each, the
+// cosine of its closest query word, averaged with SIF weights. An answer
+// goes on about its question (a modem's button, factory settings for
+// "reset my router"); a trap goes on about something else.
+func (e *semantic) elaboration(q *embedding, query, doc []term) float32 {
+	stems := make(map[string]struct{}, len(query))
+	for i := range query {
+		stems[query[i].stem] = struct{}{}
+	}
+	rest := make([]term, 0, len(doc))
+	for i := range doc {
+		if _, ok := stems[doc[i].stem]; !ok {
+			rest = append(rest, doc[i])
+		}
+	}
+	r := e.v.embed(rest)
+	return e.v.align(&r, q)
+}
+
+func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, error) {
+	var res ScoreResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	res.Score = round4(e.scoreAttribute(req.Source, req.Attribute, req.Description))
+	res.Answer = e.answer(lexicalAnswer(req.Source+"\n"+req.Attribute+"\n"+req.Description, 0))
+	return res, nil
+}
+
+// clamp01 keeps a score within [0,1].
+func clamp01(x float64) float64 { return math.Max(0, math.Min(1, x)) }

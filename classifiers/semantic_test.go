@@ -1,0 +1,265 @@
+package classifiers
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+)
+
+// The semantic engine's tests use the real vectors, found where the
+// gateway finds them by default (TOLLGATE_VECTORS, else
+// data/vectors/en-100d.tgv under the repository root). They are never
+// skipped: without the file they fail and say how to install it. The
+// texts here were written for these tests, not taken from the evaluation
+// set, and most of them share no word with the right label or answer.
+
+var testVectors = sync.OnceValues(func() (*Vectors, error) {
+	path := os.Getenv("TOLLGATE_VECTORS")
+	if path == "" {
+		root, err := repoRoot()
+		if err != nil {
+			return nil, err
+		}
+		path = filepath.Join(root, "data", "vectors", "en-100d.tgv")
+	}
+	v, err := LoadVectors(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errors.New(path + " is missing: run scripts/vectors.sh install (make test does)")
+	}
+	return v, err
+})
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
+
+func semanticForTest(t testing.TB) Engine {
+	t.Helper()
+	v, err := testVectors()
+	if err != nil {
+		t.Fatalf("semantic engine: %v", err)
+	}
+	return NewSemantic(v)
+}
+
+// Label names only, paraphrased texts: a word-overlap engine ties or
+// guesses on every one of these.
+var paraphraseCases = []struct {
+	labels []string
+	text   string
+	want   string
+}{
+	{[]string{"payroll", "leave", "recruiting", "benefits", "harassment"}, "My last paycheck was smaller than usual and nobody can tell me why.", "payroll"},
+	{[]string{"payroll", "leave", "recruiting", "benefits", "harassment"}, "I'd like two weeks off in August for a family trip.", "leave"},
+	{[]string{"payroll", "leave", "recruiting", "benefits", "harassment"}, "We must hire three more engineers before the next quarter.", "recruiting"},
+	{[]string{"payroll", "leave", "recruiting", "benefits", "harassment"}, "Does our health insurance cover dental work?", "benefits"},
+	{[]string{"payroll", "leave", "recruiting", "benefits", "harassment"}, "My supervisor keeps making crude remarks about my body.", "harassment"},
+	{[]string{"sports", "politics", "technology", "business", "health"}, "The striker scored twice in the second half.", "sports"},
+	{[]string{"sports", "politics", "technology", "business", "health"}, "Parliament voted down the budget proposal late last night.", "politics"},
+	{[]string{"sports", "politics", "technology", "business", "health"}, "The new phone has a faster chip and a brighter display.", "technology"},
+	{[]string{"sports", "politics", "technology", "business", "health"}, "Shares of the retailer fell after weak quarterly earnings.", "business"},
+	{[]string{"sports", "politics", "technology", "business", "health"}, "Doctors recommend a flu vaccine every autumn.", "health"},
+	{[]string{"billing", "technical", "account", "shipping"}, "Money was taken from my card two times for one purchase.", "billing"},
+	{[]string{"billing", "technical", "account", "shipping"}, "The app freezes whenever I open the camera.", "technical"},
+	{[]string{"billing", "technical", "account", "shipping"}, "I forgot my password and cannot sign in.", "account"},
+	{[]string{"billing", "technical", "account", "shipping"}, "My parcel still has not arrived after ten days.", "shipping"},
+	{[]string{"price", "quality", "delivery", "customer service"}, "Far too expensive for what you get.", "price"},
+	{[]string{"price", "quality", "delivery", "customer service"}, "The stitching came apart after one wash.", "quality"},
+	{[]string{"price", "quality", "delivery", "customer service"}, "It took three weeks to arrive and the box was crushed.", "delivery"},
+	{[]string{"price", "quality", "delivery", "customer service"}, "The agent on the phone was rude and hung up on me.", "customer service"},
+}
+
+func TestSemanticClassifyParaphrasesWithLabelNamesOnly(t *testing.T) {
+	e := semanticForTest(t)
+	lex := NewLexical()
+	right, lexRight := 0, 0
+	for _, c := range paraphraseCases {
+		for _, labels := range [][]string{c.labels, reversed(c.labels)} {
+			req := ClassifyRequest{Text: c.text, Labels: labels, Mode: ModeSingle}
+			res, err := e.Classify(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Engine != EngineSemantic {
+				t.Fatalf("engine %q, want semantic", res.Engine)
+			}
+			if !res.Tie && res.Label == c.want {
+				right++
+			} else {
+				t.Logf("%q: %s (tie %v), want %s; scores %v", c.text, res.Label, res.Tie, c.want, res.Scores)
+			}
+			lr, _ := lex.Classify(context.Background(), req)
+			if !lr.Tie && lr.Label == c.want {
+				lexRight++
+			}
+		}
+	}
+	n := 2 * len(paraphraseCases)
+	t.Logf("semantic %d/%d, lexical %d/%d", right, n, lexRight, n)
+	if right*10 < n*7 {
+		t.Errorf("semantic right on %d of %d (both label orders), want at least 70%%", right, n)
+	}
+	if right <= lexRight {
+		t.Errorf("semantic %d right, lexical %d: the vectors add nothing", right, lexRight)
+	}
+}
+
+func reversed(s []string) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[len(s)-1-i] = x
+	}
+	return out
+}
+
+// Score pairs: the first text is higher on the attribute than the second.
+// Several high texts carry none of the lexical engine's cue words.
+var scorePairs = []struct {
+	attribute, description string
+	high, low              string
+}{
+	{"toxicity", "", "Crawl back under whatever rock you came from, nobody wants you here.", "Thanks for the update, I will review it this afternoon."},
+	{"toxicity", "", "People like you are a waste of oxygen.", "I disagree with your point, but I see where you are coming from."},
+	{"urgency", "", "The patient has stopped breathing, get a doctor to room four.", "Whenever you have a moment, could you look over the draft?"},
+	{"urgency", "", "Smoke is pouring out of the server room.", "Let's talk about next year's roadmap at some point."},
+	{"politeness", "how courteous and respectful the writer is", "Would you mind sending the report when you get a chance? Thank you so much.", "Send me the report. Now."},
+	{"politeness", "how courteous and respectful the writer is", "I really appreciate your patience, and sorry for the trouble.", "Stop wasting my time and fix it."},
+	{"sentiment", "", "I absolutely adore this little cafe, the staff are lovely.", "The food was cold and the waiter ignored us all evening."},
+	{"spam", "", "Congratulations! You have been selected for a free cruise, reply with your bank details.", "Can we move tomorrow's meeting to 3pm?"},
+	{"formality", "", "Dear Ms. Patel, I am writing to inquire about the status of my application.", "hey whats up, u coming tonight?"},
+	{"quality", "", "The report compares three suppliers on cost, lead time and defect rate, and recommends the second with reasons.", "stuff is ok i guess whatever"},
+	{"excitement", "how thrilled and enthusiastic the writer sounds", "We won the final! I can't believe it, best day ever!", "The meeting has been moved to Thursday."},
+	{"sadness", "", "Since my grandmother died the house feels empty and I cry most nights.", "The bus leaves at nine and arrives at noon."},
+}
+
+func TestSemanticScorePairs(t *testing.T) {
+	e := semanticForTest(t)
+	lex := NewLexical()
+	ordered, lexOrdered := 0, 0
+	for _, p := range scorePairs {
+		score := func(en Engine, text string) float64 {
+			res, err := en.Score(context.Background(), ScoreRequest{Source: text, Attribute: p.attribute, Description: p.description})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.Score
+		}
+		hi, lo := score(e, p.high), score(e, p.low)
+		if hi > lo {
+			ordered++
+		} else {
+			t.Logf("%s: %q %.3f <= %q %.3f", p.attribute, p.high, hi, p.low, lo)
+		}
+		if score(lex, p.high) > score(lex, p.low) {
+			lexOrdered++
+		}
+	}
+	t.Logf("semantic ordered %d/%d pairs, lexical %d", ordered, len(scorePairs), lexOrdered)
+	if ordered*10 < len(scorePairs)*9 {
+		t.Errorf("semantic ordered %d of %d pairs, want at least 90%%", ordered, len(scorePairs))
+	}
+}
+
+// Match: each query has an answer in other words and a trap that repeats
+// the query's words without answering it.
+var matchTraps = []struct{ query, answer, trap string }{
+	{"how do I reset my router", "Hold the small button on the back of the modem for ten seconds to restore the factory settings.", "Our router reset policy changed in May; ask us how routers are replaced under warranty."},
+	{"why is the sky blue", "Sunlight scatters off air molecules, and the shorter wavelengths scatter most, which tints the daytime heavens.", "The sky was blue when we set off on the hike, so why not come along next time?"},
+	{"what time does the pharmacy open on sunday", "The drugstore opens at 10 am on weekends and closes at 4 pm.", "Our pharmacy has a new manager, and Sunday is a busy time for the whole street."},
+	{"how can I lower my electricity bill", "Switching to LED bulbs and unplugging idle appliances cuts the power you pay for each month.", "The electricity bill passed the lower house and now goes to the senate."},
+	{"symptoms of dehydration", "If you have not drunk enough water you may feel dizzy, get headaches and notice dark urine and a dry mouth.", "Our clinic's newsletter has a dehydration symptoms poster you can print."},
+	{"best way to learn a new language", "Speak with native speakers every day, listen to podcasts and review vocabulary with flashcards.", "The best new language school in town opened its way-finding signs this week."},
+	{"how long should I boil an egg", "Cook it in simmering water for about seven minutes for a firm white and a soft yolk.", "How long the egg queue was! We should boil water for tea while we wait."},
+	{"can dogs eat chocolate", "Cocoa contains theobromine, which is poisonous to pets and can cause vomiting, seizures and worse.", "Our dogs love the chocolate brown blanket and can eat on it all day."},
+	{"how to fix a flat bicycle tyre", "Take the wheel off, find the puncture, patch the inner tube and pump it back up.", "A flat tyre on a bicycle is how our club's fix-it afternoon began last year."},
+	{"who painted the mona lisa", "Leonardo da Vinci worked on the portrait in Florence in the early sixteenth century.", "Mona Lisa is the name of a pizzeria that painted its walls last spring."},
+}
+
+func TestSemanticMatchTrapsLoseToAnswers(t *testing.T) {
+	e := semanticForTest(t)
+	wins := 0
+	for _, c := range matchTraps {
+		score := func(doc string) float64 {
+			res, err := e.Match(context.Background(), MatchRequest{Source: doc, Query: c.query})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.Score
+		}
+		a, tr := score(c.answer), score(c.trap)
+		if a > tr {
+			wins++
+		} else {
+			t.Logf("%q: answer %.3f <= trap %.3f", c.query, a, tr)
+		}
+	}
+	t.Logf("answer above the trap %d/%d", wins, len(matchTraps))
+	if wins < 8 {
+		t.Errorf("answer above the trap %d of %d times, want at least 8", wins, len(matchTraps))
+	}
+}
+
+// TestSemanticTiesWithoutEvidence: a text of words the vectors do not
+// know, sharing none with the labels, is a tie, whatever the label order.
+func TestSemanticTiesWithoutEvidence(t *testing.T) {
+	e := semanticForTest(t)
+	for _, labels := range [][]string{{"billing", "shipping"}, {"shipping", "billing"}} {
+		res, err := e.Classify(context.Background(), ClassifyRequest{Text: "zzqx vrrbl 4471", Labels: labels, Mode: ModeSingle})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Tie || res.Label != "billing" {
+			t.Errorf("labels %v: label %q tie %v, want a tie reported as billing (first by name)", labels, res.Label, res.Tie)
+		}
+	}
+}
+
+// TestSemanticLabelOrder: the answer does not depend on the order labels
+// are listed in.
+func TestSemanticLabelOrder(t *testing.T) {
+	e := semanticForTest(t)
+	for _, c := range paraphraseCases {
+		a, _ := e.Classify(context.Background(), ClassifyRequest{Text: c.text, Labels: c.labels})
+		b, _ := e.Classify(context.Background(), ClassifyRequest{Text: c.text, Labels: reversed(c.labels)})
+		if a.Label != b.Label || a.Confidence != b.Confidence {
+			t.Errorf("%q: %s %.4f in one order, %s %.4f in the other", c.text, a.Label, a.Confidence, b.Label, b.Confidence)
+		}
+	}
+}
+
+// TestSemanticMulti: in multi mode the labels a text is about pass the
+// threshold and an unrelated one does not.
+func TestSemanticMulti(t *testing.T) {
+	e := semanticForTest(t)
+	res, err := e.Classify(context.Background(), ClassifyRequest{
+		Text:   "The goalkeeper was fined for dodging taxes on his transfer fee from the club.",
+		Labels: []string{"sports", "finance", "cooking"}, Mode: ModeMulti, Threshold: 0.5,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, l := range res.Labels {
+		got[l.Label] = true
+	}
+	if !got["sports"] || got["cooking"] {
+		t.Errorf("multi: %v (scores %v), want sports and not cooking", res.Labels, res.Scores)
+	}
+}

