@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/rawconn"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 )
@@ -171,7 +172,7 @@ func (s *Server) Apply(cfg *config.Config) error {
 func (s *Server) World() *World { return s.world.Load() }
 
 // Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.http.Serve(ln) }
+func (s *Server) Serve(ln net.Listener) error { return s.http.Serve(rawconn.Listener{Listener: ln}) }
 
 // Shutdown stops accepting and waits for open requests, streams included.
 func (s *Server) Shutdown() error { return s.http.Shutdown() }

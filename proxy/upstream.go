@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/rawconn"
 )
 
 // upstream is one generation server and its connection pool. It is immutable;
@@ -137,7 +138,7 @@ func (u *upstream) dial(addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &timeoutConn{Conn: c, firstByte: u.cfg.FirstByteTimeout, idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout}, nil
+	return &timeoutConn{Conn: rawconn.Wrap(c), firstByte: u.cfg.FirstByteTimeout, idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout}, nil
 }
 
 // timeoutConn owns the deadlines of an upstream connection. After every

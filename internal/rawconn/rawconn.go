@@ -1,0 +1,144 @@
+//go:build linux
+
+// Package rawconn gives TCP connections reads and writes that enter the
+// kernel without telling the Go scheduler.
+//
+// A net.Conn's Read and Write go through syscall.Syscall, which marks the
+// goroutine's P as in a system call. On loopback and fast networks a write
+// runs the receiver's TCP stack inline and takes several microseconds, so
+// sysmon often finds the P still in that call, takes it away, wakes another
+// thread to run it and keeps polling every 20 µs instead of backing off to
+// 10 ms. Under load that was a sixth of the gateway's CPU (runtime.sysmon,
+// usleep, futex wake-ups), none of it proxying. The sockets are
+// non-blocking, so a read or write never waits in the kernel: when it
+// would, it returns EAGAIN and the goroutine parks in the netpoller as
+// usual (syscall.RawConn), with the connection's deadlines.
+package rawconn
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// Conn is a *net.TCPConn whose Read and Write use raw system calls; every
+// other method is the TCPConn's. Like a TCPConn it may be read from one
+// goroutine while another writes, but not read (or written) from two at
+// once, which no HTTP client or server here does.
+type Conn struct {
+	*net.TCPConn
+	raw syscall.RawConn
+
+	// The operation in progress, kept here so the callbacks handed to the
+	// RawConn are built once per connection and not per call.
+	r, w            op
+	readDo, writeDo func(fd uintptr) bool
+}
+
+type op struct {
+	buf []byte
+	n   int
+	err error
+}
+
+// Wrap returns c with raw reads and writes when it is a *net.TCPConn, and
+// c itself otherwise.
+func Wrap(c net.Conn) net.Conn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	rc := &Conn{TCPConn: tc, raw: raw}
+	rc.readDo, rc.writeDo = rc.read, rc.write
+	return rc
+}
+
+func (c *Conn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.r = op{buf: p}
+	err := c.raw.Read(c.readDo)
+	n := c.r.n
+	if err == nil {
+		err = c.r.err
+	}
+	c.r = op{}
+	if err != nil && err != io.EOF {
+		err = c.opError("read", err)
+	}
+	return n, err
+}
+
+func (c *Conn) read(fd uintptr) bool {
+	buf := c.r.buf
+	for {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+		switch errno {
+		case 0:
+			c.r.n = int(n)
+			if n == 0 {
+				c.r.err = io.EOF
+			}
+			return true
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.r.err = os.NewSyscallError("read", errno)
+			return true
+		}
+	}
+}
+
+func (c *Conn) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.w = op{buf: p}
+	err := c.raw.Write(c.writeDo)
+	n := c.w.n
+	if err == nil {
+		err = c.w.err
+	}
+	c.w = op{}
+	if err != nil {
+		err = c.opError("write", err)
+	}
+	return n, err
+}
+
+func (c *Conn) write(fd uintptr) bool {
+	for c.w.n < len(c.w.buf) {
+		rest := c.w.buf[c.w.n:]
+		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)))
+		switch errno {
+		case 0:
+			c.w.n += int(n)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.w.err = os.NewSyscallError("write", errno)
+			return true
+		}
+	}
+	return true
+}
+
+// opError words err as net.TCPConn would: a closed connection or a passed
+// deadline from the RawConn loses its "raw-read" wording.
+func (c *Conn) opError(op string, err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		err = oe.Err
+	}
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
