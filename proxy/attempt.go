@@ -18,7 +18,7 @@ import (
 // the upstream holding its previous response goes there or nowhere. The
 // returned upstream is also call.upstream; its in-flight count is released
 // with the call.
-func (s *Server) attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, body []byte) (*upstreamResponse, *upstream, *APIError) {
+func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, body []byte) (*upstreamResponse, *upstream, *APIError) {
 	reqp := bodyPool.Get().(*[]byte)
 	defer func() {
 		if cap(*reqp) <= 1<<20 {

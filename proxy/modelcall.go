@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
-	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/meter"
@@ -35,70 +34,48 @@ func truncate(b []byte, n int) string {
 	return string(b)
 }
 
-// CallModel sends a non-streamed chat completion for a catalog model through
-// the gateway's upstream client — the same connection pools, timeouts and
-// model mapping as client traffic — and returns the body and usage. body is
-// a chat request whose "model" is the catalog id; it is rewritten to the
-// upstream's name here. CallModel records no event: the plugin that calls
-// it meters its whole call, so the tokens are billed once.
+// CallModel sends a non-streamed chat completion for a catalog model
+// through the same attempts as client traffic — connection pools,
+// timeouts, model mapping, retries on another upstream while nothing was
+// generated — and returns the body and usage. body is a chat request whose
+// "model" is the catalog id; it is rewritten to the upstream's name here.
+// CallModel records no event: the plugin that calls it meters its whole
+// call, so the tokens are billed once. ctx is checked before the call
+// starts; the upstream's timeouts bound it after that.
 func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byte, catalog.Usage, error) {
-	var usage catalog.Usage
 	entry, ok := w.Catalog.Resolve(model)
 	if !ok {
-		return nil, usage, fmt.Errorf("%w: %q is not in the catalog", ErrModelUnavailable, model)
+		return nil, catalog.Usage{}, fmt.Errorf("%w: %q is not in the catalog", ErrModelUnavailable, model)
 	}
 	p := w.pools[entry.ID]
 	if p == nil || len(p.members) == 0 {
-		return nil, usage, fmt.Errorf("%w: %q has no upstream", ErrModelUnavailable, model)
+		return nil, catalog.Usage{}, fmt.Errorf("%w: %q has no upstream", ErrModelUnavailable, model)
 	}
-	rt := &w.Config.Routing
-	up, _ := p.pick(rt, 0, 0)
-	if up == nil {
-		return nil, usage, fmt.Errorf("%w: %s", ErrModelUnavailable, p.allDown(model).Message)
-	}
-	up.health.inflight.Add(1)
-	defer up.health.inflight.Add(-1)
-	sent := time.Now()
 	f, apiErr := scanRequest(body)
 	if apiErr != nil {
-		return nil, usage, fmt.Errorf("building model request: %s", apiErr.Message)
+		return nil, catalog.Usage{}, fmt.Errorf("building model request: %s", apiErr.Message)
 	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	out, _ := rewriteRequest(nil, body, &f, entry.UpstreamModelJSON, false)
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(up.chatURL)
-	req.Header.SetContentType("application/json")
-	if up.authHeader != "" {
-		req.Header.Set("Authorization", up.authHeader)
-	}
-	req.SetBodyRaw(out)
-	// The upstream's first_byte_timeout and idle_timeout bound the call;
-	// ctx is checked before it starts (fasthttp cannot cancel mid-call).
 	if err := ctx.Err(); err != nil {
-		return nil, usage, err
+		return nil, catalog.Usage{}, err
 	}
-	if err := up.client.Do(req, resp); err != nil {
-		up.fail(rt, err.Error())
-		return nil, usage, fmt.Errorf("%w: upstream %s: %v", ErrModelUnavailable, up.cfg.Name, err)
+	out, _ := rewriteRequest(nil, body, &f, entry.UpstreamModelJSON, false)
+	call := &generationCall{ep: endpointChat, entry: entry, start: time.Now()}
+	resp, up, apiErr := attempt(call, p, &w.Config.Routing, 0, out)
+	if apiErr != nil {
+		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, apiErr.Message)
 	}
-	if resp.StatusCode() >= 500 {
-		up.fail(rt, fmt.Sprintf("answered %d", resp.StatusCode()))
-	} else {
-		up.health.succeeded(time.Since(sent))
+	defer up.health.inflight.Add(-1)
+	defer resp.Close()
+	// Read like a client's answer: a cut body is an error, never a short
+	// answer, and max_response_body holds.
+	respBody, err := resp.readAll(nil, int64(up.cfg.MaxResponseBody))
+	if err != nil {
+		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, upstreamCut(up, err).Message)
 	}
-	respBody := append([]byte(nil), resp.Body()...)
-	if st := resp.StatusCode(); st < 200 || st > 299 {
-		return nil, usage, &ModelError{Status: st, Body: respBody}
+	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
+		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
-	u := gjson.GetBytes(respBody, "usage")
-	usage.PromptTokens = u.Get("prompt_tokens").Int()
-	usage.CompletionTokens = u.Get("completion_tokens").Int()
-	usage.CachedTokens = u.Get("prompt_tokens_details.cached_tokens").Int()
-	usage.ReasoningTokens = u.Get("completion_tokens_details.reasoning_tokens").Int()
-	return respBody, usage, nil
+	return respBody, parseUsage(gjson.GetBytes(respBody, "usage")), nil
 }
 
 // Record hands a plugin's usage event to the meter; it never blocks.

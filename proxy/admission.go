@@ -1,0 +1,75 @@
+package proxy
+
+// Admission: who may make a generation call, before any of it is read.
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
+)
+
+// authenticate verifies the bearer key. Every failure is 401 INVALID_API_KEY
+// with the reason, never which part of a forged key was wrong beyond that.
+// authorize is authenticate, then a check that the key has scope.
+func (s *Server) authorize(ctx *fasthttp.RequestCtx, scope string) (*accounts.Key, *APIError) {
+	key, apiErr := s.authenticate(ctx)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	if scope != "" && !key.HasScope(scope) {
+		return nil, Forbidden("this API key lacks the " + scope + " scope")
+	}
+	return key, nil
+}
+
+func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*accounts.Key, *APIError) {
+	h := ctx.Request.Header.Peek("Authorization")
+	if len(h) == 0 {
+		return nil, errInvalidKey("missing API key: send the header Authorization: Bearer <API key>")
+	}
+	if len(h) < 7 || !strings.EqualFold(string(h[:7]), "bearer ") {
+		return nil, errInvalidKey("the Authorization header must be: Bearer <API key>")
+	}
+	key, err := s.accounts.Verify(bytes.TrimSpace(h[7:]))
+	if err != nil {
+		return nil, errInvalidKey(err.Error())
+	}
+	return key, nil
+}
+
+// checkBalance refuses accounts whose balance is below the grace buffer.
+func (s *Server) checkBalance(w *World, key *accounts.Key) *APIError {
+	bal, ok := s.accounts.Balance(key.Account)
+	if !ok {
+		return errInvalidKey("the account of this API key does not exist")
+	}
+	if bal < -w.grace {
+		return errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, below the grace buffer of -%s USD; a top-up resumes service at once", key.Account, bal, w.grace))
+	}
+	return nil
+}
+
+// admit checks the key, its scope and its account's balance, and counts
+// the call against the key's own rpm/tpm: the request counts now, its
+// tokens once the usage is known, so a key over its tokens waits for its
+// next call. The admission is nil for a key without limits.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, w *World) (*accounts.Key, *admission, *APIError) {
+	key, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
+	if apiErr != nil {
+		return nil, nil, apiErr
+	}
+	if apiErr := s.checkBalance(w, key); apiErr != nil {
+		return nil, nil, apiErr
+	}
+	limit := s.limits.keyAdmission(key)
+	if limit != nil {
+		if apiErr := limit.admit(ctx, 0); apiErr != nil {
+			return nil, nil, apiErr
+		}
+	}
+	return key, limit, nil
+}

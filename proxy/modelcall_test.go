@@ -1,0 +1,69 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+const modelCallBody = `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+
+// A plugin's model call takes the same attempts as client traffic: an
+// upstream that refuses the connection is passed over for the next.
+func TestCallModelRetriesOnAnotherUpstream(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin")
+	h.ups[0].Close()
+	for i := range 4 {
+		body, usage, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody))
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if !strings.Contains(string(body), `"choices"`) || usage.PromptTokens == 0 {
+			t.Fatalf("call %d: body %s, usage %+v", i, body, usage)
+		}
+	}
+}
+
+// An answer cut before its Content-Length is an unavailable model, never
+// a short body handed to the engine as if it were the answer.
+func TestCallModelCutAnswerIsAnError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				_, _ = c.Read(buf)
+				_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"choices\":[{\"message\""))
+			}()
+		}
+	}()
+	h := newPoolHarness(t, 1, "  retries: 0")
+	// p0 moves to the cutting server; setPool reads only its upstreams' URLs.
+	h.ups = []*proxytest.Server{{URL: "http://" + ln.Addr().String() + "/v1"}}
+	h.setPool("  retries: 0\n  eject_after: 5", "p0")
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		if _, _, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody)); err == nil {
+			return errors.New("the old p0 still answers")
+		}
+		return nil
+	})
+	_, _, err = h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody))
+	if !errors.Is(err, proxy.ErrModelUnavailable) || !strings.Contains(err.Error(), "reading its response") {
+		t.Fatalf("cut answer: %v; want ErrModelUnavailable saying the response was cut", err)
+	}
+}

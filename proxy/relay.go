@@ -1,0 +1,339 @@
+package proxy
+
+// The relay of a streamed answer, event by event, and what it reads from
+// the events on the way: finish, usage, the response id.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+	"github.com/valyala/fasthttp"
+)
+
+// A streamed answer is the generationCall itself, set as the response's
+// body stream: fasthttp calls WriteTo from the connection's own goroutine
+// with a writer that sends each Write as one chunk and flushes it, then
+// Close however writing ended. Unlike SetBodyStreamWriter, no goroutine and
+// no pipe stand between the upstream's events and the client's socket.
+
+// SupportsBodyWriteTo tells fasthttp to frame WriteTo's writes directly.
+func (c *generationCall) SupportsBodyWriteTo() bool { return true }
+
+// maxCoalesced bounds the events that arrived together and go out in one
+// write.
+const maxCoalesced = 16 << 10
+
+// WriteTo relays the upstream's events. Each goes out as soon as it is
+// read: events that arrived together in one read from the upstream go out
+// together in one write (as a bare nginx hop would send them), and an event
+// still arriving never holds back those before it. The event that tells the
+// client the answer is complete is written only once the call is billed.
+func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
+	var n int64
+	flush := func() error {
+		if len(c.pending) == 0 {
+			return nil
+		}
+		m, err := w.Write(c.pending)
+		n += int64(m)
+		c.pending = c.pending[:0]
+		if c.ttfb == 0 {
+			c.ttfb = time.Since(c.start)
+		}
+		return err // a failed write is a client gone; Close ends the call
+	}
+	for {
+		out, terminal, err := c.nextEvent()
+		if err != nil {
+			return n, flush()
+		}
+		if terminal {
+			if c.ttfb == 0 {
+				c.ttfb = time.Since(c.start) // the whole answer goes out in this write
+			}
+			if safe := c.record(fasthttp.StatusOK); safe != nil {
+				// Events before the terminal one do not wait for the disk.
+				if err := flush(); err != nil {
+					return n, err
+				}
+				c.waitRecorded(safe)
+			}
+		}
+		c.pending = append(c.pending, out...)
+		if len(c.pending) < maxCoalesced && c.sse.eventBuffered() {
+			continue
+		}
+		if err := flush(); err != nil {
+			return n, err
+		}
+	}
+}
+
+// Read serves fasthttp paths that read the body instead of calling WriteTo:
+// one event per read, split over several if larger than p.
+func (c *generationCall) Read(p []byte) (int, error) {
+	for len(c.pending) == 0 {
+		out, terminal, err := c.nextEvent()
+		if err != nil {
+			return 0, err
+		}
+		if terminal {
+			c.recordAndWait(fasthttp.StatusOK)
+		}
+		c.pending = append(c.pending[:0], out...)
+	}
+	n := copy(p, c.pending)
+	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
+	if c.ttfb == 0 {
+		c.ttfb = time.Since(c.start)
+	}
+	return n, nil
+}
+
+// nextEvent returns the next bytes to relay: an upstream event as it came
+// (or stripped of the usage the client did not ask for; nil for one dropped
+// whole), then, if the upstream broke the stream, an error event; then
+// io.EOF. terminal marks the event that tells the client the answer is
+// complete. The returned slice is valid until the next call.
+func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
+	if c.streamDone {
+		return nil, false, io.EOF
+	}
+	if c.sse == nil {
+		c.sse = newSSEReader(c.resp, 4096, int(c.upstream.cfg.MaxResponseBody))
+	} else if !c.sseStarted {
+		c.sse.reset(c.resp)
+		c.sse.maxEvent = int(c.upstream.cfg.MaxResponseBody)
+	}
+	c.sseStarted = true
+	ev, err := c.sse.Next()
+	if err != nil {
+		c.streamDone = true
+		if err == io.EOF {
+			if c.finished {
+				return nil, false, io.EOF
+			}
+			// fasthttp reports a connection closed between two chunks as a
+			// plain EOF, so an ending is judged by its content.
+			err = io.ErrUnexpectedEOF
+		}
+		// The upstream broke the stream: end it cleanly with an error event
+		// the SDKs raise, instead of pretending it completed.
+		msg := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, err)
+		if isTimeout(err) {
+			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
+		}
+		return streamErrorEvent(c.ep, msg), false, nil
+	}
+	out = ev.Raw
+	if c.ep == endpointChat {
+		var drop bool
+		if out, drop = c.inspectChat(&ev); drop {
+			return nil, false, nil
+		}
+	} else {
+		c.inspectResponses(&ev)
+	}
+	return out, c.finished && c.terminal(&ev), nil
+}
+
+// Close ends a streamed call however its relay ended: completed, cut by
+// the upstream, or abandoned by a client that went away (fasthttp calls it
+// after a failed write, and when it drops a response it never wrote).
+// Closing an upstream body that was not read to the end closes that
+// connection, which is what aborts generation upstream.
+func (c *generationCall) Close() error {
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	c.recordAndWait(fasthttp.StatusOK)
+	c.release()
+	return nil
+}
+
+func streamErrorEvent(ep endpoint, msg string) []byte {
+	if ep == endpointChat {
+		e := &APIError{Type: "upstream_error", Code: "stream_interrupted", Message: msg}
+		body, _ := e.MarshalJSON()
+		return append(append([]byte("data: "), body...), "\n\n"...)
+	}
+	body, _ := sjson.SetBytes([]byte(`{"type":"error","code":"stream_interrupted","param":null}`), "message", msg)
+	return append(append([]byte("event: error\ndata: "), body...), "\n\n"...)
+}
+
+var doneData = []byte("[DONE]")
+
+// inspectChat reads usage and text from one chat chunk. When the gateway
+// injected include_usage, it drops the usage-only chunk and strips the
+// usage field the client did not ask for, returning the event to relay.
+func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
+	data := ev.Data
+	if len(data) == 0 {
+		return ev.Raw, false
+	}
+	if bytes.Equal(data, doneData) {
+		c.finished = true
+		return ev.Raw, false
+	}
+	if !c.logging.Enabled && !mayFinish(data) {
+		// Most chunks carry only a delta. Their text matters only if the
+		// stream ends without usage, so they are kept as they came and
+		// read then, instead of parsed now.
+		usage := gjson.Result{}
+		if bytes.Contains(data, keyUsage) {
+			usage = gjson.Get(bstr(data), "usage") // top level only
+		}
+		if usage.Type != gjson.JSON { // absent or null: no usage yet
+			if !c.haveUsage {
+				c.keepRawChunk(data)
+			}
+			if !c.injected || !usage.Exists() {
+				return ev.Raw, false
+			}
+			return c.stripUsage(ev, usage), false
+		}
+	}
+	// One pass over the chunk's members finds both fields.
+	var choices, usage gjson.Result
+	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "choices":
+			choices = v
+		case "usage":
+			usage = v
+		}
+		return true
+	})
+	c.readChoices(choices)
+	if usage.IsObject() && ev.Complete {
+		c.setUsage(usage)
+	}
+	if !c.injected || !usage.Exists() {
+		return ev.Raw, false
+	}
+	if choices.IsArray() && isEmptyArray(choices.Raw) {
+		return nil, true
+	}
+	return c.stripUsage(ev, usage), false
+}
+
+// stripUsage returns ev without the usage member the client did not ask
+// for, or ev as it came where that cannot be done safely.
+func (c *generationCall) stripUsage(ev *sseEvent, usage gjson.Result) []byte {
+	if ev.dataEnd == 0 {
+		return ev.Raw // several data lines: relay untouched rather than guess
+	}
+	stripped, ok := appendWithoutMember(c.scratchData[:0], ev.Data, usage, "usage")
+	if !ok {
+		return ev.Raw
+	}
+	c.scratchData = stripped
+	c.scratchEvent = appendWithData(c.scratchEvent[:0], ev, stripped)
+	return c.scratchEvent
+}
+
+// mayFinish reports whether a chat chunk may set a finish_reason, which
+// must be read as the chunk passes. It errs towards yes: anything it does
+// not recognise as "finish_reason":null counts.
+func mayFinish(data []byte) bool {
+	rest := data
+	for {
+		i := bytes.Index(rest, keyFinishReason)
+		if i < 0 {
+			return false
+		}
+		rest = bytes.TrimLeft(rest[i+len(keyFinishReason):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			return true
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if !bytes.HasPrefix(rest, jsonNull) {
+			return true
+		}
+	}
+}
+
+var (
+	keyUsage        = []byte(`"usage"`)
+	keyFinishReason = []byte(`"finish_reason"`)
+	jsonNull        = []byte("null")
+)
+
+// keepRawChunk keeps a chunk's data, length-prefixed, for textOfRawChunks.
+func (c *generationCall) keepRawChunk(data []byte) {
+	if len(c.rawChunks)+len(data)+binary.MaxVarintLen64 <= maxEstimateText {
+		c.rawChunks = binary.AppendUvarint(c.rawChunks, uint64(len(data)))
+		c.rawChunks = append(c.rawChunks, data...)
+	}
+}
+
+// textOfRawChunks adds the delta text of the chunks keepRawChunk kept.
+func (c *generationCall) textOfRawChunks() {
+	for b := c.rawChunks; len(b) > 0; {
+		n, w := binary.Uvarint(b)
+		if w <= 0 || uint64(len(b)-w) < n {
+			break
+		}
+		c.readChoices(gjson.Get(bstr(b[w:w+int(n)]), "choices"))
+		b = b[w+int(n):]
+	}
+	c.rawChunks = c.rawChunks[:0]
+}
+
+func isEmptyArray(raw string) bool {
+	return len(strings.TrimSpace(raw[1:len(raw)-1])) == 0
+}
+
+func (c *generationCall) inspectResponses(ev *sseEvent) {
+	data := ev.Data
+	if len(data) == 0 {
+		return
+	}
+	typ := string(ev.Name)
+	if typ == "" {
+		typ = gjson.Get(bstr(data), "type").Str
+	}
+	switch typ {
+	case "response.created":
+		if c.remember {
+			c.rememberResponse(gjson.Get(bstr(data), "response.id"))
+		}
+	case "error":
+		c.finished = true
+	case "response.completed", "response.incomplete", "response.failed":
+		c.finished = true
+		if u := gjson.Get(bstr(data), "response.usage"); u.IsObject() {
+			c.setUsage(u)
+		}
+	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta":
+		if c.keepText() {
+			c.appendText(gjson.Get(bstr(data), "delta").Str)
+		}
+	}
+}
+
+// rememberResponse records which upstream created the response with this
+// id, once per call, for its state routes and previous_response_id.
+func (c *generationCall) rememberResponse(id gjson.Result) {
+	c.remember = false
+	if id.Type != gjson.String || id.Str == "" || len(id.Str) > maxResponseID {
+		return
+	}
+	// id.Str points into a buffer that is reused: the store keeps a copy.
+	c.server.responses.remember(strings.Clone(id.Str), c.upstream.cfg.Name, c.key.Account, c.entry.ID)
+}
+
+// terminal reports, for a finished call, whether ev is the event that ends
+// the answer for the client: [DONE] in chat (the finish_reason chunk comes
+// before the usage chunk), and in responses the terminal event itself, which
+// is what set finished.
+func (c *generationCall) terminal(ev *sseEvent) bool {
+	return c.ep == endpointResponses || bytes.Equal(ev.Data, doneData)
+}

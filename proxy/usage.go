@@ -1,0 +1,250 @@
+package proxy
+
+// Usage: a call's tokens, from the upstream's report or estimated from
+// the text, and the usage event that bills them.
+
+import (
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+// keepText reports whether delta text must be kept: to estimate usage the
+// upstream has not reported (yet), or to log the assembled answer.
+func (c *generationCall) keepText() bool { return !c.haveUsage || c.logging.Enabled }
+
+// maxEstimateText bounds the text kept for estimating a cut stream's usage.
+const maxEstimateText = 4 << 20
+
+// setUsage reads the chat (prompt/completion) or responses (input/output)
+// spelling of usage.
+func (c *generationCall) setUsage(u gjson.Result) {
+	usage := parseUsage(u)
+	c.usage.PromptTokens, c.usage.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
+	c.usage.CachedTokens, c.usage.ReasoningTokens = usage.CachedTokens, usage.ReasoningTokens
+	c.haveUsage = true
+}
+
+// parseUsage reads an upstream's usage object in either dialect: chat's
+// prompt and completion tokens, or responses' input and output tokens.
+func parseUsage(u gjson.Result) catalog.Usage {
+	var usage catalog.Usage
+	if p := u.Get("prompt_tokens"); p.Exists() {
+		usage.PromptTokens = p.Int()
+		usage.CompletionTokens = u.Get("completion_tokens").Int()
+		usage.CachedTokens = u.Get("prompt_tokens_details.cached_tokens").Int()
+		usage.ReasoningTokens = u.Get("completion_tokens_details.reasoning_tokens").Int()
+		return usage
+	}
+	usage.PromptTokens = u.Get("input_tokens").Int()
+	usage.CompletionTokens = u.Get("output_tokens").Int()
+	usage.CachedTokens = u.Get("input_tokens_details.cached_tokens").Int()
+	usage.ReasoningTokens = u.Get("output_tokens_details.reasoning_tokens").Int()
+	return usage
+}
+
+func (c *generationCall) appendText(s string) {
+	if len(c.text)+len(s) <= maxEstimateText {
+		c.text = append(c.text, s...)
+	}
+}
+
+// readChoices notes a finish_reason and, until usage is known, keeps the
+// delta text for estimating.
+func (c *generationCall) readChoices(choices gjson.Result) {
+	choices.ForEach(func(_, ch gjson.Result) bool {
+		if ch.Get("finish_reason").Type == gjson.String {
+			c.finished = true
+		}
+		if c.keepText() {
+			d := ch.Get("delta")
+			c.appendText(d.Get("content").Str)
+			c.appendText(d.Get("reasoning_content").Str)
+			c.appendText(d.Get("reasoning").Str)
+		}
+		return true
+	})
+}
+
+func (c *generationCall) collectWholeText(body []byte) {
+	if c.ep == endpointChat {
+		gjson.Get(bstr(body), "choices").ForEach(func(_, ch gjson.Result) bool {
+			c.appendText(ch.Get("message.content").Str)
+			return true
+		})
+		return
+	}
+	gjson.Get(bstr(body), "output").ForEach(func(_, item gjson.Result) bool {
+		item.Get("content").ForEach(func(_, part gjson.Result) bool {
+			c.appendText(part.Get("text").Str)
+			return true
+		})
+		return true
+	})
+}
+
+// durableWait bounds how long an answer waits for its usage event to reach
+// disk; past it the answer goes out anyway (a stuck disk must not hang
+// clients) and the event is still on its way.
+const durableWait = 2 * time.Second
+
+// recordAndWait records the call's event once and waits, bounded, until the
+// meter has it safe from a crash (see meter.DurableRecorder), so the answer
+// a client receives is billed even if the gateway is killed right after
+// sending it.
+func (c *generationCall) recordAndWait(status int) {
+	c.waitRecorded(c.record(status))
+}
+
+// record records the call's event once. It returns a channel closed when
+// the event is safe from a crash, or nil when there is nothing to wait for.
+func (c *generationCall) record(status int) <-chan struct{} {
+	if c.recorded {
+		return nil
+	}
+	c.recorded = true
+	ev := c.event(status)
+	c.server.calls.observeEvent(ev)
+	c.endCallSpan(ev)
+	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
+	d, ok := c.server.recorder.(meter.DurableRecorder)
+	if !ok {
+		c.server.recorder.Record(ev)
+		return nil
+	}
+	safe := d.RecordDurable(ev)
+	select {
+	case <-safe:
+		return nil // in the kernel's hands already: no wait, no timer
+	default:
+		return safe
+	}
+}
+
+// waitRecorded waits for record's channel, at most durableWait: a stuck
+// disk must not hang clients, and the event is on its way anyway.
+func (c *generationCall) waitRecorded(safe <-chan struct{}) {
+	if safe == nil {
+		return
+	}
+	t := time.NewTimer(durableWait)
+	defer t.Stop()
+	select {
+	case <-safe:
+	case <-t.C:
+		c.server.logf("meter: usage event %s not on disk after %s; answering anyway", c.reqID, durableWait)
+	}
+}
+
+// event is the call's usage event. Where the upstream never reported
+// usage, the prompt and the text actually forwarded are counted with the
+// tokenizer and the event says so.
+func (c *generationCall) event(status int) *meter.Event {
+	u := c.usage
+	source := meter.SourceUpstream
+	if !c.haveUsage {
+		c.textOfRawChunks()
+		source = meter.SourceEstimated
+		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep)))
+		u.CompletionTokens = int64(tokens.Count(string(c.text)))
+	}
+	if c.entry.Prices.Image != 0 {
+		u.Images = countImages(*c.reqBody, c.ep)
+	}
+	return &meter.Event{
+		ID:               c.reqID,
+		Time:             c.start.UTC(),
+		Account:          c.key.Account,
+		KeyID:            c.key.ID,
+		Endpoint:         c.ep.path(),
+		Model:            c.entry.ID,
+		Upstream:         c.upstream.cfg.Name,
+		PromptTokens:     u.PromptTokens,
+		CachedTokens:     u.CachedTokens,
+		CompletionTokens: u.CompletionTokens,
+		ReasoningTokens:  u.ReasoningTokens,
+		Images:           u.Images,
+		CostNanos:        c.entry.Prices.Cost(u),
+		UsageSource:      source,
+		Status:           status,
+		Latency:          time.Since(c.start),
+		TTFB:             c.ttfb,
+		Stream:           c.stream,
+		Log:              c.requestLog(),
+	}
+}
+
+// requestLog is what a logging key exchanged: the client's request as sent
+// and the answer (the body, or for streams the assembled text).
+func (c *generationCall) requestLog() *meter.RequestLog {
+	if !c.logging.Enabled {
+		return nil
+	}
+	resp := string(c.text)
+	if !c.stream {
+		resp = string(c.logResponse)
+	}
+	return &meter.RequestLog{Request: c.logRequest, Response: resp, RetentionDays: c.logging.RetentionDays}
+}
+
+// promptText gathers the text of a request's messages (chat) or input and
+// instructions (responses), for estimating prompt tokens.
+func promptText(body []byte, ep endpoint) string {
+	var sb strings.Builder
+	add := func(content gjson.Result) {
+		if content.Type == gjson.String {
+			sb.WriteString(content.Str)
+			sb.WriteByte('\n')
+			return
+		}
+		content.ForEach(func(_, part gjson.Result) bool {
+			if t := part.Get("text"); t.Type == gjson.String {
+				sb.WriteString(t.Str)
+				sb.WriteByte('\n')
+			}
+			return true
+		})
+	}
+	if ep == endpointChat {
+		gjson.Get(bstr(body), "messages").ForEach(func(_, m gjson.Result) bool {
+			add(m.Get("content"))
+			return true
+		})
+		return sb.String()
+	}
+	add(gjson.Get(bstr(body), "instructions"))
+	input := gjson.Get(bstr(body), "input")
+	if input.Type == gjson.String {
+		add(input)
+	} else {
+		input.ForEach(func(_, item gjson.Result) bool {
+			add(item.Get("content"))
+			return true
+		})
+	}
+	return sb.String()
+}
+
+// countImages counts image inputs, billed at the model's image price.
+func countImages(body []byte, ep endpoint) int64 {
+	var n int64
+	list, kind := "messages", "image_url"
+	if ep == endpointResponses {
+		list, kind = "input", "input_image"
+	}
+	gjson.Get(bstr(body), list).ForEach(func(_, m gjson.Result) bool {
+		m.Get("content").ForEach(func(_, part gjson.Result) bool {
+			if part.Get("type").Str == kind {
+				n++
+			}
+			return true
+		})
+		return true
+	})
+	return n
+}
