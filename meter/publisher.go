@@ -317,40 +317,15 @@ func (p *Publisher) run() {
 		written, openBatch, more := p.outbox.writtenState()
 		connected := p.nc.IsConnected()
 		canPublish := !l.failing && connected && len(l.window) < publishMaxInFlight
-		if canPublish && written > l.reader.after {
-			recs, err := l.reader.next(1024)
-			if err != nil {
-				p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
-				l.reader.skipSegment()
-				l.cur = pendingBatch{}
-			}
-			for _, rec := range recs {
-				if l.cur.events > 0 && (rec.batch != l.cur.batch || rec.batch == 0) {
-					l.publish() // a later batch began: this one is whole
-				}
-				l.cur.add(rec)
-			}
-			if len(recs) > 0 {
-				continue // read on until caught up or the window is full
-			}
+		if canPublish && written > l.reader.after && l.readIntoBatches() {
+			continue // read on until caught up or the window is full
 		}
 		var linger <-chan time.Time
 		if canPublish && l.cur.events > 0 && l.reader.after >= written {
-			switch {
-			case l.cur.batch < openBatch || l.cur.batch == 0:
-				l.publish() // sealed, and every event of it read
+			if l.closeCaughtUpBatch(openBatch) {
 				continue
-			case time.Since(l.cur.started) >= p.maxDelay:
-				p.outbox.seal(l.cur.batch)
-				continue // read what was appended before the seal
-			default:
-				if l.lingering == nil {
-					l.lingering = time.NewTimer(p.maxDelay - time.Since(l.cur.started))
-				} else {
-					l.lingering.Reset(p.maxDelay - time.Since(l.cur.started))
-				}
-				linger = l.lingering.C
 			}
+			linger = l.lingerTimer()
 		}
 		if l.failing && len(l.window) == 0 {
 			l.backoff = min(max(2*l.backoff, 100*time.Millisecond), maxPublishBackoff)
@@ -422,6 +397,56 @@ type publishLoop struct {
 	backoff   time.Duration
 	errLogged time.Time
 	lingering *time.Timer // reused for every open batch's max_delay
+}
+
+// readIntoBatches reads the next records into the current batch,
+// publishing each batch as soon as a record of a later one shows it whole,
+// and reports whether it read any. On a corrupt record it logs the loss,
+// skips the rest of the segment and drops the batch being gathered.
+func (l *publishLoop) readIntoBatches() bool {
+	recs, err := l.reader.next(1024)
+	if err != nil {
+		l.p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
+		l.reader.skipSegment()
+		l.cur = pendingBatch{}
+	}
+	for _, rec := range recs {
+		if l.cur.events > 0 && (rec.batch != l.cur.batch || rec.batch == 0) {
+			l.publish() // a later batch began: this one is whole
+		}
+		l.cur.add(rec)
+	}
+	return len(recs) > 0
+}
+
+// closeCaughtUpBatch decides about the current batch once every event
+// written so far is read into it: sealed by the outbox (full, or a later
+// batch opened) or of the first format (one event a message), it is whole
+// and goes out; open for max_delay, it is sealed here, and the loop reads
+// what was appended before the seal. It reports whether it did either; if
+// not, the batch lingers (lingerTimer).
+func (l *publishLoop) closeCaughtUpBatch(openBatch uint64) bool {
+	switch {
+	case l.cur.batch < openBatch || l.cur.batch == 0:
+		l.publish() // sealed, and every event of it read
+		return true
+	case time.Since(l.cur.started) >= l.p.maxDelay:
+		l.p.outbox.seal(l.cur.batch)
+		return true // read what was appended before the seal
+	}
+	return false
+}
+
+// lingerTimer returns a channel that receives when the open batch has been
+// open for max_delay. One timer serves every batch, reset each time, so
+// that lingering allocates nothing.
+func (l *publishLoop) lingerTimer() <-chan time.Time {
+	if l.lingering == nil {
+		l.lingering = time.NewTimer(l.p.maxDelay - time.Since(l.cur.started))
+	} else {
+		l.lingering.Reset(l.p.maxDelay - time.Since(l.cur.started))
+	}
+	return l.lingering.C
 }
 
 // fail counts a failed publish and marks the loop failing; it logs at most
