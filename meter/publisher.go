@@ -328,58 +328,18 @@ func (p *Publisher) run() {
 			linger = l.lingerTimer()
 		}
 		if l.failing && len(l.window) == 0 {
-			l.backoff = min(max(2*l.backoff, 100*time.Millisecond), maxPublishBackoff)
-			select {
-			case <-p.stop:
+			if !l.restartAfterBackoff() {
 				return
-			case <-time.After(l.backoff):
 			}
-			l.reader.close()
-			l.reader = p.outbox.newReader(p.outbox.ackedSeq())
-			l.cur = pendingBatch{}
-			l.failing = false
 			continue
 		}
 		if !canPublish {
+			// Nothing can be read now: the 1-buffered wake-up stays
+			// pending for when something can.
 			more = nil
 		}
-		var recheck <-chan time.Time
-		if !connected {
-			recheck = time.After(100 * time.Millisecond)
-		}
-		var acked <-chan *jetstream.PubAck
-		var failed <-chan error
-		if len(l.window) > 0 {
-			acked, failed = l.window[0].fut.Ok(), l.window[0].fut.Err()
-		}
-		select {
-		case <-p.stop:
+		if !l.wait(more, connected, linger) {
 			return
-		case <-more:
-		case <-recheck:
-		case <-linger:
-		case ack := <-acked:
-			head := l.window[0]
-			l.window = l.window[1:]
-			l.recycle(head)
-			if l.failing {
-				continue // after a failure, later PubAcks cannot move the watermark
-			}
-			l.backoff = 0
-			p.outbox.ack(head.last)
-			p.published.Add(uint64(head.events))
-			if ack.Duplicate {
-				p.duplicates.Add(uint64(head.events))
-			}
-			p.lastLatency.Store(int64(time.Since(head.sent)))
-		case err := <-failed:
-			head := l.window[0]
-			l.window = l.window[1:]
-			l.recycle(head)
-			l.fail("batch %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
-		}
-		if len(l.window) == 0 {
-			l.window = nil // let the backing array go
 		}
 	}
 }
@@ -447,6 +407,82 @@ func (l *publishLoop) lingerTimer() <-chan time.Time {
 		l.lingering.Reset(l.p.maxDelay - time.Since(l.cur.started))
 	}
 	return l.lingering.C
+}
+
+// restartAfterBackoff waits out the backoff once the window has drained
+// after a failure, then reads again from the first unacknowledged record:
+// the same batches are rebuilt with the same ids, and JetStream drops those
+// it has. It returns false if the publisher stops meanwhile.
+func (l *publishLoop) restartAfterBackoff() bool {
+	l.backoff = min(max(2*l.backoff, 100*time.Millisecond), maxPublishBackoff)
+	select {
+	case <-l.p.stop:
+		return false
+	case <-time.After(l.backoff):
+	}
+	l.reader.close()
+	l.reader = l.p.outbox.newReader(l.p.outbox.ackedSeq())
+	l.cur = pendingBatch{}
+	l.failing = false
+	return true
+}
+
+// wait blocks until the loop can move on (new events, the open batch's
+// max_delay, a moment to check the connection again, the publisher
+// stopping) or the oldest batch in flight is acknowledged or failed, which
+// it handles. It returns false once the publisher stops.
+func (l *publishLoop) wait(more <-chan struct{}, connected bool, linger <-chan time.Time) bool {
+	var recheck <-chan time.Time
+	if !connected {
+		recheck = time.After(100 * time.Millisecond)
+	}
+	// Only the oldest batch's future is watched: acks count in order.
+	var acked <-chan *jetstream.PubAck
+	var failed <-chan error
+	if len(l.window) > 0 {
+		acked, failed = l.window[0].fut.Ok(), l.window[0].fut.Err()
+	}
+	select {
+	case <-l.p.stop:
+		return false
+	case <-more:
+	case <-recheck:
+	case <-linger:
+	case ack := <-acked:
+		head := l.popOldest()
+		if l.failing {
+			return true // after a failure, later PubAcks cannot move the watermark
+		}
+		l.acknowledged(head, ack)
+	case err := <-failed:
+		head := l.popOldest()
+		l.fail("batch %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
+	}
+	if len(l.window) == 0 {
+		l.window = nil // let the backing array go
+	}
+	return true
+}
+
+// popOldest takes the oldest batch, whose future is done, out of the
+// window.
+func (l *publishLoop) popOldest() inflight {
+	head := l.window[0]
+	l.window = l.window[1:]
+	l.recycle(head)
+	return head
+}
+
+// acknowledged moves the outbox's watermark past a batch JetStream has
+// stored, and counts it.
+func (l *publishLoop) acknowledged(head inflight, ack *jetstream.PubAck) {
+	l.backoff = 0
+	l.p.outbox.ack(head.last)
+	l.p.published.Add(uint64(head.events))
+	if ack.Duplicate {
+		l.p.duplicates.Add(uint64(head.events))
+	}
+	l.p.lastLatency.Store(int64(time.Since(head.sent)))
 }
 
 // fail counts a failed publish and marks the loop failing; it logs at most
