@@ -311,146 +311,220 @@ func (b *pendingBatch) id() string {
 // drops the ones it has as duplicates.
 func (p *Publisher) run() {
 	defer close(p.done)
-	reader := p.outbox.newReader(p.outbox.ackedSeq())
-	defer func() { reader.close() }()
-	var (
-		window    []inflight
-		cur       pendingBatch
-		spareData [][]byte // data of acknowledged batches, for new ones
-		failing   bool
-		backoff   time.Duration
-		errLogged time.Time
-		lingering *time.Timer
-	)
-	fail := func(format string, args ...any) {
-		p.failures.Add(1)
-		failing = true
-		if time.Since(errLogged) > 5*time.Second {
-			errLogged = time.Now()
-			p.logf("meter: publishing usage: "+format+"; retrying, events wait in the outbox", args...)
-		}
-	}
-	publish := func() {
-		subject := UsageBatchSubject
-		if cur.batch == 0 {
-			subject = usageSubject(gjsonAccount(cur.data))
-		}
-		fut, err := p.js.PublishMsgAsync(&nats.Msg{
-			Subject: subject,
-			Header:  nats.Header{jetstream.MsgIDHeader: []string{cur.id()}},
-			Data:    cur.data,
-		})
-		if err != nil {
-			fail("%v", err)
-		} else {
-			window = append(window, inflight{last: cur.last, events: cur.events, fut: fut, sent: time.Now()})
-		}
-		cur = pendingBatch{} // the message owns data until its PubAck
-		if n := len(spareData); n > 0 {
-			cur.data, spareData = spareData[n-1], spareData[:n-1]
-		}
-	}
-	// recycle takes back a batch's data once its future is done: nats.go
-	// copied it into the connection's buffer when it was published, and
-	// no retry can send it again.
-	recycle := func(head inflight) {
-		if data := head.fut.Msg().Data; cap(data) <= 2*MaxBatchBytes && len(spareData) < publishMaxInFlight {
-			spareData = append(spareData, data[:0])
-		}
-	}
+	l := &publishLoop{p: p, reader: p.outbox.newReader(p.outbox.ackedSeq())}
+	defer func() { l.reader.close() }() // the reader is replaced after each failure
 	for {
 		written, openBatch, more := p.outbox.writtenState()
 		connected := p.nc.IsConnected()
-		canPublish := !failing && connected && len(window) < publishMaxInFlight
-		if canPublish && written > reader.after {
-			recs, err := reader.next(1024)
-			if err != nil {
-				p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
-				reader.skipSegment()
-				cur = pendingBatch{}
-			}
-			for _, rec := range recs {
-				if cur.events > 0 && (rec.batch != cur.batch || rec.batch == 0) {
-					publish() // a later batch began: this one is whole
-				}
-				cur.add(rec)
-			}
-			if len(recs) > 0 {
-				continue // read on until caught up or the window is full
-			}
+		canPublish := !l.failing && connected && len(l.window) < publishMaxInFlight
+		if canPublish && written > l.reader.after && l.readIntoBatches() {
+			continue // read on until caught up or the window is full
 		}
 		var linger <-chan time.Time
-		if canPublish && cur.events > 0 && reader.after >= written {
-			switch {
-			case cur.batch < openBatch || cur.batch == 0:
-				publish() // sealed, and every event of it read
+		if canPublish && l.cur.events > 0 && l.reader.after >= written {
+			if l.closeCaughtUpBatch(openBatch) {
 				continue
-			case time.Since(cur.started) >= p.maxDelay:
-				p.outbox.seal(cur.batch)
-				continue // read what was appended before the seal
-			default:
-				if lingering == nil {
-					lingering = time.NewTimer(p.maxDelay - time.Since(cur.started))
-				} else {
-					lingering.Reset(p.maxDelay - time.Since(cur.started))
-				}
-				linger = lingering.C
 			}
+			linger = l.lingerTimer()
 		}
-		if failing && len(window) == 0 {
-			backoff = min(max(2*backoff, 100*time.Millisecond), maxPublishBackoff)
-			select {
-			case <-p.stop:
+		if l.failing && len(l.window) == 0 {
+			if !l.restartAfterBackoff() {
 				return
-			case <-time.After(backoff):
 			}
-			reader.close()
-			reader = p.outbox.newReader(p.outbox.ackedSeq())
-			cur = pendingBatch{}
-			failing = false
 			continue
 		}
 		if !canPublish {
+			// Nothing can be read now: the 1-buffered wake-up stays
+			// pending for when something can.
 			more = nil
 		}
-		var recheck <-chan time.Time
-		if !connected {
-			recheck = time.After(100 * time.Millisecond)
-		}
-		var acked <-chan *jetstream.PubAck
-		var failed <-chan error
-		if len(window) > 0 {
-			acked, failed = window[0].fut.Ok(), window[0].fut.Err()
-		}
-		select {
-		case <-p.stop:
+		if !l.wait(more, connected, linger) {
 			return
-		case <-more:
-		case <-recheck:
-		case <-linger:
-		case ack := <-acked:
-			head := window[0]
-			window = window[1:]
-			recycle(head)
-			if failing {
-				continue // after a failure, later PubAcks cannot move the watermark
-			}
-			backoff = 0
-			p.outbox.ack(head.last)
-			p.published.Add(uint64(head.events))
-			if ack.Duplicate {
-				p.duplicates.Add(uint64(head.events))
-			}
-			p.lastLatency.Store(int64(time.Since(head.sent)))
-		case err := <-failed:
-			head := window[0]
-			window = window[1:]
-			recycle(head)
-			fail("batch %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
 		}
-		if len(window) == 0 {
-			window = nil // let the backing array go
+	}
+}
+
+// publishLoop is the state of the publisher's goroutine (run), kept in one
+// place so that each step of the loop can be a method. Only that goroutine
+// touches it.
+type publishLoop struct {
+	p         *Publisher
+	reader    *outboxReader
+	window    []inflight // published batches, oldest first, awaiting PubAcks
+	cur       pendingBatch
+	spareData [][]byte // data of acknowledged batches, for new ones
+	failing   bool     // a publish failed: let the window drain, then start over
+	backoff   time.Duration
+	errLogged time.Time
+	lingering *time.Timer // reused for every open batch's max_delay
+}
+
+// readIntoBatches reads the next records into the current batch,
+// publishing each batch as soon as a record of a later one shows it whole,
+// and reports whether it read any. On a corrupt record it logs the loss,
+// skips the rest of the segment and drops the batch being gathered.
+func (l *publishLoop) readIntoBatches() bool {
+	recs, err := l.reader.next(1024)
+	if err != nil {
+		l.p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
+		l.reader.skipSegment()
+		l.cur = pendingBatch{}
+	}
+	for _, rec := range recs {
+		if l.cur.events > 0 && (rec.batch != l.cur.batch || rec.batch == 0) {
+			l.publish() // a later batch began: this one is whole
 		}
+		l.cur.add(rec)
+	}
+	return len(recs) > 0
+}
+
+// closeCaughtUpBatch decides about the current batch once every event
+// written so far is read into it: sealed by the outbox (full, or a later
+// batch opened) or of the first format (one event a message), it is whole
+// and goes out; open for max_delay, it is sealed here, and the loop reads
+// what was appended before the seal. It reports whether it did either; if
+// not, the batch lingers (lingerTimer).
+func (l *publishLoop) closeCaughtUpBatch(openBatch uint64) bool {
+	switch {
+	case l.cur.batch < openBatch || l.cur.batch == 0:
+		l.publish() // sealed, and every event of it read
+		return true
+	case time.Since(l.cur.started) >= l.p.maxDelay:
+		l.p.outbox.seal(l.cur.batch)
+		return true // read what was appended before the seal
+	}
+	return false
+}
+
+// lingerTimer returns a channel that receives when the open batch has been
+// open for max_delay. One timer serves every batch, reset each time, so
+// that lingering allocates nothing.
+func (l *publishLoop) lingerTimer() <-chan time.Time {
+	if l.lingering == nil {
+		l.lingering = time.NewTimer(l.p.maxDelay - time.Since(l.cur.started))
+	} else {
+		l.lingering.Reset(l.p.maxDelay - time.Since(l.cur.started))
+	}
+	return l.lingering.C
+}
+
+// restartAfterBackoff waits out the backoff once the window has drained
+// after a failure, then reads again from the first unacknowledged record:
+// the same batches are rebuilt with the same ids, and JetStream drops those
+// it has. It returns false if the publisher stops meanwhile.
+func (l *publishLoop) restartAfterBackoff() bool {
+	l.backoff = min(max(2*l.backoff, 100*time.Millisecond), maxPublishBackoff)
+	select {
+	case <-l.p.stop:
+		return false
+	case <-time.After(l.backoff):
+	}
+	l.reader.close()
+	l.reader = l.p.outbox.newReader(l.p.outbox.ackedSeq())
+	l.cur = pendingBatch{}
+	l.failing = false
+	return true
+}
+
+// wait blocks until the loop can move on (new events, the open batch's
+// max_delay, a moment to check the connection again, the publisher
+// stopping) or the oldest batch in flight is acknowledged or failed, which
+// it handles. It returns false once the publisher stops.
+func (l *publishLoop) wait(more <-chan struct{}, connected bool, linger <-chan time.Time) bool {
+	var recheck <-chan time.Time
+	if !connected {
+		recheck = time.After(100 * time.Millisecond)
+	}
+	// Only the oldest batch's future is watched: acks count in order.
+	var acked <-chan *jetstream.PubAck
+	var failed <-chan error
+	if len(l.window) > 0 {
+		acked, failed = l.window[0].fut.Ok(), l.window[0].fut.Err()
+	}
+	select {
+	case <-l.p.stop:
+		return false
+	case <-more:
+	case <-recheck:
+	case <-linger:
+	case ack := <-acked:
+		head := l.popOldest()
+		if l.failing {
+			return true // after a failure, later PubAcks cannot move the watermark
+		}
+		l.acknowledged(head, ack)
+	case err := <-failed:
+		head := l.popOldest()
+		l.fail("batch %s: %v", head.fut.Msg().Header.Get(jetstream.MsgIDHeader), err)
+	}
+	if len(l.window) == 0 {
+		l.window = nil // let the backing array go
+	}
+	return true
+}
+
+// popOldest takes the oldest batch, whose future is done, out of the
+// window.
+func (l *publishLoop) popOldest() inflight {
+	head := l.window[0]
+	l.window = l.window[1:]
+	l.recycle(head)
+	return head
+}
+
+// acknowledged moves the outbox's watermark past a batch JetStream has
+// stored, and counts it.
+func (l *publishLoop) acknowledged(head inflight, ack *jetstream.PubAck) {
+	l.backoff = 0
+	l.p.outbox.ack(head.last)
+	l.p.published.Add(uint64(head.events))
+	if ack.Duplicate {
+		l.p.duplicates.Add(uint64(head.events))
+	}
+	l.p.lastLatency.Store(int64(time.Since(head.sent)))
+}
+
+// fail counts a failed publish and marks the loop failing; it logs at most
+// every 5 s, since NATS down fails every attempt.
+func (l *publishLoop) fail(format string, args ...any) {
+	l.p.failures.Add(1)
+	l.failing = true
+	if time.Since(l.errLogged) > 5*time.Second {
+		l.errLogged = time.Now()
+		l.p.logf("meter: publishing usage: "+format+"; retrying, events wait in the outbox", args...)
+	}
+}
+
+// publish sends the current batch and starts the next one, on spare data
+// if there is some.
+func (l *publishLoop) publish() {
+	subject := UsageBatchSubject
+	if l.cur.batch == 0 {
+		subject = usageSubject(gjsonAccount(l.cur.data))
+	}
+	fut, err := l.p.js.PublishMsgAsync(&nats.Msg{
+		Subject: subject,
+		Header:  nats.Header{jetstream.MsgIDHeader: []string{l.cur.id()}},
+		Data:    l.cur.data,
+	})
+	if err != nil {
+		l.fail("%v", err)
+	} else {
+		l.window = append(l.window, inflight{last: l.cur.last, events: l.cur.events, fut: fut, sent: time.Now()})
+	}
+	l.cur = pendingBatch{} // the message owns data until its PubAck
+	if n := len(l.spareData); n > 0 {
+		l.cur.data, l.spareData = l.spareData[n-1], l.spareData[:n-1]
+	}
+}
+
+// recycle takes back a batch's data once its future is done: nats.go
+// copied it into the connection's buffer when it was published, and
+// no retry can send it again.
+func (l *publishLoop) recycle(head inflight) {
+	if data := head.fut.Msg().Data; cap(data) <= 2*MaxBatchBytes && len(l.spareData) < publishMaxInFlight {
+		l.spareData = append(l.spareData, data[:0])
 	}
 }
 

@@ -149,42 +149,9 @@ func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) *s3Error {
 			Message: "Bucket POST must be of the enclosure-type multipart/form-data"}
 	}
 	body := &idleReader{r: r.Body, rc: http.NewResponseController(w), idle: l.idleTimeout}
-	form := multipart.NewReader(body, params["boundary"])
-
-	fields := map[string]string{}
-	budget := maxFormFieldBytes
-	var file *multipart.Part
-	for file == nil {
-		part, err := form.NextRawPart()
-		if errors.Is(err, io.EOF) {
-			return errInvalidArgument("POST requires exactly one file upload per request.")
-		}
-		if err != nil {
-			return errInvalidArgument("malformed multipart body: " + err.Error())
-		}
-		name := strings.ToLower(part.FormName())
-		switch {
-		case name == "file":
-			file = part
-			continue
-		case name == "":
-			return errInvalidArgument("a part of the form has no field name")
-		case len(fields) == maxFormFields:
-			return errInvalidArgument(fmt.Sprintf("the form has more than %d fields", maxFormFields))
-		}
-		value, err := io.ReadAll(io.LimitReader(part, int64(budget)+1))
-		if err != nil {
-			return errInvalidArgument("reading form field " + name + ": " + err.Error())
-		}
-		budget -= len(name) + len(value)
-		if budget < 0 {
-			return &s3Error{Status: http.StatusBadRequest, Code: "MaxPostPreDataLengthExceeded",
-				Message: "Your POST request fields preceding the upload file were too large."}
-		}
-		if _, dup := fields[name]; dup {
-			return errInvalidArgument("the form field " + name + " is sent twice")
-		}
-		fields[name] = string(value)
+	fields, file, e := readFormFields(multipart.NewReader(body, params["boundary"]))
+	if e != nil {
+		return e
 	}
 
 	pol, e := l.verifyPost(fields, time.Now())
@@ -206,11 +173,61 @@ func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) *s3Error {
 		e.Key = key
 		return e
 	}
+	l.answerUpload(w, fields["success_action_status"], key, etag)
+	return nil
+}
 
+// readFormFields reads the fields of an upload form up to its file part,
+// which it returns unread: the file is streamed to disk only once the
+// fields have been verified. The fields' names are lowercased; their
+// count and bytes are bounded as S3 bounds them.
+func readFormFields(form *multipart.Reader) (map[string]string, *multipart.Part, *s3Error) {
+	fields := map[string]string{}
+	budget := maxFormFieldBytes
+	var file *multipart.Part
+	for file == nil {
+		part, err := form.NextRawPart()
+		if errors.Is(err, io.EOF) {
+			return nil, nil, errInvalidArgument("POST requires exactly one file upload per request.")
+		}
+		if err != nil {
+			return nil, nil, errInvalidArgument("malformed multipart body: " + err.Error())
+		}
+		name := strings.ToLower(part.FormName())
+		switch {
+		case name == "file":
+			file = part
+			continue
+		case name == "":
+			return nil, nil, errInvalidArgument("a part of the form has no field name")
+		case len(fields) == maxFormFields:
+			return nil, nil, errInvalidArgument(fmt.Sprintf("the form has more than %d fields", maxFormFields))
+		}
+		value, err := io.ReadAll(io.LimitReader(part, int64(budget)+1))
+		if err != nil {
+			return nil, nil, errInvalidArgument("reading form field " + name + ": " + err.Error())
+		}
+		budget -= len(name) + len(value)
+		if budget < 0 {
+			return nil, nil, &s3Error{Status: http.StatusBadRequest, Code: "MaxPostPreDataLengthExceeded",
+				Message: "Your POST request fields preceding the upload file were too large."}
+		}
+		if _, dup := fields[name]; dup {
+			return nil, nil, errInvalidArgument("the form field " + name + " is sent twice")
+		}
+		fields[name] = string(value)
+	}
+	return fields, file, nil
+}
+
+// answerUpload answers a stored upload as its success_action_status field
+// asks, as S3 does: 200 or 204 (the default) without a body, 201 with a
+// PostResponse document.
+func (l *Local) answerUpload(w http.ResponseWriter, successActionStatus, key, etag string) {
 	location := l.base.Scheme + "://" + l.base.Host + uriEncode(l.objectURLPath(key), true)
 	w.Header().Set("ETag", etag)
 	w.Header().Set("Location", location)
-	switch fields["success_action_status"] {
+	switch successActionStatus {
 	case "200":
 		w.WriteHeader(http.StatusOK)
 	case "201":
@@ -228,7 +245,6 @@ func (l *Local) serveUpload(w http.ResponseWriter, r *http.Request) *s3Error {
 	default:
 		w.WriteHeader(http.StatusNoContent)
 	}
-	return nil
 }
 
 // receiveFile streams the file part into a partial file, enforcing the
