@@ -57,17 +57,42 @@ func leadingDigits(s, lead string) (digits, after string) {
 // ("Label 12") are not part of the number.
 func firstDigitToken(toks []tokenLogprob) (index int, lead string, ok bool) {
 	for i, t := range toks {
-		if j := strings.IndexAny(t.Token, "0123456789"); j >= 0 {
+		if j := numberStart(t.Token); j >= 0 {
 			return i, t.Token[:j], true
 		}
 	}
 	return 0, "", false
 }
 
+// numberStart is the index of the first digit in s that begins a number
+// (not preceded by a letter or digit), or -1. A digit inside a word —
+// "tok0", "gpt4" — is not an answer, so text that only has those is no
+// answer at all and the engine asks again or falls back, instead of
+// reading a confident 0.
+func numberStart(s string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			continue
+		}
+		if i > 0 && isAlnum(s[i-1]) {
+			for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+				i++
+			}
+			continue
+		}
+		return i
+	}
+	return -1
+}
+
+func isAlnum(b byte) bool {
+	return b >= '0' && b <= '9' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b == '_'
+}
+
 // parsedCode reads the code the answer's text gives, for answers without
 // log-probabilities: the first number in it.
 func parsedCode(text string, codes []string) (int, error) {
-	i := strings.IndexAny(text, "0123456789")
+	i := numberStart(text)
 	if i < 0 {
 		return 0, errors.New("no label number in the answer")
 	}
@@ -310,7 +335,7 @@ func tokenProbAt(toks []tokenLogprob, off int) float64 {
 // digits shown (with k = 20, every digit the model gives any weight is
 // shown), divided by 9; without log-probabilities, the digit / 9.
 func digitScore(ans modelAnswer) (float64, error) {
-	i := strings.IndexAny(ans.text, "0123456789")
+	i := numberStart(ans.text)
 	if i < 0 {
 		return 0, errors.New("no digit in the answer")
 	}

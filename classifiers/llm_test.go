@@ -496,3 +496,25 @@ func TestLLMUpstreamRefusingLogprobsIsAskedWithout(t *testing.T) {
 		t.Errorf("err %v after %d calls", err, calls.Load())
 	}
 }
+
+// A digit inside a word is no answer: a model (or a fake) that says
+// "tok0 tok1 …" gets asked again or replaced by the offline engine, never
+// read as a confident 0.
+func TestLLMDigitsInsideWordsAreNoAnswer(t *testing.T) {
+	for _, text := range []string{"tok0 tok1 tok2", "gpt4", "v2_3"} {
+		if s, err := digitScore(modelAnswer{text: text}); err == nil {
+			t.Errorf("score of %q = %v; want an error", text, s)
+		}
+		if k, err := parsedCode(text, []string{"1", "2"}); err == nil {
+			t.Errorf("label of %q = %d; want an error", text, k)
+		}
+	}
+	for text, want := range map[string]float64{"7": round4(7.0 / 9), "Score: 3": round4(3.0 / 9), "\n9.": 1} {
+		if s, err := digitScore(modelAnswer{text: text}); err != nil || s != want {
+			t.Errorf("score of %q = %v, %v; want %v", text, s, err, want)
+		}
+	}
+	if k, err := parsedCode("Label 2", []string{"1", "2"}); err != nil || k != 1 {
+		t.Errorf(`"Label 2" read as %d, %v; want the second label`, k, err)
+	}
+}
