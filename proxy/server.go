@@ -116,6 +116,10 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		DisableHeaderNamesNormalizing: false,
 		CloseOnShutdown:               true,
 		ReadBufferSize:                16 << 10,
+		// As big as a coalesced relay write (maxCoalesced), so the
+		// headers and the first events leave in one system call; the
+		// writers are pooled, held only while a response is written.
+		WriteBufferSize: maxCoalesced,
 		// Without it fasthttp quotes the headers of a request it cannot
 		// parse in the log (and in the 400), Authorization included.
 		SecureErrorLogMessage: true,
