@@ -365,16 +365,22 @@ type publishLoop struct {
 // skips the rest of the segment and drops the batch being gathered.
 func (l *publishLoop) readIntoBatches() bool {
 	recs, err := l.reader.next(1024)
-	if err != nil {
-		l.p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
-		l.reader.skipSegment()
-		l.cur = pendingBatch{}
-	}
 	for _, rec := range recs {
 		if l.cur.events > 0 && (rec.batch != l.cur.batch || rec.batch == 0) {
 			l.publish() // a later batch began: this one is whole
 		}
 		l.cur.add(rec)
+	}
+	if err != nil {
+		// The records before the damage, of this read and of earlier ones,
+		// are whole: what the batch holds goes out as it is (read again
+		// after a restart, it is the same batch with the same id), and
+		// only the rest of the segment is lost.
+		l.p.logf("meter: LOST usage events: outbox corrupt, skipping the rest of a segment: %v", err)
+		l.reader.skipSegment()
+		if l.cur.events > 0 {
+			l.publish()
+		}
 	}
 	return len(recs) > 0
 }

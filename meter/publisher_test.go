@@ -420,3 +420,71 @@ func BenchmarkPublisher(b *testing.B) {
 		b.Fatalf("dropped %d", st.Dropped)
 	}
 }
+
+// Damage in the middle of a segment, seen by the publisher's reader (not
+// by the open-time recovery, which cuts it off): every event before it is
+// published once, including those read into the current batch by an
+// earlier read, and only the rest of the segment is lost.
+func TestPublisherKeepsTheEventsBeforeDamageInTheOutbox(t *testing.T) {
+	srv := startNATSServer(t)
+	ctx := testContext(t)
+	js := srv.b.JetStream()
+	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	outboxDir := t.TempDir()
+	ob, err := meter.OpenOutbox(outboxDir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Batch 1 is events 0–999 (full), batch 2 begins at 1000. The reader
+	// takes 1024 records a read, so events 1000–1023 wait in the current
+	// batch when its second read meets the damage at event 1200.
+	const damaged = 1200
+	for i := range 1500 {
+		if err := ob.Append(usageEvent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	segs, err := filepath.Glob(filepath.Join(outboxDir, "*.seg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg, at := "", -1
+	for _, path := range segs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at = strings.Index(string(data), `"`+usageEvent(damaged).ID+`"`); at >= 0 {
+			seg = path
+			break
+		}
+	}
+	if at < 0 {
+		t.Fatalf("event %d not found in the outbox segments %v", damaged, segs)
+	}
+	f, err := os.OpenFile(seg, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("X"), int64(at+1)); err != nil { // its checksum no longer holds
+		t.Fatal(err)
+	}
+	f.Close()
+
+	p := meter.NewPublisher(js, ob, syncLog(t))
+	t.Cleanup(func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = p.Close(closeCtx)
+	})
+	var seen map[string]int
+	waitFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if seen = streamEvents(t, js); len(seen) < damaged {
+			return fmt.Errorf("stream holds %d events, want the %d before the damage", len(seen), damaged)
+		}
+		return nil
+	})
+	checkEachEventOnce(t, seen, damaged)
+}
