@@ -49,14 +49,14 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		if c.ep == endpointResponses {
 			head = up.responsesHead
 		}
-		*reqp = appendRequest((*reqp)[:0], head, body, c.stream)
+		span := c.startAttemptSpan(up, n)
+		*reqp = appendRequest((*reqp)[:0], head, c.upstreamTraceHeaders(span), body, c.stream)
 		sent := c.start
 		if n > 0 {
 			sent = time.Now()
 		}
 		h := &up.health
 		h.inflight.Add(1)
-		span := c.startAttemptSpan(up, n)
 		resp, err := up.pool.roundTrip(*reqp)
 		if err != nil {
 			endAttemptSpan(span, 0, err)

@@ -66,6 +66,9 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	call.reqID, call.start, call.limit = reqID, start, limit
 	call.span = s.startCallSpan(ctx, start, ep, call.entry.ID, call.stream)
+	if call.span == nil {
+		call.traceHeaders = appendClientTraceHeaders(call.traceHeaders[:0], &ctx.Request.Header)
+	}
 	s.forward(ctx, call, r)
 }
 
@@ -252,6 +255,9 @@ type generationCall struct {
 
 	inflight bool       // counted in upstream's in-flight requests until release
 	span     trace.Span // nil unless tracing
+	// traceHeaders are the client's traceparent and tracestate lines,
+	// passed on to the upstream when the gateway does not trace itself.
+	traceHeaders []byte
 
 	pinned   *upstream // the upstream holding previous_response_id; no other is tried
 	remember bool      // a responses call whose id is to be remembered
@@ -309,7 +315,7 @@ func (c *generationCall) recycle() {
 	*c = generationCall{
 		text: keep(c.text), rawChunks: keep(c.rawChunks),
 		scratchData: keep(c.scratchData), scratchEvent: keep(c.scratchEvent),
-		pending: keep(c.pending), sse: sse,
+		pending: keep(c.pending), sse: sse, traceHeaders: keep(c.traceHeaders),
 	}
 	callPool.Put(c)
 }

@@ -22,6 +22,61 @@ import (
 
 var traceContext = propagation.TraceContext{}
 
+// The upstream request carries the trace on: with tracing, a traceparent
+// naming the attempt's span, so the upstream's own spans (vLLM and SGLang
+// export OpenTelemetry) hang under the try that reached them; without, the
+// client's traceparent and tracestate unchanged, so the gateway is a
+// transparent hop in the client's trace.
+
+var (
+	traceparentName = []byte("traceparent")
+	tracestateName  = []byte("tracestate")
+)
+
+// appendClientTraceHeaders appends the client's trace context header
+// lines, if it sent any.
+func appendClientTraceHeaders(dst []byte, h *fasthttp.RequestHeader) []byte {
+	for _, name := range [...][]byte{traceparentName, tracestateName} {
+		if v := h.PeekBytes(name); len(v) > 0 && validHeaderValue(v) {
+			dst = append(append(append(append(dst, name...), ": "...), v...), "\r\n"...)
+		}
+	}
+	return dst
+}
+
+// validHeaderValue refuses what could end the line it is copied into.
+func validHeaderValue(v []byte) bool {
+	for _, b := range v {
+		if b == '\r' || b == '\n' || b == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// upstreamTraceHeaders returns the trace header lines of an attempt whose
+// span is span (nil without tracing).
+func (c *generationCall) upstreamTraceHeaders(span trace.Span) []byte {
+	if span == nil {
+		return c.traceHeaders
+	}
+	carrier := lineCarrier{dst: c.traceHeaders[:0]}
+	traceContext.Inject(trace.ContextWithSpan(context.Background(), span), &carrier)
+	c.traceHeaders = carrier.dst
+	return c.traceHeaders
+}
+
+// lineCarrier writes injected trace context as HTTP header lines.
+type lineCarrier struct{ dst []byte }
+
+func (c *lineCarrier) Get(string) string { return "" }
+func (c *lineCarrier) Set(key, value string) {
+	if validHeaderValue([]byte(value)) {
+		c.dst = append(append(append(append(c.dst, key...), ": "...), value...), "\r\n"...)
+	}
+}
+func (c *lineCarrier) Keys() []string { return nil }
+
 // headerCarrier reads W3C trace context from a fasthttp request.
 type headerCarrier struct{ h *fasthttp.RequestHeader }
 

@@ -120,4 +120,56 @@ func TestTracingExportsCallAndAttemptSpansOverOTLP(t *testing.T) {
 	if !retried {
 		t.Fatal("no call shows its failed attempt on p0 before p1")
 	}
+	// Each request p1 got names the attempt that sent it as its parent.
+	attempts := map[string]bool{}
+	for _, kids := range children {
+		for _, k := range kids {
+			if k.Name == "attempt p1" {
+				attempts["00-"+traceID+"-"+hex.EncodeToString(k.SpanId)+"-01"] = true
+			}
+		}
+	}
+	for _, req := range h.ups[1].Requests() {
+		if tp := req.Header.Get("traceparent"); !attempts[tp] {
+			t.Fatalf("p1 got traceparent %q, want one of its attempt spans %v", tp, attempts)
+		}
+	}
+}
+
+// Without tracing of its own the gateway is a transparent hop: the
+// client's trace context reaches the upstream unchanged, and none is
+// made up for a client that sent none.
+func TestUntracedGatewayPassesTheClientsTraceContextOn(t *testing.T) {
+	h := newPoolHarness(t, 1, "")
+	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, stream := range []bool{false, true} {
+		for _, withTrace := range []bool{true, false} {
+			body := smallChat
+			if stream {
+				body = strings.Replace(smallChat, "{", `{"stream":true,`, 1)
+			}
+			req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+h.key)
+			if withTrace {
+				req.Header.Set("traceparent", traceparent)
+				req.Header.Set("tracestate", "vendor=abc")
+			}
+			resp, err := h.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body := readAll(t, resp); resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			reqs := h.ups[0].Requests()
+			got := reqs[len(reqs)-1].Header
+			want, wantState := "", ""
+			if withTrace {
+				want, wantState = traceparent, "vendor=abc"
+			}
+			if got.Get("traceparent") != want || got.Get("tracestate") != wantState {
+				t.Fatalf("stream %v, client trace %v: upstream got traceparent %q tracestate %q", stream, withTrace, got.Get("traceparent"), got.Get("tracestate"))
+			}
+		}
+	}
 }

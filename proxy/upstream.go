@@ -114,9 +114,11 @@ func requestHead(u *url.URL, path, auth string) []byte {
 	return []byte(h)
 }
 
-// appendRequest appends a whole generation request for body to dst.
-func appendRequest(dst, head, body []byte, stream bool) []byte {
+// appendRequest appends a whole generation request for body to dst; extra
+// holds whole header lines of this call's own (its trace context).
+func appendRequest(dst, head, extra, body []byte, stream bool) []byte {
 	dst = append(dst, head...)
+	dst = append(dst, extra...)
 	if stream {
 		dst = append(dst, "Accept: text/event-stream\r\n"...)
 	}

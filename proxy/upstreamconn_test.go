@@ -77,7 +77,7 @@ func testPool(t *testing.T, addr string, maxConns int) *connPool {
 	return newConnPool(addr, nil, maxConns, 300*time.Millisecond, up.dial)
 }
 
-var testRequest = appendRequest(nil, []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"), []byte(`{"model":"m"}`), false)
+var testRequest = appendRequest(nil, []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"), nil, []byte(`{"model":"m"}`), false)
 
 func readBodyAll(t *testing.T, r *upstreamResponse) string {
 	t.Helper()
