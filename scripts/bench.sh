@@ -6,7 +6,9 @@
 #    the fake upstream directly, through nginx (Debian's package, one worker,
 #    keep-alive upstream pool, proxy_buffering off) and through
 #    `tollgate serve` on the repository's gateway.yaml (auth, budgets and
-#    metering on). Non-streamed and streamed (20 chunks), targets
+#    metering on), once as it starts by default (GOMAXPROCS = the cores)
+#    and once on one core (GOMAXPROCS=1), as nginx runs one worker.
+#    Non-streamed and streamed (20 chunks), targets
 #    interleaved and rotated each round, BENCH_ROUNDS rounds; the table shows
 #    medians and each target's ratio to direct. Then one connection at a
 #    time, for the latency a single request pays for the hop.
@@ -48,6 +50,7 @@ go build -o "$work/upstream" ./cmd/tollgate-upstream
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 up_port=$(free_port); ngx_port=$(free_port); gw_port=$(free_port); dbg_port=$(free_port); storage_port=$(free_port)
+gw1_port=$(free_port); storage1_port=$(free_port)
 
 "$work/upstream" -addr "127.0.0.1:$up_port" -chunks 20 >"$work/upstream.log" 2>&1 &
 pids+=($!)
@@ -65,19 +68,29 @@ TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_DEBUG_
 UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway.log" 2>&1 &
 gw_pid=$!
 pids+=("$gw_pid")
-for port in "$gw_port" "$ngx_port" "$up_port"; do
+GOMAXPROCS=1 TOLLGATE_LISTEN="127.0.0.1:$gw1_port" TOLLGATE_DATA_DIR="$work/data1" TOLLGATE_ADMIN_TOKEN=bench-admin \
+TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_STORAGE_LISTEN="127.0.0.1:$storage1_port" \
+UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway1.log" 2>&1 &
+pids+=($!)
+for port in "$gw_port" "$gw1_port" "$ngx_port" "$up_port"; do
 	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
 done
 curl -sf "http://127.0.0.1:$gw_port/healthz" >/dev/null || { cat "$work/gateway.log"; exit 1; }
+curl -sf "http://127.0.0.1:$gw1_port/healthz" >/dev/null || { cat "$work/gateway1.log"; exit 1; }
 
-admin() { "$work/tollgate" "$@" -url "http://127.0.0.1:$gw_port" -token bench-admin; }
-admin accounts create bench -credit 1000000 >/dev/null
-key=$(admin keys create bench -name bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
+# bench_key port: an account and a key on the gateway at port.
+bench_key() {
+	"$work/tollgate" accounts create bench -credit 1000000 -url "http://127.0.0.1:$1" -token bench-admin >/dev/null
+	"$work/tollgate" keys create bench -name bench -url "http://127.0.0.1:$1" -token bench-admin |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])'
+}
+key=$(bench_key "$gw_port")
+key1=$(bench_key "$gw1_port")
 
 # target -> url, model, key
-declare -A url=([direct]="http://127.0.0.1:$up_port" [nginx]="http://127.0.0.1:$ngx_port" [tollgate]="http://127.0.0.1:$gw_port")
-declare -A model=([direct]=proxytest-small [nginx]=proxytest-small [tollgate]=qwen2.5-14b-instruct-1m)
-declare -A bearer=([direct]="" [nginx]="" [tollgate]="$key")
+declare -A url=([direct]="http://127.0.0.1:$up_port" [nginx]="http://127.0.0.1:$ngx_port" [tollgate]="http://127.0.0.1:$gw_port" [tollgate-1cpu]="http://127.0.0.1:$gw1_port")
+declare -A model=([direct]=proxytest-small [nginx]=proxytest-small [tollgate]=qwen2.5-14b-instruct-1m [tollgate-1cpu]=qwen2.5-14b-instruct-1m)
+declare -A bearer=([direct]="" [nginx]="" [tollgate]="$key" [tollgate-1cpu]="$key1")
 
 # wrk_run target stream connections duration: prints "rps p50 p99 errors requests".
 wrk_run() {
@@ -87,20 +100,20 @@ wrk_run() {
 	grep '^RESULT' <<<"$out" | cut -d' ' -f2-
 }
 
-targets=(direct nginx tollgate)
+targets=(direct nginx tollgate tollgate-1cpu)
 echo "side by side: $ROUNDS rounds, $CONNS connections x $DURATION per run; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for t in "${targets[@]}"; do for s in false true; do wrk_run "$t" "$s" "$CONNS" 2s >/dev/null; done; done # warm-up
 : >"$work/results"
 for round in $(seq "$ROUNDS"); do
 	for stream in false true; do
-		for i in 0 1 2; do
-			t=${targets[$(((i + round) % 3))]}
+		for i in 0 1 2 3; do
+			t=${targets[$(((i + round) % 4))]}
 			echo "$t $stream $CONNS $(wrk_run "$t" "$stream" "$CONNS" "$DURATION")" >>"$work/results"
 		done
 	done
 	for stream in false true; do
-		for i in 0 1 2; do
-			t=${targets[$(((i + round) % 3))]}
+		for i in 0 1 2 3; do
+			t=${targets[$(((i + round) % 4))]}
 			echo "$t $stream 1 $(wrk_run "$t" "$stream" 1 "$SINGLE_DURATION")" >>"$work/results"
 		done
 	done
@@ -115,13 +128,13 @@ for line in open(sys.argv[1]):
     rows.setdefault((stream, conns, t), []).append((float(rps), float(p50), float(p99), int(errors)))
 def med(rs, i): return statistics.median(r[i] for r in rs)
 print()
-print(f"{'':46}{'req/s':>9}{'ratio':>7}{'p50 ms':>8}{'+p50':>7}{'p99 ms':>8}{'errors':>7}")
+print(f"{'':52}{'req/s':>9}{'ratio':>7}{'p50 ms':>8}{'+p50':>7}{'p99 ms':>8}{'errors':>7}")
 for conns, what in ((sys.argv[3], f"{sys.argv[3]} connections"), ("1", "1 connection")):
     for stream, kind in (("false", "non-streamed"), ("true", "streamed 20 chunks")):
         d = rows[(stream, conns, "direct")]
-        for t in ("direct", "nginx", "tollgate"):
+        for t in ("direct", "nginx", "tollgate", "tollgate-1cpu"):
             rs = rows[(stream, conns, t)]
-            print(f"{kind+', '+what+', '+t:46}{med(rs,0):>9.0f}{med(rs,0)/med(d,0):>7.2f}"
+            print(f"{kind+', '+what+', '+t:52}{med(rs,0):>9.0f}{med(rs,0)/med(d,0):>7.2f}"
                   f"{med(rs,1):>8.2f}{med(rs,1)-med(d,1):>7.2f}{med(rs,2):>8.2f}{sum(r[3] for r in rs):>7}")
 print(f"tollgate peak RSS (VmHWM): {int(sys.argv[2])/1024:.1f} MiB")
 PY
