@@ -614,10 +614,16 @@ func (ob *Outbox) newSpare() (*mappedSegment, error) {
 	return m, nil
 }
 
-// touchPages writes one byte of every page of mem. On a file system
-// without fallocate a full disk shows here as a fault, turned into an
-// error instead of a crash.
+// touchPages faults in every page of mem for writing, so that appends
+// never wait on a page fault. On a file system without fallocate a full
+// disk shows here, as an error instead of a crash.
 func touchPages(mem []byte) (err error) {
+	if ok, err := populateMapped(mem); ok {
+		if err != nil {
+			return fmt.Errorf("writing a new outbox segment (disk full?): %w", err)
+		}
+		return nil
+	}
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {

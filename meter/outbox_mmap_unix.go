@@ -14,8 +14,8 @@ import (
 // system call, and a full disk shows here, as an error, rather than as a
 // SIGBUS when a page is first written.
 func allocateAndMap(f *os.File, size int) ([]byte, error) {
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
-		if err != unix.EOPNOTSUPP {
+	if err := reserveDisk(f, size); err != nil {
+		if err != errNoReserve {
 			return nil, fmt.Errorf("reserving %d bytes for an outbox segment: %w", size, err)
 		}
 		// A file system without fallocate: a plain truncate reserves
