@@ -392,20 +392,21 @@ func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, er
 	return res, nil
 }
 
-// Match weighs three pieces of evidence. Elaboration: how close to the
-// query the document's other words are, those that are not the query's
-// own (see elaboration). Coverage: how much of the query's meaning the
+// Match weighs three pieces of evidence. Restatement: how much of the
+// query the document says again in words that are not the query's own
+// (see restatement). Coverage: how much of the query's meaning all the
 // document's words cover (align). And lexical's BM25 score. Coverage and
-// BM25 count only as far as the document elaborates on the query
-// (matchGate): a document that repeats the query's words while talking
-// about something else is the typical wrong answer word overlap finds.
+// BM25 count only as far as the document restates the query (matchGate):
+// a document that repeats the query's words while talking about something
+// else is the typical wrong answer word overlap finds, and shared words
+// are evidence only when the rest of the document is about the query too.
 // Last, a question that asks for a kind of answer (a quantity, a cause, a
 // name) moves documents that hold one up and those that do not down.
 const (
-	matchElabWeight   = 0.8
+	matchRestWeight   = 0.8
 	matchCoverWeight  = 0.3
 	matchLexWeight    = 0.6
-	matchGate         = 0.22
+	matchGate         = 0.3
 	matchGateSpread   = 0.05
 	matchKindEvidence = 0.2
 	matchCentre       = 0.55
@@ -420,9 +421,9 @@ func (e *semantic) matchScore(query, source string) float64 {
 	if q.known == 0 || d.known == 0 {
 		return lex
 	}
-	elab := float64(e.elaboration(&q, qd.terms, dd.terms))
-	gate := logistic((elab - matchGate) / matchGateSpread)
-	x := matchElabWeight*elab + gate*(matchCoverWeight*float64(e.v.align(&q, &d))+matchLexWeight*lex)
+	rest := float64(e.restatement(&q, qd.terms, dd.terms))
+	gate := logistic((rest - matchGate) / matchGateSpread)
+	x := matchRestWeight*rest + gate*(matchCoverWeight*float64(e.v.align(&q, &d))+matchLexWeight*lex)
 	if kind := answerKindOf(query); kind != kindNone {
 		if hasAnswerKind(kind, &dd, source, qd.terms) {
 			x += matchKindEvidence
@@ -433,12 +434,16 @@ func (e *semantic) matchScore(query, source string) float64 {
 	return logistic((x - matchCentre) / matchSpread)
 }
 
-// elaboration is how close the document's other words (content words
-// whose stems are not the query's) come to the query: for each, the
-// cosine of its closest query word, averaged with SIF weights. An answer
-// goes on about its question (a modem's button, factory settings for
-// "reset my router"); a trap goes on about something else.
-func (e *semantic) elaboration(q *embedding, query, doc []term) float32 {
+// restatement is how much of the query the document's other words
+// (content words whose stems are not the query's) say again: the mean of
+// how much of the query they cover (for each query word, its closest
+// other word) and the cosine of the two means. It asks, of the query,
+// whether the rest of the document is about all of it: an answer says
+// "factory settings" and "hold the button" for "reset my router"; a trap
+// repeats "router" and goes on about the router's price. (Measured from
+// the document's side instead, every off-topic word lowers the score, and
+// a trap whose few other words are near the query's topic still passes.)
+func (e *semantic) restatement(q *embedding, query, doc []term) float32 {
 	stems := make(map[string]struct{}, len(query))
 	for i := range query {
 		stems[query[i].stem] = struct{}{}
@@ -450,7 +455,10 @@ func (e *semantic) elaboration(q *embedding, query, doc []term) float32 {
 		}
 	}
 	r := e.v.embed(rest)
-	return e.v.align(&r, q)
+	if r.known == 0 {
+		return 0
+	}
+	return 0.5*e.v.align(q, &r) + 0.5*dot(q.vec, r.vec)
 }
 
 func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, error) {
