@@ -216,6 +216,45 @@ func TestSemanticMatchTrapsLoseToAnswers(t *testing.T) {
 	}
 }
 
+// TestSemanticExpansionKeepsSiblingsApart: the nearest words of a
+// medical specialty's name are other specialties, so widening each label
+// by its plain nearest words makes the labels of such a set alike; the
+// contrastive expansion keeps only words nearer to the label's own name,
+// and the set's label vectors end up further apart.
+func TestSemanticExpansionKeepsSiblingsApart(t *testing.T) {
+	e := semanticForTest(t).(*semantic)
+	labels := []string{"cardiology", "dermatology", "psychiatry", "pediatrics", "ophthalmology"}
+	plain := make([][]float32, len(labels))
+	for i, l := range labels {
+		nb := make([]float32, e.v.dims)
+		for _, n := range e.cachedNeighbours(l)[:expandNeighbours] {
+			e.v.addTo(nb, int(n.i), n.c)
+		}
+		normalize(nb)
+		plain[i] = e.labelVector(l, "", nil, nb)
+	}
+	contrastive := make([][]float32, len(labels))
+	for i, x := range e.contrastiveExpansions(labels) {
+		contrastive[i] = e.labelVector(labels[i], "", nil, x)
+	}
+	meanCos := func(vs [][]float32) float64 {
+		var s float64
+		n := 0
+		for i := range vs {
+			for j := i + 1; j < len(vs); j++ {
+				s += float64(dot(vs[i], vs[j]))
+				n++
+			}
+		}
+		return s / float64(n)
+	}
+	p, c := meanCos(plain), meanCos(contrastive)
+	t.Logf("mean cosine between labels: plain neighbours %.3f, contrastive %.3f", p, c)
+	if c >= p-0.05 {
+		t.Errorf("contrastive expansion leaves the labels as alike as plain neighbours do (%.3f against %.3f)", c, p)
+	}
+}
+
 // topicalTraps are harder than matchTraps: each trap repeats the query's
 // words and its other words stay near the query's topic (a shop, sales,
 // a kitchen), while the answer says what to do in words of its own.
