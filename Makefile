@@ -26,9 +26,10 @@ test:
 bench:
 	scripts/bench.sh
 
-# Measures a classification engine (ENGINE, default lexical) on the dev part
-# of classifiers/testdata/eval (tuned on) and on the test part (written
-# before any tuning, never tuned on), one table each: classify asked in two
+# Measures a classification engine (ENGINE, default lexical) on the dev and
+# dev2 parts of classifiers/testdata/eval (tuned on) and on the test part
+# (written before any tuning, never tuned on), one table each (tune with
+# `go run ./cmd/tollgate-eval -parts dev,dev2`): classify asked in two
 # label orders with ties as misses, score pairs ordered right, match MRR,
 # NDCG@5 and traps ranked below the answer.
 ENGINE ?= lexical

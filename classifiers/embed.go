@@ -70,6 +70,20 @@ func (v *Vectors) embed(terms []term) embedding {
 	return e
 }
 
+// effectiveWords is how many words the embedding's mean is made of, its
+// weights counted as Kish's effective sample size: (Σw)²/Σw², 0 for none.
+func (e *embedding) effectiveWords() float64 {
+	var s1, s2 float64
+	for _, w := range e.weights {
+		s1 += float64(w)
+		s2 += float64(w) * float64(w)
+	}
+	if s2 == 0 {
+		return 0
+	}
+	return s1 * s1 / s2
+}
+
 // embedText analyses and embeds a text.
 func (v *Vectors) embedText(text string) embedding {
 	return v.embed(analyze(text).terms)

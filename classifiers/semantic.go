@@ -3,6 +3,7 @@ package classifiers
 import (
 	"context"
 	"math"
+	"sort"
 	"strings"
 	"sync"
 )
@@ -23,10 +24,10 @@ type semantic struct {
 	mu     sync.Mutex
 	labels map[string]*semanticLabels // compiled label sets, by labelBlock
 	poles  map[string]*attributePoles // compiled attributes, by name and description
-	// expanded holds each label name's neighbour vector: names recur
+	// expanded holds each label name's nearest common words: names recur
 	// across label sets, and finding neighbours is the costly part of
 	// compiling a set (about 1.7 ms a name).
-	expanded map[string][]float32
+	expanded map[string][]neighbour
 }
 
 // NewSemantic returns the semantic engine over v; it answers with engine
@@ -34,7 +35,7 @@ type semantic struct {
 func NewSemantic(v *Vectors) Engine {
 	vader()
 	return &semantic{v: v, labels: map[string]*semanticLabels{}, poles: map[string]*attributePoles{},
-		expanded: map[string][]float32{}}
+		expanded: map[string][]neighbour{}}
 }
 
 func (e *semantic) Name() string { return EngineSemantic }
@@ -119,8 +120,11 @@ func (e *semantic) labelSims(text *doc, raw string, sl *semanticLabels) []float6
 
 // labelMeaning is how close the text's meaning is to a label's: the
 // cosine of the whole text, mixed with the closest single word's (one
-// telling word, "paycheck", is enough to say "payroll"), less the label's
-// hub score, the similarity it has with any word at all.
+// telling word, "paycheck", is enough to say "payroll"), each less what
+// ordinary words reach (hub, a single word's mean similarity with the
+// label). A text's mean vector adds up its words' shared leaning towards
+// a broad label, so the whole text's baseline is the hub times the square
+// root of its effective number of words; a single word's is the hub.
 func (e *semantic) labelMeaning(t *embedding, label []float32, hub float32) float64 {
 	peak := float32(-1)
 	for _, w := range t.words {
@@ -128,7 +132,8 @@ func (e *semantic) labelMeaning(t *embedding, label []float32, hub float32) floa
 			peak = c
 		}
 	}
-	return (1-labelPeakMix)*float64(dot(t.vec, label)) + labelPeakMix*float64(peak) - float64(hub)
+	whole := float64(dot(t.vec, label)) - math.Sqrt(t.effectiveWords())*float64(hub)
+	return (1-labelPeakMix)*whole + labelPeakMix*float64(peak-hub)
 }
 
 // hubness is a label vector's mean similarity with a fixed sample of
@@ -187,9 +192,10 @@ func (e *semantic) compileLabels(labels []string, descriptions map[string]string
 		vecs:     make([][]float32, len(labels)),
 		fallback: make([]bool, len(labels)),
 	}
+	expansions := e.contrastiveExpansions(labels)
 	for i, l := range labels {
 		_, sl.fallback[i] = fallbackNames[strings.ToLower(strings.TrimSpace(l))]
-		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l])
+		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l], expansions[i])
 	}
 	centre(sl.vecs)
 	sl.hub = make([]float32, len(labels))
@@ -207,7 +213,9 @@ func (e *semantic) compileLabels(labels []string, descriptions map[string]string
 	return sl
 }
 
-func (e *semantic) labelVector(name, description string, examples []string) []float32 {
+// labelVector is a label's unit vector from its name, its expansion (see
+// contrastiveExpansions; nil for none), description and examples.
+func (e *semantic) labelVector(name, description string, examples []string, expansion []float32) []float32 {
 	acc := make([]float32, e.v.dims)
 	any := false
 	add := func(text string, w float32) {
@@ -221,10 +229,8 @@ func (e *semantic) labelVector(name, description string, examples []string) []fl
 		}
 	}
 	add(name, semNameWeight)
-	if nb := e.cachedNeighbours(name); nb != nil {
-		for d, x := range nb {
-			acc[d] += expandWeight * x
-		}
+	for d, x := range expansion {
+		acc[d] += expandWeight * x
 	}
 	if description != "" {
 		add(description, semDescriptionWeight)
@@ -241,19 +247,89 @@ func (e *semantic) labelVector(name, description string, examples []string) []fl
 
 // Label expansion: a label's name is one or two words, and one word's
 // vector carries its senses and its corpus's habits; the mean of its
-// nearest neighbours among common words ("payroll": salaries, wages,
-// pension...) says the same thing more robustly.
+// nearest common words ("payroll": salaries, wages, pension...) says the
+// same thing more robustly. But the nearest words of a name are often its
+// siblings: "cardiology" is nearest "pediatric" and "psychiatry", the very
+// labels it must be told from, and averaging them in makes every label of
+// the set alike. So a label is widened only by the words nearer to its
+// own name than to any other label's name, the best expandNeighbours of
+// the expandCandidates nearest.
 const (
-	expandWeight     = 0.6
+	expandWeight     = 0.3
 	expandNeighbours = 10
+	expandCandidates = 100
 	expandVocabulary = 20000 // neighbours are looked for among the most frequent words
 )
 
-// expandedLimit bounds the names whose neighbours are kept (400 KiB each
+// expandedLimit bounds the names whose neighbours are kept (800 KiB each
 // thousand).
 const expandedLimit = 4096
 
-func (e *semantic) cachedNeighbours(name string) []float32 {
+// neighbour is a word near a label name: its vector index and cosine.
+type neighbour struct {
+	i int32
+	c float32
+}
+
+// contrastiveExpansions returns, per label, the normalised mean of its
+// name's neighbours that are nearer to it than to every other label's
+// name, each weighted by its cosine with its own name; nil for a label
+// without any such word.
+func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
+	names := make([][]float32, len(labels))
+	own := make(map[int32]bool)
+	for i, l := range labels {
+		emb := e.v.embedText(strings.ReplaceAll(l, "_", " "))
+		if emb.known == 0 {
+			continue
+		}
+		names[i] = emb.vec
+		for _, w := range emb.words {
+			own[w] = true
+		}
+	}
+	out := make([][]float32, len(labels))
+	type pick struct {
+		nb     neighbour
+		margin float32
+	}
+	picks := make([]pick, 0, expandCandidates)
+	for i, l := range labels {
+		if names[i] == nil {
+			continue
+		}
+		picks = picks[:0]
+		for _, nb := range e.cachedNeighbours(l) {
+			if own[nb.i] {
+				continue // a word of some label's own name
+			}
+			nearest := float32(-1)
+			for j := range labels {
+				if j != i && names[j] != nil {
+					nearest = max(nearest, e.v.dotWith(int(nb.i), names[j]))
+				}
+			}
+			if m := nb.c - nearest; m > 0 {
+				picks = append(picks, pick{nb, m})
+			}
+		}
+		if len(picks) == 0 {
+			continue
+		}
+		sort.SliceStable(picks, func(a, b int) bool { return picks[a].margin > picks[b].margin })
+		acc := make([]float32, e.v.dims)
+		for _, p := range picks[:min(len(picks), expandNeighbours)] {
+			if p.nb.c > 0 {
+				e.v.addTo(acc, int(p.nb.i), p.nb.c)
+			}
+		}
+		normalize(acc)
+		out[i] = acc
+	}
+	return out
+}
+
+func (e *semantic) cachedNeighbours(name string) []neighbour {
 	e.mu.Lock()
 	nb, ok := e.expanded[name]
 	e.mu.Unlock()
@@ -270,9 +346,9 @@ func (e *semantic) cachedNeighbours(name string) []float32 {
 	return nb
 }
 
-// neighbours is the normalised, similarity-weighted mean of the nearest
-// common words to name's vector (not the name's own words), or nil.
-func (e *semantic) neighbours(name string) []float32 {
+// neighbours are the expandCandidates common words nearest to name's
+// vector (not the name's own words), nearest first, or nil.
+func (e *semantic) neighbours(name string) []neighbour {
 	emb := e.v.embedText(strings.ReplaceAll(name, "_", " "))
 	if emb.known == 0 {
 		return nil
@@ -281,22 +357,18 @@ func (e *semantic) neighbours(name string) []float32 {
 	for _, w := range emb.words {
 		own[w] = true
 	}
-	type nb struct {
-		i int
-		c float32
-	}
-	best := make([]nb, 0, expandNeighbours+1)
+	best := make([]neighbour, 0, expandCandidates+1)
 	for i := 0; i < expandVocabulary && i < e.v.count; i++ {
 		if own[int32(i)] {
 			continue
 		}
 		c := e.v.dotWith(i, emb.vec)
-		if len(best) == expandNeighbours && c <= best[len(best)-1].c {
+		if len(best) == expandCandidates && c <= best[len(best)-1].c {
 			continue
 		}
 		j := len(best)
-		if j < expandNeighbours {
-			best = append(best, nb{})
+		if j < expandCandidates {
+			best = append(best, neighbour{})
 		} else {
 			j--
 		}
@@ -304,16 +376,9 @@ func (e *semantic) neighbours(name string) []float32 {
 			best[j] = best[j-1]
 			j--
 		}
-		best[j] = nb{i, c}
+		best[j] = neighbour{int32(i), c}
 	}
-	acc := make([]float32, e.v.dims)
-	for _, b := range best {
-		if b.c > 0 {
-			e.v.addTo(acc, b.i, b.c)
-		}
-	}
-	normalize(acc)
-	return acc
+	return best
 }
 
 // centre removes from each label vector what the labels of the set have
@@ -392,20 +457,21 @@ func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, er
 	return res, nil
 }
 
-// Match weighs three pieces of evidence. Elaboration: how close to the
-// query the document's other words are, those that are not the query's
-// own (see elaboration). Coverage: how much of the query's meaning the
+// Match weighs three pieces of evidence. Restatement: how much of the
+// query the document says again in words that are not the query's own
+// (see restatement). Coverage: how much of the query's meaning all the
 // document's words cover (align). And lexical's BM25 score. Coverage and
-// BM25 count only as far as the document elaborates on the query
-// (matchGate): a document that repeats the query's words while talking
-// about something else is the typical wrong answer word overlap finds.
+// BM25 count only as far as the document restates the query (matchGate):
+// a document that repeats the query's words while talking about something
+// else is the typical wrong answer word overlap finds, and shared words
+// are evidence only when the rest of the document is about the query too.
 // Last, a question that asks for a kind of answer (a quantity, a cause, a
 // name) moves documents that hold one up and those that do not down.
 const (
-	matchElabWeight   = 0.8
+	matchRestWeight   = 0.8
 	matchCoverWeight  = 0.3
 	matchLexWeight    = 0.6
-	matchGate         = 0.22
+	matchGate         = 0.3
 	matchGateSpread   = 0.05
 	matchKindEvidence = 0.2
 	matchCentre       = 0.55
@@ -420,9 +486,9 @@ func (e *semantic) matchScore(query, source string) float64 {
 	if q.known == 0 || d.known == 0 {
 		return lex
 	}
-	elab := float64(e.elaboration(&q, qd.terms, dd.terms))
-	gate := logistic((elab - matchGate) / matchGateSpread)
-	x := matchElabWeight*elab + gate*(matchCoverWeight*float64(e.v.align(&q, &d))+matchLexWeight*lex)
+	rest := float64(e.restatement(&q, qd.terms, dd.terms))
+	gate := logistic((rest - matchGate) / matchGateSpread)
+	x := matchRestWeight*rest + gate*(matchCoverWeight*float64(e.v.align(&q, &d))+matchLexWeight*lex)
 	if kind := answerKindOf(query); kind != kindNone {
 		if hasAnswerKind(kind, &dd, source, qd.terms) {
 			x += matchKindEvidence
@@ -433,12 +499,16 @@ func (e *semantic) matchScore(query, source string) float64 {
 	return logistic((x - matchCentre) / matchSpread)
 }
 
-// elaboration is how close the document's other words (content words
-// whose stems are not the query's) come to the query: for each, the
-// cosine of its closest query word, averaged with SIF weights. An answer
-// goes on about its question (a modem's button, factory settings for
-// "reset my router"); a trap goes on about something else.
-func (e *semantic) elaboration(q *embedding, query, doc []term) float32 {
+// restatement is how much of the query the document's other words
+// (content words whose stems are not the query's) say again: the mean of
+// how much of the query they cover (for each query word, its closest
+// other word) and the cosine of the two means. It asks, of the query,
+// whether the rest of the document is about all of it: an answer says
+// "factory settings" and "hold the button" for "reset my router"; a trap
+// repeats "router" and goes on about the router's price. (Measured from
+// the document's side instead, every off-topic word lowers the score, and
+// a trap whose few other words are near the query's topic still passes.)
+func (e *semantic) restatement(q *embedding, query, doc []term) float32 {
 	stems := make(map[string]struct{}, len(query))
 	for i := range query {
 		stems[query[i].stem] = struct{}{}
@@ -450,7 +520,10 @@ func (e *semantic) elaboration(q *embedding, query, doc []term) float32 {
 		}
 	}
 	r := e.v.embed(rest)
-	return e.v.align(&r, q)
+	if r.known == 0 {
+		return 0
+	}
+	return 0.5*e.v.align(q, &r) + 0.5*dot(q.vec, r.vec)
 }
 
 func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, error) {

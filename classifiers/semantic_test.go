@@ -216,6 +216,106 @@ func TestSemanticMatchTrapsLoseToAnswers(t *testing.T) {
 	}
 }
 
+// TestSemanticExpansionKeepsSiblingsApart: the nearest words of a
+// medical specialty's name are other specialties, so widening each label
+// by its plain nearest words makes the labels of such a set alike; the
+// contrastive expansion keeps only words nearer to the label's own name,
+// and the set's label vectors end up further apart.
+func TestSemanticExpansionKeepsSiblingsApart(t *testing.T) {
+	e := semanticForTest(t).(*semantic)
+	labels := []string{"cardiology", "dermatology", "psychiatry", "pediatrics", "ophthalmology"}
+	plain := make([][]float32, len(labels))
+	for i, l := range labels {
+		nb := make([]float32, e.v.dims)
+		for _, n := range e.cachedNeighbours(l)[:expandNeighbours] {
+			e.v.addTo(nb, int(n.i), n.c)
+		}
+		normalize(nb)
+		plain[i] = e.labelVector(l, "", nil, nb)
+	}
+	contrastive := make([][]float32, len(labels))
+	for i, x := range e.contrastiveExpansions(labels) {
+		contrastive[i] = e.labelVector(labels[i], "", nil, x)
+	}
+	meanCos := func(vs [][]float32) float64 {
+		var s float64
+		n := 0
+		for i := range vs {
+			for j := i + 1; j < len(vs); j++ {
+				s += float64(dot(vs[i], vs[j]))
+				n++
+			}
+		}
+		return s / float64(n)
+	}
+	p, c := meanCos(plain), meanCos(contrastive)
+	t.Logf("mean cosine between labels: plain neighbours %.3f, contrastive %.3f", p, c)
+	if c >= p-0.05 {
+		t.Errorf("contrastive expansion leaves the labels as alike as plain neighbours do (%.3f against %.3f)", c, p)
+	}
+}
+
+// topicalTraps are harder than matchTraps: each trap repeats the query's
+// words and its other words stay near the query's topic (a shop, sales,
+// a kitchen), while the answer says what to do in words of its own.
+var topicalTraps = []struct{ query, answer, trap string }{
+	{"how do I get rid of ants in the kitchen", "Wipe the counters with vinegar and seal the cracks where the insects come in; bait stations near their trail work within days.", "Kitchen ants are the bakery's mascot, and the owner says she will never get rid of the cartoon."},
+	{"why does my bike chain keep falling off", "A worn derailleur or a stretched chain slips off the gears; adjust the limit screws or replace the links.", "The bike shop's chain of stores keeps falling behind its rivals, and one branch may close."},
+	{"how to stop my glasses fogging up", "A drop of dish soap rubbed on the lenses, or a mask pinched tight over the nose, keeps warm breath from condensing.", "The glasses maker's profits are fogging up as it struggles to stop losses."},
+	{"how to get chewing gum out of hair", "Rub peanut butter or cooking oil into the strands, then comb the sticky lump out gently.", "Chewing gum sales are up, and the hair salon next door hands it out free."},
+	{"how do I unblock a sink", "Pour boiling water down the drain, then work a plunger or a wire snake to clear the clog.", "The sink in the show kitchen was blocked from view by a new display of taps."},
+	{"why do my eyes water when I read", "Staring at a page makes you blink less, the surface dries out, and the glands flood it with tears.", "Read why the water park's eye-catching slides are closed this week."},
+}
+
+// TestSemanticMatchTopicalTrapsLose: shared words count only when the
+// rest of the document restates the query (restatement), so a trap that
+// repeats the query and stays on its topic still ranks below the answer.
+func TestSemanticMatchTopicalTrapsLose(t *testing.T) {
+	e := semanticForTest(t)
+	wins := 0
+	for _, c := range topicalTraps {
+		score := func(doc string) float64 {
+			res, err := e.Match(context.Background(), MatchRequest{Source: doc, Query: c.query})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.Score
+		}
+		a, tr := score(c.answer), score(c.trap)
+		if a > tr {
+			wins++
+		} else {
+			t.Logf("%q: answer %.3f <= trap %.3f", c.query, a, tr)
+		}
+	}
+	t.Logf("answer above the trap %d/%d", wins, len(topicalTraps))
+	// Elaboration measured from the document's side (before restatement)
+	// put 2 of the 6 answers above their trap; restatement puts 4.
+	if wins < 4 {
+		t.Errorf("answer above the trap %d of %d times, want at least 4", wins, len(topicalTraps))
+	}
+}
+
+// TestSemanticMatchSharedWordsStillCount: a document that answers in the
+// query's own words beats one on another subject; the gate on shared
+// words must not turn into distrust of every overlap.
+func TestSemanticMatchSharedWordsStillCount(t *testing.T) {
+	e := semanticForTest(t)
+	query := "how to descale a kettle"
+	answer := "To descale a kettle, fill it with equal parts water and white vinegar, boil, leave it an hour and rinse."
+	other := "Our library lends e-books for three weeks and sends a reminder before they expire."
+	s := func(doc string) float64 {
+		res, err := e.Match(context.Background(), MatchRequest{Source: doc, Query: query})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Score
+	}
+	if a, o := s(answer), s(other); a <= o || a < 0.5 {
+		t.Errorf("answer in the query's words %.3f, unrelated %.3f: want the answer above 0.5 and above the other", a, o)
+	}
+}
+
 // TestSemanticTiesWithoutEvidence: a text of words the vectors do not
 // know, sharing none with the labels, is a tie, whatever the label order.
 func TestSemanticTiesWithoutEvidence(t *testing.T) {

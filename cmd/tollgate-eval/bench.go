@@ -103,7 +103,11 @@ func runBench(w io.Writer, name string, newEngine func() (classifiers.Engine, er
 		return err
 	}
 	procs := runtime.GOMAXPROCS(0)
-	fmt.Fprintf(w, "%s engine, dev and test texts, %d passes; %d cores\n", name, rounds, runtime.NumCPU())
+	names := make([]string, len(ps))
+	for i, p := range ps {
+		names[i] = p.name
+	}
+	fmt.Fprintf(w, "%s engine, %s texts, %d passes; %d cores\n", name, strings.Join(names, "+"), rounds, runtime.NumCPU())
 	fmt.Fprintf(w, "RSS added by the engine, loaded and warmed: %.1f MiB (VmRSS %.1f -> %.1f MiB)\n",
 		float64(after-before)/(1<<20), float64(before)/(1<<20), float64(after)/(1<<20))
 	fmt.Fprintf(w, "%-10s %9s %10s %10s %14s %14s\n", "operation", "calls", "p50 µs", "p99 µs", "calls/s (1)", fmt.Sprintf("calls/s (%d)", procs))

@@ -241,21 +241,39 @@ func TestLoadNamesFileAndLine(t *testing.T) {
 func TestRunIsDeterministicAndShowsBothParts(t *testing.T) {
 	root := filepath.Join("..", "..", "classifiers", "testdata", "eval")
 	var a, b bytes.Buffer
-	if err := run(&a, root, defaultEngine, false, 0); err != nil {
+	if err := run(&a, root, defaultEngine, defaultParts, false, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(&b, root, defaultEngine, false, 0); err != nil {
+	if err := run(&b, root, defaultEngine, defaultParts, false, 0); err != nil {
 		t.Fatal(err)
 	}
 	if a.String() != b.String() {
 		t.Error("two runs printed different output")
 	}
-	for _, want := range []string{"== dev part", "== test part", "trap ranked below the answer: "} {
+	for _, want := range []string{"== dev part", "== dev2 part", "== test part", "trap ranked below the answer: "} {
 		if !strings.Contains(a.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}
 	}
-	if err := run(&a, root, "no-such-engine", false, 0); err == nil || !strings.Contains(err.Error(), "lexical") {
+	if err := run(&a, root, "no-such-engine", defaultParts, false, 0); err == nil || !strings.Contains(err.Error(), "lexical") {
 		t.Errorf("unknown engine: %v, want an error listing the engines", err)
+	}
+}
+
+func TestPartsSelectsOnlyThePartsNamed(t *testing.T) {
+	root := filepath.Join("..", "..", "classifiers", "testdata", "eval")
+	var out bytes.Buffer
+	if err := run(&out, root, defaultEngine, "dev2, dev", false, 0); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if !strings.Contains(s, "== dev part") || !strings.Contains(s, "== dev2 part") || strings.Contains(s, "== test part") {
+		t.Errorf("-parts dev2,dev printed parts other than dev and dev2 (in that file order):\n%s", s)
+	}
+	if strings.Index(s, "== dev part") > strings.Index(s, "== dev2 part") {
+		t.Error("parts are not printed in their fixed order")
+	}
+	if err := run(&out, root, defaultEngine, "dev,nope", false, 0); err == nil || !strings.Contains(err.Error(), "dev2") {
+		t.Errorf("unknown part: %v, want an error listing the parts", err)
 	}
 }

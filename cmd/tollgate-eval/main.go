@@ -1,7 +1,7 @@
 // Command tollgate-eval measures a classification engine on the labelled
-// parts in classifiers/testdata/eval (`make eval`): dev, which the engine
-// was written and tuned alongside, and test, written before any tuning
-// and never used to tune. It prints one table per part: classify accuracy
+// parts in classifiers/testdata/eval (`make eval`): dev and dev2, which
+// the engine was tuned on, and test, written before any tuning and never
+// used to tune (-parts picks some of them). It prints one table per part: classify accuracy
 // with every item asked in two label orders, score pairs ordered right,
 // match MRR, NDCG@5 and traps. With -bench it measures latency per call
 // and the memory the engine adds instead (`make bench`). The evaluation
@@ -23,11 +23,43 @@ import (
 // parts are evaluated in this order, each with what the output says of it.
 var parts = []struct{ name, about string }{
 	{"dev", "the tuning part, written with the engine and its cue lists; tune on this one"},
+	{"dev2", "the second tuning part, new domains written before the engine was tuned for them; tune on this one too"},
 	{"test", "the held-out part, written before any tuning; never tune on it"},
 }
 
+// defaultParts is what -parts names when not given: all of them.
+const defaultParts = "dev,dev2,test"
+
+// selectParts turns -parts' comma-separated names into indexes of parts,
+// in parts' order; an unknown name is an error naming the known ones.
+func selectParts(list string) ([]int, error) {
+	want := make(map[string]bool)
+	for n := range strings.SplitSeq(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			want[n] = true
+		}
+	}
+	var idx []int
+	known := make([]string, len(parts))
+	for i, pi := range parts {
+		known[i] = pi.name
+		if want[pi.name] {
+			idx = append(idx, i)
+			delete(want, pi.name)
+		}
+	}
+	for n := range want {
+		return nil, fmt.Errorf("unknown part %q: choose among %s", n, strings.Join(known, ", "))
+	}
+	if len(idx) == 0 {
+		return nil, fmt.Errorf("-parts names no part: choose among %s", strings.Join(known, ", "))
+	}
+	return idx, nil
+}
+
 func main() {
-	root := flag.String("dir", "classifiers/testdata/eval", "directory holding the dev and test parts")
+	root := flag.String("dir", "classifiers/testdata/eval", "directory holding the dev, dev2 and test parts")
+	partList := flag.String("parts", defaultParts, "comma-separated parts to evaluate or bench (tune with dev,dev2)")
 	engine := flag.String("engine", defaultEngine, "engine to measure: "+strings.Join(engineNames(), ", "))
 	bench := flag.Bool("bench", false, "measure latency per call and the memory the engine adds, instead of quality")
 	rounds := flag.Int("rounds", 30, "with -bench: passes over the evaluation texts per operation")
@@ -37,7 +69,7 @@ func main() {
 	if *calibrate {
 		err = calibrateLLM(os.Stdout, *root, *engine)
 	} else {
-		err = run(os.Stdout, *root, *engine, *bench, *rounds)
+		err = run(os.Stdout, *root, *engine, *partList, *bench, *rounds)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tollgate-eval: %v\n", err)
@@ -45,14 +77,18 @@ func main() {
 	}
 }
 
-func run(w io.Writer, root, engineName string, bench bool, rounds int) error {
+func run(w io.Writer, root, engineName, partList string, bench bool, rounds int) error {
 	newEngine, ok := engines[engineName]
 	if !ok {
 		return fmt.Errorf("unknown engine %q: choose one of %s", engineName, strings.Join(engineNames(), ", "))
 	}
-	loaded := make([]*part, 0, len(parts))
-	for _, pi := range parts {
-		p, err := load(pi.name, filepath.Join(root, pi.name))
+	chosen, err := selectParts(partList)
+	if err != nil {
+		return err
+	}
+	loaded := make([]*part, 0, len(chosen))
+	for _, i := range chosen {
+		p, err := load(parts[i].name, filepath.Join(root, parts[i].name))
 		if err != nil {
 			return err
 		}
@@ -69,7 +105,7 @@ func run(w io.Writer, root, engineName string, bench bool, rounds int) error {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		if err := evaluate(w, engine, p, parts[i].about); err != nil {
+		if err := evaluate(w, engine, p, parts[chosen[i]].about); err != nil {
 			return err
 		}
 	}
