@@ -42,6 +42,7 @@ type env struct {
 	store   *storage.Local
 	secret  string
 	gw      *proxy.Server
+	rt      batch.Runtime // the runtime gw's plugins module provides
 	rec     *meter.Memory
 	up      *proxytest.Server
 }
@@ -101,10 +102,6 @@ func newEnv(t *testing.T, eo envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.gw, err = proxy.New(cfg, proxy.Options{Recorder: e.rec, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +112,18 @@ func newEnv(t *testing.T, eo envOptions) *env {
 	}
 	go func() { _ = e.store.Serve(ln) }()
 	t.Cleanup(func() { _ = e.store.Shutdown(context.Background()) })
+	// The gateway's plugins module gives jobs their engines: every
+	// service of the test runs on its runtime, as before on one gateway.
+	open := func(ctx context.Context, rt batch.Runtime) (*batch.Service, error) {
+		e.rt = rt
+		return batch.Open(ctx, b.JetStream(), e.store, batch.Options{Runtime: rt, Recorder: e.rec, Logf: t.Logf})
+	}
+	e.gw, err = proxy.New(cfg, proxy.Options{Recorder: e.rec, Logf: t.Logf,
+		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: open}})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.gw.Close)
 	return e
 }
 
@@ -134,7 +143,7 @@ func (e *env) serviceNamed(name string, ackWait time.Duration, tun batch.Tuning)
 	}
 	e.t.Cleanup(b.Close)
 	svc, err := batch.Open(e.ctx, b.JetStream(), e.store, batch.WithTuning(batch.Options{
-		Runtime: plugins.BatchRuntime(e.gw), Recorder: e.rec, Logf: e.t.Logf, AckWait: ackWait, Name: name,
+		Runtime: e.rt, Recorder: e.rec, Logf: e.t.Logf, AckWait: ackWait, Name: name,
 	}, tun))
 	if err != nil {
 		e.t.Fatal(err)

@@ -120,13 +120,14 @@ func startGateway(t *testing.T, clickHouseDSN string) *gateway {
 		}
 	}
 	adminAPI := admin.New(adminToken, g.svc)
-	g.console, err = Configure(ctx, Options{Accounts: g.svc, JetStream: b.JetStream(), Replicas: 1, DataDir: dir,
+	g.console, err = Open(ctx, Options{Accounts: g.svc, JetStream: b.JetStream(), Replicas: 1, DataDir: dir,
 		ClickHouseDSN: clickHouseDSN, Logf: g.log.logf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(g.console.Close)
-	gw, err := proxy.New(cfg, proxy.Options{Accounts: g.svc, Recorder: meter.NewMemory(nil), Admin: adminAPI, Logf: g.log.logf})
+	gw, err := proxy.New(cfg, proxy.Options{Accounts: g.svc, Recorder: meter.NewMemory(nil), Admin: adminAPI, Logf: g.log.logf,
+		Modules: []proxy.Module{g.console.Module()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func startGateway(t *testing.T, clickHouseDSN string) *gateway {
 		t.Fatal(err)
 	}
 	go func() { _ = gw.Serve(ln) }()
-	t.Cleanup(func() { _ = gw.Shutdown() })
+	t.Cleanup(func() { _ = gw.Shutdown(); gw.Close() })
 	g.url = "http://" + ln.Addr().String()
 	return g
 }

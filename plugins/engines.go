@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,9 +44,30 @@ func lexicalChoice() *engineChoice {
 	return &engineChoice{engine: lexicalEngine(), name: engineLexical}
 }
 
+// caller is whom an engine is chosen for: the configuration the call runs
+// under, whose World also makes the llm engine's model calls, and the
+// models its key may use. A request's caller is its key (callerOf); a
+// batch job's is the key that created it, as the job recorded it.
+type caller struct {
+	world  *proxy.World
+	models []string // empty: any model (a key without a list, or public mode)
+}
+
+// callerOf is the caller of a request.
+func callerOf(call *proxy.Call) caller {
+	c := caller{world: call.World}
+	if call.Key != nil {
+		c.models = call.Key.Models
+	}
+	return c
+}
+
+// allows reports whether the caller may use catalog model id.
+func (c caller) allows(id string) bool { return len(c.models) == 0 || slices.Contains(c.models, id) }
+
 // chooseEngine resolves the request's "model" (empty: plugins.engine).
-func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.APIError) {
-	p := call.World.Config.Plugins
+func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *proxy.APIError) {
+	p := who.world.Config.Plugins
 	switch requested {
 	case engineLexical:
 		return lexicalChoice(), nil
@@ -59,14 +81,14 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 		if p.LLMModel == "" {
 			return nil, proxy.BadRequest("model", "the llm engine has no model: the catalog is empty; use model lexical")
 		}
-		return llmChoice(call, p.LLMModel, "model")
+		return m.llmChoice(who, p.LLMModel, "model")
 	case "":
 	default:
-		if _, ok := call.World.Catalog.Resolve(requested); !ok {
+		if _, ok := who.world.Catalog.Resolve(requested); !ok {
 			return nil, proxy.BadRequest("model", fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s",
-				requested, strings.Join(call.World.Catalog.IDs(), ", ")))
+				requested, strings.Join(who.world.Catalog.IDs(), ", ")))
 		}
-		return llmChoice(call, requested, "model")
+		return m.llmChoice(who, requested, "model")
 	}
 	switch p.Engine {
 	case engineLexical:
@@ -76,13 +98,13 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 		// at start) lexical answers and the response says so.
 		return offlineChoice(p), nil
 	case engineLLM:
-		return llmChoice(call, p.LLMModel, "plugins.llm_model")
+		return m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
-	if p.LLMModel == "" || call.Key != nil && !call.Key.AllowsModel(p.LLMModel) {
+	if p.LLMModel == "" || !who.allows(p.LLMModel) {
 		return offlineChoice(p), nil
 	}
-	c, apiErr := llmChoice(call, p.LLMModel, "plugins.llm_model")
+	c, apiErr := m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	if apiErr != nil || !c.probe.up() {
 		return offlineChoice(p), nil
 	}
@@ -91,18 +113,18 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 	return c, nil
 }
 
-func llmChoice(call *proxy.Call, model, from string) (*engineChoice, *proxy.APIError) {
-	entry, ok := call.World.Catalog.Resolve(model)
+func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *proxy.APIError) {
+	entry, ok := who.world.Catalog.Resolve(model)
 	if !ok {
 		return nil, proxy.Unavailable(fmt.Sprintf("%s %q is not in the catalog", from, model))
 	}
-	if call.Key != nil && !call.Key.AllowsModel(entry.ID) {
+	if !who.allows(entry.ID) {
 		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"lexical\"", entry.ID, from))
 	}
-	c := &engineChoice{engine: classifiers.NewLLM(call.World, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream}
-	for _, u := range call.World.Config.Upstreams {
+	c := &engineChoice{engine: classifiers.NewLLM(who.world, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream}
+	for _, u := range who.world.Config.Upstreams {
 		if u.Name == entry.Upstream {
-			c.probe = probes.get(u)
+			c.probe = m.probes.get(u)
 		}
 	}
 	if c.probe == nil {
@@ -172,12 +194,14 @@ const (
 	probeTimeout = 3 * time.Second
 )
 
-var probes = &probeSet{byUpstream: map[string]*probe{}}
-
+// probeSet is the probes of one plugins module: one gateway's view of its
+// upstreams, kept across reloads.
 type probeSet struct {
 	mu         sync.Mutex
 	byUpstream map[string]*probe
 }
+
+func newProbeSet() *probeSet { return &probeSet{byUpstream: map[string]*probe{}} }
 
 // get returns the probe of an upstream; upstreams are told apart by what
 // a probe reaches, so a reload that changes base_url starts afresh.

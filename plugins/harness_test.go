@@ -14,16 +14,16 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/plugins"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
-
-	_ "github.com/tollgate/tollgate/plugins"
 )
 
 // harness is one gateway (with the plugins) in front of one upstream, with
@@ -97,6 +97,8 @@ type harnessOptions struct {
 	trustedProxies string // e.g. "127.0.0.1"
 	// extra is more top-level sections (storage, batch).
 	extra string
+	// batch, when set, opens batch jobs on the harness's NATS.
+	batch func(h *harness, rt batch.Runtime) (*batch.Service, error)
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -136,7 +138,11 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	h.key = h.newKey("acme", accounts.KeyRequest{Name: "test"})
-	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Logf: t.Logf})
+	var opts plugins.Options
+	if ho.batch != nil {
+		opts.Batch = &plugins.Batch{Open: func(_ context.Context, rt batch.Runtime) (*batch.Service, error) { return ho.batch(h, rt) }}
+	}
+	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Logf: t.Logf, Modules: []proxy.Module{plugins.Module(opts)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +153,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		t.Fatal(err)
 	}
 	go func() { _ = h.gw.Serve(ln) }()
-	t.Cleanup(func() { _ = h.gw.Shutdown() })
+	t.Cleanup(func() { _ = h.gw.Shutdown(); h.gw.Close() })
 	h.url = "http://" + ln.Addr().String()
 	h.client = &http.Client{Timeout: 30 * time.Second}
 	return h
