@@ -8,7 +8,6 @@ import (
 	"errors"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -18,8 +17,8 @@ import (
 )
 
 // API serves /admin/v1: accounts, credit, keys and upstream status, plus
-// the routes other packages register. Every call needs the admin bearer
-// token.
+// the admin routes of the server's modules. Every call needs the admin
+// bearer token.
 type API struct {
 	token []byte
 	svc   *accounts.Service
@@ -44,29 +43,8 @@ type Handler = func(call *Call) (status int, body any, err error)
 // their own with proxy.Provisioned.AdminRoutes.
 type Route = proxy.AdminRoute
 
-var (
-	registryMu sync.Mutex
-	registry   []Route
-)
-
-// Register adds a route served by another package; the console registers
-// console-login this way from init(), so the admin API never names the
-// console, as proxy never names a plugin. A route registered twice is a
-// programming error and panics at start-up; one that shadows a route of
-// this package is never reached.
-func Register(r Route) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	for _, have := range registry {
-		if have.Method == r.Method && have.Path == r.Path {
-			panic("admin: route registered twice: " + r.Method + " " + r.Path)
-		}
-	}
-	registry = append(registry, r)
-}
-
 func (a *API) routes() []Route {
-	own := []Route{
+	return []Route{
 		{Method: "POST", Path: "accounts", Handle: a.createAccount},
 		{Method: "GET", Path: "accounts/{}", Handle: a.getAccount},
 		{Method: "POST", Path: "accounts/{}/credit", Handle: a.credit},
@@ -75,9 +53,6 @@ func (a *API) routes() []Route {
 		{Method: "DELETE", Path: "keys/{}", Handle: a.revokeKey},
 		{Method: "GET", Path: "upstreams", Handle: upstreams},
 	}
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	return append(own, registry...)
 }
 
 const adminTimeout = 10 * time.Second

@@ -87,11 +87,8 @@ type moduleSet struct {
 // provision runs every module's New for w. On error the modules
 // provisioned so far are cleaned up and nothing else changes.
 func (s *Server) provision(w *World) (*moduleSet, error) {
-	set := &moduleSet{routes: registeredRoutes()}
+	set := &moduleSet{routes: map[routeKey]Route{}}
 	owner := map[routeKey]string{}
-	for k := range set.routes {
-		owner[k] = "registered with Register"
-	}
 	adminOwner := map[routeKey]string{}
 	for _, m := range s.modules {
 		if m.New == nil {

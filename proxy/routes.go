@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -40,8 +39,9 @@ type Call struct {
 	limit *admission // nil on routes with LimitNone
 }
 
-// Route is an internal plugin endpoint. Path is exact, or ends in "/*" to
-// match every path under it (the handler reads the rest from ctx.Path()).
+// Route is an endpoint a module serves (Provisioned.Routes). Path is
+// exact, or ends in "/*" to match every path under it (the handler reads
+// the rest from ctx.Path()).
 type Route struct {
 	Method  string
 	Path    string
@@ -60,44 +60,6 @@ type routeKey struct{ method, path string }
 // routes the modules added (Provisioned.AdminRoutes); do not modify them.
 type AdminHandler interface {
 	ServeAdmin(ctx *fasthttp.RequestCtx, w *World, routes []AdminRoute)
-}
-
-var (
-	registryMu sync.Mutex
-	registry   = map[routeKey]Route{}
-)
-
-// Register adds a plugin route. Plugins call it from init(), so the proxy
-// never names a plugin; a duplicate registration is a programming error and
-// panics at start-up.
-func Register(r Route) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	k := routeKey{r.Method, r.Path}
-	if _, dup := registry[k]; dup {
-		panic("proxy: route registered twice: " + r.Method + " " + r.Path)
-	}
-	registry[k] = r
-}
-
-func registeredRoutes() map[routeKey]Route {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	out := make(map[routeKey]Route, len(registry))
-	for k, v := range registry {
-		out[k] = v
-	}
-	return out
-}
-
-// RoutePaths lists registered plugin routes, for the README check and logs.
-func RoutePaths() []string {
-	var out []string
-	for k := range registeredRoutes() {
-		out = append(out, k.method+" "+k.path)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
