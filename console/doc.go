@@ -14,6 +14,7 @@
 // proxy.Server, which cmd/tollgate lists among the server's modules: each
 // provisioning serves the pages and adds console-login to the admin API
 // (Provisioned.AdminRoutes), so neither proxy nor admin names the console,
-// and the sign-in links are issued where they are redeemed. The key form is checked by
-// admin.CheckKeyRequest, the same rules the admin API applies.
+// and the sign-in links are issued where they are redeemed. The key form
+// is checked by admin.CheckKeyRequest, the same rules the admin API
+// applies.
 package console
