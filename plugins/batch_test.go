@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/miniotest"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/storage"
@@ -60,9 +61,9 @@ func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarn
 		t.Fatalf("no backend %q", backend)
 	}
 	var svc *batch.Service
-	ho.batch = func(h *harness, rt batch.Runtime) (*batch.Service, error) {
+	ho.batch = func(g *gatewaytest.Gateway, rt batch.Runtime) (*batch.Service, error) {
 		var err error
-		svc, err = batch.Open(h.ctx, h.broker.JetStream(), store, batch.Options{Runtime: rt, Recorder: h.rec, Logf: t.Logf})
+		svc, err = batch.Open(g.Ctx, g.Broker.JetStream(), store, batch.Options{Runtime: rt, Recorder: g.Recorder, Logf: t.Logf})
 		return svc, err
 	}
 	h := newHarness(t, ho)
