@@ -1,6 +1,9 @@
 // Package proxy is the gateway's HTTP edge: the fasthttp server, routing,
 // authentication, the error envelope, the upstream client and the
-// chat/responses forwarding with its SSE relay.
+// chat/responses forwarding with its SSE relay. Endpoints it does not name
+// (plugins, the console) are modules of the server (module.go), listed in
+// Options.Modules, provisioned for each configuration and swapped in with
+// it.
 package proxy
 
 import (
