@@ -245,11 +245,11 @@ func (r batchRuntime) Engine(job *batch.Job) (batch.Engine, error) {
 	p := who.world.Config.Plugins
 	if job.Model == "" && p.Engine == engineAuto {
 		if p.LLMModel == "" || !who.allows(p.LLMModel) {
-			return &batchEngine{choice: offlineChoice(p)}, nil
+			return &batchEngine{choice: r.m.offlineChoice(p)}, nil
 		}
 		c, apiErr := r.m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 		if apiErr != nil {
-			return &batchEngine{choice: offlineChoice(p)}, nil
+			return &batchEngine{choice: r.m.offlineChoice(p)}, nil
 		}
 		c.auto, c.vectors = true, p.Vectors
 		return &batchEngine{choice: c}, nil
@@ -269,7 +269,7 @@ type batchEngine struct{ choice *engineChoice }
 func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
 	c := e.choice
 	if c.auto && !c.probe.up() {
-		return offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
+		return c.m.offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
 	}
 	res, err := c.engine.Classify(ctx, req)
 	if err == nil || ctx.Err() != nil || offline(c.name) {
@@ -279,7 +279,7 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 		c.probe.markDown()
 	}
 	if c.auto {
-		return offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
+		return c.m.offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
 	}
 	msg := fmt.Sprintf("model %s: %s", c.model, failure(c, err))
 	var me *proxy.ModelError

@@ -29,11 +29,12 @@ var lexicalEngine = sync.OnceValue(func() classifiers.Engine { return classifier
 // engineChoice is the engine one request runs on.
 type engineChoice struct {
 	engine   classifiers.Engine
-	name     string // engineLLM, engineSemantic or engineLexical
-	model    string // catalog id, llm only
-	upstream string // upstream name, llm only
-	probe    *probe // the upstream's health, llm only
-	vectors  string // plugins.vectors, for an auto llm's fallback
+	name     string  // engineLLM, engineSemantic or engineLexical
+	model    string  // catalog id, llm only
+	upstream string  // upstream name, llm only
+	probe    *probe  // the upstream's health, llm only
+	m        *module // whose engines an auto llm falls back to, llm only
+	vectors  string  // plugins.vectors, for an auto llm's fallback
 	// auto: chosen by plugins.engine auto, so an llm failure falls back
 	// to the offline engine instead of failing the request.
 	auto     bool
@@ -72,7 +73,7 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	case engineLexical:
 		return lexicalChoice(), nil
 	case engineSemantic:
-		e, err := semanticEngine(p.Vectors)
+		e, err := m.vectors.engine(p.Vectors)
 		if err != nil {
 			return nil, proxy.Unavailable(err.Error() + "; or send \"model\": \"lexical\"")
 		}
@@ -96,17 +97,17 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	case engineSemantic:
 		// Configured, not asked for: without its vectors (warned about
 		// at start) lexical answers and the response says so.
-		return offlineChoice(p), nil
+		return m.offlineChoice(p), nil
 	case engineLLM:
 		return m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
 	if p.LLMModel == "" || !who.allows(p.LLMModel) {
-		return offlineChoice(p), nil
+		return m.offlineChoice(p), nil
 	}
 	c, apiErr := m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	if apiErr != nil || !c.probe.up() {
-		return offlineChoice(p), nil
+		return m.offlineChoice(p), nil
 	}
 	c.vectors = p.Vectors
 	c.auto = true
@@ -121,7 +122,7 @@ func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *prox
 	if !who.allows(entry.ID) {
 		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"lexical\"", entry.ID, from))
 	}
-	c := &engineChoice{engine: classifiers.NewLLM(who.world, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream}
+	c := &engineChoice{engine: classifiers.NewLLM(who.world, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream, m: m}
 	for _, u := range who.world.Config.Upstreams {
 		if u.Name == entry.Upstream {
 			c.probe = m.probes.get(u)
@@ -148,7 +149,7 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 		return ans, proxy.Unavailable("the request was cancelled: " + ctx.Err().Error())
 	}
 	if c.auto {
-		off := offlineChoice(config.Plugins{Vectors: c.vectors})
+		off := c.m.offlineChoice(config.Plugins{Vectors: c.vectors})
 		c.fallback = fmt.Sprintf("llm model %s failed (%s); %s answered", c.model, failure(c, err), off.name)
 		c.engine, c.name, c.model, c.upstream = off.engine, off.name, "", ""
 		ans, err = do(c.engine)
@@ -197,11 +198,21 @@ const (
 // probeSet is the probes of one plugins module: one gateway's view of its
 // upstreams, kept across reloads.
 type probeSet struct {
+	client *fasthttp.Client // its connections are the probes' own
+
 	mu         sync.Mutex
 	byUpstream map[string]*probe
 }
 
-func newProbeSet() *probeSet { return &probeSet{byUpstream: map[string]*probe{}} }
+func newProbeSet() *probeSet {
+	return &probeSet{byUpstream: map[string]*probe{}, client: &fasthttp.Client{
+		Name:                "tollgate-probe",
+		MaxConnsPerHost:     4,
+		MaxIdleConnDuration: 4 * time.Second,
+		ReadTimeout:         probeTimeout,
+		WriteTimeout:        probeTimeout,
+	}}
+}
 
 // get returns the probe of an upstream; upstreams are told apart by what
 // a probe reaches, so a reload that changes base_url starts afresh.
@@ -211,7 +222,7 @@ func (s *probeSet) get(u config.Upstream) *probe {
 	defer s.mu.Unlock()
 	p := s.byUpstream[k]
 	if p == nil {
-		p = &probe{url: strings.TrimRight(u.BaseURL, "/") + "/models", apiKey: u.APIKey}
+		p = &probe{url: strings.TrimRight(u.BaseURL, "/") + "/models", apiKey: u.APIKey, client: s.client}
 		s.byUpstream[k] = p
 	}
 	return p
@@ -219,6 +230,7 @@ func (s *probeSet) get(u config.Upstream) *probe {
 
 type probe struct {
 	url, apiKey string
+	client      *fasthttp.Client
 
 	mu        sync.Mutex
 	checkedAt time.Time
@@ -259,7 +271,7 @@ func (p *probe) check(done chan struct{}) {
 	if p.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	}
-	err := probeClient.DoTimeout(req, resp, probeTimeout)
+	err := p.client.DoTimeout(req, resp, probeTimeout)
 	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() <= 299
 	p.mu.Lock()
 	p.ok, p.checkedAt, p.running = ok, time.Now(), nil
@@ -273,12 +285,4 @@ func (p *probe) markDown() {
 	p.mu.Lock()
 	p.ok, p.checkedAt = false, time.Now()
 	p.mu.Unlock()
-}
-
-var probeClient = &fasthttp.Client{
-	Name:                "tollgate-probe",
-	MaxConnsPerHost:     4,
-	MaxIdleConnDuration: 4 * time.Second,
-	ReadTimeout:         probeTimeout,
-	WriteTimeout:        probeTimeout,
 }

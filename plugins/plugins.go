@@ -5,9 +5,10 @@
 //
 // What the endpoints keep between requests belongs to the module value,
 // one per server and kept across reloads: the health probes of the llm
-// engine's upstreams, and the batch service, opened in the module's Start
-// with the runtime the module provides (Batch.Open). Each provisioning
-// builds the routes anew over that state.
+// engine's upstreams, the semantic engine's word vectors, and the batch
+// service, opened in the module's Start with the runtime the module
+// provides (Batch.Open). Each provisioning builds the routes anew over
+// that state.
 package plugins
 
 import (
@@ -20,22 +21,33 @@ type Options struct {
 	// Batch serves /v1/batch; nil answers it with 503 (batch jobs need
 	// object storage).
 	Batch *Batch
+	// PreloadVectors maps the semantic engine's word vectors at start, so
+	// that a missing file is said then, not found by the first request
+	// that needs it.
+	PreloadVectors bool
 }
 
 // module is the state of one server's plugins.
 type module struct {
-	opts   Options
-	probes *probeSet
-	jobs   *batch.Service // set by start, before any route serves; nil without Options.Batch
+	opts    Options
+	probes  *probeSet
+	vectors *vectorSet
+	jobs    *batch.Service // set by start, before any route serves; nil without Options.Batch
 }
 
 // Module returns the plugins module of one server.
 func Module(opts Options) proxy.Module {
-	m := &module{opts: opts, probes: newProbeSet()}
+	m := &module{opts: opts, probes: newProbeSet(), vectors: newVectorSet()}
 	return proxy.Module{ID: "plugins", Start: m.start, New: m.provision}
 }
 
 func (m *module) start(h proxy.Host) (func(), error) {
+	m.vectors.mu.Lock()
+	m.vectors.logf = h.Logf
+	m.vectors.mu.Unlock()
+	if m.opts.PreloadVectors {
+		m.vectors.preload(h.World().Config.Plugins.Vectors)
+	}
 	if m.opts.Batch == nil {
 		return nil, nil
 	}

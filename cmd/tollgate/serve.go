@@ -75,7 +75,11 @@ func runServe(args []string) error {
 	jobs := &batchJobs{b: b, store: store, rec: rec, logf: logf}
 	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
 		Admin: admin.New(adminToken, svc), Metrics: func() []byte { return metricsText(rec.Stats()) }, Logf: logf,
-		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open}}), con.Module()}})
+		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open},
+			// The word vectors are mapped as the server starts (a few
+			// milliseconds, pages read on demand), so that a missing file
+			// is said once at start, not found by the first request.
+			PreloadVectors: true}), con.Module()}})
 	if err != nil {
 		return err
 	}
@@ -92,8 +96,7 @@ func runServe(args []string) error {
 }
 
 // prepareProcess readies what the process itself needs before anything
-// opens: the data directory, the GC target, the word vectors, the debug
-// listener.
+// opens: the data directory, the GC target, the debug listener.
 func prepareProcess(cfg *config.Config, logf func(string, ...any)) error {
 	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data_dir: %w", err)
@@ -108,11 +111,6 @@ func prepareProcess(cfg *config.Config, logf func(string, ...any)) error {
 	// The o200k vocabulary (5 MiB of heap, 15 ms to load) is loaded by the
 	// first call that counts tokens: a gateway whose upstreams report usage
 	// and whose streams are not cut may never need it.
-
-	// The word vectors are mapped now (a few milliseconds, pages read on
-	// demand) so that a missing file is said once at start, not found by
-	// the first request.
-	plugins.LoadVectors(cfg, logf)
 	if cfg.Server.DebugListen != "" {
 		return serveDebug(cfg.Server.DebugListen, logf)
 	}
