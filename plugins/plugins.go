@@ -35,7 +35,8 @@ type module struct {
 	jobs    *batch.Service // set by start, before any route serves; nil without Options.Batch
 }
 
-// Module returns the plugins module of one server.
+// Module returns the plugins module of one server; another server needs
+// a Module of its own.
 func Module(opts Options) proxy.Module {
 	m := &module{opts: opts, probes: newProbeSet(), vectors: newVectorSet()}
 	return proxy.Module{ID: "plugins", Start: m.start, New: m.provision}

@@ -168,15 +168,20 @@ func (s *Server) stopModules() {
 // Close cleans up the modules' routes and stops what their Start began
 // (a batch worker stops its jobs, which resume from their checkpoints
 // elsewhere). Call it after Shutdown, before closing what the modules use
-// (NATS, object storage, the recorder). The server serves no plugin route
-// afterwards.
+// (NATS, object storage, the recorder). The server serves no module's
+// route afterwards, and Apply refuses every config. Calling it again does
+// nothing.
 func (s *Server) Close() {
-	s.closeOnce.Do(func() {
-		if set := s.mods.Swap(&moduleSet{}); set != nil {
-			set.cleanup()
-		}
-		s.stopModules()
-	})
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if s.closed {
+		return
+	}
+	s.closed = true
+	if set := s.mods.Swap(&moduleSet{}); set != nil {
+		set.cleanup()
+	}
+	s.stopModules()
 }
 
 // Context ends when Close is called; modules use it for their work.

@@ -82,7 +82,8 @@ type Server struct {
 	ctx       context.Context           // ends at Close
 	cancel    context.CancelFunc
 	stops     []func() // of the modules' Start, in start order
-	closeOnce sync.Once
+	applyMu   sync.Mutex
+	closed    bool // under applyMu: Close ran, Apply provisions nothing more
 	limits    *limiter
 	responses *ResponseStore
 	calls     *callMetrics
@@ -156,6 +157,11 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 // step of config.Watcher: on error nothing changes. Upstreams whose
 // settings did not change keep their connection pools.
 func (s *Server) Apply(cfg *config.Config) error {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if s.closed {
+		return errors.New("the server is closed")
+	}
 	w, err := s.buildWorld(cfg)
 	if err != nil {
 		return err
