@@ -8,7 +8,6 @@ import (
 	"errors"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -18,8 +17,8 @@ import (
 )
 
 // API serves /admin/v1: accounts, credit, keys and upstream status, plus
-// the routes other packages register. Every call needs the admin bearer
-// token.
+// the admin routes of the server's modules. Every call needs the admin
+// bearer token.
 type API struct {
 	token []byte
 	svc   *accounts.Service
@@ -30,70 +29,37 @@ func New(token string, svc *accounts.Service) *API {
 	return &API{token: []byte(token), svc: svc}
 }
 
-// Call is one admin call being served.
-type Call struct {
-	// Ctx bounds the call's store operations (10 seconds).
-	Ctx  context.Context
-	HTTP *fasthttp.RequestCtx
-	// World is the configuration the call runs under.
-	World *proxy.World
-	// Args are the path segments the route's "{}" matched, in order.
-	Args []string
-}
+// Call is one admin call being served; Ctx bounds its store operations
+// (10 seconds).
+type Call = proxy.AdminCall
 
 // Handler answers a call: body is written as JSON with status. An error
 // is written as the error envelope: a *proxy.APIError as it is, an
-// account-store error as writeStoreError maps it.
-type Handler func(call *Call) (status int, body any, err error)
+// account-store error as writeError maps it.
+type Handler = func(call *Call) (status int, body any, err error)
 
 // Route is one admin call. Path is relative to /admin/v1/, segments split
-// by "/"; a segment "{}" matches any one segment.
-type Route struct {
-	Method string
-	Path   string
-	Handle Handler
-}
-
-var (
-	registryMu sync.Mutex
-	registry   []Route
-)
-
-// Register adds a route served by another package; the console registers
-// console-login this way from init(), so the admin API never names the
-// console, as proxy never names a plugin. A route registered twice is a
-// programming error and panics at start-up; one that shadows a route of
-// this package is never reached.
-func Register(r Route) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	for _, have := range registry {
-		if have.Method == r.Method && have.Path == r.Path {
-			panic("admin: route registered twice: " + r.Method + " " + r.Path)
-		}
-	}
-	registry = append(registry, r)
-}
+// by "/"; a segment "{}" matches any one segment. Modules add routes of
+// their own with proxy.Provisioned.AdminRoutes.
+type Route = proxy.AdminRoute
 
 func (a *API) routes() []Route {
-	own := []Route{
-		{"POST", "accounts", a.createAccount},
-		{"GET", "accounts/{}", a.getAccount},
-		{"POST", "accounts/{}/credit", a.credit},
-		{"POST", "accounts/{}/keys", a.createKey},
-		{"GET", "accounts/{}/keys", a.listKeys},
-		{"DELETE", "keys/{}", a.revokeKey},
-		{"GET", "upstreams", upstreams},
+	return []Route{
+		{Method: "POST", Path: "accounts", Handle: a.createAccount},
+		{Method: "GET", Path: "accounts/{}", Handle: a.getAccount},
+		{Method: "POST", Path: "accounts/{}/credit", Handle: a.credit},
+		{Method: "POST", Path: "accounts/{}/keys", Handle: a.createKey},
+		{Method: "GET", Path: "accounts/{}/keys", Handle: a.listKeys},
+		{Method: "DELETE", Path: "keys/{}", Handle: a.revokeKey},
+		{Method: "GET", Path: "upstreams", Handle: upstreams},
 	}
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	return append(own, registry...)
 }
 
 const adminTimeout = 10 * time.Second
 
-// ServeAdmin serves one call under /admin/; proxy.Server calls it.
-func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World) {
+// ServeAdmin serves one call under /admin/; proxy.Server calls it with the
+// admin routes of its modules.
+func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Route) {
 	h := ctx.Request.Header.Peek("Authorization")
 	tok, ok := bytes.CutPrefix(h, []byte("Bearer "))
 	if !ok || subtle.ConstantTimeCompare(bytes.TrimSpace(tok), a.token) != 1 {
@@ -111,7 +77,7 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World) {
 	c, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
 	var allowed []string
-	for _, r := range a.routes() {
+	for _, r := range append(a.routes(), modules...) {
 		args, ok := match(r.Path, parts)
 		if !ok {
 			continue

@@ -48,7 +48,8 @@ type gateway struct {
 	svc *accounts.Service
 }
 
-func startGateway(t *testing.T) *gateway {
+// startGateway starts the gateway with modules, which may add admin routes.
+func startGateway(t *testing.T, modules ...proxy.Module) *gateway {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -68,10 +69,11 @@ func startGateway(t *testing.T) *gateway {
 	}
 	t.Cleanup(svc.Close)
 	gw, err := proxy.New(cfg, proxy.Options{Accounts: svc, Recorder: meter.NewMemory(nil),
-		Admin: admin.New(adminToken, svc), Logf: t.Logf})
+		Admin: admin.New(adminToken, svc), Modules: modules, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(gw.Close)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -221,10 +223,11 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 	}
 }
 
-// echo is registered the way another package registers its admin routes,
-// from init(), so running the tests again does not register it twice.
-func init() {
-	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/test-echo", Handle: echo})
+// echoModule adds its admin route the way the console adds console-login.
+func echoModule(id string) proxy.Module {
+	return proxy.Module{ID: id, New: func(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
+		return proxy.Provisioned{AdminRoutes: []admin.Route{{Method: "POST", Path: "accounts/{}/test-echo", Handle: echo}}}, nil
+	}}
 }
 
 func echo(call *admin.Call) (int, any, error) {
@@ -237,11 +240,11 @@ func echo(call *admin.Call) (int, any, error) {
 	return 201, map[string]string{"account": call.Args[0]}, nil
 }
 
-// A route registered by another package (as the console registers
-// console-login) gets its path arguments, and its errors go out in the
-// envelope with the status the admin API gives them.
+// A route a module adds (as the console adds console-login) gets its path
+// arguments, and its errors go out in the envelope with the status the
+// admin API gives them. Two modules cannot add the same route.
 func TestRegisteredRoute(t *testing.T) {
-	g := startGateway(t)
+	g := startGateway(t, echoModule("echo"))
 	if status, _, body := g.call("POST", "/admin/v1/accounts/acme/test-echo", ""); status != 201 || string(body) != `{"account":"acme"}` {
 		t.Fatalf("registered route: %d %s", status, body)
 	}
@@ -253,10 +256,13 @@ func TestRegisteredRoute(t *testing.T) {
 	if status, allow, _ := g.call("GET", "/admin/v1/accounts/acme/test-echo", ""); status != 405 || allow != "POST" {
 		t.Fatalf("GET on a POST route: %d, Allow %q", status, allow)
 	}
-	defer func() {
-		if recover() == nil {
-			t.Error("registering a route twice did not panic")
-		}
-	}()
-	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/test-echo", Handle: echo})
+	cfg, err := config.Parse("gateway.yaml", []byte(fmt.Sprintf(gatewayYAML, t.TempDir())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = proxy.New(cfg, proxy.Options{Recorder: meter.NewMemory(nil), Admin: admin.New(adminToken, g.svc),
+		Modules: []proxy.Module{echoModule("echo"), echoModule("echo-again")}})
+	if err == nil || !strings.Contains(err.Error(), "module echo-again") || !strings.Contains(err.Error(), "also module echo's") {
+		t.Fatalf("two modules adding one admin route: %v; want an error naming both", err)
+	}
 }

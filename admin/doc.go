@@ -9,8 +9,9 @@
 // catalog, the upstreams' status), and errors use proxy's envelope so
 // client libraries raise the right exception.
 //
-// Other packages add admin routes with Register from init(), as plugins do
-// with proxy.Register: the console serves its sign-in links
+// Modules of the server (proxy.Module) add admin routes of their own
+// (proxy.Provisioned.AdminRoutes), which the server hands to ServeAdmin
+// with each call: the console serves its sign-in links
 // (accounts/{id}/console-login) that way, so this package never names the
 // console. CheckKeyRequest is the one validation of a key request, shared
 // with the console's key form.

@@ -78,8 +78,8 @@ func apiError(kind error, format string, args ...any) *Error {
 }
 
 // Runtime is what jobs need from the gateway: the configuration in force
-// (it reloads while jobs run) and the engine a job's lines run on.
-// plugins.BatchRuntime implements it.
+// (it reloads while jobs run) and the engine a job's lines run on. The
+// plugins module provides it to its Batch.Open.
 type Runtime interface {
 	Config() *config.Config
 	// Engine returns the engine for job, from its Model and KeyModels and

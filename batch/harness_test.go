@@ -10,7 +10,6 @@ import (
 	"io"
 	"io/fs"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/plugins"
@@ -30,9 +30,10 @@ import (
 	"github.com/tollgate/tollgate/storage"
 )
 
-// env is one gateway's worth of batch machinery: an embedded NATS server,
-// the local object store on its own listener, a gateway (without a
-// listener) for the configuration and the engines, and a usage recorder.
+// env is one gateway's worth of batch machinery (internal/gatewaytest): an
+// embedded NATS server, the local object store on its own listener, a
+// gateway (without a listener) for the configuration and the engines, and
+// a usage recorder.
 type env struct {
 	t       *testing.T
 	ctx     context.Context
@@ -42,6 +43,7 @@ type env struct {
 	store   *storage.Local
 	secret  string
 	gw      *proxy.Server
+	rt      batch.Runtime // the runtime gw's plugins module provides
 	rec     *meter.Memory
 	up      *proxytest.Server
 }
@@ -82,40 +84,36 @@ func newEnv(t *testing.T, eo envOptions) *env {
 	if eo.batch == "" {
 		eo.batch = "  checkpoint_lines: 300\n  concurrency: 4"
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	e := &env{t: t, ctx: ctx, dir: t.TempDir(), rec: meter.NewMemory(nil), secret: "test-secret"}
-	e.up = proxytest.NewServer(proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply})
-	t.Cleanup(e.up.Close)
-	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, e.dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	e.broker = b
-	e.cfgPath = filepath.Join(e.dir, "gateway.yaml")
-	if err := os.WriteFile(e.cfgPath, fmt.Appendf(nil, envYAML, e.dir, e.up.URL, eo.plugins, eo.batch), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(e.cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.gw, err = proxy.New(cfg, proxy.Options{Recorder: e.rec, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := &env{t: t, secret: "test-secret"}
+	g := gatewaytest.Start(t, gatewaytest.Options{
+		Upstream: &proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply},
+		Config:   func(upstream, dir string) string { return fmt.Sprintf(envYAML, dir, upstream, eo.plugins, eo.batch) },
+		Modules:  e.modules,
+		NoListen: true,
+	})
+	e.ctx, e.dir, e.cfgPath, e.broker, e.gw, e.rec, e.up = g.Ctx, g.Dir, g.ConfigPath, g.Broker, g.Server, g.Recorder, g.Upstream
+	return e
+}
+
+// modules starts the local object store and gives the gateway its plugins
+// module, whose runtime gives jobs their engines: every service of the
+// test runs on it, as on one gateway.
+func (e *env) modules(g *gatewaytest.Gateway) []proxy.Module {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	e.store, err = storage.NewLocal(storage.LocalOptions{DataDir: e.dir, PublicBaseURL: "http://" + ln.Addr().String(), SecretKey: e.secret, Logf: t.Logf})
+	e.store, err = storage.NewLocal(storage.LocalOptions{DataDir: g.Dir, PublicBaseURL: "http://" + ln.Addr().String(), SecretKey: e.secret, Logf: e.t.Logf})
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
 	go func() { _ = e.store.Serve(ln) }()
-	t.Cleanup(func() { _ = e.store.Shutdown(context.Background()) })
-	return e
+	g.Defer(func() { _ = e.store.Shutdown(context.Background()) })
+	open := func(ctx context.Context, rt batch.Runtime) (*batch.Service, error) {
+		e.rt = rt
+		return batch.Open(ctx, g.Broker.JetStream(), e.store, batch.Options{Runtime: rt, Recorder: g.Recorder, Logf: e.t.Logf})
+	}
+	return []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: open}})}
 }
 
 // service opens a batch service on a NATS connection of its own, as
@@ -134,7 +132,7 @@ func (e *env) serviceNamed(name string, ackWait time.Duration, tun batch.Tuning)
 	}
 	e.t.Cleanup(b.Close)
 	svc, err := batch.Open(e.ctx, b.JetStream(), e.store, batch.WithTuning(batch.Options{
-		Runtime: plugins.BatchRuntime(e.gw), Recorder: e.rec, Logf: e.t.Logf, AckWait: ackWait, Name: name,
+		Runtime: e.rt, Recorder: e.rec, Logf: e.t.Logf, AckWait: ackWait, Name: name,
 	}, tun))
 	if err != nil {
 		e.t.Fatal(err)

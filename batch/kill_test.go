@@ -53,21 +53,25 @@ func workerProcess() error {
 	if err != nil {
 		return err
 	}
-	gw, err := proxy.New(cfg, proxy.Options{Recorder: meter.NewMemory(nil)})
+	var svc *batch.Service
+	open := func(ctx context.Context, rt batch.Runtime) (*batch.Service, error) {
+		var err error
+		svc, err = batch.Open(ctx, b.JetStream(), store, batch.WithTuning(batch.Options{
+			Runtime: rt, Recorder: meter.NewMemory(nil), AckWait: 2 * time.Second, Name: "doomed",
+		}, batch.Tuning{Hook: func(p string) bool {
+			if p == "chunk" {
+				time.Sleep(time.Millisecond)
+			}
+			return false
+		}}))
+		return svc, err
+	}
+	gw, err := proxy.New(cfg, proxy.Options{Recorder: meter.NewMemory(nil),
+		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: open}})}})
 	if err != nil {
 		return err
 	}
-	svc, err := batch.Open(ctx, b.JetStream(), store, batch.WithTuning(batch.Options{
-		Runtime: plugins.BatchRuntime(gw), Recorder: meter.NewMemory(nil), AckWait: 2 * time.Second, Name: "doomed",
-	}, batch.Tuning{Hook: func(p string) bool {
-		if p == "chunk" {
-			time.Sleep(time.Millisecond)
-		}
-		return false
-	}}))
-	if err != nil {
-		return err
-	}
+	defer gw.Close()
 	return svc.RunWorker(ctx)
 }
 

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -50,16 +49,11 @@ type Console struct {
 	logf     func(string, ...any)
 }
 
-// served is the console the registered routes use. Routes are registered
-// once per process, in init(), so there is one console per process.
-var served atomic.Pointer[Console]
-
 const storeTimeout = 10 * time.Second
 
-// Configure builds the console and makes /console serve it, replacing any
-// console configured before. Call it before the gateway serves requests,
-// and Close it on shutdown.
-func Configure(ctx context.Context, opts Options) (*Console, error) {
+// Open builds the console. Module makes a gateway serve it; Close it after
+// that gateway's Close.
+func Open(ctx context.Context, opts Options) (*Console, error) {
 	if opts.Accounts == nil || opts.JetStream == nil || opts.DataDir == "" {
 		return nil, errors.New("console: Accounts, JetStream and DataDir are required")
 	}
@@ -87,21 +81,26 @@ func Configure(ctx context.Context, opts Options) (*Console, error) {
 	if c.usage.logf == nil {
 		c.usage.logf = c.logf
 	}
-	served.Store(c)
 	return c, nil
 }
 
-// Close stops serving this console and closes the ClickHouse connection it
-// opened.
+// Close closes the ClickHouse connection the console opened.
 func (c *Console) Close() {
-	served.CompareAndSwap(c, nil)
 	c.usage.close()
+}
+
+// Module is the console as a module of a proxy.Server: the pages under
+// /console and, behind the admin token, the admin API's console-login.
+// Each provisioning serves the same console, so sign-in links and
+// sessions outlive reloads.
+func (c *Console) Module() proxy.Module {
+	return proxy.Module{ID: "console", New: c.provision}
 }
 
 type handlerFunc func(c *Console, ctx *fasthttp.RequestCtx, call *proxy.Call)
 
-func init() {
-	routes := []struct {
+func (c *Console) provision(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
+	pages := []struct {
 		method, path string
 		handle       handlerFunc
 	}{
@@ -114,17 +113,19 @@ func init() {
 		{"GET", "/console/keys/revoke", (*Console).confirmRevoke},
 		{"POST", "/console/keys/revoke", (*Console).revoke},
 	}
-	for _, r := range routes {
+	var p proxy.Provisioned
+	for _, r := range pages {
 		// AuthNone: the console signs in with its own cookie, never with an
 		// API key.
-		proxy.Register(proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: page(r.handle)})
+		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: c.page(r.handle)})
 	}
-	proxy.Register(proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style})
+	p.Routes = append(p.Routes, proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style})
 	// The operator's way in: behind the admin token, under /admin/v1.
-	admin.Register(admin.Route{Method: "POST", Path: "accounts/{}/console-login", Handle: consoleLogin})
+	p.AdminRoutes = []admin.Route{{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin}}
+	return p, nil
 }
 
-func page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
+func (c *Console) page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
 	return func(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		h := &ctx.Response.Header
 		// no-store: pages hold balances and, once, a key; none may linger
@@ -136,12 +137,6 @@ func page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
 		// same-origin: sign-in links carry a token in their URL, which must
 		// never travel in a Referer to another site.
 		h.Set("Referrer-Policy", "same-origin")
-		c := served.Load()
-		if c == nil {
-			(&Console{logf: func(string, ...any) {}}).message(ctx, 503, "Console not available",
-				"The web console is not configured on this gateway.", false)
-			return
-		}
 		handle(c, ctx, call)
 	}
 }
@@ -149,12 +144,7 @@ func page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
 // consoleLogin serves POST /admin/v1/accounts/{id}/console-login: a
 // one-time link that signs the account holder into the console. The link
 // is the credential: hand it to the account holder only.
-func consoleLogin(call *admin.Call) (int, any, error) {
-	c := served.Load()
-	if c == nil {
-		return 0, nil, &proxy.APIError{Status: 503, Type: "service_unavailable_error", Code: "console_unavailable",
-			Message: "the web console is not configured on this gateway"}
-	}
+func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 	account := call.Args[0]
 	if _, err := c.accounts.Account(call.Ctx, account); err != nil {
 		return 0, nil, err

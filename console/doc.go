@@ -10,9 +10,11 @@
 // which the holder exchanges for a session. The session is a signed,
 // expiring cookie, so gateways keep no session state.
 //
-// The routes register themselves in init(): the pages with proxy.Register,
-// console-login with admin.Register, so neither proxy nor admin names the
-// console, and the sign-in links are issued where they are redeemed.
-// Configure makes them serve. The key form is checked by
-// admin.CheckKeyRequest, the same rules the admin API applies.
+// Open builds the console; Console.Module is it as a module of a
+// proxy.Server, which cmd/tollgate lists among the server's modules: each
+// provisioning serves the pages and adds console-login to the admin API
+// (Provisioned.AdminRoutes), so neither proxy nor admin names the console,
+// and the sign-in links are issued where they are redeemed. The key form
+// is checked by admin.CheckKeyRequest, the same rules the admin API
+// applies.
 package console

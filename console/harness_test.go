@@ -1,27 +1,21 @@
 package console
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
-	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/broker"
-	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/testutil"
-	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
@@ -29,8 +23,8 @@ import (
 
 const adminToken = "admin-secret"
 
-// gateway is one in-process gateway (real TCP, embedded NATS, proxytest
-// upstream) serving the console.
+// gateway is one in-process gateway (internal/gatewaytest: real TCP,
+// embedded NATS, proxytest upstream) serving the console.
 type gateway struct {
 	t       *testing.T
 	url     string
@@ -89,54 +83,26 @@ func (l *logBuffer) String() string {
 // (1 USD) exist. clickHouseDSN may be "" (usage unavailable).
 func startGateway(t *testing.T, clickHouseDSN string) *gateway {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	g := &gateway{t: t, log: &logBuffer{t: t}}
-	up := proxytest.NewServer(proxytest.Options{Chunks: 3, PromptTokens: 8, CompletionTokens: 3})
-	t.Cleanup(up.Close)
-	dir := t.TempDir()
-	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	g.broker = b
-	cfgPath := filepath.Join(dir, "gateway.yaml")
-	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(gatewayYAML, up.URL, dir)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.svc, err = accounts.Open(ctx, b.JetStream(), 1, dir, cfg.Auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.svc.Close)
+	gw := gatewaytest.Start(t, gatewaytest.Options{
+		Upstream: &proxytest.Options{Chunks: 3, PromptTokens: 8, CompletionTokens: 3},
+		Config:   func(upstream, dir string) string { return fmt.Sprintf(gatewayYAML, upstream, dir) },
+		Modules: func(gw *gatewaytest.Gateway) []proxy.Module {
+			var err error
+			g.console, err = Open(gw.Ctx, Options{Accounts: gw.Accounts, JetStream: gw.Broker.JetStream(), Replicas: 1,
+				DataDir: gw.Dir, ClickHouseDSN: clickHouseDSN, Logf: g.log.logf})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gw.Defer(g.console.Close)
+			return []proxy.Module{g.console.Module()}
+		},
+		AdminToken: adminToken, Logf: g.log.logf,
+	})
 	for id, credit := range map[string]money.Nanos{"acme": 10 * money.NanosPerUSD, "other": money.NanosPerUSD} {
-		if _, err := g.svc.CreateAccount(ctx, id, credit); err != nil {
-			t.Fatal(err)
-		}
+		gw.CreateAccount(id, credit)
 	}
-	adminAPI := admin.New(adminToken, g.svc)
-	g.console, err = Configure(ctx, Options{Accounts: g.svc, JetStream: b.JetStream(), Replicas: 1, DataDir: dir,
-		ClickHouseDSN: clickHouseDSN, Logf: g.log.logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.console.Close)
-	gw, err := proxy.New(cfg, proxy.Options{Accounts: g.svc, Recorder: meter.NewMemory(nil), Admin: adminAPI, Logf: g.log.logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gw.Serve(ln) }()
-	t.Cleanup(func() { _ = gw.Shutdown() })
-	g.url = "http://" + ln.Addr().String()
+	g.url, g.svc, g.broker = gw.URL, gw.Accounts, gw.Broker
 	return g
 }
 

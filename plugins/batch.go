@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -17,7 +16,9 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
-func init() {
+// batchRoutes are /v1/batch and the paths under it (spec 4.3-4.9).
+func (m *module) batchRoutes() []proxy.Route {
+	var routes []proxy.Route
 	for _, r := range []struct{ method, path string }{
 		{fasthttp.MethodPost, "/v1/batch"},
 		{fasthttp.MethodGet, "/v1/batch"},
@@ -25,31 +26,30 @@ func init() {
 		{fasthttp.MethodPost, "/v1/batch/*"},
 		{fasthttp.MethodDelete, "/v1/batch/*"},
 	} {
-		proxy.Register(proxy.Route{
+		routes = append(routes, proxy.Route{
 			Method:  r.method,
 			Path:    r.path,
 			Auth:    proxy.AuthRequired,
 			Scope:   accounts.ScopeBatch,
 			Limits:  proxy.LimitNone, // jobs are limited to one at a time per account
-			Handler: handleBatch,
+			Handler: m.handleBatch,
 		})
 	}
+	return routes
 }
 
 // engineAuto is plugins.engine's per-request choice between llm and the offline engine.
 const engineAuto = "auto"
 
-// batchServices maps each gateway to its batch service.
-var batchServices sync.Map // *proxy.Server → *batch.Service
-
-// ServeBatch makes svc answer srv's /v1/batch routes. Until it is called
-// they answer 503: batch jobs need object storage.
-func ServeBatch(srv *proxy.Server, svc *batch.Service) { batchServices.Store(srv, svc) }
-
-// BatchRuntime is what the batch worker of srv needs from it: the
-// configuration in force and the engine choice of the classify endpoint.
-// `tollgate worker` builds a proxy.Server without a listener for it.
-func BatchRuntime(srv *proxy.Server) batch.Runtime { return batchRuntime{srv} }
+// Batch sets up batch jobs in the plugins module (Options.Batch).
+type Batch struct {
+	// Open opens this process's batch service on rt, the runtime the
+	// module provides: the configuration in force and the engine choice
+	// of /v1/classify, made for the key that created each job. The module
+	// calls it once, when the server starts, with the server's context;
+	// the caller runs the service's worker if it wants one.
+	Open func(ctx context.Context, rt batch.Runtime) (*batch.Service, error)
+}
 
 // batchBody is POST /v1/batch: the classify fields without text (spec
 // 4.3), and model as in classify.
@@ -69,20 +69,19 @@ const batchExample = `{"labels": ["billing", "bug", "other"]}`
 // batchCallTimeout bounds one API call's NATS and storage work.
 const batchCallTimeout = 30 * time.Second
 
-func handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
-	v, ok := batchServices.Load(call.Server)
-	if !ok {
+func (m *module) handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+	svc := m.jobs
+	if svc == nil {
 		proxy.WriteError(ctx, proxy.Unavailable("batch jobs are not set up on this gateway (they need object storage: see storage in gateway.yaml)"))
 		return
 	}
-	svc := v.(*batch.Service)
 	c, cancel := context.WithTimeout(context.Background(), batchCallTimeout)
 	defer cancel()
 	method := string(ctx.Method())
 	rest := strings.TrimPrefix(string(ctx.Path()), "/v1/batch")
 	if rest == "" {
 		if method == fasthttp.MethodPost {
-			createBatch(c, ctx, call, svc)
+			m.createBatch(c, ctx, call, svc)
 		} else {
 			listBatch(c, ctx, call, svc)
 		}
@@ -141,7 +140,7 @@ func batchMethodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 		Message: string(ctx.Method()) + " is not allowed here; use " + allow})
 }
 
-func createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
+func (m *module) createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
 	var body batchBody
 	if apiErr := decodeBody(ctx, &body, batchExample); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
@@ -154,7 +153,7 @@ func createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, 
 		// The engine is chosen again when the job runs; this refuses now
 		// a model that does not exist or that the key may not use. (auto
 		// refuses nothing, and would only wait for a health probe.)
-		_, apiErr = chooseEngine(call, body.Model)
+		_, apiErr = m.chooseEngine(callerOf(call), body.Model)
 	}
 	if apiErr == nil {
 		apiErr = call.Server.CheckBalance(call.World, call)
@@ -228,30 +227,34 @@ func writeBatchError(ctx *fasthttp.RequestCtx, err error) {
 	proxy.WriteError(ctx, proxy.Internal("batch: "+err.Error()))
 }
 
-// batchRuntime serves batch.Runtime from a gateway's World.
-type batchRuntime struct{ srv *proxy.Server }
+// batchRuntime serves batch.Runtime from the configuration in force of
+// the module's server.
+type batchRuntime struct {
+	host proxy.Host
+	m    *module
+}
 
-func (r batchRuntime) Config() *config.Config { return r.srv.World().Config }
+func (r batchRuntime) Config() *config.Config { return r.host.World().Config }
 
 // Engine picks a job's engine as classify picks a request's, for the key
-// that created the job. With plugins.engine auto the choice is made per
-// line, so a long job follows its upstream going down and coming back.
+// that created the job, with the model calls made by the World in force.
+// With plugins.engine auto the choice is made per line, so a long job
+// follows its upstream going down and coming back.
 func (r batchRuntime) Engine(job *batch.Job) (batch.Engine, error) {
-	w := r.srv.World()
-	call := &proxy.Call{World: w, Server: r.srv, Key: &accounts.Key{ID: job.KeyID, Account: job.Account, Models: job.KeyModels}}
-	p := w.Config.Plugins
+	who := caller{world: r.host.World(), models: job.KeyModels}
+	p := who.world.Config.Plugins
 	if job.Model == "" && p.Engine == engineAuto {
-		if p.LLMModel == "" || !call.Key.AllowsModel(p.LLMModel) {
-			return &batchEngine{choice: offlineChoice(p)}, nil
+		if p.LLMModel == "" || !who.allows(p.LLMModel) {
+			return &batchEngine{choice: r.m.offlineChoice(p)}, nil
 		}
-		c, apiErr := llmChoice(call, p.LLMModel, "plugins.llm_model")
+		c, apiErr := r.m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 		if apiErr != nil {
-			return &batchEngine{choice: offlineChoice(p)}, nil
+			return &batchEngine{choice: r.m.offlineChoice(p)}, nil
 		}
 		c.auto, c.vectors = true, p.Vectors
 		return &batchEngine{choice: c}, nil
 	}
-	c, apiErr := chooseEngine(call, job.Model)
+	c, apiErr := r.m.chooseEngine(who, job.Model)
 	if apiErr != nil {
 		return nil, errors.New(apiErr.Message)
 	}
@@ -266,7 +269,7 @@ type batchEngine struct{ choice *engineChoice }
 func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
 	c := e.choice
 	if c.auto && !c.probe.up() {
-		return offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
+		return c.m.offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
 	}
 	res, err := c.engine.Classify(ctx, req)
 	if err == nil || ctx.Err() != nil || offline(c.name) {
@@ -276,7 +279,7 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 		c.probe.markDown()
 	}
 	if c.auto {
-		return offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
+		return c.m.offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
 	}
 	msg := fmt.Sprintf("model %s: %s", c.model, failure(c, err))
 	var me *proxy.ModelError

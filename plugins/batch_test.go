@@ -19,9 +19,9 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/miniotest"
 	"github.com/tollgate/tollgate/money"
-	"github.com/tollgate/tollgate/plugins"
 	"github.com/tollgate/tollgate/storage"
 )
 
@@ -35,7 +35,6 @@ type batchHarness struct {
 
 func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarness {
 	t.Helper()
-	h := &batchHarness{harness: newHarness(t, ho)}
 	var store storage.Store
 	switch backend {
 	case "local":
@@ -52,7 +51,7 @@ func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarn
 		store = l
 	case "s3":
 		srv := miniotest.Start(t)
-		s3, err := storage.NewS3(h.ctx, storage.S3Options{Endpoint: srv.Endpoint(), Bucket: "tollgate-batch",
+		s3, err := storage.NewS3(t.Context(), storage.S3Options{Endpoint: srv.Endpoint(), Bucket: "tollgate-batch",
 			AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), CreateBucket: true})
 		if err != nil {
 			t.Fatal(err)
@@ -61,13 +60,14 @@ func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarn
 	default:
 		t.Fatalf("no backend %q", backend)
 	}
-	var err error
-	h.svc, err = batch.Open(h.ctx, h.broker.JetStream(), store, batch.Options{Runtime: plugins.BatchRuntime(h.gw), Recorder: h.rec, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
+	var svc *batch.Service
+	ho.batch = func(g *gatewaytest.Gateway, rt batch.Runtime) (*batch.Service, error) {
+		var err error
+		svc, err = batch.Open(g.Ctx, g.Broker.JetStream(), store, batch.Options{Runtime: rt, Recorder: g.Recorder, Logf: t.Logf})
+		return svc, err
 	}
-	plugins.ServeBatch(h.gw, h.svc)
-	return h
+	h := newHarness(t, ho)
+	return &batchHarness{harness: h, svc: svc}
 }
 
 // startWorker runs the gateway's batch worker until the test ends.

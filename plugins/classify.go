@@ -13,15 +13,16 @@ import (
 	"github.com/tollgate/tollgate/tokens"
 )
 
-func init() {
-	proxy.Register(proxy.Route{
+// classifyRoute is POST /v1/classify.
+func (m *module) classifyRoute() proxy.Route {
+	return proxy.Route{
 		Method:  fasthttp.MethodPost,
 		Path:    "/v1/classify",
 		Auth:    proxy.AuthOptional, // public mode (spec 5.2)
 		Scope:   accounts.ScopeClassify,
 		Limits:  proxy.LimitCaller,
-		Handler: handleClassify,
-	})
+		Handler: m.handleClassify,
+	}
 }
 
 // classifyBody is POST /v1/classify: text plus the fields of batch job
@@ -132,7 +133,7 @@ type classifyMulti struct {
 	tail
 }
 
-func handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body classifyBody
 	if apiErr := decodeBody(ctx, &body, classifyExample); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
@@ -144,7 +145,7 @@ func handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.ClassifyResult
-	t, ok := execute(ctx, call, execution{
+	t, ok := m.execute(ctx, call, execution{
 		endpoint: "/v1/classify",
 		price:    call.World.Config.Plugins.Pricing.Classify,
 		model:    body.Model,

@@ -285,8 +285,8 @@ type execution struct {
 
 // execute picks the engine, checks the balance and the limits, runs the
 // request and meters it. It returns false when it wrote an error.
-func execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution) (tail, bool) {
-	choice, apiErr := chooseEngine(call, x.model)
+func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution) (tail, bool) {
+	choice, apiErr := m.chooseEngine(callerOf(call), x.model)
 	if apiErr == nil {
 		apiErr = call.Server.CheckBalance(call.World, call)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,11 +29,12 @@ var lexicalEngine = sync.OnceValue(func() classifiers.Engine { return classifier
 // engineChoice is the engine one request runs on.
 type engineChoice struct {
 	engine   classifiers.Engine
-	name     string // engineLLM, engineSemantic or engineLexical
-	model    string // catalog id, llm only
-	upstream string // upstream name, llm only
-	probe    *probe // the upstream's health, llm only
-	vectors  string // plugins.vectors, for an auto llm's fallback
+	name     string  // engineLLM, engineSemantic or engineLexical
+	model    string  // catalog id, llm only
+	upstream string  // upstream name, llm only
+	probe    *probe  // the upstream's health, llm only
+	m        *module // whose engines an auto llm falls back to, llm only
+	vectors  string  // plugins.vectors, for an auto llm's fallback
 	// auto: chosen by plugins.engine auto, so an llm failure falls back
 	// to the offline engine instead of failing the request.
 	auto     bool
@@ -43,14 +45,35 @@ func lexicalChoice() *engineChoice {
 	return &engineChoice{engine: lexicalEngine(), name: engineLexical}
 }
 
+// caller is whom an engine is chosen for: the configuration the call runs
+// under, whose World also makes the llm engine's model calls, and the
+// models its key may use. A request's caller is its key (callerOf); a
+// batch job's is the key that created it, as the job recorded it.
+type caller struct {
+	world  *proxy.World
+	models []string // empty: any model (a key without a list, or public mode)
+}
+
+// callerOf is the caller of a request.
+func callerOf(call *proxy.Call) caller {
+	c := caller{world: call.World}
+	if call.Key != nil {
+		c.models = call.Key.Models
+	}
+	return c
+}
+
+// allows reports whether the caller may use catalog model id.
+func (c caller) allows(id string) bool { return len(c.models) == 0 || slices.Contains(c.models, id) }
+
 // chooseEngine resolves the request's "model" (empty: plugins.engine).
-func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.APIError) {
-	p := call.World.Config.Plugins
+func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *proxy.APIError) {
+	p := who.world.Config.Plugins
 	switch requested {
 	case engineLexical:
 		return lexicalChoice(), nil
 	case engineSemantic:
-		e, err := semanticEngine(p.Vectors)
+		e, err := m.vectors.engine(p.Vectors)
 		if err != nil {
 			return nil, proxy.Unavailable(err.Error() + "; or send \"model\": \"lexical\"")
 		}
@@ -59,14 +82,14 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 		if p.LLMModel == "" {
 			return nil, proxy.BadRequest("model", "the llm engine has no model: the catalog is empty; use model lexical")
 		}
-		return llmChoice(call, p.LLMModel, "model")
+		return m.llmChoice(who, p.LLMModel, "model")
 	case "":
 	default:
-		if _, ok := call.World.Catalog.Resolve(requested); !ok {
+		if _, ok := who.world.Catalog.Resolve(requested); !ok {
 			return nil, proxy.BadRequest("model", fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s",
-				requested, strings.Join(call.World.Catalog.IDs(), ", ")))
+				requested, strings.Join(who.world.Catalog.IDs(), ", ")))
 		}
-		return llmChoice(call, requested, "model")
+		return m.llmChoice(who, requested, "model")
 	}
 	switch p.Engine {
 	case engineLexical:
@@ -74,35 +97,35 @@ func chooseEngine(call *proxy.Call, requested string) (*engineChoice, *proxy.API
 	case engineSemantic:
 		// Configured, not asked for: without its vectors (warned about
 		// at start) lexical answers and the response says so.
-		return offlineChoice(p), nil
+		return m.offlineChoice(p), nil
 	case engineLLM:
-		return llmChoice(call, p.LLMModel, "plugins.llm_model")
+		return m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
-	if p.LLMModel == "" || call.Key != nil && !call.Key.AllowsModel(p.LLMModel) {
-		return offlineChoice(p), nil
+	if p.LLMModel == "" || !who.allows(p.LLMModel) {
+		return m.offlineChoice(p), nil
 	}
-	c, apiErr := llmChoice(call, p.LLMModel, "plugins.llm_model")
+	c, apiErr := m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	if apiErr != nil || !c.probe.up() {
-		return offlineChoice(p), nil
+		return m.offlineChoice(p), nil
 	}
 	c.vectors = p.Vectors
 	c.auto = true
 	return c, nil
 }
 
-func llmChoice(call *proxy.Call, model, from string) (*engineChoice, *proxy.APIError) {
-	entry, ok := call.World.Catalog.Resolve(model)
+func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *proxy.APIError) {
+	entry, ok := who.world.Catalog.Resolve(model)
 	if !ok {
 		return nil, proxy.Unavailable(fmt.Sprintf("%s %q is not in the catalog", from, model))
 	}
-	if call.Key != nil && !call.Key.AllowsModel(entry.ID) {
+	if !who.allows(entry.ID) {
 		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"lexical\"", entry.ID, from))
 	}
-	c := &engineChoice{engine: classifiers.NewLLM(call.World, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream}
-	for _, u := range call.World.Config.Upstreams {
+	c := &engineChoice{engine: classifiers.NewLLM(who.world, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream, m: m}
+	for _, u := range who.world.Config.Upstreams {
 		if u.Name == entry.Upstream {
-			c.probe = probes.get(u)
+			c.probe = m.probes.get(u)
 		}
 	}
 	if c.probe == nil {
@@ -126,7 +149,7 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 		return ans, proxy.Unavailable("the request was cancelled: " + ctx.Err().Error())
 	}
 	if c.auto {
-		off := offlineChoice(config.Plugins{Vectors: c.vectors})
+		off := c.m.offlineChoice(config.Plugins{Vectors: c.vectors})
 		c.fallback = fmt.Sprintf("llm model %s failed (%s); %s answered", c.model, failure(c, err), off.name)
 		c.engine, c.name, c.model, c.upstream = off.engine, off.name, "", ""
 		ans, err = do(c.engine)
@@ -172,11 +195,23 @@ const (
 	probeTimeout = 3 * time.Second
 )
 
-var probes = &probeSet{byUpstream: map[string]*probe{}}
-
+// probeSet is the probes of one plugins module: one gateway's view of its
+// upstreams, kept across reloads.
 type probeSet struct {
+	client *fasthttp.Client // its connections are the probes' own
+
 	mu         sync.Mutex
 	byUpstream map[string]*probe
+}
+
+func newProbeSet() *probeSet {
+	return &probeSet{byUpstream: map[string]*probe{}, client: &fasthttp.Client{
+		Name:                "tollgate-probe",
+		MaxConnsPerHost:     4,
+		MaxIdleConnDuration: 4 * time.Second,
+		ReadTimeout:         probeTimeout,
+		WriteTimeout:        probeTimeout,
+	}}
 }
 
 // get returns the probe of an upstream; upstreams are told apart by what
@@ -187,7 +222,7 @@ func (s *probeSet) get(u config.Upstream) *probe {
 	defer s.mu.Unlock()
 	p := s.byUpstream[k]
 	if p == nil {
-		p = &probe{url: strings.TrimRight(u.BaseURL, "/") + "/models", apiKey: u.APIKey}
+		p = &probe{url: strings.TrimRight(u.BaseURL, "/") + "/models", apiKey: u.APIKey, client: s.client}
 		s.byUpstream[k] = p
 	}
 	return p
@@ -195,6 +230,7 @@ func (s *probeSet) get(u config.Upstream) *probe {
 
 type probe struct {
 	url, apiKey string
+	client      *fasthttp.Client
 
 	mu        sync.Mutex
 	checkedAt time.Time
@@ -235,7 +271,7 @@ func (p *probe) check(done chan struct{}) {
 	if p.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	}
-	err := probeClient.DoTimeout(req, resp, probeTimeout)
+	err := p.client.DoTimeout(req, resp, probeTimeout)
 	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() <= 299
 	p.mu.Lock()
 	p.ok, p.checkedAt, p.running = ok, time.Now(), nil
@@ -249,12 +285,4 @@ func (p *probe) markDown() {
 	p.mu.Lock()
 	p.ok, p.checkedAt = false, time.Now()
 	p.mu.Unlock()
-}
-
-var probeClient = &fasthttp.Client{
-	Name:                "tollgate-probe",
-	MaxConnsPerHost:     4,
-	MaxIdleConnDuration: 4 * time.Second,
-	ReadTimeout:         probeTimeout,
-	WriteTimeout:        probeTimeout,
 }

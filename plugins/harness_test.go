@@ -5,31 +5,29 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/classifiers"
-	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/plugins"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
-
-	_ "github.com/tollgate/tollgate/plugins"
 )
 
 // harness is one gateway (with the plugins) in front of one upstream, with
-// a real embedded NATS behind its account store.
+// a real embedded NATS behind its account store (internal/gatewaytest).
 type harness struct {
 	t       *testing.T
+	g       *gatewaytest.Gateway
 	up      *proxytest.Server
 	gw      *proxy.Server
 	url     string // gateway base, e.g. http://127.0.0.1:1234
@@ -97,6 +95,8 @@ type harnessOptions struct {
 	trustedProxies string // e.g. "127.0.0.1"
 	// extra is more top-level sections (storage, batch).
 	extra string
+	// batch, when set, opens batch jobs on the gateway's NATS.
+	batch func(g *gatewaytest.Gateway, rt batch.Runtime) (*batch.Service, error)
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -110,74 +110,41 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	// The llm engine's prompts get the answers a model would give, from
 	// the lexical engine's view, as the demo upstream gives them.
 	ho.upstream.Reply = classifiers.NewViewModel(classifiers.NewLexical()).Reply
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	h := &harness{t: t, up: proxytest.NewServer(ho.upstream), rec: meter.NewMemory(nil), opts: ho, ctx: ctx}
-	t.Cleanup(h.up.Close)
-	dir := t.TempDir()
-	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	h.broker = b
-	h.cfgPath = filepath.Join(dir, "gateway.yaml")
-	h.writeConfig(ho)
-	cfg, err := config.Load(h.cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.svc, err = accounts.Open(ctx, b.JetStream(), 1, dir, cfg.Auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.svc.Close)
-	if _, err := h.svc.CreateAccount(ctx, "acme", 10*money.NanosPerUSD); err != nil {
-		t.Fatal(err)
-	}
+	h := &harness{t: t, opts: ho}
+	h.g = gatewaytest.Start(t, gatewaytest.Options{
+		Upstream: &ho.upstream,
+		Config: func(upstream, dir string) string {
+			return fmt.Sprintf(gatewayYAML, upstream, dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
+		},
+		Modules: func(g *gatewaytest.Gateway) []proxy.Module {
+			var opts plugins.Options
+			if ho.batch != nil {
+				opts.Batch = &plugins.Batch{Open: func(_ context.Context, rt batch.Runtime) (*batch.Service, error) {
+					return ho.batch(g, rt)
+				}}
+			}
+			return []proxy.Module{plugins.Module(opts)}
+		},
+		Watch: true,
+	})
+	g := h.g
+	h.up, h.gw, h.url, h.rec, h.svc, h.broker, h.ctx = g.Upstream, g.Server, g.URL, g.Recorder, g.Accounts, g.Broker, g.Ctx
+	h.cfgPath, h.client = g.ConfigPath, g.Client
+	g.CreateAccount("acme", 10*money.NanosPerUSD)
 	h.key = h.newKey("acme", accounts.KeyRequest{Name: "test"})
-	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	watcher := config.NewWatcher(h.cfgPath, cfg, h.gw.Apply, t.Logf)
-	go watcher.Run(ctx)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = h.gw.Serve(ln) }()
-	t.Cleanup(func() { _ = h.gw.Shutdown() })
-	h.url = "http://" + ln.Addr().String()
-	h.client = &http.Client{Timeout: 30 * time.Second}
 	return h
 }
 
 // newKey creates a key and waits until the gateway's snapshot knows it.
 func (h *harness) newKey(account string, req accounts.KeyRequest) string {
 	h.t.Helper()
-	ctx := context.Background()
-	_, key, err := h.svc.CreateKey(ctx, account, req)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if err := h.svc.WaitSynced(ctx); err != nil {
-		h.t.Fatal(err)
-	}
-	return key
+	return h.g.CreateKey(account, req)
 }
 
 // writeConfig writes the config file atomically, as editors do.
 func (h *harness) writeConfig(ho harnessOptions) {
 	h.t.Helper()
-	s := fmt.Sprintf(gatewayYAML, h.up.URL, filepath.Dir(h.cfgPath), ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
-	tmp := h.cfgPath + ".tmp"
-	if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
-		h.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, h.cfgPath); err != nil {
-		h.t.Fatal(err)
-	}
+	h.g.WriteConfig(fmt.Sprintf(gatewayYAML, h.up.URL, h.g.Dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra))
 }
 
 // request is one call to the gateway.

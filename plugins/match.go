@@ -10,15 +10,16 @@ import (
 	"github.com/tollgate/tollgate/tokens"
 )
 
-func init() {
-	proxy.Register(proxy.Route{
+// matchRoute is POST /v1/match.
+func (m *module) matchRoute() proxy.Route {
+	return proxy.Route{
 		Method:  fasthttp.MethodPost,
 		Path:    "/v1/match",
 		Auth:    proxy.AuthRequired, // only classify and tag have a public mode
 		Scope:   accounts.ScopeClassify,
 		Limits:  proxy.LimitCaller,
-		Handler: handleMatch,
-	})
+		Handler: m.handleMatch,
+	}
 }
 
 // matchBody is POST /v1/match (spec 4.10).
@@ -38,7 +39,7 @@ func (b *matchBody) request(p config.Plugins) (classifiers.MatchRequest, *proxy.
 	return req, requireText("query", b.Query, p)
 }
 
-func handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+func (m *module) handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body matchBody
 	if apiErr := decodeBody(ctx, &body, matchExample); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
@@ -50,7 +51,7 @@ func handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.ScoreResult
-	t, ok := execute(ctx, call, execution{
+	t, ok := m.execute(ctx, call, execution{
 		endpoint: "/v1/match",
 		price:    call.World.Config.Plugins.Pricing.Match,
 		model:    body.Model,

@@ -1,4 +1,66 @@
 // Package plugins holds the gateway's internal endpoints (classify, tag,
-// score, match, batch). Each registers its routes with proxy.Register from
-// init(); importing this package for side effects pulls them all in.
+// score, match, batch) as one proxy.Module: cmd/tollgate lists
+// Module(Options{...}) among the modules of its server, and proxy never
+// names a plugin.
+//
+// What the endpoints keep between requests belongs to the module value,
+// one per server and kept across reloads: the health probes of the llm
+// engine's upstreams, the semantic engine's word vectors, and the batch
+// service, opened in the module's Start with the runtime the module
+// provides (Batch.Open). Each provisioning builds the routes anew over
+// that state.
 package plugins
+
+import (
+	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// Options configures the plugins module.
+type Options struct {
+	// Batch serves /v1/batch; nil answers it with 503 (batch jobs need
+	// object storage).
+	Batch *Batch
+	// PreloadVectors maps the semantic engine's word vectors at start, so
+	// that a missing file is said then, not found by the first request
+	// that needs it.
+	PreloadVectors bool
+}
+
+// module is the state of one server's plugins.
+type module struct {
+	opts    Options
+	probes  *probeSet
+	vectors *vectorSet
+	jobs    *batch.Service // set by start, before any route serves; nil without Options.Batch
+}
+
+// Module returns the plugins module of one server; another server needs
+// a Module of its own.
+func Module(opts Options) proxy.Module {
+	m := &module{opts: opts, probes: newProbeSet(), vectors: newVectorSet()}
+	return proxy.Module{ID: "plugins", Start: m.start, New: m.provision}
+}
+
+func (m *module) start(h proxy.Host) (func(), error) {
+	m.vectors.mu.Lock()
+	m.vectors.logf = h.Logf
+	m.vectors.mu.Unlock()
+	if m.opts.PreloadVectors {
+		m.vectors.preload(h.World().Config.Plugins.Vectors)
+	}
+	if m.opts.Batch == nil {
+		return nil, nil
+	}
+	jobs, err := m.opts.Batch.Open(h.Context(), batchRuntime{host: h, m: m})
+	if err != nil {
+		return nil, err
+	}
+	m.jobs = jobs
+	return nil, nil
+}
+
+func (m *module) provision(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
+	routes := []proxy.Route{m.classifyRoute(), m.tagRoute(), m.scoreRoute(), m.matchRoute()}
+	return proxy.Provisioned{Routes: append(routes, m.batchRoutes()...)}, nil
+}

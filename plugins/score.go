@@ -12,15 +12,16 @@ import (
 	"github.com/tollgate/tollgate/tokens"
 )
 
-func init() {
-	proxy.Register(proxy.Route{
+// scoreRoute is POST /v1/score.
+func (m *module) scoreRoute() proxy.Route {
+	return proxy.Route{
 		Method:  fasthttp.MethodPost,
 		Path:    "/v1/score",
 		Auth:    proxy.AuthRequired, // only classify and tag have a public mode
 		Scope:   accounts.ScopeClassify,
 		Limits:  proxy.LimitCaller,
-		Handler: handleScore,
-	})
+		Handler: m.handleScore,
+	}
 }
 
 // maxAttributeBytes bounds an attribute name; a description is the place
@@ -57,7 +58,7 @@ type scoreResponse struct {
 	tail
 }
 
-func handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+func (m *module) handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body scoreBody
 	if apiErr := decodeBody(ctx, &body, scoreExample); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
@@ -69,7 +70,7 @@ func handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.ScoreResult
-	t, ok := execute(ctx, call, execution{
+	t, ok := m.execute(ctx, call, execution{
 		endpoint: "/v1/score",
 		price:    call.World.Config.Plugins.Pricing.Score,
 		model:    body.Model,

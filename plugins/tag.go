@@ -12,15 +12,16 @@ import (
 	"github.com/tollgate/tollgate/tokens"
 )
 
-func init() {
-	proxy.Register(proxy.Route{
+// tagRoute is POST /v1/tag.
+func (m *module) tagRoute() proxy.Route {
+	return proxy.Route{
 		Method:  fasthttp.MethodPost,
 		Path:    "/v1/tag",
 		Auth:    proxy.AuthOptional, // public mode (spec 5.2)
 		Scope:   accounts.ScopeClassify,
 		Limits:  proxy.LimitCaller,
-		Handler: handleTag,
-	})
+		Handler: m.handleTag,
+	}
 }
 
 // Tag limits. The default of max_tags is the engines' (classifiers.TagRequest).
@@ -74,7 +75,7 @@ type tagResponse struct {
 	tail
 }
 
-func handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+func (m *module) handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body tagBody
 	if apiErr := decodeBody(ctx, &body, tagExample); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
@@ -86,7 +87,7 @@ func handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.TagResult
-	t, ok := execute(ctx, call, execution{
+	t, ok := m.execute(ctx, call, execution{
 		endpoint: "/v1/tag",
 		price:    call.World.Config.Plugins.Pricing.Tag,
 		model:    body.Model,

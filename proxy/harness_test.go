@@ -3,24 +3,20 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
-	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/broker"
-	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -29,9 +25,10 @@ import (
 )
 
 // harness is one gateway in front of one proxytest upstream, with a real
-// embedded NATS behind its account store.
+// embedded NATS behind its account store (internal/gatewaytest).
 type harness struct {
 	t       *testing.T
+	g       *gatewaytest.Gateway
 	up      *proxytest.Server
 	gw      *proxy.Server
 	url     string // gateway base, e.g. http://127.0.0.1:1234
@@ -41,7 +38,6 @@ type harness struct {
 	store   *proxy.ResponseStore // response id -> upstream, in the broker's KV
 	key     string               // generate-scoped key of account "acme" (10 USD)
 	cfgPath string
-	watcher *config.Watcher
 	client  *http.Client
 }
 
@@ -101,71 +97,19 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if ho.idleTimeout == "" {
 		ho.idleTimeout = "5s"
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	h := &harness{t: t, up: proxytest.NewServer(ho.upstream), rec: meter.NewMemory(nil)}
-	t.Cleanup(h.up.Close)
-	dir := t.TempDir()
-	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	h.broker = b
-	h.cfgPath = filepath.Join(dir, "gateway.yaml")
-	h.writeConfig(fmt.Sprintf(gatewayYAML, h.up.URL, dir, ho.firstByteTimeout, ho.idleTimeout))
-	cfg, err := config.Load(h.cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.svc, err = accounts.Open(ctx, b.JetStream(), 1, dir, cfg.Auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.svc.Close)
-	if _, err := h.svc.CreateAccount(ctx, "acme", 10*money.NanosPerUSD); err != nil {
-		t.Fatal(err)
-	}
-	_, h.key, err = h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.svc.WaitSynced(ctx); err != nil {
-		t.Fatal(err)
-	}
-	h.store, err = proxy.OpenResponseStore(ctx, b.JetStream(), 1, cfg.Routing.ResponseTTL, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.store.Close)
-	h.gw, err = proxy.New(cfg, proxy.Options{Accounts: h.svc, Recorder: h.rec, Responses: h.store,
-		Admin: admin.New("admin-secret", h.svc), Tracer: ho.tracer, Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.watcher = config.NewWatcher(h.cfgPath, cfg, h.gw.Apply, t.Logf)
-	go h.watcher.Run(ctx)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = h.gw.Serve(ln) }()
-	t.Cleanup(func() { _ = h.gw.Shutdown() })
-	h.url = "http://" + ln.Addr().String()
-	h.client = &http.Client{Timeout: 30 * time.Second}
-	return h
+	g := gatewaytest.Start(t, gatewaytest.Options{
+		Upstream: &ho.upstream,
+		Config: func(upstream, dir string) string {
+			return fmt.Sprintf(gatewayYAML, upstream, dir, ho.firstByteTimeout, ho.idleTimeout)
+		},
+		Responses: true, Tracer: ho.tracer, Watch: true,
+	})
+	g.CreateAccount("acme", 10*money.NanosPerUSD)
+	return &harness{t: t, g: g, up: g.Upstream, gw: g.Server, url: g.URL, rec: g.Recorder, svc: g.Accounts, broker: g.Broker,
+		store: g.Responses, key: g.CreateKey("acme", accounts.KeyRequest{Name: "test"}), cfgPath: g.ConfigPath, client: g.Client}
 }
 
-func (h *harness) writeConfig(s string) {
-	h.t.Helper()
-	tmp := h.cfgPath + ".tmp"
-	if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
-		h.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, h.cfgPath); err != nil {
-		h.t.Fatal(err)
-	}
-}
+func (h *harness) writeConfig(s string) { h.t.Helper(); h.g.WriteConfig(s) }
 
 // post sends a JSON body with the harness key (or key, if set).
 func (h *harness) post(path, body string, key ...string) *http.Response {

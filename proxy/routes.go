@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -40,8 +39,9 @@ type Call struct {
 	limit *admission // nil on routes with LimitNone
 }
 
-// Route is an internal plugin endpoint. Path is exact, or ends in "/*" to
-// match every path under it (the handler reads the rest from ctx.Path()).
+// Route is an endpoint a module serves (Provisioned.Routes). Path is
+// exact, or ends in "/*" to match every path under it (the handler reads
+// the rest from ctx.Path()).
 type Route struct {
 	Method  string
 	Path    string
@@ -56,47 +56,10 @@ type routeKey struct{ method, path string }
 // AdminHandler serves every path under /admin/. The admin API lives in its
 // own package (admin), which imports proxy, so the server knows it only
 // by this method. w is the World the call runs under: the catalog for
-// checking models, the upstreams for their status.
+// checking models, the upstreams for their status. routes are the admin
+// routes the modules added (Provisioned.AdminRoutes); do not modify them.
 type AdminHandler interface {
-	ServeAdmin(ctx *fasthttp.RequestCtx, w *World)
-}
-
-var (
-	registryMu sync.Mutex
-	registry   = map[routeKey]Route{}
-)
-
-// Register adds a plugin route. Plugins call it from init(), so the proxy
-// never names a plugin; a duplicate registration is a programming error and
-// panics at start-up.
-func Register(r Route) {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	k := routeKey{r.Method, r.Path}
-	if _, dup := registry[k]; dup {
-		panic("proxy: route registered twice: " + r.Method + " " + r.Path)
-	}
-	registry[k] = r
-}
-
-func registeredRoutes() map[routeKey]Route {
-	registryMu.Lock()
-	defer registryMu.Unlock()
-	out := make(map[routeKey]Route, len(registry))
-	for k, v := range registry {
-		out[k] = v
-	}
-	return out
-}
-
-// RoutePaths lists registered plugin routes, for the README check and logs.
-func RoutePaths() []string {
-	var out []string
-	for k := range registeredRoutes() {
-		out = append(out, k.method+" "+k.path)
-	}
-	sort.Strings(out)
-	return out
+	ServeAdmin(ctx *fasthttp.RequestCtx, w *World, routes []AdminRoute)
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
@@ -145,7 +108,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if bytes.HasPrefix(path, []byte("/admin/")) && s.admin != nil {
-		s.admin.ServeAdmin(ctx, s.world.Load())
+		s.admin.ServeAdmin(ctx, s.world.Load(), s.mods.Load().admin)
 		return
 	}
 	if s.servePlugin(ctx, path) {
@@ -178,12 +141,13 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 
 func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
 	method := string(ctx.Method())
-	r, ok := s.routes[routeKey{method, string(path)}]
+	routes := s.mods.Load().routes
+	r, ok := routes[routeKey{method, string(path)}]
 	if !ok {
-		r, ok = s.matchPrefix(method, string(path))
+		r, ok = matchPrefix(routes, method, string(path))
 	}
 	if !ok {
-		if allow := s.allowedMethods(string(path)); allow != "" {
+		if allow := allowedMethods(routes, string(path)); allow != "" {
 			methodNotAllowed(ctx, allow)
 			return true
 		}
@@ -211,8 +175,8 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
 	return true
 }
 
-func (s *Server) matchPrefix(method, path string) (Route, bool) {
-	for k, r := range s.routes {
+func matchPrefix(routes map[routeKey]Route, method, path string) (Route, bool) {
+	for k, r := range routes {
 		if k.method == method && strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1]) {
 			return r, true
 		}
@@ -220,9 +184,9 @@ func (s *Server) matchPrefix(method, path string) (Route, bool) {
 	return Route{}, false
 }
 
-func (s *Server) allowedMethods(path string) string {
+func allowedMethods(routes map[routeKey]Route, path string) string {
 	var methods []string
-	for k := range s.routes {
+	for k := range routes {
 		if k.path == path || strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1]) {
 			methods = append(methods, k.method)
 		}

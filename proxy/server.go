@@ -1,15 +1,20 @@
 // Package proxy is the gateway's HTTP edge: the fasthttp server, routing,
 // authentication, the error envelope, the upstream client and the
-// chat/responses forwarding with its SSE relay.
+// chat/responses forwarding with its SSE relay. Endpoints it does not name
+// (plugins, the console) are modules of the server (module.go), listed in
+// Options.Modules, provisioned for each configuration and swapped in with
+// it.
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
 	"net"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,7 +63,10 @@ type Options struct {
 	Metrics func() []byte
 	// Tracer traces generation calls (proxy/tracing.go); nil traces none.
 	Tracer trace.Tracer
-	Logf   func(format string, args ...any)
+	// Modules serve the routes proxy does not name (module.go), started
+	// and provisioned in this order.
+	Modules []Module
+	Logf    func(format string, args ...any)
 }
 
 // Server is the public listener.
@@ -69,7 +77,13 @@ type Server struct {
 	admin     AdminHandler
 	metrics   func() []byte
 	logf      func(string, ...any)
-	routes    map[routeKey]Route
+	modules   []Module
+	mods      atomic.Pointer[moduleSet] // the routes of the last provisioning
+	ctx       context.Context           // ends at Close
+	cancel    context.CancelFunc
+	stops     []func() // of the modules' Start, in start order
+	applyMu   sync.Mutex
+	closed    bool // under applyMu: Close ran, Apply provisions nothing more
 	limits    *limiter
 	responses *ResponseStore
 	calls     *callMetrics
@@ -77,7 +91,8 @@ type Server struct {
 	http      *fasthttp.Server
 }
 
-// New builds a server for cfg. Apply swaps in later configs.
+// New builds a server for cfg, starts its modules and provisions them.
+// Apply swaps in later configs; Close stops the modules.
 func New(cfg *config.Config, opts Options) (*Server, error) {
 	s := &Server{
 		accounts:  opts.Accounts,
@@ -85,7 +100,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		admin:     opts.Admin,
 		metrics:   opts.Metrics,
 		logf:      opts.Logf,
-		routes:    registeredRoutes(),
+		modules:   opts.Modules,
 		limits:    newLimiter(),
 		responses: opts.Responses,
 		calls:     newCallMetrics(),
@@ -97,9 +112,22 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	if s.responses == nil {
 		s.responses = newResponseStore(nil, cfg.Routing.ResponseTTL, s.logf)
 	}
-	if err := s.Apply(cfg); err != nil {
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	w, err := s.buildWorld(cfg)
+	if err != nil {
+		s.cancel()
 		return nil, err
 	}
+	s.install(w)
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	set, err := s.provision(w)
+	if err != nil {
+		s.stopModules()
+		return nil, err
+	}
+	s.mods.Store(set)
 	s.http = &fasthttp.Server{
 		Handler:      s.handle,
 		ErrorHandler: s.handleParseError,
@@ -128,17 +156,42 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Apply builds the World for cfg and swaps it in. It is the build step of
-// config.Watcher: on error nothing changes. Upstreams whose settings did not
-// change keep their connection pools.
+// Apply builds the World for cfg, provisions the modules for it and swaps
+// both in, then cleans up the modules' previous routes. It is the build
+// step of config.Watcher: on error nothing changes. Upstreams whose
+// settings did not change keep their connection pools.
 func (s *Server) Apply(cfg *config.Config) error {
-	cat, err := catalog.New(cfg.Models)
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if s.closed {
+		return errors.New("the server is closed")
+	}
+	w, err := s.buildWorld(cfg)
 	if err != nil {
 		return err
 	}
+	set, err := s.provision(w)
+	if err != nil {
+		retireUnshared(w, s.world.Load())
+		return err
+	}
+	s.install(w)
+	if old := s.mods.Swap(set); old != nil {
+		old.cleanup()
+	}
+	return nil
+}
+
+// buildWorld builds the World for cfg, taking over the upstreams of the
+// World in force whose settings did not change.
+func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
+	cat, err := catalog.New(cfg.Models)
+	if err != nil {
+		return nil, err
+	}
 	grace, err := money.ParseUSD(cfg.Billing.GraceUSD)
 	if err != nil {
-		return fmt.Errorf("billing.grace_usd: %w", err)
+		return nil, fmt.Errorf("billing.grace_usd: %w", err)
 	}
 	w := &World{Config: cfg, Catalog: cat, grace: grace, upstreams: make(map[string]*upstream, len(cfg.Upstreams))}
 	old := s.world.Load()
@@ -151,7 +204,7 @@ func (s *Server) Apply(cfg *config.Config) error {
 		}
 		up, err := newUpstream(uc, s.logf)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		w.upstreams[uc.Name] = up
 	}
@@ -159,17 +212,29 @@ func (s *Server) Apply(cfg *config.Config) error {
 	for _, e := range cat.Entries() {
 		w.pools[e.ID] = newPool(e.Pool, w.upstreams)
 	}
-	s.world.Store(w)
-	s.responses.setTTL(cfg.Routing.ResponseTTL)
-	if old != nil {
-		for name, up := range old.upstreams {
-			if w.upstreams[name] != up {
-				up.retired.Store(true)
-				up.pool.retire()
-			}
+	return w, nil
+}
+
+// install puts w in force and retires the upstreams of the previous World
+// that w does not keep.
+func (s *Server) install(w *World) {
+	old := s.world.Swap(w)
+	s.responses.setTTL(w.Config.Routing.ResponseTTL)
+	retireUnshared(old, w)
+}
+
+// retireUnshared retires the upstreams of from that keep does not hold:
+// they take no new calls and keep no idle connections.
+func retireUnshared(from, keep *World) {
+	if from == nil {
+		return
+	}
+	for name, up := range from.upstreams {
+		if keep == nil || keep.upstreams[name] != up {
+			up.retired.Store(true)
+			up.pool.retire()
 		}
 	}
-	return nil
 }
 
 // World returns the configuration snapshot in force.

@@ -22,13 +22,12 @@ import (
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/console" // registers /console and admin console-login in init()
+	"github.com/tollgate/tollgate/console"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/plugins"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/storage"
-
-	"github.com/tollgate/tollgate/plugins" // plugins register their routes in init()
 )
 
 func runServe(args []string) error {
@@ -61,30 +60,34 @@ func runServe(args []string) error {
 		return err
 	}
 	defer closeRecorder()
-	con, err := console.Configure(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
+	con, err := console.Open(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
 		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Logf: logf})
 	if err != nil {
 		return fmt.Errorf("starting the web console: %w", err)
 	}
 	defer con.Close()
-
-	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
-		Admin: admin.New(adminToken, svc), Metrics: func() []byte { return metricsText(rec.Stats()) }, Logf: logf})
-	if err != nil {
-		return err
-	}
-	defer closeServer()
 	store, stopStore, err := openStorage(ctx, cfg, logf)
 	if err != nil {
 		return err
 	}
 	defer stopStore()
-	workerDone, err := startBatch(ctx, b, store, srv, rec, logf)
+
+	jobs := &batchJobs{b: b, store: store, rec: rec, logf: logf}
+	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
+		Admin: admin.New(adminToken, svc), Metrics: func() []byte { return metricsText(rec.Stats()) }, Logf: logf,
+		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open},
+			// The word vectors are mapped as the server starts (a few
+			// milliseconds, pages read on demand), so that a missing file
+			// is said once at start, not found by the first request.
+			PreloadVectors: true}), con.Module()}})
 	if err != nil {
 		return err
 	}
-	// Runs before the store, the recorder and NATS close: a job stopped
-	// here resumes from its checkpoint on another worker or at next start.
+	defer closeServer()
+	workerDone := jobs.runWorker(ctx)
+	// Runs before the server's modules, the store, the recorder and NATS
+	// close: a job stopped here resumes from its checkpoint on another
+	// worker or at next start.
 	defer func() { stop(); <-workerDone }()
 
 	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
@@ -93,8 +96,7 @@ func runServe(args []string) error {
 }
 
 // prepareProcess readies what the process itself needs before anything
-// opens: the data directory, the GC target, the word vectors, the debug
-// listener.
+// opens: the data directory, the GC target, the debug listener.
 func prepareProcess(cfg *config.Config, logf func(string, ...any)) error {
 	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data_dir: %w", err)
@@ -109,11 +111,6 @@ func prepareProcess(cfg *config.Config, logf func(string, ...any)) error {
 	// The o200k vocabulary (5 MiB of heap, 15 ms to load) is loaded by the
 	// first call that counts tokens: a gateway whose upstreams report usage
 	// and whose streams are not cut may never need it.
-
-	// The word vectors are mapped now (a few milliseconds, pages read on
-	// demand) so that a missing file is said once at start, not found by
-	// the first request.
-	plugins.LoadVectors(cfg, logf)
 	if cfg.Server.DebugListen != "" {
 		return serveDebug(cfg.Server.DebugListen, logf)
 	}
@@ -151,7 +148,8 @@ func openAccounts(ctx context.Context, cfg *config.Config, logf func(string, ...
 }
 
 // newServer builds the public server from opts, adding tracing and the
-// shared responses store. closeAll closes those two, responses first.
+// shared responses store. closeAll closes the server's modules, then
+// those two, responses first.
 func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts proxy.Options) (*proxy.Server, func(), error) {
 	tracer, stopTracing, err := startTracing(ctx, cfg.Tracing, version())
 	if err != nil {
@@ -177,26 +175,41 @@ func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts p
 		closeAll()
 		return nil, nil, err
 	}
-	return srv, closeAll, nil
+	return srv, func() { srv.Close(); closeAll() }, nil
 }
 
-// startBatch opens batch jobs, serves their endpoints on srv and runs this
-// process's worker until ctx ends; workerDone is closed once it has.
-func startBatch(ctx context.Context, b *broker.Broker, store storage.Store, srv *proxy.Server, rec meter.Recorder, logf func(string, ...any)) (<-chan struct{}, error) {
-	jobs, err := batch.Open(ctx, b.JetStream(), store, batch.Options{
-		Replicas: b.Replicas(), Runtime: plugins.BatchRuntime(srv), Recorder: rec, Logf: logf})
+// batchJobs is this process's batch service: the plugins module opens it
+// (open is its Batch.Open) on the runtime it provides, with the NATS, the
+// object store and the recorder of the process.
+type batchJobs struct {
+	b     *broker.Broker
+	store storage.Store
+	rec   meter.Recorder
+	logf  func(string, ...any)
+	svc   *batch.Service // set by open
+}
+
+func (j *batchJobs) open(ctx context.Context, rt batch.Runtime) (*batch.Service, error) {
+	svc, err := batch.Open(ctx, j.b.JetStream(), j.store, batch.Options{
+		Replicas: j.b.Replicas(), Runtime: rt, Recorder: j.rec, Logf: j.logf})
 	if err != nil {
 		return nil, fmt.Errorf("opening batch jobs: %w", err)
 	}
-	plugins.ServeBatch(srv, jobs)
+	j.svc = svc
+	return svc, nil
+}
+
+// runWorker runs this process's batch worker until ctx ends; workerDone
+// is closed once it has.
+func (j *batchJobs) runWorker(ctx context.Context) <-chan struct{} {
 	workerDone := make(chan struct{})
 	go func() {
 		defer close(workerDone)
-		if err := jobs.RunWorker(ctx); err != nil {
-			logf("batch worker: %v", err)
+		if err := j.svc.RunWorker(ctx); err != nil {
+			j.logf("batch worker: %v", err)
 		}
 	}()
-	return workerDone, nil
+	return workerDone
 }
 
 // serveUntilDone listens and serves until the server fails or ctx ends,

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/plugins"
@@ -65,18 +64,16 @@ func runWorker(args []string) error {
 	if err != nil {
 		return fmt.Errorf("opening object storage: %w", err)
 	}
-	// The engines prompt models through a gateway's upstream client; this
-	// one never listens.
-	srv, err := proxy.New(cfg, proxy.Options{Recorder: rec, Logf: logf})
+	// The engines prompt models through a gateway's upstream client and
+	// choose them as its plugins module does; this gateway never listens.
+	jobs := &batchJobs{b: b, store: store, rec: rec, logf: logf}
+	srv, err := proxy.New(cfg, proxy.Options{Recorder: rec, Logf: logf,
+		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open}})}})
 	if err != nil {
 		return err
 	}
+	defer srv.Close()
 	go config.NewWatcher(path, cfg, srv.Apply, logf).Run(ctx)
-	jobs, err := batch.Open(ctx, b.JetStream(), store, batch.Options{
-		Replicas: b.Replicas(), Runtime: plugins.BatchRuntime(srv), Recorder: rec, Logf: logf})
-	if err != nil {
-		return fmt.Errorf("opening batch jobs: %w", err)
-	}
 	logf("tollgate %s batch worker (config %s, NATS %s, %d jobs at a time)", version(), path, b.ClientURL(), cfg.Batch.MaxJobs)
-	return jobs.RunWorker(ctx)
+	return jobs.svc.RunWorker(ctx)
 }
