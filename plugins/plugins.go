@@ -21,9 +21,9 @@ type Options struct {
 	// Batch serves /v1/batch; nil answers it with 503 (batch jobs need
 	// object storage).
 	Batch *Batch
-	// PreloadVectors maps the semantic engine's word vectors at start, so
-	// that a missing file is said then, not found by the first request
-	// that needs it.
+	// PreloadVectors maps the semantic engine's word vectors at start and
+	// at each reload, so that a missing file is said then, not found by
+	// the first request that needs it.
 	PreloadVectors bool
 }
 
@@ -46,9 +46,6 @@ func (m *module) start(h proxy.Host) (func(), error) {
 	m.vectors.mu.Lock()
 	m.vectors.logf = h.Logf
 	m.vectors.mu.Unlock()
-	if m.opts.PreloadVectors {
-		m.vectors.preload(h.World().Config.Plugins.Vectors)
-	}
 	if m.opts.Batch == nil {
 		return nil, nil
 	}
@@ -60,7 +57,14 @@ func (m *module) start(h proxy.Host) (func(), error) {
 	return nil, nil
 }
 
-func (m *module) provision(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
+// provision runs at start and at each config reload: a reload is when an
+// admin who fixed the vectors file expects it to be used, so files that
+// failed are tried again (at once with PreloadVectors, else on first use).
+func (m *module) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, error) {
+	m.vectors.forgetFailures()
+	if m.opts.PreloadVectors {
+		_, _ = m.vectors.engine(w.Config.Plugins.Vectors) // logs what it found
+	}
 	routes := []proxy.Route{m.classifyRoute(), m.tagRoute(), m.scoreRoute(), m.matchRoute()}
 	return proxy.Provisioned{Routes: append(routes, m.batchRoutes()...)}, nil
 }

@@ -14,9 +14,12 @@ const engineSemantic = classifiers.EngineSemantic
 
 // vectorSet holds the semantic engine of each vectors file the config of
 // one server has named (usually one, for the life of the server): a
-// reload that names another file loads it on first use, and one that
-// cannot be loaded is remembered, so the warning is logged once, not per
-// request.
+// reload that names another file loads it on first use. A file that
+// cannot be loaded is remembered until the next reload, so the warning is
+// logged once, not per request, and an admin who installs the file and
+// reloads the config (or names a good one) gets semantic back without a
+// restart. A file once mapped stays mapped: requests in flight may still
+// read it, and its pages are page cache the kernel reclaims.
 type vectorSet struct {
 	mu     sync.Mutex
 	byPath map[string]semanticLoad
@@ -32,12 +35,15 @@ type semanticLoad struct {
 	err    error
 }
 
-// preload loads the vectors at path now, so that the server says at start
-// whether semantic is there; without it the first request that needs
-// them loads them.
-func (v *vectorSet) preload(path string) {
-	if _, err := v.engine(path); err == nil {
-		v.logf("semantic engine: word vectors from %s", path)
+// forgetFailures makes the next use of a file that could not be loaded
+// try again.
+func (v *vectorSet) forgetFailures() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for path, l := range v.byPath {
+		if l.err != nil {
+			delete(v.byPath, path)
+		}
 	}
 }
 
@@ -58,6 +64,7 @@ func (v *vectorSet) engine(path string) (classifiers.Engine, error) {
 		l.err = errors.New("the vectors file " + path + " cannot be used (" + err.Error() + "): run scripts/vectors.sh install again")
 	default:
 		l.engine = classifiers.NewSemantic(vec)
+		v.logf("semantic engine: word vectors from %s", path)
 	}
 	if l.err != nil {
 		v.logf("warning: semantic engine unavailable, offline answers come from the lexical engine: %v", l.err)

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
@@ -74,5 +75,23 @@ func TestSemanticWithoutVectors(t *testing.T) {
 	e := h.keyed("/v1/score", `{"source": "x", "attribute": "urgency", "model": "semantic"}`).apiError(t, 503, "upstream_unavailable")
 	if msg := e["message"].(string); !strings.Contains(msg, "scripts/vectors.sh install") || !strings.Contains(msg, missing) {
 		t.Errorf("503 message %q: want the file and the fix", msg)
+	}
+
+	// The admin installs the file and reloads the config: semantic answers,
+	// without a restart.
+	if err := os.Symlink(vectorsPath(t), missing); err != nil {
+		t.Fatal(err)
+	}
+	h.writeConfig(harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing + "\n  # reloaded"})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m := h.keyed("/v1/classify", `{"text": "My parcel has not arrived yet.", "labels": ["billing", "shipping"]}`).ok(t)
+		if m["engine"] == "semantic" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after a reload with the vectors installed, engine %v, want semantic", m["engine"])
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
