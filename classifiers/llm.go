@@ -49,14 +49,23 @@ type LLMOptions struct {
 	Temperature float64
 	// TopLogprobs: 0 means TopLogprobs.
 	TopLogprobs int
+	// NoLogprobs asks for none: the model is known to refuse them, so
+	// asking would cost a refused call each time.
+	NoLogprobs bool
+	// LogprobsRefused, when set, is told when the model refuses logprobs
+	// (before the call is repeated without them), so the caller can set
+	// NoLogprobs for the engines it makes next.
+	LogprobsRefused func()
 }
 
 // llm asks a catalog model through a ModelCaller.
 type llm struct {
-	caller ModelCaller
-	model  string
-	temp   float64
-	top    int
+	caller     ModelCaller
+	model      string
+	temp       float64
+	top        int
+	noLogprobs bool
+	refused    func() // nil: nobody to tell
 }
 
 // NewLLM returns the engine that prompts model (a catalog id) through
@@ -78,7 +87,7 @@ func NewLLM(caller ModelCaller, model string) Engine {
 
 // NewLLMWith is NewLLM with options.
 func NewLLMWith(caller ModelCaller, model string, o LLMOptions) Engine {
-	e := &llm{caller: caller, model: model, temp: o.Temperature, top: o.TopLogprobs}
+	e := &llm{caller: caller, model: model, temp: o.Temperature, top: o.TopLogprobs, noLogprobs: o.NoLogprobs, refused: o.LogprobsRefused}
 	if e.temp <= 0 {
 		e.temp = LLMTemperature
 	}
@@ -135,9 +144,10 @@ func (e *llm) ask(ctx context.Context, system, user, format string, maxTokens in
 			{Role: "system", Content: system},
 			{Role: "user", Content: user},
 		},
-		MaxTokens:   maxTokens,
-		Logprobs:    true,
-		TopLogprobs: e.top,
+		MaxTokens: maxTokens,
+	}
+	if !e.noLogprobs {
+		req.Logprobs, req.TopLogprobs = true, e.top
 	}
 	var lastErr error
 	var lastText string
@@ -178,6 +188,9 @@ func (e *llm) call(ctx context.Context, req *chatRequest, usage *Usage) ([]byte,
 		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 		if err != nil && req.Logprobs && refusesLogprobs(err) {
 			req.Logprobs, req.TopLogprobs = false, 0
+			if e.refused != nil {
+				e.refused()
+			}
 			continue
 		}
 		if err != nil {

@@ -518,3 +518,24 @@ func TestLLMDigitsInsideWordsAreNoAnswer(t *testing.T) {
 		t.Errorf(`"Label 2" read as %d, %v; want the second label`, k, err)
 	}
 }
+
+// TestLLMAsksAgainWithoutLogprobsWhenRefused: a model that answers 400 to
+// logprobs is asked again without them, and the engine says so to
+// LogprobsRefused; with NoLogprobs it is never asked for them.
+func TestLLMAsksAgainWithoutLogprobsWhenRefused(t *testing.T) {
+	s := proxytest.NewServer(proxytest.Options{Reply: NewViewModel(NewLexical()).Reply, RefuseLogprobs: true})
+	t.Cleanup(s.Close)
+	told := 0
+	e := NewLLMWith(httpCaller{s.URL}, "catalog-model", LLMOptions{LogprobsRefused: func() { told++ }})
+	r, err := e.Classify(ctx, supportRequest)
+	if err != nil || !r.NoLogprobs || r.Label != "shipping" || told != 1 || len(s.Requests()) != 2 {
+		t.Fatalf("refused logprobs: %+v, %v; told %d, %d requests; want the label without logprobs after 2 requests, told once", r, err, told, len(s.Requests()))
+	}
+	e = NewLLMWith(httpCaller{s.URL}, "catalog-model", LLMOptions{NoLogprobs: true})
+	if r, err = e.Classify(ctx, supportRequest); err != nil || !r.NoLogprobs || len(s.Requests()) != 3 {
+		t.Fatalf("NoLogprobs: %+v, %v; %d requests, want one more", r, err, len(s.Requests()))
+	}
+	if last := s.Requests()[2].Body; strings.Contains(string(last), "logprobs") {
+		t.Errorf("NoLogprobs sent %s", last)
+	}
+}

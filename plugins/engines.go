@@ -122,7 +122,10 @@ func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *prox
 	if !who.allows(entry.ID) {
 		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"lexical\"", entry.ID, from))
 	}
-	c := &engineChoice{engine: classifiers.NewLLM(who.world, entry.ID), name: engineLLM, model: entry.ID, upstream: entry.Upstream, m: m}
+	_, refused := m.logprobsRefused.Load(entry.ID)
+	engine := classifiers.NewLLMWith(who.world, entry.ID, classifiers.LLMOptions{NoLogprobs: refused,
+		LogprobsRefused: func() { m.logprobsRefused.Store(entry.ID, true) }})
+	c := &engineChoice{engine: engine, name: engineLLM, model: entry.ID, upstream: entry.Upstream, m: m}
 	for _, u := range who.world.Config.Upstreams {
 		if u.Name == entry.Upstream {
 			c.probe = m.probes.get(u)

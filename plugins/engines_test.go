@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -152,4 +154,30 @@ func TestSavedClassifierReload(t *testing.T) {
 	}
 	checkScores(t, m["scores"], "scores", 2)
 	h.keyed("/v1/classify", `{"text": "x", "classifier": "support-intent"}`).apiError(t, 400, "invalid_request_error")
+}
+
+// A model that refuses logprobs (OpenAI's reasoning models answer 400)
+// costs one refused call, not one before every request: the module
+// remembers the refusal until the next reload, and asks without them.
+func TestLLMRefusingLogprobsIsAskedWithoutThemFromThenOn(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{RefuseLogprobs: true}, plugins: "  engine: llm\n  llm_model: small"})
+	body := `{"text": "Where is my parcel? The delivery is late.", "labels": ["billing", "shipping"]}`
+	for i := range 3 {
+		if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "llm" || m["no_logprobs"] != true {
+			t.Fatalf("classify %d: %v", i, m)
+		}
+	}
+	calls, withLogprobs := 0, 0
+	for _, r := range h.up.Requests() {
+		if r.Path != "/v1/chat/completions" {
+			continue
+		}
+		calls++
+		if gjson.GetBytes(r.Body, "logprobs").Bool() {
+			withLogprobs++
+		}
+	}
+	if calls != 4 || withLogprobs != 1 {
+		t.Fatalf("3 classify calls made %d model calls, %d asking for logprobs; want 4 and 1", calls, withLogprobs)
+	}
 }

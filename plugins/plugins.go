@@ -12,6 +12,8 @@
 package plugins
 
 import (
+	"sync"
+
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -33,6 +35,11 @@ type module struct {
 	probes  *probeSet
 	vectors *vectorSet
 	jobs    *batch.Service // set by start, before any route serves; nil without Options.Batch
+	// logprobsRefused holds the catalog ids whose model refused logprobs
+	// (a reasoning model answers 400): their llm engine asks without them,
+	// instead of a refused call before every request. A reload forgets
+	// them, as an id may then name another model.
+	logprobsRefused sync.Map // catalog id → true
 }
 
 // Module returns the plugins module of one server; another server needs
@@ -62,6 +69,7 @@ func (m *module) start(h proxy.Host) (func(), error) {
 // failed are tried again (at once with PreloadVectors, else on first use).
 func (m *module) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, error) {
 	m.vectors.forgetFailures()
+	m.logprobsRefused.Clear()
 	if m.opts.PreloadVectors {
 		_, _ = m.vectors.engine(w.Config.Plugins.Vectors) // logs what it found
 	}

@@ -16,6 +16,9 @@ import (
 )
 
 // Header values shared by every response; net/http only reads them.
+// bodyLogprobsRefused is OpenAI's answer to logprobs on a reasoning model.
+var bodyLogprobsRefused = errorEnvelope(http.StatusBadRequest, "logprobs is not supported with this model.")
+
 var (
 	contentJSON = []string{"application/json"}
 	contentSSE  = []string{"text/event-stream; charset=utf-8"}
@@ -136,6 +139,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 		return s.respond(w, r, o, http.StatusBadRequest, bodyNoModel, sc)
 	}
 	stream := gjson.Get(js, "stream").Type == gjson.True
+	if o.RefuseLogprobs && chat && gjson.Get(js, "logprobs").Type == gjson.True {
+		return s.respond(w, r, o, http.StatusBadRequest, bodyLogprobsRefused, sc)
+	}
 
 	// Responses state is kept unless NoRecord (see state.go).
 	keep, background := false, false

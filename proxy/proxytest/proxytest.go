@@ -98,6 +98,9 @@ type Options struct {
 	// NoLogprobs leaves logprobs out of Reply's answers even when asked,
 	// like upstreams that ignore the parameter.
 	NoLogprobs bool
+	// RefuseLogprobs answers a chat request that asks for logprobs with a
+	// 400 naming the parameter, as OpenAI's reasoning models do.
+	RefuseLogprobs bool
 }
 
 // Recorded is one request as the server received it.
