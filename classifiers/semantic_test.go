@@ -192,10 +192,11 @@ var matchTraps = []struct{ query, answer, trap string }{
 	{"who painted the mona lisa", "Leonardo da Vinci worked on the portrait in Florence in the early sixteenth century.", "Mona Lisa is the name of a pizzeria that painted its walls last spring."},
 }
 
-func TestSemanticMatchTrapsLoseToAnswers(t *testing.T) {
-	e := semanticForTest(t)
+// answersAboveTraps counts the cases whose answer e scores above the trap.
+func answersAboveTraps(t *testing.T, e Engine, cases []struct{ query, answer, trap string }) int {
+	t.Helper()
 	wins := 0
-	for _, c := range matchTraps {
+	for _, c := range cases {
 		score := func(doc string) float64 {
 			res, err := e.Match(context.Background(), MatchRequest{Source: doc, Query: c.query})
 			if err != nil {
@@ -210,7 +211,12 @@ func TestSemanticMatchTrapsLoseToAnswers(t *testing.T) {
 			t.Logf("%q: answer %.3f <= trap %.3f", c.query, a, tr)
 		}
 	}
-	t.Logf("answer above the trap %d/%d", wins, len(matchTraps))
+	t.Logf("answer above the trap %d/%d", wins, len(cases))
+	return wins
+}
+
+func TestSemanticMatchTrapsLoseToAnswers(t *testing.T) {
+	wins := answersAboveTraps(t, semanticForTest(t), matchTraps)
 	if wins < 8 {
 		t.Errorf("answer above the trap %d of %d times, want at least 8", wins, len(matchTraps))
 	}
@@ -271,24 +277,7 @@ var topicalTraps = []struct{ query, answer, trap string }{
 // rest of the document restates the query (restatement), so a trap that
 // repeats the query and stays on its topic still ranks below the answer.
 func TestSemanticMatchTopicalTrapsLose(t *testing.T) {
-	e := semanticForTest(t)
-	wins := 0
-	for _, c := range topicalTraps {
-		score := func(doc string) float64 {
-			res, err := e.Match(context.Background(), MatchRequest{Source: doc, Query: c.query})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.Score
-		}
-		a, tr := score(c.answer), score(c.trap)
-		if a > tr {
-			wins++
-		} else {
-			t.Logf("%q: answer %.3f <= trap %.3f", c.query, a, tr)
-		}
-	}
-	t.Logf("answer above the trap %d/%d", wins, len(topicalTraps))
+	wins := answersAboveTraps(t, semanticForTest(t), topicalTraps)
 	// Elaboration measured from the document's side (before restatement)
 	// put 2 of the 6 answers above their trap; restatement puts 4.
 	if wins < 4 {
