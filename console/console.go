@@ -119,7 +119,9 @@ func (c *Console) provision(proxy.Host, *proxy.World) (proxy.Provisioned, error)
 		// API key.
 		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: c.page(r.handle)})
 	}
-	p.Routes = append(p.Routes, proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style})
+	p.Routes = append(p.Routes,
+		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style},
+		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: toOverview})
 	// The operator's way in: behind the admin token, under /admin/v1.
 	p.AdminRoutes = []admin.Route{{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin}}
 	return p, nil
@@ -163,6 +165,13 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 		URL       string    `json:"url"`
 		ExpiresAt time.Time `json:"expires_at"`
 	}{account, link, expiresAt}, nil
+}
+
+// toOverview sends "/console/", which people type as often as "/console",
+// to the overview.
+func toOverview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	ctx.Response.Header.Set("Location", "/console")
+	ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
 }
 
 func style(ctx *fasthttp.RequestCtx, _ *proxy.Call) {

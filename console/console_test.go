@@ -516,3 +516,16 @@ func between(s, start, end string) string {
 	s = s[i+len(start):]
 	return s[:strings.Index(s, end)]
 }
+
+// "/console/" is typed as often as "/console": it leads to the overview.
+func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
+	g := startGateway(t, "")
+	resp, err := g.browser().client.Get(g.url + "/console/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if resp.StatusCode != 308 || resp.Header.Get("Location") != "/console" {
+		t.Fatalf("GET /console/: %d, Location %q; want 308 to /console", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
