@@ -72,7 +72,7 @@ const batchCallTimeout = 30 * time.Second
 func (m *module) handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	svc := m.jobs
 	if svc == nil {
-		proxy.WriteError(ctx, proxy.Unavailable("batch jobs are not set up on this gateway (they need object storage: see storage in gateway.yaml)"))
+		proxy.WriteError(ctx, proxy.NotAvailableHere("batch_unavailable", "batch jobs are not set up on this gateway (they need object storage: see storage in gateway.yaml)"))
 		return
 	}
 	c, cancel := context.WithTimeout(context.Background(), batchCallTimeout)

@@ -535,7 +535,7 @@ func TestBatchRequestValidation(t *testing.T) {
 func TestBatchWithoutStorageIs503(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	r := h.keyed("/v1/batch", `{"labels": ["a"]}`)
-	if r.status != 503 || !strings.Contains(string(r.body), "object storage") {
+	if r.status != 503 || !strings.Contains(string(r.body), "object storage") || !strings.Contains(string(r.body), `"code":"batch_unavailable"`) {
 		t.Fatalf("batch without a service: %s", r)
 	}
 }

@@ -75,7 +75,7 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	case engineSemantic:
 		e, err := m.vectors.engine(p.Vectors)
 		if err != nil {
-			return nil, proxy.Unavailable(err.Error() + "; or send \"model\": \"lexical\"")
+			return nil, proxy.NotAvailableHere("engine_unavailable", err.Error()+"; or send \"model\": \"lexical\"")
 		}
 		return &engineChoice{engine: e, name: engineSemantic}, nil
 	case engineLLM:

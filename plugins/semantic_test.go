@@ -72,7 +72,7 @@ func TestSemanticWithoutVectors(t *testing.T) {
 	if m["engine"] != "lexical" {
 		t.Errorf("engine semantic without vectors: %v", m)
 	}
-	e := h.keyed("/v1/score", `{"source": "x", "attribute": "urgency", "model": "semantic"}`).apiError(t, 503, "upstream_unavailable")
+	e := h.keyed("/v1/score", `{"source": "x", "attribute": "urgency", "model": "semantic"}`).apiError(t, 503, "engine_unavailable")
 	if msg := e["message"].(string); !strings.Contains(msg, "scripts/vectors.sh install") || !strings.Contains(msg, missing) {
 		t.Errorf("503 message %q: want the file and the fix", msg)
 	}

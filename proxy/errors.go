@@ -116,6 +116,13 @@ func Unavailable(msg string) *APIError {
 	return &APIError{Status: 503, Type: "service_unavailable_error", Code: "upstream_unavailable", Message: msg}
 }
 
+// NotAvailableHere is 503 for a part of the gateway that this gateway does
+// not have (code, such as "engine_unavailable"): nothing upstream is down,
+// and trying again will not help until the operator sets it up.
+func NotAvailableHere(code, msg string) *APIError {
+	return &APIError{Status: 503, Type: "service_unavailable_error", Code: code, Message: msg}
+}
+
 // Internal is 500 for faults of the gateway itself.
 func Internal(msg string) *APIError {
 	return &APIError{Status: 500, Type: "server_error", Code: "internal_error", Message: msg}
