@@ -162,6 +162,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 		s.keep(st, js, background, sc)
 	}
 
+	return s.answer(w, r, st, js, chat, stream, background, sc)
+}
+
+// answer writes the success answer of a valid generation request.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, st *rendered, js string, chat, stream, background bool, sc *scratch) outcome {
+	o := &st.opts
 	if chat && !stream && o.Reply != nil {
 		if out, ok := s.reply(js, st, &sc.vals); ok {
 			return s.respond(w, r, o, http.StatusOK, out, sc)
