@@ -3,11 +3,14 @@ package meter
 import (
 	"bytes"
 	"cmp"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -186,6 +189,13 @@ type Outbox struct {
 	opts     OutboxOptions
 	lock     *os.File
 	recovery OutboxRecovery
+	// id names this outbox for good (the file "id" in its directory): its
+	// batches go to usage.batch.<id>, so that after a restart the last one
+	// JetStream stored can be found (see Publisher).
+	id string
+	// recoveredThrough is the last sequence written before this open: only
+	// records up to it can have been published by an earlier process.
+	recoveredThrough uint64
 
 	segmentBytes int64 // size of a preallocated segment
 
@@ -280,6 +290,11 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 		unlockDir(lock)
 		return nil, err
 	}
+	if ob.id, err = readOrCreateOutboxID(dir); err != nil {
+		unlockDir(lock)
+		return nil, err
+	}
+	ob.recoveredThrough = ob.writtenSeq
 	spare, err := ob.newSpare()
 	if err != nil {
 		unlockDir(lock)
@@ -807,6 +822,14 @@ func (ob *Outbox) ack(seq uint64) {
 	ob.mu.Unlock()
 }
 
+// holds reports whether record seq is in the outbox with event id id.
+func (ob *Outbox) holds(seq uint64, id string) bool {
+	r := ob.newReader(seq - 1)
+	defer r.close()
+	recs, err := r.next(1)
+	return err == nil && len(recs) == 1 && recs[0].seq == seq && string(recs[0].id) == id
+}
+
 // ackedSeq is the sequence through which every record is acknowledged.
 func (ob *Outbox) ackedSeq() uint64 {
 	ob.mu.Lock()
@@ -1180,6 +1203,47 @@ func writeAcked(dir string, seq uint64) error {
 		return fmt.Errorf("writing outbox acked file: %w", err)
 	}
 	return syncDir(dir)
+}
+
+// outboxIDFile holds the outbox's id, written once.
+const outboxIDFile = "id"
+
+// readOrCreateOutboxID returns the id kept in dir, making one (16 random
+// bytes, hex) the first time. It is a subject token: [0-9a-f] only.
+func readOrCreateOutboxID(dir string) (string, error) {
+	path := filepath.Join(dir, outboxIDFile)
+	b, err := os.ReadFile(path)
+	if err == nil {
+		id := strings.TrimSpace(string(b))
+		if validOutboxID(id) {
+			return id, nil
+		}
+		return "", fmt.Errorf("outbox id file %s holds %q, not 32 hex digits: delete it to make a new one", path, id)
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("reading outbox id: %w", err)
+	}
+	var raw [16]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("making an outbox id: %w", err)
+	}
+	id := hex.EncodeToString(raw[:])
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("writing outbox id: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("writing outbox id: %w", err)
+	}
+	return id, syncDir(dir)
+}
+
+func validOutboxID(id string) bool {
+	if len(id) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
 }
 
 // syncDir makes created, renamed and removed names in dir durable.

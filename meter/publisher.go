@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,12 +25,11 @@ const (
 	UsageSubjectPrefix = "usage." // followed by the account id
 	// UsageDuplicatesWindow is how long JetStream remembers event ids and
 	// drops a republished event. The outbox republishes what was not
-	// acknowledged before a crash when the gateway starts again, so the
-	// window must outlast a restart, outage included: an event first
-	// stored longer ago than this and republished is stored twice, and
-	// debited twice (ClickHouse still counts it once, by id). Only the
-	// events in flight at a crash (about 100 ms of traffic) are exposed,
-	// and only if the gateway stays down longer than the window.
+	// acknowledged when a publish failed, and, after a crash, what the
+	// publisher's start-up look-up (publishLoop.resume) cannot vouch was
+	// stored: an event first stored longer ago than this and republished
+	// is stored twice, and debited twice (ClickHouse still counts it once,
+	// by id).
 	// The server keeps every id of the window in memory, about 150 bytes
 	// each: 15 minutes at 1,000 events/s is about 135 MB.
 	UsageDuplicatesWindow = 15 * time.Minute
@@ -46,9 +46,18 @@ const (
 	// thousands of events in flight, far above what an ack's latency needs.
 	publishMaxInFlight = 32
 	// UsageBatchSubject carries batches: one message, many events of
-	// any accounts, one per line (NDJSON). Billing also reads the
+	// any accounts, one per line (NDJSON), on usage.batch.<outbox id>
+	// (usage.batch itself in earlier versions). Billing also reads the
 	// one-event messages of earlier versions on usage.<account>.
 	UsageBatchSubject = UsageSubjectPrefix + "batch"
+	// OutboxLastHeader, on every batch, is the outbox sequence and the
+	// event id of the batch's last event: what a restarted publisher looks
+	// up to skip what JetStream already has.
+	OutboxLastHeader = "Tollgate-Outbox-Last"
+	// resumeLookupTimeout bounds the look-up of the last stored batch,
+	// and resumeMaxTries how often it is tried before publishing anyway.
+	resumeLookupTimeout = 5 * time.Second
+	resumeMaxTries      = 3
 	// publishAckTimeout turns a PubAck that never comes (a reply lost in
 	// a cluster failover) into an error, which republishes the event.
 	publishAckTimeout = 10 * time.Second
@@ -108,6 +117,9 @@ type Publisher struct {
 	nc     *nats.Conn
 	outbox *Outbox
 	logf   func(string, ...any)
+	// batchSubject is usage.batch.<outbox id>: the last message on it is
+	// the last batch of this outbox that JetStream stored.
+	batchSubject string
 
 	published   atomic.Uint64
 	duplicates  atomic.Uint64
@@ -146,13 +158,14 @@ func NewPublisherWith(js jetstream.JetStream, ob *Outbox, maxDelay time.Duration
 		maxDelay = DefaultBatchMaxDelay
 	}
 	p := &Publisher{
-		js:       js,
-		nc:       js.Conn(),
-		outbox:   ob,
-		logf:     logf,
-		maxDelay: maxDelay,
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
+		js:           js,
+		nc:           js.Conn(),
+		outbox:       ob,
+		logf:         logf,
+		batchSubject: UsageBatchSubject + "." + ob.id,
+		maxDelay:     maxDelay,
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
 	}
 	p.dropLog.logf = logf
 	// A context of its own: the async publish window and the ack timeout
@@ -277,6 +290,7 @@ type pendingBatch struct {
 	batch   uint64
 	firstID string
 	last    uint64
+	lastID  []byte // the last event's id, copied: records' bytes are the reader's
 	events  int
 	data    []byte // NDJSON
 	started time.Time
@@ -289,7 +303,7 @@ func (b *pendingBatch) add(rec outboxRecord) {
 		b.data = append(b.data, '\n')
 	}
 	b.data = append(b.data, rec.data...)
-	b.last = rec.seq
+	b.last, b.lastID = rec.seq, append(b.lastID[:0], rec.id...)
 	b.events++
 }
 
@@ -317,6 +331,10 @@ func (p *Publisher) run() {
 		written, openBatch, more := p.outbox.writtenState()
 		connected := p.nc.IsConnected()
 		canPublish := !l.failing && connected && len(l.window) < publishMaxInFlight
+		if canPublish && !l.resumed {
+			l.resume()
+			continue
+		}
 		if canPublish && written > l.reader.after && l.readIntoBatches() {
 			continue // read on until caught up or the window is full
 		}
@@ -348,15 +366,17 @@ func (p *Publisher) run() {
 // place so that each step of the loop can be a method. Only that goroutine
 // touches it.
 type publishLoop struct {
-	p         *Publisher
-	reader    *outboxReader
-	window    []inflight // published batches, oldest first, awaiting PubAcks
-	cur       pendingBatch
-	spareData [][]byte // data of acknowledged batches, for new ones
-	failing   bool     // a publish failed: let the window drain, then start over
-	backoff   time.Duration
-	errLogged time.Time
-	lingering *time.Timer // reused for every open batch's max_delay
+	p           *Publisher
+	reader      *outboxReader
+	window      []inflight // published batches, oldest first, awaiting PubAcks
+	cur         pendingBatch
+	spareData   [][]byte // data of acknowledged batches, for new ones
+	failing     bool     // a publish failed: let the window drain, then start over
+	resumed     bool     // resume found where JetStream's copy of this outbox ends
+	resumeTries int
+	backoff     time.Duration
+	errLogged   time.Time
+	lingering   *time.Timer // reused for every open batch's max_delay
 }
 
 // readIntoBatches reads the next records into the current batch,
@@ -383,6 +403,69 @@ func (l *publishLoop) readIntoBatches() bool {
 		}
 	}
 	return len(recs) > 0
+}
+
+// resume skips the records an earlier process published but did not live
+// to mark acknowledged (a crash between a PubAck and the acked file): the
+// last batch of this outbox that JetStream stored names its last record,
+// and when this outbox holds that record with the same event id,
+// everything up to it is acknowledged. Published again instead, they would
+// be kept from a second debit only by JetStream's duplicate window, which
+// a gateway down for longer than UsageDuplicatesWindow outlasts. Any doubt
+// (no header, another event at that sequence, a sequence this outbox
+// never wrote) publishes as before.
+func (l *publishLoop) resume() {
+	ctx, cancel := context.WithTimeout(context.Background(), resumeLookupTimeout)
+	defer cancel()
+	stream, err := l.p.js.Stream(ctx, UsageStream)
+	var msg *jetstream.RawStreamMsg
+	if err == nil {
+		msg, err = stream.GetLastMsgForSubject(ctx, l.p.batchSubject)
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		l.resumed = true // nothing of this outbox stored yet
+		return
+	}
+	if err != nil {
+		// NATS flapping or the stream not made yet: tried again after a
+		// backoff. A deployment whose NATS user may publish but not read
+		// the stream must still publish, as before this look-up existed.
+		if l.resumeTries++; l.resumeTries < resumeMaxTries {
+			l.fail("looking up the last batch JetStream stored: %v", err)
+			return
+		}
+		l.p.logf("meter: cannot look up the last batch JetStream stored (%v); publishing the outbox from record %d, JetStream's duplicate window drops what it has", err, l.p.outbox.ackedSeq()+1)
+	}
+	l.resumed = true
+	if err != nil {
+		return
+	}
+	ob := l.p.outbox
+	seq, id, ok := parseOutboxLast(msg.Header.Get(OutboxLastHeader))
+	acked := ob.ackedSeq()
+	if !ok || seq <= acked || seq > ob.recoveredThrough {
+		return
+	}
+	if !ob.holds(seq, id) {
+		l.p.logf("meter: JetStream's last batch of this outbox ends at record %d, event %s, which this outbox does not hold; publishing from %d", seq, id, acked+1)
+		return
+	}
+	ob.ack(seq)
+	l.p.published.Add(seq - acked)
+	l.p.duplicates.Add(seq - acked)
+	l.reader.close()
+	l.reader = ob.newReader(seq)
+	l.p.logf("meter: JetStream already has this outbox's records %d to %d; not publishing them again", acked+1, seq)
+}
+
+// parseOutboxLast reads an OutboxLastHeader value: "<sequence> <event id>".
+func parseOutboxLast(v string) (seq uint64, id string, ok bool) {
+	s, id, found := strings.Cut(v, " ")
+	if !found || id == "" {
+		return 0, "", false
+	}
+	seq, err := strconv.ParseUint(s, 10, 64)
+	return seq, id, err == nil && seq > 0
 }
 
 // closeCaughtUpBatch decides about the current batch once every event
@@ -505,21 +588,20 @@ func (l *publishLoop) fail(format string, args ...any) {
 // publish sends the current batch and starts the next one, on spare data
 // if there is some.
 func (l *publishLoop) publish() {
-	subject := UsageBatchSubject
+	subject := l.p.batchSubject
+	header := nats.Header{jetstream.MsgIDHeader: []string{l.cur.id()}}
 	if l.cur.batch == 0 {
 		subject = usageSubject(gjsonAccount(l.cur.data))
+	} else {
+		header[OutboxLastHeader] = []string{strconv.FormatUint(l.cur.last, 10) + " " + string(l.cur.lastID)}
 	}
-	fut, err := l.p.js.PublishMsgAsync(&nats.Msg{
-		Subject: subject,
-		Header:  nats.Header{jetstream.MsgIDHeader: []string{l.cur.id()}},
-		Data:    l.cur.data,
-	})
+	fut, err := l.p.js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: header, Data: l.cur.data})
 	if err != nil {
 		l.fail("%v", err)
 	} else {
 		l.window = append(l.window, inflight{last: l.cur.last, events: l.cur.events, fut: fut, sent: time.Now()})
 	}
-	l.cur = pendingBatch{} // the message owns data until its PubAck
+	l.cur = pendingBatch{lastID: l.cur.lastID[:0]} // the message owns data until its PubAck
 	if n := len(l.spareData); n > 0 {
 		l.cur.data, l.spareData = l.spareData[n-1], l.spareData[:n-1]
 	}

@@ -152,7 +152,7 @@ func streamEvents(t testing.TB, js jetstream.JetStream) map[string]int {
 				// A batch's id is its first event's and its size, so the
 				// same batch published again has the same id.
 				wantID := fmt.Sprintf("%s+%d", ev.ID, len(lines))
-				if i == 0 && (msg.Headers().Get(jetstream.MsgIDHeader) != wantID || msg.Subject() != meter.UsageBatchSubject) {
+				if i == 0 && (msg.Headers().Get(jetstream.MsgIDHeader) != wantID || !strings.HasPrefix(msg.Subject(), meter.UsageBatchSubject+".")) {
 					t.Fatalf("batch of %s went to %s with id header %q, want %q", ev.ID, msg.Subject(), msg.Headers().Get(jetstream.MsgIDHeader), wantID)
 				}
 				seen[ev.ID]++
@@ -487,4 +487,129 @@ func TestPublisherKeepsTheEventsBeforeDamageInTheOutbox(t *testing.T) {
 		return nil
 	})
 	checkEachEventOnce(t, seen, damaged)
+}
+
+// shortDuplicateWindow makes the USAGE stream forget batch ids after a
+// moment, as 15 minutes of a gateway being down would.
+func shortDuplicateWindow(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	ctx := testContext(t)
+	stream, err := js.Stream(ctx, meter.UsageStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.Duplicates = 100 * time.Millisecond
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A crash between PubAcks and the acked file, and a restart after the
+// duplicate window has passed: the publisher finds its outbox's last
+// stored batch and skips what JetStream has, so nothing is stored (and
+// debited) twice.
+func TestPublisherRestartedAfterTheDuplicateWindowPublishesNothingTwice(t *testing.T) {
+	srv := startNATSServer(t)
+	ctx := testContext(t)
+	js := srv.b.JetStream()
+	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	shortDuplicateWindow(t, js)
+	outboxDir := t.TempDir()
+	ob, err := meter.OpenOutbox(outboxDir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(js, ob, syncLog(t))
+	for i := range 1500 {
+		p.Record(usageEvent(i))
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As if the crash came before the acked file was ever written, and
+	// the gateway came back after JetStream forgot the batch ids.
+	if err := os.Remove(filepath.Join(outboxDir, "acked")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	p = openPublisher(t, js, outboxDir)
+	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := p.Stats(); st.OutboxDepth != 0 {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
+	if st := p.Stats(); st.Duplicates != 1500 || st.Failures != 0 {
+		t.Errorf("stats %+v: want the 1500 events counted as JetStream's already", st)
+	}
+	checkEachEventOnce(t, streamEvents(t, js), 1500)
+}
+
+// The look-up is trusted only when the outbox holds the very event the
+// stored batch ended with: an outbox that shares the id (a copied data
+// directory) but holds other events publishes them all.
+func TestPublisherResumesOnlyOnItsOwnEvents(t *testing.T) {
+	srv := startNATSServer(t)
+	ctx := testContext(t)
+	js := srv.b.JetStream()
+	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	first := t.TempDir()
+	ob, err := meter.OpenOutbox(first, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(js, ob, syncLog(t))
+	for i := range 500 {
+		p.Record(usageEvent(i))
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id, err := os.ReadFile(filepath.Join(first, "id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := t.TempDir()
+	if err := os.WriteFile(filepath.Join(second, "id"), id, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ob, err = meter.OpenOutbox(second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 500; i < 1000; i++ {
+		if err := ob.Append(usageEvent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Closed and opened again, so that its records are an earlier
+	// process's, which the look-up may skip.
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ob, err = meter.OpenOutbox(second, 0); err != nil {
+		t.Fatal(err)
+	}
+	p = meter.NewPublisher(js, ob, syncLog(t))
+	t.Cleanup(func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = p.Close(closeCtx)
+	})
+	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := p.Stats(); st.OutboxDepth != 0 {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
+	checkEachEventOnce(t, streamEvents(t, js), 1000)
 }
