@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,10 +51,10 @@ const (
 	// (usage.batch itself in earlier versions). Billing also reads the
 	// one-event messages of earlier versions on usage.<account>.
 	UsageBatchSubject = UsageSubjectPrefix + "batch"
-	// OutboxLastHeader, on every batch, is the outbox sequence and the
-	// event id of the batch's last event: what a restarted publisher looks
-	// up to skip what JetStream already has.
-	OutboxLastHeader = "Tollgate-Outbox-Last"
+	// OutboxRangeHeader, on every batch, names the outbox records it
+	// holds: "<first> <last> <last event id>", what a restarted publisher
+	// reads to skip what JetStream already has (publishLoop.resume).
+	OutboxRangeHeader = "Tollgate-Outbox-Range"
 	// resumeLookupTimeout bounds the look-up of the last stored batch,
 	// and resumeMaxTries how often it is tried before publishing anyway.
 	resumeLookupTimeout = 5 * time.Second
@@ -289,6 +290,7 @@ type inflight struct {
 type pendingBatch struct {
 	batch   uint64
 	firstID string
+	first   uint64 // outbox sequence of the first event
 	last    uint64
 	lastID  []byte // the last event's id, copied: records' bytes are the reader's
 	events  int
@@ -298,7 +300,7 @@ type pendingBatch struct {
 
 func (b *pendingBatch) add(rec outboxRecord) {
 	if b.events == 0 {
-		b.batch, b.firstID, b.started = rec.batch, string(rec.id), time.Now()
+		b.batch, b.firstID, b.first, b.started = rec.batch, string(rec.id), rec.seq, time.Now()
 	} else {
 		b.data = append(b.data, '\n')
 	}
@@ -406,66 +408,146 @@ func (l *publishLoop) readIntoBatches() bool {
 }
 
 // resume skips the records an earlier process published but did not live
-// to mark acknowledged (a crash between a PubAck and the acked file): the
-// last batch of this outbox that JetStream stored names its last record,
-// and when this outbox holds that record with the same event id,
-// everything up to it is acknowledged. Published again instead, they would
-// be kept from a second debit only by JetStream's duplicate window, which
-// a gateway down for longer than UsageDuplicatesWindow outlasts. Any doubt
-// (no header, another event at that sequence, a sequence this outbox
-// never wrote) publishes as before.
+// to mark acknowledged (a crash between PubAcks and the acked file).
+// Published again, they would be kept from a second debit only by
+// JetStream's duplicate window, which a gateway down for longer than
+// UsageDuplicatesWindow outlasts. Each batch names the outbox records it
+// holds (OutboxRangeHeader); the records skipped are those of an unbroken
+// chain of stored batches from the first unacknowledged record on, ending
+// at a record this outbox holds with the same event id. A batch JetStream
+// lost (a leader change) breaks the chain, and everything from it on is
+// published again; so does any doubt (no header, another event at that
+// sequence).
 func (l *publishLoop) resume() {
 	ctx, cancel := context.WithTimeout(context.Background(), resumeLookupTimeout)
 	defer cancel()
-	stream, err := l.p.js.Stream(ctx, UsageStream)
-	var msg *jetstream.RawStreamMsg
-	if err == nil {
-		msg, err = stream.GetLastMsgForSubject(ctx, l.p.batchSubject)
-	}
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		l.resumed = true // nothing of this outbox stored yet
-		return
-	}
+	acked := l.p.outbox.ackedSeq()
+	stored, err := l.storedRanges(ctx, acked)
 	if err != nil {
 		// NATS flapping or the stream not made yet: tried again after a
 		// backoff. A deployment whose NATS user may publish but not read
 		// the stream must still publish, as before this look-up existed.
 		if l.resumeTries++; l.resumeTries < resumeMaxTries {
-			l.fail("looking up the last batch JetStream stored: %v", err)
+			l.fail("looking up the batches JetStream stored: %v", err)
 			return
 		}
-		l.p.logf("meter: cannot look up the last batch JetStream stored (%v); publishing the outbox from record %d, JetStream's duplicate window drops what it has", err, l.p.outbox.ackedSeq()+1)
+		l.p.logf("meter: cannot look up the batches JetStream stored (%v); publishing the outbox from record %d, JetStream's duplicate window drops what it has", err, acked+1)
 	}
 	l.resumed = true
-	if err != nil {
+	through, id := chainFrom(acked, stored)
+	if through <= acked {
 		return
 	}
 	ob := l.p.outbox
-	seq, id, ok := parseOutboxLast(msg.Header.Get(OutboxLastHeader))
-	acked := ob.ackedSeq()
-	if !ok || seq <= acked || seq > ob.recoveredThrough {
+	// Only records an earlier process wrote can be in JetStream already.
+	if through > ob.recoveredThrough || !ob.holds(through, id) {
+		l.p.logf("meter: JetStream's batches of this outbox end at record %d, event %s, which this outbox does not hold; publishing from %d", through, id, acked+1)
 		return
 	}
-	if !ob.holds(seq, id) {
-		l.p.logf("meter: JetStream's last batch of this outbox ends at record %d, event %s, which this outbox does not hold; publishing from %d", seq, id, acked+1)
-		return
-	}
-	ob.ack(seq)
-	l.p.published.Add(seq - acked)
-	l.p.duplicates.Add(seq - acked)
+	ob.ack(through)
+	l.p.published.Add(through - acked)
+	l.p.duplicates.Add(through - acked)
 	l.reader.close()
-	l.reader = ob.newReader(seq)
-	l.p.logf("meter: JetStream already has this outbox's records %d to %d; not publishing them again", acked+1, seq)
+	l.reader = ob.newReader(through)
+	l.p.logf("meter: JetStream already has this outbox's records %d to %d; not publishing them again", acked+1, through)
 }
 
-// parseOutboxLast reads an OutboxLastHeader value: "<sequence> <event id>".
-func parseOutboxLast(v string) (seq uint64, id string, ok bool) {
-	s, id, found := strings.Cut(v, " ")
-	if !found || id == "" {
-		return 0, "", false
+// outboxRange is the records one stored batch holds.
+type outboxRange struct {
+	first, last uint64
+	lastID      string
+}
+
+// parseOutboxRange reads an OutboxRangeHeader: "<first> <last> <last event id>".
+func parseOutboxRange(v string) (outboxRange, bool) {
+	f := strings.Fields(v)
+	if len(f) != 3 {
+		return outboxRange{}, false
 	}
-	seq, err := strconv.ParseUint(s, 10, 64)
-	return seq, id, err == nil && seq > 0
+	first, err1 := strconv.ParseUint(f[0], 10, 64)
+	last, err2 := strconv.ParseUint(f[1], 10, 64)
+	if err1 != nil || err2 != nil || first == 0 || last < first {
+		return outboxRange{}, false
+	}
+	return outboxRange{first, last, f[2]}, true
+}
+
+// chainFrom follows stored batches from record acked+1 for as long as
+// each next one starts at or before the record after the chain's end, and
+// returns the chain's last record and its event id (acked and "" when no
+// batch starts there).
+func chainFrom(acked uint64, stored []outboxRange) (uint64, string) {
+	slices.SortFunc(stored, func(a, b outboxRange) int { return cmp.Compare(a.first, b.first) })
+	through, id := acked, ""
+	for _, r := range stored {
+		if r.first > through+1 {
+			break // a gap: a batch JetStream does not have
+		}
+		if r.last > through {
+			through, id = r.last, r.lastID
+		}
+	}
+	return through, id
+}
+
+// storedRanges returns the ranges of this outbox's batches that JetStream
+// stored and that may lie past acked: the last one, and when it does not
+// reach back to acked+1, the headers of those stored in the duplicate
+// window before it (a gateway's batches in flight at a crash were all
+// published within that window of its last one; older ones were either
+// acknowledged or are published again).
+func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxRange, error) {
+	stream, err := l.p.js.Stream(ctx, UsageStream)
+	if err != nil {
+		return nil, err
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, l.p.batchSubject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil // nothing of this outbox stored yet
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, ok := parseOutboxRange(last.Header.Get(OutboxRangeHeader))
+	if !ok || r.last <= acked || r.first <= acked+1 {
+		if ok {
+			return []outboxRange{r}, nil
+		}
+		return nil, nil
+	}
+	start := last.Time.Add(-UsageDuplicatesWindow)
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{l.p.batchSubject},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &start,
+		HeadersOnly:    true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []outboxRange
+	for {
+		msgs, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for msg := range msgs.Messages() {
+			n++
+			if r, ok := parseOutboxRange(msg.Headers().Get(OutboxRangeHeader)); ok {
+				out = append(out, r)
+			}
+			if meta, err := msg.Metadata(); err == nil && meta.Sequence.Stream >= last.Sequence {
+				return out, nil
+			}
+		}
+		if err := msgs.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("reading this outbox's batches stopped before stream sequence %d", last.Sequence)
+		}
+	}
 }
 
 // closeCaughtUpBatch decides about the current batch once every event
@@ -593,7 +675,7 @@ func (l *publishLoop) publish() {
 	if l.cur.batch == 0 {
 		subject = usageSubject(gjsonAccount(l.cur.data))
 	} else {
-		header[OutboxLastHeader] = []string{strconv.FormatUint(l.cur.last, 10) + " " + string(l.cur.lastID)}
+		header[OutboxRangeHeader] = []string{strconv.FormatUint(l.cur.first, 10) + " " + strconv.FormatUint(l.cur.last, 10) + " " + string(l.cur.lastID)}
 	}
 	fut, err := l.p.js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: header, Data: l.cur.data})
 	if err != nil {

@@ -613,3 +613,56 @@ func TestPublisherResumesOnlyOnItsOwnEvents(t *testing.T) {
 	})
 	checkEachEventOnce(t, streamEvents(t, js), 1000)
 }
+
+// A batch JetStream lost (a leader change in a cluster) breaks the chain:
+// the look-up skips only up to the gap, and everything from the lost
+// batch on is published again, so no event goes unbilled.
+func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
+	srv := startNATSServer(t)
+	ctx := testContext(t)
+	js := srv.b.JetStream()
+	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	shortDuplicateWindow(t, js)
+	outboxDir := t.TempDir()
+	ob, err := meter.OpenOutbox(outboxDir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(js, ob, syncLog(t))
+	for i := range 2500 { // batches of events 0-999, 1000-1999, 2000-2499
+		p.Record(usageEvent(i))
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, meter.UsageStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, 2); err != nil { // the middle batch
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(outboxDir, "acked")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	p = openPublisher(t, js, outboxDir)
+	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := p.Stats(); st.OutboxDepth != 0 {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
+	seen := streamEvents(t, js)
+	for i := range 2500 {
+		want := 1
+		if i >= 2000 {
+			want = 2 // published again after the gap, past the duplicate window
+		}
+		if n := seen[usageEvent(i).ID]; n != want {
+			t.Fatalf("event %d stored %d times, want %d", i, n, want)
+		}
+	}
+}
