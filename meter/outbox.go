@@ -1184,12 +1184,22 @@ func readAcked(path string) (uint64, string) {
 func writeAcked(dir string, seq uint64) error {
 	b := binary.LittleEndian.AppendUint64(nil, seq)
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-	tmp := filepath.Join(dir, outboxAckedFile+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := replaceFile(dir, outboxAckedFile, b); err != nil {
 		return fmt.Errorf("writing outbox acked file: %w", err)
 	}
-	_, err = f.Write(b)
+	return nil
+}
+
+// replaceFile makes dir/name hold data, durably and whole: written to a
+// temporary file, synced, renamed over name, and the rename synced. A
+// crash leaves the old content or the new, never a torn or empty file.
+func replaceFile(dir, name string, data []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
 	if err == nil {
 		err = f.Sync()
 	}
@@ -1197,13 +1207,17 @@ func writeAcked(dir string, seq uint64) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, outboxAckedFile))
+		err = os.Rename(tmp, filepath.Join(dir, name))
 	}
 	if err != nil {
-		return fmt.Errorf("writing outbox acked file: %w", err)
+		return err
 	}
 	return syncDir(dir)
 }
+
+// errNoReserve is reserveDisk's answer where the file system (or the
+// system: reserveDisk is Linux's fallocate) cannot reserve disk space.
+var errNoReserve = errors.New("cannot reserve disk space")
 
 // outboxIDFile holds the outbox's id, written once.
 const outboxIDFile = "id"
@@ -1228,14 +1242,10 @@ func readOrCreateOutboxID(dir string) (string, error) {
 		return "", fmt.Errorf("making an outbox id: %w", err)
 	}
 	id := hex.EncodeToString(raw[:])
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(id+"\n"), 0o600); err != nil {
+	if err := replaceFile(dir, outboxIDFile, []byte(id+"\n")); err != nil {
 		return "", fmt.Errorf("writing outbox id: %w", err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return "", fmt.Errorf("writing outbox id: %w", err)
-	}
-	return id, syncDir(dir)
+	return id, nil
 }
 
 func validOutboxID(id string) bool {

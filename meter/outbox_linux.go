@@ -20,9 +20,6 @@ func populateMapped(mem []byte) (ok bool, err error) {
 	return true, err
 }
 
-// errNoReserve is reserveDisk's answer where disk cannot be reserved.
-var errNoReserve = errors.New("cannot reserve disk space")
-
 // reserveDisk allocates size bytes of disk for f; errNoReserve where the
 // file system cannot.
 func reserveDisk(f *os.File, size int) error {

@@ -2,13 +2,7 @@
 
 package meter
 
-import (
-	"errors"
-	"os"
-)
-
-// errNoReserve is reserveDisk's answer where disk cannot be reserved.
-var errNoReserve = errors.New("cannot reserve disk space")
+import "os"
 
 // reserveDisk is Linux's fallocate; elsewhere a truncate sizes the file and
 // reserves nothing.

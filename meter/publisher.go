@@ -384,7 +384,7 @@ type publishLoop struct {
 // readIntoBatches reads the next records into the current batch,
 // publishing each batch as soon as a record of a later one shows it whole,
 // and reports whether it read any. On a corrupt record it logs the loss,
-// skips the rest of the segment and drops the batch being gathered.
+// publishes the batch gathered so far and skips the rest of the segment.
 func (l *publishLoop) readIntoBatches() bool {
 	recs, err := l.reader.next(1024)
 	for _, rec := range recs {
@@ -509,11 +509,11 @@ func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxR
 		return nil, err
 	}
 	r, ok := parseOutboxRange(last.Header.Get(OutboxRangeHeader))
-	if !ok || r.last <= acked || r.first <= acked+1 {
-		if ok {
-			return []outboxRange{r}, nil
-		}
-		return nil, nil
+	if !ok {
+		return nil, nil // a batch of an earlier version: nothing to vouch for
+	}
+	if r.last <= acked || r.first <= acked+1 {
+		return []outboxRange{r}, nil // the last batch alone settles it
 	}
 	start := last.Time.Add(-UsageDuplicatesWindow)
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
