@@ -66,8 +66,13 @@ func (k *Key) HasScope(s string) bool {
 }
 
 // AllowsModel reports whether the key may call catalog model id.
-func (k *Key) AllowsModel(id string) bool {
-	return len(k.Models) == 0 || slices.Contains(k.Models, id)
+func (k *Key) AllowsModel(id string) bool { return ModelsAllow(k.Models, id) }
+
+// ModelsAllow reports whether a key's model list allows catalog model id:
+// an empty list allows every model. Callers that hold the list without
+// the key (a batch job records its key's) use it directly.
+func ModelsAllow(models []string, id string) bool {
+	return len(models) == 0 || slices.Contains(models, id)
 }
 
 // Logging is a key's opt-in logging of generation inputs and outputs.

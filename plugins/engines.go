@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
@@ -64,7 +64,7 @@ func callerOf(call *proxy.Call) caller {
 }
 
 // allows reports whether the caller may use catalog model id.
-func (c caller) allows(id string) bool { return len(c.models) == 0 || slices.Contains(c.models, id) }
+func (c caller) allows(id string) bool { return accounts.ModelsAllow(c.models, id) }
 
 // chooseEngine resolves the request's "model" (empty: plugins.engine).
 func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *proxy.APIError) {
