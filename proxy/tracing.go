@@ -28,30 +28,27 @@ var traceContext = propagation.TraceContext{}
 // client's traceparent and tracestate unchanged, so the gateway is a
 // transparent hop in the client's trace.
 
-var (
-	traceparentName = []byte("traceparent")
-	tracestateName  = []byte("tracestate")
-)
-
 // appendClientTraceHeaders appends the client's trace context header
 // lines, if it sent any.
 func appendClientTraceHeaders(dst []byte, h *fasthttp.RequestHeader) []byte {
-	for _, name := range [...][]byte{traceparentName, tracestateName} {
-		if v := h.PeekBytes(name); len(v) > 0 && validHeaderValue(v) {
-			dst = append(append(append(append(dst, name...), ": "...), v...), "\r\n"...)
+	for _, name := range [...]string{"traceparent", "tracestate"} {
+		if v := h.Peek(name); len(v) > 0 {
+			dst = appendHeaderLine(dst, name, v)
 		}
 	}
 	return dst
 }
 
-// validHeaderValue refuses what could end the line it is copied into.
-func validHeaderValue(v []byte) bool {
-	for _, b := range v {
-		if b == '\r' || b == '\n' || b == 0 {
-			return false
+// appendHeaderLine appends "name: value\r\n", or nothing when value holds
+// what could end the line early (CR, LF, NUL).
+func appendHeaderLine[V string | []byte](dst []byte, name string, value V) []byte {
+	for i := 0; i < len(value); i++ {
+		if b := value[i]; b == '\r' || b == '\n' || b == 0 {
+			return dst
 		}
 	}
-	return true
+	dst = append(append(dst, name...), ": "...)
+	return append(append(dst, value...), "\r\n"...)
 }
 
 // upstreamTraceHeaders returns the trace header lines of an attempt whose
@@ -69,13 +66,9 @@ func (c *generationCall) upstreamTraceHeaders(span trace.Span) []byte {
 // lineCarrier writes injected trace context as HTTP header lines.
 type lineCarrier struct{ dst []byte }
 
-func (c *lineCarrier) Get(string) string { return "" }
-func (c *lineCarrier) Set(key, value string) {
-	if validHeaderValue([]byte(value)) {
-		c.dst = append(append(append(append(c.dst, key...), ": "...), value...), "\r\n"...)
-	}
-}
-func (c *lineCarrier) Keys() []string { return nil }
+func (c *lineCarrier) Get(string) string     { return "" }
+func (c *lineCarrier) Set(key, value string) { c.dst = appendHeaderLine(c.dst, key, value) }
+func (c *lineCarrier) Keys() []string        { return nil }
 
 // headerCarrier reads W3C trace context from a fasthttp request.
 type headerCarrier struct{ h *fasthttp.RequestHeader }

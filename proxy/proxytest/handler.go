@@ -16,9 +16,6 @@ import (
 )
 
 // Header values shared by every response; net/http only reads them.
-// bodyLogprobsRefused is OpenAI's answer to logprobs on a reasoning model.
-var bodyLogprobsRefused = errorEnvelope(http.StatusBadRequest, "logprobs is not supported with this model.")
-
 var (
 	contentJSON = []string{"application/json"}
 	contentSSE  = []string{"text/event-stream; charset=utf-8"}
@@ -31,7 +28,9 @@ var (
 	bodyBadMethod   = errorEnvelope(http.StatusMethodNotAllowed, "proxytest: method not allowed")
 	bodyInvalidJSON = errorEnvelope(http.StatusBadRequest, "proxytest: request body is not valid JSON")
 	bodyNoModel     = errorEnvelope(http.StatusBadRequest, "you must provide a model parameter")
-	bodyClosing     = errorEnvelope(http.StatusServiceUnavailable, "proxytest: server is closing")
+	// bodyLogprobsRefused is OpenAI's answer to logprobs on a reasoning model.
+	bodyLogprobsRefused = errorEnvelope(http.StatusBadRequest, "logprobs is not supported with this model.")
+	bodyClosing         = errorEnvelope(http.StatusServiceUnavailable, "proxytest: server is closing")
 )
 
 // outcome is how a handler ended; only clientGone counts as canceled.
