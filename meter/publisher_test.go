@@ -205,6 +205,12 @@ func openPublisher(t testing.TB, js jetstream.JetStream, outboxDir string) *mete
 	if err != nil {
 		t.Fatal(err)
 	}
+	return publisherOn(t, js, ob)
+}
+
+// publisherOn starts a publisher on ob, closed when the test ends.
+func publisherOn(t testing.TB, js jetstream.JetStream, ob *meter.Outbox) *meter.Publisher {
+	t.Helper()
 	p := meter.NewPublisher(js, ob, syncLog(t))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -212,6 +218,48 @@ func openPublisher(t testing.TB, js jetstream.JetStream, outboxDir string) *mete
 		_ = p.Close(ctx)
 	})
 	return p
+}
+
+// usageJetStream is an embedded NATS server holding the USAGE stream.
+func usageJetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	js := startNATSServer(t).b.JetStream()
+	if _, err := meter.EnsureUsageStream(testContext(t), js, 1); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// publishThenLoseAcked publishes events 0..n-1 from a new outbox in dir,
+// then removes its acked file: as if the gateway crashed after JetStream
+// stored every batch but before the acked file was ever written.
+func publishThenLoseAcked(t testing.TB, js jetstream.JetStream, dir string, n int) {
+	t.Helper()
+	ob, err := meter.OpenOutbox(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(js, ob, syncLog(t))
+	for i := range n {
+		p.Record(usageEvent(i))
+	}
+	if err := p.Close(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "acked")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitDrained waits until p's outbox is empty.
+func waitDrained(t testing.TB, p *meter.Publisher) {
+	t.Helper()
+	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if st := p.Stats(); st.OutboxDepth != 0 {
+			return fmt.Errorf("stats %+v", st)
+		}
+		return nil
+	})
 }
 
 func TestPublisherLosesAndDoublesNothingAcrossANATSRestart(t *testing.T) {
@@ -308,29 +356,10 @@ func TestPublisherClosedWhileNATSIsDownPublishesAtTheNextStart(t *testing.T) {
 // A crash between a PubAck and the acked file being written leaves
 // published events in the outbox; the next start publishes them again.
 func TestPublisherReplayOfPublishedEventsIsDeduplicated(t *testing.T) {
-	srv := startNATSServer(t)
-	ctx := testContext(t)
-	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
-		t.Fatal(err)
-	}
+	js := usageJetStream(t)
 	outboxDir := t.TempDir()
-	ob, err := meter.OpenOutbox(outboxDir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := meter.NewPublisher(js, ob, syncLog(t))
-	for i := range 500 {
-		p.Record(usageEvent(i))
-	}
-	if err := p.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// As if the crash came before the acked file was ever written.
-	if err := os.Remove(filepath.Join(outboxDir, "acked")); err != nil {
-		t.Fatal(err)
-	}
-	p = openPublisher(t, js, outboxDir)
+	publishThenLoseAcked(t, js, outboxDir, 500)
+	p := openPublisher(t, js, outboxDir)
 	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		if st := p.Stats(); st.OutboxDepth != 0 || st.Duplicates != 500 {
 			return fmt.Errorf("stats %+v, want all 500 republished and dropped as duplicates", st)
@@ -426,12 +455,7 @@ func BenchmarkPublisher(b *testing.B) {
 // published once, including those read into the current batch by an
 // earlier read, and only the rest of the segment is lost.
 func TestPublisherKeepsTheEventsBeforeDamageInTheOutbox(t *testing.T) {
-	srv := startNATSServer(t)
-	ctx := testContext(t)
-	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
-		t.Fatal(err)
-	}
+	js := usageJetStream(t)
 	outboxDir := t.TempDir()
 	ob, err := meter.OpenOutbox(outboxDir, 0)
 	if err != nil {
@@ -473,12 +497,7 @@ func TestPublisherKeepsTheEventsBeforeDamageInTheOutbox(t *testing.T) {
 	}
 	f.Close()
 
-	p := meter.NewPublisher(js, ob, syncLog(t))
-	t.Cleanup(func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = p.Close(closeCtx)
-	})
+	publisherOn(t, js, ob)
 	var seen map[string]int
 	waitFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if seen = streamEvents(t, js); len(seen) < damaged {
@@ -514,38 +533,13 @@ func shortDuplicateWindow(t *testing.T, js jetstream.JetStream) {
 // stored batch and skips what JetStream has, so nothing is stored (and
 // debited) twice.
 func TestPublisherRestartedAfterTheDuplicateWindowPublishesNothingTwice(t *testing.T) {
-	srv := startNATSServer(t)
-	ctx := testContext(t)
-	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
-		t.Fatal(err)
-	}
+	js := usageJetStream(t)
 	shortDuplicateWindow(t, js)
 	outboxDir := t.TempDir()
-	ob, err := meter.OpenOutbox(outboxDir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := meter.NewPublisher(js, ob, syncLog(t))
-	for i := range 1500 {
-		p.Record(usageEvent(i))
-	}
-	if err := p.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// As if the crash came before the acked file was ever written, and
-	// the gateway came back after JetStream forgot the batch ids.
-	if err := os.Remove(filepath.Join(outboxDir, "acked")); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	p = openPublisher(t, js, outboxDir)
-	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if st := p.Stats(); st.OutboxDepth != 0 {
-			return fmt.Errorf("stats %+v", st)
-		}
-		return nil
-	})
+	publishThenLoseAcked(t, js, outboxDir, 1500)
+	time.Sleep(300 * time.Millisecond) // JetStream forgets the batch ids
+	p := openPublisher(t, js, outboxDir)
+	waitDrained(t, p)
 	if st := p.Stats(); st.Duplicates != 1500 || st.Failures != 0 {
 		t.Errorf("stats %+v: want the 1500 events counted as JetStream's already", st)
 	}
@@ -556,24 +550,9 @@ func TestPublisherRestartedAfterTheDuplicateWindowPublishesNothingTwice(t *testi
 // stored batch ended with: an outbox that shares the id (a copied data
 // directory) but holds other events publishes them all.
 func TestPublisherResumesOnlyOnItsOwnEvents(t *testing.T) {
-	srv := startNATSServer(t)
-	ctx := testContext(t)
-	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
-		t.Fatal(err)
-	}
+	js := usageJetStream(t)
 	first := t.TempDir()
-	ob, err := meter.OpenOutbox(first, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := meter.NewPublisher(js, ob, syncLog(t))
-	for i := range 500 {
-		p.Record(usageEvent(i))
-	}
-	if err := p.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
+	publishThenLoseAcked(t, js, first, 500)
 	id, err := os.ReadFile(filepath.Join(first, "id"))
 	if err != nil {
 		t.Fatal(err)
@@ -582,7 +561,7 @@ func TestPublisherResumesOnlyOnItsOwnEvents(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(second, "id"), id, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ob, err = meter.OpenOutbox(second, 0)
+	ob, err := meter.OpenOutbox(second, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -599,18 +578,7 @@ func TestPublisherResumesOnlyOnItsOwnEvents(t *testing.T) {
 	if ob, err = meter.OpenOutbox(second, 0); err != nil {
 		t.Fatal(err)
 	}
-	p = meter.NewPublisher(js, ob, syncLog(t))
-	t.Cleanup(func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = p.Close(closeCtx)
-	})
-	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if st := p.Stats(); st.OutboxDepth != 0 {
-			return fmt.Errorf("stats %+v", st)
-		}
-		return nil
-	})
+	waitDrained(t, publisherOn(t, js, ob))
 	checkEachEventOnce(t, streamEvents(t, js), 1000)
 }
 
@@ -618,25 +586,11 @@ func TestPublisherResumesOnlyOnItsOwnEvents(t *testing.T) {
 // the look-up skips only up to the gap, and everything from the lost
 // batch on is published again, so no event goes unbilled.
 func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
-	srv := startNATSServer(t)
+	js := usageJetStream(t)
 	ctx := testContext(t)
-	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
-		t.Fatal(err)
-	}
 	shortDuplicateWindow(t, js)
 	outboxDir := t.TempDir()
-	ob, err := meter.OpenOutbox(outboxDir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := meter.NewPublisher(js, ob, syncLog(t))
-	for i := range 2500 { // batches of events 0-999, 1000-1999, 2000-2499
-		p.Record(usageEvent(i))
-	}
-	if err := p.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
+	publishThenLoseAcked(t, js, outboxDir, 2500) // batches of events 0-999, 1000-1999, 2000-2499
 	stream, err := js.Stream(ctx, meter.UsageStream)
 	if err != nil {
 		t.Fatal(err)
@@ -644,17 +598,8 @@ func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
 	if err := stream.DeleteMsg(ctx, 2); err != nil { // the middle batch
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(outboxDir, "acked")); err != nil {
-		t.Fatal(err)
-	}
 	time.Sleep(300 * time.Millisecond)
-	p = openPublisher(t, js, outboxDir)
-	waitFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if st := p.Stats(); st.OutboxDepth != 0 {
-			return fmt.Errorf("stats %+v", st)
-		}
-		return nil
-	})
+	waitDrained(t, openPublisher(t, js, outboxDir))
 	seen := streamEvents(t, js)
 	for i := range 2500 {
 		want := 1
