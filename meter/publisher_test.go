@@ -115,9 +115,8 @@ func usageEvent(i int) *meter.Event {
 	}
 }
 
-// streamEvents reads every message of the USAGE stream and returns how
-// often each event id occurs.
-func streamEvents(t testing.TB, js jetstream.JetStream) map[string]int {
+// usageStream returns the USAGE stream and its state.
+func usageStream(t testing.TB, js jetstream.JetStream) (jetstream.Stream, *jetstream.StreamInfo) {
 	t.Helper()
 	ctx := testContext(t)
 	stream, err := js.Stream(ctx, meter.UsageStream)
@@ -128,6 +127,15 @@ func streamEvents(t testing.TB, js jetstream.JetStream) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return stream, info
+}
+
+// streamEvents reads every message of the USAGE stream and returns how
+// often each event id occurs.
+func streamEvents(t testing.TB, js jetstream.JetStream) map[string]int {
+	t.Helper()
+	ctx := testContext(t)
+	stream, info := usageStream(t, js)
 	seen := map[string]int{}
 	if info.State.Msgs == 0 {
 		return seen
@@ -512,18 +520,10 @@ func TestPublisherKeepsTheEventsBeforeDamageInTheOutbox(t *testing.T) {
 // moment, as 15 minutes of a gateway being down would.
 func shortDuplicateWindow(t *testing.T, js jetstream.JetStream) {
 	t.Helper()
-	ctx := testContext(t)
-	stream, err := js.Stream(ctx, meter.UsageStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, info := usageStream(t, js)
 	cfg := info.Config
 	cfg.Duplicates = 100 * time.Millisecond
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+	if _, err := js.UpdateStream(testContext(t), cfg); err != nil {
 		t.Fatal(err)
 	}
 }
