@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -74,13 +74,7 @@ func startGateway(t *testing.T, modules ...proxy.Module) *gateway {
 		t.Fatal(err)
 	}
 	t.Cleanup(gw.Close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gw.Serve(ln) }()
-	t.Cleanup(func() { _ = gw.Shutdown() })
-	return &gateway{t: t, url: "http://" + ln.Addr().String(), svc: svc}
+	return &gateway{t: t, url: gatewaytest.Serve(t, gw), svc: svc}
 }
 
 // call sends an admin call with the admin token and returns the status,

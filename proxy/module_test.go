@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -98,15 +98,10 @@ func TestModuleLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gw.Serve(ln) }()
-	t.Cleanup(func() { _ = gw.Shutdown() })
+	url := gatewaytest.Serve(t, gw)
 	get := func() string {
 		t.Helper()
-		resp, err := http.Get("http://" + ln.Addr().String() + "/test/grace")
+		resp, err := http.Get(url + "/test/grace")
 		if err != nil {
 			t.Fatal(err)
 		}

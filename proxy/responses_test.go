@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -368,13 +368,7 @@ func (h *poolHarness) another() string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = gw.Serve(ln) }()
-	t.Cleanup(func() { _ = gw.Shutdown() })
-	return "http://" + ln.Addr().String()
+	return gatewaytest.Serve(t, gw)
 }
 
 // TestResponsesStateAcrossGateways: a second gateway on the same NATS,

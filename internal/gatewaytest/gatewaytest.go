@@ -154,13 +154,30 @@ func (g *Gateway) startServer(cfg *config.Config, o Options) {
 	if o.NoListen {
 		return
 	}
+	ln := listen(t)
+	go func() { _ = srv.Serve(ln) }()
+	g.closers = append(g.closers, func() { _ = srv.Shutdown() })
+	g.URL = "http://" + ln.Addr().String()
+}
+
+// Serve serves srv on a loopback port until the test ends (Shutdown in
+// t's cleanup) and returns its base URL, for tests that build a
+// proxy.Server of their own.
+func Serve(t testing.TB, srv *proxy.Server) string {
+	t.Helper()
+	ln := listen(t)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = srv.Serve(ln) }()
-	g.closers = append(g.closers, func() { _ = srv.Shutdown() })
-	g.URL = "http://" + ln.Addr().String()
+	return ln
 }
 
 // Close shuts the gateway down, the server first and NATS last. It is
