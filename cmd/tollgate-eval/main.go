@@ -1,11 +1,11 @@
 // Command tollgate-eval measures a classification engine on the labelled
 // parts in classifiers/testdata/eval (`make eval`): dev and dev2, which
 // the engine was tuned on, and test, written before any tuning and never
-// used to tune (-parts picks some of them). It prints one table per part: classify accuracy
-// with every item asked in two label orders, score pairs ordered right,
-// match MRR, NDCG@5 and traps. With -bench it measures latency per call
-// and the memory the engine adds instead (`make bench`). The evaluation
-// output is deterministic.
+// used to tune (-parts picks some of them). It prints one table per part:
+// classify accuracy with every item asked in two label orders, score
+// pairs ordered right, match MRR, NDCG@5 and traps. With -bench it
+// measures latency per call and the memory the engine adds instead (`make
+// bench`). The evaluation output is deterministic.
 package main
 
 import (
