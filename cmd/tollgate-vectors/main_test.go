@@ -25,7 +25,7 @@ func TestConvertSample(t *testing.T) {
 	if err := os.WriteFile(in, []byte(winkSample), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(in, out, 7, 1); err != nil {
+	if err := run(in, out, options{maxRank: 7, removePCs: 1}); err != nil {
 		t.Fatal(err)
 	}
 	v, err := classifiers.LoadVectors(out)
@@ -58,7 +58,7 @@ func TestConvertRefusesOtherJSON(t *testing.T) {
 	if err := os.WriteFile(in, []byte(`{"name":"not vectors"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(in, filepath.Join(dir, "out.tgv"), 10, 1); err == nil {
+	if err := run(in, filepath.Join(dir, "out.tgv"), options{maxRank: 10, removePCs: 1}); err == nil {
 		t.Fatal("converted a file without vectors")
 	}
 }
