@@ -517,7 +517,7 @@ func TestPublisherKeepsTheEventsBeforeDamageInTheOutbox(t *testing.T) {
 }
 
 // shortDuplicateWindow makes the USAGE stream forget batch ids after a
-// moment, as 15 minutes of a gateway being down would.
+// moment, as a gateway down for longer than UsageDuplicatesWindow would.
 func shortDuplicateWindow(t *testing.T, js jetstream.JetStream) {
 	t.Helper()
 	_, info := usageStream(t, js)
