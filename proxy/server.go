@@ -120,11 +120,13 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	}
 	s.install(w)
 	if err := s.start(); err != nil {
+		retireUnshared(w, nil) // no server will ever use its pools
 		return nil, err
 	}
 	set, err := s.provision(w)
 	if err != nil {
 		s.stopModules()
+		retireUnshared(w, nil)
 		return nil, err
 	}
 	s.mods.Store(set)
