@@ -73,6 +73,23 @@ func wnKeyPOS(s string) byte {
 // other line is "offset lexfile type w_cnt (word lex_id)… p_cnt
 // (symbol offset pos src/dst)… [frames] | gloss".
 func readWNData(path string, pos byte, all map[synsetKey]*synset) error {
+	return eachWNLine(path, func(n int, line string) error {
+		if bar := strings.IndexByte(line, '|'); bar >= 0 {
+			line = line[:bar]
+		}
+		key, s, err := parseWNSynset(strings.Fields(line), pos)
+		if err != nil {
+			return fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		all[key] = s
+		return nil
+	})
+}
+
+// eachWNLine calls fn with every line of a WordNet database file and its
+// number, except the license lines (they start with a space) and empty
+// ones, and stops at the first error fn returns.
+func eachWNLine(path string, fn func(n int, line string) error) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -85,14 +102,9 @@ func readWNData(path string, pos byte, all map[synsetKey]*synset) error {
 		if line == "" || line[0] == ' ' {
 			continue
 		}
-		if bar := strings.IndexByte(line, '|'); bar >= 0 {
-			line = line[:bar]
+		if err := fn(n, line); err != nil {
+			return err
 		}
-		key, s, err := parseWNSynset(strings.Fields(line), pos)
-		if err != nil {
-			return fmt.Errorf("%s:%d: %w", path, n, err)
-		}
-		all[key] = s
 	}
 	return sc.Err()
 }
@@ -145,27 +157,16 @@ func parseWNSynset(f []string, pos byte) (synsetKey, *synset, error) {
 // synsets most frequent sense first ("lemma pos synset_cnt p_cnt
 // symbols… sense_cnt tagsense_cnt offsets…").
 func readWNIndex(path string, pos byte, all map[synsetKey]*synset) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<16), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == ' ' {
-			continue
-		}
+	return eachWNLine(path, func(_ int, line string) error {
 		fl := strings.Fields(line)
 		if len(fl) < 6 || !plainWord(fl[0]) {
-			continue
+			return nil
 		}
 		sn, err1 := strconv.Atoi(fl[2])
 		pc, err2 := strconv.Atoi(fl[3])
 		first := 4 + pc + 2
 		if err1 != nil || err2 != nil || len(fl) < first+sn {
-			continue
+			return nil
 		}
 		for r, o := range fl[first : first+sn] {
 			off, err := strconv.ParseUint(o, 10, 32)
@@ -180,8 +181,8 @@ func readWNIndex(path string, pos byte, all map[synsetKey]*synset) error {
 				}
 			}
 		}
-	}
-	return sc.Err()
+		return nil
+	})
 }
 
 // edge is a word's WordNet neighbour (its vector index) and how much it
