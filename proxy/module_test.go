@@ -148,3 +148,34 @@ func TestModuleRouteClaimedTwice(t *testing.T) {
 		t.Fatalf("two modules, one route: %v", err)
 	}
 }
+
+// A server that fails to start leaves no upstream pool behind: its World
+// is never served, so its pools are retired (no new calls, no idle
+// connections kept) rather than leaked with the server never returned.
+func TestNewRetiresPoolsWhenAModuleFails(t *testing.T) {
+	cfg, err := config.Parse("gateway.yaml", []byte(fmt.Sprintf(moduleYAML, "0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stage := range []string{"start", "provision"} {
+		var seen *proxy.World
+		m := proxy.Module{ID: "failing"}
+		if stage == "start" {
+			m.Start = func(h proxy.Host) (func(), error) {
+				seen = h.World()
+				return nil, errors.New("refusing to start")
+			}
+		} else {
+			m.New = func(_ proxy.Host, w *proxy.World) (proxy.Provisioned, error) {
+				seen = w
+				return proxy.Provisioned{}, errors.New("refusing to provision")
+			}
+		}
+		if _, err := proxy.New(cfg, proxy.Options{Recorder: meter.NewMemory(nil), Modules: []proxy.Module{m}}); err == nil {
+			t.Fatalf("%s: New succeeded with a failing module", stage)
+		}
+		if seen == nil || !proxy.UpstreamsRetired(seen) {
+			t.Errorf("%s: the upstreams of the failed server are not retired", stage)
+		}
+	}
+}
