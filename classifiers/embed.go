@@ -66,7 +66,7 @@ func (v *Vectors) embed(terms []term) embedding {
 		e.weights = append(e.weights, w)
 		e.known += w
 	}
-	normalize(e.vec)
+	Normalize(e.vec)
 	return e
 }
 
@@ -89,7 +89,9 @@ func (v *Vectors) embedText(text string) embedding {
 	return v.embed(analyze(text).terms)
 }
 
-func normalize(x []float32) {
+// Normalize scales x to unit length in place; a zero vector stays zero.
+// The vectors converter uses it too, before retrofitting.
+func Normalize(x []float32) {
 	var s float64
 	for _, c := range x {
 		s += float64(c) * float64(c)

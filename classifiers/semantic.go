@@ -241,7 +241,7 @@ func (e *semantic) labelVector(name, description string, examples []string, expa
 	if !any {
 		return nil
 	}
-	normalize(acc)
+	Normalize(acc)
 	return acc
 }
 
@@ -323,7 +323,7 @@ func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
 				e.v.addTo(acc, int(p.nb.i), p.nb.c)
 			}
 		}
-		normalize(acc)
+		Normalize(acc)
 		out[i] = acc
 	}
 	return out
@@ -411,7 +411,7 @@ func centre(vecs [][]float32) {
 		for d := range v {
 			v[d] -= 0.5 * mean[d] / float32(n)
 		}
-		normalize(v)
+		Normalize(v)
 	}
 }
 

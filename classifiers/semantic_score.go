@@ -139,7 +139,7 @@ func (e *semantic) compilePoles(attribute, description string) *attributePoles {
 				for i := range p.high {
 					p.high[i] += 0.5 * d[i]
 				}
-				normalize(p.high)
+				Normalize(p.high)
 			}
 		}
 	} else {
@@ -171,7 +171,7 @@ func (e *semantic) poleVector(words string) []float32 {
 	if n == 0 {
 		return nil
 	}
-	normalize(acc)
+	Normalize(acc)
 	return acc
 }
 

@@ -236,7 +236,7 @@ func TestSemanticExpansionKeepsSiblingsApart(t *testing.T) {
 		for _, n := range e.cachedNeighbours(l)[:expandNeighbours] {
 			e.v.addTo(nb, int(n.i), n.c)
 		}
-		normalize(nb)
+		Normalize(nb)
 		plain[i] = e.labelVector(l, "", nil, nb)
 	}
 	contrastive := make([][]float32, len(labels))

@@ -5,12 +5,13 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/tollgate/tollgate/classifiers"
 )
 
 // synsetKey names a synset: its part of speech (n, v, a or r; adjective
@@ -262,7 +263,7 @@ func wordGraph(all map[synsetKey]*synset, index map[string]int, rels map[string]
 // their neighbours' means. It returns how many words had neighbours.
 func retrofit(vecs [][]float32, g [][]edge, iters int, alpha float32) int {
 	for _, v := range vecs {
-		unit(v)
+		classifiers.Normalize(v)
 	}
 	orig := make(map[int][]float32)
 	for i, es := range g {
@@ -300,20 +301,6 @@ func retrofit(vecs [][]float32, g [][]edge, iters int, alpha float32) int {
 		}
 	}
 	return len(orig)
-}
-
-func unit(v []float32) {
-	var s float64
-	for _, x := range v {
-		s += float64(x) * float64(x)
-	}
-	if s == 0 {
-		return
-	}
-	inv := float32(1 / math.Sqrt(s))
-	for d := range v {
-		v[d] *= inv
-	}
 }
 
 // defaultRelations are the WordNet relations retrofitting follows.
