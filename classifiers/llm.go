@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/tidwall/gjson"
 )
@@ -64,7 +65,10 @@ type llm struct {
 	model      string
 	temp       float64
 	top        int
-	noLogprobs bool
+	// noLogprobs is set once the model refused them: an engine that
+	// serves many calls (a batch job's lines, an eval run) asks without
+	// them from then on, not twice per call.
+	noLogprobs atomic.Bool
 	refused    func() // nil: nobody to tell
 }
 
@@ -87,7 +91,8 @@ func NewLLM(caller ModelCaller, model string) Engine {
 
 // NewLLMWith is NewLLM with options.
 func NewLLMWith(caller ModelCaller, model string, o LLMOptions) Engine {
-	e := &llm{caller: caller, model: model, temp: o.Temperature, top: o.TopLogprobs, noLogprobs: o.NoLogprobs, refused: o.LogprobsRefused}
+	e := &llm{caller: caller, model: model, temp: o.Temperature, top: o.TopLogprobs, refused: o.LogprobsRefused}
+	e.noLogprobs.Store(o.NoLogprobs)
 	if e.temp <= 0 {
 		e.temp = LLMTemperature
 	}
@@ -146,7 +151,7 @@ func (e *llm) ask(ctx context.Context, system, user, format string, maxTokens in
 		},
 		MaxTokens: maxTokens,
 	}
-	if !e.noLogprobs {
+	if !e.noLogprobs.Load() {
 		req.Logprobs, req.TopLogprobs = true, e.top
 	}
 	var lastErr error
@@ -188,6 +193,7 @@ func (e *llm) call(ctx context.Context, req *chatRequest, usage *Usage) ([]byte,
 		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 		if err != nil && req.Logprobs && refusesLogprobs(err) {
 			req.Logprobs, req.TopLogprobs = false, 0
+			e.noLogprobs.Store(true)
 			if e.refused != nil {
 				e.refused()
 			}

@@ -539,3 +539,21 @@ func TestLLMAsksAgainWithoutLogprobsWhenRefused(t *testing.T) {
 		t.Errorf("NoLogprobs sent %s", last)
 	}
 }
+
+// An engine that serves many calls (a batch job's lines, an eval run)
+// remembers the refusal itself: the calls after the first ask without
+// logprobs at once.
+func TestLLMOneEngineIsRefusedLogprobsOnce(t *testing.T) {
+	s := proxytest.NewServer(proxytest.Options{Reply: NewViewModel(NewLexical()).Reply, RefuseLogprobs: true})
+	t.Cleanup(s.Close)
+	told := 0
+	e := NewLLMWith(httpCaller{s.URL}, "catalog-model", LLMOptions{LogprobsRefused: func() { told++ }})
+	for i := range 3 {
+		if r, err := e.Classify(ctx, supportRequest); err != nil || !r.NoLogprobs || r.Label != "shipping" {
+			t.Fatalf("call %d: %+v, %v", i, r, err)
+		}
+	}
+	if n := len(s.Requests()); n != 4 || told != 1 {
+		t.Errorf("3 calls made %d requests and told the refusal %d times; want 4 (one refused) and once", n, told)
+	}
+}
