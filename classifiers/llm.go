@@ -61,10 +61,10 @@ type LLMOptions struct {
 
 // llm asks a catalog model through a ModelCaller.
 type llm struct {
-	caller     ModelCaller
-	model      string
-	temp       float64
-	top        int
+	caller ModelCaller
+	model  string
+	temp   float64
+	top    int
 	// noLogprobs is set once the model refused them: an engine that
 	// serves many calls (a batch job's lines, an eval run) asks without
 	// them from then on, not twice per call.
