@@ -28,6 +28,11 @@ type semantic struct {
 	// across label sets, and finding neighbours is the costly part of
 	// compiling a set (about 1.7 ms a name).
 	expanded map[string][]neighbour
+	// expansions holds contrastiveExpansions by the label names alone: a
+	// set whose descriptions or examples change (and so compiles again)
+	// keeps its names' expansions, labels² × expandCandidates dot
+	// products that would otherwise be redone.
+	expansions map[string][][]float32
 }
 
 // NewSemantic returns the semantic engine over v; it answers with engine
@@ -35,7 +40,7 @@ type semantic struct {
 func NewSemantic(v *Vectors) Engine {
 	vader()
 	return &semantic{v: v, labels: map[string]*semanticLabels{}, poles: map[string]*attributePoles{},
-		expanded: map[string][]neighbour{}}
+		expanded: map[string][]neighbour{}, expansions: map[string][][]float32{}}
 }
 
 func (e *semantic) Name() string { return EngineSemantic }
@@ -192,7 +197,7 @@ func (e *semantic) compileLabels(labels []string, descriptions map[string]string
 		vecs:     make([][]float32, len(labels)),
 		fallback: make([]bool, len(labels)),
 	}
-	expansions := e.contrastiveExpansions(labels)
+	expansions := e.cachedExpansions(labels)
 	for i, l := range labels {
 		_, sl.fallback[i] = fallbackNames[strings.ToLower(strings.TrimSpace(l))]
 		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l], expansions[i])
@@ -326,6 +331,26 @@ func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
 		Normalize(acc)
 		out[i] = acc
 	}
+	return out
+}
+
+// cachedExpansions is contrastiveExpansions, kept by the label names; the
+// vectors returned are shared and must not be modified.
+func (e *semantic) cachedExpansions(labels []string) [][]float32 {
+	key := strings.Join(labels, "\x00")
+	e.mu.Lock()
+	out, ok := e.expansions[key]
+	e.mu.Unlock()
+	if ok {
+		return out
+	}
+	out = e.contrastiveExpansions(labels)
+	e.mu.Lock()
+	if len(e.expansions) >= cacheLimit {
+		clear(e.expansions)
+	}
+	e.expansions[key] = out
+	e.mu.Unlock()
 	return out
 }
 
