@@ -12,7 +12,6 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
-	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/testutil"
@@ -26,19 +25,16 @@ import (
 // harness is one gateway (with the plugins) in front of one upstream, with
 // a real embedded NATS behind its account store (internal/gatewaytest).
 type harness struct {
-	t       *testing.T
-	g       *gatewaytest.Gateway
-	up      *proxytest.Server
-	gw      *proxy.Server
-	url     string // gateway base, e.g. http://127.0.0.1:1234
-	rec     *meter.Memory
-	svc     *accounts.Service
-	key     string // key of account "acme" (10 USD), every scope
-	cfgPath string
-	opts    harnessOptions
-	client  *http.Client
-	broker  *broker.Broker
-	ctx     context.Context
+	t      *testing.T
+	g      *gatewaytest.Gateway
+	up     *proxytest.Server
+	url    string // gateway base, e.g. http://127.0.0.1:1234
+	rec    *meter.Memory
+	svc    *accounts.Service
+	key    string // key of account "acme" (10 USD), every scope
+	opts   harnessOptions
+	client *http.Client
+	ctx    context.Context
 }
 
 // gatewayYAML is the test config: %[1]s upstream base URL, %[2]s data dir,
@@ -113,9 +109,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	h := &harness{t: t, opts: ho}
 	h.g = gatewaytest.Start(t, gatewaytest.Options{
 		Upstream: &ho.upstream,
-		Config: func(upstream, dir string) string {
-			return fmt.Sprintf(gatewayYAML, upstream, dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
-		},
+		Config:   ho.yaml,
 		Modules: func(g *gatewaytest.Gateway) []proxy.Module {
 			var opts plugins.Options
 			if ho.batch != nil {
@@ -128,8 +122,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		Watch: true,
 	})
 	g := h.g
-	h.up, h.gw, h.url, h.rec, h.svc, h.broker, h.ctx = g.Upstream, g.Server, g.URL, g.Recorder, g.Accounts, g.Broker, g.Ctx
-	h.cfgPath, h.client = g.ConfigPath, g.Client
+	h.up, h.url, h.rec, h.svc, h.ctx, h.client = g.Upstream, g.URL, g.Recorder, g.Accounts, g.Ctx, g.Client
 	g.CreateAccount("acme", 10*money.NanosPerUSD)
 	h.key = h.newKey("acme", accounts.KeyRequest{Name: "test"})
 	return h
@@ -144,7 +137,12 @@ func (h *harness) newKey(account string, req accounts.KeyRequest) string {
 // writeConfig writes the config file atomically, as editors do.
 func (h *harness) writeConfig(ho harnessOptions) {
 	h.t.Helper()
-	h.g.WriteConfig(fmt.Sprintf(gatewayYAML, h.up.URL, h.g.Dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra))
+	h.g.WriteConfig(ho.yaml(h.up.URL, h.g.Dir))
+}
+
+// yaml is the gateway.yaml of these options.
+func (ho harnessOptions) yaml(upstream, dir string) string {
+	return fmt.Sprintf(gatewayYAML, upstream, dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
 }
 
 // request is one call to the gateway.

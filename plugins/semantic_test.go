@@ -1,6 +1,7 @@
 package plugins_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,15 +84,11 @@ func TestSemanticWithoutVectors(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.writeConfig(harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing + "\n  # reloaded"})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		m := h.keyed("/v1/classify", `{"text": "My parcel has not arrived yet.", "labels": ["billing", "shipping"]}`).ok(t)
-		if m["engine"] == "semantic" {
-			break
+		if m["engine"] != "semantic" {
+			return fmt.Errorf("after a reload with the vectors installed, engine %v, want semantic", m["engine"])
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after a reload with the vectors installed, engine %v, want semantic", m["engine"])
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
