@@ -244,15 +244,10 @@ func (r batchRuntime) Engine(job *batch.Job) (batch.Engine, error) {
 	who := caller{world: r.host.World(), models: job.KeyModels}
 	p := who.world.Config.Plugins
 	if job.Model == "" && p.Engine == engineAuto {
-		if p.LLMModel == "" || !who.allows(p.LLMModel) {
-			return &batchEngine{choice: r.m.offlineChoice(p)}, nil
+		if c := r.m.autoLLM(who); c != nil {
+			return &batchEngine{choice: c}, nil
 		}
-		c, apiErr := r.m.llmChoice(who, p.LLMModel, "plugins.llm_model")
-		if apiErr != nil {
-			return &batchEngine{choice: r.m.offlineChoice(p)}, nil
-		}
-		c.auto, c.vectors = true, p.Vectors
-		return &batchEngine{choice: c}, nil
+		return &batchEngine{choice: r.m.offlineChoice(p.Vectors)}, nil
 	}
 	c, apiErr := r.m.chooseEngine(who, job.Model)
 	if apiErr != nil {
@@ -269,7 +264,7 @@ type batchEngine struct{ choice *engineChoice }
 func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
 	c := e.choice
 	if c.auto && !c.probe.up() {
-		return c.m.offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
+		return c.offlineFallback().engine.Classify(ctx, req)
 	}
 	res, err := c.engine.Classify(ctx, req)
 	if err == nil || ctx.Err() != nil || offline(c.name) {
@@ -279,7 +274,7 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 		c.probe.markDown()
 	}
 	if c.auto {
-		return c.m.offlineChoice(config.Plugins{Vectors: c.vectors}).engine.Classify(ctx, req)
+		return c.offlineFallback().engine.Classify(ctx, req)
 	}
 	msg := fmt.Sprintf("model %s: %s", c.model, failure(c, err))
 	var me *proxy.ModelError

@@ -97,22 +97,36 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	case engineSemantic:
 		// Configured, not asked for: without its vectors (warned about
 		// at start) lexical answers and the response says so.
-		return m.offlineChoice(p), nil
+		return m.offlineChoice(p.Vectors), nil
 	case engineLLM:
 		return m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
+	if c := m.autoLLM(who); c != nil && c.probe.up() {
+		return c, nil
+	}
+	return m.offlineChoice(p.Vectors), nil
+}
+
+// autoLLM is plugins.engine auto's llm choice for who, falling back to the
+// offline engine when it fails; nil when auto can only answer offline (no
+// llm_model, a key that may not use it, a model with no upstream). Whether
+// the upstream is up is the caller's to ask: per request, or per line.
+func (m *module) autoLLM(who caller) *engineChoice {
+	p := who.world.Config.Plugins
 	if p.LLMModel == "" || !who.allows(p.LLMModel) {
-		return m.offlineChoice(p), nil
+		return nil
 	}
 	c, apiErr := m.llmChoice(who, p.LLMModel, "plugins.llm_model")
-	if apiErr != nil || !c.probe.up() {
-		return m.offlineChoice(p), nil
+	if apiErr != nil {
+		return nil
 	}
-	c.vectors = p.Vectors
-	c.auto = true
-	return c, nil
+	c.auto, c.vectors = true, p.Vectors
+	return c
 }
+
+// offlineFallback is the offline engine an auto llm choice falls back to.
+func (c *engineChoice) offlineFallback() *engineChoice { return c.m.offlineChoice(c.vectors) }
 
 func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *proxy.APIError) {
 	entry, ok := who.world.Catalog.Resolve(model)
@@ -152,7 +166,7 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 		return ans, proxy.Unavailable("the request was cancelled: " + ctx.Err().Error())
 	}
 	if c.auto {
-		off := c.m.offlineChoice(config.Plugins{Vectors: c.vectors})
+		off := c.offlineFallback()
 		c.fallback = fmt.Sprintf("llm model %s failed (%s); %s answered", c.model, failure(c, err), off.name)
 		c.engine, c.name, c.model, c.upstream = off.engine, off.name, "", ""
 		ans, err = do(c.engine)

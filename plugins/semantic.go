@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/tollgate/tollgate/classifiers"
-	"github.com/tollgate/tollgate/config"
 )
 
 const engineSemantic = classifiers.EngineSemantic
@@ -76,8 +75,8 @@ func (v *vectorSet) engine(path string) (classifiers.Engine, error) {
 // offlineChoice is the engine that answers when no upstream does:
 // semantic when its vectors are loaded, else lexical. The response names
 // whichever answered.
-func (m *module) offlineChoice(p config.Plugins) *engineChoice {
-	if e, err := m.vectors.engine(p.Vectors); err == nil {
+func (m *module) offlineChoice(vectors string) *engineChoice {
+	if e, err := m.vectors.engine(vectors); err == nil {
 		return &engineChoice{engine: e, name: engineSemantic}
 	}
 	return lexicalChoice()
