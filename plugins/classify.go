@@ -6,24 +6,11 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/tokens"
 )
-
-// classifyRoute is POST /v1/classify.
-func (m *module) classifyRoute() proxy.Route {
-	return proxy.Route{
-		Method:  fasthttp.MethodPost,
-		Path:    "/v1/classify",
-		Auth:    proxy.AuthOptional, // public mode (spec 5.2)
-		Scope:   accounts.ScopeClassify,
-		Limits:  proxy.LimitCaller,
-		Handler: m.handleClassify,
-	}
-}
 
 // classifyBody is POST /v1/classify: text plus the fields of batch job
 // creation (spec 4.3), and model.

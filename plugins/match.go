@@ -3,24 +3,11 @@ package plugins
 import (
 	"github.com/valyala/fasthttp"
 
-	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/tokens"
 )
-
-// matchRoute is POST /v1/match.
-func (m *module) matchRoute() proxy.Route {
-	return proxy.Route{
-		Method:  fasthttp.MethodPost,
-		Path:    "/v1/match",
-		Auth:    proxy.AuthRequired, // only classify and tag have a public mode
-		Scope:   accounts.ScopeClassify,
-		Limits:  proxy.LimitCaller,
-		Handler: m.handleMatch,
-	}
-}
 
 // matchBody is POST /v1/match (spec 4.10).
 type matchBody struct {

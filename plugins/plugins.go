@@ -14,6 +14,9 @@ package plugins
 import (
 	"sync"
 
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -73,6 +76,21 @@ func (m *module) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, err
 	if m.opts.PreloadVectors {
 		_, _ = m.vectors.engine(w.Config.Plugins.Vectors) // logs what it found
 	}
-	routes := []proxy.Route{m.classifyRoute(), m.tagRoute(), m.scoreRoute(), m.matchRoute()}
-	return proxy.Provisioned{Routes: append(routes, m.batchRoutes()...)}, nil
+	return proxy.Provisioned{Routes: append(m.classifierRoutes(), m.batchRoutes()...)}, nil
+}
+
+// classifierRoutes are POST /v1/classify, /v1/tag, /v1/score and
+// /v1/match: each needs the classify scope and counts against its
+// caller's limits; only classify and tag have a public mode (spec 5.2).
+func (m *module) classifierRoutes() []proxy.Route {
+	post := func(path string, auth proxy.AuthMode, h func(*fasthttp.RequestCtx, *proxy.Call)) proxy.Route {
+		return proxy.Route{Method: fasthttp.MethodPost, Path: path, Auth: auth, Scope: accounts.ScopeClassify,
+			Limits: proxy.LimitCaller, Handler: h}
+	}
+	return []proxy.Route{
+		post("/v1/classify", proxy.AuthOptional, m.handleClassify),
+		post("/v1/tag", proxy.AuthOptional, m.handleTag),
+		post("/v1/score", proxy.AuthRequired, m.handleScore),
+		post("/v1/match", proxy.AuthRequired, m.handleMatch),
+	}
 }

@@ -5,24 +5,11 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/tokens"
 )
-
-// scoreRoute is POST /v1/score.
-func (m *module) scoreRoute() proxy.Route {
-	return proxy.Route{
-		Method:  fasthttp.MethodPost,
-		Path:    "/v1/score",
-		Auth:    proxy.AuthRequired, // only classify and tag have a public mode
-		Scope:   accounts.ScopeClassify,
-		Limits:  proxy.LimitCaller,
-		Handler: m.handleScore,
-	}
-}
 
 // maxAttributeBytes bounds an attribute name; a description is the place
 // for more words.

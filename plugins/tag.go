@@ -5,24 +5,11 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/tokens"
 )
-
-// tagRoute is POST /v1/tag.
-func (m *module) tagRoute() proxy.Route {
-	return proxy.Route{
-		Method:  fasthttp.MethodPost,
-		Path:    "/v1/tag",
-		Auth:    proxy.AuthOptional, // public mode (spec 5.2)
-		Scope:   accounts.ScopeClassify,
-		Limits:  proxy.LimitCaller,
-		Handler: m.handleTag,
-	}
-}
 
 // Tag limits. The default of max_tags is the engines' (classifiers.TagRequest).
 const (
