@@ -110,13 +110,14 @@ func (e *semantic) labelSims(text *doc, raw string, sl *semanticLabels) []float6
 	if t.known == 0 {
 		return sims
 	}
+	rootWords := math.Sqrt(t.effectiveWords()) // the text's, the same for every label
 	for i := range sims {
 		m := 0.0
 		switch {
 		case sl.fallback[i]:
 			m = semFallbackBase
 		case sl.vecs[i] != nil:
-			m = e.labelMeaning(&t, sl.vecs[i], sl.hub[i])
+			m = e.labelMeaning(&t, rootWords, sl.vecs[i], sl.hub[i])
 		}
 		sims[i] = lexWeight*sims[i] + semWeight*m
 	}
@@ -129,15 +130,16 @@ func (e *semantic) labelSims(text *doc, raw string, sl *semanticLabels) []float6
 // ordinary words reach (hub, a single word's mean similarity with the
 // label). A text's mean vector adds up its words' shared leaning towards
 // a broad label, so the whole text's baseline is the hub times the square
-// root of its effective number of words; a single word's is the hub.
-func (e *semantic) labelMeaning(t *embedding, label []float32, hub float32) float64 {
+// root of its effective number of words (rootWords); a single word's is
+// the hub.
+func (e *semantic) labelMeaning(t *embedding, rootWords float64, label []float32, hub float32) float64 {
 	peak := float32(-1)
 	for _, w := range t.words {
 		if c := e.v.dotWith(int(w), label); c > peak {
 			peak = c
 		}
 	}
-	whole := float64(dot(t.vec, label)) - math.Sqrt(t.effectiveWords())*float64(hub)
+	whole := float64(dot(t.vec, label)) - rootWords*float64(hub)
 	return (1-labelPeakMix)*whole + labelPeakMix*float64(peak-hub)
 }
 
