@@ -29,13 +29,14 @@ bench:
 # Measures a classification engine (ENGINE, default lexical) on the dev and
 # dev2 parts of classifiers/testdata/eval (tuned on) and on the test part
 # (written before any tuning, never tuned on), one table each (tune with
-# `go run ./cmd/tollgate-eval -parts dev,dev2`): classify asked in two
-# label orders with ties as misses, score pairs ordered right, match MRR,
-# NDCG@5 and traps ranked below the answer.
+# `make eval PARTS=dev,dev2`): classify asked in two label orders with
+# ties as misses, score pairs ordered right, match MRR, NDCG@5 and traps
+# ranked below the answer.
 ENGINE ?= lexical
+PARTS ?= dev,dev2,test
 eval:
 	scripts/vectors.sh install
-	$(GO) run ./cmd/tollgate-eval -engine $(ENGINE)
+	$(GO) run ./cmd/tollgate-eval -engine $(ENGINE) -parts $(PARTS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
