@@ -167,17 +167,31 @@ func TestLLMRefusingLogprobsIsAskedWithoutThemFromThenOn(t *testing.T) {
 			t.Fatalf("classify %d: %v", i, m)
 		}
 	}
-	calls, withLogprobs := 0, 0
-	for _, r := range h.up.Requests() {
-		if r.Path != "/v1/chat/completions" {
-			continue
+	count := func() (calls, withLogprobs int) {
+		for _, r := range h.up.Requests() {
+			if r.Path != "/v1/chat/completions" {
+				continue
+			}
+			calls++
+			if gjson.GetBytes(r.Body, "logprobs").Bool() {
+				withLogprobs++
+			}
 		}
-		calls++
-		if gjson.GetBytes(r.Body, "logprobs").Bool() {
-			withLogprobs++
-		}
+		return calls, withLogprobs
 	}
-	if calls != 4 || withLogprobs != 1 {
+	if calls, withLogprobs := count(); calls != 4 || withLogprobs != 1 {
 		t.Fatalf("3 classify calls made %d model calls, %d asking for logprobs; want 4 and 1", calls, withLogprobs)
 	}
+	// A reload forgets the refusal (the model behind the id may have
+	// changed): the next call asks for logprobs again.
+	h.writeConfig(harnessOptions{plugins: "  engine: llm\n  llm_model: small\n  # reloaded", classifiers: defaultClassifiers})
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "llm" {
+			return fmt.Errorf("after the reload: %v", m)
+		}
+		if _, withLogprobs := count(); withLogprobs < 2 {
+			return fmt.Errorf("no call asked for logprobs again after the reload")
+		}
+		return nil
+	})
 }
