@@ -93,6 +93,11 @@ type harnessOptions struct {
 	extra string
 	// batch, when set, opens batch jobs on the gateway's NATS.
 	batch func(g *gatewaytest.Gateway, rt batch.Runtime) (*batch.Service, error)
+	// preloadVectors is plugins.Options.PreloadVectors, as tollgate serve
+	// sets it.
+	preloadVectors bool
+	// logf receives the gateway's log; default t.Logf.
+	logf func(format string, args ...any)
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -111,7 +116,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		Upstream: &ho.upstream,
 		Config:   ho.yaml,
 		Modules: func(g *gatewaytest.Gateway) []proxy.Module {
-			var opts plugins.Options
+			opts := plugins.Options{PreloadVectors: ho.preloadVectors}
 			if ho.batch != nil {
 				opts.Batch = &plugins.Batch{Open: func(_ context.Context, rt batch.Runtime) (*batch.Service, error) {
 					return ho.batch(g, rt)
@@ -120,6 +125,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 			return []proxy.Module{plugins.Module(opts)}
 		},
 		Watch: true,
+		Logf:  ho.logf,
 	})
 	g := h.g
 	h.up, h.url, h.rec, h.svc, h.ctx, h.client = g.Upstream, g.URL, g.Recorder, g.Accounts, g.Ctx, g.Client

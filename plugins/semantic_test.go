@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,4 +92,26 @@ func TestSemanticWithoutVectors(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// tollgate serve preloads the vectors: a missing file is said in the log
+// as the gateway starts, before any request needs it.
+func TestSemanticMissingVectorsAreSaidAtStart(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.tgv")
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, preloadVectors: true, logf: logf})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, line := range logged {
+		if strings.Contains(line, "semantic engine unavailable") && strings.Contains(line, missing) {
+			return
+		}
+	}
+	t.Errorf("started with a missing vectors file and no request yet, the log says nothing of it:\n%s", strings.Join(logged, "\n"))
 }
