@@ -186,20 +186,23 @@ const (
 	semExampleWeight     = 1.0
 )
 
+// compileLabels compiles a label set once and keeps it by its names,
+// descriptions and examples.
 func (e *semantic) compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
-	key := labelBlock(labels, descriptions, examples)
-	e.mu.Lock()
-	sl := e.labels[key]
-	e.mu.Unlock()
-	if sl != nil {
-		return sl
-	}
-	sl = &semanticLabels{
+	return cachedIn(&e.mu, e.labels, cacheLimit, labelBlock(labels, descriptions, examples), func() *semanticLabels {
+		return e.buildLabels(labels, descriptions, examples)
+	})
+}
+
+func (e *semantic) buildLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
+	sl := &semanticLabels{
 		lex:      compileLabels(labels, descriptions, examples),
 		vecs:     make([][]float32, len(labels)),
 		fallback: make([]bool, len(labels)),
 	}
-	expansions := e.cachedExpansions(labels)
+	expansions := cachedIn(&e.mu, e.expansions, cacheLimit, strings.Join(labels, "\x00"), func() [][]float32 {
+		return e.contrastiveExpansions(labels)
+	})
 	for i, l := range labels {
 		_, sl.fallback[i] = fallbackNames[strings.ToLower(strings.TrimSpace(l))]
 		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l], expansions[i])
@@ -211,13 +214,27 @@ func (e *semantic) compileLabels(labels []string, descriptions map[string]string
 			sl.hub[i] = e.hubness(v)
 		}
 	}
-	e.mu.Lock()
-	if len(e.labels) >= cacheLimit {
-		clear(e.labels)
-	}
-	e.labels[key] = sl
-	e.mu.Unlock()
 	return sl
+}
+
+// cachedIn returns m[key], made by build (outside mu, which guards m) the
+// first time; a map holding limit entries is emptied first, which bounds
+// each cache's memory without bookkeeping.
+func cachedIn[V any](mu *sync.Mutex, m map[string]V, limit int, key string, build func() V) V {
+	mu.Lock()
+	v, ok := m[key]
+	mu.Unlock()
+	if ok {
+		return v
+	}
+	v = build()
+	mu.Lock()
+	if len(m) >= limit {
+		clear(m)
+	}
+	m[key] = v
+	mu.Unlock()
+	return v
 }
 
 // labelVector is a label's unit vector from its name, its expansion (see
@@ -336,41 +353,8 @@ func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
 	return out
 }
 
-// cachedExpansions is contrastiveExpansions, kept by the label names; the
-// vectors returned are shared and must not be modified.
-func (e *semantic) cachedExpansions(labels []string) [][]float32 {
-	key := strings.Join(labels, "\x00")
-	e.mu.Lock()
-	out, ok := e.expansions[key]
-	e.mu.Unlock()
-	if ok {
-		return out
-	}
-	out = e.contrastiveExpansions(labels)
-	e.mu.Lock()
-	if len(e.expansions) >= cacheLimit {
-		clear(e.expansions)
-	}
-	e.expansions[key] = out
-	e.mu.Unlock()
-	return out
-}
-
 func (e *semantic) cachedNeighbours(name string) []neighbour {
-	e.mu.Lock()
-	nb, ok := e.expanded[name]
-	e.mu.Unlock()
-	if ok {
-		return nb
-	}
-	nb = e.neighbours(name)
-	e.mu.Lock()
-	if len(e.expanded) >= expandedLimit {
-		clear(e.expanded)
-	}
-	e.expanded[name] = nb
-	e.mu.Unlock()
-	return nb
+	return cachedIn(&e.mu, e.expanded, expandedLimit, name, func() []neighbour { return e.neighbours(name) })
 }
 
 // neighbours are the expandCandidates common words nearest to name's

@@ -120,15 +120,16 @@ func (e *semantic) poleSimilarity(t *embedding, pole []float32) float64 {
 	return poleMeanMix*float64(dot(t.vec, pole)) + (1-poleMeanMix)*float64(peak)
 }
 
+// compilePoles compiles an attribute's poles once and keeps them by its
+// name and description.
 func (e *semantic) compilePoles(attribute, description string) *attributePoles {
-	key := attribute + "\x00" + description
-	e.mu.Lock()
-	p := e.poles[key]
-	e.mu.Unlock()
-	if p != nil {
-		return p
-	}
-	p = &attributePoles{}
+	return cachedIn(&e.mu, e.poles, cacheLimit, attribute+"\x00"+description, func() *attributePoles {
+		return e.buildPoles(attribute, description)
+	})
+}
+
+func (e *semantic) buildPoles(attribute, description string) *attributePoles {
+	p := &attributePoles{}
 	p.kind, p.inverted = attributeKind(attribute)
 	if words, ok := attributePoleWords[p.kind]; ok {
 		p.high = e.poleVector(words[0])
@@ -145,12 +146,6 @@ func (e *semantic) compilePoles(attribute, description string) *attributePoles {
 	} else {
 		p.high = e.poleVector(strings.ReplaceAll(attribute, "_", " ") + " " + description)
 	}
-	e.mu.Lock()
-	if len(e.poles) >= cacheLimit {
-		clear(e.poles)
-	}
-	e.poles[key] = p
-	e.mu.Unlock()
 	return p
 }
 
