@@ -590,12 +590,23 @@ func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
 	ctx := testContext(t)
 	shortDuplicateWindow(t, js)
 	outboxDir := t.TempDir()
-	publishThenLoseAcked(t, js, outboxDir, 2500) // batches of events 0-999, 1000-1999, 2000-2499
+	// Batches close at 1000 events or 10 ms, so how many there are and
+	// where they split depends on timing: the third one's header says
+	// where the records published twice begin.
+	publishThenLoseAcked(t, js, outboxDir, 2500)
 	stream, err := js.Stream(ctx, meter.UsageStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.DeleteMsg(ctx, 2); err != nil { // the middle batch
+	third, err := stream.GetMsg(ctx, 3)
+	if err != nil {
+		t.Fatalf("fewer than 3 batches of 2500 events: %v", err)
+	}
+	var doubledFrom uint64 // outbox sequence; event i is record i+1
+	if _, err := fmt.Sscan(third.Header.Get(meter.OutboxRangeHeader), &doubledFrom); err != nil {
+		t.Fatalf("third batch's range header %q: %v", third.Header.Get(meter.OutboxRangeHeader), err)
+	}
+	if err := stream.DeleteMsg(ctx, 2); err != nil { // a batch between two stored ones
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -603,7 +614,7 @@ func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
 	seen := streamEvents(t, js)
 	for i := range 2500 {
 		want := 1
-		if i >= 2000 {
+		if uint64(i+1) >= doubledFrom {
 			want = 2 // published again after the gap, past the duplicate window
 		}
 		if n := seen[usageEvent(i).ID]; n != want {
