@@ -41,7 +41,7 @@ func newBillingRig(t testing.TB) *billingRig {
 	r := &billingRig{t: t, nats: startNATS(t)}
 	r.js = r.nats.JetStream()
 	ctx := testContext(t)
-	if _, err := meter.EnsureUsageStream(ctx, r.js, 1); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, r.js, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	r.ch = chtest.Start(t)

@@ -76,6 +76,9 @@ type Billing struct {
 	// PublishBatch bounds the batches of events sent to JetStream as one
 	// message each. restart-only.
 	PublishBatch PublishBatch `yaml:"publish_batch"`
+	// UsageRetention is how long the USAGE stream keeps events, billed or
+	// not; set on the stream when a process starts. restart-only.
+	UsageRetention time.Duration `yaml:"usage_retention"`
 }
 
 // PublishBatch bounds one JetStream message of usage events.

@@ -32,6 +32,7 @@ const (
 	DefaultBatchMaxEvents   = 1000
 	DefaultBatchMaxBytes    = ByteSize(512 << 10)
 	DefaultBatchMaxDelay    = 10 * time.Millisecond
+	DefaultUsageRetention   = 7 * 24 * time.Hour
 	DefaultConnectTimeout   = 2 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultFirstByteTimeout = 60 * time.Second
@@ -87,6 +88,7 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&c.Billing.PublishBatch.MaxEvents, DefaultBatchMaxEvents)
 	setDefault(&c.Billing.PublishBatch.MaxBytes, DefaultBatchMaxBytes)
 	setDefault(&c.Billing.PublishBatch.MaxDelay, DefaultBatchMaxDelay)
+	setDefault(&c.Billing.UsageRetention, DefaultUsageRetention)
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
 		setDefault(&u.ConnectTimeout, DefaultConnectTimeout)
@@ -213,6 +215,8 @@ func (l *loader) validateBilling(b Billing) {
 		"%d bytes is outside 4KiB..768KiB (a batch must fit NATS's 1MB max_payload)", pb.MaxBytes)
 	l.check(pb.MaxDelay > 0 && pb.MaxDelay <= time.Second, "billing.publish_batch.max_delay",
 		"%s is outside 1ns..1s", pb.MaxDelay)
+	l.check(b.UsageRetention >= time.Hour && b.UsageRetention <= 366*24*time.Hour, "billing.usage_retention",
+		"%s is outside 1h..8784h (366 days)", b.UsageRetention)
 }
 
 // validateUpstreams returns the set of upstream names and the names in
@@ -426,6 +430,7 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.Billing.Durability != old.Billing.Durability, "billing.durability")
 	add(c.Billing.FsyncInterval != old.Billing.FsyncInterval, "billing.fsync_interval")
 	add(c.Billing.PublishBatch != old.Billing.PublishBatch, "billing.publish_batch")
+	add(c.Billing.UsageRetention != old.Billing.UsageRetention, "billing.usage_retention")
 	nv, ov := reflect.ValueOf(c.NATS), reflect.ValueOf(old.NATS)
 	for i := range nv.NumField() {
 		if name := yamlName(nv.Type().Field(i)); name != "" {

@@ -42,11 +42,13 @@ const (
 	// 2 MiB; at 15 minutes it held 9 times that, and the gateway's RSS
 	// grew for a quarter of an hour before it levelled off.
 	UsageDuplicatesWindow = 2 * time.Minute
-	// UsageMaxAge is how long the stream keeps events, billed or not. It
-	// must exceed UsageDuplicatesWindow: the server rebuilds its dedup
-	// memory after a restart from the events it still stores. Events not
-	// billed within it are lost to billing; it bounds the stream's disk.
-	UsageMaxAge = 7 * 24 * time.Hour
+	// DefaultUsageRetention is how long the stream keeps events, billed
+	// or not, unless billing.usage_retention says otherwise. It must
+	// exceed UsageDuplicatesWindow: the server rebuilds its dedup memory
+	// after a restart from the events it still stores. Events not billed
+	// within it are lost to billing; it bounds the stream's disk and its
+	// block index in memory.
+	DefaultUsageRetention = 7 * 24 * time.Hour
 
 	// publishMaxInFlight bounds batches published and not yet
 	// acknowledged, and with them the memory a slow JetStream (a disk
@@ -78,18 +80,23 @@ const (
 )
 
 // EnsureUsageStream creates the USAGE stream or updates its configuration;
-// every gateway and billing process may call it at start-up.
+// every gateway and billing process may call it at start-up. retention is
+// how long the stream keeps events (0: DefaultUsageRetention); shortening
+// it drops older events at once, billed or not.
 //
 // Limits retention, not work-queue: acknowledged events must stay stored
 // for the duplicates window, because after a server restart JetStream
 // rebuilds its dedup memory from stored messages only.
-func EnsureUsageStream(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
+func EnsureUsageStream(ctx context.Context, js jetstream.JetStream, replicas int, retention time.Duration) (jetstream.Stream, error) {
+	if retention <= UsageDuplicatesWindow {
+		retention = DefaultUsageRetention
+	}
 	return broker.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        UsageStream,
 		Description: "tollgate usage events in batches (NDJSON), batch id in Nats-Msg-Id",
 		Subjects:    []string{UsageSubjectPrefix + ">"},
 		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      UsageMaxAge,
+		MaxAge:      retention,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
 		Duplicates:  UsageDuplicatesWindow,

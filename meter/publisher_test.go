@@ -1,6 +1,7 @@
 package meter_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -232,7 +233,7 @@ func publisherOn(t testing.TB, js jetstream.JetStream, ob *meter.Outbox) *meter.
 func usageJetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
 	js := startNATSServer(t).b.JetStream()
-	if _, err := meter.EnsureUsageStream(testContext(t), js, 1); err != nil {
+	if _, err := meter.EnsureUsageStream(testContext(t), js, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	return js
@@ -274,7 +275,7 @@ func TestPublisherLosesAndDoublesNothingAcrossANATSRestart(t *testing.T) {
 	srv := startNATSServer(t)
 	gw := connectNATS(t, srv.url())
 	ctx := testContext(t)
-	if _, err := meter.EnsureUsageStream(ctx, gw.JetStream(), 1); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, gw.JetStream(), 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	p := openPublisher(t, gw.JetStream(), filepath.Join(t.TempDir(), "outbox"))
@@ -315,7 +316,7 @@ func TestPublisherClosedWhileNATSIsDownPublishesAtTheNextStart(t *testing.T) {
 	srv := startNATSServer(t)
 	gw := connectNATS(t, srv.url())
 	ctx := testContext(t)
-	if _, err := meter.EnsureUsageStream(ctx, gw.JetStream(), 1); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, gw.JetStream(), 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	outboxDir := filepath.Join(t.TempDir(), "outbox")
@@ -377,17 +378,23 @@ func TestPublisherReplayOfPublishedEventsIsDeduplicated(t *testing.T) {
 	checkEachEventOnce(t, streamEvents(t, js), 500)
 }
 
-func TestEnsureUsageStreamIsIdempotent(t *testing.T) {
+// The stream is declared by every process at start-up: declaring it again
+// changes nothing, and a process started with another
+// billing.usage_retention sets it.
+func TestEnsureUsageStreamIsIdempotentAndTakesTheRetention(t *testing.T) {
 	srv := startNATSServer(t)
 	ctx := testContext(t)
-	for range 2 {
-		st, err := meter.EnsureUsageStream(ctx, srv.b.JetStream(), 1)
+	for i, retention := range []time.Duration{0, 0, 3 * time.Hour} {
+		st, err := meter.EnsureUsageStream(ctx, srv.b.JetStream(), 1, retention)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg := st.CachedInfo().Config
-		if cfg.Duplicates != meter.UsageDuplicatesWindow || cfg.Retention != jetstream.LimitsPolicy || cfg.Storage != jetstream.FileStorage || cfg.MaxAge <= cfg.Duplicates {
-			t.Fatalf("stream config %+v", cfg)
+		if cfg.Duplicates != meter.UsageDuplicatesWindow || cfg.Retention != jetstream.LimitsPolicy || cfg.Storage != jetstream.FileStorage {
+			t.Fatalf("declaration %d: stream config %+v", i, cfg)
+		}
+		if want := cmp.Or(retention, meter.DefaultUsageRetention); cfg.MaxAge != want {
+			t.Fatalf("declaration %d with retention %s: MaxAge %s, want %s", i, retention, cfg.MaxAge, want)
 		}
 	}
 }
@@ -398,7 +405,7 @@ func TestPublisherBatchesEventsOfUnusableAccounts(t *testing.T) {
 	srv := startNATSServer(t)
 	ctx := testContext(t)
 	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, js, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	p := openPublisher(t, js, t.TempDir())
@@ -436,7 +443,7 @@ func BenchmarkPublisher(b *testing.B) {
 	srv := startNATSServer(b)
 	ctx := testContext(b)
 	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, js, 1, 0); err != nil {
 		b.Fatal(err)
 	}
 	p := openPublisher(b, js, b.TempDir())

@@ -39,7 +39,7 @@ func runBilling(args []string) error {
 		return fmt.Errorf("opening accounts: %w", err)
 	}
 	defer svc.Close()
-	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
 		return fmt.Errorf("declaring the USAGE stream: %w", err)
 	}
 	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), redactDSN(cfg.ClickHouse.DSN))

@@ -341,7 +341,7 @@ func outboxOptions(cfg *config.Config) meter.OutboxOptions {
 // billing.durability says), then in batches to JetStream stream USAGE. With
 // clickhouse.consume_in_serve the billing consumer runs here too.
 func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) (*meter.Publisher, func(), error) {
-	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
 		return nil, nil, fmt.Errorf("declaring the USAGE stream: %w", err)
 	}
 	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox"), outboxOptions(cfg))

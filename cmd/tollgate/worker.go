@@ -45,7 +45,7 @@ func runWorker(args []string) error {
 	}
 	defer b.Close()
 	// Its own outbox: a worker beside serve on one machine shares data_dir.
-	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas()); err != nil {
+	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
 		return fmt.Errorf("declaring the USAGE stream: %w", err)
 	}
 	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox-worker"), outboxOptions(cfg))
