@@ -260,7 +260,9 @@ func wordGraph(all map[synsetKey]*synset, index map[string]int, rels map[string]
 // word's weights scaled to sum to 1 (their β = 1/degree), in place and
 // in index order, so the result is deterministic. vecs are made unit
 // length first, so that frequent words' longer vectors do not dominate
-// their neighbours' means. It returns how many words had neighbours.
+// their neighbours' means. Both vecs and g's weights are changed in place
+// (the weights end up summing to 1 per word; the graph is built for this
+// one call). It returns how many words had neighbours.
 func retrofit(vecs [][]float32, g [][]edge, iters int, alpha float32) int {
 	for _, v := range vecs {
 		classifiers.Normalize(v)
