@@ -8,9 +8,11 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"go.opentelemetry.io/otel/trace"
+	"math/rand/v2"
 	"net"
 	"regexp"
 	"strings"
@@ -284,11 +286,15 @@ func redactSecrets(s string) string {
 }
 
 // newRequestID returns a UUIDv7: time-ordered, so ClickHouse keeps an
-// account's events close together.
+// account's events close together. Its 74 random bits come from the
+// runtime's per-thread ChaCha8 generator (math/rand/v2, seeded by the
+// OS), not crypto/rand: an id needs to be unique, not secret, and
+// uuid.NewV7 took 2 % of the gateway's CPU under load, most of it there.
 func newRequestID() string {
-	id, err := uuid.NewV7()
-	if err != nil {
-		id = uuid.New()
-	}
+	var id uuid.UUID
+	binary.BigEndian.PutUint64(id[0:8], uint64(time.Now().UnixMilli())<<16|rand.Uint64()&0xffff)
+	binary.BigEndian.PutUint64(id[8:16], rand.Uint64())
+	id[6] = 0x70 | id[6]&0x0f // version 7
+	id[8] = 0x80 | id[8]&0x3f // RFC 4122 variant
 	return id.String()
 }
