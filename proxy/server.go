@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"go.opentelemetry.io/otel/trace"
 	"math/rand/v2"
 	"net"
 	"regexp"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/catalog"
