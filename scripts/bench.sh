@@ -7,7 +7,9 @@
 #    keep-alive upstream pool, proxy_buffering off) and through
 #    `tollgate serve` on the repository's gateway.yaml (auth, budgets and
 #    metering on), once as it starts by default (GOMAXPROCS = the cores)
-#    and once on one core (GOMAXPROCS=1), as nginx runs one worker.
+#    and once on one core (GOMAXPROCS=1), as nginx runs one worker; and
+#    through the two reference hops of cmd/tollgate-floor, the least a Go
+#    proxy costs here: fasthttp alone, and one thread's own epoll loop.
 #    Non-streamed and streamed (20 chunks), targets
 #    interleaved and rotated each round, BENCH_ROUNDS rounds; the table shows
 #    medians and each target's ratio to direct. Then one connection at a
@@ -47,13 +49,21 @@ trap cleanup EXIT
 
 go build -o "$work/tollgate" ./cmd/tollgate
 go build -o "$work/upstream" ./cmd/tollgate-upstream
+go build -o "$work/floor" ./cmd/tollgate-floor
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 up_port=$(free_port); ngx_port=$(free_port); gw_port=$(free_port); dbg_port=$(free_port); storage_port=$(free_port)
 gw1_port=$(free_port); storage1_port=$(free_port)
+fasthttp_port=$(free_port); epoll_port=$(free_port)
 
 "$work/upstream" -addr "127.0.0.1:$up_port" -chunks 20 >"$work/upstream.log" 2>&1 &
 pids+=($!)
+
+for mode in fasthttp epoll; do
+	port_var="${mode}_port"
+	"$work/floor" -mode "$mode" -addr "127.0.0.1:${!port_var}" -upstream "127.0.0.1:$up_port" >"$work/floor-$mode.log" 2>&1 &
+	pids+=($!)
+done
 
 mkdir -p "$work/nginx-body" "$work/nginx-proxy"
 sed -e "s|@UPSTREAM@|127.0.0.1:$up_port|" -e "s|@LISTEN@|127.0.0.1:$ngx_port|" -e "s|@WORK@|$work|g" \
@@ -72,7 +82,7 @@ GOMAXPROCS=1 TOLLGATE_LISTEN="127.0.0.1:$gw1_port" TOLLGATE_DATA_DIR="$work/data
 TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_STORAGE_LISTEN="127.0.0.1:$storage1_port" \
 UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway1.log" 2>&1 &
 pids+=($!)
-for port in "$gw_port" "$gw1_port" "$ngx_port" "$up_port"; do
+for port in "$gw_port" "$gw1_port" "$ngx_port" "$up_port" "$fasthttp_port" "$epoll_port"; do
 	for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
 done
 curl -sf "http://127.0.0.1:$gw_port/healthz" >/dev/null || { cat "$work/gateway.log"; exit 1; }
@@ -88,9 +98,11 @@ key=$(bench_key "$gw_port")
 key1=$(bench_key "$gw1_port")
 
 # target -> url, model, key
-declare -A url=([direct]="http://127.0.0.1:$up_port" [nginx]="http://127.0.0.1:$ngx_port" [tollgate]="http://127.0.0.1:$gw_port" [tollgate-1cpu]="http://127.0.0.1:$gw1_port")
-declare -A model=([direct]=proxytest-small [nginx]=proxytest-small [tollgate]=qwen2.5-14b-instruct-1m [tollgate-1cpu]=qwen2.5-14b-instruct-1m)
-declare -A bearer=([direct]="" [nginx]="" [tollgate]="$key" [tollgate-1cpu]="$key1")
+declare -A url=([direct]="http://127.0.0.1:$up_port" [nginx]="http://127.0.0.1:$ngx_port" [tollgate]="http://127.0.0.1:$gw_port" [tollgate-1cpu]="http://127.0.0.1:$gw1_port"
+	[bare-fasthttp]="http://127.0.0.1:$fasthttp_port" [epoll-loop]="http://127.0.0.1:$epoll_port")
+declare -A model=([direct]=proxytest-small [nginx]=proxytest-small [tollgate]=qwen2.5-14b-instruct-1m [tollgate-1cpu]=qwen2.5-14b-instruct-1m
+	[bare-fasthttp]=proxytest-small [epoll-loop]=proxytest-small)
+declare -A bearer=([direct]="" [nginx]="" [tollgate]="$key" [tollgate-1cpu]="$key1" [bare-fasthttp]="" [epoll-loop]="")
 
 # wrk_run target stream connections duration: prints "rps p50 p99 errors requests".
 wrk_run() {
@@ -100,27 +112,27 @@ wrk_run() {
 	grep '^RESULT' <<<"$out" | cut -d' ' -f2-
 }
 
-targets=(direct nginx tollgate tollgate-1cpu)
+targets=(direct nginx tollgate tollgate-1cpu bare-fasthttp epoll-loop)
 echo "side by side: $ROUNDS rounds, $CONNS connections x $DURATION per run; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for t in "${targets[@]}"; do for s in false true; do wrk_run "$t" "$s" "$CONNS" 2s >/dev/null; done; done # warm-up
 : >"$work/results"
 for round in $(seq "$ROUNDS"); do
 	for stream in false true; do
-		for i in 0 1 2 3; do
-			t=${targets[$(((i + round) % 4))]}
+		for i in "${!targets[@]}"; do
+			t=${targets[$(((i + round) % ${#targets[@]}))]}
 			echo "$t $stream $CONNS $(wrk_run "$t" "$stream" "$CONNS" "$DURATION")" >>"$work/results"
 		done
 	done
 	for stream in false true; do
-		for i in 0 1 2 3; do
-			t=${targets[$(((i + round) % 4))]}
+		for i in "${!targets[@]}"; do
+			t=${targets[$(((i + round) % ${#targets[@]}))]}
 			echo "$t $stream 1 $(wrk_run "$t" "$stream" 1 "$SINGLE_DURATION")" >>"$work/results"
 		done
 	done
 	echo "  round $round of $ROUNDS done"
 done
 rss_kib=$(awk '/VmHWM/ {print $2}' "/proc/$gw_pid/status")
-python3 - "$work/results" "$rss_kib" "$CONNS" <<'PY'
+python3 - "$work/results" "$rss_kib" "$CONNS" "${targets[@]}" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -132,7 +144,7 @@ print(f"{'':52}{'req/s':>9}{'ratio':>7}{'p50 ms':>8}{'+p50':>7}{'p99 ms':>8}{'er
 for conns, what in ((sys.argv[3], f"{sys.argv[3]} connections"), ("1", "1 connection")):
     for stream, kind in (("false", "non-streamed"), ("true", "streamed 20 chunks")):
         d = rows[(stream, conns, "direct")]
-        for t in ("direct", "nginx", "tollgate", "tollgate-1cpu"):
+        for t in sys.argv[4:]:
             rs = rows[(stream, conns, t)]
             print(f"{kind+', '+what+', '+t:52}{med(rs,0):>9.0f}{med(rs,0)/med(d,0):>7.2f}"
                   f"{med(rs,1):>8.2f}{med(rs,1)-med(d,1):>7.2f}{med(rs,2):>8.2f}{sum(r[3] for r in rs):>7}")
