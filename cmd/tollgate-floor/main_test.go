@@ -35,7 +35,7 @@ func TestFloorsRelayAnswersAndStreams(t *testing.T) {
 	for name, serve := range map[string]func(net.Listener, string) error{"fasthttp": serveFasthttp, "epoll": serveEpoll} {
 		t.Run(name, func(t *testing.T) {
 			base := startFloor(t, serve)
-			client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+			client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1}}
 			for i := range 20 {
 				if i == 10 {
 					// A collected listener must not close the socket
