@@ -402,12 +402,7 @@ func TestEnsureUsageStreamIsIdempotentAndTakesTheRetention(t *testing.T) {
 // Events of any account share batches: an account that would not make a
 // valid subject token costs nothing, and an event without id gets one.
 func TestPublisherBatchesEventsOfUnusableAccounts(t *testing.T) {
-	srv := startNATSServer(t)
-	ctx := testContext(t)
-	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1, 0); err != nil {
-		t.Fatal(err)
-	}
+	js := usageJetStream(t)
 	p := openPublisher(t, js, t.TempDir())
 	accountsUsed := []string{"", "a b", "a.*", "x..y", "ok.sub"}
 	for i, account := range accountsUsed {
@@ -431,8 +426,7 @@ func TestPublisherBatchesEventsOfUnusableAccounts(t *testing.T) {
 	if len(seen) != 6 || seen[noID.ID] != 1 {
 		t.Fatalf("stream holds %v", seen)
 	}
-	stream, _ := js.Stream(ctx, meter.UsageStream)
-	if info, _ := stream.Info(ctx); info.State.Msgs >= 6 {
+	if _, info := usageStream(t, js); info.State.Msgs >= 6 {
 		t.Fatalf("%d messages for 6 events recorded together: want them batched", info.State.Msgs)
 	}
 }
@@ -440,12 +434,7 @@ func TestPublisherBatchesEventsOfUnusableAccounts(t *testing.T) {
 // BenchmarkPublisher measures Record through the outbox to PubAcks from
 // an embedded server.
 func BenchmarkPublisher(b *testing.B) {
-	srv := startNATSServer(b)
-	ctx := testContext(b)
-	js := srv.b.JetStream()
-	if _, err := meter.EnsureUsageStream(ctx, js, 1, 0); err != nil {
-		b.Fatal(err)
-	}
+	js := usageJetStream(b)
 	p := openPublisher(b, js, b.TempDir())
 	events := make([]*meter.Event, b.N)
 	for i := range events {
