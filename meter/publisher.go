@@ -81,8 +81,11 @@ const (
 
 // EnsureUsageStream creates the USAGE stream or updates its configuration;
 // every gateway and billing process may call it at start-up. retention is
-// how long the stream keeps events (0: DefaultUsageRetention); shortening
-// it drops older events at once, billed or not.
+// how long the stream keeps events; 0, or anything not above
+// UsageDuplicatesWindow (which the stream's dedup memory needs, see
+// DefaultUsageRetention), means DefaultUsageRetention. config refuses
+// less than an hour. Shortening it drops older events at once, billed or
+// not.
 //
 // Limits retention, not work-queue: acknowledged events must stay stored
 // for the duplicates window, because after a server restart JetStream
