@@ -6,7 +6,7 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strconv"
+	"slices"
 	"syscall"
 	"unsafe"
 
@@ -170,7 +170,7 @@ func (l *loop) dispatch(c *client) {
 		return
 	}
 	u.client, c.up = c, u
-	u.resp = responseEnd{}
+	u.resp.reset()
 	if writeAll(u.fd, c.pending[:size]) != nil {
 		l.closeUpstream(u)
 		l.closeClient(c)
@@ -259,6 +259,9 @@ func (l *loop) closeUpstream(u *upstreamConn) {
 		c.up = nil
 	}
 	u.client = nil
+	// An idle connection the upstream closed must not be handed out
+	// again: its fd number may already be another socket's.
+	l.idle = slices.DeleteFunc(l.idle, func(v *upstreamConn) bool { return v == u })
 	delete(l.upstreams, u.fd)
 	syscall.Close(u.fd)
 }
@@ -298,20 +301,18 @@ func requestSize(b []byte) (int, error) {
 		}
 		return -1, nil
 	}
-	size := 0
-	for _, line := range bytes.Split(b[:end], []byte("\r\n"))[1:] {
-		name, value, _ := bytes.Cut(line, []byte(":"))
-		value = bytes.TrimSpace(value)
+	var size int64
+	for name, value := range headerFields(b[:end]) {
 		switch {
 		case bytes.EqualFold(name, []byte("content-length")):
-			n, err := strconv.Atoi(string(value))
-			if err != nil || n < 0 {
-				return 0, fmt.Errorf("Content-Length %q", value)
+			n, err := contentLength(value)
+			if err != nil {
+				return 0, err
 			}
 			size = n
 		case bytes.EqualFold(name, []byte("transfer-encoding")):
 			return 0, fmt.Errorf("chunked request bodies are not relayed")
 		}
 	}
-	return end + 4 + size, nil
+	return end + 4 + int(size), nil
 }

@@ -117,3 +117,51 @@ func TestRequestSize(t *testing.T) {
 		t.Fatal("a chunked request body was accepted")
 	}
 }
+
+// An upstream that closes a kept-alive connection after answering: the
+// epoll hop must drop it from its idle connections, or the next request
+// is written to a closed socket.
+func TestEpollDropsAnIdleConnectionTheUpstreamClosed(t *testing.T) {
+	up, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	go func() {
+		for {
+			conn, err := up.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				buf := make([]byte, 4096)
+				if _, err := conn.Read(buf); err != nil {
+					return
+				}
+				_, _ = io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				time.Sleep(50 * time.Millisecond) // after the answer, not with it
+			}()
+		}
+	}()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = serveEpoll(ln, up.Addr().String()) }()
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := range 3 {
+		// POST: a client would retry a GET on a connection that closed
+		// without an answer, and hide the fault.
+		resp, err := client.Post("http://"+ln.Addr().String()+"/", "text/plain", strings.NewReader("hi"))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "ok" {
+			t.Fatalf("request %d: %q", i, body)
+		}
+		time.Sleep(100 * time.Millisecond) // the upstream closes its side meanwhile
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"iter"
 	"strconv"
 )
 
@@ -17,6 +18,11 @@ type responseEnd struct {
 	remaining  int64 // body bytes, or the current chunk's data bytes, to come
 	chunkState chunkState
 	line       []byte // the chunk size or trailer line read so far
+}
+
+// reset readies r for the next response, keeping its buffers.
+func (r *responseEnd) reset() {
+	*r = responseEnd{head: r.head[:0], line: r.line[:0]}
 }
 
 type chunkState int
@@ -60,29 +66,25 @@ func (r *responseEnd) feed(p []byte) (bool, error) {
 }
 
 func (r *responseEnd) parseHead(head []byte) error {
-	lines := bytes.Split(head, []byte("\r\n"))
-	status := bytes.Fields(lines[0])
+	statusLine, _, _ := bytes.Cut(head, crlf)
+	status := bytes.Fields(statusLine)
 	if len(status) < 2 {
-		return fmt.Errorf("status line %q", lines[0])
+		return fmt.Errorf("status line %q", statusLine)
 	}
 	code, err := strconv.Atoi(string(status[1]))
 	if err != nil {
-		return fmt.Errorf("status line %q", lines[0])
+		return fmt.Errorf("status line %q", statusLine)
 	}
 	r.remaining = -1
 	if code == 204 || code == 304 || code < 200 {
 		r.remaining = 0
 	}
-	for _, line := range lines[1:] {
-		name, value, _ := bytes.Cut(line, []byte(":"))
-		value = bytes.TrimSpace(value)
+	for name, value := range headerFields(head) {
 		switch {
 		case bytes.EqualFold(name, []byte("content-length")) && r.remaining != 0:
-			n, err := strconv.ParseInt(string(value), 10, 64)
-			if err != nil || n < 0 {
-				return fmt.Errorf("Content-Length %q", value)
+			if r.remaining, err = contentLength(value); err != nil {
+				return err
 			}
-			r.remaining = n
 		case bytes.EqualFold(name, []byte("transfer-encoding")):
 			r.chunked = bytes.EqualFold(value, []byte("chunked"))
 		case bytes.EqualFold(name, []byte("connection")):
@@ -93,6 +95,34 @@ func (r *responseEnd) parseHead(head []byte) error {
 		r.close = true
 	}
 	return nil
+}
+
+var crlf = []byte("\r\n")
+
+// headerFields yields the name and trimmed value of each header line of
+// a message head (its first line, the request or status line, skipped),
+// without allocating.
+func headerFields(head []byte) iter.Seq2[[]byte, []byte] {
+	return func(yield func(name, value []byte) bool) {
+		_, rest, _ := bytes.Cut(head, crlf)
+		for len(rest) > 0 {
+			var line []byte
+			line, rest, _ = bytes.Cut(rest, crlf)
+			name, value, _ := bytes.Cut(line, []byte(":"))
+			if !yield(name, bytes.TrimSpace(value)) {
+				return
+			}
+		}
+	}
+}
+
+// contentLength parses a Content-Length value.
+func contentLength(value []byte) (int64, error) {
+	n, err := strconv.ParseInt(string(value), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("Content-Length %q", value)
+	}
+	return n, nil
 }
 
 func (r *responseEnd) feedChunked(p []byte) (bool, error) {
