@@ -15,9 +15,12 @@ func serveFasthttp(ln net.Listener, upstream string) error {
 	return s.Serve(ln)
 }
 
+// relay is fasthttp's idiom: a pooled response, released once its body
+// has gone to the client (at once, or when the body stream is done).
 func relay(ctx *fasthttp.RequestCtx, hc *fasthttp.HostClient) {
-	resp := &fasthttp.Response{}
+	resp := fasthttp.AcquireResponse()
 	if err := hc.Do(&ctx.Request, resp); err != nil {
+		fasthttp.ReleaseResponse(resp)
 		ctx.Error(err.Error(), fasthttp.StatusBadGateway)
 		return
 	}
@@ -25,14 +28,15 @@ func relay(ctx *fasthttp.RequestCtx, hc *fasthttp.HostClient) {
 	body := resp.BodyStream()
 	if body == nil {
 		ctx.SetBody(resp.Body())
+		fasthttp.ReleaseResponse(resp)
 		return
 	}
 	if n := resp.Header.ContentLength(); n >= 0 {
-		ctx.SetBodyStream(closingReader{resp}, n)
+		ctx.SetBodyStream(releasingReader{resp}, n)
 		return
 	}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer resp.CloseBodyStream()
+		defer releasingReader{resp}.Close()
 		buf := make([]byte, 16<<10)
 		for {
 			n, err := body.Read(buf)
@@ -48,8 +52,14 @@ func relay(ctx *fasthttp.RequestCtx, hc *fasthttp.HostClient) {
 	})
 }
 
-// closingReader hands the upstream connection back once the body was read.
-type closingReader struct{ resp *fasthttp.Response }
+// releasingReader reads a response's body stream; Close hands the
+// upstream connection back and the response to its pool.
+type releasingReader struct{ resp *fasthttp.Response }
 
-func (r closingReader) Read(p []byte) (int, error) { return r.resp.BodyStream().Read(p) }
-func (r closingReader) Close() error               { return r.resp.CloseBodyStream() }
+func (r releasingReader) Read(p []byte) (int, error) { return r.resp.BodyStream().Read(p) }
+
+func (r releasingReader) Close() error {
+	err := r.resp.CloseBodyStream()
+	fasthttp.ReleaseResponse(r.resp)
+	return err
+}
