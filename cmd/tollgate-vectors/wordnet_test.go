@@ -30,7 +30,9 @@ var wnSample = map[string]string{
 	"data.verb": "", "index.verb": "", "data.adv": "", "index.adv": "",
 }
 
+// writeWordNet writes wnSample into a new folder and returns it.
 func writeWordNet(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
 	for name, text := range wnSample {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
