@@ -15,7 +15,6 @@ import (
 	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/meter"
 )
 
 // runBilling is `tollgate billing`: the billing consumer on its own, for
@@ -39,8 +38,8 @@ func runBilling(args []string) error {
 		return fmt.Errorf("opening accounts: %w", err)
 	}
 	defer svc.Close()
-	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
-		return fmt.Errorf("declaring the USAGE stream: %w", err)
+	if err := declareUsageStream(ctx, cfg, b); err != nil {
+		return err
 	}
 	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), redactDSN(cfg.ClickHouse.DSN))
 	billingLoop(ctx, cfg, b, svc, logf)

@@ -336,13 +336,23 @@ func outboxOptions(cfg *config.Config) meter.OutboxOptions {
 	}
 }
 
+// declareUsageStream creates or updates the USAGE stream with this
+// process's billing.usage_retention; every process that publishes or
+// bills calls it at start.
+func declareUsageStream(ctx context.Context, cfg *config.Config, b *broker.Broker) error {
+	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
+		return fmt.Errorf("declaring the USAGE stream: %w", err)
+	}
+	return nil
+}
+
 // openRecorder returns the durable usage pipeline: events go to the local
 // outbox (memory-mapped, synced in the background or per answer, as
 // billing.durability says), then in batches to JetStream stream USAGE. With
 // clickhouse.consume_in_serve the billing consumer runs here too.
 func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) (*meter.Publisher, func(), error) {
-	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
-		return nil, nil, fmt.Errorf("declaring the USAGE stream: %w", err)
+	if err := declareUsageStream(ctx, cfg, b); err != nil {
+		return nil, nil, err
 	}
 	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox"), outboxOptions(cfg))
 	if err != nil {

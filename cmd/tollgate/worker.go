@@ -45,8 +45,8 @@ func runWorker(args []string) error {
 	}
 	defer b.Close()
 	// Its own outbox: a worker beside serve on one machine shares data_dir.
-	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
-		return fmt.Errorf("declaring the USAGE stream: %w", err)
+	if err := declareUsageStream(ctx, cfg, b); err != nil {
+		return err
 	}
 	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox-worker"), outboxOptions(cfg))
 	if err != nil {
