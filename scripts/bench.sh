@@ -8,8 +8,10 @@
 #    `tollgate serve` on the repository's gateway.yaml (auth, budgets and
 #    metering on), once as it starts by default (GOMAXPROCS = the cores)
 #    and once on one core (GOMAXPROCS=1), as nginx runs one worker; and
-#    through the two reference hops of cmd/tollgate-floor, the least a Go
-#    proxy costs here: fasthttp alone, and one thread's own epoll loop.
+#    through the two reference hops of cmd/tollgate-floor, which relay
+#    bytes and do nothing else: fasthttp alone (the platform Tollgate is
+#    built on) and one thread's own epoll loop (what a loop of its own
+#    could reach).
 #    Non-streamed and streamed (20 chunks), targets
 #    interleaved and rotated each round, BENCH_ROUNDS rounds; the table shows
 #    medians and each target's ratio to direct. Then one connection at a

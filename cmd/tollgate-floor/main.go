@@ -1,6 +1,7 @@
 // Command tollgate-floor runs the reference hops make bench compares
-// Tollgate with, besides nginx: the least a Go proxy can cost on this
-// machine, so the benchmark tells Tollgate's own cost from its platform's.
+// Tollgate with, besides nginx: Go proxies that relay bytes and do
+// nothing else, so the benchmark tells Tollgate's own cost from its
+// platform's.
 //
 //	-mode fasthttp   fasthttp's server and HostClient and nothing else: the
 //	                 floor of the platform Tollgate is built on
