@@ -63,7 +63,7 @@ const (
 	lexWeight       = 0.8
 	labelPeakMix    = 0.3 // share of the closest word in a label's meaning score
 	semTemperature  = 0.05
-	semMultiCentre  = 0.2
+	semMultiCentre  = 0.16
 	semMultiSpread  = 0.05
 	semFallbackBase = 0.22 // a catch-all's meaning score: what an unrelated label reaches
 )
@@ -482,7 +482,7 @@ const (
 	matchRestWeight   = 0.8
 	matchCoverWeight  = 0.3
 	matchLexWeight    = 0.6
-	matchGate         = 0.3
+	matchGate         = 0.35
 	matchGateSpread   = 0.05
 	matchKindEvidence = 0.2
 	matchCentre       = 0.55

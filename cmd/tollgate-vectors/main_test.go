@@ -1,8 +1,12 @@
 package main
 
 import (
+	"encoding/binary"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/classifiers"
@@ -60,5 +64,80 @@ func TestConvertRefusesOtherJSON(t *testing.T) {
 	}
 	if err := run(in, filepath.Join(dir, "out.tgv"), options{maxRank: 10, removePCs: 1}); err == nil {
 		t.Fatal("converted a file without vectors")
+	}
+}
+
+// writeSentenceSample writes a sentence-vectors file as
+// scripts/sentence-vectors.js does; cut drops that many trailing bytes.
+func writeSentenceSample(t *testing.T, path string, words []string, vecs [][]float32, cut int) {
+	t.Helper()
+	var b []byte
+	b = append(b, sentenceMagic...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(vecs[0])))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(words)))
+	for i, w := range words {
+		b = append(b, byte(len(w)))
+		b = append(b, w...)
+		for _, x := range vecs[i] {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+		}
+	}
+	if err := os.WriteFile(path, b[:len(b)-cut], 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestConvertJoinsSentenceVectors: with -sentence, each kept word carries
+// both views, and words the encoder did not embed are dropped.
+func TestConvertJoinsSentenceVectors(t *testing.T) {
+	dir := t.TempDir()
+	in, sen, out := filepath.Join(dir, "in.json"), filepath.Join(dir, "sen.bin"), filepath.Join(dir, "out.tgv")
+	if err := os.WriteFile(in, []byte(winkSample), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// "the" has no sentence vector; "zebra" is beyond -max-rank.
+	writeSentenceSample(t, sen, []string{"car", "dog", "cat", "zebra"},
+		[][]float32{{0, 3}, {4, 0}, {4, 1}, {1, 1}}, 0)
+	if err := run(in, out, options{maxRank: 7, sentence: sen, sentenceWeight: 1}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := classifiers.LoadVectors(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	want := []string{"dog", "cat", "car"}
+	if v.Len() != len(want) || v.Dims() != 3+2 {
+		t.Fatalf("%d words × %d, want %d × 5", v.Len(), v.Dims(), len(want))
+	}
+	for i, w := range want {
+		if v.Word(i) != w {
+			t.Errorf("word %d is %q, want %q in GloVe's frequency order", i, v.Word(i), w)
+		}
+	}
+}
+
+func TestConvertRefusesCutSentenceVectors(t *testing.T) {
+	dir := t.TempDir()
+	in, sen := filepath.Join(dir, "in.json"), filepath.Join(dir, "sen.bin")
+	if err := os.WriteFile(in, []byte(winkSample), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeSentenceSample(t, sen, []string{"dog", "cat"}, [][]float32{{1, 0}, {0, 1}}, 3)
+	err := run(in, filepath.Join(dir, "out.tgv"), options{maxRank: 7, sentence: sen, sentenceWeight: 1})
+	if err == nil || !strings.Contains(err.Error(), "cut short") {
+		t.Fatalf("a cut sentence-vectors file: %v, want cut short", err)
+	}
+}
+
+func TestJoinGivesEachViewItsWeight(t *testing.T) {
+	words, vecs, err := joinSentenceVectors([]string{"a"}, [][]float32{{3, 4}},
+		map[string][]float32{"a": {0, 0, 2}}, 3, 0.5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []float32{0.6, 0.8, 0, 0, 0.5}
+	if len(words) != 1 || fmt.Sprint(vecs[0]) != fmt.Sprint(want) {
+		t.Fatalf("joined %v, want %v", vecs, want)
 	}
 }
