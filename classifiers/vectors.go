@@ -166,24 +166,43 @@ func (v *Vectors) addTo(acc []float32, i int, w float32) {
 }
 
 // dot is the cosine of words i and j (their vectors have unit length).
+// It and dotWith keep four sums: with one, each addition waits for the
+// last, and the search of a new label name's nearest words (20,000 dot
+// products of 612 dimensions) took 7 ms instead of 2.
 func (v *Vectors) dot(i, j int) float32 {
 	a := v.data[i*v.dims : (i+1)*v.dims]
 	b := v.data[j*v.dims : (j+1)*v.dims]
-	var s int32
-	for d := range a {
-		s += int32(a[d]) * int32(b[d])
+	b = b[:len(a)]
+	var s0, s1, s2, s3 int32
+	d := 0
+	for ; d+4 <= len(a); d += 4 {
+		s0 += int32(a[d]) * int32(b[d])
+		s1 += int32(a[d+1]) * int32(b[d+1])
+		s2 += int32(a[d+2]) * int32(b[d+2])
+		s3 += int32(a[d+3]) * int32(b[d+3])
 	}
-	return float32(s) * v.scales[i] * v.scales[j]
+	for ; d < len(a); d++ {
+		s0 += int32(a[d]) * int32(b[d])
+	}
+	return float32(s0+s1+s2+s3) * v.scales[i] * v.scales[j]
 }
 
 // dotWith is the dot product of word i's unit vector with x.
 func (v *Vectors) dotWith(i int, x []float32) float32 {
 	row := v.data[i*v.dims : (i+1)*v.dims]
-	var s float32
-	for d, q := range row {
-		s += float32(q) * x[d]
+	x = x[:len(row)]
+	var s0, s1, s2, s3 float32
+	d := 0
+	for ; d+4 <= len(row); d += 4 {
+		s0 += float32(row[d]) * x[d]
+		s1 += float32(row[d+1]) * x[d+1]
+		s2 += float32(row[d+2]) * x[d+2]
+		s3 += float32(row[d+3]) * x[d+3]
 	}
-	return s * v.scales[i]
+	for ; d < len(row); d++ {
+		s0 += float32(row[d]) * x[d]
+	}
+	return (s0 + s1 + s2 + s3) * v.scales[i]
 }
 
 // hashWord is FNV-1a, written out so that a lookup does not allocate.
