@@ -26,13 +26,13 @@ test:
 bench:
 	scripts/bench.sh
 
-# Measures a classification engine (ENGINE, default lexical) on the dev and
+# Measures a classification engine (ENGINE, default semantic) on the dev and
 # dev2 parts of classifiers/testdata/eval (tuned on) and on the test part
 # (written before any tuning, never tuned on), one table each (tune with
 # `make eval PARTS=dev,dev2`): classify asked in two label orders with
 # ties as misses, score pairs ordered right, match MRR, NDCG@5 and traps
 # ranked below the answer.
-ENGINE ?= lexical
+ENGINE ?= semantic
 PARTS ?= dev,dev2,test
 eval:
 	scripts/vectors.sh install

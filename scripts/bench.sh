@@ -197,7 +197,7 @@ go test -run '^$' -bench 'BillingThroughput|ClickHouseInsert' -benchtime 3x ./bi
 
 echo
 echo "classifiers, lexical and semantic engines on the evaluation texts (latency per call, throughput, memory):"
-go run ./cmd/tollgate-eval -bench
+go run ./cmd/tollgate-eval -bench -engine lexical
 go run ./cmd/tollgate-eval -bench -engine semantic
 
 echo

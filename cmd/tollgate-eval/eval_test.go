@@ -241,10 +241,10 @@ func TestLoadNamesFileAndLine(t *testing.T) {
 func TestRunIsDeterministicAndShowsBothParts(t *testing.T) {
 	root := filepath.Join("..", "..", "classifiers", "testdata", "eval")
 	var a, b bytes.Buffer
-	if err := run(&a, root, defaultEngine, defaultParts, false, 0); err != nil {
+	if err := run(&a, root, classifiers.EngineLexical, defaultParts, false, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(&b, root, defaultEngine, defaultParts, false, 0); err != nil {
+	if err := run(&b, root, classifiers.EngineLexical, defaultParts, false, 0); err != nil {
 		t.Fatal(err)
 	}
 	if a.String() != b.String() {
@@ -263,7 +263,7 @@ func TestRunIsDeterministicAndShowsBothParts(t *testing.T) {
 func TestPartsSelectsOnlyThePartsNamed(t *testing.T) {
 	root := filepath.Join("..", "..", "classifiers", "testdata", "eval")
 	var out bytes.Buffer
-	if err := run(&out, root, defaultEngine, "dev2, dev", false, 0); err != nil {
+	if err := run(&out, root, classifiers.EngineLexical, "dev2, dev", false, 0); err != nil {
 		t.Fatal(err)
 	}
 	s := out.String()
@@ -273,7 +273,7 @@ func TestPartsSelectsOnlyThePartsNamed(t *testing.T) {
 	if strings.Index(s, "== dev part") > strings.Index(s, "== dev2 part") {
 		t.Error("parts are not printed in their fixed order")
 	}
-	if err := run(&out, root, defaultEngine, "dev,nope", false, 0); err == nil || !strings.Contains(err.Error(), "dev2") {
+	if err := run(&out, root, classifiers.EngineLexical, "dev,nope", false, 0); err == nil || !strings.Contains(err.Error(), "dev2") {
 		t.Errorf("unknown part: %v, want an error listing the parts", err)
 	}
 }
