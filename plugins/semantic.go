@@ -63,7 +63,9 @@ func (v *vectorSet) engine(path string) (classifiers.Engine, error) {
 		l.err = errors.New("the vectors file " + path + " cannot be used (" + err.Error() + "): run scripts/vectors.sh install again")
 	default:
 		l.engine = classifiers.NewSemantic(vec)
-		v.logf("semantic engine: word vectors from %s", path)
+		// The shape tells an install that fell back to GloVe alone (100
+		// dimensions) from the joined vectors (612): see scripts/vectors.sh.
+		v.logf("semantic engine: word vectors from %s (%d words × %d dimensions)", path, vec.Len(), vec.Dims())
 	}
 	if l.err != nil {
 		v.logf("warning: semantic engine unavailable, offline answers come from the lexical engine: %v", l.err)
