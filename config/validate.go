@@ -32,7 +32,7 @@ const (
 	DefaultBatchMaxEvents   = 1000
 	DefaultBatchMaxBytes    = ByteSize(512 << 10)
 	DefaultBatchMaxDelay    = 10 * time.Millisecond
-	DefaultUsageRetention   = 7 * 24 * time.Hour
+	DefaultUsageRetention   = 7 * 24 * time.Hour // meter.EnsureUsageStream uses it for a retention it cannot take
 	DefaultConnectTimeout   = 2 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultFirstByteTimeout = 60 * time.Second

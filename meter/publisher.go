@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/config"
 )
 
 // The USAGE stream carries every usage event from the gateways to billing.
@@ -42,13 +43,6 @@ const (
 	// 2 MiB; at 15 minutes it held 9 times that, and the gateway's RSS
 	// grew for a quarter of an hour before it levelled off.
 	UsageDuplicatesWindow = 2 * time.Minute
-	// DefaultUsageRetention is how long the stream keeps events, billed
-	// or not, unless billing.usage_retention says otherwise. It must
-	// exceed UsageDuplicatesWindow: the server rebuilds its dedup memory
-	// after a restart from the events it still stores. Events not billed
-	// within it are lost to billing; it bounds the stream's disk and its
-	// block index in memory.
-	DefaultUsageRetention = 7 * 24 * time.Hour
 
 	// publishMaxInFlight bounds batches published and not yet
 	// acknowledged, and with them the memory a slow JetStream (a disk
@@ -81,18 +75,20 @@ const (
 
 // EnsureUsageStream creates the USAGE stream or updates its configuration;
 // every gateway and billing process may call it at start-up. retention is
-// how long the stream keeps events; 0, or anything not above
-// UsageDuplicatesWindow (which the stream's dedup memory needs, see
-// DefaultUsageRetention), means DefaultUsageRetention. config refuses
-// less than an hour. Shortening it drops older events at once, billed or
-// not.
+// how long the stream keeps events, billed or not (events not billed
+// within it are lost to billing; it bounds the stream's disk and its
+// block index in memory). It must exceed UsageDuplicatesWindow, because
+// the server rebuilds its dedup memory after a restart from the events it
+// still stores: 0, or anything not above the window, means
+// config.DefaultUsageRetention (config refuses less than an hour).
+// Shortening it drops older events at once, billed or not.
 //
 // Limits retention, not work-queue: acknowledged events must stay stored
 // for the duplicates window, because after a server restart JetStream
 // rebuilds its dedup memory from stored messages only.
 func EnsureUsageStream(ctx context.Context, js jetstream.JetStream, replicas int, retention time.Duration) (jetstream.Stream, error) {
 	if retention <= UsageDuplicatesWindow {
-		retention = DefaultUsageRetention
+		retention = config.DefaultUsageRetention
 	}
 	return broker.EnsureStream(ctx, js, jetstream.StreamConfig{
 		Name:        UsageStream,

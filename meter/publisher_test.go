@@ -393,7 +393,7 @@ func TestEnsureUsageStreamIsIdempotentAndTakesTheRetention(t *testing.T) {
 		if cfg.Duplicates != meter.UsageDuplicatesWindow || cfg.Retention != jetstream.LimitsPolicy || cfg.Storage != jetstream.FileStorage {
 			t.Fatalf("declaration %d: stream config %+v", i, cfg)
 		}
-		if want := cmp.Or(retention, meter.DefaultUsageRetention); cfg.MaxAge != want {
+		if want := cmp.Or(retention, config.DefaultUsageRetention); cfg.MaxAge != want {
 			t.Fatalf("declaration %d with retention %s: MaxAge %s, want %s", i, retention, cfg.MaxAge, want)
 		}
 	}
