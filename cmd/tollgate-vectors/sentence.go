@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"os"
+
+	"github.com/tollgate/tollgate/classifiers"
 )
 
 const sentenceMagic = "TGSEN001"
@@ -34,14 +36,14 @@ func readSentenceVectors(path string) (map[string][]float32, int, error) {
 	raw := make([]byte, 4*dims)
 	for i := range count {
 		n, err := r.ReadByte()
-		if err != nil {
-			return nil, 0, fmt.Errorf("%s: cut short at word %d of %d", path, i, count)
-		}
 		word := make([]byte, n)
-		if _, err := io.ReadFull(r, word); err != nil {
-			return nil, 0, fmt.Errorf("%s: cut short at word %d of %d", path, i, count)
+		if err == nil {
+			_, err = io.ReadFull(r, word)
 		}
-		if _, err := io.ReadFull(r, raw); err != nil {
+		if err == nil {
+			_, err = io.ReadFull(r, raw)
+		}
+		if err != nil {
 			return nil, 0, fmt.Errorf("%s: cut short at word %d of %d", path, i, count)
 		}
 		vec := make([]float32, dims)
@@ -84,16 +86,12 @@ func joinSentenceVectors(words []string, vecs [][]float32, byWord map[string][]f
 
 // appendScaled appends v at length scale.
 func appendScaled(dst, v []float32, scale float32) []float32 {
-	var sum float64
-	for _, x := range v {
-		sum += float64(x) * float64(x)
-	}
-	k := scale
-	if sum > 0 {
-		k = scale / float32(math.Sqrt(sum))
-	}
-	for _, x := range v {
-		dst = append(dst, x*k)
+	start := len(dst)
+	dst = append(dst, v...)
+	part := dst[start:]
+	classifiers.Normalize(part)
+	for i := range part {
+		part[i] *= scale
 	}
 	return dst
 }
