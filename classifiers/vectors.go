@@ -167,8 +167,8 @@ func (v *Vectors) addTo(acc []float32, i int, w float32) {
 
 // dot is the cosine of words i and j (their vectors have unit length).
 // It and dotWith keep four sums: with one, each addition waits for the
-// last, and the search of a new label name's nearest words (20,000 dot
-// products of 612 dimensions) took 7 ms instead of 2.
+// last. With the joined vectors' 612 dimensions that took a match from
+// 71-80 µs to 45-51 (BenchmarkSemanticMatch).
 func (v *Vectors) dot(i, j int) float32 {
 	a := v.data[i*v.dims : (i+1)*v.dims]
 	b := v.data[j*v.dims : (j+1)*v.dims]
