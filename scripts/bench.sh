@@ -150,7 +150,24 @@ for conns, what in ((sys.argv[3], f"{sys.argv[3]} connections"), ("1", "1 connec
             rs = rows[(stream, conns, t)]
             print(f"{kind+', '+what+', '+t:52}{med(rs,0):>9.0f}{med(rs,0)/med(d,0):>7.2f}"
                   f"{med(rs,1):>8.2f}{med(rs,1)-med(d,1):>7.2f}{med(rs,2):>8.2f}{sum(r[3] for r in rs):>7}")
-print(f"tollgate peak RSS (VmHWM): {int(sys.argv[2])/1024:.1f} MiB")
+rss_mib = int(sys.argv[2]) / 1024
+print(f"tollgate peak RSS (VmHWM): {rss_mib:.1f} MiB")
+# The goals compare Tollgate with nginx in the same run. Each round ran
+# both under the same conditions, so the per-round quotient shows the
+# spread that one median hides.
+def verdict(ok): return "met" if ok else "NOT met"
+print()
+print("goals (tollgate against nginx, same run):")
+for conns, what in ((sys.argv[3], f"{sys.argv[3]} connections"), ("1", "1 connection")):
+    for stream, kind in (("false", "non-streamed"), ("true", "streamed")):
+        tg, ng = rows[(stream, conns, "tollgate")], rows[(stream, conns, "nginx")]
+        q = [a[0] / b[0] for a, b in zip(tg, ng)]
+        print(f"  {kind+', '+what:34} throughput {statistics.median(q):.2f} of nginx's "
+              f"(rounds {min(q):.2f}-{max(q):.2f}); at least nginx's: {verdict(statistics.median(q) >= 1)}")
+for conns, what in ((sys.argv[3], f"{sys.argv[3]} connections"), ("1", "1 connection")):
+    added = med(rows[("false", conns, "tollgate")], 1) - med(rows[("false", conns, "direct")], 1)
+    print(f"  p50 added, non-streamed, {what}: {added:.2f} ms; at most 0.25 ms: {verdict(added <= 0.25)}")
+print(f"  peak RSS {rss_mib:.1f} MiB; at most 100 MiB: {verdict(rss_mib <= 100)}")
 PY
 
 if [ -n "$SOAK" ]; then
