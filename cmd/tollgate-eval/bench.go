@@ -111,12 +111,27 @@ func runBench(w io.Writer, name string, newEngine func() (classifiers.Engine, er
 	fmt.Fprintf(w, "RSS added by the engine, loaded and warmed: %.1f MiB (VmRSS %.1f -> %.1f MiB)\n",
 		float64(after-before)/(1<<20), float64(before)/(1<<20), float64(after)/(1<<20))
 	fmt.Fprintf(w, "%-10s %9s %10s %10s %14s %14s\n", "operation", "calls", "p50 µs", "p99 µs", "calls/s (1)", fmt.Sprintf("calls/s (%d)", procs))
+	var worst time.Duration
+	worstOp := ""
 	for _, o := range ops {
 		p50, p99, serial := timeSerial(o.calls, rounds)
 		parallel := timeParallel(o.calls, rounds, procs)
 		fmt.Fprintf(w, "%-10s %9d %10.1f %10.1f %14.0f %14.0f\n", o.name, rounds*len(o.calls), micros(p50), micros(p99), serial, parallel)
+		if p99 > worst {
+			worst, worstOp = p99, o.name
+		}
 	}
+	added := float64(after-before) / (1 << 20)
+	fmt.Fprintf(w, "goals: p99 per call at most 2 ms: %s (worst %.0f µs, %s); RSS the engine adds, vectors and all, at most 64 MiB: %s (%.1f MiB)\n",
+		metOrNot(worst <= 2*time.Millisecond), micros(worst), worstOp, metOrNot(added <= 64), added)
 	return nil
+}
+
+func metOrNot(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
 }
 
 func timeSerial(calls []func(), rounds int) (p50, p99 time.Duration, perSecond float64) {

@@ -126,11 +126,38 @@ func TestPairOrderedEqualIsWrong(t *testing.T) {
 	}}
 	e := fakeEngine{scores: map[string]float64{"h1": 0.9, "l1": 0.1, "h2": 0.5, "l2": 0.5, "h3": 0.2, "l3": 0.7}}
 	var out bytes.Buffer
-	if err := reportScore(&out, e, p); err != nil {
+	var r partResult
+	if err := reportScore(&out, e, p, &r); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "  overall           3    33.3%              1") {
 		t.Errorf("score report:\n%s", out.String())
+	}
+	if math.Abs(r.pairs-100.0/3) > 1e-9 {
+		t.Errorf("pairs for the goals: %v, want 33.3", r.pairs)
+	}
+}
+
+// TestGoalsVerdicts checks each goal's threshold from both sides: a
+// result exactly at a goal meets it, one just below does not.
+func TestGoalsVerdicts(t *testing.T) {
+	var out bytes.Buffer
+	reportGoals(&out, partResult{namesOnly: 70, withHelp: 84.9, pairs: 90, mrr: 0.849, traps: 10, trapsBelow: 8})
+	for _, want := range []string{
+		"70.0%  at least 70%: met",
+		"84.9%  at least 85%: NOT met",
+		"90.0%  at least 90%: met",
+		"0.849   at least 0.85: NOT met",
+		"8 of 10  at least 8 in 10: met",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("goals lack %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	reportGoals(&out, partResult{traps: 25, trapsBelow: 19})
+	if !strings.Contains(out.String(), "19 of 25  at least 8 in 10: NOT met") {
+		t.Errorf("19 of 25 traps below is under 8 in 10:\n%s", out.String())
 	}
 }
 

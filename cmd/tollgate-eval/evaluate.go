@@ -8,19 +8,44 @@ import (
 	"github.com/tollgate/tollgate/classifiers"
 )
 
+// partResult is what a part's table says overall, for the goals.
+type partResult struct {
+	namesOnly, withHelp float64 // classify accuracy in %, both orders
+	pairs               float64 // score pairs ordered right, %
+	mrr                 float64
+	traps, trapsBelow   int
+}
+
 // evaluate prints one part's table: classify, score and match, each
 // measured as the README's "Evaluation" section says.
-func evaluate(w io.Writer, engine classifiers.Engine, p *part, about string) error {
+func evaluate(w io.Writer, engine classifiers.Engine, p *part, about string) (partResult, error) {
+	var r partResult
 	fmt.Fprintf(w, "== %s part (%s): %s\n", p.name, p.dir, about)
 	fmt.Fprintf(w, "%s engine; %d classify texts in %d label sets, %d score pairs, %d match queries\n\n",
 		engine.Name(), len(p.classify), len(p.sets), len(p.pairs), p.queries())
-	if err := reportClassify(w, engine, p); err != nil {
-		return err
+	if err := reportClassify(w, engine, p, &r); err != nil {
+		return r, err
 	}
-	if err := reportScore(w, engine, p); err != nil {
-		return err
+	if err := reportScore(w, engine, p, &r); err != nil {
+		return r, err
 	}
-	return reportMatch(w, engine, p)
+	return r, reportMatch(w, engine, p, &r)
+}
+
+// reportGoals prints issue 11's quality goals for the offline engine
+// against a part's results: they are judged on the test part, the one
+// never tuned on. Latency and memory are judged by -bench (runBench).
+func reportGoals(w io.Writer, r partResult) {
+	verdict := metOrNot
+	fmt.Fprintln(w, "\ngoals (test part; p99 and memory: tollgate-eval -bench, which make bench runs):")
+	fmt.Fprintf(w, "  classify, names only:        %5.1f%%  at least 70%%: %s\n", r.namesOnly, verdict(r.namesOnly >= 70))
+	fmt.Fprintf(w, "  classify, with descriptions: %5.1f%%  at least 85%%: %s\n", r.withHelp, verdict(r.withHelp >= 85))
+	fmt.Fprintf(w, "  score pairs ordered:         %5.1f%%  at least 90%%: %s\n", r.pairs, verdict(r.pairs >= 90))
+	fmt.Fprintf(w, "  match MRR:                   %5.3f   at least 0.85: %s\n", r.mrr, verdict(r.mrr >= 0.85))
+	if r.traps > 0 {
+		fmt.Fprintf(w, "  traps below the answer:      %d of %d  at least 8 in 10: %s\n", r.trapsBelow, r.traps,
+			verdict(10*r.trapsBelow >= 8*r.traps))
+	}
 }
 
 func (p *part) queries() int {
@@ -89,7 +114,7 @@ func classifyTallies(engine classifiers.Engine, p *part) (perSet map[string]*[2]
 	return perSet, total, chance / float64(len(p.classify)), nil
 }
 
-func reportClassify(w io.Writer, engine classifiers.Engine, p *part) error {
+func reportClassify(w io.Writer, engine classifiers.Engine, p *part, r *partResult) error {
 	perSet, total, chance, err := classifyTallies(engine, p)
 	if err != nil {
 		return err
@@ -106,7 +131,8 @@ func reportClassify(w io.Writer, engine classifiers.Engine, p *part) error {
 			pct(t[0].right, counts[name]), pct(t[1].right, counts[name]))
 	}
 	n := len(p.classify)
-	fmt.Fprintf(w, "  %-10s %5d %6s %10.1f%% %15.1f%%\n", "overall", n, "", pct(total[0].right, n), pct(total[1].right, n))
+	r.namesOnly, r.withHelp = pct(total[0].right, n), pct(total[1].right, n)
+	fmt.Fprintf(w, "  %-10s %5d %6s %10.1f%% %15.1f%%\n", "overall", n, "", r.namesOnly, r.withHelp)
 	fmt.Fprintf(w, "  misses that tied in either order: %d names only, %d with desc.+ex.\n", total[0].ties, total[1].ties)
 	fmt.Fprintf(w, "  misses right in one order only:   %d names only, %d with desc.+ex.\n", total[0].oneOrder, total[1].oneOrder)
 	fmt.Fprintf(w, "  chance (one label at random): %.1f%%\n\n", 100*chance)
@@ -115,7 +141,7 @@ func reportClassify(w io.Writer, engine classifiers.Engine, p *part) error {
 
 type scoreKey struct{ attribute, description, text string }
 
-func reportScore(w io.Writer, engine classifiers.Engine, p *part) error {
+func reportScore(w io.Writer, engine classifiers.Engine, p *part, r *partResult) error {
 	ctx := context.Background()
 	cache := map[scoreKey]float64{}
 	score := func(k scoreKey) (float64, error) {
@@ -165,11 +191,12 @@ func reportScore(w io.Writer, engine classifiers.Engine, p *part) error {
 		t := per[a]
 		fmt.Fprintf(w, "  %-13s %5d %7.1f%% %14d\n", a, t.pairs, pct(t.ordered, t.pairs), t.equal)
 	}
-	fmt.Fprintf(w, "  %-13s %5d %7.1f%% %14d\n\n", "overall", total.pairs, pct(total.ordered, total.pairs), total.equal)
+	r.pairs = pct(total.ordered, total.pairs)
+	fmt.Fprintf(w, "  %-13s %5d %7.1f%% %14d\n\n", "overall", total.pairs, r.pairs, total.equal)
 	return nil
 }
 
-func reportMatch(w io.Writer, engine classifiers.Engine, p *part) error {
+func reportMatch(w io.Writer, engine classifiers.Engine, p *part, r *partResult) error {
 	ctx := context.Background()
 	var rr, ndcg, random float64
 	queries, traps, below, docs := 0, 0, 0, 0
@@ -196,8 +223,9 @@ func reportMatch(w io.Writer, engine classifiers.Engine, p *part) error {
 			}
 		}
 	}
+	r.mrr, r.traps, r.trapsBelow = rr/float64(queries), traps, below
 	fmt.Fprintf(w, "match: %d queries, each ranking its pool (%d pools, %d documents); equal scores rank the less relevant first\n", queries, len(p.match), docs)
-	fmt.Fprintf(w, "  MRR (first document graded %d+): %.3f\n", relevantGrade, rr/float64(queries))
+	fmt.Fprintf(w, "  MRR (first document graded %d+): %.3f\n", relevantGrade, r.mrr)
 	fmt.Fprintf(w, "  NDCG@5 (grades 0-3): %.3f   (random order: %.3f)\n", ndcg/float64(queries), random/float64(queries))
 	if traps == 0 {
 		fmt.Fprintln(w, "  trap ranked below the answer: no trap queries in this part")

@@ -105,8 +105,12 @@ func run(w io.Writer, root, engineName, partList string, bench bool, rounds int)
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		if err := evaluate(w, engine, p, parts[chosen[i]].about); err != nil {
+		r, err := evaluate(w, engine, p, parts[chosen[i]].about)
+		if err != nil {
 			return err
+		}
+		if p.name == "test" && engineName != classifiers.EngineLLM {
+			reportGoals(w, r)
 		}
 	}
 	return nil
