@@ -127,13 +127,6 @@ func runBench(w io.Writer, name string, newEngine func() (classifiers.Engine, er
 	return nil
 }
 
-func metOrNot(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "NOT met"
-}
-
 func timeSerial(calls []func(), rounds int) (p50, p99 time.Duration, perSecond float64) {
 	lat := make([]time.Duration, 0, rounds*len(calls))
 	start := time.Now()

@@ -36,15 +36,14 @@ func evaluate(w io.Writer, engine classifiers.Engine, p *part, about string) (pa
 // against a part's results: they are judged on the test part, the one
 // never tuned on. Latency and memory are judged by -bench (runBench).
 func reportGoals(w io.Writer, r partResult) {
-	verdict := metOrNot
 	fmt.Fprintln(w, "\ngoals (test part; p99 and memory: tollgate-eval -bench, which make bench runs):")
-	fmt.Fprintf(w, "  classify, names only:        %5.1f%%  at least 70%%: %s\n", r.namesOnly, verdict(r.namesOnly >= 70))
-	fmt.Fprintf(w, "  classify, with descriptions: %5.1f%%  at least 85%%: %s\n", r.withHelp, verdict(r.withHelp >= 85))
-	fmt.Fprintf(w, "  score pairs ordered:         %5.1f%%  at least 90%%: %s\n", r.pairs, verdict(r.pairs >= 90))
-	fmt.Fprintf(w, "  match MRR:                   %5.3f   at least 0.85: %s\n", r.mrr, verdict(r.mrr >= 0.85))
+	fmt.Fprintf(w, "  classify, names only:        %5.1f%%  at least 70%%: %s\n", r.namesOnly, metOrNot(r.namesOnly >= 70))
+	fmt.Fprintf(w, "  classify, with descriptions: %5.1f%%  at least 85%%: %s\n", r.withHelp, metOrNot(r.withHelp >= 85))
+	fmt.Fprintf(w, "  score pairs ordered:         %5.1f%%  at least 90%%: %s\n", r.pairs, metOrNot(r.pairs >= 90))
+	fmt.Fprintf(w, "  match MRR:                   %5.3f   at least 0.85: %s\n", r.mrr, metOrNot(r.mrr >= 0.85))
 	if r.traps > 0 {
 		fmt.Fprintf(w, "  traps below the answer:      %d of %d  at least 8 in 10: %s\n", r.trapsBelow, r.traps,
-			verdict(10*r.trapsBelow >= 8*r.traps))
+			metOrNot(10*r.trapsBelow >= 8*r.traps))
 	}
 }
 

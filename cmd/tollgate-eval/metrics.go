@@ -128,3 +128,11 @@ func pct(a, b int) float64 {
 	}
 	return 100 * float64(a) / float64(b)
 }
+
+// metOrNot is a goal's verdict as make eval and make bench print it.
+func metOrNot(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
