@@ -24,6 +24,9 @@ type semantic struct {
 	hubOnce sync.Once
 	hubMean []float32 // mean vector of hubness's sample of ordinary words
 
+	neutralOnce sync.Once
+	neutral     []embedding // neutralTexts embedded, those with known words
+
 	mu     sync.Mutex
 	labels map[string]*semanticLabels // compiled label sets, by labelBlock
 	poles  map[string]*attributePoles // compiled attributes, by name and description
@@ -120,7 +123,7 @@ func (e *semantic) labelSims(text *doc, raw string, sl *semanticLabels) []float6
 		case sl.fallback[i]:
 			m = semFallbackBase
 		case sl.vecs[i] != nil:
-			m = e.labelMeaning(&t, rootWords, sl.vecs[i], sl.hub[i])
+			m = e.labelMeaning(&t, rootWords, sl.vecs[i], sl.hub[i]) - sl.bias[i]
 		}
 		sims[i] = lexWeight*sims[i] + semWeight*m
 	}
@@ -191,6 +194,7 @@ type semanticLabels struct {
 	vecs     [][]float32
 	fallback []bool
 	hub      []float32
+	bias     []float64 // what each label reaches on neutral texts, less the set's mean, times neutralWeight
 }
 
 // Weights of a label's parts in its vector. The name is what the caller
@@ -231,7 +235,86 @@ func (e *semantic) buildLabels(labels []string, descriptions map[string]string, 
 			sl.hub[i] = e.hubness(v)
 		}
 	}
+	sl.bias = e.neutralBias(sl)
 	return sl
+}
+
+// Neutral texts calibrate a label set ("calibrate before use", Zhao et
+// al. 2021): some labels pull every text a little, whatever it says. A
+// label's mean meaning score on texts that say nothing in particular
+// measures that pull as a text experiences it, its peak word and its
+// number of words included, which hubness (single ordinary words) only
+// approximates; the part of it above the set's mean is taken off that
+// label's score for every text. On the dev parts this lifted names only
+// from 79.4 % and 68.5 % to 80.6 % and 70.3 % and with descriptions from
+// 87.5 % and 79.4 % to 88.8 % and 80.0 %. Either half of the texts
+// alone (they were written as two sets of eight) did as well or better on
+// all four numbers, so the gain is not one sentence's doing.
+const neutralWeight = 0.4
+
+// neutralTexts say nothing about any topic; they were written for this
+// and are not drawn from any evaluation text.
+var neutralTexts = []string{
+	"Just writing to follow up on my earlier message.",
+	"Could someone get back to me when they can?",
+	"It is what it is, nothing more to add.",
+	"Good morning, this is a short note.",
+	"Let me explain the situation in a few words.",
+	"I am not sure where else to ask.",
+	"Thanks in advance for reading this.",
+	"That was all for now, have a nice day.",
+	"I have a question about this.",
+	"Please let me know what you think.",
+	"Thank you for your time and help.",
+	"Can you tell me more about it?",
+	"This happened today and I wanted to write to you.",
+	"I would like some information, please.",
+	"Here is what I wanted to say.",
+	"Hello, I hope you are well.",
+}
+
+// neutralBias is each label's mean meaning score over neutralTexts, less
+// the set's mean (so the set's overall level, which multi mode's centre is
+// set for, stays where it was), times neutralWeight; zero for a label
+// without a vector.
+func (e *semantic) neutralBias(sl *semanticLabels) []float64 {
+	e.neutralOnce.Do(func() {
+		for _, text := range neutralTexts {
+			if t := e.v.embedText(text); t.known > 0 {
+				e.neutral = append(e.neutral, t)
+			}
+		}
+	})
+	bias := make([]float64, len(sl.vecs))
+	if len(e.neutral) == 0 {
+		return bias
+	}
+	var sum float64
+	n := 0
+	for i, v := range sl.vecs {
+		if v == nil || sl.fallback[i] {
+			continue
+		}
+		for j := range e.neutral {
+			t := &e.neutral[j]
+			bias[i] += e.labelMeaning(t, math.Sqrt(t.effectiveWords()), v, sl.hub[i])
+		}
+		bias[i] /= float64(len(e.neutral))
+		sum += bias[i]
+		n++
+	}
+	if n == 0 {
+		return bias
+	}
+	mean := sum / float64(n)
+	for i, v := range sl.vecs {
+		if v == nil || sl.fallback[i] {
+			bias[i] = 0
+			continue
+		}
+		bias[i] = neutralWeight * (bias[i] - mean)
+	}
+	return bias
 }
 
 // cachedIn returns m[key], made by build (outside mu, which guards m) the
