@@ -44,7 +44,6 @@ type semantic struct {
 // NewSemantic returns the semantic engine over v; it answers with engine
 // "semantic" and counts usage like lexical (the input as prompt tokens).
 func NewSemantic(v *Vectors) Engine {
-	vader()
 	return &semantic{v: v, labels: map[string]*semanticLabels{}, poles: map[string]*attributePoles{},
 		expanded: map[string][]neighbour{}, expansions: map[string][][]float32{}}
 }
