@@ -6,27 +6,48 @@
 // view (classifiers.ViewModel), with log-probabilities that say what that
 // engine said, so that classify, tag, score and match through the demo
 // give the offline engine's answers by way of the whole llm path, not a
-// fixed label at a fixed confidence.
+// fixed label at a fixed confidence. That engine is the semantic one when
+// the word vectors are installed (-vectors; scripts/vectors.sh, which
+// make run calls), as the gateway's own offline answers are, else lexical.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
 // offlineView is the engine the fake model answers classifier prompts
-// with; one line, so it can become the semantic engine when there is one.
-func offlineView() classifiers.Engine { return classifiers.NewLexical() }
+// with: semantic over the vectors at path, or lexical when path is empty
+// or cannot be loaded (why goes to logf, once, at start).
+func offlineView(path string, logf func(string, ...any)) classifiers.Engine {
+	if path == "" {
+		return classifiers.NewLexical()
+	}
+	v, err := classifiers.LoadVectors(path)
+	if err != nil {
+		logf("tollgate-upstream: classifier prompts answered from the lexical engine: word vectors %s: %v (scripts/vectors.sh install)", path, err)
+		return classifiers.NewLexical()
+	}
+	return classifiers.NewSemantic(v)
+}
+
+// defaultVectors is where the gateway's default config finds the vectors.
+func defaultVectors() string {
+	return cmp.Or(os.Getenv("TOLLGATE_VECTORS"), config.DefaultVectors)
+}
 
 func main() {
 	s, err := start(os.Args[1:], os.Stdout)
@@ -56,11 +77,12 @@ func start(args []string, out io.Writer) (*proxytest.Server, error) {
 	fs.IntVar(&o.ReasoningTokens, "reasoning-tokens", 0, "reasoning tokens reported in usage")
 	classifierAnswers := fs.Bool("classifier-answers", true, "answer the llm classifier engine's prompts from the offline engine's view, with logprobs")
 	fs.BoolVar(&o.NoLogprobs, "no-logprobs", false, "leave logprobs out of classifier answers, like upstreams that ignore them")
+	vectors := fs.String("vectors", defaultVectors(), "word vectors of the semantic engine that classifier answers come from; empty: the lexical engine")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if *classifierAnswers {
-		o.Reply = classifiers.NewViewModel(offlineView()).Reply
+		o.Reply = classifiers.NewViewModel(offlineView(*vectors, log.Printf)).Reply
 	}
 	// A long-running process must not keep every request it ever served.
 	o.NoRecord = true

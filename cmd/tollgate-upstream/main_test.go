@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -56,7 +58,7 @@ func startDemo(t *testing.T, args ...string) classifiers.Engine {
 // as `make demo-upstream` does and checks the llm engine's answers through
 // it against the offline engine's.
 func TestIssue11DemoUpstreamAnswersAsTheOfflineEngine(t *testing.T) {
-	llm, lex := startDemo(t), offlineView()
+	llm, lex := startDemo(t, "-vectors", ""), offlineView("", t.Logf)
 	ctx := context.Background()
 	req := classifiers.ClassifyRequest{Text: "Where is my parcel? It was due on Monday.", Labels: []string{"billing", "shipping"},
 		Descriptions: map[string]string{"shipping": "delivery of parcels and orders"}, Mode: classifiers.ModeSingle}
@@ -74,10 +76,46 @@ func TestIssue11DemoUpstreamAnswersAsTheOfflineEngine(t *testing.T) {
 }
 
 func TestDemoUpstreamWithoutLogprobs(t *testing.T) {
-	llm := startDemo(t, "-no-logprobs")
+	llm := startDemo(t, "-no-logprobs", "-vectors", "")
 	got, err := llm.Classify(context.Background(), classifiers.ClassifyRequest{Text: "my parcel is late", Labels: []string{"billing", "shipping"},
 		Descriptions: map[string]string{"shipping": "delivery of parcels"}, Mode: classifiers.ModeSingle})
 	if err != nil || got.Label != "shipping" || !got.NoLogprobs || got.Confidence != 0.5 {
 		t.Errorf("classify %+v, %v: want the view's label at 1/2, flagged", got, err)
+	}
+}
+
+// TestDemoUpstreamAnswersFromTheSemanticEngine: with the word vectors
+// installed (make test installs them), the demo answers classifier
+// prompts as the semantic engine does, so the issue's own example, where
+// no label shares a word with the text, is no tie through the demo
+// either, in both label orders.
+func TestDemoUpstreamAnswersFromTheSemanticEngine(t *testing.T) {
+	path := os.Getenv("TOLLGATE_VECTORS")
+	if path == "" {
+		path = filepath.Join("..", "..", "data", "vectors", "en.tgv")
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("word vectors: %v: run scripts/vectors.sh install (make test does)", err)
+	}
+	llm, sem := startDemo(t, "-vectors", path), offlineView(path, t.Errorf)
+	if sem.Name() != classifiers.EngineSemantic {
+		t.Fatalf("offline view over %s is %s, want semantic", path, sem.Name())
+	}
+	ctx := context.Background()
+	for _, labels := range [][]string{{"billing", "bug"}, {"bug", "billing"}} {
+		req := classifiers.ClassifyRequest{Text: "The export button crashes", Labels: labels, Mode: classifiers.ModeSingle}
+		got, err := llm.Classify(ctx, req)
+		want, _ := sem.Classify(ctx, req)
+		if err != nil || got.Label != "bug" || got.Tie || got.Label != want.Label || got.Confidence != want.Confidence {
+			t.Errorf("classify %v: llm %+v, %v; semantic %+v", labels, got, err, want)
+		}
+	}
+}
+
+func TestDemoUpstreamWithoutVectorsIsLexical(t *testing.T) {
+	var logged []string
+	e := offlineView(filepath.Join(t.TempDir(), "missing.tgv"), func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) })
+	if e.Name() != classifiers.EngineLexical || len(logged) != 1 || !strings.Contains(logged[0], "scripts/vectors.sh install") {
+		t.Errorf("missing vectors: engine %s, logged %q; want lexical and one line saying how to install them", e.Name(), logged)
 	}
 }
