@@ -2,12 +2,10 @@ package classifiers
 
 import (
 	"context"
-	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 // The semantic engine's tests use the real vectors, found where the
@@ -18,37 +16,12 @@ import (
 // set, and most of them share no word with the right label or answer.
 
 var testVectors = sync.OnceValues(func() (*Vectors, error) {
-	path := os.Getenv("TOLLGATE_VECTORS")
-	if path == "" {
-		root, err := repoRoot()
-		if err != nil {
-			return nil, err
-		}
-		path = filepath.Join(root, "data", "vectors", "en.tgv")
-	}
-	v, err := LoadVectors(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, errors.New(path + " is missing: run scripts/vectors.sh install (make test does)")
-	}
-	return v, err
-})
-
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
+	path, err := testutil.VectorsPath()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the test's directory")
-		}
-		dir = parent
-	}
-}
+	return LoadVectors(path)
+})
 
 func semanticForTest(t testing.TB) Engine {
 	t.Helper()

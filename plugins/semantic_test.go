@@ -9,24 +9,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
 // vectorsPath is where the gateway's default config finds the word
-// vectors (TOLLGATE_VECTORS, else data/vectors/en.tgv under the
-// repository root). A missing file fails the test: make test installs it.
+// vectors; a missing file fails the test: make test installs it.
 func vectorsPath(t *testing.T) string {
 	t.Helper()
-	path := os.Getenv("TOLLGATE_VECTORS")
-	if path == "" {
-		dir, err := os.Getwd()
-		if err != nil {
-			t.Fatal(err)
-		}
-		path = filepath.Join(filepath.Dir(dir), "data", "vectors", "en.tgv")
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("word vectors: %v: run scripts/vectors.sh install (make test does)", err)
+	path, err := testutil.VectorsPath()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return path
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 // caller posts the llm engine's calls to the demo upstream over TCP.
@@ -90,12 +90,9 @@ func TestDemoUpstreamWithoutLogprobs(t *testing.T) {
 // no label shares a word with the text, is no tie through the demo
 // either, in both label orders.
 func TestDemoUpstreamAnswersFromTheSemanticEngine(t *testing.T) {
-	path := os.Getenv("TOLLGATE_VECTORS")
-	if path == "" {
-		path = filepath.Join("..", "..", "data", "vectors", "en.tgv")
-	}
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("word vectors: %v: run scripts/vectors.sh install (make test does)", err)
+	path, err := testutil.VectorsPath()
+	if err != nil {
+		t.Fatal(err)
 	}
 	llm, sem := startDemo(t, "-vectors", path), offlineView(path, t.Errorf)
 	if sem.Name() != classifiers.EngineSemantic {
