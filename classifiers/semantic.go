@@ -307,11 +307,9 @@ func (e *semantic) neutralBias(sl *semanticLabels) []float64 {
 	}
 	mean := sum / float64(n)
 	for i, v := range sl.vecs {
-		if v == nil || sl.fallback[i] {
-			bias[i] = 0
-			continue
+		if v != nil && !sl.fallback[i] {
+			bias[i] = neutralWeight * (bias[i] - mean)
 		}
-		bias[i] = neutralWeight * (bias[i] - mean)
 	}
 	return bias
 }

@@ -108,8 +108,9 @@ func runBench(w io.Writer, name string, newEngine func() (classifiers.Engine, er
 		names[i] = p.name
 	}
 	fmt.Fprintf(w, "%s engine, %s texts, %d passes; %d cores\n", name, strings.Join(names, "+"), rounds, runtime.NumCPU())
+	added := float64(after-before) / (1 << 20)
 	fmt.Fprintf(w, "RSS added by the engine, loaded and warmed: %.1f MiB (VmRSS %.1f -> %.1f MiB)\n",
-		float64(after-before)/(1<<20), float64(before)/(1<<20), float64(after)/(1<<20))
+		added, float64(before)/(1<<20), float64(after)/(1<<20))
 	fmt.Fprintf(w, "%-10s %9s %10s %10s %14s %14s\n", "operation", "calls", "p50 µs", "p99 µs", "calls/s (1)", fmt.Sprintf("calls/s (%d)", procs))
 	var worst time.Duration
 	worstOp := ""
@@ -121,7 +122,6 @@ func runBench(w io.Writer, name string, newEngine func() (classifiers.Engine, er
 			worst, worstOp = p99, o.name
 		}
 	}
-	added := float64(after-before) / (1 << 20)
 	fmt.Fprintf(w, "goals: p99 per call at most 2 ms: %s (worst %.0f µs, %s); RSS the engine adds, vectors and all, at most 64 MiB: %s (%.1f MiB)\n",
 		metOrNot(worst <= 2*time.Millisecond), micros(worst), worstOp, metOrNot(added <= 64), added)
 	return nil
