@@ -171,21 +171,32 @@ func (v *vocabulary) lookup(b []byte) uint32 {
 
 // pieceTokens is the number of tokens byte-pair encoding gives piece: the
 // merge loop of tiktoken, which joins the adjacent pair of lowest rank
-// until no pair is a token.
+// (the leftmost of equals) until no pair is a token. Its scan for the
+// lowest pair is quadratic in the piece's length, so a long piece (one
+// 64 KiB word took 2.6 s) goes to mergeLong, which keeps the pairs in a
+// heap and merges in the same order.
 func (v *vocabulary) pieceTokens(piece []byte) int {
 	switch {
 	case len(piece) == 0:
 		return 0
 	case len(piece) == 1 || v.lookup(piece) != noRank:
 		return 1
+	case len(piece) > longPiece:
+		return v.mergeLong(piece)
 	}
+	return v.mergeScan(piece)
+}
+
+// mergeScan is pieceTokens by tiktoken's own loop: each merge scans every
+// pair for the lowest.
+func (v *vocabulary) mergeScan(piece []byte) int {
 	type part struct {
 		start int
 		rank  uint32
 	}
-	var buf [128]part
+	var buf [longPiece + 1]part
 	parts := buf[:0]
-	if len(piece)+1 > len(buf) {
+	if len(piece) >= len(buf) {
 		parts = make([]part, 0, len(piece)+1)
 	}
 	for i := 0; i <= len(piece); i++ {
@@ -217,4 +228,130 @@ func (v *vocabulary) pieceTokens(piece []byte) int {
 		parts = append(parts[:at+1], parts[at+2:]...)
 	}
 	return len(parts) - 1
+}
+
+// longPiece is the length above which pieceTokens merges through a heap:
+// below it the plain scan is faster, and nearly every piece of real text
+// is far below it.
+const longPiece = 127
+
+// mergeLong is pieceTokens for a long piece, in O(n log n): the parts are
+// a linked list, and every pair's rank sits in a min-heap keyed by rank,
+// then position, so the pair popped is the one the plain scan would pick.
+// A merge changes the ranks of the pairs on either side; their old heap
+// entries are left behind and skipped when popped, as their rank no
+// longer matches.
+func (v *vocabulary) mergeLong(piece []byte) int {
+	n := len(piece) // parts; part i starts at byte i until merged away
+	next := make([]int32, n)
+	prev := make([]int32, n)
+	rank := make([]uint32, n) // rank of the pair part i starts; noRank if none
+	for i := range n {
+		next[i], prev[i] = int32(i+1), int32(i-1)
+	}
+	end := func(i int32) int { // where part i ends
+		if next[i] >= int32(n) {
+			return n
+		}
+		return int(next[i])
+	}
+	pairRank := func(i int32) uint32 {
+		j := next[i]
+		if j >= int32(n) {
+			return noRank
+		}
+		return v.lookup(piece[i:end(j)])
+	}
+	h := pairHeap(make([]pairEntry, 0, n))
+	for i := range int32(n) {
+		rank[i] = pairRank(i)
+		if rank[i] != noRank {
+			h = append(h, pairEntry{rank[i], i})
+		}
+	}
+	h.init()
+	parts := n
+	for len(h) > 0 {
+		e := h.pop()
+		if rank[e.at] != e.rank { // stale, or merged away (noRank)
+			continue
+		}
+		gone := next[e.at]
+		next[e.at] = next[gone]
+		if next[gone] < int32(n) {
+			prev[next[gone]] = e.at
+		}
+		rank[gone] = noRank
+		parts--
+		if rank[e.at] = pairRank(e.at); rank[e.at] != noRank {
+			h.push(pairEntry{rank[e.at], e.at})
+		}
+		if p := prev[e.at]; p >= 0 {
+			if rank[p] = pairRank(p); rank[p] != noRank {
+				h.push(pairEntry{rank[p], p})
+			}
+		}
+	}
+	return parts
+}
+
+// pairEntry is a pair of adjacent parts in mergeLong's heap: the rank of
+// their merge, and where the first part starts.
+type pairEntry struct {
+	rank uint32
+	at   int32
+}
+
+// pairHeap is a binary min-heap of pairs by rank, then position; written
+// out rather than through container/heap to keep the entries unboxed.
+type pairHeap []pairEntry
+
+func (h pairHeap) less(i, j int) bool {
+	return h[i].rank < h[j].rank || h[i].rank == h[j].rank && h[i].at < h[j].at
+}
+
+func (h pairHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *pairHeap) push(e pairEntry) {
+	*h = append(*h, e)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !s.less(i, parent) {
+			break
+		}
+		s[i], s[parent] = s[parent], s[i]
+		i = parent
+	}
+}
+
+func (h *pairHeap) pop() pairEntry {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	*h = s[:last]
+	h.down(0)
+	return top
+}
+
+func (h pairHeap) down(i int) {
+	for {
+		least := i
+		if l := 2*i + 1; l < len(h) && h.less(l, least) {
+			least = l
+		}
+		if r := 2*i + 2; r < len(h) && h.less(r, least) {
+			least = r
+		}
+		if least == i {
+			return
+		}
+		h[i], h[least] = h[least], h[i]
+		i = least
+	}
 }

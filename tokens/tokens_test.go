@@ -86,3 +86,60 @@ func BenchmarkCount(b *testing.B) {
 		Count(text)
 	}
 }
+
+// TestMergeLongMatchesScan checks that the heap merge of long pieces joins
+// pairs in the same order as tiktoken's scan: pieces of one repeated
+// letter, of a few letters, of all kinds of bytes, and real words joined.
+func TestMergeLongMatchesScan(t *testing.T) {
+	if err := Preload(); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	alphabets := []string{"a", "ab", "abc ", "etaoinshrdlu", "0123456789", "é漢🙂x", "\x00\xff\x80 q"}
+	words := strings.Fields("the quick brown fox jumps over lazy dog token merge rank gateway billing")
+	for i := range 400 {
+		n := longPiece + 1 + rng.IntN(1500)
+		var b strings.Builder
+		if i%4 == 3 {
+			for b.Len() < n {
+				b.WriteString(words[rng.IntN(len(words))])
+			}
+		} else {
+			alphabet := alphabets[rng.IntN(len(alphabets))]
+			for b.Len() < n {
+				b.WriteByte(alphabet[rng.IntN(len(alphabet))])
+			}
+		}
+		piece := []byte(b.String())
+		if got, want := vocab.mergeLong(piece), vocab.mergeScan(piece); got != want {
+			t.Fatalf("piece %d (%d bytes, %.40q…): mergeLong %d, mergeScan %d", i, len(piece), piece, got, want)
+		}
+	}
+}
+
+// TestCountLongWords compares long single words, the pieces mergeLong
+// takes, with tiktoken-go.
+func TestCountLongWords(t *testing.T) {
+	enc := reference(t)
+	for _, text := range []string{
+		strings.Repeat("a", 3000), strings.Repeat("é", 900), strings.Repeat("🙂", 300),
+		strings.Repeat("Supercalifragilistic", 40), " " + strings.Repeat("xyzzy", 200),
+	} {
+		if got, want := Count(text), len(enc.EncodeOrdinary(text)); got != want {
+			t.Fatalf("%.30q… (%d bytes): Count = %d, tiktoken-go %d", text, len(text), got, want)
+		}
+	}
+}
+
+// BenchmarkCountLongWord is one 64 KiB word, a piece the heap merge takes
+// (2.6 s a call with the scan alone).
+func BenchmarkCountLongWord(b *testing.B) {
+	text := strings.Repeat("a", 64<<10)
+	if err := Preload(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		Count(text)
+	}
+}
