@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/jsondepth"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/storage"
@@ -593,6 +594,9 @@ func parseLine(line []byte, maxText int) (string, string) {
 	if len(bytes.TrimSpace(line)) == 0 {
 		return "", "the line is empty" + want
 	}
+	if jsondepth.Exceeds(line, jsondepth.Max) {
+		return "", fmt.Sprintf("the line nests arrays and objects more than %d deep", jsondepth.Max) + want
+	}
 	if !gjson.ValidBytes(line) {
 		return "", "the line is not valid JSON" + want
 	}
@@ -600,8 +604,21 @@ func parseLine(line []byte, maxText int) (string, string) {
 	if !v.IsObject() {
 		return "", "the line is not a JSON object" + want
 	}
-	t := v.Get("text")
+	// The key is matched as /v1/classify matches it, in any case, and a
+	// second one is refused as it refuses one: which of two texts a
+	// client meant cannot be known.
+	var t gjson.Result
+	twice := false
+	v.ForEach(func(key, value gjson.Result) bool {
+		if strings.EqualFold(key.Str, "text") {
+			twice = t.Exists()
+			t = value
+		}
+		return !twice
+	})
 	switch {
+	case twice:
+		return "", "the line has two text fields" + want
 	case !t.Exists():
 		return "", "the line has no text field" + want
 	case t.Type != gjson.String:

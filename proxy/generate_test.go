@@ -174,6 +174,13 @@ func TestBadRequests(t *testing.T) {
 		{"not an object", `["small"]`, "", "JSON object"},
 		{"duplicate model", `{"model":"small","model":"large"}`, "model", "duplicate"},
 		{"empty body", ``, "", "not valid JSON"},
+		// gjson validates recursively: a few million '[' overflowed the
+		// stack and killed the gateway with every call in flight.
+		{"nested too deep", `{"model":"small","x":` + strings.Repeat("[", 10001) + `}`, "", "more than 10000 deep"},
+		// An upstream keeping the last include_usage would send no usage
+		// after the gateway rewrote the first one to true.
+		{"duplicate include_usage", `{"model":"small","stream":true,"stream_options":{"include_usage":false,"include_usage":false}}`,
+			"stream_options.include_usage", "duplicate"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
