@@ -120,6 +120,9 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	call := callPool.Get().(*generationCall)
 	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.stream, call.injected, call.reqBody, call.pinned = stream, injected, bufp, pinned
+	if n := f.N.Int(); n > 1 && n <= maxChoices && ep == endpointChat {
+		call.choices = int(n)
+	}
 	// A stored response is remembered as soon as its id is known; "store":
 	// false ones are kept nowhere, so there is nothing to find later.
 	call.remember = ep == endpointResponses && f.Store.Type != gjson.False
@@ -240,8 +243,14 @@ type generationCall struct {
 	rawChunks []byte // chat chunks whose text is read only if usage never came
 	ttfb      time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
-	// finish_reason (chat), a terminal or error event (responses).
+	// finish_reason for every choice (chat), a terminal or error event
+	// (responses).
 	finished bool
+	// choices is a chat request's n when above 1: a stream cut after one
+	// choice's finish_reason has not finished the others. choiceDone marks
+	// the indexes that finished.
+	choices    int
+	choiceDone [maxChoices / 64]uint64
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 	recorded                  bool

@@ -346,6 +346,18 @@ func TestStreamWithoutDoneEndsAndIsMetered(t *testing.T) {
 	}
 }
 
+// With n above 1 each choice ends with its own finish_reason: a stream
+// cut after the first one's was relayed as complete, and a client took the
+// other choices' halves for whole answers.
+func TestStreamOfTwoChoicesCutAfterOneIsInterrupted(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 3, OmitDone: true, PromptTokens: 5, CompletionTokens: 3}})
+	got := string(readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"n":2,"messages":[]}`)))
+	if !strings.Contains(got, `"finish_reason":"stop"`) || !strings.Contains(got, `"code":"stream_interrupted"`) {
+		t.Fatalf("got %s", got)
+	}
+	wantError(t, h.post("/v1/chat/completions", `{"model":"small","n":2,"n":1,"messages":[]}`), 400, "invalid_request_error")
+}
+
 func TestStalledUpstreamHitsIdleTimeout(t *testing.T) {
 	h := newHarness(t, harnessOptions{idleTimeout: "300ms", upstream: proxytest.Options{Chunks: 5, Stall: true}})
 	start := time.Now()

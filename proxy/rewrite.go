@@ -20,7 +20,10 @@ type requestFields struct {
 	// keeps the response (store defaults to true).
 	PreviousResponseID gjson.Result
 	Store              gjson.Result
-	end                int // offset of the body's closing '}'
+	// Chat only: how many choices a stream carries, each ending with its
+	// own finish_reason.
+	N   gjson.Result
+	end int // offset of the body's closing '}'
 }
 
 // scanRequest validates body as one JSON object and locates the fields the
@@ -57,6 +60,8 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			slot = &f.PreviousResponseID
 		case "store":
 			slot = &f.Store
+		case "n":
+			slot = &f.N
 		default:
 			return true
 		}

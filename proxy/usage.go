@@ -4,6 +4,7 @@ package proxy
 // the text, and the usage event that bills them.
 
 import (
+	"math/bits"
 	"strings"
 	"time"
 
@@ -59,7 +60,7 @@ func (c *generationCall) appendText(s string) {
 func (c *generationCall) readChoices(choices gjson.Result) {
 	choices.ForEach(func(_, ch gjson.Result) bool {
 		if ch.Get("finish_reason").Type == gjson.String {
-			c.finished = true
+			c.finishChoice(ch.Get("index").Int())
 		}
 		if c.keepText() {
 			d := ch.Get("delta")
@@ -69,6 +70,27 @@ func (c *generationCall) readChoices(choices gjson.Result) {
 		}
 		return true
 	})
+}
+
+// maxChoices is OpenAI's bound on n.
+const maxChoices = 128
+
+// finishChoice notes that choice i reached its finish_reason; the stream's
+// content is finished once every choice asked for has.
+func (c *generationCall) finishChoice(i int64) {
+	if c.choices <= 1 {
+		c.finished = true
+		return
+	}
+	if i < 0 || i >= int64(c.choices) {
+		return
+	}
+	c.choiceDone[i/64] |= 1 << (i % 64)
+	done := 0
+	for _, w := range c.choiceDone {
+		done += bits.OnesCount64(w)
+	}
+	c.finished = done >= c.choices
 }
 
 func (c *generationCall) collectWholeText(body []byte) {
