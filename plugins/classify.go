@@ -136,7 +136,7 @@ func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		endpoint: "/v1/classify",
 		price:    call.World.Config.Plugins.Pricing.Classify,
 		model:    body.Model,
-		tokens:   int64(tokens.Count(req.Text)),
+		tokens:   int64(tokens.Count(req.Text)) + labelSetTokens(req.Labels, req.Descriptions, req.Examples),
 		run: func(e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Classify(ctx, req)

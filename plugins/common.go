@@ -225,6 +225,27 @@ func jsonFields(dst any) []string {
 	return names
 }
 
+// labelSetTokens estimates, at one token per 4 bytes, what a label set
+// adds to a classify or tag request's text, for admission. Counting it
+// exactly costs about as much as classifying; leaving it out let one
+// request carry a million tokens of examples past a 10,000 tokens/min
+// limit. The engine's usage settles the difference after the call.
+func labelSetTokens(labels []string, descriptions map[string]string, examples map[string][]string) int64 {
+	n := 0
+	for _, l := range labels {
+		n += len(l)
+	}
+	for _, d := range descriptions {
+		n += len(d)
+	}
+	for _, list := range examples {
+		for _, e := range list {
+			n += len(e)
+		}
+	}
+	return int64(n+3) / 4
+}
+
 // requireText checks a required text field against plugins.max_text_bytes.
 func requireText(field, v string, p config.Plugins) *proxy.APIError {
 	if v == "" {
@@ -277,7 +298,10 @@ type execution struct {
 	endpoint string // path, as metered
 	price    string // plugins.pricing entry, USD per token
 	model    string // the request's "model", "" when absent
-	tokens   int64  // the request's text in tokens, for the limits
+	// tokens is what the limits admit the request at: its text's tokens,
+	// and an estimate of its labels', descriptions' and examples' (see
+	// labelSetTokens), settled with the engine's usage after the call.
+	tokens int64
 	// run calls the engine and keeps its result; it may be called twice
 	// (llm, then semantic or lexical after a fallback).
 	run func(e classifiers.Engine) (classifiers.Answer, error)

@@ -113,6 +113,22 @@ func TestPublicTokenLimit(t *testing.T) {
 	wantRetryAfter(t, r, 0, 21) // 4 more tokens of 12/min: 20s
 }
 
+// TestLabelSetCountsAtAdmission: a label set's examples count against the
+// tokens limit before the work is done. Only the text counted, so one
+// request carried a million tokens of examples past the limit.
+func TestLabelSetCountsAtAdmission(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: `
+  engine: lexical
+  public_limits: {requests_per_minute: 100, tokens_per_minute: 1000}`})
+	example := strings.Repeat("refund payment invoice ", 200) // 4,600 bytes
+	body := `{"text": "refund", "labels": ["billing", "bug"], "examples": {"billing": ["` + example + `"], "bug": ["crash"]}}`
+	e := h.do(request{path: "/v1/classify", body: body}).apiError(t, 429, "rate_limit_exceeded")
+	if !strings.Contains(e["message"].(string), "more than the 1000 tokens per minute") {
+		t.Errorf("message %q", e["message"])
+	}
+	h.do(request{path: "/v1/classify", body: classifyBody}).ok(t)
+}
+
 // TestKeyLimits: a key's own rpm and tpm replace plugins.key_limits.
 func TestKeyLimits(t *testing.T) {
 	h := newHarness(t, harnessOptions{})

@@ -78,7 +78,7 @@ func (m *module) handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		endpoint: "/v1/tag",
 		price:    call.World.Config.Plugins.Pricing.Tag,
 		model:    body.Model,
-		tokens:   int64(tokens.Count(req.Text)),
+		tokens:   int64(tokens.Count(req.Text)) + labelSetTokens(req.Tags, nil, nil),
 		run: func(e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Tag(ctx, req)

@@ -277,12 +277,18 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 // addTokens charges tokens found after the work (an engine's prompt beyond
 // the text). They may overdraw the minute; the next call then waits.
 func (a *admission) addTokens(ctx *fasthttp.RequestCtx, tokens int64) {
-	if a.state == nil || tokens <= 0 || a.limits.TokensPerMinute <= 0 {
+	if a.state == nil || tokens == 0 || a.limits.TokensPerMinute <= 0 {
 		return
 	}
 	now := a.l.now()
 	a.shard.mu.Lock()
-	a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(tokens, a.limits.TokensPerMinute)
+	if tokens > 0 {
+		a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(tokens, a.limits.TokensPerMinute)
+	} else {
+		// Admit counted more than the work used: give it back, but never
+		// past now, which would bank quota for later.
+		a.state.tokensTAT = max(a.state.tokensTAT-interval(-tokens, a.limits.TokensPerMinute), now)
+	}
 	snap := *a.state
 	a.shard.mu.Unlock()
 	a.setHeaders(ctx, snap, now)
@@ -386,8 +392,9 @@ func (c *Call) Admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 	return c.limit.admit(ctx, tokens)
 }
 
-// AddTokens charges tokens the work used beyond those Admit counted, so a
-// prompt longer than the text still counts against tokens_per_minute.
+// AddTokens settles what Admit counted against what the work used: it
+// charges the tokens beyond (a prompt longer than the text), and gives
+// back those Admit estimated and the work did not use.
 func (c *Call) AddTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 	if c.limit != nil {
 		c.limit.addTokens(ctx, tokens)
