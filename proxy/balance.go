@@ -33,6 +33,7 @@ const (
 type upstreamHealth struct {
 	inflight  atomic.Int64
 	latency   atomic.Int64 // moving average of the time to response headers, ns
+	sampled   atomic.Int64 // unix ns of latency's last sample
 	state     atomic.Int32
 	openUntil atomic.Int64 // unix ns: open until then, then half-open
 	trial     atomic.Bool  // a half-open trial call is out
@@ -117,6 +118,7 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) {
 		old = int64(ttfb)
 	}
 	h.latency.Store(old + (int64(ttfb)-old)/8)
+	h.sampled.Store(time.Now().UnixNano())
 	if h.state.Load() == stateClosed {
 		if h.failures.Load() != 0 {
 			h.mu.Lock()
@@ -298,17 +300,27 @@ func (p *pool) choose(mode string, now int64, skip uint64) int {
 		return -1
 	}
 	b := p.draw(now, skip, a)
-	if b < 0 || p.cost(a) <= p.cost(b) {
+	if b < 0 || p.cost(a, now) <= p.cost(b, now) {
 		return a
 	}
 	return b
 }
 
-func (p *pool) cost(i int) int64 {
+// latencyHalfLife is how fast an upstream's latency, unsampled, is
+// forgotten. A latency is measured only on calls the upstream gets, so
+// without forgetting, a replica that was slow once (its first, cold
+// calls) lost every pairing at light load and was never measured again;
+// halved each second, it gets a call back within seconds, and that call
+// measures it anew. Linkerd's peak-EWMA balancer decays the same way.
+const latencyHalfLife = time.Second
+
+func (p *pool) cost(i int, now int64) int64 {
 	h := &p.members[i].up.health
 	lat := h.latency.Load()
 	if lat == 0 {
 		lat = initialLatency
+	} else if age := (now - h.sampled.Load()) / int64(latencyHalfLife); age > 0 {
+		lat >>= min(age, 62)
 	}
 	return (h.inflight.Load() + 1) * (lat / int64(p.members[i].weight))
 }

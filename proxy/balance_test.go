@@ -118,3 +118,26 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+// A replica measured slow once, and not since, wins pairings again after a
+// few seconds, and its next call measures it anew: it lost every pairing
+// at light load for good when its latency was never forgotten.
+func TestP2CForgetsAnUnsampledLatency(t *testing.T) {
+	p := testModelPool(t, 2)
+	now := time.Now().UnixNano()
+	slow, fast := &p.members[0].up.health, &p.members[1].up.health
+	slow.latency.Store(int64(10 * time.Millisecond))
+	slow.sampled.Store(now)
+	fast.latency.Store(int64(time.Millisecond))
+	fast.sampled.Store(now)
+	for range 20 {
+		if i := p.choose("p2c", now, 0); i != 1 {
+			t.Fatalf("a replica measured 10 times slower just now was chosen (member %d)", i)
+		}
+	}
+	later := now + int64(5*time.Second) // the slow one's last sample is 5 s old, the fast one's too
+	fast.sampled.Store(later)           // but the fast one was just measured again
+	if i := p.choose("p2c", later, 0); i != 0 {
+		t.Fatalf("member %d chosen: the replica unsampled for 5 s still lost to one measured now", i)
+	}
+}
