@@ -43,6 +43,7 @@ type upstreamHealth struct {
 	ejectFor  time.Duration
 	lastError string
 	probing   bool
+	resting   bool // out because it answered 429, not because it failed
 
 	// Calls and failures in the current and the previous minute, for the
 	// error rate the admin API shows.
@@ -135,6 +136,7 @@ func (h *upstreamHealth) close() {
 	h.mu.Lock()
 	h.failures.Store(0)
 	h.ejectFor = 0
+	h.resting = false
 	h.state.Store(stateClosed)
 	h.trial.Store(false)
 	h.mu.Unlock()
@@ -160,6 +162,7 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason string) (ejected bool
 	}
 	h.openUntil.Store(time.Now().Add(h.ejectFor).UnixNano())
 	h.state.Store(stateOpen)
+	h.resting = false
 	h.trial.Store(false)
 	h.ejections.Add(1)
 	return true
@@ -175,6 +178,7 @@ func (h *upstreamHealth) rest(d time.Duration, reason string) {
 	if h.state.Load() == stateOpen && h.openUntil.Load() >= until {
 		return
 	}
+	h.resting = true
 	h.openUntil.Store(until)
 	h.state.Store(stateOpen)
 	h.trial.Store(false)
@@ -183,11 +187,14 @@ func (h *upstreamHealth) rest(d time.Duration, reason string) {
 // describe says why an upstream is out, for the 503 when all are.
 func (h *upstreamHealth) describe(now int64) string {
 	h.mu.Lock()
-	reason := h.lastError
+	reason, resting := h.lastError, h.resting
 	h.mu.Unlock()
 	switch h.state.Load() {
 	case stateOpen:
 		left := time.Duration(h.openUntil.Load() - now).Round(time.Millisecond)
+		if resting {
+			return fmt.Sprintf("resting for %s more (%s)", max(left, 0), reason)
+		}
 		return fmt.Sprintf("ejected for %s more (%s)", max(left, 0), reason)
 	case stateHalfOpen:
 		return fmt.Sprintf("being retried (%s)", reason)
@@ -376,14 +383,37 @@ func mix(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// allDown is the 503 for a call none of whose upstreams is available.
+// allDown is the answer for a call none of whose upstreams is available:
+// 503, or 429 when every one rests after answering 429 itself, so SDKs
+// see the rate limit they would have seen from the upstream. Either way
+// Retry-After says when the first one is back, if it is known.
 func (p *pool) allDown(model string) *APIError {
 	now := time.Now().UnixNano()
 	parts := make([]string, 0, len(p.members))
+	back, resting := int64(0), true
 	for _, m := range p.members {
-		parts = append(parts, m.up.cfg.Name+": "+m.up.health.describe(now))
+		h := &m.up.health
+		parts = append(parts, m.up.cfg.Name+": "+h.describe(now))
+		h.mu.Lock()
+		resting = resting && h.resting
+		h.mu.Unlock()
+		if h.state.Load() == stateOpen {
+			if until := h.openUntil.Load(); until > now && (back == 0 || until < back) {
+				back = until
+			}
+		} else {
+			back = -1 // a half-open trial is out: its answer decides
+		}
 	}
-	return Unavailable(fmt.Sprintf("every upstream of model %q is unavailable (%s)", model, strings.Join(parts, "; ")))
+	e := Unavailable(fmt.Sprintf("every upstream of model %q is unavailable (%s)", model, strings.Join(parts, "; ")))
+	if resting && back > 0 {
+		e = &APIError{Status: 429, Type: "rate_limit_error", Code: "rate_limit_exceeded",
+			Message: fmt.Sprintf("every upstream of model %q is rate limited (%s)", model, strings.Join(parts, "; "))}
+	}
+	if back > 0 {
+		e.RetryAfter = time.Duration(back - now)
+	}
+	return e
 }
 
 // affinityHash hashes affinity keys and upstream names with a fixed

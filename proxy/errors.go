@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -17,6 +19,9 @@ type APIError struct {
 	Code    string // empty renders as null
 	Param   string // empty renders as null
 	Message string
+	// RetryAfter, when set, is sent as Retry-After (whole seconds, at
+	// least 1), which the SDKs wait for before they retry.
+	RetryAfter time.Duration
 }
 
 func (e *APIError) Error() string { return e.Message }
@@ -60,6 +65,9 @@ func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	ctx.SetStatusCode(err.Status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
+	if err.RetryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(max(int64((err.RetryAfter+time.Second-1)/time.Second), 1), 10))
+	}
 }
 
 // Constructors for the statuses of spec section 7. The codes are the spec's

@@ -164,8 +164,33 @@ func TestPoolAllDownAnswers503NamingThemAtOnce(t *testing.T) {
 	if !strings.Contains(msg, "every upstream of model \"small\"") || !strings.Contains(msg, "p0: ejected") || !strings.Contains(msg, "p1: ejected") {
 		t.Fatalf("503 does not name the ejected upstreams: %q", msg)
 	}
+	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" {
+		t.Fatalf("Retry-After %q, want when the first upstream is back (30s)", ra)
+	}
 	if st := h.statuses()["p0"]; st.State != "ejected" || st.LastError == "" {
 		t.Fatalf("p0 is %+v, want ejected with its error", st)
+	}
+}
+
+// An upstream answering 429 with Retry-After rests until then; calls in
+// the meantime got 503 with no Retry-After, which SDKs raise as a server
+// error rather than the rate limit it is.
+func TestPoolOfRestingUpstreamsAnswers429WithRetryAfter(t *testing.T) {
+	h := newPoolHarness(t, 1, "", proxytest.Options{Status: 429, RetryAfter: "30"})
+	resp := h.post("/v1/chat/completions", smallChat)
+	if body := readAll(t, resp); resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "30" {
+		t.Fatalf("the upstream's own 429: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	resp = h.post("/v1/chat/completions", smallChat)
+	env := wantError(t, resp, 429, "rate_limit_exceeded")
+	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" {
+		t.Fatalf("Retry-After %q, want the rest left (30s)", ra)
+	}
+	if msg, _ := env["message"].(string); !strings.Contains(msg, "rate limited (p0: resting for") {
+		t.Fatalf("message %q", msg)
+	}
+	if n := len(h.ups[0].Requests()); n != 1 {
+		t.Fatalf("the resting upstream got %d calls, want 1", n)
 	}
 }
 
