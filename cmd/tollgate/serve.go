@@ -39,6 +39,14 @@ func runServe(args []string) error {
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Bound first: a port already taken must end the start before the
+	// first-start work prints a demo key (shown only once) and an
+	// OPENAI_BASE_URL pointing at another process.
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Server.Listen, err)
+	}
+	defer ln.Close()
 	if err := prepareProcess(cfg, logf); err != nil {
 		return err
 	}
@@ -92,7 +100,7 @@ func runServe(args []string) error {
 
 	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
 	go watcher.Run(ctx)
-	return serveUntilDone(ctx, srv, cfg, path, b, logf)
+	return serveUntilDone(ctx, srv, ln, path, cfg, b, logf)
 }
 
 // prepareProcess readies what the process itself needs before anything
@@ -212,13 +220,9 @@ func (j *batchJobs) runWorker(ctx context.Context) <-chan struct{} {
 	return workerDone
 }
 
-// serveUntilDone listens and serves until the server fails or ctx ends,
+// serveUntilDone serves ln until the server fails or ctx ends,
 // then waits up to 30 seconds for open requests and streams.
-func serveUntilDone(ctx context.Context, srv *proxy.Server, cfg *config.Config, path string, b *broker.Broker, logf func(string, ...any)) error {
-	ln, err := net.Listen("tcp", cfg.Server.Listen)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.Server.Listen, err)
-	}
+func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, path string, cfg *config.Config, b *broker.Broker, logf func(string, ...any)) error {
 	logf("tollgate %s listening on http://%s (config %s, data %s, NATS %s)", version(), ln.Addr(), path, cfg.Server.DataDir, b.ClientURL())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -1,0 +1,56 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
+)
+
+// A gateway whose port is taken stops before its first-start work: it used
+// to print the demo key, which is shown only once, and an OPENAI_BASE_URL
+// naming the other process's port, then fail to listen, so the start that
+// followed never showed the key.
+func TestTakenPortEndsTheStartBeforeFirstStartWork(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	dataDir := filepath.Join(t.TempDir(), "data")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tollgateBin, "serve")
+	cmd.Env = append(os.Environ(),
+		"TOLLGATE_CONFIG="+filepath.Join(repoRoot, "gateway.yaml"),
+		"TOLLGATE_LISTEN="+taken.Addr().String(),
+		"TOLLGATE_DATA_DIR="+dataDir,
+		"TOLLGATE_ADMIN_TOKEN=",
+		"TOLLGATE_NATS_LISTEN="+freeAddr(t),
+		"TOLLGATE_STORAGE_LISTEN="+freeAddr(t),
+		"TOLLGATE_DEBUG_LISTEN=",
+		"TOLLGATE_CONSUME_IN_SERVE=false",
+		"NATS_URL=", "CLICKHOUSE_DSN=", "UPSTREAM_BASE_URL=http://"+freeAddr(t)+"/v1")
+	cmd.SysProcAttr = testutil.DieWithParent()
+	out, err := cmd.CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("serve on a taken port: err %v (context %v), output:\n%s", err, ctx.Err(), out)
+	}
+	if !strings.Contains(string(out), "address already in use") {
+		t.Fatalf("the error does not say the port is taken:\n%s", out)
+	}
+	if strings.Contains(string(out), "First start") {
+		t.Fatalf("first-start work done before the port was bound:\n%s", out)
+	}
+	for _, f := range []string{"admin.token", "demo.created"} {
+		if _, err := os.Stat(filepath.Join(dataDir, f)); err == nil {
+			t.Errorf("%s written by a start that could not listen", f)
+		}
+	}
+}
