@@ -45,6 +45,7 @@ type Console struct {
 	accounts *accounts.Service
 	logins   *Logins
 	sessions sessions
+	signOuts *signOuts
 	usage    *usageReader
 	logf     func(string, ...any)
 }
@@ -75,6 +76,9 @@ func Open(ctx context.Context, opts Options) (*Console, error) {
 	if c.sessions.ttl <= 0 {
 		c.sessions.ttl = DefaultSessionTTL
 	}
+	if c.signOuts, err = openSignOuts(ctx, opts.JetStream, opts.Replicas, c.sessions.ttl); err != nil {
+		return nil, err
+	}
 	if c.logf == nil {
 		c.logf = func(string, ...any) {}
 	}
@@ -86,6 +90,7 @@ func Open(ctx context.Context, opts Options) (*Console, error) {
 
 // Close closes the ClickHouse connection the console opened.
 func (c *Console) Close() {
+	c.signOuts.close()
 	c.usage.close()
 }
 
@@ -185,6 +190,9 @@ func style(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 func (c *Console) session(ctx *fasthttp.RequestCtx) (session, bool) {
 	sess, err := c.sessions.verify(string(ctx.Request.Header.Cookie(cookieName)))
 	switch {
+	case err == nil && c.signOuts.signedOut(sess):
+		c.clearCookie(ctx)
+		c.message(ctx, 401, "Signed out", "This session was signed out; sign in again with a new link.", true)
 	case err == nil:
 		return sess, true
 	case errors.Is(err, errSessionExpired):
@@ -344,8 +352,16 @@ func (c *Console) signIn(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 }
 
 func (c *Console) signOut(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-	if _, ok := c.formSession(ctx); !ok {
+	sess, ok := c.formSession(ctx)
+	if !ok {
 		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	if err := c.signOuts.signOut(sctx, sess); err != nil {
+		// Ended on this gateway already; the others learn it only
+		// through the bucket.
+		c.logf("console: signing out a session of %s on every gateway: %v", sess.Account, err)
 	}
 	c.clearCookie(ctx)
 	c.message(ctx, 200, "Signed out", "You are signed out of the console.", true)

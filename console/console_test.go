@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/money"
 )
 
@@ -219,6 +221,7 @@ func TestFormsRefuseMissingWrongOrCrossSiteCSRF(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
 		t.Fatalf("create with the right token: %d %s", resp.StatusCode, page)
 	}
+	copied := b.cookie()
 	resp = b.post("/console/logout", url.Values{"csrf": {csrf}})
 	readAll(t, resp)
 	if resp.StatusCode != 200 || b.cookie() != nil {
@@ -227,6 +230,33 @@ func TestFormsRefuseMissingWrongOrCrossSiteCSRF(t *testing.T) {
 	if status, _ := b.get("/console"); status != 401 {
 		t.Fatalf("after logout: %d, want 401", status)
 	}
+	// A copy of the cookie taken before signing out is refused too, here
+	// and by every other gateway on the same NATS: it was valid for the
+	// rest of its 8 hours.
+	req, _ := http.NewRequest("GET", g.url+"/console", nil)
+	req.AddCookie(copied)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != 401 || !strings.Contains(string(body), "signed out") {
+		t.Fatalf("the signed-out session's cookie: %d %s", resp.StatusCode, body)
+	}
+	second, err := Open(t.Context(), Options{Accounts: g.svc, JetStream: g.broker.JetStream(), Replicas: 1, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	sess, err := g.console.sessions.verify(copied.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !second.signOuts.signedOut(sess) {
+			return errors.New("another gateway still takes the signed-out session")
+		}
+		return nil
+	})
 }
 
 func TestSessionExpiresAndForgedSessionsAreRefused(t *testing.T) {
