@@ -15,6 +15,7 @@ import (
 
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/classifiers"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy/proxytest"
@@ -88,6 +89,32 @@ func TestJobRunsToCompletion(t *testing.T) {
 				t.Errorf("view %+v", v)
 			}
 		})
+	}
+}
+
+// A job the semantic engine answered is billed under semantic: the event
+// named lexical whatever offline engine answered, so an invoice put the
+// job under an engine that never saw it.
+func TestJobAnsweredBySemanticIsBilledUnderSemantic(t *testing.T) {
+	vectors, err := testutil.VectorsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, envOptions{plugins: "  engine: semantic\n  max_text_bytes: 1KiB\n  vectors: " + vectors})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	id := e.create(svc, "acme", inputLines(20, 97), "single")
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	lines, tokens := checkResults(t, e.results(j), 20)
+	if lines[0].Engine != "semantic" {
+		t.Fatalf("line 1 answered by %q, want semantic", lines[0].Engine)
+	}
+	wantBilled(t, e, j, tokens)
+	if evs := e.jobEvents(id); len(evs) != 1 || evs[0].Model != "semantic" {
+		t.Fatalf("events %+v, want one under model semantic", evs)
 	}
 }
 

@@ -302,7 +302,7 @@ func checkResults(t *testing.T, data []byte, inputLines int) ([]resultLine, int6
 		if r.Line != int64(len(lines)+1) {
 			t.Fatalf("result line %d says line %d: lines lost, repeated or out of order", len(lines)+1, r.Line)
 		}
-		if r.Error == "" && (r.Engine != "lexical" && r.Engine != "llm" || (r.Model != "") != (r.Engine == "llm")) {
+		if r.Error == "" && (r.Engine != "lexical" && r.Engine != "semantic" && r.Engine != "llm" || (r.Model != "") != (r.Engine == "llm")) {
 			t.Fatalf("result line %d does not name its engine: %s", r.Line, sc.Text())
 		}
 		lines = append(lines, r)

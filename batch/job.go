@@ -109,6 +109,10 @@ type Progress struct {
 	// LLMModel is the model that answered lines, "" while only the lexical
 	// engine did.
 	LLMModel string `json:"llm_model,omitempty"`
+	// OfflineEngine is the offline engine that answered lines (semantic
+	// or lexical), "" while none did: the model a job answered offline is
+	// billed under.
+	OfflineEngine string `json:"offline_engine,omitempty"`
 	// FirstError is the first line's error, quoted when no line succeeds.
 	FirstError string `json:"first_error,omitempty"`
 }

@@ -3,6 +3,7 @@ package batch
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -168,6 +169,7 @@ type chunk struct {
 	completed, failed         int64
 	prompt, completion, total int64
 	llmModel, firstError      string
+	offlineEngine             string
 	done                      chan struct{}
 }
 
@@ -321,6 +323,7 @@ type partWriter struct {
 	prompt, completion, total int64
 	end                       int64
 	llmModel, firstError      string
+	offlineEngine             string
 }
 
 func (w *partWriter) add(ctx context.Context, c *chunk) error {
@@ -349,6 +352,9 @@ func (w *partWriter) add(ctx context.Context, c *chunk) error {
 	w.end = c.end
 	if w.llmModel == "" {
 		w.llmModel = c.llmModel
+	}
+	if w.offlineEngine == "" {
+		w.offlineEngine = c.offlineEngine
 	}
 	if w.firstError == "" {
 		w.firstError = c.firstError
@@ -385,6 +391,9 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 		if p.LLMModel == "" {
 			p.LLMModel = w.llmModel
 		}
+		if p.OfflineEngine == "" {
+			p.OfflineEngine = w.offlineEngine
+		}
 		if p.FirstError == "" {
 			p.FirstError = w.firstError
 		}
@@ -401,7 +410,7 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 	}
 	w.seq++
 	w.lines, w.completed, w.failed, w.prompt, w.completion, w.total = 0, 0, 0, 0, 0, 0
-	w.llmModel, w.firstError = "", ""
+	w.llmModel, w.firstError, w.offlineEngine = "", "", ""
 	if w.s.at("checkpointed") {
 		return errDied
 	}
@@ -497,7 +506,7 @@ func (s *Service) billingEvent(j *Job, now time.Time) *meter.Event {
 	cost.Add(j.Progress.TotalTokens, price)
 	ev := &meter.Event{
 		ID: j.ID, JobID: j.ID, Time: now, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
-		Model: classifiers.EngineLexical, PromptTokens: j.Progress.PromptTokens, CompletionTokens: j.Progress.CompletionTokens,
+		Model: cmp.Or(j.Progress.OfflineEngine, classifiers.EngineLexical), PromptTokens: j.Progress.PromptTokens, CompletionTokens: j.Progress.CompletionTokens,
 		CostNanos: cost.Nanos(), UsageSource: meter.SourceTokenizer, Status: 200,
 	}
 	if j.StartedAt != nil {
@@ -681,6 +690,8 @@ func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.Classif
 	c.total += u.TotalTokens
 	if res.Engine == classifiers.EngineLLM && c.llmModel == "" {
 		c.llmModel = res.Model
+	} else if res.Engine != classifiers.EngineLLM && c.offlineEngine == "" {
+		c.offlineEngine = res.Engine
 	}
 }
 
