@@ -77,11 +77,18 @@ type ClassifyResult struct {
 // TagRequest tags text from a closed set (Tags) or, when Tags is empty,
 // with open tags the engine finds.
 type TagRequest struct {
-	Text      string
-	Tags      []string
-	MaxTags   int     // default 5
-	Threshold float64 // default 0.5 for a closed set
+	Text    string
+	Tags    []string
+	MaxTags int // default 5
+	// Threshold: only tags of at least this confidence are returned, open
+	// or closed; 0 keeps every tag with evidence. The API's default for a
+	// closed set, 0.5, is DefaultTagThreshold, set by the caller: an
+	// engine reading 0 as "default" turned a client's explicit 0 into 0.5.
+	Threshold float64
 }
+
+// DefaultTagThreshold is /v1/tag's threshold for a closed set of tags.
+const DefaultTagThreshold = 0.5
 
 // TagResult lists tags by confidence, descending.
 type TagResult struct {

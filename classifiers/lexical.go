@@ -283,14 +283,11 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	}
 	text := analyze(req.Text)
 	if len(req.Tags) == 0 {
-		res.Tags = openTags(text.terms, maxTags)
+		res.Tags = atLeast(openTags(text.terms, maxTags), req.Threshold)
 		res.Answer = lexicalAnswer(req.Text, 0)
 		return res, nil
 	}
 	threshold := req.Threshold
-	if threshold == 0 {
-		threshold = 0.5
-	}
 	textBag := bagOf(text.terms)
 	ls := compileLabels(req.Tags, nil, nil)
 	sims := labelSimilarities(&textBag, req.Text, ls)
@@ -301,6 +298,17 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	res.Tags = matched(all, sims, threshold, maxTags)
 	res.Answer = lexicalAnswer(req.Text, ls.tokens)
 	return res, nil
+}
+
+// atLeast keeps the tags of at least threshold, in their order.
+func atLeast(tags []LabelScore, threshold float64) []LabelScore {
+	out := tags[:0]
+	for _, t := range tags {
+		if t.Confidence >= threshold {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // openTags picks the text's keywords: content words by frequency times

@@ -227,7 +227,7 @@ func TestLexicalTags(t *testing.T) {
 	if len(r.Tags) != 1 || (r.Tags[0].Label != "billing" && r.Tags[0].Label != "invoice") {
 		t.Errorf("closed tags %+v", r.Tags)
 	}
-	r, _ = e.Tag(ctx, TagRequest{Text: "Nothing relevant here", Tags: []string{"billing"}})
+	r, _ = e.Tag(ctx, TagRequest{Text: "Nothing relevant here", Tags: []string{"billing"}, Threshold: DefaultTagThreshold})
 	if r.Tags == nil || len(r.Tags) != 0 {
 		t.Errorf("closed tags without a match: %#v, want an empty list", r.Tags)
 	}

@@ -461,9 +461,6 @@ func (e *llm) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	if len(req.Tags) == 0 {
 		return e.openTags(ctx, req.Text, maxTags, threshold)
 	}
-	if threshold == 0 {
-		threshold = 0.5
-	}
 	codes := labelCodes(len(req.Tags))
 	var b strings.Builder
 	b.WriteString(PromptMarker + " tag\n")

@@ -296,7 +296,7 @@ func TestLLMMultiAndTagsAgreeWithTheView(t *testing.T) {
 	if sys := gjson.GetBytes(s.Requests()[0].Body, "messages.0.content").String(); !strings.Contains(sys, formatYesNo) {
 		t.Errorf("multi prompt:\n%s", sys)
 	}
-	treq := TagRequest{Text: "Rust and Go are fast; Go compiles quickly.", Tags: []string{"go", "rust", "java"}}
+	treq := TagRequest{Text: "Rust and Go are fast; Go compiles quickly.", Tags: []string{"go", "rust", "java"}, Threshold: DefaultTagThreshold}
 	wantTags, _ := lex.Tag(ctx, treq)
 	tg, err := e.Tag(ctx, treq)
 	if err != nil || fmt.Sprint(tg.Tags) != fmt.Sprint(wantTags.Tags) || len(tg.Tags) != 2 {

@@ -540,9 +540,6 @@ func (e *semantic) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 		maxTags = 5
 	}
 	threshold := req.Threshold
-	if threshold == 0 {
-		threshold = 0.5
-	}
 	text := analyze(req.Text)
 	sl := e.compileLabels(req.Tags, nil, nil)
 	sims := e.labelSims(&text, req.Text, sl)

@@ -230,3 +230,36 @@ func TestClassifyTie(t *testing.T) {
 	checkScores(t, m["labels"], "labels", 0)
 	checkScores(t, m["scores"], "scores", 2)
 }
+
+// TestTagThreshold: an explicit threshold is the client's, 0 included, for
+// closed and open tags alike. 0 was read as "default" (0.5), and open tags
+// ignored the threshold altogether.
+func TestTagThreshold(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	key := h.newKey("acme", accounts.KeyRequest{Name: "tags"})
+	tags := func(body string) []any {
+		t.Helper()
+		m := h.do(request{path: "/v1/tag", body: body, key: key}).ok(t)
+		list, ok := m["tags"].([]any)
+		if !ok {
+			t.Fatalf("no tags list: %v", m)
+		}
+		return list
+	}
+	closed := `"text": "The export button crashes when I export a report", "tags": ["export", "crash", "billing", "report settings and layout options"]`
+	byDefault, all := tags(`{`+closed+`}`), tags(`{`+closed+`, "threshold": 0}`)
+	below := false
+	for _, tg := range all {
+		below = below || tg.(map[string]any)["confidence"].(float64) < 0.5
+	}
+	if !below || len(all) <= len(byDefault) {
+		t.Fatalf("threshold 0 gave %v, the default 0.5 gave %v: want the tags below 0.5 too", all, byDefault)
+	}
+	open := `"text": "The export button does nothing on Safari"`
+	if got := tags(`{` + open + `}`); len(got) == 0 {
+		t.Fatal("open tags found nothing")
+	}
+	if got := tags(`{` + open + `, "threshold": 0.99}`); len(got) != 0 {
+		t.Fatalf("open tags at threshold 0.99: %v", got)
+	}
+}

@@ -48,7 +48,10 @@ func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIE
 		req.Threshold = t
 		return req, apiErr
 	}
-	return req, nil // 0: the engine's default, 0.5 for a closed set
+	if len(b.Tags) > 0 {
+		req.Threshold = classifiers.DefaultTagThreshold
+	}
+	return req, nil // open tags: every tag the engine finds
 }
 
 // tagScore is one tag with its confidence.
