@@ -79,7 +79,43 @@ func duplicateKey(body []byte, dst any) *proxy.APIError {
 	if dup != "" {
 		return proxy.BadRequest(dup, fmt.Sprintf("duplicate key %q in request body: send each field once", dup))
 	}
+	// Inside a field, a key twice is as ambiguous: encoding/json keeps the
+	// last description of a label, and the client cannot know which.
+	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
+		dup = nestedDuplicate(key.Str, value)
+		return dup == ""
+	})
+	if dup != "" {
+		return proxy.BadRequest(dup, fmt.Sprintf("duplicate key %q in request body: send each key once", dup))
+	}
 	return nil
+}
+
+// nestedDuplicate returns the path of the first key an object within v
+// holds twice, or "". path is v's own.
+func nestedDuplicate(path string, v gjson.Result) string {
+	var dup string
+	switch {
+	case v.IsObject():
+		seen := map[string]bool{}
+		v.ForEach(func(key, member gjson.Result) bool {
+			if seen[key.Str] {
+				dup = path + "." + key.Str
+			} else {
+				seen[key.Str] = true
+				dup = nestedDuplicate(path+"."+key.Str, member)
+			}
+			return dup == ""
+		})
+	case v.IsArray():
+		i := 0
+		v.ForEach(func(_, member gjson.Result) bool {
+			dup = nestedDuplicate(fmt.Sprintf("%s[%d]", path, i), member)
+			i++
+			return dup == ""
+		})
+	}
+	return dup
 }
 
 // numberRanges words the valid values of the numeric fields, for a number
