@@ -121,3 +121,31 @@ func TestModelRetrieveIDWithSlash(t *testing.T) {
 	}
 	wantError(t, h.get("GET", "/v1/models/Qwen", ""), 404, "model_not_found")
 }
+
+// TestEveryResponseCarriesARequestID: the README promises x-request-id on
+// every response; the model list, 404s, 405s and a 413 on chat had none.
+func TestEveryResponseCarriesARequestID(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	get := func(path string) *http.Response {
+		resp, err := h.client.Get(h.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	big := `{"model":"small","messages":[{"role":"user","content":"` + strings.Repeat("x", 70<<10) + `"}]}`
+	for name, resp := range map[string]*http.Response{
+		"model list":        get("/v1/models"),
+		"one model":         get("/v1/models/small"),
+		"unknown model":     get("/v1/models/nope"),
+		"unknown route":     get("/v1/nope"),
+		"wrong method":      h.post("/v1/models", "{}"),
+		"body too large":    h.post("/v1/chat/completions", big),
+		"chat, bad request": h.post("/v1/chat/completions", `{}`),
+	} {
+		readAll(t, resp)
+		if id := resp.Header.Get("x-request-id"); len(id) != 36 {
+			t.Errorf("%s (%d): x-request-id %q", name, resp.StatusCode, id)
+		}
+	}
+}

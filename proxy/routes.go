@@ -63,18 +63,31 @@ type AdminHandler interface {
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	generation := endpointChat
+	switch string(path) {
+	case "/v1/chat/completions":
+	case "/v1/responses":
+		generation = endpointResponses
+	default:
+		generation = -1
+		// Every response carries one, as the README promises; a
+		// generation call sets its own, which its usage event keeps, and
+		// a plugin call replaces this one with its call's.
+		ctx.Response.Header.Set("x-request-id", newRequestID())
+	}
 	if limit := s.world.Load().Config.Server.MaxRequestBody; int64(len(ctx.Request.Body())) > int64(limit) {
+		if generation >= 0 {
+			ctx.Response.Header.Set("x-request-id", newRequestID())
+		}
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit)))
 		return
 	}
-	path := ctx.Path()
+	if generation >= 0 {
+		s.generation(ctx, generation)
+		return
+	}
 	switch string(path) {
-	case "/v1/chat/completions":
-		s.generation(ctx, endpointChat)
-		return
-	case "/v1/responses":
-		s.generation(ctx, endpointResponses)
-		return
 	case "/v1/models":
 		if !ctx.IsGet() && !ctx.IsHead() {
 			methodNotAllowed(ctx, "GET")
