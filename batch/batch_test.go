@@ -118,6 +118,34 @@ func TestJobAnsweredBySemanticIsBilledUnderSemantic(t *testing.T) {
 	}
 }
 
+// An input replaced while its job ran fails the job at its end: the run
+// went on with what it read, and a job completed whose results matched
+// neither the input it counted nor the one stored.
+func TestInputReplacedWhileTheJobRunsFailsIt(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	var replace func()
+	svc := e.service(0, batch.Tuning{Hook: func(point string) bool {
+		if point == "counted" && replace != nil {
+			replace()
+			replace = nil
+		}
+		return false
+	}})
+	id := e.create(svc, "acme", inputLines(300, 97), "single")
+	replace = func() { e.put(batch.InputObject("acme", id), bytes.NewReader(inputLines(13, 97))) }
+	e.work(svc)
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "the input file changed while the job ran") {
+		t.Fatalf("status %s, error %q: want failed, the input changed", j.Status, j.Error)
+	}
+	if evs := e.jobEvents(id); len(evs) != 0 {
+		t.Fatalf("a failed job was billed: %+v", evs)
+	}
+}
+
 func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	svc := e.service(0, batch.Tuning{})

@@ -428,6 +428,17 @@ func (w *partWriter) abort() {
 // records it completed — or failed, when no line could be classified.
 func (s *Service) finish(ctx context.Context, o *owner) error {
 	j := o.snapshot()
+	// Checked again at the end, not only when a run starts: an input
+	// replaced while a run read it (the upload form works until it
+	// expires) left results that no longer matched the stored input.
+	switch size, err := s.store.Stat(ctx, j.InputKey); {
+	case errors.Is(err, storage.ErrNotExist):
+		return o.fail(ctx, "the input file is gone: upload it again and start the job")
+	case err != nil:
+		return fmt.Errorf("reading the input size: %w", err)
+	case size != j.Progress.InputSize:
+		return o.fail(ctx, fmt.Sprintf("the input file changed while the job ran (%d bytes, %d before): start the job again", size, j.Progress.InputSize))
+	}
 	if j.RequestsCompleted == 0 {
 		msg := fmt.Sprintf("no line of the input could be classified (%d lines)", j.Progress.Lines)
 		if j.Progress.FirstError != "" {
