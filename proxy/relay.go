@@ -315,7 +315,8 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if u := gjson.Get(bstr(data), "response.usage"); u.IsObject() {
 			c.setUsage(u)
 		}
-	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta":
+	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta",
+		"response.function_call_arguments.delta":
 		if c.keepText() {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
 		}

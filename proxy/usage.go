@@ -67,7 +67,19 @@ func (c *generationCall) readChoices(choices gjson.Result) {
 			c.appendText(d.Get("content").Str)
 			c.appendText(d.Get("reasoning_content").Str)
 			c.appendText(d.Get("reasoning").Str)
+			c.appendToolCalls(d.Get("tool_calls"))
 		}
+		return true
+	})
+}
+
+// appendToolCalls keeps the names and arguments of tool calls, which are
+// generated tokens like any text: a cut stream of tool calls was billed no
+// completion tokens at all.
+func (c *generationCall) appendToolCalls(calls gjson.Result) {
+	calls.ForEach(func(_, tc gjson.Result) bool {
+		c.appendText(tc.Get("function.name").Str)
+		c.appendText(tc.Get("function.arguments").Str)
 		return true
 	})
 }
@@ -96,7 +108,11 @@ func (c *generationCall) finishChoice(i int64) {
 func (c *generationCall) collectWholeText(body []byte) {
 	if c.ep == endpointChat {
 		gjson.Get(bstr(body), "choices").ForEach(func(_, ch gjson.Result) bool {
-			c.appendText(ch.Get("message.content").Str)
+			m := ch.Get("message")
+			c.appendText(m.Get("content").Str)
+			c.appendText(m.Get("reasoning_content").Str)
+			c.appendText(m.Get("reasoning").Str)
+			c.appendToolCalls(m.Get("tool_calls"))
 			return true
 		})
 		return
@@ -106,6 +122,10 @@ func (c *generationCall) collectWholeText(body []byte) {
 			c.appendText(part.Get("text").Str)
 			return true
 		})
+		if item.Get("type").Str == "function_call" {
+			c.appendText(item.Get("name").Str)
+			c.appendText(item.Get("arguments").Str)
+		}
 		return true
 	})
 }
@@ -232,9 +252,20 @@ func promptText(body []byte, ep endpoint) string {
 			return true
 		})
 	}
+	// Tool definitions reach the model as text too, and so do the tool
+	// calls and results of earlier turns: counted as their JSON and text.
+	if tools := gjson.Get(bstr(body), "tools"); tools.IsArray() {
+		sb.WriteString(tools.Raw)
+		sb.WriteByte('\n')
+	}
 	if ep == endpointChat {
 		gjson.Get(bstr(body), "messages").ForEach(func(_, m gjson.Result) bool {
 			add(m.Get("content"))
+			m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+				add(tc.Get("function.name"))
+				add(tc.Get("function.arguments"))
+				return true
+			})
 			return true
 		})
 		return sb.String()
@@ -246,6 +277,9 @@ func promptText(body []byte, ep endpoint) string {
 	} else {
 		input.ForEach(func(_, item gjson.Result) bool {
 			add(item.Get("content"))
+			add(item.Get("name"))
+			add(item.Get("arguments"))
+			add(item.Get("output"))
 			return true
 		})
 	}
