@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,13 +25,31 @@ type adminClient struct {
 }
 
 func adminFlags(fs *flag.FlagSet) (url, token *string) {
+	// The gateway's own listen address (gateway.yaml, where
+	// $TOLLGATE_LISTEN fills it in), as its data dir comes from there.
 	listen := os.Getenv("TOLLGATE_LISTEN")
-	if listen == "" {
-		listen = "127.0.0.1:8080"
+	if cfg, err := config.Load(configPath(nil)); err == nil {
+		listen = cfg.Server.Listen
 	}
-	url = fs.String("url", "http://"+listen, "gateway base URL")
+	url = fs.String("url", "http://"+dialable(cmp.Or(listen, "127.0.0.1:8080")), "gateway base URL (default from gateway.yaml's server.listen)")
 	token = fs.String("token", os.Getenv("TOLLGATE_ADMIN_TOKEN"), "admin token (default $TOLLGATE_ADMIN_TOKEN, else <data_dir>/admin.token)")
 	return url, token
+}
+
+// dialable turns a listen address into one to connect to: a gateway
+// listening on every address is reached on loopback.
+func dialable(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 func newAdminClient(url, token string) (*adminClient, error) {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"text/tabwriter"
@@ -66,6 +67,7 @@ func runFinance(args []string) error {
 	if err != nil {
 		return err
 	}
+	cfg.ClickHouse.DSN = localClickHouseDSN(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
@@ -99,4 +101,24 @@ func runFinance(args []string) error {
 		return err
 	}
 	return errors.Join(tw.Flush())
+}
+
+// localClickHouseDSN is the DSN to query: CLICKHOUSE_DSN or gateway.yaml's
+// when either is set, else the DSN of the ClickHouse make run started
+// under data_dir (its env file), which it gives only to the gateway it
+// runs: on another port than 9000, finance queries found no server.
+func localClickHouseDSN(cfg *config.Config) string {
+	if os.Getenv("CLICKHOUSE_DSN") != "" || cfg.ClickHouse.DSN != config.DefaultClickHouseDSN {
+		return cfg.ClickHouse.DSN
+	}
+	data, err := os.ReadFile(filepath.Join(cfg.Server.DataDir, "clickhouse", "env"))
+	if err != nil {
+		return cfg.ClickHouse.DSN
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if dsn, ok := strings.CutPrefix(line, "CLICKHOUSE_DSN="); ok && dsn != "" {
+			return dsn
+		}
+	}
+	return cfg.ClickHouse.DSN
 }
