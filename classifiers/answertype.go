@@ -24,19 +24,23 @@ const (
 var quantityOpeners = []string{"how long", "how often", "how many", "how much", "how old", "how far",
 	"how fast", "how big", "how soon", "what time", "what year", "what date", "when"}
 
-// quantityWords are numbers in words and units of time and amount
-// (stems, as the tokenizer makes them).
+// quantityWords are numbers in words and units of time and amount, as
+// words (and their plurals), not stems: stemmed, "one" is "on" and a
+// document saying "refunds on sale items" held a quantity. "am" and "may"
+// are left out: far more often "I am" and "it may" than a time or a month
+// (a time is written with digits, "9 am", which count anyway).
 var quantityWords = func() map[string]struct{} {
 	m := map[string]struct{}{}
 	for w := range strings.FieldsSeq(`one two three four five six seven eight nine ten eleven twelve
 	fifteen twenty thirty forty fifty hundred thousand million billion dozen half quarter couple few
 	second minute hour day week month year decade century daily weekly monthly yearly annually hourly
-	am pm noon midnight morning evening night tonight today tomorrow yesterday weekend weekday
-	monday tuesday wednesday thursday friday saturday sunday january february march april may june
+	pm noon midnight morning evening night tonight today tomorrow yesterday weekend weekday
+	monday tuesday wednesday thursday friday saturday sunday january february march april june
 	july august september october november december spring summer autumn fall winter
 	percent kilometre kilometer mile metre meter gram kilogram pound dollar euro cent litre liter
 	price cost every once twice until before after`) {
-		m[stem(w)] = struct{}{}
+		m[w] = struct{}{}
+		m[w+"s"] = struct{}{}
 	}
 	return m
 }()
@@ -79,7 +83,7 @@ func hasAnswerKind(kind answerKind, doc *doc, raw string, query []term) bool {
 		if doc.stats.digitWords > 0 || doc.stats.money > 0 || doc.stats.percents > 0 {
 			return true
 		}
-		return anyStem(doc.terms, quantityWords)
+		return anyWord(doc.terms, quantityWords)
 	case kindCause:
 		return anyStem(doc.terms, causeWords)
 	case kindName:
@@ -95,6 +99,17 @@ func anyStem(terms []term, set map[string]struct{}) bool {
 		if _, ok := set[terms[i].stem]; ok {
 			return true
 		}
+		if _, ok := set[terms[i].word]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// anyWord reports whether any term's word, as written in lower case, is
+// in set.
+func anyWord(terms []term, set map[string]struct{}) bool {
+	for i := range terms {
 		if _, ok := set[terms[i].word]; ok {
 			return true
 		}
