@@ -139,7 +139,7 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 // key may use it.
 func resolveModel(w *World, key *accounts.Key, f *requestFields) (*catalog.Entry, *APIError) {
 	switch {
-	case !f.Model.Exists():
+	case !f.Model.Exists() || f.Model.Type == gjson.Null:
 		return nil, BadRequest("model", "you must provide a model parameter; valid models: "+w.Catalog.ValidList())
 	case f.Model.Type != gjson.String:
 		return nil, BadRequest("model", "model must be a string; valid models: "+w.Catalog.ValidList())

@@ -170,6 +170,8 @@ func TestBadRequests(t *testing.T) {
 		{"missing model", `{"messages":[]}`, "model", "small"},
 		{"unknown model", `{"model":"gpt-9","messages":[]}`, "model", "large, small"},
 		{"model not a string", `{"model":42}`, "model", "must be a string"},
+		{"model null", `{"model":null}`, "model", "you must provide a model"},
+		{"store not a boolean", `{"model":"small","store":"false"}`, "store", "expected a boolean"},
 		{"malformed JSON", `{"model":"small",`, "", "not valid JSON"},
 		{"not an object", `["small"]`, "", "JSON object"},
 		{"duplicate model", `{"model":"small","model":"large"}`, "model", "duplicate"},

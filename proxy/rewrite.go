@@ -93,6 +93,12 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			return f, wrongType("stream_options.include_usage", "a boolean", f.IncludeUsage)
 		}
 	}
+	// store decides whether the response is remembered for
+	// previous_response_id; "false" as a string would have counted as
+	// storing.
+	if !isBoolOrNull(f.Store) {
+		return f, wrongType("store", "a boolean", f.Store)
+	}
 	f.end = bytes.LastIndexByte(body, '}')
 	return f, nil
 }
