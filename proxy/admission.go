@@ -48,7 +48,7 @@ func (s *Server) checkBalance(w *World, key *accounts.Key) *APIError {
 		return errInvalidKey("the account of this API key does not exist")
 	}
 	if bal < -w.grace {
-		return errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, below the grace buffer of -%s USD; a top-up resumes service at once", key.Account, bal, w.grace))
+		return errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, below the grace buffer of %s USD; a top-up resumes service at once", key.Account, bal, -w.grace))
 	}
 	return nil
 }

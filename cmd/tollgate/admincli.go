@@ -208,14 +208,20 @@ func runKeys(args []string) error {
 	name := fs.String("name", "", "key name, e.g. prod-backend")
 	scopes := fs.String("scopes", "", "comma-separated scopes (default: all)")
 	models := fs.String("models", "", "comma-separated model ids (default: all)")
-	rpm := fs.Int64("rpm", 0, "requests per minute (0 = account default)")
-	tpm := fs.Int64("tpm", 0, "tokens per minute (0 = account default)")
+	rpm := fs.Int64("rpm", 0, "requests per minute (0 = none of its own: gateway.yaml's plugins.key_limits on the plugin endpoints, no limit on generation)")
+	tpm := fs.Int64("tpm", 0, "tokens per minute (0 = none of its own, as for -rpm)")
 	expiresIn := fs.String("expires-in", "", "lifetime, e.g. 720h (default: never)")
 	logging := fs.Bool("logging", false, "log generation inputs and outputs for this key")
 	retention := fs.Int("retention-days", 0, "days to keep logged requests (0 = forever)")
 	pos, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		return err
+	}
+	if *retention != 0 && !*logging {
+		return errors.New("-retention-days applies to logged requests: add -logging")
+	}
+	if *retention != 0 && !*logging {
+		return errors.New("-retention-days applies to logged requests: add -logging")
 	}
 	c, err := newAdminClient(*url, *token)
 	if err != nil {
