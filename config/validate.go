@@ -31,7 +31,7 @@ const (
 	DefaultFsyncInterval    = 100 * time.Millisecond
 	DefaultBatchMaxEvents   = 1000
 	DefaultBatchMaxBytes    = ByteSize(512 << 10)
-	DefaultBatchMaxDelay    = 10 * time.Millisecond
+	DefaultBatchMaxDelay    = 50 * time.Millisecond
 	DefaultUsageRetention   = 7 * 24 * time.Hour // meter.EnsureUsageStream uses it for a retention it cannot take
 	DefaultConnectTimeout   = 2 * time.Second
 	DefaultWriteTimeout     = 10 * time.Second
