@@ -64,27 +64,21 @@ type AdminHandler interface {
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
-	generation := endpointChat
-	switch string(path) {
-	case "/v1/chat/completions":
-	case "/v1/responses":
-		generation = endpointResponses
-	default:
-		generation = -1
+	ep, isGeneration := generationEndpoint(path)
+	limit := s.world.Load().Config.Server.MaxRequestBody
+	tooLarge := int64(len(ctx.Request.Body())) > int64(limit)
+	if !isGeneration || tooLarge {
 		// Every response carries one, as the README promises; a
 		// generation call sets its own, which its usage event keeps, and
 		// a plugin call replaces this one with its call's.
 		ctx.Response.Header.Set("x-request-id", newRequestID())
 	}
-	if limit := s.world.Load().Config.Server.MaxRequestBody; int64(len(ctx.Request.Body())) > int64(limit) {
-		if generation >= 0 {
-			ctx.Response.Header.Set("x-request-id", newRequestID())
-		}
+	if tooLarge {
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit)))
 		return
 	}
-	if generation >= 0 {
-		s.generation(ctx, generation)
+	if isGeneration {
+		s.generation(ctx, ep)
 		return
 	}
 	switch string(path) {
@@ -131,6 +125,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 }
 
 var modelsPrefix = []byte("/v1/models/")
+
+// generationEndpoint says whether path is one of the two generation
+// endpoints, and which.
+func generationEndpoint(path []byte) (endpoint, bool) {
+	switch string(path) {
+	case "/v1/chat/completions":
+		return endpointChat, true
+	case "/v1/responses":
+		return endpointResponses, true
+	}
+	return 0, false
+}
 
 // model serves GET /v1/models/{id}: like the list, it needs no key.
 func (s *Server) model(ctx *fasthttp.RequestCtx, id []byte) {
