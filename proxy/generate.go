@@ -334,6 +334,8 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
+		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
+		c.failCallSpan(apiErr.Status, apiErr.Message)
 		c.release()
 		WriteError(ctx, apiErr)
 		return

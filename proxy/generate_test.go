@@ -781,4 +781,9 @@ func TestNonStreamCutIs502(t *testing.T) {
 	if n := len(h.rec.Events()); n != before {
 		t.Fatalf("%d events for a cut answer", n-before)
 	}
+	// Counted in the request metrics like any other answer: the cut ones
+	// were missing from them.
+	if m := scrape(t, h); !strings.Contains(m, `tollgate_requests_total{model="small",upstream="local",endpoint="/v1/chat/completions",status="502"}`) {
+		t.Fatalf("no 502 series in /metrics:\n%s", m)
+	}
 }

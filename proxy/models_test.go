@@ -140,12 +140,27 @@ func TestEveryResponseCarriesARequestID(t *testing.T) {
 		"unknown model":     get("/v1/models/nope"),
 		"unknown route":     get("/v1/nope"),
 		"wrong method":      h.post("/v1/models", "{}"),
+		"health, posted":    h.post("/healthz", "{}"),
+		"metrics, posted":   h.post("/metrics", "{}"),
 		"body too large":    h.post("/v1/chat/completions", big),
 		"chat, bad request": h.post("/v1/chat/completions", `{}`),
 	} {
 		readAll(t, resp)
 		if id := resp.Header.Get("x-request-id"); len(id) != 36 {
 			t.Errorf("%s (%d): x-request-id %q", name, resp.StatusCode, id)
+		}
+	}
+}
+
+// /healthz and /metrics answer GET and HEAD only, with 405 and Allow for
+// the rest, like every other fixed route; they answered 200 to anything.
+func TestHealthAndMetricsRefuseOtherMethods(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, path := range []string{"/healthz", "/metrics"} {
+		resp := h.post(path, "{}")
+		readAll(t, resp)
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET" {
+			t.Errorf("POST %s: %d, Allow %q; want 405, GET", path, resp.StatusCode, resp.Header.Get("Allow"))
 		}
 	}
 }

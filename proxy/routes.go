@@ -91,10 +91,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBody(s.world.Load().Catalog.ModelsJSON())
 		return
 	case "/healthz":
+		if !ctx.IsGet() && !ctx.IsHead() {
+			methodNotAllowed(ctx, "GET")
+			return
+		}
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
 	case "/metrics":
+		if !ctx.IsGet() && !ctx.IsHead() {
+			methodNotAllowed(ctx, "GET")
+			return
+		}
 		var b []byte
 		if s.metrics != nil {
 			b = s.metrics()
