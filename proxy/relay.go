@@ -230,15 +230,16 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 // stripUsage returns ev without the usage member the client did not ask
 // for, or ev as it came where that cannot be done safely.
 func (c *generationCall) stripUsage(ev *sseEvent, usage gjson.Result) []byte {
-	if ev.dataEnd == 0 {
-		return ev.Raw // several data lines: relay untouched rather than guess
-	}
 	stripped, ok := appendWithoutMember(c.scratchData[:0], ev.Data, usage, "usage")
 	if !ok {
 		return ev.Raw
 	}
 	c.scratchData = stripped
-	c.scratchEvent = appendWithData(c.scratchEvent[:0], ev, stripped)
+	if ev.dataEnd == 0 { // several data lines, or a byte order mark first
+		c.scratchEvent = appendWithDataLines(c.scratchEvent[:0], ev, stripped)
+	} else {
+		c.scratchEvent = appendWithData(c.scratchEvent[:0], ev, stripped)
+	}
 	return c.scratchEvent
 }
 

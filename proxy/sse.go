@@ -24,9 +24,11 @@ type sseEvent struct {
 	// which a client would not dispatch.
 	Complete bool
 	// dataStart and dataEnd locate the only data line in Raw (terminator
-	// included) so it can be replaced; both zero when there are several.
+	// included) so it can be replaced; both zero when there are several,
+	// or when the line begins the stream with a byte order mark.
 	dataStart, dataEnd int
 	dataLines          int
+	bom                bool // Raw begins the stream with a byte order mark
 }
 
 // sseReader splits a byte stream into events. Lines end with "\n" or
@@ -37,6 +39,7 @@ type sseEvent struct {
 type sseReader struct {
 	br       *bufio.Reader
 	maxEvent int
+	started  bool // a line was read: a byte order mark is no longer the stream's first
 	raw      []byte
 	data     []byte
 }
@@ -50,6 +53,7 @@ func (r *sseReader) reset(src io.Reader) {
 	r.br.Reset(src)
 	r.raw = r.raw[:0]
 	r.data = r.data[:0]
+	r.started = false
 }
 
 // readLine appends one line, terminator included, to r.raw and returns its
@@ -83,6 +87,7 @@ var (
 	blankCR    = []byte("\r\r")
 	fieldData  = []byte("data")
 	fieldEvent = []byte("event")
+	bom        = []byte("\uFEFF")
 )
 
 // Next returns the next event. At the end of the stream it returns io.EOF;
@@ -108,6 +113,15 @@ func (r *sseReader) Next() (sseEvent, error) {
 			return sseEvent{}, err
 		}
 		content := trimEOL(line)
+		if !r.started {
+			// The SSE spec ignores one byte order mark at the start of
+			// the stream; read as part of the field name, it hid the
+			// first event's data.
+			r.started = true
+			if bytes.HasPrefix(content, bom) {
+				content, ev.bom = content[len(bom):], true
+			}
+		}
 		if len(content) == 0 {
 			if fields == 0 {
 				continue // blank lines before an event belong to its Raw
@@ -129,7 +143,7 @@ func (r *sseReader) finish(ev *sseEvent) {
 	if ev.dataLines > 0 {
 		ev.Data = r.data
 	}
-	if ev.dataLines != 1 {
+	if ev.dataLines != 1 || ev.bom {
 		ev.dataStart, ev.dataEnd = 0, 0
 	}
 }
@@ -167,6 +181,49 @@ func trimEOL(line []byte) []byte {
 		}
 	}
 	return line
+}
+
+// appendWithDataLines appends ev to dst with its data replaced by data,
+// for an event whose data came in several lines (or after a byte order
+// mark): every other line stays as it came, and data, split at its
+// newlines into lines again, takes the place of the first data line.
+func appendWithDataLines(dst []byte, ev *sseEvent, data []byte) []byte {
+	raw, wrote := ev.Raw, false
+	for len(raw) > 0 {
+		n := bytes.IndexByte(raw, '\n') + 1
+		if n == 0 {
+			n = len(raw)
+		}
+		line := raw[:n]
+		raw = raw[n:]
+		content := trimEOL(line)
+		mark := bytes.HasPrefix(content, bom) && len(raw)+n == len(ev.Raw) && ev.bom
+		if mark {
+			content = content[len(bom):]
+		}
+		name := content
+		if i := bytes.IndexByte(content, ':'); i >= 0 {
+			name = content[:i]
+		}
+		if len(content) == 0 || !bytes.Equal(name, fieldData) {
+			dst = append(dst, line...)
+			continue
+		}
+		if wrote {
+			continue
+		}
+		wrote = true
+		if mark {
+			dst = append(dst, bom...)
+		}
+		term := line[len(trimEOL(line)):]
+		for part := range bytes.SplitSeq(data, []byte{'\n'}) {
+			dst = append(dst, "data: "...)
+			dst = append(dst, part...)
+			dst = append(dst, term...)
+		}
+	}
+	return dst
 }
 
 // appendWithData appends ev to dst with its single data line's value

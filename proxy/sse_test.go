@@ -103,3 +103,35 @@ func FuzzSSEReader(f *testing.F) {
 		}
 	})
 }
+
+// When the gateway injected include_usage, the usage it adds is stripped
+// from every chunk, also from one whose data comes in several lines and
+// from the first one after a byte order mark: both were relayed with the
+// usage the client never asked for.
+func TestUsageIsStrippedFromMultiLineAndBOMEvents(t *testing.T) {
+	stream := "\uFEFFdata: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}],\"usage\":null}\n\n" +
+		"event: chunk\ndata: {\"id\":\"a\",\ndata: \"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"finish_reason\":null}],\ndata: \"usage\":null}\n\n" +
+		"data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\r\ndata: \"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\r\n\r\n"
+	want := "\uFEFFdata: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n" +
+		"event: chunk\ndata: {\"id\":\"a\",\ndata: \"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"finish_reason\":null}]}\n\n" +
+		"data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\r\n\r\n"
+	c := &generationCall{ep: endpointChat, injected: true}
+	r := newSSEReader(strings.NewReader(stream), 4096, 1<<20)
+	var got strings.Builder
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			break
+		}
+		out, drop := c.inspectChat(&ev)
+		if !drop {
+			got.Write(out)
+		}
+	}
+	if got.String() != want {
+		t.Fatalf("relayed:\n%q\nwant:\n%q", got.String(), want)
+	}
+	if !c.haveUsage || c.usage.PromptTokens != 3 || c.usage.CompletionTokens != 2 {
+		t.Fatalf("usage %+v (have %v), want 3 and 2 from the last chunk", c.usage, c.haveUsage)
+	}
+}
