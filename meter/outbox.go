@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/tidwall/gjson"
 	"hash/crc32"
 	"io"
 	"io/fs"
@@ -940,6 +941,9 @@ func (ob *Outbox) compactOnce() {
 	// what is on disk consistent with what it says.
 	if err := writeAcked(ob.dir, acked); err != nil {
 		ob.writeFailures.Add(1)
+		ob.mu.Lock()
+		ob.lastWriteErr = fmt.Errorf("writing the acked file: %w", err)
+		ob.mu.Unlock()
 		return
 	}
 	ob.mu.Lock()
@@ -990,6 +994,22 @@ type outboxReader struct {
 	buf   []byte // read but not yet decoded; within mem
 	mem   []byte // reused for every read
 	out   []outboxRecord
+}
+
+// eventTime is the time written in record seq's event, if the outbox
+// holds that record and its event has one.
+func (ob *Outbox) eventTime(seq uint64) (time.Time, bool) {
+	if seq == 0 {
+		return time.Time{}, false
+	}
+	r := ob.newReader(seq - 1)
+	defer r.close()
+	recs, err := r.next(1)
+	if err != nil || len(recs) == 0 || recs[0].seq != seq {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, gjson.GetBytes(recs[0].data, "time").Str)
+	return t, err == nil
 }
 
 func (ob *Outbox) newReader(after uint64) *outboxReader {

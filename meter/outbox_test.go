@@ -436,3 +436,35 @@ func (rec outboxRecord) clone() outboxRecord {
 	rec.id, rec.account, rec.data = slices.Clone(rec.id), slices.Clone(rec.account), slices.Clone(rec.data)
 	return rec
 }
+
+// A restarted publisher's look-up reaches back to the first unacknowledged
+// event's time when the acked file is older than the duplicate window (it
+// could not be replaced on a full disk while batches were still stored):
+// reading only the window, it republished the records stored before it,
+// and JetStream, past its window, stored and billing debited them twice.
+func TestResumeLooksBackToTheFirstUnacknowledgedEvent(t *testing.T) {
+	ob := openTestOutbox(t, t.TempDir(), 0)
+	for i := range 5 {
+		if err := ob.Append(outboxTestEvent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, ok := ob.eventTime(3)
+	if want := outboxTestEvent(2).Time; !ok || !first.Equal(want) {
+		t.Fatalf("eventTime(3) = %v, %v; want %v", first, ok, want)
+	}
+	if _, ok := ob.eventTime(6); ok {
+		t.Fatal("eventTime of a record not written yet")
+	}
+
+	lastStored := first.Add(10 * time.Minute)
+	if got, want := resumeLookFrom(lastStored, first, true), first.Add(-time.Minute); !got.Equal(want) {
+		t.Errorf("acked file 10 minutes stale: look from %v, want %v", got, want)
+	}
+	if got, want := resumeLookFrom(lastStored, lastStored.Add(-time.Second), true), lastStored.Add(-UsageDuplicatesWindow); !got.Equal(want) {
+		t.Errorf("acked file a second stale: look from %v, want the window, %v", got, want)
+	}
+	if got, want := resumeLookFrom(lastStored, time.Time{}, false), lastStored.Add(-UsageDuplicatesWindow); !got.Equal(want) {
+		t.Errorf("first event unknown: look from %v, want the window, %v", got, want)
+	}
+}

@@ -142,8 +142,6 @@ type Publisher struct {
 	dropped     atomic.Uint64
 	lastLatency atomic.Int64
 
-	dropLog rateLimitedLog
-
 	maxDelay time.Duration // how long an open batch waits for more events
 
 	stop      chan struct{}
@@ -186,7 +184,6 @@ func NewPublisherWith(js jetstream.JetStream, ob *Outbox, maxDelay time.Duration
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
 	}
-	p.dropLog.logf = logf
 	// A context of its own: the async publish window and the ack timeout
 	// are per context, and the shared one has no timeout.
 	if own, err := jetstream.New(js.Conn(),
@@ -205,6 +202,7 @@ func NewPublisherWith(js jetstream.JetStream, ob *Outbox, maxDelay time.Duration
 		logf("meter: outbox holds %d usage events not acknowledged before; publishing them again (JetStream drops the ones it has)", rec.Unacked)
 	}
 	go p.run()
+	go p.watchOutboxWrites()
 	return p
 }
 
@@ -222,7 +220,7 @@ func (p *Publisher) Record(ev *Event) {
 	}
 	if err := p.outbox.Append(ev); err != nil {
 		p.dropped.Add(1)
-		p.dropLog.log(err, ev)
+		logDropped(p.logf, err, ev)
 	}
 }
 
@@ -238,7 +236,7 @@ func (p *Publisher) RecordDurable(ev *Event) <-chan struct{} {
 	done, err := p.outbox.AppendDurable(ev)
 	if err != nil {
 		p.dropped.Add(1)
-		p.dropLog.log(err, ev)
+		logDropped(p.logf, err, ev)
 		return closedChan
 	}
 	return done
@@ -378,6 +376,32 @@ func (p *Publisher) run() {
 		}
 		if !l.wait(more, connected, linger) {
 			return
+		}
+	}
+}
+
+// outboxWriteReport is how often watchOutboxWrites may log.
+const outboxWriteReport = 10 * time.Second
+
+// watchOutboxWrites logs, at most every outboxWriteReport, that the
+// outbox failed to write to disk. A full or read-only disk shows there
+// first (a spare segment or the acked file that cannot be written), long
+// before events are refused, and it showed nowhere but in a counter.
+func (p *Publisher) watchOutboxWrites() {
+	tick := time.NewTicker(outboxWriteReport)
+	defer tick.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-tick.C:
+		}
+		st := p.outbox.Stats()
+		if st.WriteFailures > seen {
+			p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); it takes events while its current segment has room, then refuses them",
+				st.WriteFailures-seen, outboxWriteReport, st.LastWriteErr)
+			seen = st.WriteFailures
 		}
 	}
 }
@@ -533,7 +557,8 @@ func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxR
 	if r.last <= acked || r.first <= acked+1 {
 		return []outboxRange{r}, nil // the last batch alone settles it
 	}
-	start := last.Time.Add(-UsageDuplicatesWindow)
+	firstUnacked, known := l.p.outbox.eventTime(acked + 1)
+	start := resumeLookFrom(last.Time, firstUnacked, known)
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{l.p.batchSubject},
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
@@ -566,6 +591,23 @@ func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxR
 			return nil, fmt.Errorf("reading this outbox's batches stopped before stream sequence %d", last.Sequence)
 		}
 	}
+}
+
+// resumeLookFrom is where resume starts reading stored batches: the
+// duplicate window before the last one, where a crash's batches in flight
+// all are, or a minute before the first unacknowledged event's time, if
+// earlier. The acked file can be older than the window: it could not be
+// replaced for a while (a full disk) while batches were still stored, and
+// the chain must reach back to the batch holding that event, which
+// JetStream stored after the event's time. Reading only the window, the
+// records stored before it were published again and, past the duplicate
+// window, debited twice.
+func resumeLookFrom(lastStored, firstUnacked time.Time, known bool) time.Time {
+	start := lastStored.Add(-UsageDuplicatesWindow)
+	if known && firstUnacked.Add(-time.Minute).Before(start) {
+		start = firstUnacked.Add(-time.Minute)
+	}
+	return start
 }
 
 // closeCaughtUpBatch decides about the current batch once every event
@@ -743,39 +785,16 @@ func usageSubject(account string) string {
 	return UsageSubjectPrefix + account
 }
 
-// rateLimitedLog logs dropped events, each with its full JSON so it can
-// be billed by hand, but at most dropLogBurst a second: past that it
-// counts them and says how many went unlogged.
-type rateLimitedLog struct {
-	logf       func(string, ...any)
-	mu         sync.Mutex
-	second     time.Time
-	logged     int
-	suppressed int
-}
-
-const dropLogBurst = 20
-
-func (l *rateLimitedLog) log(err error, ev *Event) {
-	now := time.Now()
-	l.mu.Lock()
-	if now.Sub(l.second) >= time.Second {
-		if l.suppressed > 0 {
-			l.logf("meter: DROPPED %d more usage events in the last second without logging them", l.suppressed)
-		}
-		l.second, l.logged, l.suppressed = now, 0, 0
-	}
-	if l.logged >= dropLogBurst {
-		l.suppressed++
-		l.mu.Unlock()
-		return
-	}
-	l.logged++
-	l.mu.Unlock()
+// logDropped logs a dropped event with its full JSON, so it can be billed
+// by hand: every one. At most 20 a second were, before, and the rest only
+// counted, which left most of a full disk's refused events, paid answers,
+// with no record at all. A disk that full floods the log; that is the
+// price of not losing the money.
+func logDropped(logf func(string, ...any), err error, ev *Event) {
 	// A logged request's text goes to request_logs or nowhere: never into
 	// the gateway's own log.
 	billable := *ev
 	billable.Log = nil
 	data, _ := json.Marshal(&billable)
-	l.logf("meter: DROPPED usage event, not billed: %v: %s", err, data)
+	logf("meter: DROPPED usage event, not billed: %v: %s", err, data)
 }
