@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 )
 
 //go:embed queries.sql
@@ -175,6 +176,13 @@ func literalOf(typ, value string) (string, error) {
 	case typ == "Date":
 		if !datePattern.MatchString(value) {
 			return "", fmt.Errorf("%q is not a date: write YYYY-MM-DD", value)
+		}
+		// A date that does not exist is refused here: ClickHouse 18.16
+		// turns 2026-11-31 into December 1st and 2026-13-01 into
+		// 0000-00-00 without a word, and the invoice of the wrong month,
+		// or an empty one, came back.
+		if _, err := time.Parse(time.DateOnly, value); err != nil {
+			return "", fmt.Errorf("%q is not a date that exists", value)
 		}
 		return "toDate('" + value + "')", nil
 	case strings.HasPrefix(typ, "Int") || strings.HasPrefix(typ, "UInt"):
