@@ -185,6 +185,12 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		c.finished = true
 		return ev.Raw, false
 	}
+	if bytes.Contains(data, keyError) && gjson.Get(bstr(data), "error").IsObject() {
+		// The upstream's own error event ends its answer: closed after it,
+		// the stream is not cut, and a second error would only repeat it.
+		c.finished = true
+		return ev.Raw, false
+	}
 	if !c.logging.Enabled && !mayFinish(data) {
 		// Most chunks carry only a delta. Their text matters only if the
 		// stream ends without usage, so they are kept as they came and
@@ -266,6 +272,7 @@ func mayFinish(data []byte) bool {
 
 var (
 	keyUsage        = []byte(`"usage"`)
+	keyError        = []byte(`"error"`)
 	keyFinishReason = []byte(`"finish_reason"`)
 	jsonNull        = []byte("null")
 )

@@ -135,3 +135,27 @@ func TestUsageIsStrippedFromMultiLineAndBOMEvents(t *testing.T) {
 		t.Fatalf("usage %+v (have %v), want 3 and 2 from the last chunk", c.usage, c.haveUsage)
 	}
 }
+
+// An upstream's own error event ends its answer: a stream closed right
+// after it got a second, gateway-made error appended, as if cut.
+func TestUpstreamErrorEventEndsTheChatStream(t *testing.T) {
+	c := &generationCall{ep: endpointChat}
+	words := newSSEReader(strings.NewReader("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"an \\\"error\\\": {} in the text\"},\"finish_reason\":null}]}\n\n"), 4096, 1<<20)
+	if ev, err := words.Next(); err != nil {
+		t.Fatal(err)
+	} else if c.inspectChat(&ev); c.finished {
+		t.Fatal("the word error in a chunk's text ended the stream")
+	}
+	r := newSSEReader(strings.NewReader("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"+
+		"data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}\n\n"), 4096, 1<<20)
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			break
+		}
+		c.inspectChat(&ev)
+	}
+	if !c.finished {
+		t.Fatal("the upstream's error event did not end the stream: a second error would be appended")
+	}
+}
