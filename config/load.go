@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -161,8 +162,12 @@ func joinPath(parent, key string) string {
 
 var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 
+var unknownAnchor = regexp.MustCompile(`^(?:yaml: )?unknown anchor '([^']*)' referenced$`)
+
 // yamlErrors turns yaml.v3's "yaml: line N: msg" texts into located errors.
-func (l *loader) yamlErrors(err error) {
+// An unknown anchor comes without a place: it is found in data, the first
+// *name that is not a longer name's start.
+func (l *loader) yamlErrors(err error, data ...[]byte) {
 	var texts []string
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
@@ -175,9 +180,24 @@ func (l *loader) yamlErrors(err error) {
 		if m := yamlLine.FindStringSubmatch(text); m != nil {
 			e.Line, _ = strconv.Atoi(m[1])
 			e.Msg = m[2]
+		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil && len(data) > 0 {
+			e.Line, e.Col = aliasPlace(data[0], m[1])
 		}
 		l.errs = append(l.errs, e)
 	}
+}
+
+// aliasPlace is the 1-based line and column of the first alias *name in
+// data, or 0, 0.
+func aliasPlace(data []byte, name string) (line, col int) {
+	alias := regexp.MustCompile(`\*` + regexp.QuoteMeta(name) + `(?:[\s,\]}]|$)`)
+	loc := alias.FindIndex(data)
+	if loc == nil {
+		return 0, 0
+	}
+	before := data[:loc[0]]
+	line = bytes.Count(before, []byte{'\n'}) + 1
+	return line, loc[0] - (bytes.LastIndexByte(before, '\n') + 1) + 1
 }
 
 // parseYAML returns the root node of the single document in data (nil when
@@ -197,7 +217,7 @@ func (l *loader) parseYAML(data []byte) (root *yaml.Node, ok bool) {
 		if errors.Is(err, io.EOF) {
 			return nil, true
 		}
-		l.yamlErrors(err)
+		l.yamlErrors(err, data)
 		return nil, false
 	}
 	var second yaml.Node
