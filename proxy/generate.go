@@ -251,6 +251,9 @@ type generationCall struct {
 	// the indexes that finished.
 	choices    int
 	choiceDone [maxChoices / 64]uint64
+	// nextSequence is the sequence_number after the last responses event
+	// relayed, for the error event that ends a cut stream.
+	nextSequence int64
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 	recorded                  bool

@@ -332,6 +332,13 @@ func TestResponsesStreamCutSendsErrorEvent(t *testing.T) {
 	if last := evs[len(evs)-1]; !strings.HasPrefix(last, "event: error\ndata: ") || !strings.Contains(last, `"type":"error"`) {
 		t.Fatalf("last event %q", last)
 	}
+	// Numbered after the upstream's last event, as every responses event
+	// is: the SDKs' stream helpers expect sequence_number on each.
+	lastData := func(ev string) string { return ev[strings.Index(ev, "data: ")+len("data: "):] }
+	prev, last := gjson.Get(lastData(evs[len(evs)-2]), "sequence_number"), gjson.Get(lastData(evs[len(evs)-1]), "sequence_number")
+	if prev.Type != gjson.Number || last.Type != gjson.Number || last.Int() != prev.Int()+1 {
+		t.Fatalf("sequence_number %v after %v, want the next", last, prev)
+	}
 	if ev := h.events(1)[0]; ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens == 0 {
 		t.Fatalf("event %+v", ev)
 	}

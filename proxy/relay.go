@@ -132,7 +132,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		if isTimeout(err) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
 		}
-		return streamErrorEvent(c.ep, msg), false, nil
+		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
 	}
 	out = ev.Raw
 	if c.ep == endpointChat {
@@ -161,13 +161,17 @@ func (c *generationCall) Close() error {
 	return nil
 }
 
-func streamErrorEvent(ep endpoint, msg string) []byte {
+// streamErrorEvent is the event that ends a cut stream. A responses one
+// carries sequence_number, the next after the upstream's last, as every
+// responses event does (0 when none came).
+func streamErrorEvent(ep endpoint, msg string, sequence int64) []byte {
 	if ep == endpointChat {
 		e := &APIError{Type: "upstream_error", Code: "stream_interrupted", Message: msg}
 		body, _ := e.MarshalJSON()
 		return append(append([]byte("data: "), body...), "\n\n"...)
 	}
 	body, _ := sjson.SetBytes([]byte(`{"type":"error","code":"stream_interrupted","param":null}`), "message", msg)
+	body, _ = sjson.SetBytes(body, "sequence_number", sequence)
 	return append(append([]byte("event: error\ndata: "), body...), "\n\n"...)
 }
 
@@ -316,6 +320,9 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 	data := ev.Data
 	if len(data) == 0 {
 		return
+	}
+	if n := gjson.Get(bstr(data), "sequence_number"); n.Type == gjson.Number {
+		c.nextSequence = n.Int() + 1
 	}
 	typ := string(ev.Name)
 	if typ == "" {
