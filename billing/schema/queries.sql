@@ -1,5 +1,6 @@
--- Finance queries over usage_events. Every query reads FINAL, which drops
--- redelivered copies of an event, so the numbers are exact at any moment.
+-- Finance queries over usage_events (and one over request_logs). Every
+-- query reads FINAL, which drops redelivered copies of an event, so the
+-- numbers are exact at any moment.
 --
 -- Parameters are written {name:Type}. Current clickhouse-client binds them
 -- itself: --param_name=value. ClickHouse 18.16 has no query parameters:
@@ -138,3 +139,22 @@ FROM
       AND date < addMonths(toStartOfMonth({month:Date}), 1)
 )
 ORDER BY is_total, model, endpoint;
+
+-- name: request_logs
+-- The logged inputs and outputs of key {key_id} (keys created with logging)
+-- from {from_date} to {to_date}, newest first, at most {max_rows} rows. A
+-- streamed call's response is the text it relayed, joined.
+SELECT
+    time,
+    id,
+    endpoint,
+    model,
+    stream,
+    status,
+    request,
+    response
+FROM request_logs FINAL
+WHERE key_id = {key_id:String}
+  AND time >= toDateTime({from_date:Date}) AND time < toDateTime({to_date:Date})
+ORDER BY time DESC
+LIMIT {max_rows:UInt32};

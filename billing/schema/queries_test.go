@@ -109,6 +109,11 @@ func TestFinanceQueriesAreExactAfterRedelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := billingEvents(t, 600)
+	for i, ev := range events {
+		if ev.KeyID == "key-0" { // it logs its requests
+			ev.Log = &meter.RequestLog{Request: fmt.Sprintf(`{"n":%d}`, i), Response: "answer"}
+		}
+	}
 	for range 2 { // the second insert is JetStream redelivering every event
 		if err := sink.Insert(ctx, events); err != nil {
 			t.Fatal(err)
@@ -133,14 +138,20 @@ func TestFinanceQueriesAreExactAfterRedelivery(t *testing.T) {
 	ran := make(map[string]table)
 	for _, q := range queries {
 		params := whole
-		if q.Name == "invoice" {
+		switch q.Name {
+		case "invoice":
 			params = map[string]string{"account": "acme", "month": "2025-01-20"}
+		case "request_logs":
+			params = map[string]string{"key_id": "key-0", "from_date": "2025-01-01", "to_date": "2025-03-01", "max_rows": "1000"}
 		}
 		rows := runQuery(t, srv, q, params)
 		if len(rows) == 0 {
 			t.Errorf("%s returned no rows", q.Name)
 		}
 		for _, row := range rows {
+			if _, ok := row["spend_nanos"]; !ok {
+				continue
+			}
 			nanos, _ := strconv.ParseInt(row["spend_nanos"], 10, 64)
 			if got, want := row["spend_usd"], money.Nanos(nanos).String(); got != want {
 				t.Errorf("%s: spend_usd %s for %d nanos, want %s", q.Name, got, nanos, want)
@@ -160,6 +171,12 @@ func TestFinanceQueriesAreExactAfterRedelivery(t *testing.T) {
 		if got := sumColumn(t, rows, "requests"); got != int64(len(events)) {
 			t.Errorf("%s: %d requests, want %d", name, got, len(events))
 		}
+	}
+
+	// Key key-0 logged every fifth event; the second insert's copies
+	// collapse like usage_events'.
+	if logs := ran["request_logs"]; len(logs) != len(events)/5 {
+		t.Errorf("request_logs: %d rows for key-0, want %d", len(logs), len(events)/5)
 	}
 
 	invoice := ran["invoice"]
