@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Rules shared by saved classifiers (here) and classify requests (the
@@ -34,7 +35,9 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 	seen := make(map[string]bool, len(labels))
 	for i, l := range labels {
 		switch {
-		case l == "":
+		case strings.TrimSpace(l) == "":
+			// Only spaces name nothing an engine can read: it answered
+			// such a label as a tie with the others.
 			p := fmt.Sprintf("%s[%d]", field, i)
 			out = append(out, FieldProblem{p, p + " is empty"})
 		case seen[l]:

@@ -287,6 +287,11 @@ func requireText(field, v string, p config.Plugins) *proxy.APIError {
 	if v == "" {
 		return proxy.BadRequest(field, field+" is required")
 	}
+	if strings.TrimSpace(v) == "" {
+		// Nothing to classify or score: the engines answered with a tie or
+		// a floor that read like a verdict.
+		return proxy.BadRequest(field, field+" holds only whitespace")
+	}
 	return maxText(field, v, p)
 }
 
