@@ -6,6 +6,8 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
@@ -131,9 +133,35 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		// A value of the wrong type names the field and the type wanted,
+		// not Go's "into Go struct field keyBody.rpm of type int64".
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return proxy.BadRequest(te.Field, fmt.Sprintf("%s must be %s, got %s", te.Field, jsonKind(te.Type), te.Value))
+		}
 		return proxy.BadRequest("", "invalid JSON body: "+err.Error())
 	}
 	return nil
+}
+
+// jsonKind words a Go type as the JSON a client should send.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "a " + t.String()
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {

@@ -142,6 +142,10 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 		{`{"name":"ci","logging":{"enabled":true,"retention_days":36501}}`, "logging.retention_days",
 			"logging retention must be a whole number of days from 0 to 36500 (0 keeps logged calls until deleted)"},
 		{`{"name":"ci","models":["gpt-4o"]}`, "models", `model "gpt-4o" is not in the catalog; valid models: small`},
+		// Named like any other field, not in Go's words ("cannot unmarshal
+		// number 1.5 into Go struct field keyBody.rpm of type int64").
+		{`{"name":"ci","rpm":1.5}`, "rpm", "rpm must be an integer, got number 1.5"},
+		{`{"name":"ci","scopes":"generate"}`, "scopes", "scopes must be an array, got string"},
 	} {
 		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", tc.body)
 		if status != 400 {

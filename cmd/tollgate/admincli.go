@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -132,6 +133,12 @@ func splitList(s string) []string {
 func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
+		// A negative amount is a value ("accounts credit acme -3"), not a
+		// flag named 3.
+		if len(args) > 0 && negativeNumber.MatchString(args[0]) {
+			pos, args = append(pos, args[0]), args[1:]
+			continue
+		}
 		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
@@ -143,6 +150,8 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = args[1:]
 	}
 }
+
+var negativeNumber = regexp.MustCompile(`^-[0-9]+(\.[0-9]*)?$`)
 
 const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD | login ID"
 
