@@ -93,7 +93,7 @@ func runFinance(args []string) error {
 		}
 		out := make([]string, len(cells))
 		for i, c := range cells {
-			out[i] = fmt.Sprint(reflect.ValueOf(c).Elem().Interface())
+			out[i] = cellText(reflect.ValueOf(c).Elem().Interface(), types[i].DatabaseTypeName())
 		}
 		fmt.Fprintln(tw, strings.Join(out, "\t")+"\t")
 	}
@@ -121,4 +121,18 @@ func localClickHouseDSN(cfg *config.Config) string {
 		}
 	}
 	return cfg.ClickHouse.DSN
+}
+
+// cellText prints a cell as finance reads it: a Date as 2026-11-26, a
+// DateTime in RFC 3339 (UTC), not Go's "2026-11-26 00:00:00 +0000 UTC".
+func cellText(v any, dbType string) string {
+	t, ok := v.(time.Time)
+	switch {
+	case !ok:
+		return fmt.Sprint(v)
+	case strings.HasPrefix(dbType, "Date") && !strings.HasPrefix(dbType, "DateTime"):
+		return t.UTC().Format(time.DateOnly)
+	default:
+		return t.UTC().Format(time.RFC3339)
+	}
 }

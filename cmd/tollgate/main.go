@@ -1,6 +1,6 @@
 // Command tollgate is the gateway's one binary.
 //
-//	tollgate serve                 run the gateway (default): the public API, the web
+//	tollgate serve                 run the gateway: the public API, the web
 //	                               console, the admin API, a batch worker, and the
 //	                               billing consumer when clickhouse.consume_in_serve
 //	tollgate billing               run the billing consumer alone (JetStream -> ClickHouse, debits)
@@ -40,16 +40,20 @@ commands:
   version                print the version
 
 accounts and keys call the admin API of a running gateway: -url (default
-http://$TOLLGATE_LISTEN) and -token (default $TOLLGATE_ADMIN_TOKEN, else
-<data_dir>/admin.token).
+gateway.yaml's server.listen) and -token (default $TOLLGATE_ADMIN_TOKEN,
+else <data_dir>/admin.token).
 `
 
 func main() {
 	args := os.Args[1:]
-	cmd := "serve"
-	if len(args) > 0 {
-		cmd, args = args[0], args[1:]
+	if len(args) == 0 {
+		// No command is not "serve": run by mistake where it was meant to
+		// print help, it made ./data, took the default ports and, on a
+		// fresh directory, printed a demo key no one asked for.
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
 	}
+	cmd, args := args[0], args[1:]
 	var err error
 	switch cmd {
 	case "serve":
