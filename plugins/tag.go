@@ -34,6 +34,11 @@ func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIE
 	if apiErr := requireText("text", b.Text, p); apiErr != nil {
 		return req, apiErr
 	}
+	if b.Tags != nil && len(b.Tags) == 0 {
+		// An empty closed set is a list built wrong, not a request for
+		// open tags, which answered it with tags from outside any set.
+		return req, proxy.BadRequest("tags", "tags is empty: give 1 to 200 tags, or leave tags out for open tags")
+	}
 	if apiErr := firstProblem(config.CheckLabelList("tags", b.Tags, 0)); apiErr != nil {
 		return req, apiErr
 	}

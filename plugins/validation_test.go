@@ -51,6 +51,7 @@ func TestValidation(t *testing.T) {
 		{"text twice, escaped", "/v1/classify", `{"text": "x", "labels": ["a"], "te\u0078t": "y"}`, "text", `duplicate key "text" in request body`},
 		{"labels twice", "/v1/classify", `{"text": "x", "labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels" in request body`},
 		{"model twice", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "lexical", "model": "llm"}`, "model", `duplicate key "model" in request body`},
+		{"tags empty", "/v1/tag", `{"text": "x", "tags": []}`, "tags", "tags is empty: give 1 to 200 tags, or leave tags out for open tags"},
 		{"text only whitespace", "/v1/classify", `{"text": "  \n ", "labels": ["a", "b"]}`, "text", "text holds only whitespace"},
 		{"label only whitespace", "/v1/classify", `{"text": "x", "labels": ["a", "  "]}`, "labels[1]", "labels[1] is empty"},
 		{"a description twice", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "descriptions": {"a": "dogs", "a": "refunds"}}`, "descriptions.a", `duplicate key "descriptions.a" in request body`},
