@@ -229,9 +229,6 @@ func runKeys(args []string) error {
 	if *retention != 0 && !*logging {
 		return errors.New("-retention-days applies to logged requests: add -logging")
 	}
-	if *retention != 0 && !*logging {
-		return errors.New("-retention-days applies to logged requests: add -logging")
-	}
 	c, err := newAdminClient(*url, *token)
 	if err != nil {
 		return err
