@@ -18,7 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/internal/jsondepth"
+	"github.com/tollgate/tollgate/internal/jsoncheck"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/storage"
@@ -614,8 +614,8 @@ func parseLine(line []byte, maxText int) (string, string) {
 	if len(bytes.TrimSpace(line)) == 0 {
 		return "", "the line is empty" + want
 	}
-	if jsondepth.Exceeds(line, jsondepth.Max) {
-		return "", fmt.Sprintf("the line nests arrays and objects more than %d deep", jsondepth.Max) + want
+	if jsoncheck.TooDeep(line, jsoncheck.MaxDepth) {
+		return "", fmt.Sprintf("the line nests arrays and objects more than %d deep", jsoncheck.MaxDepth) + want
 	}
 	if !gjson.ValidBytes(line) {
 		return "", "the line is not valid JSON" + want

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/jsoncheck"
 	"github.com/tollgate/tollgate/internal/suggest"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -58,8 +59,11 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 func duplicateKey(body []byte, dst any) *proxy.APIError {
 	fields := jsonFields(dst)
 	seen := make(map[string]bool, len(fields))
-	var dup string
-	gjson.ParseBytes(body).ForEach(func(key, _ gjson.Result) bool {
+	// One pass finds both: a field named twice, and, inside a field, a key
+	// twice, which is as ambiguous (encoding/json keeps the last
+	// description of a label). The field named twice is reported first.
+	var dup, nested string
+	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
 		name := key.Str
 		for _, f := range fields {
 			if f == name {
@@ -74,37 +78,31 @@ func duplicateKey(body []byte, dst any) *proxy.APIError {
 			return false
 		}
 		seen[name] = true
+		if nested == "" {
+			nested = nestedDuplicate(key.Str, value)
+		}
 		return true
 	})
 	if dup != "" {
 		return proxy.BadRequest(dup, fmt.Sprintf("duplicate key %q in request body: send each field once", dup))
 	}
-	// Inside a field, a key twice is as ambiguous: encoding/json keeps the
-	// last description of a label, and the client cannot know which.
-	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
-		dup = nestedDuplicate(key.Str, value)
-		return dup == ""
-	})
-	if dup != "" {
-		return proxy.BadRequest(dup, fmt.Sprintf("duplicate key %q in request body: send each key once", dup))
+	if nested != "" {
+		return proxy.BadRequest(nested, fmt.Sprintf("duplicate key %q in request body: send each key once", nested))
 	}
 	return nil
 }
 
-// nestedDuplicate returns the path of the first key an object within v
-// holds twice, or "". path is v's own.
+// nestedDuplicate returns the path of a key an object within v holds
+// twice, or "". path is v's own.
 func nestedDuplicate(path string, v gjson.Result) string {
 	var dup string
 	switch {
 	case v.IsObject():
-		seen := map[string]bool{}
+		if d := jsoncheck.DuplicateMember(v); d != "" {
+			return path + "." + d
+		}
 		v.ForEach(func(key, member gjson.Result) bool {
-			if seen[key.Str] {
-				dup = path + "." + key.Str
-			} else {
-				seen[key.Str] = true
-				dup = nestedDuplicate(path+"."+key.Str, member)
-			}
+			dup = nestedDuplicate(path+"."+key.Str, member)
 			return dup == ""
 		})
 	case v.IsArray():

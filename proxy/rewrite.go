@@ -6,7 +6,8 @@ import (
 	"unsafe"
 
 	"github.com/tidwall/gjson"
-	"github.com/tollgate/tollgate/internal/jsondepth"
+
+	"github.com/tollgate/tollgate/internal/jsoncheck"
 )
 
 // requestFields are the top-level fields of a generation request the gateway
@@ -36,8 +37,8 @@ type requestFields struct {
 // absent, as it does at OpenAI.
 func scanRequest(body []byte) (requestFields, *APIError) {
 	var f requestFields
-	if jsondepth.Exceeds(body, jsondepth.Max) {
-		return f, BadRequest("", "request body nests arrays and objects more than "+strconv.Itoa(jsondepth.Max)+" deep")
+	if jsoncheck.TooDeep(body, jsoncheck.MaxDepth) {
+		return f, BadRequest("", "request body nests arrays and objects more than "+strconv.Itoa(jsoncheck.MaxDepth)+" deep")
 	}
 	if !gjson.ValidBytes(body) {
 		return f, BadRequest("", "request body is not valid JSON")
@@ -85,7 +86,7 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 		// Its members are refused twice too: the gateway rewrites the
 		// first include_usage, and an upstream keeping the last would then
 		// send no usage, and the call would be billed on an estimate.
-		if dup := duplicateMember(so); dup != "" {
+		if dup := jsoncheck.DuplicateMember(so); dup != "" {
 			return f, BadRequest("stream_options."+dup, "duplicate key "+strconv.Quote(dup)+" in stream_options")
 		}
 		f.IncludeUsage = so.Get("include_usage")
@@ -101,26 +102,6 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 	}
 	f.end = bytes.LastIndexByte(body, '}')
 	return f, nil
-}
-
-// duplicateMember returns a key obj holds more than once, or "". An object
-// here has a handful of members, so comparing each with the ones before
-// costs less than a map.
-func duplicateMember(obj gjson.Result) string {
-	var keys [8]string
-	seen := keys[:0]
-	dup := ""
-	obj.ForEach(func(key, _ gjson.Result) bool {
-		for _, k := range seen {
-			if k == key.Str {
-				dup = k
-				return false
-			}
-		}
-		seen = append(seen, key.Str)
-		return true
-	})
-	return dup
 }
 
 // isBoolOrNull is true for true, false, null and a missing field (whose

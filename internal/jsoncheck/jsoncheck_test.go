@@ -1,0 +1,67 @@
+package jsoncheck
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+func TestTooDeep(t *testing.T) {
+	nest := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+	for _, tc := range []struct {
+		name  string
+		data  string
+		limit int
+		want  bool
+	}{
+		{"flat", `{"a":[1,2,{"b":3}]}`, 3, false},
+		{"at the limit", nest(5), 5, false},
+		{"one past", nest(6), 5, true},
+		{"unclosed", strings.Repeat("[", 6), 5, true},
+		{"objects", `{"a":{"b":{"c":{}}}}`, 3, true},
+		{"many shallow", strings.Repeat("[],", 50), 5, false},
+		{"brackets in strings", `["[[[[[[[[", "{{{{{{{{{{"]`, 5, false},
+		{"escaped quote in string", `["\"[[[[[[[[[["]`, 5, false},
+		{"deep after a string", `["\\",` + nest(6) + `]`, 5, true},
+	} {
+		if got := TooDeep([]byte(tc.data), tc.limit); got != tc.want {
+			t.Errorf("%s: TooDeep(%.40q, %d) = %v, want %v", tc.name, tc.data, tc.limit, got, tc.want)
+		}
+	}
+}
+
+func BenchmarkTooDeepTypicalRequest(b *testing.B) {
+	body := []byte(`{"model":"m","stream":true,"max_tokens":64,"messages":[` +
+		strings.Repeat(`{"role":"user","content":"Say hello in one short sentence, please."},`, 20) +
+		`{"role":"user","content":"hi"}]}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		TooDeep(body, MaxDepth)
+	}
+}
+
+func TestDuplicateMember(t *testing.T) {
+	many := func(n int, last string) string {
+		var b strings.Builder
+		b.WriteString("{")
+		for i := range n {
+			fmt.Fprintf(&b, `"k%d":%d,`, i, i)
+		}
+		b.WriteString(`"` + last + `":true}`)
+		return b.String()
+	}
+	for _, tc := range []struct{ name, obj, want string }{
+		{"none", `{"a":1,"b":2}`, ""},
+		{"small", `{"include_usage":false,"include_usage":true}`, "include_usage"},
+		{"escaped spelling", `{"a":1,"\u0061":2}`, "a"},
+		{"past the small array, none", many(100, "k100"), ""},
+		{"past the small array", many(100, "k3"), "k3"},
+		{"among the first, found after", many(100, "k99"), "k99"},
+	} {
+		if got := DuplicateMember(gjson.Parse(tc.obj)); got != tc.want {
+			t.Errorf("%s: DuplicateMember = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
