@@ -75,7 +75,6 @@ func (s *Server) previousResponse(w *World, key *accounts.Key, p *pool, id strin
 // after that prefix.
 func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	w := s.world.Load()
-	ctx.Response.Header.Set("x-request-id", newRequestID())
 	idb, action, _ := bytes.Cut(rest, []byte("/"))
 	method := string(ctx.Method())
 	var allow string

@@ -67,11 +67,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	ep, isGeneration := generationEndpoint(path)
 	limit := s.world.Load().Config.Server.MaxRequestBody
 	tooLarge := int64(len(ctx.Request.Body())) > int64(limit)
+	var reqID string
 	if !isGeneration || tooLarge {
 		// Every response carries one, as the README promises; a
-		// generation call sets its own, which its usage event keeps, and
-		// a plugin call replaces this one with its call's.
-		ctx.Response.Header.Set("x-request-id", newRequestID())
+		// generation call makes its own, which its usage event keeps, and
+		// a plugin call is metered under this one.
+		reqID = newRequestID()
+		ctx.Response.Header.Set("x-request-id", reqID)
 	}
 	if tooLarge {
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit)))
@@ -83,24 +85,21 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	switch string(path) {
 	case "/v1/models":
-		if !ctx.IsGet() && !ctx.IsHead() {
-			methodNotAllowed(ctx, "GET")
+		if !readOnly(ctx) {
 			return
 		}
 		ctx.SetContentType("application/json")
 		ctx.SetBody(s.world.Load().Catalog.ModelsJSON())
 		return
 	case "/healthz":
-		if !ctx.IsGet() && !ctx.IsHead() {
-			methodNotAllowed(ctx, "GET")
+		if !readOnly(ctx) {
 			return
 		}
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
 	case "/metrics":
-		if !ctx.IsGet() && !ctx.IsHead() {
-			methodNotAllowed(ctx, "GET")
+		if !readOnly(ctx) {
 			return
 		}
 		var b []byte
@@ -126,7 +125,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.admin.ServeAdmin(ctx, s.world.Load(), s.mods.Load().admin)
 		return
 	}
-	if s.servePlugin(ctx, path) {
+	if s.servePlugin(ctx, path, reqID) {
 		return
 	}
 	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)))
@@ -148,8 +147,7 @@ func generationEndpoint(path []byte) (endpoint, bool) {
 
 // model serves GET /v1/models/{id}: like the list, it needs no key.
 func (s *Server) model(ctx *fasthttp.RequestCtx, id []byte) {
-	if !ctx.IsGet() && !ctx.IsHead() {
-		methodNotAllowed(ctx, "GET")
+	if !readOnly(ctx) {
 		return
 	}
 	body, ok := s.world.Load().Catalog.ModelJSON(string(id))
@@ -161,12 +159,24 @@ func (s *Server) model(ctx *fasthttp.RequestCtx, id []byte) {
 	ctx.SetBody(body)
 }
 
+// readOnly reports whether the request is a GET or HEAD, answering 405
+// otherwise, for the routes that only read.
+func readOnly(ctx *fasthttp.RequestCtx) bool {
+	if ctx.IsGet() || ctx.IsHead() {
+		return true
+	}
+	methodNotAllowed(ctx, "GET")
+	return false
+}
+
 func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 	ctx.Response.Header.Set("Allow", allow)
 	WriteError(ctx, errMethodNotAllowed(string(ctx.Method())+" is not allowed here; use "+allow))
 }
 
-func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
+// servePlugin serves a module's route, as call reqID (already in the
+// response's x-request-id); false when no module has path.
+func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string) bool {
 	method := string(ctx.Method())
 	routes := s.mods.Load().routes
 	r, ok := routes[routeKey{method, string(path)}]
@@ -180,8 +190,7 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte) bool {
 		}
 		return false
 	}
-	call := &Call{RequestID: newRequestID(), Start: time.Now(), World: s.world.Load(), Server: s}
-	ctx.Response.Header.Set("x-request-id", call.RequestID)
+	call := &Call{RequestID: reqID, Start: time.Now(), World: s.world.Load(), Server: s}
 	if r.Auth != AuthNone && (len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired) {
 		key, apiErr := s.authorize(ctx, r.Scope)
 		if apiErr != nil {
