@@ -44,6 +44,7 @@ const maxWalk = 1 << 20
 
 type loader struct {
 	file      string
+	data      []byte // the file's text, to place errors yaml.v3 gives no line
 	lookupEnv func(string) (string, bool)
 	errs      Errors
 	// failed holds paths already reported while decoding, so validation does
@@ -66,6 +67,7 @@ type loader struct {
 func parse(name string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
 	l := &loader{
 		file:      name,
+		data:      data,
 		lookupEnv: lookupEnv,
 		failed:    map[string]bool{},
 		nodes:     map[string]*yaml.Node{},
@@ -165,9 +167,9 @@ var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 var unknownAnchor = regexp.MustCompile(`^(?:yaml: )?unknown anchor '([^']*)' referenced$`)
 
 // yamlErrors turns yaml.v3's "yaml: line N: msg" texts into located errors.
-// An unknown anchor comes without a place: it is found in data, the first
-// *name that is not a longer name's start.
-func (l *loader) yamlErrors(err error, data ...[]byte) {
+// An unknown anchor comes without a place: it is found in the file, the
+// first *name that is not a longer name's start.
+func (l *loader) yamlErrors(err error) {
 	var texts []string
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
@@ -180,8 +182,8 @@ func (l *loader) yamlErrors(err error, data ...[]byte) {
 		if m := yamlLine.FindStringSubmatch(text); m != nil {
 			e.Line, _ = strconv.Atoi(m[1])
 			e.Msg = m[2]
-		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil && len(data) > 0 {
-			e.Line, e.Col = aliasPlace(data[0], m[1])
+		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil {
+			e.Line, e.Col = aliasPlace(l.data, m[1])
 		}
 		l.errs = append(l.errs, e)
 	}
@@ -217,7 +219,7 @@ func (l *loader) parseYAML(data []byte) (root *yaml.Node, ok bool) {
 		if errors.Is(err, io.EOF) {
 			return nil, true
 		}
-		l.yamlErrors(err, data)
+		l.yamlErrors(err)
 		return nil, false
 	}
 	var second yaml.Node
