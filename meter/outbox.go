@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/tidwall/gjson"
 	"hash/crc32"
 	"io"
 	"io/fs"
@@ -21,6 +20,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 // The outbox keeps usage events on local disk from the moment the request

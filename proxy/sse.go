@@ -189,6 +189,10 @@ func trimEOL(line []byte) []byte {
 // newlines into lines again, takes the place of the first data line.
 func appendWithDataLines(dst []byte, ev *sseEvent, data []byte) []byte {
 	raw, wrote := ev.Raw, false
+	if ev.bom { // only ever the first bytes of a stream's first event
+		dst = append(dst, bom...)
+		raw = raw[len(bom):]
+	}
 	for len(raw) > 0 {
 		n := bytes.IndexByte(raw, '\n') + 1
 		if n == 0 {
@@ -197,14 +201,7 @@ func appendWithDataLines(dst []byte, ev *sseEvent, data []byte) []byte {
 		line := raw[:n]
 		raw = raw[n:]
 		content := trimEOL(line)
-		mark := bytes.HasPrefix(content, bom) && len(raw)+n == len(ev.Raw) && ev.bom
-		if mark {
-			content = content[len(bom):]
-		}
-		name := content
-		if i := bytes.IndexByte(content, ':'); i >= 0 {
-			name = content[:i]
-		}
+		name, _, _ := bytes.Cut(content, []byte{':'})
 		if len(content) == 0 || !bytes.Equal(name, fieldData) {
 			dst = append(dst, line...)
 			continue
@@ -213,10 +210,7 @@ func appendWithDataLines(dst []byte, ev *sseEvent, data []byte) []byte {
 			continue
 		}
 		wrote = true
-		if mark {
-			dst = append(dst, bom...)
-		}
-		term := line[len(trimEOL(line)):]
+		term := line[len(content):]
 		for part := range bytes.SplitSeq(data, []byte{'\n'}) {
 			dst = append(dst, "data: "...)
 			dst = append(dst, part...)
