@@ -456,8 +456,9 @@ type UpstreamStatus struct {
 	Name    string   `json:"name"`
 	BaseURL string   `json:"base_url"`
 	Models  []string `json:"models"`
-	// State is "healthy", "ejected" (until EjectedUntil) or "half_open"
-	// (the next call is a trial).
+	// State is "healthy", "ejected" (failed; out until EjectedUntil),
+	// "resting" (answered 429 with Retry-After; out until EjectedUntil, no
+	// failure counted) or "half_open" (the next call is a trial).
 	State        string     `json:"state"`
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	LastError    string     `json:"last_error,omitempty"`
@@ -493,20 +494,24 @@ func (w *World) UpstreamStatuses() []UpstreamStatus {
 		if st.Models == nil {
 			st.Models = []string{}
 		}
+		h.mu.Lock()
+		lastError, resting := h.lastError, h.resting
+		h.mu.Unlock()
+		st.LastError = lastError
 		switch h.state.Load() {
 		case stateOpen:
 			until := time.Unix(0, h.openUntil.Load())
-			if until.After(now) {
-				st.State, st.EjectedUntil = "ejected", &until
-			} else {
+			switch {
+			case !until.After(now):
 				st.State = "half_open"
+			case resting:
+				st.State, st.EjectedUntil = "resting", &until
+			default:
+				st.State, st.EjectedUntil = "ejected", &until
 			}
 		case stateHalfOpen:
 			st.State = "half_open"
 		}
-		h.mu.Lock()
-		st.LastError = h.lastError
-		h.mu.Unlock()
 		calls, fails := h.curCalls.Load()+h.prvCalls.Load(), h.curFails.Load()+h.prvFails.Load()
 		st.RecentCalls = calls
 		if calls > 0 {

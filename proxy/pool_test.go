@@ -92,9 +92,11 @@ type poolStatus struct {
 	Models    []string `json:"models"`
 	State     string   `json:"state"`
 	LastError string   `json:"last_error"`
-	Calls     uint64   `json:"calls"`
-	InFlight  int64    `json:"in_flight"`
-	Retries   uint64   `json:"retries"`
+	// EjectedUntil is kept as text: the test only needs to see it is there.
+	EjectedUntil string `json:"ejected_until"`
+	Calls        uint64 `json:"calls"`
+	InFlight     int64  `json:"in_flight"`
+	Retries      uint64 `json:"retries"`
 }
 
 func (h *poolHarness) statuses() map[string]poolStatus {
@@ -214,7 +216,7 @@ func TestPoolRetriesBeforeTheFirstByteStreamedOrNot(t *testing.T) {
 		}
 	}
 	st := h.statuses()
-	if st["p1"].State != "ejected" || !strings.Contains(st["p1"].LastError, "429") {
+	if st["p1"].State != "resting" || st["p1"].EjectedUntil == "" || !strings.Contains(st["p1"].LastError, "429") {
 		t.Fatalf("p1 answered 429 with Retry-After 30 and is %+v", st["p1"])
 	}
 	if st["p2"].Calls < 20 {
