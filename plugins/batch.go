@@ -25,6 +25,11 @@ func (m *module) batchRoutes() []proxy.Route {
 		{fasthttp.MethodGet, "/v1/batch/*"},
 		{fasthttp.MethodPost, "/v1/batch/*"},
 		{fasthttp.MethodDelete, "/v1/batch/*"},
+		// PUT and PATCH reach the handler only for its 405, whose Allow names
+		// the methods of that path (a job, start or results) rather than
+		// every method of any path under /v1/batch/.
+		{fasthttp.MethodPut, "/v1/batch/*"},
+		{fasthttp.MethodPatch, "/v1/batch/*"},
 	} {
 		routes = append(routes, proxy.Route{
 			Method:  r.method,

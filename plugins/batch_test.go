@@ -525,6 +525,12 @@ func TestBatchRequestValidation(t *testing.T) {
 	if r := h.call("POST", "/v1/batch/"+c.JobID, h.key, ""); r.status != 405 || r.header.Get("Allow") != "DELETE, GET" {
 		t.Errorf("POST on a job: %s (Allow %q)", r, r.header.Get("Allow"))
 	}
+	if r := h.call("PUT", "/v1/batch/"+c.JobID, h.key, ""); r.status != 405 || r.header.Get("Allow") != "DELETE, GET" {
+		t.Errorf("PUT on a job: %s (Allow %q)", r, r.header.Get("Allow"))
+	}
+	if r := h.call("PATCH", "/v1/batch/"+c.JobID+"/results", h.key, ""); r.status != 405 || r.header.Get("Allow") != "GET" {
+		t.Errorf("PATCH on results: %s (Allow %q)", r, r.header.Get("Allow"))
+	}
 	if r := h.call("GET", "/v1/batch/"+c.JobID+"/start", h.key, ""); r.status != 405 || r.header.Get("Allow") != "POST" {
 		t.Errorf("GET on start: %s", r)
 	}
