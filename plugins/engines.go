@@ -134,7 +134,7 @@ func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *prox
 		return nil, proxy.Unavailable(fmt.Sprintf("%s %q is not in the catalog", from, model))
 	}
 	if !who.allows(entry.ID) {
-		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"lexical\"", entry.ID, from))
+		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"semantic\" or \"lexical\" (the offline engines)", entry.ID, from))
 	}
 	_, refused := m.logprobsRefused.Load(entry.ID)
 	engine := classifiers.NewLLMWith(who.world, entry.ID, classifiers.LLMOptions{NoLogprobs: refused,

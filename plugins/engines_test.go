@@ -114,7 +114,10 @@ func TestKeyModelAllowList(t *testing.T) {
 	if m["engine"] != "lexical" {
 		t.Errorf("auto with llm_model outside the key's models: %v", m)
 	}
-	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "small"}`, key: key}).apiError(t, 403, "permission_denied")
+	denied := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "small"}`, key: key}).apiError(t, 403, "permission_denied")
+	if msg, _ := denied["message"].(string); !strings.Contains(msg, `"semantic"`) {
+		t.Errorf("the 403 should name the default offline engine as the way out: %q", msg)
+	}
 	m = h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "large"}`, key: key}).ok(t)
 	if m["engine"] != "llm" || m["model"] != "large" {
 		t.Errorf("allowed model: %v", m)
