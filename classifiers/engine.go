@@ -111,8 +111,14 @@ type MatchRequest struct {
 }
 
 // ScoreResult is a score in [0,1].
+//
+// NoEvidence says the engine knew nothing to measure the attribute by: not
+// one of its own attributes, no word of the name or description it has a
+// vector for, and no word shared with the text. Score is then 0, which
+// would otherwise read as "not at all".
 type ScoreResult struct {
-	Score float64 `json:"score"`
+	Score      float64 `json:"score"`
+	NoEvidence bool    `json:"no_evidence,omitempty"`
 	Answer
 }
 

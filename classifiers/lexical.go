@@ -398,6 +398,8 @@ func (e lexical) Score(ctx context.Context, req ScoreRequest) (ScoreResult, erro
 		return res, err
 	}
 	res.Score = round4(scoreAttribute(req.Source, req.Attribute, req.Description))
+	kind, _ := attributeKind(req.Attribute)
+	res.NoEvidence = res.Score == 0 && kind == ""
 	res.Answer = lexicalAnswer(req.Source+"\n"+req.Attribute+"\n"+req.Description, 0)
 	return res, nil
 }

@@ -637,6 +637,8 @@ func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, er
 		return res, err
 	}
 	res.Score = round4(e.scoreAttribute(req.Source, req.Attribute, req.Description))
+	poles := e.compilePoles(req.Attribute, req.Description)
+	res.NoEvidence = res.Score == 0 && poles.high == nil && poles.kind == ""
 	res.Answer = e.answer(lexicalAnswer(req.Source+"\n"+req.Attribute+"\n"+req.Description, 0))
 	return res, nil
 }

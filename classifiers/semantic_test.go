@@ -325,3 +325,27 @@ func TestSemanticMulti(t *testing.T) {
 		t.Errorf("multi: %v (scores %v), want sports and not cooking", res.Labels, res.Scores)
 	}
 }
+
+// An attribute no engine knows anything of (no scorer, no vector, no word
+// shared with the text) scores 0 and says so; a known one, or one whose
+// description the vectors know, does not, even where it scores low.
+func TestScoreSaysWhenItHasNoEvidence(t *testing.T) {
+	for _, e := range []Engine{semanticForTest(t), NewLexical()} {
+		score := func(attribute, description string) ScoreResult {
+			res, err := e.Score(context.Background(), ScoreRequest{Source: "The meeting moved to Thursday.", Attribute: attribute, Description: description})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res
+		}
+		if res := score("zorblyness", ""); !res.NoEvidence || res.Score != 0 {
+			t.Errorf("%s: an unknown attribute: %+v, want score 0 with no_evidence", e.Name(), res)
+		}
+		if res := score("urgency", ""); res.NoEvidence {
+			t.Errorf("%s: urgency is measured: %+v", e.Name(), res)
+		}
+		if res := score("zorblyness", "how much the meeting schedule changed"); res.NoEvidence {
+			t.Errorf("%s: the description shares words with the text: %+v", e.Name(), res)
+		}
+	}
+}

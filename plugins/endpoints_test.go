@@ -263,3 +263,17 @@ func TestTagThreshold(t *testing.T) {
 		t.Fatalf("open tags at threshold 0.99: %v", got)
 	}
 }
+
+// A score the engine had nothing to measure by says so, and an ordinary
+// one carries no such field.
+func TestScoreNoEvidenceField(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	m := h.keyed("/v1/score", `{"source": "The meeting moved to Thursday.", "attribute": "zorblyness"}`).ok(t)
+	if m["no_evidence"] != true || m["score"] != 0.0 {
+		t.Errorf("unknown attribute: %v, want score 0 and no_evidence true", m)
+	}
+	m = h.keyed("/v1/score", `{"source": "Server is down!", "attribute": "urgency"}`).ok(t)
+	if _, ok := m["no_evidence"]; ok {
+		t.Errorf("urgency: %v carries no_evidence", m)
+	}
+}

@@ -41,7 +41,8 @@ func (b *scoreBody) request(p config.Plugins) (classifiers.ScoreRequest, *proxy.
 
 // scoreResponse is spec 2.4 (score, latency_ms, usage) plus who answered.
 type scoreResponse struct {
-	Score float64 `json:"score"`
+	Score      float64 `json:"score"`
+	NoEvidence bool    `json:"no_evidence,omitempty"`
 	tail
 }
 
@@ -69,7 +70,7 @@ func (m *module) handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		},
 	})
 	if ok {
-		writeJSON(ctx, scoreResponse{Score: clamp01(res.Score), tail: t})
+		writeJSON(ctx, scoreResponse{Score: clamp01(res.Score), NoEvidence: res.NoEvidence, tail: t})
 	}
 }
 
