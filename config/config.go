@@ -97,7 +97,8 @@ type Upstream struct {
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	WriteTimeout   time.Duration `yaml:"write_timeout"`
 	// FirstByteTimeout bounds the wait from sending the request to the first
-	// response byte; IdleTimeout bounds every later gap between bytes, so a
+	// byte of the response's body (a stream's first event), not only its
+	// header, which streaming servers send at once; IdleTimeout bounds every later gap between bytes, so a
 	// long stream that keeps producing is never cut.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	IdleTimeout      time.Duration `yaml:"idle_timeout"`

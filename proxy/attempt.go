@@ -58,6 +58,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		h := &up.health
 		h.inflight.Add(1)
 		resp, err := up.pool.roundTrip(*reqp)
+		if err == nil && resp.Header.StatusCode() < 300 {
+			if err = resp.awaitBody(); err != nil {
+				resp.Close()
+			}
+		}
 		if err != nil {
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)

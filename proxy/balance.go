@@ -32,7 +32,7 @@ const (
 // upstream, so a reload that keeps the upstream keeps its state.
 type upstreamHealth struct {
 	inflight  atomic.Int64
-	latency   atomic.Int64 // moving average of the time to response headers, ns
+	latency   atomic.Int64 // moving average of the time to the answer's first byte, ns
 	sampled   atomic.Int64 // unix ns of latency's last sample
 	state     atomic.Int32
 	openUntil atomic.Int64 // unix ns: open until then, then half-open
@@ -463,7 +463,7 @@ type UpstreamStatus struct {
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	LastError    string     `json:"last_error,omitempty"`
 	InFlight     int64      `json:"in_flight"`
-	LatencyMs    float64    `json:"latency_ms"` // moving average of the time to response headers
+	LatencyMs    float64    `json:"latency_ms"` // moving average of the time to the answer's first byte
 	// Calls and failed calls in the current and the previous minute.
 	RecentCalls     int64   `json:"recent_calls"`
 	RecentErrorRate float64 `json:"recent_error_rate"`
@@ -536,7 +536,7 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 			}
 			return 0
 		}},
-		{"tollgate_upstream_latency_seconds", "Moving average of the time to response headers.", "gauge", func(h *upstreamHealth) float64 { return float64(h.latency.Load()) / 1e9 }},
+		{"tollgate_upstream_latency_seconds", "Moving average of the time to the first byte of an answer's body.", "gauge", func(h *upstreamHealth) float64 { return float64(h.latency.Load()) / 1e9 }},
 		{"tollgate_upstream_calls_total", "Attempts sent to the upstream that were answered or failed.", "counter", func(h *upstreamHealth) float64 { return float64(h.calls.Load()) }},
 		{"tollgate_upstream_ejections_total", "Times the upstream was ejected.", "counter", func(h *upstreamHealth) float64 { return float64(h.ejections.Load()) }},
 		{"tollgate_upstream_retries_total", "Calls that moved on from the upstream to another.", "counter", func(h *upstreamHealth) float64 { return float64(h.retries.Load()) }},

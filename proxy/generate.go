@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -367,6 +368,9 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 func upstreamUnreachable(up *upstream, what string, err error) *APIError {
 	if isTimeout(err) {
 		return Unavailable(fmt.Sprintf("upstream %s%s did not answer within first_byte_timeout (%s)", up.cfg.Name, what, up.cfg.FirstByteTimeout))
+	}
+	if errors.Is(err, errClosedBeforeBody) {
+		return Unavailable(fmt.Sprintf("upstream %s%s %v", up.cfg.Name, what, err))
 	}
 	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %v", up.cfg.Name, what, err))
 }

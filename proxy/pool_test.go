@@ -269,3 +269,34 @@ func TestPoolReloadUnderLoadFailsNoCall(t *testing.T) {
 		t.Fatalf("only %d calls ran across the reloads", calls.Load())
 	}
 }
+
+// A streaming server that sends its header at once and then nothing (vLLM
+// with a request still queued) has not answered: at first_byte_timeout the
+// call goes to another upstream, streamed or not, and is billed there once.
+func TestPoolRetriesAnUpstreamSilentAfterItsHeader(t *testing.T) {
+	h := newPoolHarnessWith(t, harnessOptions{firstByteTimeout: "300ms"}, 2, "  retries: 1\n  balance: round_robin",
+		proxytest.Options{FirstByteDelay: time.Hour, HeaderFlushThenDelay: true})
+	for i := range 4 {
+		body := smallChat
+		if i%2 == 1 {
+			body = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		start := time.Now()
+		resp := h.post("/v1/chat/completions", body)
+		got := readAll(t, resp)
+		if resp.StatusCode != 200 || strings.Contains(string(got), `"error"`) {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, got)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Fatalf("call %d took %s; first_byte_timeout is 300ms", i, d)
+		}
+	}
+	if st := h.statuses()["p0"]; !strings.Contains(st.LastError, "timeout") {
+		t.Fatalf("p0 sent only its header and is %+v", st)
+	}
+	for _, ev := range h.events(4) {
+		if ev.Upstream != "p1" {
+			t.Fatalf("event billed for upstream %s, want p1: %+v", ev.Upstream, ev)
+		}
+	}
+}

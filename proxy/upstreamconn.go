@@ -223,6 +223,33 @@ func (r *upstreamResponse) exchange(req []byte) error {
 	return nil
 }
 
+// errClosedBeforeBody: the upstream sent a response header and closed the
+// connection before the body that header announced.
+var errClosedBeforeBody = errors.New("closed the connection after the response header, before the body")
+
+// awaitBody waits for the body's first byte, if it has not come with the
+// header, under first_byte_timeout. Servers that stream (vLLM, SGLang)
+// send their header at once and the first event only once the request
+// left their queue; timed by idle_timeout, such an upstream would hold a
+// call for a minute after the client already had a 200. Until the first
+// byte nothing has gone to the client, so a failure here may be retried.
+func (r *upstreamResponse) awaitBody() error {
+	if r.done || r.uc.br.Buffered() > 0 {
+		return nil
+	}
+	if r.uc.tc != nil {
+		r.uc.tc.awaitingFirst = true
+	}
+	if _, err := r.uc.br.Peek(1); err != nil {
+		if err == io.EOF {
+			err = errClosedBeforeBody
+		}
+		r.err = err
+		return err
+	}
+	return nil
+}
+
 // Read reads the body. It returns what has already arrived as soon as
 // there is some, and waits on the upstream only when nothing has: so one
 // Read hands out every event of a stream that came in one TCP read.
