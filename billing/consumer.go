@@ -85,6 +85,13 @@ const (
 	debitTimeout      = 10 * time.Second
 	debitWorkers      = 8
 	ackTimeout        = 5 * time.Second
+
+	// maxEventCost, a million USD, bounds one call's cost. The gateway
+	// never makes such an event (it refuses an upstream's usage past 1e8
+	// tokens a count); one that came anyway, summed with the other events
+	// of its message, could overflow and void their debits. It is logged,
+	// not stored, like an event that does not decode.
+	maxEventCost = 1_000_000 * money.NanosPerUSD
 )
 
 // Run moves usage events from the USAGE stream into ClickHouse and
@@ -202,7 +209,7 @@ type delivery struct {
 }
 
 // decodeMessage returns the events of a message. A line that does not
-// decode is logged with its text, for billing by hand, and skipped: the
+// decode, or whose cost is out of range, is logged with its text, for billing by hand, and skipped: the
 // other events of the batch are billed.
 func (b *biller) decodeMessage(msg jetstream.Msg, seq uint64) []delivery {
 	var out []delivery
@@ -223,8 +230,9 @@ func (b *biller) decodeMessage(msg jetstream.Msg, seq uint64) []delivery {
 			b.opts.Logf("billing: NOT CHARGED: undecodable event %d of message %d on %s: %v: %.500q", line, seq, msg.Subject(), err, raw)
 			continue
 		}
-		if ev.CostNanos < 0 {
-			b.opts.Logf("billing: NOT CHARGED: event %s (message %d): negative cost %s USD", ev.ID, seq, ev.CostNanos)
+		if ev.CostNanos < 0 || ev.CostNanos > maxEventCost {
+			b.opts.Logf("billing: NOT CHARGED: event %s (message %d): cost %s USD is out of range (0 to %s): %.500q",
+				ev.ID, seq, ev.CostNanos, money.Nanos(maxEventCost), raw)
 			continue
 		}
 		out = append(out, delivery{msg: msg, seq: seq, ev: ev})

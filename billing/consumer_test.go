@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -271,10 +272,15 @@ func TestBillingStoresAndChargesEveryEventExactly(t *testing.T) {
 	negative := usageEvent(99_999)
 	negative.CostNanos = -5
 	r.publish([]*meter.Event{negative})
-	// A batch with a line that does not decode: the other events count.
+	// A batch with a line that does not decode and an event whose cost is
+	// out of range, of the same account as the others: the others count
+	// (summed with them, the huge cost once overflowed and voided them).
 	mixed := eventsFrom(50_000, 50_003)
 	data := append(mixed[0].AppendJSON(nil), "\n{broken\n"...)
 	data = append(mixed[1].AppendJSON(data), '\n')
+	huge := usageEvent(100_001)
+	huge.Account, huge.CostNanos = mixed[2].Account, math.MaxInt64
+	data = append(huge.AppendJSON(data), '\n')
 	data = mixed[2].AppendJSON(data)
 	if _, err := r.js.Publish(testContext(t), meter.UsageBatchSubject, data); err != nil {
 		t.Fatal(err)

@@ -794,3 +794,20 @@ func TestNonStreamCutIs502(t *testing.T) {
 		t.Fatalf("no 502 series in /metrics:\n%s", m)
 	}
 }
+
+// An upstream's usage out of range (a buggy or hostile server) is not
+// believed: the call is billed on the tokenizer's estimate, never at a
+// saturated cost that would void the debits of the calls billed with it.
+func TestUsageOutOfRangeIsEstimated(t *testing.T) {
+	for _, prompt := range []int{4_000_000_000_000_000_000, -1000} {
+		h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: prompt}})
+		for _, stream := range []string{"false", "true"} {
+			readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":`+stream+`,"messages":[{"role":"user","content":"one two three"}]}`))
+		}
+		for _, ev := range h.events(2) {
+			if ev.UsageSource != meter.SourceEstimated || ev.PromptTokens <= 0 || ev.PromptTokens > 100 || ev.CostNanos <= 0 || ev.CostNanos > 1_000_000 {
+				t.Errorf("upstream reported %d prompt tokens; event %+v", prompt, ev)
+			}
+		}
+	}
+}

@@ -75,7 +75,8 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
 		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
-	return respBody, parseUsage(gjson.GetBytes(respBody, "usage")), nil
+	usage, _ := checkUsage(parseUsage(gjson.GetBytes(respBody, "usage")))
+	return respBody, usage, nil
 }
 
 // Record hands a plugin's usage event to the meter; it never blocks.

@@ -23,12 +23,48 @@ func (c *generationCall) keepText() bool { return !c.haveUsage || c.logging.Enab
 const maxEstimateText = 4 << 20
 
 // setUsage reads the chat (prompt/completion) or responses (input/output)
-// spelling of usage.
+// spelling of usage. A report out of range is not believed: the call is
+// billed on the tokenizer's estimate, as if the upstream had sent none.
 func (c *generationCall) setUsage(u gjson.Result) {
-	usage := parseUsage(u)
+	usage, ok := checkUsage(parseUsage(u))
+	if !ok {
+		c.server.logf("proxy: call %s: upstream %s reported usage out of range (%.300s); billing the tokenizer's estimate instead",
+			c.reqID, c.upstream.cfg.Name, u.Raw)
+		return
+	}
 	c.usage.PromptTokens, c.usage.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
 	c.usage.CachedTokens, c.usage.ReasoningTokens = usage.CachedTokens, usage.ReasoningTokens
 	c.haveUsage = true
+}
+
+// maxReportedTokens bounds each count an upstream reports for one call:
+// a hundred times the largest context window served today. At the
+// highest price a gateway.yaml can hold (18.4 USD a token) a call then
+// costs at most 1.8e18 nano-USD, within int64; a buggy or hostile
+// upstream's 4e18 tokens once saturated the cost and voided the debits
+// of every other call in its billing batch.
+const maxReportedTokens = 100_000_000
+
+// checkUsage reports whether an upstream's counts are believable (none
+// negative or above maxReportedTokens) and returns them with cached
+// tokens no more than the prompt's and reasoning no more than the
+// completion's, the parts they are of; out of range, the counts are
+// clamped into it.
+func checkUsage(u catalog.Usage) (catalog.Usage, bool) {
+	ok := true
+	clamp := func(n *int64) {
+		if *n < 0 || *n > maxReportedTokens {
+			ok = false
+			*n = min(max(*n, 0), maxReportedTokens)
+		}
+	}
+	clamp(&u.PromptTokens)
+	clamp(&u.CompletionTokens)
+	clamp(&u.CachedTokens)
+	clamp(&u.ReasoningTokens)
+	u.CachedTokens = min(u.CachedTokens, u.PromptTokens)
+	u.ReasoningTokens = min(u.ReasoningTokens, u.CompletionTokens)
+	return u, ok
 }
 
 // parseUsage reads an upstream's usage object in either dialect: chat's
