@@ -290,6 +290,11 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 func (l *loader) validateNATS(n NATS) {
 	if n.URL == "" {
 		l.checkHostPort(n.EmbeddedListen, "nats.embedded_listen")
+		host, _, _ := net.SplitHostPort(n.EmbeddedListen)
+		ip := net.ParseIP(host)
+		l.check(host == "localhost" || ip != nil && ip.IsLoopback(), "nats.embedded_listen",
+			"%q is not a loopback address: the embedded server has no authentication, so anyone who reaches it could rewrite balances and keys; "+
+				"use 127.0.0.1, or run an external NATS with credentials (nats.url, nats.creds_file)", n.EmbeddedListen)
 	}
 	l.check(n.Replicas >= 1 && n.Replicas <= 5, "nats.replicas",
 		"must be 1 to 5 (JetStream's limit), got %d", n.Replicas)
