@@ -146,6 +146,9 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 		// number 1.5 into Go struct field keyBody.rpm of type int64").
 		{`{"name":"ci","rpm":1.5}`, "rpm", "rpm must be an integer, got number 1.5"},
 		{`{"name":"ci","scopes":"generate"}`, "scopes", "scopes must be an array, got string"},
+		// An empty list is not "all": it once made a key that could call everything.
+		{`{"name":"ci","scopes":[]}`, "scopes", "scopes is an empty list: name at least one of generate, classify, batch, console, or omit scopes for all of them"},
+		{`{"name":"ci","models":[]}`, "models", "models is an empty list: name at least one catalog model, or omit models for every model"},
 	} {
 		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", tc.body)
 		if status != 400 {

@@ -30,6 +30,14 @@ func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
 	case strings.ContainsFunc(req.Name, func(r rune) bool { return r < ' ' || r == 0x7f }):
 		return &Problem{"name", "name must not contain control characters"}
 	}
+	// Omitted means all; an empty list reads as "none" and would silently
+	// make a key that may call everything.
+	if req.Scopes != nil && len(req.Scopes) == 0 {
+		return &Problem{"scopes", "scopes is an empty list: name at least one of " + strings.Join(accounts.AllScopes, ", ") + ", or omit scopes for all of them"}
+	}
+	if req.Models != nil && len(req.Models) == 0 {
+		return &Problem{"models", "models is an empty list: name at least one catalog model, or omit models for every model"}
+	}
 	for _, sc := range req.Scopes {
 		if !slices.Contains(accounts.AllScopes, sc) {
 			return &Problem{"scopes", fmt.Sprintf("unknown scope %q; scopes are %s", sc, strings.Join(accounts.AllScopes, ", "))}
