@@ -106,9 +106,19 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 // fail counts a failure against up and, when that ejects it, starts
 // probing it so it comes back as soon as it answers again.
 func (up *upstream) fail(rt *config.Routing, reason string) {
-	if !up.health.failed(rt, reason) {
-		return
+	if up.health.failed(rt, reason) {
+		up.ejected(rt, reason)
 	}
+}
+
+// broke counts an answer up cut or stalled after its first byte.
+func (up *upstream) broke(rt *config.Routing, reason string) {
+	if up.health.brokeMidAnswer(rt, reason) {
+		up.ejected(rt, reason)
+	}
+}
+
+func (up *upstream) ejected(rt *config.Routing, reason string) {
 	up.logf("upstream %s ejected: %s", up.cfg.Name, reason)
 	up.health.mu.Lock()
 	start := !up.health.probing

@@ -38,8 +38,11 @@ type upstreamHealth struct {
 	openUntil atomic.Int64 // unix ns: open until then, then half-open
 	trial     atomic.Bool  // a half-open trial call is out
 
-	failures  atomic.Int32 // consecutive; written under mu, read without it
-	mu        sync.Mutex   // breaker transitions; never held across I/O
+	failures atomic.Int32 // consecutive; written under mu, read without it
+	// broken counts answers cut or stalled after their first byte, in a
+	// row: each such call closed the failures streak when it answered.
+	broken    atomic.Int32
+	mu        sync.Mutex // breaker transitions; never held across I/O
 	ejectFor  time.Duration
 	lastError string
 	probing   bool
@@ -151,13 +154,48 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason string) (ejected bool
 	defer h.mu.Unlock()
 	failures := h.failures.Add(1)
 	h.lastError = reason
-	switch h.state.Load() {
-	case stateClosed:
-		if int(failures) < rt.EjectAfter {
-			return false
-		}
+	if h.state.Load() == stateClosed && int(failures) < rt.EjectAfter {
+		return false
+	}
+	h.ejectLocked(rt)
+	return true
+}
+
+// brokeMidAnswer records an answer the upstream cut or stalled after its
+// first byte: a reset connection, idle_timeout, a body shorter than
+// announced. The call was counted when it answered, and its answer ended
+// the failures streak, so these have a streak of their own: eject_after
+// of them with no answer completed in between eject the upstream, as
+// failures before the first byte do. A replica that crashes or hangs
+// while generating would otherwise keep its share of calls for good.
+func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason string) (ejected bool) {
+	h.curFails.Add(1)
+	broken := h.broken.Add(1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lastError = reason
+	if int(broken) < rt.EjectAfter || h.state.Load() != stateClosed {
+		return false
+	}
+	h.broken.Store(0)
+	h.ejectLocked(rt)
+	return true
+}
+
+// completedAnswer ends the streak of broken answers.
+func (h *upstreamHealth) completedAnswer() {
+	if h.broken.Load() != 0 {
+		h.broken.Store(0)
+	}
+}
+
+// ejectLocked opens the breaker: for eject_for after closed, for twice as
+// long as last time after a failed trial (or a failure racing an
+// ejection), up to eject_max. h.mu is held.
+func (h *upstreamHealth) ejectLocked(rt *config.Routing) {
+	if h.state.Load() == stateClosed {
 		h.ejectFor = rt.EjectFor
-	default: // a failed trial, or a failure racing an ejection
+	} else {
 		h.ejectFor = min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax)
 	}
 	h.openUntil.Store(time.Now().Add(h.ejectFor).UnixNano())
@@ -165,7 +203,6 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason string) (ejected bool
 	h.resting = false
 	h.trial.Store(false)
 	h.ejections.Add(1)
-	return true
 }
 
 // rest takes the upstream out for d without counting a failure: it

@@ -338,12 +338,16 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
+		if !errors.Is(err, errBodyTooLarge) {
+			c.upstream.broke(&c.server.world.Load().Config.Routing, apiErr.Message)
+		}
 		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
 		c.failCallSpan(apiErr.Status, apiErr.Message)
 		c.release()
 		WriteError(ctx, apiErr)
 		return
 	}
+	c.upstream.health.completedAnswer()
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
 	c.ttfb = time.Since(c.start)

@@ -300,3 +300,25 @@ func TestPoolRetriesAnUpstreamSilentAfterItsHeader(t *testing.T) {
 		}
 	}
 }
+
+// A replica that cuts every answer after its first bytes (it crashes or
+// hangs while generating) is ejected after eject_after such answers in a
+// row, although each of them began as an answer.
+func TestPoolEjectsAnUpstreamThatCutsItsAnswers(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_for: 30s",
+		proxytest.Options{Chunks: 10, DropAfter: 3})
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	cut := 0
+	for range 12 {
+		if strings.Contains(string(readAll(t, h.post("/v1/chat/completions", stream))), "stream_interrupted") {
+			cut++
+		}
+	}
+	st := h.statuses()["p0"]
+	if st.State != "ejected" || !strings.Contains(st.LastError, "interrupted") {
+		t.Fatalf("p0 cut %d streams and is %+v", cut, st)
+	}
+	if cut != 3 {
+		t.Errorf("%d streams cut, want 3: the third ejects p0", cut)
+	}
+}

@@ -120,6 +120,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		c.streamDone = true
 		if err == io.EOF {
 			if c.finished {
+				c.upstream.health.completedAnswer()
 				return nil, false, io.EOF
 			}
 			// fasthttp reports a connection closed between two chunks as a
@@ -131,6 +132,9 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		msg := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, err)
 		if isTimeout(err) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
+		}
+		if err != errEventTooLarge {
+			c.upstream.broke(&c.server.world.Load().Config.Routing, msg)
 		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
 	}

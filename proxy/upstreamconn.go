@@ -223,6 +223,10 @@ func (r *upstreamResponse) exchange(req []byte) error {
 	return nil
 }
 
+// errBodyTooLarge: an answer above max_response_body, which is the
+// setting's doing, not a sign of a failing upstream.
+var errBodyTooLarge = errors.New("larger than max_response_body")
+
 // errClosedBeforeBody: the upstream sent a response header and closed the
 // connection before the body that header announced.
 var errClosedBeforeBody = errors.New("closed the connection after the response header, before the body")
@@ -399,7 +403,7 @@ func (r *upstreamResponse) readAll(dst []byte, limit int64) ([]byte, error) {
 		n, err := r.Read(dst[len(dst):cap(dst)])
 		dst = dst[:len(dst)+n]
 		if int64(len(dst)) > limit {
-			return dst, fmt.Errorf("larger than max_response_body (%d bytes)", limit)
+			return dst, fmt.Errorf("%w (%d bytes)", errBodyTooLarge, limit)
 		}
 		if err == io.EOF {
 			break
