@@ -27,6 +27,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 	}()
 	var tried uint64
 	var lastErr *APIError
+	c.alone = len(p.members) == 1
 	for n := 0; ; n++ {
 		var up *upstream
 		var i int
@@ -67,7 +68,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
 			lastErr = upstreamUnreachable(up, "", err)
-			up.fail(rt, err.Error())
+			up.fail(rt, err.Error(), c.alone)
 			if c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
@@ -83,7 +84,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				h.rest(d, "answered 429 with Retry-After "+strconv.Itoa(int(d/time.Second))+"s")
 			}
 		case status >= 500:
-			up.fail(rt, "answered "+strconv.Itoa(status))
+			up.fail(rt, "answered "+strconv.Itoa(status), c.alone)
 		default:
 			h.succeeded(time.Since(sent))
 		}
@@ -105,14 +106,28 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 
 // fail counts a failure against up and, when that ejects it, starts
 // probing it so it comes back as soon as it answers again.
-func (up *upstream) fail(rt *config.Routing, reason string) {
+//
+// An upstream alone in the call's pool is never ejected: ejecting it would
+// leave its model nothing to answer with, so one client whose requests
+// fail (three tries of one call, with an SDK's retries) would turn into a
+// 503 for every other caller. The failure is still counted and shown.
+func (up *upstream) fail(rt *config.Routing, reason string, alone bool) {
+	if alone {
+		up.health.failedAlone(reason, false)
+		return
+	}
 	if up.health.failed(rt, reason) {
 		up.ejected(rt, reason)
 	}
 }
 
-// broke counts an answer up cut or stalled after its first byte.
-func (up *upstream) broke(rt *config.Routing, reason string) {
+// broke counts an answer up cut or stalled after its first byte; alone as
+// for fail.
+func (up *upstream) broke(rt *config.Routing, reason string, alone bool) {
+	if alone {
+		up.health.failedAlone(reason, true)
+		return
+	}
 	if up.health.brokeMidAnswer(rt, reason) {
 		up.ejected(rt, reason)
 	}

@@ -161,6 +161,20 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason string) (ejected bool
 	return true
 }
 
+// failedAlone records a failure of an upstream that must not be ejected
+// (see upstream.fail): in the error rate and last_error only. answered
+// says the call was already counted, when its answer began.
+func (h *upstreamHealth) failedAlone(reason string, answered bool) {
+	if answered {
+		h.curFails.Add(1)
+	} else {
+		h.count(true)
+	}
+	h.mu.Lock()
+	h.lastError = reason
+	h.mu.Unlock()
+}
+
 // brokeMidAnswer records an answer the upstream cut or stalled after its
 // first byte: a reset connection, idle_timeout, a body shorter than
 // announced. The call was counted when it answered, and its answer ended

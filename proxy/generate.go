@@ -273,6 +273,7 @@ type generationCall struct {
 	traceHeaders []byte
 
 	pinned   *upstream // the upstream holding previous_response_id; no other is tried
+	alone    bool      // the model's pool has one member, which is never ejected
 	remember bool      // a responses call whose id is to be remembered
 
 	limit   *admission                 // the key's own limits; nil without
@@ -339,7 +340,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
 		if !errors.Is(err, errBodyTooLarge) {
-			c.upstream.broke(&c.server.world.Load().Config.Routing, apiErr.Message)
+			c.upstream.broke(&c.server.world.Load().Config.Routing, apiErr.Message, c.alone)
 		}
 		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
 		c.failCallSpan(apiErr.Status, apiErr.Message)

@@ -322,3 +322,18 @@ func TestPoolEjectsAnUpstreamThatCutsItsAnswers(t *testing.T) {
 		t.Errorf("%d streams cut, want 3: the third ejects p0", cut)
 	}
 }
+
+// A model's only upstream is never ejected: one client's failing calls
+// (an SDK retries a 500 twice) would otherwise be a 503 for everyone.
+func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
+	h := newPoolHarness(t, 1, "  eject_after: 2", proxytest.Options{Status: 500})
+	for i := range 5 {
+		resp := h.post("/v1/chat/completions", smallChat)
+		if body := readAll(t, resp); resp.StatusCode != 500 {
+			t.Fatalf("call %d: %d %s, want the upstream's own 500 every time", i, resp.StatusCode, body)
+		}
+	}
+	if st := h.statuses()["p0"]; st.State != "healthy" || !strings.Contains(st.LastError, "500") {
+		t.Fatalf("p0 is %+v, want healthy with the 500 as last error", st)
+	}
+}

@@ -134,7 +134,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
 		}
 		if err != errEventTooLarge {
-			c.upstream.broke(&c.server.world.Load().Config.Routing, msg)
+			c.upstream.broke(&c.server.world.Load().Config.Routing, msg, c.alone)
 		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
 	}
