@@ -81,6 +81,19 @@ func (h *upstreamHealth) available(now int64) bool {
 	}
 }
 
+// availableAlone is available for an upstream alone in a pool, which is
+// never out for failures (see upstream.fail): those may have come through
+// another pool it is in. Only a rest it asked for (429 with Retry-After)
+// keeps calls away.
+func (h *upstreamHealth) availableAlone(now int64) bool {
+	if h.available(now) {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.resting
+}
+
 // eligible is available without taking the trial slot: for choosing.
 func (h *upstreamHealth) eligible(now int64) bool {
 	switch h.state.Load() {
@@ -284,7 +297,7 @@ func newPool(members []config.PoolMember, upstreams map[string]*upstream) *pool 
 func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstream, int) {
 	now := time.Now().UnixNano()
 	if len(p.members) == 1 {
-		if tried == 0 && p.members[0].up.health.available(now) {
+		if tried == 0 && p.members[0].up.health.availableAlone(now) {
 			return p.members[0].up, 0
 		}
 		return nil, -1

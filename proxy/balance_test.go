@@ -32,38 +32,58 @@ func testModelPool(t testing.TB, n int) *pool {
 
 func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 	rt := testRouting("p2c")
-	p := testModelPool(t, 1)
+	p := testModelPool(t, 2)
 	h := &p.members[0].up.health
+	takes := func() bool { return h.available(time.Now().UnixNano()) }
 	if h.failed(rt, "refused") {
 		t.Fatal("ejected after one failure with eject_after 2")
 	}
 	if !h.failed(rt, "refused") {
 		t.Fatal("not ejected after eject_after failures")
 	}
-	if up, _ := p.pick(rt, 0, 0); up != nil {
-		t.Fatal("an ejected upstream was picked")
+	for range 10 {
+		if up, i := p.pick(rt, 0, 0); up == nil || i != 1 {
+			t.Fatal("an ejected upstream was picked")
+		}
 	}
 	time.Sleep(60 * time.Millisecond)
-	if up, _ := p.pick(rt, 0, 0); up == nil {
+	if !takes() {
 		t.Fatal("no trial call after eject_for")
 	}
-	if up, _ := p.pick(rt, 0, 0); up != nil {
+	if takes() {
 		t.Fatal("a second call went out while the half-open trial was out")
 	}
 	h.failed(rt, "refused again") // the trial failed: out for twice as long
 	time.Sleep(60 * time.Millisecond)
-	if up, _ := p.pick(rt, 0, 0); up != nil {
+	if takes() {
 		t.Fatal("back after eject_for although the cool-down doubled")
 	}
 	time.Sleep(50 * time.Millisecond)
-	if up, _ := p.pick(rt, 0, 0); up == nil {
+	if !takes() {
 		t.Fatal("no trial after the doubled cool-down")
 	}
 	h.succeeded(time.Millisecond)
 	for range 3 {
-		if up, _ := p.pick(rt, 0, 0); up == nil {
+		if !takes() {
 			t.Fatal("not serving after a successful trial")
 		}
+	}
+}
+
+// An upstream alone in a pool takes its calls even while another pool's
+// failures have it ejected; a rest it asked for still holds.
+func TestPoolOfOneIgnoresEjectionNotRest(t *testing.T) {
+	rt := testRouting("p2c")
+	p := testModelPool(t, 1)
+	h := &p.members[0].up.health
+	h.failed(rt, "refused")
+	h.failed(rt, "refused")
+	if up, _ := p.pick(rt, 0, 0); up == nil {
+		t.Fatal("the only upstream, ejected through another pool, was not picked")
+	}
+	h.rest(time.Minute, "429")
+	if up, _ := p.pick(rt, 0, 0); up != nil {
+		t.Fatal("the only upstream was picked while resting after its 429")
 	}
 }
 
