@@ -51,7 +51,9 @@ func startLocal(t *testing.T, opts LocalOptions) (*Local, string, string) {
 	if opts.PublicBaseURL == "" {
 		opts.PublicBaseURL = "http://" + ln.Addr().String()
 	}
-	opts.Logf = t.Logf
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
 	l, err := NewLocal(opts)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -530,4 +531,31 @@ func startRawUpload(t *testing.T, l *Local, url string, fields map[string]string
 		t.Fatal(err)
 	}
 	return conn
+}
+
+// A refused request's path is logged quoted: decoded, a %0a in it once
+// wrote a line of the attacker's choosing into the gateway's log.
+func TestRefusedRequestCannotForgeLogLines(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	_, _, addr := startLocal(t, LocalOptions{Logf: func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, fmt.Sprintf(format, args...))
+	}})
+	resp, err := http.Get("http://" + addr + "/tollgate/x%0a2026/11/26%2003:11:30%20billing:%20FAKE?X-Amz-Signature=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) == 0 {
+		t.Fatal("the refused request was not logged")
+	}
+	for _, l := range lines {
+		if strings.Contains(l, "\n") {
+			t.Errorf("a log line holds a newline: %q", l)
+		}
+	}
 }

@@ -108,7 +108,7 @@ func (l *Local) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			// come: hang up instead of reading it.
 			w.Header().Set("Connection", "close")
 		}
-		l.logf("storage: refused %s %s from %s: %v", r.Method, r.URL.Path, r.RemoteAddr, err)
+		l.logf("storage: refused %q %q from %s: %q", r.Method, r.URL.Path, r.RemoteAddr, err.Error())
 		writeS3Error(w, r, err)
 	}
 }
