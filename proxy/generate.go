@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -376,6 +377,13 @@ func upstreamUnreachable(up *upstream, what string, err error) *APIError {
 	}
 	if errors.Is(err, errClosedBeforeBody) {
 		return Unavailable(fmt.Sprintf("upstream %s%s %v", up.cfg.Name, what, err))
+	}
+	// A client learns that the upstream is unreachable and why, not its
+	// address ("dial tcp 10.0.3.7:8000: connect: connection refused"):
+	// operators see the whole error in the admin API's last_error.
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Err != nil {
+		err = opErr.Err
 	}
 	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %v", up.cfg.Name, what, err))
 }

@@ -280,6 +280,10 @@ func TestUnreachableUpstreamIs503(t *testing.T) {
 	if !strings.Contains(e["message"].(string), "unreachable") {
 		t.Fatalf("message %v", e["message"])
 	}
+	// A client is told why, not where the upstream lives.
+	if strings.Contains(e["message"].(string), "127.0.0.1") {
+		t.Errorf("the message names the upstream's address: %v", e["message"])
+	}
 	// the rest of the gateway still works
 	r, err := http.Get(h.url + "/v1/models")
 	if err != nil || r.StatusCode != 200 {
