@@ -273,14 +273,18 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 	l("%s", redactSecrets(fmt.Sprintf("http: "+format, args...)))
 }
 
-// secretPattern matches API keys (tg-), admin tokens (tga-) and console
-// sign-in tokens (tgl-), whole or cut off.
-var secretPattern = regexp.MustCompile(`\btg[al]?-[A-Za-z0-9_.\-]{6,}`)
+// secretPattern matches API keys (tg-), admin tokens (tga-), console
+// sign-in tokens (tgl-), whole or cut off, and the console's session
+// cookie (tollgate_console=…).
+var secretPattern = regexp.MustCompile(`\btg[al]?-[A-Za-z0-9_.\-]{6,}|\btollgate_console=[^;\s"]+`)
 
-// redactSecrets replaces every key or token in s by its prefix and
-// "[redacted]", for text bound for a log or an error message.
+// redactSecrets replaces every key, token or session in s by its prefix
+// and "[redacted]", for text bound for a log or an error message.
 func redactSecrets(s string) string {
 	return secretPattern.ReplaceAllStringFunc(s, func(m string) string {
+		if i := strings.IndexByte(m, '='); i >= 0 {
+			return m[:i+1] + "[redacted]"
+		}
 		return m[:strings.IndexByte(m, '-')+1] + "[redacted]"
 	})
 }
