@@ -186,10 +186,15 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 		proxy.WriteError(ctx, proxy.NotFound(err.Error()))
 	case errors.Is(err, accounts.ErrExists):
 		proxy.WriteError(ctx, proxy.Conflict(err.Error()))
+	case errors.Is(err, accounts.ErrInvalidInput):
+		proxy.WriteError(ctx, proxy.BadRequest("", err.Error()))
 	case errors.Is(err, context.DeadlineExceeded):
 		proxy.WriteError(ctx, proxy.Unavailable("account store did not answer in time: "+err.Error()))
 	default:
-		proxy.WriteError(ctx, proxy.BadRequest("", err.Error()))
+		// NATS failing (a cluster electing a new leader, an outage): the
+		// request was fine and may be sent again. A 400 told an operator
+		// revoking a key that the revocation was wrong, and it stayed valid.
+		proxy.WriteError(ctx, proxy.Unavailable("account store unavailable (the change may not have been made; try again): "+err.Error()))
 	}
 }
 
