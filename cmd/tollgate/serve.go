@@ -277,14 +277,25 @@ func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Se
 	if _, err := os.Stat(marker); err == nil {
 		return nil
 	}
-	if _, err := svc.CreateAccount(ctx, "demo", credit); err != nil && !errors.Is(err, accounts.ErrExists) {
+	writeMarker := func() error {
+		return writeFileAtomic(marker, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600)
+	}
+	_, err = svc.CreateAccount(ctx, "demo", credit)
+	if errors.Is(err, accounts.ErrExists) {
+		// Another gateway on the same NATS, or an earlier data_dir, made
+		// it: minting one more live key per new data_dir (and printing it
+		// with a credit that was never added) is what a cluster must not do.
+		fmt.Fprintf(os.Stderr, "The demo account exists already (made by another gateway or an earlier data_dir); no new key. Make one with: tollgate keys create demo -name demo\n")
+		return writeMarker()
+	}
+	if err != nil {
 		return fmt.Errorf("creating demo account: %w", err)
 	}
 	_, token, err := svc.CreateKey(ctx, "demo", accounts.KeyRequest{Name: "demo"})
 	if err != nil {
 		return fmt.Errorf("creating demo key: %w", err)
 	}
-	if err := writeFileAtomic(marker, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600); err != nil {
+	if err := writeMarker(); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n\n", credit, token, cfg.Server.Listen)

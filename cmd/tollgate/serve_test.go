@@ -1,0 +1,30 @@
+package main
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
+)
+
+// A second gateway on the same NATS, with a data_dir of its own, finds the
+// demo account made and mints no second key: each new data_dir once
+// printed another live key, with a credit it never added.
+func TestDemoAccountOncePerDeployment(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	ctx := context.Background()
+	for range 2 {
+		cfg := &config.Config{Server: config.Server{DemoCreditUSD: "5", DataDir: t.TempDir(), Listen: "127.0.0.1:8080"}}
+		if err := ensureDemoAccount(ctx, cfg, g.Accounts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, err := g.Accounts.ListKeys(ctx, "demo")
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("demo keys after two gateways' first starts: %d (%v), want 1", len(keys), err)
+	}
+}
