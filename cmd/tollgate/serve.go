@@ -79,6 +79,10 @@ func runServe(args []string) error {
 		return err
 	}
 	defer stopStore()
+	if cfg.Storage.Backend == "local" && cfg.NATS.URL != "" {
+		logf("warning: storage.backend local with an external NATS: a batch job's input stays on the gateway it was uploaded to, " +
+			"and the job fails if another gateway's worker takes it up; with more than one gateway, use storage.backend s3")
+	}
 
 	jobs := &batchJobs{b: b, store: store, rec: rec, logf: logf}
 	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
