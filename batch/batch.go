@@ -26,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/storage"
 )
 
@@ -85,6 +86,9 @@ type Runtime interface {
 	// Engine returns the engine for job, from its Model and KeyModels and
 	// the configuration in force. An error fails the job with its message.
 	Engine(job *Job) (Engine, error)
+	// CanPay says whether account can spend cost and stay within the
+	// grace buffer, and its balance.
+	CanPay(account string, cost money.Nanos) (balance money.Nanos, ok bool)
 }
 
 // Engine classifies the lines of one job. It is called from many

@@ -79,6 +79,16 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		if s.at("counted") {
 			return errDied
 		}
+		// A job is billed when it ends, so the account's balance is asked
+		// now, against the estimate: checked only at create and start, one
+		// job of a 5 GB input could overdraw an account of one cent by
+		// any amount.
+		if cost := estimatedCost(j.Price, estimate); cost > 0 {
+			if balance, ok := s.runtime.CanPay(j.Account, cost); !ok {
+				return o.fail(ctx, fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer: top up and start the job again",
+					balance, estimate, cost))
+			}
+		}
 	} else if size != j.Progress.InputSize {
 		return o.fail(ctx, fmt.Sprintf("the input file changed while the job ran (%d bytes, %d before): start the job again", size, j.Progress.InputSize))
 	}
@@ -508,6 +518,18 @@ func (s *Service) join(ctx context.Context, key string, parts []string) error {
 
 // billingEvent is the job's one usage event: its id is the job id, so
 // billing it twice is billing it once.
+// estimatedCost is what estimate tokens cost at a job's price; 0 for a
+// price that does not parse (billingEvent logs it).
+func estimatedCost(price string, estimate int64) money.Nanos {
+	p, err := money.ParsePrice(price)
+	if err != nil {
+		return 0
+	}
+	var cost money.Atto
+	cost.Add(estimate, p)
+	return cost.Nanos()
+}
+
 func (s *Service) billingEvent(j *Job, now time.Time) *meter.Event {
 	price, err := money.ParsePrice(j.Price) // validated with the config it came from
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -240,6 +241,10 @@ type batchRuntime struct {
 }
 
 func (r batchRuntime) Config() *config.Config { return r.host.World().Config }
+
+func (r batchRuntime) CanPay(account string, cost money.Nanos) (money.Nanos, bool) {
+	return r.host.CanPay(account, cost)
+}
 
 // Engine picks a job's engine as classify picks a request's, for the key
 // that created the job, with the model calls made by the World in force.

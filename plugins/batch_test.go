@@ -545,3 +545,33 @@ func TestBatchWithoutStorageIs503(t *testing.T) {
 		t.Fatalf("batch without a service: %s", r)
 	}
 }
+
+// A job is billed when it ends, so the account's balance is asked against
+// the estimate once the input is counted: a job it cannot pay for within
+// the grace buffer fails unbilled instead of overdrawing it by any amount.
+func TestBatchTheAccountCannotPayForFailsUnbilled(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  price_per_token: \"0.01\"\n"})
+	h.startWorker()
+	h.g.CreateAccount("poor", money.NanosPerUSD/100)
+	key := h.newKey("poor", accounts.KeyRequest{Name: "poor"})
+	c := h.createJob(key, `{"classifier": "support-intent"}`)
+	h.upload(c, []byte(batchInput))
+	h.call("POST", "/v1/batch/"+c.JobID+"/start", key, "").object(t, 202)
+	job := h.poll(key, c.JobID)
+	if msg, _ := job["error"].(string); job["status"] != "failed" || !strings.Contains(msg, "cannot pay") {
+		t.Fatalf("job of %v estimated tokens at 0.01 USD each, on 0.01 USD of credit: %v", job["estimated_tokens"], job)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, ev := range h.rec.Events() {
+		if ev.Account == "poor" {
+			t.Fatalf("the failed job was billed: %+v", ev)
+		}
+	}
+	// The same job on an account that can pay completes.
+	c = h.createJob(h.key, `{"classifier": "support-intent"}`)
+	h.upload(c, []byte(batchInput))
+	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
+	if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
+		t.Fatalf("job of an account with 10 USD: %v", job)
+	}
+}

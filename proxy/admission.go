@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/money"
 )
 
 // authenticate verifies the bearer key. Every failure is 401 INVALID_API_KEY
@@ -39,6 +40,17 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*accounts.Key, *APIErro
 		return nil, errInvalidKey(err.Error())
 	}
 	return key, nil
+}
+
+// CanPay says whether account can spend cost without its balance going
+// below the grace buffer: for work billed at its end, a batch job, whose
+// cost is known before it runs. An unknown account cannot pay.
+func (s *Server) CanPay(account string, cost money.Nanos) (money.Nanos, bool) {
+	if s.accounts == nil {
+		return 0, true // no accounts to ask (a server built without them)
+	}
+	bal, ok := s.accounts.Balance(account)
+	return bal, ok && bal-cost >= -s.world.Load().grace
 }
 
 // checkBalance refuses accounts whose balance is below the grace buffer.

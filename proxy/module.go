@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
 )
 
 // Module is a part of the gateway that proxy does not name: the plugins,
@@ -51,6 +52,9 @@ type Host interface {
 	World() *World
 	// Record hands a usage event to the meter; it never blocks.
 	Record(ev *meter.Event)
+	// CanPay says whether account can spend cost and stay within the
+	// grace buffer, with its balance as this gateway last saw it.
+	CanPay(account string, cost money.Nanos) (balance money.Nanos, ok bool)
 	Logf(format string, args ...any)
 }
 
