@@ -777,10 +777,24 @@ func newLineReader(r io.Reader, offset int64, max int) *lineReader {
 	return &lineReader{r: bufio.NewReaderSize(r, readBuffer), max: max, offset: offset}
 }
 
-// next returns the next line, valid until the following call. tooLong
-// says the line had more than max bytes; they were skipped, and line is
-// empty. The error is io.EOF at the end of the input.
+// utf8BOM starts the files many Windows tools write; the first line would
+// otherwise be "not valid JSON" although it looks valid in any editor.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// next returns the next line, valid until the following call, without a
+// byte order mark at the start of the input. tooLong says the line had
+// more than max bytes; they were skipped, and line is empty. The error is
+// io.EOF at the end of the input.
 func (lr *lineReader) next() (line []byte, tooLong bool, err error) {
+	first := lr.offset == 0
+	line, tooLong, err = lr.nextLine()
+	if first {
+		line = bytes.TrimPrefix(line, utf8BOM)
+	}
+	return line, tooLong, err
+}
+
+func (lr *lineReader) nextLine() (line []byte, tooLong bool, err error) {
 	lr.long = lr.long[:0]
 	for {
 		frag, err := lr.r.ReadSlice('\n')
