@@ -121,28 +121,44 @@ func TestJobAnsweredBySemanticIsBilledUnderSemantic(t *testing.T) {
 // An input replaced while its job ran fails the job at its end: the run
 // went on with what it read, and a job completed whose results matched
 // neither the input it counted nor the one stored.
+// A replacement of the same size is told by its version: by size alone, a
+// resumed run read the rest of its lines from the other file.
 func TestInputReplacedWhileTheJobRunsFailsIt(t *testing.T) {
-	e := newEnv(t, envOptions{})
-	var replace func()
-	svc := e.service(0, batch.Tuning{Hook: func(point string) bool {
-		if point == "counted" && replace != nil {
-			replace()
-			replace = nil
-		}
-		return false
-	}})
-	id := e.create(svc, "acme", inputLines(300, 97), "single")
-	replace = func() { e.put(batch.InputObject("acme", id), bytes.NewReader(inputLines(13, 97))) }
-	e.work(svc)
-	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-		t.Fatal(err)
-	}
-	j := e.waitEnd(svc, "acme", id, 30*time.Second)
-	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "the input file changed while the job ran") {
-		t.Fatalf("status %s, error %q: want failed, the input changed", j.Status, j.Error)
-	}
-	if evs := e.jobEvents(id); len(evs) != 0 {
-		t.Fatalf("a failed job was billed: %+v", evs)
+	input := inputLines(300, 97)
+	for _, tc := range []struct {
+		name, want  string
+		replacement []byte
+	}{
+		{"other size", "the input file changed while the job ran", inputLines(13, 97)},
+		{"same size", "the input file was uploaded again while the job ran", bytes.ToUpper(input)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			var replace func()
+			svc := e.service(0, batch.Tuning{Hook: func(point string) bool {
+				if point == "counted" && replace != nil {
+					replace()
+					replace = nil
+				}
+				return false
+			}})
+			id := e.create(svc, "acme", input, "single")
+			replace = func() {
+				time.Sleep(10 * time.Millisecond) // a later modification time on any file system
+				e.put(batch.InputObject("acme", id), bytes.NewReader(tc.replacement))
+			}
+			e.work(svc)
+			if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+				t.Fatal(err)
+			}
+			j := e.waitEnd(svc, "acme", id, 30*time.Second)
+			if j.Status != batch.StatusFailed || !strings.Contains(j.Error, tc.want) {
+				t.Fatalf("status %s, error %q: want failed, %s", j.Status, j.Error, tc.want)
+			}
+			if evs := e.jobEvents(id); len(evs) != 0 {
+				t.Fatalf("a failed job was billed: %+v", evs)
+			}
+		})
 	}
 }
 

@@ -97,11 +97,14 @@ type Job struct {
 type Progress struct {
 	// Counted: the counting pass filled RequestsTotal, EstimatedTokens and
 	// InputSize.
-	Counted   bool      `json:"counted,omitempty"`
-	InputSize int64     `json:"input_size,omitempty"`
-	Offset    int64     `json:"offset,omitempty"`
-	Lines     int64     `json:"lines,omitempty"`
-	Parts     []Segment `json:"parts,omitempty"`
+	Counted   bool  `json:"counted,omitempty"`
+	InputSize int64 `json:"input_size,omitempty"`
+	// InputVersion is the input's storage.Info.Version when it was counted:
+	// an input replaced by one of the same size changes it.
+	InputVersion string    `json:"input_version,omitempty"`
+	Offset       int64     `json:"offset,omitempty"`
+	Lines        int64     `json:"lines,omitempty"`
+	Parts        []Segment `json:"parts,omitempty"`
 	// Token sums over the lines done, billed at completion.
 	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
 	CompletionTokens int64 `json:"completion_tokens,omitempty"`

@@ -58,7 +58,7 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 	if err != nil {
 		return o.fail(ctx, "the job cannot run: "+err.Error())
 	}
-	size, err := s.store.Stat(ctx, j.InputKey)
+	input, err := s.store.Stat(ctx, j.InputKey)
 	if errors.Is(err, storage.ErrNotExist) {
 		return o.fail(ctx, "the input file is gone: upload it again and start the job")
 	}
@@ -72,7 +72,7 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		}
 		if err := o.update(ctx, func(j *Job) {
 			j.RequestsTotal, j.EstimatedTokens = total, estimate
-			j.Progress.Counted, j.Progress.InputSize = true, size
+			j.Progress.Counted, j.Progress.InputSize, j.Progress.InputVersion = true, input.Size, input.Version
 		}); err != nil {
 			return err
 		}
@@ -89,8 +89,8 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 					balance, estimate, cost))
 			}
 		}
-	} else if size != j.Progress.InputSize {
-		return o.fail(ctx, fmt.Sprintf("the input file changed while the job ran (%d bytes, %d before): start the job again", size, j.Progress.InputSize))
+	} else if msg := inputChanged(j, input); msg != "" {
+		return o.fail(ctx, msg)
 	}
 	switch err := s.classifyInput(ctx, o, engine, cfg); {
 	case errors.Is(err, errEnded):
@@ -441,13 +441,15 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// Checked again at the end, not only when a run starts: an input
 	// replaced while a run read it (the upload form works until it
 	// expires) left results that no longer matched the stored input.
-	switch size, err := s.store.Stat(ctx, j.InputKey); {
+	input, err := s.store.Stat(ctx, j.InputKey)
+	switch {
 	case errors.Is(err, storage.ErrNotExist):
 		return o.fail(ctx, "the input file is gone: upload it again and start the job")
 	case err != nil:
 		return fmt.Errorf("reading the input size: %w", err)
-	case size != j.Progress.InputSize:
-		return o.fail(ctx, fmt.Sprintf("the input file changed while the job ran (%d bytes, %d before): start the job again", size, j.Progress.InputSize))
+	}
+	if msg := inputChanged(j, input); msg != "" {
+		return o.fail(ctx, msg)
 	}
 	if j.RequestsCompleted == 0 {
 		msg := fmt.Sprintf("no line of the input could be classified (%d lines)", j.Progress.Lines)
@@ -472,7 +474,7 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	if s.at("billed") {
 		return errDied
 	}
-	err := o.update(ctx, func(j *Job) {
+	err = o.update(ctx, func(j *Job) {
 		actual := j.Progress.TotalTokens
 		j.Status, j.CompletedAt, j.ActualTokens, j.OutputKey = StatusCompleted, &now, &actual, outKey
 		j.Billed, j.Error, j.HeartbeatAt = true, "", nil
@@ -518,6 +520,20 @@ func (s *Service) join(ctx context.Context, key string, parts []string) error {
 
 // billingEvent is the job's one usage event: its id is the job id, so
 // billing it twice is billing it once.
+// inputChanged says why a job's input is not the one it counted, or "".
+// The size alone missed a replacement of the same size, and a resumed run
+// read the rest of its lines from the other file. (Jobs counted before
+// the version was kept have none to compare.)
+func inputChanged(j *Job, now storage.Info) string {
+	if now.Size != j.Progress.InputSize {
+		return fmt.Sprintf("the input file changed while the job ran (%d bytes, %d before): start the job again", now.Size, j.Progress.InputSize)
+	}
+	if j.Progress.InputVersion != "" && now.Version != j.Progress.InputVersion {
+		return "the input file was uploaded again while the job ran: start the job again"
+	}
+	return ""
+}
+
 // estimatedCost is what estimate tokens cost at a job's price; 0 for a
 // price that does not parse (billingEvent logs it).
 func estimatedCost(price string, estimate int64) money.Nanos {

@@ -44,13 +44,15 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*accounts.Key, *APIErro
 
 // CanPay says whether account can spend cost without its balance going
 // below the grace buffer: for work billed at its end, a batch job, whose
-// cost is known before it runs. An unknown account cannot pay.
+// cost is known before it runs. An account this process does not know
+// (yet: balances arrive by a KV watch) is not refused here; its key was
+// checked when the job was created and started.
 func (s *Server) CanPay(account string, cost money.Nanos) (money.Nanos, bool) {
 	if s.accounts == nil {
 		return 0, true // no accounts to ask (a server built without them)
 	}
 	bal, ok := s.accounts.Balance(account)
-	return bal, ok && bal-cost >= -s.world.Load().grace
+	return bal, !ok || bal-cost >= -s.world.Load().grace
 }
 
 // checkBalance refuses accounts whose balance is below the grace buffer.

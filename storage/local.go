@@ -17,6 +17,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -263,16 +264,16 @@ func (l *Local) presignGet(key string, now time.Time, ttl time.Duration) string 
 }
 
 // Stat implements Store.
-func (l *Local) Stat(_ context.Context, key string) (int64, error) {
+func (l *Local) Stat(_ context.Context, key string) (Info, error) {
 	p, err := l.objectPath(key)
 	if err != nil {
-		return 0, err
+		return Info{}, err
 	}
 	fi, err := os.Stat(p)
 	if err != nil || !fi.Mode().IsRegular() {
-		return 0, notExist(key, err)
+		return Info{}, notExist(key, err)
 	}
-	return fi.Size(), nil
+	return Info{Size: fi.Size(), Version: strconv.FormatInt(fi.ModTime().UnixNano(), 10)}, nil
 }
 
 // notExist maps a failed lookup of key: a missing file, or a directory

@@ -430,8 +430,8 @@ func TestLocalUploadOf200MBStreamsToDisk(t *testing.T) {
 	if got := resp.Header.Get("ETag"); got != `"`+hex.EncodeToString(src.sum.Sum(nil))+`"` {
 		t.Fatalf("ETag %s is not the MD5 of what was sent", got)
 	}
-	if n, err := l.Stat(ctx, key); err != nil || n != size {
-		t.Fatalf("Stat = %d, %v; want %d", n, err, size)
+	if info, err := l.Stat(ctx, key); err != nil || info.Size != size {
+		t.Fatalf("Stat = %+v, %v; want %d", info, err, size)
 	}
 }
 

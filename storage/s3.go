@@ -120,15 +120,15 @@ func (s *S3) PresignGet(ctx context.Context, key string, ttl time.Duration) (str
 }
 
 // Stat implements Store.
-func (s *S3) Stat(ctx context.Context, key string) (int64, error) {
+func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	if err := CheckKey(key); err != nil {
-		return 0, err
+		return Info{}, err
 	}
 	info, err := s.client.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{})
 	if err != nil {
-		return 0, s.mapError(key, err)
+		return Info{}, s.mapError(key, err)
 	}
-	return info.Size, nil
+	return Info{Size: info.Size, Version: info.ETag}, nil
 }
 
 // Open implements Store.
@@ -159,14 +159,14 @@ func (s *S3) OpenAt(ctx context.Context, key string, offset int64) (io.ReadClose
 	if _, err := obj.Stat(); err != nil {
 		obj.Close()
 		if offset > 0 && isCode(err, "InvalidRange") {
-			size, serr := s.Stat(ctx, key)
+			info, serr := s.Stat(ctx, key)
 			switch {
 			case serr != nil:
 				return nil, serr
-			case offset == size:
+			case offset == info.Size:
 				return emptyReader{}, nil
 			default:
-				return nil, fmt.Errorf("storage: offset %d is outside %s (%d bytes)", offset, key, size)
+				return nil, fmt.Errorf("storage: offset %d is outside %s (%d bytes)", offset, key, info.Size)
 			}
 		}
 		return nil, s.mapError(key, err)

@@ -34,8 +34,8 @@ type Store interface {
 	// PresignGet returns a URL that downloads key with a plain GET until ttl
 	// has passed.
 	PresignGet(ctx context.Context, key string, ttl time.Duration) (string, error)
-	// Stat returns the size of key, or ErrNotExist.
-	Stat(ctx context.Context, key string) (size int64, err error)
+	// Stat describes key, or returns ErrNotExist.
+	Stat(ctx context.Context, key string) (Info, error)
 	// Open streams key from its start; ErrNotExist when missing. The caller
 	// must Close the reader.
 	Open(ctx context.Context, key string) (io.ReadCloser, error)
@@ -50,6 +50,14 @@ type Store interface {
 	Create(ctx context.Context, key string) (Upload, error)
 	// Delete removes key; a missing key is not an error.
 	Delete(ctx context.Context, key string) error
+}
+
+// Info is what Stat tells of an object.
+type Info struct {
+	Size int64
+	// Version changes whenever the object is written again, even with
+	// the same size: its ETag on S3, its modification time on disk.
+	Version string
 }
 
 // Upload is an object being written by Store.Create. It must not be used

@@ -38,9 +38,9 @@ func testStore(t *testing.T, b backend) {
 			t.Fatalf("upload: %d\n%s", status, body)
 		}
 
-		size, err := s.Stat(ctx, key)
-		if err != nil || size != int64(len(content)) {
-			t.Fatalf("Stat = %d, %v; want %d", size, err, len(content))
+		info, err := s.Stat(ctx, key)
+		if err != nil || info.Size != int64(len(content)) || info.Version == "" {
+			t.Fatalf("Stat = %+v, %v; want %d bytes and a version", info, err, len(content))
 		}
 		if got := readAll(t)(s.Open(ctx, key)); got != string(content) {
 			t.Fatalf("Open read %d bytes, want the %d uploaded", len(got), len(content))
@@ -53,6 +53,19 @@ func testStore(t *testing.T, b backend) {
 		if rc, err := s.OpenAt(ctx, key, int64(len(content))+1); err == nil {
 			rc.Close()
 			t.Fatal("OpenAt past the end succeeded")
+		}
+
+		// Uploaded again with the same size, the object has another
+		// version: a batch job's input replaced mid-run is told by it.
+		same := []byte(strings.ToUpper(string(content)))
+		if status, body := upload(t, url, fields, same); status != http.StatusNoContent {
+			t.Fatalf("second upload: %d\n%s", status, body)
+		}
+		if again, err := s.Stat(ctx, key); err != nil || again.Size != info.Size || again.Version == info.Version {
+			t.Fatalf("Stat after a same-size upload = %+v, %v; want size %d and a version other than %q", again, err, info.Size, info.Version)
+		}
+		if status, body := upload(t, url, fields, content); status != http.StatusNoContent {
+			t.Fatalf("third upload: %d\n%s", status, body)
 		}
 
 		download, err := s.PresignGet(ctx, key, 10*time.Minute)
