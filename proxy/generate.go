@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -142,18 +143,34 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 func resolveModel(w *World, key *accounts.Key, f *requestFields) (*catalog.Entry, *APIError) {
 	switch {
 	case !f.Model.Exists() || f.Model.Type == gjson.Null:
-		return nil, BadRequest("model", "you must provide a model parameter; valid models: "+w.Catalog.ValidList())
+		return nil, BadRequest("model", "you must provide a model parameter; valid models: "+validModels(w, key))
 	case f.Model.Type != gjson.String:
-		return nil, BadRequest("model", "model must be a string; valid models: "+w.Catalog.ValidList())
+		return nil, BadRequest("model", "model must be a string; valid models: "+validModels(w, key))
 	}
 	entry, ok := w.Catalog.Resolve(f.Model.Str)
 	if !ok {
-		return nil, BadRequest("model", fmt.Sprintf("the model %q does not exist or is not allowed; valid models: %s", f.Model.Str, w.Catalog.ValidList()))
+		return nil, BadRequest("model", fmt.Sprintf("the model %q does not exist or is not allowed; valid models: %s", f.Model.Str, validModels(w, key)))
 	}
 	if !key.AllowsModel(entry.ID) {
 		return nil, Forbidden(fmt.Sprintf("this API key may not use model %q", entry.ID))
 	}
 	return entry, nil
+}
+
+// validModels lists the models key may use: the whole catalog (its list
+// made once per catalog) unless the key is limited to some. A limited key
+// was told of models it then got a 403 for.
+func validModels(w *World, key *accounts.Key) string {
+	if len(key.Models) == 0 {
+		return w.Catalog.ValidList()
+	}
+	var ids []string
+	for _, id := range w.Catalog.IDs() {
+		if key.AllowsModel(id) {
+			ids = append(ids, id)
+		}
+	}
+	return strings.Join(ids, ", ")
 }
 
 // forward sends the call to an upstream of its route and answers the

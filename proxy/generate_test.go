@@ -492,6 +492,11 @@ func TestAuthFailures(t *testing.T) {
 	if !strings.Contains(e["message"].(string), "large") {
 		t.Fatalf("403 message should name the model: %v", e["message"])
 	}
+	// The 400 for an unknown model lists only the models the key may use.
+	e = wantError(t, h.post("/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`, smallOnly), 400, "invalid_request_error")
+	if msg := e["message"].(string); !strings.HasSuffix(msg, "valid models: small") {
+		t.Fatalf("400 for a key limited to small: %v", msg)
+	}
 }
 
 func TestBalanceBelowGraceIs402UntilTopUp(t *testing.T) {
