@@ -742,7 +742,10 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 			t.Fatalf("tpm request %d: %d", i, resp.StatusCode)
 		}
 	}
-	wantError(t, h.post("/v1/chat/completions", chatBody, tpmKey), 429, "rate_limit_exceeded")
+	e := wantError(t, h.post("/v1/chat/completions", chatBody, tpmKey), 429, "rate_limit_exceeded")
+	if msg := e["message"].(string); !strings.Contains(msg, "has used them") {
+		t.Errorf("a generation call refused for the tokens of the calls before it: %q", msg)
+	}
 	// the harness key has no limits of its own
 	for range 5 {
 		resp := h.post("/v1/chat/completions", chatBody)

@@ -356,6 +356,11 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, what string, limit, tokens,
 	switch {
 	case wait < 0:
 		msg = fmt.Sprintf("this request has %d tokens, more than the %d tokens per minute allowed to %s; shorten the text%s", tokens, limit, subject, remedy)
+	case what == "tokens" && tokens == 0:
+		// A generation call's tokens are counted once its usage is known:
+		// it is refused for the calls before it.
+		msg = fmt.Sprintf("rate limit reached for tokens: %s may use %d tokens per minute and has used them; try again in %s%s",
+			subject, limit, formatReset(wait), remedy)
 	case what == "tokens":
 		msg = fmt.Sprintf("rate limit reached for tokens: %s may use %d tokens per minute and this request has %d; try again in %s%s",
 			subject, limit, tokens, formatReset(wait), remedy)
