@@ -19,7 +19,7 @@
 -- queries by those names (FinanceQuery) and its tests run every one of them.
 
 -- name: spend_per_account_per_day
--- Spend of every account on each UTC day from {from_date} to {to_date}.
+-- Spend of every account on each UTC day from {from_date} up to {to_date}, which is not included.
 SELECT
     date,
     account,
@@ -34,8 +34,8 @@ GROUP BY date, account
 ORDER BY date, account;
 
 -- name: spend_per_account_per_month
--- Spend of every account in each calendar month (UTC) from {from_date} to
--- {to_date}; pass first days of months to get whole months.
+-- Spend of every account in each calendar month (UTC) from {from_date} up to
+-- {to_date} (not included); pass first days of months to get whole months.
 SELECT
     toStartOfMonth(date) AS month,
     account,
@@ -50,8 +50,8 @@ GROUP BY month, account
 ORDER BY month, account;
 
 -- name: tokens_and_cost_per_model
--- Tokens and spend per model, all accounts together, from {from_date} to
--- {to_date}, biggest spend first.
+-- Tokens and spend per model, all accounts together, from {from_date} up to
+-- {to_date} (not included), biggest spend first.
 SELECT
     model,
     count() AS requests,
@@ -70,7 +70,7 @@ GROUP BY model
 ORDER BY spend_nanos DESC, model;
 
 -- name: top_keys_by_spend
--- The 50 API keys that spent most from {from_date} to {to_date}, with their
+-- The 50 API keys that spent most from {from_date} up to {to_date} (not included), with their
 -- account; change LIMIT for more.
 SELECT
     key_id,
@@ -142,7 +142,7 @@ ORDER BY is_total, model, endpoint;
 
 -- name: request_logs
 -- The logged inputs and outputs of key {key_id} (keys created with logging)
--- from {from_date} to {to_date}, newest first, at most {max_rows} rows. A
+-- from {from_date} up to {to_date} (not included), newest first, at most {max_rows} rows. A
 -- streamed call's response is the text it relayed, joined.
 SELECT
     time,
