@@ -91,6 +91,9 @@ func TestEndpointsWithAndWithoutKey(t *testing.T) {
 		r.apiError(t, 401, "INVALID_API_KEY")
 	}
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`, key: "tg-forged"}).apiError(t, 401, "INVALID_API_KEY")
+	// Without a key, a catalog model cannot be named: anyone could run the
+	// operator's dearest model for free.
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "small"}`, xff: "203.0.113.4"}).apiError(t, 403, "permission_denied")
 	noScope := h.newKey("acme", accounts.KeyRequest{Name: "gen", Scopes: []string{accounts.ScopeGenerate}})
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`, key: noScope}).apiError(t, 403, "permission_denied")
 	time.Sleep(50 * time.Millisecond)

@@ -52,11 +52,12 @@ func lexicalChoice() *engineChoice {
 type caller struct {
 	world  *proxy.World
 	models []string // empty: any model (a key without a list, or public mode)
+	public bool     // no key (public mode)
 }
 
 // callerOf is the caller of a request.
 func callerOf(call *proxy.Call) caller {
-	c := caller{world: call.World}
+	c := caller{world: call.World, public: call.Key == nil}
 	if call.Key != nil {
 		c.models = call.Key.Models
 	}
@@ -85,6 +86,11 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 		return m.llmChoice(who, p.LLMModel, "model")
 	case "":
 	default:
+		if who.public {
+			// Anyone could otherwise run the operator's dearest model for
+			// free; plugins.llm_model ("llm", or auto) is the operator's choice.
+			return nil, proxy.Forbidden(fmt.Sprintf("requests without an API key may not name a catalog model (%q); send an API key, or \"model\": \"semantic\", \"lexical\" or \"llm\"", requested))
+		}
 		if _, ok := who.world.Catalog.Resolve(requested); !ok {
 			return nil, proxy.BadRequest("model", fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s",
 				requested, strings.Join(who.world.Catalog.IDs(), ", ")))
