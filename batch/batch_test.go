@@ -341,7 +341,7 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	j := e.waitEnd(svc, "acme", id, 30*time.Second)
-	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "gave up after 3 workers") {
+	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "gave up after 3 tries") {
 		t.Fatalf("job %s %q, want failed after 3 attempts", j.Status, j.Error)
 	}
 	// The account's slot is free again.

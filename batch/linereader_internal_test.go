@@ -4,6 +4,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The input's byte order mark is not part of its first line; a mark
@@ -24,5 +25,18 @@ func TestLineReaderDropsTheInputsByteOrderMark(t *testing.T) {
 	want := []string{`{"text": "a"}`, `{"text": "b"}`, "\ufeffc"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Fatalf("lines %q, want %q", got, want)
+	}
+}
+
+// A passing fault's retries back off, so ten of them span about twenty
+// minutes, not the three minutes of a fixed 5 s in which an object store
+// outage failed the job.
+func TestFaultBackoffSpansMinutes(t *testing.T) {
+	var total time.Duration
+	for attempt := 1; attempt < 10; attempt++ {
+		total += faultBackoff(attempt)
+	}
+	if faultBackoff(1) != 5*time.Second || faultBackoff(50) != 5*time.Minute || total < 15*time.Minute {
+		t.Fatalf("backoff 1: %s, 50: %s, nine tries: %s", faultBackoff(1), faultBackoff(50), total)
 	}
 }

@@ -118,7 +118,7 @@ func (s *Service) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 		if j.Attempt >= s.t.maxAttempts {
 			o := s.newOwner(j, entry.Revision(), func() {})
-			msgText := fmt.Sprintf("gave up after %d workers took the job up and stopped before the end", j.Attempt)
+			msgText := fmt.Sprintf("gave up after %d tries, each stopped before the end (a worker died, or the object store, NATS or the model failed)", j.Attempt)
 			if j.Error != "" {
 				msgText += " (last: " + j.Error + ")"
 			}
@@ -224,10 +224,18 @@ func (s *Service) process(ctx context.Context, msg jetstream.Msg, j *Job, rev ui
 			if ctx.Err() != nil {
 				_ = msg.NakWithDelay(2 * pullWait)
 			} else {
-				_ = msg.NakWithDelay(5 * time.Second)
+				_ = msg.NakWithDelay(faultBackoff(o.snapshot().Attempt))
 			}
 		}
 	}
+}
+
+// faultBackoff is how long a run stopped by a passing fault waits before
+// the attempt after attempt: 5 s, doubling, at most 5 minutes. At a fixed
+// 5 s the attempts ran out in under 3 minutes, and an object store down
+// that long failed the job.
+func faultBackoff(attempt int) time.Duration {
+	return min(5*time.Second<<min(max(attempt-1, 0), 6), 5*time.Minute)
 }
 
 // owner is a worker's hold on one run: every write to the job record is a
