@@ -54,6 +54,13 @@ func main() {
 		os.Exit(2)
 	}
 	cmd, args := args[0], args[1:]
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") &&
+		cmd != "finance" && cmd != "version" {
+		// Every other command reads its first argument as a config file
+		// or a subcommand: "worker --help" tried to load a file named --help.
+		fmt.Print(usage)
+		return
+	}
 	var err error
 	switch cmd {
 	case "serve":
