@@ -38,7 +38,7 @@ func runBilling(args []string) error {
 		return fmt.Errorf("opening accounts: %w", err)
 	}
 	defer svc.Close()
-	if err := declareUsageStream(ctx, cfg, b); err != nil {
+	if err := declareUsageStream(ctx, cfg, b, logf); err != nil {
 		return err
 	}
 	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), redactDSN(cfg.ClickHouse.DSN))

@@ -358,9 +358,19 @@ func outboxOptions(cfg *config.Config) meter.OutboxOptions {
 // declareUsageStream creates or updates the USAGE stream with this
 // process's billing.usage_retention; every process that publishes or
 // bills calls it at start.
-func declareUsageStream(ctx context.Context, cfg *config.Config, b *broker.Broker) error {
-	if _, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention); err != nil {
+func declareUsageStream(ctx context.Context, cfg *config.Config, b *broker.Broker, logf func(string, ...any)) error {
+	var before time.Duration
+	if st, err := b.JetStream().Stream(ctx, meter.UsageStream); err == nil {
+		before = st.CachedInfo().Config.MaxAge
+	}
+	st, err := meter.EnsureUsageStream(ctx, b.JetStream(), b.Replicas(), cfg.Billing.UsageRetention)
+	if err != nil {
 		return fmt.Errorf("declaring the USAGE stream: %w", err)
+	}
+	// Every process sets the shared stream's retention at start, so one
+	// with another billing.usage_retention changes it for all: say so.
+	if after := st.CachedInfo().Config.MaxAge; before != 0 && after != before {
+		logf("billing: the USAGE stream now keeps events for %s, not %s (billing.usage_retention of this process; keep it the same in every one)", after, before)
 	}
 	return nil
 }
@@ -370,7 +380,7 @@ func declareUsageStream(ctx context.Context, cfg *config.Config, b *broker.Broke
 // billing.durability says), then in batches to JetStream stream USAGE. With
 // clickhouse.consume_in_serve the billing consumer runs here too.
 func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) (*meter.Publisher, func(), error) {
-	if err := declareUsageStream(ctx, cfg, b); err != nil {
+	if err := declareUsageStream(ctx, cfg, b, logf); err != nil {
 		return nil, nil, err
 	}
 	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox"), outboxOptions(cfg))

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
@@ -26,5 +29,25 @@ func TestDemoAccountOncePerDeployment(t *testing.T) {
 	keys, err := g.Accounts.ListKeys(ctx, "demo")
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("demo keys after two gateways' first starts: %d (%v), want 1", len(keys), err)
+	}
+}
+
+// A process with another billing.usage_retention changes the shared
+// stream's for every process, and says so.
+func TestUsageRetentionChangeIsLogged(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	var logged []string
+	logf := func(format string, args ...any) { logged = append(logged, fmt.Sprintf(format, args...)) }
+	for _, retention := range []time.Duration{168 * time.Hour, 168 * time.Hour, 2 * time.Hour} {
+		cfg := &config.Config{Billing: config.Billing{UsageRetention: retention}}
+		if err := declareUsageStream(context.Background(), cfg, g.Broker, logf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(logged) != 1 || !strings.Contains(logged[0], "2h0m0s, not 168h0m0s") {
+		t.Fatalf("logged %q, want one line for the change to 2h", logged)
 	}
 }

@@ -46,7 +46,7 @@ func runWorker(args []string) error {
 	}
 	defer b.Close()
 	// Its own outbox: a worker beside serve on one machine shares data_dir.
-	if err := declareUsageStream(ctx, cfg, b); err != nil {
+	if err := declareUsageStream(ctx, cfg, b, logf); err != nil {
 		return err
 	}
 	ob, err := meter.OpenOutboxWith(filepath.Join(cfg.Server.DataDir, "outbox-worker"), outboxOptions(cfg))
