@@ -68,7 +68,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
 			lastErr = upstreamUnreachable(up, "", err)
-			up.fail(rt, err.Error(), c.alone)
+			reason := err.Error() // with the address, for operators
+			if isTimeout(err) {
+				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
+			}
+			up.fail(rt, reason, c.alone)
 			if c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
