@@ -87,6 +87,7 @@ type harnessOptions struct {
 	tracer           trace.Tracer
 	firstByteTimeout string
 	idleTimeout      string
+	maxRequestBody   string // default 64KiB
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -100,7 +101,11 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	g := gatewaytest.Start(t, gatewaytest.Options{
 		Upstream: &ho.upstream,
 		Config: func(upstream, dir string) string {
-			return fmt.Sprintf(gatewayYAML, upstream, dir, ho.firstByteTimeout, ho.idleTimeout)
+			cfg := fmt.Sprintf(gatewayYAML, upstream, dir, ho.firstByteTimeout, ho.idleTimeout)
+			if ho.maxRequestBody != "" {
+				cfg = strings.Replace(cfg, "max_request_body: 64KiB", "max_request_body: "+ho.maxRequestBody, 1)
+			}
+			return cfg
 		},
 		Responses: true, Tracer: ho.tracer, Watch: true,
 	})

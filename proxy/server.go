@@ -136,10 +136,21 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		Handler:      s.handle,
 		ErrorHandler: s.handleParseError,
 		Name:         "tollgate",
-		// Twice the limit: a body up to that size is read whole and refused
-		// by handle with a clean 413; fasthttp itself refuses a bigger one
-		// by closing the connection, which clients see as a reset.
-		MaxRequestBodySize: int(min(2*cfg.Server.MaxRequestBody, 2<<30)),
+		// Bodies are streamed to the handler, which reads them itself
+		// (readRequestBody): read whole, fasthttp allocated a buffer of the
+		// request's Content-Length before it had a byte of the body, so a
+		// hundred bytes of headers, without a key, held 16 MiB for the
+		// 60 s ReadTimeout. Streamed, memory grows only as bytes arrive.
+		// fasthttp reads the first 8 KiB before the handler runs, and
+		// refuses a Content-Length over this limit itself only in the
+		// sense that it leaves the rest of the body unread: handle answers
+		// the 413 and closes the connection.
+		StreamRequestBody:  true,
+		MaxRequestBodySize: int(min(cfg.Server.MaxRequestBody, 2<<30)),
+		// A multipart body would otherwise be parsed, files spilled to
+		// temporary files, before any handler or key check; no API route
+		// takes one (batch files go to the storage listener).
+		DisablePreParseMultipartForm: true,
 		// ReadTimeout bounds reading one request; WriteTimeout must stay
 		// zero, it would cap every streamed response.
 		ReadTimeout:                   60 * time.Second,

@@ -1,0 +1,106 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rawRequest sends head (and body) on a new connection and returns it.
+func rawRequest(t *testing.T, url, head, body string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.Write([]byte(head + body)); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+func readStatus(t *testing.T, conn net.Conn) int {
+	t.Helper()
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// A request announcing a large body costs memory only as its bytes come:
+// fasthttp once allocated the announced Content-Length before the body's
+// first byte, so a hundred bytes of headers without a key held the whole
+// limit for the read timeout, on as many connections as were opened.
+func TestAnnouncedBodyCostsNoMemoryUntilItArrives(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxRequestBody: "8MiB"})
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const conns = 8
+	for range conns {
+		rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 8000000\r\n\r\n", "{")
+	}
+	time.Sleep(500 * time.Millisecond)
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapInuse) - int64(before.HeapInuse); grew > 16<<20 {
+		t.Fatalf("%d connections announcing 8 MB bodies and sending one byte grew the heap by %d MiB", conns, grew>>20)
+	}
+}
+
+// A body over max_request_body is a 413 in the OpenAI envelope, whether
+// its length is announced (answered before the body is read) or chunked.
+func TestBodyOverTheLimitIs413(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	// fasthttp reads the first 8 KiB of a body before the handler runs.
+	conn := rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n", strings.Repeat(" ", 8<<10))
+	if st := readStatus(t, conn); st != 413 {
+		t.Fatalf("announced 1 MB against 64 KiB: %d, want 413 before the rest of the body", st)
+	}
+	chunk := strings.Repeat("x", 32<<10)
+	var body strings.Builder
+	for range 3 {
+		fmt.Fprintf(&body, "%x\r\n%s\r\n", len(chunk), chunk)
+	}
+	body.WriteString("0\r\n\r\n")
+	conn = rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", body.String())
+	if st := readStatus(t, conn); st != 413 {
+		t.Fatalf("96 KiB chunked against 64 KiB: %d, want 413", st)
+	}
+	// A chunked body within the limit is read whole.
+	small := `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+	conn = rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nTransfer-Encoding: chunked\r\n\r\n",
+		fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(small), small))
+	if st := readStatus(t, conn); st != 200 {
+		t.Fatalf("a small chunked chat: %d, want 200", st)
+	}
+}
+
+// Bodies just under, at and over fasthttp's prefetch arrive whole: a
+// small body is taken from the buffer fasthttp read it into, a larger one
+// from the stream.
+func TestBodiesAroundThePrefetchArriveWhole(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, size := range []int{100, 8<<10 - 1, 8 << 10, 8<<10 + 1, 40 << 10} {
+		const head, tail = `{"model":"small","messages":[{"role":"user","content":"`, `"}]}`
+		content := strings.Repeat("x", size-len(head)-len(tail))
+		body := head + content + tail
+		resp := h.post("/v1/chat/completions", body)
+		if got := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("a %d-byte body: %d %s", len(body), resp.StatusCode, got)
+		}
+		reqs := h.up.Requests()
+		if last := reqs[len(reqs)-1]; !strings.Contains(string(last.Body), content) {
+			t.Fatalf("the upstream got a %d-byte body for %d sent", len(last.Body), len(body))
+		}
+	}
+}
