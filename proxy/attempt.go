@@ -90,7 +90,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		case status >= 500:
 			up.fail(rt, "answered "+strconv.Itoa(status), c.alone)
 		default:
-			h.succeeded(time.Since(sent))
+			if h.succeeded(time.Since(sent)) {
+				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
+			}
 		}
 		if (status == 429 || status == 502 || status == 503) && c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 			resp.Close()

@@ -46,7 +46,9 @@ type upstreamHealth struct {
 	ejectFor  time.Duration
 	lastError string
 	probing   bool
-	resting   bool // out because it answered 429, not because it failed
+	// resting: out because it answered 429 with Retry-After, not because
+	// it failed; written under mu.
+	resting atomic.Bool
 
 	// Calls and failures in the current and the previous minute, for the
 	// error rate the admin API shows.
@@ -74,6 +76,11 @@ func (h *upstreamHealth) available(now int64) bool {
 		if now < h.openUntil.Load() {
 			return false
 		}
+		if h.resting.Load() {
+			// A rest it asked for is over: nothing failed, so no trial.
+			h.close()
+			return true
+		}
 		h.state.CompareAndSwap(stateOpen, stateHalfOpen)
 		fallthrough
 	default:
@@ -91,7 +98,7 @@ func (h *upstreamHealth) availableAlone(now int64) bool {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.resting
+	return !h.resting.Load()
 }
 
 // eligible is available without taking the trial slot: for choosing.
@@ -127,8 +134,8 @@ func (h *upstreamHealth) count(failed bool) {
 }
 
 // succeeded records an answer (any status but those failed takes) after
-// ttfb.
-func (h *upstreamHealth) succeeded(ttfb time.Duration) {
+// ttfb; recovered says it closed the breaker (a trial call answered).
+func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 	h.count(false)
 	old := h.latency.Load()
 	if old == 0 {
@@ -142,9 +149,10 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) {
 			h.failures.Store(0)
 			h.mu.Unlock()
 		}
-		return
+		return false
 	}
 	h.close()
+	return true
 }
 
 // close puts the upstream back in service.
@@ -152,7 +160,7 @@ func (h *upstreamHealth) close() {
 	h.mu.Lock()
 	h.failures.Store(0)
 	h.ejectFor = 0
-	h.resting = false
+	h.resting.Store(false)
 	h.state.Store(stateClosed)
 	h.trial.Store(false)
 	h.mu.Unlock()
@@ -227,7 +235,7 @@ func (h *upstreamHealth) ejectLocked(rt *config.Routing) {
 	}
 	h.openUntil.Store(time.Now().Add(h.ejectFor).UnixNano())
 	h.state.Store(stateOpen)
-	h.resting = false
+	h.resting.Store(false)
 	h.trial.Store(false)
 	h.ejections.Add(1)
 }
@@ -242,7 +250,7 @@ func (h *upstreamHealth) rest(d time.Duration, reason string) {
 	if h.state.Load() == stateOpen && h.openUntil.Load() >= until {
 		return
 	}
-	h.resting = true
+	h.resting.Store(true)
 	h.openUntil.Store(until)
 	h.state.Store(stateOpen)
 	h.trial.Store(false)
@@ -251,7 +259,7 @@ func (h *upstreamHealth) rest(d time.Duration, reason string) {
 // describe says why an upstream is out, for the 503 when all are.
 func (h *upstreamHealth) describe(now int64) string {
 	h.mu.Lock()
-	reason, resting := h.lastError, h.resting
+	reason, resting := h.lastError, h.resting.Load()
 	h.mu.Unlock()
 	switch h.state.Load() {
 	case stateOpen:
@@ -459,7 +467,7 @@ func (p *pool) allDown(model string) *APIError {
 		h := &m.up.health
 		parts = append(parts, m.up.cfg.Name+": "+h.describe(now))
 		h.mu.Lock()
-		resting = resting && h.resting
+		resting = resting && h.resting.Load()
 		h.mu.Unlock()
 		if h.state.Load() == stateOpen {
 			if until := h.openUntil.Load(); until > now && (back == 0 || until < back) {
@@ -559,13 +567,15 @@ func (w *World) UpstreamStatuses() []UpstreamStatus {
 			st.Models = []string{}
 		}
 		h.mu.Lock()
-		lastError, resting := h.lastError, h.resting
+		lastError, resting := h.lastError, h.resting.Load()
 		h.mu.Unlock()
 		st.LastError = lastError
 		switch h.state.Load() {
 		case stateOpen:
 			until := time.Unix(0, h.openUntil.Load())
 			switch {
+			case !until.After(now) && resting:
+				// Its rest is over; the next call closes the breaker.
 			case !until.After(now):
 				st.State = "half_open"
 			case resting:
@@ -594,8 +604,8 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 	}
 	all := []series{
 		{"tollgate_upstream_in_flight", "Generation calls in flight per upstream.", "gauge", func(h *upstreamHealth) float64 { return float64(h.inflight.Load()) }},
-		{"tollgate_upstream_healthy", "1 while the upstream takes calls, 0 while ejected.", "gauge", func(h *upstreamHealth) float64 {
-			if h.state.Load() == stateClosed {
+		{"tollgate_upstream_healthy", "1 while the upstream takes calls (or is due a trial call), 0 while ejected or resting.", "gauge", func(h *upstreamHealth) float64 {
+			if h.state.Load() == stateClosed || h.eligible(time.Now().UnixNano()) {
 				return 1
 			}
 			return 0

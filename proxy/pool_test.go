@@ -337,3 +337,23 @@ func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
 		t.Fatalf("p0 is %+v, want healthy with the 500 as last error", st)
 	}
 }
+
+// An upstream whose rest after a 429 is over takes calls again, as the
+// admin API and the health gauge say, though no call came since: it once
+// showed half_open and 0 until a call happened to land on it.
+func TestPoolRestEndsWithoutATrial(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin", proxytest.Options{Status: 429, RetryAfter: "1"})
+	for range 2 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	if st := h.statuses()["p0"]; st.State != "resting" {
+		t.Fatalf("p0 answered 429 with Retry-After 1 and is %+v", st)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if st := h.statuses()["p0"]; st.State != "healthy" {
+		t.Fatalf("p0's rest is over and it is %+v", st)
+	}
+	if m := scrape(t, h.harness); !strings.Contains(m, `tollgate_upstream_healthy{upstream="p0"} 1`) {
+		t.Fatalf("p0's rest is over and the gauge says otherwise:\n%s", m)
+	}
+}
