@@ -3,8 +3,10 @@ package plugins_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"reflect"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -278,5 +280,23 @@ func TestScoreNoEvidenceField(t *testing.T) {
 	m = h.keyed("/v1/score", `{"source": "Server is down!", "attribute": "urgency"}`).ok(t)
 	if _, ok := m["no_evidence"]; ok {
 		t.Errorf("urgency: %v carries no_evidence", m)
+	}
+}
+
+// Plugin calls are counted in the request metrics under their engine, as
+// generation calls are under their model: an operator saw no classify
+// traffic at all.
+func TestPluginCallsAreInTheRequestMetrics(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	m := h.keyed("/v1/classify", `{"text": "Please refund the charge", "labels": ["billing", "bug"]}`).ok(t)
+	resp, err := h.client.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	want := fmt.Sprintf(`tollgate_requests_total{model=%q,upstream="",endpoint="/v1/classify",status="200"} 1`, m["engine"])
+	if !strings.Contains(string(body), want+"\n") {
+		t.Fatalf("/metrics lacks %s:\n%s", want, body)
 	}
 }

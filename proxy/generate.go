@@ -290,9 +290,12 @@ type generationCall struct {
 	// passed on to the upstream when the gateway does not trace itself.
 	traceHeaders []byte
 
-	pinned   *upstream // the upstream holding previous_response_id; no other is tried
-	alone    bool      // the model's pool has one member, which is never ejected
-	remember bool      // a responses call whose id is to be remembered
+	pinned *upstream // the upstream holding previous_response_id; no other is tried
+	alone  bool      // the model's pool has one member, which is never ejected
+	// interrupted: the upstream cut or stalled the stream after its first
+	// byte; the call is billed (estimated) and counted as such.
+	interrupted bool
+	remember    bool // a responses call whose id is to be remembered
 
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody

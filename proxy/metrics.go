@@ -28,6 +28,7 @@ type seriesKey struct {
 
 type callSeries struct {
 	calls                                 atomic.Uint64
+	interrupted                           atomic.Uint64 // streams cut after their first byte
 	duration, ttft                        histogram
 	prompt, cached, completion, reasoning atomic.Uint64
 }
@@ -71,12 +72,17 @@ func (m *callMetrics) get(k seriesKey) *callSeries {
 	return s
 }
 
-// observeEvent counts a metered call from its usage event.
-func (m *callMetrics) observeEvent(ev *meter.Event) {
+// observeEvent counts a metered call from its usage event; interrupted
+// says its stream was cut after the first byte (the client got a 200 and
+// then an error event).
+func (m *callMetrics) observeEvent(ev *meter.Event, interrupted bool) {
 	s := m.get(seriesKey{ev.Model, ev.Upstream, ev.Endpoint, ev.Status})
 	s.calls.Add(1)
+	if interrupted {
+		s.interrupted.Add(1)
+	}
 	s.duration.observe(ev.Latency)
-	if ev.Status >= 200 && ev.Status < 300 {
+	if ev.Status >= 200 && ev.Status < 300 && ev.TTFB > 0 { // plugin calls have none
 		s.ttft.observe(ev.TTFB)
 	}
 	s.prompt.Add(uint64(max(ev.PromptTokens, 0)))
@@ -108,19 +114,32 @@ func (m *callMetrics) appendText(b []byte) []byte {
 	labels := func(k seriesKey) string {
 		return fmt.Sprintf("model=%q,upstream=%q,endpoint=%q,status=\"%d\"", k.model, k.upstream, k.endpoint, k.status)
 	}
-	b = append(b, "# HELP tollgate_requests_total Generation calls by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
+	b = append(b, "# HELP tollgate_requests_total Metered calls (generation, and classify, tag, score and match under their engine or llm model) by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
 	for _, k := range keys {
 		b = fmt.Appendf(b, "tollgate_requests_total{%s} %d\n", labels(k), m.get(k).calls.Load())
+	}
+	// Time to first token and tokens are measured on answered calls only:
+	// an error status's series would stay 0 for ever.
+	answered := keys[:0:0]
+	for _, k := range keys {
+		if k.status >= 200 && k.status < 300 {
+			answered = append(answered, k)
+		}
+	}
+	b = append(b, "# HELP tollgate_requests_interrupted_total Answered streams the upstream cut or stalled after their first byte (the client got its status, then an error event); also in tollgate_requests_total.\n# TYPE tollgate_requests_interrupted_total counter\n"...)
+	for _, k := range answered {
+		b = fmt.Appendf(b, "tollgate_requests_interrupted_total{%s} %d\n", labels(k), m.get(k).interrupted.Load())
 	}
 	for _, h := range []struct {
 		name, help string
 		of         func(*callSeries) *histogram
+		keys       []seriesKey
 	}{
-		{"tollgate_request_duration_seconds", "Generation calls from request to last byte.", func(s *callSeries) *histogram { return &s.duration }},
-		{"tollgate_time_to_first_token_seconds", "Successful generation calls from request to the first byte of the answer (for a non-streamed answer, the whole body).", func(s *callSeries) *histogram { return &s.ttft }},
+		{"tollgate_request_duration_seconds", "Metered calls from request to last byte.", func(s *callSeries) *histogram { return &s.duration }, keys},
+		{"tollgate_time_to_first_token_seconds", "Successful generation calls from request to the first byte of the answer (for a non-streamed answer, the whole body).", func(s *callSeries) *histogram { return &s.ttft }, answered},
 	} {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s histogram\n", h.name, h.help, h.name)
-		for _, k := range keys {
+		for _, k := range h.keys {
 			hist := h.of(m.get(k))
 			var count uint64
 			l := labels(k)
@@ -136,7 +155,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 		}
 	}
 	b = append(b, "# HELP tollgate_tokens_total Tokens billed, by kind (prompt includes cached; completion includes reasoning).\n# TYPE tollgate_tokens_total counter\n"...)
-	for _, k := range keys {
+	for _, k := range answered {
 		s := m.get(k)
 		l := labels(k)
 		for _, t := range []struct {

@@ -49,8 +49,27 @@ func TestMetricsCountCallsLatencyAndTokens(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+	// An error status has no time to first token nor tokens: such series
+	// would stay 0 for ever.
+	if strings.Contains(body, "tollgate_time_to_first_token_seconds_count"+labels("p1", "500")) ||
+		strings.Contains(body, `tollgate_tokens_total{model="small",upstream="p1",endpoint="/v1/chat/completions",status="500",kind="prompt"}`) {
+		t.Errorf("/metrics has first-token or token series for status 500")
+	}
 	if t.Failed() {
 		t.Logf("/metrics:\n%s", body)
+	}
+}
+
+// A stream the upstream cut after its first byte is counted as
+// interrupted, beside its 200 (the status the client got).
+func TestMetricsCountInterruptedStreams(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 10, DropAfter: 3}})
+	for range 2 {
+		readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	}
+	body := scrape(t, h)
+	if want := `tollgate_requests_interrupted_total{model="small",upstream="local",endpoint="/v1/chat/completions",status="200"} 2`; !strings.Contains(body, want+"\n") {
+		t.Fatalf("/metrics lacks %s:\n%s", want, body)
 	}
 }
 

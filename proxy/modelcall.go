@@ -79,8 +79,12 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	return respBody, usage, nil
 }
 
-// Record hands a plugin's usage event to the meter; it never blocks.
-func (s *Server) Record(ev *meter.Event) { s.recorder.Record(ev) }
+// Record hands a plugin's usage event to the meter, and counts it in the
+// request metrics as generation calls are; it never blocks.
+func (s *Server) Record(ev *meter.Event) {
+	s.calls.observeEvent(ev, false)
+	s.recorder.Record(ev)
+}
 
 // CheckBalance refuses a keyed call whose account is below the grace
 // buffer (402); public calls pass.

@@ -145,6 +145,10 @@ func (c *generationCall) endCallSpan(ev *meter.Event) {
 		attribute.Int64("tollgate.cost_nanos", int64(ev.CostNanos)),
 		attribute.Int("http.response.status_code", ev.Status),
 	)
+	if c.interrupted {
+		c.span.SetAttributes(attribute.Bool("tollgate.stream_interrupted", true))
+		c.span.SetStatus(codes.Error, "the upstream's stream was interrupted")
+	}
 	c.span.End()
 	c.span = nil
 }
@@ -154,7 +158,10 @@ func (c *generationCall) failCallSpan(status int, msg string) {
 	if c.span == nil {
 		return
 	}
-	c.span.SetAttributes(attribute.Int("http.response.status_code", status))
+	c.span.SetAttributes(attribute.Int("http.response.status_code", status), attribute.String("tollgate.request_id", c.reqID))
+	if c.upstream != nil {
+		c.span.SetAttributes(attribute.String("tollgate.upstream", c.upstream.cfg.Name))
+	}
 	if status >= 500 {
 		c.span.SetStatus(codes.Error, msg)
 	}

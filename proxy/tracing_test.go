@@ -17,6 +17,8 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
 // otlpReceiver is an in-process OTLP/HTTP traces endpoint.
@@ -172,4 +174,38 @@ func TestUntracedGatewayPassesTheClientsTraceContextOn(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A failed call's span carries its request id and upstream, as an answered
+// one's does: support goes from a customer's x-request-id to the trace.
+func TestFailedCallSpanNamesItsRequestAndUpstream(t *testing.T) {
+	recv := &otlpReceiver{}
+	collector := httptest.NewServer(recv)
+	defer collector.Close()
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(collector.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
+	defer tp.Shutdown(context.Background())
+	h := newHarness(t, harnessOptions{tracer: tp.Tracer("test"), upstream: proxytest.Options{Status: 500}})
+	resp := h.post("/v1/chat/completions", smallChat)
+	readAll(t, resp)
+	if resp.StatusCode != 500 {
+		t.Fatalf("status %d, want the upstream's 500", resp.StatusCode)
+	}
+	if err := tp.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	for _, s := range recv.spans {
+		if s.Name == "chat small" {
+			if attr(s, "tollgate.request_id") != resp.Header.Get("x-request-id") || attr(s, "tollgate.upstream") != "local" {
+				t.Fatalf("failed call span attributes %v, want request id %s and upstream local", s.Attributes, resp.Header.Get("x-request-id"))
+			}
+			return
+		}
+	}
+	t.Fatalf("no call span among %v", recv.spans)
 }

@@ -187,7 +187,7 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	}
 	c.recorded = true
 	ev := c.event(status)
-	c.server.calls.observeEvent(ev)
+	c.server.calls.observeEvent(ev, c.interrupted)
 	c.endCallSpan(ev)
 	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
 	d, ok := c.server.recorder.(meter.DurableRecorder)
