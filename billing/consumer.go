@@ -324,7 +324,7 @@ func (b *biller) insert(ctx context.Context, batch []delivery) ([]delivery, erro
 		}
 		if time.Since(logged) > 10*time.Second {
 			logged = time.Now()
-			b.opts.Logf("billing: inserting %d usage events: %v; retrying, nothing is acked meanwhile", len(batch), err)
+			b.opts.Logf("billing: %v; retrying, nothing is acked meanwhile", err)
 		}
 		backoff = nextBackoff(backoff)
 		sleepCtx(ctx, backoff)

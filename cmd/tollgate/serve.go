@@ -167,6 +167,13 @@ func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts p
 	if err != nil {
 		return nil, nil, err
 	}
+	if tracer != nil {
+		logf := opts.Logf
+		if logf == nil {
+			logf = func(string, ...any) {}
+		}
+		logf("tracing: spans to %s, sampling %g of calls without a sampled parent", cfg.Tracing.OTLPEndpoint, cfg.Tracing.SampleRatio)
+	}
 	flushTracing := func() {
 		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -391,11 +398,13 @@ func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc
 	billingCtx, stopBilling := context.WithCancel(ctx)
 	billingDone := make(chan struct{})
 	if cfg.ClickHouse.ConsumeInServe {
+		logf("billing: consuming USAGE into %s in this process (clickhouse.consume_in_serve)", redactDSN(cfg.ClickHouse.DSN))
 		go func() {
 			defer close(billingDone)
 			billingLoop(billingCtx, cfg, b, svc, logf)
 		}()
 	} else {
+		logf("billing: not consumed here (clickhouse.consume_in_serve false): run tollgate billing")
 		close(billingDone)
 	}
 	return pub, func() {
