@@ -60,6 +60,9 @@ func (e *APIError) MarshalJSON() ([]byte, error) {
 // WriteError writes err as the response. Other packages (plugins, admin)
 // use it so every error body looks the same.
 func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
+	if err.Status >= 400 && err.Status < 500 {
+		refusals.count(ctx.Path(), err.Status)
+	}
 	body, _ := err.MarshalJSON()
 	ctx.Response.ResetBody()
 	ctx.SetStatusCode(err.Status)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"slices"
@@ -163,6 +164,61 @@ func (m *callMetrics) appendText(b []byte) []byte {
 			n    *atomic.Uint64
 		}{{"prompt", &s.prompt}, {"cached", &s.cached}, {"completion", &s.completion}, {"reasoning", &s.reasoning}} {
 			b = fmt.Appendf(b, "tollgate_tokens_total{%s,kind=%q} %d\n", l, t.kind, t.n.Load())
+		}
+	}
+	return b
+}
+
+// refusals counts the requests the gateway itself answered with a 4xx: a
+// key, balance, limit, body or route it refused, which no other series
+// shows. It is per process, like the request log, so WriteError, which
+// plugins and the admin API call without a Server, can count.
+var refusals refusalCounts
+
+// refusalEndpoints are the endpoint labels; any other path counts as
+// "other", so a client cannot make up label values.
+var refusalEndpoints = [...]string{"/v1/chat/completions", "/v1/responses", "/v1/classify", "/v1/tag",
+	"/v1/score", "/v1/match", "/v1/batch", "/v1/models", "/admin", "/console", "other"}
+
+// refusalStatuses are the statuses counted one by one; any other 4xx
+// counts as "4xx".
+var refusalStatuses = [...]int{400, 401, 402, 403, 404, 405, 409, 413, 429, 431}
+
+type refusalCounts struct {
+	n [len(refusalEndpoints)][len(refusalStatuses) + 1]atomic.Uint64
+}
+
+func (r *refusalCounts) count(path []byte, status int) {
+	e := len(refusalEndpoints) - 1
+	for i, ep := range refusalEndpoints[:e] {
+		if bytes.HasPrefix(path, []byte(ep)) {
+			e = i
+			break
+		}
+	}
+	s := len(refusalStatuses)
+	for i, st := range refusalStatuses {
+		if st == status {
+			s = i
+		}
+	}
+	r.n[e][s].Add(1)
+}
+
+// appendText appends the series that are not 0.
+func (r *refusalCounts) appendText(b []byte) []byte {
+	b = append(b, "# HELP tollgate_requests_refused_total Requests the gateway answered itself with a 4xx (key, balance, limits, body, route); not in tollgate_requests_total, but for a 429 because every upstream of a model rests.\n# TYPE tollgate_requests_refused_total counter\n"...)
+	for e := range r.n {
+		for s := range r.n[e] {
+			n := r.n[e][s].Load()
+			if n == 0 {
+				continue
+			}
+			status := "4xx"
+			if s < len(refusalStatuses) {
+				status = strconv.Itoa(refusalStatuses[s])
+			}
+			b = fmt.Appendf(b, "tollgate_requests_refused_total{endpoint=%q,status=%q} %d\n", refusalEndpoints[e], status, n)
 		}
 	}
 	return b

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -96,5 +97,36 @@ func TestGrafanaDashboardUsesServedMetrics(t *testing.T) {
 		if !served[base] {
 			t.Errorf("dashboard queries %s, which /metrics does not serve", name)
 		}
+	}
+}
+
+// Requests the gateway refuses itself (no key, a body too large) are
+// counted by endpoint and status; a path of the client's own invention
+// counts as "other", so it cannot make up label values.
+func TestMetricsCountRefusals(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	count := func(body, endpoint, status string) int {
+		re := regexp.MustCompile(`tollgate_requests_refused_total\{endpoint="` + regexp.QuoteMeta(endpoint) + `",status="` + status + `"\} (\d+)`)
+		m := re.FindStringSubmatch(body)
+		if m == nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	before := scrape(t, h)
+	readAll(t, h.post("/v1/chat/completions", smallChat, "tg-forged"))
+	readAll(t, h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"`+strings.Repeat("x", 70<<10)+`"}]}`))
+	readAll(t, h.post("/v1/made-up/"+strings.Repeat("a", 20), "{}"))
+	after := scrape(t, h)
+	for _, c := range []struct{ endpoint, status string }{
+		{"/v1/chat/completions", "401"}, {"/v1/chat/completions", "413"}, {"other", "404"},
+	} {
+		if got := count(after, c.endpoint, c.status) - count(before, c.endpoint, c.status); got != 1 {
+			t.Errorf("refused %s %s counted %d times, want 1", c.endpoint, c.status, got)
+		}
+	}
+	if strings.Contains(after, "made-up") {
+		t.Errorf("a client's path became a label value")
 	}
 }

@@ -149,7 +149,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			b = s.metrics()
 		}
 		ctx.SetContentType("text/plain; version=0.0.4")
-		ctx.SetBody(s.calls.appendText(s.responses.metrics(s.world.Load().UpstreamMetrics(b))))
+		ctx.SetBody(refusals.appendText(s.calls.appendText(s.responses.metrics(s.world.Load().UpstreamMetrics(b)))))
 		return
 	}
 	if rest, ok := bytes.CutPrefix(path, responsesPrefix); ok {
