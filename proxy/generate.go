@@ -378,7 +378,8 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	}
 	if u := gjson.Get(bstr(body), "usage"); u.IsObject() {
 		c.setUsage(u)
-	} else {
+	}
+	if !c.haveUsage { // none, or none to believe: the answer's text is counted
 		c.collectWholeText(body)
 	}
 	if c.logging.Enabled {

@@ -75,7 +75,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
 		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
-	usage, _ := checkUsage(parseUsage(gjson.GetBytes(respBody, "usage")))
+	usage, _ := checkUsage(parseUsage(gjson.GetBytes(respBody, "usage"), false))
 	return respBody, usage, nil
 }
 

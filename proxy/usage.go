@@ -26,7 +26,7 @@ const maxEstimateText = 4 << 20
 // spelling of usage. A report out of range is not believed: the call is
 // billed on the tokenizer's estimate, as if the upstream had sent none.
 func (c *generationCall) setUsage(u gjson.Result) {
-	usage, ok := checkUsage(parseUsage(u))
+	usage, ok := checkUsage(parseUsage(u, c.ep == endpointResponses))
 	if !ok {
 		c.server.logf("proxy: call %s: upstream %s reported usage out of range (%.300s); billing the tokenizer's estimate instead",
 			c.reqID, c.upstream.cfg.Name, u.Raw)
@@ -69,9 +69,10 @@ func checkUsage(u catalog.Usage) (catalog.Usage, bool) {
 
 // parseUsage reads an upstream's usage object in either dialect: chat's
 // prompt and completion tokens, or responses' input and output tokens.
-func parseUsage(u gjson.Result) catalog.Usage {
+// With both, the endpoint's own is billed, the one its SDK shows.
+func parseUsage(u gjson.Result, responses bool) catalog.Usage {
 	var usage catalog.Usage
-	if p := u.Get("prompt_tokens"); p.Exists() {
+	if p := u.Get("prompt_tokens"); p.Exists() && !(responses && u.Get("input_tokens").Exists()) {
 		usage.PromptTokens = p.Int()
 		usage.CompletionTokens = u.Get("completion_tokens").Int()
 		usage.CachedTokens = u.Get("prompt_tokens_details.cached_tokens").Int()

@@ -44,3 +44,15 @@ func TestEstimatedUsageCountsToolCalls(t *testing.T) {
 		}
 	}
 }
+
+// Usage in both dialects is billed in the endpoint's own, the one its SDK
+// shows the client.
+func TestParseUsagePrefersTheEndpointsDialect(t *testing.T) {
+	u := gjson.Parse(`{"input_tokens":7,"output_tokens":3,"prompt_tokens":50000,"completion_tokens":50000}`)
+	if got := parseUsage(u, true); got.PromptTokens != 7 || got.CompletionTokens != 3 {
+		t.Errorf("responses: %+v, want 7 and 3", got)
+	}
+	if got := parseUsage(u, false); got.PromptTokens != 50000 || got.CompletionTokens != 50000 {
+		t.Errorf("chat: %+v, want 50000 and 50000", got)
+	}
+}
