@@ -104,3 +104,30 @@ func TestBodiesAroundThePrefetchArriveWhole(t *testing.T) {
 		}
 	}
 }
+
+// A client that sends its whole body before it reads (the SDKs do) gets
+// the 413, not a connection reset: the gateway drops the rest of a body up
+// to twice the limit before it answers and closes.
+func TestBodyOverTheLimitSentWholeGets413(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxRequestBody: "8MiB"})
+	for _, chunked := range []bool{false, true} {
+		body := `{"model":"small","messages":[{"role":"user","content":"` + strings.Repeat("x", 12<<20) + `"}]}`
+		head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", len(body))
+		if chunked {
+			head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+			body = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+		}
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		// Like an SDK: the whole body goes out before the answer is read.
+		if _, err := conn.Write([]byte(head + body)); err != nil {
+			t.Fatalf("chunked %v: sending the body: %v (the gateway hung up before it was in)", chunked, err)
+		}
+		if st := readStatus(t, conn); st != 413 {
+			t.Fatalf("chunked %v: status %d, want 413", chunked, st)
+		}
+	}
+}

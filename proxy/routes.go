@@ -83,7 +83,7 @@ func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) (tooLarge bool) {
 	}
 	cl := int64(req.Header.ContentLength())
 	if cl > limit {
-		ctx.SetConnectionClose()
+		discardRest(ctx, limit)
 		return true
 	}
 	if cl >= 0 && cl <= fasthttpPrefetch {
@@ -95,13 +95,32 @@ func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) (tooLarge bool) {
 	buf := bytebufferpool.Get()
 	defer bytebufferpool.Put(buf)
 	_, err := buf.ReadFrom(io.LimitReader(req.BodyStream(), limit+1))
-	_ = req.CloseBodyStream()
 	if err != nil || int64(buf.Len()) > limit {
+		if err == nil {
+			discardRest(ctx, limit)
+		}
+		_ = req.CloseBodyStream()
 		ctx.SetConnectionClose()
 		return err == nil
 	}
+	_ = req.CloseBodyStream()
 	req.SetBody(buf.B)
 	return false
+}
+
+// discardRest reads and drops what is left of a body over the limit, up
+// to as much again, before the 413 goes out and the connection closes.
+// Closed with the body still arriving, the socket resets, and a client
+// that sends its whole body before reading (the SDKs, Python's
+// http.client) sees a reset instead of the 413, and retries the upload.
+// A body past twice the limit is not waited for (as fasthttp did when it
+// read bodies itself).
+func discardRest(ctx *fasthttp.RequestCtx, limit int64) {
+	ctx.SetConnectionClose()
+	if cl := int64(ctx.Request.Header.ContentLength()); cl > 2*limit {
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(ctx.Request.BodyStream(), 2*limit))
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
