@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -399,14 +402,38 @@ func upstreamUnreachable(up *upstream, what string, err error) *APIError {
 	if errors.Is(err, errClosedBeforeBody) {
 		return Unavailable(fmt.Sprintf("upstream %s%s %v", up.cfg.Name, what, err))
 	}
-	// A client learns that the upstream is unreachable and why, not its
-	// address ("dial tcp 10.0.3.7:8000: connect: connection refused"):
-	// operators see the whole error in the admin API's last_error.
+	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %s", up.cfg.Name, what, reasonForClient(err)))
+}
+
+// reasonForClient says why a connection failed without where it led: a
+// client learns that the upstream is unreachable and why, not its address,
+// host name or DNS server ("dial tcp 10.0.3.7:8000: connect: connection
+// refused", "lookup gpu-7.internal on 10.0.0.53:53: no such host").
+// Operators see the whole error in the admin API's last_error.
+func reasonForClient(err error) string {
+	var dnsErr *net.DNSError
+	var certErr *tls.CertificateVerificationError
 	var opErr *net.OpError
-	if errors.As(err, &opErr) && opErr.Err != nil {
-		err = opErr.Err
+	switch {
+	case errors.Is(err, errNoFreeConns):
+		return err.Error()
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "it closed the connection"
+	case errors.As(err, &dnsErr):
+		return "its host name does not resolve"
+	case errors.As(err, &certErr), strings.Contains(err.Error(), "tls:"), strings.Contains(err.Error(), "x509:"):
+		return "the TLS handshake failed"
+	case errors.As(err, &opErr) && opErr.Err != nil:
+		var sysErr *os.SyscallError
+		if errors.As(opErr.Err, &sysErr) {
+			return sysErr.Err.Error() // "connection refused", "no route to host"
+		}
+		if opErr.Timeout() {
+			return "the connection timed out"
+		}
+		return "the connection failed"
 	}
-	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %v", up.cfg.Name, what, err))
+	return "the connection failed"
 }
 
 func upstreamCut(up *upstream, err error) *APIError {
