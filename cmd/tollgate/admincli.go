@@ -229,6 +229,17 @@ func runKeys(args []string) error {
 	if *retention != 0 && !*logging {
 		return errors.New("-retention-days applies to logged requests: add -logging")
 	}
+	// Given but empty ("-scopes $SCOPES" with SCOPES unset) is not "all":
+	// a script would mint a key that may call everything.
+	var emptyList error
+	fs.Visit(func(f *flag.Flag) {
+		if (f.Name == "scopes" || f.Name == "models") && len(splitList(f.Value.String())) == 0 {
+			emptyList = fmt.Errorf("-%s is empty: name at least one, or leave the flag out for all", f.Name)
+		}
+	})
+	if emptyList != nil {
+		return emptyList
+	}
 	c, err := newAdminClient(*url, *token)
 	if err != nil {
 		return err

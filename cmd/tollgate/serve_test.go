@@ -51,3 +51,17 @@ func TestUsageRetentionChangeIsLogged(t *testing.T) {
 		t.Fatalf("logged %q, want one line for the change to 2h", logged)
 	}
 }
+
+// keys create with -scopes or -models given but empty is refused before
+// anything is sent: read as "all", a script's unset variable minted a key
+// that may call everything.
+func TestKeysCreateRefusesAnEmptyList(t *testing.T) {
+	for _, flagName := range []string{"-scopes", "-models"} {
+		for _, v := range []string{"", " , "} {
+			err := runKeys([]string{"create", "acme", "-name", "c", flagName, v, "-url", "http://127.0.0.1:1", "-token", "x"})
+			if err == nil || !strings.Contains(err.Error(), flagName+" is empty") {
+				t.Errorf("%s %q: %v", flagName, v, err)
+			}
+		}
+	}
+}
