@@ -96,6 +96,7 @@ func TestEndpointsWithAndWithoutKey(t *testing.T) {
 	// Without a key, a catalog model cannot be named: anyone could run the
 	// operator's dearest model for free.
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "small"}`, xff: "203.0.113.4"}).apiError(t, 403, "permission_denied")
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "gpt-5"}`, xff: "203.0.113.5"}).apiError(t, 400, "invalid_request_error")
 	noScope := h.newKey("acme", accounts.KeyRequest{Name: "gen", Scopes: []string{accounts.ScopeGenerate}})
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`, key: noScope}).apiError(t, 403, "permission_denied")
 	time.Sleep(50 * time.Millisecond)

@@ -67,6 +67,18 @@ func callerOf(call *proxy.Call) caller {
 // allows reports whether the caller may use catalog model id.
 func (c caller) allows(id string) bool { return accounts.ModelsAllow(c.models, id) }
 
+// allowedModels lists the catalog models the caller may use: a key
+// limited to some was told of models it then got a 403 for.
+func (c caller) allowedModels() []string {
+	var ids []string
+	for _, id := range c.world.Catalog.IDs() {
+		if c.allows(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // chooseEngine resolves the request's "model" (empty: plugins.engine).
 func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *proxy.APIError) {
 	p := who.world.Config.Plugins
@@ -86,14 +98,17 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 		return m.llmChoice(who, p.LLMModel, "model")
 	case "":
 	default:
+		if _, ok := who.world.Catalog.Resolve(requested); !ok {
+			msg := fmt.Sprintf("model %q does not exist; use semantic, lexical or llm", requested)
+			if ids := who.allowedModels(); !who.public && len(ids) > 0 {
+				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", requested, strings.Join(ids, ", "))
+			}
+			return nil, proxy.BadRequest("model", msg)
+		}
 		if who.public {
 			// Anyone could otherwise run the operator's dearest model for
 			// free; plugins.llm_model ("llm", or auto) is the operator's choice.
 			return nil, proxy.Forbidden(fmt.Sprintf("requests without an API key may not name a catalog model (%q); send an API key, or \"model\": \"semantic\", \"lexical\" or \"llm\"", requested))
-		}
-		if _, ok := who.world.Catalog.Resolve(requested); !ok {
-			return nil, proxy.BadRequest("model", fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s",
-				requested, strings.Join(who.world.Catalog.IDs(), ", ")))
 		}
 		return m.llmChoice(who, requested, "model")
 	}

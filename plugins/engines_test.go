@@ -118,6 +118,10 @@ func TestKeyModelAllowList(t *testing.T) {
 	if msg, _ := denied["message"].(string); !strings.Contains(msg, `"semantic"`) {
 		t.Errorf("the 403 should name the default offline engine as the way out: %q", msg)
 	}
+	unknown := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "gpt-5"}`, key: key}).apiError(t, 400, "invalid_request_error")
+	if msg, _ := unknown["message"].(string); !strings.HasSuffix(msg, "a catalog model: large") {
+		t.Errorf("the 400 should list only the key's models: %q", msg)
+	}
 	m = h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "large"}`, key: key}).ok(t)
 	if m["engine"] != "llm" || m["model"] != "large" {
 		t.Errorf("allowed model: %v", m)
