@@ -399,7 +399,7 @@ func upstreamUnreachable(up *upstream, what string, err error) *APIError {
 	if isTimeout(err) {
 		return Unavailable(fmt.Sprintf("upstream %s%s did not answer within first_byte_timeout (%s)", up.cfg.Name, what, up.cfg.FirstByteTimeout))
 	}
-	if errors.Is(err, errClosedBeforeBody) {
+	if errors.Is(err, errClosedBeforeBody) || errors.Is(err, errEmptyAnswer) {
 		return Unavailable(fmt.Sprintf("upstream %s%s %v", up.cfg.Name, what, err))
 	}
 	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %s", up.cfg.Name, what, reasonForClient(err)))

@@ -357,3 +357,24 @@ func TestPoolRestEndsWithoutATrial(t *testing.T) {
 		t.Fatalf("p0's rest is over and the gauge says otherwise:\n%s", m)
 	}
 }
+
+// A success status with an empty body is no answer: the call moves on to
+// another upstream, or gets a 503 saying so, instead of an empty 200 that
+// was billed.
+func TestPoolRetriesAnEmptyAnswer(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin", proxytest.Options{Status: 204})
+	for i := range 4 {
+		resp := h.post("/v1/chat/completions", smallChat)
+		if body := readAll(t, resp); resp.StatusCode != 200 || len(body) == 0 {
+			t.Fatalf("call %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	alone := newPoolHarness(t, 1, "", proxytest.Options{Status: 204})
+	e := wantError(t, alone.post("/v1/chat/completions", smallChat), 503, "upstream_unavailable")
+	if msg := e["message"].(string); !strings.Contains(msg, "empty body") {
+		t.Fatalf("503 message %q", msg)
+	}
+	if n := len(alone.rec.Events()); n != 0 {
+		t.Fatalf("%d events for an empty answer", n)
+	}
+}

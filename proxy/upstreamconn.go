@@ -227,6 +227,9 @@ func (r *upstreamResponse) exchange(req []byte) error {
 // setting's doing, not a sign of a failing upstream.
 var errBodyTooLarge = errors.New("larger than max_response_body")
 
+// errEmptyAnswer: a success status with an empty body.
+var errEmptyAnswer = errors.New("answered with an empty body")
+
 // errClosedBeforeBody: the upstream sent a response header and closed the
 // connection before the body that header announced.
 var errClosedBeforeBody = errors.New("closed the connection after the response header, before the body")
@@ -238,7 +241,12 @@ var errClosedBeforeBody = errors.New("closed the connection after the response h
 // call for a minute after the client already had a 200. Until the first
 // byte nothing has gone to the client, so a failure here may be retried.
 func (r *upstreamResponse) awaitBody() error {
-	if r.done || r.uc.br.Buffered() > 0 {
+	if r.done {
+		// A 2xx with no body (204, Content-Length: 0) is no answer to a
+		// generation call; passed on, the client got an empty 200, billed.
+		return errEmptyAnswer
+	}
+	if r.uc.br.Buffered() > 0 {
 		return nil
 	}
 	if r.uc.tc != nil {
