@@ -84,9 +84,13 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		// job of a 5 GB input could overdraw an account of one cent by
 		// any amount.
 		if cost := estimatedCost(j.Price, estimate); cost > 0 {
-			if balance, ok := s.runtime.CanPay(j.Account, cost); !ok {
-				return o.fail(ctx, fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer: top up and start the job again",
-					balance, estimate, cost))
+			recent := s.recentlyBilled(ctx, j)
+			if balance, ok := s.runtime.CanPay(j.Account, cost+recent); !ok {
+				msg := fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer", balance, estimate, cost)
+				if recent > 0 {
+					msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and may not be debited yet", recent, recentBillWindow)
+				}
+				return o.fail(ctx, msg+": top up and start the job again")
 			}
 		}
 	} else if msg := inputChanged(j, input); msg != "" {
@@ -532,6 +536,32 @@ func inputChanged(j *Job, now storage.Info) string {
 		return "the input file was uploaded again while the job ran: start the job again"
 	}
 	return ""
+}
+
+// recentBillWindow is how long after its completion a job's bill may not
+// be in the account's balance yet: the consumer's batch, the KV watch, a
+// consumer restart.
+const recentBillWindow = 2 * time.Minute
+
+// recentlyBilled is what the account's other jobs that completed within
+// recentBillWindow cost. A job started right after another completed read
+// a balance without that job's debit: five jobs in a row on one account
+// each passed the check and took it to -2 USD. Counted whether or not the
+// debit landed, it errs on the side of refusing.
+func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
+	jobs, err := s.List(ctx, j.Account)
+	if err != nil {
+		return 0
+	}
+	var sum money.Nanos
+	for _, other := range jobs {
+		if other.ID == j.ID || other.Status != StatusCompleted || other.ActualTokens == nil || other.CompletedAt == nil ||
+			time.Since(*other.CompletedAt) > recentBillWindow {
+			continue
+		}
+		sum += estimatedCost(other.Price, *other.ActualTokens)
+	}
+	return sum
 }
 
 // estimatedCost is what estimate tokens cost at a job's price; 0 for a

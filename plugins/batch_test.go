@@ -575,3 +575,29 @@ func TestBatchTheAccountCannotPayForFailsUnbilled(t *testing.T) {
 		t.Fatalf("job of an account with 10 USD: %v", job)
 	}
 }
+
+// A job started right after another completed counts that one's bill,
+// which may not be in the balance yet: jobs in a row each passed the check
+// against a balance without the last one's debit.
+func TestBatchJobsInARowCountTheLastOnesBill(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  price_per_token: \"0.01\"\n"})
+	h.startWorker()
+	run := func(key string) map[string]any {
+		c := h.createJob(key, `{"classifier": "support-intent"}`)
+		h.upload(c, []byte(batchInput))
+		h.call("POST", "/v1/batch/"+c.JobID+"/start", key, "").object(t, 202)
+		return h.poll(key, c.JobID)
+	}
+	first := run(h.key)
+	cost := money.Nanos(first["estimated_tokens"].(float64)) * money.NanosPerUSD / 100
+	// Enough for one job within the 0.50 grace, not for two.
+	h.g.CreateAccount("tight", cost*3/2-money.NanosPerUSD/2)
+	key := h.newKey("tight", accounts.KeyRequest{Name: "tight"})
+	if job := run(key); job["status"] != "completed" {
+		t.Fatalf("the first job: %v", job)
+	}
+	job := run(key)
+	if msg, _ := job["error"].(string); job["status"] != "failed" || !strings.Contains(msg, "may not be debited yet") {
+		t.Fatalf("the second job right after the first: %v", job)
+	}
+}
