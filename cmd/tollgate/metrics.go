@@ -1,8 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/meter"
 )
 
@@ -31,4 +36,27 @@ tollgate_usage_dropped_total %d
 # TYPE tollgate_usage_publish_latency_seconds gauge
 tollgate_usage_publish_latency_seconds %.6f
 `, st.OutboxDepth, st.OutboxBytes, st.Published, st.Duplicates, st.Failures, st.Dropped, st.LastPublishLatency.Seconds())
+}
+
+// billingBacklog renders how many usage messages (batches of events) the
+// billing consumer has not acknowledged: waiting in JetStream, or
+// delivered and not yet inserted and debited. Wherever the consumer runs,
+// every gateway can ask; it grows while ClickHouse or the consumer is
+// down, which nothing else on /metrics showed. Nothing when JetStream
+// does not answer within a second, or no consumer was made yet.
+func billingBacklog(js jetstream.JetStream) []byte {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	cons, err := js.Consumer(ctx, meter.UsageStream, billing.ConsumerName)
+	if err != nil {
+		return nil
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil
+	}
+	return fmt.Appendf(nil, `# HELP tollgate_billing_backlog_messages Usage messages (batches of events) the billing consumer has not acknowledged yet: growing, ClickHouse or the consumer is down.
+# TYPE tollgate_billing_backlog_messages gauge
+tollgate_billing_backlog_messages %d
+`, info.NumPending+uint64(info.NumAckPending))
 }

@@ -86,7 +86,7 @@ func runServe(args []string) error {
 
 	jobs := &batchJobs{b: b, store: store, rec: rec, logf: logf}
 	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
-		Admin: admin.New(adminToken, svc), Metrics: func() []byte { return metricsText(rec.Stats()) }, Logf: logf,
+		Admin: admin.New(adminToken, svc), Metrics: func() []byte { return append(metricsText(rec.Stats()), billingBacklog(b.JetStream())...) }, Logf: logf,
 		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open},
 			// The word vectors are mapped as the server starts (a few
 			// milliseconds, pages read on demand), so that a missing file

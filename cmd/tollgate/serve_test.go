@@ -7,8 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
+	"github.com/tollgate/tollgate/meter"
 )
 
 // A second gateway on the same NATS, with a data_dir of its own, finds the
@@ -63,5 +67,34 @@ func TestKeysCreateRefusesAnEmptyList(t *testing.T) {
 				t.Errorf("%s %q: %v", flagName, v, err)
 			}
 		}
+	}
+}
+
+// The billing backlog is what the consumer has not acknowledged: a
+// ClickHouse outage showed nowhere on /metrics.
+func TestBillingBacklogCountsUnackedMessages(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	js := g.Broker.JetStream()
+	if got := billingBacklog(js); got != nil {
+		t.Fatalf("no stream yet: %q", got)
+	}
+	ctx := context.Background()
+	cfg := &config.Config{Billing: config.Billing{UsageRetention: time.Hour}}
+	if err := declareUsageStream(ctx, cfg, g.Broker, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, meter.UsageStream, jetstream.ConsumerConfig{Durable: billing.ConsumerName, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := js.Publish(ctx, meter.UsageBatchSubject, []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := string(billingBacklog(js)); !strings.Contains(got, "tollgate_billing_backlog_messages 3\n") {
+		t.Fatalf("backlog %q, want 3", got)
 	}
 }
