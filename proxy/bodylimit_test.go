@@ -131,3 +131,18 @@ func TestBodyOverTheLimitSentWholeGets413(t *testing.T) {
 		}
 	}
 }
+
+// A client that asks before sending a body over the limit gets 413 at
+// once, not "100 Continue" and then a 413 after the upload.
+func TestExpectContinueOverTheLimitIs413(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	conn := rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1000000\r\n\r\n", "")
+	if st := readStatus(t, conn); st != 413 {
+		t.Fatalf("Expect: 100-continue with 1 MB against 64 KiB: %d, want 413 before the upload", st)
+	}
+	small := `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+	conn = rawRequest(t, h.url, fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", h.key, len(small)), "")
+	if st := readStatus(t, conn); st != 100 {
+		t.Fatalf("Expect: 100-continue within the limit: %d, want 100", st)
+	}
+}

@@ -151,6 +151,16 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// temporary files, before any handler or key check; no API route
 		// takes one (batch files go to the storage listener).
 		DisablePreParseMultipartForm: true,
+		// A client that asks before sending (Expect: 100-continue, as curl
+		// does past 1 MiB) a body over the limit is told 413 at once, not
+		// "100 Continue" and then 413 after the upload. fasthttp sends it
+		// without a body: the envelope cannot be written there.
+		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
+			if int64(ctx.Request.Header.ContentLength()) > int64(s.world.Load().Config.Server.MaxRequestBody) {
+				return fasthttp.StatusRequestEntityTooLarge
+			}
+			return fasthttp.StatusContinue
+		},
 		// ReadTimeout bounds reading one request; WriteTimeout must stay
 		// zero, it would cap every streamed response.
 		ReadTimeout:                   60 * time.Second,
