@@ -17,7 +17,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -273,7 +272,7 @@ func (l *Local) Stat(_ context.Context, key string) (Info, error) {
 	if err != nil || !fi.Mode().IsRegular() {
 		return Info{}, notExist(key, err)
 	}
-	return Info{Size: fi.Size(), Version: strconv.FormatInt(fi.ModTime().UnixNano(), 10)}, nil
+	return Info{Size: fi.Size(), Version: fileVersion(fi)}, nil
 }
 
 // notExist maps a failed lookup of key: a missing file, or a directory
