@@ -118,11 +118,7 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 // fail (three tries of one call, with an SDK's retries) would turn into a
 // 503 for every other caller. The failure is still counted and shown.
 func (up *upstream) fail(rt *config.Routing, reason string, alone bool) {
-	if alone {
-		up.health.failedAlone(reason, false)
-		return
-	}
-	if up.health.failed(rt, reason) {
+	if up.health.failed(rt, reason, alone) {
 		up.ejected(rt, reason)
 	}
 }
@@ -130,11 +126,7 @@ func (up *upstream) fail(rt *config.Routing, reason string, alone bool) {
 // broke counts an answer up cut or stalled after its first byte; alone as
 // for fail.
 func (up *upstream) broke(rt *config.Routing, reason string, alone bool) {
-	if alone {
-		up.health.failedAlone(reason, true)
-		return
-	}
-	if up.health.brokeMidAnswer(rt, reason) {
+	if up.health.brokeMidAnswer(rt, reason, alone) {
 		up.ejected(rt, reason)
 	}
 }

@@ -93,12 +93,7 @@ func (h *upstreamHealth) available(now int64) bool {
 // another pool it is in. Only a rest it asked for (429 with Retry-After)
 // keeps calls away.
 func (h *upstreamHealth) availableAlone(now int64) bool {
-	if h.available(now) {
-		return true
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return !h.resting.Load()
+	return h.available(now) || !h.resting.Load()
 }
 
 // eligible is available without taking the trial slot: for choosing.
@@ -168,32 +163,22 @@ func (h *upstreamHealth) close() {
 
 // failed records a connect error, a first-byte timeout or a 5xx. It
 // returns true when this failure ejected the upstream, so the caller can
-// start probing it.
-func (h *upstreamHealth) failed(rt *config.Routing, reason string) (ejected bool) {
+// start probing it. One alone in the call's pool is never ejected (see
+// upstream.fail): its failure is only counted and shown.
+func (h *upstreamHealth) failed(rt *config.Routing, reason string, alone bool) (ejected bool) {
 	h.count(true)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	failures := h.failures.Add(1)
 	h.lastError = reason
+	if alone {
+		return false
+	}
+	failures := h.failures.Add(1)
 	if h.state.Load() == stateClosed && int(failures) < rt.EjectAfter {
 		return false
 	}
 	h.ejectLocked(rt)
 	return true
-}
-
-// failedAlone records a failure of an upstream that must not be ejected
-// (see upstream.fail): in the error rate and last_error only. answered
-// says the call was already counted, when its answer began.
-func (h *upstreamHealth) failedAlone(reason string, answered bool) {
-	if answered {
-		h.curFails.Add(1)
-	} else {
-		h.count(true)
-	}
-	h.mu.Lock()
-	h.lastError = reason
-	h.mu.Unlock()
 }
 
 // brokeMidAnswer records an answer the upstream cut or stalled after its
@@ -203,13 +188,16 @@ func (h *upstreamHealth) failedAlone(reason string, answered bool) {
 // of them with no answer completed in between eject the upstream, as
 // failures before the first byte do. A replica that crashes or hangs
 // while generating would otherwise keep its share of calls for good.
-func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason string) (ejected bool) {
-	h.curFails.Add(1)
-	broken := h.broken.Add(1)
+// alone as for failed.
+func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason string, alone bool) (ejected bool) {
+	h.curFails.Add(1) // the call itself was counted when it answered
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.lastError = reason
-	if int(broken) < rt.EjectAfter || h.state.Load() != stateClosed {
+	if alone {
+		return false
+	}
+	if broken := h.broken.Add(1); int(broken) < rt.EjectAfter || h.state.Load() != stateClosed {
 		return false
 	}
 	h.broken.Store(0)
@@ -466,9 +454,7 @@ func (p *pool) allDown(model string) *APIError {
 	for _, m := range p.members {
 		h := &m.up.health
 		parts = append(parts, m.up.cfg.Name+": "+h.describe(now))
-		h.mu.Lock()
 		resting = resting && h.resting.Load()
-		h.mu.Unlock()
 		if h.state.Load() == stateOpen {
 			if until := h.openUntil.Load(); until > now && (back == 0 || until < back) {
 				back = until
@@ -605,7 +591,7 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 	all := []series{
 		{"tollgate_upstream_in_flight", "Generation calls in flight per upstream.", "gauge", func(h *upstreamHealth) float64 { return float64(h.inflight.Load()) }},
 		{"tollgate_upstream_healthy", "1 while the upstream takes calls (or is due a trial call), 0 while ejected or resting.", "gauge", func(h *upstreamHealth) float64 {
-			if h.state.Load() == stateClosed || h.eligible(time.Now().UnixNano()) {
+			if h.eligible(time.Now().UnixNano()) {
 				return 1
 			}
 			return 0
