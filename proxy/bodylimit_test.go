@@ -117,15 +117,9 @@ func TestBodyOverTheLimitSentWholeGets413(t *testing.T) {
 			head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
 			body = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
 		}
-		conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		// Like an SDK: the whole body goes out before the answer is read.
-		if _, err := conn.Write([]byte(head + body)); err != nil {
-			t.Fatalf("chunked %v: sending the body: %v (the gateway hung up before it was in)", chunked, err)
-		}
+		// Like an SDK: the whole body goes out before the answer is read
+		// (rawRequest fails the test if the gateway hung up before).
+		conn := rawRequest(t, h.url, head, body)
 		if st := readStatus(t, conn); st != 413 {
 			t.Fatalf("chunked %v: status %d, want 413", chunked, st)
 		}

@@ -141,10 +141,8 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// request's Content-Length before it had a byte of the body, so a
 		// hundred bytes of headers, without a key, held 16 MiB for the
 		// 60 s ReadTimeout. Streamed, memory grows only as bytes arrive.
-		// fasthttp reads the first 8 KiB before the handler runs, and
-		// refuses a Content-Length over this limit itself only in the
-		// sense that it leaves the rest of the body unread: handle answers
-		// the 413 and closes the connection.
+		// fasthttp reads the first 8 KiB before the handler runs and
+		// leaves a body over this limit to it: handle answers the 413.
 		StreamRequestBody:  true,
 		MaxRequestBodySize: int(min(cfg.Server.MaxRequestBody, 2<<30)),
 		// A multipart body would otherwise be parsed, files spilled to

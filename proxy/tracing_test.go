@@ -21,6 +21,22 @@ import (
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
+// startCollector runs an otlpReceiver and a tracer provider exporting to
+// it, both closed when the test ends.
+func startCollector(t *testing.T) (*otlpReceiver, *sdktrace.TracerProvider) {
+	t.Helper()
+	recv := &otlpReceiver{}
+	collector := httptest.NewServer(recv)
+	t.Cleanup(collector.Close)
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(collector.URL+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return recv, tp
+}
+
 // otlpReceiver is an in-process OTLP/HTTP traces endpoint.
 type otlpReceiver struct {
 	mu    sync.Mutex
@@ -59,15 +75,7 @@ func attr(s *tracepb.Span, key string) string {
 }
 
 func TestTracingExportsCallAndAttemptSpansOverOTLP(t *testing.T) {
-	recv := &otlpReceiver{}
-	collector := httptest.NewServer(recv)
-	defer collector.Close()
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(collector.URL+"/v1/traces"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
-	defer tp.Shutdown(context.Background())
+	recv, tp := startCollector(t)
 
 	// p0 refuses connections, p1 answers: one call, two attempts.
 	h := newPoolHarnessWith(t, harnessOptions{tracer: tp.Tracer("test")}, 2, "  balance: round_robin")
@@ -179,15 +187,7 @@ func TestUntracedGatewayPassesTheClientsTraceContextOn(t *testing.T) {
 // A failed call's span carries its request id and upstream, as an answered
 // one's does: support goes from a customer's x-request-id to the trace.
 func TestFailedCallSpanNamesItsRequestAndUpstream(t *testing.T) {
-	recv := &otlpReceiver{}
-	collector := httptest.NewServer(recv)
-	defer collector.Close()
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(collector.URL+"/v1/traces"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
-	defer tp.Shutdown(context.Background())
+	recv, tp := startCollector(t)
 	h := newHarness(t, harnessOptions{tracer: tp.Tracer("test"), upstream: proxytest.Options{Status: 500}})
 	resp := h.post("/v1/chat/completions", smallChat)
 	readAll(t, resp)
