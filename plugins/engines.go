@@ -67,18 +67,6 @@ func callerOf(call *proxy.Call) caller {
 // allows reports whether the caller may use catalog model id.
 func (c caller) allows(id string) bool { return accounts.ModelsAllow(c.models, id) }
 
-// allowedModels lists the catalog models the caller may use: a key
-// limited to some was told of models it then got a 403 for.
-func (c caller) allowedModels() []string {
-	var ids []string
-	for _, id := range c.world.Catalog.IDs() {
-		if c.allows(id) {
-			ids = append(ids, id)
-		}
-	}
-	return ids
-}
-
 // chooseEngine resolves the request's "model" (empty: plugins.engine).
 func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *proxy.APIError) {
 	p := who.world.Config.Plugins
@@ -100,7 +88,9 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	default:
 		if _, ok := who.world.Catalog.Resolve(requested); !ok {
 			msg := fmt.Sprintf("model %q does not exist; use semantic, lexical or llm", requested)
-			if ids := who.allowedModels(); !who.public && len(ids) > 0 {
+			// Only the models the key may use: a limited key was told of
+			// models it then got a 403 for.
+			if ids := who.world.ModelsAllowed(who.models); !who.public && len(ids) > 0 {
 				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", requested, strings.Join(ids, ", "))
 			}
 			return nil, proxy.BadRequest("model", msg)

@@ -167,13 +167,19 @@ func validModels(w *World, key *accounts.Key) string {
 	if len(key.Models) == 0 {
 		return w.Catalog.ValidList()
 	}
+	return strings.Join(w.ModelsAllowed(key.Models), ", ")
+}
+
+// ModelsAllowed lists, in catalog order, the catalog models a key's model
+// list allows (accounts.ModelsAllow: an empty list allows all).
+func (w *World) ModelsAllowed(models []string) []string {
 	var ids []string
 	for _, id := range w.Catalog.IDs() {
-		if key.AllowsModel(id) {
+		if accounts.ModelsAllow(models, id) {
 			ids = append(ids, id)
 		}
 	}
-	return strings.Join(ids, ", ")
+	return ids
 }
 
 // forward sends the call to an upstream of its route and answers the
@@ -414,6 +420,7 @@ func reasonForClient(err error) string {
 	var dnsErr *net.DNSError
 	var certErr *tls.CertificateVerificationError
 	var opErr *net.OpError
+	var sysErr *os.SyscallError
 	switch {
 	case errors.Is(err, errNoFreeConns):
 		return err.Error()
@@ -423,15 +430,10 @@ func reasonForClient(err error) string {
 		return "its host name does not resolve"
 	case errors.As(err, &certErr), strings.Contains(err.Error(), "tls:"), strings.Contains(err.Error(), "x509:"):
 		return "the TLS handshake failed"
-	case errors.As(err, &opErr) && opErr.Err != nil:
-		var sysErr *os.SyscallError
-		if errors.As(opErr.Err, &sysErr) {
-			return sysErr.Err.Error() // "connection refused", "no route to host"
-		}
-		if opErr.Timeout() {
-			return "the connection timed out"
-		}
-		return "the connection failed"
+	case errors.As(err, &sysErr):
+		return sysErr.Err.Error() // "connection refused", "no route to host"
+	case errors.As(err, &opErr) && opErr.Timeout():
+		return "the connection timed out"
 	}
 	return "the connection failed"
 }
