@@ -369,9 +369,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
-		if !errors.Is(err, errBodyTooLarge) {
-			c.upstream.broke(&c.server.world.Load().Config.Routing, apiErr.Message, c.alone)
-		}
+		c.answerBroke(err, apiErr.Message)
 		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
 		c.failCallSpan(apiErr.Status, apiErr.Message)
 		c.release()
@@ -396,6 +394,17 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	}
 	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
 	c.release()
+}
+
+// answerBroke counts an answer the upstream cut or stalled after its first
+// byte against it (upstream.broke), unless it was cut for being larger
+// than max_response_body: that is the setting's doing, not the upstream
+// failing.
+func (c *generationCall) answerBroke(err error, reason string) {
+	if errors.Is(err, errBodyTooLarge) || errors.Is(err, errEventTooLarge) {
+		return
+	}
+	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, c.alone)
 }
 
 // upstreamUnreachable is the 503 for an upstream that refused the

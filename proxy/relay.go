@@ -134,9 +134,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
 		}
 		c.interrupted = true
-		if err != errEventTooLarge {
-			c.upstream.broke(&c.server.world.Load().Config.Routing, msg, c.alone)
-		}
+		c.answerBroke(err, msg)
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
 	}
 	out = ev.Raw

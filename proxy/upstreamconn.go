@@ -223,8 +223,7 @@ func (r *upstreamResponse) exchange(req []byte) error {
 	return nil
 }
 
-// errBodyTooLarge: an answer above max_response_body, which is the
-// setting's doing, not a sign of a failing upstream.
+// errBodyTooLarge: an answer above max_response_body.
 var errBodyTooLarge = errors.New("larger than max_response_body")
 
 // errEmptyAnswer: a success status with an empty body.
