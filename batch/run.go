@@ -58,12 +58,9 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 	if err != nil {
 		return o.fail(ctx, "the job cannot run: "+err.Error())
 	}
-	input, err := s.store.Stat(ctx, j.InputKey)
-	if errors.Is(err, storage.ErrNotExist) {
-		return o.fail(ctx, "the input file is gone: upload it again and start the job")
-	}
-	if err != nil {
-		return fmt.Errorf("reading the input size: %w", err)
+	input, ended, err := s.checkInput(ctx, o, j, j.Progress.Counted)
+	if ended || err != nil {
+		return err
 	}
 	if !j.Progress.Counted {
 		total, estimate, err := s.count(ctx, j, maxLineBytes(cfg))
@@ -83,7 +80,7 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		// now, against the estimate: checked only at create and start, one
 		// job of a 5 GB input could overdraw an account of one cent by
 		// any amount.
-		if cost := estimatedCost(j.Price, estimate); cost > 0 {
+		if cost, _ := jobCost(j.Price, estimate); cost > 0 {
 			recent := s.recentlyBilled(ctx, j)
 			if balance, ok := s.runtime.CanPay(j.Account, cost+recent); !ok {
 				msg := fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer", balance, estimate, cost)
@@ -93,8 +90,6 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 				return o.fail(ctx, msg+": top up and start the job again")
 			}
 		}
-	} else if msg := inputChanged(j, input); msg != "" {
-		return o.fail(ctx, msg)
 	}
 	switch err := s.classifyInput(ctx, o, engine, cfg); {
 	case errors.Is(err, errEnded):
@@ -445,15 +440,8 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// Checked again at the end, not only when a run starts: an input
 	// replaced while a run read it (the upload form works until it
 	// expires) left results that no longer matched the stored input.
-	input, err := s.store.Stat(ctx, j.InputKey)
-	switch {
-	case errors.Is(err, storage.ErrNotExist):
-		return o.fail(ctx, "the input file is gone: upload it again and start the job")
-	case err != nil:
-		return fmt.Errorf("reading the input size: %w", err)
-	}
-	if msg := inputChanged(j, input); msg != "" {
-		return o.fail(ctx, msg)
+	if _, ended, err := s.checkInput(ctx, o, j, true); ended || err != nil {
+		return err
 	}
 	if j.RequestsCompleted == 0 {
 		msg := fmt.Sprintf("no line of the input could be classified (%d lines)", j.Progress.Lines)
@@ -478,7 +466,7 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	if s.at("billed") {
 		return errDied
 	}
-	err = o.update(ctx, func(j *Job) {
+	err := o.update(ctx, func(j *Job) {
 		actual := j.Progress.TotalTokens
 		j.Status, j.CompletedAt, j.ActualTokens, j.OutputKey = StatusCompleted, &now, &actual, outKey
 		j.Billed, j.Error, j.HeartbeatAt = true, "", nil
@@ -522,8 +510,23 @@ func (s *Service) join(ctx context.Context, key string, parts []string) error {
 	return nil
 }
 
-// billingEvent is the job's one usage event: its id is the job id, so
-// billing it twice is billing it once.
+// checkInput describes the job's input, failing the job when the input
+// is gone or, with counted, is not the one it counted (inputChanged).
+// ended says the job was failed; err is then what failing it returned.
+func (s *Service) checkInput(ctx context.Context, o *owner, j *Job, counted bool) (input storage.Info, ended bool, err error) {
+	input, err = s.store.Stat(ctx, j.InputKey)
+	switch {
+	case errors.Is(err, storage.ErrNotExist):
+		return input, true, o.fail(ctx, "the input file is gone: upload it again and start the job")
+	case err != nil:
+		return input, false, fmt.Errorf("reading the input size: %w", err)
+	}
+	if msg := inputChanged(j, input); counted && msg != "" {
+		return input, true, o.fail(ctx, msg)
+	}
+	return input, false, nil
+}
+
 // inputChanged says why a job's input is not the one it counted, or "".
 // The size alone missed a replacement of the same size, and a resumed run
 // read the rest of its lines from the other file. (Jobs counted before
@@ -559,34 +562,35 @@ func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
 			time.Since(*other.CompletedAt) > recentBillWindow {
 			continue
 		}
-		sum += estimatedCost(other.Price, *other.ActualTokens)
+		cost, _ := jobCost(other.Price, *other.ActualTokens)
+		sum += cost
 	}
 	return sum
 }
 
-// estimatedCost is what estimate tokens cost at a job's price; 0 for a
-// price that does not parse (billingEvent logs it).
-func estimatedCost(price string, estimate int64) money.Nanos {
+// jobCost is what tokens cost at a job's price (its recorded
+// batch.price_per_token); 0 with the error for a price that does not parse.
+func jobCost(price string, tokens int64) (money.Nanos, error) {
 	p, err := money.ParsePrice(price)
 	if err != nil {
-		return 0
+		return 0, err
 	}
 	var cost money.Atto
-	cost.Add(estimate, p)
-	return cost.Nanos()
+	cost.Add(tokens, p)
+	return cost.Nanos(), nil
 }
 
+// billingEvent is the job's one usage event: its id is the job id, so
+// billing it twice is billing it once.
 func (s *Service) billingEvent(j *Job, now time.Time) *meter.Event {
-	price, err := money.ParsePrice(j.Price) // validated with the config it came from
+	cost, err := jobCost(j.Price, j.Progress.TotalTokens) // the price was validated with the config it came from
 	if err != nil {
 		s.logf("batch: job %s has price %q: %v; billing 0", j.ID, j.Price, err)
 	}
-	var cost money.Atto
-	cost.Add(j.Progress.TotalTokens, price)
 	ev := &meter.Event{
 		ID: j.ID, JobID: j.ID, Time: now, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
 		Model: cmp.Or(j.Progress.OfflineEngine, classifiers.EngineLexical), PromptTokens: j.Progress.PromptTokens, CompletionTokens: j.Progress.CompletionTokens,
-		CostNanos: cost.Nanos(), UsageSource: meter.SourceTokenizer, Status: 200,
+		CostNanos: cost, UsageSource: meter.SourceTokenizer, Status: 200,
 	}
 	if j.StartedAt != nil {
 		ev.Latency = now.Sub(*j.StartedAt)
