@@ -143,20 +143,28 @@ func openAccounts(ctx context.Context, cfg *config.Config, logf func(string, ...
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("starting NATS: %w", err)
 	}
-	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
+	svc, err := openAccountStore(ctx, cfg, b)
 	if err != nil {
 		b.Close()
-		return nil, nil, nil, fmt.Errorf("opening accounts: %w", err)
+		return nil, nil, nil, err
 	}
-	closeAll := func() { svc.Close(); b.Close() }
-	syncCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err = svc.WaitSynced(syncCtx)
-	cancel()
+	return b, svc, func() { svc.Close(); b.Close() }, nil
+}
+
+// openAccountStore opens the account store on b and waits until its
+// snapshots are loaded, so that a balance or key asked for is there.
+func openAccountStore(ctx context.Context, cfg *config.Config, b *broker.Broker) (*accounts.Service, error) {
+	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
 	if err != nil {
-		closeAll()
-		return nil, nil, nil, fmt.Errorf("loading accounts: %w", err)
+		return nil, fmt.Errorf("opening accounts: %w", err)
 	}
-	return b, svc, closeAll, nil
+	syncCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := svc.WaitSynced(syncCtx); err != nil {
+		svc.Close()
+		return nil, fmt.Errorf("loading accounts: %w", err)
+	}
+	return svc, nil
 }
 
 // newServer builds the public server from opts, adding tracing and the

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/plugins"
@@ -65,15 +64,15 @@ func runWorker(args []string) error {
 	if err != nil {
 		return fmt.Errorf("opening object storage: %w", err)
 	}
-	// The engines prompt models through a gateway's upstream client and
-	// choose them as its plugins module does; this gateway never listens.
 	// Balances, so that a job the account cannot pay for fails before it
 	// runs (batch.Runtime.CanPay) on a worker as on a gateway.
-	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
+	svc, err := openAccountStore(ctx, cfg, b)
 	if err != nil {
-		return fmt.Errorf("opening accounts: %w", err)
+		return err
 	}
 	defer svc.Close()
+	// The engines prompt models through a gateway's upstream client and
+	// choose them as its plugins module does; this gateway never listens.
 	jobs := &batchJobs{b: b, store: store, rec: rec, logf: logf}
 	srv, err := proxy.New(cfg, proxy.Options{Accounts: svc, Recorder: rec, Logf: logf,
 		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open}})}})
