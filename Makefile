@@ -27,13 +27,14 @@ bench:
 	scripts/bench.sh
 
 # Measures a classification engine (ENGINE, default semantic) on the dev and
-# dev2 parts of classifiers/testdata/eval (tuned on) and on the test part
-# (written before any tuning, never tuned on), one table each (tune with
+# dev2 parts of classifiers/testdata/eval (tuned on), on dev3 (classify
+# only, for choosing between engines) and on the test part (written before
+# any tuning, never tuned on), one table each (tune with
 # `make eval PARTS=dev,dev2`): classify asked in two label orders with
 # ties as misses, score pairs ordered right, match MRR, NDCG@5 and traps
 # ranked below the answer.
 ENGINE ?= semantic
-PARTS ?= dev,dev2,test
+PARTS ?= dev,dev2,dev3,test
 eval:
 	scripts/vectors.sh install
 	$(GO) run ./cmd/tollgate-eval -engine $(ENGINE) -parts $(PARTS)

@@ -11,10 +11,10 @@ import (
 	"sort"
 )
 
-// The files of one part (dev or test). sets.json, classify.jsonl and
-// match.jsonl are required; score.jsonl (texts with a gold score, turned
-// into pairs) and score_pairs.jsonl (explicit pairs) are each optional,
-// but a part has at least one of them.
+// The files of one part (dev or test). sets.json and classify.jsonl are
+// required; score.jsonl (texts with a gold score, turned into pairs),
+// score_pairs.jsonl (explicit pairs) and match.jsonl are optional, for a
+// part written to measure classify alone (dev3).
 
 type labelSet struct {
 	Labels       []string            `json:"labels"`
@@ -99,10 +99,7 @@ func load(name, dir string) (*part, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if len(p.pairs) == 0 {
-		return nil, fmt.Errorf("%s: no score.jsonl or score_pairs.jsonl with any pair", dir)
-	}
-	if err := readJSONL(filepath.Join(dir, "match.jsonl"), true, func(mp matchPool) error {
+	if err := readJSONL(filepath.Join(dir, "match.jsonl"), false, func(mp matchPool) error {
 		if err := checkPool(mp); err != nil {
 			return err
 		}

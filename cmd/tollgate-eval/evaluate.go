@@ -157,6 +157,11 @@ func reportScore(w io.Writer, engine classifiers.Engine, p *part, r *partResult)
 	type tally struct{ pairs, ordered, equal int }
 	per := map[string]*tally{}
 	var total tally
+	if len(p.pairs) == 0 {
+		fmt.Fprintln(w, "score: no pairs in this part")
+		fmt.Fprintln(w)
+		return nil
+	}
 	for _, sp := range p.pairs {
 		hi, err := score(scoreKey{sp.Attribute, sp.Description, sp.Higher})
 		if err != nil {
@@ -197,6 +202,10 @@ func reportScore(w io.Writer, engine classifiers.Engine, p *part, r *partResult)
 
 func reportMatch(w io.Writer, engine classifiers.Engine, p *part, r *partResult) error {
 	ctx := context.Background()
+	if len(p.match) == 0 {
+		fmt.Fprintln(w, "match: no queries in this part")
+		return nil
+	}
 	var rr, ndcg, random float64
 	queries, traps, below, docs := 0, 0, 0, 0
 	for _, mp := range p.match {

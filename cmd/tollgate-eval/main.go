@@ -1,7 +1,8 @@
 // Command tollgate-eval measures a classification engine on the labelled
 // parts in classifiers/testdata/eval (`make eval`): dev and dev2, which
-// the engine was tuned on, and test, written before any tuning and never
-// used to tune (-parts picks some of them). It prints one table per part:
+// the engine was tuned on, dev3 (classify only), written to choose between
+// engines and never tuned on, and test, written before any tuning and
+// never used to tune (-parts picks some of them). It prints one table per part:
 // classify accuracy with every item asked in two label orders, score
 // pairs ordered right, match MRR, NDCG@5 and traps. With -bench it
 // measures latency per call and the memory the engine adds instead (`make
@@ -24,11 +25,12 @@ import (
 var parts = []struct{ name, about string }{
 	{"dev", "the tuning part, written with the engine and its cue lists; tune on this one"},
 	{"dev2", "the second tuning part, new domains written before the engine was tuned for them; tune on this one too"},
+	{"dev3", "a classify-only part written on 2026-11-26 to choose between engines, measured before any tuning on it; do not tune on it"},
 	{"test", "the held-out part, written before any tuning; never tune on it"},
 }
 
 // defaultParts is what -parts names when not given: all of them.
-const defaultParts = "dev,dev2,test"
+const defaultParts = "dev,dev2,dev3,test"
 
 // selectParts turns -parts' comma-separated names into indexes of parts,
 // in parts' order; an unknown name is an error naming the known ones.
