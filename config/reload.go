@@ -25,6 +25,11 @@ type Watcher struct {
 	current atomic.Pointer[Config]
 
 	pollEvery time.Duration
+	// settle is how long a changed file must stay the same before it is
+	// applied: a file written in pieces (`cat a > f; cat b >> f`, an editor
+	// without rename) parses at every cut between two lines, and a model
+	// whose completion price is not written yet is a model billed 0.
+	settle time.Duration
 	// signalsReady is closed once Run listens for SIGHUP (tests wait on it
 	// before signalling, or the signal would kill the process).
 	signalsReady chan struct{}
@@ -34,6 +39,10 @@ type Watcher struct {
 	lastStat os.FileInfo
 	lastHash [32]byte
 	missing  bool
+	// seenHash is the changed content the last poll read, first read at
+	// seenSince: applied once it has stayed for settle.
+	seenHash  [32]byte
+	seenSince time.Time
 }
 
 // NewWatcher watches path, starting from initial, which must be what
@@ -56,6 +65,7 @@ func NewWatcher(path string, initial *Config, build func(*Config) error, logf fu
 		build:        build,
 		logf:         logf,
 		pollEvery:    500 * time.Millisecond,
+		settle:       time.Second,
 		signalsReady: make(chan struct{}),
 		lastHash:     initial.source,
 	}
@@ -66,7 +76,9 @@ func NewWatcher(path string, initial *Config, build func(*Config) error, logf fu
 // Current returns the config in force.
 func (w *Watcher) Current() *Config { return w.current.Load() }
 
-// Run polls the file every 500ms and reloads on SIGHUP until ctx is done.
+// Run polls the file every 500ms, applies a changed file once it has
+// stayed the same for a second, and reloads at once on SIGHUP, until ctx
+// is done.
 // Call it once, in its own goroutine.
 func (w *Watcher) Run(ctx context.Context) {
 	hup := make(chan os.Signal, 1)
@@ -138,10 +150,19 @@ func (w *Watcher) poll() {
 		w.logf("config watch: %v", err)
 		return
 	}
-	w.lastStat = fi
-	if sha256.Sum256(data) == w.lastHash {
+	sum := sha256.Sum256(data)
+	if sum == w.lastHash {
+		w.lastStat, w.seenHash = fi, [32]byte{}
 		return
 	}
+	now := time.Now()
+	if sum != w.seenHash {
+		w.seenHash, w.seenSince = sum, now
+	}
+	if now.Sub(w.seenSince) < w.settle {
+		return // still being written, maybe: look again next tick
+	}
+	w.lastStat = fi
 	_ = w.apply(data) // apply logs its outcome
 }
 

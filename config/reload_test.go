@@ -89,6 +89,7 @@ func newWatchFixture(t *testing.T, content string, buildErr error) *watchFixture
 		f.builds.Add(1)
 		return buildErr
 	}, f.log.logf)
+	f.w.settle = 0 // TestWatcherWaitsForAFileToSettle tests it
 	return f
 }
 
@@ -139,6 +140,48 @@ func TestWatcherReloadsEditedFile(t *testing.T) {
 	}
 	if n := f.builds.Load(); n != 2 {
 		t.Errorf("build called %d times, want 2", n)
+	}
+}
+
+// A file written in two steps parses after the first: its models without
+// their prices, or with half of them. Only what stayed unchanged for the
+// settle time is applied.
+func TestWatcherWaitsForAFileToSettle(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	f.w.settle = 300 * time.Millisecond
+	full := configWith("127.0.0.1:8080", "a", "b", "c")
+	cut := strings.LastIndex(full, "- id: c")
+	if cut < 0 {
+		t.Fatalf("no model c in %q", full)
+	}
+	if err := os.WriteFile(f.path, []byte(full[:cut]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.w.poll()
+	if err := wantModels(f.w, "a")(); err != nil {
+		t.Fatalf("the first half was applied at once: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	fh, err := os.OpenFile(f.path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fh.WriteString(full[cut:]); err != nil {
+		t.Fatal(err)
+	}
+	fh.Close()
+	time.Sleep(250 * time.Millisecond) // the first half would have settled by now
+	f.w.poll()
+	if err := wantModels(f.w, "a")(); err != nil {
+		t.Fatalf("applied before the whole file had settled: %v", err)
+	}
+	time.Sleep(350 * time.Millisecond)
+	f.w.poll()
+	if err := wantModels(f.w, "a,b,c")(); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.builds.Load(); n != 1 {
+		t.Errorf("build called %d times, want once, for the whole file", n)
 	}
 }
 
