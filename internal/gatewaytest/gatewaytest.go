@@ -76,7 +76,8 @@ type Gateway struct {
 	Client     *http.Client
 
 	closeOnce sync.Once
-	closers   []func() // run last first
+	closers   []func()        // run last first
+	watcher   *config.Watcher // with Options.Watch
 }
 
 // Start starts a gateway; t's cleanup closes it.
@@ -149,7 +150,8 @@ func (g *Gateway) startServer(cfg *config.Config, o Options) {
 	g.Server = srv
 	g.closers = append(g.closers, srv.Close)
 	if o.Watch {
-		go config.NewWatcher(g.ConfigPath, cfg, srv.Apply, o.Logf).Run(g.Ctx)
+		g.watcher = config.NewWatcher(g.ConfigPath, cfg, srv.Apply, o.Logf)
+		go g.watcher.Run(g.Ctx)
 	}
 	if o.NoListen {
 		return
@@ -196,7 +198,8 @@ func (g *Gateway) Close() {
 func (g *Gateway) Defer(f func()) { g.closers = append(g.closers, f) }
 
 // WriteConfig replaces the config file atomically, as editors do; with
-// Options.Watch the gateway reloads it.
+// Options.Watch the gateway reloads it at once, as on SIGHUP (the file
+// watch would wait for the file to settle), and logs a refusal.
 func (g *Gateway) WriteConfig(s string) {
 	g.T.Helper()
 	tmp := g.ConfigPath + ".tmp"
@@ -205,6 +208,9 @@ func (g *Gateway) WriteConfig(s string) {
 	}
 	if err := os.Rename(tmp, g.ConfigPath); err != nil {
 		g.T.Fatal(err)
+	}
+	if g.watcher != nil {
+		_ = g.watcher.Reload() // logs its outcome
 	}
 }
 
