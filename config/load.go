@@ -182,11 +182,52 @@ func (l *loader) yamlErrors(err error) {
 		if m := yamlLine.FindStringSubmatch(text); m != nil {
 			e.Line, _ = strconv.Atoi(m[1])
 			e.Msg = m[2]
+			if te == nil {
+				e.Line = problemLine(l.data, e.Line, e.Msg)
+			}
 		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil {
 			e.Line, e.Col = aliasPlace(l.data, m[1])
 		}
 		l.errs = append(l.errs, e)
 	}
+}
+
+// problemLine is the line a YAML syntax error is on. yaml.v3 reports the
+// line the enclosing block starts on (a bad indent on line 3 of a mapping
+// begun on line 2 says line 2), so the file is cut after each line from
+// the reported one on: the first cut that fails with the same problem
+// ends on the problem's line. A cut inside a construct that spans lines
+// (a flow list) fails with another problem and is passed over.
+func problemLine(data []byte, reported int, problem string) int {
+	end := 0
+	for i, line := range bytes.SplitAfter(data, []byte{'\n'}) {
+		end += len(line)
+		if i+1 < reported {
+			continue
+		}
+		err := unmarshalSafely(data[:end])
+		if err == nil {
+			continue
+		}
+		msg := strings.TrimPrefix(err.Error(), "yaml: ")
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			msg = m[2]
+		}
+		if msg == problem {
+			return i + 1
+		}
+	}
+	return reported
+}
+
+func unmarshalSafely(data []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("unreadable YAML: %v", r)
+		}
+	}()
+	var n yaml.Node
+	return yaml.Unmarshal(data, &n)
 }
 
 // aliasPlace is the 1-based line and column of the first alias *name in
@@ -565,6 +606,12 @@ func (l *loader) leaf(n, site *yaml.Node, t reflect.Type, path string) bool {
 	if l.expanded[n] && t.Kind() == reflect.String {
 		n.Tag = "!!str" // "null" or "123" from the environment is still text
 	}
+	// yaml.v3 truncates a float into an integer field: 0.5 requests a
+	// minute would be 0, which means the default.
+	if isInteger(t.Kind()) && n.ShortTag() == "!!float" {
+		l.errAt(site, path, "want %s, got %s", describeType(t), describeNode(n))
+		return false
+	}
 	if err := safeDecode(n, reflect.New(t).Interface()); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
@@ -575,6 +622,15 @@ func (l *loader) leaf(n, site *yaml.Node, t reflect.Type, path string) bool {
 		return false
 	}
 	return true
+}
+
+func isInteger(k reflect.Kind) bool {
+	switch k {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
 }
 
 func safeDecode(n *yaml.Node, out any) (err error) {
