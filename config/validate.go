@@ -275,7 +275,12 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 			{"request", p.Request}, {"input_cache_read", p.InputCacheRead},
 		} {
 			if price.v == "" {
-				continue // an omitted price is free
+				// An omitted price is free. One written but empty
+				// (`completion:`, or ${VAR} of an unset variable) is more
+				// likely a mistake than a free model.
+				_, written := l.nodes[path+".pricing."+price.key]
+				l.check(!written, path+".pricing."+price.key, `is empty: write "0" for a free %s, or leave the line out`, price.key)
+				continue
 			}
 			_, err := money.ParsePrice(price.v)
 			l.check(err == nil, path+".pricing."+price.key, "%v (write USD per unit as a quoted decimal such as \"0.00000015\")", err)
