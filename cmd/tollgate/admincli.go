@@ -263,8 +263,9 @@ func runKeys(args []string) error {
 }
 
 func runConfig(args []string) error {
-	if len(args) == 0 || args[0] != "check" {
-		return errors.New("usage: tollgate config check [FILE]")
+	if len(args) == 0 || args[0] != "check" || len(args) > 2 {
+		// More than one file used to check the first and say ok.
+		return errors.New("usage: tollgate config check [FILE] (one file)")
 	}
 	path := configPath(args[1:])
 	if err := config.Check(path); err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -96,5 +98,23 @@ func TestBillingBacklogCountsUnackedMessages(t *testing.T) {
 	}
 	if got := string(billingBacklog(js)); !strings.Contains(got, "tollgate_billing_backlog_messages 3\n") {
 		t.Fatalf("backlog %q, want 3", got)
+	}
+}
+
+// Two files to check used to check the first and print ok.
+func TestConfigCheckRefusesMoreThanOneFile(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(good, []byte("server:\n  listen: 127.0.0.1:8080\nupstreams:\n  - name: default\n    base_url: http://127.0.0.1:8000/v1\nmodels:\n  - id: m\n    context_length: 10\n    max_output_length: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("server: [\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := runConfig([]string{"check", good}); err != nil {
+		t.Fatalf("one good file: %v", err)
+	}
+	if err := runConfig([]string{"check", good, bad}); err == nil || !strings.Contains(err.Error(), "one file") {
+		t.Fatalf("two files: %v, want a usage error", err)
 	}
 }
