@@ -103,6 +103,12 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	if r.pool == nil || len(r.pool.members) == 0 {
 		return nil, route{}, Unavailable(fmt.Sprintf("model %q has no configured upstream", entry.ID))
 	}
+	// A background response is answered "queued" at once and generated
+	// upstream afterwards, where no answer passes through the gateway to
+	// be billed from: it was billed a prompt estimate and its output free.
+	if ep == endpointResponses && f.Background.Type == gjson.True {
+		return nil, route{}, BadRequest("background", "background responses are not served by this gateway: a response is billed from the answer it relays, and a background one is generated after the call has ended; send the request without background (with \"stream\": true a long response is not cut by a timeout)")
+	}
 	// A call that continues a stored response goes to the upstream that
 	// holds it, and only for the account that created it.
 	var pinned *upstream

@@ -166,15 +166,12 @@ func TestResponsesStateReachesTheUpstreamThatCreatedIt(t *testing.T) {
 			}
 		}
 	}
-	// A background response is cancelled where it lives.
-	bg, at := h.create("", `{"model":"small","input":"hello","background":true}`, "")
-	status, body := h.send("", "POST", "/v1/responses/"+bg+"/cancel", "", "")
-	if status != 200 || jsonField(t, body, "status") != "cancelled" || at < 0 {
-		t.Fatalf("cancel %s on p%d: %d %s", bg, at, status, body)
-	}
+	// (Background responses, the ones a cancel stops, are refused: see
+	// TestResponsesBackgroundIsRefused.)
+	bg := all[1].id
 	// DELETE: the holder forgets it, and so does the gateway.
 	id := all[0].id
-	status, body = h.send("", "DELETE", "/v1/responses/"+id, "", "")
+	status, body := h.send("", "DELETE", "/v1/responses/"+id, "", "")
 	if status != 200 || jsonField(t, body, "deleted") != true || h.ups[all[0].holder].Stored(id) {
 		t.Fatalf("DELETE %s: %d %s", id, status, body)
 	}
@@ -185,10 +182,10 @@ func TestResponsesStateReachesTheUpstreamThatCreatedIt(t *testing.T) {
 	if n := h.calls("/v1/responses/" + id)[all[0].holder]; n != 3 {
 		t.Fatalf("the holder got %d GET/DELETE calls for %s, want 3 (the GET after DELETE is answered by the gateway)", n, id)
 	}
-	// State calls are not billed: still the 7 creations only.
+	// State calls are not billed: still the 6 creations only.
 	time.Sleep(100 * time.Millisecond)
-	if n := len(h.rec.Events()); n != 7 {
-		t.Fatalf("%d usage events, want 7", n)
+	if n := len(h.rec.Events()); n != 6 {
+		t.Fatalf("%d usage events, want 6", n)
 	}
 	// Wrong methods and paths.
 	for _, c := range []struct {
@@ -474,4 +471,31 @@ func TestResponseTTLReloads(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A background response is generated after the call has ended, where the
+// gateway sees no answer to bill: it was billed a prompt estimate and its
+// output went free. It is refused before the upstream is asked.
+func TestResponsesBackgroundIsRefused(t *testing.T) {
+	h := newPoolHarness(t, 1, "")
+	before := len(h.rec.Events())
+	for _, body := range []string{
+		`{"model":"small","input":"write a long essay","background":true}`,
+		`{"model":"small","input":"write a long essay","background":true,"stream":true}`,
+	} {
+		status, resp := h.send("", "POST", "/v1/responses", body, "")
+		if status != 400 || jsonField(t, resp, "error", "param") != "background" {
+			t.Fatalf("%s: %d %s", body, status, resp)
+		}
+	}
+	status, resp := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","background":"yes"}`, "")
+	if status != 400 || jsonField(t, resp, "error", "param") != "background" {
+		t.Fatalf("background as a string: %d %s", status, resp)
+	}
+	if n := len(h.rec.Events()) - before; n != 0 {
+		t.Fatalf("%d refused calls recorded", n)
+	}
+	if status, resp = h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","background":false}`, ""); status != 200 {
+		t.Fatalf("background false: %d %s", status, resp)
+	}
 }

@@ -21,6 +21,7 @@ type requestFields struct {
 	// keeps the response (store defaults to true).
 	PreviousResponseID gjson.Result
 	Store              gjson.Result
+	Background         gjson.Result
 	// Chat only: how many choices a stream carries, each ending with its
 	// own finish_reason.
 	N   gjson.Result
@@ -61,6 +62,8 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			slot = &f.PreviousResponseID
 		case "store":
 			slot = &f.Store
+		case "background":
+			slot = &f.Background
 		case "n":
 			slot = &f.N
 		default:
@@ -99,6 +102,9 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 	// storing.
 	if !isBoolOrNull(f.Store) {
 		return f, wrongType("store", "a boolean", f.Store)
+	}
+	if !isBoolOrNull(f.Background) {
+		return f, wrongType("background", "a boolean", f.Background)
 	}
 	f.end = bytes.LastIndexByte(body, '}')
 	return f, nil
