@@ -112,11 +112,12 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	// A call that continues a stored response goes to the upstream that
 	// holds it, and only for the account that created it.
 	var pinned *upstream
+	var history int64
 	if ep == endpointResponses && f.PreviousResponseID.Type != gjson.Null {
 		if f.PreviousResponseID.Type != gjson.String {
 			return nil, route{}, wrongType("previous_response_id", "a string", f.PreviousResponseID)
 		}
-		if pinned, apiErr = s.previousResponse(w, key, r.pool, f.PreviousResponseID.Str); apiErr != nil {
+		if pinned, history, apiErr = s.previousResponse(w, key, r.pool, f.PreviousResponseID.Str); apiErr != nil {
 			return nil, route{}, apiErr
 		}
 	}
@@ -132,6 +133,7 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	call := callPool.Get().(*generationCall)
 	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.stream, call.injected, call.reqBody, call.pinned = stream, injected, bufp, pinned
+	call.history = history
 	if n := f.N.Int(); n > 1 && n <= maxChoices && ep == endpointChat {
 		call.choices = int(n)
 	}
@@ -311,6 +313,12 @@ type generationCall struct {
 	// byte; the call is billed (estimated) and counted as such.
 	interrupted bool
 	remember    bool // a responses call whose id is to be remembered
+	// responseID is the id remembered, given the call's tokens at its end.
+	responseID string
+	// history is the tokens of the response previous_response_id names,
+	// which the upstream replays before the call's input: an estimate
+	// without it billed a cut stream on a long chain its new words only.
+	history int64
 
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody

@@ -359,7 +359,8 @@ func (c *generationCall) rememberResponse(id gjson.Result) {
 		return
 	}
 	// id.Str points into a buffer that is reused: the store keeps a copy.
-	c.server.responses.remember(strings.Clone(id.Str), c.upstream.cfg.Name, c.key.Account, c.entry.ID)
+	c.responseID = strings.Clone(id.Str)
+	c.server.responses.remember(c.responseID, c.upstream.cfg.Name, c.key.Account, c.entry.ID)
 }
 
 // terminal reports, for a finished call, whether ev is the event that ends

@@ -56,6 +56,10 @@ type responseMapping struct {
 	Model    string `json:"model,omitempty"`
 	// At is when the gateway saw the response created, unix ns.
 	At int64 `json:"at"`
+	// Tokens is the response's prompt and output tokens, as billed: what
+	// a call continuing it feeds the model before its own input. 0 until
+	// the response's call has ended.
+	Tokens int64 `json:"tokens,omitempty"`
 }
 
 // mappingKV is what the store needs of jetstream.KeyValue.
@@ -182,6 +186,30 @@ func (r *ResponseStore) remember(id, upstream, account, model string) {
 	m := responseMapping{Upstream: upstream, Account: account, Model: model, At: time.Now().UnixNano()}
 	r.cache(id, m)
 	if r.kv == nil {
+		return
+	}
+	select {
+	case r.ops <- mappingOp{key: mappingKey(id), record: m}:
+	default:
+		r.drop(id)
+	}
+}
+
+// setTokens records, once the call that created response id has ended,
+// how many tokens it billed (see responseMapping.Tokens). A mapping no
+// longer in memory is left as it is.
+func (r *ResponseStore) setTokens(id string, tokens int64) {
+	r.mu.Lock()
+	m, found := r.cur[id]
+	if !found {
+		m, found = r.old[id]
+	}
+	if found && m.Upstream != "" {
+		m.Tokens = tokens
+		r.cur[id] = m
+	}
+	r.mu.Unlock()
+	if !found || m.Upstream == "" || r.kv == nil {
 		return
 	}
 	select {

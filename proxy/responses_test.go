@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -12,8 +13,10 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
+	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
 // send is a request with the harness key (or key) to base (h.url unless
@@ -497,5 +500,43 @@ func TestResponsesBackgroundIsRefused(t *testing.T) {
 	}
 	if status, resp = h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","background":false}`, ""); status != 200 {
 		t.Fatalf("background false: %d %s", status, resp)
+	}
+}
+
+// A call continuing a response is fed that response's whole conversation
+// before its own input. Where the upstream reports no usage (or cuts the
+// stream), the estimate counts that history too: it used to count the new
+// input only, and a cut stream on a long chain was billed a few tokens.
+func TestResponsesEstimateCountsTheChain(t *testing.T) {
+	h := newPoolHarness(t, 1, "", proxytest.Options{OmitUsage: true})
+	lastEvent := func() *meter.Event {
+		t.Helper()
+		var ev *meter.Event
+		checkFor(t, 2*time.Second, 10*time.Millisecond, func() error {
+			evs := h.rec.Events()
+			if len(evs) == 0 {
+				return errors.New("no event")
+			}
+			ev = evs[len(evs)-1]
+			return nil
+		})
+		return ev
+	}
+	first, _ := h.create("", `{"model":"small","input":"`+strings.Repeat("history ", 300)+`"}`, "")
+	ev1 := lastEvent()
+	if ev1.UsageSource != meter.SourceEstimated || ev1.PromptTokens < 300 {
+		t.Fatalf("first call: %+v", ev1)
+	}
+	second, _ := h.create("", `{"model":"small","input":"more","previous_response_id":"`+first+`"}`, "")
+	ev2 := lastEvent()
+	chain := ev1.PromptTokens + ev1.CompletionTokens
+	if ev2.PromptTokens < chain+1 || ev2.PromptTokens > chain+5 {
+		t.Fatalf("second call estimated %d prompt tokens; the chain before it had %d, its own input 1 or 2", ev2.PromptTokens, chain)
+	}
+	// And so on down the chain, streamed too.
+	h.create("", `{"model":"small","input":"again","stream":true,"previous_response_id":"`+second+`"}`, "")
+	ev3 := lastEvent()
+	if want := ev2.PromptTokens + ev2.CompletionTokens; ev3.PromptTokens < want+1 {
+		t.Fatalf("third call estimated %d prompt tokens, want over %d", ev3.PromptTokens, want)
 	}
 }

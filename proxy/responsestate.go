@@ -51,24 +51,24 @@ func errStateUnavailable(err error) *APIError {
 // upstream to pin the call to, or nil to balance it as usual (an id the
 // gateway does not know, an upstream that left the model's pool, a lookup
 // that failed: the chosen upstream then answers as it would).
-func (s *Server) previousResponse(w *World, key *accounts.Key, p *pool, id string) (*upstream, *APIError) {
+func (s *Server) previousResponse(w *World, key *accounts.Key, p *pool, id string) (*upstream, int64, *APIError) {
 	m, found, err := s.responses.lookup(context.Background(), id)
 	switch {
 	case err != nil:
 		s.responses.logSometimes("responses: previous_response_id %s: %v; the call is balanced as usual", id, err)
-		return nil, nil
+		return nil, 0, nil
 	case !found:
-		return nil, nil
+		return nil, 0, nil
 	case m.Account != key.Account:
-		return nil, errPreviousNotFound(id)
+		return nil, 0, errPreviousNotFound(id)
 	}
 	up := w.upstreams[m.Upstream]
 	for _, member := range p.members {
 		if member.up == up {
-			return up, nil
+			return up, m.Tokens, nil
 		}
 	}
-	return nil, nil
+	return nil, m.Tokens, nil
 }
 
 // responseState serves the routes under /v1/responses/; rest is the path

@@ -188,6 +188,9 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	}
 	c.recorded = true
 	ev := c.event(status)
+	if c.responseID != "" {
+		c.server.responses.setTokens(c.responseID, ev.PromptTokens+ev.CompletionTokens)
+	}
 	c.server.calls.observeEvent(ev, c.interrupted)
 	c.endCallSpan(ev)
 	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
@@ -229,7 +232,7 @@ func (c *generationCall) event(status int) *meter.Event {
 	if !c.haveUsage {
 		c.textOfRawChunks()
 		source = meter.SourceEstimated
-		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep)))
+		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep))) + c.history
 		u.CompletionTokens = int64(tokens.Count(string(c.text)))
 	}
 	if c.entry.Prices.Image != 0 {
