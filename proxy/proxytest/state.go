@@ -164,6 +164,17 @@ func itemList(items [][]byte, r *http.Request) []byte {
 			order[len(items)-1-i] = it
 		}
 	}
+	// after is the last id of the page before (the SDKs' auto-paging);
+	// without it every page repeated the first and the client never
+	// stopped.
+	if after := q.Get("after"); after != "" {
+		for i, it := range order {
+			if gjson.GetBytes(it, "id").Str == after {
+				order = order[i+1:]
+				break
+			}
+		}
+	}
 	more := len(order) > limit
 	if more {
 		order = order[:limit]

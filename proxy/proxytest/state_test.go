@@ -92,12 +92,18 @@ func TestResponsesStateEdges(t *testing.T) {
 		!strings.HasPrefix(field(t, m, "first_id").(string), "in_") {
 		t.Fatalf("input_items asc: %d %v", status, m)
 	}
+	// The next page starts after the last id of the one before.
+	firstPage := field(t, m, "last_id").(string)
+	status, next := call(t, "GET", s.URL+"/responses/"+prev+"/input_items?limit=1&order=asc&after="+firstPage)
+	if status != 200 || field(t, next, "data", 0, "content") != "b" || field(t, next, "has_more") != false {
+		t.Fatalf("input_items after %s: %d %v", firstPage, status, next)
+	}
 	status, m = call(t, "GET", s.URL+"/responses/"+prev+"/input_items")
 	if status != 200 || field(t, m, "data", 0, "id") != "own" || field(t, m, "last_id") == "own" {
 		t.Fatalf("input_items desc: %d %v", status, m)
 	}
-	if got := s.Requests(); got[len(got)-1].RawQuery != "" || got[len(got)-2].RawQuery != "limit=1&order=asc" {
-		t.Fatalf("recorded queries %q, %q", got[len(got)-2].RawQuery, got[len(got)-1].RawQuery)
+	if got := s.Requests(); got[len(got)-1].RawQuery != "" || got[len(got)-3].RawQuery != "limit=1&order=asc" {
+		t.Fatalf("recorded queries %q, %q", got[len(got)-3].RawQuery, got[len(got)-1].RawQuery)
 	}
 
 	// A background response can be cancelled, once.
