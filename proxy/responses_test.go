@@ -196,7 +196,8 @@ func TestResponsesStateReachesTheUpstreamThatCreatedIt(t *testing.T) {
 		status       int
 		code         string
 	}{
-		{"POST", "/v1/responses/" + bg, 405, "method_not_allowed"},
+		{"POST", "/v1/responses/" + bg, 404, "not_found"},
+		{"POST", "/v1/responses/input_tokens", 404, "not_found"},
 		{"GET", "/v1/responses/" + bg + "/cancel", 405, "method_not_allowed"},
 		{"DELETE", "/v1/responses/" + bg + "/input_items", 405, "method_not_allowed"},
 		{"GET", "/v1/responses/" + bg + "/nope", 404, "not_found"},

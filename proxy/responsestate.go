@@ -86,8 +86,11 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	case "input_items":
 		allow = "GET"
 	}
-	if allow == "" || len(idb) == 0 {
-		WriteError(ctx, NotFound("no route for "+method+" "+string(ctx.Path())))
+	// POST on an id is no route, not a wrong method: the SDKs' POST
+	// /v1/responses/input_tokens and /compact are endpoints this gateway
+	// does not serve, and "use DELETE, GET" sent their users astray.
+	if allow == "" || len(idb) == 0 || (action == nil && method == fasthttp.MethodPost) {
+		WriteError(ctx, NotFound("no route for "+method+" "+string(ctx.Path())+" (served: POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items)"))
 		return
 	}
 	if !slices.Contains(strings.Split(allow, ", "), method) {
