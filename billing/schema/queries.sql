@@ -155,6 +155,6 @@ SELECT
     response
 FROM request_logs FINAL
 WHERE key_id = {key_id:String}
-  AND time >= toDateTime({from_date:Date}) AND time < toDateTime({to_date:Date})
+  AND time >= toDateTime({from_date:Date}, 'UTC') AND time < toDateTime({to_date:Date}, 'UTC')
 ORDER BY time DESC
 LIMIT {max_rows:UInt32};
