@@ -45,6 +45,11 @@ type Server struct {
 	DemoCreditUSD string `yaml:"demo_credit_usd"`
 	// TrustedProxies are CIDRs whose X-Forwarded-For is believed.
 	TrustedProxies []string `yaml:"trusted_proxies"`
+	// PublicURL is the scheme and host clients reach the gateway at, for
+	// a gateway behind a TLS proxy: console sign-in links and base URLs
+	// use it, and an https one marks the console cookie Secure. Empty:
+	// the request's own scheme and Host.
+	PublicURL string `yaml:"public_url"`
 	// DebugListen serves Go's pprof profiles on a private address; empty
 	// (the default) serves none. restart-only.
 	DebugListen string `yaml:"debug_listen"`

@@ -198,6 +198,12 @@ func (l *loader) validateServer(s Server) {
 		l.check(errPrefix == nil || errAddr == nil, fmt.Sprintf("server.trusted_proxies[%d]", i),
 			"%q is neither a CIDR (10.0.0.0/8) nor an IP address", p)
 	}
+	if s.PublicURL != "" {
+		u, err := url.Parse(s.PublicURL)
+		l.check(err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" &&
+			(u.Path == "" || u.Path == "/") && u.RawQuery == "" && u.Fragment == "" && u.User == nil,
+			"server.public_url", "%q is not a scheme and host such as https://gateway.example.com", s.PublicURL)
+	}
 }
 
 func (l *loader) validateBilling(b Billing) {

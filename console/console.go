@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -48,6 +49,9 @@ type Console struct {
 	signOuts *signOuts
 	usage    *usageReader
 	logf     func(string, ...any)
+	// public is server.public_url as of the last provisioning (each
+	// config reload provisions again); nil when unset.
+	public atomic.Pointer[url.URL]
 }
 
 const storeTimeout = 10 * time.Second
@@ -104,7 +108,16 @@ func (c *Console) Module() proxy.Module {
 
 type handlerFunc func(c *Console, ctx *fasthttp.RequestCtx, call *proxy.Call)
 
-func (c *Console) provision(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
+func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, error) {
+	var public *url.URL
+	if raw := w.Config.Server.PublicURL; raw != "" {
+		u, err := url.Parse(raw) // validated by config
+		if err != nil {
+			return proxy.Provisioned{}, err
+		}
+		public = u
+	}
+	c.public.Store(public)
 	pages := []struct {
 		method, path string
 		handle       handlerFunc
@@ -160,11 +173,8 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 	if err != nil {
 		return 0, nil, proxy.Internal("issuing a console login: " + err.Error())
 	}
-	scheme := "http"
-	if call.HTTP.IsTLS() {
-		scheme = "https"
-	}
-	link := scheme + "://" + string(call.HTTP.Host()) + "/console/login?token=" + url.QueryEscape(token)
+	scheme, host := c.origin(call.HTTP)
+	link := scheme + "://" + host + "/console/login?token=" + url.QueryEscape(token)
 	return 201, struct {
 		Account   string    `json:"account"`
 		URL       string    `json:"url"`
@@ -210,7 +220,7 @@ func (c *Console) session(ctx *fasthttp.RequestCtx) (session, bool) {
 // formSession is session for a form POST: it also refuses cross-site
 // requests and a missing or wrong CSRF token (403).
 func (c *Console) formSession(ctx *fasthttp.RequestCtx) (session, bool) {
-	if !sameOrigin(ctx) {
+	if !c.sameOrigin(ctx) {
 		c.message(ctx, 403, "Refused", "This form was sent from another site.", false)
 		return session{}, false
 	}
@@ -225,10 +235,25 @@ func (c *Console) formSession(ctx *fasthttp.RequestCtx) (session, bool) {
 	return sess, true
 }
 
+// origin is the scheme and host the account holder's browser uses:
+// server.public_url when set (behind a proxy that ends TLS the gateway
+// sees plain HTTP and the proxy's upstream address), else the request's.
+func (c *Console) origin(ctx *fasthttp.RequestCtx) (scheme, host string) {
+	if u := c.public.Load(); u != nil {
+		return u.Scheme, u.Host
+	}
+	scheme = "http"
+	if ctx.IsTLS() {
+		scheme = "https"
+	}
+	return scheme, string(ctx.Host())
+}
+
 // sameOrigin rejects POSTs a browser marks as coming from another site. The
 // CSRF token is the real check; this also covers the sign-in form, which
-// has no session yet.
-func sameOrigin(ctx *fasthttp.RequestCtx) bool {
+// has no session yet. The origin may be the request's Host or
+// server.public_url's.
+func (c *Console) sameOrigin(ctx *fasthttp.RequestCtx) bool {
 	switch string(ctx.Request.Header.Peek("Sec-Fetch-Site")) {
 	case "", "same-origin", "none":
 	default:
@@ -239,7 +264,13 @@ func sameOrigin(ctx *fasthttp.RequestCtx) bool {
 		return true
 	}
 	u, err := url.Parse(string(origin))
-	return err == nil && u.Host == string(ctx.Host())
+	if err != nil {
+		return false
+	}
+	if public := c.public.Load(); public != nil && u.Host == public.Host && u.Scheme == public.Scheme {
+		return true
+	}
+	return u.Host == string(ctx.Host())
 }
 
 func (c *Console) setCookie(ctx *fasthttp.RequestCtx, value string, expires time.Time) {
@@ -250,7 +281,8 @@ func (c *Console) setCookie(ctx *fasthttp.RequestCtx, value string, expires time
 	ck.SetPath(cookiePath)
 	ck.SetHTTPOnly(true)
 	ck.SetSameSite(fasthttp.CookieSameSiteStrictMode)
-	ck.SetSecure(ctx.IsTLS())
+	scheme, _ := c.origin(ctx)
+	ck.SetSecure(scheme == "https")
 	ck.SetExpire(expires)
 	ctx.Response.Header.SetCookie(ck)
 }
@@ -288,12 +320,9 @@ func storeContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), storeTimeout)
 }
 
-func baseURL(ctx *fasthttp.RequestCtx) string {
-	scheme := "http"
-	if ctx.IsTLS() {
-		scheme = "https"
-	}
-	return scheme + "://" + string(ctx.Host()) + "/v1"
+func (c *Console) baseURL(ctx *fasthttp.RequestCtx) string {
+	scheme, host := c.origin(ctx)
+	return scheme + "://" + host + "/v1"
 }
 
 func seeOther(ctx *fasthttp.RequestCtx, location string) {
@@ -327,7 +356,7 @@ func (c *Console) signInPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 }
 
 func (c *Console) signIn(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-	if !sameOrigin(ctx) {
+	if !c.sameOrigin(ctx) {
 		c.message(ctx, 403, "Refused", "This sign-in form was sent from another site.", true)
 		return
 	}
@@ -425,7 +454,7 @@ func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess se
 		c.storeError(ctx, "the keys of "+sess.Account, err)
 		return
 	}
-	view := keysPage{BaseURL: baseURL(ctx), Form: formFor(in, call.World.Catalog)}
+	view := keysPage{BaseURL: c.baseURL(ctx), Form: formFor(in, call.World.Catalog)}
 	deleted := string(ctx.QueryArgs().Peek("deleted"))
 	var flash string
 	now := time.Now()
@@ -520,7 +549,7 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	// The one page that ever holds the token; it is sent no-store and is
 	// not logged.
-	data := c.pageData(sess, "Key created", "keys", createdPage{Name: info.Name, KeyID: info.KeyID, Token: token, BaseURL: baseURL(ctx)})
+	data := c.pageData(sess, "Key created", "keys", createdPage{Name: info.Name, KeyID: info.KeyID, Token: token, BaseURL: c.baseURL(ctx)})
 	data.Script = copyScript
 	c.render(ctx, 200, "created", data)
 }

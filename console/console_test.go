@@ -559,3 +559,37 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 		t.Fatalf("GET /console/: %d, Location %q; want 308 to /console", resp.StatusCode, resp.Header.Get("Location"))
 	}
 }
+
+// Behind a proxy that ends TLS the gateway sees plain HTTP and the proxy's
+// upstream address: with server.public_url, sign-in links carry the public
+// address, the cookie is Secure, and forms from the public origin pass.
+func TestPublicURLBehindATLSProxy(t *testing.T) {
+	const public = "https://console.example.com"
+	g := startGatewayWith(t, "", "  public_url: "+public+"\n")
+	link := g.loginURL("acme")
+	if !strings.HasPrefix(link, public+"/console/login?token=tgl-") {
+		t.Fatalf("sign-in link %q, want it on %s", link, public)
+	}
+	b := g.browser()
+	token := tokenOf(t, link)
+	// Refused from another site still.
+	resp := b.post("/console/login", url.Values{"token": {token}}, "Origin", "https://evil.example")
+	if body := readAll(t, resp); resp.StatusCode != 403 {
+		t.Fatalf("sign-in from another site: %d %s", resp.StatusCode, body)
+	}
+	// The proxy forwards the browser's Origin and its own Host.
+	resp = b.post("/console/login", url.Values{"token": {token}}, "Origin", public)
+	body := readAll(t, resp)
+	if resp.StatusCode != 303 {
+		t.Fatalf("sign-in from %s: %d %s", public, resp.StatusCode, body)
+	}
+	var secure bool
+	for _, c := range resp.Cookies() {
+		if c.Name == cookieName {
+			secure = c.Secure
+		}
+	}
+	if !secure {
+		t.Fatalf("the session cookie is not Secure: %q", resp.Header.Values("Set-Cookie"))
+	}
+}

@@ -83,10 +83,19 @@ func (l *logBuffer) String() string {
 // (1 USD) exist. clickHouseDSN may be "" (usage unavailable).
 func startGateway(t *testing.T, clickHouseDSN string) *gateway {
 	t.Helper()
+	return startGatewayWith(t, clickHouseDSN, "")
+}
+
+// startGatewayWith starts a gateway whose server section also holds
+// serverLines (indented YAML lines, each ending in a newline).
+func startGatewayWith(t *testing.T, clickHouseDSN, serverLines string) *gateway {
+	t.Helper()
 	g := &gateway{t: t, log: &logBuffer{t: t}}
 	gw := gatewaytest.Start(t, gatewaytest.Options{
 		Upstream: &proxytest.Options{Chunks: 3, PromptTokens: 8, CompletionTokens: 3},
-		Config:   func(upstream, dir string) string { return fmt.Sprintf(gatewayYAML, upstream, dir) },
+		Config: func(upstream, dir string) string {
+			return strings.Replace(fmt.Sprintf(gatewayYAML, upstream, dir), "server:\n", "server:\n"+serverLines, 1)
+		},
 		Modules: func(gw *gatewaytest.Gateway) []proxy.Module {
 			var err error
 			g.console, err = Open(gw.Ctx, Options{Accounts: gw.Accounts, JetStream: gw.Broker.JetStream(), Replicas: 1,
