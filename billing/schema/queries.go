@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -188,6 +189,20 @@ func literalOf(typ, value string) (string, error) {
 	case strings.HasPrefix(typ, "Int") || strings.HasPrefix(typ, "UInt"):
 		if !integerPattern.MatchString(value) {
 			return "", fmt.Errorf("%q is not an integer", value)
+		}
+		// Out of the type's range ClickHouse answered "Bad get: has
+		// Int64, requested UInt64" for -1, and took 4294967296 as a
+		// UInt32.
+		bits, err := strconv.Atoi(strings.TrimPrefix(strings.TrimPrefix(typ, "U"), "Int"))
+		if err != nil {
+			return "", fmt.Errorf("type %s cannot be bound; add it to schema.literalOf", typ)
+		}
+		if strings.HasPrefix(typ, "U") {
+			if _, err := strconv.ParseUint(value, 10, bits); err != nil {
+				return "", fmt.Errorf("%q is outside 0..%d", value, uint64(1)<<bits-1)
+			}
+		} else if _, err := strconv.ParseInt(value, 10, bits); err != nil {
+			return "", fmt.Errorf("%q is outside %d..%d", value, -(int64(1) << (bits - 1)), int64(1)<<(bits-1)-1)
 		}
 		return value, nil
 	}

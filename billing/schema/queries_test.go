@@ -316,6 +316,21 @@ func TestBind(t *testing.T) {
 			t.Errorf("%s: bound without error", name)
 		}
 	}
+	// Integers are checked against their type's range.
+	logs, err := schema.FinanceQuery("request_logs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := map[string]string{"key_id": "key_1", "from_date": "2026-11-01", "to_date": "2026-12-01"}
+	for rows, ok := range map[string]bool{"50": true, "0": true, "4294967295": true, "-1": false, "4294967296": false} {
+		params := map[string]string{"max_rows": rows}
+		for k, v := range base {
+			params[k] = v
+		}
+		if _, err := logs.Bind(params); (err == nil) != ok {
+			t.Errorf("max_rows=%s: %v", rows, err)
+		}
+	}
 	if _, err := schema.FinanceQuery("nope"); err == nil || !strings.Contains(err.Error(), "invoice") {
 		t.Errorf("unknown query: %v, want an error listing the queries", err)
 	}
