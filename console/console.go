@@ -130,6 +130,10 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 		{"POST", "/console/keys", (*Console).createKey},
 		{"GET", "/console/keys/revoke", (*Console).confirmRevoke},
 		{"POST", "/console/keys/revoke", (*Console).revoke},
+		// Any other path under /console is a page too: a mistyped or old
+		// bookmark (GET /console/logout) got the API's JSON 404 or 405.
+		{"GET", "/console/*", (*Console).noSuchPage},
+		{"POST", "/console/*", (*Console).noSuchPage},
 	}
 	var p proxy.Provisioned
 	for _, r := range pages {
@@ -180,6 +184,10 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 		URL       string    `json:"url"`
 		ExpiresAt time.Time `json:"expires_at"`
 	}{account, link, expiresAt}, nil
+}
+
+func (c *Console) noSuchPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	c.message(ctx, 404, "No such page", "There is no console page at "+string(ctx.Path())+". The console starts at /console.", false)
 }
 
 // toOverview sends "/console/", which people type as often as "/console",

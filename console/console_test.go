@@ -558,6 +558,14 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 	if resp.StatusCode != 308 || resp.Header.Get("Location") != "/console" {
 		t.Fatalf("GET /console/: %d, Location %q; want 308 to /console", resp.StatusCode, resp.Header.Get("Location"))
 	}
+	// Other paths under /console are pages too, not the API's JSON.
+	b := g.browser()
+	for _, path := range []string{"/console/foo", "/console/logout", "/console/keys/"} {
+		status, page := b.get(path)
+		if status != 404 || !strings.Contains(page, "<html") || !strings.Contains(page, "No such page") {
+			t.Errorf("GET %s: %d %.200s", path, status, page)
+		}
+	}
 }
 
 // Behind a proxy that ends TLS the gateway sees plain HTTP and the proxy's
