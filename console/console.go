@@ -145,7 +145,10 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style},
 		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: toOverview})
 	// The operator's way in: behind the admin token, under /admin/v1.
-	p.AdminRoutes = []admin.Route{{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin}}
+	p.AdminRoutes = []admin.Route{
+		{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin},
+		{Method: "POST", Path: "accounts/{}/console-logout", Handle: c.consoleLogout},
+	}
 	return p, nil
 }
 
@@ -188,6 +191,31 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 
 func (c *Console) noSuchPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 	c.message(ctx, 404, "No such page", "There is no console page at "+string(ctx.Path())+". The console starts at /console.", false)
+}
+
+// consoleLogout serves POST /admin/v1/accounts/{id}/console-logout: the
+// operator ends every console session of the account, on every gateway,
+// and cancels its pending sign-in links (a link sent to the wrong person,
+// a leaked cookie). Before it, only replacing console.secret did that,
+// for every account at once.
+func (c *Console) consoleLogout(call *admin.Call) (int, any, error) {
+	account := call.Args[0]
+	if _, err := c.accounts.Account(call.Ctx, account); err != nil {
+		return 0, nil, err
+	}
+	at, err := c.signOuts.signOutAccount(call.Ctx, account)
+	if err != nil {
+		return 0, nil, proxy.Unavailable("signing the account's console sessions out: " + err.Error())
+	}
+	cancelled, err := c.logins.Cancel(call.Ctx, account)
+	if err != nil {
+		return 0, nil, proxy.Unavailable("sessions are signed out, but cancelling the sign-in links failed: " + err.Error())
+	}
+	return 200, struct {
+		Account        string    `json:"account"`
+		SignedOutUntil time.Time `json:"sessions_ended_before"`
+		LinksCancelled int       `json:"links_cancelled"`
+	}{account, at.UTC(), cancelled}, nil
 }
 
 // toOverview sends "/console/", which people type as often as "/console",

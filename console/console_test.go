@@ -601,3 +601,62 @@ func TestPublicURLBehindATLSProxy(t *testing.T) {
 		t.Fatalf("the session cookie is not Secure: %q", resp.Header.Values("Set-Cookie"))
 	}
 }
+
+// The operator ends an account's console sessions and cancels its sign-in
+// links: a leaked link or cookie had no remedy but replacing
+// console.secret, which signed every account out.
+func TestOperatorSignsAnAccountOut(t *testing.T) {
+	g := startGateway(t, "")
+	acme, other := g.browser(), g.browser()
+	acme.signIn("acme")
+	other.signIn("other")
+	pending := g.loginURL("acme")
+	otherLink := g.loginURL("other")
+
+	resp := g.admin("POST", "/admin/v1/accounts/acme/console-logout")
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"links_cancelled":1`) {
+		t.Fatalf("console-logout: %d %s", resp.StatusCode, body)
+	}
+	if status, page := acme.get("/console"); status != 401 || !strings.Contains(page, "Signed out") {
+		t.Fatalf("acme's session after the sign-out: %d %.300s", status, page)
+	}
+	// Another gateway learns it from the bucket.
+	ttl := g.console.sessions.ttl
+	elsewhere, err := openSignOuts(t.Context(), g.broker.JetStream(), 1, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer elsewhere.close()
+	begunBefore := session{Account: "acme", Expires: time.Now().Add(ttl - time.Minute), nonce: "00"}
+	checkFor(t, 2*time.Second, 10*time.Millisecond, func() error {
+		if !elsewhere.signedOut(begunBefore) {
+			return errors.New("another gateway still accepts acme's earlier session")
+		}
+		return nil
+	})
+	if elsewhere.signedOut(session{Account: "acme", Expires: time.Now().Add(ttl + time.Minute), nonce: "01"}) {
+		t.Fatal("another gateway refuses a session begun after the sign-out")
+	}
+	if status, page := acme.get(strings.TrimPrefix(pending, g.url)); status == 200 && strings.Contains(page, `id="sign-in"`) {
+		t.Fatalf("acme's pending link still works: %d", status)
+	}
+	// Other accounts are untouched.
+	if status, page := other.get("/console"); status != 200 {
+		t.Fatalf("other's session: %d %.300s", status, page)
+	}
+	if status, page := other.get(strings.TrimPrefix(otherLink, g.url)); status != 200 || !strings.Contains(page, `id="sign-in"`) {
+		t.Fatalf("other's link: %d %.300s", status, page)
+	}
+	// A new link signs acme in again (sessions are known to the second:
+	// one begun in the sign-out's own second is ended too).
+	time.Sleep(1100 * time.Millisecond)
+	fresh := g.browser()
+	fresh.signIn("acme")
+	if status, page := fresh.get("/console"); status != 200 {
+		t.Fatalf("a new session after the sign-out: %d %.300s", status, page)
+	}
+	if resp := g.admin("POST", "/admin/v1/accounts/nobody/console-logout"); resp.StatusCode != 404 {
+		t.Fatalf("unknown account: %d", resp.StatusCode)
+	}
+}

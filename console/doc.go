@@ -8,11 +8,14 @@
 // issues a one-time sign-in link (admin API POST
 // /admin/v1/accounts/{id}/console-login, or `tollgate accounts login ID`),
 // which the holder exchanges for a session. The session is a signed,
-// expiring cookie, so gateways keep no session state.
+// expiring cookie, so gateways keep no session state; what ends one early
+// (sign-out, or the operator's console-logout of a whole account) is
+// shared through a JetStream bucket every gateway watches.
 //
 // Open builds the console; Console.Module is it as a module of a
 // proxy.Server, which cmd/tollgate lists among the server's modules: each
-// provisioning serves the pages and adds console-login to the admin API
+// provisioning serves the pages and adds console-login and console-logout
+// to the admin API
 // (Provisioned.AdminRoutes), so neither proxy nor admin names the console,
 // and the sign-in links are issued where they are redeemed. The key form
 // is checked by admin.CheckKeyRequest, the same rules the admin API

@@ -89,6 +89,35 @@ func (l *Logins) IssueLogin(ctx context.Context, account string) (token string, 
 	return token, expiresAt, nil
 }
 
+// Cancel deletes the account's pending sign-in links and says how many.
+// The bucket holds only the links of the last LoginTTL, so reading it
+// whole is cheap.
+func (l *Logins) Cancel(ctx context.Context, account string) (int, error) {
+	keys, err := l.kv.ListKeys(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("listing sign-in links: %w", err)
+	}
+	n := 0
+	for key := range keys.Keys() {
+		entry, err := l.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // redeemed or expired meanwhile
+		}
+		if err != nil {
+			return n, fmt.Errorf("reading sign-in link: %w", err)
+		}
+		var rec loginRecord
+		if json.Unmarshal(entry.Value(), &rec) != nil || rec.Account != account {
+			continue
+		}
+		if err := l.kv.Delete(ctx, key, jetstream.LastRevision(entry.Revision())); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			return n, fmt.Errorf("cancelling sign-in link: %w", err)
+		}
+		n++
+	}
+	return n, nil
+}
+
 // Peek returns the account a valid token signs in, without using it up:
 // the GET of a sign-in link only shows a button, so link previewers and
 // mail scanners that fetch it do not burn the token.

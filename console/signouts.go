@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,9 +26,18 @@ type signOuts struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
+	ttl   time.Duration // a session's lifetime
+
 	mu    sync.Mutex
 	ended map[string]time.Time // nonce → the session's expiry
+	// accounts holds the operator's sign-outs of whole accounts: every
+	// session of the account begun at or before the time is ended.
+	accounts map[string]time.Time
 }
+
+// accountKeyPrefix marks an account-wide sign-out in the bucket; session
+// nonces are hex and never start with it.
+const accountKeyPrefix = "account."
 
 // openSignOuts declares the bucket (entries live as long as a session can)
 // and starts watching it.
@@ -49,15 +59,22 @@ func openSignOuts(ctx context.Context, js jetstream.JetStream, replicas int, ses
 		cancel()
 		return nil, err
 	}
-	s := &signOuts{kv: kv, now: time.Now, cancel: cancel, done: make(chan struct{}), ended: map[string]time.Time{}}
+	s := &signOuts{kv: kv, now: time.Now, ttl: sessionTTL, cancel: cancel, done: make(chan struct{}),
+		ended: map[string]time.Time{}, accounts: map[string]time.Time{}}
 	go func() {
 		defer close(s.done)
 		for e := range w.Updates() {
 			if e == nil { // the entries there were at the start are read
 				continue
 			}
-			if exp, err := strconv.ParseInt(string(e.Value()), 10, 64); err == nil {
-				s.note(e.Key(), time.Unix(exp, 0))
+			unix, err := strconv.ParseInt(string(e.Value()), 10, 64)
+			if err != nil {
+				continue
+			}
+			if account, ok := strings.CutPrefix(e.Key(), accountKeyPrefix); ok {
+				s.noteAccount(account, time.Unix(0, unix)) // ns: see signOutAccount
+			} else {
+				s.note(e.Key(), time.Unix(unix, 0))
 			}
 		}
 	}()
@@ -83,12 +100,44 @@ func (s *signOuts) note(nonce string, expires time.Time) {
 	}
 }
 
-// signedOut reports whether sess was signed out.
+// noteAccount records that every session of account begun at or before
+// at is ended.
+func (s *signOuts) noteAccount(account string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev, ok := s.accounts[account]; !ok || at.After(prev) {
+		s.accounts[account] = at
+	}
+	// Sessions begun before now-ttl have expired by themselves.
+	for a, t := range s.accounts {
+		if t.Add(s.ttl).Before(s.now()) {
+			delete(s.accounts, a)
+		}
+	}
+}
+
+// signedOut reports whether sess was signed out, by itself or with its
+// whole account. A session began its ttl before it expires.
 func (s *signOuts) signedOut(sess session) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.ended[sess.nonce]
-	return ok
+	if _, ok := s.ended[sess.nonce]; ok {
+		return true
+	}
+	at, ok := s.accounts[sess.Account]
+	return ok && !sess.Expires.Add(-s.ttl).After(at)
+}
+
+// signOutAccount ends every session of account begun until now, on this
+// gateway at once and, through the bucket (unix ns), on every other. The
+// entry expires with the bucket's TTL, when those sessions would have. A
+// session's start is known to the second, so one begun in the same second
+// just after is ended too.
+func (s *signOuts) signOutAccount(ctx context.Context, account string) (time.Time, error) {
+	at := s.now()
+	s.noteAccount(account, at)
+	_, err := s.kv.Put(ctx, accountKeyPrefix+account, []byte(strconv.FormatInt(at.UnixNano(), 10)))
+	return at, err
 }
 
 // signOut ends sess on this gateway at once and, through the bucket, on

@@ -153,7 +153,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 
 var negativeNumber = regexp.MustCompile(`^-[0-9]+(\.[0-9]*)?$`)
 
-const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD | login ID"
+const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD | login ID | logout ID (ends its console sessions, cancels its sign-in links)"
 
 func runAccounts(args []string) error {
 	if len(args) == 0 {
@@ -183,6 +183,8 @@ func runAccounts(args []string) error {
 		return c.call("POST", "/accounts/"+pos[0]+"/credit", map[string]string{"usd": pos[1]})
 	case args[0] == "login" && len(pos) == 1:
 		return printConsoleLogin(c, pos[0])
+	case args[0] == "logout" && len(pos) == 1:
+		return c.call("POST", "/accounts/"+pos[0]+"/console-logout", nil)
 	}
 	return errors.New(accountsUsage)
 }
