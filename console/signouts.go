@@ -26,7 +26,7 @@ type signOuts struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	ttl   time.Duration // a session's lifetime
+	ttl time.Duration // a session's lifetime
 
 	mu    sync.Mutex
 	ended map[string]time.Time // nonce → the session's expiry
