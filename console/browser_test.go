@@ -80,6 +80,14 @@ func TestBrowserCreateUseAndDeleteKey(t *testing.T) {
 	if !strings.Contains(perModel, "large") || !strings.Contains(perModel, "small") || strings.Contains(perModel, "secret-model") {
 		t.Fatalf("per-model usage: %q", perModel)
 	}
+	// Plugin calls, billed at the plugin price, on a line of their own;
+	// cached tokens and estimated calls said.
+	if !strings.Contains(perModel, "small (classify)") {
+		t.Fatalf("per-model usage without the classify line: %q", perModel)
+	}
+	if usage := text("#usage-heading + p, #usage-heading ~ p"); !strings.Contains(usage, "1 of the calls were billed on tokens the gateway counted") {
+		t.Fatalf("usage note: %q", usage)
+	}
 	if days := text("#usage-per-day tbody"); strings.Count(days, "\n") != 1 {
 		t.Fatalf("per-day usage, want 2 days: %q", days)
 	}
@@ -183,8 +191,12 @@ func insertUsage(t *testing.T, dsn string) string {
 			UsageSource: meter.SourceUpstream, Status: 200}
 	}
 	today := event("acme", "small", now, 1000, 500, 250_000)
+	classify := event("acme", "small", now, 40, 0, 4_000) // the plugin price
+	classify.Endpoint = "/v1/classify"
+	cut := event("acme", "large", now, 300, 20, 1_000) // a cut stream, counted by the gateway
+	cut.UsageSource, cut.CachedTokens = meter.SourceEstimated, 100
 	events := []*meter.Event{
-		today,
+		today, classify, cut,
 		event("acme", "large", now, 2000, 1000, 3_000_000),
 		event("acme", "small", now.Add(-24*time.Hour), 100, 50, 25_000),
 		event("acme", "small", now.Add(-40*24*time.Hour), 1, 1, 7_000_000_000), // too old
@@ -197,5 +209,5 @@ func insertUsage(t *testing.T, dsn string) string {
 	if err := sink.Insert(ctx, []*meter.Event{today}); err != nil {
 		t.Fatal(err)
 	}
-	return "0.003275"
+	return "0.00328"
 }

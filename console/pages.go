@@ -92,12 +92,13 @@ type overviewPage struct {
 }
 
 type usageLine struct {
-	Label, Requests, Prompt, Completion, Cost string
+	Label, Requests, Prompt, Cached, Completion, Cost string
+	Estimated                                         uint64 // 0 hides the note
 }
 
 func lineOf(t usageTotals) usageLine {
 	return usageLine{Label: t.Label, Requests: thousands(int64(t.Requests)), Prompt: thousands(t.Prompt),
-		Completion: thousands(t.Completion), Cost: usd(t.Cost)}
+		Cached: thousands(t.Cached), Completion: thousands(t.Completion), Estimated: t.Estimated, Cost: usd(t.Cost)}
 }
 
 type keysPage struct {

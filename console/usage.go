@@ -44,9 +44,12 @@ type usageReader struct {
 type usageRow struct {
 	Day        string // YYYY-MM-DD, UTC
 	Model      string
+	Endpoint   string // /v1/chat/completions, /v1/classify, …
 	Requests   uint64
 	Prompt     int64
+	Cached     int64 // of Prompt, read from the upstream's cache
 	Completion int64
+	Estimated  uint64 // requests billed on usage the gateway counted
 	Cost       money.Nanos
 }
 
@@ -108,13 +111,13 @@ func (u *usageReader) usageSince(ctx context.Context, account string, from time.
 	defer cancel()
 	// Literals, not parameters: ClickHouse 18.16 has no query parameters.
 	// The account id is validated (letters, digits, _ - .) and quoted.
-	query := `SELECT toString(date) AS day, model, count() AS requests,
-       sum(prompt_tokens) AS prompt, sum(completion_tokens) AS completion,
-       sum(cost_nanos) AS spend_nanos
+	query := `SELECT toString(date) AS day, model, endpoint, count() AS requests,
+       sum(prompt_tokens) AS prompt, sum(cached_tokens) AS cached, sum(completion_tokens) AS completion,
+       countIf(usage_source = 'estimated') AS estimated, sum(cost_nanos) AS spend_nanos
 FROM usage_events FINAL
 WHERE account = ` + quoteString(account) + ` AND date >= toDate('` + from.UTC().Format(time.DateOnly) + `')
-GROUP BY date, model
-ORDER BY date DESC, model`
+GROUP BY date, model, endpoint
+ORDER BY date DESC, model, endpoint`
 	rows, err := conn.Query(ctx, query)
 	if err != nil {
 		u.logf("console: usage unavailable: querying usage of %s: %v", account, err)
@@ -125,7 +128,7 @@ ORDER BY date DESC, model`
 	for rows.Next() {
 		var r usageRow
 		var cost int64
-		if err := rows.Scan(&r.Day, &r.Model, &r.Requests, &r.Prompt, &r.Completion, &cost); err != nil {
+		if err := rows.Scan(&r.Day, &r.Model, &r.Endpoint, &r.Requests, &r.Prompt, &r.Cached, &r.Completion, &r.Estimated, &cost); err != nil {
 			return nil, fmt.Errorf("reading usage of %s: %w", account, err)
 		}
 		r.Cost = money.Nanos(cost)
@@ -146,15 +149,36 @@ type usageTotals struct {
 	Label      string
 	Requests   uint64
 	Prompt     int64
+	Cached     int64
 	Completion int64
+	Estimated  uint64
 	Cost       money.Nanos
 }
 
 func (t *usageTotals) add(r usageRow) {
 	t.Requests += r.Requests
 	t.Prompt += r.Prompt
+	t.Cached += r.Cached
 	t.Completion += r.Completion
+	t.Estimated += r.Estimated
 	t.Cost += r.Cost
+}
+
+// modelLabel names a per-model line. Plugin calls (classify, tag, score,
+// match, batch) are billed at the plugin price, not the model's, so they
+// get a line of their own: folded into the model's line, its cost could
+// not be checked against the model's prices.
+func modelLabel(r usageRow) string {
+	label := r.Model
+	if label == "" {
+		label = "(no model)"
+	}
+	switch kind := strings.TrimPrefix(r.Endpoint, "/v1/"); kind {
+	case "chat/completions", "responses", "completions", "":
+		return label
+	default:
+		return label + " (" + kind + ")"
+	}
 }
 
 // summarize folds (day, model) rows into per-day lines (newest first),
@@ -172,10 +196,7 @@ func summarize(rows []usageRow) (days, models []usageTotals, total usageTotals) 
 			days = append(days, usageTotals{Label: r.Day})
 		}
 		days[i].add(r)
-		label := r.Model
-		if label == "" {
-			label = "(no model)"
-		}
+		label := modelLabel(r)
 		j, ok := modelIndex[label]
 		if !ok {
 			j = len(models)
