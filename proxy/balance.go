@@ -63,6 +63,43 @@ type upstreamHealth struct {
 	retries   atomic.Uint64 // calls moved away from this upstream
 }
 
+// carryFrom takes over what prev, the health of the same upstream under
+// its previous settings, had learned. The counters always carry: they are
+// the upstream's history, and /metrics must not see them fall to 0 at an
+// edit of idle_timeout. The breaker and the latency carry only when the
+// address is the same: they describe that server, and an ejected upstream
+// must not come back because its weight was edited. A half-open trial in
+// flight stays prev's; this health starts open again and tries anew.
+func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
+	h.calls.Store(prev.calls.Load())
+	h.ejections.Store(prev.ejections.Load())
+	h.retries.Store(prev.retries.Load())
+	h.window.Store(prev.window.Load())
+	h.curCalls.Store(prev.curCalls.Load())
+	h.curFails.Store(prev.curFails.Load())
+	h.prvCalls.Store(prev.prvCalls.Load())
+	h.prvFails.Store(prev.prvFails.Load())
+	if !sameServer {
+		return
+	}
+	h.latency.Store(prev.latency.Load())
+	h.sampled.Store(prev.sampled.Load())
+	prev.mu.Lock()
+	defer prev.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	state := prev.state.Load()
+	if state == stateHalfOpen {
+		state = stateOpen
+	}
+	h.state.Store(state)
+	h.openUntil.Store(prev.openUntil.Load())
+	h.failures.Store(prev.failures.Load())
+	h.broken.Store(prev.broken.Load())
+	h.resting.Store(prev.resting.Load())
+	h.ejectFor, h.lastError = prev.ejectFor, prev.lastError
+}
+
 // initialLatency stands in for an upstream's latency until it answered.
 const initialLatency = int64(time.Millisecond)
 

@@ -378,3 +378,39 @@ func TestPoolRetriesAnEmptyAnswer(t *testing.T) {
 		t.Fatalf("%d events for an empty answer", n)
 	}
 }
+
+// An edit of an upstream's settings keeps what the gateway learned of it:
+// an unrelated change (first_byte_timeout) used to put an ejected upstream
+// back in the pool and reset its counters on /metrics. A new address is a
+// new server: its breaker starts afresh, its counters still carry.
+func TestPoolEditOfAnUpstreamKeepsItsHealth(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_for: 30s",
+		proxytest.Options{Chunks: 10, DropAfter: 3})
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for range 12 {
+		readAll(t, h.post("/v1/chat/completions", stream))
+	}
+	before := h.statuses()["p0"]
+	if before.State != "ejected" || before.Calls == 0 {
+		t.Fatalf("p0 not ejected: %+v", before)
+	}
+	edit := func(from, to string) {
+		t.Helper()
+		cfg := readFile(t, h.cfgPath)
+		if !strings.Contains(cfg, from) {
+			t.Fatalf("no %q in the config", from)
+		}
+		h.writeConfig(strings.Replace(cfg, from, to, 1))
+	}
+	edit("p0, base_url: "+h.ups[0].URL+", first_byte_timeout: 2s", "p0, base_url: "+h.ups[0].URL+", first_byte_timeout: 3s")
+	after := h.statuses()["p0"]
+	if after.State != "ejected" || after.Calls != before.Calls || after.LastError != before.LastError {
+		t.Fatalf("after an edit of first_byte_timeout p0 is %+v, was %+v", after, before)
+	}
+	// The same server under another address (localhost for 127.0.0.1).
+	moved := strings.Replace(h.ups[0].URL, "127.0.0.1", "localhost", 1)
+	edit("p0, base_url: "+h.ups[0].URL, "p0, base_url: "+moved)
+	if st := h.statuses()["p0"]; st.State == "ejected" || st.Calls != before.Calls {
+		t.Fatalf("after a new base_url p0 is %+v (calls before %d)", st, before.Calls)
+	}
+}

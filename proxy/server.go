@@ -206,7 +206,8 @@ func (s *Server) Apply(cfg *config.Config) error {
 }
 
 // buildWorld builds the World for cfg, taking over the upstreams of the
-// World in force whose settings did not change.
+// World in force whose settings did not change, and the health of those
+// whose settings did.
 func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 	cat, err := catalog.New(cfg.Models)
 	if err != nil {
@@ -228,6 +229,11 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 		up, err := newUpstream(uc, s.logf)
 		if err != nil {
 			return nil, err
+		}
+		if old != nil {
+			if prev, ok := old.upstreams[uc.Name]; ok {
+				up.health.carryFrom(&prev.health, prev.cfg.BaseURL == uc.BaseURL)
+			}
 		}
 		w.upstreams[uc.Name] = up
 	}
