@@ -264,7 +264,12 @@ func (c *Console) formSession(ctx *fasthttp.RequestCtx) (session, bool) {
 	if !ok {
 		return session{}, false
 	}
-	if !c.sessions.checkCSRF(sess, string(ctx.PostArgs().Peek("csrf"))) {
+	token := ctx.PostArgs().Peek("csrf")
+	if len(token) == 0 {
+		c.message(ctx, 403, "Form incomplete", "This form arrived without its security token, so it was not sent from a console page. Reload the page and try again.", false)
+		return session{}, false
+	}
+	if !c.sessions.checkCSRF(sess, string(token)) {
 		c.message(ctx, 403, "Form expired", "This form does not belong to your current console session. Reload the page and try again.", false)
 		return session{}, false
 	}

@@ -136,7 +136,7 @@ var scopeHelp = map[string]string{
 	accounts.ScopeGenerate: "chat completions and responses (/v1/chat/completions, /v1/responses)",
 	accounts.ScopeClassify: "classify, tag, score and match",
 	accounts.ScopeBatch:    "batch jobs (/v1/batch)",
-	accounts.ScopeConsole:  "console functions called with the key; signing in to this console needs no key",
+	accounts.ScopeConsole:  "reserved: no route needs it yet (signing in to this console needs no key)",
 }
 
 type createdPage struct {
