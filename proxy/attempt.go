@@ -67,7 +67,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		if err != nil {
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
-			lastErr = upstreamUnreachable(up, "", err)
+			what := ""
+			if c.pinned != nil {
+				// No other upstream is tried: say why.
+				what = ", which holds the previous_response_id,"
+			}
+			lastErr = upstreamUnreachable(up, what, err)
 			reason := err.Error() // with the address, for operators
 			if isTimeout(err) {
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"

@@ -335,10 +335,14 @@ func TestPinnedUpstreamDownIs503NamingIt(t *testing.T) {
 	id, at := h.create("", createResp, "")
 	name := fmt.Sprintf("p%d", at)
 	h.ups[at].Close()
-	for range 2 { // unreachable, then ejected
+	for i := range 2 { // unreachable, then ejected
 		status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, "")
 		if status != 503 || !strings.Contains(string(body), "upstream "+name) {
 			t.Fatalf("continuing a response on a stopped upstream: %d %s", status, body)
+		}
+		// Why no other upstream was tried.
+		if i == 0 && !strings.Contains(string(body), "which holds the previous_response_id") {
+			t.Fatalf("the 503 does not say the call was pinned: %s", body)
 		}
 	}
 	status, body := h.send("", "GET", "/v1/responses/"+id, "", "")
