@@ -38,6 +38,10 @@ type usageReader struct {
 	sink     *billing.ClickHouseSink // opened here, closed by close
 	failedAt time.Time
 	lastErr  error
+	// slowUntil: a query timed out (a ClickHouse that hangs rather than
+	// refuses); until then pages show usage unavailable at once instead of
+	// each waiting usageQueryTimeout.
+	slowUntil time.Time
 }
 
 // usageRow is one (day, model) of an account's usage.
@@ -103,6 +107,12 @@ func (u *usageReader) close() {
 // of from on, newest day first. It reads FINAL, so an event the billing
 // consumer inserted twice counts once.
 func (u *usageReader) usageSince(ctx context.Context, account string, from time.Time) ([]usageRow, error) {
+	u.mu.Lock()
+	slow, lastErr := time.Now().Before(u.slowUntil), u.lastErr
+	u.mu.Unlock()
+	if slow {
+		return nil, lastErr
+	}
 	conn, err := u.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -120,8 +130,16 @@ GROUP BY date, model, endpoint
 ORDER BY date DESC, model, endpoint`
 	rows, err := conn.Query(ctx, query)
 	if err != nil {
-		u.logf("console: usage unavailable: querying usage of %s: %v", account, err)
-		return nil, fmt.Errorf("querying usage of %s: %w", account, err)
+		err = fmt.Errorf("querying usage of %s: %w", account, err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			u.mu.Lock()
+			u.slowUntil, u.lastErr = time.Now().Add(usageRetryAfter), err
+			u.mu.Unlock()
+			u.logf("console: usage unavailable (ClickHouse did not answer in %s; not asked again for %s): %v", usageQueryTimeout, usageRetryAfter, err)
+			return nil, err
+		}
+		u.logf("console: usage unavailable: %v", err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []usageRow
