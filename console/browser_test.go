@@ -88,6 +88,13 @@ func TestBrowserCreateUseAndDeleteKey(t *testing.T) {
 	if usage := text("#usage-heading + p, #usage-heading ~ p"); !strings.Contains(usage, "1 of the calls were billed on tokens the gateway counted") {
 		t.Fatalf("usage note: %q", usage)
 	}
+	// Months reach further back: the 40-day-old call is in its month's
+	// total.
+	old := time.Now().UTC().Add(-40 * 24 * time.Hour).Format("2006-01")
+	if months := text("#usage-per-month tbody"); !strings.Contains(months, old) || !strings.Contains(months, "7.00") ||
+		!strings.Contains(months, time.Now().UTC().Format("2006-01")+" (so far)") {
+		t.Fatalf("per-month usage: %q", months)
+	}
 	if days := text("#usage-per-day tbody"); strings.Count(days, "\n") != 1 {
 		t.Fatalf("per-day usage, want 2 days: %q", days)
 	}

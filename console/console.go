@@ -450,7 +450,7 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 		return
 	}
 	view := overviewPage{Balance: usd(acc.Balance), Credited: usd(acc.Credited), Debited: usd(acc.Debited),
-		Negative: acc.Balance < 0, Days: UsageDays}
+		Negative: acc.Balance < 0, Days: UsageDays, Months: UsageMonths}
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	rows, err := c.usage.usageSince(sctx, sess.Account, today.AddDate(0, 0, -(UsageDays-1)))
 	if err != nil {
@@ -464,6 +464,21 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 			view.PerModel = append(view.PerModel, lineOf(m))
 		}
 		view.Total = lineOf(total)
+		thisMonth := time.Date(today.Year(), today.Month(), 1, 0, 0, 0, 0, time.UTC)
+		months, err := c.usage.monthsSince(sctx, sess.Account, thisMonth.AddDate(0, -(UsageMonths-1), 0))
+		if err != nil {
+			view.UsageUnavailable = true
+		}
+		slices.SortFunc(months, func(a, b usageRow) int { return strings.Compare(b.Day, a.Day) })
+		for _, m := range months {
+			var t usageTotals
+			t.add(m)
+			t.Label = strings.TrimSuffix(m.Day, "-01")
+			if m.Day == thisMonth.Format(time.DateOnly) {
+				t.Label += " (so far)"
+			}
+			view.PerMonth = append(view.PerMonth, lineOf(t))
+		}
 	}
 	c.render(ctx, 200, "overview", c.pageData(sess, "Overview", "overview", view))
 }

@@ -87,7 +87,8 @@ type overviewPage struct {
 	Negative                   bool
 	Days                       int
 	UsageUnavailable           bool
-	PerDay, PerModel           []usageLine
+	PerDay, PerModel, PerMonth []usageLine
+	Months                     int
 	Total                      usageLine
 }
 

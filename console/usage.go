@@ -19,6 +19,10 @@ import (
 // UsageDays is how many UTC days, today included, the overview shows.
 const UsageDays = 30
 
+// UsageMonths is how many calendar months (UTC) of totals the console
+// shows, this one included.
+const UsageMonths = 12
+
 const (
 	usageQueryTimeout = 5 * time.Second
 	usageDialTimeout  = 2 * time.Second
@@ -107,6 +111,20 @@ func (u *usageReader) close() {
 // of from on, newest day first. It reads FINAL, so an event the billing
 // consumer inserted twice counts once.
 func (u *usageReader) usageSince(ctx context.Context, account string, from time.Time) ([]usageRow, error) {
+	return u.usage(ctx, account, "toString(date)", "date, model, endpoint", from)
+}
+
+// monthsSince is usageSince per UTC calendar month (Day is the month's
+// first day; Model and Endpoint are empty), from the month of from on,
+// newest first: the totals `tollgate finance invoice` gives the operator.
+func (u *usageReader) monthsSince(ctx context.Context, account string, from time.Time) ([]usageRow, error) {
+	return u.usage(ctx, account, "toString(toStartOfMonth(date))", "day", from)
+}
+
+// usage runs the usage query for account from the day of from on, with
+// day as the first column and grouped by group (which must leave model
+// and endpoint single-valued or absent from it: absent, they read ”).
+func (u *usageReader) usage(ctx context.Context, account, day, group string, from time.Time) ([]usageRow, error) {
 	u.mu.Lock()
 	slow, lastErr := time.Now().Before(u.slowUntil), u.lastErr
 	u.mu.Unlock()
@@ -119,15 +137,19 @@ func (u *usageReader) usageSince(ctx context.Context, account string, from time.
 	}
 	ctx, cancel := context.WithTimeout(ctx, usageQueryTimeout)
 	defer cancel()
+	model, endpoint := "model", "endpoint"
+	if !strings.Contains(group, "model") {
+		model, endpoint = "''", "''"
+	}
 	// Literals, not parameters: ClickHouse 18.16 has no query parameters.
 	// The account id is validated (letters, digits, _ - .) and quoted.
-	query := `SELECT toString(date) AS day, model, endpoint, count() AS requests,
+	query := `SELECT ` + day + ` AS day, ` + model + ` AS m, ` + endpoint + ` AS e, count() AS requests,
        sum(prompt_tokens) AS prompt, sum(cached_tokens) AS cached, sum(completion_tokens) AS completion,
        countIf(usage_source = 'estimated') AS estimated, sum(cost_nanos) AS spend_nanos
 FROM usage_events FINAL
 WHERE account = ` + quoteString(account) + ` AND date >= toDate('` + from.UTC().Format(time.DateOnly) + `')
-GROUP BY date, model, endpoint
-ORDER BY date DESC, model, endpoint`
+GROUP BY ` + group + `
+ORDER BY ` + group
 	rows, err := conn.Query(ctx, query)
 	if err != nil {
 		err = fmt.Errorf("querying usage of %s: %w", account, err)
