@@ -424,7 +424,10 @@ func TestLocalUploadOf200MBStreamsToDisk(t *testing.T) {
 	}
 	growth := int64(peak.Load()) - int64(baseline)
 	t.Logf("200MB upload in %v; heap in use grew by at most %.1f MiB", time.Since(began).Round(time.Millisecond), float64(growth)/(1<<20))
-	if growth > 32<<20 {
+	// A buffered upload holds all 200 MiB; a streamed one a few buffers.
+	// The bound leaves room for what other goroutines of the test process
+	// allocate meanwhile: under a loaded make test, 35 MiB was seen once.
+	if growth > 100<<20 {
 		t.Fatalf("heap in use grew by %d MiB while uploading 200 MiB: the upload is buffered, not streamed", growth>>20)
 	}
 	if got := resp.Header.Get("ETag"); got != `"`+hex.EncodeToString(src.sum.Sum(nil))+`"` {
