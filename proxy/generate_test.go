@@ -826,3 +826,42 @@ func TestUsageOutOfRangeIsEstimated(t *testing.T) {
 		}
 	}
 }
+
+// A shutdown that can wait no longer ends the streams still open as an
+// upstream cut would: the client gets the error event, and the call is
+// billed on estimated usage. Dropped with the process they went unbilled
+// (found by a black-box session upgrading a gateway under load).
+func TestCutStreamsEndsAndBillsOpenStreams(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 50, ChunkDelay: 100 * time.Millisecond}, idleTimeout: "30s"})
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for range 3 { // three events have come
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	if n := h.gw.CutStreams(); n != 1 {
+		t.Fatalf("CutStreams ended %d streams, want 1", n)
+	}
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("the cut stream did not end cleanly: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the stream ended %s after the cut", took)
+	}
+	evs := sseEvents(rest)
+	last := evs[len(evs)-1]
+	if !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "shutting down") {
+		t.Fatalf("last event %q", last)
+	}
+	ev := h.events(1)[0]
+	if ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens < 1 || ev.PromptTokens < 3 || ev.CostNanos <= 0 {
+		t.Fatalf("event %+v", ev)
+	}
+}

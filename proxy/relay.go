@@ -134,7 +134,12 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
 		}
 		c.interrupted = true
-		c.answerBroke(err, msg)
+		if c.server.streams.cutting.Load() {
+			// The gateway ended it (CutStreams): no fault of the upstream's.
+			msg = "the gateway is shutting down and could not wait for this stream to finish; stream ended"
+		} else {
+			c.answerBroke(err, msg)
+		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
 	}
 	out = ev.Raw
@@ -160,6 +165,7 @@ func (c *generationCall) Close() error {
 	}
 	c.closed = true
 	c.recordAndWait(fasthttp.StatusOK)
+	c.server.streams.remove(c)
 	c.release()
 	return nil
 }

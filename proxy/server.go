@@ -91,6 +91,7 @@ type Server struct {
 	calls     *callMetrics
 	tracer    trace.Tracer
 	http      *fasthttp.Server
+	streams   openStreams
 }
 
 // New builds a server for cfg, starts its modules and provisions them.

@@ -255,11 +255,31 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 	go func() { _ = srv.Shutdown(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(30 * time.Second):
-		logf("shutdown: gave up waiting after 30s")
+		return nil
+	case <-time.After(shutdownWait):
+	}
+	// Streams still open have sent part of an answer: they are ended as an
+	// upstream cut would end them, so that each client gets the
+	// stream_interrupted event and each call is billed (estimated) before
+	// the outbox closes. Dropped with the process, they went unbilled.
+	n := srv.CutStreams()
+	logf("shutdown: waited %s; ending the %d streams still open (billed on estimated usage)", shutdownWait, n)
+	select {
+	case <-done:
+	case <-time.After(cutStreamsWait):
+		logf("shutdown: gave up waiting after %s more", cutStreamsWait)
 	}
 	return nil
 }
+
+const (
+	// shutdownWait is how long open requests and streams may take to
+	// finish after SIGTERM.
+	shutdownWait = 30 * time.Second
+	// cutStreamsWait bounds the wait, after the streams were ended, for
+	// their last event to be written and their usage recorded.
+	cutStreamsWait = 5 * time.Second
+)
 
 // loadAdminToken returns server.admin_token, or the token kept in the data
 // dir, generating and printing it on first start.

@@ -1,0 +1,68 @@
+package proxy
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// openStreams holds the streamed answers being relayed, so that a
+// shutdown that cannot wait for them any longer can end them the way an
+// upstream cut does: each client gets the stream_interrupted event and the
+// call is billed on estimated usage before the process exits. Without it,
+// the streams still open when the shutdown wait ran out were dropped with
+// the process, unbilled, although their clients had received part of an
+// answer.
+type openStreams struct {
+	mu    sync.Mutex
+	calls map[*generationCall]struct{}
+	// cutting is set once CutStreams ran: streams that break from then on
+	// were ended by the gateway, not by their upstream.
+	cutting atomic.Bool
+}
+
+func (o *openStreams) add(c *generationCall) {
+	o.mu.Lock()
+	if o.calls == nil {
+		o.calls = map[*generationCall]struct{}{}
+	}
+	o.calls[c] = struct{}{}
+	cut := o.cutting.Load()
+	o.mu.Unlock()
+	if cut {
+		c.cutUpstream()
+	}
+}
+
+// remove is called before the call releases its upstream connection, so
+// that CutStreams, under the same lock, never closes a connection already
+// back in the pool.
+func (o *openStreams) remove(c *generationCall) {
+	o.mu.Lock()
+	delete(o.calls, c)
+	o.mu.Unlock()
+}
+
+// CutStreams ends every streamed answer still being relayed by closing its
+// upstream connection; each relay then sends its client the
+// stream_interrupted event, records the call on estimated usage and
+// returns. It answers how many it ended. Meant for a shutdown whose wait
+// for open streams has run out: from then on, streams that start are cut
+// too.
+func (s *Server) CutStreams() int {
+	o := &s.streams
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.cutting.Store(true)
+	for c := range o.calls {
+		c.cutUpstream()
+	}
+	return len(o.calls)
+}
+
+// cutUpstream closes the connection the call's answer is read from; the
+// relay's next read fails at once.
+func (c *generationCall) cutUpstream() {
+	if c.resp != nil && c.resp.uc != nil {
+		_ = c.resp.uc.conn.Close()
+	}
+}
