@@ -138,12 +138,17 @@ func (up *upstream) broke(rt *config.Routing, reason string, alone bool) {
 
 func (up *upstream) ejected(rt *config.Routing, reason string) {
 	up.logf("upstream %s ejected: %s", up.cfg.Name, reason)
+	up.startProbing(rt.ProbeInterval)
+}
+
+// startProbing starts probe unless one runs already.
+func (up *upstream) startProbing(interval time.Duration) {
 	up.health.mu.Lock()
 	start := !up.health.probing
 	up.health.probing = true
 	up.health.mu.Unlock()
 	if start {
-		go up.probe(rt.ProbeInterval)
+		go up.probe(interval)
 	}
 }
 

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -413,4 +414,36 @@ func TestPoolEditOfAnUpstreamKeepsItsHealth(t *testing.T) {
 	if st := h.statuses()["p0"]; st.State == "ejected" || st.Calls != before.Calls {
 		t.Fatalf("after a new base_url p0 is %+v (calls before %d)", st, before.Calls)
 	}
+}
+
+// An upstream still ejected when a reload edits it is probed again and
+// comes back as soon as it answers: the probe of its old self ended with
+// the reload, and it stayed out until its ejection ran out.
+func TestPoolEditOfAnEjectedUpstreamKeepsProbingIt(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 30s\n  probe_interval: 200ms")
+	addr := strings.TrimPrefix(strings.TrimSuffix(h.ups[0].URL, "/v1"), "http://")
+	h.ups[0].Close()
+	for range 4 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	if st := h.statuses()["p0"]; st.State != "ejected" {
+		t.Fatalf("p0 is %+v, want ejected", st)
+	}
+	cfg := readFile(t, h.cfgPath)
+	h.writeConfig(strings.Replace(cfg, "name: p0, base_url: "+h.ups[0].URL+", first_byte_timeout: 2s", "name: p0, base_url: "+h.ups[0].URL+", first_byte_timeout: 3s", 1))
+	if st := h.statuses()["p0"]; st.State != "ejected" {
+		t.Fatalf("after the edit p0 is %+v, want still ejected", st)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listening on p0's address again: %v", err)
+	}
+	back := proxytest.NewServerOn(ln, proxytest.Options{})
+	t.Cleanup(back.Close)
+	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		if st := h.statuses()["p0"]; st.State != "healthy" {
+			return fmt.Errorf("p0 is %s, its address answers again", st.State)
+		}
+		return nil
+	})
 }

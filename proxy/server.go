@@ -49,6 +49,7 @@ type World struct {
 	upstreams map[string]*upstream
 	pools     map[string]*pool // by model id
 	grace     money.Nanos
+	fresh     []*upstream // built for this World, not taken over from the one before
 }
 
 // Options configures a Server.
@@ -237,6 +238,7 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 			}
 		}
 		w.upstreams[uc.Name] = up
+		w.fresh = append(w.fresh, up)
 	}
 	w.pools = make(map[string]*pool, len(cfg.Models))
 	for _, e := range cat.Entries() {
@@ -248,6 +250,14 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 // install puts w in force and retires the upstreams of the previous World
 // that w does not keep.
 func (s *Server) install(w *World) {
+	// An upstream whose edit carried an ejection over is probed again: the
+	// probe of its old self ends with the retirement, and without one it
+	// stayed out until a trial call found it back.
+	for _, up := range w.fresh {
+		if up.health.state.Load() != stateClosed && !up.health.resting.Load() {
+			up.startProbing(w.Config.Routing.ProbeInterval)
+		}
+	}
 	old := s.world.Swap(w)
 	s.responses.setTTL(w.Config.Routing.ResponseTTL)
 	retireUnshared(old, w)
