@@ -183,7 +183,10 @@ func (l *loader) yamlErrors(err error) {
 			e.Line, _ = strconv.Atoi(m[1])
 			e.Msg = m[2]
 			if te == nil {
-				e.Line = problemLine(l.data, e.Line, e.Msg)
+				if line := problemLine(l.data, e.Line, e.Msg); line != e.Line {
+					e.Msg += fmt.Sprintf(" (the block holding it starts on line %d)", e.Line)
+					e.Line = line
+				}
 			}
 		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil {
 			e.Line, e.Col = aliasPlace(l.data, m[1])
@@ -194,31 +197,49 @@ func (l *loader) yamlErrors(err error) {
 
 // problemLine is the line a YAML syntax error is on. yaml.v3 reports the
 // line the enclosing block starts on (a bad indent on line 3 of a mapping
-// begun on line 2 says line 2), so the file is cut after each line from
-// the reported one on: the first cut that fails with the same problem
-// ends on the problem's line. A cut inside a construct that spans lines
-// (a flow list) fails with another problem and is passed over.
+// begun on line 2 says line 2), so the file is cut after a line from the
+// reported one on: the first cut that fails with the same problem ends on
+// the problem's line. The cuts are searched by halves, a few parses for
+// any file. A construct that may span lines (a quoted string) fails only
+// where it would have ended, so the line found can be past the problem;
+// yamlErrors says where the block began too.
 func problemLine(data []byte, reported int, problem string) int {
-	end := 0
-	for i, line := range bytes.SplitAfter(data, []byte{'\n'}) {
-		end += len(line)
-		if i+1 < reported {
-			continue
+	var ends []int // ends[i]: the offset just past line i+1
+	for i, b := range data {
+		if b == '\n' {
+			ends = append(ends, i+1)
 		}
-		err := unmarshalSafely(data[:end])
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		ends = append(ends, len(data))
+	}
+	failsSame := func(line int) bool {
+		err := unmarshalCut(data[:ends[line-1]])
 		if err == nil {
-			continue
+			return false
 		}
 		msg := strings.TrimPrefix(err.Error(), "yaml: ")
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 			msg = m[2]
 		}
-		if msg == problem {
-			return i + 1
+		return msg == problem
+	}
+	lo, hi := max(reported, 1), len(ends)
+	if lo > hi || !failsSame(hi) {
+		return reported
+	}
+	for lo < hi {
+		if mid := (lo + hi) / 2; failsSame(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
 		}
 	}
-	return reported
+	return lo
 }
+
+// unmarshalCut parses one cut; a variable so a test can count them.
+var unmarshalCut = unmarshalSafely
 
 func unmarshalSafely(data []byte) (err error) {
 	defer func() {

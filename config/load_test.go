@@ -340,3 +340,32 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// The line of a syntax error is found by halves: where yaml.v3 named the
+// line models: starts on, every line after it was cut and parsed, and a
+// file of 3,000 models took minutes.
+func TestSyntaxErrorLineIsFoundByHalves(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("server:\n  listen: 127.0.0.1:8080\nmodels:\n")
+	for i := range 5000 {
+		fmt.Fprintf(&b, "  - id: m%d\n    context_length: 4096\n", i)
+	}
+	want := strings.Count(b.String(), "\n") + 1
+	b.WriteString("   max_output_length: 512\n") // one space short
+	data := []byte(b.String())
+	err := unmarshalSafely(data)
+	m := yamlLine.FindStringSubmatch(fmt.Sprint(err))
+	if m == nil {
+		t.Fatalf("no syntax error: %v", err)
+	}
+	parses := 0
+	defer func(f func([]byte) error) { unmarshalCut = f }(unmarshalCut)
+	unmarshalCut = func(d []byte) error { parses++; return unmarshalSafely(d) }
+	// From line 3, as if yaml.v3 had named the start of models:.
+	if got := problemLine(data, 3, m[2]); got != want {
+		t.Fatalf("line %d, want %d", got, want)
+	}
+	if parses > 20 {
+		t.Fatalf("%d parses of the file to find the line", parses)
+	}
+}
