@@ -308,10 +308,25 @@ func (c *Console) sameOrigin(ctx *fasthttp.RequestCtx) bool {
 	if err != nil {
 		return false
 	}
-	if public := c.public.Load(); public != nil && u.Host == public.Host && u.Scheme == public.Scheme {
+	if public := c.public.Load(); public != nil && strings.EqualFold(u.Scheme, public.Scheme) &&
+		originHost(u.Scheme, u.Host) == originHost(public.Scheme, public.Host) {
 		return true
 	}
 	return u.Host == string(ctx.Host())
+}
+
+// originHost is host as a browser writes it in Origin: lower case, without
+// the scheme's default port (server.public_url may say
+// https://GW.example.com:443).
+func originHost(scheme, host string) string {
+	host = strings.ToLower(host)
+	switch {
+	case strings.EqualFold(scheme, "https"):
+		host = strings.TrimSuffix(host, ":443")
+	case strings.EqualFold(scheme, "http"):
+		host = strings.TrimSuffix(host, ":80")
+	}
+	return host
 }
 
 func (c *Console) setCookie(ctx *fasthttp.RequestCtx, value string, expires time.Time) {

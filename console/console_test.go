@@ -664,3 +664,14 @@ func TestOperatorSignsAnAccountOut(t *testing.T) {
 		t.Fatalf("unknown account: %d", resp.StatusCode)
 	}
 }
+
+// A browser writes Origin in lower case and without the default port,
+// however server.public_url spells them.
+func TestPublicURLOriginIsComparedAsBrowsersWriteIt(t *testing.T) {
+	g := startGatewayWith(t, "", "  public_url: https://Console.Example.com:443\n")
+	b := g.browser()
+	resp := b.post("/console/login", url.Values{"token": {tokenOf(t, g.loginURL("acme"))}}, "Origin", "https://console.example.com")
+	if body := readAll(t, resp); resp.StatusCode != 303 {
+		t.Fatalf("sign-in from the public origin: %d %s", resp.StatusCode, body)
+	}
+}
