@@ -102,6 +102,12 @@ func New(models []config.Model) (*Catalog, error) {
 			Request:        parse("request", m.Pricing.Request),
 			InputCacheRead: parse("input_cache_read", m.Pricing.InputCacheRead),
 		}
+		if m.Pricing.InputCacheRead == "" {
+			// No discount unless one is set: an upstream with prefix
+			// caching reports cached tokens, and an omitted price made
+			// them free.
+			e.Prices.InputCacheRead = e.Prices.Prompt
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -32,6 +32,26 @@ func TestCostIsExact(t *testing.T) {
 	}
 }
 
+// Without input_cache_read, cached tokens cost the prompt price: an
+// upstream with prefix caching reports them, and an omitted price made them
+// free. "0" written is a free cache read, as the operator asked.
+func TestCachedTokensWithoutACachePriceCostThePromptPrice(t *testing.T) {
+	c, err := New([]config.Model{
+		model("nocache", config.Pricing{Prompt: "0.000001", Completion: "0.000002"}),
+		model("freecache", config.Pricing{Prompt: "0.000001", Completion: "0.000002", InputCacheRead: "0"}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := Usage{PromptTokens: 10, CachedTokens: 8, CompletionTokens: 20}
+	if e, _ := c.Resolve("nocache"); e.Prices.Cost(u) != 10*1000+20*2000 {
+		t.Fatalf("no cache price: cost %d, want the 8 cached tokens at the prompt price", e.Prices.Cost(u))
+	}
+	if e, _ := c.Resolve("freecache"); e.Prices.Cost(u) != 2*1000+20*2000 {
+		t.Fatalf("cache price 0: cost %d", e.Prices.Cost(u))
+	}
+}
+
 func TestCatalogRendersSpecShape(t *testing.T) {
 	c, err := New([]config.Model{model("b", config.Pricing{Prompt: "0.0000001"}), model("a", config.Pricing{})})
 	if err != nil {
