@@ -276,6 +276,11 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 		l.check(m.MaxOutputLength <= m.ContextLength || m.ContextLength <= 0, path+".max_output_length",
 			"%d is more than context_length %d", m.MaxOutputLength, m.ContextLength)
 		p := m.Pricing
+		// `pricing:` or `pricing: {}` written with nothing in it is a
+		// half-written block more likely than a free model.
+		if _, written := l.nodes[path+".pricing"]; written && p == (Pricing{}) {
+			l.check(false, path+".pricing", `is empty: write prompt and completion (or prompt: "0" for a free model), or leave pricing out`)
+		}
 		for _, price := range []struct{ key, v string }{
 			{"prompt", p.Prompt}, {"completion", p.Completion}, {"image", p.Image},
 			{"request", p.Request}, {"input_cache_read", p.InputCacheRead},
