@@ -258,9 +258,26 @@ func TestPoolReloadUnderLoadFailsNoCall(t *testing.T) {
 			}
 		}()
 	}
+	// Each pool serves some calls before the next reload: the reload is
+	// synchronous in the harness, and three of them back to back ran while
+	// hardly any call did.
+	served := func() {
+		t.Helper()
+		from := calls.Load()
+		checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+			if n := calls.Load() - from; n < 10 {
+				return fmt.Errorf("%d calls since the reload", n)
+			}
+			return nil
+		})
+	}
+	served()
 	h.setPool("  balance: p2c", "p0", "p1")
+	served()
 	h.setPool("  balance: least_in_flight", "p2")
+	served()
 	h.setPool("  balance: round_robin", "p0", "p1", "p2")
+	served()
 	close(stop)
 	wg.Wait()
 	if failed.Load() > 0 {
