@@ -96,8 +96,18 @@ func TestBillingBacklogCountsUnackedMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := string(billingBacklog(js)); !strings.Contains(got, "tollgate_billing_backlog_messages 3\n") {
-		t.Fatalf("backlog %q, want 3", got)
+	// The consumer's pending count catches up with the stream a moment
+	// after a publish: the gauge is read as a scrape would, until it does.
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		got := string(billingBacklog(js))
+		if strings.Contains(got, "tollgate_billing_backlog_messages 3\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("backlog %q, want 3", got)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
