@@ -111,7 +111,12 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 		if json.Indent(&pretty, out, "", "  ") == nil {
 			out = pretty.Bytes()
 		}
-		return nil, fmt.Errorf("%s: %s", resp.Status, out)
+		err := fmt.Errorf("%s: %s", resp.Status, out)
+		if resp.StatusCode == http.StatusNotFound && bytes.Contains(out, []byte("no admin route")) {
+			// A command newer than the gateway it calls.
+			err = fmt.Errorf("%w\n(the gateway at %s does not have this route: it may run an older release than this tollgate, %s)", err, c.url, version())
+		}
+		return nil, err
 	}
 	return out, nil
 }

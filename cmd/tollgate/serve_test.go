@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -126,5 +128,20 @@ func TestConfigCheckRefusesMoreThanOneFile(t *testing.T) {
 	}
 	if err := runConfig([]string{"check", good, bad}); err == nil || !strings.Contains(err.Error(), "one file") {
 		t.Fatalf("two files: %v, want a usage error", err)
+	}
+}
+
+// A command newer than the gateway it calls says so, instead of a bare
+// "no admin route" (accounts logout against a gateway of the release
+// before).
+func TestAdminCommandAgainstAnOlderGatewaySaysSo(t *testing.T) {
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `{"error":{"message":"no admin route %s","type":"not_found_error","param":null,"code":"not_found"}}`, r.URL.Path)
+	}))
+	defer old.Close()
+	err := runAccounts([]string{"logout", "acme", "-url", old.URL, "-token", "x"})
+	if err == nil || !strings.Contains(err.Error(), "older release") {
+		t.Fatalf("got %v", err)
 	}
 }
