@@ -218,7 +218,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		ctx.SetBodyStream(call, -1)
-		s.streams.add(call) // removed by its Close
+		s.streams.add(call, ctx.Conn()) // removed by its Close
 	default:
 		call.forwardWhole(ctx, status)
 	}

@@ -865,3 +865,37 @@ func TestCutStreamsEndsAndBillsOpenStreams(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// A client that stopped reading keeps its relay blocked in a write, which
+// the upstream's cut does not end: its connection is closed, and the call
+// is recorded then (found by a session re-testing the shutdown cut).
+func TestDropStreamClientsRecordsAStalledClient(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 200000}, idleTimeout: "30s"})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(4096)
+	body := `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", h.key, len(body), body)
+	if _, err := io.ReadFull(conn, make([]byte, 300)); err != nil {
+		t.Fatal(err)
+	}
+	// The client reads no more; the relay fills the socket and blocks.
+	time.Sleep(500 * time.Millisecond)
+	if n := h.gw.CutStreams(); n != 1 {
+		t.Fatalf("CutStreams ended %d streams, want 1", n)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := len(h.rec.Events()); n != 0 {
+		t.Fatalf("%d events before the client was dropped: the relay was not blocked, the test proves nothing", n)
+	}
+	if n := h.gw.DropStreamClients(); n != 1 {
+		t.Fatalf("DropStreamClients closed %d, want 1", n)
+	}
+	ev := h.events(1)[0]
+	if ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens < 100 {
+		t.Fatalf("event %+v", ev)
+	}
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net"
 	"sync"
 	"sync/atomic"
 )
@@ -14,18 +15,18 @@ import (
 // answer.
 type openStreams struct {
 	mu    sync.Mutex
-	calls map[*generationCall]struct{}
+	calls map[*generationCall]net.Conn // the client's connection
 	// cutting is set once CutStreams ran: streams that break from then on
 	// were ended by the gateway, not by their upstream.
 	cutting atomic.Bool
 }
 
-func (o *openStreams) add(c *generationCall) {
+func (o *openStreams) add(c *generationCall, client net.Conn) {
 	o.mu.Lock()
 	if o.calls == nil {
-		o.calls = map[*generationCall]struct{}{}
+		o.calls = map[*generationCall]net.Conn{}
 	}
-	o.calls[c] = struct{}{}
+	o.calls[c] = client
 	cut := o.cutting.Load()
 	o.mu.Unlock()
 	if cut {
@@ -55,6 +56,23 @@ func (s *Server) CutStreams() int {
 	o.cutting.Store(true)
 	for c := range o.calls {
 		c.cutUpstream()
+	}
+	return len(o.calls)
+}
+
+// DropStreamClients closes the client connections of the streams
+// CutStreams ended that are still open: a client that stopped reading
+// keeps its relay blocked writing (the server has no write timeout), and
+// a relay that never returns never records its call. The failed write
+// ends the relay, which records the call. It answers how many it closed.
+func (s *Server) DropStreamClients() int {
+	o := &s.streams
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, client := range o.calls {
+		if client != nil {
+			_ = client.Close()
+		}
 	}
 	return len(o.calls)
 }

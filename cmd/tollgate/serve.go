@@ -266,6 +266,16 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 	logf("shutdown: waited %s; ending the %d streams still open (billed on estimated usage)", shutdownWait, n)
 	select {
 	case <-done:
+		return nil
+	case <-time.After(cutStreamsWait):
+	}
+	// A client that stopped reading holds its relay in a write: its
+	// connection is closed, the write fails, and the relay records.
+	if n := srv.DropStreamClients(); n > 0 {
+		logf("shutdown: closing the connections of %d clients that stopped reading", n)
+	}
+	select {
+	case <-done:
 	case <-time.After(cutStreamsWait):
 		logf("shutdown: gave up waiting after %s more", cutStreamsWait)
 	}
@@ -277,8 +287,10 @@ const (
 	// finish after SIGTERM.
 	shutdownWait = 30 * time.Second
 	// cutStreamsWait bounds the wait, after the streams were ended, for
-	// their last event to be written and their usage recorded.
-	cutStreamsWait = 5 * time.Second
+	// their last event to be written; and again, after the connections of
+	// clients that stopped reading were closed, for their usage to be
+	// recorded.
+	cutStreamsWait = 2 * time.Second
 )
 
 // loadAdminToken returns server.admin_token, or the token kept in the data
