@@ -200,9 +200,15 @@ func (l *loader) validateServer(s Server) {
 	}
 	if s.PublicURL != "" {
 		u, err := url.Parse(s.PublicURL)
-		l.check(err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" &&
-			(u.Path == "" || u.Path == "/") && u.RawQuery == "" && u.Fragment == "" && u.User == nil,
-			"server.public_url", "%q is not a scheme and host such as https://gateway.example.com", s.PublicURL)
+		ok := err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" &&
+			(u.Path == "" || u.Path == "/") && u.RawQuery == "" && u.Fragment == "" && u.User == nil
+		// Browsers write Origin with an ASCII host (punycode) and a port
+		// as a plain number: "gw.example.com:" or ":0443" never match.
+		if ok {
+			port := u.Port()
+			ok = !strings.HasSuffix(u.Host, ":") && (port == "" || port[0] != '0') && isASCII(u.Host)
+		}
+		l.check(ok, "server.public_url", "%q is not a scheme and host such as https://gateway.example.com (an ASCII host, punycode for others; a port as a plain number)", s.PublicURL)
 	}
 }
 
@@ -465,4 +471,13 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	changed = append(changed, storageRestartOnly(c.Storage, old.Storage)...)
 	add(c.Batch.MaxJobs != old.Batch.MaxJobs, "batch.max_jobs")
 	return changed
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
