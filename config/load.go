@@ -190,6 +190,10 @@ func (l *loader) yamlErrors(err error) {
 			}
 		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil {
 			e.Line, e.Col = aliasPlace(l.data, m[1])
+		} else if te == nil {
+			// Errors of the reader (invalid UTF-8, a NUL byte) come with no
+			// line at all: the search by halves finds it from the top.
+			e.Line = problemLine(l.data, 0, e.Msg)
 		}
 		l.errs = append(l.errs, e)
 	}

@@ -369,3 +369,15 @@ func TestSyntaxErrorLineIsFoundByHalves(t *testing.T) {
 		t.Fatalf("%d parses of the file to find the line", parses)
 	}
 }
+
+// The reader's errors (invalid UTF-8, a NUL byte) come from yaml.v3 with
+// no line; the search by halves finds it.
+func TestReaderErrorsGetALine(t *testing.T) {
+	for name, bad := range map[string]string{"invalid UTF-8": "./d\xff", "NUL": "./d\x00x"} {
+		data := "server:\n  listen: 127.0.0.1:8080\n  data_dir: " + bad + "\nupstreams: []\n"
+		_, err := parse("gateway.yaml", []byte(data), noEnv)
+		if err == nil || !strings.HasPrefix(err.Error(), "gateway.yaml:3: ") {
+			t.Errorf("%s: %v, want it on line 3", name, err)
+		}
+	}
+}
