@@ -49,7 +49,6 @@ type World struct {
 	upstreams map[string]*upstream
 	pools     map[string]*pool // by model id
 	grace     money.Nanos
-	fresh     []*upstream // built for this World, not taken over from the one before
 }
 
 // Options configures a Server.
@@ -238,7 +237,6 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 			}
 		}
 		w.upstreams[uc.Name] = up
-		w.fresh = append(w.fresh, up)
 	}
 	w.pools = make(map[string]*pool, len(cfg.Models))
 	for _, e := range cat.Entries() {
@@ -250,11 +248,13 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 // install puts w in force and retires the upstreams of the previous World
 // that w does not keep.
 func (s *Server) install(w *World) {
-	// An upstream whose edit carried an ejection over is probed again: the
-	// probe of its old self ends with the retirement, and without one it
-	// stayed out until a trial call found it back.
-	for _, up := range w.fresh {
-		if up.health.state.Load() != stateClosed && !up.health.resting.Load() {
+	// An upstream rebuilt by an edit that carried an ejection over is
+	// probed again: the probe of its old self ends with the retirement,
+	// and without one it stayed out until a trial call found it back.
+	prev := s.world.Load()
+	for name, up := range w.upstreams {
+		if rebuilt := prev == nil || prev.upstreams[name] != up; rebuilt &&
+			up.health.state.Load() != stateClosed && !up.health.resting.Load() {
 			up.startProbing(w.Config.Routing.ProbeInterval)
 		}
 	}
