@@ -107,24 +107,23 @@ func (u *usageReader) close() {
 	}
 }
 
-// usageSince returns the account's usage per UTC day and model from the day
-// of from on, newest day first. It reads FINAL, so an event the billing
-// consumer inserted twice counts once.
+// usageSince returns the account's usage per UTC day, model and endpoint
+// from the day of from on, in no order (summarize orders it). It reads
+// FINAL, so an event the billing consumer inserted twice counts once.
 func (u *usageReader) usageSince(ctx context.Context, account string, from time.Time) ([]usageRow, error) {
-	return u.usage(ctx, account, "toString(date)", "date, model, endpoint", from)
+	return u.usage(ctx, account, from, false)
 }
 
 // monthsSince is usageSince per UTC calendar month (Day is the month's
-// first day; Model and Endpoint are empty), from the month of from on,
-// newest first: the totals `tollgate finance invoice` gives the operator.
+// first day; Model and Endpoint are empty), from the month of from on:
+// the totals `tollgate finance invoice` gives the operator.
 func (u *usageReader) monthsSince(ctx context.Context, account string, from time.Time) ([]usageRow, error) {
-	return u.usage(ctx, account, "toString(toStartOfMonth(date))", "day", from)
+	return u.usage(ctx, account, from, true)
 }
 
-// usage runs the usage query for account from the day of from on, with
-// day as the first column and grouped by group (which must leave model
-// and endpoint single-valued or absent from it: absent, they read ”).
-func (u *usageReader) usage(ctx context.Context, account, day, group string, from time.Time) ([]usageRow, error) {
+// usage runs the usage query for account from the day of from on, per
+// day, model and endpoint, or with perMonth per calendar month.
+func (u *usageReader) usage(ctx context.Context, account string, from time.Time, perMonth bool) ([]usageRow, error) {
 	u.mu.Lock()
 	slow, lastErr := time.Now().Before(u.slowUntil), u.lastErr
 	u.mu.Unlock()
@@ -137,19 +136,18 @@ func (u *usageReader) usage(ctx context.Context, account, day, group string, fro
 	}
 	ctx, cancel := context.WithTimeout(ctx, usageQueryTimeout)
 	defer cancel()
-	model, endpoint := "model", "endpoint"
-	if !strings.Contains(group, "model") {
-		model, endpoint = "''", "''"
+	keys, group := "toString(date) AS day, model, endpoint", "date, model, endpoint"
+	if perMonth {
+		keys, group = "toString(toStartOfMonth(date)) AS day, '' AS m, '' AS e", "day"
 	}
 	// Literals, not parameters: ClickHouse 18.16 has no query parameters.
 	// The account id is validated (letters, digits, _ - .) and quoted.
-	query := `SELECT ` + day + ` AS day, ` + model + ` AS m, ` + endpoint + ` AS e, count() AS requests,
+	query := `SELECT ` + keys + `, count() AS requests,
        sum(prompt_tokens) AS prompt, sum(cached_tokens) AS cached, sum(completion_tokens) AS completion,
        countIf(usage_source = 'estimated') AS estimated, sum(cost_nanos) AS spend_nanos
 FROM usage_events FINAL
 WHERE account = ` + quoteString(account) + ` AND date >= toDate('` + from.UTC().Format(time.DateOnly) + `')
-GROUP BY ` + group + `
-ORDER BY ` + group
+GROUP BY ` + group
 	rows, err := conn.Query(ctx, query)
 	if err != nil {
 		err = fmt.Errorf("querying usage of %s: %w", account, err)
