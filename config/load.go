@@ -688,14 +688,14 @@ func describeType(t reflect.Type) string {
 	case byteSizeType:
 		return "a size such as 1048576, 8MiB or 5GB"
 	}
+	if isInteger(t.Kind()) {
+		return "an integer"
+	}
 	switch t.Kind() {
 	case reflect.String:
 		return "a string"
 	case reflect.Bool:
 		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "an integer"
 	case reflect.Float32, reflect.Float64:
 		return "a number"
 	case reflect.Slice:
