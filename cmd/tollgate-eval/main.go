@@ -60,7 +60,7 @@ func selectParts(list string) ([]int, error) {
 }
 
 func main() {
-	root := flag.String("dir", "classifiers/testdata/eval", "directory holding the dev, dev2 and test parts")
+	root := flag.String("dir", "classifiers/testdata/eval", "directory holding the dev, dev2, dev3 and test parts")
 	partList := flag.String("parts", defaultParts, "comma-separated parts to evaluate or bench (tune with dev,dev2)")
 	engine := flag.String("engine", defaultEngine, "engine to measure: "+strings.Join(engineNames(), ", "))
 	bench := flag.Bool("bench", false, "measure latency per call and the memory the engine adds, instead of quality")
