@@ -366,7 +366,7 @@ func (c *generationCall) rememberResponse(id gjson.Result) {
 	}
 	// id.Str points into a buffer that is reused: the store keeps a copy.
 	c.responseID = strings.Clone(id.Str)
-	c.server.responses.remember(c.responseID, c.upstream.cfg.Name, c.key.Account, c.entry.ID)
+	c.server.responses.remember(c.responseID, c.upstream.cfg.Name, c.key.Account, c.entry.ID, c.stream)
 }
 
 // terminal reports, for a finished call, whether ev is the event that ends

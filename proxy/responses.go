@@ -179,13 +179,18 @@ func (r *ResponseStore) setTTL(ttl time.Duration) {
 
 // remember records that up created response id for account. It never
 // blocks: the KV write is queued, or dropped when the queue is full.
-func (r *ResponseStore) remember(id, upstream, account, model string) {
+//
+// share puts the mapping into KV now; without it, setTokens puts it when
+// the call ends. A whole answer ends a moment later, so it is written to
+// KV once; a stream is shared at once, for the other gateways while it
+// lasts.
+func (r *ResponseStore) remember(id, upstream, account, model string, share bool) {
 	if id == "" || len(id) > maxResponseID {
 		return
 	}
 	m := responseMapping{Upstream: upstream, Account: account, Model: model, At: time.Now().UnixNano()}
 	r.cache(id, m)
-	if r.kv == nil {
+	if r.kv == nil || !share {
 		return
 	}
 	select {

@@ -65,7 +65,7 @@ func TestRememberNeverWaitsOnKV(t *testing.T) {
 	const n = mappingQueue + 1000
 	began := time.Now()
 	for i := range n {
-		r.remember("resp_"+strconv.Itoa(i), "gpu-a", "acme", "small")
+		r.remember("resp_"+strconv.Itoa(i), "gpu-a", "acme", "small", true)
 	}
 	if took := time.Since(began); took > time.Second {
 		t.Fatalf("%d remembers took %v with KV stuck", n, took)
