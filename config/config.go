@@ -53,6 +53,11 @@ type Server struct {
 	// DebugListen serves Go's pprof profiles on a private address; empty
 	// (the default) serves none. restart-only.
 	DebugListen string `yaml:"debug_listen"`
+	// ShutdownTimeout is how long calls in flight may take to finish
+	// after SIGTERM before the streams still open are ended and billed on
+	// estimated usage. It must end before the orchestrator's SIGKILL,
+	// which would drop those streams unbilled. Read when SIGTERM arrives.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 }
 
 // Auth configures API key verification.

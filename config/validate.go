@@ -19,10 +19,14 @@ import (
 
 // Defaults for omitted (or zero) fields; gateway.yaml documents each.
 const (
-	DefaultListen           = "127.0.0.1:8080"
-	DefaultDataDir          = "./data"
-	DefaultMaxRequestBody   = 8 << 20 // 8MiB
-	DefaultDemoCreditUSD    = "5.00"
+	DefaultListen         = "127.0.0.1:8080"
+	DefaultDataDir        = "./data"
+	DefaultMaxRequestBody = 8 << 20 // 8MiB
+	DefaultDemoCreditUSD  = "5.00"
+	// DefaultShutdownTimeout leaves the 4 s the gateway takes after it
+	// (ending streams, closing stalled clients) inside Kubernetes'
+	// default 30 s grace period.
+	DefaultShutdownTimeout  = 25 * time.Second
 	DefaultAlgorithm        = "EdDSA"
 	DefaultIssuer           = "tollgate"
 	DefaultGraceUSD         = "0.50"
@@ -79,6 +83,7 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&s.DataDir, DefaultDataDir)
 	setDefault(&s.MaxRequestBody, DefaultMaxRequestBody)
 	setDefault(&s.DemoCreditUSD, DefaultDemoCreditUSD)
+	setDefault(&s.ShutdownTimeout, DefaultShutdownTimeout)
 	setDefault(&c.Auth.Algorithm, DefaultAlgorithm)
 	setDefault(&c.Auth.Issuer, DefaultIssuer)
 	setDefault(&c.Billing.GraceUSD, DefaultGraceUSD)
@@ -192,6 +197,8 @@ func (l *loader) validateServer(s Server) {
 	l.check(s.MaxRequestBody >= 1<<10 && s.MaxRequestBody <= 1<<30, "server.max_request_body",
 		"%d bytes is outside 1KiB..1GiB", s.MaxRequestBody)
 	l.checkUSD(s.DemoCreditUSD, "server.demo_credit_usd")
+	l.check(s.ShutdownTimeout > 0 && s.ShutdownTimeout <= time.Hour, "server.shutdown_timeout",
+		"%s is outside 1ns..1h", s.ShutdownTimeout)
 	for i, p := range s.TrustedProxies {
 		_, errPrefix := netip.ParsePrefix(p)
 		_, errAddr := netip.ParseAddr(p)

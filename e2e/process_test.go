@@ -142,6 +142,23 @@ func (p *process) kill() {
 	<-exited
 }
 
+// terminate sends SIGTERM, as an orchestrator stopping the process does,
+// and returns a channel closed when the process has exited.
+func (p *process) terminate() <-chan struct{} {
+	p.t.Helper()
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.cmd = nil // its exit is expected
+	p.mu.Unlock()
+	if cmd == nil {
+		p.t.Fatalf("%s: SIGTERM while not running", p.name)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		p.t.Fatalf("%s: SIGTERM: %v", p.name, err)
+	}
+	return exited
+}
+
 // signal sends sig to the running process (SIGSTOP and SIGCONT to freeze
 // it at a chosen moment).
 func (p *process) signal(sig os.Signal) {

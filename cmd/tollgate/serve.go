@@ -240,7 +240,8 @@ func (j *batchJobs) runWorker(ctx context.Context) <-chan struct{} {
 }
 
 // serveUntilDone serves ln until the server fails or ctx ends,
-// then waits up to 30 seconds for open requests and streams.
+// then waits up to server.shutdown_timeout (as configured when SIGTERM
+// arrives) for open requests and streams.
 func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, path string, cfg *config.Config, b *broker.Broker, logf func(string, ...any)) error {
 	logf("tollgate %s listening on http://%s (config %s, data %s, NATS %s)", version(), ln.Addr(), path, cfg.Server.DataDir, b.ClientURL())
 	errc := make(chan error, 1)
@@ -250,20 +251,21 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 		return err
 	case <-ctx.Done():
 	}
-	logf("shutting down: waiting for open requests and streams")
+	wait := srv.World().Config.Server.ShutdownTimeout
+	logf("shutting down: waiting up to %s for open requests and streams", wait)
 	done := make(chan struct{})
 	go func() { _ = srv.Shutdown(); close(done) }()
 	select {
 	case <-done:
 		return nil
-	case <-time.After(shutdownWait):
+	case <-time.After(wait):
 	}
 	// Streams still open have sent part of an answer: they are ended as an
 	// upstream cut would end them, so that each client gets the
 	// stream_interrupted event and each call is billed (estimated) before
 	// the outbox closes. Dropped with the process, they went unbilled.
 	n := srv.CutStreams()
-	logf("shutdown: waited %s; ending the %d streams still open (billed on estimated usage)", shutdownWait, n)
+	logf("shutdown: waited %s; ending the %d streams still open (billed on estimated usage)", wait, n)
 	select {
 	case <-done:
 		return nil
@@ -283,9 +285,6 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 }
 
 const (
-	// shutdownWait is how long open requests and streams may take to
-	// finish after SIGTERM.
-	shutdownWait = 30 * time.Second
 	// cutStreamsWait bounds the wait, after the streams were ended, for
 	// their last event to be written; and again, after the connections of
 	// clients that stopped reading were closed, for their usage to be
