@@ -292,7 +292,19 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 		// `pricing:` or `pricing: {}` written with nothing in it is a
 		// half-written block more likely than a free model.
 		if _, written := l.nodes[path+".pricing"]; written && p == (Pricing{}) {
-			l.check(false, path+".pricing", `is empty: write prompt and completion (or prompt: "0" for a free model), or leave pricing out`)
+			l.check(false, path+".pricing", `is empty: write prompt and completion ("0" for free), or leave pricing out for a free model`)
+		} else if written && !hasUnknownKey(l.nodes[path+".pricing"], "prompt", "completion", "image", "request", "input_cache_read") {
+			// A block that prices a model's cached tokens or images but
+			// leaves out prompt or completion made every call's tokens
+			// free; a model meant to be free there says "0". (A misspelt
+			// key is reported as unknown already.)
+			var missing []string
+			for _, key := range []string{"prompt", "completion"} {
+				if _, priced := l.nodes[path+".pricing."+key]; !priced {
+					missing = append(missing, key)
+				}
+			}
+			l.check(len(missing) == 0, path+".pricing", `has no %s price: write it (USD per token, "0" for free), or leave pricing out for a free model`, strings.Join(missing, " and no "))
 		}
 		for _, price := range []struct{ key, v string }{
 			{"prompt", p.Prompt}, {"completion", p.Completion}, {"image", p.Image},
@@ -487,4 +499,17 @@ func isASCII(s string) bool {
 		}
 	}
 	return true
+}
+
+// hasUnknownKey reports whether mapping n has a key other than those known.
+func hasUnknownKey(n *yaml.Node, known ...string) bool {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i < len(n.Content); i += 2 {
+		if !slices.Contains(known, n.Content[i].Value) {
+			return true
+		}
+	}
+	return false
 }
