@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"net/netip"
 	"strconv"
@@ -36,9 +37,12 @@ const limitWindow = int64(time.Minute)
 
 // limiter holds the rate and concurrency state of every caller. Rates use
 // GCRA: one "theoretical arrival time" per caller and rate, moved forward
-// by cost × window/limit and refused while it would pass now + window. That
-// is a sliding minute in one int64, which changes of the limit on reload
-// apply to at once.
+// by cost × window/limit and refused while it would pass now + window.
+// That is a bucket of a minute's limit refilled continuously (limit/60 a
+// second), as OpenAI's own limits and its x-ratelimit-reset-* headers
+// work: a caller idle for a minute may spend the whole limit at once, so
+// the first minute after it admits up to twice the limit. It is one int64
+// per rate, which changes of the limit on reload apply to at once.
 type limiter struct {
 	now     func() int64 // unix ns; a field so tests can move time
 	seed    maphash.Seed
@@ -55,7 +59,11 @@ type limitShard struct {
 // callerState is one caller's use. Guarded by its shard's mu.
 type callerState struct {
 	requestsTAT, tokensTAT int64 // unix ns
-	inFlight               int64
+	// inFlight counts the plugin calls holding a concurrency slot;
+	// generations counts the key's generation calls, which have no
+	// concurrency limit but must keep the state from being swept while
+	// they still charge their tokens to it.
+	inFlight, generations int64
 }
 
 func newLimiter() *limiter {
@@ -73,6 +81,9 @@ type admission struct {
 	caller string
 	limits config.Limits
 	public bool
+	// generation: a generation call, which counts in generations instead
+	// of taking a plugin concurrency slot.
+	generation bool
 	// state is set by a successful Admit; done releases its slot.
 	state *callerState
 }
@@ -188,7 +199,9 @@ func interval(cost, limit int64) int64 {
 	if cost <= 0 || limit <= 0 {
 		return 0
 	}
-	cost = min(cost, 2*limit)
+	if limit <= math.MaxInt64/2 { // 2*limit of a larger one overflows
+		cost = min(cost, 2*limit)
+	}
 	hi, lo := bits.Mul64(uint64(cost), uint64(limitWindow))
 	q, _ := bits.Div64(hi, lo, uint64(limit))
 	return int64(q)
@@ -262,7 +275,11 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 		if lim.TokensPerMinute > 0 {
 			st.tokensTAT = nextTok
 		}
-		st.inFlight++
+		if a.generation {
+			st.generations++
+		} else {
+			st.inFlight++
+		}
 		snap = *st
 		a.state = st
 	}
@@ -300,7 +317,11 @@ func (a *admission) done() {
 		return
 	}
 	a.shard.mu.Lock()
-	a.state.inFlight--
+	if a.generation {
+		a.state.generations--
+	} else {
+		a.state.inFlight--
+	}
 	a.shard.mu.Unlock()
 	a.state = nil
 }
@@ -314,7 +335,7 @@ func (sh *limitShard) sweep(now int64) {
 	}
 	sh.lastSweep = now
 	for k, st := range sh.callers {
-		if st.inFlight == 0 && st.requestsTAT <= now && st.tokensTAT <= now {
+		if st.inFlight == 0 && st.generations == 0 && st.requestsTAT <= now && st.tokensTAT <= now {
 			delete(sh.callers, k)
 		}
 	}
@@ -408,13 +429,14 @@ func (c *Call) AddTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 
 // keyAdmission is the standing of a generation call whose key carries its
 // own rpm or tpm; nil when it carries neither (generation has no default
-// limits). It shares the key's state with the plugin routes, so a key's
-// limits hold across everything it calls.
+// limits). It shares the key's rates with the plugin routes, so a key's
+// limits hold across everything it calls, but not their concurrency
+// limit: open streams must not fill plugins.key_limits.concurrent.
 func (l *limiter) keyAdmission(key *accounts.Key) *admission {
 	if key.RPM <= 0 && key.TPM <= 0 {
 		return nil
 	}
-	a := &admission{l: l, caller: "key " + key.ID,
+	a := &admission{l: l, caller: "key " + key.ID, generation: true,
 		limits: config.Limits{RequestsPerMinute: key.RPM, TokensPerMinute: key.TPM}}
 	a.shard = &l.shards[maphash.String(l.seed, a.caller)%uint64(len(l.shards))]
 	return a

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math"
 	"net"
 	"strconv"
 	"testing"
@@ -180,5 +181,66 @@ func TestAdmissionFor(t *testing.T) {
 	a = l.admissionFor(limitCtx("2001:db8:1:2:3:4:5:6"), &Call{World: w})
 	if a.caller != "addr 2001:db8:1:2::/64" || !a.public || a.limits != cfg.Plugins.PublicLimits {
 		t.Errorf("public admission %+v", a)
+	}
+}
+
+// TestGenerationsTakeNoPluginSlot: a key with its own rpm shares its rates
+// with the plugin routes, but its open generation calls do not fill
+// plugins.key_limits.concurrent, and they keep its state from being swept
+// while they last (their tokens are charged to it when they end).
+func TestGenerationsTakeNoPluginSlot(t *testing.T) {
+	clock := &fakeClock{ns: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	l := newLimiter()
+	l.now = clock.now
+	key := &accounts.Key{ID: "k", RPM: 1000, TPM: 100_000}
+	var streams []*admission
+	for range 20 {
+		g := l.keyAdmission(key)
+		if err := g.admit(limitCtx("127.0.0.1"), 0); err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, g)
+	}
+	plugin := &admission{l: l, caller: "key k", limits: config.Limits{RequestsPerMinute: 1000, TokensPerMinute: 100_000, Concurrent: 16}}
+	plugin.shard = streams[0].shard
+	if err := plugin.precheck(limitCtx("127.0.0.1")); err != nil {
+		t.Fatalf("a plugin call with 20 generations open: %v", err)
+	}
+	if err := plugin.admit(limitCtx("127.0.0.1"), 1); err != nil {
+		t.Fatalf("a plugin call with 20 generations open: %v", err)
+	}
+	plugin.done()
+	// The requests count against the shared rate all the same.
+	st := plugin.shard.callers["key k"]
+	if remaining(st.requestsTAT, clock.now(), 1000) != 1000-21 {
+		t.Errorf("remaining requests %d, want %d", remaining(st.requestsTAT, clock.now(), 1000), 1000-21)
+	}
+	clock.advance(5 * time.Minute)
+	plugin.shard.sweep(clock.now())
+	if plugin.shard.callers["key k"] != st {
+		t.Fatal("the state of a key with generations open was swept")
+	}
+	for _, g := range streams {
+		g.charge(100)
+		g.done()
+	}
+	if st.tokensTAT <= clock.now() {
+		t.Error("the generations' tokens were not charged")
+	}
+}
+
+// TestHugeLimits: a limit too large to double (rpm 2^62 and up) admits,
+// where 2*limit once overflowed into a two-minute lock-out.
+func TestHugeLimits(t *testing.T) {
+	l := newLimiter()
+	for _, limit := range []int64{1 << 62, math.MaxInt64} {
+		lim := config.Limits{RequestsPerMinute: limit, TokensPerMinute: limit, Concurrent: config.NoLimit}
+		for i := range 3 {
+			a := testAdmission(l, "key "+strconv.FormatInt(limit, 10), lim)
+			if err := a.admit(limitCtx("127.0.0.1"), 1000); err != nil {
+				t.Fatalf("limit %d, call %d: %v", limit, i, err)
+			}
+			a.done()
+		}
 	}
 }
