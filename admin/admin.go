@@ -12,9 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/internal/jsoncheck"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -130,6 +132,16 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}
+	// encoding/json matches names in any case, keeps the last of two
+	// members of one name and ignores what follows the value: {"usd":"1",
+	// "Usd":"1000"} credited 1000, where a log or an approval step reading
+	// the body saw 1. The body must name each field once, exactly.
+	if !gjson.ValidBytes(body) {
+		return proxy.BadRequest("", "invalid JSON body: not one well-formed JSON value")
+	}
+	if err := checkMembers(gjson.ParseBytes(body), reflect.TypeOf(v), ""); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -142,6 +154,77 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 		return proxy.BadRequest("", "invalid JSON body: "+err.Error())
 	}
 	return nil
+}
+
+// checkMembers refuses an object of v that names a member twice, or one
+// that matches a field of t only when case is ignored; it descends into
+// the fields and elements t gives a type to.
+func checkMembers(v gjson.Result, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case v.IsArray() && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
+		for i, el := range v.Array() {
+			if err := checkMembers(el, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	case v.IsObject() && t.Kind() == reflect.Struct:
+		if dup := jsoncheck.DuplicateMember(v); dup != "" {
+			return proxy.BadRequest(joinPath(path, dup), fmt.Sprintf("%q is given twice: send each field once", joinPath(path, dup)))
+		}
+		var err error
+		v.ForEach(func(key, val gjson.Result) bool {
+			field, exact := fieldFor(t, key.Str)
+			switch {
+			case field == nil:
+				return true // DisallowUnknownFields names it
+			case !exact:
+				err = proxy.BadRequest(joinPath(path, key.Str), fmt.Sprintf("unknown field %q (did you mean %q? names are case-sensitive)",
+					joinPath(path, key.Str), joinPath(path, jsonName(*field))))
+			default:
+				err = checkMembers(val, field.Type, joinPath(path, key.Str))
+			}
+			return err == nil
+		})
+		return err
+	}
+	return nil
+}
+
+// fieldFor finds the field of struct t that JSON member name fills, and
+// whether name spells its JSON name exactly.
+func fieldFor(t reflect.Type, name string) (*reflect.StructField, bool) {
+	var folded *reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		switch n := jsonName(f); {
+		case n == name:
+			return &f, true
+		case folded == nil && strings.EqualFold(n, name):
+			folded = &f
+		}
+	}
+	return folded, false
+}
+
+func jsonName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	if name == "" {
+		return f.Name
+	}
+	return name
+}
+
+func joinPath(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
 }
 
 // jsonKind words a Go type as the JSON a client should send.

@@ -149,6 +149,14 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 		// An empty list is not "all": it once made a key that could call everything.
 		{`{"name":"ci","scopes":[]}`, "scopes", "scopes is an empty list: name at least one of generate, classify, batch, console, or omit scopes for all of them"},
 		{`{"name":"ci","models":[]}`, "models", "models is an empty list: name at least one catalog model, or omit models for every model"},
+		// encoding/json would take the last of two, and match any case:
+		// these once made a key with every scope, and one without a limit.
+		{`{"name":"ro","scopes":["classify"],"SCOPES":["generate","classify","batch"]}`, "SCOPES",
+			`unknown field "SCOPES" (did you mean "scopes"? names are case-sensitive)`},
+		{`{"name":"x","rpm":5,"rpm":0}`, "rpm", `"rpm" is given twice: send each field once`},
+		{`{"name":"x","logging":{"enabled":true,"Retention_Days":3}}`, "logging.Retention_Days",
+			`unknown field "logging.Retention_Days" (did you mean "logging.retention_days"? names are case-sensitive)`},
+		{`{"name":"x"} {"name":"y"}`, "", "invalid JSON body: not one well-formed JSON value"},
 	} {
 		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", tc.body)
 		if status != 400 {
