@@ -384,7 +384,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
-		c.answerBroke(err, apiErr.Message)
+		c.answerBroke(err, fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err))
 		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
 		c.failCallSpan(apiErr.Status, apiErr.Message)
 		c.release()
@@ -464,7 +464,21 @@ func reasonForClient(err error) string {
 
 func upstreamCut(up *upstream, err error) *APIError {
 	return &APIError{Status: 502, Type: "upstream_error", Code: "upstream_response_cut",
-		Message: fmt.Sprintf("upstream %s: reading its response: %v", up.cfg.Name, err)}
+		Message: fmt.Sprintf("upstream %s: reading its response: %s", up.cfg.Name, faultForClient(err))}
+}
+
+// faultForClient words an error met reading an answer for the client: the
+// gateway's own findings as they are, a socket's error by reasonForClient,
+// since Go's wording of it names the gateway's and the upstream's
+// addresses ("read tcp 10.0.0.5:35522->10.0.0.9:8000: connection reset
+// by peer"). The whole error goes to the upstream's last_error.
+func faultForClient(err error) string {
+	for _, own := range []error{errEventTooLarge, errBodyTooLarge, errEmptyAnswer, errClosedBeforeBody, errBadChunk} {
+		if errors.Is(err, own) {
+			return err.Error()
+		}
+	}
+	return reasonForClient(err)
 }
 
 // readBody reads a whole answer, up to max_response_body. A read error is

@@ -899,3 +899,86 @@ func TestDropStreamClientsRecordsAStalledClient(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// resettingUpstream answers every request with a chunked SSE stream of
+// events, then resets the connection (RST, not FIN), as a crashed or
+// restarted upstream process does. It returns its base URL.
+func resettingUpstream(t *testing.T, events ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || line == "\r\n" {
+						break
+					}
+				}
+				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+				for _, ev := range events {
+					fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+				}
+				time.Sleep(50 * time.Millisecond) // the events are read before the reset
+				_ = c.(*net.TCPConn).SetLinger(0)
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/v1"
+}
+
+func chatChunk(content, finish string) string {
+	fr := "null"
+	if finish != "" {
+		fr = `"` + finish + `"`
+	}
+	return `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` +
+		content + `"},"finish_reason":` + fr + "}]}\n\n"
+}
+
+// An upstream that resets the connection after the answer's last event
+// instead of sending [DONE] has given the whole answer: the client must
+// not get stream_interrupted (the SDKs raise it, and a retry pays again),
+// and the call is billed on the usage the upstream sent. Cut before that,
+// the error event says why without the sockets' addresses.
+func TestStreamResetAfterFinishIsComplete(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	usage := `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}` + "\n\n"
+	complete := resettingUpstream(t, chatChunk("Hello", ""), chatChunk(" there", "stop"), usage)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, complete, 1))
+	body := `{"model":"small","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		got := string(readAll(t, h.post("/v1/chat/completions", body)))
+		if !strings.Contains(got, `"completion_tokens":2`) || strings.Contains(got, "error") {
+			return fmt.Errorf("got %s", got)
+		}
+		return nil
+	})
+	evs := h.events(1)
+	if ev := evs[len(evs)-1]; ev.UsageSource != meter.SourceUpstream || ev.PromptTokens != 7 || ev.CompletionTokens != 2 {
+		t.Errorf("event %+v, want the upstream's usage", ev)
+	}
+
+	cut := resettingUpstream(t, chatChunk("Hello", ""))
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), complete, cut, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		got := string(readAll(t, h.post("/v1/chat/completions", body)))
+		if !strings.Contains(got, `"code":"stream_interrupted"`) {
+			return fmt.Errorf("got %s", got)
+		}
+		if strings.Contains(got, "127.0.0.1") || !strings.Contains(got, "connection reset by peer") {
+			t.Errorf("the error event should say why, not where the upstream lives: %s", got)
+		}
+		return nil
+	})
+}

@@ -118,27 +118,33 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 	ev, err := c.sse.Next()
 	if err != nil {
 		c.streamDone = true
+		// An ending is judged by its content, not by how the connection
+		// went: fasthttp reports one closed between two chunks as a plain
+		// EOF, and an upstream may reset it after the answer's last event
+		// instead of sending [DONE]. The client has the whole answer then,
+		// and an error event would have it ask, and pay, again.
+		if c.finished {
+			c.upstream.health.completedAnswer()
+			return nil, false, io.EOF
+		}
 		if err == io.EOF {
-			if c.finished {
-				c.upstream.health.completedAnswer()
-				return nil, false, io.EOF
-			}
-			// fasthttp reports a connection closed between two chunks as a
-			// plain EOF, so an ending is judged by its content.
 			err = io.ErrUnexpectedEOF
 		}
 		// The upstream broke the stream: end it cleanly with an error event
 		// the SDKs raise, instead of pretending it completed.
-		msg := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, err)
+		// The operator's last_error keeps the sockets' own words.
+		msg := fmt.Sprintf("upstream %s stream was interrupted: %s", c.upstream.cfg.Name, faultForClient(err))
+		lastError := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, err)
 		if isTimeout(err) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
+			lastError = msg
 		}
 		c.interrupted = true
 		if c.server.streams.cutting.Load() {
 			// The gateway ended it (CutStreams): no fault of the upstream's.
 			msg = "the gateway is shutting down and could not wait for this stream to finish; stream ended"
 		} else {
-			c.answerBroke(err, msg)
+			c.answerBroke(err, lastError)
 		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
 	}
