@@ -112,8 +112,12 @@ type Upstream struct {
 	// long stream that keeps producing is never cut.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	IdleTimeout      time.Duration `yaml:"idle_timeout"`
-	MaxConnections   int           `yaml:"max_connections"`
-	MaxResponseBody  ByteSize      `yaml:"max_response_body"`
+	// ResponseTimeout replaces FirstByteTimeout for a non-streamed
+	// generation call, whose answer comes in one piece once generated: it
+	// bounds the generation, not a silence, and is not retried.
+	ResponseTimeout time.Duration `yaml:"response_timeout"`
+	MaxConnections  int           `yaml:"max_connections"`
+	MaxResponseBody ByteSize      `yaml:"max_response_body"`
 }
 
 // Model is one catalog entry; its presence in the list is the allow-list.

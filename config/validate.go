@@ -41,6 +41,7 @@ const (
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultFirstByteTimeout = 60 * time.Second
 	DefaultIdleTimeout      = 60 * time.Second
+	DefaultResponseTimeout  = 10 * time.Minute // the OpenAI SDKs' own timeout
 	DefaultMaxConnections   = 512
 	DefaultMaxResponseBody  = 64 << 20 // 64MiB
 	DefaultEmbeddedListen   = "127.0.0.1:4222"
@@ -100,6 +101,7 @@ func (l *loader) applyDefaults(c *Config) {
 		setDefault(&u.WriteTimeout, DefaultWriteTimeout)
 		setDefault(&u.FirstByteTimeout, DefaultFirstByteTimeout)
 		setDefault(&u.IdleTimeout, DefaultIdleTimeout)
+		setDefault(&u.ResponseTimeout, DefaultResponseTimeout)
 		setDefault(&u.MaxConnections, DefaultMaxConnections)
 		setDefault(&u.MaxResponseBody, DefaultMaxResponseBody)
 	}
@@ -258,7 +260,7 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 			v   time.Duration
 		}{
 			{"connect_timeout", u.ConnectTimeout}, {"write_timeout", u.WriteTimeout},
-			{"first_byte_timeout", u.FirstByteTimeout}, {"idle_timeout", u.IdleTimeout},
+			{"first_byte_timeout", u.FirstByteTimeout}, {"idle_timeout", u.IdleTimeout}, {"response_timeout", u.ResponseTimeout},
 		} {
 			l.check(d.v > 0, path+"."+d.key, "must be positive, got %s", d.v)
 		}

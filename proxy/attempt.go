@@ -58,7 +58,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		h := &up.health
 		h.inflight.Add(1)
-		resp, err := up.pool.roundTrip(*reqp)
+		firstByte := up.cfg.FirstByteTimeout
+		if !c.stream {
+			// The answer comes in one piece once it is generated.
+			firstByte = up.cfg.ResponseTimeout
+		}
+		resp, err := up.pool.roundTrip(*reqp, firstByte)
 		if err == nil && resp.Header.StatusCode() < 300 {
 			if err = resp.awaitBody(); err != nil {
 				resp.Close()
@@ -74,11 +79,20 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 			lastErr = upstreamUnreachable(up, what, err)
 			reason := err.Error() // with the address, for operators
-			if isTimeout(err) {
+			generating := isTimeout(err) && !c.stream
+			switch {
+			case generating:
+				// The upstream may have been generating all along: another
+				// would start over, and be paid for it again.
+				lastErr = &APIError{Status: 504, Type: "upstream_error", Code: "upstream_timeout",
+					Message: fmt.Sprintf("upstream %s%s did not finish the answer within response_timeout (%s); ask for a stream (\"stream\": true) for answers that take longer",
+						up.cfg.Name, what, up.cfg.ResponseTimeout)}
+				reason = "no answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
+			case isTimeout(err):
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 			}
 			up.fail(rt, reason, c.alone)
-			if c.pinned == nil && retryable(n, rt, c.start, p, tried) {
+			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
 			}

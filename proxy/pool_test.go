@@ -290,15 +290,14 @@ func TestPoolReloadUnderLoadFailsNoCall(t *testing.T) {
 
 // A streaming server that sends its header at once and then nothing (vLLM
 // with a request still queued) has not answered: at first_byte_timeout the
-// call goes to another upstream, streamed or not, and is billed there once.
+// stream goes to another upstream, and is billed there once. (A
+// non-streamed call waits response_timeout: its silence may be the
+// generation; TestNonStreamedWaitIsResponseTimeout.)
 func TestPoolRetriesAnUpstreamSilentAfterItsHeader(t *testing.T) {
 	h := newPoolHarnessWith(t, harnessOptions{firstByteTimeout: "300ms"}, 2, "  retries: 1\n  balance: round_robin",
 		proxytest.Options{FirstByteDelay: time.Hour, HeaderFlushThenDelay: true})
 	for i := range 4 {
-		body := smallChat
-		if i%2 == 1 {
-			body = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-		}
+		body := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 		start := time.Now()
 		resp := h.post("/v1/chat/completions", body)
 		got := readAll(t, resp)
@@ -463,4 +462,36 @@ func TestPoolEditOfAnEjectedUpstreamKeepsProbingIt(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A non-streamed answer comes in one piece once it is generated, so its
+// wait is response_timeout, not first_byte_timeout: a generation longer
+// than first_byte_timeout once failed with a 503 on every member of the
+// pool, each of which had generated the answer. Past response_timeout it
+// is a 504, and no other member is asked to generate it again.
+func TestNonStreamedWaitIsResponseTimeout(t *testing.T) {
+	slow := proxytest.Options{FirstByteDelay: 600 * time.Millisecond}
+	h := newPoolHarness(t, 2, "  retries: 2", slow, slow)
+	h.writeConfig(strings.ReplaceAll(readFile(t, h.cfgPath), "first_byte_timeout: 2s}", "first_byte_timeout: 200ms, response_timeout: 5s}"))
+	requests := func() int { return len(h.ups[0].Requests()) + len(h.ups[1].Requests()) }
+
+	resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+	if body := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("a non-streamed answer generated in 600 ms with first_byte_timeout 200ms: %d %s", resp.StatusCode, body)
+	}
+	if n := requests(); n != 1 {
+		t.Errorf("%d upstream requests for one call, want 1", n)
+	}
+	// A stream's first event is still due within first_byte_timeout.
+	wantError(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`), 503, "upstream_unavailable")
+
+	h.writeConfig(strings.ReplaceAll(readFile(t, h.cfgPath), "response_timeout: 5s}", "response_timeout: 300ms}"))
+	before := requests()
+	e := wantError(t, h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`), 504, "upstream_timeout")
+	if msg := e["message"].(string); !strings.Contains(msg, "response_timeout (300ms)") {
+		t.Errorf("message %q", msg)
+	}
+	if n := requests() - before; n != 1 {
+		t.Errorf("a call past response_timeout was sent %d times, want once", n)
+	}
 }

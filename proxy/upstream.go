@@ -140,7 +140,8 @@ func (u *upstream) dial(addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &timeoutConn{Conn: rawconn.Wrap(c), firstByte: u.cfg.FirstByteTimeout, idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout}, nil
+	return &timeoutConn{Conn: rawconn.Wrap(c), firstByte: u.cfg.FirstByteTimeout, firstByteConfigured: u.cfg.FirstByteTimeout,
+		idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout}, nil
 }
 
 // timeoutConn owns the deadlines of an upstream connection. After every
@@ -156,9 +157,13 @@ func (u *upstream) dial(addr string) (net.Conn, error) {
 type timeoutConn struct {
 	net.Conn
 	firstByte, idle, write time.Duration
-	awaitingFirst          bool
-	readWait               time.Duration // the wait the read deadline was armed with
-	readArmed, writeArmed  time.Time     // when the deadlines were last armed
+	// firstByteConfigured is first_byte_timeout; firstByte is the wait of
+	// the request in flight, which a non-streamed call sets to
+	// response_timeout.
+	firstByteConfigured   time.Duration
+	awaitingFirst         bool
+	readWait              time.Duration // the wait the read deadline was armed with
+	readArmed, writeArmed time.Time     // when the deadlines were last armed
 }
 
 func (c *timeoutConn) Write(p []byte) (int, error) {

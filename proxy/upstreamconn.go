@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -171,12 +172,16 @@ var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamRespon
 // roundTrip sends req (a whole HTTP/1.1 request) and reads the response
 // header. A pooled connection the upstream closed before answering is
 // replaced once by a new one; a request that reached an upstream which then
-// failed is never sent again, so nothing is generated twice.
-func (p *connPool) roundTrip(req []byte) (*upstreamResponse, error) {
+// failed is never sent again, so nothing is generated twice. firstByte
+// is how long the answer's first byte may take (0: first_byte_timeout).
+func (p *connPool) roundTrip(req []byte, firstByte time.Duration) (*upstreamResponse, error) {
 	for attempt := 1; ; attempt++ {
 		uc, err := p.acquire()
 		if err != nil {
 			return nil, err
+		}
+		if uc.tc != nil {
+			uc.tc.firstByte = cmp.Or(firstByte, uc.tc.firstByteConfigured)
 		}
 		resp := upstreamResponsePool.Get().(*upstreamResponse)
 		resp.pool, resp.uc = p, uc
