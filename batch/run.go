@@ -636,12 +636,12 @@ func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
 	for i, line := range c.lines {
 		n := c.first + int64(i)
 		if c.tooLong[i] {
-			lc.lineError(c, n, fmt.Sprintf("the line is longer than %d bytes (4 times plugins.max_text_bytes, plus 1KiB)", lc.maxLine))
+			lc.lineError(c, n, fmt.Sprintf("the line is longer than %d bytes (4 times plugins.max_text_bytes, plus 1KiB)", lc.maxLine), classifiers.Usage{})
 			continue
 		}
 		text, problem := parseLine(line, lc.maxText)
 		if problem != "" {
-			lc.lineError(c, n, problem)
+			lc.lineError(c, n, problem, classifiers.Usage{})
 			continue
 		}
 		res, err := lc.classify(ctx, lc.req.classify(text))
@@ -654,7 +654,9 @@ func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
 			if len(msg) > errorMaxText {
 				msg = msg[:errorMaxText] + "…"
 			}
-			lc.lineError(c, n, msg)
+			// An llm that answered something else than asked, twice, was
+			// paid for upstream: the line bills its tokens.
+			lc.lineError(c, n, msg, res.Usage)
 			continue
 		}
 		lc.lineResult(c, n, &res)
@@ -800,12 +802,24 @@ func (lc *lineClassifier) appendLabel(b []byte, label string) []byte {
 	return append(b, jsonString(label)...)
 }
 
-func (lc *lineClassifier) lineError(c *chunk, n int64, msg string) {
+// lineError writes a failed line; spent is what it cost upstream, if
+// anything, written as its "tokens" and counted in the job's.
+func (lc *lineClassifier) lineError(c *chunk, n int64, msg string, spent classifiers.Usage) {
 	b := c.out.AvailableBuffer()
 	b = append(b, `{"line":`...)
 	b = strconv.AppendInt(b, n, 10)
 	b = append(b, `,"error":`...)
 	b = append(b, jsonString(msg)...)
+	if spent.TotalTokens == 0 {
+		spent.TotalTokens = spent.PromptTokens + spent.CompletionTokens
+	}
+	if spent.TotalTokens > 0 {
+		b = append(b, `,"tokens":`...)
+		b = strconv.AppendInt(b, spent.TotalTokens, 10)
+		c.prompt += spent.PromptTokens
+		c.completion += spent.CompletionTokens
+		c.total += spent.TotalTokens
+	}
 	b = append(b, "}\n"...)
 	c.out.Write(b)
 	c.failed++

@@ -45,6 +45,12 @@ type Usage struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
+// Plus is the tokens of u and v together.
+func (u Usage) Plus(v Usage) Usage {
+	return Usage{PromptTokens: u.PromptTokens + v.PromptTokens, CompletionTokens: u.CompletionTokens + v.CompletionTokens,
+		TotalTokens: u.TotalTokens + v.TotalTokens}
+}
+
 // Answer says which engine and model produced a result.
 type Answer struct {
 	Engine string `json:"engine"`          // "lexical" or "llm"

@@ -284,7 +284,10 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 		c.probe.markDown()
 	}
 	if c.auto {
-		return c.offlineFallback().engine.Classify(ctx, req)
+		off, err := c.offlineFallback().engine.Classify(ctx, req)
+		// The line is billed the upstream's tokens too.
+		off.Usage = off.Usage.Plus(res.Usage)
+		return off, err
 	}
 	msg := fmt.Sprintf("model %s: %s", c.model, failure(c, err))
 	var me *proxy.ModelError

@@ -362,6 +362,10 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	}
 	ans, apiErr := choice.run(ctx, x.run)
 	if apiErr != nil {
+		if call.Key != nil && choice.spent.TotalTokens > 0 {
+			// The model was asked and answered, if not what was asked.
+			record(call, x, choice, choice.spent, apiErr.Status)
+		}
 		proxy.WriteError(ctx, apiErr)
 		return tail{}, false
 	}
@@ -373,13 +377,14 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, NoLogprobs: ans.NoLogprobs,
 		Usage: u, LatencyMS: time.Since(call.Start).Milliseconds()}
 	if call.Key != nil {
-		record(call, x, choice, u)
+		record(call, x, choice, u, fasthttp.StatusOK)
 	}
 	return t, true
 }
 
-// record meters a keyed call at the endpoint's price per token.
-func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.Usage) {
+// record meters a keyed call at the endpoint's price per token. After an
+// llm attempt that failed, the tokens include it, whoever answered.
+func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.Usage, status int) {
 	price, err := money.ParsePrice(x.price) // validated with the config
 	if err != nil {
 		price = 0
@@ -406,7 +411,7 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 		CompletionTokens: u.CompletionTokens,
 		CostNanos:        cost.Nanos(),
 		UsageSource:      source,
-		Status:           fasthttp.StatusOK,
+		Status:           status,
 		Latency:          time.Since(call.Start),
 	})
 }

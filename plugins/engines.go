@@ -39,6 +39,9 @@ type engineChoice struct {
 	// to the offline engine instead of failing the request.
 	auto     bool
 	fallback string
+	// spent is what a failed llm attempt cost upstream (a wrong answer
+	// asked twice): billed with the call, answered or not.
+	spent classifiers.Usage
 }
 
 func lexicalChoice() *engineChoice {
@@ -170,8 +173,11 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 	if err == nil {
 		return ans, nil
 	}
-	if c.name == engineLLM && errors.Is(err, proxy.ErrModelUnavailable) {
-		c.probe.markDown()
+	if c.name == engineLLM {
+		c.spent = ans.Usage
+		if errors.Is(err, proxy.ErrModelUnavailable) {
+			c.probe.markDown()
+		}
 	}
 	if ctx.Err() != nil {
 		return ans, proxy.Unavailable("the request was cancelled: " + ctx.Err().Error())
@@ -182,6 +188,9 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 		c.engine, c.name, c.model, c.upstream = off.engine, off.name, "", ""
 		ans, err = do(c.engine)
 		if err == nil {
+			// The answer's usage is what the call is billed: the upstream's
+			// tokens too.
+			ans.Usage = ans.Usage.Plus(c.spent)
 			return ans, nil
 		}
 	}

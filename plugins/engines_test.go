@@ -202,3 +202,35 @@ func TestLLMRefusingLogprobsIsAskedWithoutThemFromThenOn(t *testing.T) {
 		return nil
 	})
 }
+
+// TestWrongLLMAnswersAreBilled: a model that answers something else than
+// asked, twice, was paid for upstream. Asked by name the call is a 502
+// billed those tokens; with auto the offline engine answers and the
+// call's usage, and its bill, include them. Both went unbilled.
+func TestWrongLLMAnswersAreBilled(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{BadAnswerTimes: 1 << 30}, plugins: `
+  engine: auto
+  llm_model: small
+  pricing: {classify: "0.000001"}`})
+
+	resp := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`)
+	resp.apiError(t, 502, "upstream_error")
+	if n := chatCalls(h.up); n != 2 {
+		t.Fatalf("%d chat calls, want the question and its reminder", n)
+	}
+	ev := h.events(1)[0]
+	if ev.Model != "small" || ev.Upstream != "local" || ev.Status != 502 || ev.PromptTokens <= 0 || ev.CompletionTokens <= 0 || ev.CostNanos <= 0 {
+		t.Fatalf("event of the 502 %+v: want the two calls' tokens billed to small", ev)
+	}
+	llmTokens := ev.PromptTokens + ev.CompletionTokens
+
+	m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
+	if m["engine"] != "lexical" || !strings.Contains(fmt.Sprint(m["fallback"]), "not the answer asked") {
+		t.Fatalf("auto after two wrong answers: %v", m)
+	}
+	total := checkUsage(t, m)
+	evs := h.events(2)
+	if ev := evs[1]; ev.PromptTokens+ev.CompletionTokens != total || total <= llmTokens {
+		t.Errorf("fallback event %+v and usage %d: want the llm's %d tokens and lexical's", ev, total, llmTokens)
+	}
+}
