@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/miniotest"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy/proxytest"
 	"github.com/tollgate/tollgate/storage"
 )
 
@@ -599,5 +600,45 @@ func TestBatchJobsInARowCountTheLastOnesBill(t *testing.T) {
 	job := run(key)
 	if msg, _ := job["error"].(string); job["status"] != "failed" || !strings.Contains(msg, "may not be debited yet") {
 		t.Fatalf("the second job right after the first: %v", job)
+	}
+}
+
+// TestBatchWrongLLMAnswersAreBilled: a line the llm answered wrongly twice
+// is an error line carrying the two calls' tokens, counted in the job's
+// actual_tokens; with auto the offline answer's tokens include them.
+func TestBatchWrongLLMAnswersAreBilled(t *testing.T) {
+	for _, tc := range []struct{ engine, model string }{{"lexical", `"llm"`}, {"auto", ""}} {
+		h := newBatchHarness(t, "local", harnessOptions{upstream: proxytest.Options{BadAnswerTimes: 1 << 30},
+			plugins: "  engine: " + tc.engine + "\n  llm_model: small"})
+		h.startWorker()
+		body := `{"labels": ["bug", "billing"]}`
+		if tc.model != "" {
+			body = `{"labels": ["bug", "billing"], "model": ` + tc.model + `}`
+		}
+		c := h.createJob(h.key, body)
+		h.upload(c, []byte(`{"text": "The export button crashes"}`+"\n"))
+		h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
+		job := h.poll(h.key, c.JobID)
+		if tc.model != "" {
+			// Its one line failed, so the job failed, unbilled: but the
+			// line still says what it cost.
+			if job["status"] != "failed" || !strings.Contains(fmt.Sprint(job["error"]), "not the answer asked") {
+				t.Fatalf("%s: job %v", tc.engine, job)
+			}
+			continue
+		}
+		_, data := download(t, h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)["download_url"].(string))
+		var line struct {
+			Tokens int64  `json:"tokens"`
+			Engine string `json:"engine"`
+		}
+		if err := json.Unmarshal(data, &line); err != nil || line.Engine != "lexical" {
+			t.Fatalf("%s: results %s", tc.engine, data)
+		}
+		offline := h.call("POST", "/v1/classify", h.key, `{"text": "The export button crashes", "labels": ["bug", "billing"], "model": "lexical"}`).object(t, 200)
+		lexical := int64(offline["usage"].(map[string]any)["total_tokens"].(float64))
+		if line.Tokens <= lexical || job["actual_tokens"] != float64(line.Tokens) {
+			t.Errorf("%s: line tokens %d (lexical alone %d), actual_tokens %v: want the llm's two calls added", tc.engine, line.Tokens, lexical, job["actual_tokens"])
+		}
 	}
 }
