@@ -84,7 +84,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.
-				lastErr = &APIError{Status: 504, Type: "upstream_error", Code: "upstream_timeout",
+				lastErr = &APIError{Status: 504, Type: "upstream_error", Code: "upstream_timeout", NoRetry: true,
 					Message: fmt.Sprintf("upstream %s%s did not finish the answer within response_timeout (%s); ask for a stream (\"stream\": true) for answers that take longer",
 						up.cfg.Name, what, up.cfg.ResponseTimeout)}
 				reason = "no answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"

@@ -22,6 +22,10 @@ type APIError struct {
 	// RetryAfter, when set, is sent as Retry-After (whole seconds, at
 	// least 1), which the SDKs wait for before they retry.
 	RetryAfter time.Duration
+	// NoRetry sends x-should-retry: false, which the OpenAI SDKs obey
+	// over their own rule of retrying every 5xx: for an answer that
+	// asking again would only pay for again.
+	NoRetry bool
 }
 
 func (e *APIError) Error() string { return e.Message }
@@ -70,6 +74,9 @@ func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	ctx.SetBody(body)
 	if err.RetryAfter > 0 {
 		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(max(int64((err.RetryAfter+time.Second-1)/time.Second), 1), 10))
+	}
+	if err.NoRetry {
+		ctx.Response.Header.Set("x-should-retry", "false")
 	}
 }
 

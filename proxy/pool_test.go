@@ -487,7 +487,11 @@ func TestNonStreamedWaitIsResponseTimeout(t *testing.T) {
 
 	h.writeConfig(strings.ReplaceAll(readFile(t, h.cfgPath), "response_timeout: 5s}", "response_timeout: 300ms}"))
 	before := requests()
-	e := wantError(t, h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`), 504, "upstream_timeout")
+	resp = h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+	if got := resp.Header.Get("x-should-retry"); got != "false" {
+		t.Errorf("x-should-retry %q, want false: the SDKs retry a 504 otherwise, and pay for the generation again", got)
+	}
+	e := wantError(t, resp, 504, "upstream_timeout")
 	if msg := e["message"].(string); !strings.Contains(msg, "response_timeout (300ms)") {
 		t.Errorf("message %q", msg)
 	}
