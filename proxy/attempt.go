@@ -103,7 +103,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		switch {
 		case status == fasthttp.StatusTooManyRequests:
 			h.count(false)
-			if d := retryAfter(&resp.Header); d > 0 {
+			// A model's only upstream is not rested (pool.pick): its
+			// 429 goes to this caller alone, Retry-After included.
+			if d := retryAfter(&resp.Header); d > 0 && !c.alone {
 				h.rest(d, "answered 429 with Retry-After "+strconv.Itoa(int(d/time.Second))+"s")
 			}
 		case status >= 500:

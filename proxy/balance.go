@@ -125,14 +125,6 @@ func (h *upstreamHealth) available(now int64) bool {
 	}
 }
 
-// availableAlone is available for an upstream alone in a pool, which is
-// never out for failures (see upstream.fail): those may have come through
-// another pool it is in. Only a rest it asked for (429 with Retry-After)
-// keeps calls away.
-func (h *upstreamHealth) availableAlone(now int64) bool {
-	return h.available(now) || !h.resting.Load()
-}
-
 // eligible is available without taking the trial slot: for choosing.
 func (h *upstreamHealth) eligible(now int64) bool {
 	switch h.state.Load() {
@@ -330,7 +322,12 @@ func newPool(members []config.PoolMember, upstreams map[string]*upstream) *pool 
 func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstream, int) {
 	now := time.Now().UnixNano()
 	if len(p.members) == 1 {
-		if tried == 0 && p.members[0].up.health.availableAlone(now) {
+		// A model's only upstream is always asked: out for failures or
+		// resting after a 429, it would leave the model nothing to answer
+		// with, and one caller's failing or oversized requests would
+		// refuse every other caller (see upstream.fail). Its answers,
+		// 429s with their Retry-After included, reach each caller as given.
+		if tried == 0 {
 			return p.members[0].up, 0
 		}
 		return nil, -1

@@ -71,8 +71,9 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 }
 
 // An upstream alone in a pool takes its calls even while another pool's
-// failures have it ejected; a rest it asked for still holds.
-func TestPoolOfOneIgnoresEjectionNotRest(t *testing.T) {
+// failures have it ejected, or a rest holds it: a rest once refused every
+// caller of the model after one caller's 429.
+func TestPoolOfOneIgnoresEjectionAndRest(t *testing.T) {
 	rt := testRouting("p2c")
 	p := testModelPool(t, 1)
 	h := &p.members[0].up.health
@@ -82,8 +83,8 @@ func TestPoolOfOneIgnoresEjectionNotRest(t *testing.T) {
 		t.Fatal("the only upstream, ejected through another pool, was not picked")
 	}
 	h.rest(time.Minute, "429")
-	if up, _ := p.pick(rt, 0, 0); up != nil {
-		t.Fatal("the only upstream was picked while resting after its 429")
+	if up, _ := p.pick(rt, 0, 0); up == nil {
+		t.Fatal("the only upstream, resting after a 429 through another pool, was not picked")
 	}
 }
 

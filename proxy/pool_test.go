@@ -175,25 +175,46 @@ func TestPoolAllDownAnswers503NamingThemAtOnce(t *testing.T) {
 	}
 }
 
-// An upstream answering 429 with Retry-After rests until then; calls in
-// the meantime got 503 with no Retry-After, which SDKs raise as a server
-// error rather than the rate limit it is.
+// Upstreams answering 429 with Retry-After rest until then; calls in the
+// meantime got 503 with no Retry-After, which SDKs raise as a server error
+// rather than the rate limit it is.
 func TestPoolOfRestingUpstreamsAnswers429WithRetryAfter(t *testing.T) {
-	h := newPoolHarness(t, 1, "", proxytest.Options{Status: 429, RetryAfter: "30"})
+	limited := proxytest.Options{Status: 429, RetryAfter: "30"}
+	h := newPoolHarness(t, 2, "  retries: 1", limited, limited)
 	resp := h.post("/v1/chat/completions", smallChat)
 	if body := readAll(t, resp); resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "30" {
-		t.Fatalf("the upstream's own 429: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		t.Fatalf("the upstreams' own 429: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 	resp = h.post("/v1/chat/completions", smallChat)
 	env := wantError(t, resp, 429, "rate_limit_exceeded")
 	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" {
 		t.Fatalf("Retry-After %q, want the rest left (30s)", ra)
 	}
-	if msg, _ := env["message"].(string); !strings.Contains(msg, "rate limited (p0: resting for") {
+	if msg, _ := env["message"].(string); !strings.Contains(msg, "rate limited (p0: resting for") || !strings.Contains(msg, "p1: resting for") {
 		t.Fatalf("message %q", msg)
 	}
-	if n := len(h.ups[0].Requests()); n != 1 {
-		t.Fatalf("the resting upstream got %d calls, want 1", n)
+	if n := len(h.ups[0].Requests()) + len(h.ups[1].Requests()); n != 2 {
+		t.Fatalf("the resting upstreams got %d calls, want 2", n)
+	}
+}
+
+// A model's only upstream is not rested by its 429: each caller gets the
+// upstream's own answer. Resting it made one caller's 429 (a request too
+// large for a hosted provider's limit) refuse every caller of the model,
+// and of every other model on that upstream, for up to 10 minutes.
+func TestOnlyUpstreamIsNotRestedBy429(t *testing.T) {
+	h := newPoolHarness(t, 1, "", proxytest.Options{Status: 429, RetryAfter: "30"})
+	for i := range 3 {
+		resp := h.post("/v1/chat/completions", smallChat)
+		if body := readAll(t, resp); resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "30" || !strings.Contains(string(body), "Too Many Requests") {
+			t.Fatalf("call %d: %d %q %s, want the upstream's own 429", i, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+	if n := len(h.ups[0].Requests()); n != 3 {
+		t.Fatalf("the only upstream got %d of 3 calls", n)
+	}
+	if st := h.statuses()["p0"]; st.State == "resting" {
+		t.Errorf("p0 is %+v, want not resting", st)
 	}
 }
 
