@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -171,6 +172,18 @@ func (l *loader) validatePool(m Model, path string, configured int, known map[st
 		check(p.Name, at)
 		l.check(!seen[p.Name] || p.Name == "", at, "upstream %q is in the pool twice", p.Name)
 		seen[p.Name] = true
-		l.check(p.Weight >= 1 && p.Weight <= 1000, at+".weight", "%d is outside 1..1000", p.Weight)
+		// An omitted weight is 1, but one written 0 is an operator draining
+		// the member, which a default of 1 would keep sending calls.
+		if n, written := l.nodes[at+".weight"]; written && isZero(n.Value) {
+			l.check(false, at+".weight", "0 is outside 1..1000: to take %s out of the pool, remove it from the list (calls in flight finish)", p.Name)
+		} else {
+			l.check(p.Weight >= 1 && p.Weight <= 1000, at+".weight", "%d is outside 1..1000", p.Weight)
+		}
 	}
+}
+
+// isZero reports whether a YAML scalar is an integer zero ("0", "00", "+0").
+func isZero(v string) bool {
+	n, err := strconv.ParseInt(v, 10, 64)
+	return err == nil && n == 0
 }
