@@ -175,6 +175,13 @@ func (s *Service) Balance(account string) (money.Nanos, bool) {
 	return s.snap.balance(account)
 }
 
+// Debited is the sum of every debit of account so far, from the same
+// in-memory view as Balance: it grows by a bill once that bill is charged,
+// which tells work billed at its end whether its bill is in the balance.
+func (s *Service) Debited(account string) (money.Nanos, bool) {
+	return s.snap.debited(account)
+}
+
 // CreateAccount creates an account holding credit (which may be zero).
 func (s *Service) CreateAccount(ctx context.Context, id string, credit money.Nanos) (Account, error) {
 	if err := ValidateAccountID(id); err != nil {

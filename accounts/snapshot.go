@@ -43,6 +43,7 @@ type accountEntry struct {
 	rev     uint64
 	deleted bool
 	balance money.Nanos
+	debited money.Nanos // all debits ever, for telling whether a bill is in
 }
 
 type keyEntry struct {
@@ -64,6 +65,16 @@ func (sn *snapshot) balance(account string) (money.Nanos, bool) {
 		return 0, false
 	}
 	return e.balance, true
+}
+
+func (sn *snapshot) debited(account string) (money.Nanos, bool) {
+	sn.mu.RLock()
+	e, ok := sn.accounts[account]
+	sn.mu.RUnlock()
+	if !ok || e.deleted {
+		return 0, false
+	}
+	return e.debited, true
 }
 
 func (sn *snapshot) key(id string) (*KeyInfo, bool) {
@@ -91,7 +102,7 @@ func (sn *snapshot) keysOf(account string) []KeyInfo {
 func (sn *snapshot) putAccount(id string, rev uint64, rec accountRecord, deleted bool) {
 	sn.mu.Lock()
 	if old, ok := sn.accounts[id]; !ok || rev > old.rev {
-		sn.accounts[id] = accountEntry{rev: rev, deleted: deleted, balance: money.Nanos(rec.BalanceNanos)}
+		sn.accounts[id] = accountEntry{rev: rev, deleted: deleted, balance: money.Nanos(rec.BalanceNanos), debited: money.Nanos(rec.DebitedNanos)}
 	}
 	sn.mu.Unlock()
 }

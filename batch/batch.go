@@ -89,6 +89,9 @@ type Runtime interface {
 	// CanPay says whether account can spend cost and stay within the
 	// grace buffer, and its balance.
 	CanPay(account string, cost money.Nanos) (balance money.Nanos, ok bool)
+	// Debited is the sum of every debit of account so far, as this
+	// process last saw it; false when it has not seen the account.
+	Debited(account string) (money.Nanos, bool)
 }
 
 // Engine classifies the lines of one job. It is called from many

@@ -87,6 +87,11 @@ type Job struct {
 	Progress    Progress   `json:"progress"`
 	// Billed is set in the same write that completes the job.
 	Billed bool `json:"billed,omitempty"`
+	// DebitedBeforeBill is the account's total of debits when the job
+	// billed itself: once the total has grown by the job's cost, its bill
+	// is in the balance (recentlyBilled). Unknown (nil) on jobs of older
+	// releases, or when this process had not seen the account.
+	DebitedBeforeBill *int64 `json:"debited_before_bill_nanos,omitempty"`
 	// Leftovers are the parts of earlier runs, deleted by the worker that
 	// takes up the next run, or with the job.
 	Leftovers []Segment `json:"leftovers,omitempty"`

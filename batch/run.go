@@ -85,7 +85,7 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 			if balance, ok := s.runtime.CanPay(j.Account, cost+recent); !ok {
 				msg := fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer", balance, estimate, cost)
 				if recent > 0 {
-					msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and may not be debited yet", recent, recentBillWindow)
+					msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and are not debited yet", recent, recentBillWindow)
 				}
 				return o.fail(ctx, msg+": top up and start the job again")
 			}
@@ -458,6 +458,10 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 		return errDied
 	}
 	now := time.Now().UTC()
+	var debitedBefore *int64
+	if d, ok := s.runtime.Debited(j.Account); ok {
+		debitedBefore = new(int64(d))
+	}
 	// Billed before the completion is recorded: a worker dying in between
 	// leaves the job processing, and its successor bills again with the
 	// same event id, which the meter drops. The other order could lose
@@ -470,6 +474,7 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 		actual := j.Progress.TotalTokens
 		j.Status, j.CompletedAt, j.ActualTokens, j.OutputKey = StatusCompleted, &now, &actual, outKey
 		j.Billed, j.Error, j.HeartbeatAt = true, "", nil
+		j.DebitedBeforeBill = debitedBefore
 	})
 	if err != nil {
 		return err
@@ -556,6 +561,7 @@ func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
 	if err != nil {
 		return 0
 	}
+	debited, known := s.runtime.Debited(j.Account)
 	var sum money.Nanos
 	for _, other := range jobs {
 		if other.ID == j.ID || other.Status != StatusCompleted || other.ActualTokens == nil || other.CompletedAt == nil ||
@@ -563,6 +569,14 @@ func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
 			continue
 		}
 		cost, _ := jobCost(other.Price, *other.ActualTokens)
+		// The debits have grown by the job's cost since it billed itself:
+		// its bill is in the balance, and counting it again refused jobs
+		// the account could pay for. (Other calls' debits could make up
+		// that growth while the bill waits; the check then lets through
+		// at most this one job's cost more.)
+		if known && other.DebitedBeforeBill != nil && debited-money.Nanos(*other.DebitedBeforeBill) >= cost {
+			continue
+		}
 		sum += cost
 	}
 	return sum

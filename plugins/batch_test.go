@@ -598,8 +598,32 @@ func TestBatchJobsInARowCountTheLastOnesBill(t *testing.T) {
 		t.Fatalf("the first job: %v", job)
 	}
 	job := run(key)
-	if msg, _ := job["error"].(string); job["status"] != "failed" || !strings.Contains(msg, "may not be debited yet") {
+	if msg, _ := job["error"].(string); job["status"] != "failed" || !strings.Contains(msg, "are not debited yet") {
 		t.Fatalf("the second job right after the first: %v", job)
+	}
+
+	// Once the billing consumer has debited the last job, it is not
+	// counted again: an account that can pay for one more job after that
+	// debit was refused for two minutes.
+	h.g.CreateAccount("paid", cost*21/10-money.NanosPerUSD/2)
+	key = h.newKey("paid", accounts.KeyRequest{Name: "paid"})
+	job = run(key)
+	if job["status"] != "completed" {
+		t.Fatalf("the first job: %v", job)
+	}
+	bill := money.Nanos(job["actual_tokens"].(float64)) * money.NanosPerUSD / 100
+	before, _ := h.g.Accounts.Debited("paid")
+	if _, err := h.g.Accounts.Debit(h.ctx, "paid", bill); err != nil { // what the billing consumer does
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if now, _ := h.g.Accounts.Debited("paid"); now != before+bill {
+			return fmt.Errorf("debited %s, want %s", now, before+bill)
+		}
+		return nil
+	})
+	if job := run(key); job["status"] != "completed" {
+		t.Fatalf("the second job, after the first one's debit: %v", job)
 	}
 }
 

@@ -55,6 +55,15 @@ func (s *Server) CanPay(account string, cost money.Nanos) (money.Nanos, bool) {
 	return bal, !ok || bal-cost >= -s.world.Load().grace
 }
 
+// Debited is the sum of account's debits as this gateway last saw it;
+// false without accounts, or for one it has not seen.
+func (s *Server) Debited(account string) (money.Nanos, bool) {
+	if s.accounts == nil {
+		return 0, false
+	}
+	return s.accounts.Debited(account)
+}
+
 // checkBalance refuses accounts whose balance is below the grace buffer.
 func (s *Server) checkBalance(w *World, key *accounts.Key) *APIError {
 	bal, ok := s.accounts.Balance(key.Account)

@@ -55,6 +55,8 @@ type Host interface {
 	// CanPay says whether account can spend cost and stay within the
 	// grace buffer, with its balance as this gateway last saw it.
 	CanPay(account string, cost money.Nanos) (balance money.Nanos, ok bool)
+	// Debited is the sum of account's debits as this gateway last saw it.
+	Debited(account string) (money.Nanos, bool)
 	Logf(format string, args ...any)
 }
 

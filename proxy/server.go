@@ -36,6 +36,7 @@ import (
 type Accounts interface {
 	Verify(token []byte) (*accounts.Key, error)
 	Balance(account string) (money.Nanos, bool)
+	Debited(account string) (money.Nanos, bool)
 	// KeyInfo carries the key's request-logging settings.
 	KeyInfo(keyID string) (accounts.KeyInfo, bool)
 }
