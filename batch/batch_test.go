@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf16"
 
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/classifiers"
@@ -218,6 +219,39 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 	if len(e.jobEvents(id)) != 0 {
 		t.Fatal("a failed job was billed")
 	}
+
+	// A UTF-16 file (what Windows PowerShell 5's > writes) fails as a
+	// whole, saying so: it failed line by line, as "not valid JSON", with
+	// one line more than the file has.
+	for enc, file := range map[string][]byte{
+		"UTF-16 little-endian": utf16LE("\ufeff{\"text\": \"I was charged twice\"}\n{\"text\": \"The app crashes\"}\n"),
+		"UTF-16 big-endian":    utf16BE("{\"text\": \"I was charged twice\"}\n"),
+	} {
+		id = e.create(svc, "acme", file, "")
+		if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+			t.Fatal(err)
+		}
+		j = e.waitEnd(svc, "acme", id, 30*time.Second)
+		if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "the input is "+enc+"; upload NDJSON in UTF-8") {
+			t.Errorf("%s input: job %s %q", enc, j.Status, j.Error)
+		}
+	}
+}
+
+func utf16LE(s string) []byte {
+	var b []byte
+	for _, r := range utf16.Encode([]rune(s)) {
+		b = append(b, byte(r), byte(r>>8))
+	}
+	return b
+}
+
+func utf16BE(s string) []byte {
+	var b []byte
+	for _, r := range utf16.Encode([]rune(s)) {
+		b = append(b, byte(r>>8), byte(r))
+	}
+	return b
 }
 
 // TestWorkerDiesAndIsReplaced kills a worker (without another write, as a

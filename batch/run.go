@@ -64,6 +64,10 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 	}
 	if !j.Progress.Counted {
 		total, estimate, err := s.count(ctx, j, maxLineBytes(cfg))
+		var unreadable errUnreadableInput
+		if errors.As(err, &unreadable) {
+			return o.fail(ctx, unreadable.Error())
+		}
 		if err != nil {
 			return err
 		}
@@ -123,6 +127,11 @@ func (s *Service) count(ctx context.Context, j *Job, maxLine int) (lines, estima
 			return 0, 0, fmt.Errorf("reading the input at byte %d: %w", lr.offset, err)
 		}
 		lines++
+		if lines == 1 {
+			if enc := utf16Encoding(line); enc != "" {
+				return 0, 0, errUnreadableInput(fmt.Sprintf("the input is %s; upload NDJSON in UTF-8 (PowerShell 5's > writes UTF-16: use Out-File -Encoding utf8)", enc))
+			}
+		}
 		if tooLong {
 			continue
 		}
@@ -142,6 +151,25 @@ func (s *Service) count(ctx context.Context, j *Job, maxLine int) (lines, estima
 		estimate = textBytes * sampleTokens / sampleBytes
 	}
 	return lines, estimate + lines*labelTokens(&j.Request), nil
+}
+
+// errUnreadableInput fails a job whose input cannot be read as lines of
+// UTF-8 at all, with a message saying why, instead of one error per line.
+type errUnreadableInput string
+
+func (e errUnreadableInput) Error() string { return string(e) }
+
+// utf16Encoding names the UTF-16 encoding a first line is in ("" for
+// none): by its byte order mark, or, without one, by the NUL of its first
+// character, "{" being ASCII.
+func utf16Encoding(line []byte) string {
+	switch {
+	case bytes.HasPrefix(line, []byte{0xff, 0xfe}), len(line) >= 2 && line[0] != 0 && line[1] == 0:
+		return "UTF-16 little-endian"
+	case bytes.HasPrefix(line, []byte{0xfe, 0xff}), len(line) >= 2 && line[0] == 0 && line[1] != 0:
+		return "UTF-16 big-endian"
+	}
+	return ""
 }
 
 // labelTokens is the tokens of a request's labels, descriptions and
