@@ -53,7 +53,7 @@ func (u Usage) Plus(v Usage) Usage {
 
 // Answer says which engine and model produced a result.
 type Answer struct {
-	Engine string `json:"engine"`          // "lexical" or "llm"
+	Engine string `json:"engine"`          // "semantic", "lexical" or "llm"
 	Model  string `json:"model,omitempty"` // catalog model for llm
 	Usage  Usage  `json:"usage"`
 	// NoLogprobs says the upstream returned no log-probabilities: the
