@@ -2,12 +2,14 @@ package plugins
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/suggest"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/tokens"
 )
@@ -49,14 +51,14 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 	if b.Classifier != "" {
 		saved, ok := cfg.Classifiers[b.Classifier]
 		if !ok {
-			return req, proxy.BadRequest("classifier", fmt.Sprintf("classifier %q is not defined; %s", b.Classifier, savedList(cfg)))
+			return req, proxy.BadRequest("classifier", fmt.Sprintf("classifier %q is not defined%s; %s", b.Classifier, nearestClassifier(cfg, b.Classifier), savedList(cfg)))
 		}
 		for _, f := range []struct {
 			name string
 			set  bool
 		}{{"labels", b.Labels != nil}, {"descriptions", b.Descriptions != nil}, {"examples", b.Examples != nil}} {
 			if f.set {
-				return req, proxy.BadRequest(f.name, fmt.Sprintf("%s cannot be sent with classifier: the saved classifier %q defines them", f.name, b.Classifier))
+				return req, proxy.BadRequest(f.name, fmt.Sprintf("%s cannot be sent with classifier: the saved classifier %q is the whole label set, with its labels, descriptions and examples (gateway.yaml, classifiers); send labels instead of classifier to give your own", f.name, b.Classifier))
 			}
 		}
 		req.Labels, req.Descriptions, req.Examples = saved.Labels, saved.Descriptions, saved.Examples
@@ -84,6 +86,20 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 		return req, apiErr
 	}
 	return req, maxText("text_type", req.TextType, cfg.Plugins)
+}
+
+// nearestClassifier is " (did you mean …?)" for a name a typo away from a
+// saved classifier's, or "".
+func nearestClassifier(cfg *config.Config, name string) string {
+	names := cfg.ClassifierNames()
+	norm := make([]string, len(names)) // suggest.Nearest reads '-' as '_'
+	for i, n := range names {
+		norm[i] = strings.ToLower(strings.ReplaceAll(n, "-", "_"))
+	}
+	if near := suggest.Nearest(name, norm); near != "" {
+		return fmt.Sprintf(" (did you mean %q?)", names[slices.Index(norm, near)])
+	}
+	return ""
 }
 
 func savedList(cfg *config.Config) string {

@@ -41,12 +41,47 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) && gjson.ValidBytes(body) {
+			if apiErr := nonStringElement(body, dst); apiErr != nil {
+				return apiErr // names the element, where the decoder names its list
+			}
+		}
 		return decodeError(err, dst)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return proxy.BadRequest("", "the request body has more after its JSON object: send one object")
 	}
-	return duplicateKey(body, dst)
+	if apiErr := duplicateKey(body, dst); apiErr != nil {
+		return apiErr
+	}
+	return nonStringElement(body, dst)
+}
+
+// nonStringElement refuses a null in a list of strings, which
+// encoding/json reads as "" ("labels":[null] was then "labels[0] is
+// empty"), naming the element; so does a number there, which the decoder
+// names only by its list.
+func nonStringElement(body []byte, dst any) *proxy.APIError {
+	var apiErr *proxy.APIError
+	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
+		f, ok := fieldType(dst, key.Str)
+		if !ok || !value.IsArray() || f.Kind() != reflect.Slice || f.Elem().Kind() != reflect.String {
+			return true
+		}
+		i := 0
+		value.ForEach(func(_, el gjson.Result) bool {
+			if el.Type != gjson.String {
+				param := fmt.Sprintf("%s[%d]", key.Str, i)
+				apiErr = proxy.BadRequest(param, fmt.Sprintf("%s must be a string, got %s", param, gjsonKind(el)))
+				return false
+			}
+			i++
+			return true
+		})
+		return apiErr == nil
+	})
+	return apiErr
 }
 
 // duplicateKey refuses a body that names one of dst's fields twice, as
@@ -233,6 +268,21 @@ func describeJSONValue(v string) string {
 		return "true or false"
 	}
 	return "a " + v
+}
+
+// gjsonKind words the kind of a JSON value as describeJSONValue does.
+func gjsonKind(v gjson.Result) string {
+	switch {
+	case v.Type == gjson.Null:
+		return "null"
+	case v.IsBool():
+		return "true or false"
+	case v.Type == gjson.Number:
+		return "a number"
+	case v.IsArray():
+		return "an array"
+	}
+	return "an object"
 }
 
 // fieldType is the type of the field dst's struct calls name in JSON.
