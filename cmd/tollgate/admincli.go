@@ -270,11 +270,14 @@ func runKeys(args []string) error {
 }
 
 func runConfig(args []string) error {
-	if len(args) == 0 || args[0] != "check" || len(args) > 2 {
-		// More than one file used to check the first and say ok.
+	if len(args) == 0 || args[0] != "check" {
 		return errors.New("usage: tollgate config check [FILE] (one file)")
 	}
-	path := configPath(args[1:])
+	// More than one file used to check the first and say ok.
+	path, err := configArg(args[1:])
+	if err != nil {
+		return err
+	}
 	if err := config.Check(path); err != nil {
 		return fmt.Errorf("%s is invalid:\n%w", path, err)
 	}

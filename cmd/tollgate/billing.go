@@ -21,7 +21,11 @@ import (
 // deployments where gateways only publish (clickhouse.consume_in_serve:
 // false). Several may run; they share one durable consumer.
 func runBilling(args []string) error {
-	cfg, err := config.Load(configPath(args))
+	path, err := configArg(args)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(path)
 	if err != nil {
 		return err
 	}
@@ -118,7 +122,11 @@ func purgeExpiredLogs(ctx context.Context, sink *billing.ClickHouseSink, logf fu
 
 // runMigrate is `tollgate migrate`: apply pending ClickHouse migrations.
 func runMigrate(args []string) error {
-	cfg, err := config.Load(configPath(args))
+	path, err := configArg(args)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(path)
 	if err != nil {
 		return err
 	}

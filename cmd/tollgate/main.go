@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"strings"
 )
 
 const usage = `usage: tollgate <command> [flags]
@@ -99,6 +100,30 @@ func version() string {
 		return bi.Main.Version
 	}
 	return "dev"
+}
+
+// configArg is the config file a command that takes one names: FILE,
+// -config FILE or -config=FILE (two dashes as well), else configPath's
+// default. Any other flag is an error: "serve -config x.yaml" once looked
+// for a file named -config.
+func configArg(args []string) (string, error) {
+	if len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		flag, value, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		switch {
+		case flag != "config":
+			return "", fmt.Errorf("unknown flag %s: give the config file as FILE or -config FILE (default $TOLLGATE_CONFIG, else ./gateway.yaml)", args[0])
+		case hasValue:
+			args = append([]string{value}, args[1:]...)
+		case len(args) < 2:
+			return "", fmt.Errorf("%s needs a file name", args[0])
+		default:
+			args = args[1:]
+		}
+	}
+	if len(args) > 1 {
+		return "", fmt.Errorf("one config file at most, got %d arguments: %s", len(args), strings.Join(args, " "))
+	}
+	return configPath(args), nil
 }
 
 func configPath(args []string) string {

@@ -31,7 +31,10 @@ import (
 )
 
 func runServe(args []string) error {
-	path := configPath(args)
+	path, err := configArg(args)
+	if err != nil {
+		return err
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		return fmt.Errorf("loading %s:\n%w", path, err)

@@ -24,7 +24,10 @@ import (
 // the object storage the gateways use, so storage.backend must be s3: the
 // local backend's files live on the gateway's machine.
 func runWorker(args []string) error {
-	path := configPath(args)
+	path, err := configArg(args)
+	if err != nil {
+		return err
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		return fmt.Errorf("loading %s:\n%w", path, err)
