@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -201,15 +202,27 @@ func (up *upstream) probe(interval time.Duration) {
 }
 
 // retryAfter reads a Retry-After header in seconds (the form inference
-// servers and OpenAI send), capped at 10 minutes; 0 without one.
+// servers and OpenAI send) or as an HTTP date, capped at 10 minutes; 0
+// without one.
 func retryAfter(h *fasthttp.ResponseHeader) time.Duration {
 	v := h.Peek("Retry-After")
 	if len(v) == 0 {
 		return 0
 	}
 	secs, err := strconv.ParseFloat(string(v), 64)
-	if err != nil || secs <= 0 {
+	if err != nil {
+		// HTTP also allows a date ("Wed, 21 Oct 2026 07:28:00 GMT").
+		at, err := http.ParseTime(string(v))
+		if err != nil {
+			return 0
+		}
+		secs = time.Until(at).Seconds()
+	}
+	if !(secs > 0) { // NaN too
 		return 0
+	}
+	if secs > 600 { // +Inf too, which no Duration holds
+		return 10 * time.Minute
 	}
 	return min(time.Duration(secs*float64(time.Second)), 10*time.Minute)
 }

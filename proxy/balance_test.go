@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -160,5 +163,34 @@ func TestP2CForgetsAnUnsampledLatency(t *testing.T) {
 	fast.sampled.Store(later)           // but the fast one was just measured again
 	if i := p.choose("p2c", later, 0); i != 0 {
 		t.Fatalf("member %d chosen: the replica unsampled for 5 s still lost to one measured now", i)
+	}
+}
+
+// TestRetryAfter: seconds or an HTTP date, capped at 10 minutes; anything
+// else rests nothing. A date was ignored, so an upstream that sent one
+// was not rested.
+func TestRetryAfter(t *testing.T) {
+	for _, c := range []struct {
+		value    string
+		min, max time.Duration
+	}{
+		{"", 0, 0},
+		{"30", 30 * time.Second, 30 * time.Second},
+		{"0.5", 500 * time.Millisecond, 500 * time.Millisecond},
+		{"99999", 10 * time.Minute, 10 * time.Minute},
+		{"+Inf", 10 * time.Minute, 10 * time.Minute},
+		{"NaN", 0, 0},
+		{"-5", 0, 0},
+		{"soon", 0, 0},
+		{time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat), 85 * time.Second, 90 * time.Second},
+		{time.Now().Add(-time.Hour).UTC().Format(http.TimeFormat), 0, 0},
+	} {
+		var h fasthttp.ResponseHeader
+		if c.value != "" {
+			h.Set("Retry-After", c.value)
+		}
+		if got := retryAfter(&h); got < c.min || got > c.max {
+			t.Errorf("Retry-After %q: %v, want %v..%v", c.value, got, c.min, c.max)
+		}
 	}
 }
