@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -66,7 +69,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		resp, err := up.pool.roundTrip(*reqp, firstByte)
 		if err == nil && resp.Header.StatusCode() < 300 {
-			if err = resp.awaitBody(); err != nil {
+			err = resp.awaitBody()
+			if err == nil && c.stream && bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
+				err = c.awaitFirstEvent(resp)
+			}
+			if err != nil {
 				resp.Close()
 			}
 		}
@@ -124,6 +131,53 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		c.inflight = true
 		return resp, up, nil
+	}
+}
+
+// awaitFirstEvent reads a stream up to its first event, passing over the
+// comment lines (": OPENROUTER PROCESSING") and blank lines some
+// upstreams send while a request waits in their queue: a comment is no
+// answer, so the first event is still due within first_byte_timeout, and
+// an upstream that stalls or breaks after one has sent nothing yet and is
+// left for another. Counted as the first byte, a comment kept the call on
+// an upstream that then stalled, and an empty answer was billed its
+// prompt. The comments are not relayed.
+func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
+	c.openSSE(resp)
+	br := c.sse.br
+	for {
+		if resp.uc.tc != nil {
+			resp.uc.tc.awaitingFirst = true
+		}
+		b, err := br.Peek(1)
+		if err == io.EOF {
+			return errClosedBeforeBody
+		}
+		if err != nil {
+			return err
+		}
+		switch b[0] {
+		case ':':
+			for {
+				_, err := br.ReadSlice('\n')
+				if err == nil {
+					break
+				}
+				if err != bufio.ErrBufferFull {
+					if err == io.EOF {
+						err = errClosedBeforeBody
+					}
+					return err
+				}
+			}
+		case '\r', '\n':
+			_, _ = br.Discard(1)
+		default:
+			if resp.uc.tc != nil {
+				resp.uc.tc.awaitingFirst = false // later gaps are idle_timeout's
+			}
+			return nil
+		}
 	}
 }
 

@@ -982,3 +982,79 @@ func TestStreamResetAfterFinishIsComplete(t *testing.T) {
 		return nil
 	})
 }
+
+// scriptedUpstream answers every request with a chunked SSE stream of
+// parts, sleeping pause between them, then holds the connection open
+// until the test ends. It returns its base URL.
+func scriptedUpstream(t *testing.T, pause time.Duration, parts ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || line == "\r\n" {
+						break
+					}
+				}
+				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+				for _, p := range parts {
+					fmt.Fprintf(c, "%x\r\n%s\r\n", len(p), p)
+					time.Sleep(pause)
+				}
+				<-done
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/v1"
+}
+
+// A comment sent while a request waits in an upstream's queue (":
+// OPENROUTER PROCESSING") is not the answer's first byte: an upstream
+// that stalls after one has answered nothing, and the call fails over
+// (here, with one upstream, is a 503) instead of a 200 cut by an error
+// event and billed its prompt. A comment before the events is dropped.
+func TestStreamCommentIsNotTheFirstByte(t *testing.T) {
+	h := newHarness(t, harnessOptions{firstByteTimeout: "300ms"})
+	body := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	stalls := scriptedUpstream(t, 0, ": OPENROUTER PROCESSING\n\n")
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, stalls, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", body)
+		got := readAll(t, resp)
+		if resp.StatusCode != 503 || !strings.Contains(string(got), "first_byte_timeout") {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Errorf("a stream that sent only a comment was billed: %+v", evs[0])
+	}
+
+	answers := scriptedUpstream(t, 100*time.Millisecond, ": OPENROUTER PROCESSING\n\n", ": still\n\n",
+		chatChunk("Hello", "stop"), "data: [DONE]\n\n")
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), stalls, answers, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", body)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 200 || !strings.Contains(got, `"content":"Hello"`) || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		if strings.Contains(got, "OPENROUTER") {
+			t.Errorf("the comment was relayed: %s", got)
+		}
+		return nil
+	})
+}

@@ -99,6 +99,18 @@ func (c *generationCall) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// openSSE points the call's SSE reader at resp, the answer it relays
+// (once attempt has chosen it: a retried attempt reads a new one).
+func (c *generationCall) openSSE(resp *upstreamResponse) {
+	if c.sse == nil {
+		c.sse = newSSEReader(resp, maxCoalesced, int(c.upstream.cfg.MaxResponseBody))
+	} else {
+		c.sse.reset(resp)
+		c.sse.maxEvent = int(c.upstream.cfg.MaxResponseBody)
+	}
+	c.sseStarted = true
+}
+
 // nextEvent returns the next bytes to relay: an upstream event as it came
 // (or stripped of the usage the client did not ask for; nil for one dropped
 // whole), then, if the upstream broke the stream, an error event; then
@@ -108,13 +120,9 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 	if c.streamDone {
 		return nil, false, io.EOF
 	}
-	if c.sse == nil {
-		c.sse = newSSEReader(c.resp, maxCoalesced, int(c.upstream.cfg.MaxResponseBody))
-	} else if !c.sseStarted {
-		c.sse.reset(c.resp)
-		c.sse.maxEvent = int(c.upstream.cfg.MaxResponseBody)
+	if !c.sseStarted {
+		c.openSSE(c.resp)
 	}
-	c.sseStarted = true
 	ev, err := c.sse.Next()
 	if err != nil {
 		c.streamDone = true
