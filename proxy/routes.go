@@ -110,19 +110,26 @@ func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) (tooLarge bool) {
 }
 
 // discardRest reads and drops what is left of a body over the limit, up
-// to as much again, before the 413 goes out and the connection closes.
+// to discardBound, before the 413 goes out and the connection closes.
 // Closed with the body still arriving, the socket resets, and a client
 // that sends its whole body before reading (the SDKs, Python's
-// http.client) sees a reset instead of the 413, and retries the upload.
-// A body past twice the limit is not waited for (as fasthttp did when it
-// read bodies itself).
+// http.client) sees a reset instead of the 413: the SDKs call it
+// "Connection error." and upload the body twice more. A body past the
+// bound is not waited for.
 func discardRest(ctx *fasthttp.RequestCtx, limit int64) {
 	ctx.SetConnectionClose()
-	if cl := int64(ctx.Request.Header.ContentLength()); cl > 2*limit {
+	bound := discardBound(limit)
+	if cl := int64(ctx.Request.Header.ContentLength()); cl > bound {
 		return
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(ctx.Request.BodyStream(), 2*limit))
+	_, _ = io.Copy(io.Discard, io.LimitReader(ctx.Request.BodyStream(), bound))
 }
+
+// discardBound is how much of a body over limit is read to answer its 413:
+// twice the limit, and at least 64 MiB, which covers a chat message with a
+// few base64 images (8 MiB of limit once answered a 20 MiB image with a
+// reset).
+func discardBound(limit int64) int64 { return max(2*limit, 64<<20) }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
