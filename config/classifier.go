@@ -33,7 +33,11 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 		out = append(out, FieldProblem{field, fmt.Sprintf("%s must have %d to %d entries, got %d", field, minCount, MaxLabels, len(labels))})
 	}
 	seen := make(map[string]bool, len(labels))
+	// Labels the engines cannot tell apart ("Bug" and "bug", "bug" and
+	// "bug "): every text tied between them, whatever it said.
+	folded := make(map[string]string, len(labels))
 	for i, l := range labels {
+		key := strings.ToLower(strings.Join(strings.Fields(l), " "))
 		switch {
 		case strings.TrimSpace(l) == "":
 			// Only spaces name nothing an engine can read: it answered
@@ -42,8 +46,14 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 			out = append(out, FieldProblem{p, p + " is empty"})
 		case seen[l]:
 			out = append(out, FieldProblem{fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s has %q twice", field, l)})
+		case folded[key] != "":
+			out = append(out, FieldProblem{fmt.Sprintf("%s[%d]", field, i),
+				fmt.Sprintf("%s has %q and %q, which differ only in case or spacing: no engine tells them apart", field, folded[key], l)})
 		}
 		seen[l] = true
+		if folded[key] == "" {
+			folded[key] = l
+		}
 	}
 	return out
 }
