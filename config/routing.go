@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -174,7 +173,7 @@ func (l *loader) validatePool(m Model, path string, configured int, known map[st
 		seen[p.Name] = true
 		// An omitted weight is 1, but one written 0 is an operator draining
 		// the member, which a default of 1 would keep sending calls.
-		if n, written := l.nodes[at+".weight"]; written && isZero(n.Value) {
+		if l.writtenZero(at + ".weight") {
 			l.check(false, at+".weight", "0 is outside 1..1000: to take %s out of the pool, remove it from the list (calls in flight finish)", p.Name)
 		} else {
 			l.check(p.Weight >= 1 && p.Weight <= 1000, at+".weight", "%d is outside 1..1000", p.Weight)
@@ -182,8 +181,21 @@ func (l *loader) validatePool(m Model, path string, configured int, known map[st
 	}
 }
 
-// isZero reports whether a YAML scalar is an integer zero ("0", "00", "+0").
-func isZero(v string) bool {
-	n, err := strconv.ParseInt(v, 10, 64)
-	return err == nil && n == 0
+// writtenZero reports whether the file writes path as zero (0, 0x0, 0s,
+// ~), which the loader's defaults would silently replace: for fields
+// where zero reads as "none" or "at once", an error says so instead.
+func (l *loader) writtenZero(path string) bool {
+	n, written := l.nodes[path]
+	if !written || n.Kind != yaml.ScalarNode {
+		return false
+	}
+	if n.ShortTag() == "!!null" {
+		return true
+	}
+	var i int64
+	if n.Decode(&i) == nil {
+		return i == 0
+	}
+	d, err := time.ParseDuration(n.Value)
+	return err == nil && d == 0
 }

@@ -41,13 +41,17 @@ const (
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultFirstByteTimeout = 60 * time.Second
 	DefaultIdleTimeout      = 60 * time.Second
-	DefaultResponseTimeout  = 10 * time.Minute // the OpenAI SDKs' own timeout
-	DefaultMaxConnections   = 512
-	DefaultMaxResponseBody  = 64 << 20 // 64MiB
-	DefaultEmbeddedListen   = "127.0.0.1:4222"
-	DefaultReplicas         = 1
-	DefaultClickHouseDSN    = "clickhouse://127.0.0.1:9000/default"
-	DefaultEngine           = "auto"
+	// DefaultResponseTimeout ends before the OpenAI SDKs' own 10 minutes,
+	// counted from a little earlier: the client then reads the 504 and its
+	// x-should-retry: false, instead of timing out and retrying, which
+	// pays for the whole generation again.
+	DefaultResponseTimeout = 9*time.Minute + 30*time.Second
+	DefaultMaxConnections  = 512
+	DefaultMaxResponseBody = 64 << 20 // 64MiB
+	DefaultEmbeddedListen  = "127.0.0.1:4222"
+	DefaultReplicas        = 1
+	DefaultClickHouseDSN   = "clickhouse://127.0.0.1:9000/default"
+	DefaultEngine          = "auto"
 	// DefaultVectors is where scripts/vectors.sh installs the semantic
 	// engine's word vectors, relative to the working directory.
 	DefaultVectors = "./data/vectors/en.tgv"
@@ -199,8 +203,13 @@ func (l *loader) validateServer(s Server) {
 	l.check(s.MaxRequestBody >= 1<<10 && s.MaxRequestBody <= 1<<30, "server.max_request_body",
 		"%d bytes is outside 1KiB..1GiB", s.MaxRequestBody)
 	l.checkUSD(s.DemoCreditUSD, "server.demo_credit_usd")
-	l.check(s.ShutdownTimeout > 0 && s.ShutdownTimeout <= time.Hour, "server.shutdown_timeout",
-		"%s is outside 1ns..1h", s.ShutdownTimeout)
+	if l.writtenZero("server.shutdown_timeout") {
+		// Zero would read as the default, 25 s: not what "cut at once" meant.
+		l.check(false, "server.shutdown_timeout", "0 is outside 1ns..1h: write how long calls in flight get after SIGTERM, or leave it out for %s", DefaultShutdownTimeout)
+	} else {
+		l.check(s.ShutdownTimeout > 0 && s.ShutdownTimeout <= time.Hour, "server.shutdown_timeout",
+			"%s is outside 1ns..1h", s.ShutdownTimeout)
+	}
 	for i, p := range s.TrustedProxies {
 		_, errPrefix := netip.ParsePrefix(p)
 		_, errAddr := netip.ParseAddr(p)
@@ -256,12 +265,18 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 		}
 		l.checkHTTPURL(u.BaseURL, path+".base_url")
 		for _, d := range []struct {
-			key string
-			v   time.Duration
+			key    string
+			v, def time.Duration
 		}{
-			{"connect_timeout", u.ConnectTimeout}, {"write_timeout", u.WriteTimeout},
-			{"first_byte_timeout", u.FirstByteTimeout}, {"idle_timeout", u.IdleTimeout}, {"response_timeout", u.ResponseTimeout},
+			{"connect_timeout", u.ConnectTimeout, DefaultConnectTimeout}, {"write_timeout", u.WriteTimeout, DefaultWriteTimeout},
+			{"first_byte_timeout", u.FirstByteTimeout, DefaultFirstByteTimeout}, {"idle_timeout", u.IdleTimeout, DefaultIdleTimeout},
+			{"response_timeout", u.ResponseTimeout, DefaultResponseTimeout},
 		} {
+			if l.writtenZero(path + "." + d.key) {
+				// The default would replace it: no timeout is not on offer.
+				l.check(false, path+"."+d.key, "must be positive, got 0: write a duration, or leave it out for %s", d.def)
+				continue
+			}
 			l.check(d.v > 0, path+"."+d.key, "must be positive, got %s", d.v)
 		}
 		l.check(u.MaxConnections > 0, path+".max_connections", "must be positive, got %d", u.MaxConnections)

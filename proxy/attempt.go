@@ -63,7 +63,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		h := &up.health
 		h.inflight.Add(1)
 		firstByte := up.cfg.FirstByteTimeout
-		if !c.stream {
+		wholeAnswer := !c.stream && !c.engineCall
+		if wholeAnswer {
 			// The answer comes in one piece once it is generated.
 			firstByte = up.cfg.ResponseTimeout
 		}
@@ -87,7 +88,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 			lastErr = upstreamUnreachable(up, what, err)
 			reason := err.Error() // with the address, for operators
-			generating := isTimeout(err) && !c.stream
+			generating := isTimeout(err) && wholeAnswer
 			switch {
 			case generating:
 				// The upstream may have been generating all along: another

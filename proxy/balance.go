@@ -175,6 +175,12 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 		}
 		return false
 	}
+	if h.resting.Load() {
+		// An answer to a model it serves alone (pool.pick asks it while it
+		// rests) does not end the rest it asked for: it runs until its
+		// Retry-After.
+		return false
+	}
 	h.close()
 	return true
 }

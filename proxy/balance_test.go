@@ -89,6 +89,11 @@ func TestPoolOfOneIgnoresEjectionAndRest(t *testing.T) {
 	if up, _ := p.pick(rt, 0, 0); up == nil {
 		t.Fatal("the only upstream, resting after a 429 through another pool, was not picked")
 	}
+	// Its answer there does not end the rest the other pool honours.
+	h.succeeded(time.Millisecond)
+	if !h.resting.Load() || h.available(time.Now().UnixNano()) {
+		t.Fatal("an answer to the model it serves alone ended the upstream's rest")
+	}
 }
 
 func TestPickSkipsTriedAndEjected(t *testing.T) {

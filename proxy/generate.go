@@ -270,9 +270,14 @@ type generationCall struct {
 	reqID    string
 	start    time.Time
 	stream   bool
-	injected bool
-	reqBody  *[]byte
-	resp     *upstreamResponse // nil until the upstream answered
+	// engineCall: a classifier engine's question (World.CallModel), a few
+	// tokens of answer, whose wait stays first_byte_timeout: its caller
+	// falls back to the offline engine, and should not wait a
+	// generation's response_timeout to do so.
+	engineCall bool
+	injected   bool
+	reqBody    *[]byte
+	resp       *upstreamResponse // nil until the upstream answered
 
 	usage     catalog.Usage
 	haveUsage bool

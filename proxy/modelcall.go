@@ -59,7 +59,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 		return nil, catalog.Usage{}, err
 	}
 	out, _ := rewriteRequest(nil, body, &f, entry.UpstreamModelJSON, false)
-	call := &generationCall{ep: endpointChat, entry: entry, start: time.Now()}
+	call := &generationCall{ep: endpointChat, entry: entry, start: time.Now(), engineCall: true}
 	resp, up, apiErr := attempt(call, p, &w.Config.Routing, 0, out)
 	if apiErr != nil {
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, apiErr.Message)

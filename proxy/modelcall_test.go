@@ -67,3 +67,20 @@ func TestCallModelCutAnswerIsAnError(t *testing.T) {
 		t.Fatalf("cut answer: %v; want ErrModelUnavailable saying the response was cut", err)
 	}
 }
+
+// A classifier engine's model call waits first_byte_timeout, not the
+// response_timeout of a client's non-streamed generation: its caller
+// falls back to the offline engine, and once waited ten minutes to.
+func TestCallModelWaitsFirstByteTimeout(t *testing.T) {
+	slow := proxytest.Options{FirstByteDelay: 3 * time.Second}
+	h := newPoolHarness(t, 1, "  retries: 0", slow)
+	h.writeConfig(strings.ReplaceAll(readFile(t, h.cfgPath), "first_byte_timeout: 2s}", "first_byte_timeout: 200ms, response_timeout: 10m}"))
+	began := time.Now()
+	_, _, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody))
+	if !errors.Is(err, proxy.ErrModelUnavailable) || !strings.Contains(err.Error(), "first_byte_timeout") {
+		t.Fatalf("err %v, want the model unavailable after first_byte_timeout", err)
+	}
+	if took := time.Since(began); took > 2*time.Second {
+		t.Fatalf("the engine's call took %v; first_byte_timeout is 200ms", took)
+	}
+}
