@@ -177,7 +177,9 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 		TPM:    req.TPM,
 	}
 	if req.ExpiresIn > 0 {
-		exp := now.Add(req.ExpiresIn).Truncate(time.Second)
+		// JWT expiry is in whole seconds: rounded up, so a key lasts at
+		// least what was asked ("3s" once lasted about 2).
+		exp := now.Add(req.ExpiresIn + time.Second - 1).Truncate(time.Second)
 		info.ExpiresAt = &exp
 		claims.ExpiresAt = jwt.NewNumericDate(exp)
 	}

@@ -113,6 +113,10 @@ func (a *API) createKey(call *Call) (int, any, error) {
 		if err != nil || d <= 0 {
 			return 0, nil, proxy.BadRequest("expires_in", "expires_in must be a positive duration such as \"720h\"")
 		}
+		if d < time.Second {
+			// Expiry is in whole seconds: "1ns" made a key dead on arrival.
+			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %s is under a second, the finest an expiry is kept at; give at least \"1s\"", d))
+		}
 		req.ExpiresIn = d
 	}
 	if body.Logging != nil {

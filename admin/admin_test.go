@@ -206,6 +206,7 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 		{"POST", "/admin/v1/accounts/acme/credit", `{"usd":"2.5"}`, 200, `"balance_usd":"4.000000000"`},
 		{"GET", "/admin/v1/accounts/acme/keys", "", 200, `"data":[]`},
 		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"soon"}`, 400, `"param":"expires_in"`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"1ns"}`, 400, `under a second`},
 		{"GET", "/admin/v1/upstreams", "", 200, `"name":"local"`},
 		{"GET", "/admin/v1/nothing/here", "", 404, `no admin route /admin/v1/nothing/here`},
 	}
