@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,7 +59,28 @@ type accountRecord struct {
 	// are already charged to the account; see ApplyUsage.
 	BilledThroughSeq uint64     `json:"billed_through_seq"`
 	BilledRanges     []SeqRange `json:"billed_ranges,omitempty"`
+	// Credits are the credits of the last day that carried an
+	// idempotency key, so that one sent again is not applied twice; kept
+	// in the record, they are checked and added in the same
+	// compare-and-set as the credit.
+	Credits []keyedCredit `json:"keyed_credits,omitempty"`
 }
+
+// keyedCredit is a credit applied under an idempotency key.
+type keyedCredit struct {
+	Key   string    `json:"key"`
+	Nanos int64     `json:"nanos"`
+	At    time.Time `json:"at"`
+}
+
+// Idempotency keys of credits are remembered this long, and at most
+// maxKeyedCredits of them per account.
+const (
+	creditKeyWindow = 24 * time.Hour
+	maxKeyedCredits = 100
+	// MaxIdempotencyKey is the longest idempotency key accepted (bytes).
+	MaxIdempotencyKey = 200
+)
 
 func (r *accountRecord) account() Account {
 	return Account{
@@ -222,18 +244,53 @@ func (s *Service) Account(ctx context.Context, id string) (Account, error) {
 
 // Credit adds amount (> 0) to the account's balance.
 func (s *Service) Credit(ctx context.Context, id string, amount money.Nanos) (Account, error) {
+	acc, _, err := s.CreditOnce(ctx, id, amount, "")
+	return acc, err
+}
+
+// CreditOnce is Credit under an idempotency key (a payment's id, say): a
+// credit sent again with the key of one applied in the last 24 hours is
+// not applied again, and replayed says so; with another amount it is
+// ErrExists. An empty key credits as Credit does.
+func (s *Service) CreditOnce(ctx context.Context, id string, amount money.Nanos, key string) (acc Account, replayed bool, err error) {
 	if amount <= 0 {
-		return Account{}, fmt.Errorf("%w: credit amount must be positive, got %s USD", ErrInvalidInput, amount)
+		return Account{}, false, fmt.Errorf("%w: credit amount must be positive, got %s USD", ErrInvalidInput, amount)
 	}
-	return s.updateAccount(ctx, id, func(rec *accountRecord) error {
+	if len(key) > MaxIdempotencyKey {
+		return Account{}, false, fmt.Errorf("%w: the idempotency key has %d bytes, at most %d", ErrInvalidInput, len(key), MaxIdempotencyKey)
+	}
+	acc, err = s.updateAccount(ctx, id, func(rec *accountRecord) error {
+		replayed = false
+		now := time.Now().UTC()
+		if key != "" {
+			rec.Credits = slices.DeleteFunc(rec.Credits, func(c keyedCredit) bool { return now.Sub(c.At) > creditKeyWindow })
+			for _, c := range rec.Credits {
+				if c.Key != key {
+					continue
+				}
+				if c.Nanos != int64(amount) {
+					return fmt.Errorf("%w: idempotency key %q was used at %s for a credit of %s USD, not %s", ErrExists, key,
+						c.At.Format(time.RFC3339), money.Nanos(c.Nanos), amount)
+				}
+				replayed = true
+				return errUnchanged
+			}
+		}
 		balance, ok1 := addNanos(rec.BalanceNanos, int64(amount))
 		credited, ok2 := addNanos(rec.CreditedNanos, int64(amount))
 		if !ok1 || !ok2 {
 			return fmt.Errorf("%w: crediting %s USD would overflow the balance", ErrInvalidInput, amount)
 		}
 		rec.BalanceNanos, rec.CreditedNanos = balance, credited
+		if key != "" {
+			rec.Credits = append(rec.Credits, keyedCredit{Key: key, Nanos: int64(amount), At: now})
+			if n := len(rec.Credits) - maxKeyedCredits; n > 0 {
+				rec.Credits = slices.Delete(rec.Credits, 0, n)
+			}
+		}
 		return nil
 	})
+	return acc, replayed, err
 }
 
 // Debit subtracts amount (>= 0) from the account's balance, which may go
@@ -260,6 +317,10 @@ func (s *Service) Debit(ctx context.Context, id string, amount money.Nanos) (Acc
 	})
 }
 
+// errUnchanged, from an updateAccount change, leaves the record as it is
+// and answers the account as read.
+var errUnchanged = errors.New("unchanged")
+
 // updateAccount applies change with compare-and-set on the entry's revision,
 // retrying from a fresh read whenever another writer got there first.
 func (s *Service) updateAccount(ctx context.Context, id string, change func(*accountRecord) error) (Account, error) {
@@ -268,7 +329,9 @@ func (s *Service) updateAccount(ctx context.Context, id string, change func(*acc
 		if err != nil {
 			return Account{}, err
 		}
-		if err := change(&rec); err != nil {
+		if err := change(&rec); errors.Is(err, errUnchanged) {
+			return rec.account(), nil
+		} else if err != nil {
 			return Account{}, err
 		}
 		data, err := json.Marshal(&rec)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -274,4 +275,53 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestCreditOnce: a credit sent again with its idempotency key (a retried
+// CLI call, a payment webhook delivered twice) is applied once, also when
+// both race; the same key with another amount is refused.
+func TestCreditOnce(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var replays atomic.Int32
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, replayed, err := s.CreditOnce(ctx, "acme", 5*money.NanosPerUSD, "pay_123")
+			if err != nil {
+				t.Error(err)
+			}
+			if replayed {
+				replays.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	acc, err := s.Account(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acc.Balance != 5*money.NanosPerUSD || replays.Load() != 7 {
+		t.Fatalf("8 credits of 5 USD under one key: balance %s, %d replays; want 5 USD and 7", acc.Balance, replays.Load())
+	}
+	if _, _, err := s.CreditOnce(ctx, "acme", 6*money.NanosPerUSD, "pay_123"); !errors.Is(err, ErrExists) {
+		t.Errorf("the key again with another amount: %v, want ErrExists", err)
+	}
+	if acc, _, err := s.CreditOnce(ctx, "acme", 5*money.NanosPerUSD, "pay_124"); err != nil || acc.Balance != 10*money.NanosPerUSD {
+		t.Errorf("another key: %v, %v", acc.Balance, err)
+	}
+	// Without a key, every credit counts.
+	for range 2 {
+		if _, err := s.Credit(ctx, "acme", money.NanosPerUSD); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if acc, _ := s.Account(ctx, "acme"); acc.Balance != 12*money.NanosPerUSD {
+		t.Errorf("balance %s, want 12 USD", acc.Balance)
+	}
 }

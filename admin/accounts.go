@@ -73,6 +73,9 @@ func (a *API) getAccount(call *Call) (int, any, error) {
 func (a *API) credit(call *Call) (int, any, error) {
 	var req struct {
 		USD string `json:"usd"`
+		// IdempotencyKey makes a credit sent twice (a retried call, a
+		// payment webhook delivered again) apply once.
+		IdempotencyKey string `json:"idempotency_key"`
 	}
 	if err := decodeStrict(call.HTTP, &req); err != nil {
 		return 0, nil, err
@@ -81,9 +84,16 @@ func (a *API) credit(call *Call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	acc, err := a.svc.Credit(call.Ctx, call.Args[0], amount)
+	if len(req.IdempotencyKey) > accounts.MaxIdempotencyKey {
+		return 0, nil, proxy.BadRequest("idempotency_key", fmt.Sprintf("idempotency_key is too long: at most %d bytes", accounts.MaxIdempotencyKey))
+	}
+	acc, replayed, err := a.svc.CreditOnce(call.Ctx, call.Args[0], amount, req.IdempotencyKey)
 	if err != nil {
 		return 0, nil, err
+	}
+	if replayed {
+		// Stripe's header: the credit was applied before, not now.
+		call.HTTP.Response.Header.Set("Idempotent-Replayed", "true")
 	}
 	return 200, viewAccount(acc), nil
 }

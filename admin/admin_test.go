@@ -276,3 +276,36 @@ func TestRegisteredRoute(t *testing.T) {
 		t.Fatalf("two modules adding one admin route: %v; want an error naming both", err)
 	}
 }
+
+// A credit sent twice with one idempotency_key (a retried CLI call, a
+// payment webhook delivered again) is applied once; the second answer
+// says Idempotent-Replayed.
+func TestCreditWithIdempotencyKeyAppliesOnce(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	credit := func(body string) (int, string, string) {
+		req, err := http.NewRequest("POST", g.url+"/admin/v1/accounts/acme/credit", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), string(b)
+	}
+	for i, wantReplayed := range []string{"", "true"} {
+		status, replayed, body := credit(`{"usd":"10.00","idempotency_key":"pay_1"}`)
+		if status != 200 || replayed != wantReplayed || !strings.Contains(body, `"balance_usd":"10.000000000"`) {
+			t.Fatalf("credit %d: %d replayed %q %s", i+1, status, replayed, body)
+		}
+	}
+	if status, _, body := credit(`{"usd":"11.00","idempotency_key":"pay_1"}`); status != 409 || !strings.Contains(body, `was used at`) {
+		t.Fatalf("the key with another amount: %d %s", status, body)
+	}
+}

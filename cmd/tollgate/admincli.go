@@ -158,7 +158,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 
 var negativeNumber = regexp.MustCompile(`^-[0-9]+(\.[0-9]*)?$`)
 
-const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD | login ID | logout ID (ends its console sessions, cancels its sign-in links)"
+const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD [-idempotency-key KEY] | login ID | logout ID (ends its console sessions, cancels its sign-in links)"
 
 func runAccounts(args []string) error {
 	if len(args) == 0 {
@@ -167,6 +167,7 @@ func runAccounts(args []string) error {
 	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
 	url, token := adminFlags(fs)
 	credit := fs.String("credit", "", "initial credit in USD, e.g. 10.00")
+	idemKey := fs.String("idempotency-key", "", "credit: a key (a payment id) that makes the same credit, sent again within 24 hours, apply once")
 	pos, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		return err
@@ -185,7 +186,11 @@ func runAccounts(args []string) error {
 	case args[0] == "get" && len(pos) == 1:
 		return c.call("GET", "/accounts/"+pos[0], nil)
 	case args[0] == "credit" && len(pos) == 2:
-		return c.call("POST", "/accounts/"+pos[0]+"/credit", map[string]string{"usd": pos[1]})
+		body := map[string]string{"usd": pos[1]}
+		if *idemKey != "" {
+			body["idempotency_key"] = *idemKey
+		}
+		return c.call("POST", "/accounts/"+pos[0]+"/credit", body)
 	case args[0] == "login" && len(pos) == 1:
 		return printConsoleLogin(c, pos[0])
 	case args[0] == "logout" && len(pos) == 1:

@@ -34,7 +34,7 @@ commands:
   migrate                apply ClickHouse migrations
   finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
-  accounts create ID [-credit USD] | get ID | credit ID USD
+  accounts create ID [-credit USD] | get ID | credit ID USD [-idempotency-key KEY]
   accounts login ID      print a one-time web console sign-in link (15 minutes)
   accounts logout ID     end the account's console sessions and cancel its sign-in links
   keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N]
