@@ -126,7 +126,7 @@ func TestConfigCheckRefusesMoreThanOneFile(t *testing.T) {
 	if err := runConfig([]string{"check", good}); err != nil {
 		t.Fatalf("one good file: %v", err)
 	}
-	if err := runConfig([]string{"check", good, bad}); err == nil || !strings.Contains(err.Error(), "one file") {
+	if err := runConfig([]string{"check", good, bad}); err == nil || !strings.Contains(err.Error(), "one config file at most") {
 		t.Fatalf("two files: %v, want a usage error", err)
 	}
 }
