@@ -293,6 +293,10 @@ func yesAt(toks []tokenLogprob, off int, said bool) float64 {
 // lineTags reads open tags, one a line (list marks and numbering
 // dropped), with the probability of each tag's first token; 0.5 without
 // log-probabilities.
+// maxTagWords is the most words a line of an open-tags answer may have
+// to be read as a tag (the prompt asks for one or two).
+const maxTagWords = 4
+
 func lineTags(ans modelAnswer, maxTags int) ([]LabelScore, error) {
 	var tags []LabelScore
 	seen := map[string]bool{}
@@ -302,7 +306,10 @@ func lineTags(ans modelAnswer, maxTags int) ([]LabelScore, error) {
 		pos += len(line)
 		trimmed := strings.TrimLeft(line, " \t-*•0123456789.)")
 		tag := strings.ToLower(strings.TrimSpace(trimmed))
-		if tag == "" || seen[tag] || len(tags) == maxTags {
+		// Asked for tags of one or two words, a model may still preface
+		// them ("Here are the tags:") or answer in prose: such lines are
+		// not tags, and an answer of nothing else is asked again.
+		if tag == "" || seen[tag] || len(tags) == maxTags || strings.HasSuffix(tag, ":") || len(strings.Fields(tag)) > maxTagWords {
 			continue
 		}
 		seen[tag] = true

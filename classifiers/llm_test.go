@@ -557,3 +557,15 @@ func TestLLMOneEngineIsRefusedLogprobsOnce(t *testing.T) {
 		t.Errorf("3 calls made %d requests and told the refusal %d times; want 4 (one refused) and once", n, told)
 	}
 }
+
+// An open-tags answer's prose lines ("Here are the tags:", a sentence)
+// are not tags; an answer of nothing else is no answer.
+func TestLineTagsSkipsProse(t *testing.T) {
+	tags, err := lineTags(modelAnswer{text: "Here are the tags:\n- billing\n- double charge\nThe customer was charged twice for one order.\n"}, 5)
+	if err != nil || len(tags) != 2 || tags[0].Label != "billing" || tags[1].Label != "double charge" {
+		t.Fatalf("tags %+v, %v; want billing and double charge", tags, err)
+	}
+	if _, err := lineTags(modelAnswer{text: "tok0 tok1 tok2 tok3 tok4 tok5 tok6"}, 5); err == nil {
+		t.Error("a line of prose was taken for a tag")
+	}
+}
