@@ -339,8 +339,11 @@ func (s *Service) updateAccount(ctx context.Context, id string, change func(*acc
 			return Account{}, fmt.Errorf("encoding account %s: %w", id, err)
 		}
 		newRev, err := s.accounts.Update(ctx, id, data, rev)
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			continue // lost the race; the loop re-reads
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			// Lost the race; the loop re-reads. (ErrKeyExists matched it on
+			// one replica only: replicated streams answer another code,
+			// and every lost race there was a 503.)
+			continue
 		}
 		if err != nil {
 			return Account{}, fmt.Errorf("updating account %s: %w", id, err)

@@ -78,7 +78,7 @@ func (s *Service) ApplyUsage(ctx context.Context, id string, usage Usage) (Accou
 			return Account{}, 0, fmt.Errorf("encoding account %s: %w", id, err)
 		}
 		newRev, err := s.accounts.Update(ctx, id, data, rev)
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue // lost the race; the loop re-reads
 		}
 		if err != nil {

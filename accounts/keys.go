@@ -295,7 +295,7 @@ func (s *Service) RevokeKey(ctx context.Context, keyID string) (KeyInfo, error) 
 			return KeyInfo{}, fmt.Errorf("encoding key %s: %w", keyID, err)
 		}
 		rev, err := s.keys.Update(ctx, keyID, data, entry.Revision())
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue // changed meanwhile; re-read
 		}
 		if err != nil {

@@ -110,7 +110,7 @@ func (l *Logins) Cancel(ctx context.Context, account string) (int, error) {
 		if json.Unmarshal(entry.Value(), &rec) != nil || rec.Account != account {
 			continue
 		}
-		if err := l.kv.Delete(ctx, key, jetstream.LastRevision(entry.Revision())); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		if err := l.kv.Delete(ctx, key, jetstream.LastRevision(entry.Revision())); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return n, fmt.Errorf("cancelling sign-in link: %w", err)
 		}
 		n++
@@ -135,7 +135,7 @@ func (l *Logins) Redeem(ctx context.Context, token string) (string, error) {
 		return "", err
 	}
 	err = l.kv.Delete(ctx, loginKey(token), jetstream.LastRevision(rev))
-	if errors.Is(err, jetstream.ErrKeyExists) {
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		return "", ErrLoginInvalid // redeemed meanwhile
 	}
 	if err != nil {
