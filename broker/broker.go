@@ -8,9 +8,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -119,7 +121,7 @@ func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(s
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		b.shutdownEmbedded()
-		return nil, fmt.Errorf("connecting to nats at %s: %w", url, err)
+		return nil, fmt.Errorf("connecting to nats at %s: %w", RedactURLs(url), err)
 	}
 	b.nc = nc
 	js, err := jetstream.New(nc)
@@ -188,6 +190,33 @@ func (b *Broker) JetStream() jetstream.JetStream { return b.js }
 
 // ClientURL is where other processes (`tollgate billing`, nats tools, tests)
 // reach the embedded server; with an external NATS it is the URL connected to.
+// RedactURLs hides the credentials of a comma-separated list of NATS URLs
+// for logs and errors, as nats.go's ConnectedUrlRedacted does: a password
+// becomes xxxxx, and so does a token given as the user. An error that
+// quoted nats.url wrote the password to the log at every failed start.
+func RedactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			if strings.Contains(p, "@") {
+				parts[i] = "(a URL that does not parse, not shown)"
+			}
+			continue
+		}
+		if u.User == nil {
+			continue
+		}
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		} else {
+			u.User = url.User("xxxxx")
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}
+
 func (b *Broker) ClientURL() string {
 	if b.embedded != nil {
 		return b.embedded.ClientURL()

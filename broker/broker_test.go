@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,5 +182,18 @@ func TestEmbeddedBadListen(t *testing.T) {
 	if b, err := Start(testContext(t), config.NATS{EmbeddedListen: "no-port"}, t.TempDir(), nil); err == nil {
 		b.Close()
 		t.Fatal("Start accepted embedded_listen without a port")
+	}
+}
+
+// TestRedactURLs: an error that quotes nats.url must not carry its
+// password (or a token given as the user).
+func TestRedactURLs(t *testing.T) {
+	got := RedactURLs("nats://gateway:gwpass123@10.0.0.1:4222,nats://s3cr3ttoken@10.0.0.2:4222, nats://10.0.0.3:4222")
+	want := "nats://gateway:xxxxx@10.0.0.1:4222,nats://xxxxx@10.0.0.2:4222, nats://10.0.0.3:4222"
+	if got != want {
+		t.Errorf("RedactURLs = %q, want %q", got, want)
+	}
+	if got := RedactURLs("nats://user:p%zz@host:4222"); strings.Contains(got, "p%zz") {
+		t.Errorf("a URL that does not parse kept its password: %q", got)
 	}
 }

@@ -58,8 +58,11 @@ func connectNATS(ctx context.Context, cfg *config.Config, logf func(string, ...a
 		nc.URL = "nats://" + nc.EmbeddedListen
 	}
 	b, err := broker.Start(ctx, nc, cfg.Server.DataDir, logf)
+	if err != nil && cfg.NATS.URL == "" {
+		return nil, fmt.Errorf("connecting to the embedded NATS of `tollgate serve` at %s (is it running?): %w", nc.URL, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("connecting to NATS at %s (is `tollgate serve` running?): %w", nc.URL, err)
+		return nil, err // it names the servers, without their credentials
 	}
 	return b, nil
 }
