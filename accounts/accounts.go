@@ -24,6 +24,11 @@ import (
 const (
 	BucketAccounts = "TOLLGATE_ACCOUNTS" // key: account id; value: JSON accountRecord
 	BucketKeys     = "TOLLGATE_KEYS"     // key: key id; value: JSON KeyInfo (never the token)
+	// BucketSigning holds the public half of the signing key every
+	// gateway on this NATS must share (key "public"), so that one started
+	// with another is refused at start instead of refusing, and issuing,
+	// keys the others do not accept.
+	BucketSigning = "TOLLGATE_SIGNING"
 )
 
 var (
@@ -99,6 +104,8 @@ type Service struct {
 	accounts jetstream.KeyValue
 	keys     jetstream.KeyValue
 
+	// signer is nil in a process that only reads and debits balances
+	// (Open with no dataDir): it neither issues nor verifies keys.
 	signer    ed25519.PrivateKey
 	verifier  ed25519.PublicKey
 	issuer    string
@@ -115,8 +122,12 @@ type Service struct {
 }
 
 // Open declares the buckets, loads or creates the signing key under dataDir,
-// starts watching both buckets and returns once the snapshot holds their
-// current contents (or ctx ends). Close it before closing the broker.
+// checks it is the one the other gateways on this NATS use, starts
+// watching both buckets and returns once the snapshot holds their current
+// contents (or ctx ends). Close it before closing the broker. With no
+// dataDir the service has no signing key: for the billing consumer and
+// the batch worker, which only read and debit balances (a key of their
+// own, made at their first start, once looked like one to share).
 func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir string, auth config.Auth) (*Service, error) {
 	algorithm := auth.Algorithm
 	if algorithm == "" {
@@ -129,11 +140,17 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 	if issuer == "" {
 		issuer = config.DefaultIssuer
 	}
-	signer, err := loadOrCreateSigningKey(dataDir)
-	if err != nil {
-		return nil, err
-	}
 	replicas = max(replicas, 1)
+	var signer ed25519.PrivateKey
+	if dataDir != "" {
+		var err error
+		if signer, err = loadOrCreateSigningKey(dataDir); err != nil {
+			return nil, err
+		}
+		if err := checkSharedSigningKey(ctx, js, replicas, signer.Public().(ed25519.PublicKey), dataDir); err != nil {
+			return nil, err
+		}
+	}
 	accountsKV, err := broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      BucketAccounts,
 		Description: "tollgate accounts and balances",
@@ -160,7 +177,7 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 		accounts:  accountsKV,
 		keys:      keysKV,
 		signer:    signer,
-		verifier:  signer.Public().(ed25519.PublicKey),
+		verifier:  publicOf(signer),
 		issuer:    issuer,
 		algorithm: algorithm,
 		parser: jwt.NewParser(

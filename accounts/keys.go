@@ -140,6 +140,9 @@ var keyIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithP
 // CreateKey issues a key for an existing account and returns its metadata
 // and the token. The token is shown to the caller once and stored nowhere.
 func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest) (KeyInfo, string, error) {
+	if s.signer == nil {
+		return KeyInfo{}, "", errNoSigningKey
+	}
 	if err := validateKeyRequest(&req); err != nil {
 		return KeyInfo{}, "", err
 	}
@@ -316,6 +319,9 @@ func (s *Service) RevokeKey(ctx context.Context, keyID string) (KeyInfo, error) 
 // expiry and revocation are still checked on every call. token is not
 // retained: the caller may reuse its buffer.
 func (s *Service) Verify(token []byte) (*Key, error) {
+	if s.verifier == nil {
+		return nil, errNoSigningKey
+	}
 	if !bytes.HasPrefix(token, []byte(TokenPrefix)) {
 		return nil, errMissingPrefix
 	}

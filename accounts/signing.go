@@ -1,14 +1,22 @@
 package accounts
 
 import (
+	"bytes"
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
 )
 
 // SigningKeyFile is the name of the Ed25519 key under data_dir that signs
@@ -91,4 +99,54 @@ func syncDir(dir string) {
 		d.Sync()
 		d.Close()
 	}
+}
+
+func publicOf(k ed25519.PrivateKey) ed25519.PublicKey {
+	if k == nil {
+		return nil
+	}
+	return k.Public().(ed25519.PublicKey)
+}
+
+// errNoSigningKey: the service was opened without a data dir.
+var errNoSigningKey = errors.New("this process holds no signing key: keys are issued and checked by tollgate serve")
+
+// checkSharedSigningKey publishes pub as the signing key of the gateways
+// on this NATS, or, if one is published already, refuses pub unless it is
+// that one. A gateway started without the shared signing.key accepted only
+// the keys it issued itself, and issued keys the others refused: behind a
+// load balancer, one call in N failed with "bad signature", and nothing
+// said why.
+func checkSharedSigningKey(ctx context.Context, js jetstream.JetStream, replicas int, pub ed25519.PublicKey, dataDir string) error {
+	kv, err := broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketSigning,
+		Description: "the public key that signs API keys, the same on every gateway",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return err
+	}
+	_, err = kv.Create(ctx, "public", pub)
+	if err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+		return err
+	}
+	entry, err := kv.Get(ctx, "public")
+	if err != nil {
+		return fmt.Errorf("reading the shared signing key: %w", err)
+	}
+	if !bytes.Equal(entry.Value(), pub) {
+		return fmt.Errorf("%s (public key %s) is not the signing key of the gateways already on this NATS (public key %s): "+
+			"API keys issued by one would be refused by the other; copy signing.key from a running gateway's data_dir into %s",
+			filepath.Join(dataDir, SigningKeyFile), fingerprint(pub), fingerprint(entry.Value()), dataDir)
+	}
+	return nil
+}
+
+// fingerprint names a public key in messages: the first 8 bytes of its
+// SHA-256.
+func fingerprint(pub []byte) string {
+	sum := sha256.Sum256(pub)
+	return hex.EncodeToString(sum[:8])
 }

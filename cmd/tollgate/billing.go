@@ -37,7 +37,8 @@ func runBilling(args []string) error {
 		return err
 	}
 	defer b.Close()
-	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
+	// No data dir: the consumer debits balances and holds no signing key.
+	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), "", cfg.Auth)
 	if err != nil {
 		return fmt.Errorf("opening accounts: %w", err)
 	}

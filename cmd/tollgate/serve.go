@@ -146,7 +146,7 @@ func openAccounts(ctx context.Context, cfg *config.Config, logf func(string, ...
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("starting NATS: %w", err)
 	}
-	svc, err := openAccountStore(ctx, cfg, b)
+	svc, err := openAccountStore(ctx, cfg, b, cfg.Server.DataDir)
 	if err != nil {
 		b.Close()
 		return nil, nil, nil, err
@@ -156,8 +156,10 @@ func openAccounts(ctx context.Context, cfg *config.Config, logf func(string, ...
 
 // openAccountStore opens the account store on b and waits until its
 // snapshots are loaded, so that a balance or key asked for is there.
-func openAccountStore(ctx context.Context, cfg *config.Config, b *broker.Broker) (*accounts.Service, error) {
-	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), cfg.Server.DataDir, cfg.Auth)
+// signingDir holds the signing key; "" for a process that issues and
+// checks no keys.
+func openAccountStore(ctx context.Context, cfg *config.Config, b *broker.Broker, signingDir string) (*accounts.Service, error) {
+	svc, err := accounts.Open(ctx, b.JetStream(), b.Replicas(), signingDir, cfg.Auth)
 	if err != nil {
 		return nil, fmt.Errorf("opening accounts: %w", err)
 	}

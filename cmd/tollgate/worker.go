@@ -69,7 +69,7 @@ func runWorker(args []string) error {
 	}
 	// Balances, so that a job the account cannot pay for fails before it
 	// runs (batch.Runtime.CanPay) on a worker as on a gateway.
-	svc, err := openAccountStore(ctx, cfg, b)
+	svc, err := openAccountStore(ctx, cfg, b, "")
 	if err != nil {
 		return err
 	}
