@@ -111,13 +111,33 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 			Replicas:    max(replicas, 1),
 		}
 	}
-	kv, err := broker.EnsureKV(ctx, js, cfg(ttl))
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	// The bucket is shared: a gateway with another routing.response_ttl
+	// changes how long every gateway's mappings live. Say so, as
+	// billing.usage_retention does for the USAGE stream.
+	ensure := func(ctx context.Context, ttl time.Duration) (jetstream.KeyValue, error) {
+		var before time.Duration
+		if old, err := js.KeyValue(ctx, BucketResponses); err == nil {
+			if st, err := old.Status(ctx); err == nil {
+				before = st.TTL()
+			}
+		}
+		kv, err := broker.EnsureKV(ctx, js, cfg(ttl))
+		if err == nil && before != 0 && before != ttl {
+			logf("responses: the %s bucket now keeps response mappings for %s, not %s, for every gateway on this NATS (routing.response_ttl of this gateway; keep it the same in every one)",
+				BucketResponses, ttl, before)
+		}
+		return kv, err
+	}
+	kv, err := ensure(ctx, ttl)
 	if err != nil {
 		return nil, err
 	}
 	r := newResponseStore(kv, ttl, logf)
 	r.retune = func(ctx context.Context, ttl time.Duration) error {
-		_, err := broker.EnsureKV(ctx, js, cfg(ttl))
+		_, err := ensure(ctx, ttl)
 		return err
 	}
 	r.start()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -479,6 +480,24 @@ func TestResponseTTLReloads(t *testing.T) {
 		}
 		return nil
 	})
+	// The bucket is every gateway's: one with another TTL says it changed
+	// it for all (it did so silently).
+	var logged []string
+	var mu sync.Mutex
+	other, err := proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Hour, func(format string, args ...any) {
+		mu.Lock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(logged) != 1 || !strings.Contains(logged[0], "now keeps response mappings for 1h0m0s, not 2h0m0s, for every gateway") {
+		t.Errorf("a second gateway with another response_ttl logged %q", logged)
+	}
 }
 
 // A background response is generated after the call has ended, where the
