@@ -60,6 +60,18 @@ func (s *Server) CutStreams() int {
 	return len(o.calls)
 }
 
+// CallsWithUpstreams is how many calls are with an upstream now, streams
+// included: at shutdown, those that are not open streams are non-streamed
+// calls, or streams still waiting for their first event, whose clients
+// get no answer when the process exits.
+func (s *Server) CallsWithUpstreams() int64 {
+	var n int64
+	for _, up := range s.world.Load().upstreams {
+		n += up.health.inflight.Load()
+	}
+	return n
+}
+
 // DropStreamClients closes the client connections of the streams
 // CutStreams ended that are still open: a client that stopped reading
 // keeps its relay blocked writing (the server has no write timeout), and

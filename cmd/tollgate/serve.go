@@ -271,6 +271,9 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 	// the outbox closes. Dropped with the process, they went unbilled.
 	n := srv.CutStreams()
 	logf("shutdown: waited %s; ending the %d streams still open (billed on estimated usage)", wait, n)
+	if waiting := srv.CallsWithUpstreams() - int64(n); waiting > 0 {
+		logf("shutdown: %d calls still wait for an upstream's answer (non-streamed, or a stream before its first event): their clients get no answer, and they are not billed", waiting)
+	}
 	select {
 	case <-done:
 		return nil
