@@ -53,13 +53,16 @@ func runServe(args []string) error {
 	if err := prepareProcess(cfg, logf); err != nil {
 		return err
 	}
+	// Read before openAccounts makes the signing key on a first start.
+	_, err = os.Stat(filepath.Join(cfg.Server.DataDir, accounts.SigningKeyFile))
+	firstStart := errors.Is(err, os.ErrNotExist)
 	b, svc, closeAccounts, err := openAccounts(ctx, cfg, logf)
 	if err != nil {
 		return err
 	}
 	defer closeAccounts()
 
-	adminToken, err := loadAdminToken(cfg)
+	adminToken, err := loadAdminToken(cfg, firstStart)
 	if err != nil {
 		return err
 	}
@@ -302,7 +305,7 @@ const (
 
 // loadAdminToken returns server.admin_token, or the token kept in the data
 // dir, generating and printing it on first start.
-func loadAdminToken(cfg *config.Config) (string, error) {
+func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 	if cfg.Server.AdminToken != "" {
 		return cfg.Server.AdminToken, nil
 	}
@@ -319,6 +322,15 @@ func loadAdminToken(cfg *config.Config) (string, error) {
 	tok := "tga-" + hex.EncodeToString(raw)
 	if err := writeFileAtomic(p, []byte(tok+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("writing admin token: %w", err)
+	}
+	if !firstStart {
+		// A gateway started without the token the others were given
+		// answers only its own: half the admin calls of a fleet then
+		// failed with 401, after a "First start" message on a data dir
+		// that had served for months.
+		fmt.Fprintf(os.Stderr, "\nNo admin token: server.admin_token and TOLLGATE_ADMIN_TOKEN are empty and %s was missing, so a new one was made "+
+			"(the other gateways of a deployment keep theirs: give them all one with TOLLGATE_ADMIN_TOKEN):\n\n  TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
+		return tok, nil
 	}
 	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
 	return tok, nil
