@@ -48,6 +48,9 @@ func runBilling(args []string) error {
 	}
 	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), redactDSN(cfg.ClickHouse.DSN))
 	billingLoop(ctx, cfg, b, svc, logf)
+	// A batch not acknowledged yet is delivered again to the next
+	// consumer, and neither stored nor debited twice.
+	logf("billing: stopped; a batch in hand, if any, is redelivered to the next consumer")
 	return nil
 }
 
