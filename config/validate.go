@@ -301,8 +301,17 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 		}
 		models[m.ID] = true
 		l.validatePool(m, path, nUpstreams, upstreams, upstreamNames)
-		l.check(m.ContextLength > 0, path+".context_length", "must be positive, got %d", m.ContextLength)
-		l.check(m.MaxOutputLength > 0, path+".max_output_length", "must be positive, got %d", m.MaxOutputLength)
+		for _, f := range []struct {
+			key string
+			v   int
+		}{{"context_length", m.ContextLength}, {"max_output_length", m.MaxOutputLength}} {
+			if _, written := l.nodes[path+"."+f.key]; !written {
+				// No default is right for every model: said so, not "got 0".
+				l.check(false, path+"."+f.key, "is required: the model's %s in tokens (no default)", strings.ReplaceAll(f.key, "_", " "))
+				continue
+			}
+			l.check(f.v > 0, path+"."+f.key, "must be positive, got %d", f.v)
+		}
 		l.check(m.MaxOutputLength <= m.ContextLength || m.ContextLength <= 0, path+".max_output_length",
 			"%d is more than context_length %d", m.MaxOutputLength, m.ContextLength)
 		p := m.Pricing
