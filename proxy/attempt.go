@@ -146,10 +146,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 	c.openSSE(resp)
 	br := c.sse.br
+	if tc := resp.uc.tc; tc != nil {
+		// One deadline for the whole wait: re-armed at each comment, it
+		// let an upstream that sends one a second hold the call forever.
+		defer tc.awaitEventBy()()
+	}
 	for {
-		if resp.uc.tc != nil {
-			resp.uc.tc.awaitingFirst = true
-		}
 		b, err := br.Peek(1)
 		if err == io.EOF {
 			return errClosedBeforeBody
@@ -174,9 +176,6 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 		case '\r', '\n':
 			_, _ = br.Discard(1)
 		default:
-			if resp.uc.tc != nil {
-				resp.uc.tc.awaitingFirst = false // later gaps are idle_timeout's
-			}
 			return nil
 		}
 	}

@@ -1043,9 +1043,31 @@ func TestStreamCommentIsNotTheFirstByte(t *testing.T) {
 		t.Errorf("a stream that sent only a comment was billed: %+v", evs[0])
 	}
 
+	// Comments that keep coming do not move the deadline: one a tenth of
+	// a second for 3 s once held the call the whole 3 s (and, sent
+	// forever, for ever).
+	var chatty []string
+	for range 30 {
+		chatty = append(chatty, ": OPENROUTER PROCESSING\n\n")
+	}
+	keepsTalking := scriptedUpstream(t, 100*time.Millisecond, append(chatty, chatChunk("late", "stop"), "data: [DONE]\n\n")...)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), stalls, keepsTalking, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		began := time.Now()
+		resp := h.post("/v1/chat/completions", body)
+		got := readAll(t, resp)
+		if resp.StatusCode != 503 || !strings.Contains(string(got), "first_byte_timeout") {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		if took := time.Since(began); took > 2*time.Second {
+			t.Fatalf("comments every 100 ms held the call %v; first_byte_timeout is 300ms", took)
+		}
+		return nil
+	})
+
 	answers := scriptedUpstream(t, 100*time.Millisecond, ": OPENROUTER PROCESSING\n\n", ": still\n\n",
 		chatChunk("Hello", "stop"), "data: [DONE]\n\n")
-	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), stalls, answers, 1))
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), keepsTalking, answers, 1))
 	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		resp := h.post("/v1/chat/completions", body)
 		got := string(readAll(t, resp))

@@ -164,11 +164,30 @@ type timeoutConn struct {
 	awaitingFirst         bool
 	readWait              time.Duration // the wait the read deadline was armed with
 	readArmed, writeArmed time.Time     // when the deadlines were last armed
+	wroteAt               time.Time     // when the request in flight was written
+	// firstEventBy, while set, is the one deadline of every read: a
+	// stream's first event is due by then however many comments come
+	// before it (awaitFirstEvent).
+	firstEventBy time.Time
+}
+
+// awaitEventBy makes every read until done() wait at most until the
+// first byte's deadline of the request in flight, counted from when it was
+// written, whatever arrives meanwhile.
+func (c *timeoutConn) awaitEventBy() (done func()) {
+	c.firstEventBy = c.wroteAt.Add(c.firstByte)
+	return func() {
+		c.firstEventBy = time.Time{}
+		c.awaitingFirst = false
+		c.readWait = 0 // the next read arms idle_timeout
+	}
 }
 
 func (c *timeoutConn) Write(p []byte) (int, error) {
 	c.awaitingFirst = true
-	if now := time.Now(); now.Sub(c.writeArmed) > c.write/16 {
+	now := time.Now()
+	c.wroteAt = now
+	if now.Sub(c.writeArmed) > c.write/16 {
 		if err := c.Conn.SetWriteDeadline(now.Add(c.write)); err != nil {
 			return 0, err
 		}
@@ -178,6 +197,15 @@ func (c *timeoutConn) Write(p []byte) (int, error) {
 }
 
 func (c *timeoutConn) Read(p []byte) (int, error) {
+	if !c.firstEventBy.IsZero() {
+		if !c.readArmed.Equal(c.firstEventBy) {
+			if err := c.Conn.SetReadDeadline(c.firstEventBy); err != nil {
+				return 0, err
+			}
+			c.readArmed, c.readWait = c.firstEventBy, 0
+		}
+		return c.Conn.Read(p)
+	}
 	wait := c.idle
 	if c.awaitingFirst {
 		wait = c.firstByte
