@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -121,7 +120,9 @@ func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(s
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		b.shutdownEmbedded()
-		return nil, fmt.Errorf("connecting to nats at %s: %w", RedactURLs(url), err)
+		// nats.go's own error may quote the URL too (one that does not
+		// parse): the whole message is redacted, not only the list.
+		return nil, redactedError{msg: RedactURLs(fmt.Sprintf("connecting to nats at %s: %v", url, err), url), err: err}
 	}
 	b.nc = nc
 	js, err := jetstream.New(nc)
@@ -191,31 +192,37 @@ func (b *Broker) JetStream() jetstream.JetStream { return b.js }
 // ClientURL is where other processes (`tollgate billing`, nats tools, tests)
 // reach the embedded server; with an external NATS it is the URL connected to.
 // RedactURLs hides the credentials of a comma-separated list of NATS URLs
-// for logs and errors, as nats.go's ConnectedUrlRedacted does: a password
-// becomes xxxxx, and so does a token given as the user. An error that
+// in text (the list itself, or an error that quotes it): the user info of
+// each (user and password, the part before its last "@") becomes xxxxx,
+// with or without a scheme, whether or not the URL parses. An error that
 // quoted nats.url wrote the password to the log at every failed start.
-func RedactURLs(list string) string {
-	parts := strings.Split(list, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			if strings.Contains(p, "@") {
-				parts[i] = "(a URL that does not parse, not shown)"
-			}
+func RedactURLs(text, list string) string {
+	for _, p := range strings.Split(list, ",") {
+		p = strings.TrimSpace(p)
+		at := strings.LastIndex(p, "@")
+		if at < 0 {
 			continue
 		}
-		if u.User == nil {
-			continue
+		from := 0
+		if i := strings.Index(p, "://"); i >= 0 && i < at {
+			from = i + 3
 		}
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		} else {
-			u.User = url.User("xxxxx")
+		if info := p[from:at]; info != "" {
+			text = strings.ReplaceAll(text, info, "xxxxx")
 		}
-		parts[i] = u.String()
 	}
-	return strings.Join(parts, ",")
+	return text
 }
+
+// redactedError is err with a message whose credentials are hidden; errors.Is
+// still sees err.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e redactedError) Error() string { return e.msg }
+func (e redactedError) Unwrap() error { return e.err }
 
 func (b *Broker) ClientURL() string {
 	if b.embedded != nil {

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -186,14 +187,19 @@ func TestEmbeddedBadListen(t *testing.T) {
 }
 
 // TestRedactURLs: an error that quotes nats.url must not carry its
-// password (or a token given as the user).
+// password, or a token given as the user, with or without a scheme, and
+// whether or not the URL parses.
 func TestRedactURLs(t *testing.T) {
-	got := RedactURLs("nats://gateway:gwpass123@10.0.0.1:4222,nats://s3cr3ttoken@10.0.0.2:4222, nats://10.0.0.3:4222")
-	want := "nats://gateway:xxxxx@10.0.0.1:4222,nats://xxxxx@10.0.0.2:4222, nats://10.0.0.3:4222"
+	list := "nats://gateway:gwpass123@10.0.0.1:4222,nats://s3cr3ttoken@10.0.0.2:4222, nats://10.0.0.3:4222"
+	got := RedactURLs("connecting to nats at "+list+": no servers", list)
+	want := "connecting to nats at nats://xxxxx@10.0.0.1:4222,nats://xxxxx@10.0.0.2:4222, nats://10.0.0.3:4222: no servers"
 	if got != want {
 		t.Errorf("RedactURLs = %q, want %q", got, want)
 	}
-	if got := RedactURLs("nats://user:p%zz@host:4222"); strings.Contains(got, "p%zz") {
-		t.Errorf("a URL that does not parse kept its password: %q", got)
+	for _, u := range []string{"nats://alice:pa/ssw0rd@127.0.0.1:4222", "alice:s3cretPW@127.0.0.1:4222", "nats://user:p%zz@host:4222"} {
+		msg := fmt.Sprintf("connecting to nats at %s: parse %q: invalid", u, u)
+		if got := RedactURLs(msg, u); strings.Contains(got, "pa/ssw0rd") || strings.Contains(got, "s3cretPW") || strings.Contains(got, "p%zz") {
+			t.Errorf("%s: %q keeps the password", u, got)
+		}
 	}
 }
