@@ -137,9 +137,11 @@ func checkSharedSigningKey(ctx context.Context, js jetstream.JetStream, replicas
 		return fmt.Errorf("reading the shared signing key: %w", err)
 	}
 	if !bytes.Equal(entry.Value(), pub) {
-		return fmt.Errorf("%s (public key %s) is not the signing key of the gateways already on this NATS (public key %s): "+
-			"API keys issued by one would be refused by the other; copy signing.key from a running gateway's data_dir into %s",
-			filepath.Join(dataDir, SigningKeyFile), fingerprint(pub), fingerprint(entry.Value()), dataDir)
+		return fmt.Errorf("%s (public key %s) is not the signing key published on this NATS (public key %s, in KV bucket %s): "+
+			"API keys issued with one are refused with the other. Copy signing.key from another gateway's data_dir into %s; "+
+			"or, to replace the signing key on purpose (every API key issued stops working), stop every gateway and delete the published one "+
+			"(nats kv del %s public)",
+			filepath.Join(dataDir, SigningKeyFile), fingerprint(pub), fingerprint(entry.Value()), BucketSigning, dataDir, BucketSigning)
 	}
 	return nil
 }

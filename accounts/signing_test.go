@@ -19,8 +19,8 @@ func TestGatewaysMustShareTheSigningKey(t *testing.T) {
 	b2 := connectBroker(t, b.ClientURL())
 	t.Cleanup(b2.Close)
 	_, err := Open(testContext(t), b2.JetStream(), b2.Replicas(), other, testAuth)
-	if err == nil || !strings.Contains(err.Error(), "is not the signing key of the gateways already on this NATS") ||
-		!strings.Contains(err.Error(), "copy signing.key") {
+	if err == nil || !strings.Contains(err.Error(), "is not the signing key published on this NATS") ||
+		!strings.Contains(err.Error(), "Copy signing.key") || !strings.Contains(err.Error(), "nats kv del TOLLGATE_SIGNING public") {
 		t.Fatalf("a gateway with its own signing key: %v, want refused", err)
 	}
 
