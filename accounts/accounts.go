@@ -79,10 +79,12 @@ type keyedCredit struct {
 }
 
 // Idempotency keys of credits are remembered this long, and at most
-// maxKeyedCredits of them per account.
+// maxKeyedCredits of them per account: a week covers payment providers'
+// webhook retries (Stripe's run for three days), and 500 keys (about
+// 40 KB in the record) a busy account's top-ups of a week.
 const (
-	creditKeyWindow = 24 * time.Hour
-	maxKeyedCredits = 100
+	creditKeyWindow = 7 * 24 * time.Hour
+	maxKeyedCredits = 500
 	// MaxIdempotencyKey is the longest idempotency key accepted (bytes).
 	MaxIdempotencyKey = 200
 )
@@ -266,7 +268,7 @@ func (s *Service) Credit(ctx context.Context, id string, amount money.Nanos) (Ac
 }
 
 // CreditOnce is Credit under an idempotency key (a payment's id, say): a
-// credit sent again with the key of one applied in the last 24 hours is
+// credit sent again with the key of one applied in the last 7 days is
 // not applied again, and replayed says so; with another amount it is
 // ErrExists. An empty key credits as Credit does.
 func (s *Service) CreditOnce(ctx context.Context, id string, amount money.Nanos, key string) (acc Account, replayed bool, err error) {

@@ -118,6 +118,9 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 		}
 		return nil, err
 	}
+	if resp.Header.Get("Idempotent-Replayed") == "true" {
+		fmt.Fprintln(os.Stderr, "tollgate: a credit with this idempotency key was applied before: not applied again (the account as it is now:)")
+	}
 	return out, nil
 }
 
@@ -167,7 +170,7 @@ func runAccounts(args []string) error {
 	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
 	url, token := adminFlags(fs)
 	credit := fs.String("credit", "", "initial credit in USD, e.g. 10.00")
-	idemKey := fs.String("idempotency-key", "", "credit: a key (a payment id) that makes the same credit, sent again within 24 hours, apply once")
+	idemKey := fs.String("idempotency-key", "", "credit: a key (a payment id) that makes the same credit, sent again within 7 days, apply once")
 	pos, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		return err
