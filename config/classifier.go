@@ -34,10 +34,11 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 	}
 	seen := make(map[string]bool, len(labels))
 	// Labels the engines cannot tell apart ("Bug" and "bug", "bug" and
-	// "bug "): every text tied between them, whatever it said.
+	// "bug ", "feature_request" and "feature request": they read _ and -
+	// as spaces): every text tied between them, whatever it said.
 	folded := make(map[string]string, len(labels))
 	for i, l := range labels {
-		key := strings.ToLower(strings.Join(strings.Fields(l), " "))
+		key := strings.ToLower(strings.Join(strings.Fields(strings.NewReplacer("_", " ", "-", " ").Replace(l)), " "))
 		switch {
 		case strings.TrimSpace(l) == "":
 			// Only spaces name nothing an engine can read: it answered
@@ -48,7 +49,7 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 			out = append(out, FieldProblem{fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s has %q twice", field, l)})
 		case folded[key] != "":
 			out = append(out, FieldProblem{fmt.Sprintf("%s[%d]", field, i),
-				fmt.Sprintf("%s has %q and %q, which differ only in case or spacing: no engine tells them apart", field, folded[key], l)})
+				fmt.Sprintf("%s has %q and %q, which differ only in case, spacing, _ or -: no engine tells them apart", field, folded[key], l)})
 		}
 		seen[l] = true
 		if folded[key] == "" {

@@ -17,6 +17,8 @@ func TestConfigArg(t *testing.T) {
 		{[]string{"--config", "x.yaml"}, "x.yaml"},
 		{[]string{"-config=x.yaml"}, "x.yaml"},
 		{[]string{"-config"}, ""},
+		{[]string{"-config="}, ""},
+		{[]string{"-h"}, ""},
 		{[]string{"--port", "1"}, ""},
 		{[]string{"a.yaml", "b.yaml"}, ""},
 		{[]string{"-config", "a.yaml", "b.yaml"}, ""},

@@ -19,6 +19,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -110,8 +111,12 @@ func configArg(args []string) (string, error) {
 	if len(args) > 0 && strings.HasPrefix(args[0], "-") {
 		flag, value, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
 		switch {
+		case flag == "h" || flag == "help":
+			return "", errors.New("the config file is FILE or -config FILE (default $TOLLGATE_CONFIG, else ./gateway.yaml)")
 		case flag != "config":
 			return "", fmt.Errorf("unknown flag %s: give the config file as FILE or -config FILE (default $TOLLGATE_CONFIG, else ./gateway.yaml)", args[0])
+		case hasValue && value == "":
+			return "", fmt.Errorf("%s names no file", args[0])
 		case hasValue:
 			args = append([]string{value}, args[1:]...)
 		case len(args) < 2:
