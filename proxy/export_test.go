@@ -1,5 +1,10 @@
 package proxy
 
+import (
+	"net"
+	"testing"
+)
+
 // UpstreamsRetired reports whether every upstream of w is retired, for
 // the tests of package proxy_test.
 func UpstreamsRetired(w *World) bool {
@@ -9,4 +14,10 @@ func UpstreamsRetired(w *World) bool {
 		}
 	}
 	return len(w.upstreams) > 0
+}
+
+// StartRawUpstream is startRawUpstream for the tests of package
+// proxy_test; it returns the upstream's base URL.
+func StartRawUpstream(t *testing.T, answer func(conn, req int, c net.Conn) bool) string {
+	return "http://" + startRawUpstream(t, answer).ln.Addr().String() + "/v1"
 }

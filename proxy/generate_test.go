@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -908,37 +909,23 @@ func TestDropStreamClientsRecordsAStalledClient(t *testing.T) {
 // restarted upstream process does. It returns its base URL.
 func resettingUpstream(t *testing.T, events ...string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil || line == "\r\n" {
-						break
-					}
-				}
-				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-				for _, ev := range events {
-					fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
-				}
-				time.Sleep(50 * time.Millisecond) // the events are read before the reset
-				_ = c.(*net.TCPConn).SetLinger(0)
-			}()
-		}
-	}()
-	return "http://" + ln.Addr().String() + "/v1"
+	return proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		writeSSE(c, events...)
+		time.Sleep(50 * time.Millisecond) // the events are read before the reset
+		_ = c.(*net.TCPConn).SetLinger(0)
+		return false
+	})
 }
+
+// writeSSE writes a chunked SSE response header and each event as a chunk.
+func writeSSE(c net.Conn, events ...string) {
+	fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	for _, ev := range events {
+		writeChunk(c, ev)
+	}
+}
+
+func writeChunk(c net.Conn, s string) { fmt.Fprintf(c, "%x\r\n%s\r\n", len(s), s) }
 
 func chatChunk(content, finish string) string {
 	fr := "null"
@@ -991,37 +978,17 @@ func TestStreamResetAfterFinishIsComplete(t *testing.T) {
 // until the test ends. It returns its base URL.
 func scriptedUpstream(t *testing.T, pause time.Duration, parts ...string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	done := make(chan struct{})
-	t.Cleanup(func() { close(done); ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil || line == "\r\n" {
-						break
-					}
-				}
-				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-				for _, p := range parts {
-					fmt.Fprintf(c, "%x\r\n%s\r\n", len(p), p)
-					time.Sleep(pause)
-				}
-				<-done
-			}()
+	t.Cleanup(func() { close(done) })
+	return proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		writeSSE(c)
+		for _, p := range parts {
+			writeChunk(c, p)
+			time.Sleep(pause)
 		}
-	}()
-	return "http://" + ln.Addr().String() + "/v1"
+		<-done
+		return false
+	})
 }
 
 // A comment sent while a request waits in an upstream's queue (":
