@@ -213,11 +213,7 @@ func (r *ResponseStore) remember(id, upstream, account, model string, share bool
 	if r.kv == nil || !share {
 		return
 	}
-	select {
-	case r.ops <- mappingOp{key: mappingKey(id), record: m}:
-	default:
-		r.drop(id)
-	}
+	r.queue(id, mappingOp{key: mappingKey(id), record: m})
 }
 
 // setTokens records, once the call that created response id has ended,
@@ -237,11 +233,7 @@ func (r *ResponseStore) setTokens(id string, tokens int64) {
 	if !found || m.Upstream == "" || r.kv == nil {
 		return
 	}
-	select {
-	case r.ops <- mappingOp{key: mappingKey(id), record: m}:
-	default:
-		r.drop(id)
-	}
+	r.queue(id, mappingOp{key: mappingKey(id), record: m})
 }
 
 // forget drops the mapping of a deleted response.
@@ -256,8 +248,14 @@ func (r *ResponseStore) forget(id string) {
 	if r.kv == nil || len(id) > maxResponseID {
 		return
 	}
+	r.queue(id, mappingOp{key: mappingKey(id), del: true})
+}
+
+// queue hands op to the KV writer without blocking: with its queue full
+// (NATS slow or down) the write is dropped and counted.
+func (r *ResponseStore) queue(id string, op mappingOp) {
 	select {
-	case r.ops <- mappingOp{key: mappingKey(id), del: true}:
+	case r.ops <- op:
 	default:
 		r.drop(id)
 	}

@@ -222,20 +222,20 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 	w := &World{Config: cfg, Catalog: cat, grace: grace, upstreams: make(map[string]*upstream, len(cfg.Upstreams))}
 	old := s.world.Load()
 	for _, uc := range cfg.Upstreams {
+		var prev *upstream
 		if old != nil {
-			if prev, ok := old.upstreams[uc.Name]; ok && prev.cfg == uc {
-				w.upstreams[uc.Name] = prev
-				continue
-			}
+			prev = old.upstreams[uc.Name]
+		}
+		if prev != nil && prev.cfg == uc {
+			w.upstreams[uc.Name] = prev
+			continue
 		}
 		up, err := newUpstream(uc, s.logf)
 		if err != nil {
 			return nil, err
 		}
-		if old != nil {
-			if prev, ok := old.upstreams[uc.Name]; ok {
-				up.health.carryFrom(&prev.health, prev.cfg.BaseURL == uc.BaseURL)
-			}
+		if prev != nil {
+			up.health.carryFrom(&prev.health, prev.cfg.BaseURL == uc.BaseURL)
 		}
 		w.upstreams[uc.Name] = up
 	}
@@ -249,17 +249,16 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 // install puts w in force and retires the upstreams of the previous World
 // that w does not keep.
 func (s *Server) install(w *World) {
+	old := s.world.Swap(w)
 	// An upstream rebuilt by an edit that carried an ejection over is
 	// probed again: the probe of its old self ends with the retirement,
 	// and without one it stayed out until a trial call found it back.
-	prev := s.world.Load()
 	for name, up := range w.upstreams {
-		if rebuilt := prev == nil || prev.upstreams[name] != up; rebuilt &&
+		if rebuilt := old == nil || old.upstreams[name] != up; rebuilt &&
 			up.health.state.Load() != stateClosed && !up.health.resting.Load() {
 			up.startProbing(w.Config.Routing.ProbeInterval)
 		}
 	}
-	old := s.world.Swap(w)
 	s.responses.setTTL(w.Config.Routing.ResponseTTL)
 	retireUnshared(old, w)
 }
