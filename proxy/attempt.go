@@ -69,9 +69,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			firstByte = up.cfg.ResponseTimeout
 		}
 		resp, err := up.pool.roundTrip(*reqp, firstByte)
+		c.eventStream = false
 		if err == nil && resp.Header.StatusCode() < 300 {
 			err = resp.awaitBody()
-			if err == nil && c.stream && bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
+			c.eventStream = c.stream && bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+			if err == nil && c.eventStream {
 				err = c.awaitFirstEvent(resp)
 			}
 			if err != nil {

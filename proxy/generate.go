@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -213,7 +212,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 	case status < 200 || status > 299:
 		s.calls.observe(call.entry.ID, up.cfg.Name, call.ep.path(), status, time.Since(call.start))
 		call.passUpstreamError(ctx, status)
-	case call.stream && bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")):
+	case call.eventStream:
 		ctx.SetStatusCode(status)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
@@ -270,6 +269,10 @@ type generationCall struct {
 	reqID    string
 	start    time.Time
 	stream   bool
+	// eventStream: the answer attempt chose is a stream of server-sent
+	// events (a 2xx text/event-stream to a streamed request), relayed
+	// event by event; a streamed request may get a whole JSON answer.
+	eventStream bool
 	// engineCall: a classifier engine's question (World.CallModel), a few
 	// tokens of answer, whose wait stays first_byte_timeout: its caller
 	// falls back to the offline engine, and should not wait a
