@@ -213,14 +213,16 @@ func (s *Service) Close() {
 // Balance is the account's balance as last seen by this gateway; false when
 // the account does not exist. It never does I/O.
 func (s *Service) Balance(account string) (money.Nanos, bool) {
-	return s.snap.balance(account)
+	e, ok := s.snap.account(account)
+	return e.balance, ok
 }
 
 // Debited is the sum of every debit of account so far, from the same
 // in-memory view as Balance: it grows by a bill once that bill is charged,
 // which tells work billed at its end whether its bill is in the balance.
 func (s *Service) Debited(account string) (money.Nanos, bool) {
-	return s.snap.debited(account)
+	e, ok := s.snap.account(account)
+	return e.debited, ok
 }
 
 // CreateAccount creates an account holding credit (which may be zero).

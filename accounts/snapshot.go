@@ -57,24 +57,15 @@ func (sn *snapshot) init() {
 	sn.keys = make(map[string]keyEntry)
 }
 
-func (sn *snapshot) balance(account string) (money.Nanos, bool) {
+// account is the live entry of account; false when it does not exist.
+func (sn *snapshot) account(account string) (accountEntry, bool) {
 	sn.mu.RLock()
 	e, ok := sn.accounts[account]
 	sn.mu.RUnlock()
 	if !ok || e.deleted {
-		return 0, false
+		return accountEntry{}, false
 	}
-	return e.balance, true
-}
-
-func (sn *snapshot) debited(account string) (money.Nanos, bool) {
-	sn.mu.RLock()
-	e, ok := sn.accounts[account]
-	sn.mu.RUnlock()
-	if !ok || e.deleted {
-		return 0, false
-	}
-	return e.debited, true
+	return e, true
 }
 
 func (sn *snapshot) key(id string) (*KeyInfo, bool) {
