@@ -777,10 +777,7 @@ func parseLine(line []byte, maxText int) (string, string) {
 // {"line":N,"error":"…"}. N is the input line, from 1.
 
 func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.ClassifyResult) {
-	u := res.Usage
-	if u.TotalTokens == 0 {
-		u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	}
+	total := c.count(res.Usage)
 	b := c.out.AvailableBuffer()
 	b = append(b, `{"line":`...)
 	b = strconv.AppendInt(b, n, 10)
@@ -807,19 +804,28 @@ func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.Classif
 		}
 	}
 	b = append(b, `,"tokens":`...)
-	b = strconv.AppendInt(b, u.TotalTokens, 10)
+	b = strconv.AppendInt(b, total, 10)
 	b = appendEngine(b, res)
 	b = append(b, "}\n"...)
 	c.out.Write(b)
 	c.completed++
-	c.prompt += u.PromptTokens
-	c.completion += u.CompletionTokens
-	c.total += u.TotalTokens
 	if res.Engine == classifiers.EngineLLM && c.llmModel == "" {
 		c.llmModel = res.Model
 	} else if res.Engine != classifiers.EngineLLM && c.offlineEngine == "" {
 		c.offlineEngine = res.Engine
 	}
+}
+
+// count adds a line's usage to the chunk's and returns its total tokens
+// (prompt and completion when the engine gave no total).
+func (c *chunk) count(u classifiers.Usage) int64 {
+	if u.TotalTokens == 0 {
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	c.prompt += u.PromptTokens
+	c.completion += u.CompletionTokens
+	c.total += u.TotalTokens
+	return u.TotalTokens
 }
 
 // appendEngine names who answered the line, as /v1/classify does: with
@@ -852,15 +858,9 @@ func (lc *lineClassifier) lineError(c *chunk, n int64, msg string, spent classif
 	b = strconv.AppendInt(b, n, 10)
 	b = append(b, `,"error":`...)
 	b = append(b, jsonString(msg)...)
-	if spent.TotalTokens == 0 {
-		spent.TotalTokens = spent.PromptTokens + spent.CompletionTokens
-	}
-	if spent.TotalTokens > 0 {
+	if total := c.count(spent); total > 0 {
 		b = append(b, `,"tokens":`...)
-		b = strconv.AppendInt(b, spent.TotalTokens, 10)
-		c.prompt += spent.PromptTokens
-		c.completion += spent.CompletionTokens
-		c.total += spent.TotalTokens
+		b = strconv.AppendInt(b, total, 10)
 	}
 	b = append(b, "}\n"...)
 	c.out.Write(b)
