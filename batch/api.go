@@ -223,12 +223,16 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 		next.Status = StatusProcessing
 		next.Run++
 		next.Attempt, next.Worker, next.HeartbeatAt = 0, "", nil
-		next.RequestsTotal, next.RequestsCompleted, next.RequestsFailed, next.EstimatedTokens = 0, 0, 0, 0
 		next.ActualTokens, next.StartedAt, next.CompletedAt, next.Error = nil, &now, nil, ""
-		// A failed run's parts are deleted by the worker that takes up
-		// this run; until then they are listed as leftovers.
-		next.Leftovers = append(next.Leftovers, next.Progress.Parts...)
-		next.Progress = Progress{}
+		// A run stopped by an unavailable model keeps its checkpoint (its
+		// parts and counts, Resumable stays set until the job ends again);
+		// any other failed run's parts are deleted by the worker that
+		// takes up this run, and are listed as leftovers until then.
+		if !next.Resumable {
+			next.RequestsTotal, next.RequestsCompleted, next.RequestsFailed, next.EstimatedTokens = 0, 0, 0, 0
+			next.Leftovers = append(next.Leftovers, next.Progress.Parts...)
+			next.Progress = Progress{}
+		}
 		data, err := json.Marshal(next)
 		if err != nil {
 			s.release(ctx, account, id)

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -478,8 +480,9 @@ func TestReaperQueuesAnOrphanedJob(t *testing.T) {
 
 // TestEngineUnavailableFailsAndRestartCompletes: with the llm engine, an
 // upstream that goes down mid-job fails the job, saying so; started again
-// once the upstream is back, the job runs from its first line, completes,
-// and the first run's parts are deleted.
+// once the upstream is back, the job goes on from its checkpoint (no line
+// the upstream answered before is asked again), completes with every line
+// once, and is billed once for all of them.
 func TestEngineUnavailableFailsAndRestartCompletes(t *testing.T) {
 	e := newEnv(t, envOptions{plugins: "  engine: llm\n  llm_model: small"})
 	svc := e.service(0, batch.Tuning{RetryBackoff: 10 * time.Millisecond, Retries: 2})
@@ -507,6 +510,10 @@ func TestEngineUnavailableFailsAndRestartCompletes(t *testing.T) {
 	if len(j.Progress.Parts) == 0 || j.Progress.Lines >= n {
 		t.Fatalf("the first run failed at line %d with parts %v: the upstream went down too late to test anything", j.Progress.Lines, j.Progress.Parts)
 	}
+	resumeAt := j.Progress.Lines + 1
+	if want := fmt.Sprintf("goes on from line %d", resumeAt); !strings.Contains(j.Error, want) {
+		t.Fatalf("job error %q; want it to say it %s", j.Error, want)
+	}
 	e.up.SetOptions(proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply})
 	// The gateway takes the ejected upstream back once its probe (or a
 	// trial call after eject_for) finds it answering.
@@ -514,6 +521,7 @@ func TestEngineUnavailableFailsAndRestartCompletes(t *testing.T) {
 		_, _, err := e.gw.World().CallModel(e.ctx, "small", []byte(`{"model":"small","messages":[{"role":"user","content":"hi"}]}`))
 		return err
 	})
+	askedBefore := len(e.up.Requests())
 	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
 		t.Fatalf("starting the failed job again: %v", err)
 	}
@@ -521,6 +529,21 @@ func TestEngineUnavailableFailsAndRestartCompletes(t *testing.T) {
 	_, tokens := checkResults(t, e.results(j), n)
 	if j.Run != 2 || j.RequestsCompleted != n {
 		t.Fatalf("run %d completed %d, want run 2 with every line", j.Run, j.RequestsCompleted)
+	}
+	ticket := regexp.MustCompile(`\(ticket (\d+)\)`)
+	asked := 0
+	for _, r := range e.up.Requests()[askedBefore:] {
+		m := ticket.FindSubmatch(r.Body)
+		if m == nil {
+			continue // the gateway's own health probe
+		}
+		asked++
+		if line, _ := strconv.ParseInt(string(m[1]), 10, 64); line < resumeAt {
+			t.Fatalf("the second run asked the upstream about line %d, done before the checkpoint at line %d", line, resumeAt-1)
+		}
+	}
+	if want := int(n - resumeAt + 1); asked != want {
+		t.Errorf("the second run asked the upstream %d times, want once for each of the %d lines after the checkpoint", asked, want)
 	}
 	wantBilled(t, e, j, tokens)
 	ev := e.jobEvents(id)[0]

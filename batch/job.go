@@ -92,6 +92,11 @@ type Job struct {
 	// is in the balance (recentlyBilled). Unknown (nil) on jobs of older
 	// releases, or when this process had not seen the account.
 	DebitedBeforeBill *int64 `json:"debited_before_bill_nanos,omitempty"`
+	// Resumable: the run stopped because its model's upstream stayed
+	// unavailable, with its checkpoint intact. Starting the job again goes
+	// on from the checkpoint instead of the first line, so the lines the
+	// upstream was already paid for are not asked again.
+	Resumable bool `json:"resumable,omitempty"`
 	// Leftovers are the parts of earlier runs, deleted by the worker that
 	// takes up the next run, or with the job.
 	Leftovers []Segment `json:"leftovers,omitempty"`

@@ -256,7 +256,12 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 		}
 		if c.err != nil {
 			if errors.Is(c.err, ErrEngineUnavailable) {
-				if err := o.fail(ctx, fmt.Sprintf("stopped at line %d: %s; start the job again when the model is back", c.first, c.err)); err != nil {
+				// Every chunk before this one is done and paid for
+				// upstream: checkpointed, a start resumes after it.
+				if err := w.checkpoint(ctx); err != nil {
+					return err
+				}
+				if err := o.stop(ctx, fmt.Sprintf("stopped at line %d: %s; start the job again when the model is back: it goes on from line %d", c.first, c.err, c.first)); err != nil {
 					return err
 				}
 				return errEnded
@@ -501,7 +506,7 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	err := o.update(ctx, func(j *Job) {
 		actual := j.Progress.TotalTokens
 		j.Status, j.CompletedAt, j.ActualTokens, j.OutputKey = StatusCompleted, &now, &actual, outKey
-		j.Billed, j.Error, j.HeartbeatAt = true, "", nil
+		j.Billed, j.Error, j.HeartbeatAt, j.Resumable = true, "", nil, false
 		j.DebitedBeforeBill = debitedBefore
 	})
 	if err != nil {

@@ -295,11 +295,23 @@ func (o *owner) update(ctx context.Context, change func(*Job)) error {
 	}
 }
 
-// fail ends the run as failed with msg, for the client.
+// fail ends the run as failed with msg, for the client; starting the job
+// again runs it from its first line.
 func (o *owner) fail(ctx context.Context, msg string) error {
+	return o.end(ctx, msg, false)
+}
+
+// stop ends the run as failed with msg, keeping its checkpoint: starting
+// the job again resumes there.
+func (o *owner) stop(ctx context.Context, msg string) error {
+	return o.end(ctx, msg, true)
+}
+
+func (o *owner) end(ctx context.Context, msg string, resumable bool) error {
 	err := o.update(ctx, func(j *Job) {
 		now := time.Now().UTC()
 		j.Status, j.Error, j.CompletedAt, j.HeartbeatAt = StatusFailed, msg, &now, nil
+		j.Resumable = resumable
 	})
 	if err != nil {
 		return err
