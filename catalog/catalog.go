@@ -27,6 +27,9 @@ type Usage struct {
 	CompletionTokens int64
 	ReasoningTokens  int64
 	Images           int64
+	// Estimated: the counts are the tokenizer's, the upstream having
+	// reported none to believe.
+	Estimated bool
 }
 
 // Cost is the exact price of u: uncached prompt tokens at the prompt price,

@@ -43,12 +43,15 @@ type Usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	// Estimated: some of an llm's tokens are the tokenizer's count, its
+	// upstream having reported none to believe (the event says so).
+	Estimated bool `json:"-"`
 }
 
 // Plus is the tokens of u and v together.
 func (u Usage) Plus(v Usage) Usage {
 	return Usage{PromptTokens: u.PromptTokens + v.PromptTokens, CompletionTokens: u.CompletionTokens + v.CompletionTokens,
-		TotalTokens: u.TotalTokens + v.TotalTokens}
+		TotalTokens: u.TotalTokens + v.TotalTokens, Estimated: u.Estimated || v.Estimated}
 }
 
 // Answer says which engine and model produced a result.

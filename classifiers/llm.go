@@ -191,6 +191,7 @@ func (e *llm) call(ctx context.Context, req *chatRequest, usage *Usage) ([]byte,
 		usage.PromptTokens += u.PromptTokens
 		usage.CompletionTokens += u.CompletionTokens
 		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+		usage.Estimated = usage.Estimated || u.Estimated
 		if err != nil && req.Logprobs && refusesLogprobs(err) {
 			req.Logprobs, req.TopLogprobs = false, 0
 			e.noLogprobs.Store(true)

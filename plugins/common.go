@@ -442,7 +442,10 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 	var cost money.Atto
 	cost.Add(u.TotalTokens, price)
 	source := meter.SourceTokenizer
-	if choice.name == engineLLM {
+	switch {
+	case u.Estimated: // an llm's upstream reported no usage to believe
+		source = meter.SourceEstimated
+	case choice.name == engineLLM:
 		source = meter.SourceUpstream
 	}
 	model := choice.model

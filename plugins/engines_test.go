@@ -234,3 +234,25 @@ func TestWrongLLMAnswersAreBilled(t *testing.T) {
 		t.Errorf("fallback event %+v and usage %d: want the llm's %d tokens and lexical's", ev, total, llmTokens)
 	}
 }
+
+// An llm engine's upstream that reports usage out of range, or none, is
+// billed on the tokenizer's count of the prompt and answer, marked
+// estimated, as a client's chat call is: a reported 4e18 prompt tokens
+// cost 8 USD a classify (clamped to 100 million), a missing report
+// nothing.
+func TestLLMUsageNotReportedIsEstimated(t *testing.T) {
+	for name, up := range map[string]proxytest.Options{
+		"out of range": {PromptTokens: 4_000_000_000_000_000_000},
+		"missing":      {OmitUsage: true},
+		"no counts":    {RawUsage: `{"total_tokens":9}`},
+	} {
+		h := newHarness(t, harnessOptions{upstream: up, plugins: "  engine: llm\n  llm_model: small"})
+		m := h.keyed("/v1/classify", `{"text": "I was charged twice this month", "labels": ["billing", "bug"]}`).ok(t)
+		total := checkUsage(t, m)
+		ev := h.events(1)[0]
+		if ev.UsageSource != meter.SourceEstimated || ev.PromptTokens < 20 || ev.PromptTokens > 2000 || ev.CompletionTokens < 1 ||
+			ev.PromptTokens+ev.CompletionTokens != total {
+			t.Errorf("%s usage: answer's usage %d tokens, event %+v", name, total, ev)
+		}
+	}
+}

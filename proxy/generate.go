@@ -284,9 +284,12 @@ type generationCall struct {
 
 	usage     catalog.Usage
 	haveUsage bool
-	text      []byte // forwarded output text, counted only when usage never came
-	rawChunks []byte // chat chunks whose text is read only if usage never came
-	ttfb      time.Duration
+	// usageRefused: an upstream report of usage was not believed (logged
+	// once a call).
+	usageRefused bool
+	text         []byte // forwarded output text, counted only when usage never came
+	rawChunks    []byte // chat chunks whose text is read only if usage never came
+	ttfb         time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
 	// finish_reason for every choice (chat), a terminal or error event
 	// (responses).

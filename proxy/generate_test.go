@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
+	"github.com/tollgate/tollgate/tokens"
 )
 
 const chatBody = `{"model":"small","messages":[{"role":"user","content":"Say hello"}]}`
@@ -825,6 +826,48 @@ func TestUsageOutOfRangeIsEstimated(t *testing.T) {
 				t.Errorf("upstream reported %d prompt tokens; event %+v", prompt, ev)
 			}
 		}
+	}
+}
+
+// A usage object without numeric counts ({}, only a total, strings) is
+// no report: the call is estimated, on chat and responses, streamed or
+// not. Read as 0 and 0 it was billed nothing, marked as the upstream's.
+func TestUsageWithoutCountsIsEstimated(t *testing.T) {
+	for _, raw := range []string{`{}`, `{"total_tokens":5000}`, `{"prompt_tokens":"abc","completion_tokens":"x"}`} {
+		h := newHarness(t, harnessOptions{upstream: proxytest.Options{RawUsage: raw}})
+		for _, stream := range []string{"false", "true"} {
+			readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":`+stream+`,"stream_options":null,"messages":[{"role":"user","content":"one two three"}]}`))
+			readAll(t, h.post("/v1/responses", `{"model":"small","stream":`+stream+`,"input":"one two three"}`))
+		}
+		for _, ev := range h.events(4) {
+			if ev.UsageSource != meter.SourceEstimated || ev.PromptTokens <= 0 || ev.CompletionTokens < 10 || ev.CostNanos <= 0 {
+				t.Errorf("upstream reported usage %s; %s event %+v", raw, ev.Endpoint, ev)
+			}
+		}
+	}
+}
+
+// A long chat stream without usage is estimated on all the text it
+// forwarded: past 4 MiB of chunk JSON the later chunks were dropped, and
+// a stream of any length was billed at most about 27,000 tokens.
+func TestLongStreamWithoutUsageCountsEveryChunk(t *testing.T) {
+	const words = 40_000 // about 7 MiB of chunks
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: words, OmitUsage: true, NoRecord: true}})
+	body := readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`))
+	var text strings.Builder
+	chunks := 0
+	for _, data := range sseEvents(body) {
+		if c := gjson.Get(strings.TrimPrefix(data, "data: "), "choices.0.delta.content"); c.Str != "" {
+			text.WriteString(c.Str)
+			chunks++
+		}
+	}
+	if chunks != words {
+		t.Fatalf("%d content chunks relayed, want %d", chunks, words)
+	}
+	ev := h.events(1)[0]
+	if want := int64(tokens.Count(text.String())); ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens != want {
+		t.Fatalf("a stream of %d chunks, %d tokens of text, billed %d completion tokens (%s)", words, want, ev.CompletionTokens, ev.UsageSource)
 	}
 }
 

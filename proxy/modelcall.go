@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/tokens"
 )
 
 // ErrModelUnavailable wraps every failure of CallModel that is not the
@@ -75,8 +77,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
 		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
-	usage, _ := checkUsage(parseUsage(gjson.GetBytes(respBody, "usage"), false))
-	return respBody, usage, nil
+	return respBody, engineUsage(body, respBody), nil
 }
 
 // Record hands a plugin's usage event to the meter, and counts it in the
@@ -93,4 +94,31 @@ func (s *Server) CheckBalance(w *World, call *Call) *APIError {
 		return nil
 	}
 	return s.checkBalance(w, call.Key)
+}
+
+// engineUsage is what an engine's call is billed: the upstream's usage
+// when it reported believable counts, else the tokenizer's count of the
+// prompt's messages and the answer's text, as a client's call would be.
+// The engines billed whatever came: a reported 4e18 prompt tokens cost 8
+// USD a call (clamped to 100 million), a missing report nothing.
+func engineUsage(reqBody, respBody []byte) catalog.Usage {
+	if u := gjson.GetBytes(respBody, "usage"); u.IsObject() {
+		if parsed, reported := parseUsage(u, false); reported {
+			if usage, ok := checkUsage(parsed); ok {
+				return usage
+			}
+		}
+	}
+	var answer strings.Builder
+	gjson.GetBytes(respBody, "choices").ForEach(func(_, ch gjson.Result) bool {
+		m := ch.Get("message")
+		answer.WriteString(m.Get("content").Str)
+		answer.WriteString(m.Get("reasoning_content").Str)
+		return true
+	})
+	return catalog.Usage{
+		PromptTokens:     int64(tokens.Count(promptText(reqBody, endpointChat))),
+		CompletionTokens: int64(tokens.Count(answer.String())),
+		Estimated:        true,
+	}
 }

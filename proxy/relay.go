@@ -315,11 +315,19 @@ var (
 )
 
 // keepRawChunk keeps a chunk's data, length-prefixed, for textOfRawChunks.
+// Chunks that would not fit are read for their text first: dropped, a
+// long stream without usage was billed at most the ~27,000 tokens whose
+// chunks fit in maxEstimateText of JSON, however much it forwarded.
 func (c *generationCall) keepRawChunk(data []byte) {
-	if len(c.rawChunks)+len(data)+binary.MaxVarintLen64 <= maxEstimateText {
-		c.rawChunks = binary.AppendUvarint(c.rawChunks, uint64(len(data)))
-		c.rawChunks = append(c.rawChunks, data...)
+	if len(c.rawChunks)+len(data)+binary.MaxVarintLen64 > maxEstimateText {
+		c.textOfRawChunks()
+		if len(data)+binary.MaxVarintLen64 > maxEstimateText {
+			c.readChoices(gjson.Get(bstr(data), "choices"))
+			return
+		}
 	}
+	c.rawChunks = binary.AppendUvarint(c.rawChunks, uint64(len(data)))
+	c.rawChunks = append(c.rawChunks, data...)
 }
 
 // textOfRawChunks adds the delta text of the chunks keepRawChunk kept.

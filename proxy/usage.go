@@ -4,7 +4,9 @@ package proxy
 // the text, and the usage event that bills them.
 
 import (
+	"math"
 	"math/bits"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,10 +28,18 @@ const maxEstimateText = 4 << 20
 // spelling of usage. A report out of range is not believed: the call is
 // billed on the tokenizer's estimate, as if the upstream had sent none.
 func (c *generationCall) setUsage(u gjson.Result) {
-	usage, ok := checkUsage(parseUsage(u, c.ep == endpointResponses))
-	if !ok {
-		c.server.logf("proxy: call %s: upstream %s reported usage out of range (%.300s); billing the tokenizer's estimate instead",
-			c.reqID, c.upstream.cfg.Name, u.Raw)
+	parsed, reported := parseUsage(u, c.ep == endpointResponses)
+	usage, ok := checkUsage(parsed)
+	if !reported || !ok {
+		if !c.usageRefused { // once a call: a stream may repeat it in every chunk
+			c.usageRefused = true
+			why := "out of range"
+			if !reported {
+				why = "without a number of prompt and completion tokens"
+			}
+			c.server.logf("proxy: call %s: upstream %s reported usage %s (%.300s); billing the tokenizer's estimate instead",
+				c.reqID, c.upstream.cfg.Name, why, u.Raw)
+		}
 		return
 	}
 	c.usage.PromptTokens, c.usage.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
@@ -70,20 +80,44 @@ func checkUsage(u catalog.Usage) (catalog.Usage, bool) {
 // parseUsage reads an upstream's usage object in either dialect: chat's
 // prompt and completion tokens, or responses' input and output tokens.
 // With both, the endpoint's own is billed, the one its SDK shows.
-func parseUsage(u gjson.Result, responses bool) catalog.Usage {
-	var usage catalog.Usage
-	if p := u.Get("prompt_tokens"); p.Exists() && !(responses && u.Get("input_tokens").Exists()) {
-		usage.PromptTokens = p.Int()
-		usage.CompletionTokens = u.Get("completion_tokens").Int()
-		usage.CachedTokens = u.Get("prompt_tokens_details.cached_tokens").Int()
-		usage.ReasoningTokens = u.Get("completion_tokens_details.reasoning_tokens").Int()
-		return usage
+// reported is false unless both counts are there as numbers: {} or
+// {"total_tokens":5000} read as 0 and 0 were billed nothing, as counts
+// from the upstream.
+func parseUsage(u gjson.Result, responses bool) (usage catalog.Usage, reported bool) {
+	in, out, cached, reasoning := "input_tokens", "output_tokens", "input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"
+	if u.Get("prompt_tokens").Exists() && !(responses && u.Get("input_tokens").Exists()) {
+		in, out, cached, reasoning = "prompt_tokens", "completion_tokens", "prompt_tokens_details.cached_tokens", "completion_tokens_details.reasoning_tokens"
 	}
-	usage.PromptTokens = u.Get("input_tokens").Int()
-	usage.CompletionTokens = u.Get("output_tokens").Int()
-	usage.CachedTokens = u.Get("input_tokens_details.cached_tokens").Int()
-	usage.ReasoningTokens = u.Get("output_tokens_details.reasoning_tokens").Int()
-	return usage
+	var okIn, okOut bool
+	usage.PromptTokens, okIn = tokenCount(u.Get(in))
+	usage.CompletionTokens, okOut = tokenCount(u.Get(out))
+	// The parts are optional: absent or unreadable, none are cached.
+	usage.CachedTokens, _ = tokenCount(u.Get(cached))
+	usage.ReasoningTokens, _ = tokenCount(u.Get(reasoning))
+	return usage, okIn && okOut
+}
+
+// tokenCount reads a count written as a JSON number or a string holding
+// one; a fraction counts as a whole token. gjson's Int reads "abc" and
+// " 1000" as 0.
+func tokenCount(v gjson.Result) (int64, bool) {
+	raw := v.Raw
+	switch v.Type {
+	case gjson.Number:
+	case gjson.String:
+		raw = v.Str
+	default:
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(raw, 10, 64); err == nil {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(raw, 64)
+	if err != nil || math.IsNaN(f) {
+		return 0, false
+	}
+	// Out of int64's range the count is far out of checkUsage's range too.
+	return int64(max(min(math.Ceil(f), 1<<62), -1<<62)), true
 }
 
 func (c *generationCall) appendText(s string) {

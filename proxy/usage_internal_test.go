@@ -49,10 +49,37 @@ func TestEstimatedUsageCountsToolCalls(t *testing.T) {
 // shows the client.
 func TestParseUsagePrefersTheEndpointsDialect(t *testing.T) {
 	u := gjson.Parse(`{"input_tokens":7,"output_tokens":3,"prompt_tokens":50000,"completion_tokens":50000}`)
-	if got := parseUsage(u, true); got.PromptTokens != 7 || got.CompletionTokens != 3 {
+	if got, _ := parseUsage(u, true); got.PromptTokens != 7 || got.CompletionTokens != 3 {
 		t.Errorf("responses: %+v, want 7 and 3", got)
 	}
-	if got := parseUsage(u, false); got.PromptTokens != 50000 || got.CompletionTokens != 50000 {
+	if got, _ := parseUsage(u, false); got.PromptTokens != 50000 || got.CompletionTokens != 50000 {
 		t.Errorf("chat: %+v, want 50000 and 50000", got)
+	}
+}
+
+// A usage object is a report only with both counts given as numbers: {}
+// and strings gjson reads as 0 were billed nothing, as the upstream's.
+func TestParseUsageNeedsBothCountsAsNumbers(t *testing.T) {
+	for _, tc := range []struct {
+		usage              string
+		reported           bool
+		prompt, completion int64
+	}{
+		{`{"prompt_tokens":12,"completion_tokens":5}`, true, 12, 5},
+		{`{"prompt_tokens":"12","completion_tokens":"5"}`, true, 12, 5},
+		{`{"prompt_tokens":1e3,"completion_tokens":10.2}`, true, 1000, 11}, // a fraction counts as a token
+		{`{"input_tokens":4,"output_tokens":0}`, true, 4, 0},
+		{`{}`, false, 0, 0},
+		{`{"total_tokens":5000}`, false, 0, 0},
+		{`{"prompt_tokens":"abc","completion_tokens":"x"}`, false, 0, 0},
+		{`{"prompt_tokens":" 1000","completion_tokens":3}`, false, 0, 3},
+		{`{"prompt_tokens":null,"completion_tokens":null}`, false, 0, 0},
+		{`{"prompt_tokens":12}`, false, 12, 0},
+		{`{"prompt_tokens":true,"completion_tokens":[1]}`, false, 0, 0},
+	} {
+		got, reported := parseUsage(gjson.Parse(tc.usage), false)
+		if reported != tc.reported || got.PromptTokens != tc.prompt || got.CompletionTokens != tc.completion {
+			t.Errorf("%s: %+v reported %v; want %d and %d, reported %v", tc.usage, got, reported, tc.prompt, tc.completion, tc.reported)
+		}
 	}
 }

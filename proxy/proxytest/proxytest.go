@@ -68,6 +68,10 @@ type Options struct {
 	// response.completed, no usage chunk and no "usage":null in chat streams,
 	// even when the request asked for stream_options.include_usage.
 	OmitUsage bool
+	// RawUsage, when set, is written verbatim as every usage object (chat
+	// and responses, streamed or not) in place of the counts above: a
+	// broken upstream's report, such as {} or {"prompt_tokens":"abc"}.
+	RawUsage string
 	// UsageOnLastContentChunk imitates vLLM: when usage is asked for in a
 	// chat stream, it rides on the finish_reason chunk instead of a separate
 	// chunk with "choices":[].

@@ -153,6 +153,9 @@ func jsonString(s string) string {
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func chatUsage(o Options) string {
+	if o.RawUsage != "" {
+		return o.RawUsage
+	}
 	return `{"prompt_tokens":` + itoa(o.PromptTokens) +
 		`,"completion_tokens":` + itoa(o.CompletionTokens) +
 		`,"total_tokens":` + itoa(o.PromptTokens+o.CompletionTokens) +
@@ -207,6 +210,9 @@ func chatStream(o Options, words []string, includeUsage bool) []template {
 }
 
 func responseUsage(o Options) string {
+	if o.RawUsage != "" {
+		return o.RawUsage
+	}
 	return `{"input_tokens":` + itoa(o.PromptTokens) +
 		`,"input_tokens_details":{"cached_tokens":` + itoa(o.CachedTokens) +
 		`},"output_tokens":` + itoa(o.CompletionTokens) +
