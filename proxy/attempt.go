@@ -89,7 +89,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				what = ", which holds the previous_response_id,"
 			}
 			lastErr = upstreamUnreachable(up, what, err)
-			reason := err.Error() // with the address, for operators
+			reason, clientReason := err.Error(), reasonForClient(err) // the first with the address, for operators
 			generating := isTimeout(err) && wholeAnswer
 			switch {
 			case generating:
@@ -99,10 +99,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					Message: fmt.Sprintf("upstream %s%s did not finish the answer within response_timeout (%s); ask for a stream (\"stream\": true) for answers that take longer",
 						up.cfg.Name, what, up.cfg.ResponseTimeout)}
 				reason = "no answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
+				clientReason = reason
 			case isTimeout(err):
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
+				clientReason = reason
 			}
-			up.fail(rt, reason, c.alone)
+			up.fail(rt, reason, clientReason, c.alone)
 			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
@@ -120,7 +122,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				h.rest(d, "answered 429 with Retry-After "+strconv.Itoa(int(d/time.Second))+"s")
 			}
 		case status >= 500:
-			up.fail(rt, "answered "+strconv.Itoa(status), c.alone)
+			answered := "answered " + strconv.Itoa(status)
+			up.fail(rt, answered, answered, c.alone)
 		default:
 			if h.succeeded(time.Since(sent)) {
 				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
@@ -195,16 +198,19 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 // leave its model nothing to answer with, so one client whose requests
 // fail (three tries of one call, with an SDK's retries) would turn into a
 // 503 for every other caller. The failure is still counted and shown.
-func (up *upstream) fail(rt *config.Routing, reason string, alone bool) {
-	if up.health.failed(rt, reason, alone) {
+//
+// reason is for operators; clientReason says the same without addresses,
+// for the 503s of calls that find the upstream out.
+func (up *upstream) fail(rt *config.Routing, reason, clientReason string, alone bool) {
+	if up.health.failed(rt, reason, clientReason, alone) {
 		up.ejected(rt, reason)
 	}
 }
 
 // broke counts an answer up cut or stalled after its first byte; alone as
 // for fail.
-func (up *upstream) broke(rt *config.Routing, reason string, alone bool) {
-	if up.health.brokeMidAnswer(rt, reason, alone) {
+func (up *upstream) broke(rt *config.Routing, reason, clientReason string, alone bool) {
+	if up.health.brokeMidAnswer(rt, reason, clientReason, alone) {
 		up.ejected(rt, reason)
 	}
 }

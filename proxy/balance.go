@@ -44,8 +44,11 @@ type upstreamHealth struct {
 	broken    atomic.Int32
 	mu        sync.Mutex // breaker transitions; never held across I/O
 	ejectFor  time.Duration
-	lastError string
-	probing   bool
+	lastError string // for operators (the admin API, the log): with addresses
+	// clientError is lastError in words a client may read (503s name why
+	// an upstream is out): no address, host name or DNS server.
+	clientError string
+	probing     bool
 	// resting: out because it answered 429 with Retry-After, not because
 	// it failed; written under mu.
 	resting atomic.Bool
@@ -97,7 +100,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.failures.Store(prev.failures.Load())
 	h.broken.Store(prev.broken.Load())
 	h.resting.Store(prev.resting.Load())
-	h.ejectFor, h.lastError = prev.ejectFor, prev.lastError
+	h.ejectFor, h.lastError, h.clientError = prev.ejectFor, prev.lastError, prev.clientError
 }
 
 // initialLatency stands in for an upstream's latency until it answered.
@@ -200,11 +203,11 @@ func (h *upstreamHealth) close() {
 // returns true when this failure ejected the upstream, so the caller can
 // start probing it. One alone in the call's pool is never ejected (see
 // upstream.fail): its failure is only counted and shown.
-func (h *upstreamHealth) failed(rt *config.Routing, reason string, alone bool) (ejected bool) {
+func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, alone bool) (ejected bool) {
 	h.count(true)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.lastError = reason
+	h.lastError, h.clientError = reason, clientReason
 	if alone {
 		return false
 	}
@@ -224,11 +227,11 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason string, alone bool) (
 // failures before the first byte do. A replica that crashes or hangs
 // while generating would otherwise keep its share of calls for good.
 // alone as for failed.
-func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason string, alone bool) (ejected bool) {
+func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason string, alone bool) (ejected bool) {
 	h.curFails.Add(1) // the call itself was counted when it answered
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.lastError = reason
+	h.lastError, h.clientError = reason, clientReason
 	if alone {
 		return false
 	}
@@ -268,7 +271,7 @@ func (h *upstreamHealth) ejectLocked(rt *config.Routing) {
 func (h *upstreamHealth) rest(d time.Duration, reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.lastError = reason
+	h.lastError, h.clientError = reason, reason
 	until := time.Now().Add(d).UnixNano()
 	if h.state.Load() == stateOpen && h.openUntil.Load() >= until {
 		return
@@ -282,7 +285,7 @@ func (h *upstreamHealth) rest(d time.Duration, reason string) {
 // describe says why an upstream is out, for the 503 when all are.
 func (h *upstreamHealth) describe(now int64) string {
 	h.mu.Lock()
-	reason, resting := h.lastError, h.resting.Load()
+	reason, resting := h.clientError, h.resting.Load()
 	h.mu.Unlock()
 	switch h.state.Load() {
 	case stateOpen:

@@ -38,10 +38,10 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 	p := testModelPool(t, 2)
 	h := &p.members[0].up.health
 	takes := func() bool { return h.available(time.Now().UnixNano()) }
-	if h.failed(rt, "refused", false) {
+	if h.failed(rt, "refused", "refused", false) {
 		t.Fatal("ejected after one failure with eject_after 2")
 	}
-	if !h.failed(rt, "refused", false) {
+	if !h.failed(rt, "refused", "refused", false) {
 		t.Fatal("not ejected after eject_after failures")
 	}
 	for range 10 {
@@ -56,7 +56,7 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 	if takes() {
 		t.Fatal("a second call went out while the half-open trial was out")
 	}
-	h.failed(rt, "refused again", false) // the trial failed: out for twice as long
+	h.failed(rt, "refused again", "refused again", false) // the trial failed: out for twice as long
 	time.Sleep(60 * time.Millisecond)
 	if takes() {
 		t.Fatal("back after eject_for although the cool-down doubled")
@@ -80,8 +80,8 @@ func TestPoolOfOneIgnoresEjectionAndRest(t *testing.T) {
 	rt := testRouting("p2c")
 	p := testModelPool(t, 1)
 	h := &p.members[0].up.health
-	h.failed(rt, "refused", false)
-	h.failed(rt, "refused", false)
+	h.failed(rt, "refused", "refused", false)
+	h.failed(rt, "refused", "refused", false)
 	if up, _ := p.pick(rt, 0, 0); up == nil {
 		t.Fatal("the only upstream, ejected through another pool, was not picked")
 	}

@@ -108,6 +108,12 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	if ep == endpointResponses && f.Background.Type == gjson.True {
 		return nil, route{}, BadRequest("background", "background responses are not served by this gateway: a response is billed from the answer it relays, and a background one is generated after the call has ended; send the request without background (with \"stream\": true a long response is not cut by a timeout)")
 	}
+	// vLLM and SGLang make a response's id from the request's request_id:
+	// a client that chose another account's id took the response over
+	// (its mapping, then its GET and DELETE) and overwrote it upstream.
+	if ep == endpointResponses && f.RequestID.Exists() {
+		return nil, route{}, BadRequest("request_id", "request_id is not accepted on /v1/responses: the upstream makes a response's id from it, and ids are not the client's to choose here; send the request without it")
+	}
 	// A call that continues a stored response goes to the upstream that
 	// holds it, and only for the account that created it.
 	var pinned *upstream
@@ -395,7 +401,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
-		c.answerBroke(err, fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err))
+		c.answerBroke(err, fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err), apiErr.Message)
 		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
 		c.failCallSpan(apiErr.Status, apiErr.Message)
 		c.release()
@@ -426,11 +432,11 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 // byte against it (upstream.broke), unless it was cut for being larger
 // than max_response_body: that is the setting's doing, not the upstream
 // failing.
-func (c *generationCall) answerBroke(err error, reason string) {
+func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 	if errors.Is(err, errBodyTooLarge) || errors.Is(err, errEventTooLarge) {
 		return
 	}
-	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, c.alone)
+	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.alone)
 }
 
 // upstreamUnreachable is the 503 for an upstream that refused the

@@ -167,11 +167,16 @@ func TestPoolAllDownAnswers503NamingThemAtOnce(t *testing.T) {
 	if !strings.Contains(msg, "every upstream of model \"small\"") || !strings.Contains(msg, "p0: ejected") || !strings.Contains(msg, "p1: ejected") {
 		t.Fatalf("503 does not name the ejected upstreams: %q", msg)
 	}
+	// Why, in words a client may read: the addresses are the operator's
+	// (the admin API's last_error), as in every other client message.
+	if !strings.Contains(msg, "connection refused") || strings.Contains(msg, "127.0.0.1") || strings.Contains(msg, "dial tcp") {
+		t.Fatalf("503 does not say why without the upstreams' addresses: %q", msg)
+	}
 	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" {
 		t.Fatalf("Retry-After %q, want when the first upstream is back (30s)", ra)
 	}
-	if st := h.statuses()["p0"]; st.State != "ejected" || st.LastError == "" {
-		t.Fatalf("p0 is %+v, want ejected with its error", st)
+	if st := h.statuses()["p0"]; st.State != "ejected" || !strings.Contains(st.LastError, h.ups[0].Addr) {
+		t.Fatalf("p0 is %+v, want ejected with its error, address included", st)
 	}
 }
 

@@ -152,7 +152,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			// The gateway ended it (CutStreams): no fault of the upstream's.
 			msg = "the gateway is shutting down and could not wait for this stream to finish; stream ended"
 		} else {
-			c.answerBroke(err, lastError)
+			c.answerBroke(err, lastError, msg)
 		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
 	}

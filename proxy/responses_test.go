@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -236,11 +237,18 @@ func TestPreviousResponseIDLandsOnItsUpstream(t *testing.T) {
 		}
 	}
 
-	// An id the gateway never saw is balanced, and the upstream's own 404
-	// comes back as it is.
+	// An id the gateway never saw is refused as OpenAI refuses it (400),
+	// no upstream asked: every account reaches the upstreams with one
+	// api_key, so theirs cannot tell whose it is.
+	calls := h.calls("/v1/responses")
 	status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"resp_never"}`, "")
-	if status != 404 || string(body) != notFoundBody("resp_never") {
+	if status != 400 || jsonField(t, body, "error", "code") != "previous_response_not_found" || !slices.Equal(h.calls("/v1/responses"), calls) {
 		t.Fatalf("unknown previous_response_id: %d %s", status, body)
+	}
+	// request_id would let a client choose the id vLLM gives the response.
+	status, body = h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","request_id":"`+id+`"}`, "")
+	if status != 400 || jsonField(t, body, "error", "param") != "request_id" || !slices.Equal(h.calls("/v1/responses"), calls) {
+		t.Fatalf("request_id: %d %s", status, body)
 	}
 	// An id the gateway knows but its upstream lost: the upstream's 404.
 	h.ups[at].Forget(id)
@@ -316,7 +324,7 @@ func TestResponsesStateIsTheOwningAccountsOnly(t *testing.T) {
 		t.Fatalf("another account's calls reached the holder (%d) or deleted it", n)
 	}
 	status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, otherKey)
-	if status != 404 || jsonField(t, body, "error", "code") != "previous_response_not_found" ||
+	if status != 400 || jsonField(t, body, "error", "code") != "previous_response_not_found" ||
 		jsonField(t, body, "error", "param") != "previous_response_id" {
 		t.Fatalf("previous_response_id of another account: %d %s", status, body)
 	}
@@ -418,13 +426,13 @@ func TestResponsesStateAcrossGateways(t *testing.T) {
 }
 
 // TestResponsesWithNATSGone: without KV, a gateway still serves what it
-// remembers itself, creating responses never waits on NATS, a gateway that
-// cannot look an id up says so (503), and a previous_response_id it cannot
-// place is balanced as usual.
+// remembers itself, creating responses never waits on NATS, and a gateway
+// that cannot look an id up says so (503), for a previous_response_id too:
+// passed on, anyone who knew an id could continue it.
 func TestResponsesWithNATSGone(t *testing.T) {
 	h := newPoolHarness(t, 3, "  balance: round_robin")
 	gw2 := h.another()
-	id, at := h.create("", createResp, "")
+	id, _ := h.create("", createResp, "")
 	h.broker.Close()
 
 	began := time.Now()
@@ -441,16 +449,12 @@ func TestResponsesWithNATSGone(t *testing.T) {
 	if status != 503 || jsonField(t, body, "error", "code") != "state_unavailable" {
 		t.Fatalf("GET through a gateway that cannot look it up: %d %s", status, body)
 	}
-	landed := map[int]int{}
-	for range 3 {
-		status, body := h.send(gw2, "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, "")
-		landed[status]++
-		if status != 200 && status != 404 {
-			t.Fatalf("continuation through a gateway without KV: %d %s", status, body)
-		}
+	status, body = h.send(gw2, "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, "")
+	if status != 503 || jsonField(t, body, "error", "code") != "state_unavailable" {
+		t.Fatalf("continuation through a gateway that cannot look it up: %d %s", status, body)
 	}
-	if landed[404] == 0 {
-		t.Fatalf("round robin over 3 upstreams never missed p%d: %v", at, landed)
+	if status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, ""); status != 200 {
+		t.Fatalf("continuation through the gateway that made it: %d %s", status, body)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -30,15 +31,20 @@ import (
 
 var responsesPrefix = []byte("/v1/responses/")
 
+// lateMappingWait is how long an unknown previous_response_id waits before
+// it is looked up once more (see previousResponse).
+const lateMappingWait = 100 * time.Millisecond
+
 // errResponseNotFound is OpenAI's (and vLLM's) 404 for an unknown response.
 func errResponseNotFound(id string) *APIError {
 	return &APIError{Status: 404, Type: "invalid_request_error", Message: "Response with id '" + id + "' not found."}
 }
 
-// errPreviousNotFound refuses a previous_response_id of another account in
-// OpenAI's words, as if it did not exist.
+// errPreviousNotFound refuses a previous_response_id the gateway cannot
+// place, or one of another account, in OpenAI's words and with its status
+// (400), as if it did not exist.
 func errPreviousNotFound(id string) *APIError {
-	return &APIError{Status: 404, Type: "invalid_request_error", Code: "previous_response_not_found", Param: "previous_response_id",
+	return &APIError{Status: 400, Type: "invalid_request_error", Code: "previous_response_not_found", Param: "previous_response_id",
 		Message: "Previous response with id '" + id + "' not found."}
 }
 
@@ -48,18 +54,28 @@ func errStateUnavailable(err error) *APIError {
 }
 
 // previousResponse finds where the state a call continues lives: the
-// upstream to pin the call to, or nil to balance it as usual (an id the
-// gateway does not know, an upstream that left the model's pool, a lookup
-// that failed: the chosen upstream then answers as it would).
+// upstream to pin the call to, or nil to balance it as usual (its holder
+// left the model's pool).
+//
+// An id the gateway cannot place is refused, not passed on: every
+// account reaches the upstream with the same api_key, so the upstream's
+// own check cannot tell accounts apart, and an id whose mapping expired
+// or was never shared could be continued by anyone who learnt it. One the
+// mappings cannot be looked up for (NATS down) is a 503 to retry.
 func (s *Server) previousResponse(w *World, key *accounts.Key, p *pool, id string) (*upstream, int64, *APIError) {
 	m, found, err := s.responses.lookup(context.Background(), id)
+	if err == nil && !found && s.responses.kv != nil {
+		// A whole answer's mapping reaches KV as its call ends, a few
+		// milliseconds after the client has it: a client that chains at
+		// once through another gateway can ask before it lands.
+		time.Sleep(lateMappingWait)
+		m, found, err = s.responses.lookup(context.Background(), id)
+	}
 	switch {
 	case err != nil:
-		s.responses.logSometimes("responses: previous_response_id %s: %v; the call is balanced as usual", id, err)
-		return nil, 0, nil
-	case !found:
-		return nil, 0, nil
-	case m.Account != key.Account:
+		s.responses.logSometimes("responses: previous_response_id %s: %v", id, err)
+		return nil, 0, errStateUnavailable(err)
+	case !found, m.Account != key.Account:
 		return nil, 0, errPreviousNotFound(id)
 	}
 	up := w.upstreams[m.Upstream]

@@ -22,6 +22,9 @@ type requestFields struct {
 	PreviousResponseID gjson.Result
 	Store              gjson.Result
 	Background         gjson.Result
+	// RequestID is vLLM's and SGLang's extension that names the response
+	// id; refused on responses (see route).
+	RequestID gjson.Result
 	// Chat only: how many choices a stream carries, each ending with its
 	// own finish_reason.
 	N   gjson.Result
@@ -64,6 +67,8 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			slot = &f.Store
 		case "background":
 			slot = &f.Background
+		case "request_id":
+			slot = &f.RequestID
 		case "n":
 			slot = &f.N
 		default:
