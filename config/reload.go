@@ -76,13 +76,27 @@ func NewWatcher(path string, initial *Config, build func(*Config) error, logf fu
 // Current returns the config in force.
 func (w *Watcher) Current() *Config { return w.current.Load() }
 
+// CatchSIGHUP starts catching SIGHUP for a Watcher made later, so that
+// one sent while the process starts is a reload once it runs, not the
+// signal's default, which ends the process (systemd's reload right after
+// start did, and counts that a clean exit: no restart). Pass the channel
+// to RunOn.
+func CatchSIGHUP() chan os.Signal {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	return hup
+}
+
 // Run polls the file every 500ms, applies a changed file once it has
 // stayed the same for a second, and reloads at once on SIGHUP, until ctx
 // is done.
 // Call it once, in its own goroutine.
 func (w *Watcher) Run(ctx context.Context) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+	w.RunOn(ctx, CatchSIGHUP())
+}
+
+// RunOn is Run with the SIGHUP channel CatchSIGHUP returned.
+func (w *Watcher) RunOn(ctx context.Context, hup chan os.Signal) {
 	defer signal.Stop(hup)
 	w.readyOnce.Do(func() { close(w.signalsReady) })
 

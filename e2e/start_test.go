@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,4 +55,64 @@ func TestTakenPortEndsTheStartBeforeFirstStartWork(t *testing.T) {
 			t.Errorf("%s written by a start that could not listen", f)
 		}
 	}
+}
+
+// A SIGHUP sent while the gateway starts (systemd's reload right after its
+// start) is a reload once the gateway runs. It ended the process, which
+// systemd counts a clean exit, so Restart=on-failure left it down.
+func TestSIGHUPWhileStartingIsAReload(t *testing.T) {
+	dir := t.TempDir()
+	listen := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	logPath := filepath.Join(dir, "serve.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	output := func() string { b, _ := os.ReadFile(logPath); return string(b) }
+	cmd := exec.CommandContext(ctx, tollgateBin, "serve")
+	cmd.Env = append(os.Environ(),
+		"TOLLGATE_CONFIG="+filepath.Join(repoRoot, "gateway.yaml"),
+		"TOLLGATE_LISTEN="+listen,
+		"TOLLGATE_DATA_DIR="+filepath.Join(dir, "data"),
+		"TOLLGATE_ADMIN_TOKEN=",
+		"TOLLGATE_NATS_LISTEN="+freeAddr(t),
+		"TOLLGATE_STORAGE_LISTEN="+freeAddr(t),
+		"TOLLGATE_DEBUG_LISTEN=",
+		"TOLLGATE_CONSUME_IN_SERVE=false",
+		"NATS_URL=", "CLICKHOUSE_DSN=", "UPSTREAM_BASE_URL=http://"+freeAddr(t)+"/v1")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = testutil.DieWithParent()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// The port is bound early in the start, long before the config watcher
+	// runs: the signal lands in between.
+	checkFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		c, err := net.Dial("tcp", listen)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		select {
+		case err := <-exited:
+			t.Fatalf("the gateway ended on a SIGHUP sent while it started: %v\n%s", err, output())
+		default:
+		}
+		if !strings.Contains(output(), "SIGHUP: reloading") {
+			return errors.New("no reload logged yet")
+		}
+		return nil
+	})
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	<-exited
 }

@@ -32,6 +32,15 @@ func runBilling(args []string) error {
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP's default ends the process, and an exit by SIGHUP is clean to
+	// systemd: a reload sent to every tollgate unit stopped billing.
+	hup := config.CatchSIGHUP()
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			logf("SIGHUP: tollgate billing reads %s only when it starts; restart it to apply a change", path)
+		}
+	}()
 	b, err := connectNATS(ctx, cfg, logf)
 	if err != nil {
 		return err

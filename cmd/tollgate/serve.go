@@ -42,6 +42,7 @@ func runServe(args []string) error {
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	hup := config.CatchSIGHUP() // a reload sent while starting waits for the watcher
 	// Bound first: a port already taken must end the start before the
 	// first-start work prints a demo key (shown only once) and an
 	// OPENAI_BASE_URL pointing at another process.
@@ -109,7 +110,7 @@ func runServe(args []string) error {
 	defer func() { stop(); <-workerDone }()
 
 	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
-	go watcher.Run(ctx)
+	go watcher.RunOn(ctx, hup)
 	return serveUntilDone(ctx, srv, ln, path, cfg, b, logf)
 }
 

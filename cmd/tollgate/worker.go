@@ -38,6 +38,7 @@ func runWorker(args []string) error {
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	hup := config.CatchSIGHUP() // a reload sent while starting waits for the watcher
 	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
 		return fmt.Errorf("creating data_dir: %w", err)
 	}
@@ -83,7 +84,7 @@ func runWorker(args []string) error {
 		return err
 	}
 	defer srv.Close()
-	go config.NewWatcher(path, cfg, srv.Apply, logf).Run(ctx)
+	go config.NewWatcher(path, cfg, srv.Apply, logf).RunOn(ctx, hup)
 	logf("tollgate %s batch worker (config %s, NATS %s, %d jobs at a time)", version(), path, b.ClientURL(), cfg.Batch.MaxJobs)
 	return jobs.svc.RunWorker(ctx)
 }
