@@ -237,13 +237,19 @@ func TestEnvValueWithYAMLSyntaxStaysOneValue(t *testing.T) {
 			}
 			return "", false
 		}
-		input := "upstreams:\n  - name: default # comment\n    base_url: http://127.0.0.1:8000/v1\n    api_key: ${UPSTREAM_API_KEY}\nauth:\n  issuer: x${UPSTREAM_API_KEY}\n"
+		// A key must not hold a line break (TestAPIKeyWithALineBreakIsRefused):
+		// such a value is checked in the issuer alone.
+		apiKey, wantKey := "${UPSTREAM_API_KEY}", v
+		if strings.Contains(v, "\n") {
+			apiKey, wantKey = "k", "k"
+		}
+		input := "upstreams:\n  - name: default # comment\n    base_url: http://127.0.0.1:8000/v1\n    api_key: " + apiKey + "\nauth:\n  issuer: x${UPSTREAM_API_KEY}\n"
 		cfg, err := parse("gateway.yaml", []byte(input), env)
 		if err != nil {
 			t.Errorf("value %q: %v", v, err)
 			continue
 		}
-		if cfg.Upstreams[0].APIKey != v || cfg.Auth.Issuer != "x"+v || cfg.Upstreams[0].Name != "default" {
+		if cfg.Upstreams[0].APIKey != wantKey || cfg.Auth.Issuer != "x"+v || cfg.Upstreams[0].Name != "default" {
 			t.Errorf("value %q: api_key %q, issuer %q, name %q", v, cfg.Upstreams[0].APIKey, cfg.Auth.Issuer, cfg.Upstreams[0].Name)
 		}
 	}
@@ -378,6 +384,24 @@ func TestReaderErrorsGetALine(t *testing.T) {
 		_, err := parse("gateway.yaml", []byte(data), noEnv)
 		if err == nil || !strings.HasPrefix(err.Error(), "gateway.yaml:3: ") {
 			t.Errorf("%s: %v, want it on line 3", name, err)
+		}
+	}
+}
+
+// An upstream's api_key goes into a header line as it is: a trailing
+// newline (a secret file's, a YAML | block) ended the Authorization
+// header early, and the body reached the upstream as a second request
+// whose answer went to the next call.
+func TestAPIKeyWithALineBreakIsRefused(t *testing.T) {
+	for name, input := range map[string]string{
+		"block":       "upstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n    api_key: |\n      sk-live\n",
+		"environment": "upstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n    api_key: ${KEY}\n",
+		"escaped":     "upstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n    api_key: \"sk\\r\\nX-Evil: 1\"\n",
+	} {
+		env := func(string) (string, bool) { return "sk-live\n", true }
+		_, err := parse("gateway.yaml", []byte(input), env)
+		if err == nil || !strings.Contains(err.Error(), "gateway.yaml:4") || !strings.Contains(err.Error(), "upstreams[0].api_key: contains a line break") {
+			t.Errorf("%s: %v, want the line break refused on line 4", name, err)
 		}
 	}
 }

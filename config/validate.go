@@ -264,6 +264,17 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 			upstreamNames = append(upstreamNames, u.Name)
 		}
 		l.checkHTTPURL(u.BaseURL, path+".base_url")
+		// The key goes into a header line as it is: a newline (a secret
+		// file's last one, a YAML | block) ended the Authorization header
+		// early, and the body went upstream as a second request whose
+		// answer the next call received.
+		if i := strings.IndexFunc(u.APIKey, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
+			what := "a control character"
+			if c := u.APIKey[i]; c == '\n' || c == '\r' {
+				what = "a line break"
+			}
+			l.check(false, path+".api_key", "contains %s at byte %d (a secret file's trailing newline, a YAML | block?): remove it; it would end the Authorization header", what, i+1)
+		}
 		for _, d := range []struct {
 			key    string
 			v, def time.Duration
@@ -341,7 +352,14 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 				// (`completion:`, or ${VAR} of an unset variable) is more
 				// likely a mistake than a free model.
 				_, written := l.nodes[path+".pricing."+price.key]
-				l.check(!written, path+".pricing."+price.key, `is empty: write "0" for a free %s, or leave the line out`, price.key)
+				hint := `write "0" for a free ` + price.key + `, or leave the line out`
+				switch price.key {
+				case "prompt", "completion": // the block needs both
+					hint = `write the price, "0" for free`
+				case "input_cache_read":
+					hint = `write "0" for free cached tokens, or leave the line out to bill them at the prompt price`
+				}
+				l.check(!written, path+".pricing."+price.key, "is empty: %s", hint)
 				continue
 			}
 			_, err := money.ParsePrice(price.v)
