@@ -25,16 +25,42 @@ type adminClient struct {
 	http       *http.Client
 }
 
-func adminFlags(fs *flag.FlagSet) (url, token *string) {
+// adminTarget is where an admin command goes: gateway.yaml's server.listen
+// and data dir (for admin.token), unless -url and -token say otherwise.
+type adminTarget struct {
+	url, token *string
+	cfg        *config.Config
+	// cfgErr: gateway.yaml exists but does not load. Defaults in its place
+	// would send the call to 127.0.0.1:8080, another gateway maybe, with
+	// an exported token.
+	cfgErr error
+}
+
+func adminFlags(fs *flag.FlagSet) *adminTarget {
+	t := &adminTarget{}
 	// The gateway's own listen address (gateway.yaml, where
 	// $TOLLGATE_LISTEN fills it in), as its data dir comes from there.
 	listen := os.Getenv("TOLLGATE_LISTEN")
-	if cfg, err := config.Load(configPath(nil)); err == nil {
-		listen = cfg.Server.Listen
+	path := configPath(nil)
+	switch cfg, err := config.Load(path); {
+	case err == nil:
+		t.cfg, listen = cfg, cfg.Server.Listen
+	case !errors.Is(err, os.ErrNotExist):
+		t.cfgErr = fmt.Errorf("loading %s, which says where the gateway and its data dir are (fix it, or pass -url and -token):\n%w", path, err)
 	}
-	url = fs.String("url", "http://"+dialable(cmp.Or(listen, "127.0.0.1:8080")), "gateway base URL (default from gateway.yaml's server.listen)")
-	token = fs.String("token", os.Getenv("TOLLGATE_ADMIN_TOKEN"), "admin token (default $TOLLGATE_ADMIN_TOKEN, else <data_dir>/admin.token)")
-	return url, token
+	t.url = fs.String("url", "http://"+dialable(cmp.Or(listen, "127.0.0.1:8080")), "gateway base URL (default from gateway.yaml's server.listen)")
+	t.token = fs.String("token", os.Getenv("TOLLGATE_ADMIN_TOKEN"), "admin token (default $TOLLGATE_ADMIN_TOKEN, else <data_dir>/admin.token)")
+	return t
+}
+
+// client is the admin client for fs's parsed flags.
+func (t *adminTarget) client(fs *flag.FlagSet) (*adminClient, error) {
+	urlGiven := false
+	fs.Visit(func(f *flag.Flag) { urlGiven = urlGiven || f.Name == "url" })
+	if t.cfgErr != nil && (!urlGiven || *t.token == "") {
+		return nil, t.cfgErr
+	}
+	return newAdminClient(*t.url, *t.token, t.cfg)
 }
 
 // dialable turns a listen address into one to connect to: a gateway
@@ -53,10 +79,12 @@ func dialable(listen string) string {
 	return net.JoinHostPort(host, port)
 }
 
-func newAdminClient(url, token string) (*adminClient, error) {
+// newAdminClient calls url with token, else with the admin.token of cfg's
+// data dir (nil: $TOLLGATE_DATA_DIR, else ./data).
+func newAdminClient(url, token string, cfg *config.Config) (*adminClient, error) {
 	if token == "" {
 		dataDir := os.Getenv("TOLLGATE_DATA_DIR")
-		if cfg, err := config.Load(configPath(nil)); err == nil {
+		if cfg != nil {
 			dataDir = cfg.Server.DataDir
 		}
 		if dataDir == "" {
@@ -168,14 +196,14 @@ func runAccounts(args []string) error {
 		return errors.New(accountsUsage)
 	}
 	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
-	url, token := adminFlags(fs)
+	target := adminFlags(fs)
 	credit := fs.String("credit", "", "initial credit in USD, e.g. 10.00")
 	idemKey := fs.String("idempotency-key", "", "credit: a key (a payment id) that makes the same credit, sent again within 7 days, apply once")
 	pos, err := parseInterleaved(fs, args[1:])
 	if err != nil {
 		return err
 	}
-	c, err := newAdminClient(*url, *token)
+	c, err := target.client(fs)
 	if err != nil {
 		return err
 	}
@@ -228,7 +256,7 @@ func runKeys(args []string) error {
 		return errors.New(keysUsage)
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
-	url, token := adminFlags(fs)
+	target := adminFlags(fs)
 	name := fs.String("name", "", "key name, e.g. prod-backend")
 	scopes := fs.String("scopes", "", "comma-separated scopes (default: all)")
 	models := fs.String("models", "", "comma-separated model ids (default: all)")
@@ -255,7 +283,7 @@ func runKeys(args []string) error {
 	if emptyList != nil {
 		return emptyList
 	}
-	c, err := newAdminClient(*url, *token)
+	c, err := target.client(fs)
 	if err != nil {
 		return err
 	}

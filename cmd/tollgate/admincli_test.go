@@ -1,0 +1,45 @@
+package main
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// An admin command whose gateway.yaml does not load says so, instead of
+// calling the defaults' 127.0.0.1:8080, which may be another gateway that
+// takes the exported token; -url with -token still work without the file.
+func TestAdminCommandsRefuseAnInvalidConfig(t *testing.T) {
+	calls := 0
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		w.Write([]byte(`{"id":"acme","balance_usd":"1"}`))
+	}))
+	defer gw.Close()
+	bad := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(bad, []byte("billing:\n  grace_usd: \"0.50\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TOLLGATE_CONFIG", bad)
+	t.Setenv("TOLLGATE_LISTEN", strings.TrimPrefix(gw.URL, "http://"))
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-x")
+	// Without -url the address would be the file's: refused.
+	if err := runAccounts([]string{"get", "acme"}); err == nil || !strings.Contains(err.Error(), bad) || calls != 0 {
+		t.Fatalf("accounts get with an invalid %s: %v, %d calls made", bad, err, calls)
+	}
+	if err := runKeys([]string{"list", "acme"}); err == nil || !strings.Contains(err.Error(), bad) || calls != 0 {
+		t.Fatalf("keys list with an invalid config: %v, %d calls", err, calls)
+	}
+	// With -url and a token the file is not needed.
+	if err := runAccounts([]string{"get", "acme", "-url", gw.URL}); err != nil || calls != 1 {
+		t.Fatalf("with -url and $TOLLGATE_ADMIN_TOKEN: %v, %d calls", err, calls)
+	}
+	// Without a token, admin.token is in the file's data dir: refused.
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "")
+	if err := runAccounts([]string{"get", "acme", "-url", gw.URL}); err == nil || !strings.Contains(err.Error(), bad) || calls != 1 {
+		t.Fatalf("with -url, no token and an invalid config: %v, %d calls", err, calls)
+	}
+}
