@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -119,6 +120,10 @@ type Service struct {
 	cacheMu sync.RWMutex
 	cache   map[string]*Key // verified tokens; see Verify
 
+	// revoked is told the id of each key the watch finds revoked (see
+	// OnKeyRevoked).
+	revoked atomic.Pointer[func(keyID string)]
+
 	stop    context.CancelFunc
 	stopped sync.WaitGroup
 }
@@ -202,6 +207,14 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 		return nil, fmt.Errorf("loading accounts snapshot: %w", err)
 	}
 	return s, nil
+}
+
+// OnKeyRevoked has fn called, on the watch's goroutine, with the id of
+// every key this gateway learns is revoked (at start, the keys revoked
+// before): the streams a key opened are not refused at admission again,
+// and a caller ends them. fn must not block.
+func (s *Service) OnKeyRevoked(fn func(keyID string)) {
+	s.revoked.Store(&fn)
 }
 
 // Close stops watching the buckets. The service must not be used afterwards.

@@ -286,5 +286,8 @@ func (s *Service) apply(b bucketIndex, e jetstream.KeyValueEntry) {
 			}
 		}
 		s.snap.putKey(e.Key(), e.Revision(), info, deleted)
+		if fn := s.revoked.Load(); fn != nil && (deleted || info.RevokedAt != nil) {
+			(*fn)(e.Key())
+		}
 	}
 }

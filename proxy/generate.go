@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -293,9 +294,12 @@ type generationCall struct {
 	// usageRefused: an upstream report of usage was not believed (logged
 	// once a call).
 	usageRefused bool
-	text         []byte // forwarded output text, counted only when usage never came
-	rawChunks    []byte // chat chunks whose text is read only if usage never came
-	ttfb         time.Duration
+	// keyRevoked: the stream was ended because its key was revoked
+	// (EndStreamsOfKey), not by its upstream.
+	keyRevoked atomic.Bool
+	text       []byte // forwarded output text, counted only when usage never came
+	rawChunks  []byte // chat chunks whose text is read only if usage never came
+	ttfb       time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
 	// finish_reason for every choice (chat), a terminal or error event
 	// (responses).

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -907,6 +908,49 @@ func TestCutStreamsEndsAndBillsOpenStreams(t *testing.T) {
 	ev := h.events(1)[0]
 	if ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens < 1 || ev.PromptTokens < 3 || ev.CostNanos <= 0 {
 		t.Fatalf("event %+v", ev)
+	}
+}
+
+// A revoked key's open streams end at once with the error event, billed
+// on estimated usage; another key's stream goes on. They went on to their
+// end, billed to the account, for as long as the upstream generated.
+func TestRevokedKeysStreamsEnd(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 30, ChunkDelay: 100 * time.Millisecond}, idleTimeout: "30s"})
+	other := h.g.CreateKey("acme", accounts.KeyRequest{Name: "other"})
+	open := func(key string) *bufio.Reader {
+		resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`, key)
+		t.Cleanup(func() { resp.Body.Close() })
+		br := bufio.NewReader(resp.Body)
+		for range 6 { // three events have come
+			if _, err := br.ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return br
+	}
+	revoked, kept := open(h.key), open(other)
+	keyID := h.keyID(t)
+	start := time.Now()
+	if _, err := h.svc.RevokeKey(context.Background(), keyID); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(revoked)
+	if err != nil {
+		t.Fatalf("the revoked key's stream did not end cleanly: %v", err)
+	}
+	if took := time.Since(start); took > time.Second { // the stream lasts 3 s
+		t.Fatalf("the revoked key's stream ended %s after the revocation", took)
+	}
+	evs := sseEvents(rest)
+	if last := evs[len(evs)-1]; !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "revoked") {
+		t.Fatalf("last event %q", last)
+	}
+	ev := h.events(1)[0]
+	if ev.KeyID != keyID || ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens < 1 || ev.CostNanos <= 0 {
+		t.Fatalf("event %+v", ev)
+	}
+	if body, err := io.ReadAll(kept); err != nil || !strings.Contains(string(body), "data: [DONE]") {
+		t.Fatalf("another key's stream: %v, ends %q", err, body[max(len(body)-100, 0):])
 	}
 }
 

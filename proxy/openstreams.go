@@ -60,6 +60,26 @@ func (s *Server) CutStreams() int {
 	return len(o.calls)
 }
 
+// EndStreamsOfKey ends the streamed answers a key opened, as CutStreams
+// ends them at shutdown, once the key is revoked: it is refused at
+// admission from then on, but the streams it had opened went on to their
+// end, billed to the account, for as long as the upstream generated. It
+// answers how many it ended.
+func (s *Server) EndStreamsOfKey(keyID string) int {
+	o := &s.streams
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for c := range o.calls {
+		if c.key != nil && c.key.ID == keyID {
+			c.keyRevoked.Store(true)
+			c.cutUpstream()
+			n++
+		}
+	}
+	return n
+}
+
 // CallsWithUpstreams is how many calls are with an upstream now, streams
 // included: at shutdown, those that are not open streams are non-streamed
 // calls, or streams still waiting for their first event, whose clients

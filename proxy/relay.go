@@ -148,10 +148,14 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			lastError = msg
 		}
 		c.interrupted = true
-		if c.server.streams.cutting.Load() {
+		switch {
+		case c.keyRevoked.Load():
+			// The gateway ended it (EndStreamsOfKey): no fault of the upstream's.
+			msg = "the API key of this call was revoked; stream ended"
+		case c.server.streams.cutting.Load():
 			// The gateway ended it (CutStreams): no fault of the upstream's.
 			msg = "the gateway is shutting down and could not wait for this stream to finish; stream ended"
-		} else {
+		default:
 			c.answerBroke(err, lastError, msg)
 		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil

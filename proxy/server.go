@@ -123,6 +123,11 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.install(w)
+	// A revoked key's open streams end at once, not when their upstream
+	// is done generating.
+	if r, ok := opts.Accounts.(interface{ OnKeyRevoked(func(string)) }); ok {
+		r.OnKeyRevoked(func(keyID string) { s.EndStreamsOfKey(keyID) })
+	}
 	if err := s.start(); err != nil {
 		retireUnshared(w, nil) // no server will ever use its pools
 		return nil, err
