@@ -452,7 +452,7 @@ func (c *Console) signOut(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 	c.message(ctx, 200, "Signed out", "You are signed out of the console.", true)
 }
 
-func (c *Console) overview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+func (c *Console) overview(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	sess, ok := c.session(ctx)
 	if !ok {
 		return
@@ -466,6 +466,9 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 	}
 	view := overviewPage{Balance: usd(acc.Balance), Credited: usd(acc.Credited), Debited: usd(acc.Debited),
 		Negative: acc.Balance < 0, Days: UsageDays, Months: UsageMonths}
+	if grace := call.World.Grace(); acc.Balance < -grace {
+		view.Refused, view.Grace = true, usd(grace)
+	}
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	rows, err := c.usage.usageSince(sctx, sess.Account, today.AddDate(0, 0, -(UsageDays-1)))
 	if err != nil {

@@ -675,3 +675,24 @@ func TestPublicURLOriginIsComparedAsBrowsersWriteIt(t *testing.T) {
 		t.Fatalf("sign-in from the public origin: %d %s", resp.StatusCode, body)
 	}
 }
+
+// An account past the grace allowance is told its calls are refused now;
+// the page spoke of it as something that may happen later.
+func TestOverviewSaysCallsAreRefusedPastTheGrace(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("other") // 1 USD
+	debit := func(usd int64) {
+		if _, err := g.svc.Debit(t.Context(), "other", money.Nanos(usd)*money.NanosPerUSD/10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	debit(12) // -0.20: within the grace of 0.50
+	if _, page := b.get("/console"); !strings.Contains(page, "below zero") || strings.Contains(page, `id="refused"`) {
+		t.Fatalf("overview at -0.20: %s", page)
+	}
+	debit(5) // -0.70
+	if _, page := b.get("/console"); !strings.Contains(page, `id="refused"`) || !strings.Contains(page, "grace allowance of 0.50 USD") {
+		t.Fatalf("overview at -0.70: %s", page)
+	}
+}

@@ -85,6 +85,10 @@ type loginPage struct {
 type overviewPage struct {
 	Balance, Credited, Debited string
 	Negative                   bool
+	// Refused: the balance is past the grace allowance (Grace USD), and
+	// calls are being refused now.
+	Refused                    bool
+	Grace                      string
 	Days                       int
 	UsageUnavailable           bool
 	PerDay, PerModel, PerMonth []usageLine

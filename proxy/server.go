@@ -285,6 +285,10 @@ func retireUnshared(from, keep *World) {
 // World returns the configuration snapshot in force.
 func (s *Server) World() *World { return s.world.Load() }
 
+// Grace is how far below zero a balance may go before calls are refused
+// (billing.grace_usd).
+func (w *World) Grace() money.Nanos { return w.grace }
+
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.http.Serve(rawconn.Listener{Listener: ln}) }
 
