@@ -703,3 +703,26 @@ func TestListIsNewestFirstCappedAndPerAccount(t *testing.T) {
 		t.Fatalf("an account without jobs: %v, %v", jobs, err)
 	}
 }
+
+// An llm job whose upstream reports no usage is billed on the tokenizer's
+// count of each line's prompt and answer, and its event says estimated:
+// it said upstream, and until 2026-11-26 such lines cost nothing.
+func TestLLMJobWithoutUsageIsBilledEstimated(t *testing.T) {
+	e := newEnv(t, envOptions{plugins: "  engine: llm\n  llm_model: small"})
+	e.up.SetOptions(proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply, OmitUsage: true})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	id := e.create(svc, "acme", inputLines(20, 0), "")
+	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+		t.Fatal(err)
+	}
+	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	_, tokens := checkResults(t, e.results(j), 20)
+	if tokens < 20*20 {
+		t.Fatalf("20 llm lines without usage billed %d tokens", tokens)
+	}
+	wantBilled(t, e, j, tokens)
+	if ev := e.jobEvents(id)[0]; ev.UsageSource != meter.SourceEstimated || ev.Model != "small" {
+		t.Errorf("job event %+v, want the llm's tokens marked estimated", ev)
+	}
+}

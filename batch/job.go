@@ -119,6 +119,9 @@ type Progress struct {
 	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
 	CompletionTokens int64 `json:"completion_tokens,omitempty"`
 	TotalTokens      int64 `json:"total_tokens,omitempty"`
+	// Estimated: some llm lines were counted by the tokenizer, their
+	// upstream having reported no usage to believe; the bill says so.
+	Estimated bool `json:"estimated,omitempty"`
 	// LLMModel is the model that answered lines, "" while only the lexical
 	// engine did.
 	LLMModel string `json:"llm_model,omitempty"`

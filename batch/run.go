@@ -205,9 +205,12 @@ type chunk struct {
 	out                       bytes.Buffer
 	completed, failed         int64
 	prompt, completion, total int64
-	llmModel, firstError      string
-	offlineEngine             string
-	done                      chan struct{}
+	// estimated: some of the tokens are the tokenizer's count of an llm
+	// call whose upstream reported none to believe.
+	estimated            bool
+	llmModel, firstError string
+	offlineEngine        string
+	done                 chan struct{}
 }
 
 // classifyInput classifies the input from the checkpoint on: one reader,
@@ -364,6 +367,7 @@ type partWriter struct {
 	lines, completed, failed  int64
 	prompt, completion, total int64
 	end                       int64
+	estimated                 bool
 	llmModel, firstError      string
 	offlineEngine             string
 }
@@ -391,6 +395,7 @@ func (w *partWriter) add(ctx context.Context, c *chunk) error {
 	w.prompt += c.prompt
 	w.completion += c.completion
 	w.total += c.total
+	w.estimated = w.estimated || c.estimated
 	w.end = c.end
 	if w.llmModel == "" {
 		w.llmModel = c.llmModel
@@ -430,6 +435,7 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 		p.PromptTokens += w.prompt
 		p.CompletionTokens += w.completion
 		p.TotalTokens += w.total
+		p.Estimated = p.Estimated || w.estimated
 		if p.LLMModel == "" {
 			p.LLMModel = w.llmModel
 		}
@@ -452,6 +458,7 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 	}
 	w.seq++
 	w.lines, w.completed, w.failed, w.prompt, w.completion, w.total = 0, 0, 0, 0, 0, 0
+	w.estimated = false
 	w.llmModel, w.firstError, w.offlineEngine = "", "", ""
 	if w.s.at("checkpointed") {
 		return errDied
@@ -644,6 +651,9 @@ func (s *Service) billingEvent(j *Job, now time.Time) *meter.Event {
 	}
 	if m := j.Progress.LLMModel; m != "" {
 		ev.Model, ev.UsageSource = m, meter.SourceUpstream
+		if j.Progress.Estimated {
+			ev.UsageSource = meter.SourceEstimated
+		}
 		for _, cm := range s.runtime.Config().Models {
 			if cm.ID == m {
 				ev.Upstream = cm.Upstream
@@ -830,6 +840,7 @@ func (c *chunk) count(u classifiers.Usage) int64 {
 	c.prompt += u.PromptTokens
 	c.completion += u.CompletionTokens
 	c.total += u.TotalTokens
+	c.estimated = c.estimated || u.Estimated
 	return u.TotalTokens
 }
 
