@@ -160,6 +160,20 @@ func (h *upstreamHealth) count(failed bool) {
 	}
 }
 
+// recent is the calls and failures of this minute and the one before, as
+// of now: the window moves only when a call is counted, so an upstream
+// that had no call since still held its old minutes, a 100 % error rate
+// long after its last failure.
+func (h *upstreamHealth) recent(now time.Time) (calls, fails int64) {
+	switch minute, w := now.Unix()/60, h.window.Load(); w {
+	case minute:
+		return h.curCalls.Load() + h.prvCalls.Load(), h.curFails.Load() + h.prvFails.Load()
+	case minute - 1: // its current minute is now the previous one
+		return h.curCalls.Load(), h.curFails.Load()
+	}
+	return 0, 0
+}
+
 // succeeded records an answer (any status but those failed takes) after
 // ttfb; recovered says it closed the breaker (a trial call answered).
 func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
@@ -615,7 +629,7 @@ func (w *World) UpstreamStatuses() []UpstreamStatus {
 		case stateHalfOpen:
 			st.State = "half_open"
 		}
-		calls, fails := h.curCalls.Load()+h.prvCalls.Load(), h.curFails.Load()+h.prvFails.Load()
+		calls, fails := h.recent(time.Now())
 		st.RecentCalls = calls
 		if calls > 0 {
 			st.RecentErrorRate = float64(fails) / float64(calls)
@@ -648,7 +662,7 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", s.name, s.help, s.name, s.kind)
 		for _, uc := range w.Config.Upstreams {
 			if up := w.upstreams[uc.Name]; up != nil {
-				b = fmt.Appendf(b, "%s{upstream=%q} %g\n", s.name, uc.Name, s.value(&up.health))
+				b = fmt.Appendf(b, "%s{upstream=%s} %g\n", s.name, promLabel(uc.Name), s.value(&up.health))
 			}
 		}
 	}

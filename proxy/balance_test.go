@@ -199,3 +199,39 @@ func TestRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// The recent calls and error rate cover this minute and the one before,
+// also for an upstream that had no call since: they showed its last
+// failures as recent, a 100 % error rate, until its next call.
+func TestRecentCallsAgeWithoutCalls(t *testing.T) {
+	var h upstreamHealth
+	h.count(true)
+	h.count(true)
+	h.count(false)
+	now := time.Now()
+	if calls, fails := h.recent(now); calls != 3 || fails != 2 {
+		t.Fatalf("now: %d calls, %d failed; want 3 and 2", calls, fails)
+	}
+	if calls, fails := h.recent(now.Add(time.Minute)); calls != 3 || fails != 2 {
+		t.Fatalf("a minute later: %d calls, %d failed; want 3 and 2 (the previous minute)", calls, fails)
+	}
+	if calls, fails := h.recent(now.Add(2 * time.Minute)); calls != 0 || fails != 0 {
+		t.Fatalf("two minutes later: %d calls, %d failed; want none", calls, fails)
+	}
+}
+
+// Label values are escaped as Prometheus reads them: %q wrote a tab in an
+// upstream's name as \t, which fails the whole scrape.
+func TestPromLabel(t *testing.T) {
+	for in, want := range map[string]string{
+		"local":      `"local"`,
+		"tab\there":  "\"tab\there\"",
+		`a"b\c`:      `"a\"b\\c"`,
+		"line\nfeed": `"line\nfeed"`,
+		"é":          `"é"`,
+	} {
+		if got := promLabel(in); got != want {
+			t.Errorf("promLabel(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

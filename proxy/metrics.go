@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,7 +114,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 			cmp.Compare(a.endpoint, b.endpoint), cmp.Compare(a.status, b.status))
 	})
 	labels := func(k seriesKey) string {
-		return fmt.Sprintf("model=%q,upstream=%q,endpoint=%q,status=\"%d\"", k.model, k.upstream, k.endpoint, k.status)
+		return fmt.Sprintf("model=%s,upstream=%s,endpoint=%q,status=\"%d\"", promLabel(k.model), promLabel(k.upstream), k.endpoint, k.status)
 	}
 	b = append(b, "# HELP tollgate_requests_total Metered calls (generation, and classify, tag, score and match under their engine or llm model) by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
 	for _, k := range keys {
@@ -222,4 +223,15 @@ func (r *refusalCounts) appendText(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// promLabelEscapes writes a label value as Prometheus's text format reads
+// it: only backslash, double quote and line feed are escaped there. Go's
+// %q escaped a tab in an upstream's name as \t, which Prometheus refuses,
+// and with it the whole scrape.
+var promLabelEscapes = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+// promLabel is v as a quoted label value.
+func promLabel(v string) string {
+	return `"` + promLabelEscapes.Replace(v) + `"`
 }
