@@ -68,6 +68,14 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	if apiErr != nil {
 		limit.done()
 		WriteError(ctx, apiErr)
+		// A 5xx here (a model without upstreams, the responses state
+		// unreadable) is the gateway failing a valid call: counted as
+		// calls are, under no upstream. WriteError counted 4xx refusals.
+		if apiErr.Status >= 500 {
+			if e, ok := w.Catalog.Resolve(gjson.GetBytes(ctx.PostBody(), "model").Str); ok {
+				s.calls.observe(e.ID, "", ep.path(), apiErr.Status, time.Since(start))
+			}
+		}
 		return
 	}
 	call.reqID, call.start, call.limit = reqID, start, limit

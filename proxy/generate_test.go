@@ -952,6 +952,10 @@ func TestRevokedKeysStreamsEnd(t *testing.T) {
 	if body, err := io.ReadAll(kept); err != nil || !strings.Contains(string(body), "data: [DONE]") {
 		t.Fatalf("another key's stream: %v, ends %q", err, body[max(len(body)-100, 0):])
 	}
+	// Not counted as the upstream cutting a stream.
+	if m := scrape(t, h); !strings.Contains(m, `tollgate_requests_interrupted_total{model="small",upstream="local",endpoint="/v1/chat/completions",status="200"} 0`) {
+		t.Fatalf("the revoked key's stream counted as interrupted by the upstream:\n%s", m)
+	}
 }
 
 // A client that stopped reading keeps its relay blocked in a write, which

@@ -147,15 +147,16 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
 			lastError = msg
 		}
-		c.interrupted = true
+		// Ended by the gateway (EndStreamsOfKey, CutStreams): no fault of
+		// the upstream's, neither in its health nor in the interrupted
+		// count and span, which say the upstream cut the stream.
 		switch {
 		case c.keyRevoked.Load():
-			// The gateway ended it (EndStreamsOfKey): no fault of the upstream's.
 			msg = "the API key of this call was revoked; stream ended"
 		case c.server.streams.cutting.Load():
-			// The gateway ended it (CutStreams): no fault of the upstream's.
 			msg = "the gateway is shutting down and could not wait for this stream to finish; stream ended"
 		default:
+			c.interrupted = true
 			c.answerBroke(err, lastError, msg)
 		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil

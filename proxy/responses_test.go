@@ -453,6 +453,10 @@ func TestResponsesWithNATSGone(t *testing.T) {
 	if status != 503 || jsonField(t, body, "error", "code") != "state_unavailable" {
 		t.Fatalf("continuation through a gateway that cannot look it up: %d %s", status, body)
 	}
+	// Counted as a failed call: the dashboards showed no error at all.
+	if _, metrics := h.send(gw2, "GET", "/metrics", "", ""); !strings.Contains(string(metrics), `tollgate_requests_total{model="small",upstream="",endpoint="/v1/responses",status="503"} 1`) {
+		t.Fatalf("the 503 is not in /metrics:\n%s", metrics)
+	}
 	if status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, ""); status != 200 {
 		t.Fatalf("continuation through the gateway that made it: %d %s", status, body)
 	}
