@@ -126,6 +126,9 @@ type PublisherStats struct {
 	// LastPublishLatency is from publishing to the PubAck of the last
 	// acknowledged event.
 	LastPublishLatency time.Duration
+	// Connected: the connection to NATS is up. While it is down nothing
+	// is tried (Failures stays still) and OutboxDepth grows.
+	Connected bool
 }
 
 // Publisher is the Recorder of a gateway with durable metering: Record
@@ -254,6 +257,7 @@ func (p *Publisher) Stats() PublisherStats {
 		Failures:           p.failures.Load() + ob.WriteFailures,
 		Dropped:            p.dropped.Load() + ob.Lost,
 		LastPublishLatency: time.Duration(p.lastLatency.Load()),
+		Connected:          p.nc != nil && p.nc.IsConnected(),
 	}
 }
 

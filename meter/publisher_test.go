@@ -292,8 +292,8 @@ func TestPublisherLosesAndDoublesNothingAcrossANATSRestart(t *testing.T) {
 			// on, and it comes back on the same port and store.
 			srv.stop()
 		case 2 * n / 3:
-			if st := p.Stats(); st.OutboxDepth < n/3 {
-				t.Errorf("NATS down, yet only %d events wait in the outbox: %+v", st.OutboxDepth, st)
+			if st := p.Stats(); st.OutboxDepth < n/3 || st.Connected {
+				t.Errorf("NATS down, yet only %d events wait in the outbox, or it says connected: %+v", st.OutboxDepth, st)
 			}
 			srv.start()
 		}
@@ -305,8 +305,8 @@ func TestPublisherLosesAndDoublesNothingAcrossANATSRestart(t *testing.T) {
 		return nil
 	})
 	st := p.Stats()
-	if st.Dropped != 0 {
-		t.Errorf("stats %+v: want nothing dropped", st)
+	if st.Dropped != 0 || !st.Connected {
+		t.Errorf("stats %+v: want nothing dropped, connected again", st)
 	}
 	t.Logf("stats after the restart: %+v", st)
 	checkEachEventOnce(t, streamEvents(t, gw.JetStream()), n)

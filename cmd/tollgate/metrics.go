@@ -35,7 +35,17 @@ tollgate_usage_dropped_total %d
 # HELP tollgate_usage_publish_latency_seconds Latency of the last acknowledged publish.
 # TYPE tollgate_usage_publish_latency_seconds gauge
 tollgate_usage_publish_latency_seconds %.6f
-`, st.OutboxDepth, st.OutboxBytes, st.Published, st.Duplicates, st.Failures, st.Dropped, st.LastPublishLatency.Seconds())
+# HELP tollgate_nats_connected 1 while the connection to NATS is up; while it is down nothing is published (no failures are counted) and the outbox grows.
+# TYPE tollgate_nats_connected gauge
+tollgate_nats_connected %d
+`, st.OutboxDepth, st.OutboxBytes, st.Published, st.Duplicates, st.Failures, st.Dropped, st.LastPublishLatency.Seconds(), boolGauge(st.Connected))
+}
+
+func boolGauge(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // billingBacklog renders how many usage messages (batches of events) the
