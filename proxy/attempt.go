@@ -70,9 +70,15 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		resp, err := up.pool.roundTrip(*reqp, firstByte)
 		c.eventStream = false
+		if err == nil {
+			if enc := resp.Header.ContentEncoding(); len(enc) > 0 && !bytes.EqualFold(enc, identity) {
+				err = fmt.Errorf("%w: %s", errEncodedAnswer, enc)
+				resp.Close()
+			}
+		}
 		if err == nil && resp.Header.StatusCode() < 300 {
 			err = resp.awaitBody()
-			c.eventStream = c.stream && bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream"))
+			c.eventStream = c.stream && isEventStream(resp.Header.ContentType())
 			if err == nil && c.eventStream {
 				err = c.awaitFirstEvent(resp)
 			}
@@ -89,7 +95,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				what = ", which holds the previous_response_id,"
 			}
 			lastErr = upstreamUnreachable(up, what, err)
-			reason, clientReason := err.Error(), reasonForClient(err) // the first with the address, for operators
+			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
 			generating := isTimeout(err) && wholeAnswer
 			switch {
 			case generating:
@@ -287,4 +293,13 @@ func retryAfter(h *fasthttp.ResponseHeader) time.Duration {
 		return 10 * time.Minute
 	}
 	return min(time.Duration(secs*float64(time.Second)), 10*time.Minute)
+}
+
+var identity = []byte("identity")
+
+// isEventStream reports whether a Content-Type names server-sent events,
+// in any case and with any parameters (text/event-stream; charset=utf-8).
+func isEventStream(contentType []byte) bool {
+	const sse = "text/event-stream"
+	return len(contentType) >= len(sse) && bytes.EqualFold(contentType[:len(sse)], []byte(sse))
 }

@@ -458,7 +458,7 @@ func upstreamUnreachable(up *upstream, what string, err error) *APIError {
 	if isTimeout(err) {
 		return Unavailable(fmt.Sprintf("upstream %s%s did not answer within first_byte_timeout (%s)", up.cfg.Name, what, up.cfg.FirstByteTimeout))
 	}
-	if errors.Is(err, errClosedBeforeBody) || errors.Is(err, errEmptyAnswer) {
+	if errors.Is(err, errClosedBeforeBody) || errors.Is(err, errEmptyAnswer) || errors.Is(err, errEncodedAnswer) {
 		return Unavailable(fmt.Sprintf("upstream %s%s %v", up.cfg.Name, what, err))
 	}
 	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %s", up.cfg.Name, what, reasonForClient(err)))
@@ -502,7 +502,7 @@ func upstreamCut(up *upstream, err error) *APIError {
 // addresses ("read tcp 10.0.0.5:35522->10.0.0.9:8000: connection reset
 // by peer"). The whole error goes to the upstream's last_error.
 func faultForClient(err error) string {
-	for _, own := range []error{errEventTooLarge, errBodyTooLarge, errEmptyAnswer, errClosedBeforeBody, errBadChunk} {
+	for _, own := range []error{errEventTooLarge, errBodyTooLarge, errEmptyAnswer, errClosedBeforeBody, errBadChunk, errEncodedAnswer} {
 		if errors.Is(err, own) {
 			return err.Error()
 		}

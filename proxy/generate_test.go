@@ -2,6 +2,8 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -1140,4 +1142,81 @@ func TestStreamCommentIsNotTheFirstByte(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The gateway asks upstreams for an uncompressed answer, and refuses one
+// compressed anyway (it reads the usage and relays the bytes as they are):
+// the client got gzip bytes labelled JSON, billed on the prompt alone.
+func TestCompressedUpstreamAnswerIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	const chat = `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+	readAll(t, h.post("/v1/chat/completions", chat))
+	if ae := h.up.Requests()[0].Header.Get("Accept-Encoding"); ae != "identity" {
+		t.Fatalf("upstream request Accept-Encoding %q, want identity", ae)
+	}
+	h.events(1)
+	gzipped := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		zw.Write([]byte(`{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":11,"completion_tokens":5,"total_tokens":16}}`))
+		zw.Close()
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n", b.Len())
+		c.Write(b.Bytes())
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, gzipped, 1))
+	env := wantError(t, h.post("/v1/chat/completions", chat), 503, "upstream_unavailable")
+	if msg, _ := env["message"].(string); !strings.Contains(msg, "Content-Encoding") {
+		t.Fatalf("503 does not say why: %q", msg)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := len(h.rec.Events()); n != 1 {
+		t.Fatalf("%d events, want only the first call's", n)
+	}
+}
+
+// A Content-Type of server-sent events is told in any case and with
+// parameters: "Text/Event-Stream; charset=utf-8" was relayed as one whole
+// body at the end, and billed on an estimate.
+func TestEventStreamContentTypeInAnyCase(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	usage := `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}` + "\n\n"
+	up := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: Text/Event-Stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n")
+		for _, ev := range []string{chatChunk("Hello", ""), chatChunk(" there", "stop"), usage, "data: [DONE]\n\n"} {
+			writeChunk(c, ev)
+		}
+		fmt.Fprint(c, "0\r\n\r\n")
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, up, 1))
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	body := readAll(t, resp)
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(strings.ToLower(ct), "text/event-stream") || strings.Contains(string(body), `"usage":{`) {
+		t.Fatalf("relayed as %q: %s", ct, body)
+	}
+	if ev := h.events(1)[0]; ev.UsageSource != meter.SourceUpstream || ev.PromptTokens != 7 || ev.CompletionTokens != 2 {
+		t.Fatalf("event %+v, want the upstream's usage", ev)
+	}
+}
+
+// The usage chunk the gateway asked for on the client's behalf is dropped
+// only when it holds nothing else: llama.cpp moves its timings onto it
+// when usage is asked for, and they were lost. Its usage still goes.
+func TestUsageChunkWithMoreThanUsageIsRelayedWithoutIt(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	usage := `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9},"timings":{"prompt_n":7,"predicted_n":2}}` + "\n\n"
+	up := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		writeSSE(c, chatChunk("Hello", ""), chatChunk(" there", "stop"), usage, "data: [DONE]\n\n")
+		fmt.Fprint(c, "0\r\n\r\n")
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, up, 1))
+	body := string(readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)))
+	if !strings.Contains(body, `"timings":{"prompt_n":7,"predicted_n":2}`) || strings.Contains(body, `"usage"`) {
+		t.Fatalf("relayed %s", body)
+	}
+	if ev := h.events(1)[0]; ev.UsageSource != meter.SourceUpstream || ev.PromptTokens != 7 {
+		t.Fatalf("event %+v", ev)
+	}
 }

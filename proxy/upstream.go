@@ -107,7 +107,10 @@ func requestHead(u *url.URL, path, auth string) []byte {
 	if u.RawQuery != "" {
 		p += "?" + u.RawQuery
 	}
-	h := "POST " + p + " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: tollgate\r\nContent-Type: application/json\r\n"
+	// identity: the answer is read for its usage and relayed byte for
+	// byte; with no Accept-Encoding an upstream (or a proxy before it) may
+	// compress it, and the client got gzip bytes labelled JSON.
+	h := "POST " + p + " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: tollgate\r\nContent-Type: application/json\r\nAccept-Encoding: identity\r\n"
 	if auth != "" {
 		h += "Authorization: " + auth + "\r\n"
 	}

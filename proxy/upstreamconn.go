@@ -234,6 +234,11 @@ var errBodyTooLarge = errors.New("larger than max_response_body")
 // errEmptyAnswer: a success status with an empty body.
 var errEmptyAnswer = errors.New("answered with an empty body")
 
+// errEncodedAnswer: the upstream compressed its answer although asked for
+// identity; the gateway reads usage from it and relays it as it is, so it
+// cannot pass it on.
+var errEncodedAnswer = errors.New("answered with a Content-Encoding although asked for none (Accept-Encoding: identity)")
+
 // errClosedBeforeBody: the upstream sent a response header and closed the
 // connection before the body that header announced.
 var errClosedBeforeBody = errors.New("closed the connection after the response header, before the body")
