@@ -241,14 +241,19 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 			return c.stripUsage(ev, usage), false
 		}
 	}
-	// One pass over the chunk's members finds both fields.
+	// One pass over the chunk's members finds both fields, and whether it
+	// carries anything a chunk of OpenAI's does not.
 	var choices, usage gjson.Result
+	own := false
 	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "choices":
 			choices = v
 		case "usage":
 			usage = v
+		case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation":
+		default:
+			own = true
 		}
 		return true
 	})
@@ -259,7 +264,10 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	if !c.injected || !usage.Exists() {
 		return ev.Raw, false
 	}
-	if choices.IsArray() && isEmptyArray(choices.Raw) {
+	// The usage chunk the client did not ask for goes, unless it carries
+	// more than usage: llama.cpp moves its timings onto it when usage is
+	// asked for, and they were lost.
+	if choices.IsArray() && isEmptyArray(choices.Raw) && !own {
 		return nil, true
 	}
 	return c.stripUsage(ev, usage), false
