@@ -2,6 +2,8 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"fmt"
 	"net"
 	"net/http"
@@ -146,4 +148,39 @@ func TestExpectContinueOverTheLimitIs413(t *testing.T) {
 	if st := readStatus(t, conn); st != 100 {
 		t.Fatalf("Expect: 100-continue within the limit: %d, want 100", st)
 	}
+}
+
+// A compressed request body is refused saying so (415), on generation and
+// the other endpoints alike: read as it came, it was "not valid JSON".
+func TestCompressedRequestBodyIs415(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	zw.Write([]byte(`{"model":"small","messages":[{"role":"user","content":"hi"}]}`))
+	zw.Close()
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/classify"} {
+		req, _ := http.NewRequest("POST", h.url+path, bytes.NewReader(b.Bytes()))
+		req.Header.Set("Authorization", "Bearer "+h.key)
+		req.Header.Set("Content-Encoding", "gzip")
+		env := wantError(t, mustDo(t, h.client, req), 415, "unsupported_content_encoding")
+		if msg, _ := env["message"].(string); !strings.Contains(msg, `"gzip"`) {
+			t.Fatalf("%s: message %q", path, msg)
+		}
+	}
+	// identity is no encoding.
+	req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(`{"model":"small","messages":[]}`))
+	req.Header.Set("Authorization", "Bearer "+h.key)
+	req.Header.Set("Content-Encoding", "identity")
+	if resp := mustDo(t, h.client, req); resp.StatusCode != 200 {
+		t.Fatalf("Content-Encoding identity: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+}
+
+func mustDo(t *testing.T, c *http.Client, req *http.Request) *http.Response {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }

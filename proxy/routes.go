@@ -136,8 +136,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	ep, isGeneration := generationEndpoint(path)
 	limit := s.world.Load().Config.Server.MaxRequestBody
 	tooLarge := readRequestBody(ctx, int64(limit))
+	// A compressed body (Codex CLI compresses its own backend's) read as
+	// it came was "not valid JSON", which said nothing of why.
+	enc := ctx.Request.Header.ContentEncoding()
+	encoded := len(enc) > 0 && !bytes.EqualFold(enc, identity)
 	var reqID string
-	if !isGeneration || tooLarge {
+	if !isGeneration || tooLarge || encoded {
 		// Every response carries one, as the README promises; a
 		// generation call makes its own, which its usage event keeps, and
 		// a plugin call is metered under this one.
@@ -146,6 +150,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if tooLarge {
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit)))
+		return
+	}
+	if encoded {
+		WriteError(ctx, &APIError{Status: fasthttp.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_content_encoding",
+			Message: fmt.Sprintf("request bodies are read as they are sent: Content-Encoding %q is not supported; send the body uncompressed", enc)})
 		return
 	}
 	if isGeneration {
