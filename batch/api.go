@@ -228,7 +228,9 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 		// parts and counts, Resumable stays set until the job ends again);
 		// any other failed run's parts are deleted by the worker that
 		// takes up this run, and are listed as leftovers until then.
-		if !next.Resumable {
+		if next.Resumable {
+			next.Progress.Afforded = false // the run asks the balance again
+		} else {
 			next.RequestsTotal, next.RequestsCompleted, next.RequestsFailed, next.EstimatedTokens = 0, 0, 0, 0
 			next.Leftovers = append(next.Leftovers, next.Progress.Parts...)
 			next.Progress = Progress{}

@@ -726,3 +726,74 @@ func TestLLMJobWithoutUsageIsBilledEstimated(t *testing.T) {
 		t.Errorf("job event %+v, want the llm's tokens marked estimated", ev)
 	}
 }
+
+// A run that resumes a stopped one asks the balance again, for the whole
+// job, which is billed when it completes: the resumed run skipped the
+// check with the count, and an account near zero finished a job it could
+// not pay, six times past its grace. Refused, the job keeps its
+// checkpoint; topped up, it goes on from there.
+func TestResumedJobAsksTheBalanceAgain(t *testing.T) {
+	e := newEnv(t, envOptions{plugins: "  engine: llm\n  llm_model: small", batch: "  price_per_token: \"0.0001\"\n  checkpoint_lines: 300\n  concurrency: 4"})
+	svc := e.service(0, batch.Tuning{RetryBackoff: 10 * time.Millisecond, Retries: 2})
+	e.work(svc)
+	e.g.CreateAccount("tight", 100*money.NanosPerUSD)
+	const n = 3000
+	id := e.create(svc, "tight", inputLines(n, 0), "")
+	if _, err := svc.Start(e.ctx, "tight", id); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 30*time.Second, time.Millisecond, func() error {
+		if j, err := svc.Get(e.ctx, "tight", id); err != nil || j.Progress.Lines == 0 {
+			return fmt.Errorf("no checkpoint yet: %v", err)
+		}
+		return nil
+	})
+	e.up.SetOptions(proxytest.Options{Status: 503})
+	j := e.waitEnd(svc, "tight", id, 30*time.Second)
+	if j.Status != batch.StatusFailed || !j.Resumable || j.Progress.Lines >= n {
+		t.Fatalf("job %s at line %d, resumable %v: %q", j.Status, j.Progress.Lines, j.Resumable, j.Error)
+	}
+	stoppedAt := j.Progress.Lines
+	cost := money.Nanos(j.EstimatedTokens) * money.NanosPerUSD / 10_000
+	if _, err := e.g.Accounts.Debit(e.ctx, "tight", 100*money.NanosPerUSD-cost/2); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if b, _ := e.g.Accounts.Balance("tight"); b > cost/2 {
+			return fmt.Errorf("balance %s not seen yet", b)
+		}
+		return nil
+	})
+	e.up.SetOptions(proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply})
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		_, _, err := e.gw.World().CallModel(e.ctx, "small", []byte(`{"model":"small","messages":[{"role":"user","content":"hi"}]}`))
+		return err
+	})
+	if _, err := svc.Start(e.ctx, "tight", id); err != nil {
+		t.Fatal(err)
+	}
+	j = e.waitEnd(svc, "tight", id, 30*time.Second)
+	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "cannot pay") || !j.Resumable || j.Progress.Lines != stoppedAt {
+		t.Fatalf("resumed on half the job's cost: %s at line %d (stopped at %d), resumable %v: %q", j.Status, j.Progress.Lines, stoppedAt, j.Resumable, j.Error)
+	}
+	if _, err := e.g.Accounts.Credit(e.ctx, "tight", 100*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if b, _ := e.g.Accounts.Balance("tight"); b < 50*money.NanosPerUSD {
+			return fmt.Errorf("balance %s not seen yet", b)
+		}
+		return nil
+	})
+	if _, err := svc.Start(e.ctx, "tight", id); err != nil {
+		t.Fatal(err)
+	}
+	j = e.waitEnd(svc, "tight", id, 30*time.Second)
+	_, tokens := checkResults(t, e.results(j), n)
+	if j.Status != batch.StatusCompleted || j.RequestsCompleted != n {
+		t.Fatalf("topped up: %s with %d lines: %q", j.Status, j.RequestsCompleted, j.Error)
+	}
+	if evs := e.jobEvents(id); len(evs) != 1 || evs[0].PromptTokens+evs[0].CompletionTokens != tokens || evs[0].CostNanos != money.Nanos(tokens)*100_000 {
+		t.Fatalf("billed %+v, want once %d tokens at 0.0001 USD", evs, tokens)
+	}
+}

@@ -43,6 +43,7 @@ type env struct {
 	store   *storage.Local
 	secret  string
 	gw      *proxy.Server
+	g       *gatewaytest.Gateway
 	rt      batch.Runtime // the runtime gw's plugins module provides
 	rec     *meter.Memory
 	up      *proxytest.Server
@@ -91,7 +92,7 @@ func newEnv(t *testing.T, eo envOptions) *env {
 		Modules:  e.modules,
 		NoListen: true,
 	})
-	e.ctx, e.dir, e.cfgPath, e.broker, e.gw, e.rec, e.up = g.Ctx, g.Dir, g.ConfigPath, g.Broker, g.Server, g.Recorder, g.Upstream
+	e.ctx, e.dir, e.cfgPath, e.broker, e.gw, e.rec, e.up, e.g = g.Ctx, g.Dir, g.ConfigPath, g.Broker, g.Server, g.Recorder, g.Upstream, g
 	return e
 }
 

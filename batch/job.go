@@ -107,7 +107,11 @@ type Job struct {
 type Progress struct {
 	// Counted: the counting pass filled RequestsTotal, EstimatedTokens and
 	// InputSize.
-	Counted   bool  `json:"counted,omitempty"`
+	Counted bool `json:"counted,omitempty"`
+	// Afforded: this run checked that the account can pay the job's
+	// estimate. A run that resumes a stopped one keeps the count but
+	// checks again: the whole job is billed when it completes.
+	Afforded  bool  `json:"afforded,omitempty"`
 	InputSize int64 `json:"input_size,omitempty"`
 	// InputVersion is the input's storage.Info.Version when it was counted:
 	// an input replaced by one of the same size changes it.

@@ -80,19 +80,26 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		if s.at("counted") {
 			return errDied
 		}
+		j = o.snapshot()
+	}
+	if !j.Progress.Afforded {
 		// A job is billed when it ends, so the account's balance is asked
 		// now, against the estimate: checked only at create and start, one
 		// job of a 5 GB input could overdraw an account of one cent by
-		// any amount.
-		if cost, _ := jobCost(j.Price, estimate); cost > 0 {
+		// any amount. A run resuming a stopped one asks again, for the
+		// whole job: it skipped the check with the count, and overdrew.
+		if cost, _ := jobCost(j.Price, j.EstimatedTokens); cost > 0 {
 			recent := s.recentlyBilled(ctx, j)
 			if balance, ok := s.runtime.CanPay(j.Account, cost+recent); !ok {
-				msg := fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer", balance, estimate, cost)
+				msg := fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer", balance, j.EstimatedTokens, cost)
 				if recent > 0 {
 					msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and are not debited yet", recent, recentBillWindow)
 				}
-				return o.fail(ctx, msg+": top up and start the job again")
+				return o.end(ctx, msg+": top up and start the job again", j.Resumable)
 			}
+		}
+		if err := o.update(ctx, func(j *Job) { j.Progress.Afforded = true }); err != nil {
+			return err
 		}
 	}
 	switch err := s.classifyInput(ctx, o, engine, cfg); {
