@@ -116,8 +116,13 @@ func tokenCount(v gjson.Result) (int64, bool) {
 	if err != nil || math.IsNaN(f) {
 		return 0, false
 	}
+	if f < 0 {
+		// Rounded up, -0.5 became 0, believed: a negative count is out
+		// of range whatever its fraction.
+		return -1, true
+	}
 	// Out of int64's range the count is far out of checkUsage's range too.
-	return int64(max(min(math.Ceil(f), 1<<62), -1<<62)), true
+	return int64(min(math.Ceil(f), 1<<62)), true
 }
 
 func (c *generationCall) appendText(s string) {

@@ -76,6 +76,7 @@ func TestParseUsageNeedsBothCountsAsNumbers(t *testing.T) {
 		{`{"prompt_tokens":null,"completion_tokens":null}`, false, 0, 0},
 		{`{"prompt_tokens":12}`, false, 12, 0},
 		{`{"prompt_tokens":true,"completion_tokens":[1]}`, false, 0, 0},
+		{`{"prompt_tokens":10,"completion_tokens":-0.5}`, true, 10, -1}, // out of range, for checkUsage
 	} {
 		got, reported := parseUsage(gjson.Parse(tc.usage), false)
 		if reported != tc.reported || got.PromptTokens != tc.prompt || got.CompletionTokens != tc.completion {
