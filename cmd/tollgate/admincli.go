@@ -45,7 +45,10 @@ func adminFlags(fs *flag.FlagSet) *adminTarget {
 	switch cfg, err := config.Load(path); {
 	case err == nil:
 		t.cfg, listen = cfg, cfg.Server.Listen
-	case !errors.Is(err, os.ErrNotExist):
+	case !errors.Is(err, os.ErrNotExist) || os.Getenv("TOLLGATE_CONFIG") != "":
+		// A file named on purpose that is not there is a typo, as it is
+		// to tollgate serve; only the implicit ./gateway.yaml may be
+		// missing.
 		t.cfgErr = fmt.Errorf("loading %s, which says where the gateway and its data dir are (fix it, or pass -url and -token):\n%w", path, err)
 	}
 	t.url = fs.String("url", "http://"+dialable(cmp.Or(listen, "127.0.0.1:8080")), "gateway base URL (default from gateway.yaml's server.listen)")

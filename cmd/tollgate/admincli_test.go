@@ -42,4 +42,10 @@ func TestAdminCommandsRefuseAnInvalidConfig(t *testing.T) {
 	if err := runAccounts([]string{"get", "acme", "-url", gw.URL}); err == nil || !strings.Contains(err.Error(), bad) || calls != 1 {
 		t.Fatalf("with -url, no token and an invalid config: %v, %d calls", err, calls)
 	}
+	// A TOLLGATE_CONFIG that names no file is a typo, not the defaults.
+	t.Setenv("TOLLGATE_CONFIG", bad+".missing")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-x")
+	if err := runAccounts([]string{"get", "acme"}); err == nil || !strings.Contains(err.Error(), ".missing") || calls != 1 {
+		t.Fatalf("with TOLLGATE_CONFIG naming no file: %v, %d calls", err, calls)
+	}
 }
