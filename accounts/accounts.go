@@ -70,7 +70,27 @@ type accountRecord struct {
 	// in the record, they are checked and added in the same
 	// compare-and-set as the credit.
 	Credits []keyedCredit `json:"keyed_credits,omitempty"`
+	// BilledJobs are the batch jobs charged lately. A job's one event can
+	// reach the USAGE stream twice, in two messages (a worker that died
+	// after billing it, and the worker that finished the job), which the
+	// sequences above cannot tell apart; see ApplyUsage.
+	BilledJobs []billedJob `json:"billed_jobs,omitempty"`
 }
+
+// billedJob is a batch job whose event was charged.
+type billedJob struct {
+	ID string    `json:"id"`
+	At time.Time `json:"at"`
+}
+
+// Batch jobs charged are remembered this long, and at most maxBilledJobs
+// of them per account: the event of a worker that died after billing is
+// published again when that worker's process starts again, usually within
+// minutes, and 256 ids are about 20 KB in the record.
+const (
+	billedJobWindow = 30 * 24 * time.Hour
+	maxBilledJobs   = 256
+)
 
 // keyedCredit is a credit applied under an idempotency key.
 type keyedCredit struct {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,6 +19,9 @@ import (
 type SeqCost struct {
 	Seq  uint64
 	Cost money.Nanos
+	// Job is the batch job whose event this is, "" for others: a job is
+	// charged once whatever the message that brings its event.
+	Job string
 }
 
 // SeqRange is the stream sequences From through Through, both included.
@@ -53,6 +57,12 @@ type Usage struct {
 // it. Covered and SettledThrough let those ranges fold into
 // BilledThroughSeq; without them the record grows with every batch.
 //
+// A batch job's event (SeqCost.Job) is charged once whatever message
+// brings it: the account remembers the jobs charged in the last 30 days
+// (the last 256), since the event of a worker that died after billing a
+// job is published again, in another message, when its process restarts,
+// after the worker that took the job over billed it too.
+//
 // Sequences must come from one stream. Recreating the USAGE stream starts
 // them at 1 again and ApplyUsage would take new events for charged ones:
 // reset billed_through_seq on every account before billing a new stream.
@@ -66,7 +76,7 @@ func (s *Service) ApplyUsage(ctx context.Context, id string, usage Usage) (Accou
 		if err != nil {
 			return Account{}, 0, err
 		}
-		charge, changed, err := rec.applyUsage(events, covered, usage.SettledThrough)
+		charge, changed, err := rec.applyUsage(events, covered, usage.SettledThrough, time.Now())
 		if err != nil {
 			return Account{}, 0, fmt.Errorf("applying usage to %s: %w", id, err)
 		}
@@ -94,7 +104,7 @@ func (s *Service) ApplyUsage(ctx context.Context, id string, usage Usage) (Accou
 // sorted and merged.
 func normalizeUsage(usage Usage) ([]SeqCost, []SeqRange, error) {
 	events := slices.Clone(usage.Events)
-	slices.SortFunc(events, func(a, b SeqCost) int { return cmp.Compare(a.Seq, b.Seq) })
+	slices.SortFunc(events, func(a, b SeqCost) int { return cmp.Or(cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Job, b.Job)) })
 	covered := slices.Clone(usage.Covered)
 	unique := events[:0]
 	for i, ev := range events {
@@ -104,7 +114,7 @@ func normalizeUsage(usage Usage) ([]SeqCost, []SeqRange, error) {
 		if ev.Cost < 0 {
 			return nil, nil, fmt.Errorf("%w: event %d costs %s USD, costs must not be negative", ErrInvalidInput, ev.Seq, ev.Cost)
 		}
-		if i > 0 && ev.Seq == events[i-1].Seq {
+		if i > 0 && ev.Seq == events[i-1].Seq && ev.Job == events[i-1].Job {
 			if ev.Cost != events[i-1].Cost {
 				return nil, nil, fmt.Errorf("%w: event %d is listed with two costs", ErrInvalidInput, ev.Seq)
 			}
@@ -124,11 +134,18 @@ func normalizeUsage(usage Usage) ([]SeqCost, []SeqRange, error) {
 // applyUsage charges the events not yet billed and records them and
 // covered (both normalized) as billed. changed is false when the record is
 // left as it was.
-func (r *accountRecord) applyUsage(events []SeqCost, covered []SeqRange, settledThrough uint64) (charge money.Nanos, changed bool, err error) {
+func (r *accountRecord) applyUsage(events []SeqCost, covered []SeqRange, settledThrough uint64, now time.Time) (charge money.Nanos, changed bool, err error) {
 	var total int64
+	jobsBefore := len(r.BilledJobs)
 	for _, ev := range events {
 		if r.billed(ev.Seq) {
 			continue
+		}
+		if ev.Job != "" {
+			if r.billedJob(ev.Job) {
+				continue // brought again by another message
+			}
+			r.BilledJobs = append(r.BilledJobs, billedJob{ID: ev.Job, At: now})
 		}
 		var ok bool
 		if total, ok = addNanos(total, int64(ev.Cost)); !ok {
@@ -144,9 +161,10 @@ func (r *accountRecord) applyUsage(events []SeqCost, covered []SeqRange, settled
 	if len(ranges) == 0 {
 		ranges = nil
 	}
-	if total == 0 && floor == r.BilledThroughSeq && slices.Equal(ranges, r.BilledRanges) {
+	if total == 0 && floor == r.BilledThroughSeq && slices.Equal(ranges, r.BilledRanges) && len(r.BilledJobs) == jobsBefore {
 		return 0, false, nil
 	}
+	r.pruneBilledJobs(now)
 	balance, ok1 := addNanos(r.BalanceNanos, -total)
 	debited, ok2 := addNanos(r.DebitedNanos, total)
 	if !ok1 || !ok2 {
@@ -155,6 +173,23 @@ func (r *accountRecord) applyUsage(events []SeqCost, covered []SeqRange, settled
 	r.BalanceNanos, r.DebitedNanos = balance, debited
 	r.BilledThroughSeq, r.BilledRanges = floor, ranges
 	return money.Nanos(total), true, nil
+}
+
+// billedJob reports whether batch job id was charged already.
+func (r *accountRecord) billedJob(id string) bool {
+	return slices.ContainsFunc(r.BilledJobs, func(j billedJob) bool { return j.ID == id })
+}
+
+// pruneBilledJobs forgets the jobs charged before billedJobWindow and the
+// oldest past maxBilledJobs.
+func (r *accountRecord) pruneBilledJobs(now time.Time) {
+	r.BilledJobs = slices.DeleteFunc(r.BilledJobs, func(j billedJob) bool { return now.Sub(j.At) > billedJobWindow })
+	if n := len(r.BilledJobs) - maxBilledJobs; n > 0 {
+		r.BilledJobs = r.BilledJobs[n:]
+	}
+	if len(r.BilledJobs) == 0 {
+		r.BilledJobs = nil
+	}
 }
 
 // billed reports whether the event at seq has been charged or will never

@@ -45,6 +45,33 @@ func TestApplyUsageChargesARedeliveredBatchOnce(t *testing.T) {
 	}
 }
 
+// A batch job's one event can reach the stream in two messages (a worker
+// that died after billing the job publishes it again when it restarts,
+// after the worker that took the job over billed it): it is charged once.
+// A message's other events, and the job's message redelivered, as ever.
+func TestApplyUsageChargesABatchJobOnceWhateverTheMessage(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", 10*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	first := Usage{Events: []SeqCost{{Seq: 1, Cost: 500, Job: "job-1"}, {Seq: 1, Cost: 7}}, Covered: []SeqRange{{1, 1}}}
+	if _, charged, err := s.ApplyUsage(ctx, "acme", first); err != nil || charged != 507 {
+		t.Fatalf("first message: charged %s, %v", charged, err)
+	}
+	if _, charged, _ := s.ApplyUsage(ctx, "acme", first); charged != 0 {
+		t.Fatalf("the message redelivered: charged %s", charged)
+	}
+	// Another message brings job-1 again with an event of its own, and a
+	// second job twice.
+	again := Usage{Events: []SeqCost{{Seq: 9, Cost: 500, Job: "job-1"}, {Seq: 9, Cost: 3}, {Seq: 9, Cost: 40, Job: "job-2"}, {Seq: 10, Cost: 40, Job: "job-2"}},
+		Covered: []SeqRange{{9, 10}}}
+	acct, charged, err := s.ApplyUsage(ctx, "acme", again)
+	if err != nil || charged != 43 || acct.Debited != 550 {
+		t.Fatalf("job-1 again, job-2 twice: charged %s, debited %s, %v; want 3 + 40", charged, acct.Debited, err)
+	}
+}
+
 // Two billing processes share the consumer: the second one's batch (later
 // sequences) lands first. A plain "billed through" watermark would then
 // skip the first batch's events.

@@ -378,11 +378,13 @@ func (b *biller) debitAll(ctx context.Context, batch []delivery, seqs []uint64) 
 			u = &accounts.Usage{}
 			perAccount[d.ev.Account] = u
 		}
-		if n := len(u.Events); n > 0 && u.Events[n-1].Seq == d.seq {
+		// A batch job's event is charged by its job id as well: two
+		// processes may both have published it (see accounts.SeqCost).
+		if n := len(u.Events); n > 0 && u.Events[n-1].Seq == d.seq && u.Events[n-1].Job == "" && d.ev.JobID == "" {
 			u.Events[n-1].Cost += d.ev.CostNanos
 			continue
 		}
-		u.Events = append(u.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos})
+		u.Events = append(u.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos, Job: d.ev.JobID})
 	}
 	if len(perAccount) == 0 {
 		return nil

@@ -305,6 +305,25 @@ func TestBillingStoresAndChargesEveryEventExactly(t *testing.T) {
 	}
 }
 
+// A batch job's one event published twice, in messages JetStream does not
+// take for duplicates (a worker that died after billing the job publishes
+// it again when it restarts, in a batch of its own, after the worker that
+// finished the job billed it): one row, one debit. ClickHouse kept one
+// row, but the account was debited twice.
+func TestBillingChargesABatchJobOnceFromTwoMessages(t *testing.T) {
+	r := newBillingRig(t)
+	events := eventsFrom(0, 300)
+	job := usageEvent(500)
+	job.JobID = job.ID
+	r.publish(append(slices.Clone(events[:100]), job))
+	r.publish(append([]*meter.Event{job}, events[100:200]...)) // another batch id: not a JetStream duplicate
+	r.publish(events[200:])
+	r.run(billing.Options{Batch: 1000, MaxWait: 100 * time.Millisecond})
+	want := append(slices.Clone(events), job)
+	r.waitForTotals(totalsOf(want), 20*time.Second)
+	r.checkBalances(want)
+}
+
 func TestBillingWaitsOutAClickHouseOutage(t *testing.T) {
 	r := newBillingRig(t)
 	events := eventsFrom(0, 6000)
