@@ -797,3 +797,61 @@ func TestResumedJobAsksTheBalanceAgain(t *testing.T) {
 		t.Fatalf("billed %+v, want once %d tokens at 0.0001 USD", evs, tokens)
 	}
 }
+
+// The count finds a line's text as the lines are classified, the key in
+// any case: "Text" went uncounted, and a job of such lines passed the
+// balance check on the tokens of its labels alone.
+func TestCountFindsTheTextInAnyCase(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	lower := e.create(svc, "acme", bytes.Repeat([]byte(`{"text": "I was charged twice on my last invoice and want a refund"}`+"\n"), 50), "")
+	upper := e.create(svc, "acme", bytes.Repeat([]byte(`{"Text": "I was charged twice on my last invoice and want a refund"}`+"\n"), 50), "")
+	for _, id := range []string{lower, upper} {
+		if _, err := svc.Start(e.ctx, "acme", id); err != nil {
+			t.Fatal(err)
+		}
+		e.waitEnd(svc, "acme", id, 30*time.Second)
+	}
+	a, _ := svc.Get(e.ctx, "acme", lower)
+	b, _ := svc.Get(e.ctx, "acme", upper)
+	if a.EstimatedTokens != b.EstimatedTokens || *a.ActualTokens != *b.ActualTokens {
+		t.Fatalf("\"text\" estimated %d (actual %d), \"Text\" %d (actual %d)", a.EstimatedTokens, *a.ActualTokens, b.EstimatedTokens, *b.ActualTokens)
+	}
+}
+
+// The balance is asked again at each checkpoint, against the tokens used
+// so far: an estimate made from the first texts (short ones, then long)
+// let a job overdraw an account by any amount. It stops, resumable.
+func TestJobStopsAtACheckpointTheAccountCannotPay(t *testing.T) {
+	e := newEnv(t, envOptions{batch: "  price_per_token: \"0.00001\"\n  checkpoint_lines: 100\n  concurrency: 4", plugins: "  engine: lexical\n  max_text_bytes: 64KiB"})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	// The first thousand texts take few tokens a byte, the rest many.
+	var input bytes.Buffer
+	for range 1000 {
+		fmt.Fprintf(&input, "{\"text\": %q}\n", strings.Repeat("a", 800))
+	}
+	for range 400 {
+		fmt.Fprintf(&input, "{\"text\": %q}\n", strings.Repeat("x ", 3000))
+	}
+	e.g.CreateAccount("tight", 5*money.NanosPerUSD)
+	id := e.create(svc, "tight", input.Bytes(), "")
+	if _, err := svc.Start(e.ctx, "tight", id); err != nil {
+		t.Fatal(err)
+	}
+	j := e.waitEnd(svc, "tight", id, 60*time.Second)
+	if j.Status != batch.StatusFailed || !j.Resumable || !strings.Contains(j.Error, "cannot pay the") {
+		t.Fatalf("job %s, resumable %v: %q (estimated %d tokens, used %d)", j.Status, j.Resumable, j.Error, j.EstimatedTokens, j.Progress.TotalTokens)
+	}
+	price, _ := money.ParsePrice("0.00001")
+	var cost money.Atto
+	cost.Add(j.Progress.TotalTokens, price)
+	// One checkpoint's lines past what the account could pay, at most.
+	if cost.Nanos() > 9*money.NanosPerUSD {
+		t.Fatalf("stopped after %s USD of tokens on 5 USD of credit", cost.Nanos())
+	}
+	if evs := e.jobEvents(id); len(evs) != 0 {
+		t.Fatalf("the stopped job was billed: %+v", evs)
+	}
+}

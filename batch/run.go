@@ -142,7 +142,9 @@ func (s *Service) count(ctx context.Context, j *Job, maxLine int) (lines, estima
 		if tooLong {
 			continue
 		}
-		if t := gjson.GetBytes(line, "text"); t.Type == gjson.String {
+		// Found as the lines are classified: "Text" went uncounted, and
+		// a job of such lines ran on an estimate of its labels alone.
+		if t, _ := textOf(gjson.ParseBytes(line)); t.Type == gjson.String {
 			textBytes += int64(len(t.Str))
 			if sampled < sampleLines {
 				sampled++
@@ -281,14 +283,43 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 			}
 			return c.err
 		}
+		seq := w.seq
 		if err := w.add(ctx, c); err != nil {
 			return err
+		}
+		if w.seq != seq { // checkpointed
+			if msg := s.overdrawn(ctx, o.snapshot()); msg != "" {
+				if err := o.stop(ctx, msg); err != nil {
+					return err
+				}
+				return errEnded
+			}
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return w.checkpoint(ctx)
+}
+
+// overdrawn says why the job must stop when the account cannot pay the
+// tokens its lines have used so far within the grace buffer, "" while it
+// can. The estimate the run was admitted on can be far short (its tokens
+// per byte come from the first texts), and the job is billed only at its
+// end: asked at each checkpoint, an overdraw is bounded by one checkpoint's
+// lines.
+func (s *Service) overdrawn(ctx context.Context, j *Job) string {
+	cost, _ := jobCost(j.Price, j.Progress.TotalTokens)
+	if cost <= 0 {
+		return ""
+	}
+	recent := s.recentlyBilled(ctx, j)
+	balance, ok := s.runtime.CanPay(j.Account, cost+recent)
+	if ok {
+		return ""
+	}
+	return fmt.Sprintf("stopped at line %d: the account's balance of %s USD cannot pay the %d tokens used so far (%s USD) within the grace buffer: top up and start the job again; it goes on from line %d",
+		j.Progress.Lines+1, balance, j.Progress.TotalTokens, cost, j.Progress.Lines+1)
 }
 
 // readChunks reads lines into chunks until the input ends or ctx does.
@@ -746,6 +777,20 @@ func (lc *lineClassifier) classify(ctx context.Context, req classifiers.Classify
 	}
 }
 
+// textOf finds a line's text as /v1/classify finds it, the key in any
+// case; twice says a second one came (refused: which of two texts a client
+// meant cannot be known).
+func textOf(v gjson.Result) (t gjson.Result, twice bool) {
+	v.ForEach(func(key, value gjson.Result) bool {
+		if strings.EqualFold(key.Str, "text") {
+			twice = t.Exists()
+			t = value
+		}
+		return !twice
+	})
+	return t, twice
+}
+
 // parseLine returns the line's text, or why the line has none.
 func parseLine(line []byte, maxText int) (string, string) {
 	const want = `: want a JSON object with a text string, such as {"text": "I was charged twice"}`
@@ -762,18 +807,7 @@ func parseLine(line []byte, maxText int) (string, string) {
 	if !v.IsObject() {
 		return "", "the line is not a JSON object" + want
 	}
-	// The key is matched as /v1/classify matches it, in any case, and a
-	// second one is refused as it refuses one: which of two texts a
-	// client meant cannot be known.
-	var t gjson.Result
-	twice := false
-	v.ForEach(func(key, value gjson.Result) bool {
-		if strings.EqualFold(key.Str, "text") {
-			twice = t.Exists()
-			t = value
-		}
-		return !twice
-	})
+	t, twice := textOf(v)
 	switch {
 	case twice:
 		return "", "the line has two text fields" + want
