@@ -211,6 +211,11 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 			return nil, apiError(ErrConflict, "job %s is completed and cannot run again: download its results, or create a new job", id)
 		}
 		if _, err := s.store.Stat(ctx, j.InputKey); errors.Is(err, storage.ErrNotExist) {
+			// The form cannot be renewed: pointing at it once it expired
+			// sent the client round in circles.
+			if expired := j.CreatedAt.Add(s.runtime.Config().Storage.UploadTTL); time.Now().After(expired) {
+				return nil, apiError(ErrNoInput, "job %s has no input file, and its upload form expired at %s (storage.upload_ttl after the job was created): create a new job and upload to its form", id, expired.UTC().Format(time.RFC3339))
+			}
 			return nil, apiError(ErrNoInput, "job %s has no input file yet: upload it first (POST the file to upload_url with every upload_fields entry as a form field, the file last as field \"file\"), then start the job", id)
 		} else if err != nil {
 			return nil, fmt.Errorf("checking the input of job %s: %w", id, err)

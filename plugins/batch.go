@@ -102,13 +102,13 @@ func (m *module) handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	case action == "" && method == fasthttp.MethodGet:
 		j, err := svc.Get(c, call.Key.Account, id)
 		if err != nil {
-			writeBatchError(ctx, err)
+			writeBatchError(ctx, call, err)
 			return
 		}
 		writeJSON(ctx, j.View())
 	case action == "" && method == fasthttp.MethodDelete:
 		if err := svc.Delete(c, call.Key.Account, id); err != nil {
-			writeBatchError(ctx, err)
+			writeBatchError(ctx, call, err)
 			return
 		}
 		writeJSON(ctx, struct {
@@ -120,7 +120,7 @@ func (m *module) handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	case action == "results" && method == fasthttp.MethodGet:
 		url, expires, err := svc.Results(c, call.Key.Account, id)
 		if err != nil {
-			writeBatchError(ctx, err)
+			writeBatchError(ctx, call, err)
 			return
 		}
 		writeJSON(ctx, struct {
@@ -174,7 +174,7 @@ func (m *module) createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *
 			TextType: req.TextType, Mode: req.Mode, Threshold: req.Threshold},
 	})
 	if err != nil {
-		writeBatchError(ctx, err)
+		writeBatchError(ctx, call, err)
 		return
 	}
 	writeJSON(ctx, created)
@@ -192,7 +192,7 @@ func startBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, s
 	}
 	j, err := svc.Start(c, call.Key.Account, id)
 	if err != nil {
-		writeBatchError(ctx, err)
+		writeBatchError(ctx, call, err)
 		return
 	}
 	writeJSON(ctx, struct {
@@ -205,7 +205,7 @@ func startBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, s
 func listBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
 	jobs, err := svc.List(c, call.Key.Account)
 	if err != nil {
-		writeBatchError(ctx, err)
+		writeBatchError(ctx, call, err)
 		return
 	}
 	items := make([]batch.ListItem, len(jobs))
@@ -215,7 +215,7 @@ func listBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, sv
 	writeJSON(ctx, items)
 }
 
-func writeBatchError(ctx *fasthttp.RequestCtx, err error) {
+func writeBatchError(ctx *fasthttp.RequestCtx, call *proxy.Call, err error) {
 	var be *batch.Error
 	if errors.As(err, &be) {
 		switch {
@@ -230,7 +230,12 @@ func writeBatchError(ctx *fasthttp.RequestCtx, err error) {
 			return
 		}
 	}
-	proxy.WriteError(ctx, proxy.Internal("batch: "+err.Error()))
+	// The object store or the job records could not be reached: the
+	// cause names the store's address (a private S3 endpoint), which is
+	// the operator's, in the log under the request id.
+	call.Server.Logf("batch: request %s: %v", call.RequestID, err)
+	proxy.WriteError(ctx, &proxy.APIError{Status: fasthttp.StatusServiceUnavailable, Type: "service_unavailable_error", Code: "batch_unavailable",
+		Message: "batch jobs cannot be reached now (their object store or job records did not answer); try again (request " + call.RequestID + ")"})
 }
 
 // batchRuntime serves batch.Runtime from the configuration in force of

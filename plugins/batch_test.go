@@ -31,12 +31,14 @@ import (
 // asked, a worker.
 type batchHarness struct {
 	*harness
-	svc *batch.Service
+	svc   *batch.Service
+	minio *miniotest.Server // the s3 backend's
 }
 
 func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarness {
 	t.Helper()
 	var store storage.Store
+	var minio *miniotest.Server
 	switch backend {
 	case "local":
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -52,6 +54,7 @@ func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarn
 		store = l
 	case "s3":
 		srv := miniotest.Start(t)
+		minio = srv
 		s3, err := storage.NewS3(t.Context(), storage.S3Options{Endpoint: srv.Endpoint(), Bucket: "tollgate-batch",
 			AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), CreateBucket: true})
 		if err != nil {
@@ -68,7 +71,7 @@ func newBatchHarness(t *testing.T, backend string, ho harnessOptions) *batchHarn
 		return svc, err
 	}
 	h := newHarness(t, ho)
-	return &batchHarness{harness: h, svc: svc}
+	return &batchHarness{harness: h, svc: svc, minio: minio}
 }
 
 // startWorker runs the gateway's batch worker until the test ends.
@@ -425,6 +428,10 @@ func TestBatchUploadPolicies(t *testing.T) {
 	if status, msg := upload(t, c.UploadURL, c.UploadFields, []byte(batchInput)); status != http.StatusForbidden {
 		t.Fatalf("upload after the policy expired: %d %s, want 403", status, msg)
 	}
+	// Starting it says the form expired, not to upload to it.
+	if r := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, ""); r.status != 400 || !strings.Contains(string(r.body), "upload form expired") {
+		t.Fatalf("start after the form expired: %s", r)
+	}
 	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
 	h.call("POST", "/v1/batch/"+other.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
 }
@@ -664,5 +671,18 @@ func TestBatchWrongLLMAnswersAreBilled(t *testing.T) {
 		if line.Tokens <= lexical || job["actual_tokens"] != float64(line.Tokens) {
 			t.Errorf("%s: line tokens %d (lexical alone %d), actual_tokens %v: want the llm's two calls added", tc.engine, line.Tokens, lexical, job["actual_tokens"])
 		}
+	}
+}
+
+// A start that cannot reach the object store is a 503 to retry, without
+// the store's address: it was a 500 quoting the private S3 endpoint.
+func TestBatchStartWithTheStoreDownIs503(t *testing.T) {
+	h := newBatchHarness(t, "s3", harnessOptions{})
+	c := h.createJob(h.key, `{"classifier": "support-intent"}`)
+	h.upload(c, []byte(batchInput))
+	h.minio.Stop()
+	r := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "")
+	if r.status != 503 || !strings.Contains(string(r.body), `"code":"batch_unavailable"`) || strings.Contains(string(r.body), "127.0.0.1") {
+		t.Fatalf("start with the store down: %s", r)
 	}
 }
