@@ -177,13 +177,14 @@ var labelSetCache = struct {
 const labelSetCacheSize = 128
 
 func compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *labelSet {
-	block := labelBlock(labels, descriptions, examples)
+	key := labelSetKey(labels, descriptions, examples)
 	labelSetCache.Lock()
-	ls := labelSetCache.sets[block]
+	ls := labelSetCache.sets[key]
 	labelSetCache.Unlock()
 	if ls != nil {
 		return ls
 	}
+	block := labelBlock(labels, descriptions, examples)
 	ls = &labelSet{
 		profiles: make([]bag, len(labels)),
 		polarity: make([]float64, len(labels)),
@@ -209,7 +210,7 @@ func compileLabels(labels []string, descriptions map[string]string, examples map
 	if len(labelSetCache.sets) >= labelSetCacheSize {
 		clear(labelSetCache.sets) // crude, but bounded and rarely hit
 	}
-	labelSetCache.sets[block] = ls
+	labelSetCache.sets[key] = ls
 	labelSetCache.Unlock()
 	return ls
 }

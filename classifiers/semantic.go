@@ -209,7 +209,7 @@ const (
 // compileLabels compiles a label set once and keeps it by its names,
 // descriptions and examples.
 func (e *semantic) compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
-	return cachedIn(&e.mu, e.labels, cacheLimit, labelBlock(labels, descriptions, examples), func() *semanticLabels {
+	return cachedIn(&e.mu, e.labels, cacheLimit, labelSetKey(labels, descriptions, examples), func() *semanticLabels {
 		return e.buildLabels(labels, descriptions, examples)
 	})
 }
@@ -220,7 +220,7 @@ func (e *semantic) buildLabels(labels []string, descriptions map[string]string, 
 		vecs:     make([][]float32, len(labels)),
 		fallback: make([]bool, len(labels)),
 	}
-	expansions := cachedIn(&e.mu, e.expansions, cacheLimit, strings.Join(labels, "\x00"), func() [][]float32 {
+	expansions := cachedIn(&e.mu, e.expansions, cacheLimit, textsKey(labels...), func() [][]float32 {
 		return e.contrastiveExpansions(labels)
 	})
 	for i, l := range labels {

@@ -108,3 +108,27 @@ func TestSemanticMissingVectorsAreSaidAtStart(t *testing.T) {
 	}
 	t.Errorf("started with a missing vectors file and no request yet, the log says nothing of it:\n%s", strings.Join(logged, "\n"))
 }
+
+// Label sets that joined into the same text shared a cache entry: the
+// second call got the first's compiled set, with fewer labels, and the
+// process ended on an index out of range; a crafted set changed another
+// caller's answer. Each set now answers as on a fresh gateway.
+func TestLabelSetsThatJoinAlikeAreKeptApart(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + vectorsPath(t)})
+	for _, pair := range [][2]string{
+		{`{"text": "I like fruit", "labels": ["apple\nbanana"]}`, `{"text": "I like fruit", "labels": ["apple", "banana"]}`},
+		{`{"text": "I like fruit", "labels": ["apple\u0000banana", "cherry"]}`, `{"text": "I like fruit", "labels": ["apple", "banana", "cherry"]}`},
+		{`{"text": "x", "labels": ["a: b"]}`, `{"text": "x", "labels": ["a"], "descriptions": {"a": "b"}}`},
+	} {
+		for _, body := range pair {
+			for _, model := range []string{"semantic", "lexical"} {
+				h.keyed("/v1/classify", strings.Replace(body, `{"text"`, `{"model": "`+model+`", "text"`, 1)).ok(t)
+			}
+		}
+	}
+	h.keyed("/v1/classify", `{"text": "x", "labels": ["billing\n  I was charged twice\nbug", "  crash"]}`).ok(t)
+	victim := `{"labels": ["billing", "bug"], "examples": {"billing": ["I was charged twice"], "bug": ["crash"]}, "text": "There is a bug in the export"}`
+	if m := h.keyed("/v1/classify", victim).ok(t); m["label"] != "bug" {
+		t.Fatalf("after a crafted label set: %v", m)
+	}
+}

@@ -1,0 +1,58 @@
+package classifiers
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+)
+
+// Cache keys. A key made by joining texts with a separator is shared by
+// inputs that hold the separator: the labels ["apple\nbanana"] and
+// ["apple", "banana"] had one key, so the second call got the first's
+// compiled set, of one label, and the process ended on an index out of
+// range; a crafted set gave another tenant's call the wrong answer. Each
+// part is written with its length before it, so no two inputs write the
+// same bytes, and hashed, so a key is 32 bytes whatever the set's size.
+
+type keyWriter struct {
+	h   hash.Hash
+	buf [binary.MaxVarintLen64]byte
+}
+
+func newKeyWriter() *keyWriter { return &keyWriter{h: sha256.New()} }
+
+func (w *keyWriter) count(n int) {
+	w.h.Write(w.buf[:binary.PutUvarint(w.buf[:], uint64(n))])
+}
+
+func (w *keyWriter) text(s string) {
+	w.count(len(s))
+	w.h.Write([]byte(s))
+}
+
+func (w *keyWriter) key() string { return string(w.h.Sum(nil)) }
+
+// labelSetKey keys a label set with its descriptions and examples.
+func labelSetKey(labels []string, descriptions map[string]string, examples map[string][]string) string {
+	w := newKeyWriter()
+	w.count(len(labels))
+	for _, l := range labels {
+		w.text(l)
+		w.text(descriptions[l])
+		w.count(len(examples[l]))
+		for _, ex := range examples[l] {
+			w.text(ex)
+		}
+	}
+	return w.key()
+}
+
+// textsKey keys a list of texts.
+func textsKey(texts ...string) string {
+	w := newKeyWriter()
+	w.count(len(texts))
+	for _, t := range texts {
+		w.text(t)
+	}
+	return w.key()
+}
