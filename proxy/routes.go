@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"time"
@@ -254,7 +255,7 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 
 // servePlugin serves a module's route, as call reqID (already in the
 // response's x-request-id); false when no module has path.
-func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string) bool {
+func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string) (served bool) {
 	method := string(ctx.Method())
 	routes := s.mods.Load().routes
 	r, ok := routes[routeKey{method, string(path)}]
@@ -285,6 +286,17 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string
 		}
 		defer call.limit.done()
 	}
+	// A module's fault ends its call, not the process: a panic in a
+	// classifier once took every stream and call in flight down with it.
+	defer func() {
+		if v := recover(); v != nil {
+			s.logf("module route %s %s, request %s: panic: %v\n%s", method, path, reqID, v, debug.Stack())
+			ctx.Response.Reset()
+			ctx.Response.Header.Set("x-request-id", reqID)
+			WriteError(ctx, Internal("the gateway failed on this request (request "+reqID+"); it is logged"))
+			served = true
+		}
+	}()
 	r.Handler(ctx, call)
 	return true
 }
