@@ -1,6 +1,10 @@
 package classifiers
 
-import "math"
+import (
+	"cmp"
+	"math"
+	"slices"
+)
 
 // A text's meaning, for the semantic engine, is the weighted mean of its
 // words' vectors (Arora et al.'s SIF): each word weighs sifA/(sifA+p),
@@ -118,23 +122,89 @@ func dot(a, b []float32) float32 {
 // cosine of the means it rewards a text whose every word has a close
 // partner, and it is not symmetric: align(query, document) asks whether
 // the document speaks of everything the query asks about.
+//
+// Each distinct word is compared once, and the words compared are
+// bounded: a word of a with every word of b was quadratic in the texts'
+// length, and two 64 KiB texts took a minute of CPU in one /v1/match call.
+// Past alignMaxA distinct words a keeps its rarest (the heaviest), and
+// past alignMaxB so does b; texts under both, every real query, score as
+// before, to the bit.
 func (v *Vectors) align(a, b *embedding) float32 {
 	if a.known == 0 || len(b.words) == 0 {
 		return 0
 	}
-	var sum float32
+	others := distinctWords(b.words, keptWords(b, alignMaxB))
+	kept := keptWords(a, alignMaxA)
+	best := make(map[int32]float32, min(len(a.words), alignMaxA))
+	var sum, known float32
 	for i, wa := range a.words {
-		best := float32(-1)
-		for _, wb := range b.words {
-			c := float32(1)
-			if wa != wb {
-				c = v.dot(int(wa), int(wb))
-			}
-			if c > best {
-				best = c
-			}
+		if kept != nil && !kept[wa] {
+			continue
 		}
-		sum += a.weights[i] * best
+		c, seen := best[wa]
+		if !seen {
+			c = -1
+			for _, wb := range others {
+				d := float32(1)
+				if wa != wb {
+					d = v.dot(int(wa), int(wb))
+				}
+				if d > c {
+					c = d
+				}
+			}
+			best[wa] = c
+		}
+		sum += a.weights[i] * c
+		known += a.weights[i]
 	}
-	return sum / a.known
+	if kept == nil {
+		known = a.known
+	}
+	return sum / known
+}
+
+// Bounds of align's work: at most alignMaxA × alignMaxB dot products.
+const (
+	alignMaxA = 64
+	alignMaxB = 4096
+)
+
+// distinctWords is words without repeats, in order, only those in kept
+// unless it is nil.
+func distinctWords(words []int32, kept map[int32]bool) []int32 {
+	seen := make(map[int32]struct{}, len(words))
+	out := make([]int32, 0, len(words))
+	for _, w := range words {
+		if _, ok := seen[w]; ok || kept != nil && !kept[w] {
+			continue
+		}
+		seen[w] = struct{}{}
+		out = append(out, w)
+	}
+	return out
+}
+
+// keptWords is the set of e's limit heaviest distinct words, or nil when
+// e has no more than limit.
+func keptWords(e *embedding, limit int) map[int32]bool {
+	weight := make(map[int32]float32, len(e.words))
+	for i, w := range e.words {
+		weight[w] = e.weights[i]
+	}
+	if len(weight) <= limit {
+		return nil
+	}
+	words := make([]int32, 0, len(weight))
+	for w := range weight {
+		words = append(words, w)
+	}
+	slices.SortFunc(words, func(x, y int32) int {
+		return cmp.Or(cmp.Compare(weight[y], weight[x]), cmp.Compare(x, y))
+	})
+	kept := make(map[int32]bool, limit)
+	for _, w := range words[:limit] {
+		kept[w] = true
+	}
+	return kept
 }
