@@ -3,7 +3,9 @@ package classifiers
 import (
 	"context"
 	"math"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -380,6 +382,11 @@ const (
 	expandNeighbours = 10
 	expandCandidates = 100
 	expandVocabulary = 20000 // neighbours are looked for among the most frequent words
+	// expandMaxLabels: larger sets are not widened. Each name new to the
+	// gateway is compared with the expandVocabulary words, about 15 ms:
+	// 200 new names cost 3 s of CPU per call, which a caller could ask
+	// for again and again with fresh names.
+	expandMaxLabels = 32
 )
 
 // expandedLimit bounds the names whose neighbours are kept (800 KiB each
@@ -397,6 +404,9 @@ type neighbour struct {
 // name, each weighted by its cosine with its own name; nil for a label
 // without any such word.
 func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
+	if len(labels) > expandMaxLabels {
+		return make([][]float32, len(labels))
+	}
 	names := make([][]float32, len(labels))
 	own := make(map[int32]bool)
 	for i, l := range labels {
@@ -450,8 +460,18 @@ func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
 	return out
 }
 
+// cachedNeighbours keys a name's neighbours by the words its vector is
+// made of, not its text: "bank order q17" and "bank order q18" are the
+// same search.
 func (e *semantic) cachedNeighbours(name string) []neighbour {
-	return cachedIn(&e.mu, e.expanded, expandedLimit, name, func() []neighbour { return e.neighbours(name) })
+	emb := e.v.embedText(strings.ReplaceAll(name, "_", " "))
+	words := slices.Clone(emb.words)
+	slices.Sort(words)
+	key := make([]string, len(words))
+	for i, w := range words {
+		key[i] = strconv.Itoa(int(w))
+	}
+	return cachedIn(&e.mu, e.expanded, expandedLimit, textsKey(key...), func() []neighbour { return e.neighbours(name) })
 }
 
 // neighbours are the expandCandidates common words nearest to name's

@@ -2,6 +2,7 @@ package classifiers
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -395,5 +396,26 @@ func TestAlignIsBoundedAndExactUnderTheBounds(t *testing.T) {
 	}
 	if s := v.align(&big, &big); s < 0.99 || s > 1.0001 {
 		t.Fatalf("a text aligned with itself: %v", s)
+	}
+}
+
+// A new label name costs a search of the common words, about 15 ms: sets
+// of more than expandMaxLabels are not widened (200 new names took 3 s of
+// CPU a call), and names made of the same known words share one search.
+func TestLabelExpansionWorkIsBounded(t *testing.T) {
+	e := semanticForTest(t).(*semantic)
+	names := make([]string, expandMaxLabels+1)
+	for i := range names {
+		names[i] = fmt.Sprintf("bank order q%d", i)
+	}
+	for _, x := range e.contrastiveExpansions(names) {
+		if x != nil {
+			t.Fatalf("a set of %d labels was widened", len(names))
+		}
+	}
+	before := len(e.expanded)
+	e.contrastiveExpansions([]string{"bank order q1", "bank order q2", "weather"})
+	if n := len(e.expanded) - before; n != 2 {
+		t.Fatalf("%d neighbour searches for 3 names of 2 word sets", n)
 	}
 }
