@@ -15,8 +15,9 @@ import (
 // same bytes, and hashed, so a key is 32 bytes whatever the set's size.
 
 type keyWriter struct {
-	h   hash.Hash
-	buf [binary.MaxVarintLen64]byte
+	h    hash.Hash
+	buf  [binary.MaxVarintLen64]byte
+	size int // bytes of text written
 }
 
 func newKeyWriter() *keyWriter { return &keyWriter{h: sha256.New()} }
@@ -28,12 +29,19 @@ func (w *keyWriter) count(n int) {
 func (w *keyWriter) text(s string) {
 	w.count(len(s))
 	w.h.Write([]byte(s))
+	w.size += len(s)
 }
 
 func (w *keyWriter) key() string { return string(w.h.Sum(nil)) }
 
-// labelSetKey keys a label set with its descriptions and examples.
-func labelSetKey(labels []string, descriptions map[string]string, examples map[string][]string) string {
+// maxCachedLabelSet is the most text a cached label set holds: one of
+// megabytes of descriptions, cached 128 times over, was about 10 MB of
+// memory a set; larger sets are compiled for each call.
+const maxCachedLabelSet = 256 << 10
+
+// labelSetKey keys a label set with its descriptions and examples; size
+// is their bytes.
+func labelSetKey(labels []string, descriptions map[string]string, examples map[string][]string) (key string, size int) {
 	w := newKeyWriter()
 	w.count(len(labels))
 	for _, l := range labels {
@@ -44,7 +52,7 @@ func labelSetKey(labels []string, descriptions map[string]string, examples map[s
 			w.text(ex)
 		}
 	}
-	return w.key()
+	return w.key(), w.size
 }
 
 // textsKey keys a list of texts.

@@ -177,7 +177,8 @@ var labelSetCache = struct {
 const labelSetCacheSize = 128
 
 func compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *labelSet {
-	key := labelSetKey(labels, descriptions, examples)
+	key, size := labelSetKey(labels, descriptions, examples)
+	cache := size <= maxCachedLabelSet
 	labelSetCache.Lock()
 	ls := labelSetCache.sets[key]
 	labelSetCache.Unlock()
@@ -205,6 +206,9 @@ func compileLabels(labels []string, descriptions map[string]string, examples map
 		name := strings.ToLower(strings.TrimSpace(label))
 		ls.polarity[i], ls.neutral[i] = labelPolarity(name)
 		_, ls.fallback[i] = fallbackNames[name]
+	}
+	if !cache {
+		return ls
 	}
 	labelSetCache.Lock()
 	if len(labelSetCache.sets) >= labelSetCacheSize {

@@ -211,7 +211,11 @@ const (
 // compileLabels compiles a label set once and keeps it by its names,
 // descriptions and examples.
 func (e *semantic) compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
-	return cachedIn(&e.mu, e.labels, cacheLimit, labelSetKey(labels, descriptions, examples), func() *semanticLabels {
+	key, size := labelSetKey(labels, descriptions, examples)
+	if size > maxCachedLabelSet {
+		return e.buildLabels(labels, descriptions, examples)
+	}
+	return cachedIn(&e.mu, e.labels, cacheLimit, key, func() *semanticLabels {
 		return e.buildLabels(labels, descriptions, examples)
 	})
 }

@@ -419,3 +419,17 @@ func TestLabelExpansionWorkIsBounded(t *testing.T) {
 		t.Fatalf("%d neighbour searches for 3 names of 2 word sets", n)
 	}
 }
+
+// A label set of more than maxCachedLabelSet bytes of text is compiled for
+// each call, not kept: 128 sets of megabytes of descriptions held about
+// 1.3 GB.
+func TestLargeLabelSetsAreNotCached(t *testing.T) {
+	e := semanticForTest(t).(*semantic)
+	desc := map[string]string{"a": strings.Repeat("refund invoice ", maxCachedLabelSet/15+1)}
+	before := len(e.labels)
+	e.compileLabels([]string{"a", "b"}, desc, nil)
+	e.compileLabels([]string{"a", "b"}, map[string]string{"a": "refund invoice"}, nil)
+	if n := len(e.labels) - before; n != 1 {
+		t.Fatalf("%d label sets cached, want only the small one", n)
+	}
+}
