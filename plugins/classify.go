@@ -85,6 +85,18 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 	if apiErr := firstProblem(config.CheckClassification(req.Labels, req.Descriptions, req.Examples, string(req.Mode), t)); apiErr != nil {
 		return req, apiErr
 	}
+	// Each description and example is a text too, held to the same bound
+	// (gateway.yaml says so): unbounded, one call compiled megabytes.
+	for _, l := range req.Labels {
+		if apiErr := maxText("descriptions."+l, req.Descriptions[l], cfg.Plugins); apiErr != nil {
+			return req, apiErr
+		}
+		for i, ex := range req.Examples[l] {
+			if apiErr := maxText(fmt.Sprintf("examples.%s[%d]", l, i), ex, cfg.Plugins); apiErr != nil {
+				return req, apiErr
+			}
+		}
+	}
 	return req, maxText("text_type", req.TextType, cfg.Plugins)
 }
 

@@ -38,6 +38,8 @@ func TestValidation(t *testing.T) {
 		{"descriptions not strings", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": 1}}`, "descriptions", "descriptions must be an object whose values are strings, it holds a number"},
 		{"example of no label", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"b": ["y"]}}`, "examples.b", `examples has a key "b" that is not a label`},
 		{"example empty", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": [""]}}`, "examples.a[0]", `examples of "a": entry 0 is empty`},
+		{"description too long", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": "` + long + `"}}`, "descriptions.a", "descriptions.a is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
+		{"example too long", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", "` + long + `"]}}`, "examples.a[1]", "examples.a[1] is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
 		{"examples not arrays", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": "y"}}`, "examples", "examples must be an object whose values are arrays of strings, it holds a string"},
 		{"mode", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "several"}`, "mode", `mode must be single or multi, got "several"`},
 		{"threshold above 1", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1.5}`, "threshold", "threshold must be between 0 and 1, got 1.5"},
