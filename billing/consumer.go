@@ -371,20 +371,39 @@ func (b *biller) insertSplitting(ctx context.Context, batch []delivery) ([]deliv
 func (b *biller) debitAll(ctx context.Context, batch []delivery, seqs []uint64) error {
 	// One entry per account and message: a message's events of one
 	// account are charged together, idempotently by its stream sequence.
-	perAccount := map[string]*accounts.Usage{}
+	type accountEntries struct {
+		usage accounts.Usage
+		// plain is the index in usage.Events of the entry of the current
+		// sequence's events that are not a batch job's, -1 for none yet.
+		plain int
+		seq   uint64
+	}
+	perAccount := map[string]*accountEntries{}
 	for _, d := range batch { // sorted by sequence
-		u := perAccount[d.ev.Account]
-		if u == nil {
-			u = &accounts.Usage{}
-			perAccount[d.ev.Account] = u
+		a := perAccount[d.ev.Account]
+		if a == nil {
+			a = &accountEntries{plain: -1}
+			perAccount[d.ev.Account] = a
+		}
+		if a.seq != d.seq {
+			a.seq, a.plain = d.seq, -1
 		}
 		// A batch job's event is charged by its job id as well: two
 		// processes may both have published it (see accounts.SeqCost).
-		if n := len(u.Events); n > 0 && u.Events[n-1].Seq == d.seq && u.Events[n-1].Job == "" && d.ev.JobID == "" {
-			u.Events[n-1].Cost += d.ev.CostNanos
+		// Every other event of the message goes into the one entry, also
+		// around a job's (two entries of one sequence were refused as an
+		// event listed twice, and the account's whole fetch went
+		// uncharged).
+		if d.ev.JobID != "" {
+			a.usage.Events = append(a.usage.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos, Job: d.ev.JobID})
 			continue
 		}
-		u.Events = append(u.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos, Job: d.ev.JobID})
+		if a.plain >= 0 {
+			a.usage.Events[a.plain].Cost += d.ev.CostNanos
+			continue
+		}
+		a.plain = len(a.usage.Events)
+		a.usage.Events = append(a.usage.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos})
 	}
 	if len(perAccount) == 0 {
 		return nil
@@ -400,7 +419,7 @@ func (b *biller) debitAll(ctx context.Context, batch []delivery, seqs []uint64) 
 		go func() {
 			defer wg.Done()
 			for account := range work {
-				u := perAccount[account]
+				u := &perAccount[account].usage
 				u.Covered, u.SettledThrough = covered, settled
 				if err := b.debitOne(ctx, account, *u); err != nil {
 					mu.Lock()
