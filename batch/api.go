@@ -45,10 +45,11 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 		return Created{}, fmt.Errorf("making a job id: %w", err)
 	}
 	now := time.Now().UTC()
+	ttl := cfg.Storage.UploadTTL
 	j := &Job{
 		ID: id.String(), Account: p.Account, KeyID: p.KeyID, KeyModels: p.KeyModels, Status: StatusPending,
 		Classifier: p.Classifier, Request: p.Request, Model: p.Model, Price: cfg.Batch.PricePerToken,
-		InputKey: inputObject(p.Account, id.String()), CreatedAt: now,
+		InputKey: inputObject(p.Account, id.String()), CreatedAt: now, UploadExpiresAt: new(now.Add(ttl)),
 	}
 	data, err := json.Marshal(j)
 	if err != nil {
@@ -57,7 +58,6 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if len(data) > maxRequestBytes {
 		return Created{}, apiError(ErrInvalid, "labels, descriptions and examples of a batch job take %d bytes; at most %d are kept with a job", len(data), maxRequestBytes)
 	}
-	ttl := cfg.Storage.UploadTTL
 	url, fields, err := s.store.PresignPost(ctx, j.InputKey, int64(cfg.Storage.MaxUploadBytes), ttl)
 	if err != nil {
 		return Created{}, fmt.Errorf("presigning the upload of job %s: %w", j.ID, err)
@@ -213,7 +213,11 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 		if _, err := s.store.Stat(ctx, j.InputKey); errors.Is(err, storage.ErrNotExist) {
 			// The form cannot be renewed: pointing at it once it expired
 			// sent the client round in circles.
-			if expired := j.CreatedAt.Add(s.runtime.Config().Storage.UploadTTL); time.Now().After(expired) {
+			expired := j.CreatedAt.Add(s.runtime.Config().Storage.UploadTTL)
+			if j.UploadExpiresAt != nil {
+				expired = *j.UploadExpiresAt
+			}
+			if time.Now().After(expired) {
 				return nil, apiError(ErrNoInput, "job %s has no input file, and its upload form expired at %s (storage.upload_ttl after the job was created): create a new job and upload to its form", id, expired.UTC().Format(time.RFC3339))
 			}
 			return nil, apiError(ErrNoInput, "job %s has no input file yet: upload it first (POST the file to upload_url with every upload_fields entry as a form field, the file last as field \"file\"), then start the job", id)

@@ -824,7 +824,15 @@ func TestCountFindsTheTextInAnyCase(t *testing.T) {
 // so far: an estimate made from the first texts (short ones, then long)
 // let a job overdraw an account by any amount. It stops, resumable.
 func TestJobStopsAtACheckpointTheAccountCannotPay(t *testing.T) {
-	e := newEnv(t, envOptions{batch: "  price_per_token: \"0.00001\"\n  checkpoint_lines: 100\n  concurrency: 4", plugins: "  engine: lexical\n  max_text_bytes: 64KiB"})
+	// With checkpoints every 100 lines it stops mid-way; with one at the
+	// end only, the last stretch is asked before the bill.
+	for _, every := range []int{100, 20_000} {
+		t.Run(fmt.Sprint("checkpoint_lines ", every), func(t *testing.T) { jobStopsWhenTheAccountCannotPay(t, every) })
+	}
+}
+
+func jobStopsWhenTheAccountCannotPay(t *testing.T, checkpointLines int) {
+	e := newEnv(t, envOptions{batch: fmt.Sprintf("  price_per_token: \"0.00001\"\n  checkpoint_lines: %d\n  concurrency: 4", checkpointLines), plugins: "  engine: lexical\n  max_text_bytes: 64KiB"})
 	svc := e.service(0, batch.Tuning{})
 	e.work(svc)
 	// The first thousand texts take few tokens a byte, the rest many.
@@ -848,7 +856,7 @@ func TestJobStopsAtACheckpointTheAccountCannotPay(t *testing.T) {
 	var cost money.Atto
 	cost.Add(j.Progress.TotalTokens, price)
 	// One checkpoint's lines past what the account could pay, at most.
-	if cost.Nanos() > 9*money.NanosPerUSD {
+	if checkpointLines == 100 && cost.Nanos() > 9*money.NanosPerUSD {
 		t.Fatalf("stopped after %s USD of tokens on 5 USD of credit", cost.Nanos())
 	}
 	if evs := e.jobEvents(id); len(evs) != 0 {

@@ -63,8 +63,12 @@ type Job struct {
 	// created: the price the client saw is the price billed.
 	Price string `json:"price"`
 
-	InputKey  string `json:"input_key"`
-	OutputKey string `json:"output_key,omitempty"` // set when completed
+	InputKey string `json:"input_key"`
+	// UploadExpiresAt is when the job's upload form stops working (nil on
+	// jobs of older releases): storage.upload_ttl reloads, so it cannot be
+	// worked out later.
+	UploadExpiresAt *time.Time `json:"upload_expires_at,omitempty"`
+	OutputKey       string     `json:"output_key,omitempty"` // set when completed
 
 	RequestsTotal     int64      `json:"requests_total"`
 	RequestsCompleted int64      `json:"requests_completed"`

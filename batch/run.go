@@ -299,7 +299,18 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return w.checkpoint(ctx)
+	if err := w.checkpoint(ctx); err != nil {
+		return err
+	}
+	// The last stretch too, before the bill: a job shorter than
+	// checkpoint_lines was asked on its estimate alone.
+	if msg := s.overdrawn(ctx, o.snapshot()); msg != "" {
+		if err := o.stop(ctx, msg); err != nil {
+			return err
+		}
+		return errEnded
+	}
+	return nil
 }
 
 // overdrawn says why the job must stop when the account cannot pay the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -217,7 +218,7 @@ func (s *Service) process(ctx context.Context, msg jetstream.Msg, j *Job, rev ui
 		defer stop()
 		note := ""
 		if ctx.Err() == nil {
-			note = err.Error()
+			note = withoutAddresses(err.Error())
 			s.logf("batch: job %s stopped at line %d: %v; it resumes from there", o.id, o.snapshot().Progress.Lines, err)
 		}
 		if o.update(bg, func(j *Job) { j.HeartbeatAt, j.Worker = nil, ""; j.Error = note }) == nil {
@@ -386,3 +387,16 @@ func (s *Service) reapOnce(ctx context.Context) {
 		}
 	}
 }
+
+// withoutAddresses is a fault's text for the job's error, which its
+// client reads: URLs and host:port addresses (the object store's private
+// endpoint, NATS) are the operator's, in the log.
+func withoutAddresses(text string) string {
+	text = urlPattern.ReplaceAllString(text, "<address>")
+	return hostPortPattern.ReplaceAllString(text, "<address>")
+}
+
+var (
+	urlPattern      = regexp.MustCompile(`"?[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"]+"?`)
+	hostPortPattern = regexp.MustCompile(`(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*\.[A-Za-z0-9-]+|localhost):[0-9]{1,5}\b`)
+)
