@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -408,15 +409,20 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	}
 	if apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
+		if apiErr.Status >= 500 { // the engine asked for is down
+			call.Server.ObserveFailure(x.model, "", x.endpoint, apiErr.Status, time.Since(call.Start))
+		}
 		return tail{}, false
 	}
 	ans, apiErr := choice.run(ctx, x.run)
 	if apiErr != nil {
+		proxy.WriteError(ctx, apiErr)
 		if call.Key != nil && choice.spent.TotalTokens > 0 {
 			// The model was asked and answered, if not what was asked.
 			record(call, x, choice, choice.spent, apiErr.Status)
+		} else if apiErr.Status >= 500 {
+			call.Server.ObserveFailure(cmp.Or(choice.model, choice.name), choice.upstream, x.endpoint, apiErr.Status, time.Since(call.Start))
 		}
-		proxy.WriteError(ctx, apiErr)
 		return tail{}, false
 	}
 	u := ans.Usage

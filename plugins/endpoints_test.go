@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
 func keysOf(m map[string]any) []string {
@@ -299,5 +300,24 @@ func TestPluginCallsAreInTheRequestMetrics(t *testing.T) {
 	want := fmt.Sprintf(`tollgate_requests_total{model=%q,upstream="",endpoint="/v1/classify",status="200"} 1`, m["engine"])
 	if !strings.Contains(string(body), want+"\n") {
 		t.Fatalf("/metrics lacks %s:\n%s", want, body)
+	}
+}
+
+// A plugin call that fails with a 5xx (its llm's upstream down) is counted
+// as a failed generation call is: the dashboards showed none.
+func TestPluginFailuresAreInTheRequestMetrics(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 503}, plugins: "  engine: llm\n  llm_model: small"})
+	r := h.keyed("/v1/classify", `{"text": "Please refund the charge", "labels": ["billing", "bug"]}`)
+	if r.status != 502 {
+		t.Fatalf("classify with the llm's upstream down: %s", r)
+	}
+	resp, err := h.client.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `tollgate_requests_total{model="small",upstream="local",endpoint="/v1/classify",status="502"} 1`) {
+		t.Fatalf("/metrics lacks the 502:\n%s", body)
 	}
 }

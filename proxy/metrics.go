@@ -235,3 +235,10 @@ var promLabelEscapes = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 func promLabel(v string) string {
 	return `"` + promLabelEscapes.Replace(v) + `"`
 }
+
+// ObserveFailure counts a module's call that failed with status and no
+// usage event (a 5xx of an engine whose upstream is down), as a generation
+// call that got no answer is counted: WriteError counts only 4xx refusals.
+func (s *Server) ObserveFailure(model, upstream, endpoint string, status int, took time.Duration) {
+	s.calls.observe(model, upstream, endpoint, status, took)
+}
