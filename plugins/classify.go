@@ -86,16 +86,24 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 		return req, apiErr
 	}
 	// Each description and example is a text too, held to the same bound
-	// (gateway.yaml says so): unbounded, one call compiled megabytes.
+	// (gateway.yaml says so), and the whole set to what a batch job keeps:
+	// a set of megabytes was compiled again for every call (not cached),
+	// seconds of CPU each.
+	total := 0
 	for _, l := range req.Labels {
 		if apiErr := maxText("descriptions."+l, req.Descriptions[l], cfg.Plugins); apiErr != nil {
 			return req, apiErr
 		}
+		total += len(l) + len(req.Descriptions[l])
 		for i, ex := range req.Examples[l] {
 			if apiErr := maxText(fmt.Sprintf("examples.%s[%d]", l, i), ex, cfg.Plugins); apiErr != nil {
 				return req, apiErr
 			}
+			total += len(ex)
 		}
+	}
+	if total > maxLabelSetBytes {
+		return req, proxy.BadRequest("labels", fmt.Sprintf("labels, descriptions and examples take %d bytes; at most %d are accepted (as a batch job keeps)", total, maxLabelSetBytes))
 	}
 	return req, maxText("text_type", req.TextType, cfg.Plugins)
 }
@@ -182,3 +190,7 @@ func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	writeJSON(ctx, classifySingle{Mode: string(req.Mode), Classifier: body.Classifier, Label: res.Label,
 		Confidence: res.Confidence, Tie: res.Tie, Scores: sortScores(res.Scores), tail: t})
 }
+
+// maxLabelSetBytes bounds a request's labels, descriptions and examples
+// together: what a batch job keeps with it, and what the engines cache.
+const maxLabelSetBytes = 256 << 10

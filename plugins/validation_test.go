@@ -39,6 +39,7 @@ func TestValidation(t *testing.T) {
 		{"example of no label", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"b": ["y"]}}`, "examples.b", `examples has a key "b" that is not a label`},
 		{"example empty", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": [""]}}`, "examples.a[0]", `examples of "a": entry 0 is empty`},
 		{"description too long", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": "` + long + `"}}`, "descriptions.a", "descriptions.a is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
+		{"label set too large", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": [` + strings.TrimSuffix(strings.Repeat(`"`+strings.Repeat("e", 1000)+`",`, 270), ",") + `]}}`, "labels", "labels, descriptions and examples take 270001 bytes; at most 262144 are accepted (as a batch job keeps)"},
 		{"example too long", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", "` + long + `"]}}`, "examples.a[1]", "examples.a[1] is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
 		{"examples not arrays", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": "y"}}`, "examples", "examples must be an object whose values are arrays of strings, it holds a string"},
 		{"mode", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "several"}`, "mode", `mode must be single or multi, got "several"`},

@@ -294,6 +294,7 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string
 			ctx.Response.Reset()
 			ctx.Response.Header.Set("x-request-id", reqID)
 			WriteError(ctx, Internal("the gateway failed on this request (request "+reqID+"); it is logged"))
+			s.calls.observe("", "", r.Path, fasthttp.StatusInternalServerError, time.Since(call.Start)) // the registered path: bounded labels
 			served = true
 		}
 	}()
