@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -77,7 +76,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
 		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
-	return respBody, engineUsage(body, respBody), nil
+	return respBody, call.engineUsage(body, respBody), nil
 }
 
 // Record hands a plugin's usage event to the meter, and counts it in the
@@ -98,27 +97,19 @@ func (s *Server) CheckBalance(w *World, call *Call) *APIError {
 
 // engineUsage is what an engine's call is billed: the upstream's usage
 // when it reported believable counts, else the tokenizer's count of the
-// prompt's messages and the answer's text, as a client's call would be.
+// prompt's messages and the answer's text, as a client's call is counted.
 // The engines billed whatever came: a reported 4e18 prompt tokens cost 8
 // USD a call (clamped to 100 million), a missing report nothing.
-func engineUsage(reqBody, respBody []byte) catalog.Usage {
+func (c *generationCall) engineUsage(reqBody, respBody []byte) catalog.Usage {
 	if u := gjson.GetBytes(respBody, "usage"); u.IsObject() {
-		if parsed, reported := parseUsage(u, false); reported {
-			if usage, ok := checkUsage(parsed); ok {
-				return usage
-			}
+		if usage, refused := believedUsage(u, false); refused == "" {
+			return usage
 		}
 	}
-	var answer strings.Builder
-	gjson.GetBytes(respBody, "choices").ForEach(func(_, ch gjson.Result) bool {
-		m := ch.Get("message")
-		answer.WriteString(m.Get("content").Str)
-		answer.WriteString(m.Get("reasoning_content").Str)
-		return true
-	})
+	c.collectWholeText(respBody)
 	return catalog.Usage{
 		PromptTokens:     int64(tokens.Count(promptText(reqBody, endpointChat))),
-		CompletionTokens: int64(tokens.Count(answer.String())),
+		CompletionTokens: int64(tokens.Count(string(c.text))),
 		Estimated:        true,
 	}
 }

@@ -28,23 +28,33 @@ const maxEstimateText = 4 << 20
 // spelling of usage. A report out of range is not believed: the call is
 // billed on the tokenizer's estimate, as if the upstream had sent none.
 func (c *generationCall) setUsage(u gjson.Result) {
-	parsed, reported := parseUsage(u, c.ep == endpointResponses)
-	usage, ok := checkUsage(parsed)
-	if !reported || !ok {
+	usage, refused := believedUsage(u, c.ep == endpointResponses)
+	if refused != "" {
 		if !c.usageRefused { // once a call: a stream may repeat it in every chunk
 			c.usageRefused = true
-			why := "out of range"
-			if !reported {
-				why = "without a number of prompt and completion tokens"
-			}
 			c.server.logf("proxy: call %s: upstream %s reported usage %s (%.300s); billing the tokenizer's estimate instead",
-				c.reqID, c.upstream.cfg.Name, why, u.Raw)
+				c.reqID, c.upstream.cfg.Name, refused, u.Raw)
 		}
 		return
 	}
 	c.usage.PromptTokens, c.usage.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
 	c.usage.CachedTokens, c.usage.ReasoningTokens = usage.CachedTokens, usage.ReasoningTokens
 	c.haveUsage = true
+}
+
+// believedUsage reads an upstream's usage report: its counts, and why they
+// are not believed ("" when they are): not both counts as numbers, or out
+// of range.
+func believedUsage(u gjson.Result, responses bool) (catalog.Usage, string) {
+	parsed, reported := parseUsage(u, responses)
+	usage, ok := checkUsage(parsed)
+	switch {
+	case !reported:
+		return usage, "without a number of prompt and completion tokens"
+	case !ok:
+		return usage, "out of range"
+	}
+	return usage, ""
 }
 
 // maxReportedTokens bounds each count an upstream reports for one call:
