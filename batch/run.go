@@ -88,15 +88,8 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		// job of a 5 GB input could overdraw an account of one cent by
 		// any amount. A run resuming a stopped one asks again, for the
 		// whole job: it skipped the check with the count, and overdrew.
-		if cost, _ := jobCost(j.Price, j.EstimatedTokens); cost > 0 {
-			recent := s.recentlyBilled(ctx, j)
-			if balance, ok := s.runtime.CanPay(j.Account, cost+recent); !ok {
-				msg := fmt.Sprintf("the account's balance of %s USD cannot pay this job's estimated %d tokens (%s USD) within the grace buffer", balance, j.EstimatedTokens, cost)
-				if recent > 0 {
-					msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and are not debited yet", recent, recentBillWindow)
-				}
-				return o.end(ctx, msg+": top up and start the job again", j.Resumable)
-			}
+		if refused := s.cannotPay(ctx, j, j.EstimatedTokens, "this job's estimated %d tokens"); refused != "" {
+			return o.end(ctx, refused+": top up and start the job again", j.Resumable)
 		}
 		if err := o.update(ctx, func(j *Job) { j.Progress.Afforded = true }); err != nil {
 			return err
@@ -288,11 +281,8 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 			return err
 		}
 		if w.seq != seq { // checkpointed
-			if msg := s.overdrawn(ctx, o.snapshot()); msg != "" {
-				if err := o.stop(ctx, msg); err != nil {
-					return err
-				}
-				return errEnded
+			if err := s.stopIfOverdrawn(ctx, o); err != nil {
+				return err
 			}
 		}
 	}
@@ -304,23 +294,34 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 	}
 	// The last stretch too, before the bill: a job shorter than
 	// checkpoint_lines was asked on its estimate alone.
-	if msg := s.overdrawn(ctx, o.snapshot()); msg != "" {
-		if err := o.stop(ctx, msg); err != nil {
-			return err
-		}
-		return errEnded
-	}
-	return nil
+	return s.stopIfOverdrawn(ctx, o)
 }
 
-// overdrawn says why the job must stop when the account cannot pay the
-// tokens its lines have used so far within the grace buffer, "" while it
-// can. The estimate the run was admitted on can be far short (its tokens
-// per byte come from the first texts), and the job is billed only at its
-// end: asked at each checkpoint, an overdraw is bounded by one checkpoint's
-// lines.
-func (s *Service) overdrawn(ctx context.Context, j *Job) string {
-	cost, _ := jobCost(j.Price, j.Progress.TotalTokens)
+// stopIfOverdrawn stops the job, resumable, when the account cannot pay
+// the tokens its lines have used so far within the grace buffer, and then
+// answers errEnded. The estimate the run was admitted on can be far short
+// (its tokens per byte come from the first texts), and the job is billed
+// only at its end: asked at each checkpoint, an overdraw is bounded by one
+// checkpoint's lines.
+func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
+	j := o.snapshot()
+	refused := s.cannotPay(ctx, j, j.Progress.TotalTokens, "the %d tokens used so far")
+	if refused == "" {
+		return nil
+	}
+	next := j.Progress.Lines + 1
+	if err := o.stop(ctx, fmt.Sprintf("stopped at line %d: %s: top up and start the job again; it goes on from line %d", next, refused, next)); err != nil {
+		return err
+	}
+	return errEnded
+}
+
+// cannotPay says why the account cannot pay tokens of job j at its price
+// within the grace buffer, with the bills of its recent jobs not debited
+// yet, or "" when it can. what words the tokens, with a %d for their
+// number ("this job's estimated %d tokens").
+func (s *Service) cannotPay(ctx context.Context, j *Job, tokens int64, what string) string {
+	cost, _ := jobCost(j.Price, tokens)
 	if cost <= 0 {
 		return ""
 	}
@@ -329,8 +330,11 @@ func (s *Service) overdrawn(ctx context.Context, j *Job) string {
 	if ok {
 		return ""
 	}
-	return fmt.Sprintf("stopped at line %d: the account's balance of %s USD cannot pay the %d tokens used so far (%s USD) within the grace buffer: top up and start the job again; it goes on from line %d",
-		j.Progress.Lines+1, balance, j.Progress.TotalTokens, cost, j.Progress.Lines+1)
+	msg := fmt.Sprintf("the account's balance of %s USD cannot pay %s (%s USD) within the grace buffer", balance, fmt.Sprintf(what, tokens), cost)
+	if recent > 0 {
+		msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and are not debited yet", recent, recentBillWindow)
+	}
+	return msg
 }
 
 // readChunks reads lines into chunks until the input ends or ctx does.
