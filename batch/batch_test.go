@@ -58,10 +58,7 @@ func TestJobRunsToCompletion(t *testing.T) {
 	for _, mode := range []string{"single", "multi"} {
 		t.Run(mode, func(t *testing.T) {
 			id := e.create(svc, "acme", inputLines(n, 97), mode)
-			if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-				t.Fatal(err)
-			}
-			j := e.waitEnd(svc, "acme", id, 30*time.Second)
+			j := e.startAndWait(svc, "acme", id)
 			lines, tokens := checkResults(t, e.results(j), n)
 			bad := n / 97
 			if j.RequestsTotal != n || j.RequestsCompleted != n-int64(bad) || j.RequestsFailed != int64(bad) {
@@ -107,10 +104,7 @@ func TestJobAnsweredBySemanticIsBilledUnderSemantic(t *testing.T) {
 	svc := e.service(0, batch.Tuning{})
 	e.work(svc)
 	id := e.create(svc, "acme", inputLines(20, 97), "single")
-	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-		t.Fatal(err)
-	}
-	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	j := e.startAndWait(svc, "acme", id)
 	lines, tokens := checkResults(t, e.results(j), 20)
 	if lines[0].Engine != "semantic" {
 		t.Fatalf("line 1 answered by %q, want semantic", lines[0].Engine)
@@ -151,10 +145,7 @@ func TestInputReplacedWhileTheJobRunsFailsIt(t *testing.T) {
 				e.put(batch.InputObject("acme", id), bytes.NewReader(tc.replacement))
 			}
 			e.work(svc)
-			if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-				t.Fatal(err)
-			}
-			j := e.waitEnd(svc, "acme", id, 30*time.Second)
+			j := e.startAndWait(svc, "acme", id)
 			if j.Status != batch.StatusFailed || !strings.Contains(j.Error, tc.want) {
 				t.Fatalf("status %s, error %q: want failed, %s", j.Status, j.Error, tc.want)
 			}
@@ -190,10 +181,7 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 	want := []string{"", "line is empty", "not valid JSON", "not a JSON object", "no text field", "text is not a string",
 		"text is empty", "text is empty", "longer than 5120 bytes", "longer than plugins.max_text_bytes", "", "two text fields", "", ""}
 	id := e.create(svc, "acme", []byte(input), "")
-	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-		t.Fatal(err)
-	}
-	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	j := e.startAndWait(svc, "acme", id)
 	lines, _ := checkResults(t, e.results(j), len(want))
 	for i, w := range want {
 		if w == "" && (lines[i].Error != "" || lines[i].Label == "") || w != "" && !strings.Contains(lines[i].Error, w) {
@@ -205,10 +193,7 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 	}
 
 	id = e.create(svc, "acme", []byte("nope\n\n{\"text\": 1}\n"), "")
-	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-		t.Fatal(err)
-	}
-	j = e.waitEnd(svc, "acme", id, 30*time.Second)
+	j = e.startAndWait(svc, "acme", id)
 	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "no line of the input could be classified (3 lines); line 1: the line is not valid JSON") {
 		t.Fatalf("job %s %q; want failed, quoting the first bad line", j.Status, j.Error)
 	}
@@ -230,10 +215,7 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 		"UTF-16 big-endian":    utf16BE("{\"text\": \"I was charged twice\"}\n"),
 	} {
 		id = e.create(svc, "acme", file, "")
-		if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-			t.Fatal(err)
-		}
-		j = e.waitEnd(svc, "acme", id, 30*time.Second)
+		j = e.startAndWait(svc, "acme", id)
 		if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "the input is "+enc+"; upload NDJSON in UTF-8") {
 			t.Errorf("%s input: job %s %q", enc, j.Status, j.Error)
 		}
@@ -289,10 +271,7 @@ func TestWorkerDiesAndIsReplaced(t *testing.T) {
 			hits.Store(0)
 			target.Store(point)
 			id := e.create(svc, "acme", input, "")
-			if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-				t.Fatal(err)
-			}
-			j := e.waitEnd(svc, "acme", id, 30*time.Second)
+			j := e.startAndWait(svc, "acme", id)
 			if target.Load().(string) != "" {
 				t.Fatalf("the worker never reached %s", point)
 			}
@@ -373,10 +352,7 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 	svc := e.service(500*time.Millisecond, batch.Tuning{MaxAttempts: 3, Hook: func(p string) bool { return p == "chunk" }})
 	e.work(svc)
 	id := e.create(svc, "acme", inputLines(10, 0), "")
-	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-		t.Fatal(err)
-	}
-	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	j := e.startAndWait(svc, "acme", id)
 	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "gave up after 3 tries") {
 		t.Fatalf("job %s %q, want failed after 3 attempts", j.Status, j.Error)
 	}
@@ -713,10 +689,7 @@ func TestLLMJobWithoutUsageIsBilledEstimated(t *testing.T) {
 	svc := e.service(0, batch.Tuning{})
 	e.work(svc)
 	id := e.create(svc, "acme", inputLines(20, 0), "")
-	if _, err := svc.Start(e.ctx, "acme", id); err != nil {
-		t.Fatal(err)
-	}
-	j := e.waitEnd(svc, "acme", id, 30*time.Second)
+	j := e.startAndWait(svc, "acme", id)
 	_, tokens := checkResults(t, e.results(j), 20)
 	if tokens < 20*20 {
 		t.Fatalf("20 llm lines without usage billed %d tokens", tokens)
@@ -769,10 +742,7 @@ func TestResumedJobAsksTheBalanceAgain(t *testing.T) {
 		_, _, err := e.gw.World().CallModel(e.ctx, "small", []byte(`{"model":"small","messages":[{"role":"user","content":"hi"}]}`))
 		return err
 	})
-	if _, err := svc.Start(e.ctx, "tight", id); err != nil {
-		t.Fatal(err)
-	}
-	j = e.waitEnd(svc, "tight", id, 30*time.Second)
+	j = e.startAndWait(svc, "tight", id)
 	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "cannot pay") || !j.Resumable || j.Progress.Lines != stoppedAt {
 		t.Fatalf("resumed on half the job's cost: %s at line %d (stopped at %d), resumable %v: %q", j.Status, j.Progress.Lines, stoppedAt, j.Resumable, j.Error)
 	}
@@ -785,10 +755,7 @@ func TestResumedJobAsksTheBalanceAgain(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := svc.Start(e.ctx, "tight", id); err != nil {
-		t.Fatal(err)
-	}
-	j = e.waitEnd(svc, "tight", id, 30*time.Second)
+	j = e.startAndWait(svc, "tight", id)
 	_, tokens := checkResults(t, e.results(j), n)
 	if j.Status != batch.StatusCompleted || j.RequestsCompleted != n {
 		t.Fatalf("topped up: %s with %d lines: %q", j.Status, j.RequestsCompleted, j.Error)

@@ -191,6 +191,15 @@ func (e *env) put(key string, r io.Reader) {
 	}
 }
 
+// startAndWait starts job id and waits up to 30 s for it to end.
+func (e *env) startAndWait(svc *batch.Service, account, id string) *batch.Job {
+	e.t.Helper()
+	if _, err := svc.Start(e.ctx, account, id); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.waitEnd(svc, account, id, 30*time.Second)
+}
+
 // waitEnd polls the job until it is completed or failed.
 func (e *env) waitEnd(svc *batch.Service, account, id string, within time.Duration) *batch.Job {
 	e.t.Helper()
