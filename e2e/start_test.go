@@ -28,18 +28,7 @@ func TestTakenPortEndsTheStartBeforeFirstStartWork(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, tollgateBin, "serve")
-	cmd.Env = append(os.Environ(),
-		"TOLLGATE_CONFIG="+filepath.Join(repoRoot, "gateway.yaml"),
-		"TOLLGATE_LISTEN="+taken.Addr().String(),
-		"TOLLGATE_DATA_DIR="+dataDir,
-		"TOLLGATE_ADMIN_TOKEN=",
-		"TOLLGATE_NATS_LISTEN="+freeAddr(t),
-		"TOLLGATE_STORAGE_LISTEN="+freeAddr(t),
-		"TOLLGATE_DEBUG_LISTEN=",
-		"TOLLGATE_CONSUME_IN_SERVE=false",
-		"NATS_URL=", "CLICKHOUSE_DSN=", "UPSTREAM_BASE_URL=http://"+freeAddr(t)+"/v1")
-	cmd.SysProcAttr = testutil.DieWithParent()
+	cmd := lonelyServe(ctx, t, taken.Addr().String(), dataDir)
 	out, err := cmd.CombinedOutput()
 	if err == nil || ctx.Err() != nil {
 		t.Fatalf("serve on a taken port: err %v (context %v), output:\n%s", err, ctx.Err(), out)
@@ -72,19 +61,8 @@ func TestSIGHUPWhileStartingIsAReload(t *testing.T) {
 	}
 	defer logFile.Close()
 	output := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-	cmd := exec.CommandContext(ctx, tollgateBin, "serve")
-	cmd.Env = append(os.Environ(),
-		"TOLLGATE_CONFIG="+filepath.Join(repoRoot, "gateway.yaml"),
-		"TOLLGATE_LISTEN="+listen,
-		"TOLLGATE_DATA_DIR="+filepath.Join(dir, "data"),
-		"TOLLGATE_ADMIN_TOKEN=",
-		"TOLLGATE_NATS_LISTEN="+freeAddr(t),
-		"TOLLGATE_STORAGE_LISTEN="+freeAddr(t),
-		"TOLLGATE_DEBUG_LISTEN=",
-		"TOLLGATE_CONSUME_IN_SERVE=false",
-		"NATS_URL=", "CLICKHOUSE_DSN=", "UPSTREAM_BASE_URL=http://"+freeAddr(t)+"/v1")
+	cmd := lonelyServe(ctx, t, listen, filepath.Join(dir, "data"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = testutil.DieWithParent()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -115,4 +93,23 @@ func TestSIGHUPWhileStartingIsAReload(t *testing.T) {
 	})
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	<-exited
+}
+
+// lonelyServe is `tollgate serve` on the repository's gateway.yaml with a
+// listen address and data dir of its own, its embedded NATS and storage on
+// free ports, and no upstream, ClickHouse or admin token.
+func lonelyServe(ctx context.Context, t *testing.T, listen, dataDir string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, tollgateBin, "serve")
+	cmd.Env = append(os.Environ(),
+		"TOLLGATE_CONFIG="+filepath.Join(repoRoot, "gateway.yaml"),
+		"TOLLGATE_LISTEN="+listen,
+		"TOLLGATE_DATA_DIR="+dataDir,
+		"TOLLGATE_ADMIN_TOKEN=",
+		"TOLLGATE_NATS_LISTEN="+freeAddr(t),
+		"TOLLGATE_STORAGE_LISTEN="+freeAddr(t),
+		"TOLLGATE_DEBUG_LISTEN=",
+		"TOLLGATE_CONSUME_IN_SERVE=false",
+		"NATS_URL=", "CLICKHOUSE_DSN=", "UPSTREAM_BASE_URL=http://"+freeAddr(t)+"/v1")
+	cmd.SysProcAttr = testutil.DieWithParent()
+	return cmd
 }
