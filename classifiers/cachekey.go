@@ -34,10 +34,12 @@ func (w *keyWriter) text(s string) {
 
 func (w *keyWriter) key() string { return string(w.h.Sum(nil)) }
 
-// maxCachedLabelSet is the most text a cached label set holds: one of
-// megabytes of descriptions, cached 128 times over, was about 10 MB of
-// memory a set; larger sets are compiled for each call.
-const maxCachedLabelSet = 256 << 10
+// MaxLabelSetBytes is the most text (labels, descriptions and examples)
+// a label set holds to be cached: one of megabytes of descriptions,
+// cached 128 times over, was about 10 MB of memory a set. Larger sets
+// (saved classifiers of gateway.yaml) are compiled for each call, and the
+// API refuses them in requests.
+const MaxLabelSetBytes = 256 << 10
 
 // labelSetKey keys a label set with its descriptions and examples; size
 // is their bytes.
@@ -53,6 +55,16 @@ func labelSetKey(labels []string, descriptions map[string]string, examples map[s
 		}
 	}
 	return w.key(), w.size
+}
+
+// wordsKey keys a list of vector indexes.
+func wordsKey(words []int32) string {
+	w := newKeyWriter()
+	w.count(len(words))
+	for _, i := range words {
+		w.count(int(i))
+	}
+	return w.key()
 }
 
 // textsKey keys a list of texts.

@@ -178,7 +178,7 @@ const labelSetCacheSize = 128
 
 func compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *labelSet {
 	key, size := labelSetKey(labels, descriptions, examples)
-	cache := size <= maxCachedLabelSet
+	cache := size <= MaxLabelSetBytes
 	labelSetCache.Lock()
 	ls := labelSetCache.sets[key]
 	labelSetCache.Unlock()

@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 )
@@ -212,7 +211,7 @@ const (
 // descriptions and examples.
 func (e *semantic) compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *semanticLabels {
 	key, size := labelSetKey(labels, descriptions, examples)
-	if size > maxCachedLabelSet {
+	if size > MaxLabelSetBytes {
 		return e.buildLabels(labels, descriptions, examples)
 	}
 	return cachedIn(&e.mu, e.labels, cacheLimit, key, func() *semanticLabels {
@@ -471,11 +470,7 @@ func (e *semantic) cachedNeighbours(name string) []neighbour {
 	emb := e.v.embedText(strings.ReplaceAll(name, "_", " "))
 	words := slices.Clone(emb.words)
 	slices.Sort(words)
-	key := make([]string, len(words))
-	for i, w := range words {
-		key[i] = strconv.Itoa(int(w))
-	}
-	return cachedIn(&e.mu, e.expanded, expandedLimit, textsKey(key...), func() []neighbour { return e.neighbours(name) })
+	return cachedIn(&e.mu, e.expanded, expandedLimit, wordsKey(words), func() []neighbour { return e.neighbours(name) })
 }
 
 // neighbours are the expandCandidates common words nearest to name's

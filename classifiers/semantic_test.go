@@ -420,12 +420,12 @@ func TestLabelExpansionWorkIsBounded(t *testing.T) {
 	}
 }
 
-// A label set of more than maxCachedLabelSet bytes of text is compiled for
+// A label set of more than MaxLabelSetBytes bytes of text is compiled for
 // each call, not kept: 128 sets of megabytes of descriptions held about
 // 1.3 GB.
 func TestLargeLabelSetsAreNotCached(t *testing.T) {
 	e := semanticForTest(t).(*semantic)
-	desc := map[string]string{"a": strings.Repeat("refund invoice ", maxCachedLabelSet/15+1)}
+	desc := map[string]string{"a": strings.Repeat("refund invoice ", MaxLabelSetBytes/15+1)}
 	before := len(e.labels)
 	e.compileLabels([]string{"a", "b"}, desc, nil)
 	e.compileLabels([]string{"a", "b"}, map[string]string{"a": "refund invoice"}, nil)

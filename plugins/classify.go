@@ -102,8 +102,8 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 			total += len(ex)
 		}
 	}
-	if total > maxLabelSetBytes {
-		return req, proxy.BadRequest("labels", fmt.Sprintf("labels, descriptions and examples take %d bytes; at most %d are accepted (as a batch job keeps)", total, maxLabelSetBytes))
+	if total > classifiers.MaxLabelSetBytes {
+		return req, proxy.BadRequest("labels", fmt.Sprintf("labels, descriptions and examples take %d bytes; at most %d are accepted (as a batch job keeps)", total, classifiers.MaxLabelSetBytes))
 	}
 	return req, maxText("text_type", req.TextType, cfg.Plugins)
 }
@@ -190,7 +190,3 @@ func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	writeJSON(ctx, classifySingle{Mode: string(req.Mode), Classifier: body.Classifier, Label: res.Label,
 		Confidence: res.Confidence, Tie: res.Tie, Scores: sortScores(res.Scores), tail: t})
 }
-
-// maxLabelSetBytes bounds a request's labels, descriptions and examples
-// together: what a batch job keeps with it, and what the engines cache.
-const maxLabelSetBytes = 256 << 10
