@@ -187,6 +187,7 @@ func (l *loader) yamlErrors(err error) {
 					e.Msg += fmt.Sprintf(" (the block holding it starts on line %d)", e.Line)
 					e.Line = line
 				}
+				e.Col, e.Msg = tabHint(l.data, e.Line, e.Msg)
 			}
 		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil {
 			e.Line, e.Col = aliasPlace(l.data, m[1])
@@ -197,6 +198,25 @@ func (l *loader) yamlErrors(err error) {
 		}
 		l.errs = append(l.errs, e)
 	}
+}
+
+// tabHint says what yaml.v3's "found character that cannot start any
+// token" means when the line starts with a tab, as an editor that indents
+// with tabs writes it: YAML indents with spaces only.
+func tabHint(data []byte, line int, msg string) (int, string) {
+	if !strings.Contains(msg, "cannot start any token") || line < 1 {
+		return 0, msg
+	}
+	lines := bytes.SplitN(data, []byte("\n"), line+1)
+	if len(lines) < line {
+		return 0, msg
+	}
+	text := lines[line-1]
+	indent := len(text) - len(bytes.TrimLeft(text, " \t"))
+	if i := bytes.IndexByte(text[:indent], '\t'); i >= 0 {
+		return i + 1, msg + ": a tab in the indentation (YAML indents with spaces only)"
+	}
+	return 0, msg
 }
 
 // problemLine is the line a YAML syntax error is on. yaml.v3 reports the

@@ -405,3 +405,13 @@ func TestAPIKeyWithALineBreakIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// An editor that indents with tabs gets yaml.v3's "found character that
+// cannot start any token", which does not say the tab is the problem.
+func TestTabIndentIsNamed(t *testing.T) {
+	data := "server:\n  listen: 127.0.0.1:8080\nrouting:\n\tbalance: p2c\n"
+	_, err := parse("gateway.yaml", []byte(data), noEnv)
+	if err == nil || !strings.Contains(err.Error(), "gateway.yaml:4:1: ") || !strings.Contains(err.Error(), "YAML indents with spaces only") {
+		t.Fatalf("%v, want line 4, column 1, naming the tab", err)
+	}
+}
