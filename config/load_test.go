@@ -415,3 +415,24 @@ func TestTabIndentIsNamed(t *testing.T) {
 		t.Fatalf("%v, want line 4, column 1, naming the tab", err)
 	}
 }
+
+// The admin token a secret file gives keeps its last newline; clients'
+// tokens are read trimmed, so the gateway started and then refused every
+// admin call, the ones to revoke a leaked key included.
+func TestAdminTokenWithALineBreakOrSpaceIsRefused(t *testing.T) {
+	input := "server:\n  listen: 127.0.0.1:8080\n  admin_token: ${TOLLGATE_ADMIN_TOKEN:-}\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n"
+	for value, want := range map[string]string{
+		"s3cret-admin-token\n": "server.admin_token: contains a line break",
+		"s3cret-admin-token ":  "server.admin_token: starts or ends with a space",
+	} {
+		env := func(string) (string, bool) { return value, true }
+		_, err := parse("gateway.yaml", []byte(input), env)
+		if err == nil || !strings.Contains(err.Error(), "gateway.yaml:3") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q on line 3", value, err, want)
+		}
+	}
+	env := func(string) (string, bool) { return "s3cret-admin-token", true }
+	if _, err := parse("gateway.yaml", []byte(input), env); err != nil {
+		t.Fatal(err)
+	}
+}

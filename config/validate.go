@@ -203,6 +203,13 @@ func (l *loader) validateServer(s Server) {
 	l.check(s.MaxRequestBody >= 1<<10 && s.MaxRequestBody <= 1<<30, "server.max_request_body",
 		"%d bytes is outside 1KiB..1GiB", s.MaxRequestBody)
 	l.checkUSD(s.DemoCreditUSD, "server.demo_credit_usd")
+	// Clients' tokens are compared with their spaces trimmed, so a token
+	// ending in a secret file's newline started and then refused every
+	// admin call, the operator's ones to revoke a leaked key included.
+	l.checkBearerToken(s.AdminToken, "server.admin_token", "no client could send it")
+	if t := s.AdminToken; t != "" && strings.TrimSpace(t) != t {
+		l.check(false, "server.admin_token", "starts or ends with a space: remove it; clients' tokens are read without them, so none would match")
+	}
 	if l.writtenZero("server.shutdown_timeout") {
 		// Zero would read as the default, 25 s: not what "cut at once" meant.
 		l.check(false, "server.shutdown_timeout", "0 is outside 1ns..1h: write how long calls in flight get after SIGTERM, or leave it out for %s", DefaultShutdownTimeout)
@@ -268,13 +275,7 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 		// file's last one, a YAML | block) ended the Authorization header
 		// early, and the body went upstream as a second request whose
 		// answer the next call received.
-		if i := strings.IndexFunc(u.APIKey, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
-			what := "a control character"
-			if c := u.APIKey[i]; c == '\n' || c == '\r' {
-				what = "a line break"
-			}
-			l.check(false, path+".api_key", "contains %s at byte %d (a secret file's trailing newline, a YAML | block?): remove it; it would end the Authorization header", what, i+1)
-		}
+		l.checkBearerToken(u.APIKey, path+".api_key", "it would end the Authorization header")
 		for _, d := range []struct {
 			key    string
 			v, def time.Duration
@@ -556,4 +557,18 @@ func hasUnknownKey(n *yaml.Node, known ...string) bool {
 		}
 	}
 	return false
+}
+
+// checkBearerToken refuses a token that cannot go into a header line as it
+// is: a control character, above all a secret file's trailing newline.
+func (l *loader) checkBearerToken(token, path, consequence string) {
+	i := strings.IndexFunc(token, func(r rune) bool { return r < 0x20 || r == 0x7f })
+	if i < 0 {
+		return
+	}
+	what := "a control character"
+	if c := token[i]; c == '\n' || c == '\r' {
+		what = "a line break"
+	}
+	l.check(false, path, "contains %s at byte %d (a secret file's trailing newline, a YAML | block?): remove it; %s", what, i+1, consequence)
 }
