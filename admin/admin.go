@@ -65,8 +65,9 @@ const adminTimeout = 10 * time.Second
 // admin routes of its modules.
 func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Route) {
 	h := ctx.Request.Header.Peek("Authorization")
-	tok, ok := bytes.CutPrefix(h, []byte("Bearer "))
-	if !ok || subtle.ConstantTimeCompare(bytes.TrimSpace(tok), a.token) != 1 {
+	// The scheme is case-insensitive (RFC 9110), as /v1 reads it.
+	ok := len(h) > 7 && strings.EqualFold(string(h[:7]), "bearer ")
+	if !ok || subtle.ConstantTimeCompare(bytes.TrimSpace(h[7:]), a.token) != 1 {
 		proxy.WriteError(ctx, &proxy.APIError{Status: 401, Type: "authentication_error", Code: "invalid_admin_token",
 			Message: "admin API needs Authorization: Bearer <admin token> (TOLLGATE_ADMIN_TOKEN or <data_dir>/admin.token)"})
 		return

@@ -191,6 +191,13 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 		t.Fatalf("wrong token: %d %s", resp.StatusCode, body)
 	}
 	wantError(t, body, "", "invalid_admin_token")
+	// The scheme in any case, as RFC 9110 has it and /v1 reads it.
+	req.Header.Set("Authorization", "bearer "+adminToken)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("lower-case scheme: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 
 	steps := []struct {
 		method, path, body string
