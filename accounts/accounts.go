@@ -136,6 +136,9 @@ type Service struct {
 	parser    *jwt.Parser
 
 	snap snapshot
+	// unbilled holds, per account, what this process metered that the
+	// account's debits do not show yet (see NoteCharge).
+	unbilled sync.Map // account → *unbilled
 
 	cacheMu sync.RWMutex
 	cache   map[string]*Key // verified tokens; see Verify
@@ -243,11 +246,18 @@ func (s *Service) Close() {
 	s.stopped.Wait()
 }
 
-// Balance is the account's balance as last seen by this gateway; false when
-// the account does not exist. It never does I/O.
+// Balance is the account's balance as last seen by this gateway, less what
+// this process charged the account that is not debited yet (NoteCharge);
+// false when the account does not exist. It never does I/O.
 func (s *Service) Balance(account string) (money.Nanos, bool) {
 	e, ok := s.snap.account(account)
-	return e.balance, ok
+	if !ok {
+		return 0, false
+	}
+	if u, found := s.unbilled.Load(account); found {
+		return e.balance - u.(*unbilled).outstanding(e.debited), true
+	}
+	return e.balance, true
 }
 
 // Debited is the sum of every debit of account so far, from the same

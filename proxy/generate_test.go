@@ -541,6 +541,32 @@ func TestBalanceBelowGraceIs402UntilTopUp(t *testing.T) {
 	})
 }
 
+// The balance calls are admitted on counts what this gateway charged at
+// once: its debits come back a second later, or never while the billing
+// consumer is down (the harness has none), and until then an account near
+// zero could make every call of that second (-111 USD on 0.05 of credit).
+func TestBalanceCountsCallsNotYetDebited(t *testing.T) {
+	// Each call costs 1.00 USD: 10,000,000 prompt tokens at 0.0000001.
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 10_000_000, CompletionTokens: 1}})
+	served := 0
+	for range 20 {
+		resp := h.post("/v1/chat/completions", chatBody)
+		body := readAll(t, resp)
+		if resp.StatusCode == 402 {
+			break
+		}
+		if resp.StatusCode != 200 {
+			t.Fatalf("call %d: %d %s", served+1, resp.StatusCode, body)
+		}
+		served++
+	}
+	// 10.00 USD of credit and a grace of 0.50: the eleventh call starts at
+	// 0.00 and ends at -1.00, and the twelfth is refused.
+	if served != 11 {
+		t.Fatalf("%d calls served on 10 USD of credit with a grace of 0.50; want 11", served)
+	}
+}
+
 func TestEveryResponseCarriesRequestID(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	for _, resp := range []*http.Response{

@@ -83,7 +83,16 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 // request metrics as generation calls are; it never blocks.
 func (s *Server) Record(ev *meter.Event) {
 	s.calls.observeEvent(ev, false)
+	s.noteCharge(ev)
 	s.recorder.Record(ev)
+}
+
+// noteCharge has the balance this gateway admits calls on count ev's cost
+// at once, not when its debit comes back a second or more later.
+func (s *Server) noteCharge(ev *meter.Event) {
+	if s.accounts != nil && ev.Account != "" {
+		s.accounts.NoteCharge(ev.Account, ev.CostNanos)
+	}
 }
 
 // CheckBalance refuses a keyed call whose account is below the grace

@@ -37,6 +37,9 @@ type Accounts interface {
 	Verify(token []byte) (*accounts.Key, error)
 	Balance(account string) (money.Nanos, bool)
 	Debited(account string) (money.Nanos, bool)
+	// NoteCharge counts a metered cost against Balance until the
+	// account's debits show it.
+	NoteCharge(account string, cost money.Nanos)
 	// KeyInfo carries the key's request-logging settings.
 	KeyInfo(keyID string) (accounts.KeyInfo, bool)
 }

@@ -243,6 +243,7 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	c.server.calls.observeEvent(ev, c.interrupted)
 	c.endCallSpan(ev)
 	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
+	c.server.noteCharge(ev)
 	d, ok := c.server.recorder.(meter.DurableRecorder)
 	if !ok {
 		c.server.recorder.Record(ev)
