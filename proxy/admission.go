@@ -77,9 +77,9 @@ func (s *Server) checkBalance(w *World, key *accounts.Key) *APIError {
 }
 
 // admit checks the key, its scope and its account's balance, and counts
-// the call against the key's own rpm/tpm: the request counts now, its
-// tokens once the usage is known, so a key over its tokens waits for its
-// next call. The admission is nil for a key without limits.
+// the call against the key's own rpm/tpm: the request and an estimate of
+// its prompt now, settled to its usage once that is known. The admission
+// is nil for a key without limits.
 func (s *Server) admit(ctx *fasthttp.RequestCtx, w *World) (*accounts.Key, *admission, *APIError) {
 	key, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
 	if apiErr != nil {
@@ -90,9 +90,14 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, w *World) (*accounts.Key, *admi
 	}
 	limit := s.limits.keyAdmission(key)
 	if limit != nil {
-		if apiErr := limit.admit(ctx, 0); apiErr != nil {
+		var estimate int64
+		if limit.limits.TokensPerMinute > 0 {
+			estimate = promptEstimate(ctx.PostBody(), limit.limits.TokensPerMinute)
+		}
+		if apiErr := limit.admit(ctx, estimate); apiErr != nil {
 			return nil, nil, apiErr
 		}
+		limit.admitted = estimate
 	}
 	return key, limit, nil
 }

@@ -21,3 +21,6 @@ func UpstreamsRetired(w *World) bool {
 func StartRawUpstream(t *testing.T, answer func(conn, req int, c net.Conn) bool) string {
 	return "http://" + startRawUpstream(t, answer).ln.Addr().String() + "/v1"
 }
+
+// PromptEstimate is promptEstimate for the tests of package proxy_test.
+func PromptEstimate(body []byte, limit int64) int64 { return promptEstimate(body, limit) }

@@ -739,7 +739,8 @@ func TestRequestLoggingOnlyForLoggingKeys(t *testing.T) {
 }
 
 // A key's own rpm and tpm hold for generation too: requests count at once,
-// tokens once the usage is known.
+// tokens as the prompt's estimate at once and settled to the usage once it
+// is known.
 func TestKeyLimitsHoldForGeneration(t *testing.T) {
 	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 10, CompletionTokens: 20}})
 	ctx := t.Context()
@@ -747,7 +748,7 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, tpmKey, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "tpm", TPM: 40})
+	_, tpmKey, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "tpm", TPM: 60})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -765,8 +766,9 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 	if resp.Header.Get("Retry-After") == "" || resp.Header.Get("x-ratelimit-limit-requests") != "2" {
 		t.Fatalf("headers %v", resp.Header)
 	}
-	// 30 tokens a call against 40 a minute: the second call is admitted
-	// (the first used 45 s of the minute), the third waits.
+	// 30 tokens a call against 60 a minute, each admitted on an estimate
+	// of 11 (47 bytes): the second call is admitted (the first used 30 s of
+	// the minute), the third waits.
 	for i := range 2 {
 		resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`, tpmKey)
 		if readAll(t, resp); resp.StatusCode != 200 {
@@ -774,7 +776,7 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 		}
 	}
 	e := wantError(t, h.post("/v1/chat/completions", chatBody, tpmKey), 429, "rate_limit_exceeded")
-	if msg := e["message"].(string); !strings.Contains(msg, "has used them") {
+	if msg := e["message"].(string); !strings.Contains(msg, "would pass them") {
 		t.Errorf("a generation call refused for the tokens of the calls before it: %q", msg)
 	}
 	// the harness key has no limits of its own
@@ -783,6 +785,47 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 		if readAll(t, resp); resp.StatusCode != 200 {
 			t.Fatalf("unlimited key: %d", resp.StatusCode)
 		}
+	}
+}
+
+// Calls in flight together count their prompts at once: counting a
+// generation's tokens only once its usage came let 100 concurrent streams
+// take 10M tokens on a key's tpm of 1,000.
+func TestKeyTokenLimitHoldsForConcurrentGenerations(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{FirstByteDelay: 300 * time.Millisecond}})
+	ctx := t.Context()
+	_, key, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "tpm", TPM: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// About 1,960 bytes: an estimate of 490 tokens, so two fit the minute.
+	body := `{"model":"small","messages":[{"role":"user","content":"` + strings.Repeat("word ", 380) + `"}]}`
+	var wg sync.WaitGroup
+	var served, refused atomic.Int32
+	for range 10 {
+		wg.Go(func() {
+			resp := h.post("/v1/chat/completions", body, key)
+			readAll(t, resp)
+			switch resp.StatusCode {
+			case 200:
+				served.Add(1)
+			case 429:
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if served.Load() != 2 || refused.Load() != 8 {
+		t.Fatalf("%d served and %d refused of 10 concurrent calls of about 490 tokens on tpm 1000; want 2 and 8", served.Load(), refused.Load())
+	}
+	// An image's base64 counts nothing before the usage: a megabyte of it
+	// is not 250,000 tokens.
+	image := `{"model":"small","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("A", 40_000) + `"}}]}]}`
+	if got := proxy.PromptEstimate([]byte(image), 1_000_000); got > 40 {
+		t.Errorf("an image of 40,000 base64 bytes estimated at %d tokens", got)
 	}
 }
 

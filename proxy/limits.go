@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -86,6 +87,10 @@ type admission struct {
 	generation bool
 	// state is set by a successful Admit; done releases its slot.
 	state *callerState
+	// admitted is the tokens a generation call was admitted with, an
+	// estimate its usage settles (charge); settled once it has.
+	admitted int64
+	settled  bool
 }
 
 // admissionFor resolves who is calling and which limits hold for them.
@@ -231,6 +236,7 @@ func (a *admission) precheck(ctx *fasthttp.RequestCtx) *APIError {
 	}
 	a.shard.mu.Unlock()
 	if c := a.limits.Concurrent; c > 0 && snap.inFlight >= c {
+		a.setHeaders(ctx, snap, now)
 		return a.refuseConcurrent(ctx)
 	}
 	if rpm := a.limits.RequestsPerMinute; rpm > 0 {
@@ -311,10 +317,15 @@ func (a *admission) addTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 	a.setHeaders(ctx, snap, now)
 }
 
-// done gives back the concurrency slot of an admitted call.
+// done gives back the concurrency slot of an admitted call, and the
+// estimate of a generation that ended without usage to settle it (refused
+// after admission: a 400 costs no quota).
 func (a *admission) done() {
 	if a == nil || a.state == nil {
 		return
+	}
+	if a.generation && !a.settled {
+		a.charge(0)
 	}
 	a.shard.mu.Lock()
 	if a.generation {
@@ -377,11 +388,11 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, what string, limit, tokens,
 	switch {
 	case wait < 0:
 		msg = fmt.Sprintf("this request has %d tokens, more than the %d tokens per minute allowed to %s; shorten the text%s", tokens, limit, subject, remedy)
-	case what == "tokens" && tokens == 0:
-		// A generation call's tokens are counted once its usage is known:
-		// it is refused for the calls before it.
-		msg = fmt.Sprintf("rate limit reached for tokens: %s may use %d tokens per minute and has used them; try again in %s%s",
-			subject, limit, formatReset(wait), remedy)
+	case what == "tokens" && a.generation:
+		// A generation call counts its prompt's estimate until its usage
+		// is known.
+		msg = fmt.Sprintf("rate limit reached for tokens: %s may use %d tokens per minute, and its calls so far with this one's prompt (about %d tokens) would pass them; try again in %s%s",
+			subject, limit, tokens, formatReset(wait), remedy)
 	case what == "tokens":
 		msg = fmt.Sprintf("rate limit reached for tokens: %s may use %d tokens per minute and this request has %d; try again in %s%s",
 			subject, limit, tokens, formatReset(wait), remedy)
@@ -391,6 +402,10 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, what string, limit, tokens,
 	}
 	if wait >= 0 {
 		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(max((wait+int64(time.Second)-1)/int64(time.Second), 1), 10))
+	} else {
+		// The OpenAI SDKs retry every 429 unless told not to: this one
+		// would be refused the same each time.
+		ctx.Response.Header.Set("x-should-retry", "false")
 	}
 	return errRateLimited(msg)
 }
@@ -442,14 +457,50 @@ func (l *limiter) keyAdmission(key *accounts.Key) *admission {
 	return a
 }
 
-// charge counts tokens known only once an answer is complete (a
-// generation's usage) without touching headers, which are sent by then.
+// charge settles a generation's tokens, known once its answer is complete,
+// against the estimate it was admitted with, either way, without touching
+// headers, which are sent by then.
 func (a *admission) charge(tokens int64) {
-	if a == nil || a.state == nil || tokens <= 0 || a.limits.TokensPerMinute <= 0 {
+	if a == nil || a.state == nil || a.limits.TokensPerMinute <= 0 {
+		return
+	}
+	extra := tokens - a.admitted
+	a.admitted, a.settled = tokens, true
+	if extra == 0 {
 		return
 	}
 	now := a.l.now()
 	a.shard.mu.Lock()
-	a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(tokens, a.limits.TokensPerMinute)
+	if extra > 0 {
+		a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(extra, a.limits.TokensPerMinute)
+	} else {
+		// Never past now, which would bank quota for later.
+		a.state.tokensTAT = max(a.state.tokensTAT-interval(-extra, a.limits.TokensPerMinute), now)
+	}
 	a.shard.mu.Unlock()
+}
+
+// promptEstimate is what a generation request counts against its key's
+// tokens per minute until its usage is known: a quarter of its bytes,
+// about what the o200k tokenizer makes of English and JSON, without base64
+// payloads (an image's data URL is not a token per 4 bytes of it), and at
+// most the limit, so an estimate alone never refuses a call as too large.
+// Counting nothing until the usage came let a key's calls in flight pass
+// its limit together: 100 concurrent streams took 10M tokens on tpm 1,000.
+func promptEstimate(body []byte, limit int64) int64 {
+	n := len(body)
+	for rest := body; ; {
+		i := bytes.Index(rest, []byte(";base64,"))
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len(";base64,"):]
+		end := bytes.IndexByte(rest, '"')
+		if end < 0 {
+			end = len(rest)
+		}
+		n -= end
+		rest = rest[end:]
+	}
+	return min(int64(n/4), limit)
 }

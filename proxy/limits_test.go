@@ -110,8 +110,13 @@ func TestAdmitRates(t *testing.T) {
 	if ra := string(ctx.Response.Header.Peek("Retry-After")); ra != "10" {
 		t.Errorf("Retry-After %s for 100 tokens missing at 10/s, want 10", ra)
 	}
-	if err := testAdmission(l, "key k", lim).admit(limitCtx("127.0.0.1"), 700); err == nil || err.Status != 429 {
+	ctx = limitCtx("127.0.0.1")
+	if err := testAdmission(l, "key k", lim).admit(ctx, 700); err == nil || err.Status != 429 {
 		t.Errorf("700 tokens of a 600/min limit: %v", err)
+	}
+	// It would be refused the same each time: the SDKs must not retry it.
+	if got := string(ctx.Response.Header.Peek("x-should-retry")); got != "false" {
+		t.Errorf("x-should-retry %q on a request above the whole limit", got)
 	}
 	// A limit of -1 is no limit and sends no headers.
 	ctx = limitCtx("127.0.0.1")
@@ -136,8 +141,13 @@ func TestAdmitConcurrencyAndSweep(t *testing.T) {
 		t.Fatal("two calls of two refused")
 	}
 	c := testAdmission(l, "addr x", lim)
-	if err := c.precheck(limitCtx("127.0.0.1")); err == nil {
+	ctx := limitCtx("127.0.0.1")
+	if err := c.precheck(ctx); err == nil {
 		t.Error("precheck passed a third concurrent call")
+	}
+	// Every 429 carries the x-ratelimit-* headers.
+	if got := string(ctx.Response.Header.Peek("x-ratelimit-limit-requests")); got != "1000" {
+		t.Errorf("x-ratelimit-limit-requests %q on the concurrency 429", got)
 	}
 	if err := c.admit(limitCtx("127.0.0.1"), 1); err == nil {
 		t.Error("third concurrent call admitted")
