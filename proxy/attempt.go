@@ -238,8 +238,9 @@ func (up *upstream) startProbing(interval time.Duration) {
 }
 
 // probe asks an ejected upstream GET {base_url}/models every interval
-// until it answers (it is then back in service) or it recovered through a
-// trial call, or a reload removed it.
+// until it answers (its next call is then the trial) or it recovered
+// through a trial call, or a reload removed it. It leaves an upstream
+// resting after a 429 alone: the rest ends at its Retry-After.
 func (up *upstream) probe(interval time.Duration) {
 	defer func() {
 		up.health.mu.Lock()
@@ -248,7 +249,7 @@ func (up *upstream) probe(interval time.Duration) {
 	}()
 	for {
 		time.Sleep(interval)
-		if up.retired.Load() || up.health.state.Load() == stateClosed {
+		if up.retired.Load() || up.health.state.Load() == stateClosed || up.health.resting.Load() {
 			return
 		}
 		req := fasthttp.AcquireRequest()
@@ -261,9 +262,8 @@ func (up *upstream) probe(interval time.Duration) {
 		ok := err == nil && resp.StatusCode() < 500
 		fasthttp.ReleaseRequest(req)
 		fasthttp.ReleaseResponse(resp)
-		if ok {
-			up.health.close()
-			up.logf("upstream %s is back: GET /models answered", up.cfg.Name)
+		if ok && up.health.probeAnswered() {
+			up.logf("upstream %s answered GET /models: its next call is a trial", up.cfg.Name)
 			return
 		}
 	}

@@ -178,12 +178,20 @@ func (h *upstreamHealth) recent(now time.Time) (calls, fails int64) {
 // ttfb; recovered says it closed the breaker (a trial call answered).
 func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 	h.count(false)
+	now := time.Now().UnixNano()
 	old := h.latency.Load()
 	if old == 0 {
 		old = int64(ttfb)
+	} else {
+		// Blend into the average as cost sees it, forgotten since the
+		// last sample: blended into the stored one, each new sample of a
+		// replica slow once brought the old penalty back, and it took
+		// dozens of calls, one every few seconds, to win its share again
+		// (6 calls of 10,000 over 22 s after a 2 s pause).
+		old = decayed(old, now-h.sampled.Load())
 	}
 	h.latency.Store(old + (int64(ttfb)-old)/8)
-	h.sampled.Store(time.Now().UnixNano())
+	h.sampled.Store(now)
 	if h.state.Load() == stateClosed {
 		if h.failures.Load() != 0 {
 			h.mu.Lock()
@@ -199,6 +207,23 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 		return false
 	}
 	h.close()
+	return true
+}
+
+// probeAnswered ends an ejection early because GET /models answered: the
+// next call is the half-open trial. It does not close the breaker: an
+// API server can answer /models while its engine fails every call, and
+// closing reset the ejection to eject_for each time, so such an upstream
+// failed eject_after calls every probe_interval for good. A failed trial
+// ejects it for twice as long. False when there is nothing to end (it
+// recovered meanwhile, or it rests after a 429 until its Retry-After).
+func (h *upstreamHealth) probeAnswered() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state.Load() != stateOpen || h.resting.Load() {
+		return false
+	}
+	h.openUntil.Store(time.Now().UnixNano())
 	return true
 }
 
@@ -438,15 +463,28 @@ func (p *pool) choose(mode string, now int64, skip uint64) int {
 // measures it anew. Linkerd's peak-EWMA balancer decays the same way.
 const latencyHalfLife = time.Second
 
+// Only an idle upstream's latency is forgotten: one with calls in flight
+// and no answer to measure may be hung, and forgetting its latency made
+// its cost fall to nothing however many calls it held, so p2c sent it
+// every call (8 of 8 clients stuck on a stopped replica within 3 s).
 func (p *pool) cost(i int, now int64) int64 {
 	h := &p.members[i].up.health
 	lat := h.latency.Load()
+	inflight := h.inflight.Load()
 	if lat == 0 {
 		lat = initialLatency
-	} else if age := (now - h.sampled.Load()) / int64(latencyHalfLife); age > 0 {
-		lat >>= min(age, 62)
+	} else if inflight == 0 {
+		lat = decayed(lat, now-h.sampled.Load())
 	}
-	return (h.inflight.Load() + 1) * (lat / int64(p.members[i].weight))
+	return (inflight + 1) * (lat / int64(p.members[i].weight))
+}
+
+// decayed is a latency halved for each latencyHalfLife of age.
+func decayed(lat, age int64) int64 {
+	if halvings := age / int64(latencyHalfLife); halvings > 0 {
+		return lat >> min(halvings, 62)
+	}
+	return lat
 }
 
 // draw picks an eligible member at random by weight, other than not and

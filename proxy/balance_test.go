@@ -171,6 +171,70 @@ func TestP2CForgetsAnUnsampledLatency(t *testing.T) {
 	}
 }
 
+// A replica holding calls it does not answer (hung, SIGSTOPped) keeps its
+// latency, so the calls it holds make it dearer: forgetting it made its
+// cost fall to nothing, and p2c sent it every call.
+func TestP2CAvoidsAReplicaHoldingUnansweredCalls(t *testing.T) {
+	p := testModelPool(t, 2)
+	now := time.Now().UnixNano()
+	hung, busy := &p.members[0].up.health, &p.members[1].up.health
+	hung.latency.Store(int64(time.Millisecond))
+	hung.sampled.Store(now - int64(10*time.Second)) // nothing answered for 10 s
+	hung.inflight.Store(8)
+	busy.latency.Store(int64(time.Millisecond))
+	busy.sampled.Store(now)
+	busy.inflight.Store(2)
+	for range 20 {
+		if i := p.choose("p2c", now, 0); i != 1 {
+			t.Fatal("the replica holding 8 unanswered calls was chosen over one holding 2")
+		}
+	}
+}
+
+// A sample of a replica slow once and idle since is blended into its
+// latency as cost saw it, forgotten: blended into the stored one, each
+// call brought the old penalty back and the replica stayed starved.
+func TestLatencySampleBlendsIntoTheForgottenAverage(t *testing.T) {
+	p := testModelPool(t, 1)
+	h := &p.members[0].up.health
+	h.latency.Store(int64(320 * time.Millisecond))
+	h.sampled.Store(time.Now().Add(-5 * time.Second).UnixNano())
+	h.succeeded(5 * time.Millisecond)
+	if got := time.Duration(h.latency.Load()); got > 20*time.Millisecond {
+		t.Fatalf("latency %s after a 5 ms answer, 5 s after a 320 ms average", got)
+	}
+}
+
+// A probe that answers makes the next call a trial and keeps the ejection
+// time, so an upstream whose API server answers GET /models while its
+// engine fails every call stays out twice as long each time; closing the
+// breaker on the probe reset it to eject_for every probe_interval. A rest
+// after a 429 is not ended by the probe.
+func TestProbeAnswerLeadsToATrial(t *testing.T) {
+	rt := testRouting("p2c")
+	p := testModelPool(t, 2)
+	h := &p.members[0].up.health
+	h.failed(rt, "500", "500", false)
+	h.failed(rt, "500", "500", false)
+	if !h.probeAnswered() {
+		t.Fatal("the probe's answer did not end the ejection")
+	}
+	if !h.available(time.Now().UnixNano()) {
+		t.Fatal("no trial call after the probe answered")
+	}
+	if h.available(time.Now().UnixNano()) {
+		t.Fatal("a second call went out beside the trial")
+	}
+	h.failed(rt, "500", "500", false) // the trial failed
+	if h.ejectFor != 2*rt.EjectFor {
+		t.Fatalf("ejected for %s after a failed trial, want %s", h.ejectFor, 2*rt.EjectFor)
+	}
+	h.rest(time.Minute, "429")
+	if h.probeAnswered() || h.available(time.Now().UnixNano()) {
+		t.Fatal("the probe ended a rest a 429 asked for")
+	}
+}
+
 // TestRetryAfter: seconds or an HTTP date, capped at 10 minutes; anything
 // else rests nothing. A date was ignored, so an upstream that sent one
 // was not rested.

@@ -482,12 +482,20 @@ func TestPoolEditOfAnEjectedUpstreamKeepsProbingIt(t *testing.T) {
 	}
 	back := proxytest.NewServerOn(ln, proxytest.Options{})
 	t.Cleanup(back.Close)
+	// The probe's answer makes its next call the trial, which closes the
+	// breaker.
 	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
-		if st := h.statuses()["p0"]; st.State != "healthy" {
+		if st := h.statuses()["p0"]; st.State != "half_open" {
 			return fmt.Errorf("p0 is %s, its address answers again", st.State)
 		}
 		return nil
 	})
+	for range 2 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	if st := h.statuses()["p0"]; st.State != "healthy" {
+		t.Fatalf("after its trial p0 is %+v", st)
+	}
 }
 
 // A non-streamed answer comes in one piece once it is generated, so its
