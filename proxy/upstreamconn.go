@@ -52,6 +52,10 @@ type upstreamConn struct {
 	br        *bufio.Reader
 	idleSince time.Time
 	reused    bool // served a request before: a failure before any byte may be the upstream closing it
+	// dialTook is how long the connection took to open, about a round
+	// trip to the upstream (a few with TLS): how soon the reset of a
+	// request sent on a connection it had already closed comes back.
+	dialTook time.Duration
 }
 
 func newConnPool(addr string, tlsConfig *tls.Config, maxConns int, maxWait time.Duration, dialer func(string) (net.Conn, error)) *connPool {
@@ -94,16 +98,26 @@ func (p *connPool) acquire() (*upstreamConn, error) {
 }
 
 func (p *connPool) dial() (*upstreamConn, error) {
+	start := time.Now()
 	raw, err := p.dialer(p.addr)
 	if err != nil {
 		return nil, err
 	}
+	took := time.Since(start)
 	tc, _ := raw.(*timeoutConn)
 	conn := raw
 	if p.tlsConfig != nil {
 		conn = tls.Client(raw, p.tlsConfig)
 	}
-	return &upstreamConn{conn: conn, tc: tc, br: bufio.NewReaderSize(conn, 16<<10)}, nil
+	return &upstreamConn{conn: conn, tc: tc, br: bufio.NewReaderSize(conn, 16<<10), dialTook: took}, nil
+}
+
+// staleWindow is how soon after a request's write the failure of a
+// connection the upstream had closed while idle comes: within a few round
+// trips. A failure later is the upstream closing after it took the request,
+// which may have been generated.
+func (uc *upstreamConn) staleWindow() time.Duration {
+	return max(4*uc.dialTook, 10*time.Millisecond)
 }
 
 // release gives back a connection whose response was read to its end.
@@ -170,10 +184,10 @@ type upstreamResponse struct {
 var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamResponse) }}
 
 // roundTrip sends req (a whole HTTP/1.1 request) and reads the response
-// header. A pooled connection the upstream closed before answering is
+// header. A pooled connection the upstream closed while it sat idle is
 // replaced once by a new one; a request that reached an upstream which then
-// failed is never sent again, so nothing is generated twice. firstByte
-// is how long the answer's first byte may take (0: first_byte_timeout).
+// failed is not sent to it again. firstByte is how long the answer's
+// first byte may take (0: first_byte_timeout).
 func (p *connPool) roundTrip(req []byte, firstByte time.Duration) (*upstreamResponse, error) {
 	for attempt := 1; ; attempt++ {
 		uc, err := p.acquire()
@@ -185,13 +199,21 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration) (*upstreamResp
 		}
 		resp := upstreamResponsePool.Get().(*upstreamResponse)
 		resp.pool, resp.uc = p, uc
+		var sent time.Time
+		if uc.reused {
+			sent = time.Now()
+		}
 		err = resp.exchange(req)
 		if err == nil {
 			return resp, nil
 		}
-		// Not one byte of an answer came on a connection that served
-		// before: the upstream closed it while it sat idle.
-		stale := uc.reused && (uc.tc == nil || uc.tc.awaitingFirst) && !isTimeout(err)
+		// Not one byte of an answer came, at once, on a connection that
+		// served before: the upstream closed it while it sat idle. One that
+		// took the request, worked on it and then closed (a crash, a
+		// restart) was sent it again on a new connection, and generated it
+		// twice.
+		stale := uc.reused && (uc.tc == nil || uc.tc.awaitingFirst) && !isTimeout(err) &&
+			time.Since(sent) < uc.staleWindow()
 		p.discard(uc)
 		resp.recycle()
 		if !stale || attempt >= 2 {

@@ -173,6 +173,33 @@ func TestUpstreamStaleConnectionIsReplacedOnce(t *testing.T) {
 	}
 }
 
+// An upstream that takes a request on a kept connection, works on it and
+// then closes without answering (a crash, a restart) is not sent it again
+// on a new connection: it was, and generated it twice.
+func TestUpstreamCloseAfterWorkingOnAReusedConnectionIsNotRetried(t *testing.T) {
+	u := startRawUpstream(t, func(_, req int, c net.Conn) bool {
+		if req == 1 {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			return true
+		}
+		time.Sleep(200 * time.Millisecond) // generating, then gone
+		return false
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	r, err := p.roundTrip(testRequest, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readBodyAll(t, r)
+	r.Close()
+	if _, err := p.roundTrip(testRequest, 0); err == nil {
+		t.Fatal("want an error")
+	}
+	if n := u.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections: the request was sent again", n)
+	}
+}
+
 // An upstream that fails after reading a request on a fresh connection is
 // not sent the request again: it may have started generating.
 func TestUpstreamFailureOnFreshConnectionIsNotRetried(t *testing.T) {
