@@ -271,7 +271,11 @@ func copyUpstreamHeaders(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
 	}
 }
 
-var forwardedHeaders = []string{"Retry-After", "Openai-Processing-Ms", "Openai-Version"}
+// forwardedHeaders are the upstream's headers a client reads. The OpenAI
+// SDKs wait retry-after-ms before Retry-After, and follow x-should-retry
+// over their own rule (which retries every 5xx): without it, an upstream
+// 500 that said not to retry was sent three times.
+var forwardedHeaders = []string{"Retry-After", "Retry-After-Ms", "X-Should-Retry", "Openai-Processing-Ms", "Openai-Version"}
 
 // generationCall is one forwarded chat or responses request, alive until
 // its response is fully relayed and metered.

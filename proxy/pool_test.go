@@ -223,6 +223,18 @@ func TestOnlyUpstreamIsNotRestedBy429(t *testing.T) {
 	}
 }
 
+// The upstream's own retry advice reaches the client: the OpenAI SDKs
+// read retry-after-ms first and follow x-should-retry over their rule of
+// retrying every 5xx.
+func TestUpstreamRetryAdviceIsPassedOn(t *testing.T) {
+	h := newPoolHarness(t, 1, "", proxytest.Options{Status: 500, StatusHeaders: map[string]string{"retry-after-ms": "300", "x-should-retry": "false"}})
+	resp := h.post("/v1/chat/completions", smallChat)
+	readAll(t, resp)
+	if resp.StatusCode != 500 || resp.Header.Get("retry-after-ms") != "300" || resp.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("%d, retry-after-ms %q, x-should-retry %q", resp.StatusCode, resp.Header.Get("retry-after-ms"), resp.Header.Get("x-should-retry"))
+	}
+}
+
 func TestPoolRetriesBeforeTheFirstByteStreamedOrNot(t *testing.T) {
 	// p0 refuses connections, p1 answers 429 with Retry-After, p2 serves.
 	// Round robin, so every member gets its turn (p2c would settle on p2).

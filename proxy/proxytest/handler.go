@@ -107,6 +107,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 		if o.RetryAfter != "" {
 			w.Header().Set("Retry-After", o.RetryAfter)
 		}
+		for k, v := range o.StatusHeaders {
+			w.Header().Set(k, v)
+		}
 		return s.respond(w, r, o, o.Status, st.errorBody, sc)
 	}
 	chat := false

@@ -55,6 +55,9 @@ type Options struct {
 	ErrorBody string
 	// RetryAfter, with Status, is sent as the Retry-After header.
 	RetryAfter string
+	// StatusHeaders, with Status, are sent as they are (retry-after-ms,
+	// x-should-retry).
+	StatusHeaders map[string]string
 
 	// DropAfter, for streams, closes the TCP connection after this many
 	// events have been written and flushed (the "data: [DONE]" line counts as
