@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -424,6 +425,21 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		WriteError(ctx, apiErr)
 		return
 	}
+	if !looksLikeJSONObject(body) {
+		// An HTML page of a proxy in front of the upstream ("502 Bad
+		// Gateway"), a truncated body of the length announced: relayed as
+		// a 200 it was billed on the prompt, and the SDKs failed to parse
+		// it, as a success.
+		ct := c.resp.Header.ContentType()
+		apiErr := &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
+			Message: fmt.Sprintf("upstream %s answered %d with a body that is not a JSON object (Content-Type %q, %d bytes); it was not passed on and is not billed", c.upstream.cfg.Name, status, ct, len(body))}
+		c.answerBroke(errBadAnswer, apiErr.Message, apiErr.Message)
+		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
+		c.failCallSpan(apiErr.Status, apiErr.Message)
+		c.release()
+		WriteError(ctx, apiErr)
+		return
+	}
 	c.upstream.health.completedAnswer()
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
@@ -442,6 +458,16 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	}
 	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
 	c.release()
+}
+
+// errBadAnswer: a success status with a body that is not a JSON object.
+var errBadAnswer = errors.New("answered a success status with a body that is not a JSON object")
+
+// looksLikeJSONObject tells a JSON object from an HTML page or a body cut
+// short by its first and last bytes, without parsing the whole answer.
+func looksLikeJSONObject(b []byte) bool {
+	b = bytes.TrimSpace(b)
+	return len(b) >= 2 && b[0] == '{' && b[len(b)-1] == '}'
 }
 
 // answerBroke counts an answer the upstream cut or stalled after its first

@@ -235,6 +235,24 @@ func TestUpstreamRetryAdviceIsPassedOn(t *testing.T) {
 	}
 }
 
+// A success status with a body that is not a JSON object (a proxy's HTML
+// page in front of the upstream) is a 502, not billed: relayed, it was a
+// 200 the SDKs could not parse, billed on the prompt.
+func TestSuccessWithoutAJSONBodyIs502(t *testing.T) {
+	h := newPoolHarness(t, 1, "", proxytest.Options{Status: 200, ErrorBody: "<html><body>502 Bad Gateway</body></html>"})
+	for _, body := range []string{smallChat, strings.Replace(smallChat, `{`, `{"stream":true,`, 1)} {
+		before := len(h.rec.Events())
+		resp := h.post("/v1/chat/completions", body)
+		e := wantError(t, resp, 502, "upstream_bad_answer")
+		if e["type"] != "upstream_error" || !strings.Contains(e["message"].(string), "not a JSON object") {
+			t.Fatalf("%v", e)
+		}
+		if n := len(h.rec.Events()); n != before {
+			t.Fatalf("%d events recorded for an answer not passed on", n-before)
+		}
+	}
+}
+
 func TestPoolRetriesBeforeTheFirstByteStreamedOrNot(t *testing.T) {
 	// p0 refuses connections, p1 answers 429 with Retry-After, p2 serves.
 	// Round robin, so every member gets its turn (p2c would settle on p2).
