@@ -293,6 +293,39 @@ func TestWorkerDiesAndIsReplaced(t *testing.T) {
 	}
 }
 
+// TestRebilledJobOnAnotherDayIsTwoRows: a worker died between billing a
+// job and saving its completion, and its successor billed the job again
+// with a time of its own. usage_events keys rows by account, UTC day and
+// id, so a repeat past midnight was a second row under FINAL and the
+// invoice counted the job twice. Every bill of a job carries the time
+// saved before the first.
+func TestRebilledJobOnAnotherDayIsTwoRows(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	var died atomic.Bool
+	svc := e.service(500*time.Millisecond, batch.Tuning{Hook: func(point string) bool {
+		return point == "billed" && died.CompareAndSwap(false, true)
+	}})
+	e.work(svc)
+	const n = 200
+	id := e.create(svc, "acme", inputLines(n, 0), "")
+	j := e.startAndWait(svc, "acme", id)
+	if !died.Load() || j.Status != batch.StatusCompleted || j.Attempt != 2 {
+		t.Fatalf("job %s, attempt %d, died after billing: %v; want completed by the second attempt after the first died", j.Status, j.Attempt, died.Load())
+	}
+	_, tokens := checkResults(t, e.results(j), n)
+	wantBilled(t, e, j, tokens)
+	evs := e.jobEvents(id)
+	if len(evs) != 2 {
+		t.Fatalf("%d usage events, want the bill and its repeat", len(evs))
+	}
+	if !evs[0].Time.Equal(evs[1].Time) {
+		t.Fatalf("the bill at %s was repeated at %s: two rows when the days differ", evs[0].Time, evs[1].Time)
+	}
+	if j.BilledAt == nil || !j.BilledAt.Equal(evs[0].Time) || j.CompletedAt.Before(*j.BilledAt) {
+		t.Fatalf("job billed_at %v, completed_at %v; want the events' time %s, at or before the completion", j.BilledAt, j.CompletedAt, evs[0].Time)
+	}
+}
+
 // TestStalledWorkerLosesTheJob: a worker that stops renewing its claim
 // (stalled, or cut off from NATS) past AckWait loses the job to another;
 // when it wakes up its next write fails and it stops without writing more.

@@ -91,6 +91,12 @@ type Job struct {
 	Progress    Progress   `json:"progress"`
 	// Billed is set in the same write that completes the job.
 	Billed bool `json:"billed,omitempty"`
+	// BilledAt is the time of the job's usage event, saved before the
+	// event is recorded and kept ever after (a new run does not clear
+	// it): every bill of the job carries it, so ClickHouse, which keys
+	// rows by their UTC day, keeps one row however often the job is
+	// billed. Nil until the job first bills.
+	BilledAt *time.Time `json:"billed_at,omitempty"`
 	// DebitedBeforeBill is the account's total of debits when the job
 	// billed itself: once the total has grown by the job's cost, its bill
 	// is in the balance (recentlyBilled). Unknown (nil) on jobs of older

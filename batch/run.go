@@ -550,16 +550,27 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	if s.at("joined") {
 		return errDied
 	}
-	now := time.Now().UTC()
+	// The bill's time is saved before the bill, and a job billed again
+	// keeps it: ClickHouse keys usage_events by account, UTC day and id,
+	// so a bill repeated with a new time on another day was a second row
+	// under FINAL, and the job counted twice on the invoice.
+	if j.BilledAt == nil {
+		now := time.Now().UTC()
+		if err := o.update(ctx, func(j *Job) { j.BilledAt = &now }); err != nil {
+			return err
+		}
+		j = o.snapshot()
+	}
 	var debitedBefore *int64
 	if d, ok := s.runtime.Debited(j.Account); ok {
 		debitedBefore = new(int64(d))
 	}
 	// Billed before the completion is recorded: a worker dying in between
 	// leaves the job processing, and its successor bills again with the
-	// same event id, which the meter drops. The other order could lose
-	// the bill.
-	s.recorder.Record(s.billingEvent(j, now))
+	// same event id and time, which ClickHouse keeps once and the debit
+	// recognizes. The other order could lose the bill.
+	s.recorder.Record(s.billingEvent(j, *j.BilledAt))
+	now := time.Now().UTC()
 	if s.at("billed") {
 		return errDied
 	}
@@ -687,20 +698,20 @@ func jobCost(price string, tokens int64) (money.Nanos, error) {
 	return cost.Nanos(), nil
 }
 
-// billingEvent is the job's one usage event: its id is the job id, so
-// billing it twice is billing it once.
-func (s *Service) billingEvent(j *Job, now time.Time) *meter.Event {
+// billingEvent is the job's one usage event: its id is the job id and its
+// time the job's BilledAt, so billing it twice is billing it once.
+func (s *Service) billingEvent(j *Job, at time.Time) *meter.Event {
 	cost, err := jobCost(j.Price, j.Progress.TotalTokens) // the price was validated with the config it came from
 	if err != nil {
 		s.logf("batch: job %s has price %q: %v; billing 0", j.ID, j.Price, err)
 	}
 	ev := &meter.Event{
-		ID: j.ID, JobID: j.ID, Time: now, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
+		ID: j.ID, JobID: j.ID, Time: at, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
 		Model: cmp.Or(j.Progress.OfflineEngine, classifiers.EngineLexical), PromptTokens: j.Progress.PromptTokens, CompletionTokens: j.Progress.CompletionTokens,
 		CostNanos: cost, UsageSource: meter.SourceTokenizer, Status: 200,
 	}
 	if j.StartedAt != nil {
-		ev.Latency = now.Sub(*j.StartedAt)
+		ev.Latency = at.Sub(*j.StartedAt)
 	}
 	if m := j.Progress.LLMModel; m != "" {
 		ev.Model, ev.UsageSource = m, meter.SourceUpstream
