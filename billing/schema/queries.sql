@@ -50,10 +50,15 @@ GROUP BY month, account
 ORDER BY month, account;
 
 -- name: tokens_and_cost_per_model
--- Tokens and spend per model, all accounts together, from {from_date} up to
--- {to_date} (not included), biggest spend first.
+-- Tokens and spend per model and endpoint, all accounts together, from
+-- {from_date} up to {to_date} (not included), biggest spend first. A model's
+-- calls to /v1/classify, /v1/tag, /v1/score, /v1/match and /v1/batch are
+-- priced at plugins.pricing or batch.price_per_token, not at the model's
+-- prices: only its lines of /v1/chat/completions and /v1/responses check
+-- against those.
 SELECT
     model,
+    endpoint,
     count() AS requests,
     sum(prompt_tokens) AS prompt,
     sum(cached_tokens) AS cached,
@@ -66,8 +71,8 @@ SELECT
            substring(toString(1000000000 + abs(spend_nanos) % 1000000000), 2)) AS spend_usd
 FROM usage_events FINAL
 WHERE date >= {from_date:Date} AND date < {to_date:Date}
-GROUP BY model
-ORDER BY spend_nanos DESC, model;
+GROUP BY model, endpoint
+ORDER BY spend_nanos DESC, model, endpoint;
 
 -- name: top_keys_by_spend
 -- The 50 API keys that spent most from {from_date} up to {to_date} (not included), with their

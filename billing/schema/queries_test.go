@@ -203,6 +203,44 @@ func TestFinanceQueriesAreExactAfterRedelivery(t *testing.T) {
 	}
 }
 
+// TestPerModelQueryKeepsPluginPricedCallsApart: tokens_and_cost_per_model
+// grouped by model alone, so a model's classify calls, priced at
+// plugins.pricing, were summed with its chat calls, priced at the model's
+// prices, and the line could be checked against neither.
+func TestPerModelQueryKeepsPluginPricedCallsApart(t *testing.T) {
+	srv := chtest.Start(t)
+	sink := openSink(t, srv)
+	ctx := context.Background()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	events := billingEvents(t, 40)
+	want := make(map[[2]string]money.Nanos)
+	for i, ev := range events {
+		ev.Model = "small"
+		if i%4 == 0 {
+			ev.Endpoint = []string{"/v1/classify", "/v1/batch"}[i%8/4]
+		}
+		want[[2]string{ev.Model, ev.Endpoint}] += ev.CostNanos
+	}
+	if err := sink.Insert(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	q, err := schema.FinanceQuery("tokens_and_cost_per_model")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := runQuery(t, srv, q, map[string]string{"from_date": "2025-01-01", "to_date": "2025-03-01"})
+	got := make(map[[2]string]money.Nanos)
+	for _, row := range rows {
+		nanos, _ := strconv.ParseInt(row["spend_nanos"], 10, 64)
+		got[[2]string{row["model"], row["endpoint"]}] += money.Nanos(nanos)
+	}
+	if len(rows) != len(want) || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%d rows, spend per model and endpoint %v; want %d rows, %v", len(rows), got, len(want), want)
+	}
+}
+
 func TestInvoiceParameterCannotEscapeItsQuotes(t *testing.T) {
 	srv := chtest.Start(t)
 	sink := openSink(t, srv)
