@@ -21,8 +21,12 @@ const NanosPerUSD Nanos = 1_000_000_000
 
 // Price is USD per unit (token, image, request) in units of 1e-18 (atto-USD),
 // so prices such as 0.0375 USD per 1M tokens (3.75e-8 per token) are exact.
-// uint64 caps one unit's price at about 18.4 USD.
+// uint64 caps one unit's price at MaxPrice, about 18.45 USD.
 type Price uint64
+
+// MaxPrice is the largest price per unit: 2⁶⁴−1 atto-USD,
+// 18.446744073709551615 USD. A larger one is refused when parsed.
+const MaxPrice = Price(math.MaxUint64)
 
 const (
 	nanoDigits  = 9
@@ -34,6 +38,10 @@ const (
 // "12", "0.5" or "-3.25": write the amount as a quoted decimal string in
 // gateway.yaml or the API, without exponents or thousands separators.
 var ErrNotDecimal = errors.New("not a plain decimal number")
+
+// errTooLarge is returned by parseFixed for an amount its integer cannot
+// hold; each caller says what its largest amount is.
+var errTooLarge = errors.New("too large")
 
 // parseFixed parses a decimal string into an integer scaled by 10^digits.
 func parseFixed(s string, digits int, allowNegative bool) (neg bool, v uint64, err error) {
@@ -64,13 +72,13 @@ func parseFixed(s string, digits int, allowNegative bool) (neg bool, v uint64, e
 	if intPart != "" {
 		whole, err = strconv.ParseUint(intPart, 10, 64)
 		if err != nil {
-			return false, 0, errors.New("too large")
+			return false, 0, errTooLarge
 		}
 	}
 	scale := pow10(digits)
 	hi, lo := bits.Mul64(whole, scale)
 	if hi != 0 {
-		return false, 0, errors.New("too large")
+		return false, 0, errTooLarge
 	}
 	var f uint64
 	if frac != "" {
@@ -79,7 +87,7 @@ func parseFixed(s string, digits int, allowNegative bool) (neg bool, v uint64, e
 	}
 	sum, carry := bits.Add64(lo, f, 0)
 	if carry != 0 {
-		return false, 0, errors.New("too large")
+		return false, 0, errTooLarge
 	}
 	return neg, sum, nil
 }
@@ -122,9 +130,12 @@ func (n Nanos) String() string {
 }
 
 // ParsePrice parses a non-negative decimal USD price per unit with at most 18
-// decimal places.
+// decimal places, up to MaxPrice.
 func ParsePrice(s string) (Price, error) {
 	_, v, err := parseFixed(strings.TrimSpace(s), attoDigits, false)
+	if errors.Is(err, errTooLarge) {
+		return 0, fmt.Errorf("price %q: %w: the largest price is %s USD per unit", s, err, MaxPrice)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("price %q: %w", s, err)
 	}

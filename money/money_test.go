@@ -1,7 +1,9 @@
 package money
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -42,6 +44,21 @@ func TestPriceRoundTrip(t *testing.T) {
 	}
 	if _, err := ParsePrice("19"); err == nil {
 		t.Error("price above 18.4 USD per unit accepted")
+	}
+}
+
+// A price over the ceiling said only "too large": 18.5 USD per unit was
+// refused without saying what would be accepted.
+func TestPriceTooLargeNamesTheLargest(t *testing.T) {
+	if p, err := ParsePrice("18.446744073709551615"); err != nil || p != MaxPrice {
+		t.Fatalf("the largest price: %d %v, want %d", p, err, MaxPrice)
+	}
+	for _, s := range []string{"18.446744073709551616", "18.5", "19", "100000000000000000000"} {
+		_, err := ParsePrice(s)
+		want := fmt.Sprintf("price %q: too large: the largest price is 18.446744073709551615 USD per unit", s)
+		if err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("ParsePrice(%q): %v, want %q…", s, err, want)
+		}
 	}
 }
 
