@@ -293,13 +293,13 @@ func TestWorkerDiesAndIsReplaced(t *testing.T) {
 	}
 }
 
-// TestRebilledJobOnAnotherDayIsTwoRows: a worker died between billing a
+// TestRebilledJobKeepsItsBillTime: a worker died between billing a
 // job and saving its completion, and its successor billed the job again
 // with a time of its own. usage_events keys rows by account, UTC day and
 // id, so a repeat past midnight was a second row under FINAL and the
 // invoice counted the job twice. Every bill of a job carries the time
 // saved before the first.
-func TestRebilledJobOnAnotherDayIsTwoRows(t *testing.T) {
+func TestRebilledJobKeepsItsBillTime(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	var died atomic.Bool
 	svc := e.service(500*time.Millisecond, batch.Tuning{Hook: func(point string) bool {
