@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -68,7 +69,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			// The answer comes in one piece once it is generated.
 			firstByte = up.cfg.ResponseTimeout
 		}
-		resp, err := up.pool.roundTrip(*reqp, firstByte)
+		resp, err := up.pool.roundTrip(*reqp, firstByte, c.client)
 		c.eventStream = false
 		if err == nil {
 			if enc := resp.Header.ContentEncoding(); len(enc) > 0 && !bytes.EqualFold(enc, identity) {
@@ -82,9 +83,20 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			if err == nil && c.eventStream {
 				err = c.awaitFirstEvent(resp)
 			}
+			if err != nil && resp.uc.tc != nil && resp.uc.tc.clientGone {
+				err = errClientGone
+			}
 			if err != nil {
 				resp.Close()
 			}
+		}
+		if errors.Is(err, errClientGone) {
+			// Nobody waits for the answer: not the upstream's failure, and
+			// not worth another upstream's work.
+			endAttemptSpan(span, 0, err)
+			h.inflight.Add(-1)
+			c.clientGone = true
+			return nil, nil, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
 		}
 		if err != nil {
 			endAttemptSpan(span, 0, err)
@@ -191,6 +203,11 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 		}
 	}
 }
+
+// statusClientClosed is nginx's status for a call whose client closed the
+// connection before the answer: it is what the call's event and metrics
+// say; the client is gone and reads nothing.
+const statusClientClosed = 499
 
 // retryable reports whether a call whose attempt n failed may try again.
 func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64) bool {

@@ -79,7 +79,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		}
 		return
 	}
-	call.reqID, call.start, call.limit = reqID, start, limit
+	call.reqID, call.start, call.limit, call.client = reqID, start, limit, ctx.Conn()
 	call.span = s.startCallSpan(ctx, start, ep, call.entry.ID, call.stream)
 	if call.span == nil {
 		call.traceHeaders = appendClientTraceHeaders(call.traceHeaders[:0], &ctx.Request.Header)
@@ -217,6 +217,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		}
 		s.calls.observe(call.entry.ID, upstreamName, call.ep.path(), apiErr.Status, time.Since(call.start))
 		call.failCallSpan(apiErr.Status, apiErr.Message)
+		if call.clientGone {
+			// The upstream took the prompt in and was stopped (its
+			// connection closed) before it answered: the prompt is
+			// billed, on estimate, as for a stream cut before any event.
+			call.record(statusClientClosed)
+		}
 		call.release()
 		WriteError(ctx, apiErr)
 		return
@@ -362,6 +368,12 @@ type generationCall struct {
 	logging     accounts.Logging
 	logRequest  string
 	logResponse []byte // a non-streamed answer's body; streams log c.text
+
+	// client is the client's connection, watched while the upstream has
+	// not answered (nil for an engine's call); clientGone says it closed
+	// then.
+	client     net.Conn
+	clientGone bool
 }
 
 func (c *generationCall) release() {

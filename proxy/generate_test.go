@@ -831,6 +831,39 @@ func TestKeyTokenLimitHoldsForConcurrentGenerations(t *testing.T) {
 
 // An upstream that promises a body and closes the connection halfway is a
 // 502, not a 200 carrying fasthttp's error text (what Response.Body does).
+// A client that gives up on a non-streamed call while the upstream is
+// still generating (an SDK's timeout) stops the upstream's work within a
+// second or so, and the call is billed its prompt on estimate: it ran to
+// its end and was billed in full, once per retry of the SDK, for answers
+// nobody received.
+// A stream queued upstream (its header sent, no event yet) likewise.
+func TestClientGoneBeforeTheAnswerStopsTheCall(t *testing.T) {
+	for name, body := range map[string]string{"whole": chatBody, "stream": strings.Replace(chatBody, `{`, `{"stream":true,`, 1)} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, harnessOptions{firstByteTimeout: "20s",
+				upstream: proxytest.Options{FirstByteDelay: 8 * time.Second, HeaderFlushThenDelay: name == "stream", CompletionTokens: 500}})
+			client := &http.Client{Timeout: 1500 * time.Millisecond}
+			req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+h.key)
+			if resp, err := client.Do(req); err == nil {
+				resp.Body.Close()
+				t.Fatalf("the client got %d before the upstream answered", resp.StatusCode)
+			}
+			gaveUp := time.Now()
+			checkFor(t, 4*time.Second, 50*time.Millisecond, func() error {
+				evs := h.rec.Events()
+				if len(evs) == 0 {
+					return fmt.Errorf("no event %s after the client gave up", time.Since(gaveUp))
+				}
+				if ev := evs[len(evs)-1]; ev.Status != 499 || ev.UsageSource != meter.SourceEstimated || ev.PromptTokens == 0 || ev.CompletionTokens != 0 {
+					return fmt.Errorf("event %+v, want 499 billed its prompt on estimate", ev)
+				}
+				return nil
+			})
+		})
+	}
+}
+
 func TestNonStreamCutIs502(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

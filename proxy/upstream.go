@@ -172,6 +172,49 @@ type timeoutConn struct {
 	// stream's first event is due by then however many comments come
 	// before it (awaitFirstEvent).
 	firstEventBy time.Time
+	// client, while set, is the connection of the client waiting for the
+	// request in flight: a wait for its first byte longer than
+	// clientCheckEvery looks every so often whether that client is gone,
+	// and clientGone says it was (fasthttp's header reader turns the
+	// read's error into io.EOF).
+	client     net.Conn
+	clientGone bool
+}
+
+// clientCheckEvery is how often a long wait for an upstream's first byte
+// looks at its client's connection. The OpenAI SDKs give up on a call
+// after 10 minutes (LangChain, configured, much sooner), close the
+// connection and send the call again: the upstream went on generating
+// each try, and each was billed in full, for answers nobody received
+// (seven with LangChain's six retries).
+const clientCheckEvery = time.Second
+
+// errClientGone: the client closed its connection while the upstream had
+// not answered yet.
+var errClientGone = errors.New("the client closed its connection before the upstream answered")
+
+// readWatchingClient reads under a deadline of until, looking at the
+// client's connection every clientCheckEvery meanwhile.
+func (c *timeoutConn) readWatchingClient(p []byte, until time.Time) (int, error) {
+	c.readWait = 0 // the next read arms its deadline anew
+	for {
+		next := time.Now().Add(clientCheckEvery)
+		if until.Before(next) {
+			next = until
+		}
+		if err := c.Conn.SetReadDeadline(next); err != nil {
+			return 0, err
+		}
+		c.readArmed = next
+		n, err := c.Conn.Read(p)
+		if n > 0 || err == nil || !isTimeout(err) || !next.Before(until) {
+			return n, err
+		}
+		if rawconn.PeerClosed(c.client) {
+			c.clientGone = true
+			return 0, errClientGone
+		}
+	}
 }
 
 // awaitEventBy makes every read until done() wait at most until the
@@ -200,6 +243,19 @@ func (c *timeoutConn) Write(p []byte) (int, error) {
 }
 
 func (c *timeoutConn) Read(p []byte) (int, error) {
+	if c.client != nil && c.awaitingFirst {
+		until := c.firstEventBy
+		if until.IsZero() {
+			until = c.wroteAt.Add(c.firstByte)
+		}
+		if time.Until(until) > clientCheckEvery {
+			n, err := c.readWatchingClient(p, until)
+			if n > 0 && c.firstEventBy.IsZero() {
+				c.awaitingFirst = false // as below; awaitEventBy's done ends a stream's wait
+			}
+			return n, err
+		}
+	}
 	if !c.firstEventBy.IsZero() {
 		if !c.readArmed.Equal(c.firstEventBy) {
 			if err := c.Conn.SetReadDeadline(c.firstEventBy); err != nil {

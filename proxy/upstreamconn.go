@@ -122,6 +122,9 @@ func (uc *upstreamConn) staleWindow() time.Duration {
 
 // release gives back a connection whose response was read to its end.
 func (p *connPool) release(uc *upstreamConn) {
+	if uc.tc != nil {
+		uc.tc.client = nil
+	}
 	uc.reused = true
 	uc.idleSince = time.Now()
 	var stale *upstreamConn
@@ -187,8 +190,10 @@ var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamRespon
 // header. A pooled connection the upstream closed while it sat idle is
 // replaced once by a new one; a request that reached an upstream which then
 // failed is not sent to it again. firstByte is how long the answer's
-// first byte may take (0: first_byte_timeout).
-func (p *connPool) roundTrip(req []byte, firstByte time.Duration) (*upstreamResponse, error) {
+// first byte may take (0: first_byte_timeout). client, when not nil, is
+// the connection of the client waiting: a long wait ends with
+// errClientGone once it closes.
+func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Conn) (*upstreamResponse, error) {
 	for attempt := 1; ; attempt++ {
 		uc, err := p.acquire()
 		if err != nil {
@@ -196,6 +201,7 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration) (*upstreamResp
 		}
 		if uc.tc != nil {
 			uc.tc.firstByte = cmp.Or(firstByte, uc.tc.firstByteConfigured)
+			uc.tc.client, uc.tc.clientGone = client, false
 		}
 		resp := upstreamResponsePool.Get().(*upstreamResponse)
 		resp.pool, resp.uc = p, uc
@@ -206,6 +212,11 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration) (*upstreamResp
 		err = resp.exchange(req)
 		if err == nil {
 			return resp, nil
+		}
+		if uc.tc != nil && uc.tc.clientGone {
+			p.discard(uc) // the upstream's work on it stops with it
+			resp.recycle()
+			return nil, errClientGone
 		}
 		// Not one byte of an answer came, at once, on a connection that
 		// served before: the upstream closed it while it sat idle. One that

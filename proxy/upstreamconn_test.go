@@ -101,7 +101,7 @@ func TestUpstreamBodyFramings(t *testing.T) {
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
 	for i, want := range []string{"hello", "hello", "hello", ""} {
-		r, err := p.roundTrip(testRequest, 0)
+		r, err := p.roundTrip(testRequest, 0, nil)
 		if err != nil {
 			t.Fatalf("answer %d: %v", i+1, err)
 		}
@@ -122,7 +122,7 @@ func TestUpstreamBodyUntilCloseIsNotReused(t *testing.T) {
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
 	for range 2 {
-		r, err := p.roundTrip(testRequest, 0)
+		r, err := p.roundTrip(testRequest, 0, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +142,7 @@ func TestUpstreamChunkedBodyCutIsAnError(t *testing.T) {
 		return false
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
-	r, err := p.roundTrip(testRequest, 0)
+	r, err := p.roundTrip(testRequest, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestUpstreamStaleConnectionIsReplacedOnce(t *testing.T) {
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
 	for i := range 3 {
-		r, err := p.roundTrip(testRequest, 0)
+		r, err := p.roundTrip(testRequest, 0, nil)
 		if err != nil {
 			t.Fatalf("request %d: %v", i+1, err)
 		}
@@ -186,13 +186,13 @@ func TestUpstreamCloseAfterWorkingOnAReusedConnectionIsNotRetried(t *testing.T) 
 		return false
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
-	r, err := p.roundTrip(testRequest, 0)
+	r, err := p.roundTrip(testRequest, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	readBodyAll(t, r)
 	r.Close()
-	if _, err := p.roundTrip(testRequest, 0); err == nil {
+	if _, err := p.roundTrip(testRequest, 0, nil); err == nil {
 		t.Fatal("want an error")
 	}
 	if n := u.accepted.Load(); n != 1 {
@@ -205,7 +205,7 @@ func TestUpstreamCloseAfterWorkingOnAReusedConnectionIsNotRetried(t *testing.T) 
 func TestUpstreamFailureOnFreshConnectionIsNotRetried(t *testing.T) {
 	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { return false })
 	p := testPool(t, u.ln.Addr().String(), 4)
-	if _, err := p.roundTrip(testRequest, 0); err == nil {
+	if _, err := p.roundTrip(testRequest, 0, nil); err == nil {
 		t.Fatal("want an error")
 	}
 	if n := u.accepted.Load(); n != 1 {
@@ -224,12 +224,12 @@ func TestUpstreamMaxConnectionsWaitsThenRefuses(t *testing.T) {
 	p := testPool(t, u.ln.Addr().String(), 1)
 	held := make(chan *upstreamResponse)
 	go func() {
-		r, _ := p.roundTrip(testRequest, 0)
+		r, _ := p.roundTrip(testRequest, 0, nil)
 		held <- r
 	}()
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	if _, err := p.roundTrip(testRequest, 0); !errors.Is(err, errNoFreeConns) {
+	if _, err := p.roundTrip(testRequest, 0, nil); !errors.Is(err, errNoFreeConns) {
 		t.Fatalf("err %v, want errNoFreeConns", err)
 	}
 	if waited := time.Since(start); waited < 250*time.Millisecond {
@@ -253,7 +253,7 @@ func TestUpstreamReadHandsOutWhatArrivedWithoutWaiting(t *testing.T) {
 		return true
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
-	r, err := p.roundTrip(testRequest, 0)
+	r, err := p.roundTrip(testRequest, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,3 +142,27 @@ func (c *Conn) opError(op string, err error) error {
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
+
+// PeerClosed reports whether the other end of c closed or reset the
+// connection, looking without taking any byte (MSG_PEEK) and without
+// waiting. A caller must not read c meanwhile. A connection with data
+// waiting (a pipelined request) is not closed; one that is not a TCP
+// connection never is.
+func PeerClosed(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	_ = raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		closed = n == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
+		return true // never wait for readiness
+	})
+	return closed
+}

@@ -148,3 +148,40 @@ func TestListenerWrapsWhatItAccepts(t *testing.T) {
 		t.Fatalf("accepted %T; want *rawconn.Conn", c)
 	}
 }
+
+// PeerClosed tells a connection its peer closed from one still open, with
+// or without data waiting, and takes no byte of it.
+func TestPeerClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := Wrap(accepted)
+	defer server.Close()
+	if PeerClosed(server) {
+		t.Fatal("an open connection is closed")
+	}
+	client.Write([]byte("x"))
+	time.Sleep(20 * time.Millisecond)
+	if PeerClosed(server) {
+		t.Fatal("a connection with data waiting is closed")
+	}
+	var b [1]byte
+	if n, _ := server.Read(b[:]); n != 1 || b[0] != 'x' {
+		t.Fatalf("PeerClosed took the byte waiting: read %d %q", n, b[:n])
+	}
+	client.Close()
+	time.Sleep(20 * time.Millisecond)
+	if !PeerClosed(server) {
+		t.Fatal("a connection its peer closed is open")
+	}
+}
