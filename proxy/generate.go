@@ -458,6 +458,9 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	c.ttfb = time.Since(c.start)
 	if c.remember {
 		c.rememberResponse(gjson.Get(bstr(body), "id"))
+		if c.responseID != "" {
+			c.rememberItems(gjson.Get(bstr(body), "output"))
+		}
 	}
 	if u := gjson.Get(bstr(body), "usage"); u.IsObject() {
 		c.setUsage(u)

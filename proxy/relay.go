@@ -384,6 +384,12 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if u := gjson.Get(bstr(data), "response.usage"); u.IsObject() {
 			c.setUsage(u)
 		}
+		if c.remember { // no response.created came before
+			c.rememberResponse(gjson.Get(bstr(data), "response.id"))
+		}
+		if c.responseID != "" {
+			c.rememberItems(gjson.Get(bstr(data), "response.output"))
+		}
 	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta",
 		"response.function_call_arguments.delta":
 		if c.keepText() {
@@ -402,6 +408,26 @@ func (c *generationCall) rememberResponse(id gjson.Result) {
 	// id.Str points into a buffer that is reused: the store keeps a copy.
 	c.responseID = strings.Clone(id.Str)
 	c.server.responses.remember(c.responseID, c.upstream.cfg.Name, c.key.Account, c.entry.ID, c.stream)
+}
+
+// rememberItems records the ids of a remembered response's output items
+// (its body's output, or the terminal event's response.output), which a
+// later call can name in its input as item_reference: they live on the
+// same upstream and belong to the same account. Read once per call, from
+// an event the relay parses anyway; the events in between cost nothing.
+func (c *generationCall) rememberItems(output gjson.Result) {
+	if !output.IsArray() {
+		return
+	}
+	n := 0
+	output.ForEach(func(_, item gjson.Result) bool {
+		if id := item.Get("id"); id.Type == gjson.String && id.Str != "" && len(id.Str) <= maxResponseID {
+			// id.Str points into a buffer that is reused.
+			c.server.responses.rememberItem(strings.Clone(id.Str), c.upstream.cfg.Name, c.key.Account, c.entry.ID)
+		}
+		n++
+		return n < maxItemIDs
+	})
 }
 
 // terminal reports, for a finished call, whether ev is the event that ends

@@ -28,9 +28,16 @@ import (
 // queue that one goroutine writes to KV; a full queue drops the write,
 // counted and logged. Looking up an id the map lacks asks KV, bounded by
 // kvLookupTimeout; only calls that name an id wait for that.
+//
+// The output items of a stored response (msg_…, fc_…, rs_…) are kept
+// upstream with it, and a later call can name them as input items
+// ({"type":"item_reference","id":…}): each is remembered too, under its
+// own key (itemKey), with its response's upstream and account, so that
+// such a call is checked and routed as a previous_response_id is.
 
 // BucketResponses is the KV bucket of response mappings; key: the response
-// id (see mappingKey), value: JSON responseMapping.
+// id (see mappingKey), or "item." and an output item's id (see itemKey);
+// value: JSON responseMapping.
 const BucketResponses = "TOLLGATE_RESPONSES"
 
 const (
@@ -47,6 +54,8 @@ const (
 	// maxResponseID bounds the ids remembered (OpenAI's and vLLM's are
 	// about 50 bytes).
 	maxResponseID = 256
+	// maxItemIDs bounds the output item ids remembered of one response.
+	maxItemIDs = 256
 )
 
 // responseMapping is who holds a response and whom it belongs to.
@@ -75,6 +84,14 @@ type mappingOp struct {
 	record responseMapping
 }
 
+// stateKey is what the memory map is keyed by: a response id, or an
+// output item id. Apart, so that an item's id is never taken for a
+// response's (a GET, a previous_response_id) nor the other way round.
+type stateKey struct {
+	id   string
+	item bool
+}
+
 // ResponseStore remembers which upstream created each response. Open it
 // with OpenResponseStore and pass it in Options.Responses; without one, a
 // Server remembers in memory only, which a single gateway that is never
@@ -86,7 +103,7 @@ type ResponseStore struct {
 	ttl    atomic.Int64 // ns
 
 	mu       sync.Mutex
-	cur, old map[string]responseMapping
+	cur, old map[stateKey]responseMapping
 
 	ops      chan mappingOp
 	ttlCh    chan time.Duration // a new TTL for the bucket; latest wins
@@ -151,7 +168,7 @@ func newResponseStore(kv mappingKV, ttl time.Duration, logf func(string, ...any)
 	if ttl <= 0 {
 		ttl = config.DefaultResponseTTL
 	}
-	r := &ResponseStore{kv: kv, logf: logf, cur: map[string]responseMapping{}}
+	r := &ResponseStore{kv: kv, logf: logf, cur: map[stateKey]responseMapping{}}
 	r.ttl.Store(int64(ttl))
 	return r
 }
@@ -209,25 +226,40 @@ func (r *ResponseStore) remember(id, upstream, account, model string, share bool
 		return
 	}
 	m := responseMapping{Upstream: upstream, Account: account, Model: model, At: time.Now().UnixNano()}
-	r.cache(id, m)
+	r.cache(stateKey{id: id}, m)
 	if r.kv == nil || !share {
 		return
 	}
 	r.queue(id, mappingOp{key: mappingKey(id), record: m})
 }
 
+// rememberItem records that up created output item id (of a stored
+// response) for account. Like remember, it never blocks; the id is
+// written to KV at once, and once: it is known only as its call ends.
+func (r *ResponseStore) rememberItem(id, upstream, account, model string) {
+	if id == "" || len(id) > maxResponseID {
+		return
+	}
+	m := responseMapping{Upstream: upstream, Account: account, Model: model, At: time.Now().UnixNano()}
+	r.cache(stateKey{id: id, item: true}, m)
+	if r.kv != nil {
+		r.queue(id, mappingOp{key: itemKey(id), record: m})
+	}
+}
+
 // setTokens records, once the call that created response id has ended,
 // how many tokens it billed (see responseMapping.Tokens). A mapping no
 // longer in memory is left as it is.
 func (r *ResponseStore) setTokens(id string, tokens int64) {
+	k := stateKey{id: id}
 	r.mu.Lock()
-	m, found := r.cur[id]
+	m, found := r.cur[k]
 	if !found {
-		m, found = r.old[id]
+		m, found = r.old[k]
 	}
 	if found && m.Upstream != "" {
 		m.Tokens = tokens
-		r.cur[id] = m
+		r.cur[k] = m
 	}
 	r.mu.Unlock()
 	if !found || m.Upstream == "" || r.kv == nil {
@@ -242,8 +274,8 @@ func (r *ResponseStore) forget(id string) {
 	// A tombstone, not a deletion: the KV delete is written in the
 	// background, and until it is, a lookup here must not find the old
 	// mapping in KV and send the next call to the upstream again.
-	delete(r.old, id)
-	r.cur[id] = responseMapping{At: time.Now().UnixNano()}
+	delete(r.old, stateKey{id: id})
+	r.cur[stateKey{id: id}] = responseMapping{At: time.Now().UnixNano()}
 	r.mu.Unlock()
 	if r.kv == nil || len(id) > maxResponseID {
 		return
@@ -275,12 +307,12 @@ func (r *ResponseStore) logSometimes(format string, args ...any) {
 	}
 }
 
-func (r *ResponseStore) cache(id string, m responseMapping) {
+func (r *ResponseStore) cache(k stateKey, m responseMapping) {
 	r.mu.Lock()
 	if len(r.cur) >= cacheGeneration {
-		r.old, r.cur = r.cur, make(map[string]responseMapping, cacheGeneration/4)
+		r.old, r.cur = r.cur, make(map[stateKey]responseMapping, cacheGeneration/4)
 	}
-	r.cur[id] = m
+	r.cur[k] = m
 	r.mu.Unlock()
 }
 
@@ -291,14 +323,25 @@ var errMappingsUnavailable = errors.New("response mappings unavailable")
 // false for an id never remembered or past the TTL; err is set only when
 // KV could not answer.
 func (r *ResponseStore) lookup(ctx context.Context, id string) (m responseMapping, found bool, err error) {
+	return r.find(ctx, stateKey{id: id})
+}
+
+// lookupItem finds who holds the output item id, as lookup does a
+// response.
+func (r *ResponseStore) lookupItem(ctx context.Context, id string) (m responseMapping, found bool, err error) {
+	return r.find(ctx, stateKey{id: id, item: true})
+}
+
+func (r *ResponseStore) find(ctx context.Context, k stateKey) (m responseMapping, found bool, err error) {
+	id := k.id
 	if id == "" || len(id) > maxResponseID {
 		return m, false, nil
 	}
 	ttl := r.ttl.Load()
 	r.mu.Lock()
-	m, found = r.cur[id]
+	m, found = r.cur[k]
 	if !found {
-		m, found = r.old[id]
+		m, found = r.old[k]
 	}
 	r.mu.Unlock()
 	if found && time.Now().UnixNano()-m.At < ttl {
@@ -312,7 +355,11 @@ func (r *ResponseStore) lookup(ctx context.Context, id string) (m responseMappin
 	}
 	ctx, cancel := context.WithTimeout(ctx, kvLookupTimeout)
 	defer cancel()
-	e, err := r.kv.Get(ctx, mappingKey(id))
+	key := mappingKey(id)
+	if k.item {
+		key = itemKey(id)
+	}
+	e, err := r.kv.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return responseMapping{}, false, nil
@@ -326,7 +373,7 @@ func (r *ResponseStore) lookup(ctx context.Context, id string) (m responseMappin
 	if time.Now().UnixNano()-m.At >= ttl {
 		return responseMapping{}, false, nil
 	}
-	r.cache(id, m)
+	r.cache(k, m)
 	return m, true, nil
 }
 
@@ -390,6 +437,12 @@ func mappingKey(id string) string {
 		}
 	}
 	return id
+}
+
+// itemKey is an output item's id as a KV key: "item." before its
+// mappingKey, which a response's key (no '.' but in "x.") never starts with.
+func itemKey(id string) string {
+	return "item." + mappingKey(id)
 }
 
 // metrics appends the store's Prometheus series to b.
