@@ -104,7 +104,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			what := ""
 			if c.pinned != nil {
 				// No other upstream is tried: say why.
-				what = ", which holds the previous_response_id,"
+				what = ", which holds " + c.pinnedBy + ","
 			}
 			lastErr = upstreamUnreachable(up, what, err)
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators

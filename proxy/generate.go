@@ -124,16 +124,49 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	if ep == endpointResponses && f.RequestID.Exists() {
 		return nil, route{}, BadRequest("request_id", "request_id is not accepted on /v1/responses: the upstream makes a response's id from it, and ids are not the client's to choose here; send the request without it")
 	}
-	// A call that continues a stored response goes to the upstream that
-	// holds it, and only for the account that created it.
+	// A call that continues a stored response, or names stored items in
+	// its input, goes to the upstream that holds them, and only for the
+	// account that created them.
 	var pinned *upstream
 	var history int64
-	if ep == endpointResponses && f.PreviousResponseID.Type != gjson.Null {
-		if f.PreviousResponseID.Type != gjson.String {
-			return nil, route{}, wrongType("previous_response_id", "a string", f.PreviousResponseID)
+	var pinnedBy string
+	if ep == endpointResponses {
+		// The gateway does not map conversations to their upstream or
+		// account: passed on, any account could read any conversation.
+		if f.Conversation.Type != gjson.Null {
+			return nil, route{}, BadRequest("conversation", "conversation is not served by this gateway (it does not serve the Conversations API, whose state lives on one upstream and is not checked for its account here): "+
+				"continue with previous_response_id, or send the earlier items in input")
 		}
-		if pinned, history, apiErr = s.previousResponse(w, key, r.pool, f.PreviousResponseID.Str); apiErr != nil {
+		var holder string
+		if f.PreviousResponseID.Type != gjson.Null {
+			if f.PreviousResponseID.Type != gjson.String {
+				return nil, route{}, wrongType("previous_response_id", "a string", f.PreviousResponseID)
+			}
+			if holder, history, apiErr = s.previousResponse(key, f.PreviousResponseID.Str); apiErr != nil {
+				return nil, route{}, apiErr
+			}
+			pinnedBy = "the previous_response_id"
+		}
+		refs, apiErr := itemReferences(f.Input)
+		if apiErr != nil {
 			return nil, route{}, apiErr
+		}
+		if len(refs) > 0 {
+			held, apiErr := s.referencedItems(key, refs)
+			if apiErr != nil {
+				return nil, route{}, apiErr
+			}
+			if holder != "" && held != holder {
+				return nil, route{}, BadRequest("input", "the item '"+refs[0]+"' that input names by id is stored on another upstream than the previous_response_id, "+
+					"and a call reaches one: send its content instead of its item_reference")
+			}
+			if holder == "" {
+				pinnedBy = "the items input names by id"
+			}
+			holder = held
+		}
+		if holder != "" {
+			pinned = pinnedIn(w, r.pool, holder)
 		}
 	}
 	if r.routing.Affinity != "none" && pinned == nil {
@@ -148,7 +181,7 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	call := callPool.Get().(*generationCall)
 	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.stream, call.injected, call.reqBody, call.pinned = stream, injected, bufp, pinned
-	call.history = history
+	call.history, call.pinnedBy = history, pinnedBy
 	if n := f.N.Int(); n > 1 && n <= maxChoices && ep == endpointChat {
 		call.choices = int(n)
 	}
@@ -348,8 +381,10 @@ type generationCall struct {
 	// passed on to the upstream when the gateway does not trace itself.
 	traceHeaders []byte
 
-	pinned *upstream // the upstream holding previous_response_id; no other is tried
-	alone  bool      // the model's pool has one member, which is never ejected
+	pinned *upstream // the upstream holding previous_response_id or input's items; no other is tried
+	// pinnedBy says what pinned the call, for the error when pinned fails.
+	pinnedBy string
+	alone    bool // the model's pool has one member, which is never ejected
 	// interrupted: the upstream cut or stalled the stream after its first
 	// byte; the call is billed (estimated) and counted as such.
 	interrupted bool

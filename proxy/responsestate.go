@@ -8,9 +8,11 @@ import (
 	"io"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
@@ -54,15 +56,14 @@ func errStateUnavailable(err error) *APIError {
 }
 
 // previousResponse finds where the state a call continues lives: the
-// upstream to pin the call to, or nil to balance it as usual (its holder
-// left the model's pool).
+// name of the upstream holding it, and the tokens billed for it.
 //
 // An id the gateway cannot place is refused, not passed on: every
 // account reaches the upstream with the same api_key, so the upstream's
 // own check cannot tell accounts apart, and an id whose mapping expired
 // or was never shared could be continued by anyone who learnt it. One the
 // mappings cannot be looked up for (NATS down) is a 503 to retry.
-func (s *Server) previousResponse(w *World, key *accounts.Key, p *pool, id string) (*upstream, int64, *APIError) {
+func (s *Server) previousResponse(key *accounts.Key, id string) (string, int64, *APIError) {
 	m, found, err := s.responses.lookup(context.Background(), id)
 	if err == nil && !found && s.responses.kv != nil {
 		// A whole answer's mapping reaches KV as its call ends, a few
@@ -74,17 +75,146 @@ func (s *Server) previousResponse(w *World, key *accounts.Key, p *pool, id strin
 	switch {
 	case err != nil:
 		s.responses.logSometimes("responses: previous_response_id %s: %v", id, err)
-		return nil, 0, errStateUnavailable(err)
+		return "", 0, errStateUnavailable(err)
 	case !found, m.Account != key.Account:
-		return nil, 0, errPreviousNotFound(id)
+		return "", 0, errPreviousNotFound(id)
 	}
-	up := w.upstreams[m.Upstream]
-	for _, member := range p.members {
-		if member.up == up {
-			return up, m.Tokens, nil
+	return m.Upstream, m.Tokens, nil
+}
+
+// maxItemReferences bounds the items one call may name by id: each is a
+// lookup, in KV when this gateway did not make it.
+const maxItemReferences = 256
+
+// itemLookupBudget bounds the KV lookups of one call's items together.
+const itemLookupBudget = 2 * kvLookupTimeout
+
+// itemReferences lists the ids of the stored items input names (each
+// once): {"type":"item_reference","id":…}, and an item with an id and no
+// type, which OpenAI reads as a reference too (its type is optional).
+// A duplicated "type" or "id" in an item is refused: the upstream keeps
+// the last, gjson finds the first, and a reference could hide behind a
+// message.
+func itemReferences(input gjson.Result) ([]string, *APIError) {
+	if !input.IsArray() {
+		return nil, nil
+	}
+	var ids []string
+	var apiErr *APIError
+	i, refs := -1, 0
+	input.ForEach(func(_, item gjson.Result) bool {
+		i++
+		if !item.IsObject() {
+			return true
+		}
+		var typ, id gjson.Result
+		item.ForEach(func(k, v gjson.Result) bool {
+			var slot *gjson.Result
+			switch k.Str {
+			case "type":
+				slot = &typ
+			case "id":
+				slot = &id
+			default:
+				return true
+			}
+			if slot.Exists() {
+				apiErr = BadRequest("input", "duplicate key "+strconv.Quote(k.Str)+" in input["+strconv.Itoa(i)+"]")
+				return false
+			}
+			*slot = v
+			return true
+		})
+		if apiErr != nil {
+			return false
+		}
+		if !(typ.Type == gjson.Null && id.Exists() || typ.Type == gjson.String && typ.Str == "item_reference") {
+			return true
+		}
+		if id.Type != gjson.String {
+			apiErr = wrongType("input["+strconv.Itoa(i)+"].id", "a string", id)
+			return false
+		}
+		if refs++; refs > maxItemReferences {
+			apiErr = BadRequest("input", "input names more than "+strconv.Itoa(maxItemReferences)+
+				" stored items by id (item_reference); the gateway looks up at most that many a call: send the earlier turns' content, or continue with previous_response_id")
+			return false
+		}
+		if !slices.Contains(ids, id.Str) {
+			ids = append(ids, strings.Clone(id.Str))
+		}
+		return true
+	})
+	return ids, apiErr
+}
+
+// errItemNotFound refuses an item reference the gateway cannot place, or
+// one of another account, with the same words: as if it did not exist.
+func errItemNotFound(id string) *APIError {
+	return BadRequest("input", "Item with id '"+id+"' not found. An item_reference must name an output item of a response "+
+		"this account stored through this gateway (not expired); send the item's content instead.")
+}
+
+// referencedItems finds the upstream holding the stored items a call
+// names in its input. Each must be known and the caller's, as a
+// previous_response_id must: the upstream resolves them from its own
+// store with the api_key every account shares, so it returned another
+// account's text to whoever sent the id. They must all live on one
+// upstream, the call's only one.
+func (s *Server) referencedItems(key *accounts.Key, ids []string) (string, *APIError) {
+	ctx, cancel := context.WithTimeout(context.Background(), itemLookupBudget)
+	defer cancel()
+	held := make([]responseMapping, len(ids))
+	look := func() (missing bool, apiErr *APIError) {
+		for i, id := range ids {
+			if held[i].Upstream != "" {
+				continue
+			}
+			m, found, err := s.responses.lookupItem(ctx, id)
+			switch {
+			case err != nil:
+				s.responses.logSometimes("responses: item_reference %s: %v", id, err)
+				return false, errStateUnavailable(err)
+			case found:
+				held[i] = m
+			default:
+				missing = true
+			}
+		}
+		return missing, nil
+	}
+	missing, apiErr := look()
+	if apiErr == nil && missing && s.responses.kv != nil {
+		time.Sleep(lateMappingWait) // a mapping still being written (see previousResponse)
+		_, apiErr = look()
+	}
+	if apiErr != nil {
+		return "", apiErr
+	}
+	for i, m := range held {
+		if m.Upstream == "" || m.Account != key.Account {
+			return "", errItemNotFound(ids[i])
 		}
 	}
-	return nil, m.Tokens, nil
+	for i, m := range held[1:] {
+		if m.Upstream != held[0].Upstream {
+			return "", BadRequest("input", "the items '"+ids[0]+"' and '"+ids[i+1]+"' that input names by id are stored on different upstreams, "+
+				"and a call reaches one: send the content of one of them instead of its item_reference")
+		}
+	}
+	return held[0].Upstream, nil
+}
+
+// pinnedIn is the upstream named holder if it is in p, where the call must
+// go; nil (balance it as usual) when the holder left the model's pool.
+func pinnedIn(w *World, p *pool, holder string) *upstream {
+	up := w.upstreams[holder]
+	for _, member := range p.members {
+		if member.up == up {
+			return up
+		}
+	}
+	return nil
 }
 
 // responseState serves the routes under /v1/responses/; rest is the path

@@ -25,6 +25,11 @@ type requestFields struct {
 	// RequestID is vLLM's and SGLang's extension that names the response
 	// id; refused on responses (see route).
 	RequestID gjson.Result
+	// Input is read for the stored items it names (item_reference), and
+	// Conversation refused: state the upstream holds, like
+	// PreviousResponseID.
+	Input        gjson.Result
+	Conversation gjson.Result
 	// Chat only: how many choices a stream carries, each ending with its
 	// own finish_reason.
 	N   gjson.Result
@@ -35,7 +40,8 @@ type requestFields struct {
 // gateway needs. Duplicate keys among them are refused: upstreams written in
 // Python keep the last duplicate while gjson finds the first, so a second
 // "model" would otherwise slip past the allow-list and the price, and a
-// second "previous_response_id" past the owner check. stream
+// second "previous_response_id" (or "input", with the items it names) past
+// the owner check. stream
 // and stream_options of the wrong type are refused too, as OpenAI refuses
 // them, rather than read as "not streaming" or rewritten; null counts as
 // absent, as it does at OpenAI.
@@ -69,6 +75,10 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			slot = &f.Background
 		case "request_id":
 			slot = &f.RequestID
+		case "input":
+			slot = &f.Input
+		case "conversation":
+			slot = &f.Conversation
 		case "n":
 			slot = &f.N
 		default:
