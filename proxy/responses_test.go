@@ -433,6 +433,7 @@ func TestResponsesWithNATSGone(t *testing.T) {
 	h := newPoolHarness(t, 3, "  balance: round_robin")
 	gw2 := h.another()
 	id, _ := h.create("", createResp, "")
+	item, _ := h.createItem("", createResp, "")
 	h.broker.Close()
 
 	began := time.Now()
@@ -453,8 +454,16 @@ func TestResponsesWithNATSGone(t *testing.T) {
 	if status != 503 || jsonField(t, body, "error", "code") != "state_unavailable" {
 		t.Fatalf("continuation through a gateway that cannot look it up: %d %s", status, body)
 	}
-	// Counted as a failed call: the dashboards showed no error at all.
-	if _, metrics := h.send(gw2, "GET", "/metrics", "", ""); !strings.Contains(string(metrics), `tollgate_requests_total{model="small",upstream="",endpoint="/v1/responses",status="503"} 1`) {
+	// So does an item named in input.
+	status, body = h.send(gw2, "POST", "/v1/responses", withItem(item, ""), "")
+	if status != 503 || jsonField(t, body, "error", "code") != "state_unavailable" {
+		t.Fatalf("an item_reference through a gateway that cannot look it up: %d %s", status, body)
+	}
+	if status, body := h.send("", "POST", "/v1/responses", withItem(item, ""), ""); status != 200 {
+		t.Fatalf("an item_reference through the gateway that made it: %d %s", status, body)
+	}
+	// Counted as failed calls: the dashboards showed no error at all.
+	if _, metrics := h.send(gw2, "GET", "/metrics", "", ""); !strings.Contains(string(metrics), `tollgate_requests_total{model="small",upstream="",endpoint="/v1/responses",status="503"} 2`) {
 		t.Fatalf("the 503 is not in /metrics:\n%s", metrics)
 	}
 	if status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, ""); status != 200 {
@@ -570,5 +579,209 @@ func TestResponsesEstimateCountsTheChain(t *testing.T) {
 	ev3 := lastEvent()
 	if want := ev2.PromptTokens + ev2.CompletionTokens; ev3.PromptTokens < want+1 {
 		t.Fatalf("third call estimated %d prompt tokens, want over %d", ev3.PromptTokens, want)
+	}
+}
+
+// createItem makes a response through the gateway (streamed or not) and
+// returns the id of its output item (msg_…) and the pool member holding it.
+func (h *poolHarness) createItem(base, body, key string) (string, int) {
+	h.t.Helper()
+	status, got := h.send(base, "POST", "/v1/responses", body, key)
+	if status != 200 {
+		h.t.Fatalf("creating: %d %s", status, got)
+	}
+	output := []string{"output"}
+	if strings.Contains(body, `"stream":true`) {
+		evs := sseEvents(got)
+		_, data, _ := strings.Cut(evs[len(evs)-1], "data: ")
+		got, output = []byte(data), []string{"response", "output"}
+	}
+	items, _ := jsonField(h.t, got, output...).([]any)
+	if len(items) == 0 {
+		h.t.Fatalf("no output item in %s", got)
+	}
+	id, _ := items[0].(map[string]any)["id"].(string)
+	at := -1
+	for i, up := range h.ups {
+		if up.StoredItem(id) {
+			at = i
+		}
+	}
+	if at < 0 {
+		h.t.Fatalf("item %s is stored on no upstream", id)
+	}
+	return id, at
+}
+
+// withItem is a two-turn request whose assistant turn is a reference to
+// the stored item id, as the Vercel AI SDK's default OpenAI provider
+// (Responses API, store: true) sends it.
+func withItem(id, extra string) string {
+	return `{"model":"small"` + extra + `,"input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},` +
+		`{"type":"item_reference","id":"` + id + `"},{"role":"user","content":[{"type":"input_text","text":"and then?"}]}]}`
+}
+
+// TestItemReferenceLandsOnItsUpstream: an item_reference goes to the
+// upstream that stored the item. On a pool of two it went round robin,
+// and every second turn of a Vercel AI SDK chat was the other upstream's
+// 404 "Item with id … not found".
+func TestItemReferenceLandsOnItsUpstream(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	for _, first := range []string{createResp, `{"model":"small","input":"hello","stream":true}`} {
+		item, at := h.createItem("", first, "")
+		before := h.calls("/v1/responses")
+		for i := range 10 {
+			extra := ""
+			if i%2 == 1 {
+				extra = `,"stream":true`
+			}
+			status, body := h.send("", "POST", "/v1/responses", withItem(item, extra), "")
+			if status != 200 {
+				t.Fatalf("call %d naming %s (on p%d): %d %s", i, item, at, status, body)
+			}
+		}
+		after := h.calls("/v1/responses")
+		for i := range h.ups {
+			if got := after[i] - before[i]; (i == at) != (got == 10) || i != at && got != 0 {
+				t.Fatalf("p%d got %d of the 10 calls naming an item on p%d", i, got, at)
+			}
+		}
+	}
+	// Through another gateway, which finds the item in KV.
+	gw2 := h.another()
+	item, at := h.createItem("", createResp, "")
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		before := h.calls("/v1/responses")[at]
+		if status, body := h.send(gw2, "POST", "/v1/responses", withItem(item, ""), ""); status != 200 || h.calls("/v1/responses")[at] != before+1 {
+			return fmt.Errorf("through the second gateway: %d %s", status, body)
+		}
+		return nil
+	})
+	// With previous_response_id on the same upstream: served; on the
+	// other, refused (a call reaches one upstream).
+	prev, prevAt := h.create("", createResp, "")
+	for prevAt != at {
+		prev, prevAt = h.create("", createResp, "")
+	}
+	if status, body := h.send("", "POST", "/v1/responses", withItem(item, `,"previous_response_id":"`+prev+`"`), ""); status != 200 {
+		t.Fatalf("previous_response_id and an item on one upstream: %d %s", status, body)
+	}
+	other, otherAt := h.createItem("", createResp, "")
+	for otherAt == at {
+		other, otherAt = h.createItem("", createResp, "")
+	}
+	calls := h.calls("/v1/responses")
+	status, body := h.send("", "POST", "/v1/responses", withItem(other, `,"previous_response_id":"`+prev+`"`), "")
+	if status != 400 || jsonField(t, body, "error", "param") != "input" || !strings.Contains(string(body), "another upstream") {
+		t.Fatalf("previous_response_id and an item on two upstreams: %d %s", status, body)
+	}
+	two := strings.Replace(withItem(item, ""), `{"type":"item_reference"`, `{"type":"item_reference","id":"`+other+`"},{"type":"item_reference"`, 1)
+	status, body = h.send("", "POST", "/v1/responses", two, "")
+	if status != 400 || jsonField(t, body, "error", "param") != "input" || !strings.Contains(string(body), "different upstreams") {
+		t.Fatalf("two items on two upstreams: %d %s", status, body)
+	}
+	if !slices.Equal(h.calls("/v1/responses"), calls) {
+		t.Fatalf("a refused call reached an upstream")
+	}
+}
+
+// TestItemReferenceIsTheOwningAccountsOnly: every account reaches the
+// upstream with one api_key, and the upstream returned account A's stored
+// text to account B for A's item id (found by a black-box session). An
+// item the gateway cannot place, or another account's, is refused before
+// any upstream is asked.
+func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	ctx := context.Background()
+	if _, err := h.svc.CreateAccount(ctx, "other", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	_, otherKey, err := h.svc.CreateKey(ctx, "other", accounts.KeyRequest{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sameAccount, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	item, _ := h.createItem("", createResp, "")
+	// store:false: its item is kept nowhere, so not remembered either.
+	unstored, _ := jsonField(t, func() []byte {
+		status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","store":false}`, "")
+		if status != 200 {
+			t.Fatalf("store:false: %d %s", status, body)
+		}
+		return body
+	}(), "output").([]any)[0].(map[string]any)["id"].(string)
+	calls := h.calls("/v1/responses")
+	for _, c := range []struct{ why, body, key, id string }{
+		{"another account's item", withItem(item, ""), otherKey, item},
+		{"an unknown item", withItem("msg_000000000000000000000000", ""), "", "msg_000000000000000000000000"},
+		{"a store:false response's item", withItem(unstored, ""), "", unstored},
+		// The type is optional in OpenAI's item reference.
+		{"another account's item without a type", `{"model":"small","input":[{"id":"` + item + `"}]}`, otherKey, item},
+		{"another account's item streamed", withItem(item, `,"stream":true`), otherKey, item},
+	} {
+		status, body := h.send("", "POST", "/v1/responses", c.body, c.key)
+		if status != 400 || jsonField(t, body, "error", "param") != "input" ||
+			!strings.Contains(jsonField(t, body, "error", "message").(string), "Item with id '"+c.id+"' not found.") {
+			t.Fatalf("%s: %d %s", c.why, status, body)
+		}
+	}
+	for _, c := range []struct{ why, body, param string }{
+		// The upstream keeps the last of two keys, gjson finds the first.
+		{"a duplicated id", `{"model":"small","input":[{"type":"item_reference","id":"` + item + `","id":"msg_x"}]}`, "input"},
+		{"a reference behind a message type", `{"model":"small","input":[{"type":"message","type":"item_reference","id":"` + item + `"}]}`, "input"},
+		{"a duplicated input", `{"model":"small","input":"hi","input":[{"type":"item_reference","id":"` + item + `"}]}`, "input"},
+		{"a numeric id", `{"model":"small","input":[{"type":"item_reference","id":5}]}`, "input[0].id"},
+		{"too many references", `{"model":"small","input":[` + strings.Repeat(`{"type":"item_reference","id":"`+item+`"},`, 256) +
+			`{"type":"item_reference","id":"` + item + `"}]}`, "input"},
+	} {
+		status, body := h.send("", "POST", "/v1/responses", c.body, "")
+		if status != 400 || jsonField(t, body, "error", "param") != c.param {
+			t.Fatalf("%s: %d %s", c.why, status, body)
+		}
+	}
+	if !slices.Equal(h.calls("/v1/responses"), calls) {
+		t.Fatalf("a refused call reached an upstream: %v, before %v", h.calls("/v1/responses"), calls)
+	}
+	// An item's id is no response's id.
+	if status, body := h.send("", "GET", "/v1/responses/"+item, "", ""); status != 404 || string(body) != notFoundBody(item) {
+		t.Fatalf("GET of an item's id: %d %s", status, body)
+	}
+	status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+item+`"}`, "")
+	if status != 400 || jsonField(t, body, "error", "code") != "previous_response_not_found" {
+		t.Fatalf("an item's id as previous_response_id: %d %s", status, body)
+	}
+	// Another key of the owning account is the owner too.
+	if status, body := h.send("", "POST", "/v1/responses", withItem(item, ""), sameAccount); status != 200 {
+		t.Fatalf("another key of the owning account: %d %s", status, body)
+	}
+}
+
+// TestResponsesConversationIsRefused: the gateway does not map
+// conversations to an upstream or an account, so one passed on could be
+// used by any account, on whichever upstream round robin chose.
+func TestResponsesConversationIsRefused(t *testing.T) {
+	h := newPoolHarness(t, 1, "")
+	calls := h.calls("/v1/responses")
+	for _, body := range []string{
+		`{"model":"small","input":"x","conversation":"conv_0123456789"}`,
+		`{"model":"small","input":"x","conversation":{"id":"conv_0123456789"},"stream":true}`,
+	} {
+		status, resp := h.send("", "POST", "/v1/responses", body, "")
+		if status != 400 || jsonField(t, resp, "error", "param") != "conversation" ||
+			!strings.Contains(string(resp), "previous_response_id") {
+			t.Fatalf("%s: %d %s", body, status, resp)
+		}
+	}
+	if !slices.Equal(h.calls("/v1/responses"), calls) {
+		t.Fatalf("a refused call reached the upstream")
+	}
+	if status, resp := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","conversation":null}`, ""); status != 200 {
+		t.Fatalf("conversation null: %d %s", status, resp)
 	}
 }

@@ -151,6 +151,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 		if prev := gjson.Get(js, "previous_response_id"); prev.Type == gjson.String && !s.Stored(prev.Str) {
 			return s.respond(w, r, o, http.StatusNotFound, responseNotFound(prev.Str), sc)
 		}
+		if id := s.missingItem(js); id != "" {
+			return s.respond(w, r, o, http.StatusNotFound, itemNotFound(id), sc)
+		}
 		keep = gjson.Get(js, "store").Type != gjson.False
 		background = !stream && gjson.Get(js, "background").Type == gjson.True
 	}

@@ -138,6 +138,7 @@ type Server struct {
 	handlers  sync.WaitGroup
 	requests  []Recorded
 	responses map[string]*storedResponse // by id; see state.go
+	items     map[string]string          // output item id -> its response's id
 
 	active   atomic.Int64
 	canceled atomic.Int64

@@ -20,7 +20,9 @@ import (
 //	GET    /v1/responses/{id}/input_items  lists its input (limit, order)
 //
 // and a call with a previous_response_id this server does not hold gets
-// vLLM's 404. An id it does not hold is 404 "Response with id '…' not
+// vLLM's 404; one whose input names an item (item_reference) that is not
+// the output item of a response it holds gets OpenAI's 404 "Item with id
+// '…' not found.". An id it does not hold is 404 "Response with id '…' not
 // found." on every route. Nothing is kept under Options.NoRecord.
 
 // storedResponse is one kept response.
@@ -45,7 +47,43 @@ func (s *Server) keep(st *rendered, js string, background bool, sc *scratch) {
 		s.responses = map[string]*storedResponse{}
 	}
 	s.responses[id] = r
+	if s.items == nil {
+		s.items = map[string]string{}
+	}
+	s.items[string(sc.vals.itemID)] = id
 	s.mu.Unlock()
+}
+
+// StoredItem reports whether the server holds the output item with this
+// id (that of a response it still holds).
+func (s *Server) StoredItem(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp, ok := s.items[id]
+	return ok && s.responses[resp] != nil
+}
+
+// missingItem is the id of the first item_reference in js's input that
+// this server does not hold, or "".
+func (s *Server) missingItem(js string) string {
+	missing := ""
+	gjson.Get(js, "input").ForEach(func(_, v gjson.Result) bool {
+		if v.Get("type").Str != "item_reference" {
+			return true
+		}
+		if id := v.Get("id").Str; !s.StoredItem(id) {
+			missing = id
+			return false
+		}
+		return true
+	})
+	return missing
+}
+
+// itemNotFound is OpenAI's 404 for an item_reference it does not hold.
+func itemNotFound(id string) []byte {
+	return []byte(`{"error":{"message":` + jsonString("Item with id '"+id+"' not found.") +
+		`,"type":"invalid_request_error","param":"input","code":null}}`)
 }
 
 func (s *Server) stored(id string) *storedResponse {
