@@ -359,7 +359,35 @@ func (ob *Outbox) recover() error {
 	}
 	segments = kept
 	slices.SortFunc(segments, func(a, b *outboxSegment) int { return cmp.Compare(a.first, b.first) })
+	// Records go from one segment to the next without a gap: one is a
+	// segment deleted or cut, whose events are lost to billing.
+	for i := 1; i < len(segments); i++ {
+		prev, seg := segments[i-1], segments[i]
+		if prev.last != 0 && seg.first > prev.last+1 && seg.first-1 > acked {
+			from := max(prev.last+1, acked+1)
+			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("LOST usage events: records %d to %d (%d) are in no segment (one deleted or cut), not billed",
+				from, seg.first-1, seg.first-from))
+		}
+	}
 
+	// Records before the first one on disk were acknowledged (compaction
+	// deleted them for it) or are lost: either way none is replayed. An
+	// acked file that says less (lost, unreadable, or not replaced while
+	// the disk was full) would start the publisher's look-up of what
+	// JetStream holds at a record the outbox no longer has: it found no
+	// batch there and published the whole outbox again, and past
+	// JetStream's duplicate window every call of it was debited twice.
+	// From the first record held, it looks back from that record's time.
+	var first uint64
+	for _, seg := range segments {
+		if seg.last != 0 && (first == 0 || seg.first < first) {
+			first = seg.first
+		}
+	}
+	if first > acked+1 {
+		acked = first - 1
+		ob.acked, ob.persisted = acked, acked
+	}
 	maxSeq := acked
 	for _, seg := range segments {
 		if seg.last == 0 || seg.last <= acked {
@@ -433,10 +461,21 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 		maxBatch = max(maxBatch, rec.batch)
 		off += n
 	}
-	if tail := data[off:]; len(tail) > 0 && !allZero(tail) {
-		ob.recovery.TruncatedBytes += int64(len(bytes.TrimRight(tail, "\x00")))
-		ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("cut %d bytes of torn or corrupt records off %s after sequence %d",
-			len(bytes.TrimRight(tail, "\x00")), filepath.Base(seg.path), seg.last))
+	if tail := bytes.TrimRight(data[off:], "\x00"); len(tail) > 0 {
+		ob.recovery.TruncatedBytes += int64(len(tail))
+		note := fmt.Sprintf("cut %d bytes of torn or corrupt records off %s after sequence %d", len(tail), filepath.Base(seg.path), seg.last)
+		if intact := intactAfterDamage(tail, seg.version); intact > 0 {
+			// Not a write torn by a crash: a damaged record with whole
+			// ones after it. They are cut with it (the reader could not
+			// find where they start again), but kept aside for a person.
+			aside := fmt.Sprintf("%s.after-%d.corrupt", seg.path, seg.last)
+			if err := os.WriteFile(aside, tail, 0o600); err != nil {
+				aside = "not kept: " + err.Error()
+			}
+			note = fmt.Sprintf("LOST usage events: %s; at least %d intact records followed the damage, not billed (the bytes are in %s)",
+				note, intact, filepath.Base(aside))
+		}
+		ob.recovery.Notes = append(ob.recovery.Notes, note)
 	}
 	if off < len(data) {
 		// Also the zeros a preallocated segment ends in.
@@ -451,13 +490,26 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 	return maxBatch, nil
 }
 
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
+// intactAfterDamage counts the whole records that follow the first one of
+// b, when that one is damaged but its length can be trusted: a bit flipped
+// in a record's body, not a write torn short.
+func intactAfterDamage(b []byte, version int) int {
+	if len(b) < outboxRecordHeader {
+		return 0
 	}
-	return true
+	n := int(binary.LittleEndian.Uint32(b))
+	if n > maxOutboxRecordBody || outboxRecordHeader+n >= len(b) {
+		return 0
+	}
+	intact := 0
+	for rest := b[outboxRecordHeader+n:]; len(rest) > 0; intact++ {
+		_, k, err := decodeOutboxRecord(rest, version)
+		if err != nil {
+			break
+		}
+		rest = rest[k:]
+	}
+	return intact
 }
 
 // Recovery says what opening found: unacknowledged events and cut tails.
@@ -937,18 +989,23 @@ func (ob *Outbox) compactOnce() {
 	if acked == persisted {
 		return
 	}
-	// The acked file goes first: a segment deleted before it would be
-	// missing from a replay, which is harmless, but the other order keeps
-	// what is on disk consistent with what it says.
-	if err := writeAcked(ob.dir, acked); err != nil {
+	// The acked file goes first, so that what is on disk says what it
+	// holds. When it cannot be written (a full disk: it is replaced
+	// through a new file), the acknowledged segments are deleted all the
+	// same: they are what frees the disk, and kept, the outbox refused
+	// every event while NATS took all it was sent. A segment deleted
+	// before the acked file is harmless: recover starts at the first
+	// record on disk.
+	err := writeAcked(ob.dir, acked)
+	if err != nil {
 		ob.writeFailures.Add(1)
-		ob.mu.Lock()
-		ob.lastWriteErr = fmt.Errorf("writing the acked file: %w", err)
-		ob.mu.Unlock()
-		return
 	}
 	ob.mu.Lock()
-	ob.persisted = acked
+	if err != nil {
+		ob.lastWriteErr = fmt.Errorf("writing the acked file: %w", err)
+	} else {
+		ob.persisted = acked
+	}
 	var done []*outboxSegment
 	keep := ob.segments[:0]
 	for i, seg := range ob.segments {

@@ -468,3 +468,138 @@ func TestResumeLooksBackToTheFirstUnacknowledgedEvent(t *testing.T) {
 		t.Errorf("first event unknown: look from %v, want the window, %v", got, want)
 	}
 }
+
+// An outbox whose acked file is lost counts as acknowledged what came
+// before its first record on disk (compaction deleted it for being
+// acknowledged): from record 1, the publisher's look-up of what JetStream
+// holds found no batch there and published every record again.
+func TestOutboxWithoutItsAckedFileStartsAtItsFirstRecord(t *testing.T) {
+	dir := t.TempDir()
+	ob, err := OpenOutbox(dir, 1<<20) // 128 KiB segments
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEvents(t, ob, 0, 2000)
+	waitDurable(t, ob, 2000)
+	ob.ack(1500)
+	var first uint64
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		ob.mu.Lock()
+		first = ob.segments[0].first
+		ob.mu.Unlock()
+		if first <= 1 {
+			return fmt.Errorf("the first segment held starts at %d", first)
+		}
+		return nil
+	})
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, outboxAckedFile)); err != nil {
+		t.Fatal(err)
+	}
+	ob = openTestOutbox(t, dir, 1<<20)
+	if got := ob.ackedSeq(); got != first-1 {
+		t.Fatalf("acknowledged through %d without the acked file, want %d (the record before the first held)", got, first-1)
+	}
+	if _, known := ob.eventTime(first); !known {
+		t.Fatal("the first record held has no time to look back from")
+	}
+}
+
+// Acknowledged segments are deleted even when the acked file cannot be
+// written (a full disk, where replacing it needs a new file): kept, they
+// filled the disk and the outbox refused every event although JetStream
+// had them all.
+func TestOutboxDeletesAcknowledgedSegmentsWhenItsAckedFileCannotBeWritten(t *testing.T) {
+	dir := t.TempDir()
+	ob := openTestOutbox(t, dir, 1<<20) // 128 KiB segments
+	// A directory where the acked file's replacement is written: every
+	// write of the acked file fails from here on.
+	if err := os.MkdirAll(filepath.Join(dir, outboxAckedFile+".tmp", "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	appendEvents(t, ob, 0, 2000)
+	waitDurable(t, ob, 2000)
+	ob.ack(2000)
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		ob.mu.Lock()
+		n := len(ob.segments)
+		ob.mu.Unlock()
+		if n > 1 {
+			return fmt.Errorf("%d segments kept, all acknowledged but the current one", n)
+		}
+		return nil
+	})
+	if st := ob.Stats(); st.WriteFailures == 0 {
+		t.Fatalf("stats %+v: the acked file's failure went uncounted", st)
+	}
+}
+
+// A record damaged in the middle of a segment (a bit flipped on disk, not
+// a write torn by a crash) is cut with the whole records after it, which
+// the reader cannot find again: they are counted as lost, logged, and
+// kept aside for a person. So is a segment missing between two others.
+func TestOutboxSaysWhatDamageLost(t *testing.T) {
+	dir := t.TempDir()
+	ob, err := OpenOutbox(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEvents(t, ob, 0, 50)
+	waitDurable(t, ob, 50)
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	data, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := outboxHeaderSize
+	for range 24 { // to the 25th record
+		_, n, err := decodeOutboxRecord(data[off:], 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		off += n
+	}
+	data[off+outboxRecordHeader+20] ^= 0x20
+	if err := os.WriteFile(segs[0], data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ob = openTestOutbox(t, dir, 0)
+	notes := strings.Join(ob.Recovery().Notes, "\n")
+	if !strings.Contains(notes, "LOST usage events") || !strings.Contains(notes, "at least 25 intact records") {
+		t.Fatalf("notes %q, want the 25 whole records after the damaged one counted as lost", notes)
+	}
+	if aside, _ := filepath.Glob(filepath.Join(dir, "*.corrupt")); len(aside) != 1 {
+		t.Fatalf("kept aside: %v", aside)
+	}
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A segment missing between two others.
+	dir = t.TempDir()
+	ob, err = OpenOutbox(dir, 1<<20) // 128 KiB segments
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendEvents(t, ob, 0, 2000)
+	waitDurable(t, ob, 2000)
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, _ = filepath.Glob(filepath.Join(dir, "*.seg"))
+	if len(segs) < 3 {
+		t.Fatalf("segments %v, want 3 or more", segs)
+	}
+	if err := os.Remove(segs[1]); err != nil {
+		t.Fatal(err)
+	}
+	ob = openTestOutbox(t, dir, 1<<20)
+	if notes := strings.Join(ob.Recovery().Notes, "\n"); !strings.Contains(notes, "LOST usage events: records ") || !strings.Contains(notes, "are in no segment") {
+		t.Fatalf("notes %q, want the missing segment's records counted as lost", notes)
+	}
+}
