@@ -276,7 +276,7 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 	n := srv.CutStreams()
 	logf("shutdown: waited %s; ending the %d streams still open (billed on estimated usage)", wait, n)
 	if waiting := srv.CallsWithUpstreams() - int64(n); waiting > 0 {
-		logf("shutdown: %d calls still wait for an upstream's answer (non-streamed, or a stream before its first event): their clients get no answer, and they are not billed", waiting)
+		logf("shutdown: %d calls still wait for an upstream's answer (non-streamed, or a stream before its first event): those answered in the next %s are served and billed; the others get no answer at exit, and are not billed", waiting, 2*cutStreamsWait)
 	}
 	select {
 	case <-done:
