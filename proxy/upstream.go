@@ -195,10 +195,10 @@ var errClientGone = errors.New("the client closed its connection before the upst
 
 // readWatchingClient reads under a deadline of until, looking at the
 // client's connection every clientCheckEvery meanwhile.
-func (c *timeoutConn) readWatchingClient(p []byte, until time.Time) (int, error) {
+func (c *timeoutConn) readWatchingClient(p []byte, now, until time.Time) (int, error) {
 	c.readWait = 0 // the next read arms its deadline anew
 	for {
-		next := time.Now().Add(clientCheckEvery)
+		next := now.Add(clientCheckEvery)
 		if until.Before(next) {
 			next = until
 		}
@@ -214,6 +214,7 @@ func (c *timeoutConn) readWatchingClient(p []byte, until time.Time) (int, error)
 			c.clientGone = true
 			return 0, errClientGone
 		}
+		now = time.Now()
 	}
 }
 
@@ -248,8 +249,8 @@ func (c *timeoutConn) Read(p []byte) (int, error) {
 		if until.IsZero() {
 			until = c.wroteAt.Add(c.firstByte)
 		}
-		if time.Until(until) > clientCheckEvery {
-			n, err := c.readWatchingClient(p, until)
+		if now := time.Now(); until.Sub(now) > clientCheckEvery {
+			n, err := c.readWatchingClient(p, now, until)
 			if n > 0 && c.firstEventBy.IsZero() {
 				c.awaitingFirst = false // as below; awaitEventBy's done ends a stream's wait
 			}

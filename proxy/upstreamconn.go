@@ -205,10 +205,6 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 		}
 		resp := upstreamResponsePool.Get().(*upstreamResponse)
 		resp.pool, resp.uc = p, uc
-		var sent time.Time
-		if uc.reused {
-			sent = time.Now()
-		}
 		err = resp.exchange(req)
 		if err == nil {
 			return resp, nil
@@ -223,8 +219,7 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 		// took the request, worked on it and then closed (a crash, a
 		// restart) was sent it again on a new connection, and generated it
 		// twice.
-		stale := uc.reused && (uc.tc == nil || uc.tc.awaitingFirst) && !isTimeout(err) &&
-			time.Since(sent) < uc.staleWindow()
+		stale := uc.reused && (uc.tc == nil || uc.tc.awaitingFirst && time.Since(uc.tc.wroteAt) < uc.staleWindow()) && !isTimeout(err)
 		p.discard(uc)
 		resp.recycle()
 		if !stale || attempt >= 2 {
