@@ -256,3 +256,24 @@ func TestLLMUsageNotReportedIsEstimated(t *testing.T) {
 		}
 	}
 }
+
+// An llm engine's tokens cost at least what the model's own prices say:
+// at a plugin price below them, a key allowed the model classified
+// through it for a fraction of what a chat call pays for the same tokens.
+func TestLLMEngineBillsAtLeastTheModelsPrices(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: `
+  engine: llm
+  llm_model: small
+  pricing: {classify: "0.00000001"}`})
+	m := h.keyed("/v1/classify", `{"text": "The export button crashes", "labels": ["billing", "bug"]}`).ok(t)
+	if m["engine"] != "llm" {
+		t.Fatalf("%v", m)
+	}
+	ev := h.events(1)[0]
+	var model money.Atto // small: 0.0000001 a prompt token, 0.0000003 a completion token
+	model.Add(ev.PromptTokens, money.Price(100_000_000_000))
+	model.Add(ev.CompletionTokens, money.Price(300_000_000_000))
+	if ev.CostNanos != model.Nanos() {
+		t.Fatalf("cost %s for %d+%d tokens, want the model's %s", ev.CostNanos, ev.PromptTokens, ev.CompletionTokens, model.Nanos())
+	}
+}
