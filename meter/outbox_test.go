@@ -132,18 +132,26 @@ func TestOutboxReplaysUnackedEventsAfterReopen(t *testing.T) {
 	}
 }
 
-func TestOutboxCutsATornTailOnOpen(t *testing.T) {
-	dir := t.TempDir()
-	ob, err := OpenOutbox(dir, 0)
+// writtenSegments writes events 0..n-1 into a new outbox in dir, bounded
+// at maxBytes, closes it, and returns its segment files in order.
+func writtenSegments(t *testing.T, dir string, maxBytes int64, n int) []string {
+	t.Helper()
+	ob, err := OpenOutbox(dir, maxBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	appendEvents(t, ob, 0, 50)
-	waitDurable(t, ob, 50)
+	appendEvents(t, ob, 0, n)
+	waitDurable(t, ob, uint64(n))
 	if err := ob.Close(); err != nil {
 		t.Fatal(err)
 	}
 	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	return segs
+}
+
+func TestOutboxCutsATornTailOnOpen(t *testing.T) {
+	dir := t.TempDir()
+	segs := writtenSegments(t, dir, 0, 50)
 	if len(segs) != 1 {
 		t.Fatalf("segments %v, want 1", segs)
 	}
@@ -167,7 +175,7 @@ func TestOutboxCutsATornTailOnOpen(t *testing.T) {
 	}
 	f.Close()
 
-	ob = openTestOutbox(t, dir, 0)
+	ob := openTestOutbox(t, dir, 0)
 	if rec := ob.Recovery(); rec.Unacked != 50 || rec.TruncatedBytes != int64(len(torn)/2) {
 		t.Fatalf("recovery %+v, want 50 unacked and %d bytes cut", rec, len(torn)/2)
 	}
@@ -542,16 +550,7 @@ func TestOutboxDeletesAcknowledgedSegmentsWhenItsAckedFileCannotBeWritten(t *tes
 // kept aside for a person. So is a segment missing between two others.
 func TestOutboxSaysWhatDamageLost(t *testing.T) {
 	dir := t.TempDir()
-	ob, err := OpenOutbox(dir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendEvents(t, ob, 0, 50)
-	waitDurable(t, ob, 50)
-	if err := ob.Close(); err != nil {
-		t.Fatal(err)
-	}
-	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	segs := writtenSegments(t, dir, 0, 50)
 	data, err := os.ReadFile(segs[0])
 	if err != nil {
 		t.Fatal(err)
@@ -568,7 +567,7 @@ func TestOutboxSaysWhatDamageLost(t *testing.T) {
 	if err := os.WriteFile(segs[0], data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ob = openTestOutbox(t, dir, 0)
+	ob := openTestOutbox(t, dir, 0)
 	notes := strings.Join(ob.Recovery().Notes, "\n")
 	if !strings.Contains(notes, "LOST usage events") || !strings.Contains(notes, "at least 25 intact records") {
 		t.Fatalf("notes %q, want the 25 whole records after the damaged one counted as lost", notes)
@@ -582,16 +581,7 @@ func TestOutboxSaysWhatDamageLost(t *testing.T) {
 
 	// A segment missing between two others.
 	dir = t.TempDir()
-	ob, err = OpenOutbox(dir, 1<<20) // 128 KiB segments
-	if err != nil {
-		t.Fatal(err)
-	}
-	appendEvents(t, ob, 0, 2000)
-	waitDurable(t, ob, 2000)
-	if err := ob.Close(); err != nil {
-		t.Fatal(err)
-	}
-	segs, _ = filepath.Glob(filepath.Join(dir, "*.seg"))
+	segs = writtenSegments(t, dir, 1<<20, 2000) // 128 KiB segments
 	if len(segs) < 3 {
 		t.Fatalf("segments %v, want 3 or more", segs)
 	}

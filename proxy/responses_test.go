@@ -283,8 +283,11 @@ func TestPreviousResponseIDLandsOnItsUpstream(t *testing.T) {
 	}
 }
 
-func TestResponsesStateIsTheOwningAccountsOnly(t *testing.T) {
-	h := newPoolHarness(t, 2, "  balance: round_robin")
+// ownerAndStranger creates, beside the harness key of account acme, a
+// second key of acme, which owns what acme stored too, and a key of
+// another account.
+func ownerAndStranger(t *testing.T, h *poolHarness) (sameAccount, otherKey string) {
+	t.Helper()
 	ctx := context.Background()
 	if _, err := h.svc.CreateAccount(ctx, "other", money.NanosPerUSD); err != nil {
 		t.Fatal(err)
@@ -293,11 +296,17 @@ func TestResponsesStateIsTheOwningAccountsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A second key of the owning account is the owner too.
-	_, sameAccount, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "second"})
+	_, sameAccount, err = h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "second"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return sameAccount, otherKey
+}
+
+func TestResponsesStateIsTheOwningAccountsOnly(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	ctx := context.Background()
+	sameAccount, otherKey := ownerAndStranger(t, h)
 	_, classifyOnly, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "c", Scopes: []string{accounts.ScopeClassify}})
 	if err != nil {
 		t.Fatal(err)
@@ -693,17 +702,7 @@ func TestItemReferenceLandsOnItsUpstream(t *testing.T) {
 func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
 	h := newPoolHarness(t, 2, "  balance: round_robin")
 	ctx := context.Background()
-	if _, err := h.svc.CreateAccount(ctx, "other", money.NanosPerUSD); err != nil {
-		t.Fatal(err)
-	}
-	_, otherKey, err := h.svc.CreateKey(ctx, "other", accounts.KeyRequest{Name: "other"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, sameAccount, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "second"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sameAccount, otherKey := ownerAndStranger(t, h)
 	if err := h.svc.WaitSynced(ctx); err != nil {
 		t.Fatal(err)
 	}
