@@ -723,6 +723,9 @@ func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
 		// The type is optional in OpenAI's item reference.
 		{"another account's item without a type", `{"model":"small","input":[{"id":"` + item + `"}]}`, otherKey, item},
 		{"another account's item streamed", withItem(item, `,"stream":true`), otherKey, item},
+		// OpenAI resolves a reasoning item sent without its
+		// encrypted_content from its store, by id.
+		{"another account's reasoning item by id", `{"model":"small","input":[{"type":"reasoning","id":"` + item + `","summary":[]}]}`, otherKey, item},
 	} {
 		status, body := h.send("", "POST", "/v1/responses", c.body, c.key)
 		if status != 400 || jsonField(t, body, "error", "param") != "input" ||
@@ -736,8 +739,7 @@ func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
 		{"a reference behind a message type", `{"model":"small","input":[{"type":"message","type":"item_reference","id":"` + item + `"}]}`, "input"},
 		{"a duplicated input", `{"model":"small","input":"hi","input":[{"type":"item_reference","id":"` + item + `"}]}`, "input"},
 		{"a numeric id", `{"model":"small","input":[{"type":"item_reference","id":5}]}`, "input[0].id"},
-		{"too many references", `{"model":"small","input":[` + strings.Repeat(`{"type":"item_reference","id":"`+item+`"},`, 256) +
-			`{"type":"item_reference","id":"` + item + `"}]}`, "input"},
+		{"too many references", `{"model":"small","input":[` + manyReferences(257) + `]}`, "input"},
 	} {
 		status, body := h.send("", "POST", "/v1/responses", c.body, "")
 		if status != 400 || jsonField(t, body, "error", "param") != c.param {
@@ -746,6 +748,19 @@ func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
 	}
 	if !slices.Equal(h.calls("/v1/responses"), calls) {
 		t.Fatalf("a refused call reached an upstream: %v, before %v", h.calls("/v1/responses"), calls)
+	}
+	// Items that carry their own content name nothing: a message with an
+	// id the gateway never saw (the Vercel AI SDK's earlier turns with
+	// store false), a reasoning item with its encrypted_content, and the
+	// same reference many times over.
+	for _, body := range []string{
+		`{"model":"small","store":false,"input":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"output_text","text":"hello"}],"id":"msg_client_1"},{"role":"user","content":"next"}]}`,
+		`{"model":"small","input":[{"type":"reasoning","id":"rs_client_1","summary":[],"encrypted_content":"gAAAA"}]}`,
+		`{"model":"small","input":[` + strings.Repeat(`{"type":"item_reference","id":"`+item+`"},`, 300) + `{"role":"user","content":"next"}]}`,
+	} {
+		if status, body := h.send("", "POST", "/v1/responses", body, ""); status != 200 {
+			t.Fatalf("%d %s", status, body)
+		}
 	}
 	// An item's id is no response's id.
 	if status, body := h.send("", "GET", "/v1/responses/"+item, "", ""); status != 404 || string(body) != notFoundBody(item) {
@@ -783,4 +798,13 @@ func TestResponsesConversationIsRefused(t *testing.T) {
 	if status, resp := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","conversation":null}`, ""); status != 200 {
 		t.Fatalf("conversation null: %d %s", status, resp)
 	}
+}
+
+// manyReferences is n item references to n different ids, comma-separated.
+func manyReferences(n int) string {
+	refs := make([]string, n)
+	for i := range refs {
+		refs[i] = fmt.Sprintf(`{"type":"item_reference","id":"msg_%024d"}`, i)
+	}
+	return strings.Join(refs, ",")
 }

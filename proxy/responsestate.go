@@ -90,8 +90,13 @@ const maxItemReferences = 256
 const itemLookupBudget = 2 * kvLookupTimeout
 
 // itemReferences lists the ids of the stored items input names (each
-// once): {"type":"item_reference","id":…}, and an item with an id and no
-// type, which OpenAI reads as a reference too (its type is optional).
+// once), which the upstream looks up by id: {"type":"item_reference",
+// "id":…}; an item of an id alone, whose type OpenAI makes optional
+// ({"id":…}, "type" null); and a reasoning item by id without its
+// encrypted_content, which OpenAI resolves from its store (LangChain and
+// the OpenAI SDK's "append response.output" send those). An item with
+// content of its own (a message with "role" and "content" and an id, as
+// the Vercel AI SDK sends earlier turns with store false) names nothing.
 // A duplicated "type" or "id" in an item is refused: the upstream keeps
 // the last, gjson finds the first, and a reference could hide behind a
 // message.
@@ -101,13 +106,14 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 	}
 	var ids []string
 	var apiErr *APIError
-	i, refs := -1, 0
+	i := -1
 	input.ForEach(func(_, item gjson.Result) bool {
 		i++
 		if !item.IsObject() {
 			return true
 		}
 		var typ, id gjson.Result
+		more, encrypted := false, false
 		item.ForEach(func(k, v gjson.Result) bool {
 			var slot *gjson.Result
 			switch k.Str {
@@ -116,6 +122,10 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 			case "id":
 				slot = &id
 			default:
+				more = true
+				if k.Str == "encrypted_content" && v.Type == gjson.String && v.Str != "" {
+					encrypted = true
+				}
 				return true
 			}
 			if slot.Exists() {
@@ -128,21 +138,25 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 		if apiErr != nil {
 			return false
 		}
-		if !(typ.Type == gjson.Null && id.Exists() || typ.Type == gjson.String && typ.Str == "item_reference") {
+		named := typ.Type == gjson.String && typ.Str == "item_reference" ||
+			typ.Type == gjson.Null && id.Exists() && !more ||
+			typ.Type == gjson.String && typ.Str == "reasoning" && id.Exists() && !encrypted
+		if !named {
 			return true
 		}
 		if id.Type != gjson.String {
 			apiErr = wrongType("input["+strconv.Itoa(i)+"].id", "a string", id)
 			return false
 		}
-		if refs++; refs > maxItemReferences {
+		if slices.Contains(ids, id.Str) {
+			return true
+		}
+		if len(ids) == maxItemReferences {
 			apiErr = BadRequest("input", "input names more than "+strconv.Itoa(maxItemReferences)+
-				" stored items by id (item_reference); the gateway looks up at most that many a call: send the earlier turns' content, or continue with previous_response_id")
+				" different stored items by id (item_reference, or reasoning items without encrypted_content); the gateway looks up at most that many a call: send the earlier turns' content, or continue with previous_response_id")
 			return false
 		}
-		if !slices.Contains(ids, id.Str) {
-			ids = append(ids, strings.Clone(id.Str))
-		}
+		ids = append(ids, strings.Clone(id.Str))
 		return true
 	})
 	return ids, apiErr
