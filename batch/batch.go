@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -92,6 +93,9 @@ type Runtime interface {
 	// Debited is the sum of every debit of account so far, as this
 	// process last saw it; false when it has not seen the account.
 	Debited(account string) (money.Nanos, bool)
+	// NoteCharge counts a job's bill against the balance this process
+	// admits calls and jobs on, until the account's debits show it.
+	NoteCharge(account string, cost money.Nanos)
 }
 
 // Engine classifies the lines of one job. It is called from many
@@ -160,6 +164,10 @@ type Service struct {
 	name     string
 	ackWait  time.Duration
 	t        tuning
+	// noted holds the jobs whose bill this process counted against the
+	// account's balance (Runtime.NoteCharge), so a bill repeated here is
+	// counted once.
+	noted sync.Map // job id → true
 }
 
 // Open declares the buckets and the work stream (idempotent, so every

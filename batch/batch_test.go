@@ -50,6 +50,27 @@ func wantBilled(t *testing.T, e *env, j *batch.Job, tokens int64) {
 	}
 }
 
+// A job's bill counts against the balance this process admits calls and
+// jobs on as soon as it is billed, not when its debit comes back: while
+// billing was down (the harness has no consumer), chat calls spent again
+// what a finished job had.
+func TestJobBillCountsInTheBalanceAtOnce(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	e.g.CreateAccount("payer", 10*money.NanosPerUSD)
+	before, _ := e.g.Accounts.Balance("payer")
+	id := e.create(svc, "payer", inputLines(200, 0), "")
+	j := e.startAndWait(svc, "payer", id)
+	if j.Status != batch.StatusCompleted {
+		t.Fatalf("job %s: %q", j.Status, j.Error)
+	}
+	ev := e.jobEvents(id)[0]
+	if after, _ := e.g.Accounts.Balance("payer"); after != before-ev.CostNanos || ev.CostNanos == 0 {
+		t.Fatalf("balance %s after a job billed %s, was %s", after, ev.CostNanos, before)
+	}
+}
+
 func TestJobRunsToCompletion(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	svc := e.service(0, batch.Tuning{})

@@ -102,6 +102,10 @@ type Job struct {
 	// is in the balance (recentlyBilled). Unknown (nil) on jobs of older
 	// releases, or when this process had not seen the account.
 	DebitedBeforeBill *int64 `json:"debited_before_bill_nanos,omitempty"`
+	// BilledBy names the process (Options.Name) that billed the job: the
+	// bill counts in that process's balances until debited, and only in
+	// the others' through recentlyBilled.
+	BilledBy string `json:"billed_by,omitempty"`
 	// Resumable: the run stopped because its model's upstream stayed
 	// unavailable, with its checkpoint intact. Starting the job again goes
 	// on from the checkpoint instead of the first line, so the lines the

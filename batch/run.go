@@ -569,7 +569,16 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// leaves the job processing, and its successor bills again with the
 	// same event id and time, which ClickHouse keeps once and the debit
 	// recognizes. The other order could lose the bill.
-	s.recorder.Record(s.billingEvent(j, *j.BilledAt))
+	ev := s.billingEvent(j, *j.BilledAt)
+	s.recorder.Record(ev)
+	if _, again := s.noted.LoadOrStore(j.ID, true); !again {
+		// Chat calls and other jobs are admitted on the balance less what
+		// this process billed and the debits do not show yet; a job's bill
+		// was missing from it, so while billing was down an account spent
+		// again what a finished job had. Once per job in this process: a
+		// bill repeated here is debited once.
+		s.runtime.NoteCharge(j.Account, ev.CostNanos)
+	}
 	now := time.Now().UTC()
 	if s.at("billed") {
 		return errDied
@@ -578,7 +587,7 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 		actual := j.Progress.TotalTokens
 		j.Status, j.CompletedAt, j.ActualTokens, j.OutputKey = StatusCompleted, &now, &actual, outKey
 		j.Billed, j.Error, j.HeartbeatAt, j.Resumable = true, "", nil, false
-		j.DebitedBeforeBill = debitedBefore
+		j.DebitedBeforeBill, j.BilledBy = debitedBefore, s.name
 	})
 	if err != nil {
 		return err
@@ -671,6 +680,9 @@ func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
 		if other.ID == j.ID || other.Status != StatusCompleted || other.ActualTokens == nil || other.CompletedAt == nil ||
 			time.Since(*other.CompletedAt) > recentBillWindow {
 			continue
+		}
+		if other.BilledBy == s.name {
+			continue // in this process's balance until debited (NoteCharge)
 		}
 		cost, _ := jobCost(other.Price, *other.ActualTokens)
 		// The debits have grown by the job's cost since it billed itself:

@@ -253,6 +253,8 @@ func (r batchRuntime) CanPay(account string, cost money.Nanos) (money.Nanos, boo
 
 func (r batchRuntime) Debited(account string) (money.Nanos, bool) { return r.host.Debited(account) }
 
+func (r batchRuntime) NoteCharge(account string, cost money.Nanos) { r.host.NoteCharge(account, cost) }
+
 // Engine picks a job's engine as classify picks a request's, for the key
 // that created the job, with the model calls made by the World in force.
 // With plugins.engine auto the choice is made per line, so a long job

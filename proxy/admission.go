@@ -55,6 +55,15 @@ func (s *Server) CanPay(account string, cost money.Nanos) (money.Nanos, bool) {
 	return bal, !ok || bal-cost >= -s.world.Load().grace
 }
 
+// NoteCharge counts cost, billed to account by this process's own meter
+// (a batch job's bill), against the balance calls are admitted on until
+// the account's debits show it, as Record does for the events it takes.
+func (s *Server) NoteCharge(account string, cost money.Nanos) {
+	if s.accounts != nil {
+		s.accounts.NoteCharge(account, cost)
+	}
+}
+
 // Debited is the sum of account's debits as this gateway last saw it;
 // false without accounts, or for one it has not seen.
 func (s *Server) Debited(account string) (money.Nanos, bool) {

@@ -90,8 +90,8 @@ func (s *Server) Record(ev *meter.Event) {
 // noteCharge has the balance this gateway admits calls on count ev's cost
 // at once, not when its debit comes back a second or more later.
 func (s *Server) noteCharge(ev *meter.Event) {
-	if s.accounts != nil && ev.Account != "" {
-		s.accounts.NoteCharge(ev.Account, ev.CostNanos)
+	if ev.Account != "" {
+		s.NoteCharge(ev.Account, ev.CostNanos)
 	}
 }
 

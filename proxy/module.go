@@ -57,6 +57,10 @@ type Host interface {
 	CanPay(account string, cost money.Nanos) (balance money.Nanos, ok bool)
 	// Debited is the sum of account's debits as this gateway last saw it.
 	Debited(account string) (money.Nanos, bool)
+	// NoteCharge counts a cost billed through another meter than Record's
+	// (a batch job's) against the balance CanPay and admission read,
+	// until the account's debits show it.
+	NoteCharge(account string, cost money.Nanos)
 	Logf(format string, args ...any)
 }
 
