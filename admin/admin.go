@@ -65,9 +65,10 @@ const adminTimeout = 10 * time.Second
 // admin routes of its modules.
 func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Route) {
 	h := ctx.Request.Header.Peek("Authorization")
-	// The scheme is case-insensitive (RFC 9110), as /v1 reads it.
-	ok := len(h) > 7 && strings.EqualFold(string(h[:7]), "bearer ")
-	if !ok || subtle.ConstantTimeCompare(bytes.TrimSpace(h[7:]), a.token) != 1 {
+	// The scheme is case-insensitive (RFC 9110), as /v1 reads it. Only
+	// ASCII spaces are trimmed, and an empty token matches nothing.
+	ok := len(h) > 7 && strings.EqualFold(string(h[:7]), "bearer ") && len(a.token) > 0
+	if !ok || subtle.ConstantTimeCompare(bytes.Trim(h[7:], " \t"), a.token) != 1 {
 		proxy.WriteError(ctx, &proxy.APIError{Status: 401, Type: "authentication_error", Code: "invalid_admin_token",
 			Message: "admin API needs Authorization: Bearer <admin token> (TOLLGATE_ADMIN_TOKEN or <data_dir>/admin.token)"})
 		return

@@ -827,6 +827,12 @@ func TestKeyTokenLimitHoldsForConcurrentGenerations(t *testing.T) {
 	if got := proxy.PromptEstimate([]byte(image), 1_000_000); got > 40 {
 		t.Errorf("an image of 40,000 base64 bytes estimated at %d tokens", got)
 	}
+	// The marker in a message's text is no data URL: the text after it
+	// counts (it let 60 calls of 45,000 tokens through on tpm 100,000).
+	text := `{"model":"small","messages":[{"role":"user","content":"Explain the string ;base64, in this log: ` + strings.Repeat("word ", 8000) + `"}]}`
+	if got := proxy.PromptEstimate([]byte(text), 1_000_000); got < int64(len(text)/4-10) {
+		t.Errorf("a text naming ;base64, estimated at %d tokens, want about %d", got, len(text)/4)
+	}
 }
 
 // An upstream that promises a body and closes the connection halfway is a

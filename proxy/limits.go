@@ -482,25 +482,44 @@ func (a *admission) charge(tokens int64) {
 
 // promptEstimate is what a generation request counts against its key's
 // tokens per minute until its usage is known: a quarter of its bytes,
-// about what the o200k tokenizer makes of English and JSON, without base64
-// payloads (an image's data URL is not a token per 4 bytes of it), and at
-// most the limit, so an estimate alone never refuses a call as too large.
-// Counting nothing until the usage came let a key's calls in flight pass
-// its limit together: 100 concurrent streams took 10M tokens on tpm 1,000.
+// about what the o200k tokenizer makes of English and JSON, without the
+// base64 payloads of data URLs (an image's is not a token per 4 bytes of
+// it), and at most the limit, so an estimate alone never refuses a call as
+// too large. Counting nothing until the usage came let a key's calls in
+// flight pass its limit together: 100 concurrent streams took 10M tokens
+// on tpm 1,000.
 func promptEstimate(body []byte, limit int64) int64 {
 	n := len(body)
 	for rest := body; ; {
-		i := bytes.Index(rest, []byte(";base64,"))
+		i := bytes.Index(rest, base64Marker)
 		if i < 0 {
 			break
 		}
-		rest = rest[i+len(";base64,"):]
-		end := bytes.IndexByte(rest, '"')
-		if end < 0 {
-			end = len(rest)
+		// Only a JSON string that is a data URL: a ";base64," in a
+		// message's text left the rest of the text uncounted.
+		if q := bytes.LastIndexByte(rest[:i], '"'); q >= 0 && bytes.HasPrefix(rest[q+1:i], []byte("data:")) &&
+			bytes.IndexAny(rest[q+1:i], " \\") < 0 {
+			payload := base64Run(rest[i+len(base64Marker):])
+			n -= payload
+			rest = rest[i+len(base64Marker)+payload:]
+			continue
 		}
-		n -= end
-		rest = rest[end:]
+		rest = rest[i+len(base64Marker):]
 	}
 	return min(int64(n/4), limit)
+}
+
+var base64Marker = []byte(";base64,")
+
+// base64Run is how many bytes b starts with that base64 (as JSON writes
+// it: a '/' may come as "\/") is made of.
+func base64Run(b []byte) int {
+	for i, c := range b {
+		switch {
+		case 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '+', c == '/', c == '=', c == '\\':
+		default:
+			return i
+		}
+	}
+	return len(b)
 }

@@ -312,7 +312,13 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 	}
 	p := filepath.Join(cfg.Server.DataDir, "admin.token")
 	if b, err := os.ReadFile(p); err == nil {
-		return strings.TrimSpace(string(b)), nil
+		tok := strings.TrimSpace(string(b))
+		// An empty token matched a client's empty (or Unicode-space)
+		// Bearer token: the admin API was open to anyone.
+		if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			return "", fmt.Errorf("admin token file %s is empty or holds a control character: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p)
+		}
+		return tok, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("reading admin token: %w", err)
 	}

@@ -145,3 +145,20 @@ func TestAdminCommandAgainstAnOlderGatewaySaysSo(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// An empty admin.token (or one of spaces) made an empty admin token, which
+// a client's empty or Unicode-space Bearer token matched: the admin API
+// was open. It is refused at start.
+func TestEmptyAdminTokenFileIsRefused(t *testing.T) {
+	for _, content := range []string{"", "\n  \n", "tok\x00en"} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg := &config.Config{}
+		cfg.Server.DataDir = dir
+		if tok, err := loadAdminToken(cfg, false); err == nil {
+			t.Errorf("admin.token %q gave the token %q", content, tok)
+		}
+	}
+}
