@@ -63,6 +63,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		h := &up.health
 		h.inflight.Add(1)
+		if h.awaiting.Add(1) == 1 {
+			h.awaitingSince.Store(time.Now().UnixNano())
+		}
 		firstByte := up.cfg.FirstByteTimeout
 		wholeAnswer := !c.stream && !c.engineCall
 		if wholeAnswer {
@@ -90,11 +93,13 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				resp.Close()
 			}
 		}
+		h.awaiting.Add(-1)
 		if errors.Is(err, errClientGone) {
 			// Nobody waits for the answer: not the upstream's failure, and
 			// not worth another upstream's work.
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
+			h.held(time.Since(sent))
 			c.clientGone = true
 			return nil, nil, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
 		}
@@ -266,7 +271,7 @@ func (up *upstream) probe(interval time.Duration) {
 	}()
 	for {
 		time.Sleep(interval)
-		if up.retired.Load() || up.health.state.Load() == stateClosed || up.health.resting.Load() {
+		if up.retired.Load() || up.health.state.Load() == stateClosed || up.health.resting.Load() || up.health.trialFailed.Load() {
 			return
 		}
 		req := fasthttp.AcquireRequest()

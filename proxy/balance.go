@@ -31,12 +31,16 @@ const (
 // upstreamHealth is an upstream's load and circuit breaker. It lives in the
 // upstream, so a reload that keeps the upstream keeps its state.
 type upstreamHealth struct {
-	inflight  atomic.Int64
-	latency   atomic.Int64 // moving average of the time to the answer's first byte, ns
-	sampled   atomic.Int64 // unix ns of latency's last sample
-	state     atomic.Int32
-	openUntil atomic.Int64 // unix ns: open until then, then half-open
-	trial     atomic.Bool  // a half-open trial call is out
+	inflight atomic.Int64
+	latency  atomic.Int64 // moving average of the time to the answer's first byte, ns
+	sampled  atomic.Int64 // unix ns of latency's last sample
+	// awaiting counts the calls sent that have no first byte yet, and
+	// awaitingSince is when that count last went from none to one.
+	awaiting      atomic.Int64
+	awaitingSince atomic.Int64
+	state         atomic.Int32
+	openUntil     atomic.Int64 // unix ns: open until then, then half-open
+	trial         atomic.Bool  // a half-open trial call is out
 
 	failures atomic.Int32 // consecutive; written under mu, read without it
 	// broken counts answers cut or stalled after their first byte, in a
@@ -49,6 +53,10 @@ type upstreamHealth struct {
 	// an upstream is out): no address, host name or DNS server.
 	clientError string
 	probing     bool
+	// trialFailed: a trial call failed since the breaker last closed; the
+	// probe's answer then no longer ends an ejection (its upstream answers
+	// GET /models but not calls). Written under mu.
+	trialFailed atomic.Bool
 	// resting: out because it answered 429 with Retry-After, not because
 	// it failed; written under mu.
 	resting atomic.Bool
@@ -220,7 +228,7 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 func (h *upstreamHealth) probeAnswered() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state.Load() != stateOpen || h.resting.Load() {
+	if h.state.Load() != stateOpen || h.resting.Load() || h.trialFailed.Load() {
 		return false
 	}
 	h.openUntil.Store(time.Now().UnixNano())
@@ -231,6 +239,7 @@ func (h *upstreamHealth) probeAnswered() bool {
 func (h *upstreamHealth) close() {
 	h.mu.Lock()
 	h.failures.Store(0)
+	h.trialFailed.Store(false)
 	h.ejectFor = 0
 	h.resting.Store(false)
 	h.state.Store(stateClosed)
@@ -297,6 +306,7 @@ func (h *upstreamHealth) ejectLocked(rt *config.Routing) {
 		h.ejectFor = rt.EjectFor
 	} else {
 		h.ejectFor = min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax)
+		h.trialFailed.Store(true)
 	}
 	h.openUntil.Store(time.Now().Add(h.ejectFor).UnixNano())
 	h.state.Store(stateOpen)
@@ -463,20 +473,42 @@ func (p *pool) choose(mode string, now int64, skip uint64) int {
 // measures it anew. Linkerd's peak-EWMA balancer decays the same way.
 const latencyHalfLife = time.Second
 
-// Only an idle upstream's latency is forgotten: one with calls in flight
-// and no answer to measure may be hung, and forgetting its latency made
-// its cost fall to nothing however many calls it held, so p2c sent it
-// every call (8 of 8 clients stuck on a stopped replica within 3 s).
+// Only an idle upstream's latency is forgotten. One with calls waiting for
+// a first byte, and none for longer than its average, may be hung: it
+// costs at least that wait (calls still streaming do not count: a
+// replica relaying long answers is busy, not hung). Forgetting its latency made its cost fall to nothing however
+// many calls it held, and a replica fast before it stopped won every
+// pairing on its old average: p2c sent it every call (8 of 8 clients
+// stuck on a stopped replica within 3 s).
 func (p *pool) cost(i int, now int64) int64 {
 	h := &p.members[i].up.health
 	lat := h.latency.Load()
 	inflight := h.inflight.Load()
-	if lat == 0 {
+	switch {
+	case lat == 0:
 		lat = initialLatency
-	} else if inflight == 0 {
+	case inflight == 0:
 		lat = decayed(lat, now-h.sampled.Load())
+	case h.awaiting.Load() > 0:
+		lat = max(lat, now-max(h.sampled.Load(), h.awaitingSince.Load()))
 	}
 	return (inflight + 1) * (lat / int64(p.members[i].weight))
+}
+
+// held records a call whose client left before the upstream answered: its
+// wait is a first byte's time at the least, blended in as one. Left out, a
+// stopped replica whose every call outlasted its client's timeout looked
+// idle and fast, kept winning pairings and was never ejected.
+func (h *upstreamHealth) held(wait time.Duration) {
+	now := time.Now().UnixNano()
+	old := h.latency.Load()
+	if old == 0 {
+		old = int64(wait)
+	} else {
+		old = decayed(old, now-h.sampled.Load())
+	}
+	h.latency.Store(old + (int64(wait)-old)/8)
+	h.sampled.Store(now)
 }
 
 // decayed is a latency halved for each latencyHalfLife of age.

@@ -178,16 +178,42 @@ func TestP2CAvoidsAReplicaHoldingUnansweredCalls(t *testing.T) {
 	p := testModelPool(t, 2)
 	now := time.Now().UnixNano()
 	hung, busy := &p.members[0].up.health, &p.members[1].up.health
-	hung.latency.Store(int64(time.Millisecond))
-	hung.sampled.Store(now - int64(10*time.Second)) // nothing answered for 10 s
-	hung.inflight.Store(8)
-	busy.latency.Store(int64(time.Millisecond))
+	// The hung one was the faster before it stopped: its average alone
+	// kept it ahead however many calls it held.
+	hung.latency.Store(int64(400 * time.Microsecond))
+	hung.sampled.Store(now - int64(2*time.Second)) // nothing answered for 2 s
+	hung.inflight.Store(1)
+	hung.awaiting.Store(1)
+	hung.awaitingSince.Store(now - int64(2*time.Second))
+	busy.latency.Store(int64(3 * time.Millisecond))
 	busy.sampled.Store(now)
-	busy.inflight.Store(2)
+	busy.inflight.Store(4)
+	busy.awaiting.Store(4)
+	busy.awaitingSince.Store(now - int64(time.Second)) // always some waiting, answers coming
 	for range 20 {
 		if i := p.choose("p2c", now, 0); i != 1 {
-			t.Fatal("the replica holding 8 unanswered calls was chosen over one holding 2")
+			t.Fatal("the replica with a call unanswered for 2 s was chosen over one answering")
 		}
+	}
+	// Calls streaming after their first byte are no sign of a hang.
+	hung.awaiting.Store(0)
+	hung.inflight.Store(1)
+	if i := p.choose("p2c", now, 0); i != 0 {
+		t.Fatal("a replica streaming one answer lost to one holding four calls")
+	}
+}
+
+// A call whose client left before the upstream answered counts its wait
+// as a first byte's time: a stopped replica whose calls all outlasted
+// their clients' timeouts looked idle and fast, and was never ejected.
+func TestACallHeldUntilItsClientLeftCountsAsSlow(t *testing.T) {
+	p := testModelPool(t, 1)
+	h := &p.members[0].up.health
+	h.latency.Store(int64(time.Millisecond))
+	h.sampled.Store(time.Now().UnixNano())
+	h.held(2 * time.Second)
+	if got := time.Duration(h.latency.Load()); got < 200*time.Millisecond {
+		t.Fatalf("latency %s after a call held 2 s", got)
 	}
 }
 
@@ -228,6 +254,11 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	h.failed(rt, "500", "500", false) // the trial failed
 	if h.ejectFor != 2*rt.EjectFor {
 		t.Fatalf("ejected for %s after a failed trial, want %s", h.ejectFor, 2*rt.EjectFor)
+	}
+	// Its GET /models answering says nothing of its calls any more: the
+	// doubled ejection runs its course.
+	if h.probeAnswered() {
+		t.Fatal("the probe ended the ejection that followed a failed trial")
 	}
 	h.rest(time.Minute, "429")
 	if h.probeAnswered() || h.available(time.Now().UnixNano()) {

@@ -248,13 +248,15 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		if call.upstream != nil {
 			upstreamName = call.upstream.cfg.Name
 		}
-		s.calls.observe(call.entry.ID, upstreamName, call.ep.path(), apiErr.Status, time.Since(call.start))
-		call.failCallSpan(apiErr.Status, apiErr.Message)
 		if call.clientGone {
 			// The upstream took the prompt in and was stopped (its
 			// connection closed) before it answered: the prompt is
 			// billed, on estimate, as for a stream cut before any event.
+			// record counts the call in the metrics and ends its span.
 			call.record(statusClientClosed)
+		} else {
+			s.calls.observe(call.entry.ID, upstreamName, call.ep.path(), apiErr.Status, time.Since(call.start))
+			call.failCallSpan(apiErr.Status, apiErr.Message)
 		}
 		call.release()
 		WriteError(ctx, apiErr)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -866,6 +867,10 @@ func TestClientGoneBeforeTheAnswerStopsTheCall(t *testing.T) {
 				}
 				return nil
 			})
+			// Counted once in the metrics, as its event.
+			if m := regexp.MustCompile(`tollgate_requests_total\{[^}]*status="499"\} (\d+)`).FindStringSubmatch(scrape(t, h)); m == nil || m[1] != "1" {
+				t.Fatalf("499s counted %v, want 1", m)
+			}
 		})
 	}
 }
