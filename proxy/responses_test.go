@@ -726,6 +726,7 @@ func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
 		// OpenAI resolves a reasoning item sent without its
 		// encrypted_content from its store, by id.
 		{"another account's reasoning item by id", `{"model":"small","input":[{"type":"reasoning","id":"` + item + `","summary":[]}]}`, otherKey, item},
+		{"another account's item with a status, no role", `{"model":"small","input":[{"id":"` + item + `","status":"completed"}]}`, otherKey, item},
 	} {
 		status, body := h.send("", "POST", "/v1/responses", c.body, c.key)
 		if status != 400 || jsonField(t, body, "error", "param") != "input" ||
@@ -737,6 +738,7 @@ func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
 		// The upstream keeps the last of two keys, gjson finds the first.
 		{"a duplicated id", `{"model":"small","input":[{"type":"item_reference","id":"` + item + `","id":"msg_x"}]}`, "input"},
 		{"a reference behind a message type", `{"model":"small","input":[{"type":"message","type":"item_reference","id":"` + item + `"}]}`, "input"},
+		{"encrypted_content written twice", `{"model":"small","input":[{"type":"reasoning","id":"` + item + `","encrypted_content":"x","encrypted_content":null}]}`, "input"},
 		{"a duplicated input", `{"model":"small","input":"hi","input":[{"type":"item_reference","id":"` + item + `"}]}`, "input"},
 		{"a numeric id", `{"model":"small","input":[{"type":"item_reference","id":5}]}`, "input[0].id"},
 		{"too many references", `{"model":"small","input":[` + manyReferences(257) + `]}`, "input"},

@@ -94,9 +94,10 @@ const itemLookupBudget = 2 * kvLookupTimeout
 // "id":…}; an item of an id alone, whose type OpenAI makes optional
 // ({"id":…}, "type" null); and a reasoning item by id without its
 // encrypted_content, which OpenAI resolves from its store (LangChain and
-// the OpenAI SDK's "append response.output" send those). An item with
-// content of its own (a message with "role" and "content" and an id, as
-// the Vercel AI SDK sends earlier turns with store false) names nothing.
+// the OpenAI SDK's "append response.output" send those). A message (a
+// typeless item with a role, as the Vercel AI SDK sends earlier turns
+// with store false, id included) names nothing, nor does a reasoning item
+// with its encrypted_content.
 // A duplicated "type" or "id" in an item is refused: the upstream keeps
 // the last, gjson finds the first, and a reference could hide behind a
 // message.
@@ -104,7 +105,7 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 	if !input.IsArray() {
 		return nil, nil
 	}
-	var ids []string
+	var ids, seen []string
 	var apiErr *APIError
 	i := -1
 	input.ForEach(func(_, item gjson.Result) bool {
@@ -113,33 +114,34 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 			return true
 		}
 		var typ, id gjson.Result
-		more, encrypted := false, false
+		role, encrypted := false, false
+		seen = seen[:0]
 		item.ForEach(func(k, v gjson.Result) bool {
-			var slot *gjson.Result
-			switch k.Str {
-			case "type":
-				slot = &typ
-			case "id":
-				slot = &id
-			default:
-				more = true
-				if k.Str == "encrypted_content" && v.Type == gjson.String && v.Str != "" {
-					encrypted = true
-				}
-				return true
-			}
-			if slot.Exists() {
+			// Any key written twice: the upstream reads the last, gjson
+			// the first, and a check on one could be passed with the other
+			// ("encrypted_content":"x","encrypted_content":null).
+			if slices.Contains(seen, k.Str) {
 				apiErr = BadRequest("input", "duplicate key "+strconv.Quote(k.Str)+" in input["+strconv.Itoa(i)+"]")
 				return false
 			}
-			*slot = v
+			seen = append(seen, k.Str)
+			switch k.Str {
+			case "type":
+				typ = v
+			case "id":
+				id = v
+			case "role":
+				role = v.Type != gjson.Null
+			case "encrypted_content":
+				encrypted = v.Type == gjson.String && v.Str != ""
+			}
 			return true
 		})
 		if apiErr != nil {
 			return false
 		}
 		named := typ.Type == gjson.String && typ.Str == "item_reference" ||
-			typ.Type == gjson.Null && id.Exists() && !more ||
+			typ.Type == gjson.Null && id.Exists() && !role ||
 			typ.Type == gjson.String && typ.Str == "reasoning" && id.Exists() && !encrypted
 		if !named {
 			return true
