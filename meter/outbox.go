@@ -300,6 +300,10 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 	spare, err := ob.newSpare()
 	if err != nil {
 		unlockDir(lock)
+		if len(ob.recovery.Notes) > 0 {
+			// Said nowhere else: the publisher that logs them never starts.
+			err = fmt.Errorf("%w (opening it found: %s)", err, strings.Join(ob.recovery.Notes, "; "))
+		}
 		return nil, err
 	}
 	ob.mu.Lock()
@@ -461,23 +465,35 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 		maxBatch = max(maxBatch, rec.batch)
 		off += n
 	}
+	keep := false
 	if tail := bytes.TrimRight(data[off:], "\x00"); len(tail) > 0 {
 		ob.recovery.TruncatedBytes += int64(len(tail))
 		note := fmt.Sprintf("cut %d bytes of torn or corrupt records off %s after sequence %d", len(tail), filepath.Base(seg.path), seg.last)
-		if intact := intactAfterDamage(tail, seg.version); intact > 0 {
+		if intact, unacked := intactAfterDamage(tail, seg.version, ob.acked); intact > 0 {
 			// Not a write torn by a crash: a damaged record with whole
 			// ones after it. They are cut with it (the reader could not
 			// find where they start again), but kept aside for a person.
 			aside := fmt.Sprintf("%s.after-%d.corrupt", seg.path, seg.last)
+			where := filepath.Base(aside)
 			if err := os.WriteFile(aside, tail, 0o600); err != nil {
-				aside = "not kept: " + err.Error()
+				// A full disk: the bytes stay where they are, past the
+				// segment's end, rather than go unseen.
+				_ = os.Remove(aside)
+				keep = true
+				where = fmt.Sprintf("%s past byte %d: they could not be copied aside (%v)", filepath.Base(seg.path), off, err)
 			}
-			note = fmt.Sprintf("LOST usage events: %s; at least %d intact records followed the damage, not billed (the bytes are in %s)",
-				note, intact, filepath.Base(aside))
+			switch {
+			case unacked == 0:
+				note = fmt.Sprintf("%s; the %d intact records after the damage were acknowledged by JetStream before: nothing is lost (the bytes are in %s)",
+					note, intact, where)
+			default:
+				note = fmt.Sprintf("LOST usage events: %s; at least %d intact records followed the damage, %d of them after the last acknowledged record (%d), not billed unless JetStream had them (the bytes are in %s)",
+					note, intact, unacked, ob.acked, where)
+			}
 		}
 		ob.recovery.Notes = append(ob.recovery.Notes, note)
 	}
-	if off < len(data) {
+	if off < len(data) && !keep {
 		// Also the zeros a preallocated segment ends in.
 		if err := f.Truncate(int64(off)); err != nil {
 			return 0, fmt.Errorf("truncating outbox segment: %w", err)
@@ -491,25 +507,28 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 }
 
 // intactAfterDamage counts the whole records that follow the first one of
-// b, when that one is damaged but its length can be trusted: a bit flipped
-// in a record's body, not a write torn short.
-func intactAfterDamage(b []byte, version int) int {
+// b, when that one is damaged but its length can be trusted (a bit flipped
+// in a record's body, not a write torn short), and how many of them come
+// after the acknowledged record acked.
+func intactAfterDamage(b []byte, version int, acked uint64) (intact, unacked int) {
 	if len(b) < outboxRecordHeader {
-		return 0
+		return 0, 0
 	}
 	n := int(binary.LittleEndian.Uint32(b))
 	if n > maxOutboxRecordBody || outboxRecordHeader+n >= len(b) {
-		return 0
+		return 0, 0
 	}
-	intact := 0
 	for rest := b[outboxRecordHeader+n:]; len(rest) > 0; intact++ {
-		_, k, err := decodeOutboxRecord(rest, version)
+		rec, k, err := decodeOutboxRecord(rest, version)
 		if err != nil {
 			break
 		}
+		if rec.seq > acked {
+			unacked++
+		}
 		rest = rest[k:]
 	}
-	return intact
+	return intact, unacked
 }
 
 // Recovery says what opening found: unacknowledged events and cut tails.

@@ -593,3 +593,25 @@ func TestOutboxSaysWhatDamageLost(t *testing.T) {
 		t.Fatalf("notes %q, want the missing segment's records counted as lost", notes)
 	}
 }
+
+// Damage to records JetStream acknowledged loses nothing, and says so: it
+// was reported as lost and not billed, and billing them by hand from the
+// bytes kept aside would have charged them twice.
+func TestOutboxDamageToAcknowledgedRecordsIsNoLoss(t *testing.T) {
+	dir := t.TempDir()
+	ob := openTestOutbox(t, dir, 0)
+	appendEvents(t, ob, 0, 50)
+	waitDurable(t, ob, 50)
+	ob.ack(50)
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := DamageRecord(dir, 25); err != nil {
+		t.Fatal(err)
+	}
+	ob = openTestOutbox(t, dir, 0)
+	notes := strings.Join(ob.Recovery().Notes, "\n")
+	if strings.Contains(notes, "LOST") || !strings.Contains(notes, "nothing is lost") {
+		t.Fatalf("notes %q, want the damage to acknowledged records reported as no loss", notes)
+	}
+}

@@ -479,14 +479,27 @@ func (l *publishLoop) resume() {
 		l.p.logf("meter: cannot look up the batches JetStream stored (%v); publishing the outbox from record %d, JetStream's duplicate window drops what it has", err, acked+1)
 	}
 	l.resumed = true
-	through, id := chainFrom(acked, stored)
-	if through <= acked {
-		return
-	}
 	ob := l.p.outbox
-	// Only records an earlier process wrote can be in JetStream already.
-	if through > ob.recoveredThrough || !ob.holds(through, id) {
-		l.p.logf("meter: JetStream's batches of this outbox end at record %d, event %s, which this outbox does not hold; publishing from %d", through, id, acked+1)
+	chain := chainOf(acked, stored)
+	// The chain's end is skipped when the outbox holds its last event;
+	// else the end of an earlier batch of the chain that it holds: a
+	// record cut at start (damaged) and written anew with another event
+	// breaks the chain's tail only, and publishing again from acked+1
+	// debited twice every event before the damage.
+	through := acked
+	for i := len(chain) - 1; i >= 0; i-- {
+		r := chain[i]
+		// Only records an earlier process wrote can be in JetStream already.
+		if r.last <= ob.recoveredThrough && ob.holds(r.last, r.lastID) {
+			through = r.last
+			break
+		}
+	}
+	if len(chain) > 0 && through != chain[len(chain)-1].last {
+		end := chain[len(chain)-1]
+		l.p.logf("meter: JetStream's batches of this outbox end at record %d, event %s, which this outbox does not hold; publishing from %d", end.last, end.lastID, through+1)
+	}
+	if through <= acked {
 		return
 	}
 	ob.ack(through)
@@ -517,22 +530,22 @@ func parseOutboxRange(v string) (outboxRange, bool) {
 	return outboxRange{first, last, f[2]}, true
 }
 
-// chainFrom follows stored batches from record acked+1 for as long as
-// each next one starts at or before the record after the chain's end, and
-// returns the chain's last record and its event id (acked and "" when no
-// batch starts there).
-func chainFrom(acked uint64, stored []outboxRange) (uint64, string) {
+// chainOf is the stored batches of the chain from record acked+1, each
+// reaching further than the one before, in order.
+func chainOf(acked uint64, stored []outboxRange) []outboxRange {
 	slices.SortFunc(stored, func(a, b outboxRange) int { return cmp.Compare(a.first, b.first) })
-	through, id := acked, ""
+	through := acked
+	var chain []outboxRange
 	for _, r := range stored {
 		if r.first > through+1 {
 			break // a gap: a batch JetStream does not have
 		}
 		if r.last > through {
-			through, id = r.last, r.lastID
+			through = r.last
+			chain = append(chain, r)
 		}
 	}
-	return through, id
+	return chain
 }
 
 // storedRanges returns the ranges of this outbox's batches that JetStream

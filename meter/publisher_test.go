@@ -618,3 +618,47 @@ func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
 		}
 	}
 }
+
+// A record damaged on disk, cut at start, breaks only the tail of the
+// chain of stored batches: the batches before the one holding it are
+// skipped, not published again. Publishing again from the first
+// unacknowledged record debited every event before the damage twice.
+func TestPublisherResumeSkipsTheStoredBatchesBeforeADamagedRecord(t *testing.T) {
+	js := usageJetStream(t)
+	ctx := testContext(t)
+	shortDuplicateWindow(t, js)
+	outboxDir := t.TempDir()
+	publishThenLoseAcked(t, js, outboxDir, 2500)
+	stream, err := js.Stream(ctx, meter.UsageStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := stream.GetMsg(ctx, info.State.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lastFrom uint64 // the last batch's first record
+	if _, err := fmt.Sscan(last.Header.Get(meter.OutboxRangeHeader), &lastFrom); err != nil || lastFrom < 2 {
+		t.Fatalf("last batch's range header %q: %v", last.Header.Get(meter.OutboxRangeHeader), err)
+	}
+	if err := meter.DamageRecord(outboxDir, 2400); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the duplicate window
+	waitDrained(t, openPublisher(t, js, outboxDir))
+	seen := streamEvents(t, js)
+	for i := range 2500 {
+		record := uint64(i + 1)
+		want := 1
+		if record >= lastFrom && record < 2400 {
+			want = 2 // the last batch, whose end the outbox lost, goes out again up to the damage
+		}
+		if n := seen[usageEvent(i).ID]; n != want {
+			t.Fatalf("event %d (record %d; the last batch starts at %d) stored %d times, want %d", i, record, lastFrom, n, want)
+		}
+	}
+}

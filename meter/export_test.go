@@ -1,0 +1,32 @@
+package meter
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// DamageRecord flips a byte in the body of record seq in the outbox in
+// dir, as a bad disk block would, for the tests of package meter_test.
+func DamageRecord(dir string, seq uint64) error {
+	segs, _ := filepath.Glob(filepath.Join(dir, "*"+outboxSegmentExt))
+	for _, path := range segs {
+		data, err := os.ReadFile(path)
+		if err != nil || !bytes.HasPrefix(data, []byte(outboxMagic)) {
+			continue
+		}
+		for off := outboxHeaderSize; off < len(data); {
+			rec, n, err := decodeOutboxRecord(data[off:], 2)
+			if err != nil {
+				break
+			}
+			if rec.seq == seq {
+				data[off+outboxRecordHeader+20] ^= 0x20
+				return os.WriteFile(path, data, 0o600)
+			}
+			off += n
+		}
+	}
+	return fmt.Errorf("no record %d in %s", seq, dir)
+}
