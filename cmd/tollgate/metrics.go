@@ -26,7 +26,7 @@ tollgate_usage_published_total %d
 # HELP tollgate_usage_duplicates_total Republished events JetStream recognised as duplicates.
 # TYPE tollgate_usage_duplicates_total counter
 tollgate_usage_duplicates_total %d
-# HELP tollgate_usage_publish_failures_total Failed publish attempts (retried).
+# HELP tollgate_usage_publish_failures_total Failed publish attempts and failed outbox writes to disk (a spare segment, the acked file); each is retried.
 # TYPE tollgate_usage_publish_failures_total counter
 tollgate_usage_publish_failures_total %d
 # HELP tollgate_usage_dropped_total Usage events the outbox refused (logged for manual billing).
