@@ -99,7 +99,13 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			// not worth another upstream's work.
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
-			h.held(time.Since(sent))
+			if wait := time.Since(sent); h.held(wait) {
+				// Far past its average with no byte: a stopped replica
+				// whose every call outlasts its client's timeout was never
+				// ejected, and cost a client a timeout every few seconds.
+				reason := "no first byte in " + wait.Round(time.Millisecond).String() + ", when its client left"
+				up.fail(rt, reason, reason, c.alone, false)
+			}
 			c.clientGone = true
 			return nil, nil, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
 		}
@@ -127,7 +133,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 				clientReason = reason
 			}
-			up.fail(rt, reason, clientReason, c.alone)
+			up.fail(rt, reason, clientReason, c.alone, false)
 			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
@@ -146,7 +152,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 		case status >= 500:
 			answered := "answered " + strconv.Itoa(status)
-			up.fail(rt, answered, answered, c.alone)
+			up.fail(rt, answered, answered, c.alone, true)
 		default:
 			if h.succeeded(time.Since(sent)) {
 				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
@@ -228,9 +234,10 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 // 503 for every other caller. The failure is still counted and shown.
 //
 // reason is for operators; clientReason says the same without addresses,
-// for the 503s of calls that find the upstream out.
-func (up *upstream) fail(rt *config.Routing, reason, clientReason string, alone bool) {
-	if up.health.failed(rt, reason, clientReason, alone) {
+// for the 503s of calls that find the upstream out. answered: the failure
+// is an HTTP answer (a 5xx), not a connection that failed or timed out.
+func (up *upstream) fail(rt *config.Routing, reason, clientReason string, alone, answered bool) {
+	if up.health.failed(rt, reason, clientReason, alone, answered) {
 		up.ejected(rt, reason)
 	}
 }

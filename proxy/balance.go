@@ -251,7 +251,7 @@ func (h *upstreamHealth) close() {
 // returns true when this failure ejected the upstream, so the caller can
 // start probing it. One alone in the call's pool is never ejected (see
 // upstream.fail): its failure is only counted and shown.
-func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, alone bool) (ejected bool) {
+func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, alone, answered bool) (ejected bool) {
 	h.count(true)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -263,7 +263,7 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string,
 	if h.state.Load() == stateClosed && int(failures) < rt.EjectAfter {
 		return false
 	}
-	h.ejectLocked(rt)
+	h.ejectLocked(rt, answered)
 	return true
 }
 
@@ -287,7 +287,7 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 		return false
 	}
 	h.broken.Store(0)
-	h.ejectLocked(rt)
+	h.ejectLocked(rt, false)
 	return true
 }
 
@@ -300,13 +300,19 @@ func (h *upstreamHealth) completedAnswer() {
 
 // ejectLocked opens the breaker: for eject_for after closed, for twice as
 // long as last time after a failed trial (or a failure racing an
-// ejection), up to eject_max. h.mu is held.
-func (h *upstreamHealth) ejectLocked(rt *config.Routing) {
+// ejection), up to eject_max. A trial that failed with an answer (a 5xx)
+// stops the probe's answer from ending the ejection early: its API server
+// answers while its calls fail. One that could not connect or timed out
+// leaves the probe running, to bring a restarted replica back within a
+// probe_interval. h.mu is held.
+func (h *upstreamHealth) ejectLocked(rt *config.Routing, answered bool) {
 	if h.state.Load() == stateClosed {
 		h.ejectFor = rt.EjectFor
 	} else {
 		h.ejectFor = min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax)
-		h.trialFailed.Store(true)
+		if answered {
+			h.trialFailed.Store(true)
+		}
 	}
 	h.openUntil.Store(time.Now().Add(h.ejectFor).UnixNano())
 	h.state.Store(stateOpen)
@@ -498,10 +504,13 @@ func (p *pool) cost(i int, now int64) int64 {
 // held records a call whose client left before the upstream answered: its
 // wait is a first byte's time at the least, blended in as one. Left out, a
 // stopped replica whose every call outlasted its client's timeout looked
-// idle and fast, kept winning pairings and was never ejected.
-func (h *upstreamHealth) held(wait time.Duration) {
+// idle and fast, kept winning pairings and was never ejected. It reports
+// whether the wait was far past the upstream's average (four times it,
+// and a second at least): a failure to answer, not a slow answer.
+func (h *upstreamHealth) held(wait time.Duration) (failed bool) {
 	now := time.Now().UnixNano()
-	old := h.latency.Load()
+	stored := h.latency.Load()
+	old := stored
 	if old == 0 {
 		old = int64(wait)
 	} else {
@@ -509,6 +518,7 @@ func (h *upstreamHealth) held(wait time.Duration) {
 	}
 	h.latency.Store(old + (int64(wait)-old)/8)
 	h.sampled.Store(now)
+	return stored != 0 && wait > max(4*time.Duration(stored), time.Second)
 }
 
 // decayed is a latency halved for each latencyHalfLife of age.

@@ -38,10 +38,10 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 	p := testModelPool(t, 2)
 	h := &p.members[0].up.health
 	takes := func() bool { return h.available(time.Now().UnixNano()) }
-	if h.failed(rt, "refused", "refused", false) {
+	if h.failed(rt, "refused", "refused", false, false) {
 		t.Fatal("ejected after one failure with eject_after 2")
 	}
-	if !h.failed(rt, "refused", "refused", false) {
+	if !h.failed(rt, "refused", "refused", false, false) {
 		t.Fatal("not ejected after eject_after failures")
 	}
 	for range 10 {
@@ -56,7 +56,7 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 	if takes() {
 		t.Fatal("a second call went out while the half-open trial was out")
 	}
-	h.failed(rt, "refused again", "refused again", false) // the trial failed: out for twice as long
+	h.failed(rt, "refused again", "refused again", false, false) // the trial failed: out for twice as long
 	time.Sleep(60 * time.Millisecond)
 	if takes() {
 		t.Fatal("back after eject_for although the cool-down doubled")
@@ -80,8 +80,8 @@ func TestPoolOfOneIgnoresEjectionAndRest(t *testing.T) {
 	rt := testRouting("p2c")
 	p := testModelPool(t, 1)
 	h := &p.members[0].up.health
-	h.failed(rt, "refused", "refused", false)
-	h.failed(rt, "refused", "refused", false)
+	h.failed(rt, "refused", "refused", false, false)
+	h.failed(rt, "refused", "refused", false, false)
 	if up, _ := p.pick(rt, 0, 0); up == nil {
 		t.Fatal("the only upstream, ejected through another pool, was not picked")
 	}
@@ -211,9 +211,16 @@ func TestACallHeldUntilItsClientLeftCountsAsSlow(t *testing.T) {
 	h := &p.members[0].up.health
 	h.latency.Store(int64(time.Millisecond))
 	h.sampled.Store(time.Now().UnixNano())
-	h.held(2 * time.Second)
+	if !h.held(2 * time.Second) {
+		t.Fatal("a call held 2 s by a replica answering in 1 ms is no failure")
+	}
 	if got := time.Duration(h.latency.Load()); got < 200*time.Millisecond {
 		t.Fatalf("latency %s after a call held 2 s", got)
+	}
+	// A long generation its client gave up on is slow, not failed.
+	h.latency.Store(int64(20 * time.Second))
+	if h.held(10 * time.Second) {
+		t.Fatal("a call held 10 s by a replica answering in 20 s counted as a failure")
 	}
 }
 
@@ -240,8 +247,8 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	rt := testRouting("p2c")
 	p := testModelPool(t, 2)
 	h := &p.members[0].up.health
-	h.failed(rt, "500", "500", false)
-	h.failed(rt, "500", "500", false)
+	h.failed(rt, "500", "500", false, true)
+	h.failed(rt, "500", "500", false, true)
 	if !h.probeAnswered() {
 		t.Fatal("the probe's answer did not end the ejection")
 	}
@@ -251,7 +258,7 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	if h.available(time.Now().UnixNano()) {
 		t.Fatal("a second call went out beside the trial")
 	}
-	h.failed(rt, "500", "500", false) // the trial failed
+	h.failed(rt, "500", "500", false, true) // the trial failed
 	if h.ejectFor != 2*rt.EjectFor {
 		t.Fatalf("ejected for %s after a failed trial, want %s", h.ejectFor, 2*rt.EjectFor)
 	}
@@ -263,6 +270,19 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	h.rest(time.Minute, "429")
 	if h.probeAnswered() || h.available(time.Now().UnixNano()) {
 		t.Fatal("the probe ended a rest a 429 asked for")
+	}
+	// A trial that could not connect (a replica restarting) leaves the
+	// probe to bring it back within a probe_interval of its return.
+	down := &p.members[1].up.health
+	down.failed(rt, "refused", "refused", false, false)
+	down.failed(rt, "refused", "refused", false, false)
+	time.Sleep(60 * time.Millisecond)
+	if !down.available(time.Now().UnixNano()) {
+		t.Fatal("no trial after eject_for")
+	}
+	down.failed(rt, "refused", "refused", false, false) // the trial failed
+	if !down.probeAnswered() {
+		t.Fatal("after a trial that could not connect, the probe's answer did not end the ejection")
 	}
 }
 
