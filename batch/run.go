@@ -554,7 +554,8 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// keeps it: ClickHouse keys usage_events by account, UTC day and id,
 	// so a bill repeated with a new time on another day was a second row
 	// under FINAL, and the job counted twice on the invoice.
-	if j.BilledAt == nil {
+	repeat := j.BilledAt != nil // a run before this one billed the job
+	if !repeat {
 		now := time.Now().UTC()
 		if err := o.update(ctx, func(j *Job) { j.BilledAt = &now }); err != nil {
 			return err
@@ -571,12 +572,14 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// recognizes. The other order could lose the bill.
 	ev := s.billingEvent(j, *j.BilledAt)
 	s.recorder.Record(ev)
-	if _, again := s.noted.LoadOrStore(j.ID, true); !again {
+	if _, again := s.noted.LoadOrStore(j.ID, true); !again && !repeat {
 		// Chat calls and other jobs are admitted on the balance less what
 		// this process billed and the debits do not show yet; a job's bill
 		// was missing from it, so while billing was down an account spent
-		// again what a finished job had. Once per job in this process: a
-		// bill repeated here is debited once.
+		// again what a finished job had. Once per job: a bill repeated
+		// (here, or after a worker died between its bill and the job's
+		// completion) is debited once, and noted again it held the
+		// account's balance short until the process restarted.
 		s.runtime.NoteCharge(j.Account, ev.CostNanos)
 	}
 	now := time.Now().UTC()

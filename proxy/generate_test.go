@@ -834,6 +834,11 @@ func TestKeyTokenLimitHoldsForConcurrentGenerations(t *testing.T) {
 	if got := proxy.PromptEstimate([]byte(text), 1_000_000); got < int64(len(text)/4-10) {
 		t.Errorf("a text naming ;base64, estimated at %d tokens, want about %d", got, len(text)/4)
 	}
+	// Nor is text written with \u escapes after a data URL's prefix.
+	escaped := `{"model":"small","messages":[{"role":"user","content":"data:text/plain;base64,the` + strings.Repeat(`\u0020quick`, 4000) + `"}]}`
+	if got := proxy.PromptEstimate([]byte(escaped), 1_000_000); got < int64(len(escaped)/4-10) {
+		t.Errorf("escaped text after a data URL's prefix estimated at %d tokens, want about %d", got, len(escaped)/4)
+	}
 }
 
 // An upstream that promises a body and closes the connection halfway is a

@@ -512,11 +512,15 @@ func promptEstimate(body []byte, limit int64) int64 {
 var base64Marker = []byte(";base64,")
 
 // base64Run is how many bytes b starts with that base64 (as JSON writes
-// it: a '/' may come as "\/") is made of.
+// it: a '/' may come as "\/") is made of. Any other escape ends it: text
+// written with \u escapes after a "data:…;base64," prefix passed for a
+// payload and went uncounted.
 func base64Run(b []byte) int {
-	for i, c := range b {
-		switch {
-		case 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '+', c == '/', c == '=', c == '\\':
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '+', c == '/', c == '=':
+		case c == '\\' && i+1 < len(b) && b[i+1] == '/':
+			i++
 		default:
 			return i
 		}

@@ -312,11 +312,13 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 	}
 	p := filepath.Join(cfg.Server.DataDir, "admin.token")
 	if b, err := os.ReadFile(p); err == nil {
-		tok := strings.TrimSpace(string(b))
+		tok := strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF"))
 		// An empty token matched a client's empty (or Unicode-space)
-		// Bearer token: the admin API was open to anyone.
-		if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			return "", fmt.Errorf("admin token file %s is empty or holds a control character: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p)
+		// Bearer token: the admin API was open to anyone. A made token is
+		// printable ASCII; anything else here is an editor's or a copy's
+		// doing (a byte order mark, a zero-width space).
+		if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r <= 0x20 || r >= 0x7f }) {
+			return "", fmt.Errorf("admin token file %s is empty or holds other than printable ASCII: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p)
 		}
 		return tok, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
