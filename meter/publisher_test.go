@@ -581,19 +581,29 @@ func TestPublisherResumesOnlyOnItsOwnEvents(t *testing.T) {
 // A batch JetStream lost (a leader change in a cluster) breaks the chain:
 // the look-up skips only up to the gap, and everything from the lost
 // batch on is published again, so no event goes unbilled.
-func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
+// storedWithoutAcked publishes 2500 events from a new outbox into a
+// JetStream whose duplicate window is short, then loses the outbox's
+// acked file (publishThenLoseAcked); it returns the JetStream, its USAGE
+// stream and the outbox's dir.
+func storedWithoutAcked(t *testing.T) (jetstream.JetStream, jetstream.Stream, string) {
+	t.Helper()
 	js := usageJetStream(t)
-	ctx := testContext(t)
 	shortDuplicateWindow(t, js)
 	outboxDir := t.TempDir()
-	// Batches close at 1000 events or 10 ms, so how many there are and
-	// where they split depends on timing: the third one's header says
-	// where the records published twice begin.
 	publishThenLoseAcked(t, js, outboxDir, 2500)
-	stream, err := js.Stream(ctx, meter.UsageStream)
+	stream, err := js.Stream(testContext(t), meter.UsageStream)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js, stream, outboxDir
+}
+
+func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
+	ctx := testContext(t)
+	// Batches close at 1000 events or 10 ms, so how many there are and
+	// where they split depends on timing: the third one's header says
+	// where the records published twice begin.
+	js, stream, outboxDir := storedWithoutAcked(t)
 	third, err := stream.GetMsg(ctx, 3)
 	if err != nil {
 		t.Fatalf("fewer than 3 batches of 2500 events: %v", err)
@@ -624,15 +634,8 @@ func TestPublisherResumeStopsAtABatchJetStreamLost(t *testing.T) {
 // skipped, not published again. Publishing again from the first
 // unacknowledged record debited every event before the damage twice.
 func TestPublisherResumeSkipsTheStoredBatchesBeforeADamagedRecord(t *testing.T) {
-	js := usageJetStream(t)
 	ctx := testContext(t)
-	shortDuplicateWindow(t, js)
-	outboxDir := t.TempDir()
-	publishThenLoseAcked(t, js, outboxDir, 2500)
-	stream, err := js.Stream(ctx, meter.UsageStream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, stream, outboxDir := storedWithoutAcked(t)
 	info, err := stream.Info(ctx)
 	if err != nil {
 		t.Fatal(err)

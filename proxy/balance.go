@@ -186,20 +186,7 @@ func (h *upstreamHealth) recent(now time.Time) (calls, fails int64) {
 // ttfb; recovered says it closed the breaker (a trial call answered).
 func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 	h.count(false)
-	now := time.Now().UnixNano()
-	old := h.latency.Load()
-	if old == 0 {
-		old = int64(ttfb)
-	} else {
-		// Blend into the average as cost sees it, forgotten since the
-		// last sample: blended into the stored one, each new sample of a
-		// replica slow once brought the old penalty back, and it took
-		// dozens of calls, one every few seconds, to win its share again
-		// (6 calls of 10,000 over 22 s after a 2 s pause).
-		old = decayed(old, now-h.sampled.Load())
-	}
-	h.latency.Store(old + (int64(ttfb)-old)/8)
-	h.sampled.Store(now)
+	h.sample(ttfb)
 	if h.state.Load() == stateClosed {
 		if h.failures.Load() != 0 {
 			h.mu.Lock()
@@ -508,17 +495,28 @@ func (p *pool) cost(i int, now int64) int64 {
 // whether the wait was far past the upstream's average (four times it,
 // and a second at least): a failure to answer, not a slow answer.
 func (h *upstreamHealth) held(wait time.Duration) (failed bool) {
+	stored := h.sample(wait)
+	return stored != 0 && wait > max(4*time.Duration(stored), time.Second)
+}
+
+// sample blends a time to the first byte into the latency average as cost
+// sees it, forgotten since the last sample: blended into the stored one,
+// each new sample of a replica slow once brought the old penalty back, and
+// it took dozens of calls, one every few seconds, to win its share again
+// (6 calls of 10,000 over 22 s after a 2 s pause). It returns the average
+// stored before (0 for none).
+func (h *upstreamHealth) sample(d time.Duration) (stored int64) {
 	now := time.Now().UnixNano()
-	stored := h.latency.Load()
+	stored = h.latency.Load()
 	old := stored
 	if old == 0 {
-		old = int64(wait)
+		old = int64(d)
 	} else {
 		old = decayed(old, now-h.sampled.Load())
 	}
-	h.latency.Store(old + (int64(wait)-old)/8)
+	h.latency.Store(old + (int64(d)-old)/8)
 	h.sampled.Store(now)
-	return stored != 0 && wait > max(4*time.Duration(stored), time.Second)
+	return stored
 }
 
 // decayed is a latency halved for each latencyHalfLife of age.
