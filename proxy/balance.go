@@ -475,6 +475,13 @@ const latencyHalfLife = time.Second
 // stuck on a stopped replica within 3 s).
 func (p *pool) cost(i int, now int64) int64 {
 	h := &p.members[i].up.health
+	if h.state.Load() != stateClosed {
+		// Due its trial (only eligible members are drawn): it wins the
+		// pairing. Priced as usual, one that never answered cost a fixed
+		// initialLatency and lost every pairing to faster peers, so its
+		// trial never came and, repaired, it never returned.
+		return 0
+	}
 	lat := h.latency.Load()
 	inflight := h.inflight.Load()
 	switch {
@@ -495,8 +502,8 @@ func (p *pool) cost(i int, now int64) int64 {
 // whether the wait was far past the upstream's average (four times it,
 // and a second at least): a failure to answer, not a slow answer.
 func (h *upstreamHealth) held(wait time.Duration) (failed bool) {
-	stored := h.sample(wait)
-	return stored != 0 && wait > max(4*time.Duration(stored), time.Second)
+	stored := max(h.sample(wait), initialLatency) // one that never answered yet too
+	return wait > max(4*time.Duration(stored), time.Second)
 }
 
 // sample blends a time to the first byte into the latency average as cost

@@ -217,6 +217,11 @@ func TestACallHeldUntilItsClientLeftCountsAsSlow(t *testing.T) {
 	if got := time.Duration(h.latency.Load()); got < 200*time.Millisecond {
 		t.Fatalf("latency %s after a call held 2 s", got)
 	}
+	// One that never answered a call counts as fast.
+	fresh := &testModelPool(t, 1).members[0].up.health
+	if !fresh.held(2 * time.Second) {
+		t.Fatal("a call held 2 s by a replica that never answered is no failure")
+	}
 	// A long generation its client gave up on is slow, not failed.
 	h.latency.Store(int64(20 * time.Second))
 	if h.held(10 * time.Second) {
@@ -283,6 +288,14 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	down.failed(rt, "refused", "refused", false, false) // the trial failed
 	if !down.probeAnswered() {
 		t.Fatal("after a trial that could not connect, the probe's answer did not end the ejection")
+	}
+	// Due its trial, it wins the pairing against a peer however fast: one
+	// that had never answered lost every pairing to peers under 1 ms.
+	p.members[0].up.health.close()
+	p.members[0].up.health.latency.Store(int64(100 * time.Microsecond))
+	p.members[0].up.health.sampled.Store(time.Now().UnixNano())
+	if i := p.choose("p2c", time.Now().UnixNano(), 0); i != 1 {
+		t.Fatalf("member %d chosen over the one due its trial", i)
 	}
 }
 
