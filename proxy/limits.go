@@ -303,18 +303,25 @@ func (a *admission) addTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 	if a.state == nil || tokens == 0 || a.limits.TokensPerMinute <= 0 {
 		return
 	}
+	snap, now := a.moveTokens(tokens)
+	a.setHeaders(ctx, snap, now)
+}
+
+// moveTokens counts delta more tokens against the caller's minute, or,
+// negative, gives them back (Admit counted more than the work used), but
+// never past now, which would bank quota for later. It returns the
+// caller's state after and the time it used.
+func (a *admission) moveTokens(delta int64) (callerState, int64) {
 	now := a.l.now()
 	a.shard.mu.Lock()
-	if tokens > 0 {
-		a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(tokens, a.limits.TokensPerMinute)
+	if delta > 0 {
+		a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(delta, a.limits.TokensPerMinute)
 	} else {
-		// Admit counted more than the work used: give it back, but never
-		// past now, which would bank quota for later.
-		a.state.tokensTAT = max(a.state.tokensTAT-interval(-tokens, a.limits.TokensPerMinute), now)
+		a.state.tokensTAT = max(a.state.tokensTAT-interval(-delta, a.limits.TokensPerMinute), now)
 	}
 	snap := *a.state
 	a.shard.mu.Unlock()
-	a.setHeaders(ctx, snap, now)
+	return snap, now
 }
 
 // done gives back the concurrency slot of an admitted call, and the
@@ -466,18 +473,9 @@ func (a *admission) charge(tokens int64) {
 	}
 	extra := tokens - a.admitted
 	a.admitted, a.settled = tokens, true
-	if extra == 0 {
-		return
+	if extra != 0 {
+		a.moveTokens(extra)
 	}
-	now := a.l.now()
-	a.shard.mu.Lock()
-	if extra > 0 {
-		a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(extra, a.limits.TokensPerMinute)
-	} else {
-		// Never past now, which would bank quota for later.
-		a.state.tokensTAT = max(a.state.tokensTAT-interval(-extra, a.limits.TokensPerMinute), now)
-	}
-	a.shard.mu.Unlock()
 }
 
 // promptEstimate is what a generation request counts against its key's
