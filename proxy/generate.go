@@ -467,11 +467,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
-		c.answerBroke(err, fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err), apiErr.Message)
-		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
-		c.failCallSpan(apiErr.Status, apiErr.Message)
-		c.release()
-		WriteError(ctx, apiErr)
+		c.failWhole(ctx, err, fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err), apiErr)
 		return
 	}
 	if !looksLikeJSONObject(body) {
@@ -482,11 +478,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		ct := c.resp.Header.ContentType()
 		apiErr := &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
 			Message: fmt.Sprintf("upstream %s answered %d with a body that is not a JSON object (Content-Type %q, %d bytes); it was not passed on and is not billed", c.upstream.cfg.Name, status, ct, len(body))}
-		c.answerBroke(errBadAnswer, apiErr.Message, apiErr.Message)
-		c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
-		c.failCallSpan(apiErr.Status, apiErr.Message)
-		c.release()
-		WriteError(ctx, apiErr)
+		c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
 		return
 	}
 	c.upstream.health.completedAnswer()
@@ -510,6 +502,17 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	}
 	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
 	c.release()
+}
+
+// failWhole answers a non-streamed call whose upstream answer cannot be
+// passed on with apiErr: counted against the upstream (reason for its
+// operators), in the metrics and the call's span, and not billed.
+func (c *generationCall) failWhole(ctx *fasthttp.RequestCtx, err error, reason string, apiErr *APIError) {
+	c.answerBroke(err, reason, apiErr.Message)
+	c.server.calls.observe(c.entry.ID, c.upstream.cfg.Name, c.ep.path(), apiErr.Status, time.Since(c.start))
+	c.failCallSpan(apiErr.Status, apiErr.Message)
+	c.release()
+	WriteError(ctx, apiErr)
 }
 
 // errBadAnswer: a success status with a body that is not a JSON object.
