@@ -18,7 +18,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -164,10 +163,6 @@ type Service struct {
 	name     string
 	ackWait  time.Duration
 	t        tuning
-	// noted holds the jobs whose bill this process counted against the
-	// account's balance (Runtime.NoteCharge), so a bill repeated here is
-	// counted once.
-	noted sync.Map // job id → true
 }
 
 // Open declares the buckets and the work stream (idempotent, so every

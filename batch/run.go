@@ -572,14 +572,14 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// recognizes. The other order could lose the bill.
 	ev := s.billingEvent(j, *j.BilledAt)
 	s.recorder.Record(ev)
-	if _, again := s.noted.LoadOrStore(j.ID, true); !again && !repeat {
+	if !repeat {
 		// Chat calls and other jobs are admitted on the balance less what
 		// this process billed and the debits do not show yet; a job's bill
 		// was missing from it, so while billing was down an account spent
 		// again what a finished job had. Once per job: a bill repeated
-		// (here, or after a worker died between its bill and the job's
-		// completion) is debited once, and noted again it held the
-		// account's balance short until the process restarted.
+		// (BilledAt, saved before any bill, says there was one) is debited
+		// once, and noted again it held the account's balance short until
+		// the process restarted.
 		s.runtime.NoteCharge(j.Account, ev.CostNanos)
 	}
 	now := time.Now().UTC()
