@@ -18,8 +18,9 @@ import (
 // attempt sends call to an upstream of its pool and, while the outcome is
 // one another upstream may fix (no connection, no first byte in time, 429,
 // 502, 503), on to the next, within routing.retries and retry_budget.
-// Nothing has gone to the client yet, so a retried call is generated and
-// billed once, by the upstream whose answer is returned. A call pinned to
+// Nothing has gone to the client yet, so a retried call is billed once,
+// for the answer returned (an upstream that took it and closed without
+// answering may have generated part of it first). A call pinned to
 // the upstream holding its previous response goes there or nowhere. The
 // returned upstream is also call.upstream; its in-flight count is released
 // with the call.
