@@ -185,3 +185,69 @@ func TestPeerClosed(t *testing.T) {
 		t.Fatal("a connection its peer closed is open")
 	}
 }
+
+// What WriteBeforeRead leaves goes out with the next Read, which then
+// gets the answer; a Write first sends it ahead of its own bytes.
+func TestWriteBeforeRead(t *testing.T) {
+	c, server := pair(t)
+	c.WriteBeforeRead([]byte("request"))
+	go func() {
+		buf := make([]byte, 7)
+		if _, err := io.ReadFull(server, buf); err == nil && string(buf) == "request" {
+			server.Write([]byte("answer"))
+		}
+	}()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "answer" {
+		t.Fatalf("read %q, %v; want the answer to the request", buf[:n], err)
+	}
+
+	c.WriteBeforeRead([]byte("first "))
+	if _, err := c.Write([]byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 12)
+	if _, err := io.ReadFull(server, got); err != nil || string(got) != "first second" {
+		t.Fatalf("the peer read %q, %v; want what was left ahead first", got, err)
+	}
+}
+
+// A request larger than the socket buffers is sent whole before its
+// answer is read.
+func TestWriteBeforeReadLargerThanTheSocketBuffers(t *testing.T) {
+	c, server := pair(t)
+	req := bytes.Repeat([]byte("0123456789abcdef"), 1<<20) // 16 MiB
+	go func() {
+		got, err := io.ReadAll(io.LimitReader(server, int64(len(req))))
+		if err == nil && bytes.Equal(got, req) {
+			server.Write([]byte("all of it"))
+		} else {
+			server.Write([]byte("short"))
+		}
+	}()
+	c.WriteBeforeRead(req)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "all of it" {
+		t.Fatalf("read %q, %v; want the answer to the whole request", buf[:n], err)
+	}
+}
+
+// A kept connection the peer has closed answers the request left ahead
+// with a reset, which ends the read at once instead of leaving it to its
+// deadline: the stale connections of an upstream pool rest on it.
+func TestWriteBeforeReadToAClosedPeer(t *testing.T) {
+	c, server := pair(t)
+	server.Close()
+	time.Sleep(20 * time.Millisecond) // its close (FIN) arrives before the request
+	c.WriteBeforeRead([]byte("request"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	_, err := c.Read(make([]byte, 16))
+	if err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("read after the peer closed: %v after %v; want an error at once", err, time.Since(start))
+	}
+}
