@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -1192,15 +1193,48 @@ func (r *outboxReader) skipSegment() {
 // appendOutboxPayload appends ev's record payload (without sequence and
 // batch) to dst.
 func appendOutboxPayload(dst []byte, ev *Event) ([]byte, error) {
-	dst = binary.AppendUvarint(dst, uint64(len(ev.ID)))
-	dst = append(dst, ev.ID...)
-	dst = binary.AppendUvarint(dst, uint64(len(ev.Account)))
-	dst = append(dst, ev.Account...)
-	dst = ev.AppendJSON(dst)
-	if len(dst) > maxOutboxEventBytes {
-		return dst, fmt.Errorf("usage event %s encodes to %d bytes, over the %d an event may take", ev.ID, len(dst), maxOutboxEventBytes)
+	start := len(dst)
+	var logged RequestLog // the whole log, once it is being cut
+	keepRequest, keepResponse := -1, -1
+	for {
+		dst = binary.AppendUvarint(dst, uint64(len(ev.ID)))
+		dst = append(dst, ev.ID...)
+		dst = binary.AppendUvarint(dst, uint64(len(ev.Account)))
+		dst = append(dst, ev.Account...)
+		dst = ev.AppendJSON(dst)
+		if len(dst)-start <= maxOutboxEventBytes {
+			return dst, nil
+		}
+		// A logging key's request or answer can be megabytes: the log is
+		// cut, never the bill (the event was dropped whole, unbilled).
+		if ev.Log == nil || max(keepRequest, keepResponse) == 0 {
+			return dst, fmt.Errorf("usage event %s encodes to %d bytes, over the %d an event may take", ev.ID, len(dst)-start, maxOutboxEventBytes)
+		}
+		if keepRequest < 0 {
+			logged = *ev.Log
+			keepRequest, keepResponse = len(logged.Request), len(logged.Response)
+		}
+		if keepRequest >= keepResponse {
+			keepRequest /= 2
+		} else {
+			keepResponse /= 2
+		}
+		ev.Log = &RequestLog{Request: cutLogged(logged.Request, keepRequest), Response: cutLogged(logged.Response, keepResponse),
+			RetentionDays: logged.RetentionDays}
+		dst = dst[:start]
 	}
-	return dst, nil
+}
+
+// cutLogged is the start of a logged body, about keep bytes of it, and a
+// line saying how many bytes were left out.
+func cutLogged(body string, keep int) string {
+	if keep >= len(body) {
+		return body
+	}
+	for keep > 0 && !utf8.RuneStart(body[keep]) {
+		keep--
+	}
+	return body[:keep] + "\n[tollgate: cut here, " + strconv.Itoa(len(body)-keep) + " more bytes not logged]"
 }
 
 // encodeOutboxPayload is appendOutboxPayload into a new slice.

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/money"
@@ -613,5 +614,40 @@ func TestOutboxDamageToAcknowledgedRecordsIsNoLoss(t *testing.T) {
 	notes := strings.Join(ob.Recovery().Notes, "\n")
 	if strings.Contains(notes, "LOST") || !strings.Contains(notes, "nothing is lost") {
 		t.Fatalf("notes %q, want the damage to acknowledged records reported as no loss", notes)
+	}
+}
+
+// A logging key's event whose request and answer are megabytes is kept
+// with its log cut, never dropped: the log is not what decides the bill.
+func TestOutboxCutsAnOversizedLogAndKeepsTheEvent(t *testing.T) {
+	ob := openTestOutbox(t, t.TempDir(), 0)
+	ev := outboxTestEvent(0)
+	request := strings.Repeat("\x01é", 200_000) // 600 KB, 6 bytes of JSON each control byte
+	response := strings.Repeat("answer ", 100_000)
+	ev.Log = &RequestLog{Request: request, Response: response, RetentionDays: 7}
+	if err := ob.Append(ev); err != nil {
+		t.Fatalf("append: %v; want the event kept with its log cut", err)
+	}
+	waitDurable(t, ob, 1)
+	recs := readAllRecords(t, ob, 0)
+	if len(recs) != 1 || len(recs[0].data) > maxOutboxEventBytes {
+		t.Fatalf("%d records, the first of %d bytes; want one within %d", len(recs), len(recs[0].data), maxOutboxEventBytes)
+	}
+	var got Event
+	if err := json.Unmarshal(recs[0].data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.CostNanos != ev.CostNanos || got.PromptTokens != ev.PromptTokens || got.Log == nil || got.Log.RetentionDays != 7 {
+		t.Fatalf("event %+v; want its usage and log kept", got)
+	}
+	for _, c := range []struct{ name, got, whole string }{{"request", got.Log.Request, request}, {"response", got.Log.Response, response}} {
+		i := strings.Index(c.got, "\n[tollgate: cut here, ")
+		if i <= 0 || !strings.HasPrefix(c.whole, c.got[:i]) || !utf8.ValidString(c.got) {
+			t.Errorf("%s logged as %.60q… (%d bytes); want its start and a cut line", c.name, c.got, len(c.got))
+			continue
+		}
+		if want := fmt.Sprintf("\n[tollgate: cut here, %d more bytes not logged]", len(c.whole)-i); c.got[i:] != want {
+			t.Errorf("%s ends %q; want %q", c.name, c.got[i:], want)
+		}
 	}
 }
