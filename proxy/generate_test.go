@@ -168,6 +168,18 @@ func TestImagesAreBilledAtTheImagePrice(t *testing.T) {
 	}
 }
 
+// manyKeys is n distinct members k0 … k(n-1), for a body of many keys.
+func manyKeys(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"k%d":%d`, i, i)
+	}
+	return b.String()
+}
+
 func TestBadRequests(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	cases := []struct {
@@ -181,6 +193,11 @@ func TestBadRequests(t *testing.T) {
 		{"malformed JSON", `{"model":"small",`, "", "not valid JSON"},
 		{"not an object", `["small"]`, "", "JSON object"},
 		{"duplicate model", `{"model":"small","model":"large"}`, "model", "duplicate"},
+		// The prompt's estimate read the first, an upstream prefilled the
+		// last: a client that left early paid for two tokens of 40,000.
+		{"duplicate messages", `{"model":"small","messages":[{"role":"user","content":"Hi"}],"messages":[]}`, "messages", "duplicate"},
+		{"duplicate escaped key", `{"model":"small","tools":[],"t\u006fols":[]}`, "tools", "duplicate"},
+		{"duplicate past 32 keys", `{"model":"small",` + manyKeys(40) + `,"k3":1}`, "k3", "duplicate"},
 		{"empty body", ``, "", "not valid JSON"},
 		// gjson validates recursively: a few million '[' overflowed the
 		// stack and killed the gateway with every call in flight.

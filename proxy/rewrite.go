@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"unsafe"
 
@@ -37,7 +38,7 @@ type requestFields struct {
 }
 
 // scanRequest validates body as one JSON object and locates the fields the
-// gateway needs. Duplicate keys among them are refused: upstreams written in
+// gateway needs. Duplicate keys are refused: upstreams written in
 // Python keep the last duplicate while gjson finds the first, so a second
 // "model" would otherwise slip past the allow-list and the price, and a
 // second "previous_response_id" (or "input", with the items it names) past
@@ -58,7 +59,19 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 		return f, BadRequest("", "request body must be a JSON object")
 	}
 	var dup string
+	// Every other top-level key is refused twice as well: the prompt's
+	// estimate reads the first "messages" and an upstream prefills the
+	// last, so a client that then left paid for a few tokens of a long
+	// prompt. Most bodies have under a dozen keys; the array keeps the
+	// check free of allocations up to 32.
+	var seenBuf [32]string
+	seen := seenBuf[:0]
 	root.ForEach(func(key, value gjson.Result) bool {
+		if slices.Contains(seen, key.Str) {
+			dup = key.Str
+			return false
+		}
+		seen = append(seen, key.Str)
 		var slot *gjson.Result
 		switch key.Str {
 		case "model":
@@ -83,10 +96,6 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 			slot = &f.N
 		default:
 			return true
-		}
-		if slot.Exists() {
-			dup = key.Str
-			return false
 		}
 		*slot = value
 		return true
