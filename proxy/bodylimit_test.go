@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"compress/gzip"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // rawRequest sends head (and body) on a new connection and returns it.
@@ -183,4 +186,25 @@ func mustDo(t *testing.T, c *http.Client, req *http.Request) *http.Response {
 		t.Fatal(err)
 	}
 	return resp
+}
+
+// A request whose body never comes whole is answered 408 when the wait
+// runs out, not 400 "malformed" with both ends' addresses.
+func TestRequestNotSentWholeIs408(t *testing.T) {
+	proxy.SetRequestReadTimeout(t, 300*time.Millisecond)
+	h := newHarness(t, harnessOptions{})
+	conn := rawRequest(t, h.url, fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 100000\r\n\r\n", h.key), `{"model":"small",`)
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 408 || !strings.Contains(string(body), `"code":"request_timeout"`) || strings.Contains(string(body), "127.0.0.1") {
+		t.Fatalf("%d %s; want 408 request_timeout without addresses", resp.StatusCode, body)
+	}
+	if len(h.up.Requests()) != 0 {
+		t.Fatal("the unfinished request reached the upstream")
+	}
 }

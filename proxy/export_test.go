@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"testing"
+	"time"
 )
 
 // UpstreamsRetired reports whether every upstream of w is retired, for
@@ -24,3 +25,11 @@ func StartRawUpstream(t *testing.T, answer func(conn, req int, c net.Conn) bool)
 
 // PromptEstimate is promptEstimate for the tests of package proxy_test.
 func PromptEstimate(body []byte, limit int64) int64 { return promptEstimate(body, limit) }
+
+// SetRequestReadTimeout sets how long servers made from now on wait for a
+// request, until the test ends.
+func SetRequestReadTimeout(t *testing.T, d time.Duration) {
+	old := requestReadTimeout
+	requestReadTimeout = d
+	t.Cleanup(func() { requestReadTimeout = old })
+}

@@ -118,9 +118,11 @@ func TestMetricsCountRefusals(t *testing.T) {
 	readAll(t, h.post("/v1/chat/completions", smallChat, "tg-forged"))
 	readAll(t, h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"`+strings.Repeat("x", 70<<10)+`"}]}`))
 	readAll(t, h.post("/v1/made-up/"+strings.Repeat("a", 20), "{}"))
+	// Told 413 before the upload, by fasthttp's Expect handler.
+	readStatus(t, rawRequest(t, h.url, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1000000\r\n\r\n", ""))
 	after := scrape(t, h)
 	for _, c := range []struct{ endpoint, status string }{
-		{"/v1/chat/completions", "401"}, {"/v1/chat/completions", "413"}, {"other", "404"},
+		{"/v1/chat/completions", "401"}, {"/v1/chat/completions", "413"}, {"other", "404"}, {"/v1/responses", "413"},
 	} {
 		if got := count(after, c.endpoint, c.status) - count(before, c.endpoint, c.status); got != 1 {
 			t.Errorf("refused %s %s counted %d times, want 1", c.endpoint, c.status, got)

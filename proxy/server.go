@@ -165,13 +165,14 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// without a body: the envelope cannot be written there.
 		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
 			if int64(ctx.Request.Header.ContentLength()) > int64(s.world.Load().Config.Server.MaxRequestBody) {
+				refusals.count(ctx.Path(), fasthttp.StatusRequestEntityTooLarge)
 				return fasthttp.StatusRequestEntityTooLarge
 			}
 			return fasthttp.StatusContinue
 		},
 		// ReadTimeout bounds reading one request; WriteTimeout must stay
 		// zero, it would cap every streamed response.
-		ReadTimeout:                   60 * time.Second,
+		ReadTimeout:                   requestReadTimeout,
 		IdleTimeout:                   120 * time.Second,
 		NoDefaultContentType:          true,
 		DisableHeaderNamesNormalizing: false,
@@ -298,6 +299,9 @@ func (s *Server) Serve(ln net.Listener) error { return s.http.Serve(rawconn.List
 // Shutdown stops accepting and waits for open requests, streams included.
 func (s *Server) Shutdown() error { return s.http.Shutdown() }
 
+// requestReadTimeout bounds the reading of one request, headers and body.
+var requestReadTimeout = 60 * time.Second
+
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", s.world.Load().Config.Server.MaxRequestBody)))
@@ -306,6 +310,14 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	if errors.As(err, &small) {
 		WriteError(ctx, &APIError{Status: 431, Type: "invalid_request_error", Code: "headers_too_large", Message: "request headers are too large"})
+		return
+	}
+	if isTimeout(err) {
+		// A body announced and never sent, or headers trickled in: the
+		// wait ran out, nothing was malformed. The error's text named both
+		// ends' addresses.
+		WriteError(ctx, &APIError{Status: fasthttp.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+			Message: "the request was not received whole within " + requestReadTimeout.String()})
 		return
 	}
 	WriteError(ctx, BadRequest("", "malformed HTTP request: "+redactSecrets(err.Error())))
