@@ -192,7 +192,10 @@ func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts p
 		logf("tracing: spans to %s, sampling %g of calls without a sampled parent", cfg.Tracing.OTLPEndpoint, cfg.Tracing.SampleRatio)
 	}
 	flushTracing := func() {
-		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Spans are best effort; a collector that accepts and never
+		// answers would otherwise hold the exit past the 4 s the
+		// shutdown rule leaves after shutdown_timeout.
+		flush, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = stopTracing(flush)
 	}
@@ -477,7 +480,13 @@ func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc
 	}
 	return pub, func() {
 		stopBilling()
-		<-billingDone
+		select {
+		case <-billingDone:
+		case <-time.After(10 * time.Second):
+			// An insert or fetch that does not heed its context; what it
+			// had not acknowledged is delivered again at the next start.
+			logf("billing: the consumer did not stop within 10 s; exiting without it (its unacknowledged events are delivered again)")
+		}
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := pub.Close(c); err != nil {
