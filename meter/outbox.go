@@ -488,7 +488,7 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 				note = fmt.Sprintf("%s; the %d intact records after the damage were acknowledged by JetStream before: nothing is lost (the bytes are in %s)",
 					note, intact, where)
 			default:
-				note = fmt.Sprintf("LOST usage events: %s; at least %d intact records followed the damage, %d of them after the last acknowledged record (%d), not billed unless JetStream had them (the bytes are in %s)",
+				note = fmt.Sprintf("LOST usage events: %s; the damaged record, and at least %d intact records after it, %d of them after the last acknowledged record (%d), are not billed unless JetStream had them (the bytes are in %s)",
 					note, intact, unacked, ob.acked, where)
 			}
 		}
