@@ -439,35 +439,44 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	return t, true
 }
 
-// record meters a keyed call at the endpoint's price per token. After an
-// llm attempt that failed, the tokens include it, whoever answered.
+// record meters a keyed call at the endpoint's price per token. The
+// tokens a model spent on it cost at least what the model's own prices
+// make of them: all of them when the llm answered or failed, those of
+// the failed attempt when an offline engine answered after it (auto).
+// The event then names the model and its upstream, whose usage it
+// carries: one row per call, as every call has.
 func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.Usage, status int) {
 	price, err := money.ParsePrice(x.price) // validated with the config
 	if err != nil {
 		price = 0
 	}
-	var cost money.Atto
-	cost.Add(u.TotalTokens, price)
-	nanos := cost.Nanos()
-	if choice.name == engineLLM && choice.model != "" {
-		// The model's own prices are the least its tokens cost: at the
-		// plugin price alone, a key allowed an expensive model ran up to
-		// 64 KiB of text a call through it at a 6th to a 25th of what a
-		// chat call pays for the same tokens.
-		if e, ok := call.World.Catalog.Resolve(choice.model); ok {
-			nanos = max(nanos, e.Prices.Cost(catalog.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens}))
+	var llm classifiers.Usage // the model's part of u
+	model, upstream := choice.name, ""
+	switch {
+	case choice.name == engineLLM:
+		llm, model, upstream = u, choice.model, choice.upstream
+	case tokensOf(choice.spent) > 0:
+		llm, model, upstream = choice.spent, choice.spentModel, choice.spentUpstream
+	}
+	var offlineCost, llmCost money.Atto
+	offlineCost.Add(tokensOf(u)-tokensOf(llm), price)
+	llmCost.Add(tokensOf(llm), price)
+	llmNanos := llmCost.Nanos()
+	if tokensOf(llm) > 0 {
+		// At the plugin price alone, a key allowed an expensive model ran
+		// up to 64 KiB of text a call through it at a 6th to a 25th of
+		// what a chat call pays for the same tokens.
+		if e, ok := call.World.Catalog.Resolve(model); ok {
+			llmNanos = max(llmNanos, e.Prices.Cost(catalog.Usage{PromptTokens: llm.PromptTokens, CompletionTokens: llm.CompletionTokens}))
 		}
 	}
+	nanos := offlineCost.Nanos() + llmNanos
 	source := meter.SourceTokenizer
 	switch {
 	case u.Estimated: // an llm's upstream reported no usage to believe
 		source = meter.SourceEstimated
-	case choice.name == engineLLM:
+	case tokensOf(llm) > 0:
 		source = meter.SourceUpstream
-	}
-	model := choice.model
-	if model == "" {
-		model = choice.name // an offline engine
 	}
 	call.Server.Record(&meter.Event{
 		ID:               call.RequestID,
@@ -476,7 +485,7 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 		KeyID:            call.Key.ID,
 		Endpoint:         x.endpoint,
 		Model:            model,
-		Upstream:         choice.upstream,
+		Upstream:         upstream,
 		PromptTokens:     u.PromptTokens,
 		CompletionTokens: u.CompletionTokens,
 		CostNanos:        nanos,
@@ -484,6 +493,14 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 		Status:           status,
 		Latency:          time.Since(call.Start),
 	})
+}
+
+// tokensOf is u's total, prompt and completion when it gives none.
+func tokensOf(u classifiers.Usage) int64 {
+	if u.TotalTokens == 0 {
+		return u.PromptTokens + u.CompletionTokens
+	}
+	return u.TotalTokens
 }
 
 // writeJSON writes v as a 200 response.

@@ -40,8 +40,11 @@ type engineChoice struct {
 	auto     bool
 	fallback string
 	// spent is what a failed llm attempt cost upstream (a wrong answer
-	// asked twice): billed with the call, answered or not.
-	spent classifiers.Usage
+	// asked twice), and spentModel and spentUpstream whose tokens they
+	// were: billed with the call, answered or not, at least at that
+	// model's prices whoever answered.
+	spent                     classifiers.Usage
+	spentModel, spentUpstream string
 }
 
 func lexicalChoice() *engineChoice {
@@ -174,7 +177,7 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 		return ans, nil
 	}
 	if c.name == engineLLM {
-		c.spent = ans.Usage
+		c.spent, c.spentModel, c.spentUpstream = ans.Usage, c.model, c.upstream
 		if errors.Is(err, proxy.ErrModelUnavailable) {
 			c.probe.markDown()
 		}

@@ -277,3 +277,45 @@ func TestLLMEngineBillsAtLeastTheModelsPrices(t *testing.T) {
 		t.Fatalf("cost %s for %d+%d tokens, want the model's %s", ev.CostNanos, ev.PromptTokens, ev.CompletionTokens, model.Nanos())
 	}
 }
+
+// TestFallbackBillsTheModelsTokensAtItsPrices: an auto llm call whose
+// model answered off-format twice, answered then by the offline engine,
+// billed the model's tokens at the plugin price, in a row saying
+// "lexical", no upstream, usage from the tokenizer; the same tokens asked
+// of "llm" were a 502 billed at the model's prices to the model and its
+// upstream. The fallback's row now names the model and its upstream, and
+// bills the model's part at least at the model's prices, the offline
+// engine's part at the plugin price.
+func TestFallbackBillsTheModelsTokensAtItsPrices(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{BadAnswerTimes: 1 << 30}, plugins: `
+  engine: auto
+  llm_model: small
+  pricing: {classify: "0.00000001"}`})
+	const body = `{"text": "The export button crashes", "labels": ["billing", "bug"]`
+	h.keyed("/v1/classify", body+`, "model": "llm"}`).apiError(t, 502, "upstream_error")
+	failed := h.events(1)[0]
+	var model money.Atto // small: 0.0000001 a prompt token, 0.0000003 a completion token
+	model.Add(failed.PromptTokens, money.Price(100_000_000_000))
+	model.Add(failed.CompletionTokens, money.Price(300_000_000_000))
+	if failed.CostNanos != model.Nanos() {
+		t.Fatalf("the 502 cost %s, want the model's %s", failed.CostNanos, model.Nanos())
+	}
+
+	m := h.keyed("/v1/classify", body+`}`).ok(t)
+	if m["engine"] != "lexical" || m["fallback"] == nil {
+		t.Fatalf("auto after two wrong answers: %v", m)
+	}
+	total := checkUsage(t, m)
+	own := total - failed.PromptTokens - failed.CompletionTokens
+	if own <= 0 {
+		t.Fatalf("usage %d tokens: want the model's %d+%d and lexical's", total, failed.PromptTokens, failed.CompletionTokens)
+	}
+	var offline money.Atto // the plugin price, 0.00000001 a token
+	offline.Add(own, money.Price(10_000_000_000))
+	ev := h.events(2)[1]
+	if ev.Model != "small" || ev.Upstream != "local" || ev.UsageSource != meter.SourceUpstream || ev.Status != 200 ||
+		ev.PromptTokens+ev.CompletionTokens != total || ev.CostNanos != model.Nanos()+offline.Nanos() {
+		t.Errorf("fallback event %+v: want small at local, source upstream, %d tokens, cost %s (the model's part) + %s (lexical's)",
+			ev, total, model.Nanos(), offline.Nanos())
+	}
+}
