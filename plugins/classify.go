@@ -89,12 +89,15 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 	// (gateway.yaml says so), and the whole set to what a batch job keeps:
 	// a set of megabytes was compiled again for every call (not cached),
 	// seconds of CPU each.
-	total := 0
+	total, apiErr := labelBytes("labels", req.Labels, cfg.Plugins)
+	if apiErr != nil {
+		return req, apiErr
+	}
 	for _, l := range req.Labels {
 		if apiErr := maxText("descriptions."+l, req.Descriptions[l], cfg.Plugins); apiErr != nil {
 			return req, apiErr
 		}
-		total += len(l) + len(req.Descriptions[l])
+		total += len(req.Descriptions[l])
 		for i, ex := range req.Examples[l] {
 			if apiErr := maxText(fmt.Sprintf("examples.%s[%d]", l, i), ex, cfg.Plugins); apiErr != nil {
 				return req, apiErr

@@ -352,6 +352,19 @@ func maxText(field, v string, p config.Plugins) *proxy.APIError {
 	return nil
 }
 
+// labelBytes holds each label (or tag) of a set to plugins.max_text_bytes,
+// as a text, and returns the bytes they take together. field names the set.
+func labelBytes(field string, labels []string, p config.Plugins) (int, *proxy.APIError) {
+	n := 0
+	for i, l := range labels {
+		if apiErr := maxText(fmt.Sprintf("%s[%d]", field, i), l, p); apiErr != nil {
+			return 0, apiErr
+		}
+		n += len(l)
+	}
+	return n, nil
+}
+
 // checkThreshold applies the default to an omitted threshold.
 func checkThreshold(t *float64) (float64, *proxy.APIError) {
 	if t == nil {

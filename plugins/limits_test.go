@@ -187,3 +187,33 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"], "model": "lexical"}`}).ok(t)
 }
+
+// TestTagSetIsBounded: /v1/tag counted its tags but not their size, so
+// 200 tags of 16 KB (3.2 MB) took 5.8 s of CPU and 1.5M tokens of a key's
+// minute. Tags are held to what classify's labels are: each to
+// plugins.max_text_bytes, all together to what a batch job keeps.
+func TestTagSetIsBounded(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: lexical\n  max_text_bytes: 64KiB"})
+	tags := make([]string, 5)
+	for i := range tags {
+		tags[i] = fmt.Sprintf("%q", strings.Repeat(string(rune('a'+i)), 60_000))
+	}
+	e := h.keyed("/v1/tag", `{"text": "x", "tags": [`+strings.Join(tags, ",")+`]}`).apiError(t, 400, "invalid_request_error")
+	if e["param"] != "tags" || !strings.Contains(e["message"].(string), "tags take 300000 bytes; at most 262144 are accepted") {
+		t.Errorf("5 tags of 60 KB: %v", e)
+	}
+	long := strings.Repeat("t", 64<<10+1)
+	for path, body := range map[string]string{
+		"/v1/tag":      `{"text": "x", "tags": ["a", "` + long + `"]}`,
+		"/v1/classify": `{"text": "x", "labels": ["a", "` + long + `"]}`,
+	} {
+		e := h.keyed(path, body).apiError(t, 400, "invalid_request_error")
+		field := map[string]string{"/v1/tag": "tags", "/v1/classify": "labels"}[path]
+		if e["param"] != field+"[1]" || !strings.Contains(e["message"].(string), field+"[1] is 65537 bytes, longer than plugins.max_text_bytes") {
+			t.Errorf("%s with a label of 64 KiB + 1: %v", path, e)
+		}
+	}
+	if n := len(h.rec.Events()); n != 0 {
+		t.Errorf("%d events recorded for refused requests", n)
+	}
+}

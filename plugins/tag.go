@@ -42,6 +42,15 @@ func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIE
 	if apiErr := firstProblem(config.CheckLabelList("tags", b.Tags, 0)); apiErr != nil {
 		return req, apiErr
 	}
+	// Held as classify's labels are: tags of megabytes took seconds of CPU
+	// and a million tokens of a key's minute.
+	total, apiErr := labelBytes("tags", b.Tags, p)
+	if apiErr != nil {
+		return req, apiErr
+	}
+	if total > classifiers.MaxLabelSetBytes {
+		return req, proxy.BadRequest("tags", fmt.Sprintf("tags take %d bytes; at most %d are accepted, as for the labels of /v1/classify", total, classifiers.MaxLabelSetBytes))
+	}
 	if b.MaxTags != nil {
 		if *b.MaxTags < 1 || *b.MaxTags > maxMaxTags {
 			return req, proxy.BadRequest("max_tags", fmt.Sprintf("max_tags must be between 1 and %d, got %d", maxMaxTags, *b.MaxTags))
