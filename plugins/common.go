@@ -416,6 +416,9 @@ type execution struct {
 func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution) (tail, bool) {
 	choice, apiErr := m.chooseEngine(callerOf(call), x.model)
 	if apiErr == nil {
+		apiErr = choice.unavailable()
+	}
+	if apiErr == nil {
 		apiErr = call.Server.CheckBalance(call.World, call)
 	}
 	if apiErr == nil {

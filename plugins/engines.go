@@ -34,7 +34,7 @@ type engineChoice struct {
 	upstream string  // upstream name, llm only
 	probe    *probe  // the upstream's health, llm only
 	m        *module // whose engines an auto llm falls back to, llm only
-	vectors  string  // plugins.vectors, for an auto llm's fallback
+	vectors  string  // plugins.vectors, for an auto llm's fallback and the advice of its errors
 	// auto: chosen by plugins.engine auto, so an llm failure falls back
 	// to the offline engine instead of failing the request.
 	auto     bool
@@ -104,7 +104,7 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 		if who.public {
 			// Anyone could otherwise run the operator's dearest model for
 			// free; plugins.llm_model ("llm", or auto) is the operator's choice.
-			return nil, proxy.Forbidden(fmt.Sprintf("requests without an API key may not name a catalog model (%q); send an API key, or \"model\": \"semantic\", \"lexical\" or \"llm\"", requested))
+			return nil, proxy.Forbidden(fmt.Sprintf("requests without an API key may not name a catalog model (%q); send an API key, or \"model\": %s or \"llm\"", requested, m.offlineEngines(p.Vectors)))
 		}
 		return m.llmChoice(who, requested, "model")
 	}
@@ -138,8 +138,29 @@ func (m *module) autoLLM(who caller) *engineChoice {
 	if apiErr != nil {
 		return nil
 	}
-	c.auto, c.vectors = true, p.Vectors
+	c.auto = true
 	return c
+}
+
+// offlineEngines words the offline engines a request can name instead of
+// a model, for an error's advice: semantic only when its vectors load
+// (a 503 told callers to send semantic on a gateway without them).
+func (m *module) offlineEngines(vectors string) string {
+	if _, err := m.vectors.engine(vectors); err != nil {
+		return `"lexical"`
+	}
+	return `"semantic" or "lexical"`
+}
+
+// unavailable refuses, before the call is admitted, an llm chosen by name
+// (or by plugins.engine llm) whose upstream failed its last probe or call:
+// asking it would fail, and the failure used up the caller's quota, the public
+// one request a minute too, so that the model the 503 advised got a 429.
+func (c *engineChoice) unavailable() *proxy.APIError {
+	if c.name != engineLLM || c.auto || !c.probe.down() {
+		return nil
+	}
+	return engineError(c, proxy.ErrModelUnavailable)
 }
 
 // offlineFallback is the offline engine an auto llm choice falls back to.
@@ -151,12 +172,12 @@ func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *prox
 		return nil, proxy.Unavailable(fmt.Sprintf("%s %q is not in the catalog", from, model))
 	}
 	if !who.allows(entry.ID) {
-		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": \"semantic\" or \"lexical\" (the offline engines)", entry.ID, from))
+		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": %s (offline)", entry.ID, from, m.offlineEngines(who.world.Config.Plugins.Vectors)))
 	}
 	_, refused := m.logprobsRefused.Load(entry.ID)
 	engine := classifiers.NewLLMWith(who.world, entry.ID, classifiers.LLMOptions{NoLogprobs: refused,
 		LogprobsRefused: func() { m.logprobsRefused.Store(entry.ID, true) }})
-	c := &engineChoice{engine: engine, name: engineLLM, model: entry.ID, upstream: entry.Upstream, m: m}
+	c := &engineChoice{engine: engine, name: engineLLM, model: entry.ID, upstream: entry.Upstream, m: m, vectors: who.world.Config.Plugins.Vectors}
 	for _, u := range who.world.Config.Upstreams {
 		if u.Name == entry.Upstream {
 			c.probe = m.probes.get(u)
@@ -217,7 +238,7 @@ func engineError(c *engineChoice, err error) *proxy.APIError {
 	if offline(c.name) {
 		return proxy.Internal("the " + c.name + " engine failed: " + err.Error())
 	}
-	msg := fmt.Sprintf("model %s: %s; retry later or send \"model\": \"semantic\" or \"lexical\"", c.model, failure(c, err))
+	msg := fmt.Sprintf("model %s: %s; retry later or send \"model\": %s", c.model, failure(c, err), c.m.offlineEngines(c.vectors))
 	if errors.Is(err, proxy.ErrModelUnavailable) {
 		return proxy.Unavailable(msg)
 	}
@@ -299,6 +320,21 @@ func (p *probe) up() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.ok && time.Since(p.checkedAt) <= probeStale
+}
+
+// down reports whether the upstream failed its last probe, or a call
+// since, recently. Unlike !up, an upstream not probed yet, or whose probe
+// is slow, is not down: a request that names the model is not refused on
+// a guess. It starts a new probe as up does, but never waits for one.
+func (p *probe) down() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	age := time.Since(p.checkedAt)
+	if age > probeEvery && p.running == nil {
+		p.running = make(chan struct{})
+		go p.check(p.running)
+	}
+	return !p.checkedAt.IsZero() && !p.ok && age <= probeStale
 }
 
 func (p *probe) check(done chan struct{}) {

@@ -81,7 +81,7 @@ func TestEngineSelection(t *testing.T) {
 	}
 	// Asked for by name, the llm is not replaced: 503.
 	e := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "small"}`).apiError(t, 503, "upstream_unavailable")
-	if msg := e["message"].(string); !strings.Contains(msg, `send "model": "semantic" or "lexical"`) || strings.Contains(msg, "127.0.0.1") {
+	if msg := e["message"].(string); !strings.Contains(msg, `send "model": "lexical"`) || strings.Contains(msg, "127.0.0.1") {
 		t.Errorf("503 message %q: want advice, and no internal address", msg)
 	}
 }
@@ -101,8 +101,11 @@ func TestAutoWithUpstreamDown(t *testing.T) {
 		t.Errorf("upstream requests %v, want one GET /models", h.up.Requests())
 	}
 	// The model back up: the next probe (every 10 s) finds it; until then
-	// explicit llm requests still go through and fail honestly.
-	h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`).apiError(t, 502, "upstream_error")
+	// explicit llm requests are refused, without asking the model.
+	h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`).apiError(t, 503, "upstream_unavailable")
+	if n := chatCalls(h.up); n != 0 {
+		t.Errorf("%d chat calls to a down upstream", n)
+	}
 }
 
 // TestKeyModelAllowList: a key limited to some models cannot name others,
@@ -115,8 +118,8 @@ func TestKeyModelAllowList(t *testing.T) {
 		t.Errorf("auto with llm_model outside the key's models: %v", m)
 	}
 	denied := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "small"}`, key: key}).apiError(t, 403, "permission_denied")
-	if msg, _ := denied["message"].(string); !strings.Contains(msg, `"semantic"`) {
-		t.Errorf("the 403 should name the default offline engine as the way out: %q", msg)
+	if msg, _ := denied["message"].(string); !strings.Contains(msg, `"lexical"`) {
+		t.Errorf("the 403 should name the offline engine there is (no vectors here) as the way out: %q", msg)
 	}
 	unknown := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "gpt-5"}`, key: key}).apiError(t, 400, "invalid_request_error")
 	if msg, _ := unknown["message"].(string); !strings.HasSuffix(msg, "a catalog model: large") {
@@ -317,5 +320,34 @@ func TestFallbackBillsTheModelsTokensAtItsPrices(t *testing.T) {
 		ev.PromptTokens+ev.CompletionTokens != total || ev.CostNanos != model.Nanos()+offline.Nanos() {
 		t.Errorf("fallback event %+v: want small at local, source upstream, %d tokens, cost %s (the model's part) + %s (lexical's)",
 			ev, total, model.Nanos(), offline.Nanos())
+	}
+}
+
+// TestExplicitLLMWithItsUpstreamDownCostsNoQuota: "model": "llm" while
+// the probe found its upstream down was a 503 that still used up the
+// caller's quota, the public one request a minute too, so following the
+// 503's advice (send another model) got a 429 for a minute; and the
+// advice named semantic on a gateway without its vectors. The call is now
+// refused before admission, naming only the engines there are.
+func TestExplicitLLMWithItsUpstreamDownCostsNoQuota(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 503}, plugins: "  engine: auto\n  llm_model: small"})
+	// An auto call finds the upstream down.
+	if m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t); m["engine"] != "lexical" {
+		t.Fatalf("auto with the upstream down: %v", m)
+	}
+	e := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "llm"}`}).apiError(t, 503, "upstream_unavailable")
+	msg := e["message"].(string)
+	if !strings.Contains(msg, `send "model": "lexical"`) || strings.Contains(msg, "semantic") {
+		t.Errorf("503 message %q: want lexical as the way out, and not semantic, which has no vectors here", msg)
+	}
+	if n := chatCalls(h.up); n != 0 {
+		t.Errorf("%d chat calls to an upstream the probe found down", n)
+	}
+	m := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`}).ok(t)
+	if m["engine"] != "lexical" {
+		t.Errorf("following the advice: %v", m)
+	}
+	if n := len(h.events(1)); n != 1 {
+		t.Errorf("%d events, want the keyed call's", n)
 	}
 }
