@@ -153,6 +153,31 @@ func nestedDuplicate(path string, v gjson.Result) string {
 	return dup
 }
 
+// wholeNumber is an integer field that also takes an integral number
+// written as a float: JSON has one number type, and Python's
+// json.dumps(1.0) sends "max_tags": 1.0, which was refused as out of
+// range. A fraction, a string or a number beyond 2^53 is refused as an
+// int field refuses it, with the decoder's error (see decodeError).
+type wholeNumber int
+
+func (n *wholeNumber) UnmarshalJSON(b []byte) error {
+	var i int
+	err := json.Unmarshal(b, &i)
+	if err == nil {
+		*n = wholeNumber(i)
+		return nil
+	}
+	var typ *json.UnmarshalTypeError
+	if !errors.As(err, &typ) {
+		return err
+	}
+	if f, ferr := strconv.ParseFloat(string(b), 64); ferr == nil && f == math.Trunc(f) && math.Abs(f) <= 1<<53 {
+		*n = wholeNumber(f)
+		return nil
+	}
+	return &json.UnmarshalTypeError{Value: typ.Value, Type: reflect.TypeFor[wholeNumber](), Offset: typ.Offset}
+}
+
 // numberRanges words the valid values of the numeric fields, for a number
 // that does not fit the field's type (threshold: 1e400).
 var numberRanges = map[string]string{

@@ -20,11 +20,11 @@ const (
 // tagBody is POST /v1/tag: tags from a closed set when tags is given, open
 // tags the engine finds otherwise.
 type tagBody struct {
-	Text      string   `json:"text"`
-	Tags      []string `json:"tags"`
-	MaxTags   *int     `json:"max_tags"`
-	Threshold *float64 `json:"threshold"`
-	Model     string   `json:"model"`
+	Text      string       `json:"text"`
+	Tags      []string     `json:"tags"`
+	MaxTags   *wholeNumber `json:"max_tags"`
+	Threshold *float64     `json:"threshold"`
+	Model     string       `json:"model"`
 }
 
 const tagExample = `{"text": "The export button does nothing on Safari"}`
@@ -55,7 +55,7 @@ func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIE
 		if *b.MaxTags < 1 || *b.MaxTags > maxMaxTags {
 			return req, proxy.BadRequest("max_tags", fmt.Sprintf("max_tags must be between 1 and %d, got %d", maxMaxTags, *b.MaxTags))
 		}
-		req.MaxTags = *b.MaxTags
+		req.MaxTags = int(*b.MaxTags)
 	}
 	if b.Threshold != nil {
 		t, apiErr := checkThreshold(b.Threshold)

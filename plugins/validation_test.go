@@ -116,6 +116,30 @@ func TestValidation(t *testing.T) {
 	}
 }
 
+// TestIntegralFloatsAreIntegers: "max_tags": 1.0, what Python's
+// json.dumps(1.0) sends, and 1e0 were refused as out of range; an integer
+// field now takes any integral number, and still refuses a fraction.
+func TestIntegralFloatsAreIntegers(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, n := range []string{"1.0", "1e0", "0.1e1", "1.000"} {
+		m := h.keyed("/v1/tag", `{"text": "refund refund invoice invoice invoice", "max_tags": `+n+`}`).ok(t)
+		if tags := m["tags"].([]any); len(tags) != 1 {
+			t.Errorf("max_tags %s: %d tags, want 1", n, len(tags))
+		}
+	}
+	for n, msg := range map[string]string{
+		"1.5":  "max_tags must be an integer, got a number 1.5",
+		"51.0": "max_tags must be between 1 and 50, got 51",
+		`"1"`:  "max_tags must be an integer, got a string",
+		"1e20": "max_tags must be an integer between 1 and 50, got 1e20, which is out of range",
+	} {
+		e := h.keyed("/v1/tag", `{"text": "x", "max_tags": `+n+`}`).apiError(t, 400, "invalid_request_error")
+		if e["param"] != "max_tags" || !strings.Contains(e["message"].(string), msg) {
+			t.Errorf("max_tags %s: %v, want %q", n, e, msg)
+		}
+	}
+}
+
 // TestValidationPublicCostsNoQuota: a public caller who gets a 400 can fix
 // the request and send it again at once.
 func TestValidationPublicCostsNoQuota(t *testing.T) {
