@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // Rules shared by saved classifiers (here) and classify requests (the
@@ -26,7 +29,8 @@ type FieldProblem struct {
 }
 
 // CheckLabelList checks a list of labels (or tags): at most MaxLabels, at
-// least minCount, none empty, none twice. field names the list.
+// least minCount, none empty or without a letter or digit, none twice,
+// none that no engine tells apart from another. field names the list.
 func CheckLabelList(field string, labels []string, minCount int) []FieldProblem {
 	var out []FieldProblem
 	if len(labels) < minCount || len(labels) > MaxLabels {
@@ -34,22 +38,30 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 	}
 	seen := make(map[string]bool, len(labels))
 	// Labels the engines cannot tell apart ("Bug" and "bug", "bug" and
-	// "bug ", "feature_request" and "feature request": they read _ and -
-	// as spaces): every text tied between them, whatever it said.
+	// "bug.", "feature_request" and "feature request", "café" in NFC and
+	// in NFD): every text tied between them, whatever it said.
 	folded := make(map[string]string, len(labels))
 	for i, l := range labels {
-		key := strings.ToLower(strings.Join(strings.Fields(strings.NewReplacer("_", " ", "-", " ").Replace(l)), " "))
+		key := LabelKey(l)
+		p := fmt.Sprintf("%s[%d]", field, i)
 		switch {
-		case strings.TrimSpace(l) == "":
+		case Blank(l):
 			// Only spaces name nothing an engine can read: it answered
 			// such a label as a tie with the others.
-			p := fmt.Sprintf("%s[%d]", field, i)
 			out = append(out, FieldProblem{p, p + " is empty"})
+		case key == "":
+			out = append(out, FieldProblem{p, fmt.Sprintf("%s (%q) has no letter or digit: no engine can read it", p, l)})
 		case seen[l]:
-			out = append(out, FieldProblem{fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("%s has %q twice", field, l)})
+			out = append(out, FieldProblem{p, fmt.Sprintf("%s has %q twice", field, l)})
 		case folded[key] != "":
-			out = append(out, FieldProblem{fmt.Sprintf("%s[%d]", field, i),
-				fmt.Sprintf("%s has %q and %q, which differ only in case, spacing, _ or -: no engine tells them apart", field, folded[key], l)})
+			a, b := fmt.Sprintf("%q", folded[key]), fmt.Sprintf("%q", l)
+			if !norm.NFC.IsNormalString(folded[key]) || !norm.NFC.IsNormalString(l) {
+				// "café" with a combining accent looks like "café": say
+				// which characters differ.
+				a, b = fmt.Sprintf("%+q", folded[key]), fmt.Sprintf("%+q", l)
+			}
+			out = append(out, FieldProblem{p,
+				fmt.Sprintf("%s has %s and %s, which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart", field, a, b)})
 		}
 		seen[l] = true
 		if folded[key] == "" {
@@ -57,6 +69,31 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 		}
 	}
 	return out
+}
+
+// LabelKey is what the engines read of a label: its words (runs of
+// letters and digits, as the lexical engine splits a text), lower-cased,
+// in Unicode's composed form (NFC), one space apart; "" for a label with
+// no letter or digit. Two labels with one key are one label to every
+// engine.
+func LabelKey(l string) string {
+	words := strings.FieldsFunc(strings.ToLower(norm.NFC.String(l)), func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r)
+	})
+	return strings.Join(words, " ")
+}
+
+// Blank reports whether s is empty or holds only white space and
+// invisible characters (controls such as NUL, zero-width and other
+// format characters such as U+200B): no text for an engine to read,
+// which it answered as a tie or a floor that read like a verdict.
+func Blank(s string) bool {
+	for _, r := range s {
+		if !unicode.IsSpace(r) && !unicode.In(r, unicode.Cc, unicode.Cf) {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckClassification checks everything of a classification but its text.

@@ -54,12 +54,23 @@ func TestCheckClassification(t *testing.T) {
 		{labels: many, threshold: 0.5, want: []FieldProblem{{"labels", "labels must have 1 to 200 entries, got 201"}}},
 		{labels: []string{"a", "", "a"}, threshold: 0.5, want: []FieldProblem{{"labels[1]", "labels[1] is empty"}, {"labels[2]", `labels has "a" twice`}}},
 		{labels: []string{"Bug", "bug", "bug ", "bug  report", "Bug report"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "Bug" and "bug", which differ only in case, spacing, _ or -: no engine tells them apart`},
-			{"labels[2]", `labels has "Bug" and "bug ", which differ only in case, spacing, _ or -: no engine tells them apart`},
-			{"labels[4]", `labels has "bug  report" and "Bug report", which differ only in case, spacing, _ or -: no engine tells them apart`}}},
+			{"labels[1]", `labels has "Bug" and "bug", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
+			{"labels[2]", `labels has "Bug" and "bug ", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
+			{"labels[4]", `labels has "bug  report" and "Bug report", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`}}},
 		{labels: []string{"feature_request", "feature request", "feature-request"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "feature_request" and "feature request", which differ only in case, spacing, _ or -: no engine tells them apart`},
-			{"labels[2]", `labels has "feature_request" and "feature-request", which differ only in case, spacing, _ or -: no engine tells them apart`}}},
+			{"labels[1]", `labels has "feature_request" and "feature request", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
+			{"labels[2]", `labels has "feature_request" and "feature-request", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`}}},
+		// Punctuation, invisible characters and NFC against NFD: every text
+		// tied between such labels.
+		{labels: []string{"bug", "bug.", "BUG!", "bug\u200b", "café", "cafe\u0301"}, threshold: 0.5, want: []FieldProblem{
+			{"labels[1]", `labels has "bug" and "bug.", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
+			{"labels[2]", `labels has "bug" and "BUG!", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
+			{"labels[3]", `labels has "bug" and "bug\u200b", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
+			{"labels[5]", `labels has "caf\u00e9" and "cafe\u0301", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`}}},
+		{labels: []string{"a", "_", "-", "!!!", "x\u200b"}, threshold: 0.5, want: []FieldProblem{
+			{"labels[1]", `labels[1] ("_") has no letter or digit: no engine can read it`},
+			{"labels[2]", `labels[2] ("-") has no letter or digit: no engine can read it`},
+			{"labels[3]", `labels[3] ("!!!") has no letter or digit: no engine can read it`}}},
 		{labels: []string{"a"}, desc: map[string]string{"b": "x"}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions has a key "b" that is not a label`}}},
 		{labels: []string{"a"}, mode: "both", threshold: -0.1, want: []FieldProblem{{"mode", `mode must be single or multi, got "both"`}, {"threshold", "threshold must be between 0 and 1, got -0.1"}}},
 	} {
