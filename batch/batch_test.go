@@ -192,6 +192,7 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 		`{"text": 42}`,
 		`{"text": ""}`,
 		`{"text": "   "}`,
+		`{"text": "\u200b\u0000"}`,
 		long,
 		tooLongText,
 		"{\"text\": \"the app crashes with an error\"}\r",
@@ -200,7 +201,7 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 		`{"text": "last line without a newline"}`,
 	}, "\n")
 	want := []string{"", "line is empty", "not valid JSON", "not a JSON object", "no text field", "text is not a string",
-		"text is empty", "text is empty", "longer than 5120 bytes", "longer than plugins.max_text_bytes", "", "two text fields", "", ""}
+		"text is empty", "text is empty", "text is empty", "longer than 5120 bytes", "longer than plugins.max_text_bytes", "", "two text fields", "", ""}
 	id := e.create(svc, "acme", []byte(input), "")
 	j := e.startAndWait(svc, "acme", id)
 	lines, _ := checkResults(t, e.results(j), len(want))
@@ -209,8 +210,8 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 			t.Errorf("line %d: %+v, want %q", i+1, lines[i], w)
 		}
 	}
-	if j.RequestsCompleted != 4 || j.RequestsFailed != 10 {
-		t.Errorf("completed %d failed %d, want 4 and 10", j.RequestsCompleted, j.RequestsFailed)
+	if j.RequestsCompleted != 4 || j.RequestsFailed != 11 {
+		t.Errorf("completed %d failed %d, want 4 and 11", j.RequestsCompleted, j.RequestsFailed)
 	}
 
 	id = e.create(svc, "acme", []byte("nope\n\n{\"text\": 1}\n"), "")

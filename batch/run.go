@@ -856,7 +856,7 @@ func parseLine(line []byte, maxText int) (string, string) {
 		return "", "the line has no text field" + want
 	case t.Type != gjson.String:
 		return "", "text is not a string" + want
-	case strings.TrimSpace(t.Str) == "":
+	case config.Blank(t.Str):
 		return "", "text is empty"
 	case len(t.Str) > maxText:
 		return "", fmt.Sprintf("text is %d bytes, longer than plugins.max_text_bytes (%d bytes)", len(t.Str), maxText)

@@ -115,7 +115,7 @@ func CheckClassification(labels []string, descriptions map[string]string, exampl
 			continue
 		}
 		for i, e := range examples[k] {
-			if e == "" {
+			if Blank(e) {
 				out = append(out, FieldProblem{fmt.Sprintf("examples.%s[%d]", k, i), fmt.Sprintf("examples of %q: entry %d is empty", k, i)})
 			}
 		}

@@ -362,10 +362,10 @@ func requireText(field, v string, p config.Plugins) *proxy.APIError {
 	if v == "" {
 		return proxy.BadRequest(field, field+" is required")
 	}
-	if strings.TrimSpace(v) == "" {
+	if config.Blank(v) {
 		// Nothing to classify or score: the engines answered with a tie or
 		// a floor that read like a verdict.
-		return proxy.BadRequest(field, field+" holds only whitespace")
+		return proxy.BadRequest(field, field+" holds only whitespace or invisible characters")
 	}
 	return maxText(field, v, p)
 }

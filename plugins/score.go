@@ -33,6 +33,10 @@ func (b *scoreBody) request(p config.Plugins) (classifiers.ScoreRequest, *proxy.
 	if b.Attribute == "" {
 		return req, proxy.BadRequest("attribute", "attribute is required: a name such as urgency, toxicity, sentiment, formality, quality or spam")
 	}
+	if config.Blank(b.Attribute) {
+		// Scored 0, and billed, as if the text had none of it.
+		return req, proxy.BadRequest("attribute", "attribute holds only whitespace or invisible characters: name one such as urgency, toxicity, sentiment, formality, quality or spam")
+	}
 	if len(b.Attribute) > maxAttributeBytes {
 		return req, proxy.BadRequest("attribute", fmt.Sprintf("attribute is %d bytes, longer than %d; put the details in description", len(b.Attribute), maxAttributeBytes))
 	}

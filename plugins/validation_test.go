@@ -54,7 +54,7 @@ func TestValidation(t *testing.T) {
 		{"labels twice", "/v1/classify", `{"text": "x", "labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels" in request body`},
 		{"model twice", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "lexical", "model": "llm"}`, "model", `duplicate key "model" in request body`},
 		{"tags empty", "/v1/tag", `{"text": "x", "tags": []}`, "tags", "tags is empty: give 1 to 200 tags, or leave tags out for open tags"},
-		{"text only whitespace", "/v1/classify", `{"text": "  \n ", "labels": ["a", "b"]}`, "text", "text holds only whitespace"},
+		{"text only whitespace", "/v1/classify", `{"text": "  \n ", "labels": ["a", "b"]}`, "text", "text holds only whitespace or invisible characters"},
 		{"label only whitespace", "/v1/classify", `{"text": "x", "labels": ["a", "  "]}`, "labels[1]", "labels[1] is empty"},
 		{"a description twice", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "descriptions": {"a": "dogs", "a": "refunds"}}`, "descriptions.a", `duplicate key "descriptions.a" in request body`},
 		{"examples of a label twice", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "examples": {"b": ["x"], "b": ["y"]}}`, "examples.b", `duplicate key "examples.b" in request body`},
@@ -83,6 +83,14 @@ func TestValidation(t *testing.T) {
 		{"tag text twice", "/v1/tag", `{"text": "x", "text": "y"}`, "text", `duplicate key "text" in request body`},
 		{"tag threshold", "/v1/tag", `{"text": "x", "threshold": 7}`, "threshold", "threshold must be between 0 and 1, got 7"},
 
+		// One check for empty: white space and invisible characters read
+		// as nothing, the score answered 0 and was billed.
+		{"score attribute only whitespace", "/v1/score", `{"source": "x", "attribute": "   "}`, "attribute", "attribute holds only whitespace or invisible characters"},
+		{"score attribute invisible", "/v1/score", `{"source": "x", "attribute": "\u200b"}`, "attribute", "attribute holds only whitespace or invisible characters"},
+		{"text invisible", "/v1/classify", `{"text": "\u200b", "labels": ["a"]}`, "text", "text holds only whitespace or invisible characters"},
+		{"text NUL", "/v1/tag", `{"text": "\u0000"}`, "text", "text holds only whitespace or invisible characters"},
+		{"match query invisible", "/v1/match", `{"source": "x", "query": "\ufeff "}`, "query", "query holds only whitespace or invisible characters"},
+		{"example only whitespace", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", " "]}}`, "examples.a[1]", `examples of "a": entry 1 is empty`},
 		{"score source missing", "/v1/score", `{"attribute": "urgency"}`, "source", "source is required"},
 		{"score attribute missing", "/v1/score", `{"source": "x"}`, "attribute", "attribute is required"},
 		{"score attribute too long", "/v1/score", `{"source": "x", "attribute": "` + strings.Repeat("u", 201) + `"}`, "attribute", "attribute is 201 bytes, longer than 200"},
