@@ -63,26 +63,51 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 // nonStringElement refuses a null in a list of strings, which
 // encoding/json reads as "" ("labels":[null] was then "labels[0] is
 // empty"), naming the element; so does a number there, which the decoder
-// names only by its list.
+// names only by its list. Inside objects too: "descriptions": {"a": 5}
+// names descriptions.a, and "examples": {"a": [null]} examples.a[0].
 func nonStringElement(body []byte, dst any) *proxy.APIError {
 	var apiErr *proxy.APIError
 	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
-		f, ok := fieldType(dst, key.Str)
-		if !ok || !value.IsArray() || f.Kind() != reflect.Slice || f.Elem().Kind() != reflect.String {
-			return true
+		if f, ok := fieldType(dst, key.Str); ok {
+			apiErr = wrongMember(key.Str, value, f)
 		}
-		i := 0
-		value.ForEach(func(_, el gjson.Result) bool {
-			if el.Type != gjson.String {
-				param := fmt.Sprintf("%s[%d]", key.Str, i)
-				apiErr = proxy.BadRequest(param, fmt.Sprintf("%s must be a string, got %s", param, gjsonKind(el)))
-				return false
-			}
-			i++
-			return true
-		})
 		return apiErr == nil
 	})
+	return apiErr
+}
+
+// wrongMember checks the members of v, the value at path of a field of
+// type t, when v is the list or object t asks for (the decoder words
+// the mismatch otherwise): each must be a string, or a list of strings,
+// as t's element is.
+func wrongMember(path string, v gjson.Result, t reflect.Type) *proxy.APIError {
+	var apiErr *proxy.APIError
+	check := func(p string, el gjson.Result) bool {
+		switch t.Elem().Kind() {
+		case reflect.String:
+			if el.Type != gjson.String {
+				apiErr = proxy.BadRequest(p, fmt.Sprintf("%s must be a string, got %s", p, gjsonKind(el)))
+			}
+		case reflect.Slice:
+			if !el.IsArray() {
+				apiErr = proxy.BadRequest(p, fmt.Sprintf("%s must be %s, got %s", p, describeJSONType(t.Elem()), gjsonKind(el)))
+			} else {
+				apiErr = wrongMember(p, el, t.Elem())
+			}
+		}
+		return apiErr == nil
+	}
+	switch {
+	case t.Kind() == reflect.Slice && v.IsArray():
+		i := 0
+		v.ForEach(func(_, el gjson.Result) bool {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			i++
+			return check(p, el)
+		})
+	case t.Kind() == reflect.Map && v.IsObject():
+		v.ForEach(func(key, el gjson.Result) bool { return check(path+"."+key.Str, el) })
+	}
 	return apiErr
 }
 
@@ -306,6 +331,8 @@ func gjsonKind(v gjson.Result) string {
 		return "true or false"
 	case v.Type == gjson.Number:
 		return "a number"
+	case v.Type == gjson.String:
+		return "a string"
 	case v.IsArray():
 		return "an array"
 	}
@@ -397,6 +424,9 @@ func checkThreshold(t *float64) (float64, *proxy.APIError) {
 	}
 	if !(*t >= 0 && *t <= 1) {
 		return 0, proxy.BadRequest("threshold", fmt.Sprintf("threshold must be between 0 and 1, got %v", *t))
+	}
+	if *t == 0 {
+		return 0, nil // -0 too, which multi mode echoed as "threshold": -0
 	}
 	return *t, nil
 }

@@ -39,8 +39,10 @@ func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIE
 		// open tags, which answered it with tags from outside any set.
 		return req, proxy.BadRequest("tags", "tags is empty: give 1 to 200 tags, or leave tags out for open tags")
 	}
-	if apiErr := firstProblem(config.CheckLabelList("tags", b.Tags, 0)); apiErr != nil {
-		return req, apiErr
+	if b.Tags != nil { // nil: open tags
+		if apiErr := firstProblem(config.CheckLabelList("tags", b.Tags, 1)); apiErr != nil {
+			return req, apiErr
+		}
 	}
 	// Held as classify's labels are: tags of megabytes took seconds of CPU
 	// and a million tokens of a key's minute.

@@ -35,13 +35,17 @@ func TestValidation(t *testing.T) {
 		{"label empty", "/v1/classify", `{"text": "x", "labels": ["a", "b", "c", ""]}`, "labels[3]", "labels[3] is empty"},
 		{"label twice", "/v1/classify", `{"text": "x", "labels": ["billing", "bug", "billing"]}`, "labels[2]", `labels has "billing" twice`},
 		{"description of no label", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"x": "y"}}`, "descriptions.x", `descriptions has a key "x" that is not a label`},
-		{"descriptions not strings", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": 1}}`, "descriptions", "descriptions must be an object whose values are strings, it holds a number"},
+		{"descriptions not strings", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": 1}}`, "descriptions.a", "descriptions.a must be a string, got a number"},
+		{"description null", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": null}}`, "descriptions.a", "descriptions.a must be a string, got null"},
+		{"example not a string", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", 5]}}`, "examples.a[1]", "examples.a[1] must be a string, got a number"},
+		{"example null", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": [null]}}`, "examples.a[0]", "examples.a[0] must be a string, got null"},
+		{"descriptions not an object", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": ["a"]}`, "descriptions", "descriptions must be an object whose values are strings, got an array"},
 		{"example of no label", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"b": ["y"]}}`, "examples.b", `examples has a key "b" that is not a label`},
 		{"example empty", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": [""]}}`, "examples.a[0]", `examples of "a": entry 0 is empty`},
 		{"description too long", "/v1/classify", `{"text": "x", "labels": ["a"], "descriptions": {"a": "` + long + `"}}`, "descriptions.a", "descriptions.a is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
 		{"label set too large", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": [` + strings.TrimSuffix(strings.Repeat(`"`+strings.Repeat("e", 1000)+`",`, 270), ",") + `]}}`, "labels", "labels, descriptions and examples take 270001 bytes; at most 262144 are accepted (as a batch job keeps)"},
 		{"example too long", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", "` + long + `"]}}`, "examples.a[1]", "examples.a[1] is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
-		{"examples not arrays", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": "y"}}`, "examples", "examples must be an object whose values are arrays of strings, it holds a string"},
+		{"examples not arrays", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": "y"}}`, "examples.a", "examples.a must be an array of strings, got a string"},
 		{"mode", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "several"}`, "mode", `mode must be single or multi, got "several"`},
 		{"threshold above 1", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1.5}`, "threshold", "threshold must be between 0 and 1, got 1.5"},
 		{"threshold below 0", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -0.1}`, "threshold", "threshold must be between 0 and 1, got -0.1"},
@@ -74,6 +78,7 @@ func TestValidation(t *testing.T) {
 		{"tag without a word", "/v1/tag", `{"text": "x", "tags": ["a", "_"]}`, "tags[1]", `tags[1] ("_") has no letter or digit`},
 		{"labels alike, NFC and NFD", "/v1/classify", `{"text": "x", "labels": ["café", "cafe\u0301"]}`, "labels[1]", `labels has "caf\u00e9" and "cafe\u0301"`},
 		{"label without a word", "/v1/classify", `{"text": "x", "labels": ["a", "!!!"]}`, "labels[1]", `labels[1] ("!!!") has no letter or digit`},
+		{"tags too many", "/v1/tag", `{"text": "x", "tags": [` + strings.Join(labels201, ",") + `]}`, "tags", "tags must have 1 to 200 entries, got 201"},
 		{"tag twice", "/v1/tag", `{"text": "x", "tags": ["a", "a"]}`, "tags[1]", `tags has "a" twice`},
 		{"max_tags 0", "/v1/tag", `{"text": "x", "max_tags": 0}`, "max_tags", "max_tags must be between 1 and 50, got 0"},
 		{"max_tags fraction", "/v1/tag", `{"text": "x", "max_tags": 2.5}`, "max_tags", "max_tags must be an integer, got a number 2.5"},
@@ -149,6 +154,16 @@ func TestIntegralFloatsAreIntegers(t *testing.T) {
 		if e["param"] != "max_tags" || !strings.Contains(e["message"].(string), msg) {
 			t.Errorf("max_tags %s: %v, want %q", n, e, msg)
 		}
+	}
+}
+
+// TestNegativeZeroThresholdIsEchoedAsZero: "threshold": -0 is 0, and
+// multi mode echoed it as -0.
+func TestNegativeZeroThresholdIsEchoedAsZero(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	r := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "mode": "multi", "threshold": -0}`)
+	if m := r.ok(t); m["threshold"] != 0.0 || strings.Contains(string(r.body), `"threshold":-0`) {
+		t.Errorf("threshold -0 echoed as %s", r.body)
 	}
 }
 
