@@ -351,7 +351,11 @@ type generationCall struct {
 	// keyRevoked: the stream was ended because its key was revoked
 	// (EndStreamsOfKey), not by its upstream.
 	keyRevoked atomic.Bool
-	text       []byte // forwarded output text, counted only when usage never came
+	// text is forwarded output text not counted yet, and textTokens the
+	// tokens of what came before it: an estimate, used only when usage
+	// never came (see appendCounted).
+	text       []byte
+	textTokens int64
 	rawChunks  []byte // chat chunks whose text is read only if usage never came
 	ttfb       time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
@@ -404,7 +408,8 @@ type generationCall struct {
 	// Request logging, for keys that turned it on.
 	logging     accounts.Logging
 	logRequest  string
-	logResponse []byte // a non-streamed answer's body; streams log c.text
+	logResponse []byte // a non-streamed answer's body
+	logText     []byte // a stream's text, the first maxLoggedText of it
 
 	// client is the client's connection, watched while the upstream has
 	// not answered (nil for an engine's call); clientGone says it closed
@@ -455,7 +460,7 @@ func (c *generationCall) recycle() {
 		}
 	}
 	*c = generationCall{
-		text: keep(c.text), rawChunks: keep(c.rawChunks),
+		text: keep(c.text), logText: keep(c.logText), rawChunks: keep(c.rawChunks),
 		scratchData: keep(c.scratchData), scratchEvent: keep(c.scratchEvent),
 		pending: keep(c.pending), sse: sse, traceHeaders: keep(c.traceHeaders),
 	}

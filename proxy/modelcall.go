@@ -118,7 +118,7 @@ func (c *generationCall) engineUsage(reqBody, respBody []byte) catalog.Usage {
 	c.collectWholeText(respBody)
 	return catalog.Usage{
 		PromptTokens:     int64(tokens.Count(promptText(reqBody, endpointChat))),
-		CompletionTokens: int64(tokens.Count(string(c.text))),
+		CompletionTokens: c.completionEstimate(),
 		Estimated:        true,
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -21,8 +23,12 @@ import (
 // upstream has not reported (yet), or to log the assembled answer.
 func (c *generationCall) keepText() bool { return !c.haveUsage || c.logging.Enabled }
 
-// maxEstimateText bounds the text kept for estimating a cut stream's usage.
+// maxEstimateText bounds the text kept for estimating usage: a longer text
+// is counted as it comes, this much at a time (see appendCounted).
 const maxEstimateText = 4 << 20
+
+// maxLoggedText bounds the answer text a logging key's stream logs.
+const maxLoggedText = 4 << 20
 
 // setUsage reads the chat (prompt/completion) or responses (input/output)
 // spelling of usage. A report out of range is not believed: the call is
@@ -135,10 +141,84 @@ func tokenCount(v gjson.Result) (int64, bool) {
 	return int64(min(math.Ceil(f), 1<<62)), true
 }
 
+// appendText takes text the answer forwarded: into a stream's log, and,
+// until usage is known, into the estimate.
 func (c *generationCall) appendText(s string) {
-	if len(c.text)+len(s) <= maxEstimateText {
-		c.text = append(c.text, s...)
+	if c.logging.Enabled && c.stream && len(c.logText) < maxLoggedText {
+		c.logText = append(c.logText, s[:min(len(s), maxLoggedText-len(c.logText))]...)
 	}
+	if !c.haveUsage {
+		c.text, c.textTokens = appendCounted(c.text, c.textTokens, s, maxEstimateText)
+	}
+}
+
+// completionEstimate is the tokens of the text forwarded, which bill the
+// completion when the upstream reported no usage.
+func (c *generationCall) completionEstimate() int64 {
+	return c.textTokens + int64(tokens.Count(bstr(c.text)))
+}
+
+// appendCounted appends s to text, the part of an answer's text not
+// counted yet, after counted tokens of it were. Text past limit bytes is
+// counted up to a cut (see safeCut) and dropped, so an answer of any
+// length is counted in bounded memory: capped instead, a text of 5 MB was
+// billed no completion tokens at all, and a stream the first 4 MiB of its
+// text. A long answer without usage is counted while it is relayed, about
+// 3 s per 4 MiB of text, a million tokens or so.
+func appendCounted(text []byte, counted int64, s string, limit int) ([]byte, int64) {
+	for len(text)+len(s) > limit {
+		n := limit - len(text)
+		text = append(text, s[:n]...)
+		s = s[n:]
+		cut := safeCut(text)
+		counted += int64(tokens.Count(bstr(text[:cut])))
+		text = text[:copy(text, text[cut:])]
+	}
+	return append(text, s...), counted
+}
+
+// safeCut returns where in text, past its first half, it can be cut so
+// that the tokens of the two parts add up to those of the whole: before a
+// space that follows anything but whitespace, or before anything but a
+// letter, mark, digit or apostrophe that follows a letter or digit. No
+// piece of o200k_base's split pattern spans such a point (a piece holds a
+// space only first or among whitespace, and continues a word only with
+// letters, marks, digits or a contraction), and none looks behind it. A
+// text without one in its second half (a single word of megabytes) is cut
+// after its last whole character, which may split a piece in two: a token
+// or so more in a million.
+func safeCut(text []byte) int {
+	half := len(text) / 2
+	for i := len(text) - 1; i > half; i-- {
+		if pieceBoundary(text, i) {
+			return i
+		}
+	}
+	for i := len(text) - 1; i > half; i-- {
+		if utf8.RuneStart(text[i]) {
+			return i
+		}
+	}
+	return len(text)
+}
+
+// pieceBoundary reports whether text[i] begins a piece of o200k_base's
+// split pattern, whatever follows text (see safeCut).
+func pieceBoundary(text []byte, i int) bool {
+	if !utf8.RuneStart(text[i]) {
+		return false
+	}
+	prev, _ := utf8.DecodeLastRune(text[:i])
+	next, _ := utf8.DecodeRune(text[i:])
+	// A character text ends inside of decodes as an error, not what it is.
+	return next == ' ' && !unicode.IsSpace(prev) ||
+		(unicode.IsLetter(prev) || unicode.IsNumber(prev)) && !continuesWord(next) && next != utf8.RuneError
+}
+
+// continuesWord reports whether r, after a letter or digit, may belong to
+// the same piece of o200k_base's split pattern.
+func continuesWord(r rune) bool {
+	return unicode.IsLetter(r) || unicode.IsMark(r) || unicode.IsNumber(r) || r == '\''
 }
 
 // readChoices notes a finish_reason and, until usage is known, keeps the
@@ -283,7 +363,7 @@ func (c *generationCall) event(status int) *meter.Event {
 		c.textOfRawChunks()
 		source = meter.SourceEstimated
 		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep))) + c.history
-		u.CompletionTokens = int64(tokens.Count(string(c.text)))
+		u.CompletionTokens = c.completionEstimate()
 	}
 	if c.entry.Prices.Image != 0 {
 		u.Images = countImages(*c.reqBody, c.ep)
@@ -317,7 +397,7 @@ func (c *generationCall) requestLog() *meter.RequestLog {
 	if !c.logging.Enabled {
 		return nil
 	}
-	resp := string(c.text)
+	resp := string(c.logText)
 	if !c.stream {
 		resp = string(c.logResponse)
 	}

@@ -1,10 +1,16 @@
 package proxy
 
 import (
+	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/tokens"
 )
 
 // Tool calls are generated tokens, and tool definitions and earlier calls
@@ -83,4 +89,105 @@ func TestParseUsageNeedsBothCountsAsNumbers(t *testing.T) {
 			t.Errorf("%s: %+v reported %v; want %d and %d, reported %v", tc.usage, got, reported, tc.prompt, tc.completion, tc.reported)
 		}
 	}
+}
+
+// estimateCall is a call whose upstream reports no usage, enough of one
+// for event to bill it.
+func estimateCall(ep endpoint) *generationCall {
+	up := &upstream{}
+	up.cfg.Name = "gpu-a"
+	body := []byte(`{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+	return &generationCall{ep: ep, upstream: up, key: &accounts.Key{Account: "acme"}, entry: &catalog.Entry{ID: "small"}, reqBody: &body}
+}
+
+// TestEstimateCountsTextOverFourMiB: the text kept for an estimate was
+// capped at 4 MiB, and a string that did not fit was dropped whole. An
+// answer of 5 MB without usage was billed 0 completion tokens, a stream
+// of 8 MB the first 4 MiB of its text; now every byte is counted.
+func TestEstimateCountsTextOverFourMiB(t *testing.T) {
+	const words = 1_100_000 // " word" is one token: 5.5 MB of text
+	text := strings.Repeat(" word", words)
+
+	c := estimateCall(endpointChat)
+	if got := c.engineUsage(*c.reqBody, []byte(`{"choices":[{"message":{"content":"`+text+`"}}]}`)).CompletionTokens; got != words {
+		t.Errorf("a whole answer of %d bytes: %d completion tokens, want %d", len(text), got, words)
+	}
+
+	c = estimateCall(endpointChat)
+	const chunkWords, chunks = 13_000, 130 // 8.5 MB of text in 65 kB chunks
+	data := []byte(`{"choices":[{"index":0,"delta":{"content":"` + text[:chunkWords*len(" word")] + `"},"finish_reason":null}]}`)
+	for range chunks {
+		ev := sseEvent{Data: data, Complete: true}
+		c.inspectChat(&ev)
+	}
+	if got := c.event(200).CompletionTokens; got != chunkWords*chunks {
+		t.Errorf("a stream of %d bytes of text: %d completion tokens, want %d", chunkWords*chunks*len(" word"), got, chunkWords*chunks)
+	}
+
+	c = estimateCall(endpointResponses)
+	c.collectWholeText([]byte(`{"output":[{"type":"message","content":[{"type":"output_text","text":"` + text + `"}]}]}`))
+	if got := c.event(200).CompletionTokens; got != words {
+		t.Errorf("a whole responses answer of %d bytes: %d completion tokens, want %d", len(text), got, words)
+	}
+}
+
+// An answer's text counted a buffer at a time adds up to the count of the
+// whole, whatever the sizes of the pieces it came in: the buffer is cut
+// where no token spans the cut. Text without spaces is cut between two
+// characters and may count a token or two more per cut.
+func TestAppendCountedAddsUpToTheWhole(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, tc := range []struct {
+		name  string
+		text  string
+		exact bool
+	}{
+		{"README", string(readme), true},
+		{"spaces", strings.Repeat("a  b\u3000 c\t d.\n\n e's  ", 3000), true},
+		{"Japanese", strings.Repeat("日本語のテキストと中文文本，还有한국어텍스트。", 2000), true},
+		{"base64", strings.Repeat("QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo=", 2000), true},
+		{"random", randomText(rng, 60000), true},
+		{"one word", strings.Repeat("漢字", 20000), false},
+	} {
+		want := int64(tokens.Count(tc.text))
+		for _, limit := range []int{1000, 4096} {
+			var text []byte
+			var counted int64
+			cuts := 0
+			for s := tc.text; len(s) > 0; {
+				n := min(len(s), 1+rng.IntN(300))
+				before := counted
+				text, counted = appendCounted(text, counted, s[:n], limit)
+				if counted != before {
+					cuts++
+				}
+				if len(text) > limit {
+					t.Fatalf("%s: %d bytes kept, limit %d", tc.name, len(text), limit)
+				}
+				s = s[n:]
+			}
+			got := counted + int64(tokens.Count(string(text)))
+			if cuts == 0 {
+				t.Fatalf("%s: never cut at limit %d", tc.name, limit)
+			}
+			if d := max(got-want, want-got); tc.exact && d != 0 || d > 2*int64(cuts) {
+				t.Errorf("%s, limit %d: %d tokens in %d cuts, whole %d", tc.name, limit, got, cuts, want)
+			}
+		}
+	}
+}
+
+// randomText is n characters of letters, marks, digits, punctuation and
+// whitespace of several scripts, in words of random length.
+func randomText(rng *rand.Rand, n int) string {
+	alphabet := []rune("abcdefghijklmnopqrstuvwxyzABCXYZ0123456789      \n\n\t\r.,;:'\"!?-_/\\()[]{}<>éüßçñøåæœ\u0301\u00a0\u3000漢字かなカナ한글ДжЯ€£¥🙂👍，。")
+	var b strings.Builder
+	for range n {
+		b.WriteRune(alphabet[rng.IntN(len(alphabet))])
+	}
+	return b.String()
 }
