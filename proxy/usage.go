@@ -99,6 +99,11 @@ func checkUsage(u catalog.Usage) (catalog.Usage, bool) {
 // reported is false unless both counts are there as numbers: {} or
 // {"total_tokens":5000} read as 0 and 0 were billed nothing, as counts
 // from the upstream.
+//
+// Reasoning is part of the completion (OpenAI, vLLM) unless the total
+// says otherwise: xAI and Gemini's OpenAI-compatible API report it apart,
+// total = prompt + completion + reasoning, and checkUsage cut it to the
+// completion, leaving it unbilled. It is added to the completion then.
 func parseUsage(u gjson.Result, responses bool) (usage catalog.Usage, reported bool) {
 	in, out, cached, reasoning := "input_tokens", "output_tokens", "input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"
 	if u.Get("prompt_tokens").Exists() && !(responses && u.Get("input_tokens").Exists()) {
@@ -110,7 +115,20 @@ func parseUsage(u gjson.Result, responses bool) (usage catalog.Usage, reported b
 	// The parts are optional: absent or unreadable, none are cached.
 	usage.CachedTokens, _ = tokenCount(u.Get(cached))
 	usage.ReasoningTokens, _ = tokenCount(u.Get(reasoning))
+	if reasoningApart(usage, u.Get("total_tokens")) {
+		usage.CompletionTokens += usage.ReasoningTokens
+	}
 	return usage, okIn && okOut
+}
+
+// reasoningApart reports whether total counts usage's reasoning apart from
+// its completion: prompt + completion + reasoning, all in range (their sum
+// cannot overflow then), and some reasoning.
+func reasoningApart(usage catalog.Usage, total gjson.Result) bool {
+	n, ok := tokenCount(total)
+	inRange := func(n int64) bool { return n >= 0 && n <= maxReportedTokens }
+	return ok && usage.ReasoningTokens > 0 && inRange(usage.PromptTokens) && inRange(usage.CompletionTokens) &&
+		inRange(usage.ReasoningTokens) && n == usage.PromptTokens+usage.CompletionTokens+usage.ReasoningTokens
 }
 
 // tokenCount reads a count written as a JSON number or a string holding

@@ -191,3 +191,28 @@ func randomText(rng *rand.Rand, n int) string {
 	}
 	return b.String()
 }
+
+// xAI and Gemini's OpenAI-compatible API count reasoning apart from the
+// completion: total_tokens = prompt + completion + reasoning. Their
+// reasoning was cut to the completion's count and went unbilled (2,809
+// tokens of this report); it is now billed as completion. OpenAI's, which
+// is part of the completion, is billed as before.
+func TestReasoningOutsideTheCompletionIsBilled(t *testing.T) {
+	for _, tc := range []struct {
+		name, usage          string
+		responses            bool
+		completion, reasoned int64
+	}{
+		{"xAI", `{"prompt_tokens":10120,"completion_tokens":1499,"total_tokens":14428,"prompt_tokens_details":{"cached_tokens":128},"completion_tokens_details":{"reasoning_tokens":2809}}`, false, 1499 + 2809, 2809},
+		{"OpenAI", `{"prompt_tokens":10120,"completion_tokens":4308,"total_tokens":14428,"completion_tokens_details":{"reasoning_tokens":2809}}`, false, 4308, 2809},
+		{"responses apart", `{"input_tokens":100,"output_tokens":20,"total_tokens":150,"output_tokens_details":{"reasoning_tokens":30}}`, true, 50, 30},
+		{"apart, fewer", `{"prompt_tokens":10,"completion_tokens":100,"total_tokens":150,"completion_tokens_details":{"reasoning_tokens":40}}`, false, 140, 40},
+		{"no total", `{"prompt_tokens":100,"completion_tokens":20,"completion_tokens_details":{"reasoning_tokens":30}}`, false, 20, 20},
+		{"total unrelated", `{"prompt_tokens":100,"completion_tokens":20,"total_tokens":999,"completion_tokens_details":{"reasoning_tokens":30}}`, false, 20, 20},
+	} {
+		u, refused := believedUsage(gjson.Parse(tc.usage), tc.responses)
+		if refused != "" || u.CompletionTokens != tc.completion || u.ReasoningTokens != tc.reasoned {
+			t.Errorf("%s: completion %d, reasoning %d (%q); want %d and %d", tc.name, u.CompletionTokens, u.ReasoningTokens, refused, tc.completion, tc.reasoned)
+		}
+	}
+}
