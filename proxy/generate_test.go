@@ -1355,3 +1355,67 @@ func TestUsageChunkWithMoreThanUsageIsRelayedWithoutIt(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// closingUpstream answers with an SSE body that ends when the connection
+// closes (no Content-Length, not chunked), as an HTTP/1.0 server's does:
+// body is written, then the connection is closed cleanly. It returns its
+// base URL.
+func closingUpstream(t *testing.T, body string) string {
+	t.Helper()
+	return proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+body)
+		return false
+	})
+}
+
+// A stream whose body ends on close, cut inside an event: the client got
+// the event's first bytes and then the gateway's error event on the same
+// line (`data: {"id":"chatcmpl-abc123","object":"chat.compdata:
+// {"error":…}`), and the SDKs failed to parse it instead of raising
+// stream_interrupted. The partial event is not relayed now, as when a
+// chunked body is cut, nor billed.
+func TestStreamCutMidEventOnCloseEndsWithTheErrorEvent(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	url := h.up.URL
+	for _, tc := range []struct{ path, request, stream string }{
+		{"/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+			chatChunk("Hello", "") + `data: {"id":"chatcmpl-abc123","object":"chat.comp`},
+		{"/v1/responses", `{"model":"small","stream":true,"input":"hi"}`,
+			"event: response.output_text.delta\ndata: " + `{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hello"}` + "\n\n" +
+				"event: response.output_text.delta\ndata: " + `{"type":"response.output_text.delta","sequence_number":2,"item_id":"msg_1","output_index":0,"content_index":0,"delta":" there`},
+	} {
+		cut := closingUpstream(t, tc.stream)
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), url, cut, 1))
+		url = cut
+		var events []string
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			got := readAll(t, h.post(tc.path, tc.request))
+			if !strings.Contains(string(got), `"code":"stream_interrupted"`) {
+				return fmt.Errorf("got %s", got)
+			}
+			events = sseEvents(got)
+			return nil
+		})
+		if len(events) != 2 {
+			t.Fatalf("%s: %d events, want the whole one and the error: %q", tc.path, len(events), events)
+		}
+		for _, ev := range events {
+			var data string
+			for line := range strings.SplitSeq(ev, "\n") {
+				if d, ok := strings.CutPrefix(line, "data: "); ok {
+					data += d
+				}
+			}
+			if !json.Valid([]byte(data)) {
+				t.Errorf("%s: an event the SDKs cannot parse: %q", tc.path, ev)
+			}
+		}
+		if !strings.Contains(events[1], "stream_interrupted") {
+			t.Errorf("%s: the last event is not the error: %q", tc.path, events[1])
+		}
+		evs := h.events(len(h.rec.Events()))
+		if ev := evs[len(evs)-1]; ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens != 1 {
+			t.Errorf("%s: billed %+v, want the one token relayed, estimated", tc.path, ev)
+		}
+	}
+}

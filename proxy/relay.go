@@ -124,6 +124,13 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		c.openSSE(c.resp)
 	}
 	ev, err := c.sse.Next()
+	if err == nil && !ev.Complete && !c.finished {
+		// A body that ends on close (HTTP/1.0, neither a length nor
+		// chunks) ended inside an event: cut as a chunked body cut there
+		// is. Relayed, its bytes and the error event after them made one
+		// line no SDK could parse.
+		err = io.ErrUnexpectedEOF
+	}
 	if err != nil {
 		c.streamDone = true
 		// An ending is judged by its content, not by how the connection
