@@ -224,7 +224,7 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		c.finished = true
 		return ev.Raw, false
 	}
-	if startsWithError(data) && gjson.Get(bstr(data), "error").IsObject() {
+	if startsWithError(data) && isUpstreamError(gjson.Get(bstr(data), "error")) {
 		// The upstream's own error event ends its answer: closed after it,
 		// the stream is not cut, and a second error would only repeat it.
 		c.finished = true
@@ -304,6 +304,12 @@ func startsWithError(data []byte) bool {
 		return false
 	}
 	return bytes.HasPrefix(bytes.TrimLeft(data[1:], " \t\r\n"), keyError)
+}
+
+// isUpstreamError reports whether an error event's error is one: an
+// object (OpenAI, vLLM), or a message alone, as Ollama writes it.
+func isUpstreamError(e gjson.Result) bool {
+	return e.IsObject() || e.Type == gjson.String
 }
 
 // mayFinish reports whether a chat chunk may set a finish_reason, which

@@ -159,3 +159,21 @@ func TestUpstreamErrorEventEndsTheChatStream(t *testing.T) {
 		t.Fatal("the upstream's error event did not end the stream: a second error would be appended")
 	}
 }
+
+// Ollama writes its error event's error as a string, not an object, and
+// closes: the gateway appended its own stream_interrupted after it.
+func TestUpstreamStringErrorEventEndsTheChatStream(t *testing.T) {
+	c := &generationCall{ep: endpointChat}
+	r := newSSEReader(strings.NewReader("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"+
+		"data: {\"error\":\"an error was encountered while running the model: unexpected EOF\"}\n\n"), 4096, 1<<20)
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			break
+		}
+		c.inspectChat(&ev)
+	}
+	if !c.finished {
+		t.Fatal("Ollama's error event did not end the stream: a second error would be appended")
+	}
+}
