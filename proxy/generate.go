@@ -357,7 +357,10 @@ type generationCall struct {
 	text       []byte
 	textTokens int64
 	rawChunks  []byte // chat chunks whose text is read only if usage never came
-	ttfb       time.Duration
+	// rawChunksRead counts the times rawChunks was read into text and
+	// emptied (see forgetText).
+	rawChunksRead int
+	ttfb          time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
 	// finish_reason for every choice (chat), a terminal or error event
 	// (responses).

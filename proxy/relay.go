@@ -39,6 +39,7 @@ const maxCoalesced = 16 << 10
 // client the answer is complete is written only once the call is billed.
 func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
 	var n int64
+	written := c.markText()
 	flush := func() error {
 		if len(c.pending) == 0 {
 			return nil
@@ -49,7 +50,14 @@ func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
 		if c.ttfb == 0 {
 			c.ttfb = time.Since(c.start)
 		}
-		return err // a failed write is a client gone; Close ends the call
+		if err != nil {
+			// A client gone (Close ends the call) never got these events:
+			// their text is not the estimate's.
+			c.forgetText(written)
+			return err
+		}
+		written = c.markText()
+		return nil
 	}
 	for {
 		out, terminal, err := c.nextEvent()
@@ -358,6 +366,9 @@ func (c *generationCall) keepRawChunk(data []byte) {
 
 // textOfRawChunks adds the delta text of the chunks keepRawChunk kept.
 func (c *generationCall) textOfRawChunks() {
+	if len(c.rawChunks) > 0 {
+		c.rawChunksRead++
+	}
 	for b := c.rawChunks; len(b) > 0; {
 		n, w := binary.Uvarint(b)
 		if w <= 0 || uint64(len(b)-w) < n {

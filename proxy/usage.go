@@ -170,6 +170,29 @@ func (c *generationCall) appendText(s string) {
 	}
 }
 
+// textMark is where the text kept for the estimate stood after an event.
+type textMark struct {
+	text, rawChunks, logText int
+	textTokens               int64
+	rawChunksRead            int
+}
+
+func (c *generationCall) markText() textMark {
+	return textMark{len(c.text), len(c.rawChunks), len(c.logText), c.textTokens, c.rawChunksRead}
+}
+
+// forgetText drops the text kept since m: that of events the client never
+// got, whose write failed. Text counted or read from its chunks since
+// (once every 4 MiB) stays in the estimate, at most one write's worth too
+// many.
+func (c *generationCall) forgetText(m textMark) {
+	c.logText = c.logText[:m.logText]
+	if c.textTokens != m.textTokens || c.rawChunksRead != m.rawChunksRead {
+		return
+	}
+	c.text, c.rawChunks = c.text[:m.text], c.rawChunks[:m.rawChunks]
+}
+
 // completionEstimate is the tokens of the text forwarded, which bill the
 // completion when the upstream reported no usage.
 func (c *generationCall) completionEstimate() int64 {

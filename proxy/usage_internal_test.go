@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"io"
 	"math/rand/v2"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -213,6 +215,54 @@ func TestReasoningOutsideTheCompletionIsBilled(t *testing.T) {
 		u, refused := believedUsage(gjson.Parse(tc.usage), tc.responses)
 		if refused != "" || u.CompletionTokens != tc.completion || u.ReasoningTokens != tc.reasoned {
 			t.Errorf("%s: completion %d, reasoning %d (%q); want %d and %d", tc.name, u.CompletionTokens, u.ReasoningTokens, refused, tc.completion, tc.reasoned)
+		}
+	}
+}
+
+// oneEventReader hands out one event per Read, as an upstream writing
+// them one by one does, so the relay writes each on its own.
+type oneEventReader struct{ events []string }
+
+func (r *oneEventReader) Read(p []byte) (int, error) {
+	if len(r.events) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.events[0])
+	if r.events[0] = r.events[0][n:]; r.events[0] == "" {
+		r.events = r.events[1:]
+	}
+	return n, nil
+}
+
+// goneClient accepts writes until it has taken ok of them, then fails
+// every one, as the socket of a client that went away does.
+type goneClient struct{ ok int }
+
+func (w *goneClient) Write(p []byte) (int, error) {
+	if w.ok == 0 {
+		return 0, syscall.EPIPE
+	}
+	w.ok--
+	return len(p), nil
+}
+
+// A client that went away was billed for the text of the events whose
+// write to it failed, which it never got; the estimate is of the text
+// written to its socket.
+func TestEstimateLeavesOutTextTheClientNeverGot(t *testing.T) {
+	for _, logging := range []bool{false, true} {
+		c := estimateCall(endpointChat)
+		c.stream, c.logging.Enabled = true, logging
+		var events []string
+		for range 5 {
+			events = append(events, `data: {"id":"a","choices":[{"index":0,"delta":{"content":" word"},"finish_reason":null}]}`+"\n\n")
+		}
+		c.sse, c.sseStarted = newSSEReader(&oneEventReader{events: events}, 4096, 1<<20), true
+		if _, err := c.WriteTo(&goneClient{ok: 2}); err == nil {
+			t.Fatal("the relay did not see the client gone")
+		}
+		if got := c.event(200).CompletionTokens; got != 2 {
+			t.Errorf("logging %v: %d completion tokens billed, want the 2 written before the client went", logging, got)
 		}
 	}
 }
