@@ -185,6 +185,10 @@ func (w *Watcher) poll() {
 func (w *Watcher) apply(data []byte) error {
 	// Remember even a refused file: it is reported once, not every tick.
 	w.lastHash = sha256.Sum256(data)
+	// What the polls saw before is history now: a piece of the file seen
+	// then and written again later (the same first half, next round) must
+	// wait its settle time afresh, not count from the old sighting.
+	w.seenHash, w.seenSince = [32]byte{}, time.Time{}
 	cfg, err := parse(w.path, data, os.LookupEnv)
 	if err != nil {
 		w.logf("config reload failed; keeping the running config:")

@@ -185,6 +185,37 @@ func TestWatcherWaitsForAFileToSettle(t *testing.T) {
 	}
 }
 
+// A file written in pieces and applied at once by SIGHUP left its first
+// piece remembered as "seen" since long ago: the next time the same first
+// piece was written, a poll applied it at once, a model short (found by
+// a black-box session: rounds 2 and 3 of write, SIGHUP, write dropped a
+// model within 0.3 s). A reload forgets what the polls saw before it.
+func TestWatcherReloadForgetsASeenPartialFile(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	f.w.settle = 300 * time.Millisecond
+	full := configWith("127.0.0.1:8080", "a", "b", "c")
+	cut := strings.LastIndex(full, "- id: c")
+	for round := range 3 {
+		if err := os.WriteFile(f.path, []byte(full[:cut]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f.w.poll()
+		if got := modelIDs(f.w.Current()); round > 0 && got != "a,b,c" || round == 0 && got != "a" {
+			t.Fatalf("round %d: the first piece was applied at once: models %q", round, got)
+		}
+		time.Sleep(400 * time.Millisecond) // longer than settle, without a poll
+		if err := os.WriteFile(f.path, []byte(full), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.w.Reload(); err != nil { // SIGHUP
+			t.Fatal(err)
+		}
+		if err := wantModels(f.w, "a,b,c")(); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+}
+
 func TestWatcherIgnoresTouchWithoutChange(t *testing.T) {
 	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
 	before := f.w.Current()
