@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"net/url"
+	"strings"
+	"time"
+)
 
 // Config is one complete, validated gateway.yaml. A *Config is never mutated
 // after Load returns it: reloads build a new one and swap the pointer.
@@ -118,6 +122,26 @@ type Upstream struct {
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
 	MaxConnections  int           `yaml:"max_connections"`
 	MaxResponseBody ByteSize      `yaml:"max_response_body"`
+}
+
+// EndpointURL is the URL of path (such as "/models") under the upstream's
+// base_url, with query added to any query base_url has: a base_url such as
+// Azure's http://host/openai/v1?api-version=1 keeps its query a query on
+// every call, not text glued before the path ("?api-version=1/models").
+func (u Upstream) EndpointURL(path, query string) string {
+	base, err := url.Parse(u.BaseURL)
+	if err != nil { // a loaded config's base_url always parses
+		return strings.TrimRight(u.BaseURL, "/") + path
+	}
+	s := base.Scheme + "://" + base.Host + strings.TrimRight(base.EscapedPath(), "/") + path
+	q := base.RawQuery
+	if q != "" && query != "" {
+		q += "&"
+	}
+	if q += query; q != "" {
+		s += "?" + q
+	}
+	return s
 }
 
 // Model is one catalog entry; its presence in the list is the allow-list.

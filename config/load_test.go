@@ -436,3 +436,19 @@ func TestAdminTokenWithALineBreakOrSpaceIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A query in base_url (Azure's ?api-version=) stays a query on every URL
+// built from it, after the path, with the call's own query after it.
+func TestEndpointURLKeepsBaseURLQuery(t *testing.T) {
+	for _, c := range []struct{ base, path, query, want string }{
+		{"http://h:8000/v1", "/models", "", "http://h:8000/v1/models"},
+		{"http://h:8000/v1/", "/models", "", "http://h:8000/v1/models"},
+		{"https://h/openai/v1?api-version=1", "/models", "", "https://h/openai/v1/models?api-version=1"},
+		{"https://h/openai/v1/?api-version=1", "/responses/r%2F1", "limit=1", "https://h/openai/v1/responses/r%2F1?api-version=1&limit=1"},
+		{"http://h/a%20b", "/models", "x=1", "http://h/a%20b/models?x=1"},
+	} {
+		if got := (Upstream{BaseURL: c.base}).EndpointURL(c.path, c.query); got != c.want {
+			t.Errorf("%s + %s ? %s = %s, want %s", c.base, c.path, c.query, got, c.want)
+		}
+	}
+}

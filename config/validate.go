@@ -465,8 +465,19 @@ func (l *loader) checkHTTPURL(v, path string) {
 		return
 	}
 	u, err := url.Parse(v)
-	if err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	switch {
+	case err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		l.check(false, path, "%q: want an absolute http:// or https:// URL such as http://127.0.0.1:8000/v1", v)
+	case u.User != nil:
+		// A user and password in the URL were dropped without a word, and
+		// every call went without them. Redacted: the error is logged.
+		hint := "remove them"
+		if strings.HasSuffix(path, ".base_url") {
+			hint = `put the upstream's key in api_key instead (sent as "Authorization: Bearer <key>")`
+		}
+		l.check(false, path, "%q: a user or password before the host is never sent; %s", u.Redacted(), hint)
+	case u.Fragment != "" || strings.HasSuffix(v, "#"):
+		l.check(false, path, "%q: a #fragment is never sent to a server; remove it (a query such as ?api-version=1 is kept)", v)
 	}
 }
 

@@ -283,7 +283,7 @@ func (s *probeSet) get(u config.Upstream) *probe {
 	defer s.mu.Unlock()
 	p := s.byUpstream[k]
 	if p == nil {
-		p = &probe{url: strings.TrimRight(u.BaseURL, "/") + "/models", apiKey: u.APIKey, client: s.client}
+		p = &probe{url: u.EndpointURL("/models", ""), apiKey: u.APIKey, client: s.client}
 		s.byUpstream[k] = p
 	}
 	return p

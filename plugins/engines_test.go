@@ -108,6 +108,22 @@ func TestAutoWithUpstreamDown(t *testing.T) {
 	}
 }
 
+// A base_url with a query (Azure's ?api-version=) was probed at
+// GET /v1?api-version=1/models, which no upstream serves, so auto took
+// the upstream for down and answered offline.
+func TestAutoProbesABaseURLWithAQuery(t *testing.T) {
+	h := newHarness(t, harnessOptions{baseURLQuery: "?api-version=1", plugins: "  engine: auto\n  llm_model: small"})
+	m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
+	if m["engine"] != "llm" {
+		t.Errorf("auto with the upstream up: %v", m)
+	}
+	for _, r := range h.up.Requests() {
+		if r.RawQuery != "api-version=1" || r.Path != "/v1/models" && r.Path != "/v1/chat/completions" {
+			t.Errorf("the upstream got %s %s?%s", r.Method, r.Path, r.RawQuery)
+		}
+	}
+}
+
 // TestKeyModelAllowList: a key limited to some models cannot name others,
 // and auto skips an llm model the key may not use.
 func TestKeyModelAllowList(t *testing.T) {

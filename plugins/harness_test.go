@@ -98,6 +98,9 @@ type harnessOptions struct {
 	preloadVectors bool
 	// logf receives the gateway's log; default t.Logf.
 	logf func(format string, args ...any)
+	// baseURLQuery, such as "?api-version=1", is written after the
+	// upstream's base_url.
+	baseURLQuery string
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -148,6 +151,9 @@ func (h *harness) writeConfig(ho harnessOptions) {
 
 // yaml is the gateway.yaml of these options.
 func (ho harnessOptions) yaml(upstream, dir string) string {
+	if ho.baseURLQuery != "" {
+		upstream = `"` + upstream + ho.baseURLQuery + `"`
+	}
 	return fmt.Sprintf(gatewayYAML, upstream, dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
 }
 

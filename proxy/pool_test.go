@@ -563,3 +563,47 @@ func TestNonStreamedWaitIsResponseTimeout(t *testing.T) {
 		t.Errorf("a call past response_timeout was sent %d times, want once", n)
 	}
 }
+
+// A base_url with a query (Azure's ?api-version=) kept it on chat calls,
+// but the breaker's probe and the /v1/responses state calls glued their
+// path after it: GET /v1?api-version=1/models, which no upstream serves.
+func TestBaseURLQueryStaysAQueryOnEveryUpstreamCall(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 30s\n  probe_interval: 100ms")
+	cfg := readFile(t, h.cfgPath)
+	for _, up := range h.ups {
+		cfg = strings.Replace(cfg, "base_url: "+up.URL+",", `base_url: "`+up.URL+`?api-version=1",`, 1)
+	}
+	h.writeConfig(cfg)
+	last := func(up *proxytest.Server) proxytest.Recorded { reqs := up.Requests(); return reqs[len(reqs)-1] }
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		for i, up := range h.ups {
+			if r := last(up); r.Path != "/v1/chat/completions" || r.RawQuery != "api-version=1" {
+				return fmt.Errorf("p%d's chat call went to %s?%s", i, r.Path, r.RawQuery)
+			}
+		}
+		return nil
+	})
+
+	id, at := h.create("", createResp, "")
+	status, body := h.send("", "GET", "/v1/responses/"+id+"/input_items?limit=1", "", "")
+	if r := last(h.ups[at]); status != 200 || r.Path != "/v1/responses/"+id+"/input_items" || r.RawQuery != "api-version=1&limit=1" {
+		t.Fatalf("input_items: %d %s; the upstream got %s?%s", status, body, r.Path, r.RawQuery)
+	}
+
+	h.ups[0].SetOptions(proxytest.Options{Status: 500})
+	for range 2 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	if st := h.statuses()["p0"]; st.State != "ejected" {
+		t.Fatalf("p0 is %+v, want ejected", st)
+	}
+	h.ups[0].SetOptions(proxytest.Options{})
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if r := last(h.ups[0]); r.Method != "GET" || r.Path != "/v1/models" || r.RawQuery != "api-version=1" {
+			return fmt.Errorf("no probe yet; p0's last request %s %s?%s", r.Method, r.Path, r.RawQuery)
+		}
+		return nil
+	})
+}

@@ -301,10 +301,7 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, method, id, 
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	resp := fasthttp.AcquireResponse()
-	uri := up.responsesURL + "/" + url.PathEscape(id) + suffix
-	if q := ctx.URI().QueryString(); len(q) > 0 {
-		uri += "?" + string(q)
-	}
+	uri := up.cfg.EndpointURL("/responses/"+url.PathEscape(id)+suffix, string(ctx.URI().QueryString()))
 	req.Header.SetMethod(method)
 	req.SetRequestURI(uri)
 	if up.authHeader != "" {

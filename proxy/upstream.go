@@ -23,12 +23,12 @@ import (
 // a config reload that changes an upstream builds a new one, and requests in
 // flight finish on the old.
 type upstream struct {
-	cfg          config.Upstream
-	chatURL      string
-	responsesURL string
-	modelsURL    string
-	authHeader   string // "Bearer …", empty when no key is configured
-	client       *fasthttp.HostClient
+	cfg config.Upstream
+	// modelsURL is what the breaker's probe asks; like every URL of the
+	// upstream it keeps base_url's query (config.Upstream.EndpointURL).
+	modelsURL  string
+	authHeader string // "Bearer …", empty when no key is configured
+	client     *fasthttp.HostClient
 	// Generation calls go through pool; client serves the rest (model
 	// calls of plugins, probes).
 	pool *connPool
@@ -60,14 +60,11 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 			addr += ":80"
 		}
 	}
-	base := strings.TrimRight(cfg.BaseURL, "/")
 	up := &upstream{
-		logf:         logf,
-		nameHash:     xxhash.Sum64String(cfg.Name),
-		cfg:          cfg,
-		chatURL:      base + "/chat/completions",
-		responsesURL: base + "/responses",
-		modelsURL:    base + "/models",
+		logf:      logf,
+		nameHash:  xxhash.Sum64String(cfg.Name),
+		cfg:       cfg,
+		modelsURL: cfg.EndpointURL("/models", ""),
 	}
 	if cfg.APIKey != "" {
 		up.authHeader = "Bearer " + cfg.APIKey
