@@ -116,11 +116,19 @@ func (l *loader) validateRouting(r Routing) {
 		"%d is outside 16..1MiB", r.AffinityPrefixBytes)
 	l.check(!strings.ContainsAny(r.AffinityHeader, " :\t\r\n"), "routing.affinity_header", "%q is not a header name", r.AffinityHeader)
 	l.check(r.Retries >= 0 && r.Retries <= 10, "routing.retries", "%d is outside 0..10", r.Retries)
+	// A written 0 would be replaced by the default, which is not what
+	// "no time" meant: each says what to write instead.
+	l.check(!l.writtenZero("routing.retry_budget"), "routing.retry_budget",
+		"must be positive, got 0: to turn retries off write retries: 0; or leave it out for %s", DefaultRetryBudget)
 	l.check(r.RetryBudget > 0, "routing.retry_budget", "must be positive, got %s", r.RetryBudget)
 	l.check(r.EjectAfter >= 1 && r.EjectAfter <= 1000, "routing.eject_after", "%d is outside 1..1000", r.EjectAfter)
+	l.check(!l.writtenZero("routing.eject_for"), "routing.eject_for",
+		"must be positive, got 0: an upstream cannot be ejected for no time; to eject rarely raise eject_after (up to 1000), or leave it out for %s", DefaultEjectFor)
 	l.check(r.EjectFor > 0, "routing.eject_for", "must be positive, got %s", r.EjectFor)
 	l.check(r.EjectMax >= r.EjectFor, "routing.eject_max", "%s is less than eject_for %s", r.EjectMax, r.EjectFor)
 	l.check(r.ProbeInterval >= 100*time.Millisecond, "routing.probe_interval", "%s is under 100ms", r.ProbeInterval)
+	l.check(!l.writtenZero("routing.response_ttl"), "routing.response_ttl",
+		"0 is outside 1m..8760h: write how long response ids are remembered, or leave it out for 720h (30 days)")
 	l.check(r.ResponseTTL >= time.Minute && r.ResponseTTL <= 8760*time.Hour, "routing.response_ttl",
 		"%s is outside 1m..8760h", r.ResponseTTL)
 }

@@ -8,7 +8,9 @@ type Tracing struct {
 	// OTLPEndpoint is the collector's traces URL, such as
 	// http://127.0.0.1:4318/v1/traces. Empty exports nothing.
 	OTLPEndpoint string `yaml:"otlp_endpoint"`
-	// SampleRatio is the share of calls traced (0..1]. Default 1.
+	// SampleRatio is the share of calls without a sampled parent traced
+	// (0..1): 0 traces only calls whose traceparent says sampled. Default
+	// 1 when omitted (a written 0 is kept).
 	SampleRatio float64 `yaml:"sample_ratio"`
 	// ServiceName is the service.name resource attribute. Default tollgate.
 	ServiceName string `yaml:"service_name"`
@@ -20,8 +22,10 @@ const (
 	DefaultServiceName = "tollgate"
 )
 
-func applyTracingDefaults(t *Tracing) {
-	setDefault(&t.SampleRatio, DefaultSampleRatio)
+func (l *loader) applyTracingDefaults(t *Tracing) {
+	if !l.isSet("tracing.sample_ratio") {
+		setDefault(&t.SampleRatio, DefaultSampleRatio) // a written 0 traces no call of its own
+	}
 	setDefault(&t.ServiceName, DefaultServiceName)
 }
 
@@ -29,5 +33,5 @@ func (l *loader) validateTracing(t Tracing) {
 	if t.OTLPEndpoint != "" {
 		l.checkHTTPURL(t.OTLPEndpoint, "tracing.otlp_endpoint")
 	}
-	l.check(t.SampleRatio > 0 && t.SampleRatio <= 1, "tracing.sample_ratio", "%g is outside (0, 1]", t.SampleRatio)
+	l.check(t.SampleRatio >= 0 && t.SampleRatio <= 1, "tracing.sample_ratio", "%g is outside 0..1", t.SampleRatio)
 }

@@ -120,7 +120,7 @@ func (l *loader) applyDefaults(c *Config) {
 		}
 	}
 	l.applyRoutingDefaults(&c.Routing)
-	applyTracingDefaults(&c.Tracing)
+	l.applyTracingDefaults(&c.Tracing)
 	setDefault(&c.NATS.EmbeddedListen, DefaultEmbeddedListen)
 	setDefault(&c.NATS.Replicas, DefaultReplicas)
 	setDefault(&c.ClickHouse.DSN, DefaultClickHouseDSN)
@@ -137,7 +137,9 @@ func (l *loader) applyDefaults(c *Config) {
 		setDefault(price, DefaultPluginPrice)
 	}
 	setDefault(&p.MaxTextBytes, DefaultMaxTextBytes)
-	setDefault(&p.PublicLimits.RequestsPerMinute, DefaultPublicRPM)
+	if !l.isSet("plugins.public_limits.requests_per_minute") {
+		setDefault(&p.PublicLimits.RequestsPerMinute, DefaultPublicRPM) // a written 0 turns public mode off
+	}
 	setDefault(&p.PublicLimits.TokensPerMinute, DefaultPublicTPM)
 	setDefault(&p.PublicLimits.Concurrent, DefaultPublicConc)
 	setDefault(&p.KeyLimits.RequestsPerMinute, DefaultKeyRPM)
@@ -291,6 +293,10 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 			}
 			l.check(d.v > 0, path+"."+d.key, "must be positive, got %s", d.v)
 		}
+		if l.writtenZero(path + ".max_connections") {
+			// The default would replace it: 0 reads as "no connections".
+			l.check(false, path+".max_connections", "must be positive, got 0: write how many connections it may have, or leave it out for %d", DefaultMaxConnections)
+		}
 		l.check(u.MaxConnections > 0, path+".max_connections", "must be positive, got %d", u.MaxConnections)
 		l.check(u.MaxResponseBody > 0, path+".max_response_body", "must be positive, got %d", u.MaxResponseBody)
 	}
@@ -417,7 +423,18 @@ func (l *loader) validatePlugins(c *Config, models map[string]bool) {
 			key string
 			v   int64
 		}{{"requests_per_minute", lim.v.RequestsPerMinute}, {"tokens_per_minute", lim.v.TokensPerMinute}, {"concurrent", lim.v.Concurrent}} {
-			l.check(f.v > 0 || f.v == NoLimit, lim.path+"."+f.key, "must be positive, or -1 for no limit; got %d", f.v)
+			path := lim.path + "." + f.key
+			switch {
+			case path == "plugins.public_limits.requests_per_minute" && f.v == 0:
+				// Public mode off: classify and tag want a key, as score does.
+			case l.writtenZero(path) && lim.path == "plugins.public_limits":
+				l.check(false, path, "must be positive, or -1 for no limit; got 0 (to turn public mode off, write requests_per_minute: 0)")
+			case l.writtenZero(path):
+				// The default would replace it: a 0 meant as "none" would allow the default.
+				l.check(false, path, "must be positive, or -1 for no limit; got 0 (to stop a key, revoke it)")
+			default:
+				l.check(f.v > 0 || f.v == NoLimit, path, "must be positive, or -1 for no limit; got %d", f.v)
+			}
 		}
 	}
 	for _, name := range c.ClassifierNames() {

@@ -78,6 +78,23 @@ func TestPublicLimits(t *testing.T) {
 	wantRateHeaders(t, r, "requests", "600", "599")
 }
 
+// public_limits.requests_per_minute: 0 became the default 1, so public
+// mode could not be turned off; now 0 turns it off (classify and tag want
+// a key, as score does), and a reload turns it back on.
+func TestPublicModeOff(t *testing.T) {
+	off := harnessOptions{plugins: "  engine: lexical\n  public_limits:\n    requests_per_minute: 0"}
+	h := newHarness(t, off)
+	for path, body := range map[string]string{"/v1/classify": classifyBody, "/v1/tag": `{"text": "x"}`} {
+		e := h.do(request{path: path, body: body}).apiError(t, 401, "INVALID_API_KEY")
+		if !strings.Contains(e["message"].(string), "missing API key") {
+			t.Errorf("%s without a key: %v", path, e)
+		}
+		h.do(request{path: path, body: body, key: h.key}).ok(t)
+	}
+	h.writeConfig(harnessOptions{plugins: "  engine: lexical"})
+	h.do(request{path: "/v1/classify", body: classifyBody}).ok(t)
+}
+
 // TestForwardedForIgnoredFromUntrustedPeer: X-Forwarded-For from a peer
 // that is not a trusted proxy is the client's own claim and changes nothing.
 func TestForwardedForIgnoredFromUntrustedPeer(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -76,20 +77,25 @@ func (m *module) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, err
 	if m.opts.PreloadVectors {
 		_, _ = m.vectors.engine(w.Config.Plugins.Vectors) // logs what it found
 	}
-	return proxy.Provisioned{Routes: append(m.classifierRoutes(), m.batchRoutes()...)}, nil
+	return proxy.Provisioned{Routes: append(m.classifierRoutes(w.Config), m.batchRoutes()...)}, nil
 }
 
 // classifierRoutes are POST /v1/classify, /v1/tag, /v1/score and
 // /v1/match: each needs the classify scope and counts against its
-// caller's limits; only classify and tag have a public mode (spec 5.2).
-func (m *module) classifierRoutes() []proxy.Route {
+// caller's limits; only classify and tag have a public mode (spec 5.2),
+// off while plugins.public_limits.requests_per_minute is 0.
+func (m *module) classifierRoutes(cfg *config.Config) []proxy.Route {
 	post := func(path string, auth proxy.AuthMode, h func(*fasthttp.RequestCtx, *proxy.Call)) proxy.Route {
 		return proxy.Route{Method: fasthttp.MethodPost, Path: path, Auth: auth, Scope: accounts.ScopeClassify,
 			Limits: proxy.LimitCaller, Handler: h}
 	}
+	public := proxy.AuthOptional
+	if cfg.Plugins.PublicLimits.RequestsPerMinute == 0 {
+		public = proxy.AuthRequired
+	}
 	return []proxy.Route{
-		post("/v1/classify", proxy.AuthOptional, m.handleClassify),
-		post("/v1/tag", proxy.AuthOptional, m.handleTag),
+		post("/v1/classify", public, m.handleClassify),
+		post("/v1/tag", public, m.handleTag),
 		post("/v1/score", proxy.AuthRequired, m.handleScore),
 		post("/v1/match", proxy.AuthRequired, m.handleMatch),
 	}
