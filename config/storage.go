@@ -62,6 +62,7 @@ const (
 	DefaultDownloadTTL    = time.Hour
 	DefaultStorageListen  = "127.0.0.1:8081"
 	DefaultS3Region       = "us-east-1"
+	DefaultS3Bucket       = "tollgate"
 )
 
 // StorageBackends are the values of storage.backend.
@@ -79,6 +80,7 @@ func applyStorageDefaults(s *Storage) {
 	setDefault(&s.DownloadTTL, DefaultDownloadTTL)
 	setDefault(&s.Local.Listen, DefaultStorageListen)
 	setDefault(&s.S3.Region, DefaultS3Region)
+	setDefault(&s.S3.Bucket, DefaultS3Bucket)
 }
 
 func (l *loader) validateStorage(s Storage) {
