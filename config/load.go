@@ -183,7 +183,13 @@ func (l *loader) yamlErrors(err error) {
 			e.Line, _ = strconv.Atoi(m[1])
 			e.Msg = m[2]
 			if te == nil {
-				if line := problemLine(l.data, e.Line, e.Msg); line != e.Line {
+				if parserProblems[e.Msg] {
+					e.Line++ // yaml.v3 counts a parser error's line from 0
+				}
+				line := problemLine(l.data, e.Line, e.Msg)
+				if odd, note := oddIndent(l.data, line, e.Msg); odd != 0 {
+					e.Line, e.Msg = odd, e.Msg+note
+				} else if line != e.Line {
 					e.Msg += fmt.Sprintf(" (the block holding it starts on line %d)", e.Line)
 					e.Line = line
 				}
@@ -217,6 +223,81 @@ func tabHint(data []byte, line int, msg string) (int, string) {
 		return i + 1, msg + ": a tab in the indentation (YAML indents with spaces only)"
 	}
 	return 0, msg
+}
+
+// parserProblems are the errors of yaml.v3's parser, as opposed to its
+// scanner: yaml.v3 reports their line counted from 0, one line early
+// (its fail adds the 1 for scanner errors only).
+var parserProblems = map[string]bool{
+	"did not find expected <stream-start>":   true,
+	"did not find expected <document start>": true,
+	"found undefined tag handle":             true,
+	"did not find expected node content":     true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected key":              true,
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found duplicate %TAG directive":         true,
+}
+
+// oddIndent finds the line to blame for an indentation error found on
+// line: a block's first key sets its indent, so a first key indented one
+// space off makes yaml.v3 fail at the next key, which is right. When the
+// keys after line share its indent, and the line before it is the first
+// of its block with another indent, that first line is the one that
+// differs from its siblings: its number and a note saying so are returned.
+// 0 leaves the error where it is.
+func oddIndent(data []byte, line int, problem string) (int, string) {
+	switch problem {
+	case "did not find expected key", "did not find expected '-' indicator", "mapping values are not allowed in this context":
+	default:
+		return 0, ""
+	}
+	lines := strings.Split(string(data), "\n")
+	// content is the key column of the line at i (0-based) when it holds
+	// YAML, not a comment or nothing; for "- key:" the key's column.
+	content := func(i int) (int, bool) {
+		t := strings.TrimLeft(lines[i], " ")
+		if t == "" || t[0] == '#' {
+			return 0, false
+		}
+		col := len(lines[i]) - len(t)
+		if rest, ok := strings.CutPrefix(t, "- "); ok {
+			col += 2 + len(rest) - len(strings.TrimLeft(rest, " "))
+		}
+		return col, true
+	}
+	near := func(from, step int) (int, int) { // the next line holding YAML from from, and its column
+		for i := from; i >= 0 && i < len(lines); i += step {
+			if col, ok := content(i); ok {
+				return i, col
+			}
+		}
+		return -1, 0
+	}
+	at := line - 1
+	if at < 0 || at >= len(lines) {
+		return 0, ""
+	}
+	col, ok := content(at)
+	next, nextCol := near(at+1, 1)
+	first, firstCol := near(at-1, -1)
+	if !ok || next < 0 || nextCol != col || first < 0 || firstCol == col {
+		return 0, ""
+	}
+	if firstCol < col && strings.HasSuffix(strings.TrimRight(lines[first], " "), ":") {
+		return 0, "" // the line before is the parent of line's block, not a sibling
+	}
+	// The first key of its block: a "- " item, or right under "key:".
+	if t := strings.TrimLeft(lines[first], " "); !strings.HasPrefix(t, "- ") {
+		opener, openerCol := near(first-1, -1)
+		if opener < 0 || openerCol >= min(firstCol, col) || !strings.HasSuffix(strings.TrimRight(lines[opener], " "), ":") {
+			return 0, ""
+		}
+	}
+	return first + 1, fmt.Sprintf(" (the first key of its block starts in column %d, the keys after it in column %d; the parser stopped on line %d)", firstCol+1, col+1, line)
 }
 
 // problemLine is the line a YAML syntax error is on. yaml.v3 reports the

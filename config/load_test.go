@@ -452,3 +452,44 @@ func TestEndpointURLKeepsBaseURLQuery(t *testing.T) {
 		}
 	}
 }
+
+// yaml.v3 counts a parser error's line from 0, so the line "the block
+// holding it starts on" was one early (a comment), and a block's first
+// key indented one space off was blamed on the key after it.
+func TestSyntaxErrorLines(t *testing.T) {
+	for name, c := range map[string]struct{ data, want string }{
+		"open quote": {
+			"server:\n  listen: 127.0.0.1:8080\nbilling:\n  # overdraft\n  grace_usd: \"0.50\n  durability: process\n  fsync_interval: 100ms\nauth:\n  issuer: \"x\"\n",
+			"gateway.yaml:9: did not find expected key (the block holding it starts on line 5)",
+		},
+		"open list": {
+			"server:\n  listen: 127.0.0.1:8080\nbilling:\n  # comment\n  durability: [a\n  grace_usd: \"1\"\n",
+			"gateway.yaml:5: did not find expected ',' or ']'",
+		},
+		"first key one space in": {
+			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  # p2c\n   balance: p2c\n  # none\n  affinity: none\n  retries: 2\n",
+			"gateway.yaml:5: did not find expected key (the first key of its block starts in column 4, the keys after it in column 3; the parser stopped on line 7)",
+		},
+		"first key one space out": {
+			"server:\n  listen: 127.0.0.1:8080\nrouting:\n balance: p2c\n  affinity: none\n  retries: 2\n",
+			"gateway.yaml:4: mapping values are not allowed in this context (the first key of its block starts in column 2, the keys after it in column 3; the parser stopped on line 5)",
+		},
+		"later key one space in": {
+			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  balance: p2c\n   affinity: none\n  retries: 2\n",
+			"gateway.yaml:5: mapping values are not allowed in this context",
+		},
+		"later key one space out": {
+			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  balance: p2c\n affinity: none\n  retries: 2\n",
+			"gateway.yaml:5: did not find expected key",
+		},
+		"a value with a colon": {
+			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  balance:\n    x: a: b\n    y: 1\n",
+			"gateway.yaml:5: mapping values are not allowed in this context",
+		},
+	} {
+		_, err := parse("gateway.yaml", []byte(c.data), noEnv)
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%s: %v\nwant %s", name, err, c.want)
+		}
+	}
+}
