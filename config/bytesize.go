@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -21,8 +22,13 @@ var byteUnits = []struct {
 	{"B", 1},
 }
 
-// ParseByteSize parses "8MiB", "1000000" or "5GB".
+// byteUnitNames lists the accepted units, for error messages.
+const byteUnitNames = "KiB, MiB, GiB (powers of 1024), KB, MB, GB (of 1000) or B"
+
+// ParseByteSize parses "8MiB", "1000000" or "5GB". An error quotes the
+// value as written.
 func ParseByteSize(s string) (ByteSize, error) {
+	written := s
 	s = strings.TrimSpace(s)
 	mult := int64(1)
 	for _, u := range byteUnits {
@@ -32,13 +38,39 @@ func ParseByteSize(s string) (ByteSize, error) {
 		}
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("size %q: want a byte count such as 1048576, 8MiB or 5GB", s)
+	switch {
+	case err == nil && n < 0:
+		return 0, fmt.Errorf("size %q is negative", written)
+	case err != nil && isFraction(s):
+		return 0, fmt.Errorf("size %q is not a whole number: write it in a smaller unit%s", written, wholeHint(s, mult))
+	case err != nil && errors.Is(err, strconv.ErrRange):
+		return 0, fmt.Errorf("size %q is too large", written)
+	case err != nil:
+		return 0, fmt.Errorf("size %q: want a byte count such as 1048576, or a whole number with a unit: %s", written, byteUnitNames)
 	}
 	if n > (1<<62)/mult {
-		return 0, fmt.Errorf("size %q is too large", s)
+		return 0, fmt.Errorf("size %q is too large", written)
 	}
 	return ByteSize(n * mult), nil
+}
+
+func isFraction(s string) bool {
+	f, err := strconv.ParseFloat(s, 64)
+	return err == nil && f >= 0 && !strings.ContainsAny(s, "xXpP_") // not hex, Inf or NaN
+}
+
+// wholeHint suggests the size s (a fraction of mult) as whole KiB or
+// bytes, when it is one.
+func wholeHint(s string, mult int64) string {
+	f, _ := strconv.ParseFloat(s, 64)
+	b := f * float64(mult)
+	if b != float64(int64(b)) || b > 1<<53 {
+		return ""
+	}
+	if n := int64(b); n%1024 == 0 {
+		return fmt.Sprintf(", such as %dKiB", n/1024)
+	}
+	return fmt.Sprintf(", such as %d", int64(b))
 }
 
 // UnmarshalYAML accepts an integer or a string with a unit.
