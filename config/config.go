@@ -206,7 +206,7 @@ type Plugins struct {
 	Engine string `yaml:"engine"`
 	// Vectors is the semantic engine's word-vector file
 	// (scripts/vectors.sh install); missing or corrupt, semantic answers
-	// as lexical would and the gateway says so once at start.
+	// as lexical would and the gateway says so at start and at each reload.
 	Vectors string `yaml:"vectors"`
 	// LLMModel is the catalog id the llm engine prompts; default: the first
 	// model of the catalog.
