@@ -164,7 +164,7 @@ func TestDefaultGatewayYAML(t *testing.T) {
 	env := map[string]string{
 		"TOLLGATE_LISTEN":      "0.0.0.0:9000",
 		"TOLLGATE_DATA_DIR":    "/var/lib/tollgate",
-		"TOLLGATE_ADMIN_TOKEN": "s3cret",
+		"TOLLGATE_ADMIN_TOKEN": "s3cret-admin-token",
 		"UPSTREAM_BASE_URL":    "https://api.example.com/v1",
 		"UPSTREAM_API_KEY":     "sk-123",
 		"NATS_URL":             "nats://10.0.0.1:4222",
@@ -490,6 +490,27 @@ func TestSyntaxErrorLines(t *testing.T) {
 		_, err := parse("gateway.yaml", []byte(c.data), noEnv)
 		if err == nil || err.Error() != c.want {
 			t.Errorf("%s: %v\nwant %s", name, err, c.want)
+		}
+	}
+}
+
+// admin_token: "x" was accepted: a one-character credential for the whole
+// admin API. An api_key with edge spaces was sent with them, part of the
+// key the upstream read.
+func TestShortAdminTokenAndSpacedAPIKeyAreRefused(t *testing.T) {
+	input := "server:\n  admin_token: ${TOKEN}\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n    api_key: ${KEY}\n"
+	for _, c := range []struct{ token, key, want string }{
+		{"x", "sk-abc", "gateway.yaml:2:16: server.admin_token: length 1, under the 16 bytes an admin credential needs"},
+		{"0123456789abcde", "sk-abc", "server.admin_token: length 15,"},
+		{"0123456789abcdef", " sk-abc ", "gateway.yaml:6:14: upstreams[0].api_key: starts or ends with a space"},
+		{"0123456789abcdef", "sk-abc ", "upstreams[0].api_key: starts or ends with a space"},
+		{"0123456789abcdef", "sk-abc", ""},
+		{"", "", ""},
+	} {
+		env := map[string]string{"TOKEN": c.token, "KEY": c.key}
+		_, err := parse("gateway.yaml", []byte(input), func(n string) (string, bool) { v, ok := env[n]; return v, ok })
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("token %q, key %q: %v, want %q", c.token, c.key, err, c.want)
 		}
 	}
 }

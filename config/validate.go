@@ -66,6 +66,10 @@ const (
 	DefaultKeyConcurrent = 16
 )
 
+// MinAdminTokenBytes is the shortest server.admin_token accepted: the
+// token is the whole admin API. A generated one is longer.
+const MinAdminTokenBytes = 16
+
 // Engines are the values of plugins.engine.
 var Engines = []string{"auto", "llm", "semantic", "lexical"}
 
@@ -212,6 +216,10 @@ func (l *loader) validateServer(s Server) {
 	if t := s.AdminToken; t != "" && strings.TrimSpace(t) != t {
 		l.check(false, "server.admin_token", "starts or ends with a space: remove it; clients' tokens are read without them, so none would match")
 	}
+	// The token is the whole admin API (keys, balances): "x" was accepted.
+	l.check(s.AdminToken == "" || len(s.AdminToken) >= MinAdminTokenBytes, "server.admin_token",
+		"length %d, under the %d bytes an admin credential needs: write a random one (openssl rand -hex 16), or leave it empty to have one generated into data_dir",
+		len(s.AdminToken), MinAdminTokenBytes)
 	if l.writtenZero("server.shutdown_timeout") {
 		// Zero would read as the default, 25 s: not what "cut at once" meant.
 		l.check(false, "server.shutdown_timeout", "0 is outside 1ns..1h: write how long calls in flight get after SIGTERM, or leave it out for %s", DefaultShutdownTimeout)
@@ -278,6 +286,12 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 		// early, and the body went upstream as a second request whose
 		// answer the next call received.
 		l.checkBearerToken(u.APIKey, path+".api_key", "it would end the Authorization header")
+		if k := u.APIKey; k != "" && strings.TrimSpace(k) != k {
+			// Sent as it is, the space is part of the key the upstream
+			// reads (or an empty credential before it), and every call is
+			// refused as unauthenticated.
+			l.check(false, path+".api_key", "starts or ends with a space: remove it; the upstream would read it as part of the key")
+		}
 		for _, d := range []struct {
 			key    string
 			v, def time.Duration

@@ -38,7 +38,7 @@ func TestClusterTwoGatewaysOneNodeDown(t *testing.T) {
 		"server.demo_credit_usd": {"0", "!!str"}, // no demo account: two gateways would race for it
 	})
 	perCall := callCost(t, cfgPath)
-	const adminToken = "tga-e2e-cluster"
+	const adminToken = "tga-e2e-cluster-admin"
 	a := startGateway(t, gatewayOptions{
 		name: "gateway-a", config: cfgPath, natsURL: cluster.urls,
 		upstreamURL: up.URL, clickhouseDSN: ch.DSN(), adminToken: adminToken,

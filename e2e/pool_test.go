@@ -131,7 +131,7 @@ func TestPoolSurvivesUpstreamSIGKILL(t *testing.T) {
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, poolConfig, ups[0].addr, ups[1].addr, ups[2].addr), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	g := startGateway(t, gatewayOptions{name: "gateway", config: cfg, adminToken: "tga-pool-test"})
+	g := startGateway(t, gatewayOptions{name: "gateway", config: cfg, adminToken: "tga-pool-test-admin"})
 	_, key := newAccount(t, g, "pool", "100")
 
 	stop := make(chan struct{})

@@ -35,7 +35,7 @@ func TestSIGTERMEndsOpenStreamsBilled(t *testing.T) {
 		upstreamURL:    up.URL,
 		clickhouseDSN:  ch.DSN(),
 		consumeInServe: true,
-		adminToken:     "tga-e2e-sigterm",
+		adminToken:     "tga-e2e-sigterm-admin",
 	})
 	const account = "sigterm"
 	_, key := newAccount(t, gw, account, "5.00")

@@ -75,12 +75,12 @@ pids+=($!)
 
 # The consumer into ClickHouse runs in its own process in production; here
 # it is off so the gateway is measured alone (its events wait in JetStream).
-TOLLGATE_LISTEN="127.0.0.1:$gw_port" TOLLGATE_DATA_DIR="$work/data" TOLLGATE_ADMIN_TOKEN=bench-admin \
+TOLLGATE_LISTEN="127.0.0.1:$gw_port" TOLLGATE_DATA_DIR="$work/data" TOLLGATE_ADMIN_TOKEN=bench-admin-token \
 TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_DEBUG_LISTEN="127.0.0.1:$dbg_port" TOLLGATE_STORAGE_LISTEN="127.0.0.1:$storage_port" \
 UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway.log" 2>&1 &
 gw_pid=$!
 pids+=("$gw_pid")
-GOMAXPROCS=1 TOLLGATE_LISTEN="127.0.0.1:$gw1_port" TOLLGATE_DATA_DIR="$work/data1" TOLLGATE_ADMIN_TOKEN=bench-admin \
+GOMAXPROCS=1 TOLLGATE_LISTEN="127.0.0.1:$gw1_port" TOLLGATE_DATA_DIR="$work/data1" TOLLGATE_ADMIN_TOKEN=bench-admin-token \
 TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_STORAGE_LISTEN="127.0.0.1:$storage1_port" \
 UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway1.log" 2>&1 &
 pids+=($!)
@@ -92,8 +92,8 @@ curl -sf "http://127.0.0.1:$gw1_port/healthz" >/dev/null || { cat "$work/gateway
 
 # bench_key port: an account and a key on the gateway at port.
 bench_key() {
-	"$work/tollgate" accounts create bench -credit 1000000 -url "http://127.0.0.1:$1" -token bench-admin >/dev/null
-	"$work/tollgate" keys create bench -name bench -url "http://127.0.0.1:$1" -token bench-admin |
+	"$work/tollgate" accounts create bench -credit 1000000 -url "http://127.0.0.1:$1" -token bench-admin-token >/dev/null
+	"$work/tollgate" keys create bench -name bench -url "http://127.0.0.1:$1" -token bench-admin-token |
 		python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])'
 }
 key=$(bench_key "$gw_port")

@@ -24,14 +24,14 @@ up_port=$(free_port); gw_port=$(free_port); store_port=$(free_port)
 
 "$work/upstream" -addr "127.0.0.1:$up_port" -first-byte-delay 50ms >"$work/upstream.log" 2>&1 &
 pids+=($!)
-TOLLGATE_LISTEN="127.0.0.1:$gw_port" TOLLGATE_DATA_DIR="$work/data" TOLLGATE_ADMIN_TOKEN=bench-admin \
+TOLLGATE_LISTEN="127.0.0.1:$gw_port" TOLLGATE_DATA_DIR="$work/data" TOLLGATE_ADMIN_TOKEN=bench-admin-token \
 TOLLGATE_NATS_LISTEN=127.0.0.1:0 TOLLGATE_CONSUME_IN_SERVE=false TOLLGATE_STORAGE_LISTEN="127.0.0.1:$store_port" \
 UPSTREAM_BASE_URL="http://127.0.0.1:$up_port/v1" "$work/tollgate" serve >"$work/gateway.log" 2>&1 &
 gw_pid=$!
 pids+=("$gw_pid")
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$gw_port/healthz" >/dev/null && break; sleep 0.1; done
 
-admin() { "$work/tollgate" "$@" -url "http://127.0.0.1:$gw_port" -token bench-admin; }
+admin() { "$work/tollgate" "$@" -url "http://127.0.0.1:$gw_port" -token bench-admin-token; }
 admin accounts create bench -credit 1000000 >/dev/null
 key=$(admin keys create bench -name bench | python3 -c 'import json,sys; print(json.load(sys.stdin)["key"])')
 api="http://127.0.0.1:$gw_port/v1"
