@@ -410,7 +410,7 @@ func (l *loader) parseYAML(data []byte) (root *yaml.Node, ok bool) {
 	}
 	if root.Kind != yaml.MappingNode {
 		l.errs = append(l.errs, Error{File: l.file, Line: root.Line, Col: root.Column,
-			Msg: "the config must be a mapping of sections (server, auth, billing, upstreams, models, nats, clickhouse, plugins, classifiers), got " + describeNode(root)})
+			Msg: "the config must be a mapping of sections (" + strings.Join(fieldNames(reflect.TypeOf(Config{})), ", ") + "), got " + describeNode(root)})
 		return nil, false
 	}
 	return root, true
@@ -741,13 +741,26 @@ func (l *loader) leaf(n, site *yaml.Node, t reflect.Type, path string) bool {
 	if err := safeDecode(n, reflect.New(t).Interface()); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
-			l.errAt(site, path, "want %s, got %s", describeType(t), describeNode(n))
+			l.errAt(site, path, "want %s, got %s%s", describeType(t), describeNode(n), quotesHint(n, t))
 		} else {
 			l.errAt(site, path, "%v", err)
 		}
 		return false
 	}
 	return true
+}
+
+// quotesHint explains a quoted value that would have done unquoted:
+// max_connections: "${MAXC}" is the string "12", not the number.
+func quotesHint(n *yaml.Node, t reflect.Type) string {
+	if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+		return ""
+	}
+	plain := yaml.Node{Kind: yaml.ScalarNode, Value: n.Value}
+	if safeDecode(&plain, reflect.New(t).Interface()) != nil {
+		return ""
+	}
+	return " (the quotes make it a string: write it without them)"
 }
 
 func isInteger(k reflect.Kind) bool {
