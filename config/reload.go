@@ -35,6 +35,12 @@ type Watcher struct {
 	signalsReady chan struct{}
 	readyOnce    sync.Once
 
+	// lastOK and lastAt are the outcome and time (Unix ns) of the last
+	// reload attempt, the load at start until there is one: nothing else
+	// tells a dashboard that the file in place is not the one in force.
+	lastOK atomic.Bool
+	lastAt atomic.Int64
+
 	mu       sync.Mutex // serializes reloads; guards the fields below
 	lastStat os.FileInfo
 	lastHash [32]byte
@@ -70,7 +76,23 @@ func NewWatcher(path string, initial *Config, build func(*Config) error, logf fu
 		lastHash:     initial.source,
 	}
 	w.current.Store(initial)
+	w.lastOK.Store(true)
+	w.lastAt.Store(time.Now().UnixNano())
 	return w
+}
+
+// LastReload reports whether the last reload attempt (by poll or SIGHUP)
+// applied the file, and when it was made; before any, the load at start,
+// a success. Safe from any goroutine.
+func (w *Watcher) LastReload() (ok bool, at time.Time) {
+	return w.lastOK.Load(), time.Unix(0, w.lastAt.Load())
+}
+
+// attempted records a reload attempt's outcome for LastReload.
+func (w *Watcher) attempted(err error) error {
+	w.lastAt.Store(time.Now().UnixNano())
+	w.lastOK.Store(err == nil)
+	return err
 }
 
 // Current returns the config in force.
@@ -129,7 +151,7 @@ func (w *Watcher) Reload() error {
 	if err != nil {
 		err = fmt.Errorf("config reload: %w", err)
 		w.logf("%v; keeping the running config", err)
-		return err
+		return w.attempted(err)
 	}
 	if statErr == nil {
 		w.lastStat = fi
@@ -181,8 +203,13 @@ func (w *Watcher) poll() {
 }
 
 // apply parses data and makes it current if it is valid, changes nothing
-// that needs a restart, and build accepts it. w.mu must be held.
+// that needs a restart, and build accepts it; LastReload reports the
+// outcome. w.mu must be held.
 func (w *Watcher) apply(data []byte) error {
+	return w.attempted(w.applyData(data))
+}
+
+func (w *Watcher) applyData(data []byte) error {
 	// Remember even a refused file: it is reported once, not every tick.
 	w.lastHash = sha256.Sum256(data)
 	// What the polls saw before is history now: a piece of the file seen

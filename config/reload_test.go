@@ -316,6 +316,34 @@ func TestWatcherKeepsOldConfigWhenBuildFails(t *testing.T) {
 	}
 }
 
+// No metric told an operator that a reload failed: the old config kept
+// serving and only the log said why. LastReload is what /metrics shows.
+func TestWatcherReportsTheLastReload(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	ok, started := f.w.LastReload()
+	if !ok || time.Since(started) > time.Minute {
+		t.Fatalf("at start: %v at %v, want a success now", ok, started)
+	}
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a")+"    pricng: {}\n")
+	if f.w.Reload() == nil {
+		t.Fatal("an invalid file reloaded")
+	}
+	ok, failed := f.w.LastReload()
+	if ok || !failed.After(started) {
+		t.Fatalf("after an invalid file: %v at %v, want a failure after %v", ok, failed, started)
+	}
+	replaceFile(t, f.path, configWith("127.0.0.1:9999", "a"))
+	f.w.poll() // a restart-only change, found by a poll: a failure too
+	if ok, at := f.w.LastReload(); ok || at.Before(failed) {
+		t.Fatalf("after a restart-only change: %v at %v", ok, at)
+	}
+	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a", "b"))
+	f.w.poll()
+	if ok, at := f.w.LastReload(); !ok || at.Before(failed) {
+		t.Fatalf("after a good file: %v at %v", ok, at)
+	}
+}
+
 func TestWatcherReloadsOnSIGHUP(t *testing.T) {
 	// Our own handler first: should Run fail to catch SIGHUP, the signal
 	// is still not fatal to the test binary.

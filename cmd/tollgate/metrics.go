@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
 )
 
@@ -39,6 +40,20 @@ tollgate_usage_publish_latency_seconds %.6f
 # TYPE tollgate_nats_connected gauge
 tollgate_nats_connected %d
 `, st.OutboxDepth, st.OutboxBytes, st.Published, st.Duplicates, st.Failures, st.Dropped, st.LastPublishLatency.Seconds(), boolGauge(st.Connected))
+}
+
+// reloadMetrics renders the outcome and time of the config's last reload
+// attempt: a failed one keeps the old config serving, and only the log
+// said so.
+func reloadMetrics(w *config.Watcher) []byte {
+	ok, at := w.LastReload()
+	return fmt.Appendf(nil, `# HELP tollgate_config_last_reload_success 1 when the last reload of gateway.yaml (a change seen, or SIGHUP) was applied, 0 when it was refused and the config before it still serves (the log says why).
+# TYPE tollgate_config_last_reload_success gauge
+tollgate_config_last_reload_success %d
+# HELP tollgate_config_last_reload_timestamp_seconds When the last reload of gateway.yaml was attempted, successful or not (Unix time); the start until the first.
+# TYPE tollgate_config_last_reload_timestamp_seconds gauge
+tollgate_config_last_reload_timestamp_seconds %.3f
+`, boolGauge(ok), float64(at.UnixMilli())/1000)
 }
 
 func boolGauge(b bool) int {

@@ -92,8 +92,16 @@ func runServe(args []string) error {
 	}
 
 	jobs := &batchJobs{b: b, store: store, rec: rec, logf: logf}
+	// The watcher is made first so /metrics can report its reloads; it
+	// builds on the server, which exists before RunOn starts it.
+	var srv *proxy.Server
+	watcher := config.NewWatcher(path, cfg, func(c *config.Config) error { return srv.Apply(c) }, logf)
+	metrics := func() []byte {
+		m := append(metricsText(rec.Stats()), reloadMetrics(watcher)...)
+		return append(m, billingBacklog(b.JetStream())...)
+	}
 	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
-		Admin: admin.New(adminToken, svc), Metrics: func() []byte { return append(metricsText(rec.Stats()), billingBacklog(b.JetStream())...) }, Logf: logf,
+		Admin: admin.New(adminToken, svc), Metrics: metrics, Logf: logf,
 		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open},
 			// The word vectors are mapped as the server starts (a few
 			// milliseconds, pages read on demand), so that a missing file
@@ -109,7 +117,6 @@ func runServe(args []string) error {
 	// worker or at next start.
 	defer func() { stop(); <-workerDone }()
 
-	watcher := config.NewWatcher(path, cfg, srv.Apply, logf)
 	go watcher.RunOn(ctx, hup)
 	return serveUntilDone(ctx, srv, ln, path, cfg, b, logf)
 }

@@ -162,3 +162,31 @@ func TestEmptyAdminTokenFileIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A failed reload left the old config serving with nothing on /metrics
+// to say so: tollgate_config_last_reload_success is 0 after one.
+func TestReloadMetrics(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	good := "upstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n"
+	if err := os.WriteFile(path, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := config.NewWatcher(path, cfg, nil, func(string, ...any) {})
+	if m := string(reloadMetrics(w)); !strings.Contains(m, "\ntollgate_config_last_reload_success 1\n") ||
+		!strings.Contains(m, "\ntollgate_config_last_reload_timestamp_seconds 1") {
+		t.Fatalf("at start:\n%s", m)
+	}
+	if err := os.WriteFile(path, []byte(good+"  bad: [\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if w.Reload() == nil {
+		t.Fatal("a broken file reloaded")
+	}
+	if m := string(reloadMetrics(w)); !strings.Contains(m, "\ntollgate_config_last_reload_success 0\n") {
+		t.Fatalf("after a failed reload:\n%s", m)
+	}
+}
