@@ -34,6 +34,10 @@ type upstreamHealth struct {
 	inflight atomic.Int64
 	latency  atomic.Int64 // moving average of the time to the answer's first byte, ns
 	sampled  atomic.Int64 // unix ns of latency's last sample
+	// answered is the moving average of the first bytes that came,
+	// without the waits of calls whose clients left (latency has them),
+	// and never forgotten: what a wait is judged against.
+	answered atomic.Int64
 	// awaiting counts the calls sent that have no first byte yet, and
 	// awaitingSince is when that count last went from none to one.
 	awaiting      atomic.Int64
@@ -95,6 +99,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	}
 	h.latency.Store(prev.latency.Load())
 	h.sampled.Store(prev.sampled.Load())
+	h.answered.Store(prev.answered.Load())
 	prev.mu.Lock()
 	defer prev.mu.Unlock()
 	h.mu.Lock()
@@ -187,6 +192,11 @@ func (h *upstreamHealth) recent(now time.Time) (calls, fails int64) {
 func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 	h.count(false)
 	h.sample(ttfb)
+	if old := h.answered.Load(); old == 0 {
+		h.answered.Store(int64(ttfb))
+	} else {
+		h.answered.Store(old + (int64(ttfb)-old)/8)
+	}
 	if h.state.Load() == stateClosed {
 		if h.failures.Load() != 0 {
 			h.mu.Lock()
@@ -485,12 +495,15 @@ func (p *pool) cost(i int, now int64) int64 {
 	lat := h.latency.Load()
 	inflight := h.inflight.Load()
 	switch {
-	case lat == 0:
-		lat = initialLatency
-	case inflight == 0:
+	case inflight == 0 && lat != 0:
 		lat = decayed(lat, now-h.sampled.Load())
 	case h.awaiting.Load() > 0:
-		lat = max(lat, now-max(h.sampled.Load(), h.awaitingSince.Load()))
+		// One that never answered too: priced at initialLatency however
+		// long its calls waited, a replica stopped before its first
+		// answer drew 7 of 8 clients within a second.
+		lat = max(lat, initialLatency, now-max(h.sampled.Load(), h.awaitingSince.Load()))
+	case lat == 0:
+		lat = initialLatency
 	}
 	return (inflight + 1) * (lat / int64(p.members[i].weight))
 }
@@ -499,11 +512,15 @@ func (p *pool) cost(i int, now int64) int64 {
 // wait is a first byte's time at the least, blended in as one. Left out, a
 // stopped replica whose every call outlasted its client's timeout looked
 // idle and fast, kept winning pairings and was never ejected. It reports
-// whether the wait was far past the upstream's average (four times it,
-// and a second at least): a failure to answer, not a slow answer.
+// whether the wait was far past the upstream's average answer (four
+// times it, and a second at least): a failure to answer, not a slow
+// answer. Judged against the average with the waits blended in, the
+// clients that gave up on a stopped replica at one moment counted as one
+// failure: the first one's wait raised the bar past the others'.
 func (h *upstreamHealth) held(wait time.Duration) (failed bool) {
-	stored := max(h.sample(wait), initialLatency) // one that never answered yet too
-	return wait > max(4*time.Duration(stored), time.Second)
+	h.sample(wait)
+	typical := max(h.answered.Load(), initialLatency) // one that never answered yet too
+	return wait > max(4*time.Duration(typical), time.Second)
 }
 
 // sample blends a time to the first byte into the latency average as cost

@@ -195,7 +195,16 @@ func TestP2CAvoidsAReplicaHoldingUnansweredCalls(t *testing.T) {
 			t.Fatal("the replica with a call unanswered for 2 s was chosen over one answering")
 		}
 	}
+	// A replica that never answered is priced by its wait as well: at a
+	// fixed initialLatency it drew most clients when stopped before its
+	// first answer.
+	hung.latency.Store(0)
+	hung.sampled.Store(0)
+	if i := p.choose("p2c", now, 0); i != 1 {
+		t.Fatal("a replica that never answered, holding a call 2 s, was chosen over one answering")
+	}
 	// Calls streaming after their first byte are no sign of a hang.
+	hung.latency.Store(int64(400 * time.Microsecond))
 	hung.awaiting.Store(0)
 	hung.inflight.Store(1)
 	if i := p.choose("p2c", now, 0); i != 0 {
@@ -209,13 +218,20 @@ func TestP2CAvoidsAReplicaHoldingUnansweredCalls(t *testing.T) {
 func TestACallHeldUntilItsClientLeftCountsAsSlow(t *testing.T) {
 	p := testModelPool(t, 1)
 	h := &p.members[0].up.health
-	h.latency.Store(int64(time.Millisecond))
-	h.sampled.Store(time.Now().UnixNano())
+	h.succeeded(time.Millisecond)
 	if !h.held(2 * time.Second) {
 		t.Fatal("a call held 2 s by a replica answering in 1 ms is no failure")
 	}
 	if got := time.Duration(h.latency.Load()); got < 200*time.Millisecond {
 		t.Fatalf("latency %s after a call held 2 s", got)
+	}
+	// The other clients that gave up at that moment are failures too:
+	// judged against the average with the first wait in it, seven stuck
+	// clients made one failure and the replica was not ejected.
+	for i := range 6 {
+		if !h.held(2 * time.Second) {
+			t.Fatalf("client %d of 7 leaving a replica answering in 1 ms after 2 s is no failure", i+2)
+		}
 	}
 	// One that never answered a call counts as fast.
 	fresh := &testModelPool(t, 1).members[0].up.health
@@ -223,8 +239,9 @@ func TestACallHeldUntilItsClientLeftCountsAsSlow(t *testing.T) {
 		t.Fatal("a call held 2 s by a replica that never answered is no failure")
 	}
 	// A long generation its client gave up on is slow, not failed.
-	h.latency.Store(int64(20 * time.Second))
-	if h.held(10 * time.Second) {
+	slow := &testModelPool(t, 1).members[0].up.health
+	slow.succeeded(20 * time.Second)
+	if slow.held(10 * time.Second) {
 		t.Fatal("a call held 10 s by a replica answering in 20 s counted as a failure")
 	}
 }
