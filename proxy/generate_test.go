@@ -851,6 +851,26 @@ func TestKeyTokenLimitHoldsForConcurrentGenerations(t *testing.T) {
 	if got := proxy.PromptEstimate([]byte(text), 1_000_000); got < int64(len(text)/4-10) {
 		t.Errorf("a text naming ;base64, estimated at %d tokens, want about %d", got, len(text)/4)
 	}
+	// Nor is text after an escaped quote and a data URL's prefix, nor a
+	// text part that is a data URL itself: only image, file and audio
+	// fields hold payloads (109,000 tokens went through tpm 10,000).
+	for name, body := range map[string]string{
+		"escaped quote": `{"model":"small","messages":[{"role":"user","content":"note \"data:;base64,` + strings.Repeat("abcdefgh", 1000) + `"}]}`,
+		"text data URL": `{"model":"small","messages":[{"role":"user","content":[{"type":"text","text":"data:text/plain;base64,` + strings.Repeat("QUJD", 2000) + `"}]}]}`,
+	} {
+		if got := proxy.PromptEstimate([]byte(body), 1_000_000); got < int64(len(body)/4-10) {
+			t.Errorf("%s: estimated at %d tokens, want about %d", name, got, len(body)/4)
+		}
+	}
+	for name, body := range map[string]string{
+		"responses image": `{"model":"small","input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/jpeg;base64,` + strings.Repeat("A", 40_000) + `"}]}]}`,
+		"chat file":       `{"model":"small","messages":[{"role":"user","content":[{"type":"file","file":{"file_data":"data:application/pdf;base64,` + strings.Repeat("A", 40_000) + `"}}]}]}`,
+		"chat audio":      `{"model":"small","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + strings.Repeat("A", 40_000) + `","format":"wav"}}]}]}`,
+	} {
+		if got := proxy.PromptEstimate([]byte(body), 1_000_000); got > 60 {
+			t.Errorf("%s: 40,000 base64 bytes estimated at %d tokens", name, got)
+		}
+	}
 	// Nor is text written with \u escapes after a data URL's prefix.
 	escaped := `{"model":"small","messages":[{"role":"user","content":"data:text/plain;base64,the` + strings.Repeat(`\u0020quick`, 4000) + `"}]}`
 	if got := proxy.PromptEstimate([]byte(escaped), 1_000_000); got < int64(len(escaped)/4-10) {

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
@@ -481,47 +482,61 @@ func (a *admission) charge(tokens int64) {
 // promptEstimate is what a generation request counts against its key's
 // tokens per minute until its usage is known: a quarter of its bytes,
 // about what the o200k tokenizer makes of English and JSON, without the
-// base64 payloads of data URLs (an image's is not a token per 4 bytes of
-// it), and at most the limit, so an estimate alone never refuses a call as
-// too large. Counting nothing until the usage came let a key's calls in
-// flight pass its limit together: 100 concurrent streams took 10M tokens
-// on tpm 1,000.
+// payloads of images, files and audio (an image's base64 is not a token
+// per 4 bytes of it), and at most the limit, so an estimate alone never
+// refuses a call as too large. Counting nothing until the usage came let
+// a key's calls in flight pass its limit together: 100 concurrent streams
+// took 10M tokens on tpm 1,000.
 func promptEstimate(body []byte, limit int64) int64 {
 	n := len(body)
-	for rest := body; ; {
-		i := bytes.Index(rest, base64Marker)
-		if i < 0 {
-			break
-		}
-		// Only a JSON string that is a data URL: a ";base64," in a
-		// message's text left the rest of the text uncounted.
-		if q := bytes.LastIndexByte(rest[:i], '"'); q >= 0 && bytes.HasPrefix(rest[q+1:i], []byte("data:")) &&
-			bytes.IndexAny(rest[q+1:i], " \\") < 0 {
-			payload := base64Run(rest[i+len(base64Marker):])
-			n -= payload
-			rest = rest[i+len(base64Marker)+payload:]
-			continue
-		}
-		rest = rest[i+len(base64Marker):]
+	if bytes.Contains(body, base64Marker) || bytes.Contains(body, inputAudioKey) {
+		n -= mediaBytes(body)
 	}
-	return min(int64(n/4), limit)
+	return min(int64(max(n, 0)/4), limit)
 }
 
-var base64Marker = []byte(";base64,")
+var (
+	base64Marker  = []byte(";base64,")
+	inputAudioKey = []byte(`"input_audio"`)
+)
 
-// base64Run is how many bytes b starts with that base64 (as JSON writes
-// it: a '/' may come as "\/") is made of. Any other escape ends it: text
-// written with \u escapes after a "data:…;base64," prefix passed for a
-// payload and went uncounted.
-func base64Run(b []byte) int {
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '+', c == '/', c == '=':
-		case c == '\\' && i+1 < len(b) && b[i+1] == '/':
-			i++
-		default:
-			return i
+// mediaFields are where a content part of chat (messages[].content[]) or
+// responses (input[].content[]) carries a payload: image_url.url and
+// file.file_data in chat, image_url and file_data in responses' input_image
+// and input_file parts, input_audio.data in chat. Only these: searching
+// the body for ";base64," let text after a "data:…;base64," of its own (or
+// after an escaped quote) pass uncounted, 109,000 tokens through a tpm of
+// 10,000 in one burst.
+var mediaFields = [...]string{"image_url.url", "file.file_data", "image_url", "file_data", "input_audio.data"}
+
+// mediaBytes is how many bytes of body the payloads in mediaFields take,
+// the data URLs among the URLs and file data, all of the audio.
+func mediaBytes(body []byte) int {
+	total := 0
+	part := func(_, p gjson.Result) bool {
+		for _, f := range mediaFields {
+			v := p.Get(f)
+			if v.Type != gjson.String {
+				continue
+			}
+			if f == "input_audio.data" || isBase64DataURL(v.Str) {
+				total += len(v.Raw)
+			}
 		}
+		return true
 	}
-	return len(b)
+	root := gjson.Parse(bstr(body))
+	for _, list := range [...]string{"messages", "input"} {
+		root.Get(list).ForEach(func(_, item gjson.Result) bool {
+			item.Get("content").ForEach(part)
+			return true
+		})
+	}
+	return total
+}
+
+// isBase64DataURL reports whether s is data:[<media type>];base64,<data>.
+func isBase64DataURL(s string) bool {
+	comma := strings.IndexByte(s, ',')
+	return strings.HasPrefix(s, "data:") && comma > 0 && strings.HasSuffix(s[:comma], ";base64")
 }
