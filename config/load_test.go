@@ -514,3 +514,19 @@ func TestShortAdminTokenAndSpacedAPIKeyAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// A byte order mark or a zero-width space copied into a token is
+// invisible in the file and in no token a client sends: an admin_token
+// holding one started and refused every admin call.
+func TestTokenWithAnInvisibleCharacterIsRefused(t *testing.T) {
+	for name, input := range map[string]string{
+		"admin bom":        "server:\n  admin_token: \"\\uFEFFtga-0123456789abcdef\"\n",
+		"admin zero-width": "server:\n  admin_token: \"tga-0123456789abcdef\\u200B\"\n",
+		"upstream key":     "upstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n    api_key: \"sk-\\u200Blive\"\n",
+	} {
+		_, err := parse("gateway.yaml", []byte(input), func(string) (string, bool) { return "", false })
+		if err == nil || !strings.Contains(err.Error(), "non-ASCII character") {
+			t.Errorf("%s: %v, want the invisible character refused", name, err)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 
@@ -606,6 +607,12 @@ func hasUnknownKey(n *yaml.Node, known ...string) bool {
 func (l *loader) checkBearerToken(token, path, consequence string) {
 	i := strings.IndexFunc(token, func(r rune) bool { return r < 0x20 || r == 0x7f })
 	if i < 0 {
+		// A byte order mark or a zero-width space from a copy: invisible
+		// in the file, and in no token a client sends.
+		if j := strings.IndexFunc(token, func(r rune) bool { return r > 0x7f }); j >= 0 {
+			r, _ := utf8.DecodeRuneInString(token[j:])
+			l.check(false, path, "contains the non-ASCII character %U at byte %d (a byte order mark or zero-width space from a copy?): remove it; %s", r, j+1, consequence)
+		}
 		return
 	}
 	what := "a control character"

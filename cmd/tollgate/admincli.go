@@ -93,11 +93,14 @@ func newAdminClient(url, token string, cfg *config.Config) (*adminClient, error)
 		if dataDir == "" {
 			dataDir = "./data"
 		}
-		b, err := os.ReadFile(filepath.Join(dataDir, "admin.token"))
-		if err != nil {
+		tok, err := readAdminTokenFile(filepath.Join(dataDir, "admin.token"))
+		if errors.Is(err, os.ErrNotExist) {
 			return nil, errors.New("no admin token: pass -token, set TOLLGATE_ADMIN_TOKEN, or run where the gateway's data dir is")
 		}
-		token = strings.TrimSpace(string(b))
+		if err != nil {
+			return nil, err
+		}
+		token = tok
 	}
 	return &adminClient{url: strings.TrimRight(url, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }

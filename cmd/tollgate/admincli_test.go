@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // An admin command whose gateway.yaml does not load says so, instead of
@@ -47,5 +49,31 @@ func TestAdminCommandsRefuseAnInvalidConfig(t *testing.T) {
 	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-x")
 	if err := runAccounts([]string{"get", "acme"}); err == nil || !strings.Contains(err.Error(), ".missing") || calls != 1 {
 		t.Fatalf("with TOLLGATE_CONFIG naming no file: %v, %d calls", err, calls)
+	}
+}
+
+// The CLI takes admin.token as the gateway does: a file an editor saved
+// with a byte order mark gave the gateway one token and the CLI another,
+// and every CLI call was a 401.
+func TestAdminClientReadsTheTokenFileAsTheGatewayDoes(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte("\xef\xbb\xbftga-0123456789abcdef\r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{}
+	cfg.Server.DataDir = dir
+	served, err := loadAdminToken(cfg, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newAdminClient("http://127.0.0.1:1", "", cfg)
+	if err != nil || c.token != served {
+		t.Fatalf("the CLI took %q (%v), the gateway %q", c.token, err, served)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte("\xe2\x80\x8b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newAdminClient("http://127.0.0.1:1", "", cfg); err == nil {
+		t.Fatal("the CLI took a token file of a zero-width space")
 	}
 }

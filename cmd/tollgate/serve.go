@@ -321,18 +321,10 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 		return cfg.Server.AdminToken, nil
 	}
 	p := filepath.Join(cfg.Server.DataDir, "admin.token")
-	if b, err := os.ReadFile(p); err == nil {
-		tok := strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF"))
-		// An empty token matched a client's empty (or Unicode-space)
-		// Bearer token: the admin API was open to anyone. A made token is
-		// printable ASCII; anything else here is an editor's or a copy's
-		// doing (a byte order mark, a zero-width space).
-		if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r <= 0x20 || r >= 0x7f }) {
-			return "", fmt.Errorf("admin token file %s is empty or holds other than printable ASCII: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p)
-		}
+	if tok, err := readAdminTokenFile(p); err == nil {
 		return tok, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("reading admin token: %w", err)
+		return "", err
 	}
 	raw := make([]byte, 24)
 	if _, err := rand.Read(raw); err != nil {
@@ -352,6 +344,29 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 		return tok, nil
 	}
 	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
+	return tok, nil
+}
+
+// readAdminTokenFile reads the admin token kept at p, as the gateway and
+// the CLI both take it: without a byte order mark and edge spaces. The CLI
+// trimmed spaces only, so a file an editor saved with a BOM gave the
+// gateway one token and the CLI another (401).
+func readAdminTokenFile(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", err
+		}
+		return "", fmt.Errorf("reading admin token: %w", err)
+	}
+	tok := strings.TrimSpace(strings.TrimPrefix(string(b), "\uFEFF"))
+	// An empty token matched a client's empty (or Unicode-space) Bearer
+	// token: the admin API was open to anyone. A made token is printable
+	// ASCII; anything else here is an editor's or a copy's doing (a byte
+	// order mark, a zero-width space).
+	if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r <= 0x20 || r >= 0x7f }) {
+		return "", fmt.Errorf("admin token file %s is empty or holds other than printable ASCII: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p)
+	}
 	return tok, nil
 }
 
