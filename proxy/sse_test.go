@@ -146,34 +146,23 @@ func TestUpstreamErrorEventEndsTheChatStream(t *testing.T) {
 	} else if c.inspectChat(&ev); c.finished {
 		t.Fatal("the word error in a chunk's text ended the stream")
 	}
-	r := newSSEReader(strings.NewReader("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"+
-		"data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}\n\n"), 4096, 1<<20)
-	for {
-		ev, err := r.Next()
-		if err != nil {
-			break
+	// vLLM writes the error as an object; Ollama writes it as a string
+	// and closes, and the gateway appended its own stream_interrupted.
+	for name, errorEvent := range map[string]string{
+		"object": "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}\n\n",
+		"string": "data: {\"error\":\"an error was encountered while running the model: unexpected EOF\"}\n\n",
+	} {
+		c := &generationCall{ep: endpointChat}
+		r := newSSEReader(strings.NewReader("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"+errorEvent), 4096, 1<<20)
+		for {
+			ev, err := r.Next()
+			if err != nil {
+				break
+			}
+			c.inspectChat(&ev)
 		}
-		c.inspectChat(&ev)
-	}
-	if !c.finished {
-		t.Fatal("the upstream's error event did not end the stream: a second error would be appended")
-	}
-}
-
-// Ollama writes its error event's error as a string, not an object, and
-// closes: the gateway appended its own stream_interrupted after it.
-func TestUpstreamStringErrorEventEndsTheChatStream(t *testing.T) {
-	c := &generationCall{ep: endpointChat}
-	r := newSSEReader(strings.NewReader("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"+
-		"data: {\"error\":\"an error was encountered while running the model: unexpected EOF\"}\n\n"), 4096, 1<<20)
-	for {
-		ev, err := r.Next()
-		if err != nil {
-			break
+		if !c.finished {
+			t.Fatalf("the upstream's error event (%s) did not end the stream: a second error would be appended", name)
 		}
-		c.inspectChat(&ev)
-	}
-	if !c.finished {
-		t.Fatal("Ollama's error event did not end the stream: a second error would be appended")
 	}
 }
