@@ -282,7 +282,7 @@ type batchEngine struct{ choice *engineChoice }
 
 func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
 	c := e.choice
-	if c.auto && !c.probe.up() {
+	if c.auto && !c.probes.up() {
 		return c.offlineFallback().engine.Classify(ctx, req)
 	}
 	res, err := c.engine.Classify(ctx, req)
@@ -290,7 +290,7 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 		return res, err
 	}
 	if errors.Is(err, proxy.ErrModelUnavailable) {
-		c.probe.markDown()
+		c.probes.markDown()
 	}
 	if c.auto {
 		off, err := c.offlineFallback().engine.Classify(ctx, req)

@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -176,7 +177,7 @@ func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		price:    call.World.Config.Plugins.Pricing.Classify,
 		model:    body.Model,
 		tokens:   int64(tokens.Count(req.Text)) + labelSetTokens(req.Labels, req.Descriptions, req.Examples),
-		run: func(e classifiers.Engine) (classifiers.Answer, error) {
+		run: func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Classify(ctx, req)
 			return res.Answer, err

@@ -3,6 +3,7 @@ package plugins
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -463,7 +464,7 @@ type execution struct {
 	tokens int64
 	// run calls the engine and keeps its result; it may be called twice
 	// (llm, then semantic or lexical after a fallback).
-	run func(e classifiers.Engine) (classifiers.Answer, error)
+	run func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error)
 }
 
 // execute picks the engine, checks the balance and the limits, runs the

@@ -31,8 +31,8 @@ type engineChoice struct {
 	engine   classifiers.Engine
 	name     string  // engineLLM, engineSemantic or engineLexical
 	model    string  // catalog id, llm only
-	upstream string  // upstream name, llm only
-	probe    *probe  // the upstream's health, llm only
+	upstream string  // upstream name, llm only: the one that answered, else the pool's first
+	probes   probes  // the health of the model's upstreams, llm only
 	m        *module // whose engines an auto llm falls back to, llm only
 	vectors  string  // plugins.vectors, for an auto llm's fallback and the advice of its errors
 	// auto: chosen by plugins.engine auto, so an llm failure falls back
@@ -119,7 +119,7 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 		return m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
-	if c := m.autoLLM(who); c != nil && c.probe.up() {
+	if c := m.autoLLM(who); c != nil && c.probes.up() {
 		return c, nil
 	}
 	return m.offlineChoice(p.Vectors), nil
@@ -153,11 +153,12 @@ func (m *module) offlineEngines(vectors string) string {
 }
 
 // unavailable refuses, before the call is admitted, an llm chosen by name
-// (or by plugins.engine llm) whose upstream failed its last probe or call:
-// asking it would fail, and the failure used up the caller's quota, the public
-// one request a minute too, so that the model the 503 advised got a 429.
+// (or by plugins.engine llm) whose upstreams all failed their last probe
+// or call: asking it would fail, and the failure used up the caller's
+// quota, the public one request a minute too, so that the model the 503
+// advised got a 429.
 func (c *engineChoice) unavailable() *proxy.APIError {
-	if c.name != engineLLM || c.auto || !c.probe.down() {
+	if c.name != engineLLM || c.auto || !c.probes.down() {
 		return nil
 	}
 	return engineError(c, proxy.ErrModelUnavailable)
@@ -178,12 +179,14 @@ func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *prox
 	engine := classifiers.NewLLMWith(who.world, entry.ID, classifiers.LLMOptions{NoLogprobs: refused,
 		LogprobsRefused: func() { m.logprobsRefused.Store(entry.ID, true) }})
 	c := &engineChoice{engine: engine, name: engineLLM, model: entry.ID, upstream: entry.Upstream, m: m, vectors: who.world.Config.Plugins.Vectors}
-	for _, u := range who.world.Config.Upstreams {
-		if u.Name == entry.Upstream {
-			c.probe = m.probes.get(u)
+	for _, member := range entry.Pool {
+		for _, u := range who.world.Config.Upstreams {
+			if u.Name == member.Name {
+				c.probes = append(c.probes, m.probes.get(u))
+			}
 		}
 	}
-	if c.probe == nil {
+	if len(c.probes) == 0 {
 		return nil, proxy.Unavailable(fmt.Sprintf("model %q has no configured upstream", entry.ID))
 	}
 	return c, nil
@@ -192,15 +195,24 @@ func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *prox
 // run runs the request, falling back to the offline engine when an
 // auto-chosen llm fails: auto promises an answer, and the offline engines
 // always have one.
-func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (classifiers.Answer, error)) (classifiers.Answer, *proxy.APIError) {
-	ans, err := do(c.engine)
+func (c *engineChoice) run(ctx context.Context, do func(context.Context, classifiers.Engine) (classifiers.Answer, error)) (classifiers.Answer, *proxy.APIError) {
+	var answeredBy proxy.UpstreamNote
+	if c.name == engineLLM {
+		ctx = proxy.WithUpstreamNote(ctx, &answeredBy)
+	}
+	ans, err := do(ctx, c.engine)
+	if name := answeredBy.Name(); name != "" {
+		// A pool's member that answered, not its first: the event's
+		// upstream is the one whose tokens it bills.
+		c.upstream = name
+	}
 	if err == nil {
 		return ans, nil
 	}
 	if c.name == engineLLM {
 		c.spent, c.spentModel, c.spentUpstream = ans.Usage, c.model, c.upstream
 		if errors.Is(err, proxy.ErrModelUnavailable) {
-			c.probe.markDown()
+			c.probes.markDown() // every member was tried
 		}
 	}
 	if ctx.Err() != nil {
@@ -210,7 +222,7 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 		off := c.offlineFallback()
 		c.fallback = fmt.Sprintf("llm model %s failed (%s); %s answered", c.model, failure(c, err), off.name)
 		c.engine, c.name, c.model, c.upstream = off.engine, off.name, "", ""
-		ans, err = do(c.engine)
+		ans, err = do(ctx, c.engine)
 		if err == nil {
 			// The answer's usage is what the call is billed: the upstream's
 			// tokens too.
@@ -226,6 +238,8 @@ func (c *engineChoice) run(ctx context.Context, do func(classifiers.Engine) (cla
 func failure(c *engineChoice, err error) string {
 	var me *proxy.ModelError
 	switch {
+	case errors.Is(err, proxy.ErrModelUnavailable) && len(c.probes) > 1:
+		return fmt.Sprintf("every upstream of model %s is unavailable", c.model)
 	case errors.Is(err, proxy.ErrModelUnavailable):
 		return fmt.Sprintf("upstream %s is unavailable", c.upstream)
 	case errors.As(err, &me):
@@ -325,7 +339,9 @@ func (p *probe) up() bool {
 // down reports whether the upstream failed its last probe, or a call
 // since, recently. Unlike !up, an upstream not probed yet, or whose probe
 // is slow, is not down: a request that names the model is not refused on
-// a guess. It starts a new probe as up does, but never waits for one.
+// a guess, nor made to wait for a probe (an upstream whose GET /models is
+// slow would hold every first call after a quiet spell). It starts a new
+// probe as up does, but never waits for one.
 func (p *probe) down() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -353,6 +369,39 @@ func (p *probe) check(done chan struct{}) {
 	p.ok, p.checkedAt, p.running = ok, time.Now(), nil
 	p.mu.Unlock()
 	close(done)
+}
+
+// probes are the health of a model's upstreams, a pool's members each.
+// Judged by the pool's first alone, a model whose first member was down
+// was refused while the others answered its chat calls.
+type probes []*probe
+
+// up reports whether any of the upstreams is up (see probe.up).
+func (ps probes) up() bool {
+	for _, p := range ps {
+		if p.up() {
+			return true
+		}
+	}
+	return false
+}
+
+// down reports whether every one of the upstreams is down (see probe.down).
+func (ps probes) down() bool {
+	for _, p := range ps {
+		if !p.down() {
+			return false
+		}
+	}
+	return len(ps) > 0
+}
+
+// markDown records a model call that failed on every upstream the pool
+// tried.
+func (ps probes) markDown() {
+	for _, p := range ps {
+		p.markDown()
+	}
 }
 
 // markDown records a failed llm call: auto requests go offline until the

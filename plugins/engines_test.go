@@ -2,6 +2,7 @@ package plugins_test
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -365,5 +366,33 @@ func TestExplicitLLMWithItsUpstreamDownCostsNoQuota(t *testing.T) {
 	}
 	if n := len(h.events(1)); n != 1 {
 		t.Errorf("%d events, want the keyed call's", n)
+	}
+}
+
+// A model served by a pool whose first member is down is not down: the
+// others answered its chat calls, but named llm calls were refused for
+// 30 s on the first member's probe alone, auto stayed offline, and the
+// usage event named the first member whatever answered.
+func TestLLMOnAPoolWhoseFirstMemberIsDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String() + "/v1"
+	ln.Close()
+	h := newHarness(t, harnessOptions{deadFirstMember: dead, plugins: "  engine: auto\n  llm_model: small"})
+	for i := range 3 {
+		m := h.keyed("/v1/classify", `{"text": "the export button crashes", "labels": ["bug", "billing"], "model": "llm"}`).ok(t)
+		if m["engine"] != "llm" {
+			t.Fatalf("named llm call %d with a member of the pool up: %v", i+1, m)
+		}
+	}
+	if m := h.keyed("/v1/classify", `{"text": "the export button crashes", "labels": ["bug", "billing"]}`).ok(t); m["engine"] != "llm" {
+		t.Fatalf("auto with a member of the pool up: %v", m)
+	}
+	for _, ev := range h.events(4) {
+		if ev.Upstream != "local" {
+			t.Errorf("event of model %s names upstream %q, want local, the member that answered", ev.Model, ev.Upstream)
+		}
 	}
 }

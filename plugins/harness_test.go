@@ -93,6 +93,9 @@ type harnessOptions struct {
 	extra string
 	// batch, when set, opens batch jobs on the gateway's NATS.
 	batch func(g *gatewaytest.Gateway, rt batch.Runtime) (*batch.Service, error)
+	// deadFirstMember, when set, is the base_url of an upstream that
+	// refuses connections, made the first member of model small's pool.
+	deadFirstMember string
 	// preloadVectors is plugins.Options.PreloadVectors, as tollgate serve
 	// sets it.
 	preloadVectors bool
@@ -154,7 +157,14 @@ func (ho harnessOptions) yaml(upstream, dir string) string {
 	if ho.baseURLQuery != "" {
 		upstream = `"` + upstream + ho.baseURLQuery + `"`
 	}
-	return fmt.Sprintf(gatewayYAML, upstream, dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
+	y := fmt.Sprintf(gatewayYAML, upstream, dir, ho.trustedProxies, ho.plugins, ho.classifiers, ho.extra)
+	if ho.deadFirstMember != "" {
+		// Model small is served by a pool whose first member refuses
+		// connections.
+		y = strings.Replace(y, "models:\n  - id: small\n    upstream: local\n",
+			"  - name: dead\n    base_url: "+ho.deadFirstMember+"\n    first_byte_timeout: 5s\nmodels:\n  - id: small\n    upstreams: [dead, local]\n", 1)
+	}
+	return y
 }
 
 // request is one call to the gateway.

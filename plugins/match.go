@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"context"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/classifiers"
@@ -43,7 +44,7 @@ func (m *module) handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		price:    call.World.Config.Plugins.Pricing.Match,
 		model:    body.Model,
 		tokens:   int64(tokens.Count(req.Source) + tokens.Count(req.Query)),
-		run: func(e classifiers.Engine) (classifiers.Answer, error) {
+		run: func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Match(ctx, req)
 			return res.Answer, err

@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/valyala/fasthttp"
@@ -67,7 +68,7 @@ func (m *module) handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		price:    call.World.Config.Plugins.Pricing.Score,
 		model:    body.Model,
 		tokens:   int64(tokens.Count(req.Source) + tokens.Count(req.Attribute) + tokens.Count(req.Description)),
-		run: func(e classifiers.Engine) (classifiers.Answer, error) {
+		run: func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Score(ctx, req)
 			return res.Answer, err

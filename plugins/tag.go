@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/valyala/fasthttp"
@@ -98,7 +99,7 @@ func (m *module) handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		price:    call.World.Config.Plugins.Pricing.Tag,
 		model:    body.Model,
 		tokens:   int64(tokens.Count(req.Text)) + labelSetTokens(req.Tags, nil, nil),
-		run: func(e classifiers.Engine) (classifiers.Answer, error) {
+		run: func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Tag(ctx, req)
 			return res.Answer, err

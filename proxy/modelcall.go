@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -67,6 +68,9 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	}
 	defer up.health.inflight.Add(-1)
 	defer resp.Close()
+	if note, ok := ctx.Value(upstreamNoteKey{}).(*UpstreamNote); ok {
+		note.set(up.cfg.Name)
+	}
 	// Read like a client's answer: a cut body is an error, never a short
 	// answer, and max_response_body holds.
 	respBody, err := resp.readAll(nil, int64(up.cfg.MaxResponseBody))
@@ -77,6 +81,35 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
 	return respBody, call.engineUsage(body, respBody), nil
+}
+
+// UpstreamNote holds the name of the upstream that took a model call
+// (the last, if several), which a pool picks: see WithUpstreamNote.
+type UpstreamNote struct {
+	mu   sync.Mutex
+	name string
+}
+
+func (n *UpstreamNote) set(name string) {
+	n.mu.Lock()
+	n.name = name
+	n.mu.Unlock()
+}
+
+// Name is the upstream noted, or "" when no call reached one.
+func (n *UpstreamNote) Name() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.name
+}
+
+type upstreamNoteKey struct{}
+
+// WithUpstreamNote returns ctx with note, which CallModel fills with the
+// upstream each call under ctx went to: a plugin's usage event names the
+// upstream whose tokens it bills, not the pool's first.
+func WithUpstreamNote(ctx context.Context, note *UpstreamNote) context.Context {
+	return context.WithValue(ctx, upstreamNoteKey{}, note)
 }
 
 // Record hands a plugin's usage event to the meter, and counts it in the
