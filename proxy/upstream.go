@@ -228,40 +228,16 @@ func (c *timeoutConn) awaitEventBy() (done func()) {
 }
 
 func (c *timeoutConn) Write(p []byte) (int, error) {
-	if err := c.beginWrite(); err != nil {
-		return 0, err
-	}
-	return c.Conn.Write(p)
-}
-
-// writeRequest writes a request whose answer is read next. On a raw
-// connection the write is left to that read (rawconn's WriteBeforeRead),
-// which then waits for the answer without the read that would find
-// nothing yet.
-func (c *timeoutConn) writeRequest(p []byte) error {
-	if err := c.beginWrite(); err != nil {
-		return err
-	}
-	if wb, ok := c.Conn.(interface{ WriteBeforeRead([]byte) }); ok {
-		wb.WriteBeforeRead(p)
-		return nil
-	}
-	_, err := c.Conn.Write(p)
-	return err
-}
-
-// beginWrite starts a request's write: its first byte is awaited from now.
-func (c *timeoutConn) beginWrite() error {
 	c.awaitingFirst = true
 	now := time.Now()
 	c.wroteAt = now
 	if now.Sub(c.writeArmed) > c.write/16 {
 		if err := c.Conn.SetWriteDeadline(now.Add(c.write)); err != nil {
-			return err
+			return 0, err
 		}
 		c.writeArmed = now
 	}
-	return nil
+	return c.Conn.Write(p)
 }
 
 func (c *timeoutConn) Read(p []byte) (int, error) {

@@ -56,10 +56,6 @@ type upstreamConn struct {
 	// trip to the upstream (a few with TLS): how soon the reset of a
 	// request sent on a connection it had already closed comes back.
 	dialTook time.Duration
-	// plain: no TLS between the pool and the raw connection. writeAhead:
-	// the next request may be written by the read of its answer (see
-	// writeAheadIdle).
-	plain, writeAhead bool
 }
 
 func newConnPool(addr string, tlsConfig *tls.Config, maxConns int, maxWait time.Duration, dialer func(string) (net.Conn, error)) *connPool {
@@ -84,9 +80,8 @@ func (p *connPool) acquire() (*upstreamConn, error) {
 		uc := p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
-		if idle := now.Sub(uc.idleSince); idle < idlePoolTime {
+		if now.Sub(uc.idleSince) < idlePoolTime {
 			p.mu.Unlock()
-			uc.writeAhead = uc.plain && idle < writeAheadIdle
 			return uc, nil
 		}
 		p.mu.Unlock()
@@ -114,30 +109,7 @@ func (p *connPool) dial() (*upstreamConn, error) {
 	if p.tlsConfig != nil {
 		conn = tls.Client(raw, p.tlsConfig)
 	}
-	// Over TLS the connection's writes are the TLS layer's records, which
-	// it may reuse the buffer of at once.
-	plain := tc != nil && conn == net.Conn(tc)
-	return &upstreamConn{conn: conn, tc: tc, br: bufio.NewReaderSize(conn, 16<<10), dialTook: took, plain: plain, writeAhead: plain}, nil
-}
-
-// writeAheadIdle bounds how long a kept connection may have sat idle for
-// its request to be written by the read that awaits the answer
-// (timeoutConn.writeRequest). That read does not look first for what came
-// before the request; what can come from a server that sends nothing
-// unasked is its close, and a close()d socket answers the request with a
-// reset, which wakes the read. A server that only half-closes an idle
-// connection (shutdown of its sending side, still reading) would leave
-// the read waiting for its first byte's deadline; none of the servers
-// behind gateways does that within a second of its last answer.
-const writeAheadIdle = time.Second
-
-// writeRequest sends a request whose answer is read next.
-func (uc *upstreamConn) writeRequest(req []byte) error {
-	if uc.writeAhead {
-		return uc.tc.writeRequest(req)
-	}
-	_, err := uc.conn.Write(req)
-	return err
+	return &upstreamConn{conn: conn, tc: tc, br: bufio.NewReaderSize(conn, 16<<10), dialTook: took}, nil
 }
 
 // staleWindow is how soon after a request's write the failure of a
@@ -257,7 +229,7 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 }
 
 func (r *upstreamResponse) exchange(req []byte) error {
-	if err := r.uc.writeRequest(req); err != nil {
+	if _, err := r.uc.conn.Write(req); err != nil {
 		return err
 	}
 	for {

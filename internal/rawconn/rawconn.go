@@ -34,13 +34,8 @@ type Conn struct {
 
 	// The operation in progress, kept here so the callbacks handed to the
 	// RawConn are built once per connection and not per call.
-	r, w                         op
-	readDo, writeDo, writeReadDo func(fd uintptr) bool
-
-	// ahead is what WriteBeforeRead left for the next Read to send;
-	// aheadErr is the error sending it met.
-	ahead    []byte
-	aheadErr error
+	r, w            op
+	readDo, writeDo func(fd uintptr) bool
 }
 
 type op struct {
@@ -61,77 +56,16 @@ func Wrap(c net.Conn) net.Conn {
 		return c
 	}
 	rc := &Conn{TCPConn: tc, raw: raw}
-	rc.readDo, rc.writeDo, rc.writeReadDo = rc.read, rc.write, rc.writeThenRead
+	rc.readDo, rc.writeDo = rc.read, rc.write
 	return rc
-}
-
-// WriteBeforeRead leaves p for the next Read, which writes it and then
-// waits for the answer without first trying to read one.
-//
-// A read right after a request's write finds nothing (EAGAIN): the peer
-// has not answered yet. The netpoller only parks a reader after such a
-// read, because it forgets a socket's readiness when a read begins; data
-// that came before would otherwise be waited for in vain. Written from
-// inside the read, after the readiness was reset, the request's answer
-// cannot come before it, so the read that finds nothing is skipped: one
-// system call less per exchange, a microsecond and more of CPU on a VM.
-//
-// Only for peers that send nothing unasked: data (or an orderly close)
-// that came before the write would be missed until something else
-// arrives, such as the reset a closed socket answers the write with. p
-// must stay unchanged until that Read returns; a Write before it sends p
-// first; Close drops it unsent. The connection must be read and written
-// in turn by one goroutine.
-func (c *Conn) WriteBeforeRead(p []byte) {
-	if len(p) == 0 {
-		return
-	}
-	if err := c.flushAhead(); err != nil {
-		c.aheadErr = err // the next Read's
-		return
-	}
-	c.ahead = p
-}
-
-// flushAhead sends what WriteBeforeRead left, when a Write comes first.
-func (c *Conn) flushAhead() error {
-	if c.ahead == nil {
-		return nil
-	}
-	p := c.ahead
-	c.ahead = nil
-	_, err := c.Write(p)
-	return err
 }
 
 func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if c.aheadErr != nil {
-		err := c.aheadErr
-		c.aheadErr = nil
-		return 0, err
-	}
 	c.r = op{buf: p}
-	do := c.readDo
-	if c.ahead != nil {
-		do = c.writeReadDo
-	}
-	err := c.raw.Read(do)
-	if err == nil && c.ahead != nil {
-		// The socket's send buffer filled before all of it went: the
-		// rest waits for room as any write does, then the answer as any
-		// read does.
-		rest := c.ahead
-		c.ahead = nil
-		if _, err := c.Write(rest); err != nil {
-			c.r = op{}
-			return 0, err
-		}
-		err = c.raw.Read(c.readDo)
-	}
-	c.ahead = nil
+	err := c.raw.Read(c.readDo)
 	n := c.r.n
 	if err == nil {
 		err = c.r.err
@@ -141,31 +75,6 @@ func (c *Conn) Read(p []byte) (int, error) {
 		err = c.opError("read", err)
 	}
 	return n, err
-}
-
-// writeThenRead writes what WriteBeforeRead left and then waits; woken,
-// it reads. It stops early, with c.ahead still set to the rest, when the
-// send buffer is full.
-func (c *Conn) writeThenRead(fd uintptr) bool {
-	for len(c.ahead) > 0 {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&c.ahead[0])), uintptr(len(c.ahead)))
-		switch errno {
-		case 0:
-			c.ahead = c.ahead[n:]
-		case syscall.EINTR:
-		case syscall.EAGAIN:
-			return true
-		default:
-			c.ahead = nil
-			c.r.err = os.NewSyscallError("write", errno)
-			return true
-		}
-	}
-	if c.ahead != nil {
-		c.ahead = nil
-		return false // sent: wait for the answer
-	}
-	return c.read(fd)
 }
 
 func (c *Conn) read(fd uintptr) bool {
@@ -192,9 +101,6 @@ func (c *Conn) read(fd uintptr) bool {
 func (c *Conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
-	}
-	if err := c.flushAhead(); err != nil {
-		return 0, err
 	}
 	c.w = op{buf: p}
 	err := c.raw.Write(c.writeDo)
