@@ -73,25 +73,26 @@ const fasthttpPrefetch = 8 << 10
 // readRequestBody reads the streamed request body (see the server's
 // StreamRequestBody) into the request, up to limit bytes, and reports
 // whether the body is larger: then the rest is dropped (discardRest) and
-// the connection will close. The body is read as its bytes arrive, through a
+// the connection will close; and whether the body stopped coming before
+// the read timeout, which is no broken JSON but a 408. The body is read as its bytes arrive, through a
 // limit (fasthttp bounds no chunked body), and not with Request.Body,
 // which logs a warning for every streamed body: that log cost a fifth of
 // the throughput.
-func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) (tooLarge bool) {
+func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) (tooLarge, timedOut bool) {
 	req := &ctx.Request
 	if !req.IsBodyStream() {
-		return int64(len(req.Body())) > limit
+		return int64(len(req.Body())) > limit, false
 	}
 	cl := int64(req.Header.ContentLength())
 	if cl > limit {
 		discardRest(ctx, limit)
-		return true
+		return true, false
 	}
 	if cl >= 0 && cl <= fasthttpPrefetch {
 		// The whole body is in the request's buffer already: closing the
 		// stream leaves it there, with no copy.
 		_ = req.CloseBodyStream()
-		return false
+		return false, false
 	}
 	buf := bytebufferpool.Get()
 	defer bytebufferpool.Put(buf)
@@ -102,12 +103,13 @@ func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) (tooLarge bool) {
 		discardRest(ctx, limit)
 	case err != nil: // the client broke off: the call sees an empty body
 		ctx.SetConnectionClose()
+		timedOut = isTimeout(err)
 	default:
 		req.SetBody(buf.B) // which closes the stream
-		return false
+		return false, false
 	}
 	_ = req.CloseBodyStream()
-	return tooLarge
+	return tooLarge, timedOut
 }
 
 // discardRest reads and drops what is left of a body over the limit, up
@@ -136,13 +138,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	ep, isGeneration := generationEndpoint(path)
 	limit := s.world.Load().Config.Server.MaxRequestBody
-	tooLarge := readRequestBody(ctx, int64(limit))
+	tooLarge, timedOut := readRequestBody(ctx, int64(limit))
 	// A compressed body (Codex CLI compresses its own backend's) read as
 	// it came was "not valid JSON", which said nothing of why.
 	enc := ctx.Request.Header.ContentEncoding()
 	encoded := len(enc) > 0 && !bytes.EqualFold(enc, identity)
 	var reqID string
-	if !isGeneration || tooLarge || encoded {
+	if !isGeneration || tooLarge || timedOut || encoded {
 		// Every response carries one, as the README promises; a
 		// generation call makes its own, which its usage event keeps, and
 		// a plugin call is metered under this one.
@@ -151,6 +153,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	if tooLarge {
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit)))
+		return
+	}
+	if timedOut {
+		WriteError(ctx, errRequestTimeout())
 		return
 	}
 	if encoded {

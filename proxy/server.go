@@ -302,6 +302,13 @@ func (s *Server) Shutdown() error { return s.http.Shutdown() }
 // requestReadTimeout bounds the reading of one request, headers and body.
 var requestReadTimeout = 60 * time.Second
 
+// errRequestTimeout is a request whose headers or body stopped coming
+// before requestReadTimeout.
+func errRequestTimeout() *APIError {
+	return &APIError{Status: fasthttp.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+		Message: "the request was not received whole within " + requestReadTimeout.String()}
+}
+
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", s.world.Load().Config.Server.MaxRequestBody)))
@@ -316,8 +323,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 		// A body announced and never sent, or headers trickled in: the
 		// wait ran out, nothing was malformed. The error's text named both
 		// ends' addresses.
-		WriteError(ctx, &APIError{Status: fasthttp.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
-			Message: "the request was not received whole within " + requestReadTimeout.String()})
+		WriteError(ctx, errRequestTimeout())
 		return
 	}
 	WriteError(ctx, BadRequest("", "malformed HTTP request: "+redactSecrets(err.Error())))
