@@ -148,6 +148,17 @@ func (p *connPool) release(uc *upstreamConn) {
 	}
 }
 
+// dropIdle closes every idle connection.
+func (p *connPool) dropIdle() {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, uc := range idle {
+		_ = uc.conn.Close()
+	}
+}
+
 // discard closes a connection that must not be reused: a body not read to
 // its end, a broken exchange, or the upstream's Connection: close.
 func (p *connPool) discard(uc *upstreamConn) {
@@ -225,6 +236,10 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 		if !stale || attempt >= 2 {
 			return nil, err
 		}
+		// The others kept idle went idle before this one (it was the
+		// most recent): the upstream's keep-alive closed them too, and
+		// the one retry took the next of them and failed with a 503.
+		p.dropIdle()
 	}
 }
 

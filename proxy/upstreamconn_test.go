@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -334,4 +335,45 @@ func FuzzUpstreamResponse(f *testing.F) {
 		}
 		r.Close()
 	})
+}
+
+// When the upstream's keep-alive closed several kept connections at once,
+// the one retry goes to a new connection: it took the next kept one,
+// closed as well, and the call after a lull was a 503.
+func TestUpstreamStaleConnectionsAreAllReplaced(t *testing.T) {
+	var mu sync.Mutex
+	var conns []net.Conn
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return true
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	// Four calls at once leave four kept connections.
+	var held []*upstreamResponse
+	for range 4 {
+		r, err := p.roundTrip(testRequest, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, r)
+	}
+	for _, r := range held {
+		readBodyAll(t, r)
+		r.Close()
+	}
+	mu.Lock()
+	for _, c := range conns { // the upstream's keep-alive runs out
+		c.Close()
+	}
+	mu.Unlock()
+	time.Sleep(20 * time.Millisecond) // let the closes arrive
+	r, err := p.roundTrip(testRequest, 0, nil)
+	if err != nil {
+		t.Fatalf("the call after every kept connection was closed: %v", err)
+	}
+	readBodyAll(t, r)
+	r.Close()
 }
