@@ -498,10 +498,14 @@ func (p *pool) cost(i int, now int64) int64 {
 	case inflight == 0 && lat != 0:
 		lat = decayed(lat, now-h.sampled.Load())
 	case h.awaiting.Load() > 0:
-		// One that never answered too: priced at initialLatency however
-		// long its calls waited, a replica stopped before its first
-		// answer drew 7 of 8 clients within a second.
-		lat = max(lat, initialLatency, now-max(h.sampled.Load(), h.awaitingSince.Load()))
+		if h.answered.Load() == 0 {
+			// Never answered, and a call waits on it: it takes no other
+			// until it answers (slow start). Priced by its wait, a
+			// replica stopped before its first answer still drew most
+			// clients in its first second, when every wait is short.
+			return math.MaxInt64 / 2
+		}
+		lat = max(lat, now-max(h.sampled.Load(), h.awaitingSince.Load()))
 	case lat == 0:
 		lat = initialLatency
 	}

@@ -181,11 +181,13 @@ func TestP2CAvoidsAReplicaHoldingUnansweredCalls(t *testing.T) {
 	// The hung one was the faster before it stopped: its average alone
 	// kept it ahead however many calls it held.
 	hung.latency.Store(int64(400 * time.Microsecond))
+	hung.answered.Store(int64(400 * time.Microsecond))
 	hung.sampled.Store(now - int64(2*time.Second)) // nothing answered for 2 s
 	hung.inflight.Store(1)
 	hung.awaiting.Store(1)
 	hung.awaitingSince.Store(now - int64(2*time.Second))
 	busy.latency.Store(int64(3 * time.Millisecond))
+	busy.answered.Store(int64(3 * time.Millisecond))
 	busy.sampled.Store(now)
 	busy.inflight.Store(4)
 	busy.awaiting.Store(4)
@@ -195,13 +197,18 @@ func TestP2CAvoidsAReplicaHoldingUnansweredCalls(t *testing.T) {
 			t.Fatal("the replica with a call unanswered for 2 s was chosen over one answering")
 		}
 	}
-	// A replica that never answered is priced by its wait as well: at a
-	// fixed initialLatency it drew most clients when stopped before its
-	// first answer.
+	// A replica that never answered takes one call at a time until it
+	// answers, however short the wait so far: priced at a fixed
+	// initialLatency, or by its wait, it drew most clients in its first
+	// second when stopped before its first answer.
 	hung.latency.Store(0)
+	hung.answered.Store(0)
 	hung.sampled.Store(0)
-	if i := p.choose("p2c", now, 0); i != 1 {
-		t.Fatal("a replica that never answered, holding a call 2 s, was chosen over one answering")
+	hung.awaitingSince.Store(now)
+	for range 20 {
+		if i := p.choose("p2c", now, 0); i != 1 {
+			t.Fatal("a replica that never answered, with a call waiting on it, was chosen over one answering")
+		}
 	}
 	// Calls streaming after their first byte are no sign of a hang.
 	hung.latency.Store(int64(400 * time.Microsecond))
