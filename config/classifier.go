@@ -61,7 +61,7 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 				a, b = fmt.Sprintf("%+q", folded[key]), fmt.Sprintf("%+q", l)
 			}
 			out = append(out, FieldProblem{p,
-				fmt.Sprintf("%s has %s and %s, which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart", field, a, b)})
+				fmt.Sprintf("%s has %s and %s, which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart", field, a, b)})
 		}
 		seen[l] = true
 		if folded[key] == "" {
@@ -78,7 +78,7 @@ func CheckLabelList(field string, labels []string, minCount int) []FieldProblem 
 // engine.
 func LabelKey(l string) string {
 	words := strings.FieldsFunc(strings.ToLower(norm.NFC.String(l)), func(r rune) bool {
-		return !unicode.IsLetter(r) && !unicode.IsDigit(r)
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r) || invisible(r)
 	})
 	return strings.Join(words, " ")
 }
@@ -89,11 +89,19 @@ func LabelKey(l string) string {
 // which it answered as a tie or a floor that read like a verdict.
 func Blank(s string) bool {
 	for _, r := range s {
-		if !unicode.IsSpace(r) && !unicode.In(r, unicode.Cc, unicode.Cf) {
+		if !unicode.IsSpace(r) && !invisible(r) {
 			return false
 		}
 	}
 	return true
+}
+
+// invisible reports whether r shows nothing: a control or format
+// character, one Unicode says to ignore where it cannot be shown (the
+// Hangul fillers, which count as letters, the combining grapheme
+// joiner), a variation selector, or the blank braille pattern.
+func invisible(r rune) bool {
+	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) || r == '\u2800'
 }
 
 // CheckClassification checks everything of a classification but its text.

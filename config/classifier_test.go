@@ -54,19 +54,19 @@ func TestCheckClassification(t *testing.T) {
 		{labels: many, threshold: 0.5, want: []FieldProblem{{"labels", "labels must have 1 to 200 entries, got 201"}}},
 		{labels: []string{"a", "", "a"}, threshold: 0.5, want: []FieldProblem{{"labels[1]", "labels[1] is empty"}, {"labels[2]", `labels has "a" twice`}}},
 		{labels: []string{"Bug", "bug", "bug ", "bug  report", "Bug report"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "Bug" and "bug", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
-			{"labels[2]", `labels has "Bug" and "bug ", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
-			{"labels[4]", `labels has "bug  report" and "Bug report", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`}}},
+			{"labels[1]", `labels has "Bug" and "bug", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
+			{"labels[2]", `labels has "Bug" and "bug ", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
+			{"labels[4]", `labels has "bug  report" and "Bug report", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`}}},
 		{labels: []string{"feature_request", "feature request", "feature-request"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "feature_request" and "feature request", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
-			{"labels[2]", `labels has "feature_request" and "feature-request", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`}}},
+			{"labels[1]", `labels has "feature_request" and "feature request", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
+			{"labels[2]", `labels has "feature_request" and "feature-request", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`}}},
 		// Punctuation, invisible characters and NFC against NFD: every text
 		// tied between such labels.
 		{labels: []string{"bug", "bug.", "BUG!", "bug\u200b", "café", "cafe\u0301"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "bug" and "bug.", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
-			{"labels[2]", `labels has "bug" and "BUG!", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
-			{"labels[3]", `labels has "bug" and "bug\u200b", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`},
-			{"labels[5]", `labels has "caf\u00e9" and "cafe\u0301", which differ only in case, punctuation, spacing or invisible characters: no engine tells them apart`}}},
+			{"labels[1]", `labels has "bug" and "bug.", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
+			{"labels[2]", `labels has "bug" and "BUG!", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
+			{"labels[3]", `labels has "bug" and "bug\u200b", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
+			{"labels[5]", `labels has "caf\u00e9" and "cafe\u0301", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`}}},
 		{labels: []string{"a", "_", "-", "!!!", "x\u200b"}, threshold: 0.5, want: []FieldProblem{
 			{"labels[1]", `labels[1] ("_") has no letter or digit: no engine can read it`},
 			{"labels[2]", `labels[2] ("-") has no letter or digit: no engine can read it`},
@@ -78,5 +78,27 @@ func TestCheckClassification(t *testing.T) {
 		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("CheckClassification(%d labels, %v, %q, %v) = %v, want %v", len(c.labels), c.desc, c.mode, c.threshold, got, c.want)
 		}
+	}
+}
+
+// Characters that show nothing are blank, the Hangul fillers too, which
+// Unicode counts as letters: "\u3164" passed as a text, an attribute and
+// a label.
+func TestInvisibleCharactersAreBlank(t *testing.T) {
+	for _, s := range []string{"\u3164", "\u115f", "\u034f", "\ufe0f", "\u2800", " \u200b\u3164 "} {
+		if !Blank(s) {
+			t.Errorf("%+q is not blank", s)
+		}
+		if k := LabelKey(s); k != "" {
+			t.Errorf("label %+q reads as %q", s, k)
+		}
+	}
+	for _, s := range []string{"bug", "é", "\u3164bug"} {
+		if Blank(s) {
+			t.Errorf("%+q is blank", s)
+		}
+	}
+	if LabelKey("bug\u3164") != LabelKey("bug") {
+		t.Error("a Hangul filler made a label another")
 	}
 }
