@@ -367,6 +367,10 @@ func readAdminTokenFile(p string) (string, error) {
 	if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r <= 0x20 || r >= 0x7f }) {
 		return "", fmt.Errorf("admin token file %s is empty or holds other than printable ASCII: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p)
 	}
+	if len(tok) < config.MinAdminTokenBytes {
+		// As server.admin_token: the token is the whole admin API.
+		return "", fmt.Errorf("admin token file %s holds %d bytes, under the %d an admin credential needs: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p, len(tok), config.MinAdminTokenBytes)
+	}
 	return tok, nil
 }
 

@@ -150,7 +150,9 @@ func TestAdminCommandAgainstAnOlderGatewaySaysSo(t *testing.T) {
 // a client's empty or Unicode-space Bearer token matched: the admin API
 // was open. It is refused at start.
 func TestEmptyAdminTokenFileIsRefused(t *testing.T) {
-	for _, content := range []string{"", "\n  \n", "tok\x00en", "\xef\xbb\xbf\r\n", "\xe2\x80\x8b"} {
+	// A short one too, as server.admin_token: "x" opened the admin API to
+	// a guess.
+	for _, content := range []string{"", "\n  \n", "tok\x00en", "\xef\xbb\xbf\r\n", "\xe2\x80\x8b", "x\n", "tga-0123456789\n"} {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte(content), 0o600); err != nil {
 			t.Fatal(err)
