@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -41,10 +42,13 @@ func ParseByteSize(s string) (ByteSize, error) {
 	switch {
 	case err == nil && n < 0:
 		return 0, fmt.Errorf("size %q is negative", written)
-	case err != nil && isFraction(s):
-		return 0, fmt.Errorf("size %q is not a whole number: write it in a smaller unit%s", written, wholeHint(s, mult))
 	case err != nil && errors.Is(err, strconv.ErrRange):
 		return 0, fmt.Errorf("size %q is too large", written)
+	case err != nil && isWhole(s):
+		// 1.0MiB or 1e3KiB: a whole number, written as a float.
+		return 0, fmt.Errorf("size %q: write the number without a point or exponent, such as %s", written, wholeNumber(s, written))
+	case err != nil && isFraction(s):
+		return 0, fmt.Errorf("size %q is not a whole number: write it in a smaller unit%s", written, wholeHint(s, mult))
 	case err != nil:
 		return 0, fmt.Errorf("size %q: want a byte count such as 1048576, or a whole number with a unit: %s", written, byteUnitNames)
 	}
@@ -52,6 +56,18 @@ func ParseByteSize(s string) (ByteSize, error) {
 		return 0, fmt.Errorf("size %q is too large", written)
 	}
 	return ByteSize(n * mult), nil
+}
+
+// isWhole reports whether s is a whole number written as a float.
+func isWhole(s string) bool {
+	f, err := strconv.ParseFloat(s, 64)
+	return err == nil && isFraction(s) && f == math.Trunc(f) && f < 1<<62
+}
+
+// wholeNumber is written with the float s replaced by its whole number.
+func wholeNumber(s, written string) string {
+	f, _ := strconv.ParseFloat(s, 64)
+	return strings.Replace(strings.TrimSpace(written), s, strconv.FormatInt(int64(f), 10), 1)
 }
 
 func isFraction(s string) bool {

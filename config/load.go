@@ -186,6 +186,13 @@ func (l *loader) yamlErrors(err error) {
 				if parserProblems[e.Msg] {
 					e.Line++ // yaml.v3 counts a parser error's line from 0
 				}
+				// A block left open on the last line is reported past the
+				// end of the file.
+				lines := bytes.Count(l.data, []byte("\n"))
+				if len(l.data) > 0 && l.data[len(l.data)-1] != '\n' {
+					lines++
+				}
+				e.Line = min(e.Line, max(lines, 1))
 				line := problemLine(l.data, e.Line, e.Msg)
 				if odd, note := oddIndent(l.data, line, e.Msg); odd != 0 {
 					e.Line, e.Msg = odd, e.Msg+note
