@@ -19,7 +19,15 @@ import (
 // to print the demo key, which is shown only once, and an OPENAI_BASE_URL
 // naming the other process's port, then fail to listen, so the start that
 // followed never showed the key.
+// So does one whose upload port (storage.local.listen) is taken: it was
+// bound after the first-start work.
 func TestTakenPortEndsTheStartBeforeFirstStartWork(t *testing.T) {
+	for _, port := range []string{"server.listen", "storage.local.listen"} {
+		t.Run(port, func(t *testing.T) { testTakenPort(t, port) })
+	}
+}
+
+func testTakenPort(t *testing.T, port string) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -28,7 +36,13 @@ func TestTakenPortEndsTheStartBeforeFirstStartWork(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := lonelyServe(ctx, t, taken.Addr().String(), dataDir)
+	var cmd *exec.Cmd
+	if port == "server.listen" {
+		cmd = lonelyServe(ctx, t, taken.Addr().String(), dataDir)
+	} else {
+		cmd = lonelyServe(ctx, t, freeAddr(t), dataDir)
+		cmd.Env = append(cmd.Env, "TOLLGATE_STORAGE_LISTEN="+taken.Addr().String()) // the last one counts
+	}
 	out, err := cmd.CombinedOutput()
 	if err == nil || ctx.Err() != nil {
 		t.Fatalf("serve on a taken port: err %v (context %v), output:\n%s", err, ctx.Err(), out)

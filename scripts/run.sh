@@ -11,12 +11,23 @@ mkdir -p "$data"
 if [ -z "${CLICKHOUSE_DSN:-}" ]; then
 	if scripts/clickhouse.sh install >/dev/null 2>&1; then
 		chdir="$data/clickhouse"
+		# A server another make run's gateway still uses is not ours to
+		# stop: a second make run (whose gateway then found its port
+		# taken) stopped the first one's ClickHouse on its way out.
+		shared=""
+		if [ -f "$chdir/pid" ] && kill -0 "$(cat "$chdir/pid")" 2>/dev/null && pgrep -f 'bin/tollgate serve' >/dev/null; then
+			shared=yes
+		fi
 		CLICKHOUSE_TCP_PORT="${CLICKHOUSE_TCP_PORT:-9000}" scripts/clickhouse.sh start "$chdir" >/dev/null
 		# shellcheck disable=SC1091
 		. "$chdir/env"
 		export CLICKHOUSE_DSN
-		trap 'scripts/clickhouse.sh stop "$chdir" >/dev/null 2>&1 || true' EXIT
-		echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; stopped when the gateway exits)"
+		if [ -z "$shared" ]; then
+			trap 'scripts/clickhouse.sh stop "$chdir" >/dev/null 2>&1 || true' EXIT
+			echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; stopped when the gateway exits)"
+		else
+			echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; already serving another gateway, left running)"
+		fi
 	else
 		echo "ClickHouse could not be installed (apt-get needs root): usage waits in JetStream until CLICKHOUSE_DSN points at one." >&2
 	fi

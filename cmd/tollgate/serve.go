@@ -51,6 +51,16 @@ func runServe(args []string) error {
 		return fmt.Errorf("listening on %s: %w", cfg.Server.Listen, err)
 	}
 	defer ln.Close()
+	// The upload listener too: bound after the first-start work, a taken
+	// port ended the start after the demo key was printed, and the next
+	// start printed none.
+	var storageLn net.Listener
+	if cfg.Storage.Backend == config.DefaultStorageBackend {
+		if storageLn, err = net.Listen("tcp", cfg.Storage.Local.Listen); err != nil {
+			return fmt.Errorf("listening for uploads on storage.local.listen %s: %w", cfg.Storage.Local.Listen, err)
+		}
+		defer storageLn.Close()
+	}
 	if err := prepareProcess(cfg, logf); err != nil {
 		return err
 	}
@@ -81,7 +91,7 @@ func runServe(args []string) error {
 		return fmt.Errorf("starting the web console: %w", err)
 	}
 	defer con.Close()
-	store, stopStore, err := openStorage(ctx, cfg, logf)
+	store, stopStore, err := openStorage(ctx, cfg, storageLn, logf)
 	if err != nil {
 		return err
 	}
@@ -340,10 +350,10 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 		// failed with 401, after a "First start" message on a data dir
 		// that had served for months.
 		fmt.Fprintf(os.Stderr, "\nNo admin token: server.admin_token and TOLLGATE_ADMIN_TOKEN are empty and %s was missing, so a new one was made "+
-			"(the other gateways of a deployment keep theirs: give them all one with TOLLGATE_ADMIN_TOKEN):\n\n  TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
+			"(the other gateways of a deployment keep theirs: give them all one with TOLLGATE_ADMIN_TOKEN):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
 		return tok, nil
 	}
-	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
+	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
 	return tok, nil
 }
 
@@ -422,18 +432,15 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 // serves its S3-compatible upload and download endpoint on a listener of its
 // own (storage.local.listen): uploads of up to 5 GB stream to disk there,
 // which the API listener, which reads bodies whole, must not do.
-func openStorage(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (storage.Store, func(), error) {
+// ln is storage.local.listen, bound by the caller for the local backend.
+func openStorage(ctx context.Context, cfg *config.Config, ln net.Listener, logf func(string, ...any)) (storage.Store, func(), error) {
 	store, err := storage.FromConfig(ctx, cfg, logf)
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening object storage: %w", err)
 	}
 	local, ok := store.(*storage.Local)
-	if !ok {
+	if !ok || ln == nil {
 		return store, func() {}, nil
-	}
-	ln, err := net.Listen("tcp", cfg.Storage.Local.Listen)
-	if err != nil {
-		return nil, nil, fmt.Errorf("listening for uploads on storage.local.listen %s: %w", cfg.Storage.Local.Listen, err)
 	}
 	go func() {
 		if err := local.Serve(ln); err != nil {
