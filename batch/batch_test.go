@@ -201,7 +201,7 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 		`{"text": "last line without a newline"}`,
 	}, "\n")
 	want := []string{"", "line is empty", "not valid JSON", "not a JSON object", "no text field", "text is not a string",
-		"text is empty", "text is empty", "text is empty", "longer than 5120 bytes", "longer than plugins.max_text_bytes", "", "two text fields", "", ""}
+		"text is empty", "only whitespace or invisible", "only whitespace or invisible", "longer than 5120 bytes", "longer than plugins.max_text_bytes", "", "two text fields", "", ""}
 	id := e.create(svc, "acme", []byte(input), "")
 	j := e.startAndWait(svc, "acme", id)
 	lines, _ := checkResults(t, e.results(j), len(want))

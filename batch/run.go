@@ -856,8 +856,10 @@ func parseLine(line []byte, maxText int) (string, string) {
 		return "", "the line has no text field" + want
 	case t.Type != gjson.String:
 		return "", "text is not a string" + want
-	case config.Blank(t.Str):
+	case t.Str == "":
 		return "", "text is empty"
+	case config.Blank(t.Str):
+		return "", "text holds only whitespace or invisible characters"
 	case len(t.Str) > maxText:
 		return "", fmt.Sprintf("text is %d bytes, longer than plugins.max_text_bytes (%d bytes)", len(t.Str), maxText)
 	}

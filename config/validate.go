@@ -611,7 +611,7 @@ func (l *loader) checkBearerToken(token, path, consequence string) {
 		// in the file, and in no token a client sends.
 		if j := strings.IndexFunc(token, func(r rune) bool { return r > 0x7f }); j >= 0 {
 			r, _ := utf8.DecodeRuneInString(token[j:])
-			l.check(false, path, "contains the non-ASCII character %U at byte %d (a byte order mark or zero-width space from a copy?): remove it; %s", r, j+1, consequence)
+			l.check(false, path, "contains the non-ASCII character %U at byte %d (a byte order mark or zero-width space from a copy?): remove it; a token is ASCII", r, j+1)
 		}
 		return
 	}
