@@ -212,6 +212,9 @@ func TestRequestNotSentWholeIs408(t *testing.T) {
 		if resp.StatusCode != 408 || !strings.Contains(string(body), `"code":"request_timeout"`) || strings.Contains(string(body), "127.0.0.1") {
 			t.Errorf("%s: %d %s; want 408 request_timeout without addresses", name, resp.StatusCode, body)
 		}
+		if resp.Header.Get("x-request-id") == "" {
+			t.Errorf("%s: the 408 carries no x-request-id", name)
+		}
 	}
 	if len(h.up.Requests()) != 0 {
 		t.Fatal("an unfinished request reached the upstream")

@@ -310,6 +310,9 @@ func errRequestTimeout() *APIError {
 }
 
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	// Every response carries one, as the README promises: these are
+	// answered before the handler gives one.
+	ctx.Response.Header.Set("x-request-id", newRequestID())
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", s.world.Load().Config.Server.MaxRequestBody)))
 		return

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/internal/rawconn"
 )
 
 // The gateway's own HTTP/1.1 client for generation calls. fasthttp's
@@ -80,11 +82,14 @@ func (p *connPool) acquire() (*upstreamConn, error) {
 		uc := p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
-		if now.Sub(uc.idleSince) < idlePoolTime {
+		if idle := now.Sub(uc.idleSince); idle < idlePoolTime {
 			p.mu.Unlock()
-			return uc, nil
+			if idle < quietCheckIdle || uc.tc == nil || rawconn.Quiet(uc.tc.Conn) {
+				return uc, nil
+			}
+		} else {
+			p.mu.Unlock()
 		}
-		p.mu.Unlock()
 		_ = uc.conn.Close()
 		p.mu.Lock()
 	}
@@ -111,6 +116,17 @@ func (p *connPool) dial() (*upstreamConn, error) {
 	}
 	return &upstreamConn{conn: conn, tc: tc, br: bufio.NewReaderSize(conn, 16<<10), dialTook: took}, nil
 }
+
+// quietCheckIdle is how long a kept connection may sit idle before it is
+// looked at (rawconn.Quiet, one system call) when taken. An upstream that
+// half-closed it while idle (shutdown of its sending side, still reading)
+// took the request, worked on it and could not answer: the close read
+// right after the write passed for a stale connection, and the request
+// was generated again on a new one. One that wrote an unasked answer on
+// it (408, Connection: close) had that answer taken for the next call's.
+// Under load connections are taken again within milliseconds, and no
+// server closes a connection that soon.
+const quietCheckIdle = 50 * time.Millisecond
 
 // staleWindow is how soon after a request's write the failure of a
 // connection the upstream had closed while idle comes: within a few round

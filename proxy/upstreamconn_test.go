@@ -377,3 +377,46 @@ func TestUpstreamStaleConnectionsAreAllReplaced(t *testing.T) {
 	readBodyAll(t, r)
 	r.Close()
 }
+
+// A kept connection that sat idle is looked at when taken: an upstream
+// that half-closed it (still reading) took the next request, worked on
+// it and could not answer, and the request was generated again on a new
+// connection; one that wrote an unasked 408 on it had that 408 taken for
+// the next call's answer.
+func TestUpstreamIdleConnectionIsLookedAtWhenTaken(t *testing.T) {
+	for name, goIdle := range map[string]func(c net.Conn){
+		"half-closed": func(c net.Conn) { c.(*net.TCPConn).CloseWrite() },
+		"unasked 408": func(c net.Conn) {
+			io.WriteString(c, "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+			c.Close()
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var requests atomic.Int32
+			u := startRawUpstream(t, func(conn, req int, c net.Conn) bool {
+				requests.Add(1)
+				if req > 1 {
+					return true // read, worked on, no way to answer
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				time.AfterFunc(50*time.Millisecond, func() { goIdle(c) })
+				return true
+			})
+			p := testPool(t, u.ln.Addr().String(), 4)
+			for i := range 2 {
+				r, err := p.roundTrip(testRequest, 0, nil)
+				if err != nil {
+					t.Fatalf("call %d: %v", i+1, err)
+				}
+				if st, body := r.Header.StatusCode(), readBodyAll(t, r); st != 200 || body != "ok" {
+					t.Fatalf("call %d: %d %q, want the upstream's answer to it", i+1, st, body)
+				}
+				r.Close()
+				time.Sleep(200 * time.Millisecond) // idle past quietCheckIdle; the upstream acts
+			}
+			if n := requests.Load(); n != 2 {
+				t.Fatalf("the upstream read %d requests for 2 calls", n)
+			}
+		})
+	}
+}

@@ -15,7 +15,7 @@ if [ -z "${CLICKHOUSE_DSN:-}" ]; then
 		# stop: a second make run (whose gateway then found its port
 		# taken) stopped the first one's ClickHouse on its way out.
 		shared=""
-		if [ -f "$chdir/pid" ] && kill -0 "$(cat "$chdir/pid")" 2>/dev/null && pgrep -f 'bin/tollgate serve' >/dev/null; then
+		if [ -f "$chdir/runner.pid" ] && kill -0 "$(cat "$chdir/runner.pid")" 2>/dev/null; then
 			shared=yes
 		fi
 		CLICKHOUSE_TCP_PORT="${CLICKHOUSE_TCP_PORT:-9000}" scripts/clickhouse.sh start "$chdir" >/dev/null
@@ -23,7 +23,8 @@ if [ -z "${CLICKHOUSE_DSN:-}" ]; then
 		. "$chdir/env"
 		export CLICKHOUSE_DSN
 		if [ -z "$shared" ]; then
-			trap 'scripts/clickhouse.sh stop "$chdir" >/dev/null 2>&1 || true' EXIT
+			echo $$ >"$chdir/runner.pid" # this run's, which a second one checks
+			trap 'rm -f "$chdir/runner.pid"; scripts/clickhouse.sh stop "$chdir" >/dev/null 2>&1 || true' EXIT
 			echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; stopped when the gateway exits)"
 		else
 			echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; already serving another gateway, left running)"

@@ -143,6 +143,29 @@ func (c *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
+// Quiet reports whether c has nothing waiting to be read and its peer has
+// not closed it, looking without taking any byte (MSG_PEEK) and without
+// waiting: whether a kept connection can take a request whose answer is
+// the next thing read. One that is not a TCP connection always is.
+func Quiet(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	quiet := true
+	_ = raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		quiet = err == syscall.EAGAIN
+		return true // never wait for readiness
+	})
+	return quiet
+}
+
 // PeerClosed reports whether the other end of c closed or reset the
 // connection, looking without taking any byte (MSG_PEEK) and without
 // waiting. A caller must not read c meanwhile. A connection with data
