@@ -148,22 +148,8 @@ func (c *Conn) opError(op string, err error) error {
 // waiting: whether a kept connection can take a request whose answer is
 // the next thing read. One that is not a TCP connection always is.
 func Quiet(c net.Conn) bool {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return true
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return true
-	}
-	quiet := true
-	_ = raw.Read(func(fd uintptr) bool {
-		var b [1]byte
-		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		quiet = err == syscall.EAGAIN
-		return true // never wait for readiness
-	})
-	return quiet
+	_, ok, err := peek(c)
+	return !ok || err == syscall.EAGAIN
 }
 
 // PeerClosed reports whether the other end of c closed or reset the
@@ -172,20 +158,26 @@ func Quiet(c net.Conn) bool {
 // waiting (a pipelined request) is not closed; one that is not a TCP
 // connection never is.
 func PeerClosed(c net.Conn) bool {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return false
+	n, ok, err := peek(c)
+	return ok && (n == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR)
+}
+
+// peek is a non-blocking recv of one byte of c with MSG_PEEK: 0 and no
+// error at the peer's close, EAGAIN when nothing waits. ok is false when c
+// is no socket.
+func peek(c net.Conn) (n int, ok bool, err error) {
+	sc, isSocket := c.(syscall.Conn)
+	if !isSocket {
+		return 0, false, nil
 	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return false
+	raw, rerr := sc.SyscallConn()
+	if rerr != nil {
+		return 0, false, nil
 	}
-	closed := false
 	_ = raw.Read(func(fd uintptr) bool {
 		var b [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		closed = n == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
+		n, _, err = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		return true // never wait for readiness
 	})
-	return closed
+	return n, true, err
 }
