@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/internal/jsoncheck"
 )
 
 // The routes of a stored response, answered by the upstream that created
@@ -105,7 +106,8 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 	if !input.IsArray() {
 		return nil, nil
 	}
-	var ids, seen []string
+	var ids []string
+	var keys jsoncheck.Keys
 	var apiErr *APIError
 	i := -1
 	input.ForEach(func(_, item gjson.Result) bool {
@@ -115,16 +117,15 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 		}
 		var typ, id gjson.Result
 		role, encrypted := false, false
-		seen = seen[:0]
+		keys = jsoncheck.Keys{}
 		item.ForEach(func(k, v gjson.Result) bool {
 			// Any key written twice: the upstream reads the last, gjson
 			// the first, and a check on one could be passed with the other
 			// ("encrypted_content":"x","encrypted_content":null).
-			if slices.Contains(seen, k.Str) {
+			if keys.Seen(k.Str) {
 				apiErr = BadRequest("input", "duplicate key "+strconv.Quote(k.Str)+" in input["+strconv.Itoa(i)+"]")
 				return false
 			}
-			seen = append(seen, k.Str)
 			switch k.Str {
 			case "type":
 				typ = v

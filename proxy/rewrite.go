@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"slices"
 	"strconv"
 	"unsafe"
 
@@ -62,30 +61,12 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 	// Every other top-level key is refused twice as well: the prompt's
 	// estimate reads the first "messages" and an upstream prefills the
 	// last, so a client that then left paid for a few tokens of a long
-	// prompt. Most bodies have under a dozen keys: the array keeps the
-	// check free of allocations up to 32, and a map takes over past
-	// them (a body of 100,000 keys took 20 s of CPU in the array).
-	var seenBuf [32]string
-	seen := seenBuf[:0]
-	var seenMany map[string]struct{}
+	// prompt. Checked in the walk that finds the fields, not in a second.
+	var keys jsoncheck.Keys
 	root.ForEach(func(key, value gjson.Result) bool {
-		if seenMany != nil {
-			if _, ok := seenMany[key.Str]; ok {
-				dup = key.Str
-				return false
-			}
-			seenMany[key.Str] = struct{}{}
-		} else if slices.Contains(seen, key.Str) {
+		if keys.Seen(key.Str) {
 			dup = key.Str
 			return false
-		} else if len(seen) < len(seenBuf) {
-			seen = append(seen, key.Str)
-		} else {
-			seenMany = make(map[string]struct{}, 2*len(seenBuf))
-			for _, k := range seen {
-				seenMany[k] = struct{}{}
-			}
-			seenMany[key.Str] = struct{}{}
 		}
 		var slot *gjson.Result
 		switch key.Str {
