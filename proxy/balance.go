@@ -195,7 +195,7 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 	if old := h.answered.Load(); old == 0 {
 		h.answered.Store(int64(ttfb))
 	} else {
-		h.answered.Store(old + (int64(ttfb)-old)/8)
+		h.answered.Store(towards(old, int64(ttfb)))
 	}
 	if h.state.Load() == stateClosed {
 		if h.failures.Load() != 0 {
@@ -531,21 +531,19 @@ func (h *upstreamHealth) held(wait time.Duration) (failed bool) {
 // sees it, forgotten since the last sample: blended into the stored one,
 // each new sample of a replica slow once brought the old penalty back, and
 // it took dozens of calls, one every few seconds, to win its share again
-// (6 calls of 10,000 over 22 s after a 2 s pause). It returns the average
-// stored before (0 for none).
-func (h *upstreamHealth) sample(d time.Duration) (stored int64) {
+// (6 calls of 10,000 over 22 s after a 2 s pause).
+func (h *upstreamHealth) sample(d time.Duration) {
 	now := time.Now().UnixNano()
-	stored = h.latency.Load()
-	old := stored
-	if old == 0 {
-		old = int64(d)
+	if stored := h.latency.Load(); stored == 0 {
+		h.latency.Store(int64(d))
 	} else {
-		old = decayed(old, now-h.sampled.Load())
+		h.latency.Store(towards(decayed(stored, now-h.sampled.Load()), int64(d)))
 	}
-	h.latency.Store(old + (int64(d)-old)/8)
 	h.sampled.Store(now)
-	return stored
 }
+
+// towards moves the moving average avg an eighth of the way to sample.
+func towards(avg, sample int64) int64 { return avg + (sample-avg)/8 }
 
 // decayed is a latency halved for each latencyHalfLife of age.
 func decayed(lat, age int64) int64 {

@@ -186,12 +186,9 @@ func (p *connPool) discard(uc *upstreamConn) {
 // removed; calls still in flight close theirs when they end.
 func (p *connPool) retire() {
 	p.mu.Lock()
-	idle := p.idle
-	p.idle, p.retired = nil, true
+	p.retired = true // release discards from now on
 	p.mu.Unlock()
-	for _, uc := range idle {
-		_ = uc.conn.Close()
-	}
+	p.dropIdle()
 }
 
 // upstreamResponse is one response: its header and its body on the
