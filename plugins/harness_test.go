@@ -161,7 +161,12 @@ func (ho harnessOptions) yaml(upstream, dir string) string {
 	if ho.deadFirstMember != "" {
 		// Model small is served by a pool whose first member refuses
 		// connections.
-		y = strings.Replace(y, "models:\n  - id: small\n    upstream: local\n",
+		single := "models:\n  - id: small\n    upstream: local\n"
+		if !strings.Contains(y, single) {
+			// Else the test would run without the dead member and pass.
+			panic("gatewayYAML no longer serves model small from local alone")
+		}
+		y = strings.Replace(y, single,
 			"  - name: dead\n    base_url: "+ho.deadFirstMember+"\n    first_byte_timeout: 5s\nmodels:\n  - id: small\n    upstreams: [dead, local]\n", 1)
 	}
 	return y
