@@ -100,9 +100,33 @@ type Runtime interface {
 // Engine classifies the lines of one job. It is called from many
 // goroutines at once. An error wrapping ErrEngineUnavailable is retried;
 // any other fails only its line, with the error's message written into the
-// results, so it must not name internal addresses.
+// results, so it must not name internal addresses. With an error, the
+// Answer still carries what the line cost (Usage and Spent): a model
+// that answered something else than asked was paid for upstream.
 type Engine interface {
-	Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error)
+	Classify(ctx context.Context, req classifiers.ClassifyRequest) (Answer, error)
+}
+
+// Answer is one line's classification, described and billed as
+// /v1/classify describes and bills the same call made alone.
+type Answer struct {
+	classifiers.ClassifyResult
+	// Spent is the part of Usage a catalog model spent: all of it when
+	// the llm answered, the failed attempt's when an offline engine
+	// answered after it, none offline.
+	Spent ModelPart
+}
+
+// ModelPart is the tokens a catalog model spent on a line, and whose
+// they were: the job's event names the model and the upstream, and the
+// tokens cost at least what the model's own prices make of them.
+type ModelPart struct {
+	Model    string // catalog id
+	Upstream string // the upstream (pool member) that answered the call
+	Usage    classifiers.Usage
+	// Cost is what the model's prices (models[].pricing) make of Usage;
+	// 0 when Usage is empty.
+	Cost money.Nanos
 }
 
 // Options configures Open.

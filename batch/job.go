@@ -140,9 +140,17 @@ type Progress struct {
 	// Estimated: some llm lines were counted by the tokenizer, their
 	// upstream having reported no usage to believe; the bill says so.
 	Estimated bool `json:"estimated,omitempty"`
-	// LLMModel is the model that answered lines, "" while only the lexical
-	// engine did.
-	LLMModel string `json:"llm_model,omitempty"`
+	// ModelTokens is the part of TotalTokens a catalog model spent, and
+	// ModelCostNanos what they cost, line by line the higher of the job's
+	// price and the model's own prices, as /v1/classify bills them.
+	ModelTokens    int64 `json:"model_tokens,omitempty"`
+	ModelCostNanos int64 `json:"model_cost_nanos,omitempty"`
+	// LLMModel is the model that spent tokens on lines, answering them or
+	// failing before an offline engine answered (auto); "" while none
+	// did. LLMUpstream is the upstream (pool member) that answered its
+	// first such line.
+	LLMModel    string `json:"llm_model,omitempty"`
+	LLMUpstream string `json:"llm_upstream,omitempty"`
 	// OfflineEngine is the offline engine that answered lines (semantic
 	// or lexical), "" while none did: the model a job answered offline is
 	// billed under.

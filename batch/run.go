@@ -88,7 +88,8 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		// job of a 5 GB input could overdraw an account of one cent by
 		// any amount. A run resuming a stopped one asks again, for the
 		// whole job: it skipped the check with the count, and overdrew.
-		if refused := s.cannotPay(ctx, j, j.EstimatedTokens, "this job's estimated %d tokens"); refused != "" {
+		estimate, _ := jobCost(j.Price, j.EstimatedTokens)
+		if refused := s.cannotPay(ctx, j, estimate, fmt.Sprintf("this job's estimated %d tokens", j.EstimatedTokens)); refused != "" {
 			return o.end(ctx, refused+": top up and start the job again", j.Resumable)
 		}
 		if err := o.update(ctx, func(j *Job) { j.Progress.Afforded = true }); err != nil {
@@ -209,10 +210,14 @@ type chunk struct {
 	prompt, completion, total int64
 	// estimated: some of the tokens are the tokenizer's count of an llm
 	// call whose upstream reported none to believe.
-	estimated            bool
-	llmModel, firstError string
-	offlineEngine        string
-	done                 chan struct{}
+	estimated bool
+	// modelTokens is the part of total a catalog model spent, and
+	// modelCost what it costs (see lineClassifier.count).
+	modelTokens                       int64
+	modelCost                         money.Nanos
+	llmModel, llmUpstream, firstError string
+	offlineEngine                     string
+	done                              chan struct{}
 }
 
 // classifyInput classifies the input from the checkpoint on: one reader,
@@ -238,7 +243,7 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 	wg.Go(func() {
 		s.readChunks(pctx, newLineReader(rc, j.Progress.Offset, maxLineBytes(cfg)), j.Progress.Lines, order, work)
 	})
-	lc := newLineClassifier(s, engine, &j.Request, cfg)
+	lc := newLineClassifier(s, engine, j, cfg)
 	for range concurrency {
 		wg.Go(func() {
 			for c := range work {
@@ -305,7 +310,8 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 // checkpoint's lines.
 func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 	j := o.snapshot()
-	refused := s.cannotPay(ctx, j, j.Progress.TotalTokens, "the %d tokens used so far")
+	cost, _ := j.cost()
+	refused := s.cannotPay(ctx, j, cost, fmt.Sprintf("the %d tokens used so far", j.Progress.TotalTokens))
 	if refused == "" {
 		return nil
 	}
@@ -316,12 +322,11 @@ func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 	return errEnded
 }
 
-// cannotPay says why the account cannot pay tokens of job j at its price
-// within the grace buffer, with the bills of its recent jobs not debited
-// yet, or "" when it can. what words the tokens, with a %d for their
-// number ("this job's estimated %d tokens").
-func (s *Service) cannotPay(ctx context.Context, j *Job, tokens int64, what string) string {
-	cost, _ := jobCost(j.Price, tokens)
+// cannotPay says why the account cannot pay cost, for job j, within the
+// grace buffer, with the bills of its recent jobs not debited yet, or ""
+// when it can. what words the tokens cost is for ("this job's estimated
+// 263 tokens").
+func (s *Service) cannotPay(ctx context.Context, j *Job, cost money.Nanos, what string) string {
 	if cost <= 0 {
 		return ""
 	}
@@ -330,7 +335,7 @@ func (s *Service) cannotPay(ctx context.Context, j *Job, tokens int64, what stri
 	if ok {
 		return ""
 	}
-	msg := fmt.Sprintf("the account's balance of %s USD cannot pay %s (%s USD) within the grace buffer", balance, fmt.Sprintf(what, tokens), cost)
+	msg := fmt.Sprintf("the account's balance of %s USD cannot pay %s (%s USD) within the grace buffer", balance, what, cost)
 	if recent > 0 {
 		msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and are not debited yet", recent, recentBillWindow)
 	}
@@ -417,12 +422,14 @@ type partWriter struct {
 	started time.Time
 
 	// since the last checkpoint
-	lines, completed, failed  int64
-	prompt, completion, total int64
-	end                       int64
-	estimated                 bool
-	llmModel, firstError      string
-	offlineEngine             string
+	lines, completed, failed          int64
+	prompt, completion, total         int64
+	modelTokens                       int64
+	modelCost                         money.Nanos
+	end                               int64
+	estimated                         bool
+	llmModel, llmUpstream, firstError string
+	offlineEngine                     string
 }
 
 func (w *partWriter) add(ctx context.Context, c *chunk) error {
@@ -448,10 +455,12 @@ func (w *partWriter) add(ctx context.Context, c *chunk) error {
 	w.prompt += c.prompt
 	w.completion += c.completion
 	w.total += c.total
+	w.modelTokens += c.modelTokens
+	w.modelCost += c.modelCost
 	w.estimated = w.estimated || c.estimated
 	w.end = c.end
 	if w.llmModel == "" {
-		w.llmModel = c.llmModel
+		w.llmModel, w.llmUpstream = c.llmModel, c.llmUpstream
 	}
 	if w.offlineEngine == "" {
 		w.offlineEngine = c.offlineEngine
@@ -488,9 +497,11 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 		p.PromptTokens += w.prompt
 		p.CompletionTokens += w.completion
 		p.TotalTokens += w.total
+		p.ModelTokens += w.modelTokens
+		p.ModelCostNanos += int64(w.modelCost)
 		p.Estimated = p.Estimated || w.estimated
 		if p.LLMModel == "" {
-			p.LLMModel = w.llmModel
+			p.LLMModel, p.LLMUpstream = w.llmModel, w.llmUpstream
 		}
 		if p.OfflineEngine == "" {
 			p.OfflineEngine = w.offlineEngine
@@ -511,8 +522,9 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 	}
 	w.seq++
 	w.lines, w.completed, w.failed, w.prompt, w.completion, w.total = 0, 0, 0, 0, 0, 0
+	w.modelTokens, w.modelCost = 0, 0
 	w.estimated = false
-	w.llmModel, w.firstError, w.offlineEngine = "", "", ""
+	w.llmModel, w.llmUpstream, w.firstError, w.offlineEngine = "", "", "", ""
 	if w.s.at("checkpointed") {
 		return errDied
 	}
@@ -687,7 +699,7 @@ func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
 		if other.BilledBy == s.name {
 			continue // in this process's balance until debited (NoteCharge)
 		}
-		cost, _ := jobCost(other.Price, *other.ActualTokens)
+		cost, _ := other.cost()
 		// The debits have grown by the job's cost since it billed itself:
 		// its bill is in the balance, and counting it again refused jobs
 		// the account could pay for. (Other calls' debits could make up
@@ -713,10 +725,21 @@ func jobCost(price string, tokens int64) (money.Nanos, error) {
 	return cost.Nanos(), nil
 }
 
+// cost is what the job's lines done so far cost, as /v1/classify bills
+// each line alone at the job's price: the tokens a catalog model spent
+// at least at the model's own prices (Progress.ModelCostNanos, summed
+// line by line), the rest at the job's price. The error is the job
+// price's, whose tokens then cost 0.
+func (j *Job) cost() (money.Nanos, error) {
+	p := &j.Progress
+	cost, err := jobCost(j.Price, p.TotalTokens-p.ModelTokens)
+	return cost + money.Nanos(p.ModelCostNanos), err
+}
+
 // billingEvent is the job's one usage event: its id is the job id and its
 // time the job's BilledAt, so billing it twice is billing it once.
 func (s *Service) billingEvent(j *Job, at time.Time) *meter.Event {
-	cost, err := jobCost(j.Price, j.Progress.TotalTokens) // the price was validated with the config it came from
+	cost, err := j.cost() // the price was validated with the config it came from
 	if err != nil {
 		s.logf("batch: job %s has price %q: %v; billing 0", j.ID, j.Price, err)
 	}
@@ -728,14 +751,23 @@ func (s *Service) billingEvent(j *Job, at time.Time) *meter.Event {
 	if j.StartedAt != nil {
 		ev.Latency = at.Sub(*j.StartedAt)
 	}
+	// As a /v1/classify event does, the event names the model whenever
+	// it spent tokens, lines an offline engine answered after it failed
+	// too, and the upstream that answered: it said lexical, with no
+	// upstream and usage from the tokenizer, for a job whose model
+	// failed every line, and never named a pool's member.
 	if m := j.Progress.LLMModel; m != "" {
-		ev.Model, ev.UsageSource = m, meter.SourceUpstream
+		ev.Model, ev.Upstream, ev.UsageSource = m, j.Progress.LLMUpstream, meter.SourceUpstream
 		if j.Progress.Estimated {
 			ev.UsageSource = meter.SourceEstimated
 		}
-		for _, cm := range s.runtime.Config().Models {
-			if cm.ID == m {
-				ev.Upstream = cm.Upstream
+		if ev.Upstream == "" {
+			// Checkpointed by an earlier release, which kept no upstream:
+			// the model's own, when it has one.
+			for _, cm := range s.runtime.Config().Models {
+				if cm.ID == m {
+					ev.Upstream = cm.Upstream
+				}
 			}
 		}
 	}
@@ -749,13 +781,18 @@ type lineClassifier struct {
 	req     *Request
 	maxText int
 	maxLine int
+	// price is the job's, per token; 0 when it does not parse (the bill
+	// says so).
+	price money.Price
 	// labelJSON is each label as a JSON string, encoded once per run.
 	labelJSON map[string][]byte
 }
 
-func newLineClassifier(s *Service, engine Engine, req *Request, cfg *config.Config) *lineClassifier {
-	lc := &lineClassifier{s: s, engine: engine, req: req, maxText: int(cfg.Plugins.MaxTextBytes), maxLine: maxLineBytes(cfg), labelJSON: make(map[string][]byte, len(req.Labels))}
-	for _, l := range req.Labels {
+func newLineClassifier(s *Service, engine Engine, j *Job, cfg *config.Config) *lineClassifier {
+	price, _ := money.ParsePrice(j.Price)
+	lc := &lineClassifier{s: s, engine: engine, req: &j.Request, maxText: int(cfg.Plugins.MaxTextBytes), maxLine: maxLineBytes(cfg),
+		price: price, labelJSON: make(map[string][]byte, len(j.Request.Labels))}
+	for _, l := range j.Request.Labels {
 		lc.labelJSON[l] = jsonString(l)
 	}
 	return lc
@@ -772,12 +809,12 @@ func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
 	for i, line := range c.lines {
 		n := c.first + int64(i)
 		if c.tooLong[i] {
-			lc.lineError(c, n, fmt.Sprintf("the line is longer than %d bytes (4 times plugins.max_text_bytes, plus 1KiB)", lc.maxLine), classifiers.Usage{})
+			lc.lineError(c, n, fmt.Sprintf("the line is longer than %d bytes (4 times plugins.max_text_bytes, plus 1KiB)", lc.maxLine), nil)
 			continue
 		}
 		text, problem := parseLine(line, lc.maxText)
 		if problem != "" {
-			lc.lineError(c, n, problem, classifiers.Usage{})
+			lc.lineError(c, n, problem, nil)
 			continue
 		}
 		res, err := lc.classify(ctx, lc.req.classify(text))
@@ -786,21 +823,25 @@ func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
 				c.err = err
 				return
 			}
-			msg := err.Error()
-			if len(msg) > errorMaxText {
-				msg = msg[:errorMaxText] + "…"
-			}
 			// An llm that answered something else than asked, twice, was
 			// paid for upstream: the line bills its tokens.
-			lc.lineError(c, n, msg, res.Usage)
+			lc.lineError(c, n, quote(err.Error()), &res)
 			continue
 		}
 		lc.lineResult(c, n, &res)
 	}
 }
 
+// quote shortens an engine's words for a result line.
+func quote(msg string) string {
+	if len(msg) > errorMaxText {
+		return msg[:errorMaxText] + "…"
+	}
+	return msg
+}
+
 // classify retries an unavailable engine with backoff.
-func (lc *lineClassifier) classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
+func (lc *lineClassifier) classify(ctx context.Context, req classifiers.ClassifyRequest) (Answer, error) {
 	wait := lc.s.t.retryBackoff
 	for try := 0; ; try++ {
 		res, err := lc.engine.Classify(ctx, req)
@@ -875,8 +916,8 @@ func parseLine(line []byte, maxText int) (string, string) {
 // (labels at or above the threshold, highest first); a line that failed:
 // {"line":N,"error":"…"}. N is the input line, from 1.
 
-func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.ClassifyResult) {
-	total := c.count(res.Usage)
+func (lc *lineClassifier) lineResult(c *chunk, n int64, res *Answer) {
+	total := lc.count(c, res)
 	b := c.out.AvailableBuffer()
 	b = append(b, `{"line":`...)
 	b = strconv.AppendInt(b, n, 10)
@@ -908,34 +949,52 @@ func (lc *lineClassifier) lineResult(c *chunk, n int64, res *classifiers.Classif
 	b = append(b, "}\n"...)
 	c.out.Write(b)
 	c.completed++
-	if res.Engine == classifiers.EngineLLM && c.llmModel == "" {
-		c.llmModel = res.Model
-	} else if res.Engine != classifiers.EngineLLM && c.offlineEngine == "" {
+	if res.Engine != classifiers.EngineLLM && c.offlineEngine == "" {
 		c.offlineEngine = res.Engine
 	}
 }
 
 // count adds a line's usage to the chunk's and returns its total tokens
-// (prompt and completion when the engine gave no total).
-func (c *chunk) count(u classifiers.Usage) int64 {
-	if u.TotalTokens == 0 {
-		u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	}
+// (prompt and completion when the engine gave no total). The tokens a
+// model spent cost what /v1/classify makes them cost alone: at least
+// the model's prices, else the job's (the rest of the line's tokens are
+// billed at the job's price with the job).
+func (lc *lineClassifier) count(c *chunk, res *Answer) int64 {
+	u := res.Usage
+	total := tokensOf(u)
 	c.prompt += u.PromptTokens
 	c.completion += u.CompletionTokens
-	c.total += u.TotalTokens
+	c.total += total
 	c.estimated = c.estimated || u.Estimated
+	spent := &res.Spent
+	if tokens := tokensOf(spent.Usage); tokens > 0 {
+		var atJobPrice money.Atto
+		atJobPrice.Add(tokens, lc.price)
+		c.modelTokens += tokens
+		c.modelCost += max(atJobPrice.Nanos(), spent.Cost)
+		if c.llmModel == "" {
+			c.llmModel, c.llmUpstream = spent.Model, spent.Upstream
+		}
+	}
+	return total
+}
+
+// tokensOf is u's total, prompt and completion when it gives none.
+func tokensOf(u classifiers.Usage) int64 {
+	if u.TotalTokens == 0 {
+		return u.PromptTokens + u.CompletionTokens
+	}
 	return u.TotalTokens
 }
 
 // appendEngine names who answered the line, as /v1/classify does: with
 // plugins.engine auto, lines of one job can go to the llm or to lexical.
-func appendEngine(b []byte, res *classifiers.ClassifyResult) []byte {
+func appendEngine(b []byte, res *Answer) []byte {
 	b = append(b, `,"engine":`...)
 	b = append(b, jsonString(res.Engine)...)
-	if res.Model != "" {
+	if res.Answer.Model != "" {
 		b = append(b, `,"model":`...)
-		b = append(b, jsonString(res.Model)...)
+		b = append(b, jsonString(res.Answer.Model)...)
 	}
 	if res.NoLogprobs {
 		b = append(b, `,"no_logprobs":true`...)
@@ -950,15 +1009,19 @@ func (lc *lineClassifier) appendLabel(b []byte, label string) []byte {
 	return append(b, jsonString(label)...)
 }
 
-// lineError writes a failed line; spent is what it cost upstream, if
-// anything, written as its "tokens" and counted in the job's.
-func (lc *lineClassifier) lineError(c *chunk, n int64, msg string, spent classifiers.Usage) {
+// lineError writes a failed line; res, when the engine was asked, is
+// what it cost upstream, if anything, written as its "tokens" and
+// counted in the job's.
+func (lc *lineClassifier) lineError(c *chunk, n int64, msg string, res *Answer) {
 	b := c.out.AvailableBuffer()
 	b = append(b, `{"line":`...)
 	b = strconv.AppendInt(b, n, 10)
 	b = append(b, `,"error":`...)
 	b = append(b, jsonString(msg)...)
-	if total := c.count(spent); total > 0 {
+	if res == nil {
+		res = &Answer{}
+	}
+	if total := lc.count(c, res); total > 0 {
 		b = append(b, `,"tokens":`...)
 		b = strconv.AppendInt(b, total, 10)
 	}

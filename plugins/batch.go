@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -264,44 +265,60 @@ func (r batchRuntime) Engine(job *batch.Job) (batch.Engine, error) {
 	p := who.world.Config.Plugins
 	if job.Model == "" && p.Engine == engineAuto {
 		if c := r.m.autoLLM(who); c != nil {
-			return &batchEngine{choice: c}, nil
+			return &batchEngine{choice: c, world: who.world}, nil
 		}
-		return &batchEngine{choice: r.m.offlineChoice(p.Vectors)}, nil
+		return &batchEngine{choice: r.m.offlineChoice(p.Vectors), world: who.world}, nil
 	}
 	c, apiErr := r.m.chooseEngine(who, job.Model)
 	if apiErr != nil {
 		return nil, errors.New(apiErr.Message)
 	}
-	return &batchEngine{choice: c}, nil
+	return &batchEngine{choice: c, world: who.world}, nil
 }
 
 // batchEngine runs a job's lines on one engine choice; unlike
 // engineChoice.run it never changes the choice, so it is safe for the
-// job's concurrent lines.
-type batchEngine struct{ choice *engineChoice }
+// job's concurrent lines. Each line is described and billed as
+// /v1/classify describes and bills the same call alone.
+type batchEngine struct {
+	choice *engineChoice
+	world  *proxy.World // whose catalog prices the model's tokens
+}
 
-func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (classifiers.ClassifyResult, error) {
+func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (batch.Answer, error) {
 	c := e.choice
 	if c.auto && !c.probes.up() {
-		return c.offlineFallback().engine.Classify(ctx, req)
+		res, err := c.offlineFallback().engine.Classify(ctx, req)
+		return batch.Answer{ClassifyResult: res}, err
 	}
-	res, err := c.engine.Classify(ctx, req)
-	if err == nil || ctx.Err() != nil || offline(c.name) {
-		return res, err
+	if offline(c.name) {
+		res, err := c.engine.Classify(ctx, req)
+		return batch.Answer{ClassifyResult: res}, err
+	}
+	var answeredBy proxy.UpstreamNote
+	res, err := c.engine.Classify(proxy.WithUpstreamNote(ctx, &answeredBy), req)
+	// This line's view of the choice: the pool member that took its call,
+	// not the pool's first, is the upstream its event and errors name.
+	line := *c
+	line.upstream = cmp.Or(answeredBy.Name(), c.upstream)
+	spent := batch.ModelPart{Model: c.model, Upstream: line.upstream, Usage: res.Usage, Cost: modelCost(e.world, c.model, res.Usage)}
+	if err == nil || ctx.Err() != nil {
+		return batch.Answer{ClassifyResult: res, Spent: spent}, err
 	}
 	if errors.Is(err, proxy.ErrModelUnavailable) {
 		c.probes.markDown()
 	}
 	if c.auto {
-		off, err := c.offlineFallback().engine.Classify(ctx, req)
+		off := c.offlineFallback()
+		ans, offErr := off.engine.Classify(ctx, req)
 		// The line is billed the upstream's tokens too.
-		off.Usage = off.Usage.Plus(res.Usage)
-		return off, err
+		ans.Usage = ans.Usage.Plus(res.Usage)
+		return batch.Answer{ClassifyResult: ans, Spent: spent}, offErr
 	}
-	msg := fmt.Sprintf("model %s: %s", c.model, failure(c, err))
+	msg := fmt.Sprintf("model %s: %s", c.model, failure(&line, err))
 	var me *proxy.ModelError
 	if errors.Is(err, proxy.ErrModelUnavailable) || errors.As(err, &me) && (me.Status >= 500 || me.Status == fasthttp.StatusTooManyRequests) {
-		return res, fmt.Errorf("%w: %s", batch.ErrEngineUnavailable, msg)
+		return batch.Answer{ClassifyResult: res, Spent: spent}, fmt.Errorf("%w: %s", batch.ErrEngineUnavailable, msg)
 	}
-	return res, errors.New(msg)
+	return batch.Answer{ClassifyResult: res, Spent: spent}, errors.New(msg)
 }

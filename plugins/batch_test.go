@@ -689,3 +689,62 @@ func TestBatchStartWithTheStoreDownIs503(t *testing.T) {
 		t.Fatalf("start with the store down: %s", r)
 	}
 }
+
+// TestBatchLinesAreDescribedAndBilledAsClassifyAlone: a job's lines are
+// described and billed as the same call made alone to /v1/classify. The
+// job's event named no upstream for a model served by a pool, and, for a
+// job whose model failed every line (auto) before lexical answered,
+// said lexical, no upstream, usage from the tokenizer; and it billed the
+// model's tokens at the batch price alone, a fraction of the model's own
+// prices, which the same calls alone pay.
+func TestBatchLinesAreDescribedAndBilledAsClassifyAlone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String() + "/v1"
+	ln.Close()
+	for _, tc := range []struct {
+		name  string
+		ho    harnessOptions
+		model string // the requests' "model" member, if any
+	}{
+		{"llm on a pool whose first member is down", harnessOptions{deadFirstMember: dead, plugins: "  engine: auto\n  llm_model: small"}, `, "model": "llm"`},
+		{"auto whose model answers off-format", harnessOptions{upstream: proxytest.Options{BadAnswerTimes: 1 << 30}, plugins: "  engine: auto\n  llm_model: small"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newBatchHarness(t, "local", tc.ho)
+			h.startWorker()
+			const text, lines = "The export button crashes", 3
+			alone := h.keyed("/v1/classify", `{"text": "`+text+`", "labels": ["bug", "billing"]`+tc.model+`}`).ok(t)
+			single := h.events(1)[0]
+
+			c := h.createJob(h.key, `{"labels": ["bug", "billing"]`+tc.model+`}`)
+			h.upload(c, bytes.Repeat([]byte(`{"text": "`+text+`"}`+"\n"), lines))
+			h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
+			if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
+				t.Fatalf("job %v", job)
+			}
+			_, data := download(t, h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)["download_url"].(string))
+			sc := bufio.NewScanner(bytes.NewReader(data))
+			for sc.Scan() {
+				var line map[string]any
+				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+					t.Fatalf("result line %q: %v", sc.Text(), err)
+				}
+				if line["engine"] != alone["engine"] || line["model"] != alone["model"] ||
+					line["tokens"] != alone["usage"].(map[string]any)["total_tokens"] {
+					t.Errorf("result line %s\nwant its engine, model and tokens as the call alone: %v", sc.Text(), alone)
+				}
+			}
+			ev := h.events(2)[1]
+			if ev.JobID != c.JobID || ev.Model != single.Model || ev.Upstream != single.Upstream || ev.UsageSource != single.UsageSource ||
+				ev.PromptTokens != lines*single.PromptTokens || ev.CompletionTokens != lines*single.CompletionTokens || ev.CostNanos != lines*single.CostNanos {
+				t.Errorf("job event %+v\nwant %d times the call alone's: %+v", *ev, lines, *single)
+			}
+			if single.Model != "small" || single.Upstream != "local" {
+				t.Errorf("the call alone's event %+v: want the model small at upstream local", *single)
+			}
+		})
+	}
+}

@@ -533,15 +533,10 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 	var offlineCost, llmCost money.Atto
 	offlineCost.Add(tokensOf(u)-tokensOf(llm), price)
 	llmCost.Add(tokensOf(llm), price)
-	llmNanos := llmCost.Nanos()
-	if tokensOf(llm) > 0 {
-		// At the plugin price alone, a key allowed an expensive model ran
-		// up to 64 KiB of text a call through it at a 6th to a 25th of
-		// what a chat call pays for the same tokens.
-		if e, ok := call.World.Catalog.Resolve(model); ok {
-			llmNanos = max(llmNanos, e.Prices.Cost(catalog.Usage{PromptTokens: llm.PromptTokens, CompletionTokens: llm.CompletionTokens}))
-		}
-	}
+	// At the plugin price alone, a key allowed an expensive model ran up
+	// to 64 KiB of text a call through it at a 6th to a 25th of what a
+	// chat call pays for the same tokens.
+	llmNanos := max(llmCost.Nanos(), modelCost(call.World, model, llm))
 	nanos := offlineCost.Nanos() + llmNanos
 	source := meter.SourceTokenizer
 	switch {
@@ -565,6 +560,19 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 		Status:           status,
 		Latency:          time.Since(call.Start),
 	})
+}
+
+// modelCost is what catalog model's own prices (models[].pricing) make
+// of u, the tokens it spent on one plugin call; 0 when it spent none.
+func modelCost(w *proxy.World, model string, u classifiers.Usage) money.Nanos {
+	if tokensOf(u) == 0 {
+		return 0
+	}
+	e, ok := w.Catalog.Resolve(model)
+	if !ok {
+		return 0
+	}
+	return e.Prices.Cost(catalog.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
 }
 
 // tokensOf is u's total, prompt and completion when it gives none.
