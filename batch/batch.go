@@ -111,6 +111,10 @@ type Engine interface {
 // /v1/classify describes and bills the same call made alone.
 type Answer struct {
 	classifiers.ClassifyResult
+	// Fallback says why the llm was wanted and an offline engine
+	// answered (plugins.engine auto), as /v1/classify's fallback; ""
+	// otherwise.
+	Fallback string
 	// Spent is the part of Usage a catalog model spent: all of it when
 	// the llm answered, the failed attempt's when an offline engine
 	// answered after it, none offline.

@@ -911,8 +911,9 @@ func parseLine(line []byte, maxText int) (string, string) {
 // with "tie":true after confidence when the engine could not separate the
 // top labels (classifiers.ClassifyResult.Tie);
 // mode multi: {"line":N,"labels":[{"label":…,"confidence":…}],"tokens":…,"engine":…}
-// ("model" follows engine for the llm, and "no_logprobs":true when its
-// upstream sent none)
+// ("model" follows engine for the llm, "fallback" for an offline engine
+// that answered after the llm failed, and "no_logprobs":true when the
+// llm's upstream sent none)
 // (labels at or above the threshold, highest first); a line that failed:
 // {"line":N,"error":"…"}. N is the input line, from 1.
 
@@ -988,13 +989,18 @@ func tokensOf(u classifiers.Usage) int64 {
 }
 
 // appendEngine names who answered the line, as /v1/classify does: with
-// plugins.engine auto, lines of one job can go to the llm or to lexical.
+// plugins.engine auto, lines of one job can go to the llm or to the
+// offline engine, which then says why (fallback).
 func appendEngine(b []byte, res *Answer) []byte {
 	b = append(b, `,"engine":`...)
 	b = append(b, jsonString(res.Engine)...)
 	if res.Answer.Model != "" {
 		b = append(b, `,"model":`...)
 		b = append(b, jsonString(res.Answer.Model)...)
+	}
+	if res.Fallback != "" {
+		b = append(b, `,"fallback":`...)
+		b = append(b, jsonString(res.Fallback)...) // bounded: the engine quotes 200 bytes of an answer
 	}
 	if res.NoLogprobs {
 		b = append(b, `,"no_logprobs":true`...)

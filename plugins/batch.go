@@ -313,7 +313,7 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 		ans, offErr := off.engine.Classify(ctx, req)
 		// The line is billed the upstream's tokens too.
 		ans.Usage = ans.Usage.Plus(res.Usage)
-		return batch.Answer{ClassifyResult: ans, Spent: spent}, offErr
+		return batch.Answer{ClassifyResult: ans, Fallback: fallbackNote(&line, err, off), Spent: spent}, offErr
 	}
 	msg := fmt.Sprintf("model %s: %s", c.model, failure(&line, err))
 	var me *proxy.ModelError

@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/miniotest"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 	"github.com/tollgate/tollgate/storage"
@@ -696,7 +697,8 @@ func TestBatchStartWithTheStoreDownIs503(t *testing.T) {
 // job whose model failed every line (auto) before lexical answered,
 // said lexical, no upstream, usage from the tokenizer; and it billed the
 // model's tokens at the batch price alone, a fraction of the model's own
-// prices, which the same calls alone pay.
+// prices, which the same calls alone pay. The fallback lines said
+// lexical without saying why.
 func TestBatchLinesAreDescribedAndBilledAsClassifyAlone(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -704,13 +706,20 @@ func TestBatchLinesAreDescribedAndBilledAsClassifyAlone(t *testing.T) {
 	}
 	dead := "http://" + ln.Addr().String() + "/v1"
 	ln.Close()
+	vectors, err := testutil.VectorsPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	offFormat := proxytest.Options{BadAnswerTimes: 1 << 30}
 	for _, tc := range []struct {
 		name  string
 		ho    harnessOptions
 		model string // the requests' "model" member, if any
 	}{
 		{"llm on a pool whose first member is down", harnessOptions{deadFirstMember: dead, plugins: "  engine: auto\n  llm_model: small"}, `, "model": "llm"`},
-		{"auto whose model answers off-format", harnessOptions{upstream: proxytest.Options{BadAnswerTimes: 1 << 30}, plugins: "  engine: auto\n  llm_model: small"}, ""},
+		{"auto whose model answers off-format", harnessOptions{upstream: offFormat, plugins: "  engine: auto\n  llm_model: small"}, ""},
+		{"auto whose model answers off-format, with the word vectors", harnessOptions{upstream: offFormat,
+			plugins: "  engine: auto\n  llm_model: small\n  vectors: " + vectors}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newBatchHarness(t, "local", tc.ho)
@@ -732,9 +741,9 @@ func TestBatchLinesAreDescribedAndBilledAsClassifyAlone(t *testing.T) {
 				if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
 					t.Fatalf("result line %q: %v", sc.Text(), err)
 				}
-				if line["engine"] != alone["engine"] || line["model"] != alone["model"] ||
+				if line["engine"] != alone["engine"] || line["model"] != alone["model"] || line["fallback"] != alone["fallback"] ||
 					line["tokens"] != alone["usage"].(map[string]any)["total_tokens"] {
-					t.Errorf("result line %s\nwant its engine, model and tokens as the call alone: %v", sc.Text(), alone)
+					t.Errorf("result line %s\nwant its engine, model, fallback and tokens as the call alone: %v", sc.Text(), alone)
 				}
 			}
 			ev := h.events(2)[1]

@@ -220,7 +220,7 @@ func (c *engineChoice) run(ctx context.Context, do func(context.Context, classif
 	}
 	if c.auto {
 		off := c.offlineFallback()
-		c.fallback = fmt.Sprintf("llm model %s failed (%s); %s answered", c.model, failure(c, err), off.name)
+		c.fallback = fallbackNote(c, err, off)
 		c.engine, c.name, c.model, c.upstream = off.engine, off.name, "", ""
 		ans, err = do(ctx, c.engine)
 		if err == nil {
@@ -231,6 +231,12 @@ func (c *engineChoice) run(ctx context.Context, do func(context.Context, classif
 		}
 	}
 	return ans, engineError(c, err)
+}
+
+// fallbackNote is the response's fallback: why the llm of c was wanted
+// and off answered.
+func fallbackNote(c *engineChoice, err error, off *engineChoice) string {
+	return fmt.Sprintf("llm model %s failed (%s); %s answered", c.model, failure(c, err), off.name)
 }
 
 // failure words an llm failure for the client. Transport errors name
