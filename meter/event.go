@@ -55,7 +55,17 @@ type RequestLog struct {
 	Response string `json:"response"` // the response body; for streams, the assembled text
 	// RetentionDays is the key's retention window; 0 keeps the row forever.
 	RetentionDays int `json:"retention_days"`
+	// ResponseLeftOut is the bytes of the answer that came after Response
+	// and were never kept: a stream keeps no more of its text than an
+	// event can carry (MaxLogBytes). The outbox cuts the log there with
+	// a line that counts them.
+	ResponseLeftOut int64 `json:"-"`
 }
+
+// MaxLogBytes is the most of a logged request or answer a usage event can
+// carry: the outbox cuts a log to fit its event in this many bytes, so
+// keeping more of a stream's text is wasted memory.
+const MaxLogBytes = maxOutboxEventBytes
 
 // Recorder takes billable events. Record must not block on I/O: it is called
 // on the request path. Implementations own ev after the call.

@@ -1196,6 +1196,13 @@ func appendOutboxPayload(dst []byte, ev *Event) ([]byte, error) {
 	start := len(dst)
 	var logged RequestLog // the whole log, once it is being cut
 	keepRequest, keepResponse := -1, -1
+	if ev.Log != nil && ev.Log.ResponseLeftOut > 0 {
+		// A stream's answer, cut where it was kept: the log says so even
+		// when the event fits.
+		logged = *ev.Log
+		keepRequest, keepResponse = len(logged.Request), len(logged.Response)
+		ev.Log = logged.cut(keepRequest, keepResponse)
+	}
 	for {
 		dst = binary.AppendUvarint(dst, uint64(len(ev.ID)))
 		dst = append(dst, ev.ID...)
@@ -1219,22 +1226,32 @@ func appendOutboxPayload(dst []byte, ev *Event) ([]byte, error) {
 		} else {
 			keepResponse /= 2
 		}
-		ev.Log = &RequestLog{Request: cutLogged(logged.Request, keepRequest), Response: cutLogged(logged.Response, keepResponse),
-			RetentionDays: logged.RetentionDays}
+		ev.Log = logged.cut(keepRequest, keepResponse)
 		dst = dst[:start]
 	}
 }
 
+// cut is l with about keepRequest bytes of its request and keepResponse of
+// its answer logged.
+func (l *RequestLog) cut(keepRequest, keepResponse int) *RequestLog {
+	return &RequestLog{Request: cutLogged(l.Request, keepRequest, 0), Response: cutLogged(l.Response, keepResponse, l.ResponseLeftOut),
+		RetentionDays: l.RetentionDays}
+}
+
 // cutLogged is the start of a logged body, about keep bytes of it, and a
-// line saying how many bytes were left out.
-func cutLogged(body string, keep int) string {
+// line saying how many bytes were left out: those cut from body and the
+// leftOut that came after it and were never kept.
+func cutLogged(body string, keep int, leftOut int64) string {
 	if keep >= len(body) {
-		return body
+		if leftOut == 0 {
+			return body
+		}
+		keep = len(body)
 	}
-	for keep > 0 && !utf8.RuneStart(body[keep]) {
+	for keep > 0 && keep < len(body) && !utf8.RuneStart(body[keep]) {
 		keep--
 	}
-	return body[:keep] + "\n[tollgate: cut here, " + strconv.Itoa(len(body)-keep) + " more bytes not logged]"
+	return body[:keep] + "\n[tollgate: cut here, " + strconv.FormatInt(int64(len(body)-keep)+leftOut, 10) + " more bytes not logged]"
 }
 
 // encodeOutboxPayload is appendOutboxPayload into a new slice.

@@ -651,3 +651,47 @@ func TestOutboxCutsAnOversizedLogAndKeepsTheEvent(t *testing.T) {
 		}
 	}
 }
+
+// A stream keeps no more of its answer than an event carries and counts
+// the rest (RequestLog.ResponseLeftOut): the cut line reports every byte
+// left out, whether the outbox cuts the log further or the event fits.
+func TestOutboxCountsTheAnswerAStreamNeverKept(t *testing.T) {
+	ob := openTestOutbox(t, t.TempDir(), 0)
+	kept := strings.Repeat("answer ", MaxLogBytes/len("answer "))
+	const leftOut = 5 << 20
+	for i, c := range []struct{ request, response string }{
+		{`{"model":"small"}`, kept},                 // over the bound: cut further
+		{strings.Repeat("question ", 40_000), kept}, // the request cut too
+		{`{"model":"small"}`, kept[:1000]},          // fits, and still says what is missing
+	} {
+		ev := outboxTestEvent(i)
+		ev.Log = &RequestLog{Request: c.request, Response: c.response, ResponseLeftOut: leftOut, RetentionDays: 7}
+		if err := ob.Append(ev); err != nil {
+			t.Fatalf("append: %v", err)
+		}
+	}
+	waitDurable(t, ob, 3)
+	recs := readAllRecords(t, ob, 0)
+	if len(recs) != 3 {
+		t.Fatalf("%d records, want 3", len(recs))
+	}
+	for i, rec := range recs {
+		var got Event
+		if err := json.Unmarshal(rec.data, &got); err != nil {
+			t.Fatal(err)
+		}
+		response := got.Log.Response
+		at := strings.Index(response, "\n[tollgate: cut here, ")
+		if at < 0 || !strings.HasPrefix(kept, response[:at]) {
+			t.Errorf("event %d: answer logged as %.60q… (%d bytes); want its start and a cut line", i, response, len(response))
+			continue
+		}
+		whole := len(kept)
+		if i == 2 {
+			whole = 1000
+		}
+		if want := fmt.Sprintf("\n[tollgate: cut here, %d more bytes not logged]", whole+leftOut-at); response[at:] != want {
+			t.Errorf("event %d: answer ends %q; want %q", i, response[at:], want)
+		}
+	}
+}

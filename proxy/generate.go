@@ -412,7 +412,8 @@ type generationCall struct {
 	logging     accounts.Logging
 	logRequest  string
 	logResponse []byte // a non-streamed answer's body
-	logText     []byte // a stream's text, the first maxLoggedText of it
+	logText     []byte // a stream's text, as much of it as an event can log
+	logLeftOut  int64  // the bytes of a stream's text after logText, not kept
 
 	// client is the client's connection, watched while the upstream has
 	// not answered (nil for an engine's call); clientGone says it closed

@@ -27,9 +27,6 @@ func (c *generationCall) keepText() bool { return !c.haveUsage || c.logging.Enab
 // is counted as it comes, this much at a time (see appendCounted).
 const maxEstimateText = 4 << 20
 
-// maxLoggedText bounds the answer text a logging key's stream logs.
-const maxLoggedText = 4 << 20
-
 // setUsage reads the chat (prompt/completion) or responses (input/output)
 // spelling of usage. A report out of range is not believed: the call is
 // billed on the tokenizer's estimate, as if the upstream had sent none.
@@ -162,23 +159,44 @@ func tokenCount(v gjson.Result) (int64, bool) {
 // appendText takes text the answer forwarded: into a stream's log, and,
 // until usage is known, into the estimate.
 func (c *generationCall) appendText(s string) {
-	if c.logging.Enabled && c.stream && len(c.logText) < maxLoggedText {
-		c.logText = append(c.logText, s[:min(len(s), maxLoggedText-len(c.logText))]...)
+	if c.logging.Enabled && c.stream {
+		c.appendLogText(s)
 	}
 	if !c.haveUsage {
 		c.text, c.textTokens = appendCounted(c.text, c.textTokens, s, maxEstimateText)
 	}
 }
 
+// appendLogText keeps s for a stream's log, as much of it as an event can
+// carry (meter.MaxLogBytes), and counts the bytes left out, which the log's
+// cut line reports. Once some are left out nothing more is kept: the log is
+// the answer's start.
+func (c *generationCall) appendLogText(s string) {
+	keep := 0
+	if c.logLeftOut == 0 {
+		keep = min(len(s), meter.MaxLogBytes-len(c.logText))
+		for keep > 0 && keep < len(s) && !utf8.RuneStart(s[keep]) {
+			keep--
+		}
+	}
+	if len(c.logText)+keep > cap(c.logText) {
+		// Grown as append would, but never past the bound.
+		grown := make([]byte, len(c.logText), min(max(2*cap(c.logText), len(c.logText)+keep), meter.MaxLogBytes))
+		c.logText = append(grown[:0], c.logText...)
+	}
+	c.logText = append(c.logText, s[:keep]...)
+	c.logLeftOut += int64(len(s) - keep)
+}
+
 // textMark is where the text kept for the estimate stood after an event.
 type textMark struct {
 	text, rawChunks, logText int
-	textTokens               int64
+	textTokens, logLeftOut   int64
 	rawChunksRead            int
 }
 
 func (c *generationCall) markText() textMark {
-	return textMark{len(c.text), len(c.rawChunks), len(c.logText), c.textTokens, c.rawChunksRead}
+	return textMark{len(c.text), len(c.rawChunks), len(c.logText), c.textTokens, c.logLeftOut, c.rawChunksRead}
 }
 
 // forgetText drops the text kept since m: that of events the client never
@@ -186,7 +204,7 @@ func (c *generationCall) markText() textMark {
 // (once every 4 MiB) stays in the estimate, at most one write's worth too
 // many.
 func (c *generationCall) forgetText(m textMark) {
-	c.logText = c.logText[:m.logText]
+	c.logText, c.logLeftOut = c.logText[:m.logText], m.logLeftOut
 	if c.textTokens != m.textTokens || c.rawChunksRead != m.rawChunksRead {
 		return
 	}
@@ -438,11 +456,11 @@ func (c *generationCall) requestLog() *meter.RequestLog {
 	if !c.logging.Enabled {
 		return nil
 	}
-	resp := string(c.logText)
 	if !c.stream {
-		resp = string(c.logResponse)
+		return &meter.RequestLog{Request: c.logRequest, Response: string(c.logResponse), RetentionDays: c.logging.RetentionDays}
 	}
-	return &meter.RequestLog{Request: c.logRequest, Response: resp, RetentionDays: c.logging.RetentionDays}
+	return &meter.RequestLog{Request: c.logRequest, Response: string(c.logText), ResponseLeftOut: c.logLeftOut,
+		RetentionDays: c.logging.RetentionDays}
 }
 
 // promptText gathers the text of a request's messages (chat) or input and

@@ -7,11 +7,13 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/tokens"
 )
 
@@ -264,5 +266,36 @@ func TestEstimateLeavesOutTextTheClientNeverGot(t *testing.T) {
 		if got := c.event(200).CompletionTokens; got != 2 {
 			t.Errorf("logging %v: %d completion tokens billed, want the 2 written before the client went", logging, got)
 		}
+	}
+}
+
+// A logging key's stream kept up to 4 MiB of its text, though the usage
+// event carries at most 256 KiB of it, and an answer past 4 MiB was logged
+// with a cut line that left out what came after them. The stream keeps
+// what the event can carry and counts the rest, less the text of events
+// the client never got.
+func TestStreamLogKeepsWhatTheEventCarriesAndCountsTheRest(t *testing.T) {
+	content := "x" + strings.Repeat("é", 50_000) // 100,001 bytes; the bound falls inside an é
+	const events, written = 60, 50
+	c := estimateCall(endpointChat)
+	c.stream, c.logging.Enabled = true, true
+	var sse []string
+	for range events {
+		sse = append(sse, `data: {"id":"a","choices":[{"index":0,"delta":{"content":"`+content+`"},"finish_reason":null}]}`+"\n\n")
+	}
+	c.sse, c.sseStarted = newSSEReader(&oneEventReader{events: sse}, 4096, 1<<20), true
+	if _, err := c.WriteTo(&goneClient{ok: written}); err == nil {
+		t.Fatal("the relay did not see the client gone")
+	}
+	if cap(c.logText) > meter.MaxLogBytes {
+		t.Errorf("the stream holds %d bytes for its log; want at most the %d an event carries", cap(c.logText), meter.MaxLogBytes)
+	}
+	whole := strings.Repeat(content, written)
+	log := c.requestLog()
+	if len(log.Response) < meter.MaxLogBytes-utf8.UTFMax || !strings.HasPrefix(whole, log.Response) || !utf8.ValidString(log.Response) {
+		t.Fatalf("logged %d bytes of the answer; want its start, up to the %d an event carries, cut between characters", len(log.Response), meter.MaxLogBytes)
+	}
+	if want := int64(len(whole) - len(log.Response)); log.ResponseLeftOut != want {
+		t.Errorf("%d bytes counted as left out of the log; want the %d written to the client and not kept", log.ResponseLeftOut, want)
 	}
 }
