@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // Cache keys. A key made by joining texts with a separator is shared by
@@ -36,10 +38,10 @@ func (w *keyWriter) key() string { return string(w.h.Sum(nil)) }
 
 // MaxLabelSetBytes is the most text (labels, descriptions and examples)
 // a label set holds to be cached: one of megabytes of descriptions,
-// cached 128 times over, was about 10 MB of memory a set. Larger sets
-// (saved classifiers of gateway.yaml) are compiled for each call, and the
-// API refuses them in requests.
-const MaxLabelSetBytes = 256 << 10
+// cached 128 times over, was about 10 MB of memory a set. The API refuses
+// larger sets in requests and gateway.yaml in saved classifiers; one that
+// comes another way is compiled for each call.
+const MaxLabelSetBytes = config.MaxLabelSetBytes
 
 // labelSetKey keys a label set with its descriptions and examples; size
 // is their bytes.

@@ -19,6 +19,11 @@ const (
 	DefaultThreshold = 0.5
 	ModeSingle       = "single"
 	ModeMulti        = "multi"
+	// MaxLabelSetBytes bounds the text of a label set (labels,
+	// descriptions and examples, or tags), as a batch job keeps it: a set
+	// of megabytes was compiled again for every call (not cached),
+	// seconds of CPU each.
+	MaxLabelSetBytes = 256 << 10
 )
 
 // FieldProblem is one invalid field. Field is its path relative to the
@@ -104,9 +109,19 @@ func invisible(r rune) bool {
 	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) || r == '\u2800'
 }
 
-// CheckClassification checks everything of a classification but its text.
-// mode "" stands for single.
-func CheckClassification(labels []string, descriptions map[string]string, examples map[string][]string, mode string, threshold float64) []FieldProblem {
+// CheckTextBytes holds a text field to plugins.max_text_bytes.
+func CheckTextBytes(field, v string, maxTextBytes ByteSize) []FieldProblem {
+	if int64(len(v)) <= int64(maxTextBytes) {
+		return nil
+	}
+	return []FieldProblem{{field, fmt.Sprintf("%s is %d bytes, longer than plugins.max_text_bytes (%d bytes)", field, len(v), maxTextBytes)}}
+}
+
+// CheckClassification checks everything of a classification but its text,
+// its sizes against maxTextBytes (plugins.max_text_bytes) last. Mode ""
+// stands for single.
+func CheckClassification(cl Classifier, maxTextBytes ByteSize) []FieldProblem {
+	labels, descriptions, examples, mode, threshold := cl.Labels, cl.Descriptions, cl.Examples, cl.Mode, cl.Threshold
 	out := CheckLabelList("labels", labels, 1)
 	isLabel := make(map[string]bool, len(labels))
 	for _, l := range labels {
@@ -134,7 +149,31 @@ func CheckClassification(labels []string, descriptions map[string]string, exampl
 	if !(threshold >= 0 && threshold <= 1) { // also refuses NaN
 		out = append(out, FieldProblem{"threshold", fmt.Sprintf("threshold must be between 0 and 1, got %v", threshold)})
 	}
-	return out
+	// Each label, description and example is a text too, held to the
+	// same bound (gateway.yaml says so), and the whole set to
+	// MaxLabelSetBytes.
+	total := 0
+	for i, l := range labels {
+		out = append(out, CheckTextBytes(fmt.Sprintf("labels[%d]", i), l, maxTextBytes)...)
+		total += len(l)
+	}
+	counted := make(map[string]bool, len(labels))
+	for _, l := range labels {
+		if counted[l] {
+			continue // a label twice is refused above
+		}
+		counted[l] = true
+		out = append(out, CheckTextBytes("descriptions."+l, descriptions[l], maxTextBytes)...)
+		total += len(descriptions[l])
+		for i, e := range examples[l] {
+			out = append(out, CheckTextBytes(fmt.Sprintf("examples.%s[%d]", l, i), e, maxTextBytes)...)
+			total += len(e)
+		}
+	}
+	if total > MaxLabelSetBytes {
+		out = append(out, FieldProblem{"labels", fmt.Sprintf("labels, descriptions and examples take %d bytes; at most %d are accepted (as a batch job keeps)", total, MaxLabelSetBytes)})
+	}
+	return append(out, CheckTextBytes("text_type", cl.TextType, maxTextBytes)...)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

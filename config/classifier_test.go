@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -74,7 +75,7 @@ func TestCheckClassification(t *testing.T) {
 		{labels: []string{"a"}, desc: map[string]string{"b": "x"}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions has a key "b" that is not a label`}}},
 		{labels: []string{"a"}, mode: "both", threshold: -0.1, want: []FieldProblem{{"mode", `mode must be single or multi, got "both"`}, {"threshold", "threshold must be between 0 and 1, got -0.1"}}},
 	} {
-		got := CheckClassification(c.labels, c.desc, nil, c.mode, c.threshold)
+		got := CheckClassification(Classifier{Labels: c.labels, Descriptions: c.desc, Mode: c.mode, Threshold: c.threshold}, DefaultMaxTextBytes)
 		if !reflect.DeepEqual(got, c.want) {
 			t.Errorf("CheckClassification(%d labels, %v, %q, %v) = %v, want %v", len(c.labels), c.desc, c.mode, c.threshold, got, c.want)
 		}
@@ -100,5 +101,38 @@ func TestInvisibleCharactersAreBlank(t *testing.T) {
 	}
 	if LabelKey("bug\u3164") != LabelKey("bug") {
 		t.Error("a Hangul filler made a label another")
+	}
+}
+
+// A saved classifier whose labels, descriptions and examples take more
+// than MaxLabelSetBytes was loaded, and every classify request naming it
+// failed on a label set the client never sent. It is refused at load, on
+// its line, with the words a request gets; one at the bound loads.
+func TestSavedClassifierOverTheLabelSetBoundIsRefused(t *testing.T) {
+	head := `upstreams:
+  - name: local
+    base_url: http://127.0.0.1:8000/v1
+models:
+  - id: first
+    context_length: 2048
+    max_output_length: 512
+plugins:
+  max_text_bytes: 1MiB
+classifiers:
+  big:
+    labels: [a, b]
+    descriptions:
+      a: `
+	for _, c := range []struct {
+		description int
+		want        string
+	}{
+		{MaxLabelSetBytes - 2, ""},
+		{MaxLabelSetBytes - 1, fmt.Sprintf("gateway.yaml:12:13: classifiers.big.labels: labels, descriptions and examples take %d bytes; at most %d are accepted (as a batch job keeps)", MaxLabelSetBytes+1, MaxLabelSetBytes)},
+	} {
+		_, err := parse("gateway.yaml", []byte(head+strings.Repeat("x", c.description)+"\n"), noEnv)
+		if got := fmt.Sprint(err); c.want == "" && err != nil || c.want != "" && got != c.want {
+			t.Errorf("a description of %d bytes: %v; want %q", c.description, err, c.want)
+		}
 	}
 }

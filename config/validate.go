@@ -455,7 +455,9 @@ func (l *loader) validatePlugins(c *Config, models map[string]bool) {
 	for _, name := range c.ClassifierNames() {
 		path := "classifiers." + name
 		cl := c.Classifiers[name]
-		for _, pr := range CheckClassification(cl.Labels, cl.Descriptions, cl.Examples, cl.Mode, cl.Threshold) {
+		// The rules a classify request is held to: a saved classifier no
+		// request could carry failed every request that named it.
+		for _, pr := range CheckClassification(cl, c.Plugins.MaxTextBytes) {
 			l.check(false, path+"."+pr.Field, "%s", pr.Msg)
 		}
 		// Checked last: a failed path hides the problems under it.

@@ -83,33 +83,10 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 		return req, apiErr
 	}
 	req.Threshold = t
-	if apiErr := firstProblem(config.CheckClassification(req.Labels, req.Descriptions, req.Examples, string(req.Mode), t)); apiErr != nil {
-		return req, apiErr
-	}
-	// Each description and example is a text too, held to the same bound
-	// (gateway.yaml says so), and the whole set to what a batch job keeps:
-	// a set of megabytes was compiled again for every call (not cached),
-	// seconds of CPU each.
-	total, apiErr := labelBytes("labels", req.Labels, cfg.Plugins)
-	if apiErr != nil {
-		return req, apiErr
-	}
-	for _, l := range req.Labels {
-		if apiErr := maxText("descriptions."+l, req.Descriptions[l], cfg.Plugins); apiErr != nil {
-			return req, apiErr
-		}
-		total += len(req.Descriptions[l])
-		for i, ex := range req.Examples[l] {
-			if apiErr := maxText(fmt.Sprintf("examples.%s[%d]", l, i), ex, cfg.Plugins); apiErr != nil {
-				return req, apiErr
-			}
-			total += len(ex)
-		}
-	}
-	if total > classifiers.MaxLabelSetBytes {
-		return req, proxy.BadRequest("labels", fmt.Sprintf("labels, descriptions and examples take %d bytes; at most %d are accepted (as a batch job keeps)", total, classifiers.MaxLabelSetBytes))
-	}
-	return req, maxText("text_type", req.TextType, cfg.Plugins)
+	return req, firstProblem(config.CheckClassification(config.Classifier{
+		Labels: req.Labels, Descriptions: req.Descriptions, Examples: req.Examples,
+		TextType: req.TextType, Mode: string(req.Mode), Threshold: t,
+	}, cfg.Plugins.MaxTextBytes))
 }
 
 // nearestClassifier is " (did you mean …?)" for a name a typo away from a

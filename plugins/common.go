@@ -399,10 +399,7 @@ func requireText(field, v string, p config.Plugins) *proxy.APIError {
 }
 
 func maxText(field, v string, p config.Plugins) *proxy.APIError {
-	if len(v) > int(p.MaxTextBytes) {
-		return proxy.BadRequest(field, fmt.Sprintf("%s is %d bytes, longer than plugins.max_text_bytes (%d bytes)", field, len(v), p.MaxTextBytes))
-	}
-	return nil
+	return firstProblem(config.CheckTextBytes(field, v, p.MaxTextBytes))
 }
 
 // labelBytes holds each label (or tag) of a set to plugins.max_text_bytes,

@@ -51,8 +51,8 @@ func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIE
 	if apiErr != nil {
 		return req, apiErr
 	}
-	if total > classifiers.MaxLabelSetBytes {
-		return req, proxy.BadRequest("tags", fmt.Sprintf("tags take %d bytes; at most %d are accepted, as for the labels of /v1/classify", total, classifiers.MaxLabelSetBytes))
+	if total > config.MaxLabelSetBytes {
+		return req, proxy.BadRequest("tags", fmt.Sprintf("tags take %d bytes; at most %d are accepted, as for the labels of /v1/classify", total, config.MaxLabelSetBytes))
 	}
 	if b.MaxTags != nil {
 		if *b.MaxTags < 1 || *b.MaxTags > maxMaxTags {
