@@ -122,7 +122,7 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 			// Any key written twice: the upstream reads the last, gjson
 			// the first, and a check on one could be passed with the other
 			// ("encrypted_content":"x","encrypted_content":null).
-			if keys.Seen(k.Str) {
+			if keys.Seen(k) {
 				apiErr = BadRequest("input", "duplicate key "+strconv.Quote(k.Str)+" in input["+strconv.Itoa(i)+"]")
 				return false
 			}

@@ -64,7 +64,7 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 	// prompt. Checked in the walk that finds the fields, not in a second.
 	var keys jsoncheck.Keys
 	root.ForEach(func(key, value gjson.Result) bool {
-		if keys.Seen(key.Str) {
+		if keys.Seen(key) {
 			dup = key.Str
 			return false
 		}

@@ -129,3 +129,19 @@ func BenchmarkScanRequestManyKeys(b *testing.B) {
 		}
 	}
 }
+
+// Lone surrogates are distinct keys to Python's json (vLLM, SGLang):
+// gjson read them all as U+FFFD, and such a body got a 400 "duplicate
+// key" though the upstream would have taken it.
+func TestLoneSurrogateKeysAreNotDuplicates(t *testing.T) {
+	if _, apiErr := scanRequest([]byte(`{"model":"small","messages":[],"\ud800":1,"\udc00":2}`)); apiErr != nil {
+		t.Errorf("two lone surrogate keys: %v", apiErr)
+	}
+	if _, apiErr := scanRequest([]byte(`{"model":"small","\ud800":1,"\uD800":2}`)); apiErr == nil {
+		t.Error("one lone surrogate key twice was taken")
+	}
+	items := gjson.Parse(`[{"type":"message","role":"user","content":"hi","\ud800":1,"\udc00":2}]`)
+	if _, apiErr := itemReferences(items); apiErr != nil {
+		t.Errorf("an input item with two lone surrogate keys: %v", apiErr)
+	}
+}

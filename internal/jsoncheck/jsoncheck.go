@@ -6,6 +6,9 @@ package jsoncheck
 
 import (
 	"bytes"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -52,7 +55,7 @@ func DuplicateMember(obj gjson.Result) string {
 	var keys Keys
 	dup := ""
 	obj.ForEach(func(key, _ gjson.Result) bool {
-		if keys.Seen(key.Str) {
+		if keys.Seen(key) {
 			dup = key.Str
 			return false
 		}
@@ -73,8 +76,15 @@ type Keys struct {
 	many  map[string]struct{}
 }
 
-// Seen reports whether key was fed before, and notes it.
-func (k *Keys) Seen(key string) bool {
+// Seen reports whether key, a member's key as gjson's ForEach gives it,
+// was fed before, and notes it. Keys are compared as Python's json reads
+// them (the upstreams, vLLM and SGLang, are written in it): "a" and
+// "\u0061" are one key, "\ud800" and "\udc00" two (see pythonKey).
+func (k *Keys) Seen(key gjson.Result) bool {
+	return k.seen(pythonKey(key))
+}
+
+func (k *Keys) seen(key string) bool {
 	if k.many == nil {
 		for _, s := range k.small[:k.n] {
 			if s == key {
@@ -96,4 +106,93 @@ func (k *Keys) Seen(key string) bool {
 	}
 	k.many[key] = struct{}{}
 	return false
+}
+
+// pythonKey is key's text as Python's json decodes it. That is gjson's
+// Str, except where the key escapes a lone surrogate: gjson reads every
+// one as U+FFFD (and takes whatever escape follows a high surrogate as
+// its pair), so {"\ud800":1,"\udc00":2} was refused as a duplicate key
+// though Python keeps the two. Such a key is decoded here with each lone
+// surrogate kept as its own code point, written as WTF-8 (the three bytes
+// UTF-8 would give it): distinct keys stay distinct, and one spelled two
+// ways ("\ud83d\ude00" and "😀") is still one.
+func pythonKey(key gjson.Result) string {
+	raw := key.Raw
+	if len(raw) < 2 || raw[0] != '"' || strings.IndexByte(raw, '\\') < 0 || !escapesSurrogate(raw) {
+		return key.Str // no allocation: the usual key has no escape at all
+	}
+	return decodeKeepingSurrogates(raw[1 : len(raw)-1])
+}
+
+// escapesSurrogate reports whether the JSON string raw holds a \u escape
+// of a surrogate (U+D800 to U+DFFF).
+func escapesSurrogate(raw string) bool {
+	for i := 0; i < len(raw)-1; i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		if r, ok := hexRune(raw[i+2:]); raw[i+1] == 'u' && ok && utf16.IsSurrogate(r) {
+			return true
+		}
+		i++ // the escaped character, which may be a backslash
+	}
+	return false
+}
+
+// decodeKeepingSurrogates decodes the body of a JSON string as Python's
+// json does, writing a lone surrogate as WTF-8.
+func decodeKeepingSurrogates(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); {
+		if s[i] != '\\' || i+1 == len(s) {
+			b = append(b, s[i])
+			i++
+			continue
+		}
+		e := s[i+1]
+		r, ok := hexRune(s[i+2:])
+		if e != 'u' || !ok {
+			if j := strings.IndexByte(`"\/bfnrt`, e); j >= 0 {
+				e = "\"\\/\b\f\n\r\t"[j]
+			}
+			b = append(b, e) // past the list, not valid JSON: kept as it is
+			i += 2
+			continue
+		}
+		i += 6
+		if 0xD800 <= r && r < 0xDC00 && i+1 < len(s) && s[i] == '\\' && s[i+1] == 'u' {
+			if low, ok := hexRune(s[i+2:]); ok && 0xDC00 <= low && low <= 0xDFFF {
+				r = utf16.DecodeRune(r, low)
+				i += 6
+			}
+		}
+		if utf16.IsSurrogate(r) {
+			b = append(b, 0xE0|byte(r>>12), 0x80|byte(r>>6&0x3F), 0x80|byte(r&0x3F))
+			continue
+		}
+		b = utf8.AppendRune(b, r)
+	}
+	return string(b)
+}
+
+// hexRune reads the four hex digits s starts with, those of a \u escape.
+func hexRune(s string) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range []byte(s[:4]) {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
 }

@@ -59,6 +59,18 @@ func TestDuplicateMember(t *testing.T) {
 		{"past the small array, none", many(100, "k100"), ""},
 		{"past the small array", many(100, "k3"), "k3"},
 		{"among the first, found after", many(100, "k99"), "k99"},
+		// Keys compared as Python's json reads them: gjson read every lone
+		// surrogate as U+FFFD, and {"\ud800":1,"\udc00":2}, two keys to
+		// vLLM, was refused as one written twice.
+		{"two lone surrogates", `{"\ud800":1,"\udc00":2}`, ""},
+		{"two lone surrogates past the small array", strings.Replace(many(100, `\udc00`), `"k50"`, `"\ud800"`, 1), ""},
+		{"a lone surrogate and U+FFFD", `{"\ud800":1,"\ufffd":2,"` + "\uFFFD" + `x":3}`, ""},
+		{"a high surrogate and the escape after it", `{"\ud800\u0041":1,"\ud800\u0042":2}`, ""},
+		{"an escaped backslash, not a surrogate", `{"\\ud800":1,"\\udc00":2}`, ""},
+		{"one lone surrogate twice", `{"\ud800":1,"\uD800":2}`, "\ufffd"},
+		{"one lone surrogate, spelled two ways", `{"\ud800\u0041":1,"\ud800A":2}`, "\ufffdA"},
+		{"a pair and its character", `{"\ud83d\ude00":1,"😀":2}`, "😀"},
+		{"a lone low surrogate before a pair", `{"\udc00\ud83d\ude00":1,"\udc00😀":2}`, "\ufffd😀"},
 	} {
 		if got := DuplicateMember(gjson.Parse(tc.obj)); got != tc.want {
 			t.Errorf("%s: DuplicateMember = %q, want %q", tc.name, got, tc.want)
