@@ -373,8 +373,10 @@ func readAdminTokenFile(p string) (string, error) {
 	// An empty token matched a client's empty (or Unicode-space) Bearer
 	// token: the admin API was open to anyone. A made token is printable
 	// ASCII; anything else here is an editor's or a copy's doing (a byte
-	// order mark, a zero-width space).
-	if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r <= 0x20 || r >= 0x7f }) {
+	// order mark, a zero-width space). An inner space is printable, and
+	// server.admin_token accepts it: the file refused what the setting
+	// took.
+	if tok == "" || strings.ContainsFunc(tok, func(r rune) bool { return r < 0x20 || r >= 0x7f }) {
 		return "", fmt.Errorf("admin token file %s is empty or holds other than printable ASCII: delete it to have a new one made at start, or set TOLLGATE_ADMIN_TOKEN", p)
 	}
 	if len(tok) < config.MinAdminTokenBytes {

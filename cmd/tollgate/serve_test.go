@@ -165,6 +165,20 @@ func TestEmptyAdminTokenFileIsRefused(t *testing.T) {
 	}
 }
 
+// server.admin_token takes an inner space (clients send it, and it
+// matches); the file refused the same token at start.
+func TestAdminTokenFileTakesWhatTheSettingTakes(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte("0123456789 abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{}
+	cfg.Server.DataDir = dir
+	if tok, err := loadAdminToken(cfg, false); err != nil || tok != "0123456789 abcdef" {
+		t.Fatalf("got %q, %v", tok, err)
+	}
+}
+
 // A failed reload left the old config serving with nothing on /metrics
 // to say so: tollgate_config_last_reload_success is 0 after one.
 func TestReloadMetrics(t *testing.T) {
