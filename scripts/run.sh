@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-data="${TOLLGATE_DATA_DIR:-./data}"
+# The data_dir the gateway will use (gateway.yaml or TOLLGATE_CONFIG, with
+# its variables): taken from TOLLGATE_DATA_DIR alone, a second make run on
+# another config shared the first one's ClickHouse, and lost it when the
+# first stopped.
+data="$(bin/tollgate config get server.data_dir)"
 mkdir -p "$data"
 if [ -z "${CLICKHOUSE_DSN:-}" ]; then
 	if scripts/clickhouse.sh install >/dev/null 2>&1; then

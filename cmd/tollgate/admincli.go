@@ -311,9 +311,14 @@ func runKeys(args []string) error {
 	return errors.New(keysUsage)
 }
 
+const configUsage = "usage: tollgate config check [FILE] | tollgate config get SETTING [FILE] (SETTING as server.data_dir)"
+
 func runConfig(args []string) error {
+	if len(args) >= 2 && args[0] == "get" {
+		return printSetting(args[1], args[2:])
+	}
 	if len(args) == 0 || args[0] != "check" {
-		return errors.New("usage: tollgate config check [FILE] (one file)")
+		return errors.New(configUsage)
 	}
 	// More than one file used to check the first and say ok.
 	path, err := configArg(args[1:])
@@ -324,5 +329,27 @@ func runConfig(args []string) error {
 		return fmt.Errorf("%s is invalid:\n%w", path, err)
 	}
 	fmt.Printf("%s: ok\n", path)
+	return nil
+}
+
+// printSetting prints one setting of the config file args name, as the
+// gateway reads it (variables expanded, defaults filled in): scripts that
+// start a gateway need what it will use, and make run took its data_dir
+// from TOLLGATE_DATA_DIR alone, so a second run on another config's
+// data_dir shared, and then lost, the first one's ClickHouse.
+func printSetting(setting string, args []string) error {
+	path, err := configArg(args)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return fmt.Errorf("%s is invalid:\n%w", path, err)
+	}
+	v, err := config.Setting(cfg, setting)
+	if err != nil {
+		return err
+	}
+	fmt.Println(v)
 	return nil
 }
