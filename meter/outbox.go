@@ -298,23 +298,25 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 		return nil, err
 	}
 	ob.recoveredThrough = ob.writtenSeq
+	// A full disk, or an outbox at its byte bound, opens all the same,
+	// without a segment to append to: what it holds must reach JetStream,
+	// which is what frees it. Until then it refuses new events, as it does
+	// when the disk fills while running. (Until 2026-11-27 the open
+	// failed, and a gateway stopped after the outbox had filled its disk
+	// could not start to publish the events it held.)
 	spare, err := ob.newSpare()
-	if err != nil {
-		unlockDir(lock)
-		if len(ob.recovery.Notes) > 0 {
-			// Said nowhere else: the publisher that logs them never starts.
-			err = fmt.Errorf("%w (opening it found: %s)", err, strings.Join(ob.recovery.Notes, "; "))
-		}
-		return nil, err
-	}
 	ob.mu.Lock()
-	ob.spare = spare
-	err = ob.rotateLocked()
-	ob.mu.Unlock()
 	if err != nil {
-		ob.closeFiles()
-		return nil, err
+		ob.writeFailures.Add(1)
+		ob.lastWriteErr = err
+		ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("no new segment could be made (%v): new usage events are refused, and logged, until the disk has room", err))
+	} else {
+		ob.spare = spare
+		if err := ob.rotateLocked(); err != nil {
+			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("%v: new usage events are refused, and logged, until JetStream has acknowledged some", err))
+		}
 	}
+	ob.mu.Unlock()
 	go ob.syncer()
 	go ob.compact()
 	return ob, nil

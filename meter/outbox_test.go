@@ -278,6 +278,61 @@ func TestOutboxRefusesPastItsBoundAndTakesAgainOnceAcknowledged(t *testing.T) {
 	}
 }
 
+// fillOutbox appends events until the outbox refuses one, and returns how
+// many it took.
+func fillOutbox(t *testing.T, ob *Outbox) int {
+	t.Helper()
+	for n := 0; n < 1_000_000; n++ {
+		err := ob.Append(outboxTestEvent(n))
+		if errors.Is(err, ErrOutboxFull) {
+			waitDurable(t, ob, uint64(n))
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("the outbox never refused an event")
+	return 0
+}
+
+// publishAll reads the outbox's n records, as the publisher does, and
+// acknowledges them, as JetStream does.
+func publishAll(t *testing.T, ob *Outbox, n int) {
+	t.Helper()
+	all := readAll(t, ob, 0, 0)
+	if len(all) != n {
+		t.Fatalf("the outbox holds %d records, want %d", len(all), n)
+	}
+	ob.ack(all[len(all)-1].seq)
+}
+
+// An outbox at its byte bound (billing.outbox_max_bytes: NATS down for
+// long) failed to open the same way, with ErrOutboxFull.
+func TestOutboxOpensAtItsByteBound(t *testing.T) {
+	dir := t.TempDir()
+	const maxBytes = 512 << 10
+	ob := openTestOutbox(t, dir, maxBytes)
+	n := fillOutbox(t, ob)
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := OpenOutbox(dir, maxBytes)
+	if err != nil {
+		t.Fatalf("opening at the byte bound: %v", err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	if err := ob.Append(outboxTestEvent(n)); !errors.Is(err, ErrOutboxFull) {
+		t.Fatalf("append at the byte bound: %v, want ErrOutboxFull", err)
+	}
+	publishAll(t, ob, n)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		return ob.Append(outboxTestEvent(n))
+	})
+	waitDurable(t, ob, uint64(n+1))
+	readAll(t, ob, uint64(n), n)
+}
+
 func TestOutboxIsLockedWhileOpen(t *testing.T) {
 	dir := t.TempDir()
 	openTestOutbox(t, dir, 0)

@@ -1,0 +1,98 @@
+package meter
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// smallDisk mounts a tmpfs of size bytes for the test: a disk the outbox
+// can fill. It skips the test where mounting is not allowed (not root).
+func smallDisk(t *testing.T, size int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("mounting a %d-byte tmpfs: %v (needs root)", size, err)
+	}
+	// Registered after TempDir's removal, so it runs before it; and
+	// after the outbox's Close, which the test registers later.
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, 0); err != nil {
+			t.Errorf("unmounting the test's tmpfs: %v", err)
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+		}
+	})
+	return dir
+}
+
+// fillDisk writes a file in dir until the disk it is on is full.
+func fillDisk(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, chunk := range []int{64 << 10, 4 << 10} {
+		buf := make([]byte, chunk)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				if !errors.Is(err, unix.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+	}
+}
+
+// A gateway stopped after its outbox had filled the disk (NATS down under
+// load) could not start again: the open failed making its first segment
+// ("reserving 4194304 bytes for an outbox segment: no space left on
+// device"), so the events the outbox held were never published, and the
+// disk was freed only by deleting something, maybe them. It opens, refuses
+// new events as it does when the disk fills while running, publishes what
+// it holds, and takes events again once that freed the disk.
+func TestOutboxOpensOnAFullDiskAndPublishesWhatItHolds(t *testing.T) {
+	disk := smallDisk(t, 2<<20)
+	dir := filepath.Join(disk, "outbox")
+	// 512 KiB segments: the bound is not what fills up.
+	opts := OutboxOptions{MaxBytes: 4 << 20, FsyncInterval: 10 * time.Millisecond}
+	ob, err := OpenOutboxWith(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := fillOutbox(t, ob)
+	if st := ob.Stats(); st.Bytes >= 4<<20 || !errors.Is(st.LastWriteErr, unix.ENOSPC) {
+		t.Fatalf("after %d events, stats %+v: want the disk full, not the byte bound", n, st)
+	}
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fillDisk(t, disk) // what closing freed (the spare, the preallocated end)
+
+	ob, err = OpenOutboxWith(dir, opts)
+	if err != nil {
+		t.Fatalf("opening on a full disk: %v", err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	rec := ob.Recovery()
+	if rec.Unacked != uint64(n) || !strings.Contains(strings.Join(rec.Notes, "\n"), "no new segment could be made") {
+		t.Fatalf("recovery %+v: want %d events to publish, and a note that new ones are refused", rec, n)
+	}
+	if err := ob.Append(outboxTestEvent(n)); !errors.Is(err, ErrOutboxFull) {
+		t.Fatalf("append on a full disk: %v, want ErrOutboxFull", err)
+	}
+	publishAll(t, ob, n)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		return ob.Append(outboxTestEvent(n))
+	})
+	waitDurable(t, ob, uint64(n+1))
+	readAll(t, ob, uint64(n), n)
+}
