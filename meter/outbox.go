@@ -108,6 +108,10 @@ const (
 	// DefaultOutboxMaxBytes is the disk bound used when OpenOutbox gets 0:
 	// about 2.5 million events, two hours at 350 events/s.
 	DefaultOutboxMaxBytes = 1 << 30
+	// outboxSpareRetry is how often a segment is tried again after one
+	// could not be made (a full disk): meanwhile events that need one are
+	// refused at once.
+	outboxSpareRetry = 100 * time.Millisecond
 	// DefaultFsyncInterval is how often process durability syncs.
 	DefaultFsyncInterval = 100 * time.Millisecond
 	// DefaultBatchMaxEvents and DefaultBatchMaxBytes bound a batch.
@@ -222,6 +226,14 @@ type Outbox struct {
 	written      chan struct{} // 1-buffered: records were appended
 	syncNow      chan struct{} // 1-buffered: wake the syncer
 	lastWriteErr error
+	// spareErr is why the last segment could not be made, nil once one
+	// is. While it is set, an append that needs a segment is refused at
+	// once, and the syncer tries again from spareRetry on, or as soon as
+	// compaction deleted a segment. (Until 2026-11-27 every refused event
+	// made, preallocated and deleted a segment file with ob.mu held: on a
+	// full disk, over a hundred failures a second, each append waiting.)
+	spareErr   error
+	spareRetry time.Time
 
 	writeFailures atomic.Uint64
 	lost          atomic.Uint64
@@ -307,8 +319,7 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 	spare, err := ob.newSpare()
 	ob.mu.Lock()
 	if err != nil {
-		ob.writeFailures.Add(1)
-		ob.lastWriteErr = err
+		ob.spareFailedLocked(err)
 		ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("no new segment could be made (%v): new usage events are refused, and logged, until the disk has room", err))
 	} else {
 		ob.spare = spare
@@ -656,8 +667,9 @@ func (ob *Outbox) seal(batch uint64) uint64 {
 
 // rotateLocked makes the spare the active segment, starting at nextSeq; the
 // old one is retired for the syncer to sync and unmap. Without a spare it
-// makes one here, the only system calls Append can come to. ob.mu must be
-// held.
+// makes one here, the only system calls Append can come to, unless making
+// one failed since the last was made: then it refuses at once, and leaves
+// the next try to the syncer. ob.mu must be held.
 func (ob *Outbox) rotateLocked() error {
 	if ob.bytes >= ob.opts.MaxBytes {
 		return fmt.Errorf("%w: %d bytes of events wait for JetStream (billing.outbox_max_bytes)", ErrOutboxFull, ob.bytes)
@@ -665,10 +677,15 @@ func (ob *Outbox) rotateLocked() error {
 	next := ob.spare
 	ob.spare = nil
 	if next == nil {
+		if ob.spareErr != nil {
+			if !time.Now().Before(ob.spareRetry) {
+				signal(ob.syncNow) // to try again, off the lock
+			}
+			return fmt.Errorf("%w: %v", ErrOutboxFull, ob.spareErr)
+		}
 		var err error
 		if next, err = ob.newSpareLocked(); err != nil {
-			ob.writeFailures.Add(1)
-			ob.lastWriteErr = err
+			ob.spareFailedLocked(err)
 			return fmt.Errorf("%w: %v", ErrOutboxFull, err)
 		}
 	}
@@ -728,8 +745,18 @@ func touchPages(mem []byte) (err error) {
 	return nil
 }
 
+// spareFailedLocked records that a segment could not be made, and puts
+// off the next try. ob.mu must be held.
+func (ob *Outbox) spareFailedLocked(err error) {
+	ob.writeFailures.Add(1)
+	ob.lastWriteErr = err
+	ob.spareErr = err
+	ob.spareRetry = time.Now().Add(outboxSpareRetry)
+}
+
 // newSpareLocked makes a segment when rotateLocked finds no spare (the
-// syncer could not make one in time), with ob.mu held.
+// syncer could not make one in time, and none failed since the last one
+// made), with ob.mu held.
 func (ob *Outbox) newSpareLocked() (*mappedSegment, error) {
 	number := ob.nextFile
 	ob.nextFile++
@@ -779,16 +806,18 @@ func (ob *Outbox) syncer() {
 		}
 		ob.syncOnce()
 		ob.mu.Lock()
-		needSpare := ob.spare == nil && !ob.closed
+		needSpare := ob.spare == nil && !ob.closed && (ob.spareErr == nil || !time.Now().Before(ob.spareRetry))
 		ob.mu.Unlock()
 		if needSpare {
 			spare, err := ob.newSpare()
 			ob.mu.Lock()
 			if err != nil {
-				ob.writeFailures.Add(1)
-				ob.lastWriteErr = err
-			} else if ob.spare == nil && !ob.closed {
-				ob.spare, spare = spare, nil
+				ob.spareFailedLocked(err)
+			} else {
+				ob.spareErr = nil
+				if ob.spare == nil && !ob.closed {
+					ob.spare, spare = spare, nil
+				}
 			}
 			ob.mu.Unlock()
 			if spare != nil {
@@ -1044,6 +1073,16 @@ func (ob *Outbox) compactOnce() {
 	for _, seg := range done {
 		if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			ob.writeFailures.Add(1)
+		}
+	}
+	if len(done) > 0 {
+		// Room, perhaps, for the segment that could not be made.
+		ob.mu.Lock()
+		failed := ob.spareErr != nil
+		ob.spareRetry = time.Time{}
+		ob.mu.Unlock()
+		if failed {
+			signal(ob.syncNow)
 		}
 	}
 }
