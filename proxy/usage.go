@@ -244,8 +244,9 @@ func appendCounted(text []byte, counted int64, s string, limit int) ([]byte, int
 // space only first or among whitespace, and continues a word only with
 // letters, marks, digits or a contraction), and none looks behind it. A
 // text without one in its second half (a single word of megabytes) is cut
-// after its last whole character, which may split a piece in two: a token
-// or so more in a million.
+// after its last whole character, which may split a piece in two: two or
+// three tokens more a cut (a re-test of one letter repeated: 4.5 MB
+// counted 2 over, 9 MB 3 over).
 func safeCut(text []byte) int {
 	half := len(text) / 2
 	for i := len(text) - 1; i > half; i-- {
