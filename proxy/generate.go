@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,6 +139,7 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 				"continue with previous_response_id, or send the earlier items in input")
 		}
 		var holder string
+		var preferred bool
 		if f.PreviousResponseID.Type != gjson.Null {
 			if f.PreviousResponseID.Type != gjson.String {
 				return nil, route{}, wrongType("previous_response_id", "a string", f.PreviousResponseID)
@@ -152,21 +154,29 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 			return nil, route{}, apiErr
 		}
 		if len(refs) > 0 {
-			held, apiErr := s.referencedItems(key, refs)
+			held, required, apiErr := s.referencedItems(key, refs)
 			if apiErr != nil {
 				return nil, route{}, apiErr
 			}
-			if holder != "" && held != holder {
-				return nil, route{}, BadRequest("input", "the item '"+refs[0]+"' that input names by id is stored on another upstream than the previous_response_id, "+
+			switch {
+			case held == "" || held == holder:
+			case holder == "":
+				holder, pinnedBy, preferred = held, "the items input names by id", !required
+			case required:
+				first := refs[slices.IndexFunc(refs, func(r itemRef) bool { return !r.selfContained })].id
+				return nil, route{}, BadRequest("input", "the item '"+first+"' that input names by id is stored on another upstream than the previous_response_id, "+
 					"and a call reaches one: send its content instead of its item_reference")
 			}
-			if holder == "" {
-				pinnedBy = "the items input names by id"
-			}
-			holder = held
+			// A reasoning item that carries its text only prefers its
+			// upstream: the previous_response_id's wins.
 		}
 		if holder != "" {
 			pinned = pinnedIn(w, r.pool, holder)
+		}
+		// Items that carry their text can be read anywhere: their holder
+		// is no reason to fail when it is down.
+		if preferred && pinned != nil && !pinned.health.available(time.Now().UnixNano()) {
+			pinned = nil
 		}
 	}
 	if r.routing.Affinity != "none" && pinned == nil {

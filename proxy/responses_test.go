@@ -778,6 +778,85 @@ func TestItemReferenceIsTheOwningAccountsOnly(t *testing.T) {
 	}
 }
 
+// withReasoning is a store:false call whose input holds a reasoning item
+// of the given id with its own text, as vLLM returns them and the OpenAI
+// SDK's input: [...input, ...r.output, next] sends them back.
+func withReasoning(id, extra string) string {
+	return `{"model":"small","store":false` + extra + `,"input":[{"role":"user","content":"hi"},` +
+		`{"id":"` + id + `","type":"reasoning","summary":[{"type":"summary_text","text":"Thinking."}],` +
+		`"content":[{"type":"reasoning_text","text":"hmm"}],"encrypted_content":null},{"role":"user","content":"more"}]}`
+}
+
+// TestReasoningItemWithItsTextNeedsNoStoredItem: a reasoning item that
+// carries its text was refused as a reference to an unknown stored item
+// when its response was store:false (found by a black-box session with
+// the OpenAI SDK), though vLLM reads that text and never looks the id up.
+// Its id is still checked: another account's is refused, and the
+// caller's own sends the call to the upstream holding it.
+func TestReasoningItemWithItsTextNeedsNoStoredItem(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	_, otherKey := ownerAndStranger(t, h)
+	if err := h.svc.WaitSynced(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	unknown := "rs_abc1"
+	for _, body := range []string{
+		withReasoning(unknown, ""),
+		withReasoning(unknown, `,"stream":true`),
+		strings.Replace(withReasoning(unknown, ""), `"content":[{"type":"reasoning_text","text":"hmm"}]`, `"content":[]`, 1),
+		strings.Replace(withReasoning(unknown, ""), `"summary":[{"type":"summary_text","text":"Thinking."}]`, `"summary":[]`, 1),
+	} {
+		calls := h.calls("/v1/responses")
+		if status, resp := h.send("", "POST", "/v1/responses", body, ""); status != 200 {
+			t.Fatalf("%s: %d %s", body, status, resp)
+		}
+		if after := h.calls("/v1/responses"); after[0]+after[1] != calls[0]+calls[1]+1 {
+			t.Fatalf("%s reached no upstream", body)
+		}
+	}
+	// Without text it is a reference still, resolved from the store.
+	empty := strings.NewReplacer(`"text":"hmm"`, `"text":""`, `{"type":"summary_text","text":"Thinking."}`, ``).Replace(withReasoning(unknown, ""))
+	status, resp := h.send("", "POST", "/v1/responses", empty, "")
+	if status != 400 || !strings.Contains(jsonField(t, resp, "error", "message").(string), "Item with id '"+unknown+"' not found.") {
+		t.Fatalf("a reasoning item with empty text: %d %s", status, resp)
+	}
+
+	item, at := h.createItem("", createResp, "")
+	calls := h.calls("/v1/responses")
+	status, resp = h.send("", "POST", "/v1/responses", withReasoning(item, ""), otherKey)
+	if status != 400 || jsonField(t, resp, "error", "param") != "input" || !strings.Contains(string(resp), item) {
+		t.Fatalf("another account's id on a reasoning item with text: %d %s", status, resp)
+	}
+	if !slices.Equal(h.calls("/v1/responses"), calls) {
+		t.Fatalf("a refused call reached an upstream")
+	}
+	for i := range 6 {
+		extra := ""
+		if i%2 == 1 {
+			extra = `,"stream":true`
+		}
+		if status, resp := h.send("", "POST", "/v1/responses", withReasoning(item, extra), ""); status != 200 {
+			t.Fatalf("call %d: %d %s", i, status, resp)
+		}
+	}
+	if got := h.calls("/v1/responses")[at] - calls[at]; got != 6 {
+		t.Fatalf("the holder p%d got %d of the 6 calls naming its item", at, got)
+	}
+	// Beside a previous_response_id on the other upstream, the item only
+	// prefers its holder: the call goes where the previous response is.
+	prev, prevAt := h.create("", createResp, "")
+	for prevAt == at {
+		prev, prevAt = h.create("", createResp, "")
+	}
+	calls = h.calls("/v1/responses")
+	if status, resp := h.send("", "POST", "/v1/responses", withReasoning(item, `,"previous_response_id":"`+prev+`"`), ""); status != 200 {
+		t.Fatalf("with a previous_response_id on the other upstream: %d %s", status, resp)
+	}
+	if h.calls("/v1/responses")[prevAt] != calls[prevAt]+1 {
+		t.Fatalf("the call did not go to the previous response's upstream")
+	}
+}
+
 // TestResponsesConversationIsRefused: the gateway does not map
 // conversations to an upstream or an account, so one passed on could be
 // used by any account, on whichever upstream round robin chose.

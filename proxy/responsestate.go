@@ -90,23 +90,32 @@ const maxItemReferences = 256
 // itemLookupBudget bounds the KV lookups of one call's items together.
 const itemLookupBudget = 2 * kvLookupTimeout
 
-// itemReferences lists the ids of the stored items input names (each
-// once), which the upstream looks up by id: {"type":"item_reference",
-// "id":…}; an item of an id alone, whose type OpenAI makes optional
-// ({"id":…}, "type" null); and a reasoning item by id without its
-// encrypted_content, which OpenAI resolves from its store (LangChain and
-// the OpenAI SDK's "append response.output" send those). A message (a
-// typeless item with a role, as the Vercel AI SDK sends earlier turns
-// with store false, id included) names nothing, nor does a reasoning item
-// with its encrypted_content.
-// A duplicated "type" or "id" in an item is refused: the upstream keeps
-// the last, gjson finds the first, and a reference could hide behind a
-// message.
-func itemReferences(input gjson.Result) ([]string, *APIError) {
+// itemRef is one stored item input names by id. selfContained is a
+// reasoning item that carries its own text (content or summary), as vLLM
+// returns them and the SDKs send them back: vLLM reads that text and
+// never looks the id up, and the id may be one the gateway never saw
+// (the item of a "store": false response).
+type itemRef struct {
+	id            string
+	selfContained bool
+}
+
+// itemReferences lists the stored items input names (each id once),
+// which the upstream looks up by id: {"type":"item_reference","id":…};
+// an item of an id alone, whose type OpenAI makes optional ({"id":…},
+// "type" null); and a reasoning item by id without its encrypted_content,
+// which OpenAI resolves from its store (LangChain and the OpenAI SDK's
+// "append response.output" send those), self-contained when it carries
+// its text. A message (a typeless item with a role, as the Vercel AI SDK
+// sends earlier turns with store false, id included) names nothing, nor
+// does a reasoning item with its encrypted_content.
+// A duplicated key in an item is refused: the upstream keeps the last,
+// gjson finds the first, and a reference could hide behind a message.
+func itemReferences(input gjson.Result) ([]itemRef, *APIError) {
 	if !input.IsArray() {
 		return nil, nil
 	}
-	var ids []string
+	var refs []itemRef
 	var keys jsoncheck.Keys
 	var apiErr *APIError
 	i := -1
@@ -116,7 +125,7 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 			return true
 		}
 		var typ, id gjson.Result
-		role, encrypted := false, false
+		role, encrypted, text := false, false, false
 		keys = jsoncheck.Keys{}
 		item.ForEach(func(k, v gjson.Result) bool {
 			// Any key written twice: the upstream reads the last, gjson
@@ -135,15 +144,17 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 				role = v.Type != gjson.Null
 			case "encrypted_content":
 				encrypted = v.Type == gjson.String && v.Str != ""
+			case "content", "summary":
+				text = text || holdsText(v)
 			}
 			return true
 		})
 		if apiErr != nil {
 			return false
 		}
+		reasoning := typ.Type == gjson.String && typ.Str == "reasoning" && id.Exists() && !encrypted
 		named := typ.Type == gjson.String && typ.Str == "item_reference" ||
-			typ.Type == gjson.Null && id.Exists() && !role ||
-			typ.Type == gjson.String && typ.Str == "reasoning" && id.Exists() && !encrypted
+			typ.Type == gjson.Null && id.Exists() && !role || reasoning
 		if !named {
 			return true
 		}
@@ -151,75 +162,122 @@ func itemReferences(input gjson.Result) ([]string, *APIError) {
 			apiErr = wrongType("input["+strconv.Itoa(i)+"].id", "a string", id)
 			return false
 		}
-		if slices.Contains(ids, id.Str) {
+		selfContained := reasoning && text
+		if at := slices.IndexFunc(refs, func(r itemRef) bool { return r.id == id.Str }); at >= 0 {
+			refs[at].selfContained = refs[at].selfContained && selfContained
 			return true
 		}
-		if len(ids) == maxItemReferences {
+		if len(refs) == maxItemReferences {
 			apiErr = BadRequest("input", "input names more than "+strconv.Itoa(maxItemReferences)+
 				" different stored items by id (item_reference, or reasoning items without encrypted_content); the gateway looks up at most that many a call: send the earlier turns' content, or continue with previous_response_id")
 			return false
 		}
-		ids = append(ids, strings.Clone(id.Str))
+		refs = append(refs, itemRef{id: strings.Clone(id.Str), selfContained: selfContained})
 		return true
 	})
-	return ids, apiErr
+	return refs, apiErr
 }
 
-// errItemNotFound refuses an item reference the gateway cannot place, or
-// one of another account, with the same words: as if it did not exist.
+// holdsText reports a content or summary array with a part of non-empty
+// text ({"type":"reasoning_text","text":"…"}, {"type":"summary_text",…}).
+func holdsText(parts gjson.Result) bool {
+	if !parts.IsArray() {
+		return false
+	}
+	found := false
+	parts.ForEach(func(_, part gjson.Result) bool {
+		t := part.Get("text")
+		found = t.Type == gjson.String && t.Str != ""
+		return !found
+	})
+	return found
+}
+
+// errItemNotFound refuses an item sent by id alone that the gateway cannot
+// place, or one of another account, with the same words: as if it did not
+// exist.
 func errItemNotFound(id string) *APIError {
-	return BadRequest("input", "Item with id '"+id+"' not found. An item_reference must name an output item of a response "+
+	return BadRequest("input", "Item with id '"+id+"' not found. An item sent by its id alone (an item_reference, an item of an id only, "+
+		"or a reasoning item with neither encrypted_content nor text in its content or summary) must be an output item of a response "+
 		"this account stored through this gateway (not expired); send the item's content instead.")
 }
 
+// errItemOfAnother refuses a self-contained reasoning item whose id is
+// another account's: the upstream may resolve the id from its store
+// rather than read the text sent.
+func errItemOfAnother(id string) *APIError {
+	return BadRequest("input", "the reasoning item with id '"+id+"' carries an id this account's responses did not give it; "+
+		"send the item without its id")
+}
+
 // referencedItems finds the upstream holding the stored items a call
-// names in its input. Each must be known and the caller's, as a
-// previous_response_id must: the upstream resolves them from its own
-// store with the api_key every account shares, so it returned another
-// account's text to whoever sent the id. They must all live on one
-// upstream, the call's only one.
-func (s *Server) referencedItems(key *accounts.Key, ids []string) (string, *APIError) {
+// names in its input ("" when none is known). An item sent by id alone
+// must be known and the caller's, as a previous_response_id must: the
+// upstream resolves it from its own store with the api_key every account
+// shares, so it returned another account's text to whoever sent the id.
+// Those must all live on one upstream, the call's only one. A
+// self-contained item (see itemRef) need not be known, but one known as
+// another account's is refused all the same; one of the caller's picks
+// the upstream when no item sent by id alone does (the last such item's
+// holder), and never makes the call fail for being elsewhere.
+//
+// It reports whether that upstream is required (an item sent by id alone
+// lives there) or only preferred.
+func (s *Server) referencedItems(key *accounts.Key, refs []itemRef) (holder string, required bool, apiErr *APIError) {
 	ctx, cancel := context.WithTimeout(context.Background(), itemLookupBudget)
 	defer cancel()
-	held := make([]responseMapping, len(ids))
+	held := make([]responseMapping, len(refs))
 	look := func() (missing bool, apiErr *APIError) {
-		for i, id := range ids {
+		for i, ref := range refs {
 			if held[i].Upstream != "" {
 				continue
 			}
-			m, found, err := s.responses.lookupItem(ctx, id)
+			m, found, err := s.responses.lookupItem(ctx, ref.id)
 			switch {
 			case err != nil:
-				s.responses.logSometimes("responses: item_reference %s: %v", id, err)
+				s.responses.logSometimes("responses: item_reference %s: %v", ref.id, err)
 				return false, errStateUnavailable(err)
 			case found:
 				held[i] = m
-			default:
+			case !ref.selfContained:
 				missing = true
 			}
 		}
 		return missing, nil
 	}
+	// Only an item that must be found waits for a late mapping: a
+	// self-contained one is mostly of a "store": false response, which
+	// is never mapped, and every turn would wait for nothing.
 	missing, apiErr := look()
 	if apiErr == nil && missing && s.responses.kv != nil {
 		time.Sleep(lateMappingWait) // a mapping still being written (see previousResponse)
 		_, apiErr = look()
 	}
 	if apiErr != nil {
-		return "", apiErr
+		return "", false, apiErr
 	}
+	first, preferred := "", ""
 	for i, m := range held {
-		if m.Upstream == "" || m.Account != key.Account {
-			return "", errItemNotFound(ids[i])
-		}
-	}
-	for i, m := range held[1:] {
-		if m.Upstream != held[0].Upstream {
-			return "", BadRequest("input", "the items '"+ids[0]+"' and '"+ids[i+1]+"' that input names by id are stored on different upstreams, "+
+		switch {
+		case m.Upstream != "" && m.Account != key.Account && refs[i].selfContained:
+			return "", false, errItemOfAnother(refs[i].id)
+		case refs[i].selfContained:
+			if m.Upstream != "" {
+				preferred = m.Upstream
+			}
+		case m.Upstream == "" || m.Account != key.Account:
+			return "", false, errItemNotFound(refs[i].id)
+		case holder == "":
+			holder, first = m.Upstream, refs[i].id
+		case m.Upstream != holder:
+			return "", false, BadRequest("input", "the items '"+first+"' and '"+refs[i].id+"' that input names by id are stored on different upstreams, "+
 				"and a call reaches one: send the content of one of them instead of its item_reference")
 		}
 	}
-	return held[0].Upstream, nil
+	if holder == "" {
+		return preferred, false, nil
+	}
+	return holder, true, nil
 }
 
 // pinnedIn is the upstream named holder if it is in p, where the call must
