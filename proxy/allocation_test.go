@@ -91,3 +91,32 @@ func TestResponsesRelayAllocatesNothingPerEvent(t *testing.T) {
 		t.Fatalf("the output item was not remembered: %+v", m)
 	}
 }
+
+// TestResponsesEstimateAllocatesNothingPerEvent: a stream without usage
+// keeps the text it forwards, tool names and reasoning summaries
+// included, in a buffer it reuses; an event name longer than 32 bytes
+// (response.function_call_arguments.delta) was copied on every event.
+func TestResponsesEstimateAllocatesNothingPerEvent(t *testing.T) {
+	src := strings.NewReader(responsesToolStream)
+	rd := newSSEReader(src, 4096, 0)
+	c := &generationCall{ep: endpointResponses}
+	run := func() {
+		src.Reset(responsesToolStream)
+		rd.reset(src)
+		c.haveUsage, c.finished, c.text, c.textTokens = false, false, c.text[:0], 0
+		for {
+			ev, err := rd.Next()
+			if err != nil {
+				break
+			}
+			c.inspectResponses(&ev)
+		}
+	}
+	run() // warm the buffers
+	if n := testing.AllocsPerRun(100, run); n != 0 {
+		t.Fatalf("%v allocations per stream of 22 events", n)
+	}
+	if got, want := string(c.text), strings.Repeat(" think", 10)+"get_weather"+strings.Repeat("city", 10); got != want {
+		t.Fatalf("kept %q, want %q", got, want)
+	}
+}

@@ -41,3 +41,34 @@ func BenchmarkSSERelayInjectedUsage(b *testing.B) {
 		}
 	}
 }
+
+// responsesToolStream is a Responses stream without usage, as a cut one
+// is billed: a reasoning summary, then a function call whose name comes
+// in its output_item.added and whose arguments come in deltas (without
+// escapes, which gjson allocates to undo).
+var responsesToolStream = `event: response.created` + "\n" + `data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_0123456789abcdef","object":"response","status":"in_progress","usage":null}}` + "\n\n" +
+	strings.Repeat(`event: response.reasoning_summary_text.delta`+"\n"+`data: {"type":"response.reasoning_summary_text.delta","sequence_number":1,"item_id":"rs_1","output_index":0,"summary_index":0,"delta":" think"}`+"\n\n", 10) +
+	`event: response.output_item.added` + "\n" + `data: {"type":"response.output_item.added","sequence_number":2,"output_index":1,"item":{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"","call_id":"call_1","name":"get_weather"}}` + "\n\n" +
+	strings.Repeat(`event: response.function_call_arguments.delta`+"\n"+`data: {"type":"response.function_call_arguments.delta","sequence_number":3,"item_id":"fc_1","output_index":1,"delta":"city"}`+"\n\n", 10)
+
+// BenchmarkSSERelayResponsesEstimated parses one Responses stream whose
+// usage has to be estimated, keeping the text it forwarded.
+func BenchmarkSSERelayResponsesEstimated(b *testing.B) {
+	src := strings.NewReader(responsesToolStream)
+	rd := newSSEReader(src, 4096, 0)
+	c := &generationCall{ep: endpointResponses}
+	b.SetBytes(int64(len(responsesToolStream)))
+	b.ReportAllocs()
+	for b.Loop() {
+		src.Reset(responsesToolStream)
+		rd.reset(src)
+		c.haveUsage, c.finished, c.text, c.textTokens = false, false, c.text[:0], 0
+		for {
+			ev, err := rd.Next()
+			if err != nil {
+				break
+			}
+			c.inspectResponses(&ev)
+		}
+	}
+}

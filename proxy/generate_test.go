@@ -1439,3 +1439,30 @@ func TestStreamCutMidEventOnCloseEndsWithTheErrorEvent(t *testing.T) {
 		}
 	}
 }
+
+// A cut Responses stream of a reasoning summary and a function call was
+// billed the call's arguments only: the name, which comes whole in
+// response.output_item.added, and the summary's deltas were left out of
+// the estimate, though the client got them (found by a black-box session).
+func TestCutResponsesStreamBillsToolNamesAndSummaries(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	event := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	stream := event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"rs_1","type":"reasoning","summary":[]}}`) +
+		event("response.reasoning_summary_text.delta", `{"type":"response.reasoning_summary_text.delta","sequence_number":2,"item_id":"rs_1","output_index":0,"summary_index":0,"delta":"The user wants the weather"}`) +
+		event("response.reasoning_summary_text.delta", `{"type":"response.reasoning_summary_text.delta","sequence_number":3,"item_id":"rs_1","output_index":0,"summary_index":0,"delta":" in Paris."}`) +
+		event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":4,"output_index":1,"item":{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"","call_id":"call_1","name":"get_current_weather"}}`) +
+		event("response.function_call_arguments.delta", `{"type":"response.function_call_arguments.delta","sequence_number":5,"item_id":"fc_1","output_index":1,"delta":"{\"city\":"}`) +
+		event("response.function_call_arguments.delta", `{"type":"response.function_call_arguments.delta","sequence_number":6,"item_id":"fc_1","output_index":1,"delta":"\"Paris\"}"}`)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, closingUpstream(t, stream), 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if got := readAll(t, h.post("/v1/responses", `{"model":"small","stream":true,"input":"weather in Paris?"}`)); !strings.Contains(string(got), `"code":"stream_interrupted"`) {
+			return fmt.Errorf("got %s", got)
+		}
+		return nil
+	})
+	evs := h.events(len(h.rec.Events()))
+	want := int64(tokens.Count(`The user wants the weather in Paris.get_current_weather{"city":"Paris"}`))
+	if ev := evs[len(evs)-1]; ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens != want {
+		t.Fatalf("billed %+v; want the %d tokens of the summary, name and arguments relayed, estimated", ev, want)
+	}
+}

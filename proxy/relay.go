@@ -392,7 +392,9 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 	if n := gjson.Get(bstr(data), "sequence_number"); n.Type == gjson.Number {
 		c.nextSequence = n.Int() + 1
 	}
-	typ := string(ev.Name)
+	// Not string(ev.Name): a copy, allocated for the names longer than
+	// 32 bytes (response.function_call_arguments.delta) on every event.
+	typ := bstr(ev.Name)
 	if typ == "" {
 		typ = gjson.Get(bstr(data), "type").Str
 	}
@@ -414,10 +416,18 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if c.responseID != "" {
 			c.rememberItems(gjson.Get(bstr(data), "response.output"))
 		}
-	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta",
-		"response.function_call_arguments.delta":
+	case "response.output_text.delta", "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+		"response.refusal.delta", "response.function_call_arguments.delta":
 		if c.keepText() {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
+		}
+	case "response.output_item.added":
+		// A function call's name comes whole here, never in a delta: a
+		// cut stream of tool calls was billed their arguments only.
+		if c.keepText() {
+			if item := gjson.Get(bstr(data), "item"); item.Get("type").Str == "function_call" {
+				c.appendText(item.Get("name").Str)
+			}
 		}
 	}
 }

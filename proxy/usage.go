@@ -344,10 +344,13 @@ func (c *generationCall) collectWholeText(body []byte) {
 		return
 	}
 	gjson.Get(bstr(body), "output").ForEach(func(_, item gjson.Result) bool {
-		item.Get("content").ForEach(func(_, part gjson.Result) bool {
-			c.appendText(part.Get("text").Str)
-			return true
-		})
+		// A reasoning item's summary is generated text as its content is.
+		for _, key := range [...]string{"content", "summary"} {
+			item.Get(key).ForEach(func(_, part gjson.Result) bool {
+				c.appendText(part.Get("text").Str)
+				return true
+			})
+		}
 		if item.Get("type").Str == "function_call" {
 			c.appendText(item.Get("name").Str)
 			c.appendText(item.Get("arguments").Str)

@@ -40,6 +40,15 @@ func TestEstimatedUsageCountsToolCalls(t *testing.T) {
 		t.Errorf("responses function call kept as %q", got)
 	}
 
+	// A reasoning item's summary is generated text too; the black-box
+	// session found it left out of the estimate.
+	c = generationCall{ep: endpointResponses}
+	c.collectWholeText([]byte(`{"output":[{"type":"reasoning","summary":[{"type":"summary_text","text":"Look it up."}],"content":[{"type":"reasoning_text","text":"hmm"}]},` +
+		`{"type":"function_call","name":"lookup","arguments":"{\"id\":7}"}]}`))
+	if got := string(c.text); got != `hmmLook it up.lookup{"id":7}` {
+		t.Errorf("responses reasoning and function call kept as %q", got)
+	}
+
 	prompt := promptText([]byte(`{"model":"m","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],`+
 		`"messages":[{"role":"user","content":"weather?"},{"role":"assistant","tool_calls":[{"function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","content":"sunny"}]}`), endpointChat)
 	for _, want := range []string{`"name":"get_weather"`, "weather?", `{"city":"Paris"}`, "sunny"} {
