@@ -137,6 +137,11 @@ type Progress struct {
 	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
 	CompletionTokens int64 `json:"completion_tokens,omitempty"`
 	TotalTokens      int64 `json:"total_tokens,omitempty"`
+	// CachedTokens and ReasoningTokens are the parts of PromptTokens and
+	// CompletionTokens llm lines' upstreams reported cached and
+	// reasoning; the bill carries them as a /v1/classify event does.
+	CachedTokens    int64 `json:"cached_tokens,omitempty"`
+	ReasoningTokens int64 `json:"reasoning_tokens,omitempty"`
 	// Estimated: some llm lines were counted by the tokenizer, their
 	// upstream having reported no usage to believe; the bill says so.
 	Estimated bool `json:"estimated,omitempty"`

@@ -208,6 +208,9 @@ type chunk struct {
 	out                       bytes.Buffer
 	completed, failed         int64
 	prompt, completion, total int64
+	// cached and reasoning are the parts of prompt and completion an
+	// llm's upstream reported cached and reasoning.
+	cached, reasoning int64
 	// estimated: some of the tokens are the tokenizer's count of an llm
 	// call whose upstream reported none to believe.
 	estimated bool
@@ -424,6 +427,7 @@ type partWriter struct {
 	// since the last checkpoint
 	lines, completed, failed          int64
 	prompt, completion, total         int64
+	cached, reasoning                 int64
 	modelTokens                       int64
 	modelCost                         money.Nanos
 	end                               int64
@@ -454,6 +458,8 @@ func (w *partWriter) add(ctx context.Context, c *chunk) error {
 	w.failed += c.failed
 	w.prompt += c.prompt
 	w.completion += c.completion
+	w.cached += c.cached
+	w.reasoning += c.reasoning
 	w.total += c.total
 	w.modelTokens += c.modelTokens
 	w.modelCost += c.modelCost
@@ -496,6 +502,8 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 		p.Offset, p.Lines = w.end, p.Lines+w.lines
 		p.PromptTokens += w.prompt
 		p.CompletionTokens += w.completion
+		p.CachedTokens += w.cached
+		p.ReasoningTokens += w.reasoning
 		p.TotalTokens += w.total
 		p.ModelTokens += w.modelTokens
 		p.ModelCostNanos += int64(w.modelCost)
@@ -522,6 +530,7 @@ func (w *partWriter) checkpoint(ctx context.Context) error {
 	}
 	w.seq++
 	w.lines, w.completed, w.failed, w.prompt, w.completion, w.total = 0, 0, 0, 0, 0, 0
+	w.cached, w.reasoning = 0, 0
 	w.modelTokens, w.modelCost = 0, 0
 	w.estimated = false
 	w.llmModel, w.llmUpstream, w.firstError, w.offlineEngine = "", "", "", ""
@@ -745,7 +754,9 @@ func (s *Service) billingEvent(j *Job, at time.Time) *meter.Event {
 	}
 	ev := &meter.Event{
 		ID: j.ID, JobID: j.ID, Time: at, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
-		Model: cmp.Or(j.Progress.OfflineEngine, classifiers.EngineLexical), PromptTokens: j.Progress.PromptTokens, CompletionTokens: j.Progress.CompletionTokens,
+		Model:        cmp.Or(j.Progress.OfflineEngine, classifiers.EngineLexical),
+		PromptTokens: j.Progress.PromptTokens, CachedTokens: j.Progress.CachedTokens,
+		CompletionTokens: j.Progress.CompletionTokens, ReasoningTokens: j.Progress.ReasoningTokens,
 		CostNanos: cost, UsageSource: meter.SourceTokenizer, Status: 200,
 	}
 	if j.StartedAt != nil {
@@ -965,6 +976,8 @@ func (lc *lineClassifier) count(c *chunk, res *Answer) int64 {
 	total := tokensOf(u)
 	c.prompt += u.PromptTokens
 	c.completion += u.CompletionTokens
+	c.cached += u.CachedTokens
+	c.reasoning += u.ReasoningTokens
 	c.total += total
 	c.estimated = c.estimated || u.Estimated
 	spent := &res.Spent

@@ -43,6 +43,15 @@ type Usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	// CachedTokens and ReasoningTokens are the parts of an llm's prompt
+	// and completion tokens its upstream reported cached and reasoning,
+	// as CallModel read them (each no more than the count it is part
+	// of). They go on the usage event, and cached tokens cost the
+	// model's input_cache_read: dropped here, they were billed at the
+	// full prompt price and recorded as 0. The answer's usage does not
+	// show them.
+	CachedTokens    int64 `json:"-"`
+	ReasoningTokens int64 `json:"-"`
 	// Estimated: some of an llm's tokens are the tokenizer's count, its
 	// upstream having reported none to believe (the event says so).
 	Estimated bool `json:"-"`
@@ -51,7 +60,24 @@ type Usage struct {
 // Plus is the tokens of u and v together.
 func (u Usage) Plus(v Usage) Usage {
 	return Usage{PromptTokens: u.PromptTokens + v.PromptTokens, CompletionTokens: u.CompletionTokens + v.CompletionTokens,
-		TotalTokens: u.TotalTokens + v.TotalTokens, Estimated: u.Estimated || v.Estimated}
+		TotalTokens: u.TotalTokens + v.TotalTokens, CachedTokens: u.CachedTokens + v.CachedTokens,
+		ReasoningTokens: u.ReasoningTokens + v.ReasoningTokens, Estimated: u.Estimated || v.Estimated}
+}
+
+// addCall adds the usage of one model call, as CallModel returned it.
+func (u *Usage) addCall(c catalog.Usage) {
+	u.PromptTokens += c.PromptTokens
+	u.CompletionTokens += c.CompletionTokens
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	u.CachedTokens += c.CachedTokens
+	u.ReasoningTokens += c.ReasoningTokens
+	u.Estimated = u.Estimated || c.Estimated
+}
+
+// Catalog is u as a model's prices read it (catalog.Prices.Cost).
+func (u Usage) Catalog() catalog.Usage {
+	return catalog.Usage{PromptTokens: u.PromptTokens, CachedTokens: u.CachedTokens, CompletionTokens: u.CompletionTokens,
+		ReasoningTokens: u.ReasoningTokens, Estimated: u.Estimated}
 }
 
 // Answer says which engine and model produced a result.

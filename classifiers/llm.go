@@ -188,10 +188,7 @@ func (e *llm) call(ctx context.Context, req *chatRequest, usage *Usage) ([]byte,
 			return nil, fmt.Errorf("encoding model request: %w", err)
 		}
 		raw, u, err := e.caller.CallModel(ctx, e.model, body)
-		usage.PromptTokens += u.PromptTokens
-		usage.CompletionTokens += u.CompletionTokens
-		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-		usage.Estimated = usage.Estimated || u.Estimated
+		usage.addCall(u)
 		if err != nil && req.Logprobs && refusesLogprobs(err) {
 			req.Logprobs, req.TopLogprobs = false, 0
 			e.noLogprobs.Store(true)

@@ -45,6 +45,8 @@ func (c httpCaller) CallModel(ctx context.Context, model string, body []byte) ([
 	}
 	u.PromptTokens = gjson.GetBytes(raw, "usage.prompt_tokens").Int()
 	u.CompletionTokens = gjson.GetBytes(raw, "usage.completion_tokens").Int()
+	u.CachedTokens = gjson.GetBytes(raw, "usage.prompt_tokens_details.cached_tokens").Int()
+	u.ReasoningTokens = gjson.GetBytes(raw, "usage.completion_tokens_details.reasoning_tokens").Int()
 	return raw, u, nil
 }
 
@@ -217,6 +219,27 @@ func TestLLMRetriesOnceOnUnparseableOutput(t *testing.T) {
 	if n := len(retry.Array()); n != 4 || retry.Get("2.role").String() != "assistant" ||
 		!strings.Contains(retry.Get("3.content").String(), "not valid") || !strings.Contains(retry.Get("3.content").String(), formatCode) {
 		t.Errorf("retry messages %s", retry.Raw)
+	}
+}
+
+// TestLLMUsageKeepsCachedAndReasoningTokens: the engine summed only
+// prompt and completion tokens, so the part of the prompt its upstream
+// had cached was billed at the full prompt price and recorded as none.
+func TestLLMUsageKeepsCachedAndReasoningTokens(t *testing.T) {
+	e, _ := newLLM(t, proxytest.Options{BadAnswerTimes: 1, CachedTokens: 30, ReasoningTokens: 4})
+	r, err := e.Classify(ctx, supportRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Usage{PromptTokens: 80, CompletionTokens: 18, TotalTokens: 98, CachedTokens: 60, ReasoningTokens: 8}
+	if r.Usage != want {
+		t.Errorf("usage %+v, want both calls' %+v", r.Usage, want)
+	}
+	if both := r.Usage.Plus(oneCall); both.CachedTokens != 60 || both.ReasoningTokens != 8 {
+		t.Errorf("%+v plus %+v is %+v: the parts are lost", r.Usage, oneCall, both)
+	}
+	if c := r.Usage.Catalog(); c.CachedTokens != 60 || c.ReasoningTokens != 8 || c.PromptTokens != 80 || c.CompletionTokens != 18 {
+		t.Errorf("priced as %+v", c)
 	}
 }
 

@@ -720,6 +720,8 @@ func TestBatchLinesAreDescribedAndBilledAsClassifyAlone(t *testing.T) {
 		{"auto whose model answers off-format", harnessOptions{upstream: offFormat, plugins: "  engine: auto\n  llm_model: small"}, ""},
 		{"auto whose model answers off-format, with the word vectors", harnessOptions{upstream: offFormat,
 			plugins: "  engine: auto\n  llm_model: small\n  vectors: " + vectors}, ""},
+		{"llm whose upstream reports cached and reasoning tokens", harnessOptions{plugins: "  engine: llm\n  llm_model: small",
+			upstream: proxytest.Options{PromptTokens: 10, CompletionTokens: 20, CachedTokens: 3, ReasoningTokens: 5}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newBatchHarness(t, "local", tc.ho)
@@ -748,11 +750,15 @@ func TestBatchLinesAreDescribedAndBilledAsClassifyAlone(t *testing.T) {
 			}
 			ev := h.events(2)[1]
 			if ev.JobID != c.JobID || ev.Model != single.Model || ev.Upstream != single.Upstream || ev.UsageSource != single.UsageSource ||
-				ev.PromptTokens != lines*single.PromptTokens || ev.CompletionTokens != lines*single.CompletionTokens || ev.CostNanos != lines*single.CostNanos {
+				ev.PromptTokens != lines*single.PromptTokens || ev.CompletionTokens != lines*single.CompletionTokens || ev.CostNanos != lines*single.CostNanos ||
+				ev.CachedTokens != lines*single.CachedTokens || ev.ReasoningTokens != lines*single.ReasoningTokens {
 				t.Errorf("job event %+v\nwant %d times the call alone's: %+v", *ev, lines, *single)
 			}
 			if single.Model != "small" || single.Upstream != "local" {
 				t.Errorf("the call alone's event %+v: want the model small at upstream local", *single)
+			}
+			if reported := tc.ho.upstream.CachedTokens; reported > 0 && single.CachedTokens != int64(reported) {
+				t.Errorf("the call alone's event %+v: want the %d cached tokens its upstream reported", *single, reported)
 			}
 		})
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
-	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/jsoncheck"
@@ -551,7 +550,9 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 		Model:            model,
 		Upstream:         upstream,
 		PromptTokens:     u.PromptTokens,
+		CachedTokens:     u.CachedTokens,
 		CompletionTokens: u.CompletionTokens,
+		ReasoningTokens:  u.ReasoningTokens,
 		CostNanos:        nanos,
 		UsageSource:      source,
 		Status:           status,
@@ -560,7 +561,8 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 }
 
 // modelCost is what catalog model's own prices (models[].pricing) make
-// of u, the tokens it spent on one plugin call; 0 when it spent none.
+// of u, the tokens it spent on one plugin call, cached ones at
+// input_cache_read; 0 when it spent none.
 func modelCost(w *proxy.World, model string, u classifiers.Usage) money.Nanos {
 	if tokensOf(u) == 0 {
 		return 0
@@ -569,7 +571,7 @@ func modelCost(w *proxy.World, model string, u classifiers.Usage) money.Nanos {
 	if !ok {
 		return 0
 	}
-	return e.Prices.Cost(catalog.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens})
+	return e.Prices.Cost(u.Catalog())
 }
 
 // tokensOf is u's total, prompt and completion when it gives none.

@@ -298,6 +298,47 @@ func TestLLMEngineBillsAtLeastTheModelsPrices(t *testing.T) {
 	}
 }
 
+// TestLLMCachedAndReasoningTokensAreBilledAsChatBillsThem: the llm
+// engine dropped the upstream's cached and reasoning tokens, so a
+// classify whose upstream reported 3 of its 10 prompt tokens cached was
+// recorded with none and billed them at the prompt price, not at the
+// model's input_cache_read. Reported above the counts they are part of,
+// they are cut to them, as a chat call's are.
+func TestLLMCachedAndReasoningTokensAreBilledAsChatBillsThem(t *testing.T) {
+	for _, tc := range []struct {
+		name                                                string
+		up                                                  proxytest.Options
+		wantPrompt, wantCached, wantCompletion, wantReasons int64
+	}{
+		{"reported", proxytest.Options{PromptTokens: 10, CompletionTokens: 20, CachedTokens: 3, ReasoningTokens: 5}, 10, 3, 20, 5},
+		{"parts above their counts", proxytest.Options{PromptTokens: 10, CompletionTokens: 20, CachedTokens: 30, ReasoningTokens: 50}, 10, 10, 20, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, harnessOptions{upstream: tc.up, plugins: `
+  engine: llm
+  llm_model: small
+  pricing: {classify: "0.00000001"}`})
+			m := h.keyed("/v1/classify", `{"text": "I was charged twice this month", "labels": ["billing", "bug"]}`).ok(t)
+			if m["engine"] != "llm" {
+				t.Fatalf("%v", m)
+			}
+			checkUsage(t, m)
+			ev := h.events(1)[0]
+			// small: 0.0000001 a prompt token, 0.00000005 a cached one,
+			// 0.0000003 a completion token.
+			var model money.Atto
+			model.Add(tc.wantPrompt-tc.wantCached, money.Price(100_000_000_000))
+			model.Add(tc.wantCached, money.Price(50_000_000_000))
+			model.Add(tc.wantCompletion, money.Price(300_000_000_000))
+			if ev.PromptTokens != tc.wantPrompt || ev.CachedTokens != tc.wantCached || ev.CompletionTokens != tc.wantCompletion ||
+				ev.ReasoningTokens != tc.wantReasons || ev.CostNanos != model.Nanos() {
+				t.Errorf("event %+v\nwant prompt %d (cached %d), completion %d (reasoning %d), cost %s",
+					*ev, tc.wantPrompt, tc.wantCached, tc.wantCompletion, tc.wantReasons, model.Nanos())
+			}
+		})
+	}
+}
+
 // TestFallbackBillsTheModelsTokensAtItsPrices: an auto llm call whose
 // model answered off-format twice, answered then by the offline engine,
 // billed the model's tokens at the plugin price, in a row saying

@@ -58,7 +58,7 @@ models:
     upstream_model: proxytest-small
     context_length: 1000000
     max_output_length: 8192
-    pricing: {prompt: "0.0000001", completion: "0.0000003"}
+    pricing: {prompt: "0.0000001", completion: "0.0000003", input_cache_read: "0.00000005"}
   - id: large
     upstream: local
     upstream_model: proxytest-large
