@@ -141,7 +141,9 @@ type Options struct {
 	// Recorder receives one event per completed job. It must drop an event
 	// whose ID it has already taken (the JetStream publisher does, through
 	// Nats-Msg-Id): a worker that dies between billing and recording the
-	// completion bills again, with the same event ID.
+	// completion bills again, with the same event ID. A
+	// meter.DurableRecorder has the event safe from a crash before the
+	// completion is recorded (waiting at most 2 s).
 	Recorder meter.Recorder
 	Logf     func(format string, args ...any)
 	// Name identifies this process in job records; default host:pid.

@@ -590,9 +590,15 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// Billed before the completion is recorded: a worker dying in between
 	// leaves the job processing, and its successor bills again with the
 	// same event id and time, which ClickHouse keeps once and the debit
-	// recognizes. The other order could lose the bill.
+	// recognizes. The other order could lose the bill. So the bill is
+	// safe from a crash first, as a chat answer's is before its last
+	// byte: under billing.durability fsync a power loss right after the
+	// completion, recorded in JetStream, could take the bill with it.
 	ev := s.billingEvent(j, *j.BilledAt)
-	s.recorder.Record(ev)
+	cost := ev.CostNanos // the recorder owns ev once it has it
+	if !meter.RecordAndWait(s.recorder, ev, billDurableWait) {
+		s.logf("batch: job %s: its bill is not on disk after %s; completing it anyway", j.ID, billDurableWait)
+	}
 	if !repeat {
 		// Chat calls and other jobs are admitted on the balance less what
 		// this process billed and the debits do not show yet; a job's bill
@@ -601,7 +607,7 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 		// (BilledAt, saved before any bill, says there was one) is debited
 		// once, and noted again it held the account's balance short until
 		// the process restarted.
-		s.runtime.NoteCharge(j.Account, ev.CostNanos)
+		s.runtime.NoteCharge(j.Account, cost)
 	}
 	now := time.Now().UTC()
 	if s.at("billed") {
@@ -744,6 +750,11 @@ func (j *Job) cost() (money.Nanos, error) {
 	cost, err := jobCost(j.Price, p.TotalTokens-p.ModelTokens)
 	return cost + money.Nanos(p.ModelCostNanos), err
 }
+
+// billDurableWait bounds how long a job's completion waits for its bill
+// to reach the disk, as proxy's durableWait bounds an answer's: a stuck
+// disk must not hold the job processing, and the bill is on its way.
+const billDurableWait = 2 * time.Second
 
 // billingEvent is the job's one usage event: its id is the job id and its
 // time the job's BilledAt, so billing it twice is billing it once.

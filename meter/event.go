@@ -81,6 +81,35 @@ type DurableRecorder interface {
 	RecordDurable(ev *Event) <-chan struct{}
 }
 
+// RecordAndWait records ev with rec and, when rec is a DurableRecorder,
+// waits until ev is safe from a crash, at most bound: a stuck disk must
+// not hang its caller, and the event is on its way anyway. It reports
+// whether the event was safe within bound (always, for a plain
+// Recorder). For what is told after the call, a plugin's answer or a
+// batch job's completion, which went out before their event was on disk
+// under billing.durability fsync.
+func RecordAndWait(rec Recorder, ev *Event, bound time.Duration) bool {
+	d, ok := rec.(DurableRecorder)
+	if !ok {
+		rec.Record(ev)
+		return true
+	}
+	safe := d.RecordDurable(ev)
+	select {
+	case <-safe:
+		return true // in the kernel's hands already: no timer
+	default:
+	}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-safe:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
 // Memory is a Recorder that keeps events in memory, for tests and for running
 // without durable metering.
 type Memory struct {

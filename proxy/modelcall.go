@@ -113,11 +113,19 @@ func WithUpstreamNote(ctx context.Context, note *UpstreamNote) context.Context {
 }
 
 // Record hands a plugin's usage event to the meter, and counts it in the
-// request metrics as generation calls are; it never blocks.
+// request metrics as generation calls are. It returns once the meter has
+// the event safe from a crash, as a chat answer waits before its last
+// byte: at once with billing.durability process, after the outbox's fsync
+// with fsync, at most durableWait. Call it before the answer is written:
+// the non-durable Record it made before let plugin answers go out tens of
+// milliseconds before their event reached the disk.
 func (s *Server) Record(ev *meter.Event) {
 	s.calls.observeEvent(ev, false)
 	s.noteCharge(ev)
-	s.recorder.Record(ev)
+	id := ev.ID // the recorder owns ev once it has it
+	if !meter.RecordAndWait(s.recorder, ev, durableWait) {
+		s.logf("meter: usage event %s not on disk after %s; answering anyway", id, durableWait)
+	}
 }
 
 // noteCharge has the balance this gateway admits calls on count ev's cost
