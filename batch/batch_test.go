@@ -348,6 +348,40 @@ func TestRebilledJobKeepsItsBillTime(t *testing.T) {
 	}
 }
 
+// TestBilledJobIsNotRefusedForItsOwnBill: a worker died after billing a
+// job and before saving it completed; its successor asked the balance
+// for the job's cost again, on a balance that already held the job's
+// bill, and stopped the job, billed, "failed … top up", with no results.
+// A job that billed completes: its repeat bill is the same bill.
+func TestBilledJobIsNotRefusedForItsOwnBill(t *testing.T) {
+	e := newEnv(t, envOptions{batch: "  price_per_token: \"0.0001\"\n  checkpoint_lines: 300\n  concurrency: 4"})
+	var died atomic.Bool
+	svc := e.service(500*time.Millisecond, batch.Tuning{Hook: func(point string) bool {
+		return point == "billed" && died.CompareAndSwap(false, true)
+	}})
+	e.work(svc)
+	credit := 3 * money.NanosPerUSD / 10
+	e.g.CreateAccount("tight", credit)
+	const n = 201 // about 0.60 USD: past the balance, within the grace of 0.50
+	id := e.create(svc, "tight", inputLines(n, 0), "")
+	j := e.startAndWait(svc, "tight", id)
+	if !died.Load() || j.Status != batch.StatusCompleted || j.Attempt != 2 {
+		t.Fatalf("job %s at attempt %d (died after billing: %v): %q; want completed by the second attempt", j.Status, j.Attempt, died.Load(), j.Error)
+	}
+	_, tokens := checkResults(t, e.results(j), n)
+	cost := money.Nanos(tokens) * 100_000
+	if cost <= credit || cost-credit > money.NanosPerUSD/2 {
+		t.Fatalf("the job cost %s USD on %s USD of credit; the test wants it past the credit, within the grace", cost, credit)
+	}
+	evs := e.jobEvents(id)
+	if len(evs) != 2 || evs[0].CostNanos != cost || evs[1].CostNanos != cost || evs[0].Time != evs[1].Time {
+		t.Fatalf("usage events %+v; want the bill of %s USD and its repeat", evs, cost)
+	}
+	if b, _ := e.g.Accounts.Balance("tight"); b != credit-cost {
+		t.Fatalf("balance %s after the job, want %s: charged once", b, credit-cost)
+	}
+}
+
 // TestStalledWorkerLosesTheJob: a worker that stops renewing its claim
 // (stalled, or cut off from NATS) past AckWait loses the job to another;
 // when it wakes up its next write fails and it stops without writing more.

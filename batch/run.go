@@ -329,8 +329,15 @@ func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 // grace buffer, with the bills of its recent jobs not debited yet, or ""
 // when it can. what words the tokens cost is for ("this job's estimated
 // 263 tokens").
+//
+// A job that billed (BilledAt) is never refused: its bill, repeated with
+// the same id, is charged once, so finishing it costs the account nothing
+// more. Asked again, by the worker taking over from one that died after
+// billing, its cost counted twice against a balance holding its bill, and
+// a job the account had paid for ended failed, with no results; with the
+// debit not in the balance yet, the answer depended on the consumer's lag.
 func (s *Service) cannotPay(ctx context.Context, j *Job, cost money.Nanos, what string) string {
-	if cost <= 0 {
+	if cost <= 0 || j.BilledAt != nil {
 		return ""
 	}
 	recent := s.recentlyBilled(ctx, j)
