@@ -141,6 +141,9 @@ func (s *Service) Results(ctx context.Context, account, id string) (string, time
 	if err != nil {
 		return "", time.Time{}, err
 	}
+	if j.Deleting {
+		return "", time.Time{}, errDeleting(id)
+	}
 	switch j.Status {
 	case StatusCompleted:
 	case StatusFailed:
@@ -156,7 +159,12 @@ func (s *Service) Results(ctx context.Context, account, id string) (string, time
 	return url, time.Now().Add(ttl), nil
 }
 
-// Delete removes a job that is not processing, with its files.
+// Delete removes a job that is not processing, with its files. The
+// files go first and the record last: the record is all that names them,
+// so a file that cannot be deleted (the object store is down) fails the
+// call, for the client to retry, and keeps the record, marked Deleting so
+// the job cannot start meanwhile. Deleting the record first left files in
+// the bucket that nothing would ever delete.
 func (s *Service) Delete(ctx context.Context, account, id string) error {
 	for try := 0; ; try++ {
 		j, rev, err := s.load(ctx, account, id)
@@ -166,23 +174,42 @@ func (s *Service) Delete(ctx context.Context, account, id string) error {
 		if j.Status == StatusProcessing {
 			return apiError(ErrConflict, "job %s is processing and cannot be deleted: wait until it is completed or failed", id)
 		}
+		if !j.Deleting {
+			next := cloneJob(j)
+			next.Deleting = true
+			data, err := json.Marshal(next)
+			if err != nil {
+				return fmt.Errorf("encoding job %s: %w", id, err)
+			}
+			rev, err = s.jobs.Update(ctx, jobKey(account, id), data, rev)
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && try < 3 {
+				continue // changed meanwhile (started?): look again
+			}
+			if err != nil {
+				return fmt.Errorf("marking job %s deleted: %w", id, err)
+			}
+		}
+		for _, key := range j.objects() {
+			if err := s.store.Delete(ctx, key); err != nil {
+				return fmt.Errorf("deleting file %s of job %s: %w", key, id, err)
+			}
+		}
 		err = s.jobs.Delete(ctx, jobKey(account, id), jetstream.LastRevision(rev))
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && try < 3 {
-			continue // changed meanwhile (started?): look again
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("deleting job %s: %w", id, err)
 		}
-		// The record is gone first, so the job can no longer start while
-		// its files go; a file that cannot be deleted is only logged.
-		for _, key := range j.objects() {
-			if err := s.store.Delete(ctx, key); err != nil {
-				s.logf("batch: job %s deleted, but not its file %s: %v", id, key, err)
-			}
-		}
 		s.release(ctx, account, id)
 		return nil
 	}
+}
+
+// errDeleting refuses what a job whose deletion did not finish can no
+// longer do.
+func errDeleting(id string) error {
+	return apiError(ErrConflict, "job %s is being deleted (its files could not all be deleted yet): DELETE /v1/batch/%s again to finish", id, id)
 }
 
 // objects lists every file the job has made: input, results, and the
@@ -204,10 +231,12 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 		if err != nil {
 			return nil, err
 		}
-		switch j.Status {
-		case StatusProcessing:
+		switch {
+		case j.Deleting:
+			return nil, errDeleting(id)
+		case j.Status == StatusProcessing:
 			return nil, apiError(ErrConflict, "job %s is already processing: poll GET /v1/batch/%s until it is completed or failed", id, id)
-		case StatusCompleted:
+		case j.Status == StatusCompleted:
 			return nil, apiError(ErrConflict, "job %s is completed and cannot run again: download its results, or create a new job", id)
 		}
 		if _, err := s.store.Stat(ctx, j.InputKey); errors.Is(err, storage.ErrNotExist) {

@@ -2,6 +2,7 @@ package batch_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy/proxytest"
+	"github.com/tollgate/tollgate/storage"
 	"github.com/tollgate/tollgate/tokens"
 )
 
@@ -738,6 +740,63 @@ func TestNotFoundAndConflicts(t *testing.T) {
 	}
 	if err := svc.Delete(e.ctx, "acme", id); !errors.Is(err, batch.ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
+	}
+}
+
+// storeDown is a store whose deletes fail while down is set, as during
+// an object store outage.
+type storeDown struct {
+	storage.Store
+	down atomic.Bool
+}
+
+func (s *storeDown) Delete(ctx context.Context, key string) error {
+	if s.down.Load() {
+		return errors.New("dial tcp 10.0.0.7:9000: connection refused")
+	}
+	return s.Store.Delete(ctx, key)
+}
+
+// A DELETE during an object store outage answered {"deleted":true} and
+// left the input and the results in the bucket for good: the record, the
+// only thing naming them, went first. Now the call fails (503, retryable)
+// and keeps the record, the job can no longer start, and the retry
+// deletes everything.
+func TestDeleteDuringAStoreOutageCanBeRetried(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	id := e.create(svc, "acme", inputLines(20, 0), "")
+	if j := e.startAndWait(svc, "acme", id); j.Status != batch.StatusCompleted {
+		t.Fatalf("job %s: %q", j.Status, j.Error)
+	}
+	e.wantOnlyInputAndResults("acme", id)
+	store := &storeDown{Store: e.store}
+	store.down.Store(true)
+	down := e.serviceOn(store, "", 0, batch.Tuning{})
+	err := down.Delete(e.ctx, "acme", id)
+	var be *batch.Error
+	if err == nil || errors.As(err, &be) {
+		t.Fatalf("delete with the store down: %v; want a fault (503), not a success or a client error", err)
+	}
+	if files := e.jobFiles("acme", id); len(files) != 2 {
+		t.Fatalf("files after the failed delete: %v", files)
+	}
+	if _, err := down.Get(e.ctx, "acme", id); err != nil {
+		t.Fatalf("the job's record is gone while its files are not: %v", err)
+	}
+	if _, err := svc.Start(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
+		t.Fatalf("start of a job being deleted: %v, want ErrConflict", err)
+	}
+	store.down.Store(false)
+	if err := down.Delete(e.ctx, "acme", id); err != nil {
+		t.Fatalf("retried delete: %v", err)
+	}
+	if files := e.jobFiles("acme", id); len(files) != 0 {
+		t.Fatalf("files left after the retried delete: %v", files)
+	}
+	if _, err := svc.Get(e.ctx, "acme", id); !errors.Is(err, batch.ErrNotFound) {
+		t.Fatalf("Get after the retried delete: %v", err)
 	}
 }
 

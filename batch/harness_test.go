@@ -127,12 +127,19 @@ func (e *env) service(ackWait time.Duration, tun batch.Tuning) *batch.Service {
 // serviceNamed is service with the process name name in job records.
 func (e *env) serviceNamed(name string, ackWait time.Duration, tun batch.Tuning) *batch.Service {
 	e.t.Helper()
+	return e.serviceOn(e.store, name, ackWait, tun)
+}
+
+// serviceOn is serviceNamed with its files in store (e.store, or one
+// wrapping it to fail).
+func (e *env) serviceOn(store storage.Store, name string, ackWait time.Duration, tun batch.Tuning) *batch.Service {
+	e.t.Helper()
 	b, err := broker.Start(e.ctx, config.NATS{URL: e.broker.ClientURL()}, e.dir, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(b.Close)
-	svc, err := batch.Open(e.ctx, b.JetStream(), e.store, batch.WithTuning(batch.Options{
+	svc, err := batch.Open(e.ctx, b.JetStream(), store, batch.WithTuning(batch.Options{
 		Runtime: e.rt, Recorder: e.rec, Logf: e.t.Logf, AckWait: ackWait, Name: name,
 	}, tun))
 	if err != nil {

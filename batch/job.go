@@ -111,6 +111,10 @@ type Job struct {
 	// on from the checkpoint instead of the first line, so the lines the
 	// upstream was already paid for are not asked again.
 	Resumable bool `json:"resumable,omitempty"`
+	// Deleting: a DELETE began and has not finished (a file could not be
+	// deleted). The job cannot start, nor give its results; the next
+	// DELETE finishes.
+	Deleting bool `json:"deleting,omitempty"`
 	// Leftovers are the parts of earlier runs, deleted by the worker that
 	// takes up the next run, or with the job.
 	Leftovers []Segment `json:"leftovers,omitempty"`
