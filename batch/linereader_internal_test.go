@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"bufio"
 	"io"
 	"strings"
 	"testing"
@@ -38,5 +39,31 @@ func TestFaultBackoffSpansMinutes(t *testing.T) {
 	}
 	if faultBackoff(1) != 5*time.Second || faultBackoff(50) != 5*time.Minute || total < 15*time.Minute {
 		t.Fatalf("backoff 1: %s, 50: %s, nine tries: %s", faultBackoff(1), faultBackoff(50), total)
+	}
+}
+
+// A line of max bytes is read, one of max+1 is too long, whatever ends it:
+// the line ending counted against the limit let a line of max+1 bytes
+// through when it ended in LF alone, and not in CRLF. Read through a
+// buffer larger than the lines, and through one smaller.
+func TestLineLimitLeavesOutTheLineEnding(t *testing.T) {
+	const max = 40
+	for _, buffer := range []int{readBuffer, 16} {
+		for _, eol := range []string{"\n", "\r\n", ""} {
+			for _, size := range []int{max, max + 1} {
+				line := strings.Repeat("x", size)
+				lr := &lineReader{r: bufio.NewReaderSize(strings.NewReader(line+eol), buffer), max: max}
+				got, tooLong, err := lr.next()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := size > max; tooLong != want || !want && string(got) != line {
+					t.Errorf("buffer %d, a line of %d bytes ending %q: too long %v (%d bytes read), want %v", buffer, size, eol, tooLong, len(got), want)
+				}
+				if _, _, err := lr.next(); err != io.EOF {
+					t.Errorf("buffer %d, a line of %d bytes ending %q: then %v, want the end", buffer, size, eol, err)
+				}
+			}
+		}
 	}
 }

@@ -1106,12 +1106,10 @@ func (lr *lineReader) nextLine() (line []byte, tooLong bool, err error) {
 		frag, err := lr.r.ReadSlice('\n')
 		lr.offset += int64(len(frag))
 		if err == nil && len(lr.long) == 0 && !tooLong {
-			if len(frag) > lr.max+2 {
-				return nil, true, nil
-			}
-			return trimEOL(frag), false, nil // the common case: no copy
+			return lr.limit(trimEOL(frag)) // the common case: no copy
 		}
 		if !tooLong {
+			// Room for a CRLF beyond max: the limit is the line's alone.
 			if len(lr.long)+len(frag) > lr.max+2 {
 				tooLong, lr.long = true, lr.long[:0]
 			} else {
@@ -1125,15 +1123,24 @@ func (lr *lineReader) nextLine() (line []byte, tooLong bool, err error) {
 			if len(lr.long) == 0 && !tooLong {
 				return nil, false, io.EOF
 			}
-			return trimEOL(lr.long), tooLong, nil
 		case err != nil:
 			return nil, false, err
 		}
 		if tooLong {
 			return nil, true, nil
 		}
-		return trimEOL(lr.long), false, nil
+		return lr.limit(trimEOL(lr.long))
 	}
+}
+
+// limit returns line, or says it is too long: over max bytes without its
+// line ending. Counted with it, a line of max+1 bytes passed when it
+// ended in LF alone, and not in CRLF.
+func (lr *lineReader) limit(line []byte) ([]byte, bool, error) {
+	if len(line) > lr.max {
+		return nil, true, nil
+	}
+	return line, false, nil
 }
 
 func trimEOL(b []byte) []byte {
