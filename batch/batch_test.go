@@ -913,6 +913,24 @@ func TestResumedJobAsksTheBalanceAgain(t *testing.T) {
 	}
 }
 
+// A text's bytes that are not UTF-8 (a raw Latin-1 é) are read as U+FFFD,
+// as /v1/classify's JSON decoder reads them: the line is classified and
+// billed as the same text sent there (the README says so).
+func TestInvalidUTF8IsReadAsTheReplacementCharacter(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	const lines = "{\"text\": \"caf\xe9: I was charged twice, refund please\"}\n{\"text\": \"\xe9\xe9\xe9\"}\n"
+	raw := e.startAndWait(svc, "acme", e.create(svc, "acme", []byte(lines), ""))
+	replaced := e.startAndWait(svc, "acme", e.create(svc, "acme", []byte(strings.ReplaceAll(lines, "\xe9", "\uFFFD")), ""))
+	if got, want := e.results(raw), e.results(replaced); !bytes.Equal(got, want) {
+		t.Fatalf("results with raw 0xE9 bytes:\n%s\nwith U+FFFD:\n%s", got, want)
+	}
+	if *raw.ActualTokens != *replaced.ActualTokens || raw.RequestsCompleted != 2 {
+		t.Fatalf("raw bytes: %d lines, %d tokens; U+FFFD: %d tokens", raw.RequestsCompleted, *raw.ActualTokens, *replaced.ActualTokens)
+	}
+}
+
 // The count finds a line's text as the lines are classified, the key in
 // any case: "Text" went uncounted, and a job of such lines passed the
 // balance check on the tokens of its labels alone.

@@ -108,8 +108,9 @@ type Job struct {
 	BilledBy string `json:"billed_by,omitempty"`
 	// Resumable: the run stopped because its model's upstream stayed
 	// unavailable, with its checkpoint intact. Starting the job again goes
-	// on from the checkpoint instead of the first line, so the lines the
-	// upstream was already paid for are not asked again.
+	// on from the checkpoint instead of the first line, so the lines
+	// before it are not asked again (those after it the upstream answered
+	// before the run stopped are).
 	Resumable bool `json:"resumable,omitempty"`
 	// Deleting: a DELETE began and has not finished (a file could not be
 	// deleted). The job cannot start, nor give its results; the next
