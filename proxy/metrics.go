@@ -183,7 +183,7 @@ var refusalEndpoints = [...]string{"/v1/chat/completions", "/v1/responses", "/v1
 
 // refusalStatuses are the statuses counted one by one; any other 4xx
 // counts as "4xx".
-var refusalStatuses = [...]int{400, 401, 402, 403, 404, 405, 409, 413, 429, 431}
+var refusalStatuses = [...]int{400, 401, 402, 403, 404, 405, 408, 409, 413, 415, 429, 431}
 
 type refusalCounts struct {
 	n [len(refusalEndpoints)][len(refusalStatuses) + 1]atomic.Uint64

@@ -6,7 +6,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -104,6 +106,7 @@ func TestGrafanaDashboardUsesServedMetrics(t *testing.T) {
 // counted by endpoint and status; a path of the client's own invention
 // counts as "other", so it cannot make up label values.
 func TestMetricsCountRefusals(t *testing.T) {
+	proxy.SetRequestReadTimeout(t, 300*time.Millisecond)
 	h := newHarness(t, harnessOptions{})
 	count := func(body, endpoint, status string) int {
 		re := regexp.MustCompile(`tollgate_requests_refused_total\{endpoint="` + regexp.QuoteMeta(endpoint) + `",status="` + status + `"\} (\d+)`)
@@ -120,9 +123,17 @@ func TestMetricsCountRefusals(t *testing.T) {
 	readAll(t, h.post("/v1/made-up/"+strings.Repeat("a", 20), "{}"))
 	// Told 413 before the upload, by fasthttp's Expect handler.
 	readStatus(t, rawRequest(t, h.url, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1000000\r\n\r\n", ""))
+	// A body announced and never sent whole: 408, as a slow client gets
+	// it (until 2026-11-26 it counted under status="4xx"); one stopped in
+	// its first 8 KiB, which fasthttp reads and drops with the request
+	// line, counts as "other". A compressed body: 415.
+	readStatus(t, rawRequest(t, h.url, "POST /v1/classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nContent-Length: 50000\r\n\r\n", `{"model":"small","input":"`+strings.Repeat("x", 20_000)))
+	readStatus(t, rawRequest(t, h.url, "POST /v1/classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nContent-Length: 1000\r\n\r\n", "{"))
+	readStatus(t, rawRequest(t, h.url, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n", "{}"))
 	after := scrape(t, h)
 	for _, c := range []struct{ endpoint, status string }{
 		{"/v1/chat/completions", "401"}, {"/v1/chat/completions", "413"}, {"other", "404"}, {"/v1/responses", "413"},
+		{"/v1/classify", "408"}, {"other", "408"}, {"/v1/responses", "415"},
 	} {
 		if got := count(after, c.endpoint, c.status) - count(before, c.endpoint, c.status); got != 1 {
 			t.Errorf("refused %s %s counted %d times, want 1", c.endpoint, c.status, got)
