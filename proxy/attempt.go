@@ -40,10 +40,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		if c.pinned != nil {
 			// The state the call continues lives there and nowhere else.
 			up = c.pinned
-			if now := time.Now().UnixNano(); !up.health.available(now) {
+			now := time.Now().UnixNano()
+			if !up.health.available(now) {
 				return nil, nil, Unavailable(fmt.Sprintf("upstream %s, which holds the previous response, is unavailable: %s",
 					up.cfg.Name, up.health.describe(now)))
 			}
+			up.health.await(now)
 		} else if up, i = p.pick(rt, tried, affinity); up == nil {
 			if lastErr != nil {
 				return nil, nil, lastErr
@@ -63,10 +65,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			sent = time.Now()
 		}
 		h := &up.health
-		h.inflight.Add(1)
-		if h.awaiting.Add(1) == 1 {
-			h.awaitingSince.Store(time.Now().UnixNano())
-		}
+		h.inflight.Add(1) // awaiting was counted when it was chosen
 		firstByte := up.cfg.FirstByteTimeout
 		wholeAnswer := !c.stream && !c.engineCall
 		if wholeAnswer {

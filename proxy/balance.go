@@ -379,7 +379,12 @@ func newPool(members []config.PoolMember, upstreams map[string]*upstream) *pool 
 // pick chooses the upstream for the next attempt of a call, never one of
 // the members in tried (by index), which earlier attempts used. affinity, when not 0, keeps calls with the
 // same key on the same member while it is available. nil means every
-// member is ejected.
+// member is ejected. The call is counted as waiting on the upstream
+// returned (await): the caller takes it back (awaiting.Add(-1)) when the
+// first byte came or the attempt failed. Counted by the caller after
+// pick returned, concurrent picks all saw a replica that never answered
+// free, and each sent it a call (slow start let 2 to 3 of 8 clients
+// through to one stopped before its first answer).
 func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstream, int) {
 	now := time.Now().UnixNano()
 	if len(p.members) == 1 {
@@ -389,27 +394,96 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 		// refuse every other caller (see upstream.fail). Its answers,
 		// 429s with their Retry-After included, reach each caller as given.
 		if tried == 0 {
+			p.members[0].up.health.await(now)
 			return p.members[0].up, 0
 		}
 		return nil, -1
 	}
 	if affinity != 0 {
 		if i := p.rendezvous(affinity, now, tried); i >= 0 && p.members[i].up.health.available(now) {
+			p.members[i].up.health.await(now)
 			return p.members[i].up, i
 		}
 	}
+	// Slow start (p2c): a member that never answered takes one call at a
+	// time until it answers. Those holding their call are left out of the
+	// draw, unless every member left holds one (all new, their first calls
+	// out): the call goes to one of them rather than nowhere. lost are
+	// those whose one call a concurrent pick took between choosing and
+	// taking.
+	slowStart := rt.Balance != "round_robin" && rt.Balance != "least_in_flight"
+	var lost uint64
 	// Up to three passes: a chosen member may lose its half-open slot to
-	// a concurrent call between choosing and taking.
-	for range 3 {
-		i := p.choose(rt.Balance, now, tried)
+	// a concurrent call between choosing and taking. A lost slow-start
+	// slot costs no pass: each adds a member to lost.
+	for passes := 0; passes < 3; {
+		skip, alone := tried, false
+		if slowStart {
+			if held, every := p.slowStarting(now, tried, lost); !every {
+				skip, alone = tried|held, true
+			}
+		}
+		i := p.choose(rt.Balance, now, skip)
 		if i < 0 {
 			return nil, -1
 		}
-		if p.members[i].up.health.available(now) {
-			return p.members[i].up, i
+		h := &p.members[i].up.health
+		if !h.available(now) {
+			passes++
+			continue
 		}
+		if alone && h.warming() {
+			if !h.awaitAlone(now) {
+				lost |= 1 << i
+				continue
+			}
+		} else {
+			h.await(now)
+		}
+		return p.members[i].up, i
 	}
 	return nil, -1
+}
+
+// slowStarting is the members outside skip that never answered and hold
+// a call (and those in lost), and whether they are every eligible member
+// outside skip.
+func (p *pool) slowStarting(now int64, skip, lost uint64) (held uint64, every bool) {
+	every = true
+	for i, m := range p.members {
+		if skip&(1<<i) != 0 || !m.up.health.eligible(now) {
+			continue
+		}
+		if h := &m.up.health; lost&(1<<i) != 0 || h.warming() && h.awaiting.Load() > 0 {
+			held |= 1 << i
+		} else {
+			every = false
+		}
+	}
+	return held, every
+}
+
+// warming reports whether the upstream is in service and never answered
+// a call: slow start gives it one at a time.
+func (h *upstreamHealth) warming() bool {
+	return h.answered.Load() == 0 && h.state.Load() == stateClosed
+}
+
+// await counts a call sent to the upstream that waits for its first byte.
+func (h *upstreamHealth) await(now int64) {
+	if h.awaiting.Add(1) == 1 {
+		h.awaitingSince.Store(now)
+	}
+}
+
+// awaitAlone is await for a call that must be the only one waiting (slow
+// start): false, counting nothing, when another waits already.
+func (h *upstreamHealth) awaitAlone(now int64) bool {
+	if !h.awaiting.CompareAndSwap(0, 1) {
+		return false
+	}
+	h.awaitingSince.Store(now)
+	return true
 }
 
 // another reports whether a member outside tried could take a retry.
@@ -500,9 +574,10 @@ func (p *pool) cost(i int, now int64) int64 {
 	case h.awaiting.Load() > 0:
 		if h.answered.Load() == 0 {
 			// Never answered, and a call waits on it: it takes no other
-			// until it answers (slow start). Priced by its wait, a
-			// replica stopped before its first answer still drew most
-			// clients in its first second, when every wait is short.
+			// until it answers (slow start; pick leaves it out of the draw
+			// unless every member is so). Priced by its wait, a replica
+			// stopped before its first answer still drew most clients in
+			// its first second, when every wait is short.
 			return math.MaxInt64 / 2
 		}
 		lat = max(lat, now-max(h.sampled.Load(), h.awaitingSince.Load()))

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -606,4 +607,136 @@ func TestBaseURLQueryStaysAQueryOnEveryUpstreamCall(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// silentUpstream is a replica stopped before it ever answered: it takes
+// connections and reads what comes, and answers nothing. Closed at the end
+// of the test, which fails the calls it holds.
+type silentUpstream struct {
+	URL   string
+	calls atomic.Int32 // connections a request came on: one a call
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newSilentUpstream(t *testing.T) *silentUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &silentUpstream{URL: "http://" + ln.Addr().String() + "/v1", ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, c)
+			s.mu.Unlock()
+			go func() {
+				buf := make([]byte, 4096)
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				s.calls.Add(1)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, c := range s.conns {
+			c.Close()
+		}
+	})
+	return s
+}
+
+// A replica that never answered takes one call at a time even when the
+// others are new too: p0 and p2, stopped before their first answer, hold
+// one call each, and every call after goes to p1. Until 2026-11-26 two
+// members holding their first calls cost the same and tied when drawn
+// together, the first drawn taking the call, so 2 to 3 of 8 clients got
+// stuck on a stopped replica once every member of the pool was new.
+func TestPoolSlowStartWhenEveryMemberIsNew(t *testing.T) {
+	h := newPoolHarness(t, 3, "  balance: p2c")
+	s0, s2 := newSilentUpstream(t), newSilentUpstream(t)
+	held := func() int32 { return s0.calls.Load() + s2.calls.Load() }
+	// New addresses: new upstreams, which never answered.
+	cfg := readFile(t, h.cfgPath)
+	cfg = strings.Replace(cfg, "base_url: "+h.ups[0].URL+",", "base_url: "+s0.URL+",", 1)
+	cfg = strings.Replace(cfg, "base_url: "+h.ups[2].URL+",", "base_url: "+s2.URL+",", 1)
+	h.writeConfig(strings.Replace(cfg, "upstreams: [p0, p1, p2]", "upstreams: [p0, p2]", 1))
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		if m := h.statuses()["p1"].Models; len(m) != 0 {
+			return fmt.Errorf("p1 still serves %v", m)
+		}
+		return nil
+	})
+	call := func(body string) <-chan int {
+		done := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+h.key)
+			resp, err := h.client.Do(req)
+			if err != nil {
+				done <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+		return done
+	}
+	// One call to each: the second goes to the member the first did not.
+	for n := range int32(2) {
+		call(smallChat)
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			if held() != n+1 {
+				return fmt.Errorf("%d calls held, want %d", held(), n+1)
+			}
+			return nil
+		})
+	}
+	if s0.calls.Load() != 1 || s2.calls.Load() != 1 {
+		t.Fatalf("p0 holds %d calls and p2 %d, want 1 each", s0.calls.Load(), s2.calls.Load())
+	}
+	h.writeConfig(cfg) // p1, new too, joins
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		if m := h.statuses()["p1"].Models; len(m) != 1 {
+			return fmt.Errorf("p1 serves %v", m)
+		}
+		return nil
+	})
+	streamed := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for i := range 40 {
+		body := smallChat
+		if i%2 == 1 {
+			body = streamed
+		}
+		done := call(body)
+		for status := -1; status < 0; {
+			select {
+			case status = <-done:
+				if status != 200 {
+					t.Fatalf("call %d: %d", i, status)
+				}
+			default:
+				if held() > 2 {
+					t.Fatalf("call %d went to a replica that never answered and holds a call (p0 %d calls, p2 %d)", i, s0.calls.Load(), s2.calls.Load())
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}
 }
