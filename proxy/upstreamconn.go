@@ -211,9 +211,9 @@ type upstreamResponse struct {
 var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamResponse) }}
 
 // roundTrip sends req (a whole HTTP/1.1 request) and reads the response
-// header. A pooled connection the upstream closed while it sat idle is
-// replaced once by a new one; a request that reached an upstream which then
-// failed is not sent to it again. firstByte is how long the answer's
+// header. A pooled connection the upstream closed while it sat idle, or
+// answered 408 on, is replaced once by a new one; a request that reached
+// an upstream which then failed is not sent to it again. firstByte is how long the answer's
 // first byte may take (0: first_byte_timeout). client, when not nil, is
 // the connection of the client waiting: a long wait ends with
 // errClientGone once it closes.
@@ -230,6 +230,19 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 		resp := upstreamResponsePool.Get().(*upstreamResponse)
 		resp.pool, resp.uc = p, uc
 		err = resp.exchange(req)
+		if err == nil && uc.reused && resp.Header.StatusCode() == fasthttp.StatusRequestTimeout && attempt < 2 {
+			// A 408 on a kept connection is the upstream closing it at its
+			// idle deadline, sent as the request went out (or before, too
+			// late for rawconn.Quiet to see): it did not take the request,
+			// which a client may repeat (RFC 9110, 15.5.9). Chromium sends
+			// it again on a new connection; Go's transport does when the
+			// 408 came before the request. Taken for the call's answer, it
+			// reached clients under load.
+			p.discard(uc)
+			resp.recycle()
+			p.dropIdle() // went idle before this one, as below
+			continue
+		}
 		if err == nil {
 			return resp, nil
 		}
