@@ -603,8 +603,8 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// completion, recorded in JetStream, could take the bill with it.
 	ev := s.billingEvent(j, *j.BilledAt)
 	cost := ev.CostNanos // the recorder owns ev once it has it
-	if !meter.RecordAndWait(s.recorder, ev, billDurableWait) {
-		s.logf("batch: job %s: its bill is not on disk after %s; completing it anyway", j.ID, billDurableWait)
+	if !meter.RecordAndWait(s.recorder, ev) {
+		s.logf("batch: job %s: its bill is not on disk after %s; completing it anyway", j.ID, meter.DurableWait)
 	}
 	if !repeat {
 		// Chat calls and other jobs are admitted on the balance less what
@@ -757,11 +757,6 @@ func (j *Job) cost() (money.Nanos, error) {
 	cost, err := jobCost(j.Price, p.TotalTokens-p.ModelTokens)
 	return cost + money.Nanos(p.ModelCostNanos), err
 }
-
-// billDurableWait bounds how long a job's completion waits for its bill
-// to reach the disk, as proxy's durableWait bounds an answer's: a stuck
-// disk must not hold the job processing, and the bill is on its way.
-const billDurableWait = 2 * time.Second
 
 // billingEvent is the job's one usage event: its id is the job id and its
 // time the job's BilledAt, so billing it twice is billing it once.

@@ -81,26 +81,38 @@ type DurableRecorder interface {
 	RecordDurable(ev *Event) <-chan struct{}
 }
 
-// RecordAndWait records ev with rec and, when rec is a DurableRecorder,
-// waits until ev is safe from a crash, at most bound: a stuck disk must
-// not hang its caller, and the event is on its way anyway. It reports
-// whether the event was safe within bound (always, for a plain
-// Recorder). For what is told after the call, a plugin's answer or a
-// batch job's completion, which went out before their event was on disk
-// under billing.durability fsync.
-func RecordAndWait(rec Recorder, ev *Event, bound time.Duration) bool {
+// DurableWait bounds how long what is told after a call (an answer's last
+// byte, a plugin's answer, a batch job's completion) waits for its event
+// to be safe from a crash: a stuck disk must not hang it, and the event is
+// on its way anyway.
+const DurableWait = 2 * time.Second
+
+// RecordSafe records ev with rec and returns a channel closed once ev is
+// safe from a crash, or nil when there is nothing to wait for: rec is not
+// a DurableRecorder, or ev was in the kernel's hands at once (process
+// durability). The caller may flush what need not wait before WaitSafe.
+func RecordSafe(rec Recorder, ev *Event) <-chan struct{} {
 	d, ok := rec.(DurableRecorder)
 	if !ok {
 		rec.Record(ev)
-		return true
+		return nil
 	}
 	safe := d.RecordDurable(ev)
 	select {
 	case <-safe:
-		return true // in the kernel's hands already: no timer
+		return nil // no wait, no timer
 	default:
+		return safe
 	}
-	t := time.NewTimer(bound)
+}
+
+// WaitSafe waits for RecordSafe's channel, at most DurableWait, and
+// reports whether the event was safe within it.
+func WaitSafe(safe <-chan struct{}) bool {
+	if safe == nil {
+		return true
+	}
+	t := time.NewTimer(DurableWait)
 	defer t.Stop()
 	select {
 	case <-safe:
@@ -108,6 +120,13 @@ func RecordAndWait(rec Recorder, ev *Event, bound time.Duration) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// RecordAndWait is RecordSafe and then WaitSafe: for what is told after
+// the call, a plugin's answer or a batch job's completion, which went out
+// before their event was on disk under billing.durability fsync.
+func RecordAndWait(rec Recorder, ev *Event) bool {
+	return WaitSafe(RecordSafe(rec, ev))
 }
 
 // Memory is a Recorder that keeps events in memory, for tests and for running

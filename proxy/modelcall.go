@@ -116,15 +116,15 @@ func WithUpstreamNote(ctx context.Context, note *UpstreamNote) context.Context {
 // request metrics as generation calls are. It returns once the meter has
 // the event safe from a crash, as a chat answer waits before its last
 // byte: at once with billing.durability process, after the outbox's fsync
-// with fsync, at most durableWait. Call it before the answer is written:
+// with fsync, at most meter.DurableWait. Call it before the answer is written:
 // the non-durable Record it made before let plugin answers go out tens of
 // milliseconds before their event reached the disk.
 func (s *Server) Record(ev *meter.Event) {
 	s.calls.observeEvent(ev, false)
 	s.noteCharge(ev)
 	id := ev.ID // the recorder owns ev once it has it
-	if !meter.RecordAndWait(s.recorder, ev, durableWait) {
-		s.logf("meter: usage event %s not on disk after %s; answering anyway", id, durableWait)
+	if !meter.RecordAndWait(s.recorder, ev) {
+		s.logf("meter: usage event %s not on disk after %s; answering anyway", id, meter.DurableWait)
 	}
 }
 

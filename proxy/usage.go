@@ -359,11 +359,6 @@ func (c *generationCall) collectWholeText(body []byte) {
 	})
 }
 
-// durableWait bounds how long an answer waits for its usage event to reach
-// disk; past it the answer goes out anyway (a stuck disk must not hang
-// clients) and the event is still on its way.
-const durableWait = 2 * time.Second
-
 // recordAndWait records the call's event once and waits, bounded, until the
 // meter has it safe from a crash (see meter.DurableRecorder), so the answer
 // a client receives is billed even if the gateway is killed right after
@@ -387,32 +382,13 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	c.endCallSpan(ev)
 	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
 	c.server.noteCharge(ev)
-	d, ok := c.server.recorder.(meter.DurableRecorder)
-	if !ok {
-		c.server.recorder.Record(ev)
-		return nil
-	}
-	safe := d.RecordDurable(ev)
-	select {
-	case <-safe:
-		return nil // in the kernel's hands already: no wait, no timer
-	default:
-		return safe
-	}
+	return meter.RecordSafe(c.server.recorder, ev)
 }
 
-// waitRecorded waits for record's channel, at most durableWait: a stuck
-// disk must not hang clients, and the event is on its way anyway.
+// waitRecorded waits for record's channel, at most meter.DurableWait.
 func (c *generationCall) waitRecorded(safe <-chan struct{}) {
-	if safe == nil {
-		return
-	}
-	t := time.NewTimer(durableWait)
-	defer t.Stop()
-	select {
-	case <-safe:
-	case <-t.C:
-		c.server.logf("meter: usage event %s not on disk after %s; answering anyway", c.reqID, durableWait)
+	if !meter.WaitSafe(safe) {
+		c.server.logf("meter: usage event %s not on disk after %s; answering anyway", c.reqID, meter.DurableWait)
 	}
 }
 
