@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
@@ -356,96 +357,104 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 
 // relayState sends the call to up and relays its answer: status, body,
 // content type; a stream as it comes. It reports a 2xx answer.
+//
+// It goes through the upstream's connection pool, as generation calls do,
+// under the same rules for a kept connection: looked at before reuse,
+// replaced once when the upstream had closed it while idle, a 408 on it
+// sent again on a new one. That a cancel may be sent twice is what a
+// generation may: only when it cannot have reached the upstream.
 func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, method, id, suffix string) bool {
-	req := fasthttp.AcquireRequest()
-	defer fasthttp.ReleaseRequest(req)
-	resp := fasthttp.AcquireResponse()
-	uri := up.cfg.EndpointURL("/responses/"+url.PathEscape(id)+suffix, string(ctx.URI().QueryString()))
-	req.Header.SetMethod(method)
-	req.SetRequestURI(uri)
-	if up.authHeader != "" {
-		req.Header.Set("Authorization", up.authHeader)
-	}
-	if a := ctx.Request.Header.Peek("Accept"); len(a) > 0 {
-		req.Header.SetBytesV("Accept", a)
+	req := bytebufferpool.Get()
+	defer bytebufferpool.Put(req)
+	var err error
+	req.B, err = up.stateRequest(req.B[:0], method, "/responses/"+url.PathEscape(id)+suffix,
+		string(ctx.URI().QueryString()), ctx.Request.Header.Peek("Accept"))
+	if err != nil {
+		WriteError(ctx, BadRequest("", err.Error()))
+		return false
 	}
 	// The upstream's first_byte_timeout and idle_timeout bound the call.
-	if err := up.client.Do(req, resp); err != nil {
-		fasthttp.ReleaseResponse(resp)
+	resp, err := up.pool.roundTrip(req.B, 0, nil)
+	if err != nil {
 		WriteError(ctx, upstreamUnreachable(up, ", which holds response "+id+",", err))
 		return false
 	}
-	status := resp.StatusCode()
+	status := resp.Header.StatusCode()
 	copyUpstreamHeaders(ctx, &resp.Header)
-	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) && resp.BodyStream() != nil {
+	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) && !resp.done {
 		ctx.SetStatusCode(status)
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
-		ctx.SetBodyStream(&stateStream{resp: resp}, -1) // released by its Close
+		ctx.SetBodyStream(&stateStream{resp: resp}, -1) // closed by fasthttp
 		return status >= 200 && status <= 299
 	}
-	body, err := readWhole(resp, int64(up.cfg.MaxResponseBody))
+	body := bytebufferpool.Get()
+	defer bytebufferpool.Put(body)
+	body.B, err = resp.readAll(body.B[:0], int64(up.cfg.MaxResponseBody))
+	resp.Close()
 	if err != nil {
-		fasthttp.ReleaseResponse(resp)
 		WriteError(ctx, upstreamCut(up, err))
 		return false
 	}
 	ctx.SetStatusCode(status)
-	ctx.SetBody(body) // a copy
-	fasthttp.ReleaseResponse(resp)
+	ctx.SetBody(body.B) // a copy
 	return status >= 200 && status <= 299
 }
 
-// readWhole reads a streamed response's body, up to limit bytes.
-func readWhole(resp *fasthttp.Response, limit int64) ([]byte, error) {
-	rs := resp.BodyStream()
-	if rs == nil {
-		return resp.Body(), nil
-	}
-	body, err := io.ReadAll(io.LimitReader(rs, limit+1))
-	if err == nil && int64(len(body)) > limit {
-		err = fmt.Errorf("body larger than max_response_body (%d bytes)", limit)
-	}
-	closeStream(resp, err)
-	return body, err
-}
-
-// closeStream ends a response's body stream: after a clean end the
-// connection goes back to the pool; otherwise it is closed, not drained.
-func closeStream(resp *fasthttp.Response, err error) {
+// stateRequest appends a whole state call to up for path (under
+// base_url) and the client's query to dst. accept is the client's Accept
+// header, passed on (an SDK's ?stream=true asks text/event-stream).
+func (up *upstream) stateRequest(dst []byte, method, path, query string, accept []byte) ([]byte, error) {
+	// Parsed, not pasted: a control byte in the client's query must not
+	// end up as a header line of the upstream's request.
+	u, err := url.Parse(up.cfg.EndpointURL(path, query))
 	if err != nil {
-		if c, ok := resp.BodyStream().(fasthttp.ReadCloserWithError); ok {
-			_ = c.CloseWithError(err)
-			return
-		}
+		return dst, fmt.Errorf("the query string cannot be passed on: %w", errors.Unwrap(err))
 	}
-	_ = resp.CloseBodyStream()
+	dst = append(dst, method...)
+	dst = append(dst, ' ')
+	dst = append(dst, u.RequestURI()...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, u.Host...)
+	// identity: the answer is relayed as it is, without its
+	// Content-Encoding, as a generation call's.
+	dst = append(dst, "\r\nUser-Agent: tollgate\r\nAccept-Encoding: identity\r\n"...)
+	if up.authHeader != "" {
+		dst = append(dst, "Authorization: "...)
+		dst = append(dst, up.authHeader...)
+		dst = append(dst, "\r\n"...)
+	}
+	if len(accept) > 0 {
+		dst = append(dst, "Accept: "...)
+		dst = append(dst, accept...)
+		dst = append(dst, "\r\n"...)
+	}
+	if method == fasthttp.MethodPost {
+		// A POST without a length is refused by some servers (411).
+		dst = append(dst, "Content-Length: 0\r\n"...)
+	}
+	return append(dst, "\r\n"...), nil
 }
 
 // stateStream relays an upstream's event stream (GET ?stream=true) to the
 // client; fasthttp writes each read as one flushed chunk and calls Close
-// however the relay ended.
+// however the relay ended. The connection goes back to the pool only
+// after the stream's clean end; otherwise it is closed, not drained.
 type stateStream struct {
-	resp *fasthttp.Response
-	eof  bool
+	resp *upstreamResponse
 }
 
-var errRelayEnded = errors.New("client went away")
-
 func (s *stateStream) Read(p []byte) (int, error) {
-	n, err := s.resp.BodyStream().Read(p)
-	if err == io.EOF {
-		s.eof = true
+	if s.resp == nil {
+		return 0, io.EOF
 	}
-	return n, err
+	return s.resp.Read(p)
 }
 
 func (s *stateStream) Close() error {
-	var err error
-	if !s.eof {
-		err = errRelayEnded
+	if s.resp != nil {
+		s.resp.Close()
+		s.resp = nil // back in its sync.Pool: another call's now
 	}
-	closeStream(s.resp, err)
-	fasthttp.ReleaseResponse(s.resp)
 	return nil
 }

@@ -28,10 +28,12 @@ type upstream struct {
 	// upstream it keeps base_url's query (config.Upstream.EndpointURL).
 	modelsURL  string
 	authHeader string // "Bearer …", empty when no key is configured
-	client     *fasthttp.HostClient
-	// Generation calls go through pool; client serves the rest (model
-	// calls of plugins, probes).
-	pool *connPool
+	// client serves only the breaker's GET /models probes. Every call
+	// made for a client goes through pool: generation calls (plugins'
+	// model calls too, see modelcall.go) and a stored response's state
+	// calls (responsestate.go), under its rules for kept connections.
+	client *fasthttp.HostClient
+	pool   *connPool
 	// chatHead and responsesHead are a request's fixed first lines, up to
 	// and including the headers every generation call sends.
 	chatHead, responsesHead []byte
@@ -128,9 +130,10 @@ func appendRequest(dst, head, extra, body []byte, stream bool) []byte {
 	return append(dst, body...)
 }
 
-// retryStaleConnection retries once when a pooled keep-alive connection turns
-// out to be closed by the upstream before any response byte arrived; any
-// other failure of a POST is not retried, to never generate twice.
+// retryStaleConnection retries a probe once when a pooled keep-alive
+// connection turns out to be closed by the upstream before any response
+// byte arrived; a probe that fails otherwise is asked again at the next
+// interval.
 func retryStaleConnection(_ *fasthttp.Request, attempts int, err error) (bool, bool) {
 	return false, attempts < 2 && (errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed))
 }
