@@ -37,16 +37,18 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 	for n := 0; ; n++ {
 		var up *upstream
 		var i int
+		var sent ticket
 		if c.pinned != nil {
 			// The state the call continues lives there and nowhere else.
 			up = c.pinned
 			now := time.Now().UnixNano()
-			if !up.health.available(now) {
+			var ok bool
+			if sent, ok = up.health.take(now); !ok {
 				return nil, nil, Unavailable(fmt.Sprintf("upstream %s, which holds the previous response, is unavailable: %s",
 					up.cfg.Name, up.health.describe(now)))
 			}
 			up.health.await(now)
-		} else if up, i = p.pick(rt, tried, affinity); up == nil {
+		} else if up, i, sent = p.pick(rt, tried, affinity); up == nil {
 			if lastErr != nil {
 				return nil, nil, lastErr
 			}
@@ -60,9 +62,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		span := c.startAttemptSpan(up, n)
 		*reqp = appendRequest((*reqp)[:0], head, c.upstreamTraceHeaders(span), body, c.stream)
-		sent := c.start
+		sentAt := c.start
 		if n > 0 {
-			sent = time.Now()
+			sentAt = time.Now()
 		}
 		h := &up.health
 		h.inflight.Add(1) // awaiting was counted when it was chosen
@@ -99,12 +101,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			// not worth another upstream's work.
 			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
-			if wait := time.Since(sent); h.held(wait) {
+			if wait := time.Since(sentAt); h.held(wait) {
 				// Far past its average with no byte: a stopped replica
 				// whose every call outlasts its client's timeout was never
 				// ejected, and cost a client a timeout every few seconds.
 				reason := "no first byte in " + wait.Round(time.Millisecond).String() + ", when its client left"
-				up.fail(rt, reason, reason, c.alone, false)
+				up.fail(rt, reason, reason, sent, c.alone, false)
 			}
 			c.clientGone = true
 			return nil, nil, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
@@ -133,7 +135,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 				clientReason = reason
 			}
-			up.fail(rt, reason, clientReason, c.alone, false)
+			up.fail(rt, reason, clientReason, sent, c.alone, false)
 			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
@@ -152,9 +154,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 		case status >= 500:
 			answered := "answered " + strconv.Itoa(status)
-			up.fail(rt, answered, answered, c.alone, true)
+			up.fail(rt, answered, answered, sent, c.alone, true)
 		default:
-			if h.succeeded(time.Since(sent)) {
+			if h.succeeded(time.Since(sentAt)) {
 				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
 			}
 		}
@@ -225,8 +227,9 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 	return n < rt.Retries && time.Since(start) < rt.RetryBudget && p.another(tried)
 }
 
-// fail counts a failure against up and, when that ejects it, starts
-// probing it so it comes back as soon as it answers again.
+// fail counts a failure of the attempt sent with ticket sent against up
+// and, when that ejects it, starts probing it so it comes back as soon as
+// it answers again.
 //
 // An upstream alone in the call's pool is never ejected: ejecting it would
 // leave its model nothing to answer with, so one client whose requests
@@ -236,8 +239,8 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 // reason is for operators; clientReason says the same without addresses,
 // for the 503s of calls that find the upstream out. answered: the failure
 // is an HTTP answer (a 5xx), not a connection that failed or timed out.
-func (up *upstream) fail(rt *config.Routing, reason, clientReason string, alone, answered bool) {
-	if up.health.failed(rt, reason, clientReason, alone, answered) {
+func (up *upstream) fail(rt *config.Routing, reason, clientReason string, sent ticket, alone, answered bool) {
+	if up.health.failed(rt, reason, clientReason, sent, alone, answered) {
 		up.ejected(rt, reason)
 	}
 }

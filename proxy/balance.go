@@ -119,25 +119,48 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 // initialLatency stands in for an upstream's latency until it answered.
 const initialLatency = int64(time.Millisecond)
 
+// A ticket is what a call's failure is judged by: when the call was sent,
+// as the upstream's ejections so far, and whether it was the half-open
+// trial. Every call that was in flight when an upstream was ejected fails
+// after the ejection: judged by the state at its failure, each was one
+// more ejection, twice as long as the last (24 calls held by a replica
+// that answered 500 for 100 ms ejected it 21 times, for 30 s, with
+// trialFailed set so that its probe gave up).
+type ticket struct {
+	ejections uint64
+	trial     bool
+}
+
 // available reports whether a call may go to the upstream now, and takes
 // the half-open trial slot when the call is that trial.
 func (h *upstreamHealth) available(now int64) bool {
+	_, ok := h.take(now)
+	return ok
+}
+
+// take is available for a call about to be sent: the ticket its outcome
+// is reported with.
+func (h *upstreamHealth) take(now int64) (ticket, bool) {
+	// Read before the state: a call that saw the breaker closed just as it
+	// opened holds the ejections before, and its failure only counts.
+	t := ticket{ejections: h.ejections.Load()}
 	switch h.state.Load() {
 	case stateClosed:
-		return true
+		return t, true
 	case stateOpen:
 		if now < h.openUntil.Load() {
-			return false
+			return t, false
 		}
 		if h.resting.Load() {
 			// A rest it asked for is over: nothing failed, so no trial.
 			h.close()
-			return true
+			return t, true
 		}
 		h.state.CompareAndSwap(stateOpen, stateHalfOpen)
 		fallthrough
 	default:
-		return h.trial.CompareAndSwap(false, true)
+		t.trial = true
+		return t, h.trial.CompareAndSwap(false, true)
 	}
 }
 
@@ -244,23 +267,45 @@ func (h *upstreamHealth) close() {
 	h.mu.Unlock()
 }
 
-// failed records a connect error, a first-byte timeout or a 5xx. It
-// returns true when this failure ejected the upstream, so the caller can
-// start probing it. One alone in the call's pool is never ejected (see
-// upstream.fail): its failure is only counted and shown.
-func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, alone, answered bool) (ejected bool) {
+// failed records a connect error, a first-byte timeout or a 5xx of the
+// call sent with ticket sent. It returns true when this failure ejected
+// the upstream, so the caller can log it and start probing. While the
+// breaker is closed, eject_after failures in a row eject it for
+// eject_for; a failed half-open trial ejects it for twice as long as last
+// time, up to eject_max. Any other failure is only counted and shown: a
+// call sent before the last ejection (that ejection took its burst into
+// account), or one that was in flight while the upstream was out. One
+// alone in the call's pool is never ejected (see upstream.fail).
+func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, sent ticket, alone, answered bool) (ejected bool) {
 	h.count(true)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.lastError, h.clientError = reason, clientReason
-	if alone {
+	if alone || sent.ejections != h.ejections.Load() {
 		return false
 	}
-	failures := h.failures.Add(1)
-	if h.state.Load() == stateClosed && int(failures) < rt.EjectAfter {
+	switch h.state.Load() {
+	case stateClosed:
+		if int(h.failures.Add(1)) < rt.EjectAfter {
+			return false
+		}
+		h.ejectLocked(rt.EjectFor)
+	case stateHalfOpen:
+		if !sent.trial {
+			return false
+		}
+		// A trial that failed with an answer (a 5xx) stops the probe's
+		// answer from ending the ejection early: its API server answers
+		// while its calls fail. One that could not connect or timed out
+		// leaves the probe running, to bring a restarted replica back
+		// within a probe_interval.
+		if answered {
+			h.trialFailed.Store(true)
+		}
+		h.ejectLocked(min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax))
+	default:
 		return false
 	}
-	h.ejectLocked(rt, answered)
 	return true
 }
 
@@ -284,7 +329,7 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 		return false
 	}
 	h.broken.Store(0)
-	h.ejectLocked(rt, false)
+	h.ejectLocked(rt.EjectFor)
 	return true
 }
 
@@ -295,27 +340,16 @@ func (h *upstreamHealth) completedAnswer() {
 	}
 }
 
-// ejectLocked opens the breaker: for eject_for after closed, for twice as
-// long as last time after a failed trial (or a failure racing an
-// ejection), up to eject_max. A trial that failed with an answer (a 5xx)
-// stops the probe's answer from ending the ejection early: its API server
-// answers while its calls fail. One that could not connect or timed out
-// leaves the probe running, to bring a restarted replica back within a
-// probe_interval. h.mu is held.
-func (h *upstreamHealth) ejectLocked(rt *config.Routing, answered bool) {
-	if h.state.Load() == stateClosed {
-		h.ejectFor = rt.EjectFor
-	} else {
-		h.ejectFor = min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax)
-		if answered {
-			h.trialFailed.Store(true)
-		}
-	}
-	h.openUntil.Store(time.Now().Add(h.ejectFor).UnixNano())
+// ejectLocked opens the breaker for d. The ejections count goes up before
+// the state changes: a call that saw the breaker closed holds a ticket
+// from before this ejection, or finds it open when it fails. h.mu is held.
+func (h *upstreamHealth) ejectLocked(d time.Duration) {
+	h.ejectFor = d
+	h.openUntil.Store(time.Now().Add(d).UnixNano())
+	h.ejections.Add(1)
 	h.state.Store(stateOpen)
 	h.resting.Store(false)
 	h.trial.Store(false)
-	h.ejections.Add(1)
 }
 
 // rest takes the upstream out for d without counting a failure: it
@@ -384,8 +418,9 @@ func newPool(members []config.PoolMember, upstreams map[string]*upstream) *pool 
 // first byte came or the attempt failed. Counted by the caller after
 // pick returned, concurrent picks all saw a replica that never answered
 // free, and each sent it a call (slow start let 2 to 3 of 8 clients
-// through to one stopped before its first answer).
-func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstream, int) {
+// through to one stopped before its first answer). The ticket goes with
+// the attempt's failure (see upstreamHealth.failed).
+func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstream, int, ticket) {
 	now := time.Now().UnixNano()
 	if len(p.members) == 1 {
 		// A model's only upstream is always asked: out for failures or
@@ -395,14 +430,16 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 		// 429s with their Retry-After included, reach each caller as given.
 		if tried == 0 {
 			p.members[0].up.health.await(now)
-			return p.members[0].up, 0
+			return p.members[0].up, 0, ticket{} // alone: its failures only count
 		}
-		return nil, -1
+		return nil, -1, ticket{}
 	}
 	if affinity != 0 {
-		if i := p.rendezvous(affinity, now, tried); i >= 0 && p.members[i].up.health.available(now) {
-			p.members[i].up.health.await(now)
-			return p.members[i].up, i
+		if i := p.rendezvous(affinity, now, tried); i >= 0 {
+			if t, ok := p.members[i].up.health.take(now); ok {
+				p.members[i].up.health.await(now)
+				return p.members[i].up, i, t
+			}
 		}
 	}
 	// Slow start (p2c): a member that never answered takes one call at a
@@ -425,10 +462,11 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 		}
 		i := p.choose(rt.Balance, now, skip)
 		if i < 0 {
-			return nil, -1
+			return nil, -1, ticket{}
 		}
 		h := &p.members[i].up.health
-		if !h.available(now) {
+		t, ok := h.take(now)
+		if !ok {
 			passes++
 			continue
 		}
@@ -440,9 +478,9 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 		} else {
 			h.await(now)
 		}
-		return p.members[i].up, i
+		return p.members[i].up, i, t
 	}
-	return nil, -1
+	return nil, -1, ticket{}
 }
 
 // slowStarting is the members outside skip that never answered and hold

@@ -18,6 +18,9 @@ func testRouting(balance string) *config.Routing {
 		EjectAfter: 2, EjectFor: 50 * time.Millisecond, EjectMax: 200 * time.Millisecond, ProbeInterval: time.Second}
 }
 
+// sentNow is the ticket of a call sent now that is no half-open trial.
+func sentNow(h *upstreamHealth) ticket { return ticket{ejections: h.ejections.Load()} }
+
 func testModelPool(t testing.TB, n int) *pool {
 	ups := map[string]*upstream{}
 	var members []config.PoolMember
@@ -40,25 +43,26 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 	p := testModelPool(t, 2)
 	h := &p.members[0].up.health
 	takes := func() bool { return h.available(time.Now().UnixNano()) }
-	if h.failed(rt, "refused", "refused", false, false) {
+	if h.failed(rt, "refused", "refused", sentNow(h), false, false) {
 		t.Fatal("ejected after one failure with eject_after 2")
 	}
-	if !h.failed(rt, "refused", "refused", false, false) {
+	if !h.failed(rt, "refused", "refused", sentNow(h), false, false) {
 		t.Fatal("not ejected after eject_after failures")
 	}
 	for range 10 {
-		if up, i := p.pick(rt, 0, 0); up == nil || i != 1 {
+		if up, i, _ := p.pick(rt, 0, 0); up == nil || i != 1 {
 			t.Fatal("an ejected upstream was picked")
 		}
 	}
 	time.Sleep(60 * time.Millisecond)
-	if !takes() {
+	trial, ok := h.take(time.Now().UnixNano())
+	if !ok || !trial.trial {
 		t.Fatal("no trial call after eject_for")
 	}
 	if takes() {
 		t.Fatal("a second call went out while the half-open trial was out")
 	}
-	h.failed(rt, "refused again", "refused again", false, false) // the trial failed: out for twice as long
+	h.failed(rt, "refused again", "refused again", trial, false, false) // out for twice as long
 	time.Sleep(60 * time.Millisecond)
 	if takes() {
 		t.Fatal("back after eject_for although the cool-down doubled")
@@ -75,6 +79,78 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 	}
 }
 
+// Calls in flight when an upstream is ejected fail after the ejection,
+// and each only counts: judged by the breaker's state when it failed, each
+// was another ejection twice as long as the last. 24 clients on a replica
+// that answered 500 for 100 ms ejected it 21 times, for eject_max, and set
+// trialFailed so that its probe gave up while it answered again. Only the
+// half-open trial's failure ejects it for longer.
+func TestCallsInFlightAtAnEjectionOnlyCount(t *testing.T) {
+	rt := testRouting("p2c")
+	rt.EjectAfter, rt.EjectFor, rt.EjectMax = 3, time.Second, 30*time.Second
+	p := testModelPool(t, 2)
+	h := &p.members[0].up.health
+	var inFlight []ticket
+	for range 24 {
+		sent, ok := h.take(time.Now().UnixNano())
+		if !ok || sent.trial {
+			t.Fatal("a serving upstream refused a call, or took it as a trial")
+		}
+		inFlight = append(inFlight, sent)
+	}
+	ejected := 0
+	for _, sent := range inFlight[:12] {
+		if h.failed(rt, "answered 500", "answered 500", sent, false, true) {
+			ejected++
+		}
+	}
+	if ejected != 1 || h.ejections.Load() != 1 {
+		t.Fatalf("12 calls sent at once failing ejected it %d times (ejections %d), want once", ejected, h.ejections.Load())
+	}
+	if h.ejectFor != rt.EjectFor || h.trialFailed.Load() {
+		t.Fatalf("ejected for %s (trial failed: %v) by one burst, want eject_for %s", h.ejectFor, h.trialFailed.Load(), rt.EjectFor)
+	}
+	if !h.probeAnswered() {
+		t.Fatal("the probe's answer did not end an ejection no trial had failed")
+	}
+	trial, ok := h.take(time.Now().UnixNano())
+	if !ok || !trial.trial {
+		t.Fatal("no trial call after the probe answered")
+	}
+	// More of the burst fail while the trial is out: they decide nothing.
+	for _, sent := range inFlight[12:18] {
+		if h.failed(rt, "refused", "refused", sent, false, false) {
+			t.Fatal("a call sent before the ejection ejected it again while its trial was out")
+		}
+	}
+	if h.state.Load() != stateHalfOpen || h.available(time.Now().UnixNano()) {
+		t.Fatal("a call sent before the ejection ended the trial, or freed its slot")
+	}
+	h.succeeded(time.Millisecond) // the trial
+	// And after it is back, the rest of the burst starts no new streak.
+	for _, sent := range inFlight[18:] {
+		if h.failed(rt, "answered 500", "answered 500", sent, false, true) {
+			t.Fatal("calls sent before the ejection ejected it again once it was back")
+		}
+	}
+	if h.state.Load() != stateClosed || h.failures.Load() != 0 || h.ejections.Load() != 1 {
+		t.Fatalf("state %d, failures %d, ejections %d after the burst, want serving, 0, 1", h.state.Load(), h.failures.Load(), h.ejections.Load())
+	}
+	// A new burst ejects it for eject_for again, and a failed trial
+	// (only the trial) for twice as long.
+	for range 3 {
+		h.failed(rt, "answered 500", "answered 500", sentNow(h), false, true)
+	}
+	if h.ejections.Load() != 2 || h.ejectFor != rt.EjectFor {
+		t.Fatalf("a new burst: ejections %d, for %s", h.ejections.Load(), h.ejectFor)
+	}
+	h.probeAnswered()
+	trial, _ = h.take(time.Now().UnixNano())
+	if !h.failed(rt, "answered 500", "answered 500", trial, false, true) || h.ejectFor != 2*rt.EjectFor || !h.trialFailed.Load() {
+		t.Fatalf("a failed trial ejected it for %s (trial failed: %v), want %s", h.ejectFor, h.trialFailed.Load(), 2*rt.EjectFor)
+	}
+}
+
 // An upstream alone in a pool takes its calls even while another pool's
 // failures have it ejected, or a rest holds it: a rest once refused every
 // caller of the model after one caller's 429.
@@ -82,13 +158,13 @@ func TestPoolOfOneIgnoresEjectionAndRest(t *testing.T) {
 	rt := testRouting("p2c")
 	p := testModelPool(t, 1)
 	h := &p.members[0].up.health
-	h.failed(rt, "refused", "refused", false, false)
-	h.failed(rt, "refused", "refused", false, false)
-	if up, _ := p.pick(rt, 0, 0); up == nil {
+	h.failed(rt, "refused", "refused", sentNow(h), false, false)
+	h.failed(rt, "refused", "refused", sentNow(h), false, false)
+	if up, _, _ := p.pick(rt, 0, 0); up == nil {
 		t.Fatal("the only upstream, ejected through another pool, was not picked")
 	}
 	h.rest(time.Minute, "429")
-	if up, _ := p.pick(rt, 0, 0); up == nil {
+	if up, _, _ := p.pick(rt, 0, 0); up == nil {
 		t.Fatal("the only upstream, resting after a 429 through another pool, was not picked")
 	}
 	// Its answer there does not end the rest the other pool honours.
@@ -104,13 +180,13 @@ func TestPickSkipsTriedAndEjected(t *testing.T) {
 		p := testModelPool(t, 3)
 		p.members[1].up.health.rest(time.Minute, "429")
 		for range 50 {
-			up, i := p.pick(rt, 1<<0, 0)
+			up, i, _ := p.pick(rt, 1<<0, 0)
 			if up == nil || i != 2 {
 				t.Fatalf("%s: picked %d with u0 tried and u1 resting", mode, i)
 			}
 			p.members[2].up.health.trial.Store(false)
 		}
-		if up, _ := p.pick(rt, 1<<0|1<<2, 0); up != nil {
+		if up, _, _ := p.pick(rt, 1<<0|1<<2, 0); up != nil {
 			t.Fatalf("%s: picked with every member tried or out", mode)
 		}
 	}
@@ -120,9 +196,9 @@ func TestAffinityKeepsAKeyOnOneMember(t *testing.T) {
 	rt := testRouting("p2c")
 	p := testModelPool(t, 4)
 	for key := uint64(1); key < 200; key += 7 {
-		first, _ := p.pick(rt, 0, key)
+		first, _, _ := p.pick(rt, 0, key)
 		for range 5 {
-			if up, _ := p.pick(rt, 0, key); up != first {
+			if up, _, _ := p.pick(rt, 0, key); up != first {
 				t.Fatalf("key %d moved from %s to %s", key, first.cfg.Name, up.cfg.Name)
 			}
 		}
@@ -136,7 +212,7 @@ func BenchmarkPick(b *testing.B) {
 		rt, p := testRouting("p2c"), testModelPool(b, 1)
 		b.ReportAllocs()
 		for b.Loop() {
-			up, _ := p.pick(rt, 0, 0)
+			up, _, _ := p.pick(rt, 0, 0)
 			up.health.awaiting.Add(-1) // the call answered
 		}
 	})
@@ -145,7 +221,7 @@ func BenchmarkPick(b *testing.B) {
 			rt, p := testRouting(mode), testModelPool(b, 3)
 			b.ReportAllocs()
 			for b.Loop() {
-				up, _ := p.pick(rt, 0, 0)
+				up, _, _ := p.pick(rt, 0, 0)
 				up.health.awaiting.Add(-1)
 			}
 		})
@@ -248,7 +324,7 @@ func TestSlowStartGivesOneCallUnderConcurrentPicks(t *testing.T) {
 			defer wg.Done()
 			<-start
 			for range 20 {
-				if up, _ := p.pick(rt, 0, 0); up == fresh {
+				if up, _, _ := p.pick(rt, 0, 0); up == fresh {
 					got.Add(1)
 				}
 			}
@@ -274,14 +350,14 @@ func TestSlowStartLeavesOutEveryNewMemberHoldingACall(t *testing.T) {
 		p.members[i].up.health.await(now)
 	}
 	for range 100 {
-		up, i := p.pick(rt, 0, 0)
+		up, i, _ := p.pick(rt, 0, 0)
 		if i != 1 {
 			t.Fatalf("member %d, which never answered and holds a call, was chosen", i)
 		}
 		up.health.awaiting.Add(-1)
 	}
 	p.members[1].up.health.await(now)
-	if up, _ := p.pick(rt, 0, 0); up == nil {
+	if up, _, _ := p.pick(rt, 0, 0); up == nil {
 		t.Fatal("every member new and holding a call: the call went nowhere")
 	}
 }
@@ -343,18 +419,19 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	rt := testRouting("p2c")
 	p := testModelPool(t, 2)
 	h := &p.members[0].up.health
-	h.failed(rt, "500", "500", false, true)
-	h.failed(rt, "500", "500", false, true)
+	h.failed(rt, "500", "500", sentNow(h), false, true)
+	h.failed(rt, "500", "500", sentNow(h), false, true)
 	if !h.probeAnswered() {
 		t.Fatal("the probe's answer did not end the ejection")
 	}
-	if !h.available(time.Now().UnixNano()) {
+	trial, ok := h.take(time.Now().UnixNano())
+	if !ok {
 		t.Fatal("no trial call after the probe answered")
 	}
 	if h.available(time.Now().UnixNano()) {
 		t.Fatal("a second call went out beside the trial")
 	}
-	h.failed(rt, "500", "500", false, true) // the trial failed
+	h.failed(rt, "500", "500", trial, false, true) // the trial failed
 	if h.ejectFor != 2*rt.EjectFor {
 		t.Fatalf("ejected for %s after a failed trial, want %s", h.ejectFor, 2*rt.EjectFor)
 	}
@@ -370,13 +447,14 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	// A trial that could not connect (a replica restarting) leaves the
 	// probe to bring it back within a probe_interval of its return.
 	down := &p.members[1].up.health
-	down.failed(rt, "refused", "refused", false, false)
-	down.failed(rt, "refused", "refused", false, false)
+	down.failed(rt, "refused", "refused", sentNow(down), false, false)
+	down.failed(rt, "refused", "refused", sentNow(down), false, false)
 	time.Sleep(60 * time.Millisecond)
-	if !down.available(time.Now().UnixNano()) {
+	trial, ok = down.take(time.Now().UnixNano())
+	if !ok {
 		t.Fatal("no trial after eject_for")
 	}
-	down.failed(rt, "refused", "refused", false, false) // the trial failed
+	down.failed(rt, "refused", "refused", trial, false, false) // the trial failed
 	if !down.probeAnswered() {
 		t.Fatal("after a trial that could not connect, the probe's answer did not end the ejection")
 	}

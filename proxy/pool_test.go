@@ -97,6 +97,7 @@ type poolStatus struct {
 	// EjectedUntil is kept as text: the test only needs to see it is there.
 	EjectedUntil string `json:"ejected_until"`
 	Calls        uint64 `json:"calls"`
+	Ejections    uint64 `json:"ejections"`
 	InFlight     int64  `json:"in_flight"`
 	Retries      uint64 `json:"retries"`
 }
@@ -395,6 +396,37 @@ func TestPoolEjectsAnUpstreamThatCutsItsAnswers(t *testing.T) {
 	if cut != 3 {
 		t.Errorf("%d streams cut, want 3: the third ejects p0", cut)
 	}
+}
+
+// One burst of 5xx ejects a replica once, for eject_for, and the probe
+// brings it back once it answers. Each call in flight when it was ejected
+// failed after the ejection and ejected it again for twice as long: 6
+// calls held by a replica that answered 500 for a moment kept it out for
+// 8 s, and 24 for eject_max, with the probe given up although it answered.
+func TestPoolBurstOf5xxEjectsOnce(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin\n  eject_for: 5s\n  eject_max: 60s\n  probe_interval: 100ms")
+	for range 4 { // p1 has answered: no slow start holds its calls back
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	h.ups[1].SetOptions(proxytest.Options{Status: 500, FirstByteDelay: 300 * time.Millisecond})
+	var wg sync.WaitGroup
+	for range 12 { // 6 of them wait on p1 when it answers 500
+		wg.Go(func() { readAll(t, h.post("/v1/chat/completions", smallChat)) })
+	}
+	wg.Wait()
+	st := h.statuses()["p1"]
+	if st.State != "ejected" || st.Ejections != 1 {
+		t.Fatalf("p1 after one burst of 500s: %+v, want ejected once", st)
+	}
+	h.ups[1].SetOptions(proxytest.Options{})
+	// Its probe answers within 100 ms; the next call is the trial.
+	checkFor(t, 2*time.Second, 50*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		if st := h.statuses()["p1"]; st.State != "healthy" {
+			return fmt.Errorf("p1 answers again and is %+v", st)
+		}
+		return nil
+	})
 }
 
 // A model's only upstream is never ejected: one client's failing calls
