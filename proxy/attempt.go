@@ -99,7 +99,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		if errors.Is(err, errClientGone) {
 			// Nobody waits for the answer: not the upstream's failure, and
 			// not worth another upstream's work.
-			endAttemptSpan(span, 0, err)
+			failAttemptSpan(span, err, err.Error())
 			h.inflight.Add(-1)
 			if wait := time.Since(sentAt); h.held(wait) {
 				// Far past its average with no byte: a stopped replica
@@ -112,7 +112,6 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			return nil, nil, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
 		}
 		if err != nil {
-			endAttemptSpan(span, 0, err)
 			h.inflight.Add(-1)
 			what := ""
 			if c.pinned != nil {
@@ -135,6 +134,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 				clientReason = reason
 			}
+			failAttemptSpan(span, err, reason)
 			up.fail(rt, reason, clientReason, sent, c.alone, false)
 			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
@@ -143,7 +143,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			return nil, nil, lastErr
 		}
 		status := resp.Header.StatusCode()
-		endAttemptSpan(span, status, nil)
+		endAttemptSpan(span, status)
 		switch {
 		case status == fasthttp.StatusTooManyRequests:
 			h.count(false)

@@ -111,20 +111,28 @@ func (c *generationCall) startAttemptSpan(up *upstream, n int) trace.Span {
 	return span
 }
 
-// endAttemptSpan ends an attempt's span with the upstream's status, or err.
-func endAttemptSpan(span trace.Span, status int, err error) {
+// endAttemptSpan ends an attempt's span with the upstream's status.
+func endAttemptSpan(span trace.Span, status int) {
 	if span == nil {
 		return
 	}
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	} else {
-		span.SetAttributes(attribute.Int("http.response.status_code", status))
-		if status >= 500 || status == 429 {
-			span.SetStatus(codes.Error, "upstream answered "+strconv.Itoa(status))
-		}
+	span.SetAttributes(attribute.Int("http.response.status_code", status))
+	if status >= 500 || status == 429 {
+		span.SetStatus(codes.Error, "upstream answered "+strconv.Itoa(status))
 	}
+	span.End()
+}
+
+// failAttemptSpan ends the span of an attempt that got no answer. err is
+// recorded as it came; the status says why as the admin API's last_error
+// does ("no first byte within first_byte_timeout (5s)", not "fasthttp:
+// timeout"), so a trace and the upstream's state tell the same story.
+func failAttemptSpan(span trace.Span, err error, reason string) {
+	if span == nil {
+		return
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, reason)
 	span.End()
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -208,4 +209,31 @@ func TestFailedCallSpanNamesItsRequestAndUpstream(t *testing.T) {
 		}
 	}
 	t.Fatalf("no call span among %v", recv.spans)
+}
+
+// An attempt's span says why it failed in the words of the admin API's
+// last_error: a first-byte timeout said "fasthttp: timeout" there.
+func TestAttemptSpanSaysWhyAsTheAdminAPIDoes(t *testing.T) {
+	recv, tp := startCollector(t)
+	h := newHarness(t, harnessOptions{tracer: tp.Tracer("test"), firstByteTimeout: "200ms",
+		upstream: proxytest.Options{FirstByteDelay: time.Second}})
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	readAll(t, resp)
+	if resp.StatusCode != 503 {
+		t.Fatalf("status %d, want 503 for no first byte in time", resp.StatusCode)
+	}
+	if err := tp.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	recv.mu.Lock()
+	defer recv.mu.Unlock()
+	for _, s := range recv.spans {
+		if s.Name == "attempt local" {
+			if got, want := s.Status.GetMessage(), "no first byte within first_byte_timeout (200ms)"; got != want {
+				t.Fatalf("attempt span status %q, want %q", got, want)
+			}
+			return
+		}
+	}
+	t.Fatalf("no attempt span among %v", recv.spans)
 }
