@@ -107,6 +107,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// ejected, and cost a client a timeout every few seconds.
 				reason := "no first byte in " + wait.Round(time.Millisecond).String() + ", when its client left"
 				up.fail(rt, reason, reason, sent, c.alone, false)
+			} else {
+				h.undecided(sent)
 			}
 			c.clientGone = true
 			return nil, nil, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
@@ -151,6 +153,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			// 429 goes to this caller alone, Retry-After included.
 			if d := retryAfter(&resp.Header); d > 0 && !c.alone {
 				h.rest(d, "answered 429 with Retry-After "+strconv.Itoa(int(d/time.Second))+"s")
+			} else {
+				h.undecided(sent) // busy says nothing of its health
 			}
 		case status >= 500:
 			answered := "answered " + strconv.Itoa(status)

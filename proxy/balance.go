@@ -309,6 +309,21 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string,
 	return true
 }
 
+// undecided ends an attempt sent with ticket sent that neither failed nor
+// succeeded (its client left, or it answered 429 without Retry-After):
+// a half-open trial frees its slot for the next call, which decides. Kept,
+// the slot left the upstream half-open with no call let through, for good.
+func (h *upstreamHealth) undecided(sent ticket) {
+	if !sent.trial {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state.Load() == stateHalfOpen && h.ejections.Load() == sent.ejections {
+		h.trial.Store(false)
+	}
+}
+
 // brokeMidAnswer records an answer the upstream cut or stalled after its
 // first byte: a reset connection, idle_timeout, a body shorter than
 // announced. The call was counted when it answered, and its answer ended

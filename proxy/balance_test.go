@@ -151,6 +151,29 @@ func TestCallsInFlightAtAnEjectionOnlyCount(t *testing.T) {
 	}
 }
 
+// A trial that decides nothing (a 429 without Retry-After, a client that
+// left early) frees the slot: held, no call reached the upstream again.
+func TestUndecidedTrialFreesItsSlot(t *testing.T) {
+	rt := testRouting("p2c")
+	p := testModelPool(t, 2)
+	h := &p.members[0].up.health
+	h.failed(rt, "refused", "refused", sentNow(h), false, false)
+	h.failed(rt, "refused", "refused", sentNow(h), false, false)
+	h.probeAnswered()
+	trial, ok := h.take(time.Now().UnixNano())
+	if !ok || h.available(time.Now().UnixNano()) {
+		t.Fatal("no trial, or a second call beside it")
+	}
+	h.undecided(sentNow(h)) // not the trial: frees nothing
+	if h.available(time.Now().UnixNano()) {
+		t.Fatal("a call that was not the trial freed its slot")
+	}
+	h.undecided(trial)
+	if _, ok := h.take(time.Now().UnixNano()); !ok {
+		t.Fatal("no call let through after a trial that decided nothing")
+	}
+}
+
 // An upstream alone in a pool takes its calls even while another pool's
 // failures have it ejected, or a rest holds it: a rest once refused every
 // caller of the model after one caller's 429.

@@ -429,6 +429,38 @@ func TestPoolBurstOf5xxEjectsOnce(t *testing.T) {
 	})
 }
 
+// A trial that decides nothing (the upstream answered 429 without
+// Retry-After, or the client left) frees its slot for the next call. Held,
+// it left the upstream half-open with no call let through and its probe
+// asking /models for good.
+func TestPoolUndecidedTrialLetsTheNextCallTry(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 200ms\n  probe_interval: 100ms",
+		proxytest.Options{}, proxytest.Options{Status: 500})
+	checkFor(t, 2*time.Second, 10*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		if st := h.statuses()["p1"]; st.State != "ejected" {
+			return fmt.Errorf("p1 answers 500 and is %+v", st)
+		}
+		return nil
+	})
+	h.ups[1].SetOptions(proxytest.Options{Status: 429})
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		if n := len(h.ups[1].Requests()); n < 2 || h.ups[1].Requests()[n-1].Method != "POST" {
+			return fmt.Errorf("no trial call reached p1 yet")
+		}
+		return nil
+	})
+	h.ups[1].SetOptions(proxytest.Options{})
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		if st := h.statuses()["p1"]; st.State != "healthy" {
+			return fmt.Errorf("p1 answers again and is %+v", st)
+		}
+		return nil
+	})
+}
+
 // A model's only upstream is never ejected: one client's failing calls
 // (an SDK retries a 500 twice) would otherwise be a 503 for everyone.
 func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
