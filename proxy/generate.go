@@ -174,8 +174,11 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 			pinned = pinnedIn(w, r.pool, holder)
 		}
 		// Items that carry their text can be read anywhere: their holder
-		// is no reason to fail when it is down.
-		if preferred && pinned != nil && !pinned.health.available(time.Now().UnixNano()) {
+		// is no reason to fail when it is down. Asked with eligible, which
+		// takes nothing: available took a holder's half-open trial slot
+		// here, and the call's attempt, finding it taken, answered 503
+		// and left the holder half-open with no trial let through.
+		if preferred && pinned != nil && !pinned.health.eligible(time.Now().UnixNano()) {
 			pinned = nil
 		}
 	}
