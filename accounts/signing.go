@@ -128,20 +128,16 @@ func checkSharedSigningKey(ctx context.Context, js jetstream.JetStream, replicas
 	if err != nil {
 		return err
 	}
-	_, err = kv.Create(ctx, "public", pub)
-	if err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
-		return err
-	}
-	entry, err := kv.Get(ctx, "public")
+	published, err := broker.PublishOrRead(ctx, kv, "public", pub)
 	if err != nil {
-		return fmt.Errorf("reading the shared signing key: %w", err)
+		return fmt.Errorf("checking the shared signing key: %w", err)
 	}
-	if !bytes.Equal(entry.Value(), pub) {
+	if !bytes.Equal(published, pub) {
 		return fmt.Errorf("%s (public key %s) is not the signing key published on this NATS (public key %s, in KV bucket %s): "+
 			"API keys issued with one are refused with the other. Copy signing.key from another gateway's data_dir into %s; "+
 			"or, to replace the signing key on purpose (every API key issued stops working), stop every gateway and delete the published one "+
 			"(nats kv del %s public)",
-			filepath.Join(dataDir, SigningKeyFile), fingerprint(pub), fingerprint(entry.Value()), BucketSigning, dataDir, BucketSigning)
+			filepath.Join(dataDir, SigningKeyFile), fingerprint(pub), fingerprint(published), BucketSigning, dataDir, BucketSigning)
 	}
 	return nil
 }

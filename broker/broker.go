@@ -6,6 +6,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -279,6 +280,36 @@ func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 		return nil, fmt.Errorf("ensuring kv bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// PublishOrRead publishes value under key unless a value is there already,
+// and returns the value that is there: value, or the one another process
+// published first. It is how the gateways of a deployment check at start
+// that they share a secret (the signing key, the console secret): the
+// first to start publishes a digest of its own, and each later one
+// compares. Of processes starting together exactly one value wins, and
+// every one of them is given that one. A key deleted by an operator (to
+// replace the secret on purpose) is published again.
+func PublishOrRead(ctx context.Context, kv jetstream.KeyValue, key string, value []byte) ([]byte, error) {
+	for attempt := 0; ; attempt++ {
+		_, err := kv.Create(ctx, key, value)
+		if err == nil {
+			return value, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("publishing %s in %s: %w", key, kv.Bucket(), err)
+		}
+		entry, err := kv.Get(ctx, key)
+		// Deleted between the two calls: publish again, a few times at
+		// most.
+		if errors.Is(err, jetstream.ErrKeyNotFound) && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s in %s: %w", key, kv.Bucket(), err)
+		}
+		return entry.Value(), nil
+	}
 }
 
 // EnsureStream creates the stream or updates its configuration to cfg. It is

@@ -203,3 +203,43 @@ func TestRedactURLs(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishOrReadAgreesOnTheFirstValue: of processes starting together,
+// each publishing a value of its own, one wins and all are given its
+// value; a later one is given it too, and a value deleted on purpose is
+// replaced by the next one published.
+func TestPublishOrReadAgreesOnTheFirstValue(t *testing.T) {
+	ctx := testContext(t)
+	b := startEmbeddedBroker(t, t.TempDir())
+	defer b.Close()
+	kv, err := EnsureKV(ctx, b.JetStream(), jetstream.KeyValueConfig{Bucket: "PUBLISH_TEST", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const starters = 8
+	got := make(chan string, starters)
+	for i := range starters {
+		go func() {
+			v, err := PublishOrRead(ctx, kv, "k", []byte(fmt.Sprint("value-", i)))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- string(v)
+		}()
+	}
+	first := <-got
+	for range starters - 1 {
+		if v := <-got; v != first {
+			t.Fatalf("starters given %q and %q", first, v)
+		}
+	}
+	if v, err := PublishOrRead(ctx, kv, "k", []byte("late")); err != nil || string(v) != first {
+		t.Fatalf("a later start: %q, %v; want %q", v, err, first)
+	}
+	if err := kv.Delete(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := PublishOrRead(ctx, kv, "k", []byte("replaced")); err != nil || string(v) != "replaced" {
+		t.Fatalf("after the value was deleted: %q, %v; want replaced", v, err)
+	}
+}
