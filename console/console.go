@@ -24,10 +24,13 @@ import (
 // Options configures the console.
 type Options struct {
 	Accounts *accounts.Service
-	// JetStream holds the sign-in tokens (bucket TOLLGATE_CONSOLE_LOGINS).
+	// JetStream holds the sign-in tokens (bucket TOLLGATE_CONSOLE_LOGINS),
+	// the sessions signed out, and the fingerprint of the console secret
+	// every gateway on it must share.
 	JetStream jetstream.JetStream
 	Replicas  int
-	// DataDir holds console.secret, the key of the session cookies.
+	// DataDir holds console.secret, the key of the session cookies; Open
+	// fails if it is not the one the other gateways on JetStream hold.
 	DataDir string
 	// ClickHouseDSN is where usage is read, connected to on first use with
 	// short timeouts. Empty, or unreachable: the console says "usage
@@ -66,6 +69,10 @@ func Open(ctx context.Context, opts Options) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
+	signer := sessions{secret: secret, ttl: opts.SessionTTL, now: time.Now}
+	if err := signer.checkSharedSecret(ctx, opts.JetStream, opts.Replicas, opts.DataDir); err != nil {
+		return nil, err
+	}
 	logins, err := OpenLogins(ctx, opts.JetStream, opts.Replicas)
 	if err != nil {
 		return nil, err
@@ -73,7 +80,7 @@ func Open(ctx context.Context, opts Options) (*Console, error) {
 	c := &Console{
 		accounts: opts.Accounts,
 		logins:   logins,
-		sessions: sessions{secret: secret, ttl: opts.SessionTTL, now: time.Now},
+		sessions: signer,
 		usage:    &usageReader{dsn: opts.ClickHouseDSN, conn: opts.ClickHouse, logf: opts.Logf},
 		logf:     opts.Logf,
 	}

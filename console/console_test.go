@@ -1,11 +1,14 @@
 package console
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -246,11 +249,7 @@ func TestFormsRefuseMissingWrongOrCrossSiteCSRF(t *testing.T) {
 	if body := readAll(t, resp); resp.StatusCode != 401 || !strings.Contains(string(body), "signed out") {
 		t.Fatalf("the signed-out session's cookie: %d %s", resp.StatusCode, body)
 	}
-	second, err := Open(t.Context(), Options{Accounts: g.svc, JetStream: g.broker.JetStream(), Replicas: 1, DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
+	second := startSecondGateway(t, g).console
 	sess, err := g.console.sessions.verify(copied.Value)
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +260,66 @@ func TestFormsRefuseMissingWrongOrCrossSiteCSRF(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestGatewaysMustShareTheConsoleSecret: a second gateway given the
+// shared signing.key but not console.secret made a secret of its own and
+// refused every session the first had begun (401, "its console secret
+// differs"): behind a load balancer, account holders were signed out at
+// random. It is refused at start, naming the file to copy and how to
+// replace the secret on purpose; given the copy, it serves the first's
+// sessions. What the gateways publish is not the secret.
+func TestGatewaysMustShareTheConsoleSecret(t *testing.T) {
+	first := startGateway(t, "")
+	forgot := t.TempDir()
+	_, refused := Open(t.Context(), Options{Accounts: first.svc, JetStream: first.broker.JetStream(), Replicas: 1, DataDir: forgot})
+	if refused == nil {
+		t.Fatal("a gateway with a console secret of its own started beside the first")
+	}
+	for _, want := range []string{filepath.Join(forgot, SecretFile) + " (fingerprint ", "Copy console.secret into " + forgot,
+		"nats kv del TOLLGATE_CONSOLE_SECRET fingerprint"} {
+		if !strings.Contains(refused.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, refused)
+		}
+	}
+
+	second := startSecondGateway(t, first)
+	holder := first.browser()
+	holder.signIn("acme")
+	req, _ := http.NewRequest("GET", second.url+"/console", nil)
+	req.AddCookie(holder.cookie())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("the second gateway, given the first's session: %d %s", resp.StatusCode, body)
+	}
+
+	kv, err := first.broker.JetStream().KeyValue(t.Context(), "TOLLGATE_CONSOLE_SECRET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	published, err := kv.Get(t.Context(), "fingerprint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range [][]byte{first.console.sessions.secret, []byte(hex.EncodeToString(first.console.sessions.secret))} {
+		if bytes.Contains(published.Value(), secret) || strings.Contains(refused.Error(), string(secret)) {
+			t.Fatalf("the console secret is published or shown: %q", published.Value())
+		}
+	}
+
+	// Replaced on purpose: once the fingerprint is deleted, the next
+	// gateway to start publishes its own.
+	if err := kv.Delete(t.Context(), "fingerprint"); err != nil {
+		t.Fatal(err)
+	}
+	replaced, err := Open(t.Context(), Options{Accounts: first.svc, JetStream: first.broker.JetStream(), Replicas: 1, DataDir: forgot})
+	if err != nil {
+		t.Fatalf("a new secret after the fingerprint was deleted: %v", err)
+	}
+	replaced.Close()
 }
 
 func TestSessionExpiresAndForgedSessionsAreRefused(t *testing.T) {

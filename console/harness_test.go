@@ -32,6 +32,7 @@ type gateway struct {
 	console *Console
 	broker  *broker.Broker
 	log     *logBuffer
+	gw      *gatewaytest.Gateway
 }
 
 const gatewayYAML = `
@@ -90,13 +91,39 @@ func startGateway(t *testing.T, clickHouseDSN string) *gateway {
 // serverLines (indented YAML lines, each ending in a newline).
 func startGatewayWith(t *testing.T, clickHouseDSN, serverLines string) *gateway {
 	t.Helper()
+	g := startGatewayOn(t, clickHouseDSN, serverLines, nil)
+	for id, credit := range map[string]money.Nanos{"acme": 10 * money.NanosPerUSD, "other": money.NanosPerUSD} {
+		g.gw.CreateAccount(id, credit)
+	}
+	return g
+}
+
+// startSecondGateway starts another gateway of first's deployment: on its
+// NATS, with copies of its signing.key and console.secret.
+func startSecondGateway(t *testing.T, first *gateway) *gateway {
+	t.Helper()
+	return startGatewayOn(t, "", "", first)
+}
+
+// startGatewayOn starts a gateway; with join, as another gateway of
+// join's deployment.
+func startGatewayOn(t *testing.T, clickHouseDSN, serverLines string, join *gateway) *gateway {
+	t.Helper()
 	g := &gateway{t: t, log: &logBuffer{t: t}}
+	var joinGateway *gatewaytest.Gateway
+	if join != nil {
+		joinGateway = join.gw
+	}
 	gw := gatewaytest.Start(t, gatewaytest.Options{
+		Join:     joinGateway,
 		Upstream: &proxytest.Options{Chunks: 3, PromptTokens: 8, CompletionTokens: 3},
 		Config: func(upstream, dir string) string {
 			return strings.Replace(fmt.Sprintf(gatewayYAML, upstream, dir), "server:\n", "server:\n"+serverLines, 1)
 		},
 		Modules: func(gw *gatewaytest.Gateway) []proxy.Module {
+			if joinGateway != nil {
+				gw.CopyFrom(joinGateway, SecretFile)
+			}
 			var err error
 			g.console, err = Open(gw.Ctx, Options{Accounts: gw.Accounts, JetStream: gw.Broker.JetStream(), Replicas: 1,
 				DataDir: gw.Dir, ClickHouseDSN: clickHouseDSN, Logf: g.log.logf})
@@ -108,10 +135,7 @@ func startGatewayWith(t *testing.T, clickHouseDSN, serverLines string) *gateway 
 		},
 		AdminToken: adminToken, Logf: g.log.logf,
 	})
-	for id, credit := range map[string]money.Nanos{"acme": 10 * money.NanosPerUSD, "other": money.NanosPerUSD} {
-		gw.CreateAccount(id, credit)
-	}
-	g.url, g.svc, g.broker = gw.URL, gw.Accounts, gw.Broker
+	g.url, g.svc, g.broker, g.gw = gw.URL, gw.Accounts, gw.Broker, gw
 	return g
 }
 

@@ -1,6 +1,8 @@
 package console
 
 import (
+	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -14,12 +16,21 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
 )
 
 // SecretFile, under data_dir, keys the session cookies. Every gateway of a
-// deployment must have the same file (like signing.key); deleting it signs
-// everyone out.
+// deployment must have the same file (like signing.key): one started with
+// another is refused at start (see checkSharedSecret).
 const SecretFile = "console.secret"
+
+// BucketSecret holds, under key "fingerprint", a fingerprint of the
+// console.secret every gateway on this NATS must share: an HMAC of a
+// fixed label under the secret, never the secret.
+const BucketSecret = "TOLLGATE_CONSOLE_SECRET"
 
 const (
 	cookieName = "tollgate_console"
@@ -113,6 +124,48 @@ func (s *sessions) mac(purpose, data string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
+// fingerprint names the secret to other gateways and in messages without
+// giving it away; its own purpose keeps it from being a session signature
+// or a CSRF token.
+func (s *sessions) fingerprint() string { return s.mac("secret fingerprint", "") }
+
+// checkSharedSecret publishes the fingerprint of this gateway's secret as
+// that of the gateways on this NATS, or, if one is published already,
+// refuses this secret unless it is that one. A gateway given a copy of
+// signing.key but not of console.secret made a secret of its own and
+// refused every cookie the others issued ("its console secret differs"):
+// behind a load balancer, account holders were signed out at random.
+func (s *sessions) checkSharedSecret(ctx context.Context, js jetstream.JetStream, replicas int, dataDir string) error {
+	kv, err := broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketSecret,
+		Description: "a fingerprint of the console.secret every gateway shares (never the secret)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return err
+	}
+	mine := []byte(s.fingerprint())
+	published, err := broker.PublishOrRead(ctx, kv, "fingerprint", mine)
+	if err != nil {
+		return fmt.Errorf("checking the shared console secret: %w", err)
+	}
+	if bytes.Equal(published, mine) {
+		return nil
+	}
+	// Gateways of an earlier version ran with different secrets unchecked:
+	// the first one upgraded published its own, and the message says
+	// which one to copy.
+	return fmt.Errorf("%s (fingerprint %.12s) is not the console secret of the gateways on this NATS (fingerprint %.12s, in KV bucket %s, published by the first to start): "+
+		"console sessions begun on one are refused by the other, and account holders behind a load balancer are signed out at random. "+
+		"Copy console.secret into %s from the data_dir of a gateway that started without this error, not from one started before the upgrade "+
+		"that brought this check (it may hold another); the sessions begun on this gateway end. "+
+		"Or, to replace the console secret on purpose (everyone is signed out), stop every gateway, put one new console.secret in each data_dir "+
+		"and delete the published fingerprint (nats kv del %s fingerprint)",
+		filepath.Join(dataDir, SecretFile), mine, published, BucketSecret, dataDir, BucketSecret)
+}
+
 // loadOrCreateSecret reads <dataDir>/console.secret, creating it with a new
 // random secret on first use. Creation is exclusive (link of a finished
 // temporary file), so gateways starting together on one data dir agree.
@@ -123,7 +176,8 @@ func loadOrCreateSecret(dataDir string) ([]byte, error) {
 		if err == nil {
 			secret, err := hex.DecodeString(strings.TrimSpace(string(text)))
 			if err != nil || len(secret) < secretLen {
-				return nil, fmt.Errorf("%s must hold at least %d hex-encoded random bytes; delete it to generate a new one (signs everyone out)", path, secretLen)
+				return nil, fmt.Errorf("%s must hold at least %d hex-encoded random bytes: copy console.secret from another gateway's data_dir; "+
+					"or delete it, and the published fingerprint (nats kv del %s fingerprint), to have a new one made (signs everyone out)", path, secretLen, BucketSecret)
 			}
 			return secret, nil
 		}

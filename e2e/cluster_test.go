@@ -17,16 +17,18 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/console"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
 )
 
 // TestClusterTwoGatewaysOneNodeDown runs the multi-machine deployment: a
 // three-node NATS cluster with replicas 3, two gateways sharing a signing
-// key and one billing process. Traffic goes through both gateways while
-// the JetStream meta leader is shut down. Every answer must be billed
-// exactly once, and a top-up and a revocation made through one gateway
-// must take effect on the other within a second, with the node still down.
+// key and a console secret, and one billing process. Traffic goes through
+// both gateways while the JetStream meta leader is shut down. Every answer
+// must be billed exactly once, and a top-up and a revocation made through
+// one gateway must take effect on the other within a second, with the
+// node still down.
 func TestClusterTwoGatewaysOneNodeDown(t *testing.T) {
 	t.Parallel()
 	cluster := startNATSCluster(t, 3)
@@ -47,7 +49,9 @@ func TestClusterTwoGatewaysOneNodeDown(t *testing.T) {
 		name: "gateway-b", config: cfgPath, natsURL: cluster.urls,
 		upstreamURL: up.URL, clickhouseDSN: ch.DSN(), adminToken: adminToken,
 		beforeStart: func(dataDir string) {
-			copyFile(t, filepath.Join(a.dataDir, accounts.SigningKeyFile), filepath.Join(dataDir, accounts.SigningKeyFile))
+			for _, shared := range []string{accounts.SigningKeyFile, console.SecretFile} {
+				copyFile(t, filepath.Join(a.dataDir, shared), filepath.Join(dataDir, shared))
+			}
 		},
 	})
 	bill := startBilling(t, "billing", cfgPath, cluster.urls, "", ch.DSN())

@@ -72,6 +72,15 @@ func runServe(args []string) error {
 		return err
 	}
 	defer closeAccounts()
+	// Opened before the first-start work, as the accounts are: a gateway
+	// whose console.secret is not the other gateways' stops here, before
+	// it makes an admin token or a demo key.
+	con, err := console.Open(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
+		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Logf: logf})
+	if err != nil {
+		return fmt.Errorf("starting the web console: %w", err)
+	}
+	defer con.Close()
 
 	adminToken, err := loadAdminToken(cfg, firstStart)
 	if err != nil {
@@ -85,12 +94,6 @@ func runServe(args []string) error {
 		return err
 	}
 	defer closeRecorder()
-	con, err := console.Open(ctx, console.Options{Accounts: svc, JetStream: b.JetStream(), Replicas: b.Replicas(),
-		DataDir: cfg.Server.DataDir, ClickHouseDSN: cfg.ClickHouse.DSN, Logf: logf})
-	if err != nil {
-		return fmt.Errorf("starting the web console: %w", err)
-	}
-	defer con.Close()
 	store, stopStore, err := openStorage(ctx, cfg, storageLn, logf)
 	if err != nil {
 		return err

@@ -57,6 +57,11 @@ type Options struct {
 	NoListen bool
 	// Logf receives the gateway's log; default t.Logf.
 	Logf func(format string, args ...any)
+	// Join starts this gateway as another gateway of Join's deployment: on
+	// Join's embedded NATS rather than one of its own, with a copy of
+	// Join's signing.key. Other shared files (console.secret) are the
+	// test's to copy, in Modules, or not.
+	Join *Gateway
 }
 
 // Gateway is a running gateway. Its fields are for reading.
@@ -114,7 +119,12 @@ func Start(t testing.TB, o Options) *Gateway {
 // store.
 func (g *Gateway) openStores(cfg *config.Config, o Options) {
 	t := g.T
-	b, err := broker.Start(g.Ctx, config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}, g.Dir, nil)
+	nc := config.NATS{EmbeddedListen: "127.0.0.1:0", Replicas: 1}
+	if o.Join != nil {
+		nc = config.NATS{URL: o.Join.Broker.ClientURL(), Replicas: 1}
+		g.CopyFrom(o.Join, accounts.SigningKeyFile)
+	}
+	b, err := broker.Start(g.Ctx, nc, g.Dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,6 +221,19 @@ func (g *Gateway) WriteConfig(s string) {
 	}
 	if g.watcher != nil {
 		_ = g.watcher.Reload() // logs its outcome
+	}
+}
+
+// CopyFrom copies the file name from other's data_dir into g's, as an
+// operator copies the files the gateways of a deployment share.
+func (g *Gateway) CopyFrom(other *Gateway, name string) {
+	g.T.Helper()
+	data, err := os.ReadFile(filepath.Join(other.Dir, name))
+	if err != nil {
+		g.T.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(g.Dir, name), data, 0o600); err != nil {
+		g.T.Fatal(err)
 	}
 }
 
