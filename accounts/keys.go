@@ -154,7 +154,8 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 		return KeyInfo{}, "", fmt.Errorf("generating key id: %w", err)
 	}
 	// JWT times have whole seconds; the metadata carries the same instants.
-	now := time.Now().UTC().Truncate(time.Second)
+	calledAt := time.Now().UTC()
+	now := calledAt.Truncate(time.Second)
 	info := KeyInfo{
 		KeyID:     "key_" + keyIDEncoding.EncodeToString(random[:]),
 		Account:   account,
@@ -180,9 +181,7 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 		TPM:    req.TPM,
 	}
 	if req.ExpiresIn > 0 {
-		// JWT expiry is in whole seconds: rounded up, so a key lasts at
-		// least what was asked ("3s" once lasted about 2).
-		exp := now.Add(req.ExpiresIn + time.Second - 1).Truncate(time.Second)
+		exp := keyExpiry(calledAt, req.ExpiresIn)
 		info.ExpiresAt = &exp
 		claims.ExpiresAt = jwt.NewNumericDate(exp)
 	}
@@ -203,6 +202,14 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 	stored := info
 	s.snap.putKey(info.KeyID, rev, &stored, false)
 	return info, TokenPrefix + signed, nil
+}
+
+// keyExpiry is when a key asked to live for d, issued at calledAt, expires.
+// JWT expiry is in whole seconds: rounded up from the call's own instant,
+// not from its whole second, so a key lasts at least what was asked ("1s"
+// once lasted under a second, and was sometimes dead on arrival).
+func keyExpiry(calledAt time.Time, d time.Duration) time.Time {
+	return calledAt.Add(d + time.Second - 1).Truncate(time.Second)
 }
 
 func validateKeyRequest(req *KeyRequest) error {

@@ -64,7 +64,7 @@ func TestKeyRoundTrip(t *testing.T) {
 	if info.ExpiresAt == nil || !k.ExpiresAt.Equal(*info.ExpiresAt) {
 		t.Errorf("key expires %v, metadata says %v", k.ExpiresAt, info.ExpiresAt)
 	}
-	if until := time.Until(k.ExpiresAt); until < 58*time.Minute || until > time.Hour {
+	if until := time.Until(k.ExpiresAt); until < 58*time.Minute || until > time.Hour+time.Second {
 		t.Errorf("key expires in %s, want about 1h", until)
 	}
 
@@ -403,5 +403,42 @@ func TestOpenRefusesOtherAlgorithms(t *testing.T) {
 			s.Close()
 			t.Errorf("Open accepted auth.algorithm %s", alg)
 		}
+	}
+}
+
+// TestKeyLastsAtLeastWhatWasAsked: a "5s" key asked for at 19:15:04.924
+// expired at 19:15:09 (4.08 s), and "1s" keys were refused as expired on
+// their first call: the expiry was rounded up from the truncated second.
+func TestKeyLastsAtLeastWhatWasAsked(t *testing.T) {
+	calledAt := time.Date(2025, 1, 2, 19, 15, 4, 924_000_000, time.UTC)
+	for d, want := range map[time.Duration]time.Time{
+		time.Second:     time.Date(2025, 1, 2, 19, 15, 6, 0, time.UTC),
+		5 * time.Second: time.Date(2025, 1, 2, 19, 15, 10, 0, time.UTC),
+		time.Hour:       time.Date(2025, 1, 2, 20, 15, 5, 0, time.UTC),
+	} {
+		if got := keyExpiry(calledAt, d); !got.Equal(want) {
+			t.Errorf("expiry of a %v key asked for at %v: %v, want %v", d, calledAt, got, want)
+		}
+	}
+	onTheSecond := time.Date(2025, 1, 2, 19, 15, 4, 0, time.UTC)
+	if got, want := keyExpiry(onTheSecond, 5*time.Second), onTheSecond.Add(5*time.Second); !got.Equal(want) {
+		t.Errorf("expiry of a 5s key asked for on a whole second: %v, want %v", got, want)
+	}
+
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	info, _, err := s.CreateKey(ctx, "acme", KeyRequest{ExpiresIn: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.ExpiresAt == nil || info.ExpiresAt.Before(before.Add(5*time.Second)) {
+		t.Errorf("a 5s key asked for at %v expires at %v: under 5 s", before, info.ExpiresAt)
+	}
+	if !info.CreatedAt.Equal(info.CreatedAt.Truncate(time.Second)) {
+		t.Errorf("created_at %v is not a whole second like the token's iat", info.CreatedAt)
 	}
 }
