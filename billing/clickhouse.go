@@ -11,13 +11,13 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/tollgate/tollgate/billing/schema"
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
 )
 
 // ErrClickHouseNotNative is returned for a DSN of ClickHouse's HTTP
-// interface. Fix: use clickhouse://host:9000/db, the native protocol; the
-// driver's HTTP protocol does not work with ClickHouse 18.16.
-var ErrClickHouseNotNative = errors.New("clickhouse dsn must use the native protocol (clickhouse://host:9000/db)")
+// interface; see config.ErrClickHouseNotNative.
+var ErrClickHouseNotNative = config.ErrClickHouseNotNative
 
 // ErrInvalidEvent is returned by Insert for an event ClickHouse cannot hold
 // exactly; no event of the batch is written. Inserting it again fails
@@ -46,12 +46,11 @@ type ClickHouseSink struct {
 // OpenClickHouse connects to the ClickHouse at dsn (clickhouse://user:pass@host:port/db?options)
 // and pings it.
 func OpenClickHouse(ctx context.Context, dsn string) (*ClickHouseSink, error) {
-	opts, err := clickhouse.ParseDSN(dsn)
+	// config check refuses by the same rule, so serve never starts with
+	// a DSN billing would refuse.
+	opts, err := config.ParseClickHouseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("parsing clickhouse dsn: %w", err)
-	}
-	if opts.Protocol != clickhouse.Native {
-		return nil, ErrClickHouseNotNative
 	}
 	if u, err := url.Parse(dsn); err == nil && !u.Query().Has("dial_timeout") {
 		opts.DialTimeout = defaultClickHouseDialTimeout

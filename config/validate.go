@@ -515,19 +515,6 @@ func (l *loader) checkHTTPURL(v, path string) {
 	}
 }
 
-func (l *loader) checkClickHouseDSN(v, path string) {
-	u, err := url.Parse(v)
-	ok := err == nil && u.Host != ""
-	if ok {
-		switch u.Scheme {
-		case "clickhouse", "tcp", "http", "https":
-		default:
-			ok = false
-		}
-	}
-	l.check(ok, path, "%q: want a DSN such as clickhouse://user:password@127.0.0.1:9000/default", v)
-}
-
 func (l *loader) checkOneOf(values, allowed []string, path string) {
 	for i, v := range values {
 		ok := false

@@ -1,0 +1,58 @@
+package config
+
+import (
+	"errors"
+	"net/url"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+)
+
+// ErrClickHouseNotNative is returned for a DSN of ClickHouse's HTTP
+// interface (http://, https://). Fix: use clickhouse://host:9000/db, the
+// native protocol; the driver's HTTP protocol does not work with
+// ClickHouse 18.16.
+var ErrClickHouseNotNative = errors.New("clickhouse dsn must use the native protocol (clickhouse://host:9000/db), not the HTTP port 8123")
+
+// ParseClickHouseDSN parses a clickhouse.dsn into the driver's options,
+// refusing what billing cannot connect with. Billing connects with what it
+// returns and config check runs it, so a DSN the check passes is one
+// billing takes (an http:// DSN once passed the check, and serve then ran
+// with billing retrying forever).
+func ParseClickHouseDSN(dsn string) (*clickhouse.Options, error) {
+	// The driver takes any scheme but http and https for the native
+	// protocol; a misspelt one is more likely a mistake than a choice.
+	if u, err := url.Parse(dsn); err == nil {
+		switch u.Scheme {
+		case "http", "https":
+			return nil, ErrClickHouseNotNative
+		case "clickhouse", "tcp":
+		default:
+			return nil, errClickHouseScheme
+		}
+	}
+	opts, err := clickhouse.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Protocol != clickhouse.Native {
+		return nil, ErrClickHouseNotNative
+	}
+	return opts, nil
+}
+
+var errClickHouseScheme = errors.New("the scheme must be clickhouse:// or tcp://")
+
+func (l *loader) checkClickHouseDSN(v, path string) {
+	const example = "clickhouse://user:password@127.0.0.1:9000/default"
+	shown := v
+	if u, err := url.Parse(v); err == nil {
+		shown = u.Redacted()
+	}
+	_, err := ParseClickHouseDSN(v)
+	switch {
+	case errors.Is(err, ErrClickHouseNotNative):
+		l.check(false, path, "%q: ClickHouse's HTTP interface is not supported: use the native protocol, port 9000, not the HTTP port 8123 (%s; secure: port 9440 with ?secure=true)", shown, example)
+	case err != nil:
+		l.check(false, path, "%q: %v; want a DSN such as %s", shown, err, example)
+	}
+}
