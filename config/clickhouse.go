@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"net/url"
+	"strings"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 )
@@ -47,6 +48,12 @@ func (l *loader) checkClickHouseDSN(v, path string) {
 	shown := v
 	if u, err := url.Parse(v); err == nil {
 		shown = u.Redacted()
+	} else if at := strings.LastIndex(v, "@"); at > strings.Index(v, "://") && strings.Contains(v, "://") {
+		// Unparsable, and the error is logged: hide the user and password.
+		shown = v[:strings.Index(v, "://")+3] + "xxxxx" + v[at:]
+	}
+	if !l.checkURLBlanks(shown, path) {
+		return
 	}
 	_, err := ParseClickHouseDSN(v)
 	switch {

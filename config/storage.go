@@ -119,6 +119,9 @@ func (l *loader) validateStorage(s Storage) {
 
 // checkBaseURL wants an absolute http(s) URL with no query or fragment.
 func (l *loader) checkBaseURL(v, path string) {
+	if !l.checkURLBlanks(v, path) {
+		return
+	}
 	u, err := url.Parse(v)
 	ok := err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" &&
 		u.RawQuery == "" && u.Fragment == "" && u.User == nil

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
@@ -234,7 +235,7 @@ func (l *loader) validateServer(s Server) {
 		l.check(errPrefix == nil || errAddr == nil, fmt.Sprintf("server.trusted_proxies[%d]", i),
 			"%q is neither a CIDR (10.0.0.0/8) nor an IP address", p)
 	}
-	if s.PublicURL != "" {
+	if s.PublicURL != "" && l.checkURLBlanks(s.PublicURL, "server.public_url") {
 		u, err := url.Parse(s.PublicURL)
 		ok := err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" &&
 			(u.Path == "" || u.Path == "/") && u.RawQuery == "" && u.Fragment == "" && u.User == nil
@@ -498,6 +499,9 @@ func (l *loader) checkHTTPURL(v, path string) {
 		l.check(false, path, "required: an absolute http:// or https:// URL such as http://127.0.0.1:8000/v1")
 		return
 	}
+	if !l.checkURLBlanks(v, path) {
+		return
+	}
 	u, err := url.Parse(v)
 	switch {
 	case err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
@@ -567,6 +571,28 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	changed = append(changed, storageRestartOnly(c.Storage, old.Storage)...)
 	add(c.Batch.MaxJobs != old.Batch.MaxJobs, "batch.max_jobs")
 	return changed
+}
+
+// checkURLBlanks refuses a URL setting with a space or a control
+// character in it, and says whether it had none. A trailing space (a copy,
+// an env variable written with one) passed url.Parse as part of the path:
+// every call then went to "/v1 /chat/completions" and was answered 404.
+func (l *loader) checkURLBlanks(v, path string) bool {
+	blank := func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }
+	i := strings.IndexFunc(v, blank)
+	if i < 0 {
+		return true
+	}
+	r, _ := utf8.DecodeRuneInString(v[i:])
+	switch {
+	case strings.TrimFunc(v, blank) != v:
+		l.check(false, path, "%q starts or ends with whitespace: remove it; it would be read as part of the URL", v)
+	case r == ' ':
+		l.check(false, path, "%q contains a space at byte %d: remove it, or write it as %%20 if the server's path has one", v, i+1)
+	default:
+		l.check(false, path, "%q contains the character %U at byte %d (whitespace or a control character): remove it", v, r, i+1)
+	}
+	return false
 }
 
 func isASCII(s string) bool {
