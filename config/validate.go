@@ -201,6 +201,87 @@ func (l *loader) validate(c *Config) {
 	l.validatePlugins(c, models)
 	l.validateStorage(c.Storage)
 	l.validateBatch(c.Batch)
+	l.validateListeners(c)
+}
+
+// validateListeners wants every address serve binds to be its own: two
+// listeners on one address passed the check, and serve then stopped with
+// "address already in use" (the embedded NATS server after a 10 s wait).
+func (l *loader) validateListeners(c *Config) {
+	type listener struct{ path, addr string }
+	listeners := []listener{{"server.listen", c.Server.Listen}}
+	if c.Server.DebugListen != "" {
+		listeners = append(listeners, listener{"server.debug_listen", c.Server.DebugListen})
+	}
+	if c.NATS.URL == "" {
+		listeners = append(listeners, listener{"nats.embedded_listen", c.NATS.EmbeddedListen})
+	}
+	if c.Storage.Backend == DefaultStorageBackend {
+		listeners = append(listeners, listener{"storage.local.listen", c.Storage.Local.Listen})
+	}
+	for j, b := range listeners {
+		for _, a := range listeners[:j] {
+			if !listenersClash(a.addr, b.addr) {
+				continue
+			}
+			// Said at the one the file writes: a default has no line.
+			if !l.isSet(b.path) && l.isSet(a.path) {
+				a, b = b, a
+			}
+			where := "its default"
+			if n, ok := l.nodes[a.path]; ok && l.isSet(a.path) {
+				where = fmt.Sprintf("line %d", n.Line)
+			}
+			everywhere := ""
+			if listensEverywhere(a.addr) || listensEverywhere(b.addr) {
+				everywhere = " (0.0.0.0, :: or no host takes the port on every address)"
+			}
+			l.check(false, b.path, "%q takes the address of %s %q (%s): give each listener its own port, or serve stops with \"address already in use\"%s",
+				b.addr, a.path, a.addr, where, everywhere)
+			break
+		}
+	}
+}
+
+// listenersClash says whether binding both addresses takes one port twice.
+// Port 0 picks a free port; an unspecified host (0.0.0.0, ::, none) listens
+// on every address, IPv4 and IPv6 alike, as Go binds it.
+func listenersClash(a, b string) bool {
+	hostA, portA, errA := net.SplitHostPort(a)
+	hostB, portB, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil {
+		return false
+	}
+	na, errA := strconv.Atoi(portA)
+	nb, errB := strconv.Atoi(portB)
+	if errA != nil || errB != nil || na == 0 || na != nb {
+		return false
+	}
+	if listensEverywhere(a) || listensEverywhere(b) {
+		return true
+	}
+	if ipA, ipB := listenIP(hostA), listenIP(hostB); ipA.IsValid() && ipB.IsValid() {
+		return ipA == ipB
+	}
+	return strings.EqualFold(hostA, hostB)
+}
+
+func listensEverywhere(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && (host == "" || listenIP(host).IsUnspecified())
+}
+
+// listenIP is the address Go listens on for host, if it is one: localhost
+// is 127.0.0.1, an IPv4-mapped IPv6 address its IPv4 one.
+func listenIP(host string) netip.Addr {
+	if strings.EqualFold(host, "localhost") {
+		host = "127.0.0.1"
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ip.Unmap()
 }
 
 func (l *loader) validateServer(s Server) {
