@@ -1,32 +1,67 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 )
 
 // Setting is the value of one setting of cfg, named by its path in
-// gateway.yaml ("server.data_dir"), as the gateway uses it: variables
-// expanded and defaults filled in. Only single values are printed; a
-// section, list or map is refused with the names under it.
+// gateway.yaml ("server.data_dir"), as the file gives it after loading:
+// variables expanded and config defaults filled in. A value the gateway
+// derives only when it runs (storage.local.public_base_url from
+// storage.local.listen, server.public_url from each request) is not filled
+// in: left empty in the file, it is empty here. A list item is named by its
+// index ("models.0.id", or "models[0].id" as errors write it) and a map
+// entry by its key ("classifiers.support-intent.mode"). Only single values
+// are printed; a section, list or map is refused with what it holds.
 func Setting(cfg *Config, path string) (string, error) {
 	v := reflect.ValueOf(cfg).Elem()
 	walked := ""
-	for name := range strings.SplitSeq(path, ".") {
-		if v.Kind() != reflect.Struct {
+	names := settingNames(path)
+	for i := 0; i < len(names); i++ {
+		name := names[i]
+		switch v.Kind() {
+		case reflect.Struct:
+			field, ok := fieldByYAMLName(v, name)
+			if !ok {
+				return "", fmt.Errorf("no setting %s: %s holds %s", joinSetting(walked, name), orTop(walked), strings.Join(yamlNames(v.Type()), ", "))
+			}
+			v = field
+		case reflect.Slice:
+			n, err := strconv.Atoi(name)
+			if err != nil || n < 0 || n >= v.Len() {
+				return "", fmt.Errorf("no setting %s: %s", joinSetting(walked, name), describeList(walked, v))
+			}
+			v = v.Index(n)
+		case reflect.Map:
+			// A key may hold dots: the shortest run of names that is one.
+			found := false
+			for j := i + 1; j <= len(names) && !found; j++ {
+				if entry := v.MapIndex(reflect.ValueOf(strings.Join(names[i:j], "."))); entry.IsValid() {
+					name, v, i, found = strings.Join(names[i:j], "."), entry, j-1, true
+				}
+			}
+			if !found {
+				return "", fmt.Errorf("no setting %s: %s", joinSetting(walked, name), describeMap(walked, v))
+			}
+		default:
 			return "", fmt.Errorf("%s is a single value: it has no %s", walked, name)
 		}
-		field, ok := fieldByYAMLName(v, name)
-		if !ok {
-			return "", fmt.Errorf("no setting %s%s: %s holds %s", walked, dotIfAny(walked)+name, orTop(walked), strings.Join(yamlNames(v.Type()), ", "))
-		}
-		walked += dotIfAny(walked) + name
-		v = field
+		walked = joinSetting(walked, name)
 	}
 	switch v.Kind() {
-	case reflect.Struct, reflect.Slice, reflect.Map, reflect.Pointer, reflect.Interface:
-		return "", fmt.Errorf("%s is not a single value: name one of its settings", path)
+	case reflect.Struct:
+		return "", fmt.Errorf("%s is a section: name one of its settings, %s", walked, strings.Join(yamlNames(v.Type()), ", "))
+	case reflect.Slice:
+		return "", errors.New(describeList(walked, v))
+	case reflect.Map:
+		return "", errors.New(describeMap(walked, v))
+	case reflect.Pointer, reflect.Interface:
+		return "", fmt.Errorf("%s is not a single value", walked)
 	}
 	if s, ok := v.Interface().(fmt.Stringer); ok {
 		return s.String(), nil
@@ -34,11 +69,37 @@ func Setting(cfg *Config, path string) (string, error) {
 	return fmt.Sprint(v.Interface()), nil
 }
 
-func dotIfAny(walked string) string {
-	if walked == "" {
-		return ""
+// settingNames splits a setting's path into its names, reading an index
+// written as errors write it ("models[0].id") as one more name.
+func settingNames(path string) []string {
+	path = strings.NewReplacer("[", ".", "]", "").Replace(path)
+	return strings.Split(path, ".")
+}
+
+func describeList(walked string, v reflect.Value) string {
+	if v.Len() == 0 {
+		return walked + " is an empty list"
 	}
-	return "."
+	return fmt.Sprintf("%s is a list of %d: name an item by its index, 0 to %d, such as %s.0", walked, v.Len(), v.Len()-1, walked)
+}
+
+func describeMap(walked string, v reflect.Value) string {
+	if v.Len() == 0 {
+		return fmt.Sprintf("%s is an empty map", walked)
+	}
+	keys := make([]string, 0, v.Len())
+	for _, k := range v.MapKeys() {
+		keys = append(keys, k.String())
+	}
+	slices.Sort(keys)
+	return fmt.Sprintf("%s is a map: name one of its keys, %s", walked, strings.Join(keys, ", "))
+}
+
+func joinSetting(walked, name string) string {
+	if walked == "" {
+		return name
+	}
+	return walked + "." + name
 }
 
 func orTop(walked string) string {

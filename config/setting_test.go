@@ -32,9 +32,69 @@ func TestSetting(t *testing.T) {
 	for setting, wantErr := range map[string]string{
 		"server.nope":          "no setting server.nope: server holds ",
 		"nope":                 "no setting nope: the file holds ",
-		"server":               "server is not a single value",
-		"upstreams":            "upstreams is not a single value",
+		"server":               "server is a section: name one of its settings, listen, ",
+		"upstreams":            "upstreams is a list of 1: name an item by its index, 0 to 0, such as upstreams.0",
 		"server.data_dir.more": "server.data_dir is a single value: it has no more",
+	} {
+		if _, err := Setting(cfg, setting); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: got %v, want %q", setting, err, wantErr)
+		}
+	}
+}
+
+// TestSettingInListsAndMaps: "config get models.0.id" and
+// "classifiers.support-intent.mode" said "models is a single value: it has
+// no 0"; a list item is named by its index, a map entry by its key.
+func TestSettingInListsAndMaps(t *testing.T) {
+	cfg, err := parse("gateway.yaml", []byte(`
+upstreams:
+  - name: a
+    base_url: http://127.0.0.1:8000/v1
+  - name: b
+    base_url: http://127.0.0.1:8001/v1
+models:
+  - id: small
+    upstream: a
+    context_length: 100
+    max_output_length: 10
+    pricing: {prompt: "0.10", completion: "0.20"}
+  - id: big
+    upstream: b
+    context_length: 1000
+    max_output_length: 100
+classifiers:
+  support-intent:
+    labels: [billing, bug]
+    mode: single
+  v1.5:
+    labels: [yes, no]
+`), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for setting, want := range map[string]string{
+		"models.0.id":                         "small",
+		"models[1].id":                        "big",
+		"models.0.pricing.prompt":             "0.10",
+		"upstreams.1.base_url":                "http://127.0.0.1:8001/v1",
+		"classifiers.support-intent.mode":     "single",
+		"classifiers.support-intent.labels.1": "bug",
+		"classifiers.v1.5.labels.0":           "yes",
+	} {
+		if got, err := Setting(cfg, setting); err != nil || got != want {
+			t.Errorf("%s: got %q, %v; want %q", setting, got, err, want)
+		}
+	}
+	for setting, wantErr := range map[string]string{
+		"models":                      "models is a list of 2: name an item by its index, 0 to 1, such as models.0",
+		"models.2.id":                 "no setting models.2: models is a list of 2",
+		"models.first.id":             "no setting models.first: models is a list of 2",
+		"models.0":                    "models.0 is a section: name one of its settings, id, ",
+		"models.0.nope":               "no setting models.0.nope: models.0 holds id, ",
+		"models.0.id.more":            "models.0.id is a single value: it has no more",
+		"classifiers":                 "classifiers is a map: name one of its keys, support-intent, v1.5",
+		"classifiers.nope.mode":       "no setting classifiers.nope: classifiers is a map: name one of its keys, support-intent, v1.5",
+		"models.0.supported_features": "models.0.supported_features is an empty list",
 	} {
 		if _, err := Setting(cfg, setting); err == nil || !strings.Contains(err.Error(), wantErr) {
 			t.Errorf("%s: got %v, want %q", setting, err, wantErr)

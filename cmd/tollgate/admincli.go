@@ -313,9 +313,21 @@ func runKeys(args []string) error {
 
 const configUsage = "usage: tollgate config check [FILE] | tollgate config get SETTING [FILE] (SETTING as server.data_dir)"
 
+// configGetUsage is printed by "config get -h".
+const configGetUsage = `usage: tollgate config get SETTING [FILE | -config FILE]
+
+Prints one setting of the config file (default $TOLLGATE_CONFIG, else
+./gateway.yaml) as it reads after loading: variables expanded and config
+defaults filled in. A value the gateway derives only when it runs is not
+filled in: storage.local.public_base_url left empty prints an empty line
+(serve uses http://<storage.local.listen>). SETTING is a path in the file:
+server.data_dir, models.0.id (a list item by its index),
+classifiers.NAME.mode (a map entry by its key).
+`
+
 func runConfig(args []string) error {
-	if len(args) >= 2 && args[0] == "get" {
-		return printSetting(args[1], args[2:])
+	if len(args) >= 1 && args[0] == "get" {
+		return printSetting(args[1:])
 	}
 	if len(args) == 0 || args[0] != "check" {
 		return errors.New(configUsage)
@@ -332,13 +344,22 @@ func runConfig(args []string) error {
 	return nil
 }
 
-// printSetting prints one setting of the config file args name, as the
-// gateway reads it (variables expanded, defaults filled in): scripts that
-// start a gateway need what it will use, and make run took its data_dir
-// from TOLLGATE_DATA_DIR alone, so a second run on another config's
-// data_dir shared, and then lost, the first one's ClickHouse.
-func printSetting(setting string, args []string) error {
-	path, err := configArg(args)
+// printSetting prints the setting args name, of the config file they name,
+// as the file reads after loading (variables expanded, config defaults
+// filled in): scripts that start a gateway need what it will use, and make
+// run took its data_dir from TOLLGATE_DATA_DIR alone, so a second run on
+// another config's data_dir shared, and then lost, the first one's
+// ClickHouse.
+func printSetting(args []string) error {
+	setting, fileArgs, help := settingArgs(args)
+	if help {
+		fmt.Print(configGetUsage)
+		return nil
+	}
+	if setting == "" {
+		return errors.New(configUsage)
+	}
+	path, err := configArg(fileArgs)
 	if err != nil {
 		return err
 	}
@@ -352,4 +373,33 @@ func printSetting(setting string, args []string) error {
 	}
 	fmt.Println(v)
 	return nil
+}
+
+// settingArgs splits config get's arguments into the setting and what
+// configArg reads, the flags first: "config get -config x.yaml
+// server.listen" once read -config as the setting and refused two files.
+// help is set by -h or -help anywhere.
+func settingArgs(args []string) (setting string, fileArgs []string, help bool) {
+	var flags, files []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			if setting == "" {
+				setting = a
+			} else {
+				files = append(files, a)
+			}
+			continue
+		}
+		switch name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "="); {
+		case name == "h" || name == "help":
+			return "", nil, true
+		case name == "config" && !hasValue && i+1 < len(args):
+			flags = append(flags, a, args[i+1])
+			i++
+		default:
+			flags = append(flags, a)
+		}
+	}
+	return setting, append(flags, files...), false
 }

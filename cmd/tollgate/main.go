@@ -8,7 +8,7 @@
 //	tollgate migrate               apply the ClickHouse migrations of billing/schema
 //	tollgate finance [QUERY k=v…]  run a finance query of billing/schema/queries.sql
 //	tollgate config check [FILE]   validate gateway.yaml, printing every error with its line
-//	tollgate config get SETTING [FILE]   print one setting as the gateway reads it (server.data_dir)
+//	tollgate config get SETTING [FILE]   print one setting as the file reads after loading (server.data_dir)
 //	tollgate accounts …            manage accounts through the admin API;
 //	                               `accounts login ID` prints a one-time console link
 //	tollgate keys …                manage API keys through the admin API
@@ -36,8 +36,10 @@ commands:
   migrate                apply ClickHouse migrations
   finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
-  config get SETTING [FILE]  print one setting as the gateway reads it (variables
-                         expanded, defaults filled in), e.g. server.data_dir
+  config get SETTING [FILE]  print one setting as the file reads after loading
+                         (variables expanded, config defaults filled in; not
+                         values serve derives at run time), e.g. server.data_dir,
+                         models.0.id, classifiers.NAME.mode; -h for more
   accounts create ID [-credit USD] | get ID | credit ID USD [-idempotency-key KEY]
   accounts login ID      print a one-time web console sign-in link (15 minutes)
   accounts logout ID     end the account's console sessions and cancel its sign-in links
