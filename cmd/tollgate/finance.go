@@ -53,6 +53,11 @@ func runFinance(args []string) error {
 		if !ok {
 			return fmt.Errorf("parameter %q: write name=value", kv)
 		}
+		// The last of two used to win: a pasted line with an old month
+		// left in it ran another month's invoice without a word.
+		if first, given := values[k]; given {
+			return fmt.Errorf("%s is given twice (%q and %q): give each parameter once", k, first, v)
+		}
 		values[k] = v
 	}
 	sql, err := q.Bind(values)

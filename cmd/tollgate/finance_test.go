@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,5 +24,14 @@ func TestFinanceCellText(t *testing.T) {
 		if got := cellText(tc.v, tc.dbType); got != tc.want {
 			t.Errorf("cellText(%v, %s) = %q, want %q", tc.v, tc.dbType, got, tc.want)
 		}
+	}
+}
+
+// A parameter given twice is refused: the last one won, so a pasted
+// "month=2026-11-01 month=2026-10-01" ran October's invoice silently.
+func TestFinanceRefusesAParameterGivenTwice(t *testing.T) {
+	err := runFinance([]string{"invoice", "account=acme", "month=2026-11-01", "month=2026-10-01", "-sql"})
+	if err == nil || !strings.Contains(err.Error(), `month is given twice ("2026-11-01" and "2026-10-01")`) {
+		t.Fatalf("a parameter given twice: %v", err)
 	}
 }
