@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -23,25 +24,20 @@ import (
 // clickhouse-client alone would need the SQL edited by hand).
 func runFinance(args []string) error {
 	fs := flag.NewFlagSet("finance", flag.ContinueOnError)
+	// The usage below names -sql; the flag package's own would print a
+	// second, shorter one on stderr.
+	fs.SetOutput(io.Discard)
 	printSQL := fs.Bool("sql", false, "print the SQL with its parameters filled in instead of running it")
 	pos, err := parseInterleaved(fs, args)
-	if err != nil {
+	// "finance help" and "finance -h" are asking for the list of queries,
+	// which "finance" alone prints: they said "no finance query" and
+	// "flag: help requested", and exited 1.
+	asksHelp := errors.Is(err, flag.ErrHelp) || err == nil && len(pos) > 0 && pos[0] == "help"
+	if err != nil && !asksHelp {
 		return err
 	}
-	queries, err := schema.FinanceQueries()
-	if err != nil {
-		return err
-	}
-	if len(pos) == 0 {
-		fmt.Println("usage: tollgate finance QUERY name=value ... [-sql]\n\nqueries:")
-		for _, q := range queries {
-			var params []string
-			for _, p := range q.Params {
-				params = append(params, p.Name+"="+strings.ToLower(p.Type))
-			}
-			fmt.Printf("\n  %s %s\n    %s\n", q.Name, strings.Join(params, " "), strings.ReplaceAll(q.Doc, "\n", "\n    "))
-		}
-		return nil
+	if len(pos) == 0 || asksHelp {
+		return printFinanceUsage()
 	}
 	q, err := schema.FinanceQuery(pos[0])
 	if err != nil {
@@ -106,6 +102,25 @@ func runFinance(args []string) error {
 		return err
 	}
 	return errors.Join(tw.Flush())
+}
+
+// printFinanceUsage lists the queries of billing/schema/queries.sql with
+// their parameters and docs.
+func printFinanceUsage() error {
+	queries, err := schema.FinanceQueries()
+	if err != nil {
+		return err
+	}
+	fmt.Println("usage: tollgate finance QUERY name=value ... [-sql]\n\n" +
+		"Each parameter is given once; -sql prints the SQL with them filled in instead of running it.\n\nqueries:")
+	for _, q := range queries {
+		var params []string
+		for _, p := range q.Params {
+			params = append(params, p.Name+"="+strings.ToLower(p.Type))
+		}
+		fmt.Printf("\n  %s %s\n    %s\n", q.Name, strings.Join(params, " "), strings.ReplaceAll(q.Doc, "\n", "\n    "))
+	}
+	return nil
 }
 
 // localClickHouseDSN is the DSN to query: CLICKHOUSE_DSN or gateway.yaml's

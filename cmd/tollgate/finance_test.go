@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -34,4 +36,36 @@ func TestFinanceRefusesAParameterGivenTwice(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `month is given twice ("2026-11-01" and "2026-10-01")`) {
 		t.Fatalf("a parameter given twice: %v", err)
 	}
+}
+
+// "finance help", "-h" and "--help" print the list of queries and
+// succeed, as "finance" alone does: they said `no finance query "help"`
+// and "flag: help requested", and exited 1.
+func TestFinanceHelpPrintsTheQueries(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}, {"invoice", "-h"}, {}} {
+		out, err := captureStdout(t, func() error { return runFinance(args) })
+		if err != nil || !strings.Contains(out, "usage: tollgate finance QUERY") || !strings.Contains(out, "\n  invoice ") {
+			t.Errorf("finance %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// captureStdout runs fn and returns what it printed on stdout.
+func captureStdout(t *testing.T, fn func() error) (string, error) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	done := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- b
+	}()
+	err = fn()
+	os.Stdout = stdout
+	w.Close()
+	return string(<-done), err
 }

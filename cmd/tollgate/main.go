@@ -34,7 +34,7 @@ commands:
   billing                run the billing consumer (JetStream -> ClickHouse)
   worker                 run batch jobs only (storage.backend s3), beside the gateways
   migrate                apply ClickHouse migrations
-  finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY: list them)
+  finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY, or help: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
   config get SETTING [FILE]  print one setting as the file reads after loading
                          (variables expanded, config defaults filled in; not
