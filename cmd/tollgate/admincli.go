@@ -195,6 +195,37 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 
 var negativeNumber = regexp.MustCompile(`^-[0-9]+(\.[0-9]*)?$`)
 
+// errHelpShown: the subcommand's -h printed its flags; nothing went wrong.
+var errHelpShown = errors.New("help shown")
+
+func helpShownIsNoError(err error) error {
+	if errors.Is(err, errHelpShown) {
+		return nil
+	}
+	return err
+}
+
+// parseSubcommand parses the flags of a subcommand whose flag set holds
+// only the flags it reads. A flag it does not take is an error naming the
+// ones it does: flags of another subcommand used to be accepted and
+// ignored. -h prints them and returns errHelpShown.
+func parseSubcommand(fs *flag.FlagSet, args []string) ([]string, error) {
+	fs.SetOutput(io.Discard) // the error below says it once, with more
+	pos, err := parseInterleaved(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Printf("flags of tollgate %s:\n", fs.Name())
+		fs.SetOutput(os.Stdout)
+		fs.PrintDefaults()
+		return nil, errHelpShown
+	}
+	if given, ok := strings.CutPrefix(fmt.Sprint(err), "flag provided but not defined: "); ok {
+		var takes []string
+		fs.VisitAll(func(f *flag.Flag) { takes = append(takes, "-"+f.Name) })
+		return nil, fmt.Errorf("%s does not take %s; it takes %s", fs.Name(), given, strings.Join(takes, ", "))
+	}
+	return pos, err
+}
+
 const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD [-idempotency-key KEY] | login ID | logout ID (ends its console sessions, cancels its sign-in links)"
 
 func runAccounts(args []string) error {
@@ -203,11 +234,18 @@ func runAccounts(args []string) error {
 	}
 	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
 	target := adminFlags(fs)
-	credit := fs.String("credit", "", "initial credit in USD, e.g. 10.00")
-	idemKey := fs.String("idempotency-key", "", "credit: a key (a payment id) that makes the same credit, sent again within 7 days, apply once")
-	pos, err := parseInterleaved(fs, args[1:])
+	// Each subcommand defines only the flags it reads: one set for all
+	// took "create acme -idempotency-key x" and dropped the key.
+	credit, idemKey := new(string), new(string)
+	switch args[0] {
+	case "create":
+		credit = fs.String("credit", "", "initial credit in USD, e.g. 10.00")
+	case "credit":
+		idemKey = fs.String("idempotency-key", "", "a key (a payment id) that makes the same credit, sent again within 7 days, apply once")
+	}
+	pos, err := parseSubcommand(fs, args[1:])
 	if err != nil {
-		return err
+		return helpShownIsNoError(err)
 	}
 	c, err := target.client(fs)
 	if err != nil {
@@ -263,6 +301,25 @@ func runKeys(args []string) error {
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	target := adminFlags(fs)
+	if args[0] != "create" {
+		// list and revoke take none of create's flags: "keys list acme
+		// -name ci" listed every key as if the name filtered them.
+		pos, err := parseSubcommand(fs, args[1:])
+		if err != nil {
+			return helpShownIsNoError(err)
+		}
+		c, err := target.client(fs)
+		if err != nil {
+			return err
+		}
+		switch {
+		case args[0] == "list" && len(pos) == 1:
+			return c.call("GET", "/accounts/"+pos[0]+"/keys", nil)
+		case args[0] == "revoke" && len(pos) == 1:
+			return c.call("DELETE", "/keys/"+pos[0], nil)
+		}
+		return errors.New(keysUsage)
+	}
 	name := fs.String("name", "", "key name, e.g. prod-backend")
 	scopes := fs.String("scopes", "", "comma-separated scopes (default: all)")
 	models := fs.String("models", "", "comma-separated model ids (default: all)")
@@ -271,9 +328,12 @@ func runKeys(args []string) error {
 	expiresIn := fs.String("expires-in", "", "lifetime, e.g. 720h (default: never)")
 	logging := fs.Bool("logging", false, "log generation inputs and outputs for this key")
 	retention := fs.Int("retention-days", 0, "days to keep logged requests (0 = forever)")
-	pos, err := parseInterleaved(fs, args[1:])
+	pos, err := parseSubcommand(fs, args[1:])
 	if err != nil {
-		return err
+		return helpShownIsNoError(err)
+	}
+	if len(pos) != 1 {
+		return errors.New(keysUsage)
 	}
 	if *retention != 0 && !*logging {
 		return errors.New("-retention-days applies to logged requests: add -logging")
@@ -293,22 +353,14 @@ func runKeys(args []string) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case args[0] == "create" && len(pos) == 1:
-		body := map[string]any{"name": *name, "scopes": splitList(*scopes), "models": splitList(*models), "rpm": *rpm, "tpm": *tpm}
-		if *expiresIn != "" {
-			body["expires_in"] = *expiresIn
-		}
-		if *logging {
-			body["logging"] = map[string]any{"enabled": true, "retention_days": *retention}
-		}
-		return c.call("POST", "/accounts/"+pos[0]+"/keys", body)
-	case args[0] == "list" && len(pos) == 1:
-		return c.call("GET", "/accounts/"+pos[0]+"/keys", nil)
-	case args[0] == "revoke" && len(pos) == 1:
-		return c.call("DELETE", "/keys/"+pos[0], nil)
+	body := map[string]any{"name": *name, "scopes": splitList(*scopes), "models": splitList(*models), "rpm": *rpm, "tpm": *tpm}
+	if *expiresIn != "" {
+		body["expires_in"] = *expiresIn
 	}
-	return errors.New(keysUsage)
+	if *logging {
+		body["logging"] = map[string]any{"enabled": true, "retention_days": *retention}
+	}
+	return c.call("POST", "/accounts/"+pos[0]+"/keys", body)
 }
 
 const configUsage = "usage: tollgate config check [FILE] | tollgate config get SETTING [FILE] (SETTING as server.data_dir)"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -75,5 +76,59 @@ func TestAdminClientReadsTheTokenFileAsTheGatewayDoes(t *testing.T) {
 	}
 	if _, err := newAdminClient("http://127.0.0.1:1", "", cfg); err == nil {
 		t.Fatal("the CLI took a token file of a zero-width space")
+	}
+}
+
+// fakeGateway answers every admin call with an account and records the
+// method, the path as sent and the body of each.
+func fakeGateway(t *testing.T) (url string, calls *[]string) {
+	t.Helper()
+	calls = new([]string)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		*calls = append(*calls, r.Method+" "+r.URL.EscapedPath()+" "+string(body))
+		w.Write([]byte(`{"id":"acme","balance_usd":"1"}`))
+	}))
+	t.Cleanup(gw.Close)
+	t.Setenv("TOLLGATE_CONFIG", "")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-x")
+	return gw.URL, calls
+}
+
+// A flag of another subcommand is refused, naming the flags this one
+// takes: "accounts create acme5 -idempotency-key x" and "accounts credit
+// acme 5 -credit 10" succeeded and dropped the flag.
+func TestAdminSubcommandsRefuseFlagsTheyDoNotTake(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runAccounts, []string{"create", "acme5", "-idempotency-key", "x"}, "accounts create does not take -idempotency-key; it takes -credit, -token, -url"},
+		{runAccounts, []string{"credit", "acme", "5", "-credit", "10"}, "accounts credit does not take -credit; it takes -idempotency-key, -token, -url"},
+		{runAccounts, []string{"get", "acme", "-credit=10"}, "accounts get does not take -credit; it takes -token, -url"},
+		{runKeys, []string{"list", "acme", "-name", "ci"}, "keys list does not take -name; it takes -token, -url"},
+		{runKeys, []string{"revoke", "key_1", "-logging"}, "keys revoke does not take -logging; it takes -token, -url"},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+	// Where they belong, the flags still go out.
+	if err := runAccounts([]string{"credit", "acme", "5", "-idempotency-key", "pay_1", "-url", url}); err != nil {
+		t.Fatal(err)
+	}
+	if err := runAccounts([]string{"create", "acme5", "-credit", "10", "-url", url}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`POST /admin/v1/accounts/acme/credit {"idempotency_key":"pay_1","usd":"5"}`,
+		`POST /admin/v1/accounts {"credit_usd":"10","id":"acme5"}`}
+	if strings.Join(*calls, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("calls %q, want %q", *calls, want)
 	}
 }
