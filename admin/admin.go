@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"reflect"
 	"sort"
 	"strings"
@@ -73,12 +74,20 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 			Message: "admin API needs Authorization: Bearer <admin token> (TOLLGATE_ADMIN_TOKEN or <data_dir>/admin.token)"})
 		return
 	}
-	rest, ok := strings.CutPrefix(string(ctx.Path()), "/admin/v1/")
+	// Routes match the path as sent, not ctx.Path(), which fasthttp has
+	// decoded and cleaned: "accounts/acme/../acme4/credit" credited acme4,
+	// and "accounts/acme%2Fkeys" listed acme's keys.
+	path := string(ctx.Request.URI().PathOriginal())
+	rest, ok := strings.CutPrefix(path, "/admin/v1/")
 	if !ok {
-		proxy.WriteError(ctx, proxy.NotFound("no admin route "+string(ctx.Path())))
+		proxy.WriteError(ctx, proxy.NotFound("no admin route "+path))
 		return
 	}
-	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
+	parts, err := pathSegments(rest)
+	if err != nil {
+		writeError(ctx, err)
+		return
+	}
 	method := string(ctx.Method())
 	c, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
@@ -105,7 +114,26 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 		proxy.MethodNotAllowed(ctx, strings.Join(allowed, ", "))
 		return
 	}
-	proxy.WriteError(ctx, proxy.NotFound("no admin route "+string(ctx.Path())))
+	proxy.WriteError(ctx, proxy.NotFound("no admin route "+path))
+}
+
+// pathSegments splits the path after /admin/v1/, as sent, at its slashes
+// and decodes each segment. A segment that decodes to '.', '..' or holds
+// a '/' is refused: it is no id, and it would read as another path to
+// whatever joins the id into one (a log, a proxy in front, a store key).
+func pathSegments(rest string) ([]string, error) {
+	parts := strings.Split(strings.TrimSuffix(rest, "/"), "/")
+	for i, raw := range parts {
+		seg, err := url.PathUnescape(raw)
+		if err != nil {
+			return nil, proxy.BadRequest("", fmt.Sprintf("path segment %q is not percent-encoded correctly", raw))
+		}
+		if seg == "." || seg == ".." || strings.Contains(seg, "/") {
+			return nil, proxy.BadRequest("", fmt.Sprintf("path segment %q is not an id: an id holds no '/', escaped or not, and is not '.' or '..'", seg))
+		}
+		parts[i] = seg
+	}
+	return parts, nil
 }
 
 // match returns the segments of parts that pattern's "{}" segments match.

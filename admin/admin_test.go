@@ -316,3 +316,48 @@ func TestCreditWithIdempotencyKeyAppliesOnce(t *testing.T) {
 		t.Fatalf("the key with another amount: %d %s", status, body)
 	}
 }
+
+// An id in the path is one segment as sent: "acme/../acme4" credited
+// acme4, and "acme%2Fkeys" (or acme/keys) listed acme's keys, because
+// routes matched the path after fasthttp decoded and cleaned it. A
+// segment that is '.', '..' or holds an escaped '/' is refused, and
+// reaches no route, a module's included.
+func TestIDsInThePathStayInTheirSegment(t *testing.T) {
+	g := startGateway(t, echoModule("echo"))
+	for _, id := range []string{"acme", "acme4"} {
+		if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"`+id+`"}`); status != 201 {
+			t.Fatalf("create %s: %d %s", id, status, body)
+		}
+	}
+	for _, tc := range []struct{ method, path, body, segment string }{
+		{"POST", "/admin/v1/accounts/acme/../acme4/credit", `{"usd":"1"}`, ".."},
+		{"POST", "/admin/v1/accounts/acme%2F..%2Facme4/credit", `{"usd":"1"}`, "acme/../acme4"},
+		{"POST", "/admin/v1/accounts/%2E%2E/acme4/credit", `{"usd":"1"}`, ".."},
+		{"GET", "/admin/v1/accounts/acme%2Fkeys", "", "acme/keys"},
+		{"GET", "/admin/v1/accounts/./acme", "", "."},
+		{"DELETE", "/admin/v1/keys/x%2F..%2F..%2Faccounts%2Facme", "", "x/../../accounts/acme"},
+		{"POST", "/admin/v1/accounts/nobody/..%2Facme/test-echo", "", "../acme"},
+	} {
+		status, _, body := g.call(tc.method, tc.path, tc.body)
+		if status != 400 {
+			t.Fatalf("%s %s: %d %s, want 400", tc.method, tc.path, status, body)
+		}
+		want := fmt.Sprintf("path segment %q is not an id: an id holds no '/', escaped or not, and is not '.' or '..'", tc.segment)
+		if msg := wantError(t, body, "", "invalid_request_error"); msg != want {
+			t.Errorf("%s %s: %q, want %q", tc.method, tc.path, msg, want)
+		}
+	}
+	// A segment too many finds no route rather than another one.
+	if status, _, body := g.call("GET", "/admin/v1/accounts/acme/keys/extra", ""); status != 404 {
+		t.Fatalf("a path one segment too long: %d %s", status, body)
+	}
+	for _, id := range []string{"acme", "acme4"} {
+		if acc, err := g.svc.Account(t.Context(), id); err != nil || acc.Balance != 0 {
+			t.Fatalf("%s after the refused calls: %+v %v", id, acc, err)
+		}
+	}
+	// Escapes that decode to an id are that id.
+	if status, _, body := g.call("GET", "/admin/v1/accounts/%61cme", ""); status != 200 || !bytes.Contains(body, []byte(`"id":"acme"`)) {
+		t.Fatalf("an escaped id: %d %s", status, body)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -195,6 +196,17 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 
 var negativeNumber = regexp.MustCompile(`^-[0-9]+(\.[0-9]*)?$`)
 
+// pathID is id as one segment of an admin path. Joined as it was typed,
+// "accounts credit acme/../acme4 1" credited acme4 and "accounts get
+// acme?x" got acme; an id that cannot be one segment ('/', '.', '..')
+// is refused here, the rest escaped.
+func pathID(what, id string) (string, error) {
+	if id == "" || id == "." || id == ".." || strings.Contains(id, "/") {
+		return "", fmt.Errorf("%s %q is not an id: an id holds no '/' and is not empty, '.' or '..'", what, id)
+	}
+	return url.PathEscape(id), nil
+}
+
 // errHelpShown: the subcommand's -h printed its flags; nothing went wrong.
 var errHelpShown = errors.New("help shown")
 
@@ -247,6 +259,12 @@ func runAccounts(args []string) error {
 	if err != nil {
 		return helpShownIsNoError(err)
 	}
+	var account string // escaped for the path
+	if args[0] != "create" && len(pos) > 0 {
+		if account, err = pathID("account", pos[0]); err != nil {
+			return err
+		}
+	}
 	c, err := target.client(fs)
 	if err != nil {
 		return err
@@ -259,25 +277,25 @@ func runAccounts(args []string) error {
 		}
 		return c.call("POST", "/accounts", body)
 	case args[0] == "get" && len(pos) == 1:
-		return c.call("GET", "/accounts/"+pos[0], nil)
+		return c.call("GET", "/accounts/"+account, nil)
 	case args[0] == "credit" && len(pos) == 2:
 		body := map[string]string{"usd": pos[1]}
 		if *idemKey != "" {
 			body["idempotency_key"] = *idemKey
 		}
-		return c.call("POST", "/accounts/"+pos[0]+"/credit", body)
+		return c.call("POST", "/accounts/"+account+"/credit", body)
 	case args[0] == "login" && len(pos) == 1:
-		return printConsoleLogin(c, pos[0])
+		return printConsoleLogin(c, account, pos[0])
 	case args[0] == "logout" && len(pos) == 1:
-		return c.call("POST", "/accounts/"+pos[0]+"/console-logout", nil)
+		return c.call("POST", "/accounts/"+account+"/console-logout", nil)
 	}
 	return errors.New(accountsUsage)
 }
 
 // printConsoleLogin prints a one-time web console sign-in link for the
 // account. The link is the credential: send it to the account holder only.
-func printConsoleLogin(c *adminClient, account string) error {
-	out, err := c.fetch("POST", "/accounts/"+account+"/console-login", nil)
+func printConsoleLogin(c *adminClient, escaped, account string) error {
+	out, err := c.fetch("POST", "/accounts/"+escaped+"/console-login", nil)
 	if err != nil {
 		return err
 	}
@@ -308,17 +326,22 @@ func runKeys(args []string) error {
 		if err != nil {
 			return helpShownIsNoError(err)
 		}
+		if len(pos) != 1 || args[0] != "list" && args[0] != "revoke" {
+			return errors.New(keysUsage)
+		}
+		method, path, what := "GET", "/accounts/%s/keys", "account"
+		if args[0] == "revoke" {
+			method, path, what = "DELETE", "/keys/%s", "key id"
+		}
+		id, err := pathID(what, pos[0])
+		if err != nil {
+			return err
+		}
 		c, err := target.client(fs)
 		if err != nil {
 			return err
 		}
-		switch {
-		case args[0] == "list" && len(pos) == 1:
-			return c.call("GET", "/accounts/"+pos[0]+"/keys", nil)
-		case args[0] == "revoke" && len(pos) == 1:
-			return c.call("DELETE", "/keys/"+pos[0], nil)
-		}
-		return errors.New(keysUsage)
+		return c.call(method, fmt.Sprintf(path, id), nil)
 	}
 	name := fs.String("name", "", "key name, e.g. prod-backend")
 	scopes := fs.String("scopes", "", "comma-separated scopes (default: all)")
@@ -334,6 +357,10 @@ func runKeys(args []string) error {
 	}
 	if len(pos) != 1 {
 		return errors.New(keysUsage)
+	}
+	account, err := pathID("account", pos[0])
+	if err != nil {
+		return err
 	}
 	if *retention != 0 && !*logging {
 		return errors.New("-retention-days applies to logged requests: add -logging")
@@ -360,7 +387,7 @@ func runKeys(args []string) error {
 	if *logging {
 		body["logging"] = map[string]any{"enabled": true, "retention_days": *retention}
 	}
-	return c.call("POST", "/accounts/"+pos[0]+"/keys", body)
+	return c.call("POST", "/accounts/"+account+"/keys", body)
 }
 
 const configUsage = "usage: tollgate config check [FILE] | tollgate config get SETTING [FILE] (SETTING as server.data_dir)"

@@ -132,3 +132,50 @@ func TestAdminSubcommandsRefuseFlagsTheyDoNotTake(t *testing.T) {
 		t.Fatalf("calls %q, want %q", *calls, want)
 	}
 }
+
+// An id goes into the admin path as one segment: joined as typed,
+// "accounts credit acme/../acme4 1" credited acme4 and "accounts get
+// acme?x" got acme. An id that cannot be one segment is refused before
+// any call; the rest is escaped.
+func TestAdminCLIKeepsIDsInOneSegment(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+	}{
+		{runAccounts, []string{"credit", "acme/../acme4", "1"}},
+		{runAccounts, []string{"get", "acme/keys"}},
+		{runAccounts, []string{"get", ".."}},
+		{runAccounts, []string{"login", "acme/../acme4"}},
+		{runAccounts, []string{"logout", "."}},
+		{runKeys, []string{"list", "acme/.."}},
+		{runKeys, []string{"create", "../acme4", "-name", "ci"}},
+		{runKeys, []string{"revoke", "key_1/../../accounts/acme"}},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || !strings.Contains(err.Error(), "is not an id: an id holds no '/' and is not empty, '.' or '..'") {
+			t.Errorf("%s: %v", strings.Join(tc.args, " "), err)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused ids were sent: %q", *calls)
+	}
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+	}{
+		{runAccounts, []string{"get", "acme?x=1"}},
+		{runAccounts, []string{"credit", "acme#1", "1"}},
+		{runKeys, []string{"list", "a%2Fb"}},
+		{runKeys, []string{"revoke", "key 1"}},
+	} {
+		if err := tc.run(append(tc.args, "-url", url)); err != nil {
+			t.Fatalf("%s: %v", strings.Join(tc.args, " "), err)
+		}
+	}
+	want := []string{"GET /admin/v1/accounts/acme%3Fx=1 ", `POST /admin/v1/accounts/acme%231/credit {"usd":"1"}`,
+		"GET /admin/v1/accounts/a%252Fb/keys ", "DELETE /admin/v1/keys/key%201 "}
+	if strings.Join(*calls, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("calls\n%s\nwant\n%s", strings.Join(*calls, "\n"), strings.Join(want, "\n"))
+	}
+}
