@@ -169,7 +169,13 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 	if !gjson.ValidBytes(body) {
 		return proxy.BadRequest("", "invalid JSON body: not one well-formed JSON value")
 	}
-	if err := checkMembers(gjson.ParseBytes(body), reflect.TypeOf(v), ""); err != nil {
+	// An array or a string was answered in Go's words ("cannot unmarshal
+	// array into Go value of type struct { ID string ..."), null taken as {}.
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return proxy.BadRequest("", "the body must be a JSON object, got "+valueKind(root))
+	}
+	if err := checkMembers(root, reflect.TypeOf(v), ""); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -255,6 +261,26 @@ func joinPath(path, key string) string {
 		return key
 	}
 	return path + "." + key
+}
+
+// valueKind words what a JSON value is.
+func valueKind(v gjson.Result) string {
+	switch v.Type {
+	case gjson.String:
+		return "a string"
+	case gjson.Number:
+		return "a number"
+	case gjson.True:
+		return "true"
+	case gjson.False:
+		return "false"
+	case gjson.Null:
+		return "null"
+	}
+	if v.IsArray() {
+		return "an array"
+	}
+	return "an object"
 }
 
 // jsonKind words a Go type as the JSON a client should send.

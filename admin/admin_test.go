@@ -361,3 +361,22 @@ func TestIDsInThePathStayInTheirSegment(t *testing.T) {
 		t.Fatalf("an escaped id: %d %s", status, body)
 	}
 }
+
+// A body that is not an object says so, not in Go's words ("cannot
+// unmarshal array into Go value of type struct { ID string "json:\"id\""
+// …}").
+func TestBodyThatIsNotAnObject(t *testing.T) {
+	g := startGateway(t)
+	for body, got := range map[string]string{`[{"id":"acme"}]`: "an array", `"acme"`: "a string", `12`: "a number",
+		`true`: "true", `null`: "null"} {
+		for _, path := range []string{"/admin/v1/accounts", "/admin/v1/accounts/acme/credit", "/admin/v1/accounts/acme/keys"} {
+			status, _, out := g.call("POST", path, body)
+			if status != 400 {
+				t.Fatalf("%s %s: %d %s", path, body, status, out)
+			}
+			if msg, want := wantError(t, out, "", "invalid_request_error"), "the body must be a JSON object, got "+got; msg != want {
+				t.Errorf("%s %s: %q, want %q", path, body, msg, want)
+			}
+		}
+	}
+}
