@@ -155,6 +155,14 @@ func match(pattern string, parts []string) ([]string, bool) {
 	return args, true
 }
 
+// DecodeBody decodes the call's JSON body into v as every admin route
+// does (decodeStrict): one object, each field once and spelt exactly, no
+// unknown field; an empty body is {}. A module's route that takes no
+// fields decodes into &struct{}{}, so a body it would ignore is refused.
+func DecodeBody(call *Call, v any) error {
+	return decodeStrict(call.HTTP, v)
+}
+
 // decodeStrict decodes a JSON body refusing unknown fields, so a typo in an
 // admin call fails loudly instead of being ignored.
 func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {

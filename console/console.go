@@ -179,6 +179,11 @@ func (c *Console) page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Cal
 // one-time link that signs the account holder into the console. The link
 // is the credential: hand it to the account holder only.
 func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
+	// It takes no fields, and refuses a body rather than ignore it, as
+	// the other admin routes do.
+	if err := admin.DecodeBody(call, &struct{}{}); err != nil {
+		return 0, nil, err
+	}
 	account := call.Args[0]
 	if _, err := c.accounts.Account(call.Ctx, account); err != nil {
 		return 0, nil, err
@@ -206,6 +211,11 @@ func (c *Console) noSuchPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 // a leaked cookie). Before it, only replacing console.secret did that,
 // for every account at once.
 func (c *Console) consoleLogout(call *admin.Call) (int, any, error) {
+	// It takes no fields, and refuses a body rather than ignore it, as
+	// the other admin routes do.
+	if err := admin.DecodeBody(call, &struct{}{}); err != nil {
+		return 0, nil, err
+	}
 	account := call.Args[0]
 	if _, err := c.accounts.Account(call.Ctx, account); err != nil {
 		return 0, nil, err

@@ -755,3 +755,36 @@ func TestOverviewSaysCallsAreRefusedPastTheGrace(t *testing.T) {
 		t.Fatalf("overview at -0.70: %s", page)
 	}
 }
+
+// console-login and console-logout take no fields, and decode their body
+// as every other admin route does: "garbage" logged out with a 200 and
+// {"x":1} issued a link, where the other routes refuse both.
+func TestConsoleAdminRoutesRefuseABodyTheyWouldIgnore(t *testing.T) {
+	g := startGateway(t, "")
+	post := func(path, body string) (int, string) {
+		req, err := http.NewRequest("POST", g.url+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(readAll(t, resp))
+	}
+	for _, route := range []string{"console-login", "console-logout"} {
+		path := "/admin/v1/accounts/acme/" + route
+		for _, body := range []string{"garbage", `{"x":1}`, `{"account":"other"}`, `[]`, `{} {}`} {
+			if status, out := post(path, body); status != 400 || !strings.Contains(out, `"invalid_request_error"`) {
+				t.Errorf("%s with %s: %d %s, want 400", route, body, status, out)
+			}
+		}
+		// No body, as the CLI sends, and an empty object are fine.
+		for _, body := range []string{"", "{}"} {
+			if status, out := post(path, body); status >= 300 {
+				t.Errorf("%s with %q: %d %s", route, body, status, out)
+			}
+		}
+	}
+}
