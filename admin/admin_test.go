@@ -141,6 +141,12 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 		{`{"name":"ci\u0007"}`, "name", "name must not contain control characters"},
 		{`{"name":"ci","logging":{"enabled":true,"retention_days":36501}}`, "logging.retention_days",
 			"logging retention must be a whole number of days from 0 to 36500 (0 keeps logged calls until deleted)"},
+		// The CLI refuses -retention-days without -logging; the API stored
+		// it on a key that logs nothing.
+		{`{"name":"ci","logging":{"enabled":false,"retention_days":5}}`, "logging.retention_days",
+			"logging retention (retention_days: 5) applies only when logging is enabled: enable logging, or leave retention_days at 0"},
+		{`{"name":"ci","logging":{"retention_days":5}}`, "logging.retention_days",
+			"logging retention (retention_days: 5) applies only when logging is enabled: enable logging, or leave retention_days at 0"},
 		{`{"name":"ci","models":["gpt-4o"]}`, "models", `model "gpt-4o" is not in the catalog; valid models: small`},
 		// Named like any other field, not in Go's words ("cannot unmarshal
 		// number 1.5 into Go struct field keyBody.rpm of type int64").

@@ -55,5 +55,11 @@ func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
 		return &Problem{"logging.retention_days", fmt.Sprintf(
 			"logging retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted)", accounts.MaxRetentionDays)}
 	}
+	// The CLI refused -retention-days without -logging while the API
+	// stored the days on a key that logs nothing.
+	if days := req.Logging.RetentionDays; days != 0 && !req.Logging.Enabled {
+		return &Problem{"logging.retention_days", fmt.Sprintf(
+			"logging retention (retention_days: %d) applies only when logging is enabled: enable logging, or leave retention_days at 0", days)}
+	}
 	return nil
 }

@@ -580,16 +580,17 @@ func formFor(in keyInput, cat *catalog.Catalog) keyForm {
 // create, or a problem to show beside the form.
 func keyRequest(in keyInput, cat *catalog.Catalog) (accounts.KeyRequest, string) {
 	req := accounts.KeyRequest{Name: in.Name, Scopes: in.Scopes, Models: in.Models}
-	if in.Logging {
-		days := 0
-		if in.Retention != "" {
-			var err error
-			if days, err = strconv.Atoi(strings.TrimSpace(in.Retention)); err != nil {
-				return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted).", accounts.MaxRetentionDays)
-			}
+	// The days go to the check with the box as it is: days typed with
+	// logging off are refused there, as the API and the CLI refuse them,
+	// not dropped.
+	days := 0
+	if in.Retention != "" {
+		var err error
+		if days, err = strconv.Atoi(strings.TrimSpace(in.Retention)); err != nil {
+			return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted).", accounts.MaxRetentionDays)
 		}
-		req.Logging = accounts.Logging{Enabled: true, RetentionDays: days}
 	}
+	req.Logging = accounts.Logging{Enabled: in.Logging, RetentionDays: days}
 	if p := admin.CheckKeyRequest(req, cat); p != nil {
 		return req, capitalize(p.Message) + "."
 	}

@@ -497,6 +497,9 @@ func TestKeyFormRefusesTooLongNameAndRetention(t *testing.T) {
 		{"name", url.Values{"name": {strings.Repeat("n", 201)}, "scopes": {"generate"}}, "Name is too long: at most 200 bytes."},
 		{"retention", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"on"}, "retention_days": {"36501"}},
 			"Logging retention must be a whole number of days from 0 to 36500"},
+		// Days typed with the box unticked: the API and the CLI refuse it.
+		{"retention without logging", url.Values{"name": {"ci"}, "scopes": {"generate"}, "retention_days": {"30"}},
+			"Logging retention (retention_days: 30) applies only when logging is enabled: enable logging, or leave retention_days at 0."},
 	} {
 		tc.form.Set("csrf", csrf)
 		resp := b.post("/console/keys", tc.form)
