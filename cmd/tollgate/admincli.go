@@ -52,8 +52,12 @@ func adminFlags(fs *flag.FlagSet) *adminTarget {
 		// missing.
 		t.cfgErr = fmt.Errorf("loading %s, which says where the gateway and its data dir are (fix it, or pass -url and -token):\n%w", path, err)
 	}
-	t.url = fs.String("url", "http://"+dialable(cmp.Or(listen, "127.0.0.1:8080")), "gateway base URL (default from gateway.yaml's server.listen)")
-	t.token = fs.String("token", os.Getenv("TOLLGATE_ADMIN_TOKEN"), "admin token (default $TOLLGATE_ADMIN_TOKEN, else <data_dir>/admin.token)")
+	// The flag package adds (default "…") itself: the usage names where
+	// the default comes from without a second "default".
+	t.url = fs.String("url", "http://"+dialable(cmp.Or(listen, "127.0.0.1:8080")), "gateway base URL, from gateway.yaml's server.listen unless given")
+	// The token is read in client, not made the flag's default, which -h
+	// would print.
+	t.token = fs.String("token", "", "admin token (default $TOLLGATE_ADMIN_TOKEN, else <data_dir>/admin.token)")
 	return t
 }
 
@@ -61,10 +65,11 @@ func adminFlags(fs *flag.FlagSet) *adminTarget {
 func (t *adminTarget) client(fs *flag.FlagSet) (*adminClient, error) {
 	urlGiven := false
 	fs.Visit(func(f *flag.Flag) { urlGiven = urlGiven || f.Name == "url" })
-	if t.cfgErr != nil && (!urlGiven || *t.token == "") {
+	token := cmp.Or(*t.token, os.Getenv("TOLLGATE_ADMIN_TOKEN"))
+	if t.cfgErr != nil && (!urlGiven || token == "") {
 		return nil, t.cfgErr
 	}
-	return newAdminClient(*t.url, *t.token, t.cfg)
+	return newAdminClient(*t.url, token, t.cfg)
 }
 
 // dialable turns a listen address into one to connect to: a gateway
@@ -85,7 +90,16 @@ func dialable(listen string) string {
 
 // newAdminClient calls url with token, else with the admin.token of cfg's
 // data dir (nil: $TOLLGATE_DATA_DIR, else ./data).
-func newAdminClient(url, token string, cfg *config.Config) (*adminClient, error) {
+func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, error) {
+	// "-url 127.0.0.1:8080" failed on the first call with url.Parse's
+	// "first path segment in URL cannot contain colon".
+	if u, err := url.Parse(baseURL); err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		example := ""
+		if !strings.Contains(baseURL, "://") {
+			example = " (-url http://" + baseURL + ")"
+		}
+		return nil, fmt.Errorf("gateway URL %q: write it as http://HOST:PORT or https://HOST%s", baseURL, example)
+	}
 	if token == "" {
 		dataDir := os.Getenv("TOLLGATE_DATA_DIR")
 		if cfg != nil {
@@ -103,7 +117,7 @@ func newAdminClient(url, token string, cfg *config.Config) (*adminClient, error)
 		}
 		token = tok
 	}
-	return &adminClient{url: strings.TrimRight(url, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}, nil
+	return &adminClient{url: strings.TrimRight(baseURL, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }
 
 func (c *adminClient) call(method, path string, body any) error {

@@ -179,3 +179,43 @@ func TestAdminCLIKeepsIDsInOneSegment(t *testing.T) {
 		t.Fatalf("calls\n%s\nwant\n%s", strings.Join(*calls, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// -url without a scheme says what to write, not url.Parse's "first path
+// segment in URL cannot contain colon".
+func TestAdminURLWithoutAScheme(t *testing.T) {
+	for _, u := range []string{"127.0.0.1:17100", "localhost:17100", "ftp://127.0.0.1:17100", "http://"} {
+		_, err := newAdminClient(u, "tga-x", nil)
+		if err == nil || !strings.Contains(err.Error(), "write it as http://HOST:PORT") || strings.Contains(err.Error(), "first path segment") {
+			t.Errorf("-url %s: %v", u, err)
+		}
+	}
+	if _, err := newAdminClient("127.0.0.1:17100", "tga-x", nil); err == nil || !strings.Contains(err.Error(), "-url http://127.0.0.1:17100") {
+		t.Errorf("no scheme: %v, want the URL with http:// to copy", err)
+	}
+	for _, u := range []string{"http://127.0.0.1:17100", "https://gw.example.com/", "http://[::1]:8080"} {
+		if _, err := newAdminClient(u, "tga-x", nil); err != nil {
+			t.Errorf("-url %s: %v", u, err)
+		}
+	}
+}
+
+// A subcommand's -h names each default once (it printed "(default from
+// gateway.yaml's server.listen) (default "http://…")"), and never shows
+// the admin token $TOLLGATE_ADMIN_TOKEN holds.
+func TestAdminFlagHelp(t *testing.T) {
+	t.Setenv("TOLLGATE_CONFIG", "")
+	t.Setenv("TOLLGATE_LISTEN", "127.0.0.1:17100")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-secret-value")
+	out, err := captureStdout(t, func() error { return runAccounts([]string{"credit", "-h"}) })
+	if err != nil || !strings.Contains(out, "-idempotency-key") || !strings.Contains(out, `"http://127.0.0.1:17100"`) {
+		t.Fatalf("accounts credit -h: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "tga-secret-value") {
+		t.Fatalf("-h shows the admin token:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Count(line, "default") > 1 {
+			t.Errorf("a default named twice: %s", line)
+		}
+	}
+}
