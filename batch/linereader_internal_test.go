@@ -48,20 +48,23 @@ func TestFaultBackoffSpansMinutes(t *testing.T) {
 // buffer larger than the lines, and through one smaller.
 func TestLineLimitLeavesOutTheLineEnding(t *testing.T) {
 	const max = 40
-	for _, buffer := range []int{readBuffer, 16} {
-		for _, eol := range []string{"\n", "\r\n", ""} {
-			for _, size := range []int{max, max + 1} {
-				line := strings.Repeat("x", size)
-				lr := &lineReader{r: bufio.NewReaderSize(strings.NewReader(line+eol), buffer), max: max}
-				got, tooLong, err := lr.next()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if want := size > max; tooLong != want || !want && string(got) != line {
-					t.Errorf("buffer %d, a line of %d bytes ending %q: too long %v (%d bytes read), want %v", buffer, size, eol, tooLong, len(got), want)
-				}
-				if _, _, err := lr.next(); err != io.EOF {
-					t.Errorf("buffer %d, a line of %d bytes ending %q: then %v, want the end", buffer, size, eol, err)
+	// A byte order mark before the first line is skipped, not counted.
+	for _, bom := range []string{"", "\ufeff"} {
+		for _, buffer := range []int{readBuffer, 16} {
+			for _, eol := range []string{"\n", "\r\n", ""} {
+				for _, size := range []int{max, max + 1} {
+					line := strings.Repeat("x", size)
+					lr := &lineReader{r: bufio.NewReaderSize(strings.NewReader(bom+line+eol), buffer), max: max}
+					got, tooLong, err := lr.next()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if want := size > max; tooLong != want || !want && string(got) != line {
+						t.Errorf("bom %q, buffer %d, a line of %d bytes ending %q: too long %v (%d bytes read), want %v", bom, buffer, size, eol, tooLong, len(got), want)
+					}
+					if _, _, err := lr.next(); err != io.EOF {
+						t.Errorf("bom %q, buffer %d, a line of %d bytes ending %q: then %v, want the end", bom, buffer, size, eol, err)
+					}
 				}
 			}
 		}

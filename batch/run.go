@@ -1087,12 +1087,15 @@ var utf8BOM = []byte("\xef\xbb\xbf")
 // more than max bytes; they were skipped, and line is empty. The error is
 // io.EOF at the end of the input.
 func (lr *lineReader) next() (line []byte, tooLong bool, err error) {
-	first := lr.offset == 0
-	line, tooLong, err = lr.nextLine()
-	if first {
-		line = bytes.TrimPrefix(line, utf8BOM)
+	if lr.offset == 0 {
+		// Skipped before the line is read, so it is not counted against
+		// max: a first line of exactly max bytes after one was refused.
+		if head, _ := lr.r.Peek(len(utf8BOM)); bytes.Equal(head, utf8BOM) {
+			n, _ := lr.r.Discard(len(utf8BOM))
+			lr.offset += int64(n)
+		}
 	}
-	return line, tooLong, err
+	return lr.nextLine()
 }
 
 func (lr *lineReader) nextLine() (line []byte, tooLong bool, err error) {

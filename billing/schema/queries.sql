@@ -53,9 +53,10 @@ ORDER BY month, account;
 -- Tokens and spend per model and endpoint, all accounts together, from
 -- {from_date} up to {to_date} (not included), biggest spend first. A model's
 -- calls to /v1/classify, /v1/tag, /v1/score, /v1/match and /v1/batch are
--- priced at plugins.pricing or batch.price_per_token, not at the model's
--- prices: only its lines of /v1/chat/completions and /v1/responses check
--- against those.
+-- priced at plugins.pricing or batch.price_per_token, or at the model's own
+-- prices for the tokens the model spent when those come higher: only its
+-- lines of /v1/chat/completions and /v1/responses are the model's prices
+-- alone.
 SELECT
     model,
     endpoint,
