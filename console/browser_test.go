@@ -3,6 +3,10 @@ package console
 import (
 	"context"
 	"errors"
+	"fmt"
+	"html"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,32 +31,11 @@ const chromiumPath = "/usr/bin/chromium"
 // API, see balance and usage from ClickHouse, create a key, use it with the
 // OpenAI SDK, delete it, and see the SDK get 401.
 func TestBrowserCreateUseAndDeleteKey(t *testing.T) {
-	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("%s is missing (%v): run make test, which installs Debian's chromium", chromiumPath, err)
-	}
 	ch := chtest.Start(t)
 	wantTotal := insertUsage(t, ch.DSN())
 	g := startGateway(t, ch.DSN())
 	link := g.loginURL("acme")
-
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
-		chromedp.ExecPath(chromiumPath),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 1000),
-	)
-	defer cancelAlloc()
-	tabCtx, cancelTab := chromedp.NewContext(allocCtx)
-	defer cancelTab()
-	ctx, cancel := context.WithTimeout(tabCtx, 30*time.Second)
-	defer cancel()
+	ctx := newTab(t)
 
 	do := func(step string, actions ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
@@ -170,6 +153,35 @@ func TestBrowserCreateUseAndDeleteKey(t *testing.T) {
 	}
 }
 
+// newTab starts a Chromium of its own (a fresh profile, extra flags added
+// to the usual) and returns a tab's context, good for 30 seconds.
+func newTab(t *testing.T, flags ...chromedp.ExecAllocatorOption) context.Context {
+	t.Helper()
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("%s is missing (%v): run make test, which installs Debian's chromium", chromiumPath, err)
+	}
+	opts := append([]chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromiumPath),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1000),
+	}, flags...)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(t.Context(), opts...)
+	t.Cleanup(cancelAlloc)
+	tabCtx, cancelTab := chromedp.NewContext(allocCtx)
+	t.Cleanup(cancelTab)
+	ctx, cancel := context.WithTimeout(tabCtx, 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func errString(err error) string {
 	if err == nil {
 		return "no error"
@@ -217,4 +229,62 @@ func insertUsage(t *testing.T, dsn string) string {
 		t.Fatal(err)
 	}
 	return "0.00328"
+}
+
+// A signed-in account holder who followed a link to the console from
+// another site (a mail, a chat, a wiki) got "Not signed in", reload or
+// not: the session cookie was SameSite=Strict, which a browser leaves off
+// every request a navigation from another site starts. With Lax the link
+// works, and a form posted from that site is still refused.
+func TestBrowserFollowsALinkFromAnotherSite(t *testing.T) {
+	g := startGateway(t, "")
+	link := g.loginURL("acme")
+	ctx := newTab(t)
+	do := func(step string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	page := func() string {
+		t.Helper()
+		got, err := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS("html")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	do("signing in", chromedp.Navigate(link), chromedp.Click(chromedp.ID("sign-in")), chromedp.WaitVisible(chromedp.ID("balance")))
+	do("opening the keys", chromedp.Navigate(g.url+"/console/keys"), chromedp.WaitVisible(chromedp.ID("create-key")))
+	csrf, err := chromedp.Run(ctx, chromedp.Value(chromedp.CSS(`input[name="csrf"]`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The other site: "localhost" is another site than the gateway's
+	// "127.0.0.1". Its form carries the session's real CSRF token, as if
+	// it had leaked: the origin check alone must refuse it.
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><a id="to-console" href="%[1]s/console">the console</a>
+<form method="post" action="%[1]s/console/keys"><input name="csrf" value="%[2]s"><input name="name" value="forged">
+<input name="scopes" value="generate"><button id="forge">Send</button></form>`, g.url, html.EscapeString(csrf))
+	}))
+	defer other.Close()
+	otherURL := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
+
+	do("following a link from another site", chromedp.Navigate(otherURL), chromedp.Click(chromedp.ID("to-console")),
+		chromedp.WaitVisible(chromedp.CSS("main h1")))
+	if got := page(); !strings.Contains(got, `id="balance"`) {
+		t.Fatalf("the console opened from another site's link is not signed in:\n%s", got)
+	}
+
+	do("posting a form from another site", chromedp.Navigate(otherURL), chromedp.Click(chromedp.ID("forge")),
+		chromedp.WaitVisible(chromedp.ID("message")))
+	if got := page(); !strings.Contains(got, "This form was sent from another site.") {
+		t.Fatalf("a form from another site was not refused:\n%s", got)
+	}
+	if keys, err := g.svc.ListKeys(t.Context(), "acme"); err != nil || len(keys) != 0 {
+		t.Fatalf("a form from another site created keys %+v (%v)", keys, err)
+	}
 }

@@ -353,7 +353,12 @@ func (c *Console) setCookie(ctx *fasthttp.RequestCtx, value string, expires time
 	ck.SetValue(value)
 	ck.SetPath(cookiePath)
 	ck.SetHTTPOnly(true)
-	ck.SetSameSite(fasthttp.CookieSameSiteStrictMode)
+	// Lax, not Strict: Strict left the cookie off a link followed from
+	// another site (a mail, a chat, a wiki), and a signed-in holder got
+	// "Not signed in". Lax sends it on such top-level GETs only, and no
+	// GET changes anything; a form posted from another site gets no
+	// cookie, and sameOrigin and the CSRF token refuse it besides.
+	ck.SetSameSite(fasthttp.CookieSameSiteLaxMode)
 	scheme, _ := c.origin(ctx)
 	ck.SetSecure(scheme == "https")
 	ck.SetExpire(expires)
@@ -404,9 +409,9 @@ func seeOther(ctx *fasthttp.RequestCtx, location string) {
 }
 
 // signInPage shows who a sign-in link is for and a button that redeems it.
-// The GET itself uses nothing up, so a link previewer cannot burn the link,
-// and the session cookie is set by a same-site POST, which SameSite=Strict
-// needs when the link was opened from a mail or chat app.
+// The GET itself uses nothing up and changes nothing, so a link previewer
+// cannot burn the link; the button's same-site POST redeems it and sets
+// the session cookie.
 func (c *Console) signInPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 	token := string(ctx.QueryArgs().Peek("token"))
 	if token == "" {

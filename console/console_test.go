@@ -68,7 +68,7 @@ func TestSignInLinkWorksOnceAndIsStoredOnlyAsHash(t *testing.T) {
 		t.Fatalf("sign in: %d", resp.StatusCode)
 	}
 	setCookie := resp.Header.Get("Set-Cookie")
-	for _, want := range []string{cookieName + "=", "HttpOnly", "SameSite=Strict", "path=/console"} {
+	for _, want := range []string{cookieName + "=", "HttpOnly", "SameSite=Lax", "path=/console"} {
 		if !strings.Contains(setCookie, want) {
 			t.Errorf("Set-Cookie %q lacks %q", setCookie, want)
 		}
