@@ -18,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/internal/chtest"
 	"github.com/tollgate/tollgate/meter"
@@ -286,5 +287,42 @@ func TestBrowserFollowsALinkFromAnotherSite(t *testing.T) {
 	}
 	if keys, err := g.svc.ListKeys(t.Context(), "acme"); err != nil || len(keys) != 0 {
 		t.Fatalf("a form from another site created keys %+v (%v)", keys, err)
+	}
+}
+
+// With JavaScript off the key-created page showed a Copy button that did
+// nothing: the stylesheet's display: inline-block for buttons overrode
+// the hidden attribute the script would have removed.
+func TestBrowserWithoutJavaScriptHidesTheCopyButton(t *testing.T) {
+	g := startGateway(t, "")
+	link := g.loginURL("acme")
+	ctx := newTab(t, chromedp.Flag("blink-settings", "scriptEnabled=false"))
+	err := chromedp.Do(ctx,
+		chromedp.Navigate(link), chromedp.Click(chromedp.ID("sign-in")), chromedp.WaitReady(chromedp.ID("balance")),
+		chromedp.Navigate(g.url+"/console/keys"),
+		chromedp.SendKeys(chromedp.ID("name"), "ci"),
+		chromedp.Click(chromedp.ID("create")),
+		chromedp.WaitReady(chromedp.ID("new-key")),
+	)
+	if err != nil {
+		t.Fatalf("creating a key without JavaScript: %v", err)
+	}
+	// The computed style comes from the CSS domain: no script of the
+	// page's or of chromedp's runs to read it.
+	style, err := chromedp.Run(ctx, chromedp.ComputedStyle(chromedp.ID("copy")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	display := "(not computed)"
+	for _, p := range style {
+		if p.Name == "display" {
+			display = p.Value
+		}
+	}
+	if display != "none" {
+		t.Fatalf("the Copy button shows (display: %s) though no script can make it work", display)
+	}
+	if token, err := chromedp.Run(ctx, chromedp.Value(chromedp.ID("new-key"))); err != nil || !strings.HasPrefix(token, accounts.TokenPrefix) {
+		t.Fatalf("the key is not in its field without JavaScript: %q (%v)", token, err)
 	}
 }
