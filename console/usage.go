@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -43,8 +45,9 @@ type usageReader struct {
 	failedAt time.Time
 	lastErr  error
 	// slowUntil: a query timed out (a ClickHouse that hangs rather than
-	// refuses); until then pages show usage unavailable at once instead of
-	// each waiting usageQueryTimeout.
+	// refuses), in its handshake or its answer; until then pages show
+	// usage unavailable at once instead of each waiting for a deadline and
+	// the pool dialling again.
 	slowUntil time.Time
 }
 
@@ -150,16 +153,7 @@ WHERE account = ` + quoteString(account) + ` AND date >= toDate('` + from.UTC().
 GROUP BY ` + group
 	rows, err := conn.Query(ctx, query)
 	if err != nil {
-		err = fmt.Errorf("querying usage of %s: %w", account, err)
-		if errors.Is(err, context.DeadlineExceeded) {
-			u.mu.Lock()
-			u.slowUntil, u.lastErr = time.Now().Add(usageRetryAfter), err
-			u.mu.Unlock()
-			u.logf("console: usage unavailable (ClickHouse did not answer in %s; not asked again for %s): %v", usageQueryTimeout, usageRetryAfter, err)
-			return nil, err
-		}
-		u.logf("console: usage unavailable: %v", err)
-		return nil, err
+		return nil, u.failed(fmt.Errorf("querying usage of %s: %w", account, err))
 	}
 	defer rows.Close()
 	var out []usageRow
@@ -173,9 +167,35 @@ GROUP BY ` + group
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reading usage of %s: %w", account, err)
+		return nil, u.failed(fmt.Errorf("reading usage of %s: %w", account, err))
 	}
 	return out, nil
+}
+
+// failed logs a query that failed and returns its err. One that timed out
+// (a ClickHouse that hangs rather than refuses) is not sent again for
+// usageRetryAfter: each page would wait for its deadline.
+func (u *usageReader) failed(err error) error {
+	if !timedOut(err) {
+		u.logf("console: usage unavailable: %v", err)
+		return err
+	}
+	u.mu.Lock()
+	u.slowUntil, u.lastErr = time.Now().Add(usageRetryAfter), err
+	u.mu.Unlock()
+	u.logf("console: usage unavailable (ClickHouse did not answer in time; not asked again for %s): %v", usageRetryAfter, err)
+	return err
+}
+
+// timedOut reports whether err is a deadline that passed: the query's
+// context, or the driver's own handshake and read deadlines, which it
+// reports as net timeouts ("i/o timeout"), not as
+// context.DeadlineExceeded. Counting only the latter, a hung ClickHouse
+// cost every page its handshake or query deadline.
+func timedOut(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.As(err, &netErr) && netErr.Timeout()
 }
 
 func quoteString(s string) string {

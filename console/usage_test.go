@@ -2,10 +2,13 @@ package console
 
 import (
 	"context"
+	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
@@ -42,5 +45,88 @@ func TestUsageBacksOffAClickHouseThatHangs(t *testing.T) {
 	}
 	if n := hc.queries.Load(); n != 1 {
 		t.Fatalf("%d queries sent to a hanging ClickHouse, want 1", n)
+	}
+}
+
+// silentServer is a ClickHouse that was stopped (SIGSTOP) with its port
+// open: the kernel accepts connections, nothing ever answers. It counts
+// the connections.
+func silentServer(t *testing.T) (addr string, accepted *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted = &atomic.Int32{}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String(), accepted
+}
+
+// A hung ClickHouse made every overview wait: the driver reports its
+// handshake and read deadlines as net timeouts ("i/o timeout"), not as
+// context.DeadlineExceeded, so the backoff never began, and the pool
+// dialled again on each page. A timeout of any kind now backs off.
+func TestUsageBacksOffAClickHouseWhoseHandshakeTimesOut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		reader func(addr string) *usageReader
+	}{
+		// The pool, once connected, dials again for a query.
+		{"pool", func(addr string) *usageReader {
+			conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, DialTimeout: 200 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			return &usageReader{conn: conn, logf: t.Logf}
+		}},
+		// The first connection, from clickhouse.dsn.
+		{"dsn", func(addr string) *usageReader {
+			return &usageReader{dsn: "clickhouse://" + addr + "?dial_timeout=200ms", logf: t.Logf}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, accepted := silentServer(t)
+			u := tc.reader(addr)
+			defer u.close()
+			_, err := u.usageSince(t.Context(), "acme", time.Now())
+			if err == nil {
+				t.Fatal("a silent ClickHouse returned usage")
+			}
+			t.Logf("first page: %v", err)
+			for range 3 {
+				start := time.Now()
+				if _, err := u.usageSince(t.Context(), "acme", time.Now()); err == nil {
+					t.Fatal("a later page got usage from a silent ClickHouse")
+				}
+				if waited := time.Since(start); waited > 100*time.Millisecond {
+					t.Fatalf("a later page waited %s", waited)
+				}
+			}
+			if n := accepted.Load(); n != 1 {
+				t.Fatalf("%d connections to a silent ClickHouse, want 1", n)
+			}
+		})
 	}
 }
