@@ -146,11 +146,12 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 	for _, r := range pages {
 		// AuthNone: the console signs in with its own cookie, never with an
 		// API key.
-		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: c.page(r.handle)})
+		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: c.page(r.handle),
+			MethodNotAllowed: c.methodNotAllowed})
 	}
 	p.Routes = append(p.Routes,
-		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style},
-		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: toOverview})
+		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style, MethodNotAllowed: c.methodNotAllowed},
+		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: toOverview, MethodNotAllowed: c.methodNotAllowed})
 	// The operator's way in: behind the admin token, under /admin/v1.
 	p.AdminRoutes = []admin.Route{
 		{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin},
@@ -199,6 +200,14 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 		URL       string    `json:"url"`
 		ExpiresAt time.Time `json:"expires_at"`
 	}{account, link, expiresAt}, nil
+}
+
+// methodNotAllowed answers a method no console page takes (PUT, DELETE)
+// with a page, as noSuchPage answers a path: it got the API's JSON.
+func (c *Console) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	c.page(func(c *Console, ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+		c.message(ctx, 405, "Not allowed", "The console's pages take "+allow+" only, not "+string(ctx.Method())+". The console starts at /console.", false)
+	})(ctx, nil)
 }
 
 func (c *Console) noSuchPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {

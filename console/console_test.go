@@ -634,6 +634,30 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 	}
 }
 
+// PUT and DELETE on a console path got the API's JSON 405, with "Allow:
+// GET, GET, POST, POST": a page, with each method once.
+func TestOtherMethodsGetAConsolePage(t *testing.T) {
+	g := startGateway(t, "")
+	for _, tc := range []struct{ method, path, allow string }{
+		{"PUT", "/console/keys", "GET, POST"},
+		{"DELETE", "/console/keys/revoke", "GET, POST"},
+		{"PATCH", "/console/foo", "GET, POST"},
+		{"DELETE", "/console", "GET"},
+	} {
+		req, _ := http.NewRequest(tc.method, g.url+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		page := string(readAll(t, resp))
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != tc.allow || !strings.Contains(page, "<html") ||
+			!strings.Contains(page, "take "+tc.allow+" only, not "+tc.method) || resp.Header.Get("X-Frame-Options") != "DENY" {
+			t.Errorf("%s %s: %d, Allow %q, X-Frame-Options %q; want 405, Allow %q and a page:\n%.300s",
+				tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("X-Frame-Options"), tc.allow, page)
+		}
+	}
+}
+
 // Behind a proxy that ends TLS the gateway sees plain HTTP and the proxy's
 // upstream address: with server.public_url, sign-in links carry the public
 // address, the cookie is Secure, and forms from the public origin pass.

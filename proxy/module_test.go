@@ -179,3 +179,59 @@ func TestNewRetiresPoolsWhenAModuleFails(t *testing.T) {
 		}
 	}
 }
+
+// A method no route of a path serves is a 405 whose Allow names each
+// method once: an exact route and a "/*" one over the same path made it
+// "GET, GET, POST, POST". A module that sets MethodNotAllowed answers it
+// in its own form (the console's HTML); the others get the API's JSON.
+func TestModuleRouteRefusesOtherMethodsWithEachAllowedOnce(t *testing.T) {
+	cfg, err := config.Parse("gateway.yaml", []byte(fmt.Sprintf(moduleYAML, "0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := func(ctx *fasthttp.RequestCtx, _ *proxy.Call) { ctx.SetBodyString("ok") }
+	page := func(ctx *fasthttp.RequestCtx, allow string) {
+		ctx.SetStatusCode(405)
+		ctx.SetContentType("text/html; charset=utf-8")
+		ctx.SetBodyString("<p>use " + allow + "</p>")
+	}
+	var routes []proxy.Route
+	for _, method := range []string{"GET", "POST"} {
+		for _, path := range []string{"/api/thing", "/api/*"} {
+			routes = append(routes, proxy.Route{Method: method, Path: path, Auth: proxy.AuthNone, Handler: ok})
+		}
+		for _, path := range []string{"/pages/thing", "/pages/*"} {
+			routes = append(routes, proxy.Route{Method: method, Path: path, Auth: proxy.AuthNone, Handler: ok, MethodNotAllowed: page})
+		}
+	}
+	m := proxy.Module{ID: "test", New: func(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
+		return proxy.Provisioned{Routes: routes}, nil
+	}}
+	gw, err := proxy.New(cfg, proxy.Options{Recorder: meter.NewMemory(nil), Modules: []proxy.Module{m}, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	url := gatewaytest.Serve(t, gw)
+	for _, tc := range []struct {
+		method, path, contentType, body string
+	}{
+		{"PUT", "/api/thing", "application/json", `"code":"method_not_allowed"`},
+		{"DELETE", "/api/other", "application/json", `"code":"method_not_allowed"`},
+		{"PUT", "/pages/thing", "text/html; charset=utf-8", "<p>use GET, POST</p>"},
+		{"DELETE", "/pages/other", "text/html; charset=utf-8", "<p>use GET, POST</p>"},
+	} {
+		req, _ := http.NewRequest(tc.method, url+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, POST" ||
+			resp.Header.Get("Content-Type") != tc.contentType || !strings.Contains(string(body), tc.body) {
+			t.Errorf("%s %s: %d, Allow %q, %s %s; want 405, Allow \"GET, POST\", %s with %s",
+				tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("Content-Type"), body, tc.contentType, tc.body)
+		}
+	}
+}

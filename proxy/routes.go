@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -52,6 +53,12 @@ type Route struct {
 	Scope   string // scope a key must carry; empty = any valid key
 	Limits  LimitMode
 	Handler func(ctx *fasthttp.RequestCtx, call *Call)
+	// MethodNotAllowed, when set, answers a method that no route of the
+	// path serves, in the module's own form (the console's HTML page);
+	// nil: the API's JSON error. The server has set the Allow header
+	// (allow) and counted the refusal; it must answer 405. Of the routes
+	// that match the path, the one with the longest Path answers.
+	MethodNotAllowed func(ctx *fasthttp.RequestCtx, allow string)
 }
 
 type routeKey struct{ method, path string }
@@ -269,11 +276,18 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string
 		r, ok = matchPrefix(routes, method, string(path))
 	}
 	if !ok {
-		if allow := allowedMethods(routes, string(path)); allow != "" {
+		allow, answer := allowedMethods(routes, string(path))
+		switch {
+		case allow == "":
+			return false
+		case answer != nil:
+			refusals.count(path, fasthttp.StatusMethodNotAllowed)
+			ctx.Response.Header.Set("Allow", allow)
+			answer(ctx, allow)
+		default:
 			methodNotAllowed(ctx, allow)
-			return true
 		}
-		return false
+		return true
 	}
 	call := &Call{RequestID: reqID, Start: time.Now(), World: s.world.Load(), Server: s}
 	if r.Auth != AuthNone && (len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired) {
@@ -317,13 +331,22 @@ func matchPrefix(routes map[routeKey]Route, method, path string) (Route, bool) {
 	return Route{}, false
 }
 
-func allowedMethods(routes map[routeKey]Route, path string) string {
+// allowedMethods returns the methods the routes matching path serve, for
+// a 405's Allow header, each once: an exact route and a "/*" one over the
+// same path both serve GET, and Allow said "GET, GET, POST, POST". It
+// also returns the MethodNotAllowed of the longest matching route that
+// sets one, nil if none does.
+func allowedMethods(routes map[routeKey]Route, path string) (string, func(*fasthttp.RequestCtx, string)) {
 	var methods []string
-	for k := range routes {
+	var answerer Route
+	for k, r := range routes {
 		if k.path == path || strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1]) {
 			methods = append(methods, k.method)
+			if r.MethodNotAllowed != nil && len(r.Path) > len(answerer.Path) {
+				answerer = r
+			}
 		}
 	}
 	sort.Strings(methods)
-	return strings.Join(methods, ", ")
+	return strings.Join(slices.Compact(methods), ", "), answerer.MethodNotAllowed
 }
