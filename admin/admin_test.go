@@ -139,6 +139,11 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 	}{
 		{`{"name":"` + strings.Repeat("n", 201) + `"}`, "name", "name is too long: at most 200 bytes"},
 		{`{"name":"ci\u0007"}`, "name", "name must not contain control characters"},
+		// As the console refuses them: one check, the same input.
+		{`{"name":"  "}`, "name", `name is required: name keys after where they are used, e.g. "prod-backend"`},
+		{`{"name":" pad "}`, "name", "name must not begin or end with a space"},
+		{`{"name":"c1\u0085x"}`, "name", "name must not contain control characters"},
+		{`{"name":"x\u202egpj.exe"}`, "name", "name must not contain bidirectional formatting characters (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): they can make a name read as another"},
 		{`{"name":"ci","logging":{"enabled":true,"retention_days":36501}}`, "logging.retention_days",
 			"logging retention must be a whole number of days from 0 to 36500 (0 keeps logged calls until deleted)"},
 		// The CLI refuses -retention-days without -logging; the API stored

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/catalog"
@@ -22,13 +24,8 @@ type Problem struct {
 // store. It is the one copy of those rules: each caller only turns its
 // own input (JSON, a form) into req first.
 func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
-	switch {
-	case req.Name == "":
-		return &Problem{"name", "name is required: name keys after where they are used, e.g. \"prod-backend\""}
-	case len(req.Name) > accounts.MaxKeyNameLen:
-		return &Problem{"name", fmt.Sprintf("name is too long: at most %d bytes", accounts.MaxKeyNameLen)}
-	case strings.ContainsFunc(req.Name, func(r rune) bool { return r < ' ' || r == 0x7f }):
-		return &Problem{"name", "name must not contain control characters"}
+	if p := checkKeyName(req.Name); p != nil {
+		return p
 	}
 	// Omitted means all; an empty list reads as "none" and would silently
 	// make a key that may call everything.
@@ -62,4 +59,45 @@ func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
 			"logging retention (retention_days: %d) applies only when logging is enabled: enable logging, or leave retention_days at 0", days)}
 	}
 	return nil
+}
+
+// checkKeyName refuses a name that would not show as it is wherever keys
+// are listed: control characters (C0, DEL and C1), bidirectional
+// formatting characters, which can show "x\u202egpj.exe" as "xexe.jpg",
+// invalid UTF-8 (stored as U+FFFD) and spaces at either end. A name is
+// taken as sent, never trimmed: the console trimmed and the API did not,
+// so each took names the other refused.
+func checkKeyName(name string) *Problem {
+	switch {
+	case strings.TrimSpace(name) == "":
+		return &Problem{"name", "name is required: name keys after where they are used, e.g. \"prod-backend\""}
+	case len(name) > accounts.MaxKeyNameLen:
+		return &Problem{"name", fmt.Sprintf("name is too long: at most %d bytes", accounts.MaxKeyNameLen)}
+	case !utf8.ValidString(name):
+		return &Problem{"name", "name must be valid UTF-8"}
+	case strings.ContainsFunc(name, unicode.IsControl):
+		return &Problem{"name", "name must not contain control characters"}
+	case strings.ContainsFunc(name, isBidiFormat):
+		return &Problem{"name", "name must not contain bidirectional formatting characters (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): they can make a name read as another"}
+	}
+	first, _ := utf8.DecodeRuneInString(name)
+	last, _ := utf8.DecodeLastRuneInString(name)
+	if unicode.IsSpace(first) || unicode.IsSpace(last) {
+		return &Problem{"name", "name must not begin or end with a space"}
+	}
+	return nil
+}
+
+// isBidiFormat reports whether r is one of Unicode's bidirectional
+// formatting characters: the marks, embeddings, overrides and isolates.
+func isBidiFormat(r rune) bool {
+	switch {
+	case r == '\u061c', r == '\u200e', r == '\u200f':
+		return true
+	case r >= '\u202a' && r <= '\u202e':
+		return true
+	case r >= '\u2066' && r <= '\u2069':
+		return true
+	}
+	return false
 }

@@ -631,7 +631,9 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	args := ctx.PostArgs()
 	in := keyInput{
-		Name:      strings.TrimSpace(string(args.Peek("name"))),
+		// As typed: admin.CheckKeyRequest refuses spaces at the ends, as
+		// the API does, rather than each path making its own name.
+		Name:      string(args.Peek("name")),
 		Scopes:    peekMulti(args, "scopes"),
 		Models:    peekMulti(args, "models"),
 		Logging:   string(args.Peek("logging")) == "on",
