@@ -64,12 +64,13 @@ func TestBrowserCreateUseAndDeleteKey(t *testing.T) {
 	if !strings.Contains(perModel, "large") || !strings.Contains(perModel, "small") || strings.Contains(perModel, "secret-model") {
 		t.Fatalf("per-model usage: %q", perModel)
 	}
-	// Plugin calls, billed at the plugin price, on a line of their own;
-	// cached tokens and estimated calls said.
+	// Plugin calls, billed at the plugin price (or the model's, when
+	// higher), on a line of their own; cached tokens and estimated calls
+	// said.
 	if !strings.Contains(perModel, "small (classify)") {
 		t.Fatalf("per-model usage without the classify line: %q", perModel)
 	}
-	if usage := text("#usage-heading + p, #usage-heading ~ p"); !strings.Contains(usage, "1 of the calls were billed on tokens the gateway counted") {
+	if usage := text("#usage-heading + p, #usage-heading ~ p"); !strings.Contains(usage, "1 of the calls was billed on tokens the gateway counted") {
 		t.Fatalf("usage note: %q", usage)
 	}
 	// Months reach further back: the 40-day-old call is in its month's

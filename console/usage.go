@@ -223,9 +223,10 @@ func (t *usageTotals) add(r usageRow) {
 }
 
 // modelLabel names a per-model line. Plugin calls (classify, tag, score,
-// match, batch) are billed at the plugin price, not the model's, so they
-// get a line of their own: folded into the model's line, its cost could
-// not be checked against the model's prices.
+// match) are billed at the plugin price and batch jobs at the batch price
+// (the tokens of a model that answered at the higher of that and the
+// model's prices), so they get a line of their own: folded into the
+// model's line, its cost could not be checked against the model's prices.
 func modelLabel(r usageRow) string {
 	label := r.Model
 	if label == "" {

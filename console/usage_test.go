@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/valyala/fasthttp"
 )
 
 // hangingConn is a ClickHouse that accepted the connection and then
@@ -128,5 +130,28 @@ func TestUsageBacksOffAClickHouseWhoseHandshakeTimesOut(t *testing.T) {
 				t.Fatalf("%d connections to a silent ClickHouse, want 1", n)
 			}
 		})
+	}
+}
+
+// The usage note said "1 of the calls were billed", and that plugin and
+// batch calls cost the plugin price: batch jobs cost the batch price, and
+// the tokens of a model that answered cost at least the model's prices.
+func TestUsageNoteSaysHowCallsArePriced(t *testing.T) {
+	c := &Console{logf: t.Logf}
+	for estimated, want := range map[uint64]string{
+		1: "1 of the calls was billed on tokens the gateway counted",
+		2: "2 of the calls were billed on tokens the gateway counted",
+	} {
+		var ctx fasthttp.RequestCtx
+		line := usageLine{Label: "Total", Estimated: estimated}
+		c.render(&ctx, 200, "overview", pageData{Title: "Overview", Account: "acme",
+			Page: overviewPage{Days: UsageDays, PerDay: []usageLine{line}, PerModel: []usageLine{line}, Total: line}})
+		page := string(ctx.Response.Body())
+		for _, w := range []string{want, "classify, tag, score and match calls at the plugin price and batch jobs at the batch price",
+			"the higher of that price and the model's own prices"} {
+			if !strings.Contains(page, w) {
+				t.Errorf("%d estimated: the overview lacks %q:\n%s", estimated, w, page)
+			}
+		}
 	}
 }
