@@ -1466,3 +1466,41 @@ func TestCutResponsesStreamBillsToolNamesAndSummaries(t *testing.T) {
 		t.Fatalf("billed %+v; want the %d tokens of the summary, name and arguments relayed, estimated", ev, want)
 	}
 }
+
+// A cut Responses stream of a function call whose arguments came whole,
+// in its output_item.added or in function_call_arguments.done, without
+// deltas, was billed its name only, though the client got the arguments
+// too (found by a black-box session). Arguments that came as deltas are
+// not counted again when done repeats them.
+func TestCutResponsesStreamBillsArgumentsThatCameWhole(t *testing.T) {
+	event := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	added := func(args string) string {
+		return event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"`+args+`","call_id":"call_1","name":"get_current_weather"}}`)
+	}
+	delta := func(seq int, d string) string {
+		return event("response.function_call_arguments.delta", fmt.Sprintf(`{"type":"response.function_call_arguments.delta","sequence_number":%d,"item_id":"fc_1","output_index":0,"delta":"%s"}`, seq, d))
+	}
+	const args = `{\"city\":\"Paris\",\"unit\":\"celsius\"}`
+	done := event("response.function_call_arguments.done", `{"type":"response.function_call_arguments.done","sequence_number":4,"item_id":"fc_1","output_index":0,"arguments":"`+args+`"}`) +
+		event("response.output_item.done", `{"type":"response.output_item.done","sequence_number":5,"output_index":0,"item":{"id":"fc_1","type":"function_call","status":"completed","arguments":"`+args+`","call_id":"call_1","name":"get_current_weather"}}`)
+	want := int64(tokens.Count(`get_current_weather{"city":"Paris","unit":"celsius"}`))
+	for _, tc := range []struct{ name, stream string }{
+		{"whole in output_item.added", added(args) + done},
+		{"whole in function_call_arguments.done", added("") + done},
+		{"in deltas, repeated by done", added("") + delta(2, `{\"city\":\"Paris\",`) + delta(3, `\"unit\":\"celsius\"}`) + done},
+		{"partly in deltas", added("") + delta(2, `{\"city\":\"Paris\",`) + done},
+	} {
+		h := newHarness(t, harnessOptions{})
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, closingUpstream(t, tc.stream), 1))
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			if got := readAll(t, h.post("/v1/responses", `{"model":"small","stream":true,"input":"weather in Paris?"}`)); !strings.Contains(string(got), `"code":"stream_interrupted"`) {
+				return fmt.Errorf("got %s", got)
+			}
+			return nil
+		})
+		evs := h.events(len(h.rec.Events()))
+		if ev := evs[len(evs)-1]; ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens != want {
+			t.Errorf("%s: billed %+v; want the %d tokens of the name and arguments relayed, estimated", tc.name, ev, want)
+		}
+	}
+}

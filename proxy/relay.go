@@ -423,13 +423,47 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		}
 	case "response.output_item.added":
 		// A function call's name comes whole here, never in a delta: a
-		// cut stream of tool calls was billed their arguments only.
+		// cut stream of tool calls was billed their arguments only. Some
+		// upstreams send its arguments whole here too.
 		if c.keepText() {
 			if item := gjson.Get(bstr(data), "item"); item.Get("type").Str == "function_call" {
 				c.appendText(item.Get("name").Str)
+				c.appendText(item.Get("arguments").Str)
 			}
 		}
+	case "response.function_call_arguments.done":
+		// The arguments whole, after deltas that carried them or none: an
+		// upstream that sends no deltas was billed the call's name only.
+		if c.keepText() {
+			args := gjson.Get(bstr(data), "arguments").Str
+			c.appendText(args[deliveredPrefix(c.text, args):])
+		}
 	}
+}
+
+// deliveredPrefix is how much of a function call's arguments, whole in
+// its function_call_arguments.done, the text kept for the estimate already
+// ends with: what its deltas or its output_item.added delivered, which
+// come right before, after its name (which no arguments end with). No
+// state is kept per item: the text itself says what was counted. Only
+// where a call's deltas straddle a count of the text (once every 4 MiB,
+// see appendCounted) is the part counted before the cut counted again.
+func deliveredPrefix(text []byte, args string) int {
+	if len(args) == 0 {
+		return 0
+	}
+	tail := text[max(0, len(text)-len(args)):]
+	for i := 0; i < len(tail); i++ {
+		j := bytes.IndexByte(tail[i:], args[0])
+		if j < 0 {
+			break
+		}
+		i += j
+		if string(tail[i:]) == args[:len(tail)-i] {
+			return len(tail) - i
+		}
+	}
+	return 0
 }
 
 // rememberResponse records which upstream created the response with this
