@@ -64,7 +64,9 @@ func (e *APIError) MarshalJSON() ([]byte, error) {
 // WriteError writes err as the response. Other packages (plugins, admin)
 // use it so every error body looks the same.
 func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
-	if err.Status >= 400 && err.Status < 500 {
+	// A client that left (499) was refused nothing: its call is counted
+	// in tollgate_requests_total, as its usage event, and was in both.
+	if err.Status >= 400 && err.Status < 500 && err.Status != statusClientClosed {
 		refusals.count(ctx.Path(), err.Status)
 	}
 	body, _ := err.MarshalJSON()

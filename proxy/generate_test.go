@@ -891,6 +891,8 @@ func TestClientGoneBeforeTheAnswerStopsTheCall(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t, harnessOptions{firstByteTimeout: "20s",
 				upstream: proxytest.Options{FirstByteDelay: 8 * time.Second, HeaderFlushThenDelay: name == "stream", CompletionTokens: 500}})
+			refused := regexp.MustCompile(`tollgate_requests_refused_total\{endpoint="/v1/chat/completions",status="4xx"\} (\d+)`)
+			refusedBefore := refused.FindStringSubmatch(scrape(t, h))
 			client := &http.Client{Timeout: 1500 * time.Millisecond}
 			req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+h.key)
@@ -912,6 +914,13 @@ func TestClientGoneBeforeTheAnswerStopsTheCall(t *testing.T) {
 			// Counted once in the metrics, as its event.
 			if m := regexp.MustCompile(`tollgate_requests_total\{[^}]*status="499"\} (\d+)`).FindStringSubmatch(scrape(t, h)); m == nil || m[1] != "1" {
 				t.Fatalf("499s counted %v, want 1", m)
+			}
+			// And not as a refusal of the gateway's (until 2026-11-26 it
+			// was in both), which WriteError counts just after the event.
+			for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+				if m := refused.FindStringSubmatch(scrape(t, h)); fmt.Sprint(m) != fmt.Sprint(refusedBefore) {
+					t.Fatalf("refusals with status 4xx went from %v to %v", refusedBefore, m)
+				}
 			}
 		})
 	}
