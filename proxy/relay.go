@@ -172,6 +172,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			msg = "the gateway is shutting down and could not wait for this stream to finish; stream ended"
 		default:
 			c.interrupted = true
+			c.failStreamSpan(lastError)
 			c.answerBroke(err, lastError, msg)
 		}
 		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil

@@ -111,14 +111,20 @@ func (c *generationCall) startAttemptSpan(up *upstream, n int) trace.Span {
 	return span
 }
 
-// endAttemptSpan ends an attempt's span with the upstream's status.
+// answeredStatus says that an upstream answered status, as the admin
+// API's last_error says it of a 5xx, and an attempt's span of its 5xx or 429.
+func answeredStatus(status int) string { return "answered " + strconv.Itoa(status) }
+
+// endAttemptSpan ends an attempt's span with the upstream's status. A 429
+// is an error of the span (a client span's 4xx is), though last_error
+// records one only when its Retry-After rests the upstream.
 func endAttemptSpan(span trace.Span, status int) {
 	if span == nil {
 		return
 	}
 	span.SetAttributes(attribute.Int("http.response.status_code", status))
 	if status >= 500 || status == 429 {
-		span.SetStatus(codes.Error, "upstream answered "+strconv.Itoa(status))
+		span.SetStatus(codes.Error, answeredStatus(status))
 	}
 	span.End()
 }
@@ -153,12 +159,20 @@ func (c *generationCall) endCallSpan(ev *meter.Event) {
 		attribute.Int64("tollgate.cost_nanos", int64(ev.CostNanos)),
 		attribute.Int("http.response.status_code", ev.Status),
 	)
-	if c.interrupted {
+	if c.interrupted { // its status set by failStreamSpan
 		c.span.SetAttributes(attribute.Bool("tollgate.stream_interrupted", true))
-		c.span.SetStatus(codes.Error, "the upstream's stream was interrupted")
 	}
 	c.span.End()
 	c.span = nil
+}
+
+// failStreamSpan marks the call's span with why its upstream cut or
+// stalled the stream, in the words of the admin API's last_error. It is
+// the call's span that says so: its attempt's span ended with the 200.
+func (c *generationCall) failStreamSpan(reason string) {
+	if c.span != nil {
+		c.span.SetStatus(codes.Error, reason)
+	}
 }
 
 // failCallSpan ends the call's span for a call that got no usage event.

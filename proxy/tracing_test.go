@@ -237,3 +237,39 @@ func TestAttemptSpanSaysWhyAsTheAdminAPIDoes(t *testing.T) {
 	}
 	t.Fatalf("no attempt span among %v", recv.spans)
 }
+
+// Spans say what the admin API's last_error says: an attempt answered 500
+// said "upstream answered 500" where last_error says "answered 500", and a
+// stream cut mid-answer said "the upstream's stream was interrupted" where
+// last_error names the upstream and the cause. The attempt's span ended
+// with its 200, so the cut is on the call's span.
+func TestSpansSayWhatLastErrorSays(t *testing.T) {
+	for _, tc := range []struct {
+		name, span string
+		up         proxytest.Options
+	}{
+		{"5xx", "attempt p0", proxytest.Options{Status: 500}},
+		{"stream cut", "chat small", proxytest.Options{DropAfter: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recv, tp := startCollector(t)
+			h := newPoolHarnessWith(t, harnessOptions{tracer: tp.Tracer("test")}, 1, "", tc.up)
+			readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+			lastError := h.statuses()["p0"].LastError
+			if err := tp.ForceFlush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			recv.mu.Lock()
+			defer recv.mu.Unlock()
+			for _, s := range recv.spans {
+				if s.Name == tc.span {
+					if got := s.Status.GetMessage(); got != lastError || lastError == "" || s.Status.GetCode() != tracepb.Status_STATUS_CODE_ERROR {
+						t.Fatalf("span %q status %v %q, want an error saying last_error's %q", s.Name, s.Status.GetCode(), got, lastError)
+					}
+					return
+				}
+			}
+			t.Fatalf("no span %q among %v", tc.span, recv.spans)
+		})
+	}
+}
