@@ -449,12 +449,15 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 // state is kept per item: the text itself says what was counted. Only
 // where a call's deltas straddle a count of the text (once every 4 MiB,
 // see appendCounted) is the part counted before the cut counted again.
+// At most maxPrefixTries places are compared, each up to len(args): an
+// upstream's megabytes of one repeated byte cost a few comparisons of it,
+// not one per byte; past them the arguments count whole.
 func deliveredPrefix(text []byte, args string) int {
 	if len(args) == 0 {
 		return 0
 	}
 	tail := text[max(0, len(text)-len(args)):]
-	for i := 0; i < len(tail); i++ {
+	for i, tries := 0, 0; i < len(tail) && tries < maxPrefixTries; i, tries = i+1, tries+1 {
 		j := bytes.IndexByte(tail[i:], args[0])
 		if j < 0 {
 			break
@@ -466,6 +469,9 @@ func deliveredPrefix(text []byte, args string) int {
 	}
 	return 0
 }
+
+// maxPrefixTries bounds deliveredPrefix's work.
+const maxPrefixTries = 16
 
 // rememberResponse records which upstream created the response with this
 // id, once per call, for its state routes and previous_response_id.
