@@ -21,7 +21,9 @@ import (
 // Nothing has gone to the client yet, so a retried call is billed once,
 // for the answer returned (an upstream that took it and closed without
 // answering may have generated part of it first). A call pinned to
-// the upstream holding its previous response goes there or nowhere. The
+// the upstream holding its previous response goes there or nowhere; one
+// whose input's items only prefer their holder (c.first) goes there first,
+// and on to the others like any call. The
 // returned upstream is also call.upstream; its in-flight count is released
 // with the call.
 func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, body []byte) (*upstreamResponse, *upstream, *APIError) {
@@ -44,15 +46,25 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			now := time.Now().UnixNano()
 			var ok bool
 			if sent, ok = up.health.take(now); !ok {
-				return nil, nil, Unavailable(fmt.Sprintf("upstream %s, which holds the previous response, is unavailable: %s",
-					up.cfg.Name, up.health.describe(now)))
+				return nil, nil, Unavailable(fmt.Sprintf("upstream %s, which holds %s, is unavailable: %s",
+					up.cfg.Name, c.pinnedBy, up.health.describe(now)))
 			}
 			up.health.await(now)
-		} else if up, i, sent = p.pick(rt, tried, affinity); up == nil {
-			if lastErr != nil {
-				return nil, nil, lastErr
+		} else {
+			if n == 0 && c.first != nil {
+				// Its index goes in tried: a retry goes to the others.
+				if i, sent = p.takeMember(c.first); i >= 0 {
+					up = c.first
+				}
 			}
-			return nil, nil, p.allDown(c.entry.ID)
+			if up == nil {
+				if up, i, sent = p.pick(rt, tried, affinity); up == nil {
+					if lastErr != nil {
+						return nil, nil, lastErr
+					}
+					return nil, nil, p.allDown(c.entry.ID)
+				}
+			}
 		}
 		tried |= 1 << i
 		c.upstream = up

@@ -498,6 +498,25 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 	return nil, -1, ticket{}
 }
 
+// takeMember takes up, a member of p, for an attempt as pick does (counted
+// as awaiting): its index and ticket, or -1 when it is not in p or not
+// available now.
+func (p *pool) takeMember(up *upstream) (int, ticket) {
+	for i, m := range p.members {
+		if m.up != up {
+			continue
+		}
+		now := time.Now().UnixNano()
+		t, ok := up.health.take(now)
+		if !ok {
+			return -1, ticket{}
+		}
+		up.health.await(now)
+		return i, t
+	}
+	return -1, ticket{}
+}
+
 // slowStarting is the members outside skip that never answered and hold
 // a call (and those in lost), and whether they are every eligible member
 // outside skip.

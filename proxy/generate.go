@@ -128,7 +128,7 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	// A call that continues a stored response, or names stored items in
 	// its input, goes to the upstream that holds them, and only for the
 	// account that created them.
-	var pinned *upstream
+	var pinned, first *upstream
 	var history int64
 	var pinnedBy string
 	if ep == endpointResponses {
@@ -174,15 +174,19 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 			pinned = pinnedIn(w, r.pool, holder)
 		}
 		// Items that carry their text can be read anywhere: their holder
-		// is no reason to fail when it is down. Asked with eligible, which
-		// takes nothing: available took a holder's half-open trial slot
-		// here, and the call's attempt, finding it taken, answered 503
-		// and left the holder half-open with no trial let through.
-		if preferred && pinned != nil && !pinned.health.eligible(time.Now().UnixNano()) {
+		// is no reason to fail when it is down, only the first choice
+		// (attempt). Asked with eligible, which takes nothing: available
+		// took a holder's half-open trial slot here, and the call's
+		// attempt, finding it taken, answered 503 and left the holder
+		// half-open with no trial let through.
+		if preferred {
+			if pinned != nil && pinned.health.eligible(time.Now().UnixNano()) {
+				first = pinned
+			}
 			pinned = nil
 		}
 	}
-	if r.routing.Affinity != "none" && pinned == nil {
+	if r.routing.Affinity != "none" && pinned == nil && first == nil {
 		r.affinity = affinityKey(r.routing, ctx, body)
 	}
 	stream := f.Stream.Type == gjson.True
@@ -194,7 +198,7 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 	call := callPool.Get().(*generationCall)
 	call.server, call.ep, call.entry, call.key = s, ep, entry, key
 	call.stream, call.injected, call.reqBody, call.pinned = stream, injected, bufp, pinned
-	call.history, call.pinnedBy = history, pinnedBy
+	call.history, call.pinnedBy, call.first = history, pinnedBy, first
 	if n := f.N.Int(); n > 1 && n <= maxChoices && ep == endpointChat {
 		call.choices = int(n)
 	}
@@ -406,7 +410,11 @@ type generationCall struct {
 	pinned *upstream // the upstream holding previous_response_id or input's items; no other is tried
 	// pinnedBy says what pinned the call, for the error when pinned fails.
 	pinnedBy string
-	alone    bool // the model's pool has one member, which is never ejected
+	// first is the upstream holding input's items that carry their text
+	// (they only prefer it): the first attempt goes there, retries to
+	// the others as for any call.
+	first *upstream
+	alone bool // the model's pool has one member, which is never ejected
 	// interrupted: the upstream cut or stalled the stream after its first
 	// byte; the call is billed (estimated) and counted as such.
 	interrupted bool

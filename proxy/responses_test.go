@@ -857,6 +857,51 @@ func TestReasoningItemWithItsTextNeedsNoStoredItem(t *testing.T) {
 	}
 }
 
+// TestReasoningItemHolderDownIsNoReasonToFail: a reasoning item that
+// carries its text only prefers its holder, yet a call naming one whose
+// holder had just died was answered 503 "which holds the items input names
+// by id, is unreachable" until the holder was ejected, and then at each
+// of its half-open trials (found by a black-box re-test): the holder was
+// kept as a pin, and a pinned call is never retried. It is the first
+// choice now, and the call moves on like any other.
+func TestReasoningItemHolderDownIsNoReasonToFail(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin\n  retries: 1\n  eject_after: 3\n  eject_for: 100ms\n  probe_interval: 1h")
+	if err := h.svc.WaitSynced(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	item, at := h.createItem("", createResp, "")
+	other := 1 - at
+	h.ups[at].Close()
+	call := func(what string, stream bool) {
+		t.Helper()
+		extra := ""
+		if stream {
+			extra = `,"stream":true`
+		}
+		calls := h.calls("/v1/responses")[other]
+		if status, resp := h.send("", "POST", "/v1/responses", withReasoning(item, extra), ""); status != 200 {
+			t.Fatalf("%s: %d %s", what, status, resp)
+		}
+		if h.calls("/v1/responses")[other] != calls+1 {
+			t.Fatalf("%s: the other upstream did not answer it", what)
+		}
+	}
+	for i := range 3 { // the holder unreachable, not yet ejected
+		call(fmt.Sprintf("call %d before the holder's ejection", i+1), i%2 == 1)
+	}
+	name := fmt.Sprintf("p%d", at)
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
+		if s := h.statuses()[name]; s.State != "half_open" {
+			return fmt.Errorf("%s is %s", name, s.State)
+		}
+		return nil
+	})
+	call("the holder's half-open trial", false)
+	if s := h.statuses()[name]; s.Ejections != 2 {
+		t.Fatalf("the failed trial did not eject %s again: %+v", name, s)
+	}
+}
+
 // TestResponsesConversationIsRefused: the gateway does not map
 // conversations to an upstream or an account, so one passed on could be
 // used by any account, on whichever upstream round robin chose.
