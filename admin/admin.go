@@ -181,7 +181,7 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 	// array into Go value of type struct { ID string ..."), null taken as {}.
 	root := gjson.ParseBytes(body)
 	if !root.IsObject() {
-		return proxy.BadRequest("", "the body must be a JSON object, got "+valueKind(root))
+		return proxy.BadRequest("", "the body must be a JSON object, got "+jsoncheck.Kind(root))
 	}
 	if err := checkMembers(root, reflect.TypeOf(v), ""); err != nil {
 		return err
@@ -269,26 +269,6 @@ func joinPath(path, key string) string {
 		return key
 	}
 	return path + "." + key
-}
-
-// valueKind words what a JSON value is.
-func valueKind(v gjson.Result) string {
-	switch v.Type {
-	case gjson.String:
-		return "a string"
-	case gjson.Number:
-		return "a number"
-	case gjson.True:
-		return "true"
-	case gjson.False:
-		return "false"
-	case gjson.Null:
-		return "null"
-	}
-	if v.IsArray() {
-		return "an array"
-	}
-	return "an object"
 }
 
 // jsonKind words a Go type as the JSON a client should send.

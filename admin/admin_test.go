@@ -379,7 +379,7 @@ func TestIDsInThePathStayInTheirSegment(t *testing.T) {
 func TestBodyThatIsNotAnObject(t *testing.T) {
 	g := startGateway(t)
 	for body, got := range map[string]string{`[{"id":"acme"}]`: "an array", `"acme"`: "a string", `12`: "a number",
-		`true`: "true", `null`: "null"} {
+		`true`: "a boolean", `null`: "null"} {
 		for _, path := range []string{"/admin/v1/accounts", "/admin/v1/accounts/acme/credit", "/admin/v1/accounts/acme/keys"} {
 			status, _, out := g.call("POST", path, body)
 			if status != 400 {

@@ -139,23 +139,7 @@ func isBoolOrNull(v gjson.Result) bool {
 // wrongType words the refusal as OpenAI does, so a client sees the same
 // message from the gateway as from OpenAI.
 func wrongType(param, want string, got gjson.Result) *APIError {
-	return BadRequest(param, "Invalid type for '"+param+"': expected "+want+", but got "+jsonType(got)+" instead.")
-}
-
-func jsonType(v gjson.Result) string {
-	switch {
-	case v.Type == gjson.String:
-		return "a string"
-	case v.Type == gjson.Number:
-		return "a number"
-	case v.Type == gjson.True || v.Type == gjson.False:
-		return "a boolean"
-	case v.IsArray():
-		return "an array"
-	case v.IsObject():
-		return "an object"
-	}
-	return "null"
+	return BadRequest(param, "Invalid type for '"+param+"': expected "+want+", but got "+jsoncheck.Kind(got)+" instead.")
 }
 
 type edit struct {

@@ -196,3 +196,21 @@ func hexRune(s string) (rune, bool) {
 	}
 	return r, true
 }
+
+// Kind words what a JSON value is, as OpenAI's type errors do ("a
+// string", "a boolean", "null"), for messages that say what was sent.
+func Kind(v gjson.Result) string {
+	switch {
+	case v.Type == gjson.String:
+		return "a string"
+	case v.Type == gjson.Number:
+		return "a number"
+	case v.Type == gjson.True || v.Type == gjson.False:
+		return "a boolean"
+	case v.IsArray():
+		return "an array"
+	case v.IsObject():
+		return "an object"
+	}
+	return "null"
+}
