@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // The input's byte order mark is not part of its first line; a mark
@@ -68,5 +69,20 @@ func TestLineLimitLeavesOutTheLineEnding(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// An engine's error quoted in a result line is cut between characters:
+// cut at byte 300 inside one, the line held invalid UTF-8.
+func TestQuoteCutsBetweenCharacters(t *testing.T) {
+	for pad := range 4 {
+		msg := strings.Repeat("x", pad) + strings.Repeat("€", errorMaxText)
+		got := quote(msg)
+		if !utf8.ValidString(got) || !strings.HasSuffix(got, "…") || len(got) > errorMaxText+len("…") {
+			t.Errorf("pad %d: %q (%d bytes)", pad, got[max(0, len(got)-12):], len(got))
+		}
+	}
+	if got := quote("short"); got != "short" {
+		t.Errorf("a short message: %q", got)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
@@ -858,10 +859,16 @@ func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
 
 // quote shortens an engine's words for a result line.
 func quote(msg string) string {
-	if len(msg) > errorMaxText {
-		return msg[:errorMaxText] + "…"
+	if len(msg) <= errorMaxText {
+		return msg
 	}
-	return msg
+	// Cut between characters: cut inside one, the result line held
+	// invalid UTF-8, which JSON readers replace or refuse.
+	cut := errorMaxText
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
 }
 
 // classify retries an unavailable engine with backoff.
