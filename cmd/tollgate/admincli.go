@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -406,6 +407,14 @@ func runKeys(args []string) error {
 
 const configUsage = "usage: tollgate config check [FILE] | tollgate config get SETTING [FILE] (SETTING as server.data_dir)"
 
+// configCheckUsage is printed by "config check -h".
+const configCheckUsage = `usage: tollgate config check [FILE | -config FILE]
+
+Loads the config file (default $TOLLGATE_CONFIG, else ./gateway.yaml) as
+serve and a reload do, and prints every error with file:line:col, or
+"FILE: ok". Exits 1 on an invalid file.
+`
+
 // configGetUsage is printed by "config get -h".
 const configGetUsage = `usage: tollgate config get SETTING [FILE | -config FILE]
 
@@ -424,6 +433,11 @@ func runConfig(args []string) error {
 	}
 	if len(args) == 0 || args[0] != "check" {
 		return errors.New(configUsage)
+	}
+	if slices.ContainsFunc(args[1:], func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
+		// Answered "the config file is FILE or -config FILE" as an error.
+		fmt.Print(configCheckUsage)
+		return nil
 	}
 	// More than one file used to check the first and say ok.
 	path, err := configArg(args[1:])

@@ -60,6 +60,13 @@ func TestConfigGetArguments(t *testing.T) {
 			t.Errorf("config %q: printed %q, %v; want the usage", args, out, err)
 		}
 	}
+	// config check -h answered with an error about the file argument.
+	for _, args := range [][]string{{"check", "-h"}, {"check", path, "--help"}} {
+		out, err := stdoutOf(t, func() error { return runConfig(args) })
+		if err != nil || !strings.HasPrefix(out, "usage: tollgate config check") {
+			t.Errorf("config %q: printed %q, %v; want the usage", args, out, err)
+		}
+	}
 	for wantErr, args := range map[string][]string{
 		"one config file at most": {"get", "server.listen", path, "-config", path},
 		"needs a file name":       {"get", "server.listen", "-config"},
