@@ -993,7 +993,7 @@ func (lc *lineClassifier) lineResult(c *chunk, n int64, res *Answer) {
 // billed at the job's price with the job).
 func (lc *lineClassifier) count(c *chunk, res *Answer) int64 {
 	u := res.Usage
-	total := tokensOf(u)
+	total := u.Tokens()
 	c.prompt += u.PromptTokens
 	c.completion += u.CompletionTokens
 	c.cached += u.CachedTokens
@@ -1001,7 +1001,7 @@ func (lc *lineClassifier) count(c *chunk, res *Answer) int64 {
 	c.total += total
 	c.estimated = c.estimated || u.Estimated
 	spent := &res.Spent
-	if tokens := tokensOf(spent.Usage); tokens > 0 {
+	if tokens := spent.Usage.Tokens(); tokens > 0 {
 		var atJobPrice money.Atto
 		atJobPrice.Add(tokens, lc.price)
 		c.modelTokens += tokens
@@ -1011,14 +1011,6 @@ func (lc *lineClassifier) count(c *chunk, res *Answer) int64 {
 		}
 	}
 	return total
-}
-
-// tokensOf is u's total, prompt and completion when it gives none.
-func tokensOf(u classifiers.Usage) int64 {
-	if u.TotalTokens == 0 {
-		return u.PromptTokens + u.CompletionTokens
-	}
-	return u.TotalTokens
 }
 
 // appendEngine names who answered the line, as /v1/classify does: with

@@ -64,6 +64,14 @@ func (u Usage) Plus(v Usage) Usage {
 		ReasoningTokens: u.ReasoningTokens + v.ReasoningTokens, Estimated: u.Estimated || v.Estimated}
 }
 
+// Tokens is u's total: prompt and completion when it gives none.
+func (u Usage) Tokens() int64 {
+	if u.TotalTokens == 0 {
+		return u.PromptTokens + u.CompletionTokens
+	}
+	return u.TotalTokens
+}
+
 // addCall adds the usage of one model call, as CallModel returned it.
 func (u *Usage) addCall(c catalog.Usage) {
 	u.PromptTokens += c.PromptTokens

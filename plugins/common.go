@@ -523,12 +523,12 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 	switch {
 	case choice.name == engineLLM:
 		llm, model, upstream = u, choice.model, choice.upstream
-	case tokensOf(choice.spent) > 0:
+	case choice.spent.Tokens() > 0:
 		llm, model, upstream = choice.spent, choice.spentModel, choice.spentUpstream
 	}
 	var offlineCost, llmCost money.Atto
-	offlineCost.Add(tokensOf(u)-tokensOf(llm), price)
-	llmCost.Add(tokensOf(llm), price)
+	offlineCost.Add(u.Tokens()-llm.Tokens(), price)
+	llmCost.Add(llm.Tokens(), price)
 	// At the plugin price alone, a key allowed an expensive model ran up
 	// to 64 KiB of text a call through it at a 6th to a 25th of what a
 	// chat call pays for the same tokens.
@@ -538,7 +538,7 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 	switch {
 	case u.Estimated: // an llm's upstream reported no usage to believe
 		source = meter.SourceEstimated
-	case tokensOf(llm) > 0:
+	case llm.Tokens() > 0:
 		source = meter.SourceUpstream
 	}
 	call.Server.Record(&meter.Event{
@@ -564,7 +564,7 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 // of u, the tokens it spent on one plugin call, cached ones at
 // input_cache_read; 0 when it spent none.
 func modelCost(w *proxy.World, model string, u classifiers.Usage) money.Nanos {
-	if tokensOf(u) == 0 {
+	if u.Tokens() == 0 {
 		return 0
 	}
 	e, ok := w.Catalog.Resolve(model)
@@ -572,14 +572,6 @@ func modelCost(w *proxy.World, model string, u classifiers.Usage) money.Nanos {
 		return 0
 	}
 	return e.Prices.Cost(u.Catalog())
-}
-
-// tokensOf is u's total, prompt and completion when it gives none.
-func tokensOf(u classifiers.Usage) int64 {
-	if u.TotalTokens == 0 {
-		return u.PromptTokens + u.CompletionTokens
-	}
-	return u.TotalTokens
 }
 
 // writeJSON writes v as a 200 response.
