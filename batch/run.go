@@ -13,13 +13,13 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/jsoncheck"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/storage"
@@ -858,18 +858,7 @@ func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
 }
 
 // quote shortens an engine's words for a result line.
-func quote(msg string) string {
-	if len(msg) <= errorMaxText {
-		return msg
-	}
-	// Cut between characters: cut inside one, the result line held
-	// invalid UTF-8, which JSON readers replace or refuse.
-	cut := errorMaxText
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut--
-	}
-	return msg[:cut] + "…"
-}
+func quote(msg string) string { return utf8cut.Shorten(msg, errorMaxText) }
 
 // classify retries an unavailable engine with backoff.
 func (lc *lineClassifier) classify(ctx context.Context, req classifiers.ClassifyRequest) (Answer, error) {

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/internal/utf8cut"
 )
 
 // ErrUnparseable means the model answered twice with something that is not
@@ -172,7 +174,7 @@ func (e *llm) ask(ctx context.Context, system, user, format string, maxTokens in
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: %v; model %s answered %q", ErrUnparseable, lastErr, e.model, truncateText(lastText, 200))
+	return fmt.Errorf("%w: %v; model %s answered %q", ErrUnparseable, lastErr, e.model, utf8cut.Shorten(lastText, 200))
 }
 
 // call sends req once. An upstream that refuses logprobs (OpenAI's
@@ -228,19 +230,6 @@ func readAnswer(raw []byte) modelAnswer {
 	}
 	return ans
 }
-
-func truncateText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && !isRuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
-
-func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // oneLine keeps caller text on its prompt line, so that a description
 // cannot start a line that reads as another label.

@@ -17,6 +17,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -153,7 +154,7 @@ func TestLLMClassify150LabelsFromTop20(t *testing.T) {
 	// The numbers are 100 to 249, one width, so no number begins another.
 	system := gjson.GetBytes(s.Requests()[0].Body, "messages.0.content").String()
 	if !strings.Contains(system, "\n100. \"topic-000\"") || !strings.Contains(system, "\n249. \"topic-149\"") {
-		t.Errorf("labels are not numbered 100 to 249:\n%s", truncateText(system, 400))
+		t.Errorf("labels are not numbered 100 to 249:\n%s", utf8cut.Shorten(system, 400))
 	}
 	// The 20 labels shown carry the view's probabilities; the 130 others
 	// share what is left, at most the 20th's each; the sum is 1 up to the

@@ -20,9 +20,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/internal/utf8cut"
 )
 
 // The outbox keeps usage events on local disk from the moment the request
@@ -1283,16 +1284,11 @@ func (l *RequestLog) cut(keepRequest, keepResponse int) *RequestLog {
 // line saying how many bytes were left out: those cut from body and the
 // leftOut that came after it and were never kept.
 func cutLogged(body string, keep int, leftOut int64) string {
-	if keep >= len(body) {
-		if leftOut == 0 {
-			return body
-		}
-		keep = len(body)
+	if keep >= len(body) && leftOut == 0 {
+		return body
 	}
-	for keep > 0 && keep < len(body) && !utf8.RuneStart(body[keep]) {
-		keep--
-	}
-	return body[:keep] + "\n[tollgate: cut here, " + strconv.FormatInt(int64(len(body)-keep)+leftOut, 10) + " more bytes not logged]"
+	kept := utf8cut.Prefix(body, keep)
+	return kept + "\n[tollgate: cut here, " + strconv.FormatInt(int64(len(body)-len(kept))+leftOut, 10) + " more bytes not logged]"
 }
 
 // encodeOutboxPayload is appendOutboxPayload into a new slice.

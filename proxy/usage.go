@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/tokens"
 )
@@ -174,10 +175,7 @@ func (c *generationCall) appendText(s string) {
 func (c *generationCall) appendLogText(s string) {
 	keep := 0
 	if c.logLeftOut == 0 {
-		keep = min(len(s), meter.MaxLogBytes-len(c.logText))
-		for keep > 0 && keep < len(s) && !utf8.RuneStart(s[keep]) {
-			keep--
-		}
+		keep = len(utf8cut.Prefix(s, meter.MaxLogBytes-len(c.logText)))
 	}
 	if len(c.logText)+keep > cap(c.logText) {
 		// Grown as append would, but never past the bound.
