@@ -45,11 +45,10 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			up = c.pinned
 			now := time.Now().UnixNano()
 			var ok bool
-			if sent, ok = up.health.take(now); !ok {
+			if sent, ok = up.health.send(now); !ok {
 				return nil, nil, Unavailable(fmt.Sprintf("upstream %s, which holds %s, is unavailable: %s",
 					up.cfg.Name, c.pinnedBy, up.health.describe(now)))
 			}
-			up.health.await(now)
 		} else {
 			if n == 0 && c.first != nil {
 				// Its index goes in tried: a retry goes to the others.
@@ -169,7 +168,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				h.undecided(sent) // busy says nothing of its health
 			}
 		case status >= 500:
-			answered := "answered " + strconv.Itoa(status)
+			answered := answeredStatus(status)
 			up.fail(rt, answered, answered, sent, c.alone, true)
 		default:
 			if h.succeeded(time.Since(sentAt)) {

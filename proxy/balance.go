@@ -131,15 +131,9 @@ type ticket struct {
 	trial     bool
 }
 
-// available reports whether a call may go to the upstream now, and takes
-// the half-open trial slot when the call is that trial.
-func (h *upstreamHealth) available(now int64) bool {
-	_, ok := h.take(now)
-	return ok
-}
-
-// take is available for a call about to be sent: the ticket its outcome
-// is reported with.
+// take reports whether a call may go to the upstream now, and takes the
+// half-open trial slot when the call is that trial; the ticket is what
+// its outcome is reported with.
 func (h *upstreamHealth) take(now int64) (ticket, bool) {
 	// Read before the state: a call that saw the breaker closed just as it
 	// opened holds the ejections before, and its failure only counts.
@@ -451,8 +445,7 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 	}
 	if affinity != 0 {
 		if i := p.rendezvous(affinity, now, tried); i >= 0 {
-			if t, ok := p.members[i].up.health.take(now); ok {
-				p.members[i].up.health.await(now)
+			if t, ok := p.members[i].up.health.send(now); ok {
 				return p.members[i].up, i, t
 			}
 		}
@@ -506,12 +499,10 @@ func (p *pool) takeMember(up *upstream) (int, ticket) {
 		if m.up != up {
 			continue
 		}
-		now := time.Now().UnixNano()
-		t, ok := up.health.take(now)
+		t, ok := up.health.send(time.Now().UnixNano())
 		if !ok {
 			return -1, ticket{}
 		}
-		up.health.await(now)
 		return i, t
 	}
 	return -1, ticket{}
@@ -539,6 +530,16 @@ func (p *pool) slowStarting(now int64, skip, lost uint64) (held uint64, every bo
 // a call: slow start gives it one at a time.
 func (h *upstreamHealth) warming() bool {
 	return h.answered.Load() == 0 && h.state.Load() == stateClosed
+}
+
+// send is take and, when the call may go, await: for a call sent to this
+// upstream by name (pinned, preferred, affinity) rather than drawn.
+func (h *upstreamHealth) send(now int64) (ticket, bool) {
+	t, ok := h.take(now)
+	if ok {
+		h.await(now)
+	}
+	return t, ok
 }
 
 // await counts a call sent to the upstream that waits for its first byte.

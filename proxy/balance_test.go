@@ -555,3 +555,10 @@ func TestPromLabel(t *testing.T) {
 		}
 	}
 }
+
+// available is take without its ticket, for the tests of the breaker's
+// states.
+func (h *upstreamHealth) available(now int64) bool {
+	_, ok := h.take(now)
+	return ok
+}

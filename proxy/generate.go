@@ -161,7 +161,10 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 			switch {
 			case held == "" || held == holder:
 			case holder == "":
-				holder, pinnedBy, preferred = held, "the items input names by id", !required
+				holder, preferred = held, !required
+				if required {
+					pinnedBy = "the items input names by id"
+				}
 			case required:
 				first := refs[slices.IndexFunc(refs, func(r itemRef) bool { return !r.selfContained })].id
 				return nil, route{}, BadRequest("input", "the item '"+first+"' that input names by id is stored on another upstream than the previous_response_id, "+
@@ -175,7 +178,7 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 		}
 		// Items that carry their text can be read anywhere: their holder
 		// is no reason to fail when it is down, only the first choice
-		// (attempt). Asked with eligible, which takes nothing: available
+		// (attempt). Asked with eligible, which takes nothing: take
 		// took a holder's half-open trial slot here, and the call's
 		// attempt, finding it taken, answered 503 and left the holder
 		// half-open with no trial let through.
