@@ -411,19 +411,7 @@ func (up *upstream) stateRequest(dst []byte, method, path, query string, accept 
 	if err != nil {
 		return dst, fmt.Errorf("the query string cannot be passed on: %w", errors.Unwrap(err))
 	}
-	dst = append(dst, method...)
-	dst = append(dst, ' ')
-	dst = append(dst, u.RequestURI()...)
-	dst = append(dst, " HTTP/1.1\r\nHost: "...)
-	dst = append(dst, u.Host...)
-	// identity: the answer is relayed as it is, without its
-	// Content-Encoding, as a generation call's.
-	dst = append(dst, "\r\nUser-Agent: tollgate\r\nAccept-Encoding: identity\r\n"...)
-	if up.authHeader != "" {
-		dst = append(dst, "Authorization: "...)
-		dst = append(dst, up.authHeader...)
-		dst = append(dst, "\r\n"...)
-	}
+	dst = appendHead(dst, method, u.RequestURI(), u.Host, up.authHeader)
 	if len(accept) > 0 {
 		dst = append(dst, "Accept: "...)
 		dst = append(dst, accept...)

@@ -106,14 +106,27 @@ func requestHead(u *url.URL, path, auth string) []byte {
 	if u.RawQuery != "" {
 		p += "?" + u.RawQuery
 	}
-	// identity: the answer is read for its usage and relayed byte for
-	// byte; with no Accept-Encoding an upstream (or a proxy before it) may
-	// compress it, and the client got gzip bytes labelled JSON.
-	h := "POST " + p + " HTTP/1.1\r\nHost: " + u.Host + "\r\nUser-Agent: tollgate\r\nContent-Type: application/json\r\nAccept-Encoding: identity\r\n"
+	return append(appendHead(nil, "POST", p, u.Host, auth), "Content-Type: application/json\r\n"...)
+}
+
+// appendHead appends the request line of method and target and the
+// headers every call to an upstream sends. identity: an answer is read
+// for its usage and relayed byte for byte; with no Accept-Encoding an
+// upstream (or a proxy before it) may compress it, and the client got
+// gzip bytes labelled JSON.
+func appendHead(dst []byte, method, target, host, auth string) []byte {
+	dst = append(dst, method...)
+	dst = append(dst, ' ')
+	dst = append(dst, target...)
+	dst = append(dst, " HTTP/1.1\r\nHost: "...)
+	dst = append(dst, host...)
+	dst = append(dst, "\r\nUser-Agent: tollgate\r\nAccept-Encoding: identity\r\n"...)
 	if auth != "" {
-		h += "Authorization: " + auth + "\r\n"
+		dst = append(dst, "Authorization: "...)
+		dst = append(dst, auth...)
+		dst = append(dst, "\r\n"...)
 	}
-	return []byte(h)
+	return dst
 }
 
 // appendRequest appends a whole generation request for body to dst; extra
