@@ -68,6 +68,7 @@ func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
 // taken as sent, never trimmed: the console trimmed and the API did not,
 // so each took names the other refused.
 func checkKeyName(name string) *Problem {
+	isBidiControl := func(r rune) bool { return unicode.Is(unicode.Bidi_Control, r) }
 	switch {
 	case strings.TrimSpace(name) == "":
 		return &Problem{"name", "name is required: name keys after where they are used, e.g. \"prod-backend\""}
@@ -77,7 +78,7 @@ func checkKeyName(name string) *Problem {
 		return &Problem{"name", "name must be valid UTF-8"}
 	case strings.ContainsFunc(name, unicode.IsControl):
 		return &Problem{"name", "name must not contain control characters"}
-	case strings.ContainsFunc(name, isBidiFormat):
+	case strings.ContainsFunc(name, isBidiControl):
 		return &Problem{"name", "name must not contain bidirectional formatting characters (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): they can make a name read as another"}
 	}
 	first, _ := utf8.DecodeRuneInString(name)
@@ -86,18 +87,4 @@ func checkKeyName(name string) *Problem {
 		return &Problem{"name", "name must not begin or end with a space"}
 	}
 	return nil
-}
-
-// isBidiFormat reports whether r is one of Unicode's bidirectional
-// formatting characters: the marks, embeddings, overrides and isolates.
-func isBidiFormat(r rune) bool {
-	switch {
-	case r == '\u061c', r == '\u200e', r == '\u200f':
-		return true
-	case r >= '\u202a' && r <= '\u202e':
-		return true
-	case r >= '\u2066' && r <= '\u2069':
-		return true
-	}
-	return false
 }
