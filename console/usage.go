@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -191,11 +190,11 @@ func (u *usageReader) failed(err error) error {
 // context, or the driver's own handshake and read deadlines, which it
 // reports as net timeouts ("i/o timeout"), not as
 // context.DeadlineExceeded. Counting only the latter, a hung ClickHouse
-// cost every page its handshake or query deadline.
+// cost every page its handshake or query deadline. Both, and
+// os.ErrDeadlineExceeded, are net.Errors whose Timeout is true.
 func timedOut(err error) bool {
 	var netErr net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
-		errors.As(err, &netErr) && netErr.Timeout()
+	return errors.As(err, &netErr) && netErr.Timeout()
 }
 
 func quoteString(s string) string {
