@@ -69,13 +69,7 @@ func TestResponsesRelayAllocatesNothingPerEvent(t *testing.T) {
 			src.Reset(body)
 			rd.reset(src)
 			c.haveUsage, c.finished, c.text, c.remember = false, false, c.text[:0], true
-			for {
-				ev, err := rd.Next()
-				if err != nil {
-					break
-				}
-				c.inspectResponses(&ev)
-			}
+			inspectAll(c, rd)
 		}
 		run() // warm the buffers
 		return testing.AllocsPerRun(100, run)
@@ -104,13 +98,7 @@ func TestResponsesEstimateAllocatesNothingPerEvent(t *testing.T) {
 		src.Reset(responsesToolStream)
 		rd.reset(src)
 		c.haveUsage, c.finished, c.text, c.textTokens = false, false, c.text[:0], 0
-		for {
-			ev, err := rd.Next()
-			if err != nil {
-				break
-			}
-			c.inspectResponses(&ev)
-		}
+		inspectAll(c, rd)
 	}
 	run() // warm the buffers
 	if n := testing.AllocsPerRun(100, run); n != 0 {

@@ -63,12 +63,18 @@ func BenchmarkSSERelayResponsesEstimated(b *testing.B) {
 		src.Reset(responsesToolStream)
 		rd.reset(src)
 		c.haveUsage, c.finished, c.text, c.textTokens = false, false, c.text[:0], 0
-		for {
-			ev, err := rd.Next()
-			if err != nil {
-				break
-			}
-			c.inspectResponses(&ev)
+		inspectAll(c, rd)
+	}
+}
+
+// inspectAll reads every event of rd into c's Responses inspection, as
+// the relay does.
+func inspectAll(c *generationCall, rd *sseReader) {
+	for {
+		ev, err := rd.Next()
+		if err != nil {
+			return
 		}
+		c.inspectResponses(&ev)
 	}
 }
