@@ -10,6 +10,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/tokens"
 )
@@ -26,14 +27,7 @@ type ModelError struct {
 }
 
 func (e *ModelError) Error() string {
-	return fmt.Sprintf("upstream answered %d: %s", e.Status, truncate(e.Body, 200))
-}
-
-func truncate(b []byte, n int) string {
-	if len(b) > n {
-		return string(b[:n]) + "…"
-	}
-	return string(b)
+	return fmt.Sprintf("upstream answered %d: %s", e.Status, utf8cut.Shorten(string(e.Body), 200))
 }
 
 // CallModel sends a non-streamed chat completion for a catalog model

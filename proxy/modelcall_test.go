@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
@@ -82,5 +83,19 @@ func TestCallModelWaitsFirstByteTimeout(t *testing.T) {
 	}
 	if took := time.Since(began); took > 2*time.Second {
 		t.Fatalf("the engine's call took %v; first_byte_timeout is 200ms", took)
+	}
+}
+
+// An upstream's error body quoted in the message is cut between
+// characters: cut inside one, the plugin's JSON error carried invalid
+// UTF-8.
+func TestModelErrorQuotesBodyBetweenCharacters(t *testing.T) {
+	body := strings.Repeat("a", 199) + strings.Repeat("€", 10)
+	msg := (&proxy.ModelError{Status: 500, Body: []byte(body)}).Error()
+	if !utf8.ValidString(msg) {
+		t.Fatalf("message is not valid UTF-8: %q", msg)
+	}
+	if !strings.HasSuffix(msg, strings.Repeat("a", 199)+"…") {
+		t.Fatalf("message %q, want the body cut after the a's", msg)
 	}
 }
