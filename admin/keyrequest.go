@@ -64,9 +64,10 @@ func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
 // checkKeyName refuses a name that would not show as it is wherever keys
 // are listed: control characters (C0, DEL and C1), bidirectional
 // formatting characters, which can show "x\u202egpj.exe" as "xexe.jpg",
-// invalid UTF-8 (stored as U+FFFD) and spaces at either end. A name is
-// taken as sent, never trimmed: the console trimmed and the API did not,
-// so each took names the other refused.
+// characters that show as nothing (see invisibleInName), invalid UTF-8
+// (stored as U+FFFD) and spaces at either end. A name is taken as sent,
+// never trimmed: the console trimmed and the API did not, so each took
+// names the other refused.
 func checkKeyName(name string) *Problem {
 	isBidiControl := func(r rune) bool { return unicode.Is(unicode.Bidi_Control, r) }
 	switch {
@@ -81,6 +82,9 @@ func checkKeyName(name string) *Problem {
 	case strings.ContainsFunc(name, isBidiControl):
 		return &Problem{"name", "name must not contain bidirectional formatting characters (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): they can make a name read as another"}
 	}
+	if r, ok := invisibleInName(name); ok {
+		return &Problem{"name", fmt.Sprintf("name must not contain invisible characters (it has %U): it would look like the name without them; a zero width joiner (U+200D) may only join two emoji, as in \U0001F469\u200d\U0001F4BB", r)}
+	}
 	first, _ := utf8.DecodeRuneInString(name)
 	last, _ := utf8.DecodeLastRuneInString(name)
 	if unicode.IsSpace(first) || unicode.IsSpace(last) {
@@ -88,3 +92,38 @@ func checkKeyName(name string) *Problem {
 	}
 	return nil
 }
+
+// invisibleInName returns the first character of name that shows as
+// nothing, so that "prod\u200bbackend" lists as "prodbackend": a format
+// character (category Cf: zero width space, zero width non-joiner, word
+// joiner, byte order mark, soft hyphen, the tag characters) or another
+// one Unicode says to ignore where it cannot be shown (the Hangul
+// fillers, which count as letters, and the combining grapheme joiner).
+// The zero width joiner is kept between two emoji, where it joins them
+// into one (woman, joiner, laptop: the technologist). An emoji is read
+// as a symbol (category So); a skin tone or the emoji variation selector
+// U+FE0F may stand between it and the joiner. Variation selectors are
+// not refused: U+FE0F asks for an emoji's colour form.
+func invisibleInName(name string) (rune, bool) {
+	const zeroWidthJoiner = '\u200d'
+	var before rune // the last character, skin tones and U+FE0F skipped
+	for i, r := range name {
+		switch {
+		case r == zeroWidthJoiner:
+			after, size := utf8.DecodeRuneInString(name[i+utf8.RuneLen(r):])
+			if size == 0 || !unicode.Is(unicode.So, before) || !unicode.Is(unicode.So, after) {
+				return r, true
+			}
+		case unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point):
+			return r, true
+		}
+		if !isEmojiModifier(r) && r != '\ufe0f' {
+			before = r
+		}
+	}
+	return 0, false
+}
+
+// isEmojiModifier reports whether r is one of the five skin tones
+// (U+1F3FB to U+1F3FF), which follow a person emoji.
+func isEmojiModifier(r rune) bool { return r >= 0x1F3FB && r <= 0x1F3FF }

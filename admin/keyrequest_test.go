@@ -43,3 +43,40 @@ func TestCheckKeyRequestRefusesNamesThatDoNotShowAsTheyAre(t *testing.T) {
 		}
 	}
 }
+
+// "prod\u200bbackend" listed as "prodbackend": zero-width and other
+// format characters passed the check, so two keys could show the same
+// name in the console. They are refused anywhere in a name, but a zero
+// width joiner that joins two emoji (the technologist, a skin-toned one,
+// the rainbow flag) is kept.
+func TestCheckKeyRequestRefusesInvisibleCharacters(t *testing.T) {
+	const refused = "name must not contain invisible characters"
+	for _, tc := range []struct{ name, want string }{
+		{"prod\u200bbackend", refused + " (it has U+200B)"},
+		{"\u200bprod", refused},
+		{"prod\ufeff", refused + " (it has U+FEFF)"},
+		{"prod\u2060backend", refused + " (it has U+2060)"},
+		{"soft\u00adhyphen", refused},
+		{"non\u200cjoiner", refused},
+		{"hangul\u3164filler", refused + " (it has U+3164)"},
+		{"cgj\u034fx", refused},
+		{"tag\U000E0041", refused},
+		{"prod\u200dbackend", refused + " (it has U+200D)"},
+		{"\u200d\U0001F4BB", refused},
+		{"\U0001F469\u200d", refused},
+		{"\U0001F469\u200d\u200d\U0001F4BB", refused},
+		{"laptop \U0001F469\u200d\U0001F4BB", ""},
+		{"\U0001F469\U0001F3FD\u200d\U0001F4BB dev", ""},
+		{"\U0001F3F3\ufe0f\u200d\U0001F308 team", ""},
+		{"\U0001F468\u200d\U0001F469\u200d\U0001F467", ""},
+		{"\u2764\ufe0f prod", ""},
+	} {
+		p := admin.CheckKeyRequest(accounts.KeyRequest{Name: tc.name}, nil)
+		switch {
+		case tc.want == "" && p != nil:
+			t.Errorf("%+q refused: %s", tc.name, p.Message)
+		case tc.want != "" && (p == nil || p.Field != "name" || !strings.HasPrefix(p.Message, tc.want)):
+			t.Errorf("%+q: %+v, want name: %s…", tc.name, p, tc.want)
+		}
+	}
+}
