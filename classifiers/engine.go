@@ -48,8 +48,9 @@ type Usage struct {
 	// as CallModel read them (each no more than the count it is part
 	// of). They go on the usage event, and cached tokens cost the
 	// model's input_cache_read: dropped here, they were billed at the
-	// full prompt price and recorded as 0. The answer's usage does not
-	// show them.
+	// full prompt price and recorded as 0. The plugins' answers show
+	// them as a chat completion does (prompt_tokens_details.cached_tokens,
+	// completion_tokens_details.reasoning_tokens), when not 0.
 	CachedTokens    int64 `json:"-"`
 	ReasoningTokens int64 `json:"-"`
 	// Estimated: some of an llm's tokens are the tokenizer's count, its

@@ -438,15 +438,48 @@ func firstProblem(problems []config.FieldProblem) *proxy.APIError {
 // tail is what every response ends with: who answered, the usage and the
 // time taken.
 type tail struct {
-	LatencyMS int64             `json:"latency_ms"`
-	Usage     classifiers.Usage `json:"usage"`
-	Engine    string            `json:"engine"`
-	Model     string            `json:"model,omitempty"`
+	LatencyMS int64  `json:"latency_ms"`
+	Usage     usage  `json:"usage"`
+	Engine    string `json:"engine"`
+	Model     string `json:"model,omitempty"`
 	// Fallback says why an llm answer was wanted and an offline engine gave it.
 	Fallback string `json:"fallback,omitempty"`
 	// NoLogprobs: the llm's upstream sent no log-probabilities, so the
 	// confidences or score carry no measure of the model's certainty.
 	NoLogprobs bool `json:"no_logprobs,omitempty"`
+}
+
+// usage is a response's tokens, shown as a chat completion shows them:
+// the parts of the prompt and completion tokens the llm's upstream
+// reported cached and reasoning are in prompt_tokens_details and
+// completion_tokens_details. Each is shown only when not 0, so an
+// offline engine's answer keeps the spec's three counts; an SDK reads an
+// absent part as 0.
+type usage struct {
+	PromptTokens            int64                    `json:"prompt_tokens"`
+	CompletionTokens        int64                    `json:"completion_tokens"`
+	TotalTokens             int64                    `json:"total_tokens"`
+	PromptTokensDetails     *promptTokensDetails     `json:"prompt_tokens_details,omitempty"`
+	CompletionTokensDetails *completionTokensDetails `json:"completion_tokens_details,omitempty"`
+}
+
+type promptTokensDetails struct {
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+type completionTokensDetails struct {
+	ReasoningTokens int64 `json:"reasoning_tokens"`
+}
+
+func shownUsage(u classifiers.Usage) usage {
+	shown := usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+	if u.CachedTokens > 0 {
+		shown.PromptTokensDetails = &promptTokensDetails{u.CachedTokens}
+	}
+	if u.ReasoningTokens > 0 {
+		shown.CompletionTokensDetails = &completionTokensDetails{u.ReasoningTokens}
+	}
+	return shown
 }
 
 // execution is one validated request, ready to run.
@@ -500,7 +533,7 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	}
 	call.AddTokens(ctx, u.TotalTokens-x.tokens)
 	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, NoLogprobs: ans.NoLogprobs,
-		Usage: u, LatencyMS: time.Since(call.Start).Milliseconds()}
+		Usage: shownUsage(u), LatencyMS: time.Since(call.Start).Milliseconds()}
 	if call.Key != nil {
 		record(call, x, choice, u, fasthttp.StatusOK)
 	}

@@ -26,14 +26,30 @@ func keysOf(m map[string]any) []string {
 }
 
 // checkUsage checks the spec 2.4 usage object and returns total_tokens.
+// Beside the three counts it may carry a chat completion's
+// prompt_tokens_details.cached_tokens and
+// completion_tokens_details.reasoning_tokens, shown when not 0.
 func checkUsage(t *testing.T, m map[string]any) int64 {
 	t.Helper()
 	u, ok := m["usage"].(map[string]any)
 	if !ok {
 		t.Fatalf("no usage object in %v", m)
 	}
-	if got := keysOf(u); !reflect.DeepEqual(got, []string{"completion_tokens", "prompt_tokens", "total_tokens"}) {
-		t.Fatalf("usage fields %v", got)
+	counts := map[string]any{}
+	for k, v := range u {
+		if k != "prompt_tokens_details" && k != "completion_tokens_details" {
+			counts[k] = v
+		}
+	}
+	if got := keysOf(counts); !reflect.DeepEqual(got, []string{"completion_tokens", "prompt_tokens", "total_tokens"}) {
+		t.Fatalf("usage fields %v", keysOf(u))
+	}
+	for details, part := range map[string]string{"prompt_tokens_details": "cached_tokens", "completion_tokens_details": "reasoning_tokens"} {
+		if d, ok := u[details]; ok {
+			if d, ok := d.(map[string]any); !ok || len(d) != 1 || d[part].(float64) <= 0 {
+				t.Fatalf("usage %v: %s is not {%q: N} with N above 0", u, details, part)
+			}
+		}
 	}
 	p, c, total := u["prompt_tokens"].(float64), u["completion_tokens"].(float64), u["total_tokens"].(float64)
 	if total != p+c || total <= 0 {

@@ -3,6 +3,7 @@ package plugins_test
 import (
 	"fmt"
 	"net"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -303,7 +304,8 @@ func TestLLMEngineBillsAtLeastTheModelsPrices(t *testing.T) {
 // classify whose upstream reported 3 of its 10 prompt tokens cached was
 // recorded with none and billed them at the prompt price, not at the
 // model's input_cache_read. Reported above the counts they are part of,
-// they are cut to them, as a chat call's are.
+// they are cut to them, as a chat call's are. The answer's usage showed
+// none of them; it now shows them as a chat completion does, when not 0.
 func TestLLMCachedAndReasoningTokensAreBilledAsChatBillsThem(t *testing.T) {
 	for _, tc := range []struct {
 		name                                                string
@@ -312,6 +314,7 @@ func TestLLMCachedAndReasoningTokensAreBilledAsChatBillsThem(t *testing.T) {
 	}{
 		{"reported", proxytest.Options{PromptTokens: 10, CompletionTokens: 20, CachedTokens: 3, ReasoningTokens: 5}, 10, 3, 20, 5},
 		{"parts above their counts", proxytest.Options{PromptTokens: 10, CompletionTokens: 20, CachedTokens: 30, ReasoningTokens: 50}, 10, 10, 20, 20},
+		{"none", proxytest.Options{PromptTokens: 10, CompletionTokens: 20}, 10, 0, 20, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, harnessOptions{upstream: tc.up, plugins: `
@@ -323,6 +326,17 @@ func TestLLMCachedAndReasoningTokensAreBilledAsChatBillsThem(t *testing.T) {
 				t.Fatalf("%v", m)
 			}
 			checkUsage(t, m)
+			want := map[string]any{"prompt_tokens": float64(tc.wantPrompt), "completion_tokens": float64(tc.wantCompletion),
+				"total_tokens": float64(tc.wantPrompt + tc.wantCompletion)}
+			if tc.wantCached > 0 {
+				want["prompt_tokens_details"] = map[string]any{"cached_tokens": float64(tc.wantCached)}
+			}
+			if tc.wantReasons > 0 {
+				want["completion_tokens_details"] = map[string]any{"reasoning_tokens": float64(tc.wantReasons)}
+			}
+			if !reflect.DeepEqual(m["usage"], want) {
+				t.Errorf("usage %v, want %v: the cached and reasoning parts as a chat completion shows them, when not 0", m["usage"], want)
+			}
 			ev := h.events(1)[0]
 			// small: 0.0000001 a prompt token, 0.00000005 a cached one,
 			// 0.0000003 a completion token.
