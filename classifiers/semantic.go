@@ -582,7 +582,8 @@ func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, er
 }
 
 // Match weighs three pieces of evidence. Restatement: how much of the
-// query the document says again in words that are not the query's own
+// query the document says again in words that are not the query's own,
+// or, for a document of little but the query's words, all of its words
 // (see restatement). Coverage: how much of the query's meaning all the
 // document's words cover (align). And lexical's BM25 score. Coverage and
 // BM25 count only as far as the document restates the query (matchGate):
@@ -597,6 +598,7 @@ const (
 	matchLexWeight    = 0.6
 	matchGate         = 0.35
 	matchGateSpread   = 0.05
+	matchEchoLimit    = 0.2
 	matchKindEvidence = 0.2
 	matchCentre       = 0.55
 	matchSpread       = 0.12
@@ -610,7 +612,7 @@ func (e *semantic) matchScore(query, source string) float64 {
 	if q.known == 0 || d.known == 0 {
 		return lex
 	}
-	rest := float64(e.restatement(&q, qd.terms, dd.terms))
+	rest := float64(e.restatement(&q, &d, qd.terms, dd.terms))
 	gate := logistic((rest - matchGate) / matchGateSpread)
 	x := matchRestWeight*rest + gate*(matchCoverWeight*float64(e.v.align(&q, &d))+matchLexWeight*lex)
 	if kind := answerKindOf(query); kind != kindNone {
@@ -632,7 +634,18 @@ func (e *semantic) matchScore(query, source string) float64 {
 // repeats "router" and goes on about the router's price. (Measured from
 // the document's side instead, every off-topic word lowers the score, and
 // a trap whose few other words are near the query's topic still passes.)
-func (e *semantic) restatement(q *embedding, query, doc []term) float32 {
+//
+// A document with (almost) no other words is not talking about something
+// else: it is the query said again, a duplicate or a near one ("five
+// days" for "5 days"), whose other words are too few to restate anything;
+// with none left, the gate closed on an exact copy (0.01). For it the
+// whole document is asked instead, as far as it is the query's words
+// (echoShare): a trap needs words of its own to change the subject, and
+// the lightest trap on the tuning parts has 22% of its weight in them
+// ("The printer company says it went offline for a week after a
+// cyberattack" for "my printer says it's offline"), above the fifth
+// under which a document counts as the query said again.
+func (e *semantic) restatement(q, d *embedding, query, doc []term) float32 {
 	stems := make(map[string]struct{}, len(query))
 	for i := range query {
 		stems[query[i].stem] = struct{}{}
@@ -644,10 +657,33 @@ func (e *semantic) restatement(q *embedding, query, doc []term) float32 {
 		}
 	}
 	r := e.v.embed(rest)
-	if r.known == 0 {
+	var restated float32
+	if r.known > 0 {
+		restated = e.restates(q, &r)
+	}
+	echo := echoShare(&r, d)
+	if echo == 0 {
+		return restated
+	}
+	return echo*e.restates(q, d) + (1-echo)*restated
+}
+
+// restates is how much of the query's meaning text says: its coverage of
+// the query's words averaged with the cosine of the two means.
+func (e *semantic) restates(q, text *embedding) float32 {
+	return 0.5*e.v.align(q, text) + 0.5*dot(q.vec, text.vec)
+}
+
+// echoShare is how much a document is the query's own words said again:
+// 1 when it has no other word, falling to 0 when its other words are
+// matchEchoLimit of its weight. Words the vectors do not know (numbers,
+// rare names) weigh nothing here, as in the document's mean: a copy with
+// a name added ("… by Klarna") is still a copy.
+func echoShare(rest, whole *embedding) float32 {
+	if whole.known == 0 {
 		return 0
 	}
-	return 0.5*e.v.align(q, &r) + 0.5*dot(q.vec, r.vec)
+	return float32(clamp01(1 - float64(rest.known/whole.known)/matchEchoLimit))
 }
 
 func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, error) {

@@ -280,6 +280,54 @@ func TestSemanticMatchSharedWordsStillCount(t *testing.T) {
 	}
 }
 
+// TestSemanticMatchDuplicateIsNotATrap: a document identical to the query
+// scored 0.0102, below an unrelated one on refunds (0.3556), and "five
+// days" for "5 days" the same: with every word the query's, no other word
+// was left to restate it and the gate on shared words closed. Match is
+// for finding similar documents too, so the query said again, or nearly,
+// ranks at the top; a trap that adds words of its own about something
+// else still ranks below the answer.
+func TestSemanticMatchDuplicateIsNotATrap(t *testing.T) {
+	e := semanticForTest(t)
+	s := func(query, doc string) float64 {
+		res, err := e.Match(context.Background(), MatchRequest{Source: doc, Query: query})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Score
+	}
+	refunds := "Refunds are issued within 5 days of the request."
+	unrelated := "We do not offer refunds on sale items."
+	near := []struct{ name, query, doc string }{
+		{"identical", refunds, refunds},
+		{"identical", "The cat sat on the mat and purred.", "The cat sat on the mat and purred."},
+		{"digits for words", refunds, "Refunds are issued within five days of the request."},
+		{"words for digits", "Refunds are issued within five days of the request.", refunds},
+		{"a rare name added", refunds, "Refunds are issued within 5 days of the request by Klarna."},
+	}
+	for _, c := range near {
+		got, other := s(c.query, c.doc), s(c.query, unrelated)
+		if got < 0.9 || got <= other {
+			t.Errorf("%s: %q scores %.4f against %q (%q: %.4f), want at least 0.9 and above it", c.name, c.doc, got, c.query, unrelated, other)
+		}
+	}
+
+	// Traps that repeat every word of the query and add a few of their
+	// own: the printer one has only 22% of its weight in them, near the
+	// limit (matchEchoLimit) below which a document counts as the query
+	// said again.
+	traps := []struct{ query, answer, trap string }{
+		{"how to fix a flat bicycle tyre", "Take the wheel off, find the puncture, patch the inner tube and pump it back up.", "A flat tyre on a bicycle is how our club's fix-it afternoon began last year."},
+		{"my printer says it's offline", "Switch the printer off and on again, then check it is on the same wireless network as the computer.", "The printer company says it went offline for a week."},
+	}
+	for _, c := range traps {
+		a, tr := s(c.query, c.answer), s(c.query, c.trap)
+		if tr >= a || tr > 0.2 {
+			t.Errorf("%q: trap %.4f, answer %.4f: want the trap at most 0.2 and below the answer", c.query, tr, a)
+		}
+	}
+}
+
 // TestSemanticTiesWithoutEvidence: a text of words the vectors do not
 // know, sharing none with the labels, is a tie, whatever the label order.
 func TestSemanticTiesWithoutEvidence(t *testing.T) {
