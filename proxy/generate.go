@@ -380,7 +380,10 @@ type generationCall struct {
 	// rawChunksRead counts the times rawChunks was read into text and
 	// emptied (see forgetText).
 	rawChunksRead int
-	ttfb          time.Duration
+	// tool is the Responses tool call whose arguments the stream is
+	// delivering: what of it the estimate counted.
+	tool toolCall
+	ttfb time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
 	// finish_reason for every choice (chat), a terminal or error event
 	// (responses).

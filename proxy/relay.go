@@ -418,9 +418,13 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 			c.rememberItems(gjson.Get(bstr(data), "response.output"))
 		}
 	case "response.output_text.delta", "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
-		"response.refusal.delta", "response.function_call_arguments.delta":
+		"response.refusal.delta":
 		if c.keepText() {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
+		}
+	case "response.function_call_arguments.delta":
+		if c.keepText() {
+			c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
 		}
 	case "response.output_item.added":
 		// A function call's name comes whole here, never in a delta: a
@@ -428,50 +432,17 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		// upstreams send its arguments whole here too.
 		if c.keepText() {
 			if item := gjson.Get(bstr(data), "item"); item.Get("type").Str == "function_call" {
-				c.appendText(item.Get("name").Str)
-				c.appendText(item.Get("arguments").Str)
+				c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), true, item.Get("name").Str, item.Get("arguments").Str)
 			}
 		}
 	case "response.function_call_arguments.done":
 		// The arguments whole, after deltas that carried them or none: an
 		// upstream that sends no deltas was billed the call's name only.
 		if c.keepText() {
-			args := gjson.Get(bstr(data), "arguments").Str
-			c.appendText(args[deliveredPrefix(c.text, args):])
+			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "arguments").Str)
 		}
 	}
 }
-
-// deliveredPrefix is how much of a function call's arguments, whole in
-// its function_call_arguments.done, the text kept for the estimate already
-// ends with: what its deltas or its output_item.added delivered, which
-// come right before, after its name (which no arguments end with). No
-// state is kept per item: the text itself says what was counted. Only
-// where a call's deltas straddle a count of the text (once every 4 MiB,
-// see appendCounted) is the part counted before the cut counted again.
-// At most maxPrefixTries places are compared, each up to len(args): an
-// upstream's megabytes of one repeated byte cost a few comparisons of it,
-// not one per byte; past them the arguments count whole.
-func deliveredPrefix(text []byte, args string) int {
-	if len(args) == 0 {
-		return 0
-	}
-	tail := text[max(0, len(text)-len(args)):]
-	for i, tries := 0, 0; i < len(tail) && tries < maxPrefixTries; i, tries = i+1, tries+1 {
-		j := bytes.IndexByte(tail[i:], args[0])
-		if j < 0 {
-			break
-		}
-		i += j
-		if string(tail[i:]) == args[:len(tail)-i] {
-			return len(tail) - i
-		}
-	}
-	return 0
-}
-
-// maxPrefixTries bounds deliveredPrefix's work.
-const maxPrefixTries = 16
 
 // rememberResponse records which upstream created the response with this
 // id, once per call, for its state routes and previous_response_id.

@@ -308,6 +308,54 @@ func (c *generationCall) appendToolCalls(calls gjson.Result) {
 	})
 }
 
+// toolCall is what the estimate holds of the Responses tool call the
+// stream is delivering, its output item at outputIndex: whether its name
+// was counted, and how many bytes of its arguments. An event that repeats
+// them whole (function_call_arguments.done) adds what was not counted yet.
+// The kept text cannot tell: counted once every 4 MiB (see appendCounted),
+// it no longer ends with what deltas delivered before the count, and that
+// part was counted again.
+type toolCall struct {
+	outputIndex  int64
+	named        bool
+	inputCounted int
+}
+
+// toolCallAt is the tool call at output index i: the one the stream was
+// delivering, or a new one once it moved on to another item.
+func (c *generationCall) toolCallAt(i int64) *toolCall {
+	if c.tool.outputIndex != i {
+		c.tool = toolCall{outputIndex: i}
+	}
+	return &c.tool
+}
+
+// appendToolInput takes a delta of the arguments of the tool call at
+// output index i.
+func (c *generationCall) appendToolInput(i int64, delta string) {
+	t := c.toolCallAt(i)
+	c.appendText(delta)
+	t.inputCounted += len(delta)
+}
+
+// appendWholeToolCall takes the name and arguments of the tool call at
+// output index i from an event that carries them whole ("" for what it
+// leaves out), keeping what was not counted yet; added starts a new item.
+func (c *generationCall) appendWholeToolCall(i int64, added bool, name, input string) {
+	if added {
+		c.tool = toolCall{outputIndex: i}
+	}
+	t := c.toolCallAt(i)
+	if name != "" && !t.named {
+		c.appendText(name)
+		t.named = true
+	}
+	if len(input) > t.inputCounted {
+		c.appendText(input[t.inputCounted:])
+		t.inputCounted = len(input)
+	}
+}
+
 // maxChoices is OpenAI's bound on n.
 const maxChoices = 128
 

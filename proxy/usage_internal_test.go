@@ -308,3 +308,33 @@ func TestStreamLogKeepsWhatTheEventCarriesAndCountsTheRest(t *testing.T) {
 		t.Errorf("%d bytes counted as left out of the log; want the %d written to the client and not kept", log.ResponseLeftOut, want)
 	}
 }
+
+// A function call whose argument deltas straddled a count of the kept text
+// (once every 4 MiB, see appendCounted) had the part counted before the
+// cut counted again when function_call_arguments.done repeated the
+// arguments: the kept text no longer ended with all the deltas had
+// delivered, and done added what it did not find there. The arguments
+// count once, however the counts fall.
+func TestToolArgumentsStraddlingACountAreCountedOnce(t *testing.T) {
+	event := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	const argWords = 500
+	before := strings.Repeat(" word", (maxEstimateText-argWords*len(" arg")/2)/len(" word")) // the count falls amid the deltas
+	args := strings.Repeat(" arg", argWords)
+	var stream strings.Builder
+	stream.WriteString(event("response.output_text.delta", `{"type":"response.output_text.delta","output_index":0,"delta":"`+before+`"}`))
+	stream.WriteString(event("response.output_item.added", `{"type":"response.output_item.added","output_index":1,"item":{"type":"function_call","name":"lookup","arguments":""}}`))
+	for range argWords {
+		stream.WriteString(event("response.function_call_arguments.delta", `{"type":"response.function_call_arguments.delta","output_index":1,"delta":" arg"}`))
+	}
+	stream.WriteString(event("response.function_call_arguments.done", `{"type":"response.function_call_arguments.done","output_index":1,"arguments":"`+args+`"}`))
+	stream.WriteString(event("response.output_item.done", `{"type":"response.output_item.done","output_index":1,"item":{"type":"function_call","name":"lookup","arguments":"`+args+`"}}`))
+
+	c := estimateCall(endpointResponses)
+	inspectAll(c, newSSEReader(strings.NewReader(stream.String()), 4096, 0))
+	if c.textTokens == 0 {
+		t.Fatal("the kept text was never counted: the test does not straddle a count")
+	}
+	if got, want := c.completionEstimate(), int64(tokens.Count(before+"lookup"+args)); got != want {
+		t.Errorf("estimated %d completion tokens; want the %d of the text, name and arguments relayed", got, want)
+	}
+}
