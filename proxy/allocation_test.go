@@ -87,9 +87,10 @@ func TestResponsesRelayAllocatesNothingPerEvent(t *testing.T) {
 }
 
 // TestResponsesEstimateAllocatesNothingPerEvent: a stream without usage
-// keeps the text it forwards, tool names and reasoning summaries
-// included, in a buffer it reuses; an event name longer than 32 bytes
-// (response.function_call_arguments.delta) was copied on every event.
+// keeps the text it forwards, tool names, custom tools' input, MCP calls
+// and reasoning summaries included, in buffers it reuses; an event name
+// longer than 32 bytes (response.function_call_arguments.delta) was
+// copied on every event.
 func TestResponsesEstimateAllocatesNothingPerEvent(t *testing.T) {
 	src := strings.NewReader(responsesToolStream)
 	rd := newSSEReader(src, 4096, 0)
@@ -97,14 +98,18 @@ func TestResponsesEstimateAllocatesNothingPerEvent(t *testing.T) {
 	run := func() {
 		src.Reset(responsesToolStream)
 		rd.reset(src)
-		c.haveUsage, c.finished, c.text, c.textTokens = false, false, c.text[:0], 0
+		c.haveUsage, c.finished, c.text, c.textTokens, c.toolOutput, c.tools = false, false, c.text[:0], 0, c.toolOutput[:0], [toolCallSlots]toolCall{}
 		inspectAll(c, rd)
 	}
 	run() // warm the buffers
 	if n := testing.AllocsPerRun(100, run); n != 0 {
-		t.Fatalf("%v allocations per stream of 22 events", n)
+		t.Fatalf("%v allocations per stream of 34 events", n)
 	}
-	if got, want := string(c.text), strings.Repeat(" think", 10)+"get_weather"+strings.Repeat("city", 10); got != want {
+	want := strings.Repeat(" think", 10) + "get_weather" + strings.Repeat("city", 10) + "apply_patch" + strings.Repeat("+line", 10) + "search_codeusage"
+	if got := string(c.text); got != want {
 		t.Fatalf("kept %q, want %q", got, want)
+	}
+	if got := string(c.toolOutput); got != "found" {
+		t.Fatalf("kept %q of the tools' output, want the MCP call's", got)
 	}
 }

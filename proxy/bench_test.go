@@ -45,11 +45,15 @@ func BenchmarkSSERelayInjectedUsage(b *testing.B) {
 // responsesToolStream is a Responses stream without usage, as a cut one
 // is billed: a reasoning summary, then a function call whose name comes
 // in its output_item.added and whose arguments come in deltas (without
-// escapes, which gjson allocates to undo).
+// escapes, which gjson allocates to undo), a custom tool's call whose
+// input comes in deltas, and an MCP call that ends with its output.
 var responsesToolStream = `event: response.created` + "\n" + `data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_0123456789abcdef","object":"response","status":"in_progress","usage":null}}` + "\n\n" +
 	strings.Repeat(`event: response.reasoning_summary_text.delta`+"\n"+`data: {"type":"response.reasoning_summary_text.delta","sequence_number":1,"item_id":"rs_1","output_index":0,"summary_index":0,"delta":" think"}`+"\n\n", 10) +
 	`event: response.output_item.added` + "\n" + `data: {"type":"response.output_item.added","sequence_number":2,"output_index":1,"item":{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"","call_id":"call_1","name":"get_weather"}}` + "\n\n" +
-	strings.Repeat(`event: response.function_call_arguments.delta`+"\n"+`data: {"type":"response.function_call_arguments.delta","sequence_number":3,"item_id":"fc_1","output_index":1,"delta":"city"}`+"\n\n", 10)
+	strings.Repeat(`event: response.function_call_arguments.delta`+"\n"+`data: {"type":"response.function_call_arguments.delta","sequence_number":3,"item_id":"fc_1","output_index":1,"delta":"city"}`+"\n\n", 10) +
+	`event: response.output_item.added` + "\n" + `data: {"type":"response.output_item.added","sequence_number":4,"output_index":2,"item":{"id":"ctc_1","type":"custom_tool_call","status":"in_progress","input":"","call_id":"call_2","name":"apply_patch"}}` + "\n\n" +
+	strings.Repeat(`event: response.custom_tool_call_input.delta`+"\n"+`data: {"type":"response.custom_tool_call_input.delta","sequence_number":5,"item_id":"ctc_1","output_index":2,"delta":"+line"}`+"\n\n", 10) +
+	`event: response.output_item.done` + "\n" + `data: {"type":"response.output_item.done","sequence_number":6,"output_index":3,"item":{"id":"mcp_1","type":"mcp_call","status":"completed","server_label":"github","name":"search_code","arguments":"usage","output":"found"}}` + "\n\n"
 
 // BenchmarkSSERelayResponsesEstimated parses one Responses stream whose
 // usage has to be estimated, keeping the text it forwarded.
@@ -62,7 +66,7 @@ func BenchmarkSSERelayResponsesEstimated(b *testing.B) {
 	for b.Loop() {
 		src.Reset(responsesToolStream)
 		rd.reset(src)
-		c.haveUsage, c.finished, c.text, c.textTokens = false, false, c.text[:0], 0
+		c.haveUsage, c.finished, c.text, c.textTokens, c.toolOutput, c.tools = false, false, c.text[:0], 0, c.toolOutput[:0], [toolCallSlots]toolCall{}
 		inspectAll(c, rd)
 	}
 }

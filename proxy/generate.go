@@ -380,10 +380,15 @@ type generationCall struct {
 	// rawChunksRead counts the times rawChunks was read into text and
 	// emptied (see forgetText).
 	rawChunksRead int
-	// tool is the Responses tool call whose arguments the stream is
-	// delivering: what of it the estimate counted.
-	tool toolCall
-	ttfb time.Duration
+	// tools are the Responses tool calls the stream delivers: what of
+	// each the estimate counted.
+	tools [toolCallSlots]toolCall
+	// toolOutput is what tools the upstream ran answered (MCP calls), not
+	// counted yet, and toolOutputTokens the tokens of what came before it:
+	// prompt, in an estimate (see appendToolOutput).
+	toolOutput       []byte
+	toolOutputTokens int64
+	ttfb             time.Duration
 	// finished is set by what ends a stream's content: [DONE] or a
 	// finish_reason for every choice (chat), a terminal or error event
 	// (responses).
@@ -491,7 +496,7 @@ func (c *generationCall) recycle() {
 		}
 	}
 	*c = generationCall{
-		text: keep(c.text), logText: keep(c.logText), rawChunks: keep(c.rawChunks),
+		text: keep(c.text), logText: keep(c.logText), rawChunks: keep(c.rawChunks), toolOutput: keep(c.toolOutput),
 		scratchData: keep(c.scratchData), scratchEvent: keep(c.scratchEvent),
 		pending: keep(c.pending), sse: sse, traceHeaders: keep(c.traceHeaders),
 	}

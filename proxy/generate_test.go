@@ -1513,3 +1513,72 @@ func TestCutResponsesStreamBillsArgumentsThatCameWhole(t *testing.T) {
 		}
 	}
 }
+
+// A cut Responses stream of a custom tool's call or an MCP tool's was
+// billed none of it: their names, a custom tool's input (its
+// custom_tool_call_input deltas and done) and an MCP call's arguments
+// (mcp_call_arguments) were left out of the estimate, which counted only
+// function calls. They count as a function call's do, each part once
+// however it came; an MCP call's output, which the hosted tool wrote and
+// the model reads, counts as prompt. A call whose input came only in its
+// output_item.done counts too.
+func TestCutResponsesStreamBillsCustomAndMCPToolCalls(t *testing.T) {
+	event := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	item := func(typ, status, item string) string {
+		return event("response.output_item."+typ, `{"type":"response.output_item.`+typ+`","output_index":0,"item":{"id":"ct_1","status":"`+status+`",`+item+`}}`)
+	}
+	delta := func(typ, d string) string {
+		return event(typ, `{"type":"`+typ+`","item_id":"ct_1","output_index":0,"delta":"`+d+`"}`)
+	}
+	const input = `*** Begin Patch\n*** Update File: main.go\n+fmt.Println(\"hi\")\n*** End Patch`
+	custom := func(in string) string {
+		return `"type":"custom_tool_call","call_id":"call_1","name":"apply_patch","input":"` + in + `"`
+	}
+	customDone := event("response.custom_tool_call_input.done", `{"type":"response.custom_tool_call_input.done","item_id":"ct_1","output_index":0,"input":"`+input+`"}`)
+	const args = `{\"repo\":\"tollgate\",\"query\":\"usage estimate\"}`
+	mcp := func(a, output string) string {
+		return `"type":"mcp_call","server_label":"github","name":"search_code","arguments":"` + a + `","output":` + output
+	}
+	mcpDone := event("response.mcp_call_arguments.done", `{"type":"response.mcp_call_arguments.done","item_id":"ct_1","output_index":0,"arguments":"`+args+`"}`)
+	const output = `main.go:12: func (c *call) estimate() int64`
+	function := func(a string) string {
+		return `"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"` + a + `"`
+	}
+	unquoted := strings.NewReplacer(`\"`, `"`, `\n`, "\n").Replace
+	var request int64 // the prompt tokens of the request alone
+	for _, tc := range []struct {
+		name, stream, completion, toolOutput string
+	}{
+		{"custom, input in deltas repeated by done and output_item.done",
+			item("added", "in_progress", custom("")) + delta("response.custom_tool_call_input.delta", input[:20]) + delta("response.custom_tool_call_input.delta", input[20:]) +
+				customDone + item("done", "completed", custom(input)),
+			"apply_patch" + input, ""},
+		{"custom, input whole in custom_tool_call_input.done", item("added", "in_progress", custom("")) + customDone, "apply_patch" + input, ""},
+		{"custom, input whole in output_item.done", item("added", "in_progress", custom("")) + item("done", "completed", custom(input)), "apply_patch" + input, ""},
+		{"custom, only output_item.done", item("done", "completed", custom(input)), "apply_patch" + input, ""},
+		{"MCP, arguments in deltas, then the output",
+			item("added", "in_progress", mcp("", "null")) + delta("response.mcp_call_arguments.delta", args[:12]) + delta("response.mcp_call_arguments.delta", args[12:]) +
+				mcpDone + item("done", "completed", mcp(args, `"`+output+`"`)),
+			"search_code" + args, output},
+		{"MCP, arguments whole in mcp_call_arguments.done, cut before the output", item("added", "in_progress", mcp("", "null")) + mcpDone, "search_code" + args, ""},
+		{"function, arguments whole in output_item.done", item("added", "in_progress", function("")) + item("done", "completed", function(args)), "get_weather" + args, ""},
+	} {
+		h := newHarness(t, harnessOptions{})
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, closingUpstream(t, tc.stream), 1))
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			if got := readAll(t, h.post("/v1/responses", `{"model":"small","stream":true,"input":"fix it"}`)); !strings.Contains(string(got), `"code":"stream_interrupted"`) {
+				return fmt.Errorf("got %s", got)
+			}
+			return nil
+		})
+		evs := h.events(len(h.rec.Events()))
+		ev := evs[len(evs)-1]
+		if request == 0 { // the first case's stream has no tool output
+			request = ev.PromptTokens
+		}
+		want, prompt := int64(tokens.Count(unquoted(tc.completion))), request+int64(tokens.Count(tc.toolOutput))
+		if ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens != want || ev.PromptTokens != prompt {
+			t.Errorf("%s: billed %d prompt and %d completion tokens (%s); want %d and %d, estimated", tc.name, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource, prompt, want)
+		}
+	}
+}

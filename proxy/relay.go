@@ -422,24 +422,26 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if c.keepText() {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
 		}
-	case "response.function_call_arguments.delta":
+	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta":
 		if c.keepText() {
 			c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
 		}
-	case "response.output_item.added":
-		// A function call's name comes whole here, never in a delta: a
-		// cut stream of tool calls was billed their arguments only. Some
-		// upstreams send its arguments whole here too.
+	case "response.output_item.added", "response.output_item.done":
+		// A tool call's name comes whole here, never in a delta: a cut
+		// stream of tool calls was billed their arguments only. Some
+		// upstreams send its input whole here too, in done alone even.
 		if c.keepText() {
-			if item := gjson.Get(bstr(data), "item"); item.Get("type").Str == "function_call" {
-				c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), true, item.Get("name").Str, item.Get("arguments").Str)
-			}
+			c.appendToolItem(gjson.Get(bstr(data), "output_index").Int(), typ == "response.output_item.added", gjson.Get(bstr(data), "item"))
 		}
-	case "response.function_call_arguments.done":
+	case "response.function_call_arguments.done", "response.mcp_call_arguments.done":
 		// The arguments whole, after deltas that carried them or none: an
 		// upstream that sends no deltas was billed the call's name only.
 		if c.keepText() {
 			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "arguments").Str)
+		}
+	case "response.custom_tool_call_input.done":
+		if c.keepText() {
+			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "input").Str)
 		}
 	}
 }

@@ -188,13 +188,14 @@ func (c *generationCall) appendLogText(s string) {
 
 // textMark is where the text kept for the estimate stood after an event.
 type textMark struct {
-	text, rawChunks, logText int
-	textTokens, logLeftOut   int64
-	rawChunksRead            int
+	text, rawChunks, logText, toolOutput     int
+	textTokens, logLeftOut, toolOutputTokens int64
+	rawChunksRead                            int
 }
 
 func (c *generationCall) markText() textMark {
-	return textMark{len(c.text), len(c.rawChunks), len(c.logText), c.textTokens, c.logLeftOut, c.rawChunksRead}
+	return textMark{len(c.text), len(c.rawChunks), len(c.logText), len(c.toolOutput),
+		c.textTokens, c.logLeftOut, c.toolOutputTokens, c.rawChunksRead}
 }
 
 // forgetText drops the text kept since m: that of events the client never
@@ -203,6 +204,9 @@ func (c *generationCall) markText() textMark {
 // many.
 func (c *generationCall) forgetText(m textMark) {
 	c.logText, c.logLeftOut = c.logText[:m.logText], m.logLeftOut
+	if c.toolOutputTokens == m.toolOutputTokens {
+		c.toolOutput = c.toolOutput[:m.toolOutput]
+	}
 	if c.textTokens != m.textTokens || c.rawChunksRead != m.rawChunksRead {
 		return
 	}
@@ -308,44 +312,51 @@ func (c *generationCall) appendToolCalls(calls gjson.Result) {
 	})
 }
 
-// toolCall is what the estimate holds of the Responses tool call the
-// stream is delivering, its output item at outputIndex: whether its name
-// was counted, and how many bytes of its arguments. An event that repeats
-// them whole (function_call_arguments.done) adds what was not counted yet.
-// The kept text cannot tell: counted once every 4 MiB (see appendCounted),
-// it no longer ends with what deltas delivered before the count, and that
-// part was counted again.
+// toolCall is what the estimate holds of a Responses tool call, the
+// output item at outputIndex: whether its name was counted, and how many
+// bytes of its input (a function's or MCP tool's arguments, a custom
+// tool's input). An event that repeats them whole (the input's done,
+// output_item.done) adds what was not counted yet. The kept text cannot
+// tell: counted once every 4 MiB (see appendCounted), it no longer ends
+// with what deltas delivered before the count, and that part was counted
+// again.
 type toolCall struct {
 	outputIndex  int64
 	named        bool
 	inputCounted int
 }
 
-// toolCallAt is the tool call at output index i: the one the stream was
-// delivering, or a new one once it moved on to another item.
+// toolCallSlots is how many tool calls a stream's estimate follows at
+// once: the items of OpenAI's streams come one after another, but an
+// upstream may end them (output_item.done) after later ones began.
+const toolCallSlots = 8
+
+// toolCallAt is the tool call at output index i: the one followed in its
+// slot, or a new one where the slot held another.
 func (c *generationCall) toolCallAt(i int64) *toolCall {
-	if c.tool.outputIndex != i {
-		c.tool = toolCall{outputIndex: i}
+	t := &c.tools[uint64(i)%toolCallSlots]
+	if t.outputIndex != i {
+		*t = toolCall{outputIndex: i}
 	}
-	return &c.tool
+	return t
 }
 
-// appendToolInput takes a delta of the arguments of the tool call at
-// output index i.
+// appendToolInput takes a delta of the input of the tool call at output
+// index i.
 func (c *generationCall) appendToolInput(i int64, delta string) {
 	t := c.toolCallAt(i)
 	c.appendText(delta)
 	t.inputCounted += len(delta)
 }
 
-// appendWholeToolCall takes the name and arguments of the tool call at
-// output index i from an event that carries them whole ("" for what it
-// leaves out), keeping what was not counted yet; added starts a new item.
+// appendWholeToolCall takes the name and input of the tool call at output
+// index i from an event that carries them whole ("" for what it leaves
+// out), keeping what was not counted yet; added starts a new item.
 func (c *generationCall) appendWholeToolCall(i int64, added bool, name, input string) {
-	if added {
-		c.tool = toolCall{outputIndex: i}
-	}
 	t := c.toolCallAt(i)
+	if added {
+		*t = toolCall{outputIndex: i}
+	}
 	if name != "" && !t.named {
 		c.appendText(name)
 		t.named = true
@@ -353,6 +364,45 @@ func (c *generationCall) appendWholeToolCall(i int64, added bool, name, input st
 	if len(input) > t.inputCounted {
 		c.appendText(input[t.inputCounted:])
 		t.inputCounted = len(input)
+	}
+}
+
+// appendToolItem takes the Responses output item at output index i, as
+// output_item.added or output_item.done carries it or a whole answer
+// holds it: a tool call's name and input and, once done, an MCP call's
+// output.
+func (c *generationCall) appendToolItem(i int64, added bool, item gjson.Result) {
+	typ := item.Get("type").Str
+	key := toolInputKey(typ)
+	if key == "" {
+		return
+	}
+	c.appendWholeToolCall(i, added, item.Get("name").Str, item.Get(key).Str)
+	if typ == "mcp_call" && !added {
+		c.appendToolOutput(item.Get("output").Str)
+		c.appendToolOutput(item.Get("error").Str)
+	}
+}
+
+// toolInputKey is the member of a tool call's output item that holds the
+// input the model wrote: a function's or MCP tool's arguments, a custom
+// tool's free-form input; "" for an item of another type.
+func toolInputKey(itemType string) string {
+	switch itemType {
+	case "function_call", "mcp_call":
+		return "arguments"
+	case "custom_tool_call":
+		return "input"
+	}
+	return ""
+}
+
+// appendToolOutput keeps, until usage is known, what a tool the upstream
+// ran (an MCP call) answered: the model reads it, and OpenAI bills it as
+// input, so the estimate counts it as prompt, not completion.
+func (c *generationCall) appendToolOutput(s string) {
+	if !c.haveUsage {
+		c.toolOutput, c.toolOutputTokens = appendCounted(c.toolOutput, c.toolOutputTokens, s, maxEstimateText)
 	}
 }
 
@@ -389,6 +439,7 @@ func (c *generationCall) collectWholeText(body []byte) {
 		})
 		return
 	}
+	var i int64 // the item's output index
 	gjson.Get(bstr(body), "output").ForEach(func(_, item gjson.Result) bool {
 		// A reasoning item's summary is generated text as its content is.
 		for _, key := range [...]string{"content", "summary"} {
@@ -397,10 +448,8 @@ func (c *generationCall) collectWholeText(body []byte) {
 				return true
 			})
 		}
-		if item.Get("type").Str == "function_call" {
-			c.appendText(item.Get("name").Str)
-			c.appendText(item.Get("arguments").Str)
-		}
+		c.appendToolItem(i, false, item)
+		i++
 		return true
 	})
 }
@@ -447,7 +496,8 @@ func (c *generationCall) event(status int) *meter.Event {
 	if !c.haveUsage {
 		c.textOfRawChunks()
 		source = meter.SourceEstimated
-		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep))) + c.history
+		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep))) + c.history +
+			c.toolOutputTokens + int64(tokens.Count(bstr(c.toolOutput)))
 		u.CompletionTokens = c.completionEstimate()
 	}
 	if c.entry.Prices.Image != 0 {
@@ -534,6 +584,7 @@ func promptText(body []byte, ep endpoint) string {
 			add(item.Get("content"))
 			add(item.Get("name"))
 			add(item.Get("arguments"))
+			add(item.Get("input")) // a custom tool's call
 			add(item.Get("output"))
 			return true
 		})

@@ -4,6 +4,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -336,5 +337,50 @@ func TestToolArgumentsStraddlingACountAreCountedOnce(t *testing.T) {
 	}
 	if got, want := c.completionEstimate(), int64(tokens.Count(before+"lookup"+args)); got != want {
 		t.Errorf("estimated %d completion tokens; want the %d of the text, name and arguments relayed", got, want)
+	}
+}
+
+// A whole Responses answer without usage counted its function calls but
+// not its custom tools' calls or MCP calls, and a request's earlier
+// custom tool call left its input out of the prompt. An MCP call's output,
+// written by the hosted tool and read by the model, is prompt.
+func TestEstimateCountsCustomAndMCPToolCalls(t *testing.T) {
+	c := estimateCall(endpointResponses)
+	c.collectWholeText([]byte(`{"output":[{"type":"custom_tool_call","call_id":"call_1","name":"apply_patch","input":"*** Begin Patch"},` +
+		`{"type":"mcp_call","server_label":"github","name":"search_code","arguments":"{\"q\":\"usage\"}","output":"main.go:12"}]}`))
+	if got, want := string(c.text), `apply_patch*** Begin Patchsearch_code{"q":"usage"}`; got != want {
+		t.Errorf("kept %q, want %q", got, want)
+	}
+	if got := string(c.toolOutput); got != "main.go:12" {
+		t.Errorf("kept %q of the tools' output, want the MCP call's", got)
+	}
+
+	prompt := promptText([]byte(`{"model":"m","input":[{"type":"custom_tool_call","call_id":"call_1","name":"apply_patch","input":"*** Begin Patch"},`+
+		`{"type":"custom_tool_call_output","call_id":"call_1","output":"done"}]}`), endpointResponses)
+	for _, want := range []string{"apply_patch", "*** Begin Patch", "done"} {
+		if !strings.Contains(prompt, want) {
+			t.Errorf("responses prompt text lacks %q: %q", want, prompt)
+		}
+	}
+}
+
+// An upstream that ends its tool calls' items after later ones began
+// (output_item.done of the first after output_item.added of the second)
+// has each call's name and input counted once.
+func TestToolCallsEndedOutOfOrderAreCountedOnce(t *testing.T) {
+	event := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	item := func(typ string, i int, name, args string) string {
+		return event("response.output_item."+typ, `{"type":"response.output_item.`+typ+`","output_index":`+strconv.Itoa(i)+
+			`,"item":{"type":"function_call","name":"`+name+`","arguments":"`+args+`"}}`)
+	}
+	delta := func(i int, d string) string {
+		return event("response.function_call_arguments.delta", `{"type":"response.function_call_arguments.delta","output_index":`+strconv.Itoa(i)+`,"delta":"`+d+`"}`)
+	}
+	stream := item("added", 0, "lookup", "") + delta(0, "seven") + item("added", 1, "fetch", "") + delta(1, "eight") +
+		delta(0, " ate") + item("done", 0, "lookup", "seven ate") + item("done", 1, "fetch", "eight nine")
+	c := estimateCall(endpointResponses)
+	inspectAll(c, newSSEReader(strings.NewReader(stream), 4096, 0))
+	if got, want := string(c.text), "lookupsevenfetcheight ate nine"; got != want {
+		t.Errorf("kept %q, want %q", got, want)
 	}
 }
