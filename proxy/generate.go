@@ -61,6 +61,9 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		methodNotAllowed(ctx, "POST")
 		return
 	}
+	// Before admission: a key revoked after this may have been admitted
+	// still, and its stream is looked at again when it opens (addStream).
+	revocationsSeen := s.streams.revocations.Load()
 	key, limit, apiErr := s.admit(ctx, w)
 	if apiErr != nil {
 		WriteError(ctx, apiErr)
@@ -81,6 +84,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 		return
 	}
 	call.reqID, call.start, call.limit, call.client = reqID, start, limit, ctx.Conn()
+	call.revocationsSeen = revocationsSeen
 	call.span = s.startCallSpan(ctx, start, ep, call.entry.ID, call.stream)
 	if call.span == nil {
 		call.traceHeaders = appendClientTraceHeaders(call.traceHeaders[:0], &ctx.Request.Header)
@@ -294,7 +298,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		ctx.SetBodyStream(call, -1)
-		s.streams.add(call, ctx.Conn()) // removed by its Close
+		s.addStream(call, ctx.Conn()) // removed by its Close
 	default:
 		call.forwardWhole(ctx, status)
 	}
@@ -369,8 +373,11 @@ type generationCall struct {
 	// once a call).
 	usageRefused bool
 	// keyRevoked: the stream was ended because its key was revoked
-	// (EndStreamsOfKey), not by its upstream.
+	// (EndStreamsOfKey, addStream), not by its upstream.
 	keyRevoked atomic.Bool
+	// revocationsSeen is openStreams.revocations before the call's
+	// admission.
+	revocationsSeen uint64
 	// text is forwarded output text not counted yet, and textTokens the
 	// tokens of what came before it: an estimate, used only when usage
 	// never came (see appendCounted).

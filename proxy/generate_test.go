@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -1121,6 +1122,60 @@ func TestRevokedKeysStreamsEnd(t *testing.T) {
 	// Not counted as the upstream cutting a stream.
 	if m := scrape(t, h); !strings.Contains(m, `tollgate_requests_interrupted_total{model="small",upstream="local",endpoint="/v1/chat/completions",status="200"} 0`) {
 		t.Fatalf("the revoked key's stream counted as interrupted by the upstream:\n%s", m)
+	}
+}
+
+// A key revoked while its stream waits for the upstream's first event:
+// the stream ends with the error event when that event comes, billed on
+// estimated usage, as an open one does. It was added to the open streams
+// only after the revocation had looked for them, and ran to its end,
+// billed in full (found by a black-box session).
+func TestRevokedKeysStreamWaitingForItsFirstEventEnds(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 30, ChunkDelay: 100 * time.Millisecond, FirstByteDelay: time.Second}, idleTimeout: "30s"})
+	for i, path := range []string{"/v1/chat/completions", "/v1/responses"} {
+		info, key, err := h.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "revoked-while-waiting"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.svc.WaitSynced(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest("POST", h.url+path, strings.NewReader(`{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}],"input":"one two three"}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		answered := make(chan *http.Response, 1)
+		go func() {
+			resp, err := h.client.Do(req)
+			if err != nil {
+				t.Error(err)
+			}
+			answered <- resp
+		}()
+		checkFor(t, 2*time.Second, 10*time.Millisecond, func() error {
+			if h.up.Active() == 0 {
+				return errors.New("the upstream has not taken the call yet")
+			}
+			return nil
+		})
+		if _, err := h.svc.RevokeKey(t.Context(), info.KeyID); err != nil {
+			t.Fatal(err)
+		}
+		resp := <-answered
+		if resp == nil {
+			t.FailNow()
+		}
+		start := time.Now()
+		body := readAll(t, resp)
+		if took := time.Since(start); took > time.Second { // the stream lasts 3 s
+			t.Fatalf("%s: the revoked key's stream ended %s after its first event, ending %q", path, took, body[max(len(body)-100, 0):])
+		}
+		evs := sseEvents(body)
+		if last := evs[len(evs)-1]; !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "revoked") {
+			t.Fatalf("%s: last event %q", path, last)
+		}
+		ev := h.events(i + 1)[i]
+		if ev.KeyID != info.KeyID || ev.UsageSource != meter.SourceEstimated || ev.CostNanos <= 0 {
+			t.Fatalf("%s: event %+v", path, ev)
+		}
 	}
 }
 

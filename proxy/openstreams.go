@@ -19,19 +19,42 @@ type openStreams struct {
 	// cutting is set once CutStreams ran: streams that break from then on
 	// were ended by the gateway, not by their upstream.
 	cutting atomic.Bool
+	// revocations counts the EndStreamsOfKey calls; a call notes it before
+	// its admission (generationCall.revocationsSeen), and one added after
+	// it changed asks whether its own key was revoked in between.
+	revocations atomic.Uint64
 }
 
-func (o *openStreams) add(c *generationCall, client net.Conn) {
+// addStream holds a stream whose relay begins, and ends it at once if the
+// gateway ended streams meanwhile: CutStreams ran, or its key was revoked
+// while it waited for its upstream's first event. EndStreamsOfKey did not
+// see such a call, and it ran to its end, billed in full.
+func (s *Server) addStream(c *generationCall, client net.Conn) {
+	o := &s.streams
 	o.mu.Lock()
 	if o.calls == nil {
 		o.calls = map[*generationCall]net.Conn{}
 	}
 	o.calls[c] = client
 	cut := o.cutting.Load()
+	// Read under the lock EndStreamsOfKey counts under: either it finds
+	// the call in calls, or the count has moved.
+	revokedSince := o.revocations.Load() != c.revocationsSeen
 	o.mu.Unlock()
+	if !cut && revokedSince && s.keyIsRevoked(c.key.ID) {
+		c.keyRevoked.Store(true)
+		cut = true
+	}
 	if cut {
 		c.cutUpstream()
 	}
+}
+
+// keyIsRevoked says whether the snapshot, which is updated before
+// EndStreamsOfKey is called, has the key revoked or deleted.
+func (s *Server) keyIsRevoked(keyID string) bool {
+	info, ok := s.accounts.KeyInfo(keyID)
+	return !ok || info.RevokedAt != nil
 }
 
 // remove is called before the call releases its upstream connection, so
@@ -64,11 +87,13 @@ func (s *Server) CutStreams() int {
 // ends them at shutdown, once the key is revoked: it is refused at
 // admission from then on, but the streams it had opened went on to their
 // end, billed to the account, for as long as the upstream generated. It
-// answers how many it ended.
+// answers how many it ended; a stream still waiting for its first event
+// is not counted, and is ended when it comes (addStream).
 func (s *Server) EndStreamsOfKey(keyID string) int {
 	o := &s.streams
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.revocations.Add(1)
 	n := 0
 	for c := range o.calls {
 		if c.key != nil && c.key.ID == keyID {
