@@ -71,7 +71,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	call, r, apiErr := s.prepareCall(ctx, w, ep, key)
 	if apiErr != nil {
-		limit.done()
+		limit.refused(ctx)
 		WriteError(ctx, apiErr)
 		// A 5xx here (a model without upstreams, the responses state
 		// unreadable) is the gateway failing a valid call: counted as

@@ -807,6 +807,47 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 	}
 }
 
+// A call refused before it reached an upstream (not JSON, an unknown
+// model, a model its key may not use) costs its key no request: on rpm 3,
+// two bodies that were not JSON and an unknown model left the valid call
+// after them a 429 (found by a black-box session).
+func TestRefusedGenerationCostsNoRequest(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses"} {
+		_, key, err := h.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "rpm", RPM: 3, TPM: 100_000, Models: []string{"small"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.svc.WaitSynced(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		for _, refused := range []struct {
+			body   string
+			status int
+		}{
+			{"notjson", 400},
+			{"notjson", 400},
+			{`{"model":"nope","messages":[],"input":"hi"}`, 400},
+			{`{"model":"large","messages":[],"input":"hi"}`, 403},
+		} {
+			resp := h.post(path, refused.body, key)
+			if body := readAll(t, resp); resp.StatusCode != refused.status {
+				t.Fatalf("%s %s: %d %s", path, refused.body, resp.StatusCode, body)
+			}
+			if got := resp.Header.Get("x-ratelimit-remaining-requests"); got != "3" {
+				t.Errorf("%s %s: x-ratelimit-remaining-requests %q after a refusal, want 3", path, refused.body, got)
+			}
+		}
+		for i := range 3 {
+			resp := h.post(path, `{"model":"small","messages":[],"input":"hi"}`, key)
+			if body := readAll(t, resp); resp.StatusCode != 200 {
+				t.Fatalf("%s: call %d after the refusals: %d %s", path, i, resp.StatusCode, body)
+			}
+		}
+		wantError(t, h.post(path, `{"model":"small","messages":[],"input":"hi"}`, key), 429, "rate_limit_exceeded")
+	}
+}
+
 // Calls in flight together count their prompts at once: counting a
 // generation's tokens only once its usage came let 100 concurrent streams
 // take 10M tokens on a key's tpm of 1,000.

@@ -326,8 +326,8 @@ func (a *admission) moveTokens(delta int64) (callerState, int64) {
 }
 
 // done gives back the concurrency slot of an admitted call, and the
-// estimate of a generation that ended without usage to settle it (refused
-// after admission: a 400 costs no quota).
+// estimate of a generation that ended without usage to settle it (a call
+// refused after admission, the upstream's error passed on).
 func (a *admission) done() {
 	if a == nil || a.state == nil {
 		return
@@ -343,6 +343,30 @@ func (a *admission) done() {
 	}
 	a.shard.mu.Unlock()
 	a.state = nil
+}
+
+// refused gives back all a generation call took at admission, its
+// request too, when it is refused before reaching an upstream (a body
+// that is not JSON, a model unknown or not allowed to its key): it cost
+// nothing, as a plugin call refused before its Admit costs nothing. Its
+// request used up the key's rpm: on rpm 3, three bad requests left the
+// valid one after them a 429. The x-ratelimit headers admit set are
+// written again. The request is given back no further than now, which
+// would bank quota for later.
+func (a *admission) refused(ctx *fasthttp.RequestCtx) {
+	if a == nil || a.state == nil {
+		return
+	}
+	a.charge(0)
+	now := a.l.now()
+	a.shard.mu.Lock()
+	if rpm := a.limits.RequestsPerMinute; rpm > 0 {
+		a.state.requestsTAT = max(a.state.requestsTAT-interval(1, rpm), now)
+	}
+	snap := *a.state
+	a.shard.mu.Unlock()
+	a.done()
+	a.setHeaders(ctx, snap, now)
 }
 
 // sweep forgets callers whose limits are whole again and who have nothing
