@@ -41,7 +41,7 @@ func (s *Server) addStream(c *generationCall, client net.Conn) {
 	// the call in calls, or the count has moved.
 	revokedSince := o.revocations.Load() != c.revocationsSeen
 	o.mu.Unlock()
-	if !cut && revokedSince && s.keyIsRevoked(c.key.ID) {
+	if !cut && revokedSince && c.key != nil && s.keyIsRevoked(c.key.ID) {
 		c.keyRevoked.Store(true)
 		cut = true
 	}
