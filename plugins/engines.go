@@ -254,15 +254,30 @@ func failure(c *engineChoice, err error) string {
 	return err.Error()
 }
 
+// engineError is the answer to a request its engine failed. A model that
+// answered, if not what was asked, spent tokens the call is billed for,
+// and asking again would bill them again, at temperature 0 for the same
+// answer: such an error carries x-should-retry: false, as the OpenAI SDKs
+// otherwise retry every 5xx twice (one SDK call was three billed 502s).
+// An upstream that is down spent nothing, and may be back on a retry.
 func engineError(c *engineChoice, err error) *proxy.APIError {
+	spent := c.spent.Tokens() > 0 || errors.Is(err, classifiers.ErrUnparseable)
 	if offline(c.name) {
-		return proxy.Internal("the " + c.name + " engine failed: " + err.Error())
+		apiErr := proxy.Internal("the " + c.name + " engine failed: " + err.Error())
+		apiErr.NoRetry = spent
+		return apiErr
 	}
-	msg := fmt.Sprintf("model %s: %s; retry later or send \"model\": %s", c.model, failure(c, err), c.m.offlineEngines(c.vectors))
+	advice := "retry later or send"
+	if spent {
+		advice = "the model's answers are billed, and asking again would bill them again; send"
+	}
+	msg := fmt.Sprintf("model %s: %s; %s \"model\": %s", c.model, failure(c, err), advice, c.m.offlineEngines(c.vectors))
+	apiErr := &proxy.APIError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_error", Message: msg}
 	if errors.Is(err, proxy.ErrModelUnavailable) {
-		return proxy.Unavailable(msg)
+		apiErr = proxy.Unavailable(msg)
 	}
-	return &proxy.APIError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_error", Message: msg}
+	apiErr.NoRetry = spent
+	return apiErr
 }
 
 // Health probes: auto uses llm while the upstream of llm_model answered

@@ -228,6 +228,10 @@ func TestLLMRefusingLogprobsIsAskedWithoutThemFromThenOn(t *testing.T) {
 // asked, twice, was paid for upstream. Asked by name the call is a 502
 // billed those tokens; with auto the offline engine answers and the
 // call's usage, and its bill, include them. Both went unbilled.
+//
+// The 502 says x-should-retry: false and does not advise to retry: the
+// OpenAI SDKs retried it twice, so one SDK call was three billed 502s,
+// each for the same answer at temperature 0.
 func TestWrongLLMAnswersAreBilled(t *testing.T) {
 	h := newHarness(t, harnessOptions{upstream: proxytest.Options{BadAnswerTimes: 1 << 30}, plugins: `
   engine: auto
@@ -235,7 +239,10 @@ func TestWrongLLMAnswersAreBilled(t *testing.T) {
   pricing: {classify: "0.000001"}`})
 
 	resp := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`)
-	resp.apiError(t, 502, "upstream_error")
+	e := resp.apiError(t, 502, "upstream_error")
+	if resp.header.Get("x-should-retry") != "false" || strings.Contains(e["message"].(string), "retry") {
+		t.Errorf("billed 502: x-should-retry %q, message %q: want false, and no advice to retry", resp.header.Get("x-should-retry"), e["message"])
+	}
 	if n := chatCalls(h.up); n != 2 {
 		t.Fatalf("%d chat calls, want the question and its reminder", n)
 	}
@@ -407,7 +414,11 @@ func TestExplicitLLMWithItsUpstreamDownCostsNoQuota(t *testing.T) {
 	if m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t); m["engine"] != "lexical" {
 		t.Fatalf("auto with the upstream down: %v", m)
 	}
-	e := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "llm"}`}).apiError(t, 503, "upstream_unavailable")
+	down := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "llm"}`})
+	e := down.apiError(t, 503, "upstream_unavailable")
+	if down.header.Get("x-should-retry") != "" {
+		t.Errorf("x-should-retry %q on a 503 that cost nothing: a retry may find the upstream back", down.header.Get("x-should-retry"))
+	}
 	msg := e["message"].(string)
 	if !strings.Contains(msg, `send "model": "lexical"`) || strings.Contains(msg, "semantic") {
 		t.Errorf("503 message %q: want lexical as the way out, and not semantic, which has no vectors here", msg)
