@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,8 +38,20 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 	if len(body) == 0 {
 		return proxy.BadRequest("", "the request body is empty: send a JSON object such as "+example)
 	}
+	if bytes.HasPrefix(body, utf8BOM) {
+		// Windows tools (PowerShell's Out-File, Notepad) write one; it
+		// was answered as if the body were not an object.
+		return proxy.BadRequest("", "the request body starts with a UTF-8 byte order mark (EF BB BF): send the JSON object without it")
+	}
 	if body[0] != '{' {
 		return proxy.BadRequest("", "the request body must be a JSON object such as "+example)
+	}
+	// gjson validates recursively: a body nested too deep is left to the
+	// decoder, which refuses it.
+	if !jsoncheck.TooDeep(body, jsoncheck.MaxDepth) && gjson.ValidBytes(body) {
+		if apiErr := caseVariant(body, dst); apiErr != nil {
+			return apiErr
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -58,6 +71,33 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 		return apiErr
 	}
 	return nonStringElement(body, dst)
+}
+
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// caseVariant refuses a member of body whose name is one of dst's fields
+// in another case ("Labels", "TEXT"), as the admin API and chat refuse
+// it. encoding/json fills the field from it, but the checks that walk
+// the body by name (nonStringElement, duplicateKey) did not recognise
+// it: "LABELS": [null] passed as an empty label, and an error named the
+// raw key. Names are exact, as the endpoints document them.
+func caseVariant(body []byte, dst any) *proxy.APIError {
+	fields := jsonFields(dst)
+	var apiErr *proxy.APIError
+	gjson.ParseBytes(body).ForEach(func(key, _ gjson.Result) bool {
+		if slices.Contains(fields, key.Str) {
+			return true
+		}
+		for _, f := range fields {
+			if strings.EqualFold(f, key.Str) {
+				apiErr = proxy.BadRequest(key.Str, fmt.Sprintf("unknown field %q (did you mean %q? field names are case-sensitive); fields of this endpoint: %s",
+					key.Str, f, strings.Join(fields, ", ")))
+				return false
+			}
+		}
+		return true
+	})
+	return apiErr
 }
 
 // nonStringElement refuses a null in a list of strings, which
@@ -115,26 +155,16 @@ func wrongMember(path string, v gjson.Result, t reflect.Type) *proxy.APIError {
 // the gateway refuses a second "model" in chat (proxy.scanRequest):
 // encoding/json keeps the last one, other readers of the same body the
 // first, and a client that sent two texts cannot know which was
-// classified. Keys are matched to fields as encoding/json matches them
-// (exactly, else case-insensitively), so "text" and "Text" are the same
-// key. body is valid JSON: decoding it succeeded.
+// classified. body is valid JSON (decoding it succeeded), and names its
+// fields exactly (caseVariant).
 func duplicateKey(body []byte, dst any) *proxy.APIError {
-	fields := jsonFields(dst)
-	seen := make(map[string]bool, len(fields))
+	seen := make(map[string]bool, len(jsonFields(dst)))
 	// One pass finds both: a field named twice, and, inside a field, a key
 	// twice, which is as ambiguous (encoding/json keeps the last
 	// description of a label). The field named twice is reported first.
 	var dup, nested string
 	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
 		name := key.Str
-		for _, f := range fields {
-			if f == name {
-				break
-			}
-			if strings.EqualFold(f, name) {
-				name = f
-			}
-		}
 		if seen[name] {
 			dup = name
 			return false

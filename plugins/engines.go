@@ -82,7 +82,7 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	case engineSemantic:
 		e, err := m.vectors.engine(p.Vectors)
 		if err != nil {
-			return nil, proxy.NotAvailableHere("engine_unavailable", err.Error()+"; or send \"model\": \"lexical\"")
+			return nil, onModel(proxy.NotAvailableHere("engine_unavailable", err.Error()+"; or send \"model\": \"lexical\""))
 		}
 		return &engineChoice{engine: e, name: engineSemantic}, nil
 	case engineLLM:
@@ -104,7 +104,7 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 		if who.public {
 			// Anyone could otherwise run the operator's dearest model for
 			// free; plugins.llm_model ("llm", or auto) is the operator's choice.
-			return nil, proxy.Forbidden(fmt.Sprintf("requests without an API key may not name a catalog model (%q); send an API key, or \"model\": %s or \"llm\"", requested, m.offlineEngines(p.Vectors)))
+			return nil, onModel(proxy.Forbidden(fmt.Sprintf("requests without an API key may not name a catalog model (%q); send an API key, or \"model\": %s or \"llm\"", requested, m.offlineEngines(p.Vectors))))
 		}
 		return m.llmChoice(who, requested, "model")
 	}
@@ -142,6 +142,14 @@ func (m *module) autoLLM(who caller) *engineChoice {
 	return c
 }
 
+// onModel names "model" as the field of a refusal about the engine or
+// model: the field a client changes to get past it, whether it sent one
+// or plugins.engine chose.
+func onModel(e *proxy.APIError) *proxy.APIError {
+	e.Param = "model"
+	return e
+}
+
 // offlineEngines words the offline engines a request can name instead of
 // a model, for an error's advice: semantic only when its vectors load
 // (a 503 told callers to send semantic on a gateway without them).
@@ -170,10 +178,10 @@ func (c *engineChoice) offlineFallback() *engineChoice { return c.m.offlineChoic
 func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *proxy.APIError) {
 	entry, ok := who.world.Catalog.Resolve(model)
 	if !ok {
-		return nil, proxy.Unavailable(fmt.Sprintf("%s %q is not in the catalog", from, model))
+		return nil, onModel(proxy.Unavailable(fmt.Sprintf("%s %q is not in the catalog", from, model)))
 	}
 	if !who.allows(entry.ID) {
-		return nil, proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": %s (offline)", entry.ID, from, m.offlineEngines(who.world.Config.Plugins.Vectors)))
+		return nil, onModel(proxy.Forbidden(fmt.Sprintf("this API key may not use model %q (%s); send \"model\": %s (offline)", entry.ID, from, m.offlineEngines(who.world.Config.Plugins.Vectors))))
 	}
 	_, refused := m.logprobsRefused.Load(entry.ID)
 	engine := classifiers.NewLLMWith(who.world, entry.ID, classifiers.LLMOptions{NoLogprobs: refused,
@@ -187,7 +195,7 @@ func (m *module) llmChoice(who caller, model, from string) (*engineChoice, *prox
 		}
 	}
 	if len(c.probes) == 0 {
-		return nil, proxy.Unavailable(fmt.Sprintf("model %q has no configured upstream", entry.ID))
+		return nil, onModel(proxy.Unavailable(fmt.Sprintf("model %q has no configured upstream", entry.ID)))
 	}
 	return c, nil
 }
@@ -274,7 +282,7 @@ func engineError(c *engineChoice, err error) *proxy.APIError {
 	msg := fmt.Sprintf("model %s: %s; %s \"model\": %s", c.model, failure(c, err), advice, c.m.offlineEngines(c.vectors))
 	apiErr := &proxy.APIError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_error", Message: msg}
 	if errors.Is(err, proxy.ErrModelUnavailable) {
-		apiErr = proxy.Unavailable(msg)
+		apiErr = onModel(proxy.Unavailable(msg))
 	}
 	apiErr.NoRetry = spent
 	return apiErr

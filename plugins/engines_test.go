@@ -139,6 +139,9 @@ func TestKeyModelAllowList(t *testing.T) {
 	if msg, _ := denied["message"].(string); !strings.Contains(msg, `"lexical"`) {
 		t.Errorf("the 403 should name the offline engine there is (no vectors here) as the way out: %q", msg)
 	}
+	if denied["param"] != "model" {
+		t.Errorf("the 403's param %v, want model, the field to change", denied["param"])
+	}
 	unknown := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "gpt-5"}`, key: key}).apiError(t, 400, "invalid_request_error")
 	if msg, _ := unknown["message"].(string); !strings.HasSuffix(msg, "a catalog model: large") {
 		t.Errorf("the 400 should list only the key's models: %q", msg)
@@ -416,6 +419,9 @@ func TestExplicitLLMWithItsUpstreamDownCostsNoQuota(t *testing.T) {
 	}
 	down := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "llm"}`})
 	e := down.apiError(t, 503, "upstream_unavailable")
+	if e["param"] != "model" {
+		t.Errorf("the 503's param %v, want model, the field to change", e["param"])
+	}
 	if down.header.Get("x-should-retry") != "" {
 		t.Errorf("x-should-retry %q on a 503 that cost nothing: a retry may find the upstream back", down.header.Get("x-should-retry"))
 	}

@@ -53,7 +53,14 @@ func TestValidation(t *testing.T) {
 		{"threshold overflows", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400, which is out of range"},
 		{"threshold overflows below", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -1e400}`, "threshold", "threshold must be a number between 0 and 1, got -1e400"},
 		{"text twice", "/v1/classify", `{"text": "x", "labels": ["a"], "text": "y"}`, "text", `duplicate key "text" in request body`},
-		{"text twice, other case", "/v1/classify", `{"text": "x", "labels": ["a"], "Text": "y"}`, "text", `duplicate key "text" in request body`},
+		// A field in another case is unknown, as in the admin API: encoding/json
+		// filled labels from "LABELS", but the element checks, which walk the
+		// body by name, skipped it ([null] was "labels[0] is empty").
+		{"text twice, other case", "/v1/classify", `{"text": "x", "labels": ["a"], "Text": "y"}`, "Text", `unknown field "Text" (did you mean "text"? field names are case-sensitive)`},
+		{"labels in capitals", "/v1/classify", `{"text": "x", "LABELS": [null]}`, "LABELS", `unknown field "LABELS" (did you mean "labels"?`},
+		{"descriptions capitalised", "/v1/classify", `{"text": "x", "labels": ["a"], "Descriptions": {"a": 5}}`, "Descriptions", `unknown field "Descriptions" (did you mean "descriptions"?`},
+		{"tags capitalised, escaped", "/v1/tag", `{"text": "x", "\u0054ags": ["a"]}`, "Tags", `unknown field "Tags" (did you mean "tags"?`},
+		{"byte order mark", "/v1/classify", "\ufeff" + `{"text": "x", "labels": ["a"]}`, "", "the request body starts with a UTF-8 byte order mark (EF BB BF)"},
 		{"text twice, escaped", "/v1/classify", `{"text": "x", "labels": ["a"], "te\u0078t": "y"}`, "text", `duplicate key "text" in request body`},
 		{"labels twice", "/v1/classify", `{"text": "x", "labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels" in request body`},
 		{"model twice", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "lexical", "model": "llm"}`, "model", `duplicate key "model" in request body`},
