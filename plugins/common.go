@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -179,18 +180,24 @@ func duplicateKey(body []byte, dst any) *proxy.APIError {
 		return proxy.BadRequest(dup, fmt.Sprintf("duplicate key %q in request body: send each field once", dup))
 	}
 	if nested != "" {
-		return proxy.BadRequest(nested, fmt.Sprintf("duplicate key %q in request body: send each key once", nested))
+		msg := fmt.Sprintf("duplicate key %q in request body: send each key once", nested)
+		if strings.ContainsRune(nested, utf8.RuneError) {
+			msg += " (a lone surrogate escape such as \\ud800, or a byte that is not UTF-8, reads as U+FFFD, so keys that differ only there are one key)"
+		}
+		return proxy.BadRequest(nested, msg)
 	}
 	return nil
 }
 
 // nestedDuplicate returns the path of a key an object within v holds
-// twice, or "". path is v's own.
+// twice, or "". path is v's own. Keys compare as encoding/json decodes
+// them, into the map the engine reads: "x\ud800" and "x\udc00" are one
+// key there (U+FFFD), the last kept silently.
 func nestedDuplicate(path string, v gjson.Result) string {
 	var dup string
 	switch {
 	case v.IsObject():
-		if d := jsoncheck.DuplicateMember(v); d != "" {
+		if d := jsoncheck.DuplicateDecodedMember(v); d != "" {
 			return path + "." + d
 		}
 		v.ForEach(func(key, member gjson.Result) bool {

@@ -69,6 +69,10 @@ func TestValidation(t *testing.T) {
 		{"label only whitespace", "/v1/classify", `{"text": "x", "labels": ["a", "  "]}`, "labels[1]", "labels[1] is empty"},
 		{"a description twice", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "descriptions": {"a": "dogs", "a": "refunds"}}`, "descriptions.a", `duplicate key "descriptions.a" in request body`},
 		{"examples of a label twice", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "examples": {"b": ["x"], "b": ["y"]}}`, "examples.b", `duplicate key "examples.b" in request body`},
+		// Keys read as encoding/json decodes them into the map: both are
+		// "x\ufffd", and the last description was kept silently.
+		{"descriptions of two lone surrogates", "/v1/classify", `{"text": "x", "labels": ["x\ufffd"], "descriptions": {"x\ud800": "dogs", "x\udc00": "refunds"}}`, "descriptions.x\ufffd", "reads as U+FFFD"},
+		{"examples of two bytes not UTF-8", "/v1/classify", "{\"text\": \"x\", \"labels\": [\"a\ufffd\"], \"examples\": {\"a\xff\": [\"y\"], \"a\xfe\": [\"z\"]}}", "examples.a\ufffd", "duplicate key \"examples.a\ufffd\""},
 		{"unknown classifier", "/v1/classify", `{"text": "x", "classifier": "foo"}`, "classifier", `classifier "foo" is not defined; saved classifiers: support-intent`},
 		{"null label", "/v1/classify", `{"text": "x", "labels": ["a", null]}`, "labels[1]", `labels[1] must be a string, got null`},
 		{"number label", "/v1/classify", `{"text": "x", "labels": [1, "b"]}`, "labels[0]", `labels[0] must be a string, got a number`},

@@ -6,6 +6,7 @@ package jsoncheck
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -62,6 +63,38 @@ func DuplicateMember(obj gjson.Result) string {
 		return true
 	})
 	return dup
+}
+
+// DuplicateDecodedMember is DuplicateMember for an object Go will decode
+// into a map: keys compare as encoding/json decodes them, each lone
+// surrogate escape and each byte that is not UTF-8 read as U+FFFD. So
+// "x\ud800" and "x\udc00", two keys to Python and to DuplicateMember,
+// are one to the map, which kept the last silently. It returns the key
+// as decoded.
+func DuplicateDecodedMember(obj gjson.Result) string {
+	var keys Keys
+	dup := ""
+	obj.ForEach(func(key, _ gjson.Result) bool {
+		if k := decodedKey(key); keys.seen(k) {
+			dup = k
+			return false
+		}
+		return true
+	})
+	return dup
+}
+
+// decodedKey is key's text as encoding/json decodes it.
+func decodedKey(key gjson.Result) string {
+	raw := key.Raw
+	if strings.IndexByte(raw, '\\') < 0 && utf8.ValidString(raw) {
+		return key.Str // no allocation: the usual key
+	}
+	var s string
+	if err := json.Unmarshal([]byte(raw), &s); err != nil {
+		return key.Str // not a JSON string: gjson's reading is all there is
+	}
+	return s
 }
 
 // Keys tells the keys of one object named twice, fed one at a time, for a

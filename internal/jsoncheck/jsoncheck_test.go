@@ -77,3 +77,25 @@ func TestDuplicateMember(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateDecodedMember: keys compare as encoding/json decodes them,
+// into the map a plugin body fills. "x\ud800" and "x\udc00" (distinct to
+// Python) and two bytes that are not UTF-8 both read as U+FFFD, and the
+// map kept the last silently.
+func TestDuplicateDecodedMember(t *testing.T) {
+	for _, tc := range []struct{ name, obj, want string }{
+		{"none", `{"a":1,"b":2}`, ""},
+		{"plain", `{"a":1,"a":2}`, "a"},
+		{"escaped spelling", `{"a":1,"\u0061":2}`, "a"},
+		{"two lone surrogates", `{"x\ud800":1,"x\udc00":2}`, "x\ufffd"},
+		{"a lone surrogate and U+FFFD", `{"\ud800":1,"\ufffd":2}`, "\ufffd"},
+		{"two bytes that are not UTF-8", "{\"a\xff\":1,\"a\xfe\":2}", "a\ufffd"},
+		{"a high surrogate and the escape after it", `{"\ud800\u0041":1,"\ud800\u0042":2}`, ""},
+		{"a pair and its character", `{"\ud83d\ude00":1,"😀":2}`, "😀"},
+		{"an escaped backslash, not a surrogate", `{"\\ud800":1,"\\udc00":2}`, ""},
+	} {
+		if got := DuplicateDecodedMember(gjson.Parse(tc.obj)); got != tc.want {
+			t.Errorf("%s: DuplicateDecodedMember = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
