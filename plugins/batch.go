@@ -149,7 +149,7 @@ func batchMethodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 
 func (m *module) createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
 	var body batchBody
-	if apiErr := decodeBody(ctx, &body, batchExample); apiErr != nil {
+	if apiErr := decodeBody(ctx, &body, batchExample, call.World.Config.Plugins, classifyTexts-1, classifyLabelSets); apiErr != nil { // no text
 		proxy.WriteError(ctx, apiErr)
 		return
 	}

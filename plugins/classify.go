@@ -31,6 +31,14 @@ type classifyBody struct {
 
 const classifyExample = `{"text": "I was charged twice", "labels": ["billing", "bug"]}`
 
+// A classify body holds two texts (text and text_type) and a label set,
+// whose labels may each be written three times (in labels, and as keys
+// of descriptions and examples): see maxBody.
+const (
+	classifyTexts     = 2
+	classifyLabelSets = 3 * config.MaxLabelSetBytes
+)
+
 // request validates the body, filling in a saved classifier it names.
 func (b *classifyBody) request(cfg *config.Config) (classifiers.ClassifyRequest, *proxy.APIError) {
 	if err := requireText("text", b.Text, cfg.Plugins); err != nil {
@@ -52,7 +60,7 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 	if b.Classifier != "" {
 		saved, ok := cfg.Classifiers[b.Classifier]
 		if !ok {
-			return req, proxy.BadRequest("classifier", fmt.Sprintf("classifier %q is not defined%s; %s", b.Classifier, nearestClassifier(cfg, b.Classifier), savedList(cfg)))
+			return req, proxy.BadRequest("classifier", fmt.Sprintf("classifier %q is not defined%s; %s", quotable(b.Classifier), nearestClassifier(cfg, b.Classifier), savedList(cfg)))
 		}
 		for _, f := range []struct {
 			name string
@@ -83,7 +91,7 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 		return req, apiErr
 	}
 	req.Threshold = t
-	return req, firstProblem(config.CheckClassification(config.Classifier{
+	return req, firstProblem(config.FirstClassificationProblem(config.Classifier{
 		Labels: req.Labels, Descriptions: req.Descriptions, Examples: req.Examples,
 		TextType: req.TextType, Mode: string(req.Mode), Threshold: t,
 	}, cfg.Plugins.MaxTextBytes))
@@ -139,7 +147,7 @@ type classifyMulti struct {
 
 func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body classifyBody
-	if apiErr := decodeBody(ctx, &body, classifyExample); apiErr != nil {
+	if apiErr := decodeBody(ctx, &body, classifyExample, call.World.Config.Plugins, classifyTexts, classifyLabelSets); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
 		return
 	}

@@ -24,17 +24,51 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/jsoncheck"
 	"github.com/tollgate/tollgate/internal/suggest"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
 )
 
+// A request is validated before it is admitted (a 400 costs no quota), so
+// anonymous callers, whom public mode allows one request a minute, can
+// send invalid bodies without limit: refusing one must cost little
+// whatever it holds. Bodies under server.max_request_body (8 MiB) took
+// seconds of CPU each: 400,000 keys of examples, a million labels or
+// empty examples, decoded whole, then walked and worded in full for a
+// 400 that quotes the first problem. So a body longer than any valid
+// request can be is refused unread, and lists and objects with more
+// members than a label set can have are refused before decoding.
+const (
+	// jsonEscapedBytes is the most bytes JSON may spend on one byte of
+	// text: \u001f for a control character.
+	jsonEscapedBytes = 6
+	// bodySlack is room for a body's names, punctuation, white space and
+	// short fields (model, classifier, mode, numbers).
+	bodySlack = 64 << 10
+)
+
+// maxBody is the longest body of an endpoint whose fields hold at most
+// texts texts of plugins.max_text_bytes and other bytes besides, every
+// byte of them escaped, plus bodySlack.
+func maxBody(p config.Plugins, texts int, other int64) int64 {
+	return jsonEscapedBytes*(int64(texts)*int64(p.MaxTextBytes)+other) + bodySlack
+}
+
+// textFields are the fields held to plugins.max_text_bytes: one whose
+// JSON string is over jsonEscapedBytes times that is refused unread.
+var textFields = []string{"text", "source", "query", "description", "text_type"}
+
 // decodeBody reads the request body into dst, a pointer to a struct whose
 // json tags are the endpoint's fields. Unknown fields are refused by name
 // (a client that typed "lables" must hear so, not get a default), and every
 // failure names the field at fault. example is a minimal valid body, quoted
-// when the body is missing.
-func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIError {
+// when the body is missing; texts and other bound the body (maxBody).
+func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string, p config.Plugins, texts int, other int64) *proxy.APIError {
+	if n, limit := len(ctx.PostBody()), maxBody(p, texts, other); int64(n) > limit {
+		return &proxy.APIError{Status: fasthttp.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+			Message: fmt.Sprintf("the request body is %d bytes; %s takes at most %d: what its fields may hold (a text plugins.max_text_bytes, a label set 256 KiB), every byte escaped", n, ctx.Path(), limit)}
+	}
 	body := bytes.TrimSpace(ctx.PostBody())
 	if len(body) == 0 {
 		return proxy.BadRequest("", "the request body is empty: send a JSON object such as "+example)
@@ -50,7 +84,7 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 	// gjson validates recursively: a body nested too deep is left to the
 	// decoder, which refuses it.
 	if !jsoncheck.TooDeep(body, jsoncheck.MaxDepth) && gjson.ValidBytes(body) {
-		if apiErr := caseVariant(body, dst); apiErr != nil {
+		if apiErr := checkMembers(body, dst, p.MaxTextBytes); apiErr != nil {
 			return apiErr
 		}
 	}
@@ -76,18 +110,28 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string) *proxy.APIErr
 
 var utf8BOM = []byte("\xef\xbb\xbf")
 
-// caseVariant refuses a member of body whose name is one of dst's fields
-// in another case ("Labels", "TEXT"), as the admin API and chat refuse
-// it. encoding/json fills the field from it, but the checks that walk
-// the body by name (nonStringElement, duplicateKey) did not recognise
-// it: "LABELS": [null] passed as an empty label, and an error named the
-// raw key. Names are exact, as the endpoints document them.
-func caseVariant(body []byte, dst any) *proxy.APIError {
+// checkMembers walks body's members before it is decoded. It refuses a
+// member whose name is one of dst's fields in another case ("Labels",
+// "TEXT"), as the admin API and chat refuse it: encoding/json fills the
+// field from it, but the checks that walk the body by name
+// (nonStringElement, duplicateKey) did not recognise it, so "LABELS":
+// [null] passed as an empty label, and an error named the raw key. Names
+// are exact, as the endpoints document them. It also refuses a list
+// (labels, tags) or an object keyed by label (descriptions, examples)
+// with more members than config.MaxLabels, counted, not decoded, and a
+// text (textFields) whose JSON string is too long for any escaping to
+// bring it under maxTextBytes.
+func checkMembers(body []byte, dst any, maxTextBytes config.ByteSize) *proxy.APIError {
 	fields := jsonFields(dst)
 	var apiErr *proxy.APIError
-	gjson.ParseBytes(body).ForEach(func(key, _ gjson.Result) bool {
-		if slices.Contains(fields, key.Str) {
-			return true
+	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
+		if t, ok := fieldType(dst, key.Str); ok {
+			if value.Type == gjson.String && slices.Contains(textFields, key.Str) && int64(len(value.Raw)-2) > jsonEscapedBytes*int64(maxTextBytes) {
+				apiErr = proxy.BadRequest(key.Str, fmt.Sprintf("%s is longer than plugins.max_text_bytes (%d bytes): its JSON string takes %d bytes", key.Str, maxTextBytes, len(value.Raw)-2))
+				return false
+			}
+			apiErr = tooManyMembers(key.Str, value, t)
+			return apiErr == nil
 		}
 		for _, f := range fields {
 			if strings.EqualFold(f, key.Str) {
@@ -99,6 +143,38 @@ func caseVariant(body []byte, dst any) *proxy.APIError {
 		return true
 	})
 	return apiErr
+}
+
+// tooManyMembers refuses v, the value of field (of type t), when it is
+// the list or object t asks for and has more than config.MaxLabels
+// members; or, for lists in an object (examples), more entries in all
+// than config.MaxLabelSetBytes, as each takes a byte of the label set at
+// least (an empty one is refused).
+func tooManyMembers(field string, v gjson.Result, t reflect.Type) *proxy.APIError {
+	isList, isObject := t.Kind() == reflect.Slice && v.IsArray(), t.Kind() == reflect.Map && v.IsObject()
+	if !isList && !isObject {
+		return nil
+	}
+	n, entries := 0, 0
+	v.ForEach(func(_, member gjson.Result) bool {
+		n++
+		if isObject && t.Elem().Kind() == reflect.Slice && member.IsArray() {
+			member.ForEach(func(_, _ gjson.Result) bool {
+				entries++
+				return entries <= config.MaxLabelSetBytes
+			})
+		}
+		return entries <= config.MaxLabelSetBytes // members are counted all, for the message: it costs no allocation
+	})
+	switch {
+	case entries > config.MaxLabelSetBytes:
+		return proxy.BadRequest(field, fmt.Sprintf("%s hold more than %d entries: a label set takes at most %d bytes, and each entry one at least", field, config.MaxLabelSetBytes, config.MaxLabelSetBytes))
+	case n <= config.MaxLabels:
+		return nil
+	case isList:
+		return proxy.BadRequest(field, fmt.Sprintf("%s must have 1 to %d entries, got %d", field, config.MaxLabels, n))
+	}
+	return proxy.BadRequest(field, fmt.Sprintf("%s has %d keys: its keys are labels, of which there are at most %d", field, n, config.MaxLabels))
 }
 
 // nonStringElement refuses a null in a list of strings, which
@@ -123,17 +199,19 @@ func nonStringElement(body []byte, dst any) *proxy.APIError {
 // as t's element is.
 func wrongMember(path string, v gjson.Result, t reflect.Type) *proxy.APIError {
 	var apiErr *proxy.APIError
-	check := func(p string, el gjson.Result) bool {
+	// path is a func: an element's path is worded only when it is wrong,
+	// as a list may hold a million of them.
+	check := func(p func() string, el gjson.Result) bool {
 		switch t.Elem().Kind() {
 		case reflect.String:
 			if el.Type != gjson.String {
-				apiErr = proxy.BadRequest(p, fmt.Sprintf("%s must be a string, got %s", p, gjsonKind(el)))
+				apiErr = proxy.BadRequest(p(), fmt.Sprintf("%s must be a string, got %s", p(), gjsonKind(el)))
 			}
 		case reflect.Slice:
 			if !el.IsArray() {
-				apiErr = proxy.BadRequest(p, fmt.Sprintf("%s must be %s, got %s", p, describeJSONType(t.Elem()), gjsonKind(el)))
+				apiErr = proxy.BadRequest(p(), fmt.Sprintf("%s must be %s, got %s", p(), describeJSONType(t.Elem()), gjsonKind(el)))
 			} else {
-				apiErr = wrongMember(p, el, t.Elem())
+				apiErr = wrongMember(p(), el, t.Elem())
 			}
 		}
 		return apiErr == nil
@@ -142,12 +220,12 @@ func wrongMember(path string, v gjson.Result, t reflect.Type) *proxy.APIError {
 	case t.Kind() == reflect.Slice && v.IsArray():
 		i := 0
 		v.ForEach(func(_, el gjson.Result) bool {
-			p := fmt.Sprintf("%s[%d]", path, i)
+			n := i
 			i++
-			return check(p, el)
+			return check(func() string { return fmt.Sprintf("%s[%d]", path, n) }, el)
 		})
 	case t.Kind() == reflect.Map && v.IsObject():
-		v.ForEach(func(key, el gjson.Result) bool { return check(path+"."+key.Str, el) })
+		v.ForEach(func(key, el gjson.Result) bool { return check(func() string { return path + "." + key.Str }, el) })
 	}
 	return apiErr
 }
@@ -157,7 +235,7 @@ func wrongMember(path string, v gjson.Result, t reflect.Type) *proxy.APIError {
 // encoding/json keeps the last one, other readers of the same body the
 // first, and a client that sent two texts cannot know which was
 // classified. body is valid JSON (decoding it succeeded), and names its
-// fields exactly (caseVariant).
+// fields exactly (checkMembers).
 func duplicateKey(body []byte, dst any) *proxy.APIError {
 	seen := make(map[string]bool, len(jsonFields(dst)))
 	// One pass finds both: a field named twice, and, inside a field, a key
@@ -207,7 +285,9 @@ func nestedDuplicate(path string, v gjson.Result) string {
 	case v.IsArray():
 		i := 0
 		v.ForEach(func(_, member gjson.Result) bool {
-			dup = nestedDuplicate(fmt.Sprintf("%s[%d]", path, i), member)
+			if member.IsArray() || member.IsObject() { // a string holds no key
+				dup = nestedDuplicate(fmt.Sprintf("%s[%d]", path, i), member)
+			}
 			i++
 			return dup == ""
 		})
@@ -302,7 +382,7 @@ func decodeError(err error, dst any) *proxy.APIError {
 		return proxy.BadRequest(field, fmt.Sprintf("%s must be %s, %s %s", field, describeJSONType(want), got, describeJSONValue(typ.Value)))
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		name = strings.Trim(name, `"`)
+		name = quotable(strings.Trim(name, `"`))
 		msg := fmt.Sprintf("unknown field %q", name)
 		fields := jsonFields(dst)
 		if s := suggest.Nearest(name, fields); s != "" {
@@ -420,6 +500,10 @@ func labelSetTokens(labels []string, descriptions map[string]string, examples ma
 	}
 	return int64(n+3) / 4
 }
+
+// quotable is s cut to quote in an error: a model, classifier or field
+// name of megabytes was quoted whole, its 400 as long as the body.
+func quotable(s string) string { return utf8cut.Shorten(s, 200) }
 
 // requireText checks a required text field against plugins.max_text_bytes.
 func requireText(field, v string, p config.Plugins) *proxy.APIError {

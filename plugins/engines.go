@@ -93,11 +93,11 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	case "":
 	default:
 		if _, ok := who.world.Catalog.Resolve(requested); !ok {
-			msg := fmt.Sprintf("model %q does not exist; use semantic, lexical or llm", requested)
+			msg := fmt.Sprintf("model %q does not exist; use semantic, lexical or llm", quotable(requested))
 			// Only the models the key may use: a limited key was told of
 			// models it then got a 403 for.
 			if ids := who.world.ModelsAllowed(who.models); !who.public && len(ids) > 0 {
-				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", requested, strings.Join(ids, ", "))
+				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", quotable(requested), strings.Join(ids, ", "))
 			}
 			return nil, proxy.BadRequest("model", msg)
 		}

@@ -185,3 +185,64 @@ func TestValidationPublicCostsNoQuota(t *testing.T) {
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "lables": ["a"]}`}).apiError(t, 400, "invalid_request_error")
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`}).ok(t)
 }
+
+// TestOversizedBodiesAreRefusedBeforeDecoding: a body is validated before
+// it is admitted, so an anonymous caller could send invalid ones without
+// limit, each up to server.max_request_body (8 MiB), and each cost
+// seconds of CPU: 400,000 keys of examples took 2.2 s for their 400, as
+// the body was decoded whole and every key sorted and worded. Now what
+// no valid request can hold is refused unread or only counted.
+func TestOversizedBodiesAreRefusedBeforeDecoding(t *testing.T) {
+	h := newHarness(t, harnessOptions{}) // max_text_bytes 64 KiB
+	keys := make([]string, 400_000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf(`"k%d":[]`, i)
+	}
+	for _, c := range []struct{ name, path, body, param, msg string }{
+		{"400,000 keys of examples", "/v1/classify", `{"text": "hi", "labels": ["a"], "examples": {` + strings.Join(keys, ",") + `}}`,
+			"examples", "examples has 400000 keys: its keys are labels, of which there are at most 200"},
+		{"201 descriptions", "/v1/classify", `{"text": "hi", "labels": ["a"], "descriptions": {` + strings.Repeat(`"a": "x",`, 200) + `"b": "y"}}`,
+			"descriptions", "descriptions has 201 keys"},
+		{"more examples than a label set has bytes", "/v1/classify", `{"text": "hi", "labels": ["a"], "examples": {"a": [` + strings.Repeat(`"",`, 1<<18) + `""]}}`,
+			"examples", "examples hold more than 262144 entries"},
+		{"a million labels", "/v1/classify", `{"text": "hi", "labels": [` + strings.Repeat(`"a",`, 1_000_000) + `"a"]}`,
+			"labels", "labels must have 1 to 200 entries, got 1000001"},
+		{"a text 7 times the limit", "/v1/classify", `{"text": "` + strings.Repeat("a", 7<<16) + `", "labels": ["a"]}`,
+			"text", "text is longer than plugins.max_text_bytes (65536 bytes): its JSON string takes 458752 bytes"},
+		{"a source 7 times the limit", "/v1/match", `{"source": "` + strings.Repeat("a", 7<<16) + `", "query": "q"}`,
+			"source", "source is longer than plugins.max_text_bytes (65536 bytes)"},
+		// The first problem is the answer: the checks no longer go on to
+		// word the 200 others.
+		{"a key that is not a label, of 200", "/v1/classify", `{"text": "hi", "labels": ["a"], "examples": {` + strings.Join(keys[:200], ",") + `}}`,
+			"examples.k0", `examples has a key "k0" that is not a label`},
+		// A name is quoted cut, not whole: its 400 was as long as the body.
+		{"a model name of a megabyte", "/v1/classify", `{"text": "hi", "labels": ["a"], "model": "` + strings.Repeat("m", 1<<20) + `"}`,
+			"model", `model "` + strings.Repeat("m", 200) + `…" does not exist`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := h.do(request{path: c.path, body: c.body})
+			if c.path == "/v1/match" { // no public mode
+				r = h.keyed(c.path, c.body)
+			}
+			e := r.apiError(t, 400, "invalid_request_error")
+			if e["param"] != c.param || !strings.Contains(e["message"].(string), c.msg) || len(r.body) > 1000 {
+				t.Errorf("param %v, message %.300q: want %q, %q", e["param"], e["message"], c.param, c.msg)
+			}
+		})
+	}
+	// Over what the endpoint's fields can hold, every byte escaped as
+	// \u00XX, the body is not read at all: tag holds a text and 256 KiB
+	// of tags.
+	e := h.do(request{path: "/v1/tag", body: `{"text": "` + strings.Repeat("a", 2100_000) + `"}`}).apiError(t, 413, "request_too_large")
+	if !strings.Contains(e["message"].(string), "/v1/tag takes at most 2031616") {
+		t.Errorf("413 message %q", e["message"])
+	}
+	// The largest valid label set passes, escaped as Python's json.dumps
+	// escapes it (ensure_ascii: 6 bytes a character of a non-Latin script).
+	label := strings.Repeat(`\u4e00`, 300) // 900 bytes of UTF-8, 1800 of JSON
+	labels := make([]string, 200)
+	for i := range labels {
+		labels[i] = fmt.Sprintf(`"%s%d"`, label, i)
+	}
+	h.keyed("/v1/tag", `{"text": "hi", "tags": [`+strings.Join(labels, ",")+`]}`).ok(t)
+}
