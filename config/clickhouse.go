@@ -46,13 +46,13 @@ var errClickHouseScheme = errors.New("the scheme must be clickhouse:// or tcp://
 func (l *loader) checkClickHouseDSN(v, path string) {
 	const example = "clickhouse://user:password@127.0.0.1:9000/default"
 	shown := v
-	if u, err := url.Parse(v); err == nil {
-		shown = u.Redacted()
+	if _, err := url.Parse(v); err == nil {
+		shown = redactPassword(v)
 	} else if at := strings.LastIndex(v, "@"); at > strings.Index(v, "://") && strings.Contains(v, "://") {
 		// Unparsable, and the error is logged: hide the user and password.
 		shown = v[:strings.Index(v, "://")+3] + "xxxxx" + v[at:]
 	}
-	if !l.checkURLBlanks(shown, path) {
+	if !l.checkURLBlanksShown(v, shown, path) {
 		return
 	}
 	_, err := ParseClickHouseDSN(v)
@@ -62,4 +62,24 @@ func (l *loader) checkClickHouseDSN(v, path string) {
 	case err != nil:
 		l.check(false, path, "%q: %v; want a DSN such as %s", shown, err, example)
 	}
+}
+
+// redactPassword hides the password of a URL url.Parse takes, leaving the
+// rest as written: url.URL.Redacted writes a space as %20, and a message
+// about the space then showed none.
+func redactPassword(v string) string {
+	scheme := strings.Index(v, "://")
+	if scheme < 0 {
+		return v
+	}
+	authority := v[scheme+3:]
+	if end := strings.IndexAny(authority, "/?#"); end >= 0 {
+		authority = authority[:end]
+	}
+	at := strings.LastIndex(authority, "@")
+	colon := strings.Index(authority, ":")
+	if at < 0 || colon < 0 || colon > at {
+		return v
+	}
+	return v[:scheme+3] + authority[:colon+1] + "xxxxx" + v[scheme+3+at:]
 }

@@ -659,6 +659,14 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 // an env variable written with one) passed url.Parse as part of the path:
 // every call then went to "/v1 /chat/completions" and was answered 404.
 func (l *loader) checkURLBlanks(v, path string) bool {
+	return l.checkURLBlanksShown(v, v, path)
+}
+
+// checkURLBlanksShown is checkURLBlanks for a URL with a secret in it: v,
+// the value as written, is checked, and shown (v with the secret hidden)
+// is what the message quotes. Checking a redacted form instead missed
+// spaces, which redaction writes as %20.
+func (l *loader) checkURLBlanksShown(v, shown, path string) bool {
 	blank := func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }
 	i := strings.IndexFunc(v, blank)
 	if i < 0 {
@@ -667,11 +675,11 @@ func (l *loader) checkURLBlanks(v, path string) bool {
 	r, _ := utf8.DecodeRuneInString(v[i:])
 	switch {
 	case strings.TrimFunc(v, blank) != v:
-		l.check(false, path, "%q starts or ends with whitespace: remove it; it would be read as part of the URL", v)
+		l.check(false, path, "%q starts or ends with whitespace: remove it; it would be read as part of the URL", shown)
 	case r == ' ':
-		l.check(false, path, "%q contains a space at byte %d: remove it, or write it as %%20 if the server's path has one", v, i+1)
+		l.check(false, path, "%q contains a space at byte %d: remove it, or write it as %%20 if the server's path has one", shown, i+1)
 	default:
-		l.check(false, path, "%q contains the character %U at byte %d (whitespace or a control character): remove it", v, r, i+1)
+		l.check(false, path, "%q contains the character %U at byte %d (whitespace or a control character): remove it", shown, r, i+1)
 	}
 	return false
 }
