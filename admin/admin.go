@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
@@ -176,6 +177,15 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 	// the body saw 1. The body must name each field once, exactly.
 	if !gjson.ValidBytes(body) {
 		return proxy.BadRequest("", "invalid JSON body: not one well-formed JSON value")
+	}
+	// encoding/json reads invalid UTF-8 and an escaped lone surrogate
+	// ("\ud800") as U+FFFD, so a key name the console refuses as invalid
+	// UTF-8 was stored, as another name than the one sent.
+	if !utf8.Valid(body) {
+		return proxy.BadRequest("", "invalid JSON body: not valid UTF-8; send text as UTF-8")
+	}
+	if jsoncheck.LoneSurrogate(body) {
+		return proxy.BadRequest("", `invalid JSON body: a string escapes a lone surrogate (such as "\ud800" without the "\udc00" to "\udfff" after it), which is no character`)
 	}
 	// An array or a string was answered in Go's words ("cannot unmarshal
 	// array into Go value of type struct { ID string ..."), null taken as {}.

@@ -168,6 +168,10 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 		{`{"name":"x","logging":{"enabled":true,"Retention_Days":3}}`, "logging.Retention_Days",
 			`unknown field "logging.Retention_Days" (did you mean "logging.retention_days"? names are case-sensitive)`},
 		{`{"name":"x"} {"name":"y"}`, "", "invalid JSON body: not one well-formed JSON value"},
+		// encoding/json reads both as U+FFFD: the console refused the
+		// name, the API stored it as another.
+		{"{\"name\":\"bad\xfe\xffname\"}", "", "invalid JSON body: not valid UTF-8; send text as UTF-8"},
+		{`{"name":"a\ud800b"}`, "", `invalid JSON body: a string escapes a lone surrogate (such as "\ud800" without the "\udc00" to "\udfff" after it), which is no character`},
 	} {
 		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", tc.body)
 		if status != 400 {

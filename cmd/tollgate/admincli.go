@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -249,6 +250,21 @@ func parseSubcommand(fs *flag.FlagSet, args []string) ([]string, error) {
 		var takes []string
 		fs.VisitAll(func(f *flag.Flag) { takes = append(takes, "-"+f.Name) })
 		return nil, fmt.Errorf("%s does not take %s; it takes %s", fs.Name(), given, strings.Join(takes, ", "))
+	}
+	if err != nil {
+		return nil, err
+	}
+	// json.Marshal writes invalid UTF-8 as U+FFFD: "keys create demo
+	// -name $'a\xffb'" made a key named "a\ufffdb".
+	fs.Visit(func(f *flag.Flag) {
+		if err == nil && !utf8.ValidString(f.Value.String()) {
+			err = fmt.Errorf("-%s %q is not valid UTF-8: check the terminal's or the script's encoding", f.Name, f.Value)
+		}
+	})
+	for _, a := range pos {
+		if err == nil && !utf8.ValidString(a) {
+			err = fmt.Errorf("%q is not valid UTF-8: check the terminal's or the script's encoding", a)
+		}
 	}
 	return pos, err
 }

@@ -219,3 +219,30 @@ func TestAdminFlagHelp(t *testing.T) {
 		}
 	}
 }
+
+// json.Marshal writes invalid UTF-8 as U+FFFD: "keys create demo -name
+// $'a\xffb'" made a key the gateway would have refused, named otherwise.
+func TestAdminCLIRefusesInvalidUTF8(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runKeys, []string{"create", "demo", "-name", "a\xffb"}, `-name "a\xffb" is not valid UTF-8`},
+		{runKeys, []string{"create", "demo", "-name", "ci", "-models", "m\xfe"}, `-models "m\xfe" is not valid UTF-8`},
+		{runAccounts, []string{"create", "ac\xffme"}, `"ac\xffme" is not valid UTF-8`},
+		{runAccounts, []string{"credit", "acme", "1", "-idempotency-key", "pay\xc3"}, `-idempotency-key "pay\xc3" is not valid UTF-8`},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %s", tc.args, err, tc.want)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+	if err := runKeys([]string{"create", "demo", "-name", "café 😀", "-url", url}); err != nil || len(*calls) != 1 {
+		t.Fatalf("a valid UTF-8 name: %v, %q", err, *calls)
+	}
+}

@@ -172,6 +172,36 @@ func escapesSurrogate(raw string) bool {
 	return false
 }
 
+// LoneSurrogate reports whether valid JSON data escapes a lone surrogate
+// in a string: "\ud800" not followed by a low surrogate's escape, or a
+// low one ("\udc00") not after a high one. Such an escape is no
+// character; encoding/json and gjson read it as U+FFFD, so a name sent
+// with one was stored as another than the one sent.
+func LoneSurrogate(data []byte) bool {
+	for i := 0; i < len(data)-1; i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		r, ok := hexRune(string(data[i+2 : min(i+6, len(data))]))
+		if data[i+1] != 'u' || !ok || !utf16.IsSurrogate(r) {
+			i++ // the escaped character, which may be a backslash
+			continue
+		}
+		if r >= 0xDC00 {
+			return true // a low surrogate with no high one before it
+		}
+		i += 6
+		if i+1 >= len(data) || data[i] != '\\' || data[i+1] != 'u' {
+			return true
+		}
+		if low, ok := hexRune(string(data[i+2 : min(i+6, len(data))])); !ok || low < 0xDC00 || low > 0xDFFF {
+			return true
+		}
+		i += 5 // past the pair
+	}
+	return false
+}
+
 // decodeKeepingSurrogates decodes the body of a JSON string as Python's
 // json does, writing a lone surrogate as WTF-8.
 func decodeKeepingSurrogates(s string) string {

@@ -99,3 +99,23 @@ func TestDuplicateDecodedMember(t *testing.T) {
 		}
 	}
 }
+
+func TestLoneSurrogate(t *testing.T) {
+	for data, want := range map[string]bool{
+		`{"name":"a\ud800b"}`:            true,
+		`{"name":"a\udc00b"}`:            true,
+		`{"name":"\ud800"}`:              true,
+		`"\ud800\u0041"`:                 true,
+		`"\udc00\ud800"`:                 true,
+		`"\ud83d\ude00\ud83d"`:           true,
+		`{"name":"\ud83d\ude00"}`:        false,
+		`{"name":"\uD83D\uDE00 \u00e9"}`: false,
+		`{"name":"\\ud800"}`:             false, // an escaped backslash, then text
+		`{"name":"plain"}`:               false,
+		`"\\"`:                           false,
+	} {
+		if got := LoneSurrogate([]byte(data)); got != want {
+			t.Errorf("%s: %v, want %v", data, got, want)
+		}
+	}
+}
