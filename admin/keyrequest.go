@@ -64,8 +64,9 @@ func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
 // checkKeyName refuses a name that would not show as it is wherever keys
 // are listed: control characters (C0, DEL and C1), bidirectional
 // formatting characters, which can show "x\u202egpj.exe" as "xexe.jpg",
-// characters that show as nothing (see invisibleInName), invalid UTF-8
-// (stored as U+FFFD) and spaces at either end. A name is taken as sent,
+// line and paragraph separators (U+2028, U+2029), characters that show
+// as nothing (see invisibleInName), invalid UTF-8 (stored as U+FFFD) and
+// spaces at either end. A name is taken as sent,
 // never trimmed: the console trimmed and the API did not, so each took
 // names the other refused.
 func checkKeyName(name string) *Problem {
@@ -81,6 +82,8 @@ func checkKeyName(name string) *Problem {
 		return &Problem{"name", "name must not contain control characters"}
 	case strings.ContainsFunc(name, isBidiControl):
 		return &Problem{"name", "name must not contain bidirectional formatting characters (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): they can make a name read as another"}
+	case strings.ContainsFunc(name, isLineSeparator):
+		return &Problem{"name", "name must not contain line or paragraph separators (U+2028, U+2029): a name is one line"}
 	}
 	if r, ok := invisibleInName(name); ok {
 		return &Problem{"name", fmt.Sprintf("name must not contain invisible characters (it has %U): it would look like the name without them; a zero width joiner (U+200D) may only join two emoji, as in \U0001F469\u200d\U0001F4BB", r)}
@@ -123,6 +126,10 @@ func invisibleInName(name string) (rune, bool) {
 	}
 	return 0, false
 }
+
+// isLineSeparator reports whether r is U+2028 or U+2029, which are not
+// control characters but break a line where keys are listed as \n does.
+func isLineSeparator(r rune) bool { return unicode.In(r, unicode.Zl, unicode.Zp) }
 
 // isEmojiModifier reports whether r is one of the five skin tones
 // (U+1F3FB to U+1F3FF), which follow a person emoji.

@@ -31,6 +31,10 @@ func TestCheckKeyRequestRefusesNamesThatDoNotShowAsTheyAre(t *testing.T) {
 		{"x\u200ey", "name must not contain bidirectional formatting characters"},
 		{"x\u061cy", "name must not contain bidirectional formatting characters"},
 		{"bad\xffutf8", "name must be valid UTF-8"},
+		// Inside a name they broke the line wherever keys were listed.
+		{"line\u2028break", "name must not contain line or paragraph separators (U+2028, U+2029)"},
+		{"para\u2029break", "name must not contain line or paragraph separators (U+2028, U+2029)"},
+		{"end\u2028", "name must not contain line or paragraph separators (U+2028, U+2029)"},
 		{"prod backend", ""},
 		{"ünïcödé-名前", ""},
 	} {
@@ -70,6 +74,11 @@ func TestCheckKeyRequestRefusesInvisibleCharacters(t *testing.T) {
 		{"\U0001F3F3\ufe0f\u200d\U0001F308 team", ""},
 		{"\U0001F468\u200d\U0001F469\u200d\U0001F467", ""},
 		{"\u2764\ufe0f prod", ""},
+		// A name of nothing but invisible characters shows as no name.
+		{"\u200b", refused + " (it has U+200B)"},
+		{"\ufeff\ufeff", refused + " (it has U+FEFF)"},
+		{"\u00ad", refused + " (it has U+00AD)"},
+		{"\u200b\ufeff\u00ad", refused + " (it has U+200B)"},
 	} {
 		p := admin.CheckKeyRequest(accounts.KeyRequest{Name: tc.name}, nil)
 		switch {
