@@ -164,6 +164,10 @@ func (a *API) listKeys(call *Call) (int, any, error) {
 }
 
 func (a *API) revokeKey(call *Call) (int, any, error) {
+	// It takes no fields: "-d garbage" revoked the key and answered 200.
+	if err := decodeStrict(call.HTTP, &struct{}{}); err != nil {
+		return 0, nil, err
+	}
 	info, err := a.svc.RevokeKey(call.Ctx, call.Args[0])
 	if err != nil {
 		return 0, nil, err

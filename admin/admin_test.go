@@ -395,3 +395,49 @@ func TestBodyThatIsNotAnObject(t *testing.T) {
 		}
 	}
 }
+
+// DELETE /admin/v1/keys/{id} takes no fields: it ignored its body, so
+// "-d garbage" or a misplaced field revoked the key and answered 200. No
+// body and {} still revoke.
+func TestRevokeKeyRefusesABody(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	newKey := func() string {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci"}`)
+		var key struct {
+			KeyID string `json:"key_id"`
+		}
+		if status != 201 || json.Unmarshal(body, &key) != nil {
+			t.Fatalf("create key: %d %s", status, body)
+		}
+		return key.KeyID
+	}
+	id := newKey()
+	for body, message := range map[string]string{
+		"garbage":           "invalid JSON body: not one well-formed JSON value",
+		`{"reason":"leak"}`: `unknown field "reason"`,
+		`[]`:                "the body must be a JSON object, got an array",
+	} {
+		status, _, out := g.call("DELETE", "/admin/v1/keys/"+id, body)
+		if status != 400 {
+			t.Fatalf("%s: %d %s, want 400", body, status, out)
+		}
+		if msg := wantError(t, out, "", "invalid_request_error"); !strings.Contains(msg, message) {
+			t.Errorf("%s: %q, want %q", body, msg, message)
+		}
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil || len(keys) != 1 || keys[0].RevokedAt != nil {
+		t.Fatalf("a refused revoke revoked the key: %+v (%v)", keys, err)
+	}
+	for _, body := range []string{"", "{}"} {
+		if status, _, out := g.call("DELETE", "/admin/v1/keys/"+newKey(), body); status != 200 {
+			t.Fatalf("revoke with body %q: %d %s", body, status, out)
+		}
+	}
+	if status, _, out := g.call("DELETE", "/admin/v1/keys/"+id, ""); status != 200 {
+		t.Fatalf("revoke: %d %s", status, out)
+	}
+}
