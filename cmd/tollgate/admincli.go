@@ -95,12 +95,23 @@ func dialable(listen string) string {
 func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, error) {
 	// "-url 127.0.0.1:8080" failed on the first call with url.Parse's
 	// "first path segment in URL cannot contain colon".
-	if u, err := url.Parse(baseURL); err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		example := ""
 		if !strings.Contains(baseURL, "://") {
-			example = " (-url http://" + baseURL + ")"
+			example = " (-url http://" + strings.TrimPrefix(baseURL, "//") + ")"
 		}
 		return nil, fmt.Errorf("gateway URL %q: write it as http://HOST:PORT or https://HOST%s", baseURL, example)
+	}
+	// The admin path is appended to the URL: after a query or a fragment
+	// it was part of them, and the call, admin token and all, went to
+	// "GET /"; after /admin/v1 it was /admin/v1/admin/v1. A path before
+	// it (a reverse proxy's prefix) is kept.
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(baseURL, "#") {
+		return nil, fmt.Errorf("gateway URL %q: give it without a query or fragment (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String())
+	}
+	if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), "/admin/v1"); ok {
+		return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, without /admin/v1, which each command adds (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
 	}
 	if token == "" {
 		dataDir := os.Getenv("TOLLGATE_DATA_DIR")

@@ -246,3 +246,31 @@ func TestAdminCLIRefusesInvalidUTF8(t *testing.T) {
 		t.Fatalf("a valid UTF-8 name: %v, %q", err, *calls)
 	}
 }
+
+// The admin path was appended to -url as typed: after a query or a
+// fragment it became part of them and the call, admin token and all, went
+// to "GET /"; after /admin/v1 the path was /admin/v1/admin/v1; and
+// "-url //127.0.0.1:11100" was told to write "http:////127.0.0.1:11100".
+func TestAdminURLWithAQueryFragmentOrAdminPath(t *testing.T) {
+	for u, want := range map[string]string{
+		"http://127.0.0.1:11100?x=1":      "without a query or fragment (-url http://127.0.0.1:11100)",
+		"http://127.0.0.1:11100?":         "without a query or fragment (-url http://127.0.0.1:11100)",
+		"http://127.0.0.1:11100#x":        "without a query or fragment (-url http://127.0.0.1:11100)",
+		"http://127.0.0.1:11100/#":        "without a query or fragment (-url http://127.0.0.1:11100/)",
+		"http://127.0.0.1:11100/admin/v1": "without /admin/v1, which each command adds (-url http://127.0.0.1:11100)",
+		"https://gw.example/tg/admin/v1/": "without /admin/v1, which each command adds (-url https://gw.example/tg)",
+		"//127.0.0.1:11100":               "(-url http://127.0.0.1:11100)",
+	} {
+		if _, err := newAdminClient(u, "tga-x", nil); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("-url %s: %v, want %q", u, err, want)
+		}
+	}
+	// A reverse proxy's path prefix is kept, the admin path after it.
+	url, calls := fakeGateway(t)
+	if err := runAccounts([]string{"get", "acme", "-url", url + "/tg/"}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "GET /tg/admin/v1/accounts/acme "; len(*calls) != 1 || (*calls)[0] != want {
+		t.Fatalf("calls %q, want %q", *calls, want)
+	}
+}
