@@ -272,7 +272,10 @@ func listensEverywhere(addr string) bool {
 }
 
 // listenIP is the address Go listens on for host, if it is one: localhost
-// is 127.0.0.1, an IPv4-mapped IPv6 address its IPv4 one.
+// is 127.0.0.1, an IPv4-mapped IPv6 address its IPv4 one. Another host
+// name is not looked up (it is compared as written, and the README says
+// so): a check that asks DNS would pass or fail, and slow a reload, with
+// the resolver, and which of a name's addresses Go binds is its own choice.
 func listenIP(host string) netip.Addr {
 	if strings.EqualFold(host, "localhost") {
 		host = "127.0.0.1"
