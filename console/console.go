@@ -141,6 +141,9 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 		// bookmark (GET /console/logout) got the API's JSON 404 or 405.
 		{"GET", "/console/*", (*Console).noSuchPage},
 		{"POST", "/console/*", (*Console).noSuchPage},
+		// And for every other method: PUT /console/nope was a 405 whose
+		// Allow named GET and POST, which answer it with this 404.
+		{proxy.AnyMethod, "/console/*", (*Console).noSuchPage},
 	}
 	var p proxy.Provisioned
 	for _, r := range pages {

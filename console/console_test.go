@@ -643,14 +643,17 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 }
 
 // PUT and DELETE on a console path got the API's JSON 405, with "Allow:
-// GET, GET, POST, POST": a page, with each method once.
+// GET, GET, POST, POST": a page, with each method once. Allow names the
+// methods of the page (PUT /console/style.css said "GET, POST", and POST
+// there is a 404).
 func TestOtherMethodsGetAConsolePage(t *testing.T) {
 	g := startGateway(t, "")
 	for _, tc := range []struct{ method, path, allow string }{
 		{"PUT", "/console/keys", "GET, POST"},
 		{"DELETE", "/console/keys/revoke", "GET, POST"},
-		{"PATCH", "/console/foo", "GET, POST"},
 		{"DELETE", "/console", "GET"},
+		{"PUT", "/console/style.css", "GET"},
+		{"PUT", "/console/logout", "POST"},
 	} {
 		req, _ := http.NewRequest(tc.method, g.url+tc.path, nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -820,6 +823,36 @@ func TestConsoleAdminRoutesRefuseABodyTheyWouldIgnore(t *testing.T) {
 			if status, out := post(path, body); status >= 300 {
 				t.Errorf("%s with %q: %d %s", route, body, status, out)
 			}
+		}
+	}
+}
+
+// The console's routes answered HEAD with a 405 (the gateway's own routes
+// take HEAD as GET), and a path with no page was a 405 for PUT or PATCH
+// (Allow: GET, POST) where GET and POST answer it with a 404.
+func TestConsoleHeadAndUnknownPathsForEveryMethod(t *testing.T) {
+	g := startGateway(t, "")
+	do := func(method, path string) *http.Response {
+		req, _ := http.NewRequest(method, g.url+path, nil)
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		return resp
+	}
+	for path, want := range map[string]int{"/console": 401, "/console/style.css": 200, "/console/login": 200, "/console/nope": 404, "/console/": 308} {
+		get, head := do("GET", path), do("HEAD", path)
+		if head.StatusCode != get.StatusCode || head.StatusCode != want || head.Header.Get("Content-Type") != get.Header.Get("Content-Type") {
+			t.Errorf("HEAD %s: %d %q, GET: %d %q, want both %d", path, head.StatusCode, head.Header.Get("Content-Type"),
+				get.StatusCode, get.Header.Get("Content-Type"), want)
+		}
+	}
+	for _, method := range []string{"PUT", "PATCH", "DELETE", "OPTIONS", "GET", "POST"} {
+		resp := do(method, "/console/nope")
+		if resp.StatusCode != 404 || resp.Header.Get("Allow") != "" {
+			t.Errorf("%s /console/nope: %d, Allow %q; want 404", method, resp.StatusCode, resp.Header.Get("Allow"))
 		}
 	}
 }

@@ -45,7 +45,8 @@ type Call struct {
 
 // Route is an endpoint a module serves (Provisioned.Routes). Path is
 // exact, or ends in "/*" to match every path under it (the handler reads
-// the rest from ctx.Path()).
+// the rest from ctx.Path()). A GET route answers HEAD too, unless a HEAD
+// route is given. Method may be AnyMethod.
 type Route struct {
 	Method  string
 	Path    string
@@ -60,6 +61,12 @@ type Route struct {
 	// that match the path, the one with the longest Path answers.
 	MethodNotAllowed func(ctx *fasthttp.RequestCtx, allow string)
 }
+
+// AnyMethod as a Route's Method answers every method no route of the
+// path serves, where no route has the path exactly; it is not named in a
+// 405's Allow. The console answers paths it has no page for with it: a
+// 404 for PUT /console/nope, not a 405 claiming GET and POST serve it.
+const AnyMethod = "*"
 
 type routeKey struct{ method, path string }
 
@@ -271,23 +278,31 @@ func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string) (served bool) {
 	method := string(ctx.Method())
 	routes := s.mods.Load().routes
-	r, ok := routes[routeKey{method, string(path)}]
-	if !ok {
-		r, ok = matchPrefix(routes, method, string(path))
+	r, ok := findRoute(routes, method, string(path))
+	if !ok && method == fasthttp.MethodHead {
+		// HEAD is GET without the body, as on the gateway's own routes
+		// (fasthttp drops the body of an answer to HEAD): HEAD /console
+		// was a 405.
+		r, ok = findRoute(routes, fasthttp.MethodGet, string(path))
 	}
 	if !ok {
-		allow, answer := allowedMethods(routes, string(path))
-		switch {
-		case allow == "":
-			return false
-		case answer != nil:
-			refusals.count(path, fasthttp.StatusMethodNotAllowed)
-			ctx.Response.Header.Set("Allow", allow)
-			answer(ctx, allow)
-		default:
-			methodNotAllowed(ctx, allow)
+		allow, answer, exact := allowedMethods(routes, string(path))
+		if !exact {
+			r, ok = findRoute(routes, AnyMethod, string(path))
 		}
-		return true
+		if !ok {
+			switch {
+			case allow == "":
+				return false
+			case answer != nil:
+				refusals.count(path, fasthttp.StatusMethodNotAllowed)
+				ctx.Response.Header.Set("Allow", allow)
+				answer(ctx, allow)
+			default:
+				methodNotAllowed(ctx, allow)
+			}
+			return true
+		}
 	}
 	call := &Call{RequestID: reqID, Start: time.Now(), World: s.world.Load(), Server: s}
 	if r.Auth != AuthNone && (len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired) {
@@ -322,6 +337,15 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string
 	return true
 }
 
+// findRoute returns the route of method for path: the exact one, else
+// the "/*" one over it.
+func findRoute(routes map[routeKey]Route, method, path string) (Route, bool) {
+	if r, ok := routes[routeKey{method, path}]; ok {
+		return r, true
+	}
+	return matchPrefix(routes, method, path)
+}
+
 func matchPrefix(routes map[routeKey]Route, method, path string) (Route, bool) {
 	for k, r := range routes {
 		if k.method == method && strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1]) {
@@ -331,16 +355,22 @@ func matchPrefix(routes map[routeKey]Route, method, path string) (Route, bool) {
 	return Route{}, false
 }
 
-// allowedMethods returns the methods the routes matching path serve, for
-// a 405's Allow header, each once: an exact route and a "/*" one over the
-// same path both serve GET, and Allow said "GET, GET, POST, POST". It
-// also returns the MethodNotAllowed of the longest matching route that
-// sets one, nil if none does.
-func allowedMethods(routes map[routeKey]Route, path string) (string, func(*fasthttp.RequestCtx, string)) {
+// allowedMethods returns the methods the routes of path serve, for a
+// 405's Allow header, each once, and whether path has a route of its own
+// (exact). A path with one is allowed the methods of its exact routes
+// only: "/*" routes over it answered the other methods with a 404, and
+// Allow named them (PUT /console/style.css: "GET, POST", POST a 404).
+// AnyMethod routes are not named. It also returns the MethodNotAllowed of
+// the longest such route that sets one, nil if none does.
+func allowedMethods(routes map[routeKey]Route, path string) (allow string, answer func(*fasthttp.RequestCtx, string), exact bool) {
+	for k := range routes {
+		exact = exact || k.path == path && k.method != AnyMethod
+	}
 	var methods []string
 	var answerer Route
 	for k, r := range routes {
-		if k.path == path || strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1]) {
+		matches := k.path == path || !exact && strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1])
+		if matches && k.method != AnyMethod {
 			methods = append(methods, k.method)
 			if r.MethodNotAllowed != nil && len(r.Path) > len(answerer.Path) {
 				answerer = r
@@ -348,5 +378,5 @@ func allowedMethods(routes map[routeKey]Route, path string) (string, func(*fasth
 		}
 	}
 	sort.Strings(methods)
-	return strings.Join(slices.Compact(methods), ", "), answerer.MethodNotAllowed
+	return strings.Join(slices.Compact(methods), ", "), answerer.MethodNotAllowed, exact
 }
