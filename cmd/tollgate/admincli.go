@@ -250,12 +250,24 @@ func helpShownIsNoError(err error) error {
 // ignored. -h prints them and returns errHelpShown.
 func parseSubcommand(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard) // the error below says it once, with more
+	var repeated error
+	own := map[*flag.Flag]flag.Value{}
+	fs.VisitAll(func(f *flag.Flag) {
+		own[f] = f.Value
+		f.Value = &flagOnce{Value: f.Value, name: f.Name, repeated: &repeated}
+	})
 	pos, err := parseInterleaved(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
+		// PrintDefaults tells a default from a zero value by the value's
+		// type: the flags' own, not flagOnce.
+		fs.VisitAll(func(f *flag.Flag) { f.Value = own[f] })
 		fmt.Printf("flags of tollgate %s:\n", fs.Name())
 		fs.SetOutput(os.Stdout)
 		fs.PrintDefaults()
 		return nil, errHelpShown
+	}
+	if repeated != nil {
+		return nil, repeated
 	}
 	if given, ok := strings.CutPrefix(fmt.Sprint(err), "flag provided but not defined: "); ok {
 		var takes []string
@@ -278,6 +290,31 @@ func parseSubcommand(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 	}
 	return pos, err
+}
+
+// flagOnce is a flag's value that refuses a second one, as finance
+// refuses a parameter given twice: the last of two used to win, so "keys
+// create demo -name a -name b" named the key b without a word.
+type flagOnce struct {
+	flag.Value
+	name, first string
+	given       bool
+	repeated    *error // set to the error of the flag given twice
+}
+
+func (f *flagOnce) Set(v string) error {
+	if f.given {
+		*f.repeated = fmt.Errorf("-%s is given twice (%q and %q): give each flag once", f.name, f.first, v)
+		return *f.repeated
+	}
+	f.given, f.first = true, v
+	return f.Value.Set(v)
+}
+
+// IsBoolFlag keeps a bool flag one that takes no value ("-logging").
+func (f *flagOnce) IsBoolFlag() bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD [-idempotency-key KEY] | login ID | logout ID (ends its console sessions, cancels its sign-in links)"

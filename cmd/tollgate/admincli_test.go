@@ -274,3 +274,33 @@ func TestAdminURLWithAQueryFragmentOrAdminPath(t *testing.T) {
 		t.Fatalf("calls %q, want %q", *calls, want)
 	}
 }
+
+// A flag given twice took the last value without a word ("keys create
+// demo -name a -name b" named the key b); finance refuses a parameter
+// given twice, and the admin subcommands now refuse a repeated flag.
+func TestAdminSubcommandsRefuseARepeatedFlag(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runKeys, []string{"create", "demo", "-name", "a", "-name", "b"}, `-name is given twice ("a" and "b"): give each flag once`},
+		{runKeys, []string{"create", "demo", "-name", "a", "-logging", "-logging=false"}, `-logging is given twice ("true" and "false"): give each flag once`},
+		{runKeys, []string{"create", "demo", "-rpm", "5", "-name=a", "-rpm=0"}, `-rpm is given twice ("5" and "0")`},
+		{runKeys, []string{"list", "acme", "-url", "http://127.0.0.1:1"}, `-url is given twice`},
+		{runAccounts, []string{"credit", "acme", "-idempotency-key", "p1", "5", "-idempotency-key", "p2"}, `-idempotency-key is given twice ("p1" and "p2")`},
+		{runAccounts, []string{"create", "acme", "-credit", "1", "-credit", "10"}, `-credit is given twice ("1" and "10")`},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %s", tc.args, err, tc.want)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+	if err := runKeys([]string{"create", "demo", "-name", "a", "-logging", "-retention-days", "3", "-url", url}); err != nil || len(*calls) != 1 {
+		t.Fatalf("each flag once: %v, %q", err, *calls)
+	}
+}
