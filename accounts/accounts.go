@@ -44,7 +44,7 @@ var (
 	ErrInvalidInput = errors.New("invalid input")
 )
 
-// Account is an account's balance and its lifetime totals.
+// Account is an account's balance, its lifetime totals and its limits.
 // Balance = Credited - Debited; it goes negative within the grace buffer.
 type Account struct {
 	ID        string
@@ -52,6 +52,28 @@ type Account struct {
 	Credited  money.Nanos
 	Debited   money.Nanos
 	CreatedAt time.Time
+	Limits    Limits
+}
+
+// Limits are what the operator allows an account as a whole, on every
+// gateway, beside each key's own rpm and tpm: a call must pass both. 0 is
+// no limit. Keys can be made by the account holder in the console, so a
+// key's limits alone bound nothing the holder wants to get around.
+type Limits struct {
+	RPM int64 `json:"rpm"`
+	TPM int64 `json:"tpm"`
+	// MaxConcurrent bounds the generation and plugin calls in flight at
+	// once on one gateway: the balance is checked when a call starts, so
+	// it bounds how far calls started together can overspend it.
+	MaxConcurrent int64 `json:"max_concurrent"`
+}
+
+// Check refuses negative limits; 0 is none.
+func (l Limits) Check() error {
+	if l.RPM < 0 || l.TPM < 0 || l.MaxConcurrent < 0 {
+		return fmt.Errorf("%w: rpm, tpm and max_concurrent must not be negative (0 = no limit)", ErrInvalidInput)
+	}
+	return nil
 }
 
 // accountRecord is the JSON stored in TOLLGATE_ACCOUNTS.
@@ -75,6 +97,9 @@ type accountRecord struct {
 	// after billing it, and the worker that finished the job), which the
 	// sequences above cannot tell apart; see ApplyUsage.
 	BilledJobs []billedJob `json:"billed_jobs,omitempty"`
+	// Limits are the account's own limits. A process of a release before
+	// them that rewrites the record (a credit, a debit) drops them.
+	Limits Limits `json:"limits,omitzero"`
 }
 
 // billedJob is a batch job whose event was charged.
@@ -117,6 +142,7 @@ func (r *accountRecord) account() Account {
 		Credited:  money.Nanos(r.CreditedNanos),
 		Debited:   money.Nanos(r.DebitedNanos),
 		CreatedAt: r.CreatedAt,
+		Limits:    r.Limits,
 	}
 }
 
@@ -250,14 +276,21 @@ func (s *Service) Close() {
 // this process charged the account that is not debited yet (NoteCharge);
 // false when the account does not exist. It never does I/O.
 func (s *Service) Balance(account string) (money.Nanos, bool) {
+	balance, _, ok := s.Standing(account)
+	return balance, ok
+}
+
+// Standing is Balance and the account's limits, read together so that
+// admitting a call looks the account up once. It never does I/O.
+func (s *Service) Standing(account string) (money.Nanos, Limits, bool) {
 	e, ok := s.snap.account(account)
 	if !ok {
-		return 0, false
+		return 0, Limits{}, false
 	}
 	if u, found := s.unbilled.Load(account); found {
-		return e.balance - u.(*unbilled).outstanding(e.debited), true
+		return e.balance - u.(*unbilled).outstanding(e.debited), e.limits, true
 	}
-	return e.balance, true
+	return e.balance, e.limits, true
 }
 
 // Debited is the sum of every debit of account so far, from the same
@@ -268,19 +301,29 @@ func (s *Service) Debited(account string) (money.Nanos, bool) {
 	return e.debited, ok
 }
 
-// CreateAccount creates an account holding credit (which may be zero).
+// CreateAccount creates an account holding credit (which may be zero),
+// without limits of its own.
 func (s *Service) CreateAccount(ctx context.Context, id string, credit money.Nanos) (Account, error) {
+	return s.CreateAccountWithLimits(ctx, id, credit, Limits{})
+}
+
+// CreateAccountWithLimits creates an account holding credit, under limits.
+func (s *Service) CreateAccountWithLimits(ctx context.Context, id string, credit money.Nanos, limits Limits) (Account, error) {
 	if err := ValidateAccountID(id); err != nil {
 		return Account{}, err
 	}
 	if credit < 0 {
 		return Account{}, fmt.Errorf("%w: initial credit must not be negative", ErrInvalidInput)
 	}
+	if err := limits.Check(); err != nil {
+		return Account{}, err
+	}
 	rec := accountRecord{
 		ID:            id,
 		BalanceNanos:  int64(credit),
 		CreditedNanos: int64(credit),
 		CreatedAt:     time.Now().UTC(),
+		Limits:        limits,
 	}
 	data, err := json.Marshal(&rec)
 	if err != nil {
@@ -355,6 +398,24 @@ func (s *Service) CreditOnce(ctx context.Context, id string, amount money.Nanos,
 		return nil
 	})
 	return acc, replayed, err
+}
+
+// SetLimits changes the account's limits with set, which is given the
+// current ones (it may run again, when another writer changed the record
+// first). Every gateway applies the new limits within a second.
+func (s *Service) SetLimits(ctx context.Context, id string, set func(*Limits)) (Account, error) {
+	return s.updateAccount(ctx, id, func(rec *accountRecord) error {
+		limits := rec.Limits
+		set(&limits)
+		if err := limits.Check(); err != nil {
+			return err
+		}
+		if limits == rec.Limits {
+			return errUnchanged
+		}
+		rec.Limits = limits
+		return nil
+	})
 }
 
 // Debit subtracts amount (>= 0) from the account's balance, which may go

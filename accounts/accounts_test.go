@@ -325,3 +325,39 @@ func TestCreditOnce(t *testing.T) {
 		t.Errorf("balance %s, want 12 USD", acc.Balance)
 	}
 }
+
+// An account's limits reach every gateway as its balance does, and a
+// credit or a debit, which rewrite the record, keeps them.
+func TestAccountLimitsSeenByOtherGatewayAndKept(t *testing.T) {
+	a, brokerA, dataDirA := gateway(t)
+	b := secondGateway(t, brokerA, dataDirA)
+	ctx := testContext(t)
+	if _, err := a.CreateAccountWithLimits(ctx, "acme", money.NanosPerUSD, Limits{RPM: 60}); err != nil {
+		t.Fatal(err)
+	}
+	acc, err := a.SetLimits(ctx, "acme", func(l *Limits) { l.MaxConcurrent = 4 })
+	if err != nil || acc.Limits != (Limits{RPM: 60, MaxConcurrent: 4}) {
+		t.Fatalf("SetLimits: %+v %v", acc.Limits, err)
+	}
+	if _, err := a.Credit(ctx, "acme", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Debit(ctx, "acme", 1); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second, 10*time.Millisecond, func() error {
+		if bal, limits, ok := b.Standing("acme"); !ok || bal != 2*money.NanosPerUSD-1 || limits != (Limits{RPM: 60, MaxConcurrent: 4}) {
+			return fmt.Errorf("other gateway sees %s USD and limits %+v (exists %v)", bal, limits, ok)
+		}
+		return nil
+	})
+	if _, err := a.SetLimits(ctx, "acme", func(l *Limits) { l.TPM = -1 }); !errors.Is(err, ErrInvalidInput) {
+		t.Errorf("a negative tpm: %v, want ErrInvalidInput", err)
+	}
+	if _, err := a.CreateAccountWithLimits(ctx, "acme2", 0, Limits{MaxConcurrent: -1}); !errors.Is(err, ErrInvalidInput) {
+		t.Errorf("a negative max_concurrent: %v, want ErrInvalidInput", err)
+	}
+	if _, err := a.SetLimits(ctx, "nobody", func(l *Limits) { l.RPM = 1 }); !errors.Is(err, ErrNotFound) {
+		t.Errorf("limits of a missing account: %v, want ErrNotFound", err)
+	}
+}

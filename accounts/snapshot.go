@@ -44,6 +44,7 @@ type accountEntry struct {
 	deleted bool
 	balance money.Nanos
 	debited money.Nanos // all debits ever, for telling whether a bill is in
+	limits  Limits
 }
 
 type keyEntry struct {
@@ -93,7 +94,8 @@ func (sn *snapshot) keysOf(account string) []KeyInfo {
 func (sn *snapshot) putAccount(id string, rev uint64, rec accountRecord, deleted bool) {
 	sn.mu.Lock()
 	if old, ok := sn.accounts[id]; !ok || rev > old.rev {
-		sn.accounts[id] = accountEntry{rev: rev, deleted: deleted, balance: money.Nanos(rec.BalanceNanos), debited: money.Nanos(rec.DebitedNanos)}
+		sn.accounts[id] = accountEntry{rev: rev, deleted: deleted, balance: money.Nanos(rec.BalanceNanos), debited: money.Nanos(rec.DebitedNanos),
+			limits: rec.Limits}
 	}
 	sn.mu.Unlock()
 }

@@ -16,11 +16,20 @@ type accountView struct {
 	CreditedUSD string    `json:"credited_usd"`
 	DebitedUSD  string    `json:"debited_usd"`
 	CreatedAt   time.Time `json:"created_at"`
+	accounts.Limits
 }
 
 func viewAccount(acc accounts.Account) accountView {
 	return accountView{ID: acc.ID, BalanceUSD: acc.Balance.String(), CreditedUSD: acc.Credited.String(),
-		DebitedUSD: acc.Debited.String(), CreatedAt: acc.CreatedAt}
+		DebitedUSD: acc.Debited.String(), CreatedAt: acc.CreatedAt, Limits: acc.Limits}
+}
+
+// checkLimit refuses a negative limit, naming its field.
+func checkLimit(field string, v int64) error {
+	if v < 0 {
+		return proxy.BadRequest(field, fmt.Sprintf("%s must not be negative, got %d (0 = no limit)", field, v))
+	}
+	return nil
 }
 
 func parseUSDField(field, s string, positive bool) (money.Nanos, error) {
@@ -41,12 +50,25 @@ func (a *API) createAccount(call *Call) (int, any, error) {
 	var req struct {
 		ID        string `json:"id"`
 		CreditUSD string `json:"credit_usd"`
+		// Not accounts.Limits embedded: checkMembers reads the fields
+		// of this struct only, and would let "RPM" through.
+		RPM           int64 `json:"rpm"`
+		TPM           int64 `json:"tpm"`
+		MaxConcurrent int64 `json:"max_concurrent"`
 	}
 	if err := decodeStrict(call.HTTP, &req); err != nil {
 		return 0, nil, err
 	}
 	if req.ID == "" {
 		return 0, nil, proxy.BadRequest("id", "id is required")
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"rpm", req.RPM}, {"tpm", req.TPM}, {"max_concurrent", req.MaxConcurrent}} {
+		if err := checkLimit(f.name, f.v); err != nil {
+			return 0, nil, err
+		}
 	}
 	credit := money.Nanos(0)
 	if req.CreditUSD != "" {
@@ -55,11 +77,50 @@ func (a *API) createAccount(call *Call) (int, any, error) {
 			return 0, nil, err
 		}
 	}
-	acc, err := a.svc.CreateAccount(call.Ctx, req.ID, credit)
+	acc, err := a.svc.CreateAccountWithLimits(call.Ctx, req.ID, credit,
+		accounts.Limits{RPM: req.RPM, TPM: req.TPM, MaxConcurrent: req.MaxConcurrent})
 	if err != nil {
 		return 0, nil, err
 	}
 	return 201, viewAccount(acc), nil
+}
+
+// updateAccount sets the limits the body names and keeps the others.
+func (a *API) updateAccount(call *Call) (int, any, error) {
+	var req struct {
+		RPM           *int64 `json:"rpm"`
+		TPM           *int64 `json:"tpm"`
+		MaxConcurrent *int64 `json:"max_concurrent"`
+	}
+	if err := decodeStrict(call.HTTP, &req); err != nil {
+		return 0, nil, err
+	}
+	fields := []struct {
+		name string
+		v    *int64
+	}{{"rpm", req.RPM}, {"tpm", req.TPM}, {"max_concurrent", req.MaxConcurrent}}
+	for _, f := range fields {
+		if f.v == nil {
+			continue
+		}
+		if err := checkLimit(f.name, *f.v); err != nil {
+			return 0, nil, err
+		}
+	}
+	acc, err := a.svc.SetLimits(call.Ctx, call.Args[0], func(l *accounts.Limits) {
+		for _, f := range []struct {
+			from *int64
+			to   *int64
+		}{{req.RPM, &l.RPM}, {req.TPM, &l.TPM}, {req.MaxConcurrent, &l.MaxConcurrent}} {
+			if f.from != nil {
+				*f.to = *f.from
+			}
+		}
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return 200, viewAccount(acc), nil
 }
 
 func (a *API) getAccount(call *Call) (int, any, error) {

@@ -441,3 +441,48 @@ func TestRevokeKeyRefusesABody(t *testing.T) {
 		t.Fatalf("revoke: %d %s", status, out)
 	}
 }
+
+// An account's limits are set at creation and changed later, one at a
+// time: a PATCH keeps the limits it does not name.
+func TestAccountLimitsSetAndChanged(t *testing.T) {
+	g := startGateway(t)
+	status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme","rpm":60,"max_concurrent":4}`)
+	if status != 201 || !strings.Contains(string(body), `"rpm":60,"tpm":0,"max_concurrent":4`) {
+		t.Fatalf("create with limits: %d %s", status, body)
+	}
+	status, _, body = g.call("PATCH", "/admin/v1/accounts/acme", `{"tpm":1000}`)
+	if status != 200 || !strings.Contains(string(body), `"rpm":60,"tpm":1000,"max_concurrent":4`) {
+		t.Fatalf("patch tpm: %d %s", status, body)
+	}
+	status, _, body = g.call("PATCH", "/admin/v1/accounts/acme", `{"rpm":0}`)
+	if status != 200 || !strings.Contains(string(body), `"rpm":0,"tpm":1000,"max_concurrent":4`) {
+		t.Fatalf("patch rpm to none: %d %s", status, body)
+	}
+	if _, limits, _ := g.svc.Standing("acme"); limits != (accounts.Limits{TPM: 1000, MaxConcurrent: 4}) {
+		t.Errorf("the gateway admits calls under %+v", limits)
+	}
+	status, _, body = g.call("GET", "/admin/v1/accounts/acme", "")
+	if status != 200 || !strings.Contains(string(body), `"rpm":0,"tpm":1000,"max_concurrent":4`) {
+		t.Fatalf("get: %d %s", status, body)
+	}
+	for _, tc := range []struct{ method, path, body, param string }{
+		{"PATCH", "/admin/v1/accounts/acme", `{"max_concurrent":-1}`, "max_concurrent"},
+		{"PATCH", "/admin/v1/accounts/acme", `{"RPM":5}`, "RPM"},
+		{"PATCH", "/admin/v1/accounts/acme", `{"rpm":1.5}`, "rpm"},
+		{"POST", "/admin/v1/accounts", `{"id":"acme2","tpm":-5}`, "tpm"},
+		{"POST", "/admin/v1/accounts", `{"id":"acme2","Rpm":5}`, "Rpm"},
+	} {
+		status, _, body := g.call(tc.method, tc.path, tc.body)
+		if status != 400 {
+			t.Errorf("%s %s: %d %s, want 400", tc.method, tc.body, status, body)
+			continue
+		}
+		wantError(t, body, tc.param, "invalid_request_error")
+	}
+	if status, _, body := g.call("PATCH", "/admin/v1/accounts/nobody", `{"rpm":1}`); status != 404 {
+		t.Errorf("limits of a missing account: %d %s", status, body)
+	}
+	if _, limits, _ := g.svc.Standing("acme"); limits != (accounts.Limits{TPM: 1000, MaxConcurrent: 4}) {
+		t.Errorf("refused changes changed the limits to %+v", limits)
+	}
+}

@@ -234,3 +234,48 @@ func TestTagSetIsBounded(t *testing.T) {
 		t.Errorf("%d events recorded for refused requests", n)
 	}
 }
+
+// TestAccountLimits: an account's own limits hold for the plugin calls of
+// all its keys together, beside each key's (plugins.key_limits here), and
+// its max_concurrent counts plugin and generation calls alike.
+func TestAccountLimits(t *testing.T) {
+	h := newHarness(t, harnessOptions{
+		upstream: proxytest.Options{FirstByteDelay: 700 * time.Millisecond},
+		plugins: `
+  engine: llm`,
+	})
+	if _, err := h.svc.SetLimits(h.ctx, "acme", func(l *accounts.Limits) { *l = accounts.Limits{RPM: 2, MaxConcurrent: 1} }); err != nil {
+		t.Fatal(err)
+	}
+	other := h.newKey("acme", accounts.KeyRequest{Name: "second"})
+	var wg sync.WaitGroup
+	var slow reply
+	wg.Go(func() { slow = h.keyed("/v1/classify", classifyBody) })
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if h.up.Active() == 0 {
+			return fmt.Errorf("the slow request has not reached the upstream")
+		}
+		return nil
+	})
+	for path, body := range map[string]string{
+		"/v1/classify":         `{"text": "x", "labels": ["a"], "model": "lexical"}`,
+		"/v1/chat/completions": `{"model": "small", "messages": [{"role": "user", "content": "hi"}]}`,
+	} {
+		r := h.do(request{path: path, body: body, key: other})
+		e := r.apiError(t, 429, "rate_limit_exceeded")
+		if !strings.Contains(e["message"].(string), "account acme (all its keys together) may have 1 in flight") || r.header.Get("Retry-After") != "1" {
+			t.Errorf("%s: 429 %v, Retry-After %q", path, e, r.header.Get("Retry-After"))
+		}
+	}
+	wg.Wait()
+	slow.ok(t)
+	r := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"], "model": "lexical"}`, key: other})
+	r.ok(t)
+	wantRateHeaders(t, r, "requests", "2", "0")
+	r = h.keyed("/v1/classify", `{"text": "x", "labels": ["a"], "model": "lexical"}`)
+	e := r.apiError(t, 429, "rate_limit_exceeded")
+	if !strings.Contains(e["message"].(string), "account acme (all its keys together) may make 2 per minute") {
+		t.Errorf("message %q", e["message"])
+	}
+	wantRetryAfter(t, r, 0, 30)
+}

@@ -113,3 +113,32 @@ func TestResponsesEstimateAllocatesNothingPerEvent(t *testing.T) {
 		t.Fatalf("kept %q of the tools' output, want the MCP call's", got)
 	}
 }
+
+// An account's limits beside the key's cost a generation call no
+// allocation of their own: one admission holds both parts, and callers
+// are named without joining strings. (The rest are the x-ratelimit-*
+// headers' values.)
+func TestAccountLimitsAllocateNothingMore(t *testing.T) {
+	l := newLimiter()
+	key := &accounts.Key{ID: "key_1", Account: "acme", RPM: 1 << 40, TPM: 1 << 40}
+	ctx := limitCtx("127.0.0.1")
+	run := func(key *accounts.Key, acct accounts.Limits) float64 {
+		return testing.AllocsPerRun(200, func() {
+			a := l.generationAdmission(key, acct, true)
+			if err := a.admit(ctx, 100); err != nil {
+				t.Fatal(err)
+			}
+			a.charge(120)
+			a.done()
+		})
+	}
+	keyOnly := run(key, accounts.Limits{})
+	both := run(key, accounts.Limits{RPM: 1 << 40, TPM: 1 << 40, MaxConcurrent: 1 << 20})
+	if both != keyOnly {
+		t.Errorf("%v allocations a call with the key's limits and the account's, %v with the key's alone", both, keyOnly)
+	}
+	accountOnly := run(&accounts.Key{ID: "key_2", Account: "acme"}, accounts.Limits{MaxConcurrent: 4})
+	if accountOnly != 1 {
+		t.Errorf("%v allocations a call under max_concurrent alone (no headers to write), want 1: the admission", accountOnly)
+	}
+}

@@ -3,6 +3,8 @@ package proxy
 import (
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/accounts"
 )
 
 var streamBody = strings.Repeat(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}],"usage":null}`+"\n\n", 20) +
@@ -80,5 +82,29 @@ func inspectAll(c *generationCall, rd *sseReader) {
 			return
 		}
 		c.inspectResponses(&ev)
+	}
+}
+
+// BenchmarkGenerationAdmission admits, settles and ends one generation
+// call under a key's limits and its account's: the limiter's work per call.
+func BenchmarkGenerationAdmission(b *testing.B) {
+	l := newLimiter()
+	key := &accounts.Key{ID: "key_1", Account: "acme", RPM: 1 << 40, TPM: 1 << 40}
+	for _, bc := range []struct {
+		name string
+		acct accounts.Limits
+	}{{"key", accounts.Limits{}}, {"key+account", accounts.Limits{RPM: 1 << 40, TPM: 1 << 40, MaxConcurrent: 1 << 20}}} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := limitCtx("127.0.0.1")
+			b.ReportAllocs()
+			for b.Loop() {
+				a := l.generationAdmission(key, bc.acct, true)
+				if err := a.admit(ctx, 100); err != nil {
+					b.Fatal(err)
+				}
+				a.charge(120)
+				a.done()
+			}
+		})
 	}
 }

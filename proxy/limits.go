@@ -27,7 +27,8 @@ const (
 	// LimitNone leaves the route unlimited (or limiting itself).
 	LimitNone LimitMode = iota
 	// LimitCaller limits keyed calls per key (the key's rpm/tpm, else
-	// plugins.key_limits) and public calls per client address
+	// plugins.key_limits) and per account (the account's own limits, when
+	// it has them), and public calls per client address
 	// (plugins.public_limits). The handler must call Call.Admit once it
 	// has validated the request and knows its tokens; until then the call
 	// has used nothing, so a 400 costs no quota.
@@ -54,65 +55,116 @@ type limiter struct {
 
 type limitShard struct {
 	mu        sync.Mutex
-	callers   map[string]*callerState
+	callers   map[callerID]*callerState
 	lastSweep int64
+}
+
+// callerKind says what a caller of the limiter is.
+type callerKind uint8
+
+const (
+	callerKey callerKind = iota + 1
+	callerAccount
+	callerAddr
+)
+
+// callerID is whom limits count for: a key, an account or a client
+// address. A struct rather than "key "+id, so that naming one allocates
+// nothing.
+type callerID struct {
+	kind callerKind
+	id   string
 }
 
 // callerState is one caller's use. Guarded by its shard's mu.
 type callerState struct {
 	requestsTAT, tokensTAT int64 // unix ns
-	// inFlight counts the plugin calls holding a concurrency slot;
-	// generations counts the key's generation calls, which have no
-	// concurrency limit but must keep the state from being swept while
-	// they still charge their tokens to it.
+	// inFlight counts the calls holding one of the caller's concurrency
+	// slots (a key's plugin calls; an account's generation and plugin
+	// calls); generations counts the calls that hold none, which must
+	// keep the state from being swept while they still charge their
+	// tokens to it.
 	inFlight, generations int64
 }
 
 func newLimiter() *limiter {
 	l := &limiter{seed: maphash.MakeSeed(), now: func() int64 { return time.Now().UnixNano() }}
 	for i := range l.shards {
-		l.shards[i].callers = map[string]*callerState{}
+		l.shards[i].callers = map[callerID]*callerState{}
 	}
 	return l
 }
 
-// admission is one call's standing with the limiter.
-type admission struct {
-	l      *limiter
-	shard  *limitShard
-	caller string
-	limits config.Limits
-	public bool
-	// generation: a generation call, which counts in generations instead
-	// of taking a plugin concurrency slot.
-	generation bool
-	// state is set by a successful Admit; done releases its slot.
-	state *callerState
-	// admitted is the tokens a generation call was admitted with, an
-	// estimate its usage settles (charge); settled once it has.
-	admitted int64
-	settled  bool
+func (l *limiter) shardOf(c callerID) int {
+	return int((maphash.String(l.seed, c.id) + uint64(c.kind)) % uint64(len(l.shards)))
 }
 
-// admissionFor resolves who is calling and which limits hold for them.
-func (l *limiter) admissionFor(ctx *fasthttp.RequestCtx, call *Call) *admission {
+// admission is one call's standing with the limiter: with every set of
+// limits it must pass together, the key's (or the client address's) and
+// its account's.
+type admission struct {
+	l     *limiter
+	parts [2]limitPart
+	n     int // parts in use
+	// public: a call without a key, limited per client address.
+	public bool
+	// generation: a generation call, admitted on an estimate of its
+	// tokens that its usage settles (charge); settled once it has.
+	generation, settled bool
+}
+
+// limitPart is a call's standing with one caller's limits.
+type limitPart struct {
+	shard  int // index in limiter.shards; parts lock in its order
+	caller callerID
+	limits config.Limits
+	// slot: the call takes one of the caller's concurrency slots
+	// (inFlight, bounded by limits.Concurrent); else it counts in
+	// generations.
+	slot bool
+	// state is set by a successful admit; done releases it.
+	state *callerState
+	// admitted is the tokens the call was admitted with here.
+	admitted int64
+}
+
+// add appends the limits of caller to the admission.
+func (a *admission) add(caller callerID, limits config.Limits, slot bool) {
+	a.parts[a.n] = limitPart{shard: a.l.shardOf(caller), caller: caller, limits: limits, slot: slot}
+	a.n++
+}
+
+// accountPart adds the account's own limits, if it has any; slot says
+// whether the call is one max_concurrent counts.
+func (a *admission) accountPart(account string, acct accounts.Limits, slot bool) {
+	lim := config.Limits{RequestsPerMinute: acct.RPM, TokensPerMinute: acct.TPM}
+	if slot {
+		lim.Concurrent = acct.MaxConcurrent
+	}
+	if lim.RequestsPerMinute > 0 || lim.TokensPerMinute > 0 || lim.Concurrent > 0 {
+		a.add(callerID{callerAccount, account}, lim, slot)
+	}
+}
+
+// admissionFor resolves who is calling and which limits hold for them:
+// acct is the limits of the key's account.
+func (l *limiter) admissionFor(ctx *fasthttp.RequestCtx, call *Call, acct accounts.Limits) *admission {
 	plugins := call.World.Config.Plugins
 	a := &admission{l: l}
 	if call.Key != nil {
-		a.caller = "key " + call.Key.ID
-		a.limits = plugins.KeyLimits
+		limits := plugins.KeyLimits
 		if call.Key.RPM > 0 {
-			a.limits.RequestsPerMinute = call.Key.RPM
+			limits.RequestsPerMinute = call.Key.RPM
 		}
 		if call.Key.TPM > 0 {
-			a.limits.TokensPerMinute = call.Key.TPM
+			limits.TokensPerMinute = call.Key.TPM
 		}
+		a.add(callerID{callerKey, call.Key.ID}, limits, true)
+		a.accountPart(call.Key.Account, acct, true)
 	} else {
 		a.public = true
-		a.caller = "addr " + clientSubject(l.clientAddr(ctx, call.World.Config))
-		a.limits = plugins.PublicLimits
+		a.add(callerID{callerAddr, clientSubject(l.clientAddr(ctx, call.World.Config))}, plugins.PublicLimits, true)
 	}
-	a.shard = &l.shards[maphash.String(l.seed, a.caller)%uint64(len(l.shards))]
 	return a
 }
 
@@ -229,120 +281,201 @@ func remaining(tat, now, limit int64) int64 {
 // limit, before the handler spends anything on the request. It uses nothing.
 func (a *admission) precheck(ctx *fasthttp.RequestCtx) *APIError {
 	now := a.l.now()
-	a.shard.mu.Lock()
-	st := a.shard.callers[a.caller]
-	var snap callerState
-	if st != nil {
-		snap = *st
+	var snaps [2]callerState
+	for i := range a.n {
+		p := &a.parts[i]
+		sh := &a.l.shards[p.shard]
+		sh.mu.Lock()
+		if st := sh.callers[p.caller]; st != nil {
+			snaps[i] = *st
+		}
+		sh.mu.Unlock()
 	}
-	a.shard.mu.Unlock()
-	if c := a.limits.Concurrent; c > 0 && snap.inFlight >= c {
-		a.setHeaders(ctx, snap, now)
-		return a.refuseConcurrent(ctx)
-	}
-	if rpm := a.limits.RequestsPerMinute; rpm > 0 {
-		if next := max(snap.requestsTAT, now) + interval(1, rpm); next-now > limitWindow {
-			a.setHeaders(ctx, snap, now)
-			return a.refuse(ctx, "requests", rpm, 0, next-now-limitWindow)
+	for i := range a.n {
+		p, snap := &a.parts[i], snaps[i]
+		if c := p.limits.Concurrent; p.slot && c > 0 && snap.inFlight >= c {
+			a.setHeaders(ctx, &snaps, now)
+			return a.refuseConcurrent(ctx, p)
+		}
+		if rpm := p.limits.RequestsPerMinute; rpm > 0 {
+			if next := max(snap.requestsTAT, now) + interval(1, rpm); next-now > limitWindow {
+				a.setHeaders(ctx, &snaps, now)
+				return a.refuse(ctx, p, "requests", rpm, 0, next-now-limitWindow)
+			}
 		}
 	}
 	return nil
 }
 
-// admit takes one request and tokens from the caller's limits and a
-// concurrency slot, all or nothing.
+// lock locks the shards of the admission's parts, in the order of their
+// index, so two admissions never wait on each other.
+func (a *admission) lock() {
+	first, second := a.lockOrder()
+	a.l.shards[first].mu.Lock()
+	if second != first {
+		a.l.shards[second].mu.Lock()
+	}
+}
+
+func (a *admission) unlock() {
+	first, second := a.lockOrder()
+	if second != first {
+		a.l.shards[second].mu.Unlock()
+	}
+	a.l.shards[first].mu.Unlock()
+}
+
+func (a *admission) lockOrder() (first, second int) {
+	first, second = a.parts[0].shard, a.parts[0].shard
+	if a.n == 2 {
+		second = a.parts[1].shard
+	}
+	if second < first {
+		first, second = second, first
+	}
+	return first, second
+}
+
+// admit takes one request and tokens from every part's limits and a
+// concurrency slot, all or nothing. A generation's tokens are its prompt's
+// estimate, counted at most up to each part's whole limit.
 func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 	now := a.l.now()
-	lim := a.limits
-	sh := a.shard
-	sh.mu.Lock()
-	st := sh.callers[a.caller]
-	if st == nil {
-		sh.sweep(now)
-		st = &callerState{}
-		sh.callers[a.caller] = st
+	a.lock()
+	// Swept before any state is made below, which a sweep would forget.
+	a.l.shards[a.parts[0].shard].sweep(now)
+	if a.n == 2 {
+		a.l.shards[a.parts[1].shard].sweep(now)
 	}
-	snap := *st
-	var refusal func() *APIError
-	nextReq := max(st.requestsTAT, now) + interval(1, lim.RequestsPerMinute)
-	nextTok := max(st.tokensTAT, now) + interval(tokens, lim.TokensPerMinute)
-	switch {
-	case lim.Concurrent > 0 && st.inFlight >= lim.Concurrent:
-		refusal = func() *APIError { return a.refuseConcurrent(ctx) }
-	case lim.TokensPerMinute > 0 && tokens > lim.TokensPerMinute:
-		refusal = func() *APIError { return a.refuse(ctx, "tokens", lim.TokensPerMinute, tokens, -1) }
-	case lim.RequestsPerMinute > 0 && nextReq-now > limitWindow:
-		refusal = func() *APIError { return a.refuse(ctx, "requests", lim.RequestsPerMinute, 0, nextReq-now-limitWindow) }
-	case lim.TokensPerMinute > 0 && nextTok-now > limitWindow:
-		refusal = func() *APIError { return a.refuse(ctx, "tokens", lim.TokensPerMinute, tokens, nextTok-now-limitWindow) }
-	default:
-		if lim.RequestsPerMinute > 0 {
-			st.requestsTAT = nextReq
+	var states [2]*callerState
+	var snaps [2]callerState
+	var nextReq, nextTok, want [2]int64
+	// The refusal is written once the shards are unlocked; not a closure,
+	// whose captures would move these arrays to the heap at every call.
+	refused, why := -1, ""
+	for i := range a.n {
+		p := &a.parts[i]
+		sh := &a.l.shards[p.shard]
+		st := sh.callers[p.caller]
+		if st == nil {
+			st = &callerState{}
+			sh.callers[p.caller] = st
 		}
-		if lim.TokensPerMinute > 0 {
-			st.tokensTAT = nextTok
+		states[i], snaps[i] = st, *st
+		lim := p.limits
+		want[i] = tokens
+		if a.generation && lim.TokensPerMinute > 0 {
+			want[i] = min(tokens, lim.TokensPerMinute)
 		}
-		if a.generation {
-			st.generations++
-		} else {
-			st.inFlight++
+		nextReq[i] = max(st.requestsTAT, now) + interval(1, lim.RequestsPerMinute)
+		nextTok[i] = max(st.tokensTAT, now) + interval(want[i], lim.TokensPerMinute)
+		if refused >= 0 {
+			continue
 		}
-		snap = *st
-		a.state = st
+		switch {
+		case p.slot && lim.Concurrent > 0 && st.inFlight >= lim.Concurrent:
+			refused, why = i, "concurrent"
+		case lim.TokensPerMinute > 0 && want[i] > lim.TokensPerMinute:
+			refused, why = i, "too many tokens"
+		case lim.RequestsPerMinute > 0 && nextReq[i]-now > limitWindow:
+			refused, why = i, "requests"
+		case lim.TokensPerMinute > 0 && nextTok[i]-now > limitWindow:
+			refused, why = i, "tokens"
+		}
 	}
-	sh.mu.Unlock()
-	a.setHeaders(ctx, snap, now)
-	if refusal != nil {
-		return refusal()
+	if refused < 0 {
+		for i := range a.n {
+			p, st := &a.parts[i], states[i]
+			if p.limits.RequestsPerMinute > 0 {
+				st.requestsTAT = nextReq[i]
+			}
+			if p.limits.TokensPerMinute > 0 {
+				st.tokensTAT = nextTok[i]
+			}
+			if p.slot {
+				st.inFlight++
+			} else {
+				st.generations++
+			}
+			snaps[i] = *st
+			p.state, p.admitted = st, want[i]
+		}
 	}
-	return nil
+	a.unlock()
+	a.setHeaders(ctx, &snaps, now)
+	if refused < 0 {
+		return nil
+	}
+	p, lim := &a.parts[refused], a.parts[refused].limits
+	switch why {
+	case "concurrent":
+		return a.refuseConcurrent(ctx, p)
+	case "too many tokens":
+		return a.refuse(ctx, p, "tokens", lim.TokensPerMinute, want[refused], -1)
+	case "requests":
+		return a.refuse(ctx, p, "requests", lim.RequestsPerMinute, 0, nextReq[refused]-now-limitWindow)
+	}
+	return a.refuse(ctx, p, "tokens", lim.TokensPerMinute, want[refused], nextTok[refused]-now-limitWindow)
 }
+
+// holds reports whether admit took the call's slots (not yet done).
+func (a *admission) holds() bool { return a != nil && a.parts[0].state != nil }
 
 // addTokens charges tokens found after the work (an engine's prompt beyond
 // the text). They may overdraw the minute; the next call then waits.
 func (a *admission) addTokens(ctx *fasthttp.RequestCtx, tokens int64) {
-	if a.state == nil || tokens == 0 || a.limits.TokensPerMinute <= 0 {
+	if !a.holds() || tokens == 0 {
 		return
 	}
-	snap, now := a.moveTokens(tokens)
-	a.setHeaders(ctx, snap, now)
+	var snaps [2]callerState
+	var now int64
+	for i := range a.n {
+		snaps[i], now = a.moveTokens(&a.parts[i], tokens)
+	}
+	a.setHeaders(ctx, &snaps, now)
 }
 
-// moveTokens counts delta more tokens against the caller's minute, or,
-// negative, gives them back (Admit counted more than the work used), but
-// never past now, which would bank quota for later. It returns the
-// caller's state after and the time it used.
-func (a *admission) moveTokens(delta int64) (callerState, int64) {
+// moveTokens counts delta more tokens against p's minute, or, negative,
+// gives them back (admit counted more than the work used), but never past
+// now, which would bank quota for later. It returns the caller's state
+// after and the time it used.
+func (a *admission) moveTokens(p *limitPart, delta int64) (callerState, int64) {
 	now := a.l.now()
-	a.shard.mu.Lock()
-	if delta > 0 {
-		a.state.tokensTAT = max(a.state.tokensTAT, now) + interval(delta, a.limits.TokensPerMinute)
-	} else {
-		a.state.tokensTAT = max(a.state.tokensTAT-interval(-delta, a.limits.TokensPerMinute), now)
+	sh := &a.l.shards[p.shard]
+	sh.mu.Lock()
+	if tpm := p.limits.TokensPerMinute; tpm > 0 {
+		if delta > 0 {
+			p.state.tokensTAT = max(p.state.tokensTAT, now) + interval(delta, tpm)
+		} else {
+			p.state.tokensTAT = max(p.state.tokensTAT-interval(-delta, tpm), now)
+		}
 	}
-	snap := *a.state
-	a.shard.mu.Unlock()
+	snap := *p.state
+	sh.mu.Unlock()
 	return snap, now
 }
 
-// done gives back the concurrency slot of an admitted call, and the
+// done gives back the concurrency slots of an admitted call, and the
 // estimate of a generation that ended without usage to settle it (a call
 // refused after admission, the upstream's error passed on).
 func (a *admission) done() {
-	if a == nil || a.state == nil {
+	if !a.holds() {
 		return
 	}
 	if a.generation && !a.settled {
 		a.charge(0)
 	}
-	a.shard.mu.Lock()
-	if a.generation {
-		a.state.generations--
-	} else {
-		a.state.inFlight--
+	a.lock()
+	for i := range a.n {
+		p := &a.parts[i]
+		if p.slot {
+			p.state.inFlight--
+		} else {
+			p.state.generations--
+		}
+		p.state = nil
 	}
-	a.shard.mu.Unlock()
-	a.state = nil
+	a.unlock()
 }
 
 // refused gives back all a generation call took at admission, its
@@ -354,19 +487,23 @@ func (a *admission) done() {
 // written again. The request is given back no further than now, which
 // would bank quota for later.
 func (a *admission) refused(ctx *fasthttp.RequestCtx) {
-	if a == nil || a.state == nil {
+	if !a.holds() {
 		return
 	}
 	a.charge(0)
 	now := a.l.now()
-	a.shard.mu.Lock()
-	if rpm := a.limits.RequestsPerMinute; rpm > 0 {
-		a.state.requestsTAT = max(a.state.requestsTAT-interval(1, rpm), now)
+	var snaps [2]callerState
+	a.lock()
+	for i := range a.n {
+		p := &a.parts[i]
+		if rpm := p.limits.RequestsPerMinute; rpm > 0 {
+			p.state.requestsTAT = max(p.state.requestsTAT-interval(1, rpm), now)
+		}
+		snaps[i] = *p.state
 	}
-	snap := *a.state
-	a.shard.mu.Unlock()
+	a.unlock()
 	a.done()
-	a.setHeaders(ctx, snap, now)
+	a.setHeaders(ctx, &snaps, now)
 }
 
 // sweep forgets callers whose limits are whole again and who have nothing
@@ -384,19 +521,32 @@ func (sh *limitShard) sweep(now int64) {
 	}
 }
 
-// setHeaders writes OpenAI's x-ratelimit-* headers for st at now.
-func (a *admission) setHeaders(ctx *fasthttp.RequestCtx, st callerState, now int64) {
+// setHeaders writes OpenAI's x-ratelimit-* headers at now, for each of
+// requests and tokens from the part with the least remaining: a call must
+// pass both its key's and its account's limits, so that one is what the
+// caller can still spend.
+func (a *admission) setHeaders(ctx *fasthttp.RequestCtx, snaps *[2]callerState, now int64) {
 	h := &ctx.Response.Header
-	for _, r := range []struct {
-		name       string
-		limit, tat int64
-	}{{"requests", a.limits.RequestsPerMinute, st.requestsTAT}, {"tokens", a.limits.TokensPerMinute, st.tokensTAT}} {
-		if r.limit <= 0 {
+	for _, name := range [...]string{"requests", "tokens"} {
+		var limit, tat, left int64
+		for i := range a.n {
+			l, t := a.parts[i].limits.RequestsPerMinute, snaps[i].requestsTAT
+			if name == "tokens" {
+				l, t = a.parts[i].limits.TokensPerMinute, snaps[i].tokensTAT
+			}
+			if l <= 0 {
+				continue
+			}
+			if r := remaining(t, now, l); limit == 0 || r < left {
+				limit, tat, left = l, t, r
+			}
+		}
+		if limit == 0 {
 			continue
 		}
-		h.Set("x-ratelimit-limit-"+r.name, strconv.FormatInt(r.limit, 10))
-		h.Set("x-ratelimit-remaining-"+r.name, strconv.FormatInt(remaining(r.tat, now, r.limit), 10))
-		h.Set("x-ratelimit-reset-"+r.name, formatReset(max(r.tat-now, 0)))
+		h.Set("x-ratelimit-limit-"+name, strconv.FormatInt(limit, 10))
+		h.Set("x-ratelimit-remaining-"+name, strconv.FormatInt(left, 10))
+		h.Set("x-ratelimit-reset-"+name, formatReset(max(tat-now, 0)))
 	}
 }
 
@@ -405,17 +555,20 @@ func formatReset(ns int64) string {
 	return time.Duration(ns).Round(time.Millisecond).String()
 }
 
-func (a *admission) who() (subject, remedy string) {
-	if a.public {
+func (a *admission) who(p *limitPart) (subject, remedy string) {
+	switch {
+	case a.public:
 		return "requests without an API key from one client address", "; send an API key (Authorization: Bearer <API key>) for higher limits"
+	case p.caller.kind == callerAccount:
+		return "account " + p.caller.id + " (all its keys together)", ""
 	}
 	return "this API key", ""
 }
 
-// refuse builds the 429 for a rate. wait < 0 means the request can never
-// pass (more tokens than the whole limit): no Retry-After then.
-func (a *admission) refuse(ctx *fasthttp.RequestCtx, what string, limit, tokens, wait int64) *APIError {
-	subject, remedy := a.who()
+// refuse builds the 429 for a rate of p. wait < 0 means the request can
+// never pass (more tokens than the whole limit): no Retry-After then.
+func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, limit, tokens, wait int64) *APIError {
+	subject, remedy := a.who(p)
 	var msg string
 	switch {
 	case wait < 0:
@@ -442,11 +595,11 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, what string, limit, tokens,
 	return errRateLimited(msg)
 }
 
-func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx) *APIError {
-	subject, remedy := a.who()
+func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx, p *limitPart) *APIError {
+	subject, remedy := a.who(p)
 	ctx.Response.Header.Set("Retry-After", "1")
 	return errRateLimited(fmt.Sprintf("too many requests at once: %s may have %d in flight; wait for one to finish%s",
-		subject, a.limits.Concurrent, remedy))
+		subject, p.limits.Concurrent, remedy))
 }
 
 func errRateLimited(msg string) *APIError {
@@ -474,32 +627,54 @@ func (c *Call) AddTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 	}
 }
 
-// keyAdmission is the standing of a generation call whose key carries its
-// own rpm or tpm; nil when it carries neither (generation has no default
-// limits). It shares the key's rates with the plugin routes, so a key's
-// limits hold across everything it calls, but not their concurrency
-// limit: open streams must not fill plugins.key_limits.concurrent.
-func (l *limiter) keyAdmission(key *accounts.Key) *admission {
-	if key.RPM <= 0 && key.TPM <= 0 {
+// generationAdmission is the standing of a generation call (or a call on
+// a stored response, slot false) under its key's own rpm and tpm and its
+// account's limits acct; nil when neither has any (generation has no
+// default limits). The key's part shares the key's rates with the plugin
+// routes, so a key's limits hold across everything it calls, but not
+// their concurrency limit: open streams must not fill
+// plugins.key_limits.concurrent. The account's part counts the call
+// against max_concurrent when slot is set.
+func (l *limiter) generationAdmission(key *accounts.Key, acct accounts.Limits, slot bool) *admission {
+	a := admission{l: l, generation: true}
+	if key.RPM > 0 || key.TPM > 0 {
+		a.add(callerID{callerKey, key.ID}, config.Limits{RequestsPerMinute: key.RPM, TokensPerMinute: key.TPM}, false)
+	}
+	a.accountPart(key.Account, acct, slot)
+	if a.n == 0 {
 		return nil
 	}
-	a := &admission{l: l, caller: "key " + key.ID, generation: true,
-		limits: config.Limits{RequestsPerMinute: key.RPM, TokensPerMinute: key.TPM}}
-	a.shard = &l.shards[maphash.String(l.seed, a.caller)%uint64(len(l.shards))]
-	return a
+	return &a
+}
+
+// tokenLimit is the largest tokens per minute of the admission's parts, 0
+// when none limits tokens: what a generation's estimate is worth making.
+func (a *admission) tokenLimit() int64 {
+	var most int64
+	for i := range a.n {
+		most = max(most, a.parts[i].limits.TokensPerMinute)
+	}
+	return most
 }
 
 // charge settles a generation's tokens, known once its answer is complete,
 // against the estimate it was admitted with, either way, without touching
 // headers, which are sent by then.
 func (a *admission) charge(tokens int64) {
-	if a == nil || a.state == nil || a.limits.TokensPerMinute <= 0 {
+	if !a.holds() {
 		return
 	}
-	extra := tokens - a.admitted
-	a.admitted, a.settled = tokens, true
-	if extra != 0 {
-		a.moveTokens(extra)
+	a.settled = true
+	for i := range a.n {
+		p := &a.parts[i]
+		if p.limits.TokensPerMinute <= 0 {
+			continue
+		}
+		extra := tokens - p.admitted
+		p.admitted = tokens
+		if extra != 0 {
+			a.moveTokens(p, extra)
+		}
 	}
 }
 

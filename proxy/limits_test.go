@@ -57,9 +57,10 @@ type fakeClock struct{ ns int64 }
 func (c *fakeClock) now() int64              { return c.ns }
 func (c *fakeClock) advance(d time.Duration) { c.ns += int64(d) }
 
+// testAdmission is a plugin call's admission under lim alone, in shard 0.
 func testAdmission(l *limiter, caller string, lim config.Limits) *admission {
-	a := &admission{l: l, caller: caller, limits: lim}
-	a.shard = &l.shards[0]
+	a := &admission{l: l, n: 1}
+	a.parts[0] = limitPart{caller: callerID{callerKey, caller}, limits: lim, slot: true}
 	return a
 }
 
@@ -167,10 +168,10 @@ func TestAdmitConcurrencyAndSweep(t *testing.T) {
 	if err := testAdmission(l, "addr y", lim).admit(limitCtx("127.0.0.1"), 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := l.shards[0].callers["addr x"]; ok {
+	if _, ok := l.shards[0].callers[callerID{callerKey, "addr x"}]; ok {
 		t.Error("an idle caller survived the sweep")
 	}
-	if _, ok := l.shards[0].callers["addr y"]; !ok {
+	if _, ok := l.shards[0].callers[callerID{callerKey, "addr y"}]; !ok {
 		t.Error("the active caller was swept")
 	}
 }
@@ -184,12 +185,17 @@ func TestAdmissionFor(t *testing.T) {
 	}}
 	l := newLimiter()
 	w := &World{Config: cfg}
-	a := l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", RPM: 5}})
-	if a.caller != "key k1" || a.public || a.limits != (config.Limits{RequestsPerMinute: 5, TokensPerMinute: 1000, Concurrent: 16}) {
+	a := l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", Account: "acme", RPM: 5}}, accounts.Limits{})
+	if a.n != 1 || a.parts[0].caller != (callerID{callerKey, "k1"}) || a.public || a.parts[0].limits != (config.Limits{RequestsPerMinute: 5, TokensPerMinute: 1000, Concurrent: 16}) {
 		t.Errorf("keyed admission %+v", a)
 	}
-	a = l.admissionFor(limitCtx("2001:db8:1:2:3:4:5:6"), &Call{World: w})
-	if a.caller != "addr 2001:db8:1:2::/64" || !a.public || a.limits != cfg.Plugins.PublicLimits {
+	// An account with limits of its own adds them: the call must pass both.
+	a = l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", Account: "acme"}}, accounts.Limits{TPM: 50, MaxConcurrent: 2})
+	if a.n != 2 || a.parts[1].caller != (callerID{callerAccount, "acme"}) || a.parts[1].limits != (config.Limits{TokensPerMinute: 50, Concurrent: 2}) || !a.parts[1].slot {
+		t.Errorf("keyed admission of a limited account %+v", a)
+	}
+	a = l.admissionFor(limitCtx("2001:db8:1:2:3:4:5:6"), &Call{World: w}, accounts.Limits{})
+	if a.n != 1 || a.parts[0].caller != (callerID{callerAddr, "2001:db8:1:2::/64"}) || !a.public || a.parts[0].limits != cfg.Plugins.PublicLimits {
 		t.Errorf("public admission %+v", a)
 	}
 }
@@ -205,14 +211,14 @@ func TestGenerationsTakeNoPluginSlot(t *testing.T) {
 	key := &accounts.Key{ID: "k", RPM: 1000, TPM: 100_000}
 	var streams []*admission
 	for range 20 {
-		g := l.keyAdmission(key)
+		g := l.generationAdmission(key, accounts.Limits{}, true)
 		if err := g.admit(limitCtx("127.0.0.1"), 0); err != nil {
 			t.Fatal(err)
 		}
 		streams = append(streams, g)
 	}
-	plugin := &admission{l: l, caller: "key k", limits: config.Limits{RequestsPerMinute: 1000, TokensPerMinute: 100_000, Concurrent: 16}}
-	plugin.shard = streams[0].shard
+	plugin := &admission{l: l}
+	plugin.add(callerID{callerKey, "k"}, config.Limits{RequestsPerMinute: 1000, TokensPerMinute: 100_000, Concurrent: 16}, true)
 	if err := plugin.precheck(limitCtx("127.0.0.1")); err != nil {
 		t.Fatalf("a plugin call with 20 generations open: %v", err)
 	}
@@ -221,13 +227,14 @@ func TestGenerationsTakeNoPluginSlot(t *testing.T) {
 	}
 	plugin.done()
 	// The requests count against the shared rate all the same.
-	st := plugin.shard.callers["key k"]
+	shard := &l.shards[plugin.parts[0].shard]
+	st := shard.callers[callerID{callerKey, "k"}]
 	if remaining(st.requestsTAT, clock.now(), 1000) != 1000-21 {
 		t.Errorf("remaining requests %d, want %d", remaining(st.requestsTAT, clock.now(), 1000), 1000-21)
 	}
 	clock.advance(5 * time.Minute)
-	plugin.shard.sweep(clock.now())
-	if plugin.shard.callers["key k"] != st {
+	shard.sweep(clock.now())
+	if shard.callers[callerID{callerKey, "k"}] != st {
 		t.Fatal("the state of a key with generations open was swept")
 	}
 	for _, g := range streams {

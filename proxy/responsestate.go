@@ -324,7 +324,10 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 		WriteError(ctx, apiErr)
 		return
 	}
-	if limit := s.limits.keyAdmission(key); limit != nil {
+	// The key's and the account's rates hold here too, but not
+	// max_concurrent: these calls are not billed, and a cancel must
+	// not wait for the stream it cancels.
+	if limit := s.limits.generationAdmission(key, s.accountLimits(key.Account), false); limit != nil {
 		if apiErr := limit.admit(ctx, 0); apiErr != nil {
 			WriteError(ctx, apiErr)
 			return

@@ -314,7 +314,11 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string
 		call.Key = key
 	}
 	if r.Limits == LimitCaller {
-		call.limit = s.limits.admissionFor(ctx, call)
+		var acct accounts.Limits
+		if call.Key != nil {
+			acct = s.accountLimits(call.Key.Account)
+		}
+		call.limit = s.limits.admissionFor(ctx, call, acct)
 		if apiErr := call.limit.precheck(ctx); apiErr != nil {
 			WriteError(ctx, apiErr)
 			return true

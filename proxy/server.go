@@ -36,6 +36,8 @@ import (
 type Accounts interface {
 	Verify(token []byte) (*accounts.Key, error)
 	Balance(account string) (money.Nanos, bool)
+	// Standing is Balance and the account's own limits.
+	Standing(account string) (money.Nanos, accounts.Limits, bool)
 	Debited(account string) (money.Nanos, bool)
 	// NoteCharge counts a metered cost against Balance until the
 	// account's debits show it.

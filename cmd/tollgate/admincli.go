@@ -317,7 +317,7 @@ func (f *flagOnce) IsBoolFlag() bool {
 	return ok && b.IsBoolFlag()
 }
 
-const accountsUsage = "usage: tollgate accounts create ID [-credit USD] | get ID | credit ID USD [-idempotency-key KEY] | login ID | logout ID (ends its console sessions, cancels its sign-in links)"
+const accountsUsage = "usage: tollgate accounts create ID [-credit USD] [-rpm N] [-tpm N] [-max-concurrent N] | get ID | limits ID [-rpm N] [-tpm N] [-max-concurrent N] | credit ID USD [-idempotency-key KEY] | login ID | logout ID (ends its console sessions, cancels its sign-in links)"
 
 func runAccounts(args []string) error {
 	if len(args) == 0 {
@@ -331,6 +331,9 @@ func runAccounts(args []string) error {
 	switch args[0] {
 	case "create":
 		credit = fs.String("credit", "", "initial credit in USD, e.g. 10.00")
+		limitFlags(fs)
+	case "limits":
+		limitFlags(fs)
 	case "credit":
 		idemKey = fs.String("idempotency-key", "", "a key (a payment id) that makes the same credit, sent again within 7 days, apply once")
 	}
@@ -350,11 +353,15 @@ func runAccounts(args []string) error {
 	}
 	switch {
 	case args[0] == "create" && len(pos) == 1:
-		body := map[string]string{"id": pos[0]}
+		body := givenLimits(fs)
+		body["id"] = pos[0]
 		if *credit != "" {
 			body["credit_usd"] = *credit
 		}
 		return c.call("POST", "/accounts", body)
+	case args[0] == "limits" && len(pos) == 1:
+		// Only the limits given change: "limits acme -rpm 60" keeps its tpm.
+		return c.call("PATCH", "/accounts/"+account, givenLimits(fs))
 	case args[0] == "get" && len(pos) == 1:
 		return c.call("GET", "/accounts/"+account, nil)
 	case args[0] == "credit" && len(pos) == 2:
@@ -369,6 +376,25 @@ func runAccounts(args []string) error {
 		return c.call("POST", "/accounts/"+account+"/console-logout", nil)
 	}
 	return errors.New(accountsUsage)
+}
+
+// limitFlags defines an account's limit flags on fs.
+func limitFlags(fs *flag.FlagSet) {
+	fs.Int64("rpm", 0, "requests per minute for all the account's keys together (0 = no limit)")
+	fs.Int64("tpm", 0, "tokens per minute for all the account's keys together (0 = no limit)")
+	fs.Int64("max-concurrent", 0, "generation and plugin calls in flight at once, per gateway (0 = no limit); bounds the overspend of calls started together")
+}
+
+// givenLimits is the body fields of the limit flags given on the command
+// line, and only those.
+func givenLimits(fs *flag.FlagSet) map[string]any {
+	body := map[string]any{}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "rpm" || f.Name == "tpm" || f.Name == "max-concurrent" {
+			body[strings.ReplaceAll(f.Name, "-", "_")] = f.Value.(flag.Getter).Get()
+		}
+	})
+	return body
 }
 
 // printConsoleLogin prints a one-time web console sign-in link for the

@@ -105,7 +105,8 @@ func TestAdminSubcommandsRefuseFlagsTheyDoNotTake(t *testing.T) {
 		args []string
 		want string
 	}{
-		{runAccounts, []string{"create", "acme5", "-idempotency-key", "x"}, "accounts create does not take -idempotency-key; it takes -credit, -token, -url"},
+		{runAccounts, []string{"create", "acme5", "-idempotency-key", "x"}, "accounts create does not take -idempotency-key; it takes -credit, -max-concurrent, -rpm, -token, -tpm, -url"},
+		{runAccounts, []string{"limits", "acme", "-credit", "10"}, "accounts limits does not take -credit; it takes -max-concurrent, -rpm, -token, -tpm, -url"},
 		{runAccounts, []string{"credit", "acme", "5", "-credit", "10"}, "accounts credit does not take -credit; it takes -idempotency-key, -token, -url"},
 		{runAccounts, []string{"get", "acme", "-credit=10"}, "accounts get does not take -credit; it takes -token, -url"},
 		{runKeys, []string{"list", "acme", "-name", "ci"}, "keys list does not take -name; it takes -token, -url"},
@@ -126,8 +127,18 @@ func TestAdminSubcommandsRefuseFlagsTheyDoNotTake(t *testing.T) {
 	if err := runAccounts([]string{"create", "acme5", "-credit", "10", "-url", url}); err != nil {
 		t.Fatal(err)
 	}
+	// An account's limits: at creation, and later only those given, so
+	// "limits acme -rpm 60" keeps the account's tpm.
+	if err := runAccounts([]string{"create", "acme6", "-max-concurrent", "4", "-url", url}); err != nil {
+		t.Fatal(err)
+	}
+	if err := runAccounts([]string{"limits", "acme", "-rpm", "60", "-tpm=0", "-url", url}); err != nil {
+		t.Fatal(err)
+	}
 	want := []string{`POST /admin/v1/accounts/acme/credit {"idempotency_key":"pay_1","usd":"5"}`,
-		`POST /admin/v1/accounts {"credit_usd":"10","id":"acme5"}`}
+		`POST /admin/v1/accounts {"credit_usd":"10","id":"acme5"}`,
+		`POST /admin/v1/accounts {"id":"acme6","max_concurrent":4}`,
+		`PATCH /admin/v1/accounts/acme {"rpm":60,"tpm":0}`}
 	if strings.Join(*calls, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("calls %q, want %q", *calls, want)
 	}

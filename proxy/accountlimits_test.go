@@ -1,0 +1,129 @@
+package proxy_test
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+// setLimits sets account's limits and waits until the gateway has them.
+func (h *harness) setLimits(account string, limits accounts.Limits) {
+	h.t.Helper()
+	if _, err := h.svc.SetLimits(h.t.Context(), account, func(l *accounts.Limits) { *l = limits }); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(h.t.Context()); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// An account holder got around the operator's per-key rpm by making more
+// keys (the console makes keys without limits): an account's own rpm and
+// tpm hold for all its keys together, beside each key's own.
+func TestAccountLimitsHoldAcrossItsKeys(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 10, CompletionTokens: 20}})
+	h.setLimits("acme", accounts.Limits{RPM: 3})
+	other := h.g.CreateKey("acme", accounts.KeyRequest{Name: "second"})
+	limited := h.g.CreateKey("acme", accounts.KeyRequest{Name: "own rpm", RPM: 10})
+	for i, key := range []string{h.key, other, limited} {
+		resp := h.post("/v1/chat/completions", chatBody, key)
+		if readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("call %d: %d", i, resp.StatusCode)
+		}
+		// The headers tell of the limit with the least left: the
+		// account's 3, not the third key's own 10.
+		if got, want := resp.Header.Get("x-ratelimit-remaining-requests"), []string{"2", "1", "0"}[i]; got != want || resp.Header.Get("x-ratelimit-limit-requests") != "3" {
+			t.Errorf("call %d: x-ratelimit-limit-requests %q, remaining %q, want 3 and %s", i, resp.Header.Get("x-ratelimit-limit-requests"), got, want)
+		}
+	}
+	for _, key := range []string{other, limited} {
+		resp := h.post("/v1/chat/completions", chatBody, key)
+		e := wantError(t, resp, 429, "rate_limit_exceeded")
+		if msg := e["message"].(string); !strings.Contains(msg, "account acme (all its keys together) may make 3 per minute") {
+			t.Errorf("message %q", msg)
+		}
+		if resp.Header.Get("Retry-After") == "" || resp.Header.Get("x-ratelimit-limit-requests") != "3" || resp.Header.Get("x-ratelimit-remaining-requests") != "0" {
+			t.Errorf("429 headers %v", resp.Header)
+		}
+	}
+	// A refusal by the account takes nothing from the key's own limit: of
+	// its 10 a minute, the one admitted call is gone.
+	h.setLimits("acme", accounts.Limits{TPM: 45})
+	resp := h.post("/v1/chat/completions", chatBody, limited)
+	if readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-remaining-requests") != "8" {
+		t.Fatalf("after the account's rpm was lifted: %d, remaining requests %q, want 200 and 8", resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-requests"))
+	}
+	// The tokens count across keys too: 30 a call, settled from the
+	// estimate, against 45 a minute.
+	resp = h.post("/v1/chat/completions", chatBody, other)
+	e := wantError(t, resp, 429, "rate_limit_exceeded")
+	if msg := e["message"].(string); !strings.Contains(msg, "account acme (all its keys together) may use 45 tokens per minute") {
+		t.Errorf("message %q", msg)
+	}
+	// Lifted (0), the account is unlimited again, as before limits.
+	h.setLimits("acme", accounts.Limits{})
+	for range 5 {
+		resp := h.post("/v1/chat/completions", chatBody, other)
+		if readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-limit-requests") != "" {
+			t.Fatalf("unlimited again: %d %v", resp.StatusCode, resp.Header)
+		}
+	}
+}
+
+// A balance of 0.00001 USD with no grace was overspent 3,100 times over by
+// 100 streams started together: the balance is checked when a call
+// starts. max_concurrent admits that many at once, so the overspend is
+// at most max_concurrent calls.
+func TestAccountMaxConcurrentBoundsOverspend(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{FirstByteDelay: 300 * time.Millisecond, PromptTokens: 100, CompletionTokens: 100}})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), `grace_usd: "0.50"`, `grace_usd: "0"`, 1))
+	h.g.CreateAccount("tiny", 10_000) // 0.00001 USD
+	h.setLimits("tiny", accounts.Limits{MaxConcurrent: 2})
+	key := h.g.CreateKey("tiny", accounts.KeyRequest{Name: "k"})
+	var wg sync.WaitGroup
+	var served, refused atomic.Int32
+	var message atomic.Value
+	for i := range 20 {
+		body := chatBody
+		if i%2 == 0 {
+			body = strings.Replace(chatBody, `{`, `{"stream":true,`, 1)
+		}
+		wg.Go(func() {
+			resp := h.post("/v1/chat/completions", body, key)
+			b := readAll(t, resp)
+			switch resp.StatusCode {
+			case 200:
+				served.Add(1)
+			case 429:
+				refused.Add(1)
+				if resp.Header.Get("Retry-After") != "1" {
+					t.Errorf("Retry-After %q on the concurrency 429", resp.Header.Get("Retry-After"))
+				}
+				message.Store(string(b))
+			default:
+				t.Errorf("%d %s", resp.StatusCode, b)
+			}
+		})
+	}
+	wg.Wait()
+	if served.Load() != 2 || refused.Load() != 18 {
+		t.Fatalf("%d served and %d refused of 20 calls started together on max_concurrent 2; want 2 and 18", served.Load(), refused.Load())
+	}
+	if msg, _ := message.Load().(string); !strings.Contains(msg, "account tiny (all its keys together) may have 2 in flight") {
+		t.Errorf("429 %s", msg)
+	}
+	// Each call costs 100 × 0.0000001 + 100 × 0.0000003 = 0.00004 USD.
+	perCall := money.Nanos(40_000)
+	bal, _ := h.svc.Balance("tiny")
+	if bal >= 0 || bal < 10_000-2*perCall {
+		t.Errorf("balance %s USD, want below 0 and at least %s (credit less 2 calls)", bal, 10_000-2*perCall)
+	}
+	// The slots are free again, and the balance refuses the next call.
+	wantError(t, h.post("/v1/chat/completions", chatBody, key), 402, "INSUFFICIENT_BALANCE")
+}
