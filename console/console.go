@@ -499,7 +499,8 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	view := overviewPage{Balance: usd(acc.Balance), Credited: usd(acc.Credited), Debited: usd(acc.Debited),
-		Negative: acc.Balance < 0, Days: UsageDays, Months: UsageMonths}
+		Negative: acc.Balance < 0, Days: UsageDays, Months: UsageMonths,
+		RPM: limitText(acc.Limits.RPM), TPM: limitText(acc.Limits.TPM), MaxConcurrent: limitText(acc.Limits.MaxConcurrent)}
 	if grace := call.World.Grace(); acc.Balance < -grace {
 		view.Refused, view.Grace = true, usd(grace)
 	}
@@ -533,6 +534,14 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		}
 	}
 	c.render(ctx, 200, "overview", c.pageData(sess, "Overview", "overview", view))
+}
+
+// limitText is a limit of the account as the overview shows it.
+func limitText(n int64) string {
+	if n <= 0 {
+		return "no limit"
+	}
+	return thousands(n)
 }
 
 // keyInput is the create form as submitted, kept to show it again with an
@@ -643,6 +652,11 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		Retention: string(args.Peek("retention_days")),
 	}
 	req, problem := keyRequest(in, call.World.Catalog)
+	if len(args.Peek("rpm")) > 0 || len(args.Peek("tpm")) > 0 {
+		// The form has no such fields: taken silently, they read as a
+		// limit the key would not have.
+		problem = "Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together."
+	}
 	if problem != "" {
 		c.renderKeys(ctx, call, sess, 400, in, problem)
 		return

@@ -856,3 +856,34 @@ func TestConsoleHeadAndUnknownPathsForEveryMethod(t *testing.T) {
 		}
 	}
 }
+
+// The holder sees the limits the operator set on the account, and cannot
+// make a key with limits of its own: a form posted with rpm=5&tpm=100
+// made a key without any (rpm 0, tpm 0: unlimited), saying nothing.
+func TestAccountLimitsShownAndKeyFormLimitsRefused(t *testing.T) {
+	g := startGateway(t, "clickhouse://127.0.0.1:1/default") // nothing listens there
+	if _, err := g.svc.SetLimits(t.Context(), "acme", func(l *accounts.Limits) { *l = accounts.Limits{RPM: 60, MaxConcurrent: 4} }); err != nil {
+		t.Fatal(err)
+	}
+	b := g.browser()
+	b.signIn("acme")
+	_, page := b.get("/console")
+	for _, want := range []string{`id="limit-rpm">60<`, `id="limit-tpm">no limit<`, `id="limit-concurrent">4<`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("overview lacks %q:\n%s", want, page)
+		}
+	}
+	_, page = b.get("/console/keys")
+	if !strings.Contains(page, `id="key-limits-note"`) {
+		t.Errorf("the key form does not say its keys have no limits of their own:\n%s", page)
+	}
+	resp := b.post("/console/keys", url.Values{"csrf": {b.csrf()}, "name": {"ci"}, "scopes": {"generate"}, "rpm": {"5"}, "tpm": {"100"}})
+	page = string(readAll(t, resp))
+	if resp.StatusCode != 400 || !strings.Contains(page, "no rate limits of their own") {
+		t.Fatalf("a key form with rpm and tpm: %d %s", resp.StatusCode, page)
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("keys after the refused form: %v %v", keys, err)
+	}
+}

@@ -87,8 +87,10 @@ type overviewPage struct {
 	Negative                   bool
 	// Refused: the balance is past the grace allowance (Grace USD), and
 	// calls are being refused now.
-	Refused                    bool
-	Grace                      string
+	Refused bool
+	Grace   string
+	// Limits are the account's own, set by the operator; "no limit" for 0.
+	RPM, TPM, MaxConcurrent    string
 	Days                       int
 	UsageUnavailable           bool
 	PerDay, PerModel, PerMonth []usageLine
