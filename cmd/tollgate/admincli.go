@@ -311,6 +311,15 @@ func (f *flagOnce) Set(v string) error {
 	return f.Value.Set(v)
 }
 
+// Get keeps the flag a flag.Getter, as every flag the flag package
+// defines is: givenLimits reads the values given through it.
+func (f *flagOnce) Get() any {
+	if g, ok := f.Value.(flag.Getter); ok {
+		return g.Get()
+	}
+	return f.Value.String()
+}
+
 // IsBoolFlag keeps a bool flag one that takes no value ("-logging").
 func (f *flagOnce) IsBoolFlag() bool {
 	b, ok := f.Value.(interface{ IsBoolFlag() bool })
