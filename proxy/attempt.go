@@ -182,6 +182,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			continue
 		}
 		c.inflight = true
+		c.sent = sent
 		return resp, up, nil
 	}
 }
@@ -260,10 +261,10 @@ func (up *upstream) fail(rt *config.Routing, reason, clientReason string, sent t
 	}
 }
 
-// broke counts an answer up cut or stalled after its first byte; alone as
-// for fail.
-func (up *upstream) broke(rt *config.Routing, reason, clientReason string, alone bool) {
-	if up.health.brokeMidAnswer(rt, reason, clientReason, alone) {
+// broke counts an answer up cut or stalled after its first byte, of the
+// attempt sent with ticket sent; alone as for fail.
+func (up *upstream) broke(rt *config.Routing, reason, clientReason string, sent ticket, alone bool) {
+	if up.health.brokeMidAnswer(rt, reason, clientReason, sent, alone) {
 		up.ejected(rt, reason)
 	}
 }

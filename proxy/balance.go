@@ -49,8 +49,16 @@ type upstreamHealth struct {
 	failures atomic.Int32 // consecutive; written under mu, read without it
 	// broken counts answers cut or stalled after their first byte, in a
 	// row: each such call closed the failures streak when it answered.
-	broken    atomic.Int32
-	mu        sync.Mutex // breaker transitions; never held across I/O
+	broken atomic.Int32
+	// unproven: back from its last ejection, no answer of a call sent
+	// since has completed. An answer it breaks then is a failed trial:
+	// judged at its first byte, the trial closed the breaker, and a
+	// replica that cut every stream after a few events was ejected for
+	// eject_for again and again, never longer.
+	unproven atomic.Bool
+	mu       sync.Mutex // breaker transitions; never held across I/O
+	// ejectFor is how long the last ejection was: a failed trial (or an
+	// answer broken while unproven) ejects for twice as long.
 	ejectFor  time.Duration
 	lastError string // for operators (the admin API, the log): with addresses
 	// clientError is lastError in words a client may read (503s name why
@@ -112,6 +120,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.openUntil.Store(prev.openUntil.Load())
 	h.failures.Store(prev.failures.Load())
 	h.broken.Store(prev.broken.Load())
+	h.unproven.Store(prev.unproven.Load())
 	h.resting.Store(prev.resting.Load())
 	h.ejectFor, h.lastError, h.clientError = prev.ejectFor, prev.lastError, prev.clientError
 }
@@ -249,12 +258,13 @@ func (h *upstreamHealth) probeAnswered() bool {
 	return true
 }
 
-// close puts the upstream back in service.
+// close puts the upstream back in service. It keeps ejectFor: until an
+// answer completes (unproven), an answer it breaks ejects it for twice
+// as long.
 func (h *upstreamHealth) close() {
 	h.mu.Lock()
 	h.failures.Store(0)
 	h.trialFailed.Store(false)
-	h.ejectFor = 0
 	h.resting.Store(false)
 	h.state.Store(stateClosed)
 	h.trial.Store(false)
@@ -318,23 +328,34 @@ func (h *upstreamHealth) undecided(sent ticket) {
 	}
 }
 
-// brokeMidAnswer records an answer the upstream cut or stalled after its
-// first byte: a reset connection, idle_timeout, a body shorter than
-// announced. The call was counted when it answered, and its answer ended
-// the failures streak, so these have a streak of their own: eject_after
-// of them with no answer completed in between eject the upstream, as
-// failures before the first byte do. A replica that crashes or hangs
-// while generating would otherwise keep its share of calls for good.
-// alone as for failed.
-func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason string, alone bool) (ejected bool) {
+// brokeMidAnswer records an answer, of the call sent with ticket sent,
+// that the upstream cut or stalled after its first byte: a reset
+// connection, idle_timeout, a body shorter than announced. The call was
+// counted when it answered, and its answer ended the failures streak, so
+// these have a streak of their own: eject_after of them with no answer
+// completed in between eject the upstream, as failures before the first
+// byte do. A replica that crashes or hangs while generating would
+// otherwise keep its share of calls for good. Back from an ejection with
+// no answer completed since (unproven), the first it breaks is a failed
+// trial: it ejects the upstream at once for twice as long as last time,
+// up to eject_max, and, as for a trial failed with an answer, the probe
+// no longer ends that early (its server answered). A call sent before the
+// last ejection only counts, as for failed. alone as for failed.
+func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason string, sent ticket, alone bool) (ejected bool) {
 	h.curFails.Add(1) // the call itself was counted when it answered
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.lastError, h.clientError = reason, clientReason
-	if alone {
+	if alone || sent.ejections != h.ejections.Load() || h.state.Load() != stateClosed {
 		return false
 	}
-	if broken := h.broken.Add(1); int(broken) < rt.EjectAfter || h.state.Load() != stateClosed {
+	if h.unproven.Load() {
+		h.broken.Store(0)
+		h.trialFailed.Store(true)
+		h.ejectLocked(min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax))
+		return true
+	}
+	if broken := h.broken.Add(1); int(broken) < rt.EjectAfter {
 		return false
 	}
 	h.broken.Store(0)
@@ -342,10 +363,20 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 	return true
 }
 
-// completedAnswer ends the streak of broken answers.
-func (h *upstreamHealth) completedAnswer() {
+// completedAnswer records an answer, of the call sent with ticket sent,
+// relayed whole: it ends the streak of broken answers and, sent since the
+// last ejection, proves the upstream back (a call sent before proves
+// nothing of how it is now).
+func (h *upstreamHealth) completedAnswer(sent ticket) {
 	if h.broken.Load() != 0 {
 		h.broken.Store(0)
+	}
+	if h.unproven.Load() {
+		h.mu.Lock() // not across an ejection: a call sent before it proves nothing
+		if sent.ejections == h.ejections.Load() {
+			h.unproven.Store(false)
+		}
+		h.mu.Unlock()
 	}
 }
 
@@ -354,6 +385,7 @@ func (h *upstreamHealth) completedAnswer() {
 // from before this ejection, or finds it open when it fails. h.mu is held.
 func (h *upstreamHealth) ejectLocked(d time.Duration) {
 	h.ejectFor = d
+	h.unproven.Store(true)
 	h.openUntil.Store(time.Now().Add(d).UnixNano())
 	h.ejections.Add(1)
 	h.state.Store(stateOpen)

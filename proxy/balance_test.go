@@ -151,6 +151,78 @@ func TestCallsInFlightAtAnEjectionOnlyCount(t *testing.T) {
 	}
 }
 
+// A replica that breaks its answers after their first byte, back from an
+// ejection, fails its trial with the first answer it breaks: ejected for
+// twice as long each time, up to eject_max, and the probe no longer ends
+// that early. Its trial was judged at the first byte: a replica that cut
+// every stream after 5 events was ejected for eject_for, 1 s, every 1 to
+// 2 s, and 10 to 15 % of the streams were cut for good.
+func TestAnswersBrokenAfterAnEjectionEscalateIt(t *testing.T) {
+	rt := testRouting("p2c")
+	rt.EjectAfter, rt.EjectFor, rt.EjectMax = 3, time.Second, 4*time.Second
+	p := testModelPool(t, 2)
+	h := &p.members[0].up.health
+	const cut = "stream was interrupted: unexpected EOF"
+	for range 2 {
+		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) {
+			t.Fatal("ejected before eject_after broken answers")
+		}
+	}
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) || h.ejectFor != rt.EjectFor || h.trialFailed.Load() {
+		t.Fatalf("eject_after broken answers: ejected for %s (trial failed: %v), want eject_for", h.ejectFor, h.trialFailed.Load())
+	}
+	// back returns it as its trial does: its first byte closes the breaker.
+	back := func() (sentBefore ticket) {
+		t.Helper()
+		sentBefore = sentNow(h) // in flight across the return
+		h.openUntil.Store(time.Now().UnixNano())
+		trial, ok := h.take(time.Now().UnixNano())
+		if !ok || !trial.trial || !h.succeeded(time.Millisecond) {
+			t.Fatal("no trial, or its first byte did not close the breaker")
+		}
+		return sentBefore
+	}
+	if !h.probeAnswered() {
+		t.Fatal("the probe did not end an ejection no trial had failed")
+	}
+	back()
+	for _, want := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
+		sent := sentNow(h)
+		if !h.brokeMidAnswer(rt, cut, cut, sent, false) || h.ejectFor != want || !h.trialFailed.Load() {
+			t.Fatalf("an answer broken after its return: ejected for %s (trial failed: %v), want %s and failed", h.ejectFor, h.trialFailed.Load(), want)
+		}
+		if h.probeAnswered() {
+			t.Fatal("the probe ended the ejection of a replica whose answers break")
+		}
+		// Another call sent before this ejection breaks once it is back:
+		// it only counts.
+		back()
+		if h.brokeMidAnswer(rt, cut, cut, sent, false) {
+			t.Fatal("an answer sent before the ejection ejected it again")
+		}
+	}
+	// An answer completed since its return proves it: one it breaks then
+	// starts a streak, and the next ejection is for eject_for. One sent
+	// before the return proves nothing.
+	stale := sentNow(h)
+	h.brokeMidAnswer(rt, cut, cut, sentNow(h), false)
+	back()
+	h.completedAnswer(stale)
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) {
+		t.Fatal("an answer completed by a call sent before its ejection proved it back")
+	}
+	back()
+	h.completedAnswer(sentNow(h))
+	for range 2 {
+		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) {
+			t.Fatal("a replica that completed an answer since its return was ejected by one it broke")
+		}
+	}
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) || h.ejectFor != rt.EjectFor {
+		t.Fatalf("eject_after broken answers after a completed one: ejected for %s, want eject_for", h.ejectFor)
+	}
+}
+
 // A trial that decides nothing (a 429 without Retry-After, a client that
 // left early) frees the slot: held, no call reached the upstream again.
 func TestUndecidedTrialFreesItsSlot(t *testing.T) {

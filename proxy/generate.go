@@ -433,6 +433,9 @@ type generationCall struct {
 	// the others as for any call.
 	first *upstream
 	alone bool // the model's pool has one member, which is never ejected
+	// sent is the ticket of the attempt that answered: how its answer's
+	// end (completed or broken) is judged, as its failure would have been.
+	sent ticket
 	// interrupted: the upstream cut or stalled the stream after its first
 	// byte; the call is billed (estimated) and counted as such.
 	interrupted bool
@@ -529,7 +532,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
 		return
 	}
-	c.upstream.health.completedAnswer()
+	c.upstream.health.completedAnswer(c.sent)
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
 	c.ttfb = time.Since(c.start)
@@ -581,7 +584,7 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 	if errors.Is(err, errBodyTooLarge) || errors.Is(err, errEventTooLarge) {
 		return
 	}
-	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.alone)
+	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.sent, c.alone)
 }
 
 // upstreamUnreachable is the 503 for an upstream that refused the

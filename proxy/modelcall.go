@@ -74,6 +74,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
 		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
+	up.health.completedAnswer(call.sent)
 	return respBody, call.engineUsage(body, respBody), nil
 }
 

@@ -398,6 +398,36 @@ func TestPoolEjectsAnUpstreamThatCutsItsAnswers(t *testing.T) {
 	}
 }
 
+// A replica that cuts every stream, back from an ejection, is ejected for
+// twice as long by the next stream it cuts, and its probe's answer no
+// longer brings it back early. Its trial was judged at the first byte, so
+// it passed: such a replica was ejected for eject_for every 1 to 2 s, and
+// 10 to 15 % of the streams were cut for good.
+func TestPoolEscalatesAnUpstreamThatKeepsCuttingItsAnswers(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 500ms\n  eject_max: 10s\n  probe_interval: 100ms",
+		proxytest.Options{}, proxytest.Options{Chunks: 10, DropAfter: 3})
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	var st poolStatus
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", stream))
+		if st = h.statuses()["p1"]; st.Ejections < 2 {
+			return fmt.Errorf("p1 cuts its streams and is %+v", st)
+		}
+		return nil
+	})
+	until, err := time.Parse(time.RFC3339Nano, st.EjectedUntil)
+	if err != nil {
+		t.Fatalf("p1 ejected again: %+v (%v)", st, err)
+	}
+	if left := time.Until(until); left < 750*time.Millisecond {
+		t.Fatalf("p1 cut a stream after its return and is ejected for %s more, want twice eject_for (1s)", left)
+	}
+	time.Sleep(600 * time.Millisecond) // past eject_for, and several probes
+	if st := h.statuses()["p1"]; st.State != "ejected" {
+		t.Fatalf("p1 is %+v before its doubled ejection ran out", st)
+	}
+}
+
 // One burst of 5xx ejects a replica once, for eject_for, and the probe
 // brings it back once it answers. Each call in flight when it was ejected
 // failed after the ejection and ejected it again for twice as long: 6

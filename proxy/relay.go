@@ -147,7 +147,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		// instead of sending [DONE]. The client has the whole answer then,
 		// and an error event would have it ask, and pay, again.
 		if c.finished {
-			c.upstream.health.completedAnswer()
+			c.upstream.health.completedAnswer(c.sent)
 			return nil, false, io.EOF
 		}
 		if err == io.EOF {
