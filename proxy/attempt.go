@@ -148,7 +148,15 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				clientReason = reason
 			}
 			failAttemptSpan(span, err, reason)
-			up.fail(rt, reason, clientReason, sent, c.alone, false)
+			if errors.Is(err, errNoFreeConns) {
+				// The gateway's own cap is full: the upstream is busy
+				// answering, not failing. Counted as a failure, a healthy
+				// replica at max_connections was ejected.
+				h.busy.Add(1)
+				h.undecided(sent)
+			} else {
+				up.fail(rt, reason, clientReason, sent, c.alone, false)
+			}
 			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue

@@ -84,6 +84,10 @@ type upstreamHealth struct {
 	calls     atomic.Uint64 // attempts that got an answer or failed, ever
 	ejections atomic.Uint64
 	retries   atomic.Uint64 // calls moved away from this upstream
+	// busy counts attempts not sent because its max_connections
+	// connections stayed in use for first_byte_timeout: the gateway's cap
+	// full, not the upstream failing.
+	busy atomic.Uint64
 }
 
 // carryFrom takes over what prev, the health of the same upstream under
@@ -97,6 +101,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.calls.Store(prev.calls.Load())
 	h.ejections.Store(prev.ejections.Load())
 	h.retries.Store(prev.retries.Load())
+	h.busy.Store(prev.busy.Load())
 	h.window.Store(prev.window.Load())
 	h.curCalls.Store(prev.curCalls.Load())
 	h.curFails.Store(prev.curFails.Load())
@@ -941,6 +946,7 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 		{"tollgate_upstream_calls_total", "Attempts sent to the upstream that were answered or failed.", "counter", func(h *upstreamHealth) float64 { return float64(h.calls.Load()) }},
 		{"tollgate_upstream_ejections_total", "Times the upstream was ejected.", "counter", func(h *upstreamHealth) float64 { return float64(h.ejections.Load()) }},
 		{"tollgate_upstream_retries_total", "Calls that moved on from the upstream to another.", "counter", func(h *upstreamHealth) float64 { return float64(h.retries.Load()) }},
+		{"tollgate_upstream_busy_total", "Attempts not sent because every one of the upstream's max_connections connections stayed in use for first_byte_timeout.", "counter", func(h *upstreamHealth) float64 { return float64(h.busy.Load()) }},
 	}
 	for _, s := range all {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", s.name, s.help, s.name, s.kind)

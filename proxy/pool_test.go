@@ -20,6 +20,9 @@ import (
 type poolHarness struct {
 	*harness
 	ups []*proxytest.Server
+	// settings, when set for an upstream p<i>, are its settings in the
+	// config instead of first_byte_timeout: 2s.
+	settings map[int]string
 }
 
 func newPoolHarness(t *testing.T, n int, routing string, opts ...proxytest.Options) *poolHarness {
@@ -63,7 +66,11 @@ func (h *poolHarness) setPool(routing string, members ...string) {
 	}
 	cfg += "routing:\n" + routing + "\nupstreams:\n  - {name: local, base_url: " + h.up.URL + "}\n"
 	for i, up := range h.ups {
-		cfg += fmt.Sprintf("  - {name: p%d, base_url: %s, first_byte_timeout: 2s}\n", i, up.URL)
+		settings := "first_byte_timeout: 2s"
+		if s, ok := h.settings[i]; ok {
+			settings = s
+		}
+		cfg += fmt.Sprintf("  - {name: p%d, base_url: %s, %s}\n", i, up.URL, settings)
 	}
 	cfg += "models:\n  - id: small\n    upstream_model: proxytest-small\n    context_length: 1000\n    max_output_length: 100\n" +
 		"    upstreams: [" + strings.Join(members, ", ") + "]\n"
@@ -395,6 +402,44 @@ func TestPoolEjectsAnUpstreamThatCutsItsAnswers(t *testing.T) {
 	}
 	if cut != 3 {
 		t.Errorf("%d streams cut, want 3: the third ejects p0", cut)
+	}
+}
+
+// A healthy replica whose max_connections connections are all in use is
+// busy, not failing: the call moves on to another member, and the
+// replica stays in service. Counted as a failure, such a replica was
+// ejected ("every connection is busy (max_connections reached)") with a
+// recent error rate of 0.4.
+func TestPoolMemberAtMaxConnectionsIsBusyNotFailing(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin", proxytest.Options{}, proxytest.Options{Chunks: 4, ChunkDelay: 300 * time.Millisecond})
+	h.settings = map[int]string{1: "first_byte_timeout: 200ms, max_connections: 1"}
+	h.setPool("  retries: 1\n  balance: round_robin\n  eject_after: 1", h.names()...)
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	for range 8 {
+		wg.Go(func() {
+			resp := h.post("/v1/chat/completions", stream)
+			if body := readAll(t, resp); resp.StatusCode != 200 || strings.Contains(string(body), "error") {
+				failed.Add(1)
+				t.Logf("%d %s", resp.StatusCode, body)
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d of 8 calls failed", n)
+	}
+	st := h.statuses()["p1"]
+	if st.State != "healthy" || st.Ejections != 0 || st.LastError != "" {
+		t.Fatalf("p1, at max_connections, is %+v, want healthy and never ejected", st)
+	}
+	if st.Retries == 0 {
+		t.Fatalf("no call moved on from p1 at max_connections: %+v", st)
+	}
+	if m := scrape(t, h.harness); !strings.Contains(m, `tollgate_upstream_busy_total{upstream="p1"} `) ||
+		strings.Contains(m, `tollgate_upstream_busy_total{upstream="p1"} 0`+"\n") {
+		t.Fatalf("/metrics does not count p1's busy attempts:\n%s", m)
 	}
 }
 
