@@ -300,6 +300,47 @@ func TestAffinityKeepsAKeyOnOneMember(t *testing.T) {
 	}
 }
 
+// At idle, with every member as fast, p2c gives each member its weight's
+// share of the calls, as round_robin does. The weight was applied twice,
+// in the draw and again in the cost: a member of weight 2 beside two of
+// weight 1 got about 80 % of the calls instead of 50 %.
+func TestP2CWeighsMembersOnce(t *testing.T) {
+	ups := map[string]*upstream{}
+	var members []config.PoolMember
+	now := time.Now().UnixNano()
+	for i, w := range []int{1, 1, 2} {
+		name := fmt.Sprintf("u%d", i)
+		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
+			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
+			MaxConnections: 8, MaxResponseBody: 1 << 20}, t.Logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Answered as fast as its peers, just now: no slow start.
+		up.health.latency.Store(int64(time.Millisecond))
+		up.health.answered.Store(int64(time.Millisecond))
+		up.health.sampled.Store(now)
+		ups[name] = up
+		members = append(members, config.PoolMember{Name: name, Weight: w})
+	}
+	p := newPool(members, ups)
+	for _, mode := range []string{"p2c", "round_robin"} {
+		rt := testRouting(mode)
+		const calls = 20000
+		var got [3]int
+		for range calls {
+			up, i, _ := p.pick(rt, 0, 0)
+			up.health.awaiting.Add(-1) // answered at once: the pool stays idle
+			got[i]++
+		}
+		for i, want := range []float64{0.25, 0.25, 0.5} {
+			if share := float64(got[i]) / calls; share < want-0.03 || share > want+0.03 {
+				t.Errorf("%s: weights 1, 1, 2 at idle gave u%d %.1f %% of the calls, want %.0f %%", mode, i, 100*share, 100*want)
+			}
+		}
+	}
+}
+
 // BenchmarkPick is what choosing an upstream costs per call: the one-member
 // pool every model had before pools, and three members per mode.
 func BenchmarkPick(b *testing.B) {
