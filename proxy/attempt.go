@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -35,6 +36,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 	}()
 	var tried uint64
 	var lastErr *APIError
+	// failures names each upstream that failed an attempt and why, for
+	// the error when every try failed ("b: did not answer within …").
+	var failures []string
 	c.alone = len(p.members) == 1
 	for n := 0; ; n++ {
 		var up *upstream
@@ -59,7 +63,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			if up == nil {
 				if up, i, sent = p.pick(rt, tried, affinity); up == nil {
 					if lastErr != nil {
-						return nil, nil, lastErr
+						return nil, nil, everyTry(c.entry.ID, lastErr, failures)
 					}
 					return nil, nil, p.allDown(c.entry.ID)
 				}
@@ -132,6 +136,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				what = ", which holds " + c.pinnedBy + ","
 			}
 			lastErr = upstreamUnreachable(up, what, err)
+			why := unreachableReason(up, err)
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
 			generating := isTimeout(err) && wholeAnswer
 			switch {
@@ -143,6 +148,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 						up.cfg.Name, what, up.cfg.ResponseTimeout)}
 				reason = "no answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
 				clientReason = reason
+				why = "did not finish the answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
 			case isTimeout(err):
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 				clientReason = reason
@@ -157,11 +163,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			} else {
 				up.fail(rt, reason, clientReason, sent, c.alone, false)
 			}
+			failures = append(failures, up.cfg.Name+": "+why)
 			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
 			}
-			return nil, nil, lastErr
+			return nil, nil, everyTry(c.entry.ID, lastErr, failures)
 		}
 		status := resp.Header.StatusCode()
 		endAttemptSpan(span, status)
@@ -184,6 +191,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 		}
 		if (status == 429 || status == 502 || status == 503) && c.pinned == nil && retryable(n, rt, c.start, p, tried) {
+			failures = append(failures, up.cfg.Name+": "+answeredStatus(status))
 			resp.Close()
 			h.inflight.Add(-1)
 			h.retries.Add(1)
@@ -245,6 +253,25 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 // connection before the answer: it is what the call's event and metrics
 // say; the client is gone and reads nothing.
 const statusClientClosed = 499
+
+// everyTry is last, the error of a call's last failed attempt, naming
+// every upstream the call tried and why each failed (failures) when it
+// tried more than one, as the 503 for a pool whose members are all out
+// does. Naming the last alone, a 503 said "upstream b did not answer
+// within first_byte_timeout (3s)" when c and a had held the call as long.
+func everyTry(model string, last *APIError, failures []string) *APIError {
+	if len(failures) < 2 {
+		return last
+	}
+	e := *last
+	if e.Status == 503 {
+		e.Message = fmt.Sprintf("every upstream tried for model %q failed (%s)", model, strings.Join(failures, "; "))
+	} else {
+		// The 504 of an answer not finished in time says what to do.
+		e.Message = fmt.Sprintf("%s (tried before: %s)", last.Message, strings.Join(failures[:len(failures)-1], "; "))
+	}
+	return &e
+}
 
 // retryable reports whether a call whose attempt n failed may try again.
 func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64) bool {

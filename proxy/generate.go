@@ -591,13 +591,19 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 // connection or sent no first byte in time; what names its role in the
 // call ("" for a generation call).
 func upstreamUnreachable(up *upstream, what string, err error) *APIError {
+	return Unavailable(fmt.Sprintf("upstream %s%s %s", up.cfg.Name, what, unreachableReason(up, err)))
+}
+
+// unreachableReason says, for a client, how up failed an attempt before
+// its first byte ("did not answer within first_byte_timeout (5s)").
+func unreachableReason(up *upstream, err error) string {
 	if isTimeout(err) {
-		return Unavailable(fmt.Sprintf("upstream %s%s did not answer within first_byte_timeout (%s)", up.cfg.Name, what, up.cfg.FirstByteTimeout))
+		return "did not answer within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 	}
 	if errors.Is(err, errClosedBeforeBody) || errors.Is(err, errEmptyAnswer) || errors.Is(err, errEncodedAnswer) {
-		return Unavailable(fmt.Sprintf("upstream %s%s %v", up.cfg.Name, what, err))
+		return err.Error()
 	}
-	return Unavailable(fmt.Sprintf("upstream %s%s is unreachable: %s", up.cfg.Name, what, reasonForClient(err)))
+	return "is unreachable: " + reasonForClient(err)
 }
 
 // reasonForClient says why a connection failed without where it led: a

@@ -405,6 +405,28 @@ func TestPoolEjectsAnUpstreamThatCutsItsAnswers(t *testing.T) {
 	}
 }
 
+// A call that every member of its pool failed in turn is answered with
+// a 503 naming each and why, as the one for a pool whose members are all
+// out does. It named the last one alone: "upstream p2 did not answer
+// within first_byte_timeout", though p0 and p1 had held the call as long.
+func TestPoolFinal503NamesEveryUpstreamTried(t *testing.T) {
+	slow := proxytest.Options{FirstByteDelay: time.Second}
+	h := newPoolHarness(t, 3, "  balance: round_robin", slow, slow, slow)
+	h.settings = map[int]string{0: "first_byte_timeout: 200ms", 1: "first_byte_timeout: 200ms", 2: "first_byte_timeout: 200ms"}
+	h.setPool("  retries: 2\n  balance: round_robin\n  eject_after: 100", h.names()...)
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	e := wantError(t, h.post("/v1/chat/completions", stream), 503, "upstream_unavailable")
+	msg := e["message"].(string)
+	for _, name := range h.names() {
+		if !strings.Contains(msg, name+": did not answer within first_byte_timeout (200ms)") {
+			t.Fatalf("the 503 after every member failed does not say why %s did: %s", name, msg)
+		}
+	}
+	if !strings.HasPrefix(msg, `every upstream tried for model "small" failed (`) {
+		t.Fatalf("the 503 after every member failed: %s", msg)
+	}
+}
+
 // A healthy replica whose max_connections connections are all in use is
 // busy, not failing: the call moves on to another member, and the
 // replica stays in service. Counted as a failure, such a replica was
