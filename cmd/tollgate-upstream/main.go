@@ -77,6 +77,11 @@ func start(args []string, out io.Writer) (*proxytest.Server, error) {
 	fs.IntVar(&o.ReasoningTokens, "reasoning-tokens", 0, "reasoning tokens reported in usage")
 	classifierAnswers := fs.Bool("classifier-answers", true, "answer the llm classifier engine's prompts from the offline engine's view, with logprobs")
 	fs.BoolVar(&o.NoLogprobs, "no-logprobs", false, "leave logprobs out of classifier answers, like upstreams that ignore them")
+	// Failures, to try a pool's health rules on one member.
+	fs.IntVar(&o.Status, "status", 0, "answer every request, GET /v1/models included, with this status and an OpenAI error body, e.g. 503 or 429")
+	fs.StringVar(&o.RetryAfter, "retry-after", "", "with -status, the Retry-After header sent, e.g. 5")
+	fs.IntVar(&o.DropAfter, "drop-after", 0, "close a stream's connection after this many events, as a replica that crashes mid-answer")
+	fs.BoolVar(&o.Stall, "stall", false, "send nothing after a stream's first event, as a replica that hangs mid-answer")
 	vectors := fs.String("vectors", defaultVectors(), "word vectors of the semantic engine that classifier answers come from; empty: the lexical engine")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

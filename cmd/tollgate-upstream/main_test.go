@@ -116,3 +116,41 @@ func TestDemoUpstreamWithoutVectorsIsLexical(t *testing.T) {
 		t.Errorf("missing vectors: engine %s, logged %q; want lexical and one line saying how to install them", e.Name(), logged)
 	}
 }
+
+// The failure flags make the demo upstream a failing pool member: an
+// error status with its Retry-After, a stream cut after some events.
+func TestDemoUpstreamFails(t *testing.T) {
+	for _, c := range []struct {
+		args       []string
+		stream     bool
+		status     int
+		retryAfter string
+		body       string
+	}{
+		{args: []string{"-status", "429", "-retry-after", "5"}, status: 429, retryAfter: "5", body: `"error"`},
+		{args: []string{"-drop-after", "3", "-chunks", "10"}, stream: true, status: 200, body: "data: "},
+	} {
+		var out bytes.Buffer
+		s, err := start(append([]string{"-addr", "127.0.0.1:0", "-vectors", ""}, c.args...), &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+		if c.stream {
+			body = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		resp, err := http.Post(s.URL+"/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, readErr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || resp.Header.Get("Retry-After") != c.retryAfter || !strings.Contains(string(got), c.body) {
+			t.Errorf("%v: %d, Retry-After %q, %s", c.args, resp.StatusCode, resp.Header.Get("Retry-After"), got)
+		}
+		if c.stream && (readErr == nil || strings.Contains(string(got), "[DONE]") || strings.Count(string(got), "data: ") != 3) {
+			t.Errorf("%v: the stream was not cut after 3 events (%v): %s", c.args, readErr, got)
+		}
+	}
+}
