@@ -60,7 +60,7 @@ type loader struct {
 	// broken are values already reported as the wrong shape or type; they
 	// are cleared before decoding so one bad value cannot stop yaml.v3 from
 	// decoding (and validation from checking) the rest of the file.
-	broken []*yaml.Node
+	broken []brokenValue
 	walked int
 }
 
@@ -530,8 +530,58 @@ var (
 // placing validation errors.
 func (l *loader) walk(n *yaml.Node, t reflect.Type, path string, depth int) {
 	if !l.walkValue(n, t, path, depth) {
-		l.broken = append(l.broken, n)
+		l.broken = append(l.broken, brokenValue{node: n})
 	}
+}
+
+// brokenValue is a value walk reported. A list item is cleared to an
+// empty value of its type (item), not to null: yaml.v3 drops a null item
+// from the list, which moved every later item up one place, and errors
+// then named them by the file's places but showed the lines of the items
+// before them.
+type brokenValue struct {
+	node *yaml.Node
+	item reflect.Type // the list's item type; nil for a value that is no list item
+}
+
+// walkItem checks the list item n at path. An empty item (a bare "-",
+// "~") is refused: yaml.v3 would drop it without a word.
+func (l *loader) walkItem(n *yaml.Node, t reflect.Type, path string, depth int) {
+	if v := resolveAlias(n); v.Kind == yaml.ScalarNode && !l.expanded[v] && v.ShortTag() == "!!null" {
+		l.errAt(n, path, "an empty list item: write the item, or remove it")
+		l.broken = append(l.broken, brokenValue{node: n, item: t})
+		return
+	}
+	if !l.walkValue(n, t, path, depth) {
+		l.broken = append(l.broken, brokenValue{node: n, item: t})
+	}
+}
+
+// blank is what a broken value is decoded as: nothing (the default), or
+// for a list item the empty value of its type, which keeps its place.
+func (b brokenValue) blank() yaml.Node {
+	at := func(n yaml.Node) yaml.Node {
+		n.Line, n.Column = b.node.Line, b.node.Column
+		return n
+	}
+	t := b.item
+	if t == nil {
+		return at(yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null"})
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return at(yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"})
+	case reflect.Slice:
+		return at(yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"})
+	}
+	var n yaml.Node
+	if n.Encode(reflect.Zero(t).Interface()) != nil {
+		return at(yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null"})
+	}
+	return at(n)
 }
 
 // walkValue is walk, reporting whether n itself has the right shape.
@@ -582,7 +632,7 @@ func (l *loader) walkValue(n *yaml.Node, t reflect.Type, path string, depth int)
 		for i, c := range n.Content {
 			p := fmt.Sprintf("%s[%d]", path, i)
 			l.nodes[p] = c
-			l.walk(c, t.Elem(), p, depth+1)
+			l.walkItem(c, t.Elem(), p, depth+1)
 		}
 	default:
 		return l.leaf(n, site, t, path)
@@ -792,8 +842,8 @@ func safeDecode(n *yaml.Node, out any) (err error) {
 // already reported by walk; anything it finds that walk did not is reported
 // as yaml.v3 words it.
 func (l *loader) decode(root *yaml.Node, cfg *Config) {
-	for _, n := range l.broken {
-		*n = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line, Column: n.Column}
+	for _, b := range l.broken {
+		*b.node = b.blank()
 	}
 	before := len(l.errs)
 	err := safeDecode(root, cfg)
