@@ -696,9 +696,13 @@ func isASCII(s string) bool {
 	return true
 }
 
-// hasUnknownKey reports whether mapping n has a key other than those known.
+// hasUnknownKey reports whether mapping n (or the one it is an alias of)
+// has a key other than those known.
 func hasUnknownKey(n *yaml.Node, known ...string) bool {
-	if n == nil || n.Kind != yaml.MappingNode {
+	if n == nil {
+		return false
+	}
+	if n = resolveAlias(n); n.Kind != yaml.MappingNode {
 		return false
 	}
 	for i := 0; i < len(n.Content); i += 2 {
