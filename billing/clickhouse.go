@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -63,7 +66,58 @@ func OpenClickHouse(ctx context.Context, dsn string) (*ClickHouseSink, error) {
 		conn.Close()
 		return nil, fmt.Errorf("pinging clickhouse at %v: %w", opts.Addr, err)
 	}
+	if err := checkDSNSettings(ctx, conn, opts); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	return &ClickHouseSink{conn: conn}, nil
+}
+
+// DSNSettingsError is returned by OpenClickHouse when ClickHouse refuses
+// the settings clickhouse.dsn carries: an option the driver does not read
+// itself (?sekure=true) goes to the server as a setting with every query,
+// and a ping does not send them, so billing once connected and then
+// failed every batch with "Unknown setting sekure" while retrying
+// forever. Trying again does not help: correct the name or value in
+// clickhouse.dsn, or remove it.
+type DSNSettingsError struct {
+	// Settings are the names of the DSN's server settings, sorted.
+	Settings []string
+	Err      error
+}
+
+func (e *DSNSettingsError) Error() string {
+	return fmt.Sprintf("ClickHouse refuses the server settings of clickhouse.dsn (%s): %v; "+
+		"an option clickhouse-go does not read itself is sent to ClickHouse as a setting: correct its name or value, or remove it from the DSN",
+		strings.Join(e.Settings, ", "), e.Err)
+}
+
+func (e *DSNSettingsError) Unwrap() error { return e.Err }
+
+// checkDSNSettings runs a query carrying the DSN's server settings, if it
+// has any. When it fails and the same query without them does not, the
+// settings are to blame: a *DSNSettingsError says so. Otherwise the
+// error is returned as it is (ClickHouse went away meanwhile).
+func checkDSNSettings(ctx context.Context, conn driver.Conn, opts *clickhouse.Options) error {
+	if len(opts.Settings) == 0 {
+		return nil
+	}
+	err := conn.Exec(ctx, "SELECT 1")
+	if err == nil {
+		return nil
+	}
+	bare := *opts
+	bare.Settings = nil
+	plain, openErr := clickhouse.Open(&bare)
+	if openErr != nil {
+		return fmt.Errorf("querying clickhouse at %v: %w", opts.Addr, err)
+	}
+	defer plain.Close()
+	if plain.Exec(ctx, "SELECT 1") != nil {
+		return fmt.Errorf("querying clickhouse at %v: %w", opts.Addr, err)
+	}
+	names := slices.Sorted(maps.Keys(opts.Settings))
+	return &DSNSettingsError{Settings: names, Err: err}
 }
 
 // Conn is the connection pool, for queries beyond inserting events.

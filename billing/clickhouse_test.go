@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -299,4 +300,32 @@ func BenchmarkClickHouseInsert(b *testing.B) {
 	var delayed uint64
 	_ = sink.Conn().QueryRow(context.Background(), "SELECT sum(value) FROM system.events WHERE event = 'DelayedInserts'").Scan(&delayed)
 	b.Logf("inserts ClickHouse delayed for too many parts: %d", delayed)
+}
+
+// A DSN option the driver does not read itself is a ClickHouse setting,
+// which a ping does not send: ?sekure=true connected, and then every
+// batch failed with "Unknown setting sekure" while billing retried
+// forever. OpenClickHouse now says which settings ClickHouse refuses.
+func TestOpenClickHouseRefusesTheDSNsUnknownSetting(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := billing.OpenClickHouse(ctx, srv.DSN()+"?sekure=true&max_threads=2")
+	var settingsErr *billing.DSNSettingsError
+	if !errors.As(err, &settingsErr) {
+		t.Fatalf("got %v, want a DSNSettingsError", err)
+	}
+	if want := []string{"max_threads", "sekure"}; !reflect.DeepEqual(settingsErr.Settings, want) {
+		t.Errorf("settings %q, want %q", settingsErr.Settings, want)
+	}
+	for _, want := range []string{"Unknown setting sekure", "clickhouse.dsn"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	sink, err := billing.OpenClickHouse(ctx, srv.DSN()+"?max_threads=2")
+	if err != nil {
+		t.Fatalf("a setting ClickHouse knows: %v", err)
+	}
+	sink.Close()
 }

@@ -2,7 +2,10 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -38,7 +41,45 @@ func ParseClickHouseDSN(dsn string) (*clickhouse.Options, error) {
 	if opts.Protocol != clickhouse.Native {
 		return nil, ErrClickHouseNotNative
 	}
+	if err := checkDriverOptions(dsn); err != nil {
+		return nil, err
+	}
 	return opts, nil
+}
+
+// Values of the driver's own options that it takes without a word when
+// they are wrong: debug=maybe is no debugging, compress=yes no
+// compression; compress=gzip is refused only at the first connection
+// (the native protocol has no gzip).
+var (
+	nativeCompressions = []string{"lz4", "lz4hc", "zstd", "none"}
+	openStrategies     = []string{"in_order", "round_robin", "random"}
+)
+
+// checkDriverOptions refuses a wrong value of an option clickhouse-go
+// reads itself but does not check. The driver checks the rest
+// (secure, skip_verify, dial_timeout, …) in ParseDSN. Any other option
+// is a ClickHouse setting, sent to the server with each query: only the
+// server knows its settings, so billing reports one it refuses when it
+// connects (billing.DSNSettingsError).
+func checkDriverOptions(dsn string) error {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return err
+	}
+	for key, values := range u.Query() {
+		v := values[0]
+		_, boolErr := strconv.ParseBool(v)
+		switch {
+		case key == "debug" && boolErr != nil:
+			return fmt.Errorf("debug=%s: want true or false", v)
+		case key == "compress" && boolErr != nil && !slices.Contains(nativeCompressions, v):
+			return fmt.Errorf("compress=%s: want true, false or a method of the native protocol (%s)", v, strings.Join(nativeCompressions, ", "))
+		case key == "connection_open_strategy" && !slices.Contains(openStrategies, v):
+			return fmt.Errorf("connection_open_strategy=%s: want one of %s", v, strings.Join(openStrategies, ", "))
+		}
+	}
+	return nil
 }
 
 var errClickHouseScheme = errors.New("the scheme must be clickhouse:// or tcp://")

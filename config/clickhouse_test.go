@@ -13,6 +13,8 @@ func TestParseClickHouseDSN(t *testing.T) {
 		"clickhouse://127.0.0.1:9000/default",
 		"tcp://user:pass@ch:9000/billing?dial_timeout=2s",
 		"clickhouse://ch:9440/default?secure=true",
+		"clickhouse://ch:9000/default?compress=lz4&debug=false&connection_open_strategy=random",
+		"clickhouse://ch:9000/default?compress=true&max_execution_time=60",
 	} {
 		if _, err := ParseClickHouseDSN(dsn); err != nil {
 			t.Errorf("%s: %v", dsn, err)
@@ -30,6 +32,12 @@ func TestParseClickHouseDSN(t *testing.T) {
 		"mysql://db:3306/x",
 		"clickhouse:///default",
 		"clickhouse://ch:9000/default?dial_timeout=soon",
+		// Options of the driver it would take silently, or refuse only
+		// when billing connects.
+		"clickhouse://ch:9000/default?debug=maybe",
+		"clickhouse://ch:9000/default?compress=yes",
+		"clickhouse://ch:9000/default?compress=gzip",
+		"clickhouse://ch:9000/default?connection_open_strategy=fastest",
 	} {
 		if _, err := ParseClickHouseDSN(dsn); err == nil {
 			t.Errorf("%s accepted", dsn)

@@ -67,13 +67,18 @@ config() {
 	fi
 	local tcp http
 	# CLICKHOUSE_TCP_PORT asks for a port (make run wants 9000, the default
-	# DSN's) when it is free; otherwise one is picked.
+	# DSN's) when it is free, CLICKHOUSE_HTTP_PORT for the HTTP one;
+	# otherwise one is picked.
 	if [ -n "${CLICKHOUSE_TCP_PORT:-}" ] && ! port_busy "$CLICKHOUSE_TCP_PORT"; then
 		tcp=$CLICKHOUSE_TCP_PORT
 	else
 		tcp=$(free_port)
 	fi
-	http=$(free_port "$tcp")
+	if [ -n "${CLICKHOUSE_HTTP_PORT:-}" ] && [ "$CLICKHOUSE_HTTP_PORT" != "$tcp" ] && ! port_busy "$CLICKHOUSE_HTTP_PORT"; then
+		http=$CLICKHOUSE_HTTP_PORT
+	else
+		http=$(free_port "$tcp")
+	fi
 	mkdir -p "$dir/data" "$dir/tmp" "$dir/log" "$dir/user_files" "$dir/format_schemas"
 	# <yandex> is the root element 18.16 knows; current releases still accept it.
 	cat >"$dir/config.xml" <<EOF

@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-
+	"errors"
 	"fmt"
 	"log"
 	"net/url"
@@ -56,7 +56,12 @@ func runBilling(args []string) error {
 		return err
 	}
 	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), redactDSN(cfg.ClickHouse.DSN))
-	billingLoop(ctx, cfg, b, svc, logf)
+	if err := billingLoop(ctx, cfg, b, svc, logf, exitOnDSNSettings); err != nil {
+		// The process exists to bill: a DSN it can never bill with is a
+		// configuration error, for the supervisor to show, like a file
+		// that does not load.
+		return fmt.Errorf("billing: %w", err)
+	}
 	// A batch not acknowledged yet is delivered again to the next
 	// consumer, and neither stored nor debited twice.
 	logf("billing: stopped; a batch in hand, if any, is redelivered to the next consumer")
@@ -80,28 +85,68 @@ func connectNATS(ctx context.Context, cfg *config.Config, logf func(string, ...a
 	return b, nil
 }
 
+// onDSNSettings is what billingLoop does when ClickHouse refuses the
+// settings of clickhouse.dsn (billing.DSNSettingsError).
+type onDSNSettings int
+
+const (
+	// exitOnDSNSettings returns the error: tollgate billing exits.
+	exitOnDSNSettings onDSNSettings = iota
+	// waitOnDSNSettings logs the error once and tries again every
+	// dsnSettingsRetry without a word: serve keeps serving, its events
+	// wait in JetStream, and a ClickHouse that comes to accept the
+	// setting (a profile changed) is billed into.
+	waitOnDSNSettings
+)
+
+// dsnSettingsRetry is how often a DSN whose settings ClickHouse refused
+// is tried again; a variable for tests.
+var dsnSettingsRetry = 5 * time.Minute
+
 // billingLoop opens ClickHouse (waiting while it is down), applies the
 // migrations and runs the consumer until ctx ends. Nothing is acknowledged
-// while ClickHouse is unreachable, so events wait in JetStream.
-func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) {
+// while ClickHouse is unreachable, so events wait in JetStream. A DSN
+// whose settings ClickHouse refuses is no outage, and retrying it each
+// 30 s logged the same error forever: what happens is onDSN's choice, and
+// the error is returned only with exitOnDSNSettings.
+func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any), onDSN onDSNSettings) error {
 	backoff := time.Second
+	refused := ""
 	for ctx.Err() == nil {
 		err := runBillingOnce(ctx, cfg, b, svc, logf)
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
-		logf("billing: %v; retrying in %s", err, backoff)
+		wait := backoff
+		var settingsErr *billing.DSNSettingsError
+		switch {
+		case errors.As(err, &settingsErr) && onDSN == exitOnDSNSettings:
+			return err
+		case errors.As(err, &settingsErr):
+			wait = dsnSettingsRetry
+			if err.Error() != refused {
+				refused = err.Error()
+				logf("billing: %v; billing waits for a corrected clickhouse.dsn (restart serve to apply it; trying again every %s meanwhile)", err, wait)
+			}
+		default:
+			refused = ""
+			logf("billing: %v; retrying in %s", err, backoff)
+			backoff = min(2*backoff, 30*time.Second)
+		}
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
+			return nil
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, 30*time.Second)
 	}
+	return nil
 }
 
 func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) error {
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	if settingsErr := (*billing.DSNSettingsError)(nil); errors.As(err, &settingsErr) {
+		return err // reachable, and it names what it refuses
+	}
 	if err != nil {
 		return fmt.Errorf("ClickHouse at %s unreachable: %w", redactDSN(cfg.ClickHouse.DSN), err)
 	}
