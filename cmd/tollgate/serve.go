@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"os"
@@ -86,7 +87,7 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := ensureDemoAccount(ctx, cfg, svc); err != nil {
+	if err := ensureDemoAccount(ctx, cfg, svc, reachableAddr(cfg.Server.Listen, ln.Addr()), os.Stderr); err != nil {
 		return err
 	}
 	rec, closeRecorder, err := openRecorder(ctx, cfg, b, svc, logf)
@@ -390,8 +391,9 @@ func readAdminTokenFile(p string) (string, error) {
 }
 
 // ensureDemoAccount creates the demo account and key on first start and
-// prints the key; it is shown only this once.
-func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Service) error {
+// prints the key to out, with the gateway's address addr; it is shown
+// only this once.
+func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Service, addr string, out io.Writer) error {
 	credit, err := money.ParseUSD(cfg.Server.DemoCreditUSD)
 	if err != nil || credit <= 0 {
 		return nil
@@ -408,7 +410,7 @@ func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Se
 		// Another gateway on the same NATS, or an earlier data_dir, made
 		// it: minting one more live key per new data_dir (and printing it
 		// with a credit that was never added) is what a cluster must not do.
-		fmt.Fprintf(os.Stderr, "The demo account exists already (made by another gateway or an earlier data_dir); no new key. Make one with: tollgate keys create demo -name demo\n")
+		fmt.Fprintf(out, "The demo account exists already (made by another gateway or an earlier data_dir); no new key. Make one with: tollgate keys create demo -name demo\n")
 		return writeMarker()
 	}
 	if err != nil {
@@ -421,8 +423,22 @@ func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Se
 	if err := writeMarker(); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n\n", credit, token, cfg.Server.Listen)
+	fmt.Fprintf(out, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n\n", credit, token, addr)
 	return nil
+}
+
+// reachableAddr is the address a client on this machine reaches a
+// gateway at that listens on ln as listen says: listen's host (loopback
+// for every address) with ln's port. The address as written printed
+// OPENAI_BASE_URL=http://127.0.0.1:0/v1 for port 0, which picks a free
+// one, and http://:15120/v1 for no host.
+func reachableAddr(listen string, ln net.Addr) string {
+	host, _, errListen := net.SplitHostPort(listen)
+	_, port, errLn := net.SplitHostPort(ln.String())
+	if errListen != nil || errLn != nil {
+		return dialable(ln.String())
+	}
+	return dialable(net.JoinHostPort(host, port))
 }
 
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {

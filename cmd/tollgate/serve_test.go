@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -30,13 +32,51 @@ func TestDemoAccountOncePerDeployment(t *testing.T) {
 	ctx := context.Background()
 	for range 2 {
 		cfg := &config.Config{Server: config.Server{DemoCreditUSD: "5", DataDir: t.TempDir(), Listen: "127.0.0.1:8080"}}
-		if err := ensureDemoAccount(ctx, cfg, g.Accounts); err != nil {
+		if err := ensureDemoAccount(ctx, cfg, g.Accounts, "127.0.0.1:8080", io.Discard); err != nil {
 			t.Fatal(err)
 		}
 	}
 	keys, err := g.Accounts.ListKeys(ctx, "demo")
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("demo keys after two gateways' first starts: %d (%v), want 1", len(keys), err)
+	}
+}
+
+// The demo key's OPENAI_BASE_URL names the address the gateway listens
+// on: listen: 127.0.0.1:0 printed http://127.0.0.1:0/v1, and :15120
+// printed http://:15120/v1, neither of which a client can reach.
+func TestDemoKeyNamesTheListenersAddress(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := &config.Config{Server: config.Server{DemoCreditUSD: "5", DataDir: t.TempDir(), Listen: "127.0.0.1:0"}}
+	var out strings.Builder
+	if err := ensureDemoAccount(context.Background(), cfg, g.Accounts, reachableAddr(cfg.Server.Listen, ln.Addr()), &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "export OPENAI_BASE_URL=http://" + ln.Addr().String() + "/v1\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("printed %q, want %q", out.String(), want)
+	}
+	for _, c := range []struct {
+		listen string
+		ln     net.Addr
+		want   string
+	}{
+		{":15120", &net.TCPAddr{IP: net.IPv6unspecified, Port: 15120}, "127.0.0.1:15120"},
+		{"0.0.0.0:0", &net.TCPAddr{IP: net.IPv4zero, Port: 40001}, "127.0.0.1:40001"},
+		{"[::]:0", &net.TCPAddr{IP: net.IPv6unspecified, Port: 40002}, "[::1]:40002"},
+		{"localhost:0", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40003}, "localhost:40003"},
+		{"10.1.2.3:8080", &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 8080}, "10.1.2.3:8080"},
+	} {
+		if got := reachableAddr(c.listen, c.ln); got != c.want {
+			t.Errorf("listen %s on %s: %s, want %s", c.listen, c.ln, got, c.want)
+		}
 	}
 }
 
