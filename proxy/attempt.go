@@ -306,32 +306,60 @@ func (up *upstream) broke(rt *config.Routing, reason, clientReason string, sent 
 
 func (up *upstream) ejected(rt *config.Routing, reason string) {
 	up.logf("upstream %s ejected: %s", up.cfg.Name, reason)
-	up.startProbing(rt.ProbeInterval)
+	// Installing a World sets the interval; an upstream that never was
+	// (a test's) takes the call's.
+	up.probeInterval.CompareAndSwap(0, int64(rt.ProbeInterval))
+	up.startProbing()
+}
+
+// setProbeInterval puts a reloaded routing.probe_interval in force,
+// also for a probe waiting already: it waits the new interval from now.
+func (up *upstream) setProbeInterval(d time.Duration) {
+	if old := up.probeInterval.Swap(int64(d)); old != int64(d) {
+		select {
+		case up.probeRetimed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// waitProbeInterval waits one probe interval, the one in force: a
+// reload that changes it starts the wait again with the new one.
+func (up *upstream) waitProbeInterval() {
+	for {
+		t := time.NewTimer(time.Duration(up.probeInterval.Load()))
+		select {
+		case <-t.C:
+			return
+		case <-up.probeRetimed:
+			t.Stop()
+		}
+	}
 }
 
 // startProbing starts probe unless one runs already.
-func (up *upstream) startProbing(interval time.Duration) {
+func (up *upstream) startProbing() {
 	up.health.mu.Lock()
 	start := !up.health.probing
 	up.health.probing = true
 	up.health.mu.Unlock()
 	if start {
-		go up.probe(interval)
+		go up.probe()
 	}
 }
 
-// probe asks an ejected upstream GET {base_url}/models every interval
-// until it answers (its next call is then the trial) or it recovered
-// through a trial call, or a reload removed it. It leaves an upstream
-// resting after a 429 alone: the rest ends at its Retry-After.
-func (up *upstream) probe(interval time.Duration) {
+// probe asks an ejected upstream GET {base_url}/models every probe
+// interval until it answers (its next call is then the trial) or it
+// recovered through a trial call, or a reload removed it. It leaves an
+// upstream resting after a 429 alone: the rest ends at its Retry-After.
+func (up *upstream) probe() {
 	defer func() {
 		up.health.mu.Lock()
 		up.health.probing = false
 		up.health.mu.Unlock()
 	}()
 	for {
-		time.Sleep(interval)
+		up.waitProbeInterval()
 		if up.retired.Load() || up.health.state.Load() == stateClosed || up.health.resting.Load() || up.health.trialFailed.Load() {
 			return
 		}

@@ -690,6 +690,34 @@ func TestPoolEditOfAnEjectedUpstreamKeepsProbingIt(t *testing.T) {
 	}
 }
 
+// A reload of routing.probe_interval reaches an upstream ejected before
+// it: its probe slept the interval it started with, an hour here, and
+// the upstream stayed out that long after it answered again.
+func TestPoolProbeIntervalReloadReachesAnEjectedUpstream(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 30s\n  probe_interval: 1h")
+	addr := strings.TrimPrefix(strings.TrimSuffix(h.ups[0].URL, "/v1"), "http://")
+	h.ups[0].Close()
+	for range 4 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	if st := h.statuses()["p0"]; st.State != "ejected" {
+		t.Fatalf("p0 is %+v, want ejected", st)
+	}
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "probe_interval: 1h", "probe_interval: 100ms", 1))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listening on p0's address again: %v", err)
+	}
+	back := proxytest.NewServerOn(ln, proxytest.Options{})
+	t.Cleanup(back.Close)
+	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		if st := h.statuses()["p0"]; st.State != "half_open" {
+			return fmt.Errorf("p0 is %s, its address answers again and probe_interval is 100ms", st.State)
+		}
+		return nil
+	})
+}
+
 // A non-streamed answer comes in one piece once it is generated, so its
 // wait is response_timeout, not first_byte_timeout: a generation longer
 // than first_byte_timeout once failed with a 503 on every member of the

@@ -261,13 +261,16 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 // that w does not keep.
 func (s *Server) install(w *World) {
 	old := s.world.Swap(w)
+	for _, up := range w.upstreams {
+		up.setProbeInterval(w.Config.Routing.ProbeInterval)
+	}
 	// An upstream rebuilt by an edit that carried an ejection over is
 	// probed again: the probe of its old self ends with the retirement,
 	// and without one it stayed out until a trial call found it back.
 	for name, up := range w.upstreams {
 		if rebuilt := old == nil || old.upstreams[name] != up; rebuilt &&
 			up.health.state.Load() != stateClosed && !up.health.resting.Load() {
-			up.startProbing(w.Config.Routing.ProbeInterval)
+			up.startProbing()
 		}
 	}
 	s.responses.setTTL(w.Config.Routing.ResponseTTL)

@@ -42,6 +42,11 @@ type upstream struct {
 	logf     func(string, ...any)
 	nameHash uint64 // for prefix affinity
 	retired  atomic.Bool
+	// probeInterval is routing.probe_interval as in force (a
+	// time.Duration), read by the probe before each wait; probeRetimed
+	// tells a waiting probe it changed.
+	probeInterval atomic.Int64
+	probeRetimed  chan struct{}
 }
 
 // idlePoolTime is kept below the 5 s keep-alive of uvicorn (vLLM, SGLang) so
@@ -67,6 +72,8 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		nameHash:  xxhash.Sum64String(cfg.Name),
 		cfg:       cfg,
 		modelsURL: cfg.EndpointURL("/models", ""),
+		// One pending change is enough: the probe reads the interval.
+		probeRetimed: make(chan struct{}, 1),
 	}
 	if cfg.APIKey != "" {
 		up.authHeader = "Bearer " + cfg.APIKey
