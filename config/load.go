@@ -601,6 +601,13 @@ func (l *loader) walkValue(n *yaml.Node, t reflect.Type, path string, depth int)
 	if n.Kind == yaml.ScalarNode && !l.expanded[n] && n.ShortTag() == "!!null" {
 		return true // an empty value leaves the default
 	}
+	if n.Kind == yaml.ScalarNode && n.Value == "" && n.ShortTag() == "!!str" && emptyIsNull(t) {
+		// "" where a number, duration, size or true/false goes is an
+		// empty value too, as gateway.yaml's header says: it was an
+		// error whose hint (drop the quotes) led to "got 0".
+		n.Tag, n.Style = "!!null", 0
+		return true
+	}
 	if t.Kind() == reflect.Pointer {
 		return l.walkValue(n, t.Elem(), path, depth+1)
 	}
@@ -807,10 +814,21 @@ func (l *loader) leaf(n, site *yaml.Node, t reflect.Type, path string) bool {
 	return true
 }
 
+// emptyIsNull says whether "" written for a value of type t means no
+// value, as null does: for a number, duration, size or true/false. A
+// string can be empty, and a list or mapping is not written as "".
+func emptyIsNull(t reflect.Type) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.Bool || isInteger(t.Kind()) || t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64
+}
+
 // quotesHint explains a quoted value that would have done unquoted:
-// max_connections: "${MAXC}" is the string "12", not the number.
+// max_connections: "${MAXC}" is the string "12", not the number. An
+// empty one would not have: unquoted it is no value.
 func quotesHint(n *yaml.Node, t reflect.Type) string {
-	if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+	if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 || strings.TrimSpace(n.Value) == "" {
 		return ""
 	}
 	plain := yaml.Node{Kind: yaml.ScalarNode, Value: n.Value}

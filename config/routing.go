@@ -189,20 +189,18 @@ func (l *loader) validatePool(m Model, path string, configured int, known map[st
 	}
 }
 
-// writtenZero reports whether the file writes path as zero (0, 0x0, 0s,
-// ~), which the loader's defaults would silently replace: for fields
-// where zero reads as "none" or "at once", an error says so instead. A
-// zero written through an alias (*zero) is one too.
+// writtenZero reports whether the file writes path as zero (0, 0x0, 0s),
+// which the loader's defaults would silently replace: for fields where
+// zero reads as "none" or "at once", an error says so instead. A zero
+// written through an alias (*zero) is one too; an empty value (null,
+// "") is none, and takes the default as gateway.yaml's header says.
 func (l *loader) writtenZero(path string) bool {
 	n, written := l.nodes[path]
 	if !written {
 		return false
 	}
-	if n = resolveAlias(n); n.Kind != yaml.ScalarNode {
+	if n = resolveAlias(n); n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
 		return false
-	}
-	if n.ShortTag() == "!!null" {
-		return true
 	}
 	var i int64
 	if n.Decode(&i) == nil {

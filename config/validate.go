@@ -423,7 +423,7 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 			key string
 			v   int
 		}{{"context_length", m.ContextLength}, {"max_output_length", m.MaxOutputLength}} {
-			if _, written := l.nodes[path+"."+f.key]; !written {
+			if !l.isSet(path + "." + f.key) {
 				// No default is right for every model: said so, not "got 0".
 				l.check(false, path+"."+f.key, "is required: the model's %s in tokens (no default)", strings.ReplaceAll(f.key, "_", " "))
 				continue
