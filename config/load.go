@@ -74,6 +74,10 @@ func parse(name string, data []byte, lookupEnv func(string) (string, bool)) (*Co
 		expanded:  map[*yaml.Node]bool{},
 	}
 	cfg := &Config{Path: name, source: sha256.Sum256(data)}
+	// YAML ends a line at a lone CR too; errors count lines by LF, so a
+	// file with CR line ends had every syntax error on line 1.
+	data = crToLF(data)
+	l.data = data
 
 	root, ok := l.parseYAML(data)
 	if !ok {
@@ -201,6 +205,21 @@ func (l *loader) yamlErrors(err error) {
 					e.Line = line
 				}
 				e.Col, e.Msg = tabHint(l.data, e.Line, e.Msg)
+				if e.Col == 0 {
+					if at, col, r := oddSpace(l.data, e.Line); at > 0 {
+						what := fmt.Sprintf("the space character %U", r)
+						if r == '\u00a0' {
+							what = "a non-breaking space (U+00A0)"
+						}
+						e.Msg += fmt.Sprintf(": %s in the indentation; YAML indents with plain spaces only", what)
+						if at != e.Line {
+							e.Msg += fmt.Sprintf(" (the parser stopped on line %d)", e.Line)
+						}
+						e.Line, e.Col = at, col
+					} else {
+						e.Msg += deeperHint(l.data, e.Line, e.Msg)
+					}
+				}
 			}
 		} else if m := unknownAnchor.FindStringSubmatch(text); m != nil {
 			e.Line, e.Col = aliasPlace(l.data, m[1])
@@ -230,6 +249,72 @@ func tabHint(data []byte, line int, msg string) (int, string) {
 		return i + 1, msg + ": a tab in the indentation (YAML indents with spaces only)"
 	}
 	return 0, msg
+}
+
+// crToLF turns each CR not followed by LF into LF: the same line end to
+// YAML, and one the error placing counts.
+func crToLF(data []byte) []byte {
+	if !bytes.Contains(data, []byte{'\r'}) {
+		return data
+	}
+	out := bytes.Clone(data)
+	for i, b := range out {
+		if b == '\r' && (i+1 == len(out) || out[i+1] != '\n') {
+			out[i] = '\n'
+		}
+	}
+	return out
+}
+
+// oddSpace finds the last line up to line whose indentation holds a
+// space other than U+0020, such as the non-breaking space a copy from a
+// web page brings: YAML reads it as the start of the key, which breaks
+// the block a line or more later. It returns the line, the column of
+// that space and the space, or 0.
+func oddSpace(data []byte, line int) (int, int, rune) {
+	lines := strings.Split(string(data), "\n")
+	for i := min(line, len(lines)) - 1; i >= 0; i-- {
+		col := 1
+		for _, r := range lines[i] {
+			if r == ' ' {
+				col++
+				continue
+			}
+			if r != '\t' && unicode.IsSpace(r) {
+				return i + 1, col, r
+			}
+			break
+		}
+	}
+	return 0, 0, 0
+}
+
+// deeperHint explains "mapping values are not allowed" on a line indented
+// deeper than the key before it when that key has its value already: a
+// key under a block written at column 0 ends the block, and the parser
+// fails on the next line, which may be the right one.
+func deeperHint(data []byte, line int, problem string) string {
+	if problem != "mapping values are not allowed in this context" {
+		return ""
+	}
+	lines := strings.Split(string(data), "\n")
+	if line < 2 || line > len(lines) {
+		return ""
+	}
+	indent := func(s string) int { return len(s) - len(strings.TrimLeft(s, " ")) }
+	for i := line - 2; i >= 0; i-- {
+		t := strings.TrimSpace(lines[i])
+		if t == "" || t[0] == '#' {
+			continue
+		}
+		key, value, found := strings.Cut(t, ": ")
+		value, _, _ = strings.Cut(value, " #")
+		if !found || key == "" || strings.TrimSpace(value) == "" || strings.ContainsAny(key[:1], "-[{\"'") || indent(lines[i]) >= indent(lines[line-1]) {
+			return ""
+		}
+		return fmt.Sprintf(" (indented deeper than line %d above it, whose key has its value already: line %d lacks indentation, or this line has too much)", i+1, i+1)
+	}
+	return ""
 }
 
 // parserProblems are the errors of yaml.v3's parser, as opposed to its

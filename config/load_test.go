@@ -476,7 +476,23 @@ func TestSyntaxErrorLines(t *testing.T) {
 		},
 		"later key one space in": {
 			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  balance: p2c\n   affinity: none\n  retries: 2\n",
-			"gateway.yaml:5: mapping values are not allowed in this context",
+			"gateway.yaml:5: mapping values are not allowed in this context (indented deeper than line 4 above it, whose key has its value already: line 4 lacks indentation, or this line has too much)",
+		},
+		// The key before is the one out of place: it ended its block.
+		"key at column 0 inside a block": {
+			"server:\n  listen: 127.0.0.1:8080\ndata_dir: ./data\n  shutdown_timeout: 25s\n",
+			"gateway.yaml:4: mapping values are not allowed in this context (indented deeper than line 3 above it, whose key has its value already: line 3 lacks indentation, or this line has too much)",
+		},
+		// A non-breaking space (a copy from a web page) looks like a
+		// space, but to YAML it is part of the key.
+		"non-breaking spaces": {
+			"server:\n  listen: 127.0.0.1:8080\n\u00a0\u00a0data_dir: ./data\n  shutdown_timeout: 25s\n",
+			"gateway.yaml:3:1: mapping values are not allowed in this context: a non-breaking space (U+00A0) in the indentation; YAML indents with plain spaces only (the parser stopped on line 4)",
+		},
+		// Lines ended by a lone CR (classic Mac) were all line 1.
+		"CR line ends": {
+			"server:\r  listen: 127.0.0.1:8080\rrouting:\r  balance: p2c\r  affinity: none\r # x\r   retries: 2\r",
+			"gateway.yaml:7: did not find expected key (the block holding it starts on line 4)",
 		},
 		"later key one space out": {
 			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  balance: p2c\n affinity: none\n  retries: 2\n",
