@@ -8,6 +8,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -239,7 +240,21 @@ func (w *Watcher) applyData(data []byte) error {
 		w.logf("%v; keeping the running config", err)
 		return err
 	}
-	w.current.Store(cfg)
-	w.logf("config reloaded from %s", w.path)
+	old := w.current.Swap(cfg)
+	if unused := cfg.firstStartOnlyDiff(old); len(unused) > 0 {
+		w.logf("config reloaded from %s; %s is read only at a gateway's first start: the change has no effect here", w.path, strings.Join(unused, ", "))
+	} else {
+		w.logf("config reloaded from %s", w.path)
+	}
 	return nil
+}
+
+// firstStartOnlyDiff names the settings that differ between old and c
+// but are read only at a gateway's first start (when it makes the demo
+// account): a reload applies them to nothing, so it says so.
+func (c *Config) firstStartOnlyDiff(old *Config) []string {
+	if old == nil || c.Server.DemoCreditUSD == old.Server.DemoCreditUSD {
+		return nil
+	}
+	return []string{"server.demo_credit_usd"}
 }

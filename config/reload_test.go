@@ -304,6 +304,32 @@ func TestWatcherRefusesIssuerChange(t *testing.T) {
 	}
 }
 
+// A reload changing demo_credit_usd said "config reloaded" and changed
+// nothing: the demo account is made once, at the first start. It still
+// reloads (nothing is wrong), and says the change has no effect.
+func TestWatcherSaysAFirstStartSettingHasNoEffect(t *testing.T) {
+	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
+	replaceFile(t, f.path, "x-note: 1\n"+configWith("127.0.0.1:8080", "a"))
+	if err := f.w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	replaceFile(t, f.path, strings.Replace(configWith("127.0.0.1:8080", "a"), "server:\n", "server:\n  demo_credit_usd: \"20\"\n", 1))
+	if err := f.w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.log.mu.Lock()
+	defer f.log.mu.Unlock()
+	notes := 0
+	for _, line := range f.log.lines {
+		if strings.Contains(line, "server.demo_credit_usd is read only at a gateway's first start") {
+			notes++
+		}
+	}
+	if notes != 1 {
+		t.Fatalf("%d notes about demo_credit_usd, want 1 (for the second reload); log:\n%s", notes, strings.Join(f.log.lines, "\n"))
+	}
+}
+
 func TestWatcherKeepsOldConfigWhenBuildFails(t *testing.T) {
 	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), errors.New("upstream client refused"))
 	before := f.w.Current()
