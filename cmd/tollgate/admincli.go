@@ -511,7 +511,8 @@ const configCheckUsage = `usage: tollgate config check [FILE | -config FILE]
 
 Loads the config file (default $TOLLGATE_CONFIG, else ./gateway.yaml) as
 serve and a reload do, and prints every error with file:line:col, or
-"FILE: ok". Exits 1 on an invalid file.
+"FILE: ok". With server.admin_token empty it reads data_dir/admin.token
+too, when it is there, as serve does at start. Exits 1 on an invalid file.
 `
 
 // configGetUsage is printed by "config get -h".
@@ -543,8 +544,17 @@ func runConfig(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := config.Check(path); err != nil {
+	cfg, err := config.Load(path)
+	if err != nil {
 		return fmt.Errorf("%s is invalid:\n%w", path, err)
+	}
+	// serve refuses an admin token file it cannot use; one that is not
+	// there yet is made at start.
+	if cfg.Server.AdminToken == "" {
+		_, err := readAdminTokenFile(filepath.Join(cfg.Server.DataDir, "admin.token"))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%s: server.data_dir: %w", path, err)
+		}
 	}
 	fmt.Printf("%s: ok\n", path)
 	return nil

@@ -171,6 +171,34 @@ func TestConfigCheckRefusesMoreThanOneFile(t *testing.T) {
 	}
 }
 
+// serve refuses a data_dir/admin.token under 16 bytes at start; config
+// check, which README says refuses it too, did not read it.
+func TestConfigCheckReadsTheAdminTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gateway.yaml")
+	body := "upstreams:\n  - name: default\n    base_url: http://127.0.0.1:8000/v1\nmodels:\n  - id: m\n    context_length: 10\n    max_output_length: 5\n"
+	write := func(server string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte("server:\n  data_dir: "+dir+"\n"+server+body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("")
+	if _, err := stdoutOf(t, func() error { return runConfig([]string{"check", path}) }); err != nil {
+		t.Fatalf("no token file yet (serve makes one): %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stdoutOf(t, func() error { return runConfig([]string{"check", path}) }); err == nil || !strings.Contains(err.Error(), "holds 5 bytes") {
+		t.Fatalf("a 5-byte admin.token: %v, want it refused", err)
+	}
+	write("  admin_token: a-token-of-enough-bytes\n")
+	if _, err := stdoutOf(t, func() error { return runConfig([]string{"check", path}) }); err != nil {
+		t.Fatalf("admin_token set, so the file is not read: %v", err)
+	}
+}
+
 // A command newer than the gateway it calls says so, instead of a bare
 // "no admin route" (accounts logout against a gateway of the release
 // before).
