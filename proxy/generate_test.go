@@ -1174,6 +1174,15 @@ func TestRevokedKeysStreamsEnd(t *testing.T) {
 func TestRevokedKeysStreamWaitingForItsFirstEventEnds(t *testing.T) {
 	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 30, ChunkDelay: 100 * time.Millisecond, FirstByteDelay: time.Second}, idleTimeout: "30s"})
 	for i, path := range []string{"/v1/chat/completions", "/v1/responses"} {
+		// The upstream may still count the call cut before: the wait for
+		// it to take this one would end at once, and the key be revoked
+		// before this call was admitted (a 401, not a cut stream).
+		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			if n := h.up.Active(); n != 0 {
+				return fmt.Errorf("the upstream still serves %d calls", n)
+			}
+			return nil
+		})
 		info, key, err := h.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "revoked-while-waiting"})
 		if err != nil {
 			t.Fatal(err)
