@@ -607,18 +607,23 @@ func (p *pool) another(tried uint64) bool {
 	return false
 }
 
+// turn is the member whose turn it is in a weighted round: turn t of
+// the pool's total weight goes to the member whose slice of it holds t.
+func (p *pool) turn() int {
+	t := int(p.rr.Add(1) % uint64(p.weights))
+	i := 0
+	for t >= p.members[i].weight {
+		t -= p.members[i].weight
+		i++
+	}
+	return i
+}
+
 func (p *pool) choose(mode string, now int64, skip uint64) int {
 	switch mode {
 	case "round_robin":
-		// Turn t goes to the member whose slice of the total weight holds
-		// t, or the next one taking calls.
-		turn := int(p.rr.Add(1) % uint64(p.weights))
-		start := 0
-		for turn >= p.members[start].weight {
-			turn -= p.members[start].weight
-			start++
-		}
 		n := len(p.members)
+		start := p.turn()
 		for k := range n {
 			i := (start + k) % n
 			if skip&(1<<i) == 0 && p.members[i].up.health.eligible(now) {
@@ -627,14 +632,24 @@ func (p *pool) choose(mode string, now int64, skip uint64) int {
 		}
 		return -1
 	case "least_in_flight":
-		best, bestCost := -1, int64(0)
-		for i, m := range p.members {
+		// Calls in flight per unit of weight, compared as fractions; among
+		// members tied for the fewest, the one whose turn it is (as
+		// round_robin) or the next, as nginx's least_conn does. With the
+		// first member always winning a tie, and a call in flight counted
+		// once more, calls that did not overlap all went to the first
+		// member (equal weights) or the heaviest.
+		n := len(p.members)
+		start := p.turn()
+		best, bestInflight, bestWeight := -1, int64(0), int64(1)
+		for k := range n {
+			i := (start + k) % n
+			m := p.members[i]
 			if skip&(1<<i) != 0 || !m.up.health.eligible(now) {
 				continue
 			}
-			cost := (m.up.health.inflight.Load() + 1) * 1000 / int64(m.weight)
-			if best < 0 || cost < bestCost {
-				best, bestCost = i, cost
+			inflight, weight := m.up.health.inflight.Load(), int64(m.weight)
+			if best < 0 || inflight*bestWeight < bestInflight*weight {
+				best, bestInflight, bestWeight = i, inflight, weight
 			}
 		}
 		return best

@@ -303,8 +303,10 @@ func TestAffinityKeepsAKeyOnOneMember(t *testing.T) {
 // At idle, with every member as fast, p2c gives each member its weight's
 // share of the calls, as round_robin does. The weight was applied twice,
 // in the draw and again in the cost: a member of weight 2 beside two of
-// weight 1 got about 80 % of the calls instead of 50 %.
-func TestP2CWeighsMembersOnce(t *testing.T) {
+// weight 1 got about 80 % of the calls instead of 50 %. least_in_flight
+// gave every call to the heaviest member (or the first, weights equal):
+// at idle each is tied with none in flight.
+func TestBalanceModesShareByWeightAtIdle(t *testing.T) {
 	ups := map[string]*upstream{}
 	var members []config.PoolMember
 	now := time.Now().UnixNano()
@@ -324,7 +326,7 @@ func TestP2CWeighsMembersOnce(t *testing.T) {
 		members = append(members, config.PoolMember{Name: name, Weight: w})
 	}
 	p := newPool(members, ups)
-	for _, mode := range []string{"p2c", "round_robin"} {
+	for _, mode := range []string{"p2c", "round_robin", "least_in_flight"} {
 		rt := testRouting(mode)
 		const calls = 20000
 		var got [3]int
