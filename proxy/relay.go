@@ -422,7 +422,8 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if c.keepText() {
 			c.appendText(gjson.Get(bstr(data), "delta").Str)
 		}
-	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta":
+	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
+		"response.code_interpreter_call_code.delta":
 		if c.keepText() {
 			c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
 		}
@@ -442,6 +443,10 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 	case "response.custom_tool_call_input.done":
 		if c.keepText() {
 			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "input").Str)
+		}
+	case "response.code_interpreter_call_code.done":
+		if c.keepText() {
+			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "code").Str)
 		}
 	}
 }

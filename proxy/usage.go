@@ -385,14 +385,18 @@ func (c *generationCall) appendToolItem(i int64, added bool, item gjson.Result) 
 }
 
 // toolInputKey is the member of a tool call's output item that holds the
-// input the model wrote: a function's or MCP tool's arguments, a custom
-// tool's free-form input; "" for an item of another type.
+// input the model wrote: a function's or MCP tool's arguments (those of
+// an MCP call waiting for the client's approval too), a custom tool's
+// free-form input, the code the model wrote for the code interpreter; ""
+// for an item of another type.
 func toolInputKey(itemType string) string {
 	switch itemType {
-	case "function_call", "mcp_call":
+	case "function_call", "mcp_call", "mcp_approval_request":
 		return "arguments"
 	case "custom_tool_call":
 		return "input"
+	case "code_interpreter_call":
+		return "code"
 	}
 	return ""
 }
@@ -585,6 +589,7 @@ func promptText(body []byte, ep endpoint) string {
 			add(item.Get("name"))
 			add(item.Get("arguments"))
 			add(item.Get("input")) // a custom tool's call
+			add(item.Get("code"))  // a code interpreter's call
 			add(item.Get("output"))
 			return true
 		})

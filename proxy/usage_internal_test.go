@@ -347,8 +347,10 @@ func TestToolArgumentsStraddlingACountAreCountedOnce(t *testing.T) {
 func TestEstimateCountsCustomAndMCPToolCalls(t *testing.T) {
 	c := estimateCall(endpointResponses)
 	c.collectWholeText([]byte(`{"output":[{"type":"custom_tool_call","call_id":"call_1","name":"apply_patch","input":"*** Begin Patch"},` +
-		`{"type":"mcp_call","server_label":"github","name":"search_code","arguments":"{\"q\":\"usage\"}","output":"main.go:12"}]}`))
-	if got, want := string(c.text), `apply_patch*** Begin Patchsearch_code{"q":"usage"}`; got != want {
+		`{"type":"mcp_call","server_label":"github","name":"search_code","arguments":"{\"q\":\"usage\"}","output":"main.go:12"},` +
+		`{"type":"mcp_approval_request","server_label":"github","name":"create_issue","arguments":"{\"title\":\"bug\"}"},` +
+		`{"type":"code_interpreter_call","container_id":"cntr_1","code":"print(6*7)","outputs":[]}]}`))
+	if got, want := string(c.text), `apply_patch*** Begin Patchsearch_code{"q":"usage"}create_issue{"title":"bug"}print(6*7)`; got != want {
 		t.Errorf("kept %q, want %q", got, want)
 	}
 	if got := string(c.toolOutput); got != "main.go:12" {
@@ -381,6 +383,29 @@ func TestToolCallsEndedOutOfOrderAreCountedOnce(t *testing.T) {
 	c := estimateCall(endpointResponses)
 	inspectAll(c, newSSEReader(strings.NewReader(stream), 4096, 0))
 	if got, want := string(c.text), "lookupsevenfetcheight ate nine"; got != want {
+		t.Errorf("kept %q, want %q", got, want)
+	}
+}
+
+// The code a model writes for the code interpreter is generated text:
+// streamed in code deltas, then whole in their done and the item's done,
+// it is counted once; an upstream that sends it only whole is counted too.
+func TestCodeInterpreterCodeIsCountedOnce(t *testing.T) {
+	event := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+	item := func(typ string, i int, code string) string {
+		return event("response.output_item."+typ, `{"type":"response.output_item.`+typ+`","output_index":`+strconv.Itoa(i)+
+			`,"item":{"type":"code_interpreter_call","container_id":"cntr_1","code":"`+code+`"}}`)
+	}
+	code := func(kind string, i int, member, text string) string {
+		return event("response.code_interpreter_call_code."+kind, `{"type":"response.code_interpreter_call_code.`+kind+`","output_index":`+
+			strconv.Itoa(i)+`,"`+member+`":"`+text+`"}`)
+	}
+	stream := item("added", 0, "") + code("delta", 0, "delta", "print(") + code("delta", 0, "delta", "6*7)") +
+		code("done", 0, "code", "print(6*7)") + item("done", 0, "print(6*7)") +
+		item("added", 1, "") + code("done", 1, "code", "x = 1")
+	c := estimateCall(endpointResponses)
+	inspectAll(c, newSSEReader(strings.NewReader(stream), 4096, 0))
+	if got, want := string(c.text), "print(6*7)x = 1"; got != want {
 		t.Errorf("kept %q, want %q", got, want)
 	}
 }
