@@ -145,7 +145,7 @@ func (q Query) Bind(values map[string]string) (string, error) {
 			problems = append(problems, fmt.Sprintf("missing %s (%s)", p.Name, p.Type))
 			continue
 		}
-		literal, err := literalOf(p.Type, v)
+		literal, err := literalOf(p, v)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: %v", p.Name, err))
 			continue
@@ -170,7 +170,27 @@ func (q Query) Bind(values map[string]string) (string, error) {
 	}), nil
 }
 
-func literalOf(typ, value string) (string, error) {
+// The days ClickHouse 18.16's Date holds: toDate('2106-01-01') and
+// toDate('1969-12-31') are 0000-00-00 (day 0, 1970-01-01), so a to_date of
+// 9999-12-31 matched nothing and an invoice for 2106 billed January 1970,
+// without a word. toDateTime of each day, up to the day after lastDate,
+// fits its UInt32 seconds too.
+const (
+	firstDate = "1970-01-01"
+	lastDate  = "2105-12-31"
+)
+
+// Range bounds, as queries.sql names them (from_date included, to_date
+// not): a bound beyond the Date range is only compared, so it is moved to
+// the range's edge, where it selects the same days. to_date=9999-12-31 is
+// how finance writes "to the end".
+const (
+	rangeStart = "from_date"
+	rangeEnd   = "to_date"
+)
+
+func literalOf(p Param, value string) (string, error) {
+	typ := p.Type
 	switch {
 	case typ == "String":
 		return quoteString(value), nil
@@ -184,6 +204,17 @@ func literalOf(typ, value string) (string, error) {
 		// or an empty one, came back.
 		if _, err := time.Parse(time.DateOnly, value); err != nil {
 			return "", fmt.Errorf("%q is not a date that exists", value)
+		}
+		// YYYY-MM-DD strings compare as the days they name.
+		switch {
+		case value < firstDate && p.Name == rangeStart:
+			return "toDate('" + firstDate + "')", nil
+		case value > lastDate && p.Name == rangeEnd:
+			// The day after lastDate has no literal ClickHouse 18.16
+			// parses, but Date arithmetic reaches it.
+			return "(toDate('" + lastDate + "') + 1)", nil
+		case value < firstDate || value > lastDate:
+			return "", fmt.Errorf("%q is outside %s..%s, the days ClickHouse's Date holds", value, firstDate, lastDate)
 		}
 		return "toDate('" + value + "')", nil
 	case strings.HasPrefix(typ, "Int") || strings.HasPrefix(typ, "UInt"):

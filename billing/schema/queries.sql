@@ -6,7 +6,13 @@
 -- itself: --param_name=value. ClickHouse 18.16 has no query parameters:
 -- replace each one by a literal first, a String by 'acme', a Date by
 -- toDate('2025-01-01'). Days are UTC days. Ranges are half-open: from_date is
--- included, to_date is not.
+-- included, to_date is not. A Date holds 1970-01-01 to 2105-12-31 (ClickHouse
+-- 18.16 reads any other day as 0000-00-00, matching nothing); tollgate finance
+-- refuses days outside it, except a from_date before it, bound as
+-- 1970-01-01, and a to_date after it (9999-12-31 for "to the end"), bound as
+-- (toDate('2105-12-31') + 1), the day after. The invoice finds its month with
+-- toStartOfMonth(date) rather than date < addMonths(...), which makes the
+-- month after December 2105 0000-00-00.
 --
 -- Money: spend_nanos is the exact integer in nano-USD; spend_usd shows it as
 -- a decimal string with nine places, built with integer division so no
@@ -125,7 +131,7 @@ FROM
     FROM usage_events FINAL
     WHERE account = {account:String}
       AND date >= toStartOfMonth({month:Date})
-      AND date < addMonths(toStartOfMonth({month:Date}), 1)
+      AND toStartOfMonth(date) = toStartOfMonth({month:Date})
     GROUP BY model, endpoint
     UNION ALL
     SELECT
@@ -142,7 +148,7 @@ FROM
     FROM usage_events FINAL
     WHERE account = {account:String}
       AND date >= toStartOfMonth({month:Date})
-      AND date < addMonths(toStartOfMonth({month:Date}), 1)
+      AND toStartOfMonth(date) = toStartOfMonth({month:Date})
 )
 ORDER BY is_total, model, endpoint;
 

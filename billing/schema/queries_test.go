@@ -373,3 +373,63 @@ func TestBind(t *testing.T) {
 		t.Errorf("unknown query: %v, want an error listing the queries", err)
 	}
 }
+
+// TestDatesBeyondClickHouseDateRange: ClickHouse 18.16 reads a Date after
+// 2105-12-31 or before 1970-01-01 as 0000-00-00, so to_date=9999-12-31
+// (finance's "to the end") printed only the header, and an invoice for
+// month=2106-01-01 billed January 1970. An open end now reaches the last
+// day, and a day no query can mean is refused.
+func TestDatesBeyondClickHouseDateRange(t *testing.T) {
+	srv := chtest.Start(t)
+	sink := openSink(t, srv)
+	ctx := context.Background()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	events := billingEvents(t, 20)
+	// The first and the last days a Date holds.
+	events[0].Time = time.Date(1970, 1, 1, 0, 0, 1, 0, time.UTC)
+	events[1].Time = time.Date(2105, 12, 31, 23, 0, 0, 0, time.UTC)
+	for _, ev := range events {
+		ev.KeyID = "key-0"
+		ev.Log = &meter.RequestLog{Request: "{}", Response: "answer"}
+	}
+	if err := sink.Insert(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	query := func(name string) schema.Query {
+		q, err := schema.FinanceQuery(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	everything := map[string]string{"from_date": "1900-01-01", "to_date": "9999-12-31"}
+	if got := sumColumn(t, runQuery(t, srv, query("top_keys_by_spend"), everything), "requests"); got != int64(len(events)) {
+		t.Errorf("top_keys_by_spend from 1900-01-01 to 9999-12-31: %d requests, want %d", got, len(events))
+	}
+	logs := runQuery(t, srv, query("request_logs"), map[string]string{"key_id": "key-0", "from_date": "2025-01-01", "to_date": "9999-12-31", "max_rows": "1000"})
+	if len(logs) != len(events)-1 {
+		t.Errorf("request_logs from 2025-01-01 to 9999-12-31: %d rows, want %d", len(logs), len(events)-1)
+	}
+	invoice := runQuery(t, srv, query("invoice"), map[string]string{"account": events[1].Account, "month": "2105-12-15"})
+	if total := invoice[len(invoice)-1]; total["model"] != "TOTAL" || total["requests"] != "1" {
+		t.Errorf("invoice of December 2105: %v, want the one event of that month", invoice)
+	}
+
+	for name, params := range map[string]map[string]string{
+		"invoice after 2105":   {"account": "acme", "month": "2106-01-01"},
+		"invoice before 1970":  {"account": "acme", "month": "1969-12-01"},
+		"range starting after": {"from_date": "2106-01-01", "to_date": "9999-12-31"},
+		"range ending before":  {"from_date": "1900-01-01", "to_date": "1969-12-31"},
+	} {
+		q := query("invoice")
+		if _, ok := params["from_date"]; ok {
+			q = query("top_keys_by_spend")
+		}
+		_, err := q.Bind(params)
+		if err == nil || !strings.Contains(err.Error(), "1970-01-01..2105-12-31") {
+			t.Errorf("%s: %v, want an error naming the days a Date holds", name, err)
+		}
+	}
+}
