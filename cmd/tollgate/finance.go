@@ -9,9 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/billing/schema"
@@ -145,14 +147,31 @@ func localClickHouseDSN(cfg *config.Config) string {
 
 // cellText prints a cell as finance reads it: a Date as 2026-11-26, a
 // DateTime in RFC 3339 (UTC), not Go's "2026-11-26 00:00:00 +0000 UTC".
+// A string with a tab, a line break or another character a terminal does
+// not print as itself is printed Go-quoted ("a\nb"), as is one that starts
+// with a quote, so a quoted cell is never a string as it was: a logged
+// body's line breaks (pretty-printed JSON, the "\n[tollgate: cut here"
+// line) and tabs cut request_logs rows apart and shifted their columns.
 func cellText(v any, dbType string) string {
 	t, ok := v.(time.Time)
 	switch {
 	case !ok:
+		if s, isString := v.(string); isString && needsQuoting(s) {
+			return strconv.Quote(s)
+		}
 		return fmt.Sprint(v)
 	case strings.HasPrefix(dbType, "Date") && !strings.HasPrefix(dbType, "DateTime"):
 		return t.UTC().Format(time.DateOnly)
 	default:
 		return t.UTC().Format(time.RFC3339)
 	}
+}
+
+// needsQuoting reports whether strconv.Quote would change s beyond adding
+// the quotes, or s starts with a quote.
+func needsQuoting(s string) bool {
+	if strings.HasPrefix(s, `"`) || !utf8.ValidString(s) {
+		return true
+	}
+	return strings.ContainsFunc(s, func(r rune) bool { return !strconv.IsPrint(r) })
 }

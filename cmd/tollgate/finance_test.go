@@ -1,11 +1,17 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/internal/chtest"
+	"github.com/tollgate/tollgate/meter"
 )
 
 // Finance prints dates as finance writes them: Go's default printed
@@ -22,9 +28,70 @@ func TestFinanceCellText(t *testing.T) {
 		{day.Add(90 * time.Minute), "DateTime('UTC')", "2026-11-26T01:30:00Z"},
 		{uint64(42), "UInt64", "42"},
 		{"acme", "String", "acme"},
+		{`{"a":"b\\n"}`, "String", `{"a":"b\\n"}`},
+		{"line one\nline\ttwo", "String", `"line one\nline\ttwo"`},
+		{"answer\r\n[tollgate: cut here, 5 more bytes not logged]", "String", `"answer\r\n[tollgate: cut here, 5 more bytes not logged]"`},
+		{`"quoted" as sent`, "String", `"\"quoted\" as sent"`},
+		{"\xff\xfe", "String", `"\xff\xfe"`},
 	} {
 		if got := cellText(tc.v, tc.dbType); got != tc.want {
 			t.Errorf("cellText(%v, %s) = %q, want %q", tc.v, tc.dbType, got, tc.want)
+		}
+	}
+}
+
+// TestFinanceRequestLogsKeepOneRowPerLine: a logged body with line breaks
+// or tabs (pretty-printed JSON, the cut marker's own line) was printed as
+// it was, so a row ran over several lines and its columns shifted.
+func TestFinanceRequestLogsKeepOneRowPerLine(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx := context.Background()
+	sink, err := billing.OpenClickHouse(ctx, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bodies := []meter.RequestLog{
+		{Request: "{\n\t\"model\": \"m1\"\n}", Response: "answer\n[tollgate: cut here, 9 more bytes not logged]"},
+		{Request: `{"model":"m1"}`, Response: "a\tb\r\nc"},
+	}
+	var events []*meter.Event
+	for i, body := range bodies {
+		body := body
+		events = append(events, &meter.Event{
+			ID: "req-" + string(rune('a'+i)), Time: time.Date(2026, 11, 26, 12, i, 0, 0, time.UTC),
+			Account: "acme", KeyID: "key_logged", Endpoint: "/v1/chat/completions", Model: "m1",
+			Status: 200, Log: &body,
+		})
+	}
+	if err := sink.Insert(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	yaml := "upstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\nmodels:\n  - id: m1\n    context_length: 100\n    max_output_length: 10\n" +
+		"clickhouse:\n  dsn: ${CLICKHOUSE_DSN}\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TOLLGATE_CONFIG", path)
+	t.Setenv("CLICKHOUSE_DSN", srv.DSN())
+	out, err := captureStdout(t, func() error {
+		return runFinance([]string{"request_logs", "key_id=key_logged", "from_date=2026-11-01", "to_date=2026-12-01", "max_rows=10"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 1+len(bodies) {
+		t.Fatalf("%d lines for a header and %d rows:\n%s", len(lines), len(bodies), out)
+	}
+	for _, want := range []string{`"{\n\t\"model\": \"m1\"\n}"`, `"answer\n[tollgate: cut here, 9 more bytes not logged]"`, `"a\tb\r\nc"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %s:\n%s", want, out)
 		}
 	}
 }
