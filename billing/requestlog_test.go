@@ -62,3 +62,38 @@ func TestRequestLogsAndRetention(t *testing.T) {
 		t.Fatalf("usage rows %q: retention must not touch billing", got)
 	}
 }
+
+// TestRequestLogKeptThroughTheDayRetentionDaysAfterTheCall pins what the
+// README says of retention: a call's row is kept through the UTC day N
+// days after the call's UTC day and goes at the first purge after that day
+// ends, so it lives between N and N+1 days (the README said "N days").
+func TestRequestLogKeptThroughTheDayRetentionDaysAfterTheCall(t *testing.T) {
+	ch := chtest.Start(t)
+	ctx := t.Context()
+	sink, err := billing.OpenClickHouse(ctx, ch.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	call := time.Date(2026, 11, 1, 0, 10, 0, 0, time.UTC)
+	if err := sink.Insert(ctx, []*meter.Event{{ID: "a", Time: call, Account: "acme", KeyID: "key_1",
+		Endpoint: "/v1/chat/completions", Model: "m", Status: 200,
+		Log: &meter.RequestLog{Request: "{}", Response: "x", RetentionDays: 30}}}); err != nil {
+		t.Fatal(err)
+	}
+	lastDay := time.Date(2026, 12, 1, 23, 59, 59, 0, time.UTC)
+	for _, purge := range []struct {
+		at   time.Time
+		want string
+	}{{lastDay, "1\n"}, {lastDay.Add(time.Second), "0\n"}} {
+		if _, err := sink.PurgeExpiredLogs(ctx, purge.at); err != nil {
+			t.Fatal(err)
+		}
+		if got := ch.Query(t, "SELECT count() FROM request_logs FINAL"); got != purge.want {
+			t.Errorf("purged at %v: %q rows of a 30-day log written %v, want %q", purge.at, got, call, purge.want)
+		}
+	}
+}
