@@ -19,8 +19,9 @@ import (
 type SeqCost struct {
 	Seq  uint64
 	Cost money.Nanos
-	// Job is the batch job whose event this is, "" for others: a job is
-	// charged once whatever the message that brings its event.
+	// Job is the id of the batch job's event this is, "" for others: a
+	// job's event is charged once whatever the message that brings it.
+	// A job has one event per stop that billed, and one at completion.
 	Job string
 }
 

@@ -27,25 +27,39 @@ import (
 	"github.com/tollgate/tollgate/tokens"
 )
 
-// wantBilled checks the job's one usage event: its id is the job id, its
-// tokens those of the results, its cost tokens × 0.08 USD per 1M.
+// wantBilled checks the job's bills: one usage event with the job's id
+// (repeats only with the same id), and one per stop that billed (id the
+// job's and ".1", ".2"…), together the tokens of the results, costing
+// tokens × 0.08 USD per 1M.
 func wantBilled(t *testing.T, e *env, j *batch.Job, tokens int64) {
 	t.Helper()
 	evs := e.jobEvents(j.ID)
-	ids := map[string]bool{}
+	byID := map[string]*meter.Event{}
+	var billedTokens int64
+	var billedCost money.Nanos
 	for _, ev := range evs {
-		ids[ev.ID] = true
+		if _, seen := byID[ev.ID]; seen {
+			continue
+		}
+		byID[ev.ID] = ev
+		billedTokens += ev.PromptTokens + ev.CompletionTokens
+		billedCost += ev.CostNanos
+		if ev.ID != j.ID && !strings.HasPrefix(ev.ID, j.ID+".") {
+			t.Fatalf("job %s billed under id %s", j.ID, ev.ID)
+		}
+		if ev.Endpoint != "/v1/batch" || ev.Account != j.Account || ev.KeyID != j.KeyID || ev.Status != 200 {
+			t.Fatalf("usage event %+v; want endpoint /v1/batch, the job's account and key", ev)
+		}
 	}
-	if len(evs) == 0 || len(ids) != 1 || !ids[j.ID] {
-		t.Fatalf("job %s: %d usage events with ids %v, want one (repeats only with the same id, the job's)", j.ID, len(evs), ids)
+	if byID[j.ID] == nil {
+		t.Fatalf("job %s: usage events with ids %v, none the job's", j.ID, byID)
 	}
-	ev := evs[0]
 	price, _ := money.ParsePrice("0.00000008")
 	var cost money.Atto
 	cost.Add(tokens, price)
-	if ev.Endpoint != "/v1/batch" || ev.Account != j.Account || ev.KeyID != j.KeyID || ev.PromptTokens+ev.CompletionTokens != tokens ||
-		ev.CostNanos != cost.Nanos() || ev.Status != 200 {
-		t.Fatalf("usage event %+v; want endpoint /v1/batch, %d tokens, cost %d nano-USD", ev, tokens, cost.Nanos())
+	// Each bill is rounded to the nano-USD on its own.
+	if billedTokens != tokens || billedCost-cost.Nanos() > money.Nanos(len(byID)) || cost.Nanos()-billedCost > money.Nanos(len(byID)) {
+		t.Fatalf("bills %v: %d tokens for %d nano-USD; want %d tokens, cost %d nano-USD", byID, billedTokens, billedCost, tokens, cost.Nanos())
 	}
 	if j.ActualTokens == nil || *j.ActualTokens != tokens || !j.Billed {
 		t.Fatalf("job actual_tokens %v billed %v, want %d and billed", j.ActualTokens, j.Billed, tokens)
@@ -908,8 +922,17 @@ func TestResumedJobAsksTheBalanceAgain(t *testing.T) {
 	if j.Status != batch.StatusCompleted || j.RequestsCompleted != n {
 		t.Fatalf("topped up: %s with %d lines: %q", j.Status, j.RequestsCompleted, j.Error)
 	}
-	if evs := e.jobEvents(id); len(evs) != 1 || evs[0].PromptTokens+evs[0].CompletionTokens != tokens || evs[0].CostNanos != money.Nanos(tokens)*100_000 {
-		t.Fatalf("billed %+v, want once %d tokens at 0.0001 USD", evs, tokens)
+	// The lines before the outage were billed when the job stopped, the
+	// rest when it completed.
+	var billedTokens int64
+	var billedCost money.Nanos
+	evs := e.jobEvents(id)
+	for _, ev := range evs {
+		billedTokens += ev.PromptTokens + ev.CompletionTokens
+		billedCost += ev.CostNanos
+	}
+	if len(evs) != 2 || evs[0].ID != id+".1" || evs[1].ID != id || billedTokens != tokens || billedCost != money.Nanos(tokens)*100_000 {
+		t.Fatalf("billed %+v, want %d tokens at 0.0001 USD, the stop's lines then the rest", evs, tokens)
 	}
 }
 
@@ -955,18 +978,28 @@ func TestCountFindsTheTextInAnyCase(t *testing.T) {
 
 // The balance is asked again at each checkpoint, against the tokens used
 // so far: an estimate made from the first texts (short ones, then long)
-// let a job overdraw an account by any amount. It stops, resumable.
+// let a job overdraw an account by any amount. It stops, resumable, and
+// bills the lines done: unbilled, a job admitted on a short estimate ran
+// every line on the model, stopped "cannot pay", and could be deleted and
+// made again at the operator's cost. Resumed once topped up, it bills
+// only the lines after the stop.
 func TestJobStopsAtACheckpointTheAccountCannotPay(t *testing.T) {
 	// With checkpoints every 100 lines it stops mid-way; with one at the
 	// end only, the last stretch is asked before the bill.
 	for _, every := range []int{100, 20_000} {
-		t.Run(fmt.Sprint("checkpoint_lines ", every), func(t *testing.T) { jobStopsWhenTheAccountCannotPay(t, every) })
+		t.Run(fmt.Sprint("checkpoint_lines ", every), func(t *testing.T) { jobStopsWhenTheAccountCannotPay(t, every, false) })
 	}
+	// A worker dies after recording the stop's bill and before noting it
+	// recorded: the one taking over records the same bill again.
+	t.Run("worker dies after the stop's bill", func(t *testing.T) { jobStopsWhenTheAccountCannotPay(t, 100, true) })
 }
 
-func jobStopsWhenTheAccountCannotPay(t *testing.T, checkpointLines int) {
+func jobStopsWhenTheAccountCannotPay(t *testing.T, checkpointLines int, dieAfterStopBill bool) {
 	e := newEnv(t, envOptions{batch: fmt.Sprintf("  price_per_token: \"0.00001\"\n  checkpoint_lines: %d\n  concurrency: 4", checkpointLines), plugins: "  engine: lexical\n  max_text_bytes: 64KiB"})
-	svc := e.service(0, batch.Tuning{})
+	var died atomic.Bool
+	svc := e.service(500*time.Millisecond, batch.Tuning{Hook: func(point string) bool {
+		return dieAfterStopBill && point == "stop-billed" && died.CompareAndSwap(false, true)
+	}})
 	e.work(svc)
 	// The first thousand texts take few tokens a byte, the rest many.
 	var input bytes.Buffer
@@ -976,23 +1009,68 @@ func jobStopsWhenTheAccountCannotPay(t *testing.T, checkpointLines int) {
 	for range 400 {
 		fmt.Fprintf(&input, "{\"text\": %q}\n", strings.Repeat("x ", 3000))
 	}
+	const n = 1400
 	e.g.CreateAccount("tight", 5*money.NanosPerUSD)
 	id := e.create(svc, "tight", input.Bytes(), "")
 	if _, err := svc.Start(e.ctx, "tight", id); err != nil {
 		t.Fatal(err)
 	}
 	j := e.waitEnd(svc, "tight", id, 60*time.Second)
-	if j.Status != batch.StatusFailed || !j.Resumable || !strings.Contains(j.Error, "cannot pay the") {
+	if j.Status != batch.StatusFailed || !j.Resumable || !strings.Contains(j.Error, "cannot pay the") || !strings.Contains(j.Error, "the lines before it are billed") {
 		t.Fatalf("job %s, resumable %v: %q (estimated %d tokens, used %d)", j.Status, j.Resumable, j.Error, j.EstimatedTokens, j.Progress.TotalTokens)
 	}
-	price, _ := money.ParsePrice("0.00001")
-	var cost money.Atto
-	cost.Add(j.Progress.TotalTokens, price)
-	// One checkpoint's lines past what the account could pay, at most.
-	if checkpointLines == 100 && cost.Nanos() > 9*money.NanosPerUSD {
-		t.Fatalf("stopped after %s USD of tokens on 5 USD of credit", cost.Nanos())
+	if dieAfterStopBill && !died.Load() {
+		t.Fatal("the worker never died after a stop's bill")
 	}
-	if evs := e.jobEvents(id); len(evs) != 0 {
-		t.Fatalf("the stopped job was billed: %+v", evs)
+	price, _ := money.ParsePrice("0.00001")
+	costOf := func(tokens int64) money.Nanos {
+		var cost money.Atto
+		cost.Add(tokens, price)
+		return cost.Nanos()
+	}
+	// One checkpoint's lines past what the account could pay, at most.
+	if checkpointLines == 100 && costOf(j.Progress.TotalTokens) > 9*money.NanosPerUSD {
+		t.Fatalf("stopped after %s USD of tokens on 5 USD of credit", costOf(j.Progress.TotalTokens))
+	}
+	// billed sums the job's events by id, checking that each id's
+	// repeats are the same bill.
+	billed := func() (map[string]*meter.Event, int64, money.Nanos) {
+		byID := map[string]*meter.Event{}
+		var tokens int64
+		var cost money.Nanos
+		for _, ev := range e.jobEvents(id) {
+			if first, seen := byID[ev.ID]; seen {
+				if !first.Time.Equal(ev.Time) || first.CostNanos != ev.CostNanos || first.PromptTokens != ev.PromptTokens {
+					t.Fatalf("bill %s repeated as another: %+v and %+v", ev.ID, first, ev)
+				}
+				continue
+			}
+			byID[ev.ID] = ev
+			tokens += ev.PromptTokens + ev.CompletionTokens
+			cost += ev.CostNanos
+		}
+		return byID, tokens, cost
+	}
+	bills, tokens, cost := billed()
+	if len(bills) == 0 || bills[id] != nil || tokens != j.Progress.TotalTokens || cost != costOf(tokens) {
+		t.Fatalf("the stopped job's bills %v: %d tokens for %s USD; want the %d tokens of its lines done, under ids other than the job's", bills, tokens, cost, j.Progress.TotalTokens)
+	}
+	if _, err := e.g.Accounts.Credit(e.ctx, "tight", 1000*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if b, _ := e.g.Accounts.Balance("tight"); b < 900*money.NanosPerUSD {
+			return fmt.Errorf("balance %s not seen yet", b)
+		}
+		return nil
+	})
+	j = e.startAndWait(svc, "tight", id)
+	_, resultTokens := checkResults(t, e.results(j), n)
+	if j.Status != batch.StatusCompleted || j.RequestsCompleted != n {
+		t.Fatalf("topped up: %s with %d lines: %q", j.Status, j.RequestsCompleted, j.Error)
+	}
+	bills, tokens, cost = billed()
+	if bills[id] == nil || tokens != resultTokens || cost != costOf(resultTokens) {
+		t.Fatalf("bills %v: %d tokens for %s USD; want every line once, %d tokens, the last bill the job's own", bills, tokens, cost, resultTokens)
 	}
 }

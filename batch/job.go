@@ -106,6 +106,14 @@ type Job struct {
 	// bill counts in that process's balances until debited, and only in
 	// the others' through recentlyBilled.
 	BilledBy string `json:"billed_by,omitempty"`
+	// StopBills are the bills of the lines done before a run stopped
+	// resumable (the balance could not pay, the model stayed down), one
+	// per stop that had lines to bill, each charging what the job did
+	// since the bill before; the completion's bill charges the rest, so
+	// a line is billed once however often the job stops and resumes.
+	// Unbilled, a job stopped after its lines ran upstream could be
+	// deleted, and made again, at the operator's cost.
+	StopBills []StopBill `json:"stop_bills,omitempty"`
 	// Resumable: the run stopped because its model's upstream stayed
 	// unavailable, with its checkpoint intact. Starting the job again goes
 	// on from the checkpoint instead of the first line, so the lines
@@ -120,6 +128,32 @@ type Job struct {
 	// takes up the next run, or with the job.
 	Leftovers []Segment `json:"leftovers,omitempty"`
 }
+
+// StopBill is the bill of a stop: its usage event's id (the job id, then
+// ".1", ".2"… in order) and time, saved before the event is recorded, and
+// what it charged. Recorded is set once the event is: a worker that dies
+// in between leaves it unset, and the worker taking over records the
+// same event again, which ClickHouse and the debit take once.
+type StopBill struct {
+	ID       string    `json:"id"`
+	At       time.Time `json:"at"`
+	Recorded bool      `json:"recorded,omitempty"`
+	// Stop is the error the job stops with, for the worker taking over.
+	Stop string `json:"stop,omitempty"`
+	Charge
+}
+
+// Charge is what a bill charges: token sums and cost.
+type Charge struct {
+	PromptTokens     int64 `json:"prompt_tokens,omitempty"`
+	CompletionTokens int64 `json:"completion_tokens,omitempty"`
+	CachedTokens     int64 `json:"cached_tokens,omitempty"`
+	ReasoningTokens  int64 `json:"reasoning_tokens,omitempty"`
+	TotalTokens      int64 `json:"total_tokens,omitempty"`
+	CostNanos        int64 `json:"cost_nanos,omitempty"`
+}
+
+func (c Charge) zero() bool { return c == Charge{} }
 
 // Progress is the checkpoint of the current run: the input up to Offset
 // (Lines lines) is done and its results are in Parts, in order.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,14 @@ func maxLineBytes(cfg *config.Config) int {
 // for a fault worth a retry (the run resumes from its checkpoint).
 func (s *Service) run(ctx context.Context, o *owner) error {
 	cfg := s.runtime.Config()
+	// A worker that died stopping the job, between saving the stop's
+	// bill and recording it, left both to this one.
+	if stop, err := s.recordStopBills(ctx, o, false); err != nil || stop != "" {
+		if err != nil {
+			return err
+		}
+		return o.stop(ctx, stop)
+	}
 	j := o.snapshot()
 	engine, err := s.runtime.Engine(j)
 	if err != nil {
@@ -88,8 +97,10 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		// now, against the estimate: checked only at create and start, one
 		// job of a 5 GB input could overdraw an account of one cent by
 		// any amount. A run resuming a stopped one asks again, for the
-		// whole job: it skipped the check with the count, and overdrew.
+		// whole job less what its stops billed: it skipped the check with
+		// the count, and overdrew.
 		estimate, _ := jobCost(j.Price, j.EstimatedTokens)
+		estimate = max(estimate-money.Nanos(j.stopBilled().CostNanos), 0)
 		if refused := s.cannotPay(ctx, j, estimate, fmt.Sprintf("this job's estimated %d tokens", j.EstimatedTokens)); refused != "" {
 			return o.end(ctx, refused+": top up and start the job again", j.Resumable)
 		}
@@ -275,7 +286,7 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 				if err := w.checkpoint(ctx); err != nil {
 					return err
 				}
-				if err := o.stop(ctx, fmt.Sprintf("stopped at line %d: %s; start the job again when the model is back: it goes on from line %d", c.first, c.err, c.first)); err != nil {
+				if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s; the lines before it are billed; start the job again when the model is back: it goes on from line %d", c.first, c.err, c.first)); err != nil {
 					return err
 				}
 				return errEnded
@@ -307,23 +318,80 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 }
 
 // stopIfOverdrawn stops the job, resumable, when the account cannot pay
-// the tokens its lines have used so far within the grace buffer, and then
-// answers errEnded. The estimate the run was admitted on can be far short
-// (its tokens per byte come from the first texts), and the job is billed
-// only at its end: asked at each checkpoint, an overdraw is bounded by one
+// the tokens its lines have used since its last bill within the grace
+// buffer, bills those lines, and then answers errEnded. The estimate the
+// run was admitted on can be far short (its tokens per byte come from the
+// first texts): asked at each checkpoint, an overdraw is bounded by one
 // checkpoint's lines.
 func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 	j := o.snapshot()
-	cost, _ := j.cost()
-	refused := s.cannotPay(ctx, j, cost, fmt.Sprintf("the %d tokens used so far", j.Progress.TotalTokens))
+	due := j.unbilled()
+	refused := s.cannotPay(ctx, j, money.Nanos(due.CostNanos), fmt.Sprintf("the %d tokens used so far", due.TotalTokens))
 	if refused == "" {
 		return nil
 	}
 	next := j.Progress.Lines + 1
-	if err := o.stop(ctx, fmt.Sprintf("stopped at line %d: %s: top up and start the job again; it goes on from line %d", next, refused, next)); err != nil {
+	if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s; the lines before it are billed: top up and start the job again; it goes on from line %d", next, refused, next)); err != nil {
 		return err
 	}
 	return errEnded
+}
+
+// stopBilled stops the job, resumable, with msg, after billing the lines
+// it did since its last bill: their results are kept for the run that
+// resumes it, which bills only the lines after them. Left unbilled, a job
+// stopped by a balance that could not pay, after its lines had run on the
+// model, could be deleted and made again, each time at the operator's
+// cost. The bill's id and time, and msg, are saved first, as BilledAt is
+// before the completion's bill.
+func (s *Service) stopBilled(ctx context.Context, o *owner, msg string) error {
+	j := o.snapshot()
+	if due := j.unbilled(); !due.zero() {
+		bill := StopBill{ID: fmt.Sprintf("%s.%d", j.ID, len(j.StopBills)+1), At: time.Now().UTC(), Stop: msg, Charge: due}
+		if err := o.update(ctx, func(j *Job) { j.StopBills = append(j.StopBills, bill) }); err != nil {
+			return err
+		}
+		if _, err := s.recordStopBills(ctx, o, true); err != nil {
+			return err
+		}
+	}
+	return o.stop(ctx, msg)
+}
+
+// recordStopBills records the events of the job's stop bills not recorded
+// yet, notes them recorded, and returns the last one's stop message ("" for
+// none). note counts them in this process's balance until debited, as the
+// completion's bill is: once, by the worker that made them (noted again,
+// a bill held the balance short until the process restarted).
+func (s *Service) recordStopBills(ctx context.Context, o *owner, note bool) (stop string, err error) {
+	j := o.snapshot()
+	var recorded []string
+	for _, b := range j.StopBills {
+		if b.Recorded {
+			continue
+		}
+		if !meter.RecordAndWait(s.recorder, s.billingEvent(j, b.ID, b.At, b.Charge)) {
+			s.logf("batch: job %s: its bill %s is not on disk after %s; stopping it anyway", j.ID, b.ID, meter.DurableWait)
+		}
+		if note {
+			s.runtime.NoteCharge(j.Account, money.Nanos(b.CostNanos))
+		}
+		recorded = append(recorded, b.ID)
+		stop = b.Stop
+	}
+	if len(recorded) == 0 {
+		return "", nil
+	}
+	if s.at("stop-billed") {
+		return "", errDied
+	}
+	return stop, o.update(ctx, func(j *Job) {
+		for i := range j.StopBills {
+			if slices.Contains(recorded, j.StopBills[i].ID) {
+				j.StopBills[i].Recorded = true
+			}
+		}
+	})
 }
 
 // cannotPay says why the account cannot pay cost, for job j, within the
@@ -602,7 +670,7 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 	// safe from a crash first, as a chat answer's is before its last
 	// byte: under billing.durability fsync a power loss right after the
 	// completion, recorded in JetStream, could take the bill with it.
-	ev := s.billingEvent(j, *j.BilledAt)
+	ev := s.billingEvent(j, j.ID, *j.BilledAt, j.unbilled())
 	cost := ev.CostNanos // the recorder owns ev once it has it
 	if !meter.RecordAndWait(s.recorder, ev) {
 		s.logf("batch: job %s: its bill is not on disk after %s; completing it anyway", j.ID, meter.DurableWait)
@@ -722,7 +790,7 @@ func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
 		if other.BilledBy == s.name {
 			continue // in this process's balance until debited (NoteCharge)
 		}
-		cost, _ := other.cost()
+		cost := money.Nanos(other.unbilled().CostNanos) // its completion's bill
 		// The debits have grown by the job's cost since it billed itself:
 		// its bill is in the balance, and counting it again refused jobs
 		// the account could pay for. (Other calls' debits could make up
@@ -759,19 +827,51 @@ func (j *Job) cost() (money.Nanos, error) {
 	return cost + money.Nanos(p.ModelCostNanos), err
 }
 
-// billingEvent is the job's one usage event: its id is the job id and its
-// time the job's BilledAt, so billing it twice is billing it once.
-func (s *Service) billingEvent(j *Job, at time.Time) *meter.Event {
-	cost, err := j.cost() // the price was validated with the config it came from
-	if err != nil {
-		s.logf("batch: job %s has price %q: %v; billing 0", j.ID, j.Price, err)
+// stopBilled is what the job's stop bills charged together.
+func (j *Job) stopBilled() Charge {
+	var sum Charge
+	for _, b := range j.StopBills {
+		sum.PromptTokens += b.PromptTokens
+		sum.CompletionTokens += b.CompletionTokens
+		sum.CachedTokens += b.CachedTokens
+		sum.ReasoningTokens += b.ReasoningTokens
+		sum.TotalTokens += b.TotalTokens
+		sum.CostNanos += b.CostNanos
+	}
+	return sum
+}
+
+// unbilled is what the lines done so far cost beyond what the job's stop
+// bills charged. A run started over from the first line (after a failure)
+// does again lines a stop billed: they are not billed again, and a count
+// smaller the second time (an llm's answers vary) bills nothing below 0.
+func (j *Job) unbilled() Charge {
+	cost, _ := j.cost() // an unparsable price bills its tokens at 0, and billingEvent says so
+	p, billed := &j.Progress, j.stopBilled()
+	c := Charge{
+		PromptTokens:     max(p.PromptTokens-billed.PromptTokens, 0),
+		CompletionTokens: max(p.CompletionTokens-billed.CompletionTokens, 0),
+		TotalTokens:      max(p.TotalTokens-billed.TotalTokens, 0),
+		CostNanos:        max(int64(cost)-billed.CostNanos, 0),
+	}
+	c.CachedTokens = min(max(p.CachedTokens-billed.CachedTokens, 0), c.PromptTokens)
+	c.ReasoningTokens = min(max(p.ReasoningTokens-billed.ReasoningTokens, 0), c.CompletionTokens)
+	return c
+}
+
+// billingEvent is a usage event of the job: id is the job id for its
+// completion's bill, and a stop's bill's id for that bill (StopBill), and
+// at the time saved with it, so billing it twice is billing it once.
+func (s *Service) billingEvent(j *Job, id string, at time.Time, c Charge) *meter.Event {
+	if _, err := j.cost(); err != nil {
+		s.logf("batch: job %s has price %q: %v; billing its tokens at 0", j.ID, j.Price, err)
 	}
 	ev := &meter.Event{
-		ID: j.ID, JobID: j.ID, Time: at, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
+		ID: id, JobID: j.ID, Time: at, Account: j.Account, KeyID: j.KeyID, Endpoint: "/v1/batch",
 		Model:        cmp.Or(j.Progress.OfflineEngine, classifiers.EngineLexical),
-		PromptTokens: j.Progress.PromptTokens, CachedTokens: j.Progress.CachedTokens,
-		CompletionTokens: j.Progress.CompletionTokens, ReasoningTokens: j.Progress.ReasoningTokens,
-		CostNanos: cost, UsageSource: meter.SourceTokenizer, Status: 200,
+		PromptTokens: c.PromptTokens, CachedTokens: c.CachedTokens,
+		CompletionTokens: c.CompletionTokens, ReasoningTokens: c.ReasoningTokens,
+		CostNanos: money.Nanos(c.CostNanos), UsageSource: meter.SourceTokenizer, Status: 200,
 	}
 	if j.StartedAt != nil {
 		ev.Latency = at.Sub(*j.StartedAt)

@@ -388,14 +388,17 @@ func (b *biller) debitAll(ctx context.Context, batch []delivery, seqs []uint64) 
 		if a.seq != d.seq {
 			a.seq, a.plain = d.seq, -1
 		}
-		// A batch job's event is charged by its job id as well: two
+		// A batch job's event is charged by its id as well: two
 		// processes may both have published it (see accounts.SeqCost).
+		// Its id, not its job id: a job stopped by a balance that could
+		// not pay bills its lines done under the job id and ".1" (…),
+		// and its completion, under the job id, charges the rest.
 		// Every other event of the message goes into the one entry, also
 		// around a job's (two entries of one sequence were refused as an
 		// event listed twice, and the account's whole fetch went
 		// uncharged).
 		if d.ev.JobID != "" {
-			a.usage.Events = append(a.usage.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos, Job: d.ev.JobID})
+			a.usage.Events = append(a.usage.Events, accounts.SeqCost{Seq: d.seq, Cost: d.ev.CostNanos, Job: d.ev.ID})
 			continue
 		}
 		if a.plain >= 0 {

@@ -326,6 +326,24 @@ func TestBillingChargesABatchJobOnceFromTwoMessages(t *testing.T) {
 	r.checkBalances(want)
 }
 
+// A batch job stopped by a balance that could not pay bills its lines done
+// under the job id and ".1", and its completion the rest under the job id:
+// two bills of one job, each charged once however often it comes.
+func TestBillingChargesEachBillOfABatchJobOnce(t *testing.T) {
+	r := newBillingRig(t)
+	events := eventsFrom(0, 100)
+	stop, done := usageEvent(500), usageEvent(501)
+	stop.JobID, done.JobID = done.ID, done.ID
+	stop.ID, stop.Account = done.ID+".1", done.Account
+	r.publish(slices.Concat(events[:50], []*meter.Event{stop}))
+	r.publish([]*meter.Event{stop}) // its repeat, by a worker taking over
+	r.publish(slices.Concat([]*meter.Event{done}, events[50:]))
+	want := slices.Concat(events, []*meter.Event{stop, done})
+	r.run(billing.Options{Batch: 1000, MaxWait: 100 * time.Millisecond})
+	r.waitForTotals(totalsOf(want), 20*time.Second)
+	r.checkBalances(want)
+}
+
 func TestBillingWaitsOutAClickHouseOutage(t *testing.T) {
 	r := newBillingRig(t)
 	events := eventsFrom(0, 6000)
