@@ -1172,7 +1172,20 @@ func TestRevokedKeysStreamsEnd(t *testing.T) {
 // only after the revocation had looked for them, and ran to its end,
 // billed in full (found by a black-box session).
 func TestRevokedKeysStreamWaitingForItsFirstEventEnds(t *testing.T) {
-	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 30, ChunkDelay: 100 * time.Millisecond, FirstByteDelay: time.Second}, idleTimeout: "30s"})
+	revokeWhileWaitingForTheFirstEvent(t, proxytest.Options{Chunks: 30, ChunkDelay: 100 * time.Millisecond, FirstByteDelay: time.Second})
+}
+
+// The same with an answer that comes whole in one read: addStream closed
+// the upstream connection, but the answer was in the read buffer already,
+// and the relay went on through it to [DONE], billed in full on the
+// upstream's usage (found by a re-test session, 3 streams of 6). Nothing
+// of it is relayed.
+func TestRevokedKeysOneReadAnswerEnds(t *testing.T) {
+	revokeWhileWaitingForTheFirstEvent(t, proxytest.Options{Chunks: 5, OneWrite: true, FirstByteDelay: time.Second})
+}
+
+func revokeWhileWaitingForTheFirstEvent(t *testing.T, upstream proxytest.Options) {
+	h := newHarness(t, harnessOptions{upstream: upstream, idleTimeout: "30s"})
 	for i, path := range []string{"/v1/chat/completions", "/v1/responses"} {
 		// The upstream may still count the call cut before: the wait for
 		// it to take this one would end at once, and the key be revoked
@@ -1225,6 +1238,9 @@ func TestRevokedKeysStreamWaitingForItsFirstEventEnds(t *testing.T) {
 		ev := h.events(i + 1)[i]
 		if ev.KeyID != info.KeyID || ev.UsageSource != meter.SourceEstimated || ev.CostNanos <= 0 {
 			t.Fatalf("%s: event %+v", path, ev)
+		}
+		if upstream.OneWrite && (len(evs) != 1 || ev.CompletionTokens != 0) {
+			t.Fatalf("%s: %d events relayed, %d completion tokens billed after the revocation:\n%s", path, len(evs), ev.CompletionTokens, body)
 		}
 	}
 }

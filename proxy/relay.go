@@ -131,6 +131,14 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 	if !c.sseStarted {
 		c.openSSE(c.resp)
 	}
+	if c.keyRevoked.Load() && !c.finished {
+		// Closing the upstream connection ends its reads, not those of
+		// the read buffer: an answer that came in one read, the key
+		// revoked while it waited for it (addStream), was relayed to its
+		// end and billed in full. Nothing more goes out.
+		c.streamDone = true
+		return streamErrorEvent(c.ep, "the API key of this call was revoked; stream ended", c.nextSequence), false, nil
+	}
 	ev, err := c.sse.Next()
 	if err == nil && !ev.Complete && !c.finished {
 		// A body that ends on close (HTTP/1.0, neither a length nor

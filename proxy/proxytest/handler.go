@@ -289,6 +289,19 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, o *Options, even
 	if out := s.wait(ctx, o.FirstByteDelay, sc); out != finished {
 		return out
 	}
+	if o.OneWrite {
+		sc.out = sc.out[:0]
+		for _, ev := range events {
+			sc.out = ev.appendTo(sc.out, &sc.vals)
+		}
+		if _, err := w.Write(sc.out); err != nil {
+			return clientGone
+		}
+		if err := rc.Flush(); err != nil {
+			return clientGone
+		}
+		return finished
+	}
 	for i, ev := range events {
 		if i > 0 {
 			if out := s.wait(ctx, o.ChunkDelay, sc); out != finished {

@@ -79,6 +79,12 @@ type Options struct {
 	// chat stream, it rides on the finish_reason chunk instead of a separate
 	// chunk with "choices":[].
 	UsageOnLastContentChunk bool
+	// OneWrite sends a stream's events in one write, headers included, as
+	// an upstream that generated the whole answer while the client waited
+	// for its first byte: the client's first read brings all of it (if
+	// under 2 KiB, net/http's buffer before chunking: a few Chunks).
+	// ChunkDelay, DropAfter and Stall do not apply.
+	OneWrite bool
 	// Stall stops writing after the first stream event and holds the
 	// connection open until the client goes away (or the server closes).
 	Stall bool
