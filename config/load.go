@@ -280,6 +280,9 @@ func oddSpace(data []byte, line int) (int, int, rune) {
 				col++
 				continue
 			}
+			if r == '\r' {
+				break // a CRLF line end (crToLF made every lone CR an LF)
+			}
 			if r != '\t' && unicode.IsSpace(r) {
 				return i + 1, col, r
 			}

@@ -91,6 +91,34 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// TestGoldenCRLF reads every testdata/*.yamltest input again with CRLF
+// line ends, as a file saved on Windows has them: the loader says the
+// same. A syntax error was blamed on "the space character U+000D in the
+// indentation" of the last blank line before it (found by a re-test
+// session).
+func TestGoldenCRLF(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.yamltest")
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".yamltest"), func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			input, _, _ := strings.Cut(string(raw), goldenSeparator)
+			env := map[string]string{}
+			for _, m := range envLine.FindAllStringSubmatch(input, -1) {
+				env[m[1]] = m[2]
+			}
+			lookup := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
+			_, lfErr := parse("gateway.yaml", []byte(input), lookup)
+			_, crlfErr := parse("gateway.yaml", []byte(strings.ReplaceAll(input, "\n", "\r\n")), lookup)
+			if fmt.Sprint(crlfErr) != fmt.Sprint(lfErr) {
+				t.Fatalf("with CRLF line ends:\n%v\nwith LF:\n%v", crlfErr, lfErr)
+			}
+		})
+	}
+}
+
 // valueAt reads a yaml path such as models[1].pricing.prompt out of a
 // decoded config, formatted with fmt.Sprint (strings are quoted).
 func valueAt(v reflect.Value, path string) (string, error) {
