@@ -86,7 +86,7 @@ func checkKeyName(name string) *Problem {
 		return &Problem{"name", "name must not contain line or paragraph separators (U+2028, U+2029): a name is one line"}
 	}
 	if r, ok := invisibleInName(name); ok {
-		return &Problem{"name", fmt.Sprintf("name must not contain invisible characters (it has %U): it would look like the name without them; a zero width joiner (U+200D) may only join two emoji, as in \U0001F469\u200d\U0001F4BB", r)}
+		return &Problem{"name", fmt.Sprintf("name must not contain invisible characters (it has %U): it would look like the name without them; a zero width joiner (U+200D) may only join two emoji, as in \U0001F469\u200d\U0001F4BB, and a variation selector U+FE0F or U+FE0E only follow one, as in \u2764\ufe0f", r)}
 	}
 	first, _ := utf8.DecodeRuneInString(name)
 	last, _ := utf8.DecodeLastRuneInString(name)
@@ -99,32 +99,55 @@ func checkKeyName(name string) *Problem {
 // invisibleInName returns the first character of name that shows as
 // nothing, so that "prod\u200bbackend" lists as "prodbackend": a format
 // character (category Cf: zero width space, zero width non-joiner, word
-// joiner, byte order mark, soft hyphen, the tag characters) or another
-// one Unicode says to ignore where it cannot be shown (the Hangul
-// fillers, which count as letters, and the combining grapheme joiner).
-// The zero width joiner is kept between two emoji, where it joins them
-// into one (woman, joiner, laptop: the technologist). An emoji is read
-// as a symbol (category So); a skin tone or the emoji variation selector
-// U+FE0F may stand between it and the joiner. Variation selectors are
-// not refused: U+FE0F asks for an emoji's colour form.
+// joiner, byte order mark, soft hyphen, the tag characters), a variation
+// selector, or another one Unicode says to ignore where it cannot be
+// shown (the Hangul fillers, which count as letters, and the combining
+// grapheme joiner). Two uses of them show: U+FE0F and U+FE0E right after
+// a pictograph (Extended_Pictographic), which ask for its emoji or text
+// form (or after a keycap's 0-9, # or *, before U+20E3), and the zero
+// width joiner between two emoji, which joins them into one (woman,
+// joiner, laptop: the technologist). An emoji is, near enough, a
+// pictograph of the emoji planes (U+1Fxxx), or one followed by U+FE0F or
+// a skin tone: "\u2605\u200d\u2605" (black stars, which have no emoji
+// form) shows as two stars, the joiner as nothing.
 func invisibleInName(name string) (rune, bool) {
 	const zeroWidthJoiner = '\u200d'
-	var before rune // the last character, skin tones and U+FE0F skipped
+	before := -1 // where the last character but skin tones and U+FE0F starts
+	prev := rune(-1)
 	for i, r := range name {
+		rest := name[i+utf8.RuneLen(r):]
 		switch {
 		case r == zeroWidthJoiner:
-			after, size := utf8.DecodeRuneInString(name[i+utf8.RuneLen(r):])
-			if size == 0 || !unicode.Is(unicode.So, before) || !unicode.Is(unicode.So, after) {
+			if before < 0 || !startsWithEmoji(name[before:]) || !startsWithEmoji(rest) {
 				return r, true
 			}
-		case unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point):
+		case r == '\ufe0e' || r == '\ufe0f':
+			next, _ := utf8.DecodeRuneInString(rest)
+			keycap := strings.ContainsRune("0123456789#*", prev) && next == '\u20e3'
+			if !unicode.Is(extendedPictographic, prev) && !keycap {
+				return r, true
+			}
+		case unicode.In(r, unicode.Cf, unicode.Variation_Selector, unicode.Other_Default_Ignorable_Code_Point):
 			return r, true
 		}
 		if !isEmojiModifier(r) && r != '\ufe0f' {
-			before = r
+			before = i
 		}
+		prev = r
 	}
 	return 0, false
+}
+
+// startsWithEmoji reports whether s starts with a pictograph shown as an
+// emoji: one of the emoji planes, or one followed by U+FE0F (the emoji
+// form) or a skin tone (see invisibleInName).
+func startsWithEmoji(s string) bool {
+	r, size := utf8.DecodeRuneInString(s)
+	if !unicode.Is(extendedPictographic, r) {
+		return false
+	}
+	next, _ := utf8.DecodeRuneInString(s[size:])
+	return r >= 0x1F000 || next == '\ufe0f' || isEmojiModifier(next)
 }
 
 // isLineSeparator reports whether r is U+2028 or U+2029, which are not

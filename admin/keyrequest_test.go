@@ -74,6 +74,26 @@ func TestCheckKeyRequestRefusesInvisibleCharacters(t *testing.T) {
 		{"\U0001F3F3\ufe0f\u200d\U0001F308 team", ""},
 		{"\U0001F468\u200d\U0001F469\u200d\U0001F467", ""},
 		{"\u2764\ufe0f prod", ""},
+		// Variation selectors but U+FE0E and U+FE0F right after a
+		// pictograph (or a keycap's base) and a joiner but between two
+		// emoji showed as nothing (found by a re-test session).
+		{"prod\ufe0fbackend", refused + " (it has U+FE0F)"},
+		{"prod\ufe0ebackend", refused + " (it has U+FE0E)"},
+		{"prod\ufe00backend", refused + " (it has U+FE00)"},
+		{"prod\U000E0100backend", refused + " (it has U+E0100)"},
+		{"\u2764\ufe0f\ufe0f prod", refused + " (it has U+FE0F)"},
+		{"\U0001F469\U0001F3FD\ufe0f", refused + " (it has U+FE0F)"},
+		{"\u2605\u200d\u2605", refused + " (it has U+200D)"},
+		{"\u2500\u200d\u2500", refused + " (it has U+200D)"},
+		{"a\u200d\U0001F4BB", refused + " (it has U+200D)"},
+		{"\u2764\u200d\U0001F525", refused + " (it has U+200D)"},
+		{"\u2764\ufe0f\u200d\U0001F525 hot", ""},
+		{"\u2601\ufe0e weather", ""},
+		{"\u26F9\U0001F3FB\u200d\u2640\ufe0f", ""},
+		{"\U0001F441\ufe0f\u200d\U0001F5E8\ufe0f", ""},
+		{"\U0001F9D1\u200d\U0001F91D\u200d\U0001F9D1", ""},
+		{"team 1\ufe0f\u20e3", ""},
+		{"team 1\ufe0f", refused + " (it has U+FE0F)"},
 		// A name of nothing but invisible characters shows as no name.
 		{"\u200b", refused + " (it has U+200B)"},
 		{"\ufeff\ufeff", refused + " (it has U+FEFF)"},
