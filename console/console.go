@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/admin"
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -508,6 +509,9 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	rows, err := c.usage.usageSince(sctx, sess.Account, today.AddDate(0, 0, -(UsageDays-1)))
 	if err != nil {
 		view.UsageUnavailable = true
+		// The operator's DSN is wrong: no outage the holder can wait out.
+		settingsErr := (*billing.DSNSettingsError)(nil)
+		view.UsageOff = errors.As(err, &settingsErr)
 	} else {
 		days, models, total := summarize(rows)
 		for _, d := range days {

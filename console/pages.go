@@ -90,9 +90,12 @@ type overviewPage struct {
 	Refused bool
 	Grace   string
 	// Limits are the account's own, set by the operator; "no limit" for 0.
-	RPM, TPM, MaxConcurrent    string
-	Days                       int
-	UsageUnavailable           bool
+	RPM, TPM, MaxConcurrent string
+	Days                    int
+	UsageUnavailable        bool
+	// UsageOff: unavailable until the operator corrects clickhouse.dsn,
+	// not because ClickHouse is down.
+	UsageOff                   bool
 	PerDay, PerModel, PerMonth []usageLine
 	Months                     int
 	Total                      usageLine

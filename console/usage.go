@@ -43,6 +43,11 @@ type usageReader struct {
 	sink     *billing.ClickHouseSink // opened here, closed by close
 	failedAt time.Time
 	lastErr  error
+	// settingsErr: ClickHouse refuses clickhouse.dsn's settings
+	// (billing.DSNSettingsError). Trying again does not help: usage is
+	// unavailable until a restart brings another DSN (it is not
+	// reloadable).
+	settingsErr error
 	// slowUntil: a query timed out (a ClickHouse that hangs rather than
 	// refuses), in its handshake or its answer; until then pages show
 	// usage unavailable at once instead of each waiting for a deadline and
@@ -72,6 +77,9 @@ func (u *usageReader) connect(ctx context.Context) (driver.Conn, error) {
 	if u.dsn == "" {
 		return nil, errors.New("no clickhouse.dsn configured")
 	}
+	if u.settingsErr != nil {
+		return nil, u.settingsErr
+	}
 	if !u.failedAt.IsZero() && time.Since(u.failedAt) < usageRetryAfter {
 		return nil, u.lastErr
 	}
@@ -79,6 +87,11 @@ func (u *usageReader) connect(ctx context.Context) (driver.Conn, error) {
 	defer cancel()
 	sink, err := billing.OpenClickHouse(ctx, withDialTimeout(u.dsn))
 	if err != nil {
+		if settingsErr := (*billing.DSNSettingsError)(nil); errors.As(err, &settingsErr) {
+			u.settingsErr = err
+			u.logf("console: usage unavailable until clickhouse.dsn is corrected and serve restarted: %v", err)
+			return nil, err
+		}
 		u.failedAt, u.lastErr = time.Now(), err
 		u.logf("console: usage unavailable (retrying in %s): %v", usageRetryAfter, err)
 		return nil, err

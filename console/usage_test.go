@@ -12,6 +12,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/internal/chtest"
 )
 
 // hangingConn is a ClickHouse that accepted the connection and then
@@ -153,5 +155,29 @@ func TestUsageNoteSaysHowCallsArePriced(t *testing.T) {
 				t.Errorf("%d estimated: the overview lacks %q:\n%s", estimated, w, page)
 			}
 		}
+	}
+}
+
+// A clickhouse.dsn carrying a setting ClickHouse refuses (?sekure=true)
+// is no outage that passes: the console logged it again at every overview
+// past its 5 s backoff, and told the holder the billing store did not
+// answer, to reload later. It logs it once, asks no more until a
+// restart, and the page says only that usage is unavailable.
+func TestOverviewWithARefusedDSNSetting(t *testing.T) {
+	ch := chtest.Start(t)
+	g := startGateway(t, ch.DSN()+"?sekure=true")
+	b := g.browser()
+	b.signIn("acme")
+	for range 2 {
+		status, page := b.get("/console")
+		if status != 200 || !strings.Contains(page, `id="usage-unavailable"`) || strings.Contains(page, "did not answer") || strings.Contains(page, "Reload the page later") {
+			t.Fatalf("overview: %d %s", status, page)
+		}
+		g.console.usage.mu.Lock()
+		g.console.usage.failedAt = time.Now().Add(-time.Hour) // past the backoff
+		g.console.usage.mu.Unlock()
+	}
+	if n := strings.Count(g.log.String(), "Unknown setting sekure"); n != 1 {
+		t.Fatalf("the refused setting logged %d times, want once:\n%s", n, g.log)
 	}
 }
