@@ -90,6 +90,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			firstByte = up.cfg.ResponseTimeout
 		}
 		resp, err := up.pool.roundTrip(*reqp, firstByte, c.client)
+		c.reachedUpstream = c.reachedUpstream || sentUpstream(err)
 		c.eventStream = false
 		if err == nil {
 			if enc := resp.Header.ContentEncoding(); len(enc) > 0 && !bytes.EqualFold(enc, identity) {

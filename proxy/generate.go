@@ -282,6 +282,13 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 			s.calls.observe(call.entry.ID, upstreamName, call.ep.path(), apiErr.Status, time.Since(call.start))
 			call.failCallSpan(apiErr.Status, apiErr.Message)
 		}
+		if !call.reachedUpstream && !call.clientGone {
+			// Refused before it reached an upstream (each refused the
+			// connection, was ejected or resting): it costs no request,
+			// as a call refused before one is chosen. The SDKs retry a
+			// 503 twice: one of their calls used three of a key's rpm.
+			call.limit.refused(ctx)
+		}
 		call.release()
 		WriteError(ctx, apiErr)
 		return
@@ -462,6 +469,9 @@ type generationCall struct {
 	// then.
 	client     net.Conn
 	clientGone bool
+	// reachedUpstream: an attempt's request may have reached its
+	// upstream (sentUpstream), which may have worked on it.
+	reachedUpstream bool
 }
 
 func (c *generationCall) release() {
@@ -585,6 +595,15 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 		return
 	}
 	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.sent, c.alone)
+}
+
+// sentUpstream reports whether an attempt that ended with err (nil: an
+// answer came) may have got its request to the upstream: all but one
+// whose connection could not be opened, or had to wait for one of
+// max_connections in vain.
+func sentUpstream(err error) bool {
+	var opErr *net.OpError
+	return !errors.Is(err, errNoFreeConns) && !(errors.As(err, &opErr) && opErr.Op == "dial")
 }
 
 // upstreamUnreachable is the 503 for an upstream that refused the

@@ -848,6 +848,40 @@ func TestRefusedGenerationCostsNoRequest(t *testing.T) {
 	}
 }
 
+// A call that ends with the gateway's own 503, no attempt having reached
+// an upstream (the only one refused the connection), costs its key no
+// request, as one refused before its upstream does: the OpenAI SDKs
+// retry a 503 twice, and one SDK call used three of its key's rpm
+// (found by a re-test session). A call an upstream took, and did not
+// answer in time, costs its request.
+func TestUnreachableUpstreamCostsNoRequest(t *testing.T) {
+	h := newHarness(t, harnessOptions{firstByteTimeout: "300ms"})
+	_, key, err := h.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "rpm", RPM: 3, TPM: 100_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	remaining := func(resp *http.Response, want string) {
+		t.Helper()
+		if got := resp.Header.Get("x-ratelimit-remaining-requests"); got != want {
+			t.Errorf("x-ratelimit-remaining-requests %q, want %s", got, want)
+		}
+	}
+	h.up.SetOptions(proxytest.Options{FirstByteDelay: time.Second})
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`, key)
+	wantError(t, resp, 503, "upstream_unavailable")
+	remaining(resp, "2")
+
+	h.up.Close() // nothing listens on its port any more
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/chat/completions", "/v1/responses"} {
+		resp := h.post(path, `{"model":"small","messages":[{"role":"user","content":"hi"}],"input":"hi"}`, key)
+		wantError(t, resp, 503, "upstream_unavailable")
+		remaining(resp, "2")
+	}
+}
+
 // Calls in flight together count their prompts at once: counting a
 // generation's tokens only once its usage came let 100 concurrent streams
 // take 10M tokens on a key's tpm of 1,000.
