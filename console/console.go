@@ -656,10 +656,13 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		Retention: string(args.Peek("retention_days")),
 	}
 	req, problem := keyRequest(in, call.World.Catalog)
-	if len(args.Peek("rpm")) > 0 || len(args.Peek("tpm")) > 0 {
-		// The form has no such fields: taken silently, they read as a
-		// limit the key would not have.
-		problem = "Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together."
+	if field, ok := unknownKeyField(ctx); ok {
+		// Taken silently, a field the form does not have (rpm=5,
+		// expires_in=1h) reads as a setting the key would not have.
+		problem = fmt.Sprintf("This form has no field %q.", field)
+		if f := strings.ToLower(field); f == "rpm" || f == "tpm" || f == "max_concurrent" {
+			problem += " Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together."
+		}
 	}
 	if problem != "" {
 		c.renderKeys(ctx, call, sess, 400, in, problem)
@@ -681,6 +684,26 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	data := c.pageData(sess, "Key created", "keys", createdPage{Name: info.Name, KeyID: info.KeyID, Token: token, BaseURL: c.baseURL(ctx)})
 	data.Script = copyScript
 	c.render(ctx, 200, "created", data)
+}
+
+// keyFormFields are the fields of the key form (templates/keys.html).
+var keyFormFields = map[string]bool{"csrf": true, "name": true, "scopes": true, "models": true, "logging": true, "retention_days": true}
+
+// unknownKeyField returns the first field of a key form post, in its body
+// or its query string (the form's action has none), that the form does
+// not have.
+func unknownKeyField(ctx *fasthttp.RequestCtx) (string, bool) {
+	if ctx.QueryArgs().Len() > 0 {
+		for key := range ctx.QueryArgs().All() {
+			return string(key), true
+		}
+	}
+	for key := range ctx.PostArgs().All() {
+		if !keyFormFields[string(key)] {
+			return string(key), true
+		}
+	}
+	return "", false
 }
 
 // ownedKey returns the key if it belongs to the session's account. A key of

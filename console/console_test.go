@@ -887,3 +887,32 @@ func TestAccountLimitsShownAndKeyFormLimitsRefused(t *testing.T) {
 		t.Fatalf("keys after the refused form: %v %v", keys, err)
 	}
 }
+
+// Fields the key form does not have were ignored, but rpm and tpm:
+// RPM=5, max_concurrent=1, expires_in=1h and ?rpm=5 in the query string
+// made a key without them, saying nothing (found by a re-test session).
+func TestKeyFormRefusesFieldsItDoesNotHave(t *testing.T) {
+	g := startGateway(t, "clickhouse://127.0.0.1:1/default") // nothing listens there
+	b := g.browser()
+	b.signIn("acme")
+	for _, c := range []struct{ field, query string }{
+		{"RPM", ""}, {"max_concurrent", ""}, {"expires_in", ""}, {"bogus", ""}, {"", "rpm"}, {"", "bogus"},
+	} {
+		form := url.Values{"csrf": {b.csrf()}, "name": {"ci"}, "scopes": {"generate"}}
+		path, named := "/console/keys", c.field
+		if c.field != "" {
+			form.Set(c.field, "1")
+		} else {
+			path, named = path+"?"+c.query+"=5", c.query
+		}
+		resp := b.post(path, form)
+		page := string(readAll(t, resp))
+		if resp.StatusCode != 400 || !strings.Contains(page, "&#34;"+named+"&#34;") {
+			t.Errorf("%s with %s: %d %s", path, form.Encode(), resp.StatusCode, page)
+		}
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("keys after the refused forms: %v %v", keys, err)
+	}
+}
