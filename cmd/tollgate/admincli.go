@@ -326,7 +326,17 @@ func (f *flagOnce) IsBoolFlag() bool {
 	return ok && b.IsBoolFlag()
 }
 
-const accountsUsage = "usage: tollgate accounts create ID [-credit USD] [-rpm N] [-tpm N] [-max-concurrent N] | get ID | limits ID [-rpm N] [-tpm N] [-max-concurrent N] | credit ID USD [-idempotency-key KEY] | login ID | logout ID (ends its console sessions, cancels its sign-in links)"
+// accountsCommands lists the accounts subcommands, for `tollgate -h` and
+// `tollgate accounts` alike: the help kept a list of its own, which
+// missed the limits when they came.
+const accountsCommands = `  accounts create ID [-credit USD] [-rpm N] [-tpm N] [-max-concurrent N]
+  accounts get ID
+  accounts limits ID [-rpm N] [-tpm N] [-max-concurrent N]   set the limits given, keep the others
+  accounts credit ID USD [-idempotency-key KEY]
+  accounts login ID      print a one-time web console sign-in link (15 minutes)
+  accounts logout ID     end the account's console sessions and cancel its sign-in links`
+
+const accountsUsage = "usage: tollgate accounts SUBCOMMAND, one of:\n" + accountsCommands
 
 func runAccounts(args []string) error {
 	if len(args) == 0 {

@@ -315,3 +315,21 @@ func TestAdminSubcommandsRefuseARepeatedFlag(t *testing.T) {
 		t.Fatalf("each flag once: %v, %q", err, *calls)
 	}
 }
+
+// tollgate -h listed "accounts create ID [-credit USD] | get ID | credit
+// …", without accounts limits and the limit flags `tollgate accounts`
+// names (found by a re-test session): both print one text.
+func TestHelpListsTheAccountsCommandsAsAccountsDoes(t *testing.T) {
+	err := runAccounts(nil)
+	if err == nil {
+		t.Fatal("tollgate accounts with no subcommand returned no error")
+	}
+	for _, want := range []string{"accounts limits ID [-rpm N] [-tpm N] [-max-concurrent N]", "accounts create ID [-credit USD] [-rpm N] [-tpm N] [-max-concurrent N]", "accounts login ID", "accounts logout ID"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("tollgate accounts says %q, lacking %q", err, want)
+		}
+		if !strings.Contains(usage, want) {
+			t.Errorf("tollgate -h lacks %q:\n%s", want, usage)
+		}
+	}
+}

@@ -40,9 +40,7 @@ commands:
                          (variables expanded, config defaults filled in; not
                          values serve derives at run time), e.g. server.data_dir,
                          models.0.id, classifiers.NAME.mode; -h for more
-  accounts create ID [-credit USD] | get ID | credit ID USD [-idempotency-key KEY]
-  accounts login ID      print a one-time web console sign-in link (15 minutes)
-  accounts logout ID     end the account's console sessions and cancel its sign-in links
+` + accountsCommands + `
   keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N]
   keys list ACCOUNT | revoke KEY_ID
   version                print the version
