@@ -9,9 +9,11 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/proto"
 
 	"github.com/tollgate/tollgate/billing/schema"
 	"github.com/tollgate/tollgate/config"
@@ -81,7 +83,8 @@ func OpenClickHouse(ctx context.Context, dsn string) (*ClickHouseSink, error) {
 // forever. Trying again does not help: correct the name or value in
 // clickhouse.dsn, or remove it.
 type DSNSettingsError struct {
-	// Settings are the names of the DSN's server settings, sorted.
+	// Settings are the names of the DSN's server settings, sorted; only
+	// the one ClickHouse says it does not know, when it says so.
 	Settings []string
 	Err      error
 }
@@ -117,7 +120,33 @@ func checkDSNSettings(ctx context.Context, conn driver.Conn, opts *clickhouse.Op
 		return fmt.Errorf("querying clickhouse at %v: %w", opts.Addr, err)
 	}
 	names := slices.Sorted(maps.Keys(opts.Settings))
+	if name := unknownSetting(err); name != "" {
+		if _, ok := opts.Settings[name]; ok {
+			names = []string{name}
+		}
+	}
 	return &DSNSettingsError{Settings: names, Err: err}
+}
+
+// errCodeUnknownSetting is ClickHouse's UNKNOWN_SETTING.
+const errCodeUnknownSetting = 115
+
+// unknownSetting is the setting ClickHouse's UNKNOWN_SETTING error names
+// ("Unknown setting sekure"), or "".
+func unknownSetting(err error) string {
+	var exception *proto.Exception
+	if !errors.As(err, &exception) || exception.Code != errCodeUnknownSetting {
+		return ""
+	}
+	_, rest, ok := strings.Cut(exception.Message, "Unknown setting ")
+	if !ok {
+		return ""
+	}
+	end := strings.IndexFunc(rest, func(r rune) bool { return r != '_' && !unicode.IsLetter(r) && !unicode.IsDigit(r) })
+	if end < 0 {
+		end = len(rest)
+	}
+	return rest[:end]
 }
 
 // Conn is the connection pool, for queries beyond inserting events.
