@@ -44,6 +44,13 @@ func runServe(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hup := config.CatchSIGHUP() // a reload sent while starting waits for the watcher
+	// Locked before the ports are bound and anything opens a store: a
+	// second serve on this data_dir is refused for that, whatever its ports.
+	unlockDataDir, err := lockDataDir(cfg.Server.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlockDataDir()
 	// Bound first: a port already taken must end the start before the
 	// first-start work prints a demo key (shown only once) and an
 	// OPENAI_BASE_URL pointing at another process.
@@ -319,6 +326,13 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 	}
 	return nil
 }
+
+// dataDirLockFile is the file in data_dir a running serve holds locked.
+const dataDirLockFile = "LOCK"
+
+// errDataDirInUse is returned when another serve holds data_dir: each
+// gateway process needs a data_dir of its own.
+var errDataDirInUse = errors.New("data_dir in use")
 
 const (
 	// cutStreamsWait bounds the wait, after the streams were ended, for
