@@ -29,6 +29,7 @@ func runBilling(args []string) error {
 	if err != nil {
 		return err
 	}
+	ignoreBrokenPipe()
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -40,6 +40,7 @@ func runServe(args []string) error {
 	if err != nil {
 		return fmt.Errorf("loading %s:\n%w", path, err)
 	}
+	ignoreBrokenPipe()
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -35,6 +35,7 @@ func runWorker(args []string) error {
 	if cfg.Storage.Backend != "s3" {
 		return errors.New("tollgate worker needs storage.backend s3 (shared by every gateway); with the local backend, tollgate serve runs the batch jobs itself")
 	}
+	ignoreBrokenPipe()
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
