@@ -292,27 +292,43 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 		return err
 	case <-ctx.Done():
 	}
-	wait := srv.World().Config.Server.ShutdownTimeout
-	logf("shutting down: waiting up to %s for open requests and streams", wait)
+	// A second Ctrl-C ends the wait: NotifyContext's channel, once ctx
+	// ended, kept taking SIGINT and SIGTERM and dropped them, and a
+	// gateway with a stream open waited its whole shutdown_timeout.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	shutDown(srv, srv.World().Config.Server.ShutdownTimeout, again, logf)
+	return nil
+}
+
+// shutDown stops srv: it waits up to wait for open requests and streams,
+// or until again receives (a second Ctrl-C or SIGTERM), then ends the
+// streams still open, billed, and waits briefly for their last writes.
+func shutDown(srv *proxy.Server, wait time.Duration, again <-chan os.Signal, logf func(string, ...any)) {
+	logf("shutting down: waiting up to %s for open requests and streams (press Ctrl-C again to end them now, billed)", wait)
 	done := make(chan struct{})
 	go func() { _ = srv.Shutdown(); close(done) }()
+	waited := fmt.Sprintf("waited %s", wait)
 	select {
 	case <-done:
-		return nil
+		return
 	case <-time.After(wait):
+	case sig := <-again:
+		waited = fmt.Sprintf("%s again", sig)
 	}
 	// Streams still open have sent part of an answer: they are ended as an
 	// upstream cut would end them, so that each client gets the
 	// stream_interrupted event and each call is billed (estimated) before
 	// the outbox closes. Dropped with the process, they went unbilled.
 	n := srv.CutStreams()
-	logf("shutdown: waited %s; ending the %d streams still open (billed on estimated usage)", wait, n)
+	logf("shutdown: %s; ending the %d streams still open (billed on estimated usage)", waited, n)
 	if waiting := srv.CallsWithUpstreams() - int64(n); waiting > 0 {
 		logf("shutdown: %d calls still wait for an upstream's answer (non-streamed, or a stream before its first event): those answered in the next %s are served and billed; the others get no answer at exit, and are not billed", waiting, 2*cutStreamsWait)
 	}
 	select {
 	case <-done:
-		return nil
+		return
 	case <-time.After(cutStreamsWait):
 	}
 	// A client that stopped reading holds its relay in a write: its
@@ -325,7 +341,6 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 	case <-time.After(cutStreamsWait):
 		logf("shutdown: gave up waiting after %s more", cutStreamsWait)
 	}
-	return nil
 }
 
 // dataDirLockFile is the file in data_dir a running serve holds locked.

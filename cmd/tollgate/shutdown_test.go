@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+// A second Ctrl-C during the shutdown wait ends the open streams at once,
+// billed: the second one was dropped, and a gateway relaying a long
+// stream waited its whole server.shutdown_timeout (25 s).
+func TestSecondCtrlCEndsTheShutdownWait(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{
+		Upstream: &proxytest.Options{Chunks: 600, ChunkDelay: 50 * time.Millisecond},
+		Config: func(upstream, dir string) string {
+			return fmt.Sprintf("server:\n  listen: 127.0.0.1:0\n  data_dir: %s\n  demo_credit_usd: \"0\"\n"+
+				"upstreams:\n  - name: local\n    base_url: %s\n"+
+				"models:\n  - id: small\n    upstream: local\n    upstream_model: proxytest-small\n    context_length: 32768\n    max_output_length: 4096\n"+
+				"    pricing: {prompt: \"0.0000001\", completion: \"0.0000003\"}\n", dir, upstream)
+		},
+	})
+	g.CreateAccount("acme", money.Nanos(5_000_000_000))
+	key := g.CreateKey("acme", accounts.KeyRequest{Name: "k"})
+	req, err := http.NewRequest(http.MethodPost, g.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"small","stream":true,"messages":[{"role":"user","content":"a long story"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil { // the stream has begun
+		t.Fatal(err)
+	}
+
+	again := make(chan os.Signal, 1)
+	stopped := make(chan struct{})
+	start := time.Now()
+	go func() { shutDown(g.Server, time.Minute, again, t.Logf); close(stopped) }()
+	time.Sleep(200 * time.Millisecond) // in the wait
+	again <- os.Interrupt
+	rest, _ := io.ReadAll(br)
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shutdown still waits 10 s after the second Ctrl-C")
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("shutdown took %s", took)
+	}
+	if !strings.Contains(string(rest), "stream_interrupted") {
+		t.Errorf("the stream did not end with stream_interrupted: ...%s", rest[max(0, len(rest)-300):])
+	}
+	if evs := g.Recorder.Events(); len(evs) != 1 {
+		t.Errorf("%d usage events after the cut, want 1 (billed)", len(evs))
+	}
+}
