@@ -151,6 +151,13 @@ func startEmbedded(cfg config.NATS, dataDir string, logf func(string, ...any), s
 	if port == 0 {
 		// nats-server reads 0 as "default port 4222"; -1 asks for a free one.
 		port = server.RANDOM_PORT
+	} else if ln, err := net.Listen("tcp", listen); err != nil {
+		// Tried first: nats-server logs a taken port as fatal and gives
+		// up, and the start waited its readyTimeout (10 s) to end with a
+		// guess among causes, naming no setting.
+		return nil, fmt.Errorf("listening on nats.embedded_listen (TOLLGATE_NATS_LISTEN in gateway.yaml) %s: %w", listen, err)
+	} else {
+		ln.Close()
 	}
 	storeDir := filepath.Join(dataDir, "nats")
 	if err := os.MkdirAll(storeDir, 0o700); err != nil {
@@ -179,7 +186,7 @@ func startEmbedded(cfg config.NATS, dataDir string, logf func(string, ...any), s
 	if !srv.ReadyForConnections(readyTimeout) {
 		srv.Shutdown()
 		srv.WaitForShutdown()
-		return nil, fmt.Errorf("embedded nats on %s not ready after %s (port in use, or %s not writable?)", listen, readyTimeout, storeDir)
+		return nil, fmt.Errorf("embedded nats on %s not ready after %s (nats.embedded_listen taken since it was tried, or %s not writable?)", listen, readyTimeout, storeDir)
 	}
 	return srv, nil
 }

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,5 +242,25 @@ func TestPublishOrReadAgreesOnTheFirstValue(t *testing.T) {
 	}
 	if v, err := PublishOrRead(ctx, kv, "k", []byte("replaced")); err != nil || string(v) != "replaced" {
 		t.Fatalf("after the value was deleted: %q, %v; want replaced", v, err)
+	}
+}
+
+// A taken nats.embedded_listen fails the start at once, naming the
+// setting: nats-server logged it as fatal, and the start waited 10 s to
+// end with "not ready after 10s (port in use, or …)".
+func TestEmbeddedListenTakenFailsAtOnceNamingTheSetting(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:29130")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	start := time.Now()
+	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:29130"}, t.TempDir(), t.Logf)
+	if err == nil {
+		b.Close()
+		t.Fatal("Start took a port already listened on")
+	}
+	if took := time.Since(start); took > 2*time.Second || !strings.Contains(err.Error(), "nats.embedded_listen (TOLLGATE_NATS_LISTEN") {
+		t.Errorf("after %s: %v; want at once, naming nats.embedded_listen (TOLLGATE_NATS_LISTEN)", took, err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 func serveDebug(addr string, logf func(string, ...any)) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("server.debug_listen: %w", err)
+		return fmt.Errorf("server.debug_listen (TOLLGATE_DEBUG_LISTEN in gateway.yaml): %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)

@@ -57,7 +57,7 @@ func runServe(args []string) error {
 	// OPENAI_BASE_URL pointing at another process.
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.Server.Listen, err)
+		return fmt.Errorf("listening on server.listen (TOLLGATE_LISTEN in gateway.yaml) %s: %w", cfg.Server.Listen, err)
 	}
 	defer ln.Close()
 	// The upload listener too: bound after the first-start work, a taken
@@ -66,7 +66,7 @@ func runServe(args []string) error {
 	var storageLn net.Listener
 	if cfg.Storage.Backend == config.DefaultStorageBackend {
 		if storageLn, err = net.Listen("tcp", cfg.Storage.Local.Listen); err != nil {
-			return fmt.Errorf("listening for uploads on storage.local.listen %s: %w", cfg.Storage.Local.Listen, err)
+			return fmt.Errorf("listening for uploads on storage.local.listen (TOLLGATE_STORAGE_LISTEN in gateway.yaml) %s: %w", cfg.Storage.Local.Listen, err)
 		}
 		defer storageLn.Close()
 	}

@@ -4,8 +4,10 @@ package main
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -47,5 +49,27 @@ func TestSecondServeOnADataDirOpensNoStore(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "nats")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the second serve made or opened data_dir/nats (%v)", err)
+	}
+}
+
+// A taken server.listen names the setting and its variable: "listening on
+// 127.0.0.1:10100: address already in use" left a user beside another
+// gateway to find which of four addresses it was.
+func TestTakenListenNamesTheSetting(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:29113")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "gateway.yaml")
+	if err := os.WriteFile(cfg, []byte("server:\n  data_dir: "+dir+"\n  listen: 127.0.0.1:29113\n  demo_credit_usd: \"0\"\n"+
+		"nats:\n  embedded_listen: 127.0.0.1:29114\nstorage:\n  local:\n    listen: 127.0.0.1:29115\n"+
+		"upstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n"+
+		"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := runServe([]string{cfg}); err == nil || !strings.Contains(err.Error(), "server.listen (TOLLGATE_LISTEN") {
+		t.Fatalf("serve on a taken port: %v, want server.listen (TOLLGATE_LISTEN) named", err)
 	}
 }
