@@ -227,7 +227,45 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if s.servePlugin(ctx, path, reqID) {
 		return
 	}
-	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)))
+	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)+s.baseURLHint(ctx, path)))
+}
+
+// baseURLHint says how the client's base URL is wrong when path is a
+// route of the gateway without its /v1 (a base URL of
+// http://host:port) or with /v1 twice (http://host:port/v1/v1, or a
+// client that adds /v1 itself): both got a bare "no route for POST
+// /chat/completions". "" for any other path.
+func (s *Server) baseURLHint(ctx *fasthttp.RequestCtx, path []byte) string {
+	var meant []byte
+	switch {
+	case bytes.HasPrefix(path, []byte("/v1/v1/")):
+		meant = path[len("/v1"):]
+	case !bytes.HasPrefix(path, []byte("/v1/")):
+		meant = append([]byte("/v1"), path...)
+	default:
+		return ""
+	}
+	if !s.isRoute(meant) {
+		return ""
+	}
+	base := string(ctx.URI().Scheme()) + "://" + string(ctx.Host()) + "/v1"
+	if bytes.HasPrefix(path, []byte("/v1/v1/")) {
+		return " (/v1 is in the path twice: the base URL ends in one /v1: " + base + ")"
+	}
+	return " (the base URL ends in /v1: " + base + ")"
+}
+
+// isRoute says whether path, under /v1/, is one the gateway serves.
+func (s *Server) isRoute(path []byte) bool {
+	if _, ok := generationEndpoint(path); ok {
+		return true
+	}
+	if string(path) == "/v1/models" || bytes.HasPrefix(path, modelsPrefix) || bytes.HasPrefix(path, responsesPrefix) {
+		return true
+	}
+	allow, _, _ := allowedMethods(s.mods.Load().routes, string(path))
+	_, anyMethod := findRoute(s.mods.Load().routes, AnyMethod, string(path))
+	return allow != "" || anyMethod
 }
 
 var modelsPrefix = []byte("/v1/models/")
