@@ -113,6 +113,11 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 	if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), "/admin/v1"); ok {
 		return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, without /admin/v1, which each command adds (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
 	}
+	// OPENAI_BASE_URL, which the first start prints, ends in /v1: given
+	// as -url it sent the call to /v1/admin/v1/… and got a 404.
+	if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), "/v1"); ok {
+		return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, without the /v1 of OPENAI_BASE_URL (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
+	}
 	if token == "" {
 		dataDir := os.Getenv("TOLLGATE_DATA_DIR")
 		if cfg != nil {

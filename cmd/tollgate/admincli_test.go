@@ -260,7 +260,8 @@ func TestAdminCLIRefusesInvalidUTF8(t *testing.T) {
 
 // The admin path was appended to -url as typed: after a query or a
 // fragment it became part of them and the call, admin token and all, went
-// to "GET /"; after /admin/v1 the path was /admin/v1/admin/v1; and
+// to "GET /"; after /admin/v1 the path was /admin/v1/admin/v1, after
+// OPENAI_BASE_URL's /v1 /v1/admin/v1 (a 404); and
 // "-url //127.0.0.1:11100" was told to write "http:////127.0.0.1:11100".
 func TestAdminURLWithAQueryFragmentOrAdminPath(t *testing.T) {
 	for u, want := range map[string]string{
@@ -271,6 +272,8 @@ func TestAdminURLWithAQueryFragmentOrAdminPath(t *testing.T) {
 		"http://127.0.0.1:11100/admin/v1": "without /admin/v1, which each command adds (-url http://127.0.0.1:11100)",
 		"https://gw.example/tg/admin/v1/": "without /admin/v1, which each command adds (-url https://gw.example/tg)",
 		"//127.0.0.1:11100":               "(-url http://127.0.0.1:11100)",
+		"http://127.0.0.1:11100/v1":       "without the /v1 of OPENAI_BASE_URL (-url http://127.0.0.1:11100)",
+		"https://gw.example/tg/v1/":       "without the /v1 of OPENAI_BASE_URL (-url https://gw.example/tg)",
 	} {
 		if _, err := newAdminClient(u, "tga-x", nil); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("-url %s: %v, want %q", u, err, want)
