@@ -25,7 +25,11 @@ import (
 // adminClient calls the admin API of a running gateway.
 type adminClient struct {
 	url, token string
-	http       *http.Client
+	// tokenFrom says where token came from, for a 401: a stale
+	// $TOLLGATE_ADMIN_TOKEN won over the data dir's admin.token without a
+	// word, and the 401 did not say which token was refused.
+	tokenFrom string
+	http      *http.Client
 }
 
 // adminTarget is where an admin command goes: gateway.yaml's server.listen
@@ -71,7 +75,15 @@ func (t *adminTarget) client(fs *flag.FlagSet) (*adminClient, error) {
 	if t.cfgErr != nil && (!urlGiven || token == "") {
 		return nil, t.cfgErr
 	}
-	return newAdminClient(*t.url, token, t.cfg)
+	c, err := newAdminClient(*t.url, token, t.cfg)
+	switch {
+	case err != nil:
+	case *t.token != "":
+		c.tokenFrom = "-token"
+	case token != "":
+		c.tokenFrom = "$TOLLGATE_ADMIN_TOKEN, which is taken before the data dir's admin.token: unset it if it is another gateway's"
+	}
+	return c, err
 }
 
 // dialable turns a listen address into one to connect to: a gateway
@@ -126,14 +138,15 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 		if dataDir == "" {
 			dataDir = "./data"
 		}
-		tok, err := readAdminTokenFile(filepath.Join(dataDir, "admin.token"))
+		tokenFile := filepath.Join(dataDir, "admin.token")
+		tok, err := readAdminTokenFile(tokenFile)
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, errors.New("no admin token: pass -token, set TOLLGATE_ADMIN_TOKEN, or run where the gateway's data dir is")
 		}
 		if err != nil {
 			return nil, err
 		}
-		token = tok
+		return &adminClient{url: strings.TrimRight(baseURL, "/"), token: tok, tokenFrom: tokenFile, http: &http.Client{Timeout: 15 * time.Second}}, nil
 	}
 	return &adminClient{url: strings.TrimRight(baseURL, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }
@@ -182,6 +195,9 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 		if resp.StatusCode == http.StatusNotFound && bytes.Contains(out, []byte("no admin route")) {
 			// A command newer than the gateway it calls.
 			err = fmt.Errorf("%w\n(the gateway at %s does not have this route: it may run an older release than this tollgate, %s)", err, c.url, version())
+		}
+		if resp.StatusCode == http.StatusUnauthorized && c.tokenFrom != "" {
+			err = fmt.Errorf("%w\n(the refused admin token came from %s)", err, c.tokenFrom)
 		}
 		return nil, err
 	}

@@ -336,3 +336,34 @@ func TestHelpListsTheAccountsCommandsAsAccountsDoes(t *testing.T) {
 		}
 	}
 }
+
+// A 401 says where the refused token came from: a stale
+// TOLLGATE_ADMIN_TOKEN from an earlier data_dir won over the config's
+// admin.token without a word.
+func TestAdminUnauthorizedNamesTheTokensSource(t *testing.T) {
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnauthorized)
+		w.Write([]byte(`{"error":{"message":"invalid admin token"}}`))
+	}))
+	defer gw.Close()
+	t.Setenv("TOLLGATE_CONFIG", "")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-stale-token-of-another-gateway")
+	err := runAccounts([]string{"get", "acme", "-url", gw.URL})
+	if err == nil || !strings.Contains(err.Error(), "the refused admin token came from $TOLLGATE_ADMIN_TOKEN") {
+		t.Errorf("with TOLLGATE_ADMIN_TOKEN: %v", err)
+	}
+	err = runAccounts([]string{"get", "acme", "-url", gw.URL, "-token", "tga-given-with-the-flag"})
+	if err == nil || !strings.Contains(err.Error(), "the refused admin token came from -token") {
+		t.Errorf("with -token: %v", err)
+	}
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "")
+	dir := t.TempDir()
+	t.Setenv("TOLLGATE_DATA_DIR", dir)
+	if err := os.WriteFile(filepath.Join(dir, "admin.token"), []byte("tga-the-token-in-the-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = runAccounts([]string{"get", "acme", "-url", gw.URL})
+	if err == nil || !strings.Contains(err.Error(), "the refused admin token came from "+filepath.Join(dir, "admin.token")) {
+		t.Errorf("with the data dir's file: %v", err)
+	}
+}
