@@ -15,10 +15,11 @@ build:
 run: build
 	scripts/run.sh
 
-# A fake OpenAI-compatible upstream on 127.0.0.1:8000 (the default
-# UPSTREAM_BASE_URL), for trying the gateway without a GPU.
+# A fake OpenAI-compatible upstream on ADDR, 127.0.0.1:8000 by default (the
+# default UPSTREAM_BASE_URL), for trying the gateway without a GPU.
+ADDR ?= 127.0.0.1:8000
 demo-upstream:
-	$(GO) run ./cmd/tollgate-upstream -chunk-delay 30ms
+	$(GO) run ./cmd/tollgate-upstream -addr $(ADDR) -chunk-delay 30ms
 
 test:
 	scripts/test.sh
