@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -187,7 +188,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			answered := answeredStatus(status)
 			up.fail(rt, answered, answered, sent, c.alone, true)
 		default:
-			if h.succeeded(time.Since(sentAt)) {
+			if recovered := h.succeeded(time.Since(sentAt)); up.failingAlone.Swap(false) || recovered {
 				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
 			}
 		}
@@ -294,7 +295,25 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 func (up *upstream) fail(rt *config.Routing, reason, clientReason string, sent ticket, alone, answered bool) {
 	if up.health.failed(rt, reason, clientReason, sent, alone, answered) {
 		up.ejected(rt, reason)
+		return
 	}
+	// One alone in its pool is never ejected, so nothing was logged: the
+	// Quick start's gateway, with its upstream not started, answered 503s
+	// and its log said nothing of where it had tried. Once per state
+	// change, as an ejection is.
+	if alone && up.failingAlone.CompareAndSwap(false, true) {
+		up.logf("upstream %s (%s) failed: %s; the only upstream of the model, it is not ejected, and its calls fail until it answers", up.cfg.Name, logURL(up.cfg.BaseURL), reason)
+	}
+}
+
+// logURL is base_url for the log: without its query, which may carry a
+// provider's key (?key=…).
+func logURL(baseURL string) string {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return "base_url unparsable"
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
 }
 
 // broke counts an answer up cut or stalled after its first byte, of the
@@ -306,7 +325,7 @@ func (up *upstream) broke(rt *config.Routing, reason, clientReason string, sent 
 }
 
 func (up *upstream) ejected(rt *config.Routing, reason string) {
-	up.logf("upstream %s ejected: %s", up.cfg.Name, reason)
+	up.logf("upstream %s (%s) ejected: %s", up.cfg.Name, logURL(up.cfg.BaseURL), reason)
 	// Installing a World sets the interval; an upstream that never was
 	// (a test's) takes the call's.
 	up.probeInterval.CompareAndSwap(0, int64(rt.ProbeInterval))

@@ -87,7 +87,8 @@ type harnessOptions struct {
 	tracer           trace.Tracer
 	firstByteTimeout string
 	idleTimeout      string
-	maxRequestBody   string // default 64KiB
+	maxRequestBody   string               // default 64KiB
+	logf             func(string, ...any) // default t.Logf
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -107,7 +108,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 			}
 			return cfg
 		},
-		Responses: true, Tracer: ho.tracer, Watch: true,
+		Responses: true, Tracer: ho.tracer, Watch: true, Logf: ho.logf,
 	})
 	g.CreateAccount("acme", 10*money.NanosPerUSD)
 	return &harness{t: t, g: g, up: g.Upstream, gw: g.Server, url: g.URL, rec: g.Recorder, svc: g.Accounts, broker: g.Broker,

@@ -573,6 +573,34 @@ func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
 	}
 }
 
+// A model's only upstream that fails is said once in the log, with its
+// base_url: never ejected, it was never logged, and the Quick start's
+// gateway with no upstream running answered 503s with a silent log.
+func TestPoolLogsAnUpstreamAloneThatFailsOnce(t *testing.T) {
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+	}
+	h := newPoolHarnessWith(t, harnessOptions{logf: logf}, 1, "  eject_after: 2", proxytest.Options{Status: 500})
+	for range 3 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var failed []string
+	for _, l := range logged {
+		if strings.Contains(l, "upstream p0 (") && strings.Contains(l, "failed") {
+			failed = append(failed, l)
+		}
+	}
+	if len(failed) != 1 || !strings.Contains(failed[0], "("+h.ups[0].URL) {
+		t.Fatalf("logged %q, want one line naming p0's base_url %s", failed, h.ups[0].URL)
+	}
+}
+
 // An upstream whose rest after a 429 is over takes calls again, as the
 // admin API and the health gauge say, though no call came since: it once
 // showed half_open and 0 until a call happened to land on it.

@@ -47,6 +47,9 @@ type upstream struct {
 	// tells a waiting probe it changed.
 	probeInterval atomic.Int64
 	probeRetimed  chan struct{}
+	// failingAlone: its last call, made as the only upstream of its
+	// pool, failed, and that was logged.
+	failingAlone atomic.Bool
 }
 
 // idlePoolTime is kept below the 5 s keep-alive of uvicorn (vLLM, SGLang) so
