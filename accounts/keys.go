@@ -36,11 +36,13 @@ const TokenPrefix = "tg-"
 var ErrInvalidKey = errors.New("invalid API key")
 
 // Prebuilt so that refusing a key, which attackers can make us do at will,
-// allocates nothing.
+// allocates nothing. A bad signature names its likeliest cause for a key
+// that was good: another gateway's, or another data_dir's; "bad signature"
+// alone sent a new user looking for a corrupted key.
 var (
 	errMissingPrefix  = fmt.Errorf("%w: missing %q prefix", ErrInvalidKey, TokenPrefix)
 	errMalformed      = fmt.Errorf("%w: malformed", ErrInvalidKey)
-	errBadSignature   = fmt.Errorf("%w: bad signature", ErrInvalidKey)
+	errBadSignature   = fmt.Errorf("%w: bad signature (a key made by another gateway or data_dir, whose signing.key differs, or a key copied incompletely)", ErrInvalidKey)
 	errWrongAlgorithm = fmt.Errorf("%w: wrong algorithm", ErrInvalidKey)
 	errExpired        = fmt.Errorf("%w: expired", ErrInvalidKey)
 	errNotYetValid    = fmt.Errorf("%w: not valid yet", ErrInvalidKey)

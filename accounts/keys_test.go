@@ -220,7 +220,7 @@ func TestForgedKeysRejected(t *testing.T) {
 	}{
 		{"tampered payload", TokenPrefix + parts[0] + "." + b64(string(escalated)) + "." + parts[2], "bad signature"},
 		{"tampered signature", TokenPrefix + parts[0] + "." + parts[1] + "." + b64("0123456789012345678901234567890123456789012345678901234567890123"), "bad signature"},
-		{"other ed25519 key", mint(t, jwt.SigningMethodEdDSA, stranger, valid()), "bad signature"},
+		{"other ed25519 key", mint(t, jwt.SigningMethodEdDSA, stranger, valid()), "bad signature (a key made by another gateway or data_dir, whose signing.key differs"},
 		{"alg none", mint(t, jwt.SigningMethodNone, jwt.UnsafeAllowNoneSignatureType, valid()), "wrong algorithm"},
 		{"alg none, empty signature kept", TokenPrefix + b64(`{"alg":"none","typ":"JWT"}`) + "." + parts[1] + ".", "wrong algorithm"},
 		{"HS256 keyed with our public key", mint(t, jwt.SigningMethodHS256, []byte(ours.Public().(ed25519.PublicKey)), valid()), "wrong algorithm"},
