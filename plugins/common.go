@@ -640,7 +640,7 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	ans, apiErr := choice.run(ctx, x.run)
 	if apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
-		if call.Key != nil && choice.spent.TotalTokens > 0 {
+		if choice.spent.TotalTokens > 0 {
 			// The model was asked and answered, if not what was asked.
 			record(call, x, choice, choice.spent, apiErr.Status)
 		} else if apiErr.Status >= 500 {
@@ -655,9 +655,7 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	call.AddTokens(ctx, u.TotalTokens-x.tokens)
 	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, NoLogprobs: ans.NoLogprobs,
 		Usage: shownUsage(u), LatencyMS: time.Since(call.Start).Milliseconds()}
-	if call.Key != nil {
-		record(call, x, choice, u, fasthttp.StatusOK)
-	}
+	record(call, x, choice, u, fasthttp.StatusOK)
 	return t, true
 }
 
@@ -666,7 +664,8 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 // make of them: all of them when the llm answered or failed, those of
 // the failed attempt when an offline engine answered after it (auto).
 // The event then names the model and its upstream, whose usage it
-// carries: one row per call, as every call has.
+// carries: one row per call, as every call has. A public call is free:
+// its event only counts it, tokens and all, in the request metrics.
 func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.Usage, status int) {
 	price, err := money.ParsePrice(x.price) // validated with the config
 	if err != nil {
@@ -695,11 +694,9 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 	case llm.Tokens() > 0:
 		source = meter.SourceUpstream
 	}
-	call.Server.Record(&meter.Event{
+	ev := &meter.Event{
 		ID:               call.RequestID,
 		Time:             call.Start.UTC(),
-		Account:          call.Key.Account,
-		KeyID:            call.Key.ID,
 		Endpoint:         x.endpoint,
 		Model:            model,
 		Upstream:         upstream,
@@ -711,7 +708,13 @@ func record(call *proxy.Call, x execution, choice *engineChoice, u classifiers.U
 		UsageSource:      source,
 		Status:           status,
 		Latency:          time.Since(call.Start),
-	})
+	}
+	if call.Key == nil {
+		call.Server.ObserveUnmetered(ev)
+		return
+	}
+	ev.Account, ev.KeyID = call.Key.Account, call.Key.ID
+	call.Server.Record(ev)
 }
 
 // modelCost is what catalog model's own prices (models[].pricing) make

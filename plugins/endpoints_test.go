@@ -337,3 +337,33 @@ func TestPluginFailuresAreInTheRequestMetrics(t *testing.T) {
 		t.Fatalf("/metrics lacks the 502:\n%s", body)
 	}
 }
+
+// A public classify or tag call that the engine answered is counted in the
+// request metrics, with its tokens, as a keyed one is, though it records
+// no usage event: /metrics showed public mode's refusals and 5xx, never
+// its answers.
+func TestPublicCallsAreInTheRequestMetrics(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: llm\n  llm_model: small"})
+	m := h.do(request{path: "/v1/classify", body: `{"text": "Please refund the charge", "labels": ["billing", "bug"]}`}).ok(t)
+	if m["model"] != "small" {
+		t.Fatalf("public classify answered by %v, want the llm small", m)
+	}
+	prompt := int64(m["usage"].(map[string]any)["prompt_tokens"].(float64))
+	resp, err := h.client.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`tollgate_requests_total{model="small",upstream="local",endpoint="/v1/classify",status="200"} 1`,
+		fmt.Sprintf(`tollgate_tokens_total{model="small",upstream="local",endpoint="/v1/classify",status="200",kind="prompt"} %d`, prompt),
+	} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("/metrics lacks %s:\n%s", want, body)
+		}
+	}
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Errorf("a public call recorded %d usage events: %+v", len(evs), evs[0])
+	}
+}

@@ -116,7 +116,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 	labels := func(k seriesKey) string {
 		return fmt.Sprintf("model=%s,upstream=%s,endpoint=%q,status=\"%d\"", promLabel(k.model), promLabel(k.upstream), k.endpoint, k.status)
 	}
-	b = append(b, "# HELP tollgate_requests_total Metered calls (generation, and classify, tag, score and match under their engine or llm model) by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
+	b = append(b, "# HELP tollgate_requests_total Calls (generation, and classify, tag, score and match, public ones included, under their engine or llm model) by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
 	for _, k := range keys {
 		b = fmt.Appendf(b, "tollgate_requests_total{%s} %d\n", labels(k), m.get(k).calls.Load())
 	}
@@ -137,7 +137,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 		of         func(*callSeries) *histogram
 		keys       []seriesKey
 	}{
-		{"tollgate_request_duration_seconds", "Metered calls from request to last byte.", func(s *callSeries) *histogram { return &s.duration }, keys},
+		{"tollgate_request_duration_seconds", "Calls in tollgate_requests_total from request to last byte.", func(s *callSeries) *histogram { return &s.duration }, keys},
 		{"tollgate_time_to_first_token_seconds", "Successful generation calls from request to the first byte of the answer (for a non-streamed answer, the whole body).", func(s *callSeries) *histogram { return &s.ttft }, answered},
 	} {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s histogram\n", h.name, h.help, h.name)
@@ -156,7 +156,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 			b = fmt.Appendf(b, "%s_sum{%s} %g\n%s_count{%s} %d\n", h.name, l, float64(hist.sumNs.Load())/1e9, h.name, l, count)
 		}
 	}
-	b = append(b, "# HELP tollgate_tokens_total Tokens billed, by kind (prompt includes cached; completion includes reasoning).\n# TYPE tollgate_tokens_total counter\n"...)
+	b = append(b, "# HELP tollgate_tokens_total Tokens of answered calls (public plugin calls' too, though free), by kind (prompt includes cached; completion includes reasoning).\n# TYPE tollgate_tokens_total counter\n"...)
 	for _, k := range answered {
 		s := m.get(k)
 		l := labels(k)
@@ -234,6 +234,13 @@ var promLabelEscapes = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 // promLabel is v as a quoted label value.
 func promLabel(v string) string {
 	return `"` + promLabelEscapes.Replace(v) + `"`
+}
+
+// ObserveUnmetered counts a module's call that is not billed (a public
+// classify or tag) in the request metrics, tokens and all, as Record
+// counts a billed one; ev goes nowhere else.
+func (s *Server) ObserveUnmetered(ev *meter.Event) {
+	s.calls.observeEvent(ev, false)
 }
 
 // ObserveFailure counts a module's call that failed with status and no
