@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -67,21 +68,31 @@ func boolGauge(b bool) int {
 // billing consumer has not acknowledged: waiting in JetStream, or
 // delivered and not yet inserted and debited. Wherever the consumer runs,
 // every gateway can ask; it grows while ClickHouse or the consumer is
-// down, which nothing else on /metrics showed. Nothing when JetStream
-// does not answer within a second, or no consumer was made yet.
+// down, which nothing else on /metrics showed. Billing makes its consumer
+// once ClickHouse is reached; before that every message of the stream is
+// the backlog, since the consumer delivers the whole stream from its
+// first (DeliverAllPolicy). Nothing when JetStream does not answer within
+// a second, or there is no stream yet.
 func billingBacklog(js jetstream.JetStream) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
+	var backlog uint64
 	cons, err := js.Consumer(ctx, meter.UsageStream, billing.ConsumerName)
-	if err != nil {
+	switch {
+	case err == nil:
+		info := cons.CachedInfo() // as fetched by js.Consumer
+		backlog = info.NumPending + uint64(info.NumAckPending)
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		stream, err := js.Stream(ctx, meter.UsageStream)
+		if err != nil {
+			return nil
+		}
+		backlog = stream.CachedInfo().State.Msgs
+	default:
 		return nil
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil
-	}
-	return fmt.Appendf(nil, `# HELP tollgate_billing_backlog_messages Usage messages (batches of events) the billing consumer has not acknowledged yet: growing, ClickHouse or the consumer is down.
+	return fmt.Appendf(nil, `# HELP tollgate_billing_backlog_messages Usage messages (batches of events) the billing consumer has not acknowledged yet (the whole stream before billing first reached ClickHouse): growing, ClickHouse or the consumer is down.
 # TYPE tollgate_billing_backlog_messages gauge
 tollgate_billing_backlog_messages %d
-`, info.NumPending+uint64(info.NumAckPending))
+`, backlog)
 }

@@ -153,6 +153,35 @@ func TestBillingBacklogCountsUnackedMessages(t *testing.T) {
 	}
 }
 
+// Before billing first reached ClickHouse there was no consumer, and the
+// backlog was left out of /metrics however many events waited: a
+// ClickHouse never reached showed nowhere. Without the consumer every
+// message of the stream is its backlog, as the consumer, once made,
+// delivers the whole stream.
+func TestBillingBacklogWithoutConsumerIsTheStream(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	js := g.Broker.JetStream()
+	ctx := context.Background()
+	cfg := &config.Config{Billing: config.Billing{UsageRetention: time.Hour}}
+	if err := declareUsageStream(ctx, cfg, g.Broker, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(billingBacklog(js)); !strings.Contains(got, "tollgate_billing_backlog_messages 0\n") {
+		t.Fatalf("empty stream, no consumer: backlog %q, want 0", got)
+	}
+	for i := range 3 {
+		if _, err := js.Publish(ctx, meter.UsageBatchSubject, []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := string(billingBacklog(js)); !strings.Contains(got, "tollgate_billing_backlog_messages 3\n") {
+		t.Fatalf("3 messages, no consumer: backlog %q, want 3", got)
+	}
+}
+
 // Two files to check used to check the first and print ok.
 func TestConfigCheckRefusesMoreThanOneFile(t *testing.T) {
 	dir := t.TempDir()
