@@ -7,8 +7,17 @@ func TestRedactSecrets(t *testing.T) {
 		`invalid header value "Bearer tg-eyJhbGciOi.abc"`:                           `invalid header value "Bearer tg-[redacted]"`,
 		`token tga-0123456789abcdef`:                                                `token tga-[redacted]`,
 		`invalid header value "tollgate_console=YWxpY2U.1795691508.abc.SIGSIG\x01"`: `invalid header value "tollgate_console=[redacted]"`,
-		`cookie: a=1; tollgate_console=abc.def; b=2`:                                `cookie: a=1; tollgate_console=[redacted]; b=2`,
+		`cookie: a=1; tollgate_console=abc.def; b=2`:                                `cookie: [redacted]`,
 		`nothing secret here`:                                                       `nothing secret here`,
+		// An admin token needs no prefix; the header says what it is.
+		`missing colon: "Authorization Bearer admintoken-SECRET": buffer size=101`: `missing colon: "Authorization Bearer [redacted]": buffer size=101`,
+		`missing colon: "AUTHORIZATION: basic dXNlcjpwYXNz"`:                       `missing colon: "AUTHORIZATION: basic [redacted]"`,
+		`missing colon: "proxy-authorization Negotiate abc def"`:                   `missing colon: "proxy-authorization [redacted]"`,
+		`missing colon: "X-Api-Key 0123456789abcdef"`:                              `missing colon: "X-Api-Key [redacted]"`,
+		`missing colon: "api-key:0123456789abcdef"`:                                `missing colon: "api-key:[redacted]"`,
+		`missing colon: "Authorization Bearer tga-0123456789abcdef"`:               `missing colon: "Authorization Bearer tga-[redacted]"`,
+		`missing colon: "Cookie session=ab\"cd; other=x"`:                          `missing colon: "Cookie [redacted]"`,
+		`missing colon: "Bearer 0123456789abcdef"`:                                 `missing colon: "Bearer [redacted]"`,
 	} {
 		if got := redactSecrets(in); got != want {
 			t.Errorf("redactSecrets(%q) = %q, want %q", in, got, want)

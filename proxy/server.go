@@ -347,20 +347,47 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 	l("%s", redactSecrets(fmt.Sprintf("http: "+format, args...)))
 }
 
-// secretPattern matches API keys (tg-), admin tokens (tga-), console
-// sign-in tokens (tgl-), whole or cut off, and the console's session
-// cookie (tollgate_console=…).
-var secretPattern = regexp.MustCompile(`\btg[al]?-[A-Za-z0-9_.\-]{6,}|\btollgate_console=[^;\s"]+`)
+// secretPattern matches, each with its value in a group of its own: a
+// credential header's value (Authorization, Proxy-Authorization, Cookie,
+// Set-Cookie, X-Api-Key, api-key), whatever its format, with or without
+// the header's colon, up to the end of the quoted line fasthttp shows;
+// a Bearer or Basic credential; API keys (tg-), admin tokens (tga-) and
+// console sign-in tokens (tgl-), whole or cut off; and the console's
+// session cookie. An admin token may be any string of 16 bytes (the
+// README suggests openssl rand -hex 16), so the prefixes alone let
+// "Authorization Bearer <token>" without its colon reach the log whole.
+var secretPattern = regexp.MustCompile(`(?i)` +
+	`\b(?:proxy-authorization|authorization|set-cookie|cookie|x-api-key|api-key)(?:\s*:\s*|\s+)(?:(?:bearer|basic)\s+)?((?:\\.|[^"\\\r\n])+)` +
+	`|\b(?:bearer|basic)\s+((?:\\.|[^"\\\s])+)` +
+	`|\b(tg[al]?-[a-z0-9_.\-]{6,})` +
+	`|\btollgate_console=([^;\s"]+)`)
 
-// redactSecrets replaces every key, token or session in s by its prefix
-// and "[redacted]", for text bound for a log or an error message.
+// keyPrefix is the prefix of a Tollgate key or token, kept when its value
+// is redacted: it says which kind of credential the client sent.
+var keyPrefix = regexp.MustCompile(`(?i)^tg[al]?-`)
+
+// redactSecrets replaces the value of every credential in s by
+// "[redacted]" (after its tg-, tga- or tgl- prefix), for text bound for a
+// log or an error message.
 func redactSecrets(s string) string {
-	return secretPattern.ReplaceAllStringFunc(s, func(m string) string {
-		if i := strings.IndexByte(m, '='); i >= 0 {
-			return m[:i+1] + "[redacted]"
+	matches := secretPattern.FindAllStringSubmatchIndex(s, -1)
+	if matches == nil {
+		return s
+	}
+	var b strings.Builder
+	last := 0
+	for _, m := range matches {
+		value := 2 // the first group that matched holds the value
+		for m[value] < 0 {
+			value += 2
 		}
-		return m[:strings.IndexByte(m, '-')+1] + "[redacted]"
-	})
+		from := m[value] + len(keyPrefix.FindString(s[m[value]:m[value+1]]))
+		b.WriteString(s[last:from])
+		b.WriteString("[redacted]")
+		last = m[value+1]
+	}
+	b.WriteString(s[last:])
+	return b.String()
 }
 
 // newRequestID returns a UUIDv7: time-ordered, so ClickHouse keeps an
