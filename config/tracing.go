@@ -8,9 +8,10 @@ type Tracing struct {
 	// OTLPEndpoint is the collector's traces URL, such as
 	// http://127.0.0.1:4318/v1/traces. Empty exports nothing.
 	OTLPEndpoint string `yaml:"otlp_endpoint"`
-	// SampleRatio is the share of calls without a sampled parent traced
-	// (0..1): 0 traces only calls whose traceparent says sampled. Default
-	// 1 when omitted (a written 0 is kept).
+	// SampleRatio is the share of calls without a traceparent traced
+	// (0..1); a traceparent's sampled flag decides for its call, whatever
+	// the ratio (ParentBased), so 0 traces only calls whose traceparent
+	// says sampled. Default 1 when omitted (a written 0 is kept).
 	SampleRatio float64 `yaml:"sample_ratio"`
 	// ServiceName is the service.name resource attribute. Default tollgate.
 	ServiceName string `yaml:"service_name"`

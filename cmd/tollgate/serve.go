@@ -218,7 +218,7 @@ func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts p
 		if logf == nil {
 			logf = func(string, ...any) {}
 		}
-		logf("tracing: spans to %s, sampling %g of calls without a sampled parent", cfg.Tracing.OTLPEndpoint, cfg.Tracing.SampleRatio)
+		logf("tracing: spans to %s, sampling %g of calls without a traceparent (a traceparent's sampled flag decides)", cfg.Tracing.OTLPEndpoint, cfg.Tracing.SampleRatio)
 	}
 	flushTracing := func() {
 		// Spans are best effort; a collector that accepts and never
