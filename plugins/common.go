@@ -637,7 +637,7 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 		}
 		return tail{}, false
 	}
-	ans, apiErr := choice.run(ctx, x.run)
+	ans, apiErr := choice.run(call.ModelCallContext(ctx), x.run)
 	if apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
 		if choice.spent.TotalTokens > 0 {

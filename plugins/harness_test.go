@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/classifiers"
@@ -104,6 +106,8 @@ type harnessOptions struct {
 	// baseURLQuery, such as "?api-version=1", is written after the
 	// upstream's base_url.
 	baseURLQuery string
+	// tracer, when set, traces the gateway's calls.
+	tracer trace.Tracer
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -130,8 +134,9 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 			}
 			return []proxy.Module{plugins.Module(opts)}
 		},
-		Watch: true,
-		Logf:  ho.logf,
+		Watch:  true,
+		Logf:   ho.logf,
+		Tracer: ho.tracer,
 	})
 	g := h.g
 	h.up, h.url, h.rec, h.svc, h.ctx, h.client = g.Upstream, g.URL, g.Recorder, g.Accounts, g.Ctx, g.Client
@@ -177,6 +182,7 @@ type request struct {
 	path, body string
 	key        string // "" sends no Authorization header
 	xff        string // X-Forwarded-For, when set
+	header     http.Header
 }
 
 // reply is a finished response.
@@ -199,6 +205,9 @@ func (h *harness) do(r request) reply {
 	}
 	if r.xff != "" {
 		req.Header.Set("X-Forwarded-For", r.xff)
+	}
+	for name, values := range r.header {
+		req.Header[name] = values
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := h.client.Do(req)

@@ -85,7 +85,7 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	}
 	call.reqID, call.start, call.limit, call.client = reqID, start, limit, ctx.Conn()
 	call.revocationsSeen = revocationsSeen
-	call.span = s.startCallSpan(ctx, start, ep, call.entry.ID, call.stream)
+	call.span, call.tracer = s.startCallSpan(ctx, start, ep, call.entry.ID, call.stream), s.tracer
 	if call.span == nil {
 		call.traceHeaders = appendClientTraceHeaders(call.traceHeaders[:0], &ctx.Request.Header)
 	}
@@ -426,8 +426,9 @@ type generationCall struct {
 	streamDone bool   // the upstream's stream ended; only io.EOF is left
 	closed     bool
 
-	inflight bool       // counted in upstream's in-flight requests until release
-	span     trace.Span // nil unless tracing
+	inflight bool         // counted in upstream's in-flight requests until release
+	span     trace.Span   // nil unless tracing
+	tracer   trace.Tracer // the tracer of span, for its attempts' spans
 	// traceHeaders are the client's traceparent and tracestate lines,
 	// passed on to the upstream when the gateway does not trace itself.
 	traceHeaders []byte

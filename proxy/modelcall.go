@@ -37,8 +37,9 @@ func (e *ModelError) Error() string {
 // "model" is the catalog id; it is rewritten to the upstream's name here.
 // CallModel records no event: the plugin that calls it meters its whole
 // call, so the tokens are billed once. ctx is checked before the call
-// starts; the upstream's timeouts bound it after that.
-func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byte, catalog.Usage, error) {
+// starts; the upstream's timeouts bound it after that. A ctx from
+// Call.ModelCallContext makes the call part of the client's trace.
+func (w *World) CallModel(ctx context.Context, model string, body []byte) (respBody []byte, usage catalog.Usage, err error) {
 	entry, ok := w.Catalog.Resolve(model)
 	if !ok {
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %q is not in the catalog", ErrModelUnavailable, model)
@@ -56,6 +57,8 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	}
 	out, _ := rewriteRequest(nil, body, &f, entry.UpstreamModelJSON, false)
 	call := &generationCall{ep: endpointChat, entry: entry, start: time.Now(), engineCall: true}
+	call.traceModelCall(ctx)
+	defer func() { call.endModelCallSpan(usage, err) }()
 	resp, up, apiErr := attempt(call, p, &w.Config.Routing, 0, out)
 	if apiErr != nil {
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, apiErr.Message)
@@ -67,7 +70,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) ([]byt
 	}
 	// Read like a client's answer: a cut body is an error, never a short
 	// answer, and max_response_body holds.
-	respBody, err := resp.readAll(nil, int64(up.cfg.MaxResponseBody))
+	respBody, err = resp.readAll(nil, int64(up.cfg.MaxResponseBody))
 	if err != nil {
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, upstreamCut(up, err).Message)
 	}

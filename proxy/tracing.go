@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/meter"
 )
 
@@ -96,12 +98,97 @@ func (s *Server) startCallSpan(ctx *fasthttp.RequestCtx, start time.Time, ep end
 	return span
 }
 
+// modelTrace is a plugin request's trace context, for the model calls
+// it makes through CallModel (Call.ModelCallContext).
+type modelTrace struct {
+	tracer trace.Tracer    // nil without tracing
+	parent context.Context // the client's span context, with tracing
+	// headers are the client's traceparent and tracestate lines, passed on
+	// to the model's upstream without tracing, as a chat call's are.
+	headers   []byte
+	requestID string
+}
+
+type modelTraceKey struct{}
+
+// ModelCallContext returns ctx carrying req's trace context for
+// CallModel, as a chat call carries its own: with tracing, each model call
+// is a span "chat <model>" in the client's trace (or a trace of its own),
+// its attempts under it; without, the client's traceparent and
+// tracestate reach the model's upstream unchanged. Without either, ctx.
+func (c *Call) ModelCallContext(req *fasthttp.RequestCtx) context.Context {
+	mt := &modelTrace{tracer: c.Server.tracer, requestID: c.RequestID}
+	switch {
+	case mt.tracer != nil:
+		mt.parent = context.Background()
+		if len(req.Request.Header.Peek("traceparent")) > 0 {
+			mt.parent = traceContext.Extract(mt.parent, headerCarrier{&req.Request.Header})
+		}
+	default:
+		if mt.headers = appendClientTraceHeaders(nil, &req.Request.Header); mt.headers == nil {
+			return req
+		}
+	}
+	return context.WithValue(req, modelTraceKey{}, mt)
+}
+
+// traceModelCall has c, a CallModel call under ctx, carry ctx's trace
+// context: a span of its own with tracing, the client's header lines
+// without.
+func (c *generationCall) traceModelCall(ctx context.Context) {
+	mt, ok := ctx.Value(modelTraceKey{}).(*modelTrace)
+	if !ok {
+		return
+	}
+	if mt.tracer == nil {
+		c.traceHeaders = mt.headers
+		return
+	}
+	c.tracer = mt.tracer
+	_, c.span = mt.tracer.Start(mt.parent, "chat "+c.entry.ID, trace.WithTimestamp(c.start), trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", c.entry.ID),
+			attribute.String("tollgate.request_id", mt.requestID),
+			attribute.Bool("tollgate.engine_call", true),
+		))
+}
+
+// endModelCallSpan ends the span of a CallModel call with its usage, or
+// its error.
+func (c *generationCall) endModelCallSpan(u catalog.Usage, err error) {
+	if c.span == nil {
+		return
+	}
+	if c.upstream != nil {
+		c.span.SetAttributes(attribute.String("tollgate.upstream", c.upstream.cfg.Name))
+	}
+	var answered *ModelError
+	switch {
+	case errors.As(err, &answered): // its body is the model's words, not ours to export
+		c.span.SetAttributes(attribute.Int("http.response.status_code", answered.Status))
+		c.span.SetStatus(codes.Error, answeredStatus(answered.Status))
+	case err != nil:
+		c.span.RecordError(err)
+		c.span.SetStatus(codes.Error, err.Error())
+	default:
+		c.span.SetAttributes(
+			attribute.String("gen_ai.response.model", c.entry.UpstreamModel),
+			attribute.Int64("gen_ai.usage.input_tokens", u.PromptTokens),
+			attribute.Int64("gen_ai.usage.output_tokens", u.CompletionTokens),
+			attribute.Bool("tollgate.usage_estimated", u.Estimated),
+		)
+	}
+	c.span.End()
+	c.span = nil
+}
+
 // startAttemptSpan starts a child of the call's span for one attempt on up.
 func (c *generationCall) startAttemptSpan(up *upstream, n int) trace.Span {
 	if c.span == nil {
 		return nil
 	}
-	_, span := c.server.tracer.Start(trace.ContextWithSpan(context.Background(), c.span), "attempt "+up.cfg.Name,
+	_, span := c.tracer.Start(trace.ContextWithSpan(context.Background(), c.span), "attempt "+up.cfg.Name,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(
 			attribute.String("tollgate.upstream", up.cfg.Name),
