@@ -209,15 +209,15 @@ func openAccountStore(ctx context.Context, cfg *config.Config, b *broker.Broker,
 // shared responses store. closeAll closes the server's modules, then
 // those two, responses first.
 func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts proxy.Options) (*proxy.Server, func(), error) {
-	tracer, stopTracing, err := startTracing(ctx, cfg.Tracing, version())
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	tracer, stopTracing, err := startTracing(ctx, cfg.Tracing, version(), logf)
 	if err != nil {
 		return nil, nil, err
 	}
 	if tracer != nil {
-		logf := opts.Logf
-		if logf == nil {
-			logf = func(string, ...any) {}
-		}
 		logf("tracing: spans to %s, sampling %g of calls without a traceparent (a traceparent's sampled flag decides)", cfg.Tracing.OTLPEndpoint, cfg.Tracing.SampleRatio)
 	}
 	flushTracing := func() {

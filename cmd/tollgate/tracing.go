@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -17,11 +19,13 @@ import (
 // startTracing builds the tracer the proxy uses, exporting over OTLP/HTTP
 // in batches off the request path, or returns a nil tracer when
 // tracing.otlp_endpoint is empty. The shutdown function flushes what is
-// left.
-func startTracing(ctx context.Context, cfg config.Tracing, version string) (trace.Tracer, func(context.Context) error, error) {
+// left. OpenTelemetry's errors (a collector that is down) go to logf, at
+// most one line every tracingErrorEvery.
+func startTracing(ctx context.Context, cfg config.Tracing, version string, logf func(string, ...any)) (trace.Tracer, func(context.Context) error, error) {
 	if cfg.OTLPEndpoint == "" {
 		return nil, func(context.Context) error { return nil }, nil
 	}
+	otel.SetErrorHandler(&throttledErrors{logf: logf, every: tracingErrorEvery, now: time.Now})
 	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(cfg.OTLPEndpoint), otlptracehttp.WithTimeout(5*time.Second))
 	if err != nil {
 		return nil, nil, fmt.Errorf("tracing.otlp_endpoint: %w", err)
@@ -33,4 +37,40 @@ func startTracing(ctx context.Context, cfg config.Tracing, version string) (trac
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.SampleRatio))),
 	)
 	return tp.Tracer("github.com/tollgate/tollgate/proxy"), tp.Shutdown, nil
+}
+
+// tracingErrorEvery is the least time between two logged OpenTelemetry
+// errors. With the collector down the exporter fails once a batch: about
+// 5 lines a second at 1,200 calls a second, which buried the rest of the
+// log.
+const tracingErrorEvery = 10 * time.Second
+
+// throttledErrors logs the first error at once, then at most one every
+// every, saying how many it left out since the last line.
+type throttledErrors struct {
+	logf  func(string, ...any)
+	every time.Duration
+	now   func() time.Time
+
+	mu         sync.Mutex
+	last       time.Time // of the last line logged; zero before the first
+	suppressed int       // errors not logged since
+}
+
+func (h *throttledErrors) Handle(err error) {
+	h.mu.Lock()
+	now := h.now()
+	if !h.last.IsZero() && now.Sub(h.last) < h.every {
+		h.suppressed++
+		h.mu.Unlock()
+		return
+	}
+	left := h.suppressed
+	h.last, h.suppressed = now, 0
+	h.mu.Unlock()
+	if left > 0 {
+		h.logf("tracing: %v (and %d more errors since the last line, not logged; at most one line every %s)", err, left, h.every)
+		return
+	}
+	h.logf("tracing: %v", err)
 }

@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"testing"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate/tollgate/config"
@@ -16,7 +21,7 @@ import (
 func TestTraceparentDecidesSamplingWhateverTheRatio(t *testing.T) {
 	for _, ratio := range []float64{0, 1} {
 		tracer, shutdown, err := startTracing(context.Background(), config.Tracing{
-			OTLPEndpoint: "http://127.0.0.1:1/v1/traces", SampleRatio: ratio, ServiceName: "test"}, "test")
+			OTLPEndpoint: "http://127.0.0.1:1/v1/traces", SampleRatio: ratio, ServiceName: "test"}, "test", func(string, ...any) {})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,5 +47,46 @@ func TestTraceparentDecidesSamplingWhateverTheRatio(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // nothing to flush to a collector that is not there
 		shutdown(ctx)
+	}
+}
+
+// With the collector down every failed batch was logged, about 5 lines a
+// second under load: the first error is logged at once, then at most one
+// line every tracingErrorEvery, counting the ones left out.
+func TestTracingErrorsAreLoggedAtMostEveryTenSeconds(t *testing.T) {
+	var lines []string
+	logf := func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) }
+	_, shutdown, err := startTracing(context.Background(), config.Tracing{
+		OTLPEndpoint: "http://127.0.0.1:1/v1/traces", SampleRatio: 1, ServiceName: "test"}, "test", logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		shutdown(ctx)
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) {}))
+	})
+	for range 100 {
+		otel.Handle(errors.New("traces export: connection refused"))
+	}
+	if len(lines) != 1 || lines[0] != "tracing: traces export: connection refused" {
+		t.Fatalf("100 errors at once logged %q, want the first only", lines)
+	}
+
+	lines = nil
+	now := time.Unix(1000, 0)
+	h := &throttledErrors{logf: logf, every: 10 * time.Second, now: func() time.Time { return now }}
+	for i := range 25 { // one a second
+		h.Handle(fmt.Errorf("error %d", i))
+		now = now.Add(time.Second)
+	}
+	want := []string{
+		"tracing: error 0",
+		"tracing: error 10 (and 9 more errors since the last line, not logged; at most one line every 10s)",
+		"tracing: error 20 (and 9 more errors since the last line, not logged; at most one line every 10s)",
+	}
+	if !slices.Equal(lines, want) {
+		t.Fatalf("logged %q, want %q", lines, want)
 	}
 }
