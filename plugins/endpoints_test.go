@@ -317,6 +317,10 @@ func TestPluginCallsAreInTheRequestMetrics(t *testing.T) {
 	if !strings.Contains(string(body), want+"\n") {
 		t.Fatalf("/metrics lacks %s:\n%s", want, body)
 	}
+	// A plugin call has no first token: its series stayed 0 for ever.
+	if strings.Contains(string(body), `tollgate_time_to_first_token_seconds_count{model=`+fmt.Sprintf("%q", m["engine"])) {
+		t.Fatalf("/metrics has a time to first token for classify:\n%s", body)
+	}
 }
 
 // A plugin call that fails with a 5xx (its llm's upstream down) is counted

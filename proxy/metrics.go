@@ -122,10 +122,15 @@ func (m *callMetrics) appendText(b []byte) []byte {
 	}
 	// Time to first token and tokens are measured on answered calls only:
 	// an error status's series would stay 0 for ever.
-	answered := keys[:0:0]
+	// A plugin call has no first token to wait for (its answer is the
+	// engine's whole verdict): its series would stay 0 too.
+	answered, generated := keys[:0:0], keys[:0:0]
 	for _, k := range keys {
 		if k.status >= 200 && k.status < 300 {
 			answered = append(answered, k)
+			if k.endpoint == endpointChat.path() || k.endpoint == endpointResponses.path() {
+				generated = append(generated, k)
+			}
 		}
 	}
 	b = append(b, "# HELP tollgate_requests_interrupted_total Answered streams the upstream cut or stalled after their first byte (the client got its status, then an error event); also in tollgate_requests_total.\n# TYPE tollgate_requests_interrupted_total counter\n"...)
@@ -138,7 +143,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 		keys       []seriesKey
 	}{
 		{"tollgate_request_duration_seconds", "Calls in tollgate_requests_total from request to last byte.", func(s *callSeries) *histogram { return &s.duration }, keys},
-		{"tollgate_time_to_first_token_seconds", "Successful generation calls from request to the first byte of the answer (for a non-streamed answer, the whole body).", func(s *callSeries) *histogram { return &s.ttft }, answered},
+		{"tollgate_time_to_first_token_seconds", "Successful generation calls from request to the first byte of the answer (for a non-streamed answer, the whole body).", func(s *callSeries) *histogram { return &s.ttft }, generated},
 	} {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s histogram\n", h.name, h.help, h.name)
 		for _, k := range h.keys {
