@@ -612,19 +612,34 @@ func TestEngineUnavailableFailsAndRestartCompletes(t *testing.T) {
 		t.Fatalf("run %d completed %d, want run 2 with every line", j.Run, j.RequestsCompleted)
 	}
 	ticket := regexp.MustCompile(`\(ticket (\d+)\)`)
-	asked := 0
+	asked := map[int64]int{}
 	for _, r := range e.up.Requests()[askedBefore:] {
 		m := ticket.FindSubmatch(r.Body)
 		if m == nil {
 			continue // the gateway's own health probe
 		}
-		asked++
-		if line, _ := strconv.ParseInt(string(m[1]), 10, 64); line < resumeAt {
+		line, _ := strconv.ParseInt(string(m[1]), 10, 64)
+		if line < resumeAt {
 			t.Fatalf("the second run asked the upstream about line %d, done before the checkpoint at line %d", line, resumeAt-1)
 		}
+		asked[line]++
 	}
-	if want := int(n - resumeAt + 1); asked != want {
-		t.Errorf("the second run asked the upstream %d times, want once for each of the %d lines after the checkpoint", asked, want)
+	if want := int(n - resumeAt + 1); len(asked) != want {
+		t.Errorf("the second run asked the upstream about %d lines, want each of the %d lines after the checkpoint", len(asked), want)
+	}
+	// A request whose kept connection failed is sent again on a new one
+	// (README, Upstream pools): the upstream may have read it the first
+	// time. Under make test's race run that happened once in 2,632 lines;
+	// more than a few would be the job asking lines again.
+	again := 0
+	for line, times := range asked {
+		if times > 1 {
+			again++
+			t.Logf("line %d was sent %d times", line, times)
+		}
+	}
+	if again > 3 {
+		t.Errorf("%d lines were asked more than once in the second run", again)
 	}
 	wantBilled(t, e, j, tokens)
 	ev := e.jobEvents(id)[0]
