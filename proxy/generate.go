@@ -623,6 +623,11 @@ func unreachableReason(up *upstream, err error) string {
 	if errors.Is(err, errClosedBeforeBody) || errors.Is(err, errEmptyAnswer) || errors.Is(err, errEncodedAnswer) {
 		return err.Error()
 	}
+	if errors.Is(err, errNoFreeConns) {
+		// The gateway's own cap, not the upstream failing: "is
+		// unreachable" contradicted the busy member kept in service.
+		return "is busy: every connection is in use (max_connections)"
+	}
 	return "is unreachable: " + reasonForClient(err)
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -41,5 +42,15 @@ func TestReasonForClientNamesNoAddress(t *testing.T) {
 		if got != tc.want || strings.Contains(got, "127.0.0.1") || strings.Contains(got, "secret") {
 			t.Errorf("%v: %q, want %q", tc.err, got, tc.want)
 		}
+	}
+}
+
+// A member at its max_connections is busy, not failing, and the 503
+// after every try says so. It said "b: is unreachable: every connection
+// is busy (max_connections reached)", as if b had failed.
+func TestBusyMemberIsNotCalledUnreachable(t *testing.T) {
+	got := unreachableReason(&upstream{}, fmt.Errorf("attempt: %w", errNoFreeConns))
+	if want := "is busy: every connection is in use (max_connections)"; got != want {
+		t.Fatalf("a busy member's reason is %q, want %q", got, want)
 	}
 }
