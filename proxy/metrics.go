@@ -133,7 +133,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 			}
 		}
 	}
-	b = append(b, "# HELP tollgate_requests_interrupted_total Answered streams the upstream cut or stalled after their first byte (the client got its status, then an error event); also in tollgate_requests_total.\n# TYPE tollgate_requests_interrupted_total counter\n"...)
+	b = append(b, "# HELP tollgate_requests_interrupted_total Answered streams the upstream cut or stalled after their first byte, or ended with its own error event for a fault of its own (the client got its status, then an error event); also in tollgate_requests_total.\n# TYPE tollgate_requests_interrupted_total counter\n"...)
 	for _, k := range answered {
 		b = fmt.Appendf(b, "tollgate_requests_interrupted_total{%s} %d\n", labels(k), m.get(k).interrupted.Load())
 	}

@@ -957,3 +957,70 @@ func TestPoolSlowStartWhenEveryMemberIsNew(t *testing.T) {
 		}
 	}
 }
+
+// A replica whose streams end with its own error event (vLLM's engine
+// died mid-generation: a few chunks, then {"error":…}, then [DONE] or
+// not) is ejected as one that cuts them is, and the streams count as
+// interrupted. The error event ended the answer and counted as a
+// completed one: a re-test saw 466 of 933 streams get the error while
+// the member stayed healthy, its error rate near 0.
+func TestPoolEjectsAnUpstreamWhoseStreamsEndInItsOwnError(t *testing.T) {
+	const engineDead = `data: {"error":{"object":"error","message":"EngineDeadError: background loop has errored","type":"InternalServerError","param":null,"code":500}}` + "\n\n"
+	for _, tc := range []struct {
+		name, path, body, event string
+	}{
+		{"chat then [DONE]", "/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`, engineDead + "data: [DONE]\n\n"},
+		{"chat", "/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`, engineDead},
+		{"responses error", "/v1/responses", `{"model":"small","stream":true,"input":"hi"}`,
+			"event: error\ndata: " + `{"type":"error","code":"server_error","message":"EngineDeadError: background loop has errored","param":null,"sequence_number":4}` + "\n\n"},
+		{"responses failed", "/v1/responses", `{"model":"small","stream":true,"input":"hi"}`,
+			"event: response.failed\ndata: " + `{"type":"response.failed","sequence_number":4,"response":{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"EngineDeadError: background loop has errored"},"output":[]}}` + "\n\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_for: 30s",
+				proxytest.Options{Chunks: 10, ErrorEventAfter: 3, ErrorEvent: tc.event})
+			failed := 0
+			for range 12 {
+				if strings.Contains(string(readAll(t, h.post(tc.path, tc.body))), "EngineDeadError") {
+					failed++
+				}
+			}
+			st := h.statuses()["p0"]
+			if st.State != "ejected" || !strings.Contains(st.LastError, "EngineDeadError") {
+				t.Fatalf("p0 ended %d streams with its own error and is %+v", failed, st)
+			}
+			if failed != 3 {
+				t.Errorf("%d streams ended in p0's error, want 3: the third ejects p0", failed)
+			}
+			want := fmt.Sprintf(`tollgate_requests_interrupted_total{model="small",upstream="p0",endpoint="%s",status="200"} 3`, tc.path)
+			if m := scrape(t, h.harness); !strings.Contains(m, want+"\n") {
+				t.Errorf("/metrics does not count p0's error-ended streams as interrupted (want %s):\n%s", want, m)
+			}
+		})
+	}
+}
+
+// An error event that blames the request, and a response that ends
+// incomplete (max_output_tokens, a content filter), are normal ends: the
+// member stays in service with nothing counted against it.
+func TestPoolKeepsAnUpstreamWhoseStreamsEndInTheRequestsError(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body, event string
+	}{
+		{"chat 400", "/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+			`data: {"error":{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}}` + "\n\ndata: [DONE]\n\n"},
+		{"responses incomplete", "/v1/responses", `{"model":"small","stream":true,"input":"hi"}`,
+			"event: response.incomplete\ndata: " + `{"type":"response.incomplete","sequence_number":4,"response":{"id":"resp_1","object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[]}}` + "\n\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 30s",
+				proxytest.Options{Chunks: 10, ErrorEventAfter: 3, ErrorEvent: tc.event})
+			for range 4 {
+				readAll(t, h.post(tc.path, tc.body))
+			}
+			if st := h.statuses()["p0"]; st.State != "healthy" || st.LastError != "" || st.Calls != 2 {
+				t.Fatalf("p0 ended 2 streams normally and is %+v", st)
+			}
+		})
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 // What a client is told of a failed connection names no host, address
@@ -52,5 +54,32 @@ func TestBusyMemberIsNotCalledUnreachable(t *testing.T) {
 	got := unreachableReason(&upstream{}, fmt.Errorf("attempt: %w", errNoFreeConns))
 	if want := "is busy: every connection is in use (max_connections)"; got != want {
 		t.Fatalf("a busy member's reason is %q, want %q", got, want)
+	}
+}
+
+// An upstream's own error event counts against it when the fault is its
+// own: a 5xx code, a server error, or nothing naming the request. One
+// that blames the request (a 4xx, invalid_request_error, a rate limit)
+// says nothing of its health.
+func TestServerFaultOfAnErrorEvent(t *testing.T) {
+	for _, tc := range []struct {
+		error string
+		want  bool
+	}{
+		{`{"object":"error","message":"EngineDeadError: background loop has errored","type":"InternalServerError","param":null,"code":500}`, true},
+		{`{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}`, true},
+		{`{"message":"boom"}`, true},
+		{`"model runner has unexpectedly stopped"`, true},
+		{`{"code":"server_error","message":"x"}`, true},
+		{`{"code":"503","message":"x"}`, true},
+		{`{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}`, false},
+		{`{"message":"bad","type":"invalid_request_error","code":null}`, false},
+		{`{"code":"rate_limit_exceeded","message":"slow down"}`, false},
+		{`{"code":"context_length_exceeded","message":"too long"}`, false},
+		{`{"code":"429","message":"x"}`, false},
+	} {
+		if got := serverFault(gjson.Parse(tc.error)); got != tc.want {
+			t.Errorf("%s: server's fault %v, want %v", tc.error, got, tc.want)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -155,7 +156,9 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		// instead of sending [DONE]. The client has the whole answer then,
 		// and an error event would have it ask, and pay, again.
 		if c.finished {
-			c.upstream.health.completedAnswer(c.sent)
+			if !c.interrupted { // not ended by the upstream's own error
+				c.upstream.health.completedAnswer(c.sent)
+			}
 			return nil, false, io.EOF
 		}
 		if err == io.EOF {
@@ -241,11 +244,14 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		c.finished = true
 		return ev.Raw, false
 	}
-	if startsWithError(data) && isUpstreamError(gjson.Get(bstr(data), "error")) {
-		// The upstream's own error event ends its answer: closed after it,
-		// the stream is not cut, and a second error would only repeat it.
-		c.finished = true
-		return ev.Raw, false
+	if startsWithError(data) {
+		if e := gjson.Get(bstr(data), "error"); isUpstreamError(e) {
+			// The upstream's own error event ends its answer: closed after
+			// it, the stream is not cut, and a second error would only
+			// repeat it.
+			c.endedInError(e)
+			return ev.Raw, false
+		}
 	}
 	if !c.logging.Enabled && !mayFinish(data) {
 		// Most chunks carry only a delta. Their text matters only if the
@@ -328,6 +334,76 @@ func startsWithError(data []byte) bool {
 func isUpstreamError(e gjson.Result) bool {
 	return e.IsObject() || e.Type == gjson.String
 }
+
+// endedInError ends the answer on the upstream's own error event (e is
+// its error) and, when the error is the upstream's fault rather than the
+// request's, counts the answer as one the upstream broke (answerBroke):
+// in its error rate, last_error and the streak that ejects it, and in
+// tollgate_requests_interrupted_total, since the client got a 200 and
+// then an error event, as for a cut stream. Counted as completed, it
+// proved the upstream: a replica whose engine had died ended half its
+// streams in "EngineDeadError" and stayed in service, its error rate
+// near 0.
+func (c *generationCall) endedInError(e gjson.Result) {
+	c.finished = true
+	if c.interrupted || !serverFault(e) {
+		return
+	}
+	c.interrupted = true
+	name := c.upstream.cfg.Name
+	msg := e.Str
+	if e.IsObject() {
+		msg = e.Get("message").Str
+	}
+	if len(msg) > 200 {
+		msg = msg[:200] + "…"
+	}
+	code := ""
+	if cd := e.Get("code"); e.IsObject() && (cd.Type == gjson.Number || cd.Type == gjson.String) && cd.Raw != "" && len(cd.String()) <= 40 {
+		code = " (" + cd.String() + ")"
+	}
+	lastError := fmt.Sprintf("upstream %s ended a stream with its own error%s: %s", name, code, msg)
+	c.failStreamSpan(lastError)
+	// Other clients read the reason in a 503 while it is out: the
+	// upstream's own words stay with the operator and this call's client.
+	c.answerBroke(nil, lastError, fmt.Sprintf("upstream %s ended a stream with its own error%s", name, code))
+}
+
+// serverFault reports whether an upstream's error (an error event's, or
+// a failed response's) is the upstream's fault: a 5xx code, a server
+// error, or nothing saying it is the request's. A 4xx code, or a code or
+// type naming the request (invalid_request_error, BadRequestError,
+// context_length_exceeded, rate_limit_exceeded, …), is the request's,
+// and says nothing of the upstream's health.
+func serverFault(e gjson.Result) bool {
+	if !e.IsObject() {
+		return true // a message alone (Ollama), or no error object at all
+	}
+	for _, key := range [...]string{"code", "type"} {
+		v := e.Get(key)
+		if v.Type == gjson.Number {
+			return v.Int() < 400 || v.Int() > 499
+		}
+		if v.Type != gjson.String {
+			continue
+		}
+		if n, err := strconv.Atoi(v.Str); err == nil {
+			return n < 400 || n > 499
+		}
+		lower := strings.ToLower(v.Str)
+		for _, request := range requestFaults {
+			if strings.Contains(lower, request) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// requestFaults are words of error codes and types that blame the
+// request, not the upstream (OpenAI's, vLLM's exception names).
+var requestFaults = [...]string{"invalid", "bad_request", "badrequest", "not_found", "notfound",
+	"rate_limit", "context_length", "quota", "content_filter", "content_policy"}
 
 // mayFinish reports whether a chat chunk may set a finish_reason, which
 // must be read as the chunk passes. It errs towards yes: anything it does
@@ -413,9 +489,18 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 			c.rememberResponse(gjson.Get(bstr(data), "response.id"))
 		}
 	case "error":
-		c.finished = true
+		e := gjson.Parse(bstr(data))
+		if inner := e.Get("error"); inner.IsObject() { // some nest it as chat does
+			e = inner
+		}
+		c.endedInError(e)
 	case "response.completed", "response.incomplete", "response.failed":
 		c.finished = true
+		if typ == "response.failed" {
+			// response.incomplete is a normal end (max_output_tokens, a
+			// content filter), not a failure.
+			c.endedInError(gjson.Get(bstr(data), "response.error"))
+		}
 		if u := gjson.Get(bstr(data), "response.usage"); u.IsObject() {
 			c.setUsage(u)
 		}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 func readEvents(t testing.TB, in string, bufSize int) []sseEvent {
@@ -152,7 +154,9 @@ func TestUpstreamErrorEventEndsTheChatStream(t *testing.T) {
 		"object": "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}\n\n",
 		"string": "data: {\"error\":\"an error was encountered while running the model: unexpected EOF\"}\n\n",
 	} {
-		c := &generationCall{ep: endpointChat}
+		srv := &Server{}
+		srv.world.Store(&World{Config: &config.Config{}})
+		c := &generationCall{ep: endpointChat, server: srv, upstream: testModelPool(t, 1).members[0].up}
 		r := newSSEReader(strings.NewReader("data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"+errorEvent), 4096, 1<<20)
 		for {
 			ev, err := r.Next()
@@ -163,6 +167,9 @@ func TestUpstreamErrorEventEndsTheChatStream(t *testing.T) {
 		}
 		if !c.finished {
 			t.Fatalf("the upstream's error event (%s) did not end the stream: a second error would be appended", name)
+		}
+		if !c.interrupted || c.upstream.health.curFails.Load() != 1 {
+			t.Fatalf("the upstream's server error event (%s) did not count against it", name)
 		}
 	}
 }

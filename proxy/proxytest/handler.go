@@ -319,6 +319,12 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, o *Options, even
 			return clientGone
 		}
 		written := i + 1
+		if o.ErrorEvent != "" && written == o.ErrorEventAfter {
+			if _, err := io.WriteString(w, o.ErrorEvent); err != nil {
+				return clientGone
+			}
+			return finished
+		}
 		if written == o.DropAfter {
 			// Everything written so far is flushed; closing the hijacked
 			// connection leaves the chunked body without its terminator.

@@ -64,6 +64,13 @@ type Options struct {
 	// an event). The chunked encoding's terminating chunk is never sent, so
 	// the client sees the body end mid-stream. 0 disables it.
 	DropAfter int
+	// ErrorEvent, when ErrorEventAfter events have been written, is
+	// written verbatim in place of the rest of the stream, which then ends
+	// cleanly: an upstream ending its answer with its own error event, as
+	// vLLM does when its engine dies mid-generation. Whatever follows the
+	// error ("data: [DONE]\n\n") is part of ErrorEvent.
+	ErrorEvent      string
+	ErrorEventAfter int
 	// OmitDone ends a chat stream cleanly without "data: [DONE]". The usage
 	// chunk is still sent when the request asked for it.
 	OmitDone bool
