@@ -317,9 +317,10 @@ func logURL(baseURL string) string {
 }
 
 // broke counts an answer up cut or stalled after its first byte, of the
-// attempt sent with ticket sent; alone as for fail.
-func (up *upstream) broke(rt *config.Routing, reason, clientReason string, sent ticket, alone bool) {
-	if up.health.brokeMidAnswer(rt, reason, clientReason, sent, alone) {
+// attempt sent with ticket sent; alone as for fail, streamed whether the
+// answer was a stream.
+func (up *upstream) broke(rt *config.Routing, reason, clientReason string, sent ticket, alone, streamed bool) {
+	if up.health.brokeMidAnswer(rt, reason, clientReason, sent, alone, streamed) {
 		up.ejected(rt, reason)
 	}
 }

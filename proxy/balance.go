@@ -56,7 +56,15 @@ type upstreamHealth struct {
 	// replica that cut every stream after a few events was ejected for
 	// eject_for again and again, never longer.
 	unproven atomic.Bool
-	mu       sync.Mutex // breaker transitions; never held across I/O
+	// brokenKinds are the kinds of answer (kindStream, kindWhole) it broke
+	// since one of that kind last completed. Only an answer of each kind
+	// ends the broken streak and proves it back: a replica that cut every
+	// stream but answered non-streamed calls whole, under mixed traffic,
+	// had its streak reset by those answers and was ejected for eject_for
+	// now and then, or never, however many streams it cut. Written under
+	// mu.
+	brokenKinds atomic.Uint32
+	mu          sync.Mutex // breaker transitions; never held across I/O
 	// ejectFor is how long the last ejection was: a failed trial (or an
 	// answer broken while unproven) ejects for twice as long.
 	ejectFor  time.Duration
@@ -126,6 +134,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.failures.Store(prev.failures.Load())
 	h.broken.Store(prev.broken.Load())
 	h.unproven.Store(prev.unproven.Load())
+	h.brokenKinds.Store(prev.brokenKinds.Load())
 	h.resting.Store(prev.resting.Load())
 	h.ejectFor, h.lastError, h.clientError = prev.ejectFor, prev.lastError, prev.clientError
 }
@@ -333,20 +342,36 @@ func (h *upstreamHealth) undecided(sent ticket) {
 	}
 }
 
+// Kinds of answer, for brokenKinds: a stream of events, or a whole body.
+const (
+	kindStream uint32 = 1 << iota
+	kindWhole
+)
+
+// answerKind is the kind of an answer that was a stream or not.
+func answerKind(streamed bool) uint32 {
+	if streamed {
+		return kindStream
+	}
+	return kindWhole
+}
+
 // brokeMidAnswer records an answer, of the call sent with ticket sent,
-// that the upstream cut or stalled after its first byte: a reset
-// connection, idle_timeout, a body shorter than announced. The call was
+// that the upstream cut or stalled after its first byte (a reset
+// connection, idle_timeout, a body shorter than announced) or ended with
+// its own error; streamed says whether it was a stream. The call was
 // counted when it answered, and its answer ended the failures streak, so
 // these have a streak of their own: eject_after of them with no answer
-// completed in between eject the upstream, as failures before the first
-// byte do. A replica that crashes or hangs while generating would
-// otherwise keep its share of calls for good. Back from an ejection with
-// no answer completed since (unproven), the first it breaks is a failed
-// trial: it ejects the upstream at once for twice as long as last time,
-// up to eject_max, and, as for a trial failed with an answer, the probe
-// no longer ends that early (its server answered). A call sent before the
-// last ejection only counts, as for failed. alone as for failed.
-func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason string, sent ticket, alone bool) (ejected bool) {
+// of each kind that broke completed in between (see brokenKinds) eject
+// the upstream, as failures before the first byte do. A replica that
+// crashes or hangs while generating would otherwise keep its share of
+// calls for good. Back from an ejection with no answer completed since
+// (unproven), the first it breaks is a failed trial: it ejects the
+// upstream at once for twice as long as last time, up to eject_max, and,
+// as for a trial failed with an answer, the probe no longer ends that
+// early (its server answered). A call sent before the last ejection only
+// counts, as for failed. alone as for failed.
+func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason string, sent ticket, alone, streamed bool) (ejected bool) {
 	h.curFails.Add(1) // the call itself was counted when it answered
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -354,6 +379,7 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 	if alone || sent.ejections != h.ejections.Load() || h.state.Load() != stateClosed {
 		return false
 	}
+	h.brokenKinds.Or(answerKind(streamed))
 	if h.unproven.Load() {
 		h.broken.Store(0)
 		h.trialFailed.Store(true)
@@ -369,10 +395,29 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 }
 
 // completedAnswer records an answer, of the call sent with ticket sent,
-// relayed whole: it ends the streak of broken answers and, sent since the
-// last ejection, proves the upstream back (a call sent before proves
-// nothing of how it is now).
-func (h *upstreamHealth) completedAnswer(sent ticket) {
+// relayed whole; streamed says whether it was a stream. It ends the
+// streak of broken answers and, sent since the last ejection, proves the
+// upstream back (a call sent before proves nothing of how it is now) —
+// unless answers of another kind broke since one of theirs completed: a
+// non-streamed answer proves nothing of the streams an upstream cuts, nor
+// a stream of the bodies it cuts short. An ejection keeps brokenKinds, so
+// after its return only an answer of the kind that broke proves it.
+func (h *upstreamHealth) completedAnswer(sent ticket, streamed bool) {
+	if broke := h.brokenKinds.Load(); broke != 0 {
+		kind := answerKind(streamed)
+		if broke&^kind != 0 {
+			return
+		}
+		h.mu.Lock()
+		proves := sent.ejections == h.ejections.Load()
+		if proves {
+			h.brokenKinds.And(^kind)
+		}
+		h.mu.Unlock()
+		if !proves {
+			return
+		}
+	}
 	if h.broken.Load() != 0 {
 		h.broken.Store(0)
 	}

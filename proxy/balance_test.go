@@ -164,11 +164,11 @@ func TestAnswersBrokenAfterAnEjectionEscalateIt(t *testing.T) {
 	h := &p.members[0].up.health
 	const cut = "stream was interrupted: unexpected EOF"
 	for range 2 {
-		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) {
+		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) {
 			t.Fatal("ejected before eject_after broken answers")
 		}
 	}
-	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) || h.ejectFor != rt.EjectFor || h.trialFailed.Load() {
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) || h.ejectFor != rt.EjectFor || h.trialFailed.Load() {
 		t.Fatalf("eject_after broken answers: ejected for %s (trial failed: %v), want eject_for", h.ejectFor, h.trialFailed.Load())
 	}
 	// back returns it as its trial does: its first byte closes the breaker.
@@ -188,7 +188,7 @@ func TestAnswersBrokenAfterAnEjectionEscalateIt(t *testing.T) {
 	back()
 	for _, want := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
 		sent := sentNow(h)
-		if !h.brokeMidAnswer(rt, cut, cut, sent, false) || h.ejectFor != want || !h.trialFailed.Load() {
+		if !h.brokeMidAnswer(rt, cut, cut, sent, false, true) || h.ejectFor != want || !h.trialFailed.Load() {
 			t.Fatalf("an answer broken after its return: ejected for %s (trial failed: %v), want %s and failed", h.ejectFor, h.trialFailed.Load(), want)
 		}
 		if h.probeAnswered() {
@@ -197,7 +197,7 @@ func TestAnswersBrokenAfterAnEjectionEscalateIt(t *testing.T) {
 		// Another call sent before this ejection breaks once it is back:
 		// it only counts.
 		back()
-		if h.brokeMidAnswer(rt, cut, cut, sent, false) {
+		if h.brokeMidAnswer(rt, cut, cut, sent, false, true) {
 			t.Fatal("an answer sent before the ejection ejected it again")
 		}
 	}
@@ -205,21 +205,71 @@ func TestAnswersBrokenAfterAnEjectionEscalateIt(t *testing.T) {
 	// starts a streak, and the next ejection is for eject_for. One sent
 	// before the return proves nothing.
 	stale := sentNow(h)
-	h.brokeMidAnswer(rt, cut, cut, sentNow(h), false)
+	h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true)
 	back()
-	h.completedAnswer(stale)
-	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) {
+	h.completedAnswer(stale, true)
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) {
 		t.Fatal("an answer completed by a call sent before its ejection proved it back")
 	}
 	back()
-	h.completedAnswer(sentNow(h))
+	h.completedAnswer(sentNow(h), true)
 	for range 2 {
-		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) {
+		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) {
 			t.Fatal("a replica that completed an answer since its return was ejected by one it broke")
 		}
 	}
-	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false) || h.ejectFor != rt.EjectFor {
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) || h.ejectFor != rt.EjectFor {
 		t.Fatalf("eject_after broken answers after a completed one: ejected for %s, want eject_for", h.ejectFor)
+	}
+}
+
+// Only an answer of the kind that broke ends the broken streak and
+// proves the upstream back: a non-streamed answer says nothing of the
+// streams it cuts. Any completed answer did: a replica that cut every
+// stream after 5 events but answered non-streamed calls whole, under
+// mixed traffic, was ejected for eject_for about every second (4 % of
+// the streams cut), or never with one streaming client (18 to 25 %).
+func TestOnlyAnAnswerOfTheKindThatBrokeEndsTheStreak(t *testing.T) {
+	rt := testRouting("p2c")
+	rt.EjectAfter, rt.EjectFor, rt.EjectMax = 3, time.Second, 8*time.Second
+	p := testModelPool(t, 2)
+	h := &p.members[0].up.health
+	const cut = "stream was interrupted: unexpected EOF"
+	for range 2 {
+		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) {
+			t.Fatal("ejected before eject_after broken streams")
+		}
+		h.completedAnswer(sentNow(h), false)
+	}
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) || h.ejectFor != rt.EjectFor {
+		t.Fatalf("eject_after cut streams, non-streamed answers between them: ejected for %s, want eject_for", h.ejectFor)
+	}
+	// Back, a non-streamed answer does not prove it: the next stream it
+	// cuts fails its trial.
+	h.openUntil.Store(time.Now().UnixNano())
+	if trial, ok := h.take(time.Now().UnixNano()); !ok || !trial.trial || !h.succeeded(time.Millisecond) {
+		t.Fatal("no trial, or its first byte did not close the breaker")
+	}
+	h.completedAnswer(sentNow(h), false)
+	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) || h.ejectFor != 2*rt.EjectFor {
+		t.Fatalf("a stream cut after a non-streamed answer since its return: ejected for %s, want twice eject_for", h.ejectFor)
+	}
+	// A completed stream proves it, and ends the streak.
+	h.openUntil.Store(time.Now().UnixNano())
+	if trial, ok := h.take(time.Now().UnixNano()); !ok || !h.succeeded(time.Millisecond) || !trial.trial {
+		t.Fatal("no trial")
+	}
+	h.completedAnswer(sentNow(h), true)
+	for range 2 {
+		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) {
+			t.Fatal("a replica that completed a stream since its return was ejected by one it cut")
+		}
+	}
+	h.completedAnswer(sentNow(h), true)
+	for range 2 {
+		if h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) {
+			t.Fatal("a completed stream did not end the streak")
+		}
 	}
 }
 

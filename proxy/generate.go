@@ -543,7 +543,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
 		return
 	}
-	c.upstream.health.completedAnswer(c.sent)
+	c.upstream.health.completedAnswer(c.sent, false)
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
 	c.ttfb = time.Since(c.start)
@@ -595,7 +595,7 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 	if errors.Is(err, errBodyTooLarge) || errors.Is(err, errEventTooLarge) {
 		return
 	}
-	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.sent, c.alone)
+	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.sent, c.alone, c.eventStream)
 }
 
 // sentUpstream reports whether an attempt that ended with err (nil: an

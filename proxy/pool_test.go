@@ -1024,3 +1024,33 @@ func TestPoolKeepsAnUpstreamWhoseStreamsEndInTheRequestsError(t *testing.T) {
 		})
 	}
 }
+
+// A replica that cuts every stream but answers non-streamed calls whole
+// is ejected after eject_after cut streams under mixed traffic: its
+// whole answers do not end the streak of streams it cut. They did, and
+// such a replica, sent a stream and a non-streamed call in turn, was
+// never ejected.
+func TestPoolEjectsAnUpstreamThatCutsStreamsBetweenWholeAnswers(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_for: 30s",
+		proxytest.Options{Chunks: 10, DropAfter: 5})
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	const whole = `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+	cut := 0
+	for i := range 24 {
+		// s, s, w, w, …: each member gets a stream and a whole call in turn.
+		body := stream
+		if i%4 >= 2 {
+			body = whole
+		}
+		resp := h.post("/v1/chat/completions", body)
+		if b := readAll(t, resp); resp.StatusCode != 200 || strings.Contains(string(b), "stream_interrupted") {
+			cut++
+		}
+		if h.statuses()["p0"].State == "ejected" {
+			break
+		}
+	}
+	if st := h.statuses()["p0"]; st.State != "ejected" || cut != 3 {
+		t.Fatalf("p0 cut %d streams between whole answers and is %+v, want ejected at the third", cut, st)
+	}
+}
