@@ -525,30 +525,35 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 		}
 		return nil, -1, ticket{}
 	}
+	// One call at a time: a member that never answered (slow start, p2c)
+	// until it answers, and one back from an ejection with no answer
+	// completed since (unproven, any balance) until one completes. Those
+	// holding their call are left out of the choice, unless every member
+	// left holds one (all new, their first calls out, or the others out):
+	// the call goes to one of them rather than nowhere. lost are those
+	// whose one call a concurrent pick took between choosing and taking.
+	slowStart := rt.Balance != "round_robin" && rt.Balance != "least_in_flight"
+	var lost uint64
 	if affinity != 0 {
-		if i := p.rendezvous(affinity, now, tried); i >= 0 {
+		// A key stays on a new member (its cache is what affinity is
+		// for), not on one back from an ejection whose answer is out.
+		skip := tried
+		if held, every := p.holdingTheirCall(now, tried, lost, false); !every {
+			skip |= held
+		}
+		if i := p.rendezvous(affinity, now, skip); i >= 0 {
 			if t, ok := p.members[i].up.health.send(now); ok {
 				return p.members[i].up, i, t
 			}
 		}
 	}
-	// Slow start (p2c): a member that never answered takes one call at a
-	// time until it answers. Those holding their call are left out of the
-	// draw, unless every member left holds one (all new, their first calls
-	// out): the call goes to one of them rather than nowhere. lost are
-	// those whose one call a concurrent pick took between choosing and
-	// taking.
-	slowStart := rt.Balance != "round_robin" && rt.Balance != "least_in_flight"
-	var lost uint64
 	// Up to three passes: a chosen member may lose its half-open slot to
-	// a concurrent call between choosing and taking. A lost slow-start
-	// slot costs no pass: each adds a member to lost.
+	// a concurrent call between choosing and taking. A lost one-call slot
+	// costs no pass: each adds a member to lost.
 	for passes := 0; passes < 3; {
 		skip, alone := tried, false
-		if slowStart {
-			if held, every := p.slowStarting(now, tried, lost); !every {
-				skip, alone = tried|held, true
-			}
+		if held, every := p.holdingTheirCall(now, tried, lost, slowStart); !every {
+			skip, alone = tried|held, true
 		}
 		i := p.choose(rt.Balance, now, skip)
 		if i < 0 {
@@ -560,7 +565,7 @@ func (p *pool) pick(rt *config.Routing, tried uint64, affinity uint64) (*upstrea
 			passes++
 			continue
 		}
-		if alone && h.warming() {
+		if alone && h.oneCallAtATime(slowStart) {
 			if !h.awaitAlone(now) {
 				lost |= 1 << i
 				continue
@@ -590,16 +595,16 @@ func (p *pool) takeMember(up *upstream) (int, ticket) {
 	return -1, ticket{}
 }
 
-// slowStarting is the members outside skip that never answered and hold
-// a call (and those in lost), and whether they are every eligible member
-// outside skip.
-func (p *pool) slowStarting(now int64, skip, lost uint64) (held uint64, every bool) {
+// holdingTheirCall is the members outside skip that take one call at a
+// time and hold it (and those in lost), and whether they are every
+// eligible member outside skip.
+func (p *pool) holdingTheirCall(now int64, skip, lost uint64, slowStart bool) (held uint64, every bool) {
 	every = true
 	for i, m := range p.members {
 		if skip&(1<<i) != 0 || !m.up.health.eligible(now) {
 			continue
 		}
-		if h := &m.up.health; lost&(1<<i) != 0 || h.warming() && h.awaiting.Load() > 0 {
+		if lost&(1<<i) != 0 || m.up.health.holdsItsOneCall(slowStart) {
 			held |= 1 << i
 		} else {
 			every = false
@@ -608,10 +613,30 @@ func (p *pool) slowStarting(now int64, skip, lost uint64) (held uint64, every bo
 	return held, every
 }
 
-// warming reports whether the upstream is in service and never answered
-// a call: slow start gives it one at a time.
-func (h *upstreamHealth) warming() bool {
-	return h.answered.Load() == 0 && h.state.Load() == stateClosed
+// oneCallAtATime reports whether the upstream, in service, takes one call
+// at a time: it never answered a call (slow start, when slowStart), or
+// it is back from an ejection and no answer of a call sent since
+// completed (unproven). Judged at its first byte, a replica back from an
+// ejection that stalled after it took its full share of calls until the
+// trial's idle_timeout ran out, a minute at the default: 4 to 5 streams
+// of 8 clients hung on it each time it returned.
+func (h *upstreamHealth) oneCallAtATime(slowStart bool) bool {
+	return h.state.Load() == stateClosed && (h.unproven.Load() || slowStart && h.answered.Load() == 0)
+}
+
+// holdsItsOneCall reports whether the upstream takes one call at a time
+// and has it: a call waiting for its first byte, or, unproven, any call
+// in flight (its answer is what proves it). A call is counted awaiting
+// from its pick and in flight before its first byte, so concurrent picks
+// never see it free between the two.
+func (h *upstreamHealth) holdsItsOneCall(slowStart bool) bool {
+	if !h.oneCallAtATime(slowStart) {
+		return false
+	}
+	if h.awaiting.Load() > 0 {
+		return true
+	}
+	return h.unproven.Load() && h.inflight.Load() > 0
 }
 
 // send is take and, when the call may go, await: for a call sent to this

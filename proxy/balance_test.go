@@ -273,6 +273,78 @@ func TestOnlyAnAnswerOfTheKindThatBrokeEndsTheStreak(t *testing.T) {
 	}
 }
 
+// A member back from an ejection takes one call at a time until an
+// answer of a call sent since completes, in every balance mode: judged
+// at its first byte, a replica that stalls after it took its full share
+// until its trial's idle_timeout ran out (4 to 5 streams of 8 clients
+// hung each time it returned). Its one call is taken atomically, and a
+// member alone eligible still gets calls.
+func TestAMemberBackFromAnEjectionTakesOneCallAtATime(t *testing.T) {
+	for _, mode := range config.BalanceModes {
+		rt := testRouting(mode)
+		p := testModelPool(t, 3)
+		now := time.Now().UnixNano()
+		for _, m := range p.members {
+			m.up.health.succeeded(time.Millisecond) // none is new
+		}
+		h := &p.members[0].up.health
+		h.mu.Lock()
+		h.ejectLocked(rt.EjectFor)
+		h.mu.Unlock()
+		h.openUntil.Store(now)
+		trial, ok := h.send(now)
+		if !ok || !trial.trial || !h.succeeded(time.Millisecond) {
+			t.Fatalf("%s: no trial, or its first byte did not close the breaker", mode)
+		}
+		h.awaiting.Add(-1)
+		h.inflight.Add(1) // the trial streams on, past its first byte
+		for range 100 {
+			up, i, _ := p.pick(rt, 0, 0)
+			if i == 0 {
+				t.Fatalf("%s: the member back from its ejection, its trial's answer not complete, was given a second call", mode)
+			}
+			up.health.awaiting.Add(-1)
+		}
+		// With every other member out, it takes calls: somewhere, not nowhere.
+		if up, i, _ := p.pick(rt, 1<<1|1<<2, 0); i != 0 {
+			t.Fatalf("%s: the only member left, back from its ejection, got no call (%v)", mode, up)
+		} else {
+			up.health.awaiting.Add(-1)
+		}
+		// Free again, it takes one call, once, however many pick at once.
+		h.inflight.Add(-1)
+		var got atomic.Int32
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Go(func() {
+				for range 10 {
+					if _, i, _ := p.pick(rt, 0, 0); i == 0 {
+						got.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if n := got.Load(); n != 1 {
+			t.Fatalf("%s: the member back from its ejection was given %d calls at once, want 1", mode, n)
+		}
+		// An answer completed proves it: it takes calls as any member.
+		h.completedAnswer(sentNow(h), true)
+		h.awaiting.Store(0)
+		got.Store(0)
+		for range 300 {
+			up, i, _ := p.pick(rt, 0, 0)
+			if i == 0 {
+				got.Add(1)
+			}
+			up.health.awaiting.Add(-1)
+		}
+		if n := got.Load(); n < 50 {
+			t.Fatalf("%s: proved back, it got %d of 300 calls", mode, n)
+		}
+	}
+}
+
 // A trial that decides nothing (a 429 without Retry-After, a client that
 // left early) frees the slot: held, no call reached the upstream again.
 func TestUndecidedTrialFreesItsSlot(t *testing.T) {

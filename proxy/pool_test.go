@@ -1054,3 +1054,42 @@ func TestPoolEjectsAnUpstreamThatCutsStreamsBetweenWholeAnswers(t *testing.T) {
 		t.Fatalf("p0 cut %d streams between whole answers and is %+v, want ejected at the third", cut, st)
 	}
 }
+
+// A replica that stalls every stream after its first event, back from an
+// ejection, holds one stream at a time until that one's idle_timeout:
+// its trial is judged at the first byte, and new calls went to it until
+// the trial timed out, 4 to 5 streams of 8 clients hung each time it
+// returned (a minute each, at the default idle_timeout).
+func TestPoolMemberBackFromAnEjectionHoldsOneStreamAtATime(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 200ms\n  eject_max: 10s\n  probe_interval: 100ms",
+		proxytest.Options{Chunks: 3}, proxytest.Options{Chunks: 3, Stall: true})
+	h.settings = map[int]string{1: "idle_timeout: 300ms"}
+	h.setPool("  retries: 1\n  balance: round_robin\n  eject_after: 1\n  eject_for: 200ms\n  eject_max: 10s\n  probe_interval: 100ms", h.names()...)
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	stalled := func(body []byte) bool { return strings.Contains(string(body), "idle_timeout") }
+	for range 2 { // one of them stalls on p1, which ejects it
+		readAll(t, h.post("/v1/chat/completions", stream))
+	}
+	before := h.statuses()["p1"]
+	if before.Ejections != 1 {
+		t.Fatalf("p1 stalled a stream and is %+v", before)
+	}
+	var hung atomic.Int32
+	var wg sync.WaitGroup
+	stop := time.Now().Add(2500 * time.Millisecond)
+	for range 8 {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				if stalled(readAll(t, h.post("/v1/chat/completions", stream))) {
+					hung.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	after := h.statuses()["p1"]
+	returns := after.Ejections - before.Ejections + 1 // the last return's trial may have hung too
+	if n := hung.Load(); n == 0 || uint64(n) > returns {
+		t.Fatalf("p1 returned %d times and %d streams hung on it, want one a return", returns, n)
+	}
+}
