@@ -465,6 +465,60 @@ func TestBalanceModesShareByWeightAtIdle(t *testing.T) {
 	}
 }
 
+// At idle, members whose latencies differ by noise (a tenth of a
+// millisecond of a millisecond) share calls by weight: the one measured
+// fastest won every pairing it was drawn into, and a member of weight 2
+// got 59-79 % of one client's calls instead of 50 %. One clearly faster
+// still wins its pairings.
+func TestP2CTakesCloseLatenciesAsATie(t *testing.T) {
+	ups := map[string]*upstream{}
+	var members []config.PoolMember
+	now := time.Now().UnixNano()
+	for i, w := range []int{1, 1, 2} {
+		name := fmt.Sprintf("u%d", i)
+		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
+			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
+			MaxConnections: 8, MaxResponseBody: 1 << 20}, t.Logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ups[name] = up
+		members = append(members, config.PoolMember{Name: name, Weight: w})
+	}
+	p := newPool(members, ups)
+	measure := func(latencies ...time.Duration) {
+		for i, lat := range latencies {
+			h := &p.members[i].up.health
+			h.latency.Store(int64(lat))
+			h.answered.Store(int64(lat))
+			h.sampled.Store(now)
+		}
+	}
+	shares := func() (got [3]float64) {
+		rt := testRouting("p2c")
+		const calls = 20000
+		for range calls {
+			up, i, _ := p.pick(rt, 0, 0)
+			up.health.awaiting.Add(-1) // answered at once: the pool stays idle
+			got[i] += 1.0 / calls
+		}
+		return got
+	}
+	measure(1100*time.Microsecond, 1000*time.Microsecond, 950*time.Microsecond)
+	got := shares()
+	for i, want := range []float64{0.25, 0.25, 0.5} {
+		if got[i] < want-0.03 || got[i] > want+0.03 {
+			t.Errorf("latencies 1.1, 1.0 and 0.95 ms, weights 1, 1, 2: u%d got %.1f %% of the calls, want %.0f %%", i, 100*got[i], 100*want)
+		}
+	}
+	// u0, twice as fast as the others, wins every pairing it is drawn
+	// into: all but those of u1 and u2, 7 in 12.
+	measure(500*time.Microsecond, 1000*time.Microsecond, 1000*time.Microsecond)
+	if got := shares(); got[0] < 0.55 {
+		t.Errorf("u0, twice as fast, got %.1f %% of the calls, want the pairings it is in (about 58 %%)", 100*got[0])
+	}
+}
+
 // BenchmarkPick is what choosing an upstream costs per call: the one-member
 // pool every model had before pools, and three members per mode.
 func BenchmarkPick(b *testing.B) {
