@@ -370,9 +370,18 @@ func (c *generationCall) appendWholeToolCall(i int64, added bool, name, input st
 // appendToolItem takes the Responses output item at output index i, as
 // output_item.added or output_item.done carries it or a whole answer
 // holds it: a tool call's name and input and, once done, an MCP call's
-// output.
+// output and the tools an MCP server listed.
 func (c *generationCall) appendToolItem(i int64, added bool, item gjson.Result) {
 	typ := item.Get("type").Str
+	if typ == "mcp_list_tools" {
+		// The tool definitions the MCP server returned: the model reads
+		// them as it reads a request's tools, so they are prompt, counted
+		// once, from the done item (the added one has none yet).
+		if tools := item.Get("tools"); !added && tools.IsArray() {
+			c.appendToolOutput(tools.Raw)
+		}
+		return
+	}
 	key := toolInputKey(typ)
 	if key == "" {
 		return
@@ -591,6 +600,14 @@ func promptText(body []byte, ep endpoint) string {
 			add(item.Get("input")) // a custom tool's call
 			add(item.Get("code"))  // a code interpreter's call
 			add(item.Get("output"))
+			if item.Get("type").Str == "mcp_list_tools" {
+				// Tools an MCP server listed in an earlier turn, replayed:
+				// definitions, counted as the top-level tools are.
+				if tools := item.Get("tools"); tools.IsArray() {
+					sb.WriteString(tools.Raw)
+					sb.WriteByte('\n')
+				}
+			}
 			return true
 		})
 	}

@@ -409,3 +409,31 @@ func TestCodeInterpreterCodeIsCountedOnce(t *testing.T) {
 		t.Errorf("kept %q, want %q", got, want)
 	}
 }
+
+// The tool list an MCP server returned (an mcp_list_tools output item) is
+// read by the model as its tool definitions are: a cut Responses stream
+// counts its tools as prompt, as an MCP call's output is, once, and so
+// does the estimate of a request whose input replays such an item.
+func TestEstimateCountsMCPToolLists(t *testing.T) {
+	const tools = `[{"name":"ask_question","input_schema":{"type":"object","properties":{"question":{"type":"string"}}},"description":"Ask about a repository"}]`
+	c := estimateCall(endpointResponses)
+	c.collectWholeText([]byte(`{"output":[{"type":"mcp_list_tools","id":"mcpl_1","server_label":"deepwiki","tools":` + tools + `,"error":null}]}`))
+	if got := string(c.toolOutput); got != tools {
+		t.Errorf("whole answer: kept %q as tool output, want the tools %q", got, tools)
+	}
+	event := func(typ, item string) string {
+		return "event: " + typ + "\ndata: " + `{"type":"` + typ + `","output_index":0,"item":` + item + "}\n\n"
+	}
+	stream := event("response.output_item.added", `{"type":"mcp_list_tools","id":"mcpl_1","server_label":"deepwiki","tools":[]}`) +
+		event("response.output_item.done", `{"type":"mcp_list_tools","id":"mcpl_1","server_label":"deepwiki","tools":`+tools+`}`)
+	c = estimateCall(endpointResponses)
+	inspectAll(c, newSSEReader(strings.NewReader(stream), 4096, 0))
+	if got := string(c.toolOutput); got != tools {
+		t.Errorf("stream: kept %q as tool output, want the tools once %q", got, tools)
+	}
+	prompt := promptText([]byte(`{"model":"m","input":[{"type":"mcp_list_tools","id":"mcpl_1","server_label":"deepwiki","tools":`+tools+`},`+
+		`{"role":"user","content":"hi"}]}`), endpointResponses)
+	if !strings.Contains(prompt, tools) || !strings.Contains(prompt, "hi") {
+		t.Errorf("prompt text %q leaves out the tool list in the input", prompt)
+	}
+}
