@@ -56,6 +56,13 @@ type upstreamHealth struct {
 	// replica that cut every stream after a few events was ejected for
 	// eject_for again and again, never longer.
 	unproven atomic.Bool
+	// oneAtATime: back from its last ejection, no answer of a call sent
+	// since has completed, of any kind. It takes one call at a time
+	// meanwhile (pick). Apart from unproven, which only an answer of the
+	// kind that broke clears: a replica ejected for cutting streams, then
+	// sent only non-streamed calls, would have stayed at one call at a
+	// time for as long.
+	oneAtATime atomic.Bool
 	// brokenKinds are the kinds of answer (kindStream, kindWhole) it broke
 	// since one of that kind last completed. Only an answer of each kind
 	// ends the broken streak and proves it back: a replica that cut every
@@ -134,6 +141,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.failures.Store(prev.failures.Load())
 	h.broken.Store(prev.broken.Load())
 	h.unproven.Store(prev.unproven.Load())
+	h.oneAtATime.Store(prev.oneAtATime.Load())
 	h.brokenKinds.Store(prev.brokenKinds.Load())
 	h.resting.Store(prev.resting.Load())
 	h.ejectFor, h.lastError, h.clientError = prev.ejectFor, prev.lastError, prev.clientError
@@ -403,6 +411,13 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 // a stream of the bodies it cuts short. An ejection keeps brokenKinds, so
 // after its return only an answer of the kind that broke proves it.
 func (h *upstreamHealth) completedAnswer(sent ticket, streamed bool) {
+	if h.oneAtATime.Load() {
+		h.mu.Lock() // not across an ejection: a call sent before it proves nothing
+		if sent.ejections == h.ejections.Load() {
+			h.oneAtATime.Store(false)
+		}
+		h.mu.Unlock()
+	}
 	if broke := h.brokenKinds.Load(); broke != 0 {
 		kind := answerKind(streamed)
 		if broke&^kind != 0 {
@@ -436,6 +451,7 @@ func (h *upstreamHealth) completedAnswer(sent ticket, streamed bool) {
 func (h *upstreamHealth) ejectLocked(d time.Duration) {
 	h.ejectFor = d
 	h.unproven.Store(true)
+	h.oneAtATime.Store(true)
 	h.openUntil.Store(time.Now().Add(d).UnixNano())
 	h.ejections.Add(1)
 	h.state.Store(stateOpen)
@@ -616,17 +632,17 @@ func (p *pool) holdingTheirCall(now int64, skip, lost uint64, slowStart bool) (h
 // oneCallAtATime reports whether the upstream, in service, takes one call
 // at a time: it never answered a call (slow start, when slowStart), or
 // it is back from an ejection and no answer of a call sent since
-// completed (unproven). Judged at its first byte, a replica back from an
+// completed (oneAtATime). Judged at its first byte, a replica back from an
 // ejection that stalled after it took its full share of calls until the
 // trial's idle_timeout ran out, a minute at the default: 4 to 5 streams
 // of 8 clients hung on it each time it returned.
 func (h *upstreamHealth) oneCallAtATime(slowStart bool) bool {
-	return h.state.Load() == stateClosed && (h.unproven.Load() || slowStart && h.answered.Load() == 0)
+	return h.state.Load() == stateClosed && (h.oneAtATime.Load() || slowStart && h.answered.Load() == 0)
 }
 
 // holdsItsOneCall reports whether the upstream takes one call at a time
-// and has it: a call waiting for its first byte, or, unproven, any call
-// in flight (its answer is what proves it). A call is counted awaiting
+// and has it: a call waiting for its first byte, or, back from an
+// ejection (oneAtATime), any call in flight (its answer is what ends that). A call is counted awaiting
 // from its pick and in flight before its first byte, so concurrent picks
 // never see it free between the two.
 func (h *upstreamHealth) holdsItsOneCall(slowStart bool) bool {
@@ -636,7 +652,7 @@ func (h *upstreamHealth) holdsItsOneCall(slowStart bool) bool {
 	if h.awaiting.Load() > 0 {
 		return true
 	}
-	return h.unproven.Load() && h.inflight.Load() > 0
+	return h.oneAtATime.Load() && h.inflight.Load() > 0
 }
 
 // send is take and, when the call may go, await: for a call sent to this

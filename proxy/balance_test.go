@@ -250,7 +250,16 @@ func TestOnlyAnAnswerOfTheKindThatBrokeEndsTheStreak(t *testing.T) {
 	if trial, ok := h.take(time.Now().UnixNano()); !ok || !trial.trial || !h.succeeded(time.Millisecond) {
 		t.Fatal("no trial, or its first byte did not close the breaker")
 	}
+	if !h.oneCallAtATime(false) {
+		t.Fatal("back from an ejection, it does not take one call at a time")
+	}
 	h.completedAnswer(sentNow(h), false)
+	// Any completed answer ends its one call at a time, though only a
+	// stream proves it: sent only non-streamed calls, it would have kept
+	// to one at a time for as long.
+	if h.oneCallAtATime(false) {
+		t.Fatal("a completed non-streamed answer did not end its one call at a time")
+	}
 	if !h.brokeMidAnswer(rt, cut, cut, sentNow(h), false, true) || h.ejectFor != 2*rt.EjectFor {
 		t.Fatalf("a stream cut after a non-streamed answer since its return: ejected for %s, want twice eject_for", h.ejectFor)
 	}
