@@ -137,8 +137,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// No other upstream is tried: say why.
 				what = ", which holds " + c.pinnedBy + ","
 			}
-			lastErr = upstreamUnreachable(up, what, err)
 			why := unreachableReason(up, err)
+			lastErr = Unavailable(fmt.Sprintf("upstream %s%s %s", up.cfg.Name, what, why))
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
 			generating := isTimeout(err) && wholeAnswer
 			switch {
@@ -188,7 +188,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			answered := answeredStatus(status)
 			up.fail(rt, answered, answered, sent, c.alone, true)
 		default:
-			if recovered := h.succeeded(time.Since(sentAt)); up.failingAlone.Swap(false) || recovered {
+			// Load first: a Swap on every answer writes memory every call
+			// to this upstream shares, though the flag is almost never set.
+			if recovered := h.succeeded(time.Since(sentAt)); up.failingAlone.Load() && up.failingAlone.Swap(false) || recovered {
 				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
 			}
 		}

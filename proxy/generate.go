@@ -603,6 +603,9 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 // whose connection could not be opened, or had to wait for one of
 // max_connections in vain.
 func sentUpstream(err error) bool {
+	if err == nil {
+		return true // and opErr, which errors.As moves to the heap, is not made on every answered attempt
+	}
 	var opErr *net.OpError
 	return !errors.Is(err, errNoFreeConns) && !(errors.As(err, &opErr) && opErr.Op == "dial")
 }

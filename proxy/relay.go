@@ -15,6 +15,8 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/internal/utf8cut"
 )
 
 // A streamed answer is the generationCall itself, set as the response's
@@ -355,9 +357,7 @@ func (c *generationCall) endedInError(e gjson.Result) {
 	if e.IsObject() {
 		msg = e.Get("message").Str
 	}
-	if len(msg) > 200 {
-		msg = msg[:200] + "…"
-	}
+	msg = utf8cut.Shorten(msg, 200)
 	code := ""
 	if cd := e.Get("code"); e.IsObject() && (cd.Type == gjson.Number || cd.Type == gjson.String) && cd.Raw != "" && len(cd.String()) <= 40 {
 		code = " (" + cd.String() + ")"
