@@ -97,6 +97,13 @@ func (e *DSNSettingsError) Error() string {
 
 func (e *DSNSettingsError) Unwrap() error { return e.Err }
 
+// IsDSNSettings reports whether err is, or wraps, a *DSNSettingsError:
+// ClickHouse refuses the DSN's settings, and trying again does not help.
+func IsDSNSettings(err error) bool {
+	var settingsErr *DSNSettingsError
+	return errors.As(err, &settingsErr)
+}
+
 // checkDSNSettings runs a query carrying the DSN's server settings, if it
 // has any. When it fails and the same query without them does not, the
 // settings are to blame: a *DSNSettingsError says so. Otherwise the

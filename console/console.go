@@ -510,8 +510,7 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	if err != nil {
 		view.UsageUnavailable = true
 		// The operator's DSN is wrong: no outage the holder can wait out.
-		settingsErr := (*billing.DSNSettingsError)(nil)
-		view.UsageOff = errors.As(err, &settingsErr)
+		view.UsageOff = billing.IsDSNSettings(err)
 	} else {
 		days, models, total := summarize(rows)
 		for _, d := range days {

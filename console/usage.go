@@ -87,7 +87,7 @@ func (u *usageReader) connect(ctx context.Context) (driver.Conn, error) {
 	defer cancel()
 	sink, err := billing.OpenClickHouse(ctx, withDialTimeout(u.dsn))
 	if err != nil {
-		if settingsErr := (*billing.DSNSettingsError)(nil); errors.As(err, &settingsErr) {
+		if billing.IsDSNSettings(err) {
 			u.settingsErr = err
 			u.logf("console: usage unavailable until clickhouse.dsn is corrected and serve restarted: %v", err)
 			return nil, err

@@ -441,19 +441,10 @@ func describeJSONValue(v string) string {
 
 // gjsonKind words the kind of a JSON value as describeJSONValue does.
 func gjsonKind(v gjson.Result) string {
-	switch {
-	case v.Type == gjson.Null:
-		return "null"
-	case v.IsBool():
+	if v.IsBool() {
 		return "true or false"
-	case v.Type == gjson.Number:
-		return "a number"
-	case v.Type == gjson.String:
-		return "a string"
-	case v.IsArray():
-		return "an array"
 	}
-	return "an object"
+	return jsoncheck.Kind(v)
 }
 
 // fieldType is the type of the field dst's struct calls name in JSON.
@@ -640,7 +631,7 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	ans, apiErr := choice.run(call.ModelCallContext(ctx), x.run)
 	if apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
-		if choice.spent.TotalTokens > 0 {
+		if choice.spent.Tokens() > 0 {
 			// The model was asked and answered, if not what was asked.
 			record(call, x, choice, choice.spent, apiErr.Status)
 		} else if apiErr.Status >= 500 {
@@ -649,9 +640,7 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 		return tail{}, false
 	}
 	u := ans.Usage
-	if u.TotalTokens == 0 {
-		u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	}
+	u.TotalTokens = u.Tokens()
 	call.AddTokens(ctx, u.TotalTokens-x.tokens)
 	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, NoLogprobs: ans.NoLogprobs,
 		Usage: shownUsage(u), LatencyMS: time.Since(call.Start).Milliseconds()}

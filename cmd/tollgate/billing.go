@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"net/url"
@@ -119,11 +118,11 @@ func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc 
 			return nil
 		}
 		wait := backoff
-		var settingsErr *billing.DSNSettingsError
+		refusedSettings := billing.IsDSNSettings(err)
 		switch {
-		case errors.As(err, &settingsErr) && onDSN == exitOnDSNSettings:
+		case refusedSettings && onDSN == exitOnDSNSettings:
 			return err
-		case errors.As(err, &settingsErr):
+		case refusedSettings:
 			wait = dsnSettingsRetry
 			if err.Error() != refused {
 				refused = err.Error()
@@ -145,7 +144,7 @@ func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc 
 
 func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) error {
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
-	if settingsErr := (*billing.DSNSettingsError)(nil); errors.As(err, &settingsErr) {
+	if billing.IsDSNSettings(err) {
 		return err // reachable, and it names what it refuses
 	}
 	if err != nil {
