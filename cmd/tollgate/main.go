@@ -15,7 +15,7 @@
 //	tollgate version
 //
 // The commands live in serve.go, billing.go (billing, migrate), worker.go,
-// finance.go and admincli.go (accounts, keys, config check); the packages
+// finance.go and admincli.go (accounts, keys, config check and get); the packages
 // they start are in the README's layout table.
 package main
 

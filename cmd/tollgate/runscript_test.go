@@ -19,7 +19,7 @@ import (
 // where finance looks.
 func TestMakeRunBillsWhereFinanceLooks(t *testing.T) {
 	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("no bash")
+		t.Fatal("scripts/run.sh, which make run runs, needs bash")
 	}
 	script, err := os.ReadFile("../../scripts/run.sh")
 	if err != nil {
