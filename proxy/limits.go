@@ -106,8 +106,6 @@ type admission struct {
 	l     *limiter
 	parts [2]limitPart
 	n     int // parts in use
-	// public: a call without a key, limited per client address.
-	public bool
 	// generation: a generation call, admitted on an estimate of its
 	// tokens that its usage settles (charge); settled once it has.
 	generation, settled bool
@@ -162,7 +160,6 @@ func (l *limiter) admissionFor(ctx *fasthttp.RequestCtx, call *Call, acct accoun
 		a.add(callerID{callerKey, call.Key.ID}, limits, true)
 		a.accountPart(call.Key.Account, acct, true)
 	} else {
-		a.public = true
 		a.add(callerID{callerAddr, clientSubject(l.clientAddr(ctx, call.World.Config))}, plugins.PublicLimits, true)
 	}
 	return a
@@ -555,9 +552,13 @@ func formatReset(ns int64) string {
 	return time.Duration(ns).Round(time.Millisecond).String()
 }
 
+// public reports whether the call has no key: it is limited per client
+// address, its one part.
+func (a *admission) public() bool { return a.parts[0].caller.kind == callerAddr }
+
 func (a *admission) who(p *limitPart) (subject, remedy string) {
 	switch {
-	case a.public:
+	case p.caller.kind == callerAddr:
 		return "requests without an API key from one client address", "; send an API key (Authorization: Bearer <API key>) for higher limits"
 	case p.caller.kind == callerAccount:
 		return "account " + p.caller.id + " (all its keys together)", ""

@@ -186,7 +186,7 @@ func TestAdmissionFor(t *testing.T) {
 	l := newLimiter()
 	w := &World{Config: cfg}
 	a := l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", Account: "acme", RPM: 5}}, accounts.Limits{})
-	if a.n != 1 || a.parts[0].caller != (callerID{callerKey, "k1"}) || a.public || a.parts[0].limits != (config.Limits{RequestsPerMinute: 5, TokensPerMinute: 1000, Concurrent: 16}) {
+	if a.n != 1 || a.parts[0].caller != (callerID{callerKey, "k1"}) || a.public() || a.parts[0].limits != (config.Limits{RequestsPerMinute: 5, TokensPerMinute: 1000, Concurrent: 16}) {
 		t.Errorf("keyed admission %+v", a)
 	}
 	// An account with limits of its own adds them: the call must pass both.
@@ -195,7 +195,7 @@ func TestAdmissionFor(t *testing.T) {
 		t.Errorf("keyed admission of a limited account %+v", a)
 	}
 	a = l.admissionFor(limitCtx("2001:db8:1:2:3:4:5:6"), &Call{World: w}, accounts.Limits{})
-	if a.n != 1 || a.parts[0].caller != (callerID{callerAddr, "2001:db8:1:2::/64"}) || !a.public || a.parts[0].limits != cfg.Plugins.PublicLimits {
+	if a.n != 1 || a.parts[0].caller != (callerID{callerAddr, "2001:db8:1:2::/64"}) || !a.public() || a.parts[0].limits != cfg.Plugins.PublicLimits {
 		t.Errorf("public admission %+v", a)
 	}
 }
