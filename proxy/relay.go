@@ -527,21 +527,26 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if c.keepText() {
 			c.appendToolItem(gjson.Get(bstr(data), "output_index").Int(), typ == "response.output_item.added", gjson.Get(bstr(data), "item"))
 		}
-	case "response.function_call_arguments.done", "response.mcp_call_arguments.done":
-		// The arguments whole, after deltas that carried them or none: an
+	case "response.function_call_arguments.done", "response.mcp_call_arguments.done",
+		"response.custom_tool_call_input.done", "response.code_interpreter_call_code.done":
+		// The input whole, after deltas that carried it or none: an
 		// upstream that sends no deltas was billed the call's name only.
 		if c.keepText() {
-			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "arguments").Str)
-		}
-	case "response.custom_tool_call_input.done":
-		if c.keepText() {
-			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "input").Str)
-		}
-	case "response.code_interpreter_call_code.done":
-		if c.keepText() {
-			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), "code").Str)
+			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), toolInputDoneKey(typ)).Str)
 		}
 	}
+}
+
+// toolInputDoneKey is the member of a tool call's input done event that
+// holds the input whole, as toolInputKey is that of its output item.
+func toolInputDoneKey(event string) string {
+	switch event {
+	case "response.custom_tool_call_input.done":
+		return "input"
+	case "response.code_interpreter_call_code.done":
+		return "code"
+	}
+	return "arguments"
 }
 
 // rememberResponse records which upstream created the response with this
