@@ -411,37 +411,29 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 // a stream of the bodies it cuts short. An ejection keeps brokenKinds, so
 // after its return only an answer of the kind that broke proves it.
 func (h *upstreamHealth) completedAnswer(sent ticket, streamed bool) {
-	if h.oneAtATime.Load() {
-		h.mu.Lock() // not across an ejection: a call sent before it proves nothing
-		if sent.ejections == h.ejections.Load() {
-			h.oneAtATime.Store(false)
+	if !h.oneAtATime.Load() && h.brokenKinds.Load() == 0 && !h.unproven.Load() {
+		if h.broken.Load() != 0 {
+			h.broken.Store(0)
 		}
-		h.mu.Unlock()
+		return // in service all along: nothing to prove, no lock
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// Not across an ejection: a call sent before it proves nothing.
+	current := sent.ejections == h.ejections.Load()
+	if current {
+		h.oneAtATime.Store(false)
 	}
 	if broke := h.brokenKinds.Load(); broke != 0 {
 		kind := answerKind(streamed)
-		if broke&^kind != 0 {
+		if broke&^kind != 0 || !current {
 			return
 		}
-		h.mu.Lock()
-		proves := sent.ejections == h.ejections.Load()
-		if proves {
-			h.brokenKinds.And(^kind)
-		}
-		h.mu.Unlock()
-		if !proves {
-			return
-		}
+		h.brokenKinds.And(^kind)
 	}
-	if h.broken.Load() != 0 {
-		h.broken.Store(0)
-	}
-	if h.unproven.Load() {
-		h.mu.Lock() // not across an ejection: a call sent before it proves nothing
-		if sent.ejections == h.ejections.Load() {
-			h.unproven.Store(false)
-		}
-		h.mu.Unlock()
+	h.broken.Store(0)
+	if current {
+		h.unproven.Store(false)
 	}
 }
 
