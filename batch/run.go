@@ -100,7 +100,7 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 		// whole job less what its stops billed: it skipped the check with
 		// the count, and overdrew.
 		estimate, _ := jobCost(j.Price, j.EstimatedTokens)
-		estimate = max(estimate-money.Nanos(j.stopBilled().CostNanos), 0)
+		estimate = max(estimate-money.Nanos(j.billedByStops().CostNanos), 0)
 		if refused := s.cannotPay(ctx, j, estimate, fmt.Sprintf("this job's estimated %d tokens", j.EstimatedTokens)); refused != "" {
 			return o.end(ctx, refused+": top up and start the job again", j.Resumable)
 		}
@@ -827,8 +827,8 @@ func (j *Job) cost() (money.Nanos, error) {
 	return cost + money.Nanos(p.ModelCostNanos), err
 }
 
-// stopBilled is what the job's stop bills charged together.
-func (j *Job) stopBilled() Charge {
+// billedByStops is what the job's stop bills charged together.
+func (j *Job) billedByStops() Charge {
 	var sum Charge
 	for _, b := range j.StopBills {
 		sum.PromptTokens += b.PromptTokens
@@ -847,7 +847,7 @@ func (j *Job) stopBilled() Charge {
 // smaller the second time (an llm's answers vary) bills nothing below 0.
 func (j *Job) unbilled() Charge {
 	cost, _ := j.cost() // an unparsable price bills its tokens at 0, and billingEvent says so
-	p, billed := &j.Progress, j.stopBilled()
+	p, billed := &j.Progress, j.billedByStops()
 	c := Charge{
 		PromptTokens:     max(p.PromptTokens-billed.PromptTokens, 0),
 		CompletionTokens: max(p.CompletionTokens-billed.CompletionTokens, 0),
