@@ -55,9 +55,13 @@ func TestAnnouncedBodyCostsNoMemoryUntilItArrives(t *testing.T) {
 		rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 8000000\r\n\r\n", "{")
 	}
 	time.Sleep(500 * time.Millisecond)
+	// Collected first, so that only what the connections hold counts: the
+	// harness's own garbage once grew the heap by 18 MiB on a loaded CI.
+	// Allocating the announced lengths holds 61 MiB, twice the bound.
+	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	if grew := int64(after.HeapInuse) - int64(before.HeapInuse); grew > 16<<20 {
+	if grew := int64(after.HeapInuse) - int64(before.HeapInuse); grew > 30<<20 {
 		t.Fatalf("%d connections announcing 8 MB bodies and sending one byte grew the heap by %d MiB", conns, grew>>20)
 	}
 }
