@@ -12,6 +12,14 @@ cd "$(dirname "$0")/.."
 # first stopped.
 data="$(bin/tollgate config get server.data_dir)"
 mkdir -p "$data"
+# A gateway already serving this data_dir (one a make run killed hard left
+# running, its shell gone) holds data_dir/LOCK. Refused here, before
+# anything starts: found only by this run's gateway, its exit stopped the
+# ClickHouse the running one bills into.
+if command -v flock >/dev/null && ! flock -n "$data/LOCK" true 2>/dev/null; then
+	echo "make run: $data/LOCK is held by a running tollgate serve; stop it, or give this run its own data_dir (TOLLGATE_DATA_DIR)." >&2
+	exit 1
+fi
 # One rule with tollgate finance: a ClickHouse of make run's own only when
 # clickhouse.dsn (CLICKHOUSE_DSN, or the config's) is left at the default;
 # a config naming another one bills there. Checking CLICKHOUSE_DSN alone,
