@@ -42,7 +42,10 @@ if [ -z "${CLICKHOUSE_DSN:-}" ] && [ "$(bin/tollgate config get clickhouse.dsn)"
 		export CLICKHOUSE_DSN
 		if [ -z "$shared" ]; then
 			echo $$ >"$chdir/runner.pid" # this run's, which a second one checks
-			trap 'rm -f "$chdir/runner.pid"; scripts/clickhouse.sh stop "$chdir" >/dev/null 2>&1 || true' EXIT
+			# Stopped only when no gateway holds data_dir/LOCK: one started
+			# meanwhile (between the check above and this run's own
+			# gateway taking the lock) bills into it.
+			trap 'rm -f "$chdir/runner.pid"; if ! command -v flock >/dev/null || flock -n "$data/LOCK" true 2>/dev/null; then scripts/clickhouse.sh stop "$chdir" >/dev/null 2>&1 || true; fi' EXIT
 			echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; stopped when the gateway exits)"
 		else
 			echo "ClickHouse for billing: $CLICKHOUSE_DSN (data in $chdir; already serving another gateway, left running)"
