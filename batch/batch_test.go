@@ -999,11 +999,9 @@ func TestCountFindsTheTextInAnyCase(t *testing.T) {
 // made again at the operator's cost. Resumed once topped up, it bills
 // only the lines after the stop.
 func TestJobStopsAtACheckpointTheAccountCannotPay(t *testing.T) {
-	// With checkpoints every 100 lines it stops mid-way; with one at the
-	// end only, the last stretch is asked before the bill.
-	for _, every := range []int{100, 20_000} {
-		t.Run(fmt.Sprint("checkpoint_lines ", every), func(t *testing.T) { jobStopsWhenTheAccountCannotPay(t, every, false) })
-	}
+	// With checkpoints every 100 lines it stops mid-way (with one at the
+	// end only it completes: TestJobOverdrawnByItsLastLinesCompletes).
+	t.Run("checkpoint_lines 100", func(t *testing.T) { jobStopsWhenTheAccountCannotPay(t, 100, false) })
 	// A worker dies after recording the stop's bill and before noting it
 	// recorded: the one taking over records the same bill again.
 	t.Run("worker dies after the stop's bill", func(t *testing.T) { jobStopsWhenTheAccountCannotPay(t, 100, true) })
@@ -1087,5 +1085,44 @@ func jobStopsWhenTheAccountCannotPay(t *testing.T, checkpointLines int, dieAfter
 	bills, tokens, cost = billed()
 	if bills[id] == nil || tokens != resultTokens || cost != costOf(resultTokens) {
 		t.Fatalf("bills %v: %d tokens for %s USD; want every line once, %d tokens, the last bill the job's own", bills, tokens, cost, resultTokens)
+	}
+}
+
+// A job the account cannot pay for once its last lines are done completes
+// and bills them. It stopped "at line 101" of 100: failed, every line done
+// and billed by the stop, its results kept from the client until a top-up,
+// after which its completion billed 0 tokens. The lines had run, and the
+// overdraw had happened: stopping saved nothing.
+func TestJobOverdrawnByItsLastLinesCompletes(t *testing.T) {
+	const n = 100
+	// A checkpoint at the last line asked the balance in the loop; with
+	// none before the end, it was asked after it.
+	for _, every := range []int{n, 20_000} {
+		t.Run(fmt.Sprint("checkpoint_lines ", every), func(t *testing.T) {
+			e := newEnv(t, envOptions{batch: fmt.Sprintf("  checkpoint_lines: %d\n  concurrency: 4", every)})
+			var overdrawn atomic.Bool
+			svc := e.service(0, batch.Tuning{Hook: func(point string) bool {
+				// Admitted on its estimate, the job finds the account
+				// overdrawn by other calls while its lines run.
+				if point == "chunk" && overdrawn.CompareAndSwap(false, true) {
+					if _, err := e.g.Accounts.Debit(e.ctx, "late", 10*money.NanosPerUSD); err != nil {
+						t.Error(err)
+					}
+					for b, _ := e.g.Accounts.Balance("late"); b > -5*money.NanosPerUSD; b, _ = e.g.Accounts.Balance("late") {
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+				return false
+			}})
+			e.work(svc)
+			e.g.CreateAccount("late", money.NanosPerUSD)
+			id := e.create(svc, "late", inputLines(n, 0), "")
+			j := e.startAndWait(svc, "late", id)
+			if j.Status != batch.StatusCompleted || j.RequestsCompleted != n || len(j.StopBills) != 0 {
+				t.Fatalf("job %s with %d lines done, %d stop bills: %q", j.Status, j.RequestsCompleted, len(j.StopBills), j.Error)
+			}
+			_, tokens := checkResults(t, e.results(j), n)
+			wantBilled(t, e, j, tokens)
+		})
 	}
 }

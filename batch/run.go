@@ -270,7 +270,19 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 
 	w := &partWriter{s: s, o: o, job: j, every: int64(max(cfg.Batch.CheckpointLines, 1)), seq: j.Progress.nextSeq()}
 	defer w.abort()
+	// askBalance: a checkpoint was saved, and the balance is asked before
+	// the lines after it, if any. At the end of the input it is not: the
+	// lines have run and their overdraw happened; stopped there, the job
+	// billed them all, kept their results from the client, and said it
+	// would go on from a line past the last.
+	askBalance := false
 	for c := range order {
+		if askBalance {
+			askBalance = false
+			if err := s.stopIfOverdrawn(ctx, o); err != nil {
+				return err
+			}
+		}
 		select {
 		case <-c.done:
 		case <-ctx.Done():
@@ -300,29 +312,21 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 		if err := w.add(ctx, c); err != nil {
 			return err
 		}
-		if w.seq != seq { // checkpointed
-			if err := s.stopIfOverdrawn(ctx, o); err != nil {
-				return err
-			}
-		}
+		askBalance = w.seq != seq
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := w.checkpoint(ctx); err != nil {
-		return err
-	}
-	// The last stretch too, before the bill: a job shorter than
-	// checkpoint_lines was asked on its estimate alone.
-	return s.stopIfOverdrawn(ctx, o)
+	return w.checkpoint(ctx)
 }
 
 // stopIfOverdrawn stops the job, resumable, when the account cannot pay
 // the tokens its lines have used since its last bill within the grace
 // buffer, bills those lines, and then answers errEnded. The estimate the
 // run was admitted on can be far short (its tokens per byte come from the
-// first texts): asked at each checkpoint, an overdraw is bounded by one
-// checkpoint's lines.
+// first texts): asked at each checkpoint with input left, an overdraw is
+// bounded by one checkpoint's lines. It must not be asked once the input
+// is done: the completion bills those lines as a stop would.
 func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 	j := o.snapshot()
 	due := j.unbilled()
