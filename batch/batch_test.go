@@ -1126,3 +1126,69 @@ func TestJobOverdrawnByItsLastLinesCompletes(t *testing.T) {
 		})
 	}
 }
+
+// An input uploaded again after a stop is another input: its run bills
+// its lines from the first, and the stop's bill of the lines the first
+// input ran stays charged. The stop's bill was taken off the new run's:
+// 40 new lines after 168 billed cost 0.
+func TestInputUploadedAgainAfterAStopIsBilledFromItsFirstLine(t *testing.T) {
+	e := newEnv(t, envOptions{batch: "  checkpoint_lines: 40\n  concurrency: 4"})
+	var overdrawn atomic.Bool
+	svc := e.service(0, batch.Tuning{Hook: func(point string) bool {
+		if point == "chunk" && overdrawn.CompareAndSwap(false, true) {
+			if _, err := e.g.Accounts.Debit(e.ctx, "late", 10*money.NanosPerUSD); err != nil {
+				t.Error(err)
+			}
+			for b, _ := e.g.Accounts.Balance("late"); b > -5*money.NanosPerUSD; b, _ = e.g.Accounts.Balance("late") {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		return false
+	}})
+	e.work(svc)
+	e.g.CreateAccount("late", money.NanosPerUSD)
+	id := e.create(svc, "late", inputLines(400, 0), "")
+	j := e.startAndWait(svc, "late", id)
+	if j.Status != batch.StatusFailed || !j.Resumable || len(j.StopBills) != 1 || j.StopBills[0].TotalTokens == 0 {
+		t.Fatalf("job %s, resumable %v, stop bills %+v: %q; want stopped for the balance and billed", j.Status, j.Resumable, j.StopBills, j.Error)
+	}
+	stopBill := j.StopBills[0]
+
+	// Fewer lines than the stop billed, each costing as much.
+	const n = 20
+	e.put(batch.InputObject("late", id), bytes.NewReader(inputLines(n, 0)))
+	if _, err := e.g.Accounts.Credit(e.ctx, "late", 100*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if b, _ := e.g.Accounts.Balance("late"); b < 50*money.NanosPerUSD {
+			return fmt.Errorf("balance %s not seen yet", b)
+		}
+		return nil
+	})
+	if j = e.startAndWait(svc, "late", id); j.Status != batch.StatusFailed || !strings.Contains(j.Error, "input file changed") {
+		t.Fatalf("resumed on another input: %s: %q", j.Status, j.Error)
+	}
+	j = e.startAndWait(svc, "late", id)
+	_, tokens := checkResults(t, e.results(j), n)
+	if j.RequestsCompleted != n || *j.ActualTokens != tokens {
+		t.Fatalf("the new input: %d lines, actual_tokens %d; want %d, %d", j.RequestsCompleted, *j.ActualTokens, n, tokens)
+	}
+	price, _ := money.ParsePrice("0.00000008")
+	var cost money.Atto
+	cost.Add(tokens, price)
+	byID := map[string]*meter.Event{}
+	for _, ev := range e.jobEvents(id) {
+		byID[ev.ID] = ev
+	}
+	stop, done := byID[id+".1"], byID[id]
+	if len(byID) != 2 || stop == nil || done == nil {
+		t.Fatalf("bills %v, want the stop's and the completion's", byID)
+	}
+	if stop.CostNanos != money.Nanos(stopBill.CostNanos) || stop.PromptTokens+stop.CompletionTokens != stopBill.TotalTokens {
+		t.Errorf("the stop's bill %+v changed from %+v", stop, stopBill)
+	}
+	if done.PromptTokens+done.CompletionTokens != tokens || done.CostNanos != cost.Nanos() {
+		t.Errorf("the new input's %d tokens billed as %d tokens for %s USD, want %s USD", tokens, done.PromptTokens+done.CompletionTokens, done.CostNanos, cost.Nanos())
+	}
+}

@@ -110,7 +110,9 @@ type Job struct {
 	// resumable (the balance could not pay, the model stayed down), one
 	// per stop that had lines to bill, each charging what the job did
 	// since the bill before; the completion's bill charges the rest, so
-	// a line is billed once however often the job stops and resumes.
+	// a line is billed once however often the job stops and resumes. A
+	// run of another input (uploaded again) is billed from its first line,
+	// the earlier input's stop bills staying charged (StopBill.forInput).
 	// Unbilled, a job stopped after its lines ran upstream could be
 	// deleted, and made again, at the operator's cost.
 	StopBills []StopBill `json:"stop_bills,omitempty"`
@@ -140,7 +142,24 @@ type StopBill struct {
 	Recorded bool      `json:"recorded,omitempty"`
 	// Stop is the error the job stops with, for the worker taking over.
 	Stop string `json:"stop,omitempty"`
+	// InputSize and InputVersion are the input whose lines the bill
+	// charged (Progress's when it stopped): only a run of that input
+	// leaves them out of its own bills (see forInput).
+	InputSize    int64  `json:"input_size,omitempty"`
+	InputVersion string `json:"input_version,omitempty"`
 	Charge
+}
+
+// forInput says whether the stop billed lines of the input p counted. A
+// stop's bill of an input uploaded again is spent: the lines it charged
+// ran on the model, and the new input's, from line 1, are other lines
+// (left out of its bills, 40 new lines after 168 billed cost 0). Bills
+// of releases that kept no input count for every input, as they did.
+func (b *StopBill) forInput(p *Progress) bool {
+	if b.InputSize == 0 && b.InputVersion == "" {
+		return true
+	}
+	return b.InputSize == p.InputSize && b.InputVersion == p.InputVersion
 }
 
 // Charge is what a bill charges: token sums and cost.

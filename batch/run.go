@@ -351,7 +351,8 @@ func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 func (s *Service) stopBilled(ctx context.Context, o *owner, msg string) error {
 	j := o.snapshot()
 	if due := j.unbilled(); !due.zero() {
-		bill := StopBill{ID: fmt.Sprintf("%s.%d", j.ID, len(j.StopBills)+1), At: time.Now().UTC(), Stop: msg, Charge: due}
+		bill := StopBill{ID: fmt.Sprintf("%s.%d", j.ID, len(j.StopBills)+1), At: time.Now().UTC(), Stop: msg,
+			InputSize: j.Progress.InputSize, InputVersion: j.Progress.InputVersion, Charge: due}
 		if err := o.update(ctx, func(j *Job) { j.StopBills = append(j.StopBills, bill) }); err != nil {
 			return err
 		}
@@ -831,10 +832,14 @@ func (j *Job) cost() (money.Nanos, error) {
 	return cost + money.Nanos(p.ModelCostNanos), err
 }
 
-// billedByStops is what the job's stop bills charged together.
+// billedByStops is what the job's stop bills of its current input (as
+// counted) charged together.
 func (j *Job) billedByStops() Charge {
 	var sum Charge
 	for _, b := range j.StopBills {
+		if !b.forInput(&j.Progress) {
+			continue
+		}
 		sum.PromptTokens += b.PromptTokens
 		sum.CompletionTokens += b.CompletionTokens
 		sum.CachedTokens += b.CachedTokens
@@ -846,9 +851,10 @@ func (j *Job) billedByStops() Charge {
 }
 
 // unbilled is what the lines done so far cost beyond what the job's stop
-// bills charged. A run started over from the first line (after a failure)
-// does again lines a stop billed: they are not billed again, and a count
-// smaller the second time (an llm's answers vary) bills nothing below 0.
+// bills of this input charged. A run started over from the first line
+// (after a failure) does again lines a stop billed: they are not billed
+// again, and a count smaller the second time (an llm's answers vary)
+// bills nothing below 0.
 func (j *Job) unbilled() Charge {
 	cost, _ := j.cost() // an unparsable price bills its tokens at 0, and billingEvent says so
 	p, billed := &j.Progress, j.billedByStops()
