@@ -101,7 +101,10 @@ LIMIT 50;
 -- name: invoice
 -- The invoice of account {account} for the calendar month (UTC) holding
 -- {month}, any day of it: one line per model and endpoint with requests,
--- tokens and spend, then a last line, model TOTAL, summing all lines.
+-- tokens and spend, then a last line, model TOTAL, summing all lines. A
+-- batch job is one request, however many rows it billed (one per stop and
+-- its completion's, all with its job_id; only batch rows have one), in
+-- each month it billed in.
 SELECT
     model,
     endpoint,
@@ -121,7 +124,7 @@ FROM
         toUInt8(0) AS is_total,
         model,
         endpoint,
-        count() AS requests,
+        countIf(job_id = '') + uniqExactIf(job_id, job_id != '') AS requests,
         sum(prompt_tokens) AS prompt,
         sum(cached_tokens) AS cached,
         sum(completion_tokens) AS completion,
@@ -138,7 +141,7 @@ FROM
         toUInt8(1) AS is_total,
         'TOTAL' AS model,
         '' AS endpoint,
-        count() AS requests,
+        countIf(job_id = '') + uniqExactIf(job_id, job_id != '') AS requests,
         sum(prompt_tokens) AS prompt,
         sum(cached_tokens) AS cached,
         sum(completion_tokens) AS completion,

@@ -433,3 +433,57 @@ func TestDatesBeyondClickHouseDateRange(t *testing.T) {
 		}
 	}
 }
+
+// TestInvoiceCountsABatchJobOnce: a job bills one row per stop and one
+// when it completes, all with its job_id, and the invoice said
+// "/v1/batch requests 3" for one job that stopped twice.
+func TestInvoiceCountsABatchJobOnce(t *testing.T) {
+	srv := chtest.Start(t)
+	sink := openSink(t, srv)
+	ctx := context.Background()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	events := billingEvents(t, 20)
+	var calls int64
+	for _, ev := range events {
+		ev.Account, ev.Time = "acme", time.Date(2025, 1, 10, 12, 0, 0, 0, time.UTC)
+		calls++
+	}
+	// Two jobs: one that stopped twice, on other days, and one that did not.
+	job := func(id string, bills int) {
+		for i := range bills {
+			ev := *events[0]
+			ev.ID, ev.JobID, ev.Endpoint, ev.Model = id, id, "/v1/batch", "lexical"
+			if i < bills-1 {
+				ev.ID = fmt.Sprintf("%s.%d", id, i+1)
+			}
+			ev.Time = time.Date(2025, 1, 3+i, 0, 0, 0, 0, time.UTC)
+			events = append(events, &ev)
+		}
+	}
+	job(uuid.NewString(), 3)
+	job(uuid.NewString(), 1)
+	for range 2 { // the second insert is JetStream redelivering every event
+		if err := sink.Insert(ctx, events); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, err := schema.FinanceQuery("invoice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := runQuery(t, srv, q, map[string]string{"account": "acme", "month": "2025-01-01"})
+	var batchRequests, totalRequests string
+	for _, row := range rows {
+		switch {
+		case row["endpoint"] == "/v1/batch":
+			batchRequests = row["requests"]
+		case row["model"] == "TOTAL":
+			totalRequests = row["requests"]
+		}
+	}
+	if batchRequests != "2" || totalRequests != strconv.FormatInt(calls+2, 10) {
+		t.Fatalf("invoice %v: /v1/batch requests %s, total %s; want 2 jobs, and %d calls and 2 jobs", rows, batchRequests, totalRequests, calls)
+	}
+}
