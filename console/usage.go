@@ -157,7 +157,9 @@ func (u *usageReader) usage(ctx context.Context, account string, from time.Time,
 	}
 	// Literals, not parameters: ClickHouse 18.16 has no query parameters.
 	// The account id is validated (letters, digits, _ - .) and quoted.
-	query := `SELECT ` + keys + `, count() AS requests,
+	// A batch job is one request however many rows it billed (its stops'
+	// and its completion's), as on the invoice these totals equal.
+	query := `SELECT ` + keys + `, countIf(job_id = '') + uniqExactIf(job_id, job_id != '') AS requests,
        sum(prompt_tokens) AS prompt, sum(cached_tokens) AS cached, sum(completion_tokens) AS completion,
        countIf(usage_source = 'estimated') AS estimated, sum(cost_nanos) AS spend_nanos
 FROM usage_events FINAL

@@ -11,9 +11,12 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/uuid"
 	"github.com/valyala/fasthttp"
 
+	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/internal/chtest"
+	"github.com/tollgate/tollgate/meter"
 )
 
 // hangingConn is a ClickHouse that accepted the connection and then
@@ -179,5 +182,43 @@ func TestOverviewWithARefusedDSNSetting(t *testing.T) {
 	}
 	if n := strings.Count(g.log.String(), "Unknown setting sekure"); n != 1 {
 		t.Fatalf("the refused setting logged %d times, want once:\n%s", n, g.log)
+	}
+}
+
+// A batch job that stopped twice bills three rows with its job_id; the
+// console's months said 3 requests where the invoice, whose totals they
+// show, says one job.
+func TestUsageCountsABatchJobOnce(t *testing.T) {
+	ch := chtest.Start(t)
+	ctx := t.Context()
+	sink, err := billing.OpenClickHouse(ctx, ch.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	event := func(id, jobID, endpoint string) *meter.Event {
+		return &meter.Event{ID: id, JobID: jobID, Time: now, Account: "acme", KeyID: "k", Endpoint: endpoint, Model: "small",
+			Upstream: "local", PromptTokens: 10, CompletionTokens: 2, CostNanos: 1000, UsageSource: meter.SourceUpstream, Status: 200}
+	}
+	job := uuid.NewString()
+	events := []*meter.Event{
+		event(uuid.NewString(), "", "/v1/chat/completions"),
+		event(job+".1", job, "/v1/batch"), event(job+".2", job, "/v1/batch"), event(job, job, "/v1/batch"),
+	}
+	if err := sink.Insert(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	u := &usageReader{dsn: ch.DSN(), logf: t.Logf}
+	defer u.close()
+	months, err := u.monthsSince(ctx, "acme", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(months) != 1 || months[0].Requests != 2 {
+		t.Fatalf("months %+v: want one month of 2 requests, a chat call and a batch job", months)
 	}
 }
