@@ -190,7 +190,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		default:
 			// Load first: a Swap on every answer writes memory every call
 			// to this upstream shares, though the flag is almost never set.
-			if recovered := h.succeeded(time.Since(sentAt)); up.failingAlone.Load() && up.failingAlone.Swap(false) || recovered {
+			if recovered := h.succeeded(sent, time.Since(sentAt)); up.failingAlone.Load() && up.failingAlone.Swap(false) || recovered {
 				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
 			}
 		}

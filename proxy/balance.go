@@ -235,9 +235,15 @@ func (h *upstreamHealth) recent(now time.Time) (calls, fails int64) {
 	return 0, 0
 }
 
-// succeeded records an answer (any status but those failed takes) after
-// ttfb; recovered says it closed the breaker (a trial call answered).
-func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
+// succeeded records an answer (any status but those failed takes), of the
+// call sent with ticket sent, after ttfb; recovered says it closed the
+// breaker. Only the half-open trial's answer closes it: a call sent before
+// the ejection answers for the upstream as it was then, as its failure
+// would only count (see failed). Any answer closed it: with a 300 ms first
+// byte, a 20 s ejection ended after a few ms, at the first answer of a
+// call in flight across it, which also cleared trialFailed, so the probe
+// shortened the next ejection of an upstream failing its trials.
+func (h *upstreamHealth) succeeded(sent ticket, ttfb time.Duration) (recovered bool) {
 	h.count(false)
 	h.sample(ttfb)
 	if old := h.answered.Load(); old == 0 {
@@ -253,13 +259,18 @@ func (h *upstreamHealth) succeeded(ttfb time.Duration) (recovered bool) {
 		}
 		return false
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.resting.Load() {
 		// An answer to a model it serves alone (pool.pick asks it while it
 		// rests) does not end the rest it asked for: it runs until its
 		// Retry-After.
 		return false
 	}
-	h.close()
+	if !sent.trial || sent.ejections != h.ejections.Load() || h.state.Load() == stateClosed {
+		return false
+	}
+	h.closeLocked()
 	return true
 }
 
@@ -285,12 +296,17 @@ func (h *upstreamHealth) probeAnswered() bool {
 // as long.
 func (h *upstreamHealth) close() {
 	h.mu.Lock()
+	h.closeLocked()
+	h.mu.Unlock()
+}
+
+// closeLocked is close with h.mu held.
+func (h *upstreamHealth) closeLocked() {
 	h.failures.Store(0)
 	h.trialFailed.Store(false)
 	h.resting.Store(false)
 	h.state.Store(stateClosed)
 	h.trial.Store(false)
-	h.mu.Unlock()
 }
 
 // failed records a connect error, a first-byte timeout or a 5xx of the

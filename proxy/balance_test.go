@@ -68,10 +68,11 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 		t.Fatal("back after eject_for although the cool-down doubled")
 	}
 	time.Sleep(50 * time.Millisecond)
-	if !takes() {
+	trial, ok = h.take(time.Now().UnixNano())
+	if !ok || !trial.trial {
 		t.Fatal("no trial after the doubled cool-down")
 	}
-	h.succeeded(time.Millisecond)
+	h.succeeded(trial, time.Millisecond)
 	for range 3 {
 		if !takes() {
 			t.Fatal("not serving after a successful trial")
@@ -126,7 +127,7 @@ func TestCallsInFlightAtAnEjectionOnlyCount(t *testing.T) {
 	if h.state.Load() != stateHalfOpen || h.available(time.Now().UnixNano()) {
 		t.Fatal("a call sent before the ejection ended the trial, or freed its slot")
 	}
-	h.succeeded(time.Millisecond) // the trial
+	h.succeeded(trial, time.Millisecond) // the trial
 	// And after it is back, the rest of the burst starts no new streak.
 	for _, sent := range inFlight[18:] {
 		if h.failed(rt, "answered 500", "answered 500", sent, false, true) {
@@ -148,6 +149,54 @@ func TestCallsInFlightAtAnEjectionOnlyCount(t *testing.T) {
 	trial, _ = h.take(time.Now().UnixNano())
 	if !h.failed(rt, "answered 500", "answered 500", trial, false, true) || h.ejectFor != 2*rt.EjectFor || !h.trialFailed.Load() {
 		t.Fatalf("a failed trial ejected it for %s (trial failed: %v), want %s", h.ejectFor, h.trialFailed.Load(), 2*rt.EjectFor)
+	}
+}
+
+// An answer of a call sent before an ejection does not end it: it says
+// how the upstream was when the call went out. Any answer closed the
+// breaker: with a 300 ms first byte, a 20 s ejection lasted a few ms, and
+// the answer cleared trialFailed, so the probe shortened the next
+// ejection of an upstream failing its trials. Only the trial sent after
+// the ejection closes it.
+func TestAnAnswerSentBeforeAnEjectionDoesNotEndIt(t *testing.T) {
+	rt := testRouting("p2c")
+	rt.EjectAfter, rt.EjectFor, rt.EjectMax = 2, 20*time.Second, time.Minute
+	p := testModelPool(t, 2)
+	h := &p.members[0].up.health
+	h.succeeded(sentNow(h), time.Millisecond)
+	slow := sentNow(h) // its first byte comes after the ejection
+	h.failed(rt, "answered 500", "answered 500", sentNow(h), false, true)
+	if !h.failed(rt, "answered 500", "answered 500", sentNow(h), false, true) {
+		t.Fatal("not ejected after eject_after failures")
+	}
+	if h.succeeded(slow, 300*time.Millisecond) || h.state.Load() != stateOpen || h.available(time.Now().UnixNano()) {
+		t.Fatal("the answer of a call sent before the ejection ended it")
+	}
+	// Half-open, its trial out: only the trial's answer decides.
+	h.openUntil.Store(time.Now().UnixNano())
+	trial, ok := h.take(time.Now().UnixNano())
+	if !ok || !trial.trial {
+		t.Fatal("no trial after the ejection ran out")
+	}
+	if h.succeeded(slow, 300*time.Millisecond) || h.state.Load() != stateHalfOpen {
+		t.Fatal("the answer of a call sent before the ejection closed the breaker while its trial was out")
+	}
+	// A failed trial ejects it for twice as long; a late answer of the
+	// failed burst neither ends that nor lets the probe shorten it.
+	if !h.failed(rt, "answered 500", "answered 500", trial, false, true) || !h.trialFailed.Load() {
+		t.Fatal("a failed trial did not eject it again")
+	}
+	if h.succeeded(slow, 300*time.Millisecond) || h.state.Load() != stateOpen || !h.trialFailed.Load() {
+		t.Fatalf("a late answer of a call sent two ejections ago: state %d, trial failed %v, want ejected, true", h.state.Load(), h.trialFailed.Load())
+	}
+	if h.probeAnswered() {
+		t.Fatal("after a late answer, the probe shortened the ejection that followed a failed trial")
+	}
+	// The next trial's answer closes it.
+	h.openUntil.Store(time.Now().UnixNano())
+	trial, ok = h.take(time.Now().UnixNano())
+	if !ok || !trial.trial || !h.succeeded(trial, time.Millisecond) || h.state.Load() != stateClosed {
+		t.Fatal("the answer of the trial sent after the ejection did not close the breaker")
 	}
 }
 
@@ -177,7 +226,7 @@ func TestAnswersBrokenAfterAnEjectionEscalateIt(t *testing.T) {
 		sentBefore = sentNow(h) // in flight across the return
 		h.openUntil.Store(time.Now().UnixNano())
 		trial, ok := h.take(time.Now().UnixNano())
-		if !ok || !trial.trial || !h.succeeded(time.Millisecond) {
+		if !ok || !trial.trial || !h.succeeded(trial, time.Millisecond) {
 			t.Fatal("no trial, or its first byte did not close the breaker")
 		}
 		return sentBefore
@@ -247,7 +296,7 @@ func TestOnlyAnAnswerOfTheKindThatBrokeEndsTheStreak(t *testing.T) {
 	// Back, a non-streamed answer does not prove it: the next stream it
 	// cuts fails its trial.
 	h.openUntil.Store(time.Now().UnixNano())
-	if trial, ok := h.take(time.Now().UnixNano()); !ok || !trial.trial || !h.succeeded(time.Millisecond) {
+	if trial, ok := h.take(time.Now().UnixNano()); !ok || !trial.trial || !h.succeeded(trial, time.Millisecond) {
 		t.Fatal("no trial, or its first byte did not close the breaker")
 	}
 	if !h.oneCallAtATime(false) {
@@ -265,7 +314,7 @@ func TestOnlyAnAnswerOfTheKindThatBrokeEndsTheStreak(t *testing.T) {
 	}
 	// A completed stream proves it, and ends the streak.
 	h.openUntil.Store(time.Now().UnixNano())
-	if trial, ok := h.take(time.Now().UnixNano()); !ok || !h.succeeded(time.Millisecond) || !trial.trial {
+	if trial, ok := h.take(time.Now().UnixNano()); !ok || !h.succeeded(trial, time.Millisecond) || !trial.trial {
 		t.Fatal("no trial")
 	}
 	h.completedAnswer(sentNow(h), true)
@@ -294,7 +343,7 @@ func TestAMemberBackFromAnEjectionTakesOneCallAtATime(t *testing.T) {
 		p := testModelPool(t, 3)
 		now := time.Now().UnixNano()
 		for _, m := range p.members {
-			m.up.health.succeeded(time.Millisecond) // none is new
+			m.up.health.succeeded(sentNow(&m.up.health), time.Millisecond) // none is new
 		}
 		h := &p.members[0].up.health
 		h.mu.Lock()
@@ -302,7 +351,7 @@ func TestAMemberBackFromAnEjectionTakesOneCallAtATime(t *testing.T) {
 		h.mu.Unlock()
 		h.openUntil.Store(now)
 		trial, ok := h.send(now)
-		if !ok || !trial.trial || !h.succeeded(time.Millisecond) {
+		if !ok || !trial.trial || !h.succeeded(trial, time.Millisecond) {
 			t.Fatalf("%s: no trial, or its first byte did not close the breaker", mode)
 		}
 		h.awaiting.Add(-1)
@@ -394,7 +443,7 @@ func TestPoolOfOneIgnoresEjectionAndRest(t *testing.T) {
 		t.Fatal("the only upstream, resting after a 429 through another pool, was not picked")
 	}
 	// Its answer there does not end the rest the other pool honours.
-	h.succeeded(time.Millisecond)
+	h.succeeded(sentNow(h), time.Millisecond)
 	if !h.resting.Load() || h.available(time.Now().UnixNano()) {
 		t.Fatal("an answer to the model it serves alone ended the upstream's rest")
 	}
@@ -691,7 +740,7 @@ func TestSlowStartLeavesOutEveryNewMemberHoldingACall(t *testing.T) {
 func TestACallHeldUntilItsClientLeftCountsAsSlow(t *testing.T) {
 	p := testModelPool(t, 1)
 	h := &p.members[0].up.health
-	h.succeeded(time.Millisecond)
+	h.succeeded(sentNow(h), time.Millisecond)
 	if !h.held(2 * time.Second) {
 		t.Fatal("a call held 2 s by a replica answering in 1 ms is no failure")
 	}
@@ -713,7 +762,7 @@ func TestACallHeldUntilItsClientLeftCountsAsSlow(t *testing.T) {
 	}
 	// A long generation its client gave up on is slow, not failed.
 	slow := &testModelPool(t, 1).members[0].up.health
-	slow.succeeded(20 * time.Second)
+	slow.succeeded(sentNow(slow), 20*time.Second)
 	if slow.held(10 * time.Second) {
 		t.Fatal("a call held 10 s by a replica answering in 20 s counted as a failure")
 	}
@@ -727,7 +776,7 @@ func TestLatencySampleBlendsIntoTheForgottenAverage(t *testing.T) {
 	h := &p.members[0].up.health
 	h.latency.Store(int64(320 * time.Millisecond))
 	h.sampled.Store(time.Now().Add(-5 * time.Second).UnixNano())
-	h.succeeded(5 * time.Millisecond)
+	h.succeeded(sentNow(h), 5*time.Millisecond)
 	if got := time.Duration(h.latency.Load()); got > 20*time.Millisecond {
 		t.Fatalf("latency %s after a 5 ms answer, 5 s after a 320 ms average", got)
 	}
