@@ -201,6 +201,18 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			h.retries.Add(1)
 			continue
 		}
+		if (status == 502 || status == 503) && len(failures) > 0 {
+			// Earlier tries failed too: the 503 names each, as when the
+			// last one could not connect. Passed on, the last upstream's
+			// own 502 hid the others, and said "Bad Gateway" for a pool
+			// whose every member had failed the call.
+			failures = append(failures, up.cfg.Name+": "+answeredStatus(status))
+			e := everyTry(c.entry.ID, Unavailable("upstream "+up.cfg.Name+" "+answeredStatus(status)), failures)
+			e.RetryAfter = retryAfter(&resp.Header)
+			resp.Close()
+			h.inflight.Add(-1)
+			return nil, nil, e
+		}
 		c.inflight = true
 		c.sent = sent
 		return resp, up, nil

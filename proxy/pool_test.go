@@ -427,6 +427,38 @@ func TestPoolFinal503NamesEveryUpstreamTried(t *testing.T) {
 	}
 }
 
+// A call whose last try answers 502 or 503 with no retry left, after
+// earlier tries failed, gets the 503 naming each, with the last one's
+// Retry-After: it got that upstream's own 502 ("Bad Gateway"), as if no
+// other upstream had held it. A final 429 stays the upstream's own (see
+// TestPoolOfRestingUpstreamsAnswers429WithRetryAfter).
+func TestPoolFinal502AfterFailedTriesNamesEveryTry(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin", proxytest.Options{Status: 502, RetryAfter: "7"})
+	h.setPool("  retries: 1\n  balance: round_robin\n  eject_after: 100", h.names()...)
+	h.ups[1].Close()
+	lastAnswered := 0
+	for i := range 4 {
+		resp := h.post("/v1/chat/completions", smallChat)
+		e := wantError(t, resp, 503, "upstream_unavailable")
+		msg := e["message"].(string)
+		if !strings.HasPrefix(msg, `every upstream tried for model "small" failed (`) || !strings.Contains(msg, "p0: answered 502") || !strings.Contains(msg, "p1: ") {
+			t.Fatalf("call %d: %s", i, msg)
+		}
+		if strings.HasSuffix(msg, "p0: answered 502)") {
+			lastAnswered++
+			if ra := resp.Header.Get("Retry-After"); ra != "7" {
+				t.Fatalf("call %d: Retry-After %q, want the last upstream's 7", i, ra)
+			}
+		}
+	}
+	if lastAnswered == 0 {
+		t.Fatal("no call tried p1 first, then p0")
+	}
+	if st := h.statuses(); st["p0"].InFlight != 0 || st["p1"].InFlight != 0 {
+		t.Fatalf("in flight after every call ended: %+v", st)
+	}
+}
+
 // A healthy replica whose max_connections connections are all in use is
 // busy, not failing: the call moves on to another member, and the
 // replica stays in service. Counted as a failure, such a replica was
