@@ -753,11 +753,12 @@ func (p *pool) choose(mode string, now int64, skip uint64) int {
 	// only: divided into the cost as well, it counted twice, and a member
 	// of weight 2 beside two of weight 1 took 80 % of the calls at idle.
 	// A bigger replica's speed is in its latency already. Costs within
-	// a quarter of each other are a tie, won by the first drawn, so ties
-	// share by weight: compared strictly, the member measured fastest by
-	// a fraction of a millisecond of noise won every pairing it was in,
-	// and a member of weight 2 beside two of weight 1 got 59-79 % of one
-	// client's calls, not 50 %.
+	// a quarter of each other, or a millisecond (clearlyCheaper), are a
+	// tie, won by the first drawn, so ties share by weight: compared
+	// strictly, the member measured fastest by a fraction of a
+	// millisecond of noise won every pairing it was in, and a member of
+	// weight 2 beside two of weight 1 got 59-79 % of one client's calls,
+	// not 50 %.
 	a := p.draw(now, skip, -1)
 	if a < 0 {
 		return -1
@@ -770,9 +771,22 @@ func (p *pool) choose(mode string, now int64, skip uint64) int {
 }
 
 // clearlyCheaper reports whether cost x is more than a fifth below y (y
-// over 1.25 times x): what p2c takes as a real difference, not noise.
-// Costs are at most math.MaxInt64/2, so nothing overflows.
-func clearlyCheaper(x, y int64) bool { return x < y-y/5 }
+// over 1.25 times x) and more than tieFloor below it: what p2c takes as a
+// real difference, not noise. Costs are at most math.MaxInt64/2, so
+// nothing overflows.
+func clearlyCheaper(x, y int64) bool { return x < y-max(y/5, tieFloor) }
+
+// tieFloor is the least difference of cost p2c takes as real. A quarter
+// alone is a few hundred microseconds at sub-millisecond answers, where
+// one first byte delayed a few milliseconds by the host (a GC pause, the
+// scheduler of a busy machine) moved a member's average past it, and the
+// member lost every pairing until its average was halved, a second later:
+// three like members answering in 1 ms got 7, 690 and 803 of 1,500
+// calls. A millisecond is above that noise and below what an LLM's first
+// byte takes (tens of milliseconds at least, where the quarter is the
+// wider band); at sub-millisecond answers it ties one call in flight
+// more, which is not load there.
+const tieFloor = int64(time.Millisecond)
 
 // latencyHalfLife is how fast an upstream's latency, unsampled, is
 // forgotten. A latency is measured only on calls the upstream gets, so

@@ -562,18 +562,50 @@ func TestP2CTakesCloseLatenciesAsATie(t *testing.T) {
 		}
 		return got
 	}
-	measure(1100*time.Microsecond, 1000*time.Microsecond, 950*time.Microsecond)
+	measure(11*time.Millisecond, 10*time.Millisecond, 9500*time.Microsecond)
 	got := shares()
 	for i, want := range []float64{0.25, 0.25, 0.5} {
 		if got[i] < want-0.03 || got[i] > want+0.03 {
-			t.Errorf("latencies 1.1, 1.0 and 0.95 ms, weights 1, 1, 2: u%d got %.1f %% of the calls, want %.0f %%", i, 100*got[i], 100*want)
+			t.Errorf("latencies 11, 10 and 9.5 ms, weights 1, 1, 2: u%d got %.1f %% of the calls, want %.0f %%", i, 100*got[i], 100*want)
 		}
 	}
 	// u0, twice as fast as the others, wins every pairing it is drawn
 	// into: all but those of u1 and u2, 7 in 12.
-	measure(500*time.Microsecond, 1000*time.Microsecond, 1000*time.Microsecond)
+	measure(5*time.Millisecond, 10*time.Millisecond, 10*time.Millisecond)
 	if got := shares(); got[0] < 0.55 {
 		t.Errorf("u0, twice as fast, got %.1f %% of the calls, want the pairings it is in (about 58 %%)", 100*got[0])
+	}
+}
+
+// At sub-millisecond answers, a difference of cost under a millisecond is
+// a tie, however large a fraction: one first byte delayed by the host
+// moved a member's average past the quarter that is a tie, and it lost
+// every pairing until its average was halved a second later (three like
+// members answering in 1 ms got 7, 690 and 803 of 1,500 calls).
+func TestP2CTakesASubMillisecondDifferenceAsATie(t *testing.T) {
+	p := testModelPool(t, 3)
+	for _, m := range p.members {
+		for range 20 {
+			m.up.health.succeeded(sentNow(&m.up.health), time.Millisecond)
+		}
+	}
+	delayed := &p.members[0].up.health
+	delayed.succeeded(sentNow(delayed), 4*time.Millisecond) // one first byte the host delayed
+	if lat := time.Duration(delayed.latency.Load()); lat < 1300*time.Microsecond {
+		t.Fatalf("latency %s after a 4 ms sample, want it past a quarter above 1 ms", lat)
+	}
+	rt := testRouting("p2c")
+	const calls = 3000
+	var got [3]int
+	for range calls {
+		up, i, _ := p.pick(rt, 0, 0)
+		up.health.awaiting.Add(-1) // answered at once, unsampled: the averages stay
+		got[i]++
+	}
+	for i, n := range got {
+		if share := float64(n) / calls; share < 0.28 || share > 0.39 {
+			t.Errorf("members answering in 1 ms, u0 once in 4 ms: u%d got %d of %d calls, want a third", i, n, calls)
+		}
 	}
 }
 
@@ -607,9 +639,9 @@ func TestP2CForgetsAnUnsampledLatency(t *testing.T) {
 	p := testModelPool(t, 2)
 	now := time.Now().UnixNano()
 	slow, fast := &p.members[0].up.health, &p.members[1].up.health
-	slow.latency.Store(int64(10 * time.Millisecond))
+	slow.latency.Store(int64(100 * time.Millisecond))
 	slow.sampled.Store(now)
-	fast.latency.Store(int64(time.Millisecond))
+	fast.latency.Store(int64(10 * time.Millisecond))
 	fast.sampled.Store(now)
 	for range 20 {
 		if i := p.choose("p2c", now, 0); i != 1 {
@@ -830,10 +862,11 @@ func TestProbeAnswerLeadsToATrial(t *testing.T) {
 	if !down.probeAnswered() {
 		t.Fatal("after a trial that could not connect, the probe's answer did not end the ejection")
 	}
-	// Due its trial, it wins the pairing against a peer however fast: one
-	// that had never answered lost every pairing to peers under 1 ms.
+	// Due its trial, it wins the pairing against a peer however fast,
+	// beyond the millisecond that is a tie: one that had never answered
+	// lost every pairing to faster peers.
 	p.members[0].up.health.close()
-	p.members[0].up.health.latency.Store(int64(100 * time.Microsecond))
+	p.members[0].up.health.latency.Store(int64(2 * time.Millisecond))
 	p.members[0].up.health.sampled.Store(time.Now().UnixNano())
 	if i := p.choose("p2c", time.Now().UnixNano(), 0); i != 1 {
 		t.Fatalf("member %d chosen over the one due its trial", i)
