@@ -347,6 +347,9 @@ func TestStreamCutMidwayEndsCleanlyAndIsMetered(t *testing.T) {
 	if len(evs) != 5 || !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.HasPrefix(last, "data: {\"error\"") {
 		t.Fatalf("want 4 relayed events and an error event, got %d: %s", len(evs), got)
 	}
+	if typ := errorEventType(last); typ != "upstream_error" {
+		t.Fatalf("an upstream's cut typed %q, want upstream_error", typ)
+	}
 	ev := h.events(1)[0]
 	if ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens < 2 || ev.PromptTokens < 3 || ev.CostNanos <= 0 {
 		t.Fatalf("event %+v", ev)
@@ -1144,7 +1147,8 @@ func TestCutStreamsEndsAndBillsOpenStreams(t *testing.T) {
 	}
 	evs := sseEvents(rest)
 	last := evs[len(evs)-1]
-	if !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "shutting down") {
+	// Typed as the gateway's own 503s: upstream_error blamed the provider.
+	if !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "shutting down") || errorEventType(last) != "service_unavailable_error" {
 		t.Fatalf("last event %q", last)
 	}
 	ev := h.events(1)[0]
@@ -1184,7 +1188,8 @@ func TestRevokedKeysStreamsEnd(t *testing.T) {
 		t.Fatalf("the revoked key's stream ended %s after the revocation", took)
 	}
 	evs := sseEvents(rest)
-	if last := evs[len(evs)-1]; !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "revoked") {
+	// Typed as a revoked key's 401: upstream_error blamed the provider.
+	if last := evs[len(evs)-1]; !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "revoked") || errorEventType(last) != "authentication_error" {
 		t.Fatalf("last event %q", last)
 	}
 	ev := h.events(1)[0]
@@ -1266,7 +1271,8 @@ func revokeWhileWaitingForTheFirstEvent(t *testing.T, upstream proxytest.Options
 			t.Fatalf("%s: the revoked key's stream ended %s after its first event, ending %q", path, took, body[max(len(body)-100, 0):])
 		}
 		evs := sseEvents(body)
-		if last := evs[len(evs)-1]; !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "revoked") {
+		if last := evs[len(evs)-1]; !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.Contains(last, "revoked") ||
+			path == "/v1/chat/completions" && errorEventType(last) != "authentication_error" {
 			t.Fatalf("%s: last event %q", path, last)
 		}
 		ev := h.events(i + 1)[i]

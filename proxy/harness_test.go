@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
@@ -182,6 +184,12 @@ func sseEvents(body []byte) []string {
 		}
 	}
 	return out
+}
+
+// errorEventType is the error type of a chat stream's error event, as
+// sseEvents returns it.
+func errorEventType(ev string) string {
+	return gjson.Get(strings.TrimPrefix(ev, "data: "), "error.type").Str
 }
 
 var volatile = regexp.MustCompile(`"(id|item_id)":"[^"]*"|"(created|created_at)":\d+`)

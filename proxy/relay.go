@@ -140,7 +140,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		// revoked while it waited for it (addStream), was relayed to its
 		// end and billed in full. Nothing more goes out.
 		c.streamDone = true
-		return streamErrorEvent(c.ep, "the API key of this call was revoked; stream ended", c.nextSequence), false, nil
+		return streamErrorEvent(c.ep, endedByRevocation, "the API key of this call was revoked; stream ended", c.nextSequence), false, nil
 	}
 	ev, err := c.sse.Next()
 	if err == nil && !ev.Complete && !c.finished {
@@ -178,17 +178,18 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		// Ended by the gateway (EndStreamsOfKey, CutStreams): no fault of
 		// the upstream's, neither in its health nor in the interrupted
 		// count and span, which say the upstream cut the stream.
+		endedBy := endedByUpstream
 		switch {
 		case c.keyRevoked.Load():
-			msg = "the API key of this call was revoked; stream ended"
+			endedBy, msg = endedByRevocation, "the API key of this call was revoked; stream ended"
 		case c.server.streams.cutting.Load():
-			msg = "the gateway is shutting down and could not wait for this stream to finish; stream ended"
+			endedBy, msg = endedByShutdown, "the gateway is shutting down and could not wait for this stream to finish; stream ended"
 		default:
 			c.interrupted = true
 			c.failStreamSpan(lastError)
 			c.answerBroke(err, lastError, msg)
 		}
-		return streamErrorEvent(c.ep, msg, c.nextSequence), false, nil
+		return streamErrorEvent(c.ep, endedBy, msg, c.nextSequence), false, nil
 	}
 	out = ev.Raw
 	if c.ep == endpointChat {
@@ -218,12 +219,24 @@ func (c *generationCall) Close() error {
 	return nil
 }
 
-// streamErrorEvent is the event that ends a cut stream. A responses one
-// carries sequence_number, the next after the upstream's last, as every
-// responses event does (0 when none came).
-func streamErrorEvent(ep endpoint, msg string, sequence int64) []byte {
+// The type of a chat stream's closing error event says whose doing the end
+// was, as the status of the same failure before the stream began would:
+// code that sorts errors by type blamed the provider for a revoked key
+// and for the gateway's shutdown, which were all upstream_error.
+const (
+	endedByUpstream   = "upstream_error"
+	endedByRevocation = "authentication_error"      // as the 401 of a revoked key
+	endedByShutdown   = "service_unavailable_error" // as the gateway's 503s
+)
+
+// streamErrorEvent is the event that ends a cut stream; errType is one of
+// the endedBy types. A responses one has no error type (OpenAI's error
+// event has none: its type is "error"), and carries sequence_number, the
+// next after the upstream's last, as every responses event does (0 when
+// none came).
+func streamErrorEvent(ep endpoint, errType, msg string, sequence int64) []byte {
 	if ep == endpointChat {
-		e := &APIError{Type: "upstream_error", Code: "stream_interrupted", Message: msg}
+		e := &APIError{Type: errType, Code: "stream_interrupted", Message: msg}
 		body, _ := e.MarshalJSON()
 		return append(append([]byte("data: "), body...), "\n\n"...)
 	}
