@@ -212,6 +212,7 @@ func (e *Entry) view() modelView {
 	return modelView{
 		ID:               m.ID,
 		Object:           "model",
+		Created:          int64(m.Created),
 		OwnedBy:          "tollgate",
 		HuggingFaceID:    m.HuggingFaceID,
 		Name:             m.Name,

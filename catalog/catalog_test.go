@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 
@@ -112,5 +113,32 @@ func TestModelJSONIsTheListElement(t *testing.T) {
 	empty, err := New(nil)
 	if err != nil || string(empty.ModelsJSON()) != `{"object":"list","data":[]}` {
 		t.Fatalf("empty catalog: %s, %v", empty.ModelsJSON(), err)
+	}
+}
+
+// GET /v1/models shows each model's configured created, in Unix seconds
+// as OpenAI's Model.created; an undated model shows 0. Every model showed
+// 0, which an SDK user sorting by created to find the newest could not use.
+func TestModelsShowTheirCreated(t *testing.T) {
+	dated := model("dated", config.Pricing{})
+	dated.Created = 1737936000 // 2025-01-27
+	c, err := New([]config.Model{dated, model("undated", config.Pricing{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Data []struct {
+			ID      string `json:"id"`
+			Created int64  `json:"created"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(c.ModelsJSON(), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Data) != 2 || list.Data[0].Created != 1737936000 || list.Data[1].Created != 0 {
+		t.Fatalf("%s", c.ModelsJSON())
+	}
+	if one, _ := c.ModelJSON("dated"); !bytes.Contains(one, []byte(`"created":1737936000,`)) {
+		t.Fatalf("GET /v1/models/dated: %s", one)
 	}
 }

@@ -157,6 +157,9 @@ type Model struct {
 	Pricing                     Pricing  `yaml:"pricing"`
 	SupportedFeatures           []string `yaml:"supported_features"`
 	SupportedSamplingParameters []string `yaml:"supported_sampling_parameters"`
+	// Created is GET /v1/models' created; 0 when not written: the gateway
+	// cannot know when a model was made (README, "not shown").
+	Created Timestamp `yaml:"created"`
 	// Upstream names the entry of upstreams that serves this model;
 	// Upstreams instead names a pool of several (config/routing.go).
 	// UpstreamModel is the model name sent to them (defaults to ID).

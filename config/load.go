@@ -609,6 +609,7 @@ func validVarName(name string) bool {
 var (
 	durationType    = reflect.TypeOf(time.Duration(0))
 	byteSizeType    = reflect.TypeOf(ByteSize(0))
+	timestampType   = reflect.TypeOf(Timestamp(0))
 	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
 )
 
@@ -964,6 +965,8 @@ func describeType(t reflect.Type) string {
 		return `a duration such as "10s" or "1m30s"`
 	case byteSizeType:
 		return "a size such as 1048576, 8MiB or 5GB"
+	case timestampType:
+		return "a date such as 2025-01-27, or Unix seconds"
 	}
 	if isInteger(t.Kind()) {
 		return "an integer"
