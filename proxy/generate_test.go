@@ -810,6 +810,36 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 	}
 }
 
+// A generation whose prompt alone is above its key's whole tpm is never
+// refused as one that can never pass (no x-should-retry: false): its
+// estimate counts at most the whole limit, so it is admitted on a full
+// bucket, and after its usage the next call waits as any does. The README
+// said it carried x-should-retry: false, which only plugin calls do
+// (found by a session with the OpenAI Node SDK: a 140-token prompt on tpm
+// 50 was answered).
+func TestGenerationAboveTheWholeTPMIsAdmittedOnAFullBucket(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 140, CompletionTokens: 10}})
+	_, key, err := h.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "tpm", TPM: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// About 560 bytes: an estimate of 140 tokens, counted as 50.
+	body := `{"model":"small","messages":[{"role":"user","content":"` + strings.Repeat("word ", 100) + `"}]}`
+	resp := h.post("/v1/chat/completions", body, key)
+	if readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("a prompt above the whole tpm on a full bucket: %d, want 200", resp.StatusCode)
+	}
+	resp = h.post("/v1/chat/completions", body, key)
+	e := wantError(t, resp, 429, "rate_limit_exceeded")
+	if resp.Header.Get("x-should-retry") != "" || resp.Header.Get("Retry-After") == "" || !strings.Contains(e["message"].(string), "would pass them") {
+		t.Fatalf("the call after it: x-should-retry %q, Retry-After %q, %q; want a wait, not a refusal for good",
+			resp.Header.Get("x-should-retry"), resp.Header.Get("Retry-After"), e["message"])
+	}
+}
+
 // A call refused before it reached an upstream (not JSON, an unknown
 // model, a model its key may not use) costs its key no request: on rpm 3,
 // two bodies that were not JSON and an unknown model left the valid call
