@@ -318,10 +318,15 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 	// failed, and a gateway stopped after the outbox had filled its disk
 	// could not start to publish the events it held.)
 	spare, err := ob.newSpare()
+	recycled := err != nil && ob.recycleLast()
 	ob.mu.Lock()
 	if err != nil {
 		ob.spareFailedLocked(err)
-		ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("no new segment could be made (%v): new usage events are refused, and logged, until the disk has room", err))
+		if recycled {
+			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("no new segment could be made (%v): the last one, acknowledged, is reused", err))
+		} else {
+			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("no new segment could be made (%v): new usage events are refused, and logged, until the disk has room or JetStream has acknowledged what the outbox holds", err))
+		}
 	} else {
 		ob.spare = spare
 		if err := ob.rotateLocked(); err != nil {
@@ -397,28 +402,51 @@ func (ob *Outbox) recover() error {
 	// batch there and published the whole outbox again, and past
 	// JetStream's duplicate window every call of it was debited twice.
 	// From the first record held, it looks back from that record's time.
-	var first uint64
+	// A segment of the second format without records still counts: its
+	// header's first sequence was the next one when it became active, so
+	// every record before it was written before, and those not on disk
+	// were deleted acknowledged. That is all a segment reused in place
+	// (restartSegmentLocked) says after a crash cut its reuse short.
+	fileAcked := acked
+	var first, maxSeq uint64
 	for _, seg := range segments {
-		if seg.last != 0 && (first == 0 || seg.first < first) {
+		used := seg.last != 0 || seg.version == 2
+		if used && (first == 0 || seg.first < first) {
 			first = seg.first
+		}
+		maxSeq = max(maxSeq, seg.last)
+		if seg.version == 2 {
+			maxSeq = max(maxSeq, seg.first-1)
 		}
 	}
 	if first > acked+1 {
 		acked = first - 1
 		ob.acked, ob.persisted = acked, acked
 	}
-	maxSeq := acked
-	for _, seg := range segments {
+	maxSeq = max(maxSeq, acked)
+	var keptThrough uint64
+	for i, seg := range segments {
 		if seg.last == 0 || seg.last <= acked {
-			if err := os.Remove(seg.path); err != nil {
-				return fmt.Errorf("removing outbox segment: %w", err)
+			// The last segment is kept, even acknowledged or empty, when
+			// nothing else on disk says how far the sequence went (the
+			// acked file is older: a full disk refused it). Deleted, the
+			// next start would number new events from the acked file on,
+			// again, and a restart after that could take JetStream's
+			// batches of the old records for the new ones: skipped
+			// unpublished, or published twice. It is reused in place
+			// (recycleLast) when no new segment can be made.
+			if i < len(segments)-1 || max(fileAcked, keptThrough) >= maxSeq {
+				if err := os.Remove(seg.path); err != nil {
+					return fmt.Errorf("removing outbox segment: %w", err)
+				}
+				continue
 			}
-			continue
+		} else {
+			ob.recovery.Unacked += seg.last - max(acked, seg.first-1)
 		}
-		maxSeq = max(maxSeq, seg.last)
+		keptThrough = max(keptThrough, seg.last)
 		ob.segments = append(ob.segments, seg)
 		ob.bytes += seg.size
-		ob.recovery.Unacked += seg.last - max(acked, seg.first-1)
 	}
 	ob.nextSeq = maxSeq + 1
 	ob.nextFile = max(ob.nextFile, 1)
@@ -467,6 +495,7 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 		return 0, nil
 	}
 	var maxBatch uint64
+	leftover := false // records of the file's use before a reuse
 	for off < len(data) {
 		rec, n, err := decodeOutboxRecord(data[off:], seg.version)
 		if err != nil {
@@ -474,6 +503,9 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 		}
 		if rec.seq < seg.first || rec.seq <= seg.last {
 			// Out of order: not what the writer writes; treat as the tail.
+			// Before the header's first sequence, in the second format:
+			// a reuse in place cut short by a crash left it.
+			leftover = seg.version == 2 && rec.seq < seg.first && seg.last == 0
 			break
 		}
 		seg.last = rec.seq
@@ -484,7 +516,10 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 	if tail := bytes.TrimRight(data[off:], "\x00"); len(tail) > 0 {
 		ob.recovery.TruncatedBytes += int64(len(tail))
 		note := fmt.Sprintf("cut %d bytes of torn or corrupt records off %s after sequence %d", len(tail), filepath.Base(seg.path), seg.last)
-		if intact, unacked := intactAfterDamage(tail, seg.version, ob.acked); intact > 0 {
+		if leftover {
+			note = fmt.Sprintf("cut %d bytes off %s: records of its use before it was reused from sequence %d, all acknowledged by JetStream before (a crash cut the reuse short); nothing is lost",
+				len(tail), filepath.Base(seg.path), seg.first)
+		} else if intact, unacked := intactAfterDamage(tail, seg.version, seg.first, ob.acked); intact > 0 {
 			// Not a write torn by a crash: a damaged record with whole
 			// ones after it. They are cut with it (the reader could not
 			// find where they start again), but kept aside for a person.
@@ -524,8 +559,10 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 // intactAfterDamage counts the whole records that follow the first one of
 // b, when that one is damaged but its length can be trusted (a bit flipped
 // in a record's body, not a write torn short), and how many of them come
-// after the acknowledged record acked.
-func intactAfterDamage(b []byte, version int, acked uint64) (intact, unacked int) {
+// after the acknowledged record acked. Records before first, the
+// segment's first sequence, are not counted: they were left by the file's
+// use before a reuse in place (restartSegmentLocked), all acknowledged.
+func intactAfterDamage(b []byte, version int, first, acked uint64) (intact, unacked int) {
 	if len(b) < outboxRecordHeader {
 		return 0, 0
 	}
@@ -533,13 +570,16 @@ func intactAfterDamage(b []byte, version int, acked uint64) (intact, unacked int
 	if n > maxOutboxRecordBody || outboxRecordHeader+n >= len(b) {
 		return 0, 0
 	}
-	for rest := b[outboxRecordHeader+n:]; len(rest) > 0; intact++ {
+	for rest := b[outboxRecordHeader+n:]; len(rest) > 0; {
 		rec, k, err := decodeOutboxRecord(rest, version)
 		if err != nil {
 			break
 		}
-		if rec.seq > acked {
-			unacked++
+		if rec.seq >= first {
+			intact++
+			if rec.seq > acked {
+				unacked++
+			}
 		}
 		rest = rest[k:]
 	}
@@ -602,6 +642,12 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 		if err := ob.rotateLocked(); err != nil {
 			ob.mu.Unlock()
 			return nil, err
+		}
+		if int(ob.active.seg.size)+size > len(ob.active.mem) {
+			// A segment reused at the size it had (recycleLast), or an
+			// event over a whole segment (128 KiB at the 1 MiB bound).
+			ob.mu.Unlock()
+			return nil, fmt.Errorf("%w: a %d-byte event does not fit in a %d-byte segment", ErrOutboxFull, size, len(ob.active.mem))
 		}
 	}
 	if ob.openCount >= ob.opts.BatchMaxEvents || ob.openCount > 0 && ob.openBytes+len(payload) > ob.opts.BatchMaxBytes {
@@ -678,20 +724,43 @@ func (ob *Outbox) rotateLocked() error {
 	next := ob.spare
 	ob.spare = nil
 	if next == nil {
-		if ob.spareErr != nil {
+		err := ob.spareErr
+		if err != nil {
 			if !time.Now().Before(ob.spareRetry) {
 				signal(ob.syncNow) // to try again, off the lock
 			}
-			return fmt.Errorf("%w: %v", ErrOutboxFull, ob.spareErr)
-		}
-		var err error
-		if next, err = ob.newSpareLocked(); err != nil {
+		} else if next, err = ob.newSpareLocked(); err != nil {
 			ob.spareFailedLocked(err)
+		}
+		if next == nil {
+			// The disk is full, but JetStream may have acknowledged every
+			// record of the active segment: then it is reused. Kept, it
+			// was all the outbox held, and every event was refused until
+			// the disk had room for another segment.
+			if ob.recycleActiveLocked() {
+				return nil
+			}
+			if ob.openCount > 0 {
+				// Its last batch goes out now rather than after
+				// max_delay: once acknowledged, the segment is reused.
+				ob.sealLocked()
+				signal(ob.written)
+			}
 			return fmt.Errorf("%w: %v", ErrOutboxFull, err)
 		}
 	}
 	binary.LittleEndian.PutUint64(next.mem[len(outboxMagic):], ob.nextSeq)
 	next.seg = &outboxSegment{first: ob.nextSeq, size: int64(outboxHeaderSize), path: next.file.Name(), version: 2}
+	if n := len(ob.segments); n > 0 && ob.segments[n-1].last == 0 && ob.segments[n-1].first == next.seg.first {
+		// An empty segment (one recover kept for its first sequence, or
+		// one too small for the event) starts where the new one does,
+		// which says that sequence now: one segment per first sequence,
+		// or segmentFor could return either.
+		empty := ob.segments[n-1]
+		ob.segments = ob.segments[:n-1]
+		ob.bytes -= empty.size
+		_ = os.Remove(empty.path)
+	}
 	if ob.active != nil {
 		ob.retired = append(ob.retired, ob.active)
 	}
@@ -700,6 +769,134 @@ func (ob *Outbox) rotateLocked() error {
 	ob.bytes += int64(outboxHeaderSize)
 	signal(ob.syncNow) // to make the next spare
 	return nil
+}
+
+// recycleActiveLocked reuses the active segment in place as the next one
+// (restartSegmentLocked) when JetStream has acknowledged all its records,
+// and reports whether it did. ob.mu must be held.
+func (ob *Outbox) recycleActiveLocked() bool {
+	a := ob.active
+	if a == nil || a.seg.version != 2 || a.seg.last == 0 || a.seg.last > ob.acked {
+		return false
+	}
+	return ob.restartSegmentLocked(a, a.seg)
+}
+
+// recycleLast reuses the last segment in place as the next one when no
+// segment is active and JetStream has acknowledged all its records: after
+// a start on a full disk, once the publisher found them stored. It
+// reports whether it did. It maps the file off the lock.
+func (ob *Outbox) recycleLast() bool {
+	ob.mu.Lock()
+	seg := ob.recyclableLastLocked()
+	ob.mu.Unlock()
+	if seg == nil {
+		return false
+	}
+	f, err := os.OpenFile(seg.path, os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	var mem []byte
+	fi, err := f.Stat()
+	if err == nil && fi.Size() != seg.size {
+		// recoverSegment left damaged bytes past its records for a
+		// person to look at: not to be overwritten.
+		err = errors.New("bytes kept past its records")
+	}
+	if err == nil {
+		// Only pages the disk has given the file are mapped: another
+		// could fail to be written (a SIGBUS) on the full disk this is
+		// for. Closing cut the file to its records; grown back to a
+		// whole segment if there is room, else it is reused as it is.
+		size := int(ob.segmentBytes)
+		if reserveDisk(f, size) != nil {
+			size = int(seg.size)
+		}
+		if size <= outboxHeaderSize {
+			err = errors.New("no room for a record")
+		} else {
+			mem, err = allocateAndMap(f, size)
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return false
+	}
+	_, _ = populateMapped(mem) // optional: the appends fault pages in otherwise
+	m := &mappedSegment{file: f, mem: mem}
+	ob.mu.Lock()
+	ok := !ob.closed && ob.recyclableLastLocked() == seg && ob.restartSegmentLocked(m, seg)
+	ob.mu.Unlock()
+	if !ok {
+		_ = unmap(mem)
+		_ = f.Close()
+	}
+	return ok
+}
+
+// recyclableLastLocked is the last segment if no segment is active and
+// all its records are acknowledged, or nil. ob.mu must be held.
+func (ob *Outbox) recyclableLastLocked() *outboxSegment {
+	if ob.active != nil || ob.spare != nil || len(ob.segments) == 0 {
+		return nil
+	}
+	seg := ob.segments[len(ob.segments)-1]
+	if seg.version != 2 || seg.last > ob.acked || seg.size > ob.segmentBytes {
+		return nil
+	}
+	return seg
+}
+
+// restartSegmentLocked makes m, the mapped file of old, the last segment,
+// whose records JetStream has all acknowledged, the active segment again,
+// from nextSeq on: its header's first sequence is rewritten and its
+// records are zeroed. Nothing else frees a disk the outbox filled while
+// no new segment can be made. ob.mu must be held.
+//
+// Billing stays exactly once through a crash (a SIGKILL leaves the page
+// cache as far as it was written) at any point, because recover finds
+// either of two files:
+//   - the header not yet rewritten (one aligned 8-byte store): the old
+//     segment, whole, as if it had not been reused;
+//   - the header saying nextSeq, followed by old records, zeros, or some
+//     of each, then perhaps new records: old records are cut as
+//     leftovers (their sequences are below the header's), and the header
+//     says what the acknowledged records did before: that every sequence
+//     before it was written and acknowledged. recover counts a segment
+//     without records by its header too, so the next start neither
+//     publishes an old record again nor numbers new events from the
+//     acked file, which the full disk kept from being replaced: numbers
+//     JetStream's stored batches already name, which the start-up
+//     look-up (publishLoop.resume) would take for the new records.
+//
+// The header's page is synced before the records are zeroed, so that a
+// power loss cannot keep the zeros and lose the header. Readers that had
+// the file open see a segment with another first sequence and move on
+// (outboxReader.next).
+func (ob *Outbox) restartSegmentLocked(m *mappedSegment, old *outboxSegment) bool {
+	header := m.mem[len(outboxMagic):outboxHeaderSize]
+	was := binary.LittleEndian.Uint64(header)
+	binary.LittleEndian.PutUint64(header, ob.nextSeq)
+	if err := syncMapped(m.mem[:outboxHeaderSize]); err != nil {
+		binary.LittleEndian.PutUint64(header, was)
+		ob.writeFailures.Add(1)
+		ob.lastWriteErr = fmt.Errorf("reusing outbox segment %s: %w", filepath.Base(old.path), err)
+		return false
+	}
+	// Past its records the file is zeros, as preallocated.
+	clear(m.mem[outboxHeaderSize:old.size])
+	seg := &outboxSegment{first: ob.nextSeq, size: int64(outboxHeaderSize), path: old.path, version: 2}
+	ob.segments[len(ob.segments)-1] = seg
+	ob.bytes += seg.size - old.size
+	// A new mappedSegment, synced from the start: the syncer may still be
+	// syncing the old one's records, and marks that on the old one.
+	ob.active = &mappedSegment{seg: seg, file: m.file, mem: m.mem}
+	if ob.openCount > 0 {
+		ob.sealLocked()
+	}
+	signal(ob.syncNow)
+	return true
 }
 
 // newSpare makes a segment file ready for rotateLocked, with ob.mu held
@@ -811,6 +1008,11 @@ func (ob *Outbox) syncer() {
 		ob.mu.Unlock()
 		if needSpare {
 			spare, err := ob.newSpare()
+			if err != nil {
+				// No segment is active after a start on a full disk: the
+				// last one is reused once JetStream has acknowledged it.
+				ob.recycleLast()
+			}
 			ob.mu.Lock()
 			if err != nil {
 				ob.spareFailedLocked(err)
@@ -1206,6 +1408,13 @@ func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 			r.buf = r.mem[:kept+n]
 			if err != nil && !errors.Is(err, io.EOF) {
 				return out, fmt.Errorf("reading outbox segment: %w", err)
+			}
+			if now, _, ok := r.ob.segmentFor(r.seg.first); !ok || now.first != r.seg.first {
+				// Reused in place while being read (restartSegmentLocked):
+				// what was read may mix its old records with zeros and new
+				// ones. Every old one was acknowledged, so read on from
+				// the segment holding the next sequence.
+				r.close()
 			}
 			continue
 		}

@@ -135,3 +135,87 @@ func TestOutboxOnAFullDiskRefusesWithoutRetryingForEachEvent(t *testing.T) {
 	waitDurable(t, ob, uint64(n+1))
 	readAll(t, ob, 0, 0)
 }
+
+// On a full disk the outbox's last segment was never deleted, even with
+// every record in it acknowledged by JetStream, and no other could be
+// made: every usage event was dropped ("DROPPED usage event, not billed:
+// outbox full: reserving 131072 bytes …"), and again after a restart,
+// while the outbox held nothing unpublished. The segment is now reused in
+// place once acknowledged, and a restart after that numbers and
+// publishes every event once.
+func TestOutboxReusesItsAcknowledgedLastSegmentOnAFullDisk(t *testing.T) {
+	disk := smallDisk(t, 1<<20)
+	dir := filepath.Join(disk, "outbox")
+	opts := OutboxOptions{MaxBytes: 1 << 20, FsyncInterval: 10 * time.Millisecond} // 128 KiB segments
+	ob, err := OpenOutboxWith(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	// The acked file is never replaced, as on a disk that stays full:
+	// only the segments say how far the outbox went.
+	if err := os.MkdirAll(filepath.Join(dir, outboxAckedFile+".tmp", "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fillDisk(t, disk)
+
+	// JetStream acknowledges everything appended whenever an event is
+	// refused; the next event must then be taken.
+	next, refusals := 0, 0
+	for refused := false; next < 2000; { // about five segments
+		err := ob.Append(outboxTestEvent(next))
+		if errors.Is(err, ErrOutboxFull) {
+			if refused {
+				t.Fatalf("event %d refused after JetStream acknowledged every event before it: %v", next, err)
+			}
+			refused = true
+			refusals++
+			waitDurable(t, ob, uint64(next))
+			ob.ack(uint64(next))
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused = false
+		next++
+	}
+	if st := ob.Stats(); refusals == 0 || !errors.Is(st.LastWriteErr, unix.ENOSPC) {
+		t.Fatalf("%d refusals, stats %+v: want the disk full", refusals, st)
+	}
+
+	// A restart: the records JetStream has not acknowledged are replayed,
+	// in order under the sequence numbers they had, and the next event
+	// is numbered after them.
+	appendEvents(t, ob, next, next+10)
+	waitDurable(t, ob, uint64(next+10))
+	if err := ob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fillDisk(t, disk) // what closing freed
+	ob, err = OpenOutboxWith(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked := ob.ackedSeq()
+	if acked > uint64(next) || acked+ob.Recovery().Unacked != uint64(next+10) {
+		t.Fatalf("reopened acknowledged through %d with %d to replay, want %d events in all, the last %d unacknowledged", acked, ob.Recovery().Unacked, next+10, 10)
+	}
+	readAll(t, ob, acked, int(acked)) // record s holds event s-1
+	// The publisher's start-up look-up finds them stored up to next.
+	ob.ack(uint64(next))
+	if err := ob.Append(outboxTestEvent(next + 10)); !errors.Is(err, ErrOutboxFull) {
+		t.Fatalf("append with ten events unacknowledged on a full disk: %v, want ErrOutboxFull", err)
+	}
+	ob.ack(uint64(next + 10))
+	checkFor(t, 2*time.Second, time.Millisecond, func() error {
+		return ob.Append(outboxTestEvent(next + 10))
+	})
+	waitDurable(t, ob, uint64(next+11))
+	if got := readAll(t, ob, uint64(next+10), next+10); len(got) != 1 || got[0].seq != uint64(next+11) {
+		t.Fatalf("after the restart the next event was read as %+v, want sequence %d alone", got, next+11)
+	}
+	if segs, _ := filepath.Glob(filepath.Join(dir, "*.seg")); len(segs) != 1 {
+		t.Fatalf("segment files %v, want the one reused", segs)
+	}
+}

@@ -2,6 +2,7 @@ package meter
 
 import (
 	"bufio"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -206,10 +207,12 @@ func TestOutboxCutsATornTailOnOpen(t *testing.T) {
 	if got := readAll(t, ob2, 0, 0); len(got) != 49 {
 		t.Fatalf("replay has %d records, want 49", len(got))
 	}
+	// The open before made a segment from 51 on, empty: its header says
+	// 50 was given, and numbers are not given twice.
 	appendEvents(t, ob2, 100, 101)
-	waitDurable(t, ob2, 50)
-	if got := readAll(t, ob2, 49, 100); len(got) != 1 || got[0].seq != 50 {
-		t.Fatalf("the next event got sequence %d, want 50 (the cut one's)", got[0].seq)
+	waitDurable(t, ob2, 51)
+	if got := readAll(t, ob2, 49, 100); len(got) != 1 || got[0].seq != 51 {
+		t.Fatalf("the next event got sequence %d, want 51 (after the cut one's)", got[0].seq)
 	}
 }
 
@@ -748,5 +751,56 @@ func TestOutboxCountsTheAnswerAStreamNeverKept(t *testing.T) {
 		if want := fmt.Sprintf("\n[tollgate: cut here, %d more bytes not logged]", whole+leftOut-at); response[at:] != want {
 			t.Errorf("event %d: answer ends %q; want %q", i, response[at:], want)
 		}
+	}
+}
+
+// A segment whose records JetStream has all acknowledged is reused in
+// place on a full disk (restartSegmentLocked): its header is rewritten to
+// the next sequence, then its records are zeroed. A crash (SIGKILL) can
+// cut that short anywhere, on a disk whose acked file is old; the next
+// start must then replay nothing, call nothing lost, and number the next
+// event after the acknowledged ones. Numbered from the acked file on, it
+// took numbers JetStream's stored batches already name.
+func TestOutboxRecoversAReuseCutShortByACrash(t *testing.T) {
+	for _, zeroed := range []int{0, 3, 100, -1} { // bytes of records zeroed; -1: all
+		t.Run(strconv.Itoa(zeroed), func(t *testing.T) {
+			dir := t.TempDir()
+			segs := writtenSegments(t, dir, 0, 50)
+			if err := writeAcked(dir, 20); err != nil { // not replaced since
+				t.Fatal(err)
+			}
+			data, err := os.ReadFile(segs[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			binary.LittleEndian.PutUint64(data[len(outboxMagic):], 51)
+			if zeroed < 0 {
+				zeroed = len(data) - outboxHeaderSize
+			}
+			clear(data[outboxHeaderSize : outboxHeaderSize+zeroed])
+			if err := os.WriteFile(segs[0], data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+
+			for range 2 { // and once more after a start that wrote nothing
+				ob := openTestOutbox(t, dir, 0)
+				rec := ob.Recovery()
+				if notes := strings.Join(rec.Notes, "\n"); rec.Unacked != 0 || ob.ackedSeq() != 50 || strings.Contains(notes, "LOST") {
+					t.Fatalf("recovery %+v, acknowledged through %d: want nothing to replay, through 50, nothing lost", rec, ob.ackedSeq())
+				}
+				if aside, _ := filepath.Glob(filepath.Join(dir, "*.corrupt")); len(aside) != 0 {
+					t.Fatalf("kept aside as damage: %v", aside)
+				}
+				if err := ob.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ob := openTestOutbox(t, dir, 0)
+			appendEvents(t, ob, 100, 101)
+			waitDurable(t, ob, 51)
+			if got := readAll(t, ob, 0, 100); len(got) != 1 || got[0].seq != 51 {
+				t.Fatalf("the next event was read as %+v, want sequence 51 alone", got)
+			}
+		})
 	}
 }

@@ -402,7 +402,7 @@ func (p *Publisher) watchOutboxWrites() {
 		}
 		st := p.outbox.Stats()
 		if st.WriteFailures > seen {
-			p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); it takes events while its current segment has room or acknowledged segments can be deleted, then refuses them",
+			p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); it takes events while its current segment has room or acknowledged segments can be deleted or reused, then refuses them",
 				st.WriteFailures-seen, outboxWriteReport, st.LastWriteErr)
 			seen = st.WriteFailures
 		}
