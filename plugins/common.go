@@ -630,6 +630,12 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	}
 	ans, apiErr := choice.run(call.ModelCallContext(ctx), x.run)
 	if apiErr != nil {
+		if choice.untaken && choice.name == engineLLM {
+			// Admitted while no probe had found the model down (none
+			// yet, or a stale one), it met the 503 unavailable() gives
+			// later calls before admission, which cost no quota.
+			call.Refused(ctx)
+		}
 		proxy.WriteError(ctx, apiErr)
 		if choice.spent.Tokens() > 0 {
 			// The model was asked and answered, if not what was asked.

@@ -45,6 +45,10 @@ type engineChoice struct {
 	// model's prices whoever answered.
 	spent                     classifiers.Usage
 	spentModel, spentUpstream string
+	// untaken: the llm failed with no upstream taken its request (each
+	// refused the connection, was ejected or resting): the call's 503
+	// spent nothing, and costs no quota.
+	untaken bool
 }
 
 func lexicalChoice() *engineChoice {
@@ -221,6 +225,7 @@ func (c *engineChoice) run(ctx context.Context, do func(context.Context, classif
 		c.spent, c.spentModel, c.spentUpstream = ans.Usage, c.model, c.upstream
 		if errors.Is(err, proxy.ErrModelUnavailable) {
 			c.probes.markDown() // every member was tried
+			c.untaken = !answeredBy.Reached() && c.spent.Tokens() == 0
 		}
 	}
 	if ctx.Err() != nil {

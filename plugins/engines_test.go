@@ -441,6 +441,33 @@ func TestExplicitLLMWithItsUpstreamDownCostsNoQuota(t *testing.T) {
 	}
 }
 
+// TestNamedModelNoUpstreamTookCostsNoQuota: a classify call naming a
+// model whose only upstream refuses connections, admitted because no
+// probe had found it down yet (the first call, or the first after the
+// last check went stale), was the gateway's own 503 and still used a
+// request of the account's rpm 2. It costs nothing now, as the same 503
+// refused before admission and a chat call no upstream took do not; a
+// call an upstream took and failed still costs its request.
+func TestNamedModelNoUpstreamTookCostsNoQuota(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String() + "/v1"
+	ln.Close()
+	h := newHarness(t, harnessOptions{deadModel: dead, upstream: proxytest.Options{Status: 500}})
+	if _, err := h.svc.SetLimits(h.ctx, "acme", func(l *accounts.Limits) { *l = accounts.Limits{RPM: 2} }); err != nil {
+		t.Fatal(err)
+	}
+	down := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "deadmodel"}`)
+	down.apiError(t, 503, "upstream_unavailable")
+	wantRateHeaders(t, down, "requests", "2", "2")
+	failed := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "small"}`)
+	failed.apiError(t, 502, "upstream_error")
+	wantRateHeaders(t, failed, "requests", "2", "1")
+	h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`).ok(t)
+}
+
 // A model served by a pool whose first member is down is not down: the
 // others answered its chat calls, but named llm calls were refused for
 // 30 s on the first member's probe alone, auto stayed offline, and the

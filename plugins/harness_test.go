@@ -98,6 +98,9 @@ type harnessOptions struct {
 	// deadFirstMember, when set, is the base_url of an upstream that
 	// refuses connections, made the first member of model small's pool.
 	deadFirstMember string
+	// deadModel, when set, is the base_url of an upstream that refuses
+	// connections, upstream "gone" of model deadmodel alone.
+	deadModel string
 	// preloadVectors is plugins.Options.PreloadVectors, as tollgate serve
 	// sets it.
 	preloadVectors bool
@@ -173,6 +176,10 @@ func (ho harnessOptions) yaml(upstream, dir string) string {
 		}
 		y = strings.Replace(y, single,
 			"  - name: dead\n    base_url: "+ho.deadFirstMember+"\n    first_byte_timeout: 5s\nmodels:\n  - id: small\n    upstreams: [dead, local]\n", 1)
+	}
+	if ho.deadModel != "" {
+		y = strings.Replace(y, "\nmodels:\n",
+			"\n  - name: gone\n    base_url: "+ho.deadModel+"\n    first_byte_timeout: 5s\nmodels:\n  - id: deadmodel\n    upstream: gone\n    context_length: 8192\n    max_output_length: 1024\n", 1)
 	}
 	return y
 }

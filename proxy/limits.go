@@ -628,6 +628,16 @@ func (c *Call) AddTokens(ctx *fasthttp.RequestCtx, tokens int64) {
 	}
 }
 
+// Refused gives back all Admit took, the request and its tokens, from a
+// call the gateway answered with its own error before any work was spent
+// on it: a model whose upstreams all refused the connection costs no
+// quota, as a generation call refused before it reaches an upstream does
+// not (the SDKs retry a 503 twice). Call it instead of AddTokens; the
+// x-ratelimit headers are written again.
+func (c *Call) Refused(ctx *fasthttp.RequestCtx) {
+	c.limit.refused(ctx)
+}
+
 // generationAdmission is the standing of a generation call (or a call on
 // a stored response, slot false) under its key's own rpm and tpm and its
 // account's limits acct; nil when neither has any (generation has no

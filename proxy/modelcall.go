@@ -60,12 +60,16 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 	call.traceModelCall(ctx)
 	defer func() { call.endModelCallSpan(usage, err) }()
 	resp, up, apiErr := attempt(call, p, &w.Config.Routing, 0, out)
+	note, _ := ctx.Value(upstreamNoteKey{}).(*UpstreamNote)
+	if call.reachedUpstream && note != nil {
+		note.reach()
+	}
 	if apiErr != nil {
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, apiErr.Message)
 	}
 	defer up.health.inflight.Add(-1)
 	defer resp.Close()
-	if note, ok := ctx.Value(upstreamNoteKey{}).(*UpstreamNote); ok {
+	if note != nil {
 		note.set(up.cfg.Name)
 	}
 	// Read like a client's answer: a cut body is an error, never a short
@@ -86,6 +90,9 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 type UpstreamNote struct {
 	mu   sync.Mutex
 	name string
+	// reached: a call's request may have reached an upstream, answered
+	// or not (one that sent nothing back in time took it too).
+	reached bool
 }
 
 func (n *UpstreamNote) set(name string) {
@@ -94,11 +101,28 @@ func (n *UpstreamNote) set(name string) {
 	n.mu.Unlock()
 }
 
+func (n *UpstreamNote) reach() {
+	n.mu.Lock()
+	n.reached = true
+	n.mu.Unlock()
+}
+
 // Name is the upstream noted, or "" when no call reached one.
 func (n *UpstreamNote) Name() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.name
+}
+
+// Reached reports whether any call under the note's ctx may have reached
+// an upstream. One that failed without reaching any (each refused the
+// connection, was ejected or resting, or had no free connection) spent
+// nothing upstream: its call costs no quota, as a generation call's does
+// not (Call.Refused).
+func (n *UpstreamNote) Reached() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.reached
 }
 
 type upstreamNoteKey struct{}
