@@ -373,6 +373,56 @@ func TestPinnedUpstreamDownIs503NamingIt(t *testing.T) {
 	}
 }
 
+// TestResponsesStateRefusalsCostNoQuota: the /v1/responses/{id} routes
+// counted the call against the key's rpm before looking the id up, so
+// the gateway's own 404 (an id it does not know, or another account's)
+// used a request though no upstream was asked, as did the 503 of a
+// holder that refused the connection. They cost nothing now, as a
+// generation call refused before its upstream does not; a call the
+// holder answered costs its request.
+func TestResponsesStateRefusalsCostNoQuota(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	_, key, err := h.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "rpm", RPM: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	call := func(method, path string, status int, remaining string) {
+		t.Helper()
+		req, err := http.NewRequest(method, h.url+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := h.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readAll(t, resp); resp.StatusCode != status {
+			t.Fatalf("%s %s: %d %s, want %d", method, path, resp.StatusCode, body, status)
+		}
+		if got := resp.Header.Get("x-ratelimit-remaining-requests"); got != remaining {
+			t.Errorf("%s %s: x-ratelimit-remaining-requests %q, want %s", method, path, got, remaining)
+		}
+	}
+	kept, keptAt := h.create("", createResp, "")
+	lost, lostAt := h.create("", createResp, "")
+	if keptAt == lostAt || keptAt < 0 || lostAt < 0 {
+		t.Fatalf("round_robin put both responses on p%d and p%d", keptAt, lostAt)
+	}
+	unknown := "resp_000000000000000000000000"
+	for _, c := range []struct{ method, suffix string }{
+		{"GET", ""}, {"GET", "/input_items"}, {"POST", "/cancel"}, {"DELETE", ""}, {"GET", ""},
+	} {
+		call(c.method, "/v1/responses/"+unknown+c.suffix, 404, "3")
+	}
+	h.ups[lostAt].Close()
+	call("GET", "/v1/responses/"+lost, 503, "3")
+	call("GET", "/v1/responses/"+kept, 200, "2")
+}
+
 // another starts another gateway with the harness's config, accounts and
 // NATS, and nothing in memory; it returns its base URL.
 func (h *poolHarness) another() string {

@@ -326,8 +326,10 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	}
 	// The key's and the account's rates hold here too, but not
 	// max_concurrent: these calls are not billed, and a cancel must
-	// not wait for the stream it cancels.
-	if limit := s.limits.generationAdmission(key, s.accountLimits(key.Account), false); limit != nil {
+	// not wait for the stream it cancels. Counted before the lookup, so
+	// a caller over its rpm is refused before the store is asked.
+	limit := s.limits.generationAdmission(key, s.accountLimits(key.Account), false)
+	if limit != nil {
 		if apiErr := limit.admit(ctx, 0); apiErr != nil {
 			WriteError(ctx, apiErr)
 			return
@@ -336,49 +338,59 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	}
 	id := string(idb)
 	m, found, err := s.responses.lookup(context.Background(), id)
+	var refusal *APIError
 	switch {
 	case err != nil:
-		WriteError(ctx, errStateUnavailable(err))
-		return
+		refusal = errStateUnavailable(err)
 	case !found || m.Account != key.Account:
-		WriteError(ctx, errResponseNotFound(id))
-		return
+		refusal = errResponseNotFound(id)
+	case w.upstreams[m.Upstream] == nil:
+		refusal = Unavailable(fmt.Sprintf("upstream %s, which holds response %s, is not configured any more", m.Upstream, id))
 	}
-	up := w.upstreams[m.Upstream]
-	if up == nil {
-		WriteError(ctx, Unavailable(fmt.Sprintf("upstream %s, which holds response %s, is not configured any more", m.Upstream, id)))
+	if refusal != nil {
+		// No upstream was asked: the gateway's own refusal costs no
+		// quota, as a generation call's does not (an unknown id used a
+		// request of the key's rpm, and the SDKs retry a 503 twice).
+		limit.refused(ctx)
+		WriteError(ctx, refusal)
 		return
 	}
 	suffix := ""
 	if len(action) > 0 {
 		suffix = "/" + string(action)
 	}
-	if s.relayState(ctx, up, method, id, suffix) && method == "DELETE" {
+	if s.relayState(ctx, w.upstreams[m.Upstream], limit, method, id, suffix) && method == "DELETE" {
 		s.responses.forget(id)
 	}
 }
 
 // relayState sends the call to up and relays its answer: status, body,
-// content type; a stream as it comes. It reports a 2xx answer.
+// content type; a stream as it comes. It reports a 2xx answer. A call
+// that cannot have reached up (the connection refused, no free one)
+// gives back what limit took.
 //
 // It goes through the upstream's connection pool, as generation calls do,
 // under the same rules for a kept connection: looked at before reuse,
 // replaced once when the upstream had closed it while idle, a 408 on it
 // sent again on a new one. That a cancel may be sent twice is what a
 // generation may: only when it cannot have reached the upstream.
-func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, method, id, suffix string) bool {
+func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admission, method, id, suffix string) bool {
 	req := bytebufferpool.Get()
 	defer bytebufferpool.Put(req)
 	var err error
 	req.B, err = up.stateRequest(req.B[:0], method, "/responses/"+url.PathEscape(id)+suffix,
 		string(ctx.URI().QueryString()), ctx.Request.Header.Peek("Accept"))
 	if err != nil {
+		limit.refused(ctx)
 		WriteError(ctx, BadRequest("", err.Error()))
 		return false
 	}
 	// The upstream's first_byte_timeout and idle_timeout bound the call.
 	resp, err := up.pool.roundTrip(req.B, 0, nil)
 	if err != nil {
+		if !sentUpstream(err) {
+			limit.refused(ctx)
+		}
 		WriteError(ctx, upstreamUnreachable(up, ", which holds response "+id+",", err))
 		return false
 	}
