@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -420,10 +421,49 @@ func runAccounts(args []string) error {
 
 // limitFlags defines an account's limit flags on fs.
 func limitFlags(fs *flag.FlagSet) {
-	fs.Int64("rpm", 0, "requests per minute for all the account's keys together (0 = no limit)")
-	fs.Int64("tpm", 0, "tokens per minute for all the account's keys together (0 = no limit)")
-	fs.Int64("max-concurrent", 0, "generation and plugin calls in flight at once, per gateway (0 = no limit); bounds the overspend of calls started together")
+	decimalFlag(fs, "rpm", "`N` requests per minute for all the account's keys together (0 = no limit)")
+	decimalFlag(fs, "tpm", "`N` tokens per minute for all the account's keys together (0 = no limit)")
+	decimalFlag(fs, "max-concurrent", "`N` generation and plugin calls in flight at once, per gateway (0 = no limit); bounds the overspend of calls started together")
 }
+
+// decimal is a number flag read in decimal only. flag's Int64 reads Go's
+// literals: "-rpm 010" set 8, "-rpm 0x10" 16, "-tpm 0b101" 5, without a
+// word. A leading 0 is refused, not read as decimal: a script that meant
+// the octal would change meaning silently.
+type decimal int64
+
+// decimalFlag defines a decimal flag on fs.
+func decimalFlag(fs *flag.FlagSet, name, usage string) *int64 {
+	n := new(int64)
+	fs.Var((*decimal)(n), name, usage)
+	return n
+}
+
+func (d *decimal) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return errors.New("out of range")
+	case err != nil:
+		return errors.New("not a whole number in decimal, such as 60")
+	}
+	if digits := strings.TrimLeft(s, "+-"); len(digits) > 1 && digits[0] == '0' {
+		return fmt.Errorf("a leading 0 is not taken (Go reads %s as octal); write %d", s, n)
+	}
+	*d = decimal(n)
+	return nil
+}
+
+// String may be called on a nil d (flag.Value's contract).
+func (d *decimal) String() string {
+	if d == nil {
+		return "0"
+	}
+	return strconv.FormatInt(int64(*d), 10)
+}
+
+// Get makes the flag a flag.Getter: givenLimits sends the number.
+func (d *decimal) Get() any { return int64(*d) }
 
 // givenLimits is the body fields of the limit flags given on the command
 // line, and only those.
@@ -491,11 +531,11 @@ func runKeys(args []string) error {
 	name := fs.String("name", "", "key name, e.g. prod-backend")
 	scopes := fs.String("scopes", "", "comma-separated scopes (default: all)")
 	models := fs.String("models", "", "comma-separated model ids (default: all)")
-	rpm := fs.Int64("rpm", 0, "requests per minute (0 = none of its own: gateway.yaml's plugins.key_limits on the plugin endpoints, no limit on generation)")
-	tpm := fs.Int64("tpm", 0, "tokens per minute (0 = none of its own, as for -rpm)")
+	rpm := decimalFlag(fs, "rpm", "`N` requests per minute (0 = none of its own: gateway.yaml's plugins.key_limits on the plugin endpoints, no limit on generation)")
+	tpm := decimalFlag(fs, "tpm", "`N` tokens per minute (0 = none of its own, as for -rpm)")
 	expiresIn := fs.String("expires-in", "", "lifetime, e.g. 720h (default: never)")
 	logging := fs.Bool("logging", false, "log generation inputs and outputs for this key")
-	retention := fs.Int("retention-days", 0, "days to keep logged requests (0 = forever)")
+	retention := decimalFlag(fs, "retention-days", "`N` days to keep logged requests (0 = forever)")
 	pos, err := parseSubcommand(fs, args[1:])
 	if err != nil {
 		return helpShownIsNoError(err)

@@ -319,6 +319,49 @@ func TestAdminSubcommandsRefuseARepeatedFlag(t *testing.T) {
 	}
 }
 
+// The number flags are read in decimal: read as Go literals, "accounts
+// limits acme -rpm 010" set 8, "-rpm 0x10" 16 and "-tpm 0b101" 5, without
+// a word. A leading 0 is refused rather than read as decimal, so that a
+// script that meant octal says so; a flag given twice is still refused.
+func TestAdminNumberFlagsAreDecimal(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runAccounts, []string{"limits", "acme", "-rpm", "010"}, `invalid value "010" for flag -rpm: a leading 0 is not taken (Go reads 010 as octal); write 10`},
+		{runAccounts, []string{"limits", "acme", "-rpm", "0x10"}, `invalid value "0x10" for flag -rpm: not a whole number in decimal, such as 60`},
+		{runAccounts, []string{"limits", "acme", "-tpm", "0b101"}, `invalid value "0b101" for flag -tpm: not a whole number in decimal`},
+		{runAccounts, []string{"limits", "acme", "-tpm", "1_000"}, `invalid value "1_000" for flag -tpm: not a whole number in decimal`},
+		{runAccounts, []string{"create", "acme5", "-max-concurrent", "0o7"}, `invalid value "0o7" for flag -max-concurrent: not a whole number in decimal`},
+		{runAccounts, []string{"create", "acme5", "-max-concurrent", "99999999999999999999"}, `invalid value "99999999999999999999" for flag -max-concurrent: out of range`},
+		{runKeys, []string{"create", "demo", "-name", "a", "-rpm", "0x10"}, `invalid value "0x10" for flag -rpm: not a whole number in decimal`},
+		{runKeys, []string{"create", "demo", "-name", "a", "-tpm", "-010"}, `invalid value "-010" for flag -tpm: a leading 0 is not taken (Go reads -010 as octal); write -10`},
+		{runKeys, []string{"create", "demo", "-name", "a", "-logging", "-retention-days", "030"}, `for flag -retention-days: a leading 0 is not taken (Go reads 030 as octal); write 30`},
+		{runAccounts, []string{"limits", "acme", "-rpm", "10", "-rpm", "010"}, `-rpm is given twice ("10" and "010")`},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %s", tc.args, err, tc.want)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+	if err := runAccounts([]string{"limits", "acme", "-rpm", "10", "-tpm", "0", "-max-concurrent=+3", "-url", url}); err != nil {
+		t.Fatal(err)
+	}
+	if err := runKeys([]string{"create", "demo", "-name", "a", "-rpm", "16", "-logging", "-retention-days", "30", "-url", url}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`PATCH /admin/v1/accounts/acme {"max_concurrent":3,"rpm":10,"tpm":0}`,
+		`POST /admin/v1/accounts/demo/keys {"logging":{"enabled":true,"retention_days":30},"models":null,"name":"a","rpm":16,"scopes":null,"tpm":0}`}
+	if strings.Join(*calls, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("calls %q, want %q", *calls, want)
+	}
+}
+
 // tollgate -h listed "accounts create ID [-credit USD] | get ID | credit
 // …", without accounts limits and the limit flags `tollgate accounts`
 // names (found by a re-test session): both print one text.
