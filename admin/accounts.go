@@ -93,6 +93,11 @@ func (a *API) updateAccount(call *Call) (int, any, error) {
 		MaxConcurrent *int64 `json:"max_concurrent"`
 	}
 	if err := decodeStrict(call.HTTP, &req); err != nil {
+		// The balance moves by credits alone, each kept with its
+		// idempotency key: say where they go, as a PATCH cannot.
+		if apiErr, ok := err.(*proxy.APIError); ok && (apiErr.Param == "credit_usd" || apiErr.Param == "usd") {
+			apiErr.Message += `; credit an account with POST /admin/v1/accounts/{id}/credit {"usd":"10.00"}`
+		}
 		return 0, nil, err
 	}
 	fields := []struct {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/internal/jsoncheck"
+	"github.com/tollgate/tollgate/internal/suggest"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -211,9 +212,11 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 	return nil
 }
 
-// checkMembers refuses an object of v that names a member twice, or one
-// that matches a field of t only when case is ignored; it descends into
-// the fields and elements t gives a type to.
+// checkMembers refuses an object of v that names a member twice, one
+// that matches a field of t only when case is ignored, or one that
+// matches none; it descends into the fields and elements t gives a type
+// to. A struct's fields are its own: an embedded struct's would be
+// refused as unknown, so request types list theirs.
 func checkMembers(v gjson.Result, t reflect.Type, path string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -234,7 +237,7 @@ func checkMembers(v gjson.Result, t reflect.Type, path string) error {
 			field, exact := fieldFor(t, key.Str)
 			switch {
 			case field == nil:
-				return true // DisallowUnknownFields names it
+				err = unknownField(t, path, key.Str)
 			case !exact:
 				err = proxy.BadRequest(joinPath(path, key.Str), fmt.Sprintf("unknown field %q (did you mean %q? names are case-sensitive)",
 					joinPath(path, key.Str), joinPath(path, jsonName(*field))))
@@ -246,6 +249,32 @@ func checkMembers(v gjson.Result, t reflect.Type, path string) error {
 		return err
 	}
 	return nil
+}
+
+// unknownField is the 400 for member name of an object of t at path,
+// which fills no field: named in param, with the fields t has. Go's own
+// error ("invalid JSON body: json: unknown field") had no param, and did
+// not say what the route takes.
+func unknownField(t reflect.Type, path, name string) error {
+	var fields []string
+	for i := range t.NumField() {
+		if f := t.Field(i); f.IsExported() && jsonName(f) != "-" {
+			fields = append(fields, jsonName(f))
+		}
+	}
+	msg := fmt.Sprintf("unknown field %q", joinPath(path, name))
+	if near := suggest.Nearest(name, fields); near != "" {
+		msg += fmt.Sprintf(" (did you mean %q?)", joinPath(path, near))
+	}
+	switch {
+	case len(fields) == 0:
+		msg += "; this route takes no fields: send no body, or {}"
+	case path == "":
+		msg += "; fields of this route: " + strings.Join(fields, ", ")
+	default:
+		msg += "; fields of " + path + ": " + strings.Join(fields, ", ")
+	}
+	return proxy.BadRequest(joinPath(path, name), msg)
 }
 
 // fieldFor finds the field of struct t that JSON member name fills, and

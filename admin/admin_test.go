@@ -396,6 +396,43 @@ func TestBodyThatIsNotAnObject(t *testing.T) {
 	}
 }
 
+// An unknown field is named in the envelope's param, with the fields the
+// route takes: only a case variant was ("RPM"); any other was Go's
+// "invalid JSON body: json: unknown field" with param null, and a
+// PATCH of an account's credit_usd did not say where credits go.
+func TestUnknownFieldIsNamedWithTheFieldsTaken(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, tc := range []struct{ method, path, body, param, message string }{
+		{"PATCH", "/admin/v1/accounts/acme", `{"credit_usd":"5"}`, "credit_usd",
+			`unknown field "credit_usd"; fields of this route: rpm, tpm, max_concurrent; credit an account with POST /admin/v1/accounts/{id}/credit {"usd":"10.00"}`},
+		{"PATCH", "/admin/v1/accounts/acme", `{"rpm":5,"max_concurent":2}`, "max_concurent",
+			`unknown field "max_concurent" (did you mean "max_concurrent"?); fields of this route: rpm, tpm, max_concurrent`},
+		{"POST", "/admin/v1/accounts", `{"id":"x","typo":1}`, "typo",
+			`unknown field "typo"; fields of this route: id, credit_usd, rpm, tpm, max_concurrent`},
+		{"POST", "/admin/v1/accounts/acme/credit", `{"usd":"1","idempotency":"p1"}`, "idempotency",
+			`unknown field "idempotency"; fields of this route: usd, idempotency_key`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","logging":{"enabled":true,"days":3}}`, "logging.days",
+			`unknown field "logging.days"; fields of logging: enabled, retention_days`},
+		{"DELETE", "/admin/v1/keys/key_1", `{"reason":"leak"}`, "reason",
+			`unknown field "reason"; this route takes no fields: send no body, or {}`},
+		// Still the case variant's own message.
+		{"PATCH", "/admin/v1/accounts/acme", `{"RPM":5}`, "RPM",
+			`unknown field "RPM" (did you mean "rpm"? names are case-sensitive)`},
+	} {
+		status, _, body := g.call(tc.method, tc.path, tc.body)
+		if status != 400 {
+			t.Errorf("%s %s %s: %d %s, want 400", tc.method, tc.path, tc.body, status, body)
+			continue
+		}
+		if msg := wantError(t, body, tc.param, "invalid_request_error"); msg != tc.message {
+			t.Errorf("%s %s %s: %q, want %q", tc.method, tc.path, tc.body, msg, tc.message)
+		}
+	}
+}
+
 // DELETE /admin/v1/keys/{id} takes no fields: it ignored its body, so
 // "-d garbage" or a misplaced field revoked the key and answered 200. No
 // body and {} still revoke.
@@ -415,17 +452,17 @@ func TestRevokeKeyRefusesABody(t *testing.T) {
 		return key.KeyID
 	}
 	id := newKey()
-	for body, message := range map[string]string{
-		"garbage":           "invalid JSON body: not one well-formed JSON value",
-		`{"reason":"leak"}`: `unknown field "reason"`,
-		`[]`:                "the body must be a JSON object, got an array",
+	for _, tc := range []struct{ body, param, message string }{
+		{"garbage", "", "invalid JSON body: not one well-formed JSON value"},
+		{`{"reason":"leak"}`, "reason", `unknown field "reason"`},
+		{`[]`, "", "the body must be a JSON object, got an array"},
 	} {
-		status, _, out := g.call("DELETE", "/admin/v1/keys/"+id, body)
+		status, _, out := g.call("DELETE", "/admin/v1/keys/"+id, tc.body)
 		if status != 400 {
-			t.Fatalf("%s: %d %s, want 400", body, status, out)
+			t.Fatalf("%s: %d %s, want 400", tc.body, status, out)
 		}
-		if msg := wantError(t, out, "", "invalid_request_error"); !strings.Contains(msg, message) {
-			t.Errorf("%s: %q, want %q", body, msg, message)
+		if msg := wantError(t, out, tc.param, "invalid_request_error"); !strings.Contains(msg, tc.message) {
+			t.Errorf("%s: %q, want %q", tc.body, msg, tc.message)
 		}
 	}
 	keys, err := g.svc.ListKeys(t.Context(), "acme")
