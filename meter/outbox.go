@@ -158,6 +158,9 @@ type outboxSegment struct {
 	path    string
 	skip    bool // moved aside by recover
 	version int  // 1 or 2: its format
+	// damageKept: recover left damaged bytes past its records for a
+	// person to look at (the disk had no room to copy them aside).
+	damageKept bool
 }
 
 // OutboxStats is a point-in-time view of the outbox.
@@ -333,6 +336,7 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("%v: new usage events are refused, and logged, until JetStream has acknowledged some", err))
 		}
 	}
+	ob.cutToRecordsLocked()
 	ob.mu.Unlock()
 	go ob.syncer()
 	go ob.compact()
@@ -407,7 +411,6 @@ func (ob *Outbox) recover() error {
 	// every record before it was written before, and those not on disk
 	// were deleted acknowledged. That is all a segment reused in place
 	// (restartSegmentLocked) says after a crash cut its reuse short.
-	fileAcked := acked
 	var first, maxSeq uint64
 	for _, seg := range segments {
 		used := seg.last != 0 || seg.version == 2
@@ -424,18 +427,23 @@ func (ob *Outbox) recover() error {
 		ob.acked, ob.persisted = acked, acked
 	}
 	maxSeq = max(maxSeq, acked)
-	var keptThrough uint64
 	for i, seg := range segments {
 		if seg.last == 0 || seg.last <= acked {
-			// The last segment is kept, even acknowledged or empty, when
-			// nothing else on disk says how far the sequence went (the
-			// acked file is older: a full disk refused it). Deleted, the
+			// The last segment is kept, even acknowledged or empty. When
+			// the acked file is older (a full disk refused it), nothing
+			// else on disk says how far the sequence went: deleted, the
 			// next start would number new events from the acked file on,
 			// again, and a restart after that could take JetStream's
 			// batches of the old records for the new ones: skipped
-			// unpublished, or published twice. It is reused in place
-			// (recycleLast) when no new segment can be made.
-			if i < len(segments)-1 || max(fileAcked, keptThrough) >= maxSeq {
+			// unpublished, or published twice. And on a full disk it is
+			// the outbox's only room: closing and recoverSegment leave
+			// its preallocated end, and when no new segment can be made
+			// it is reused in place (recycleLast). (Until 2026-11-27 it
+			// was deleted when the acked file covered it, and a start
+			// on a disk something else had filled since refused every
+			// event.) Once a new segment is active, compactOnce deletes
+			// it.
+			if i < len(segments)-1 {
 				if err := os.Remove(seg.path); err != nil {
 					return fmt.Errorf("removing outbox segment: %w", err)
 				}
@@ -444,7 +452,6 @@ func (ob *Outbox) recover() error {
 		} else {
 			ob.recovery.Unacked += seg.last - max(acked, seg.first-1)
 		}
-		keptThrough = max(keptThrough, seg.last)
 		ob.segments = append(ob.segments, seg)
 		ob.bytes += seg.size
 	}
@@ -455,9 +462,27 @@ func (ob *Outbox) recover() error {
 	return nil
 }
 
-// recoverSegment scans a segment, truncating it after its last valid
+// cutToRecordsLocked cuts the files of the segments recover kept to their
+// records, but for the one appended to, or else the last: its
+// preallocated room is what recycleLast reuses on a full disk. The others
+// are read, then deleted, and their room held for nothing. ob.mu must be
+// held.
+func (ob *Outbox) cutToRecordsLocked() {
+	for i, seg := range ob.segments {
+		if seg.damageKept || ob.active != nil && seg == ob.active.seg || ob.active == nil && i == len(ob.segments)-1 {
+			continue
+		}
+		_ = os.Truncate(seg.path, seg.size)
+	}
+}
+
+// recoverSegment scans a segment, zeroing what follows its last valid
 // record, and fsyncs it: what a crashed process left in the page cache is
 // durable from here on. It returns the highest batch number in it.
+//
+// The file keeps its size: on a full disk the preallocated room past the
+// records is all the outbox may get (recycleLast reuses it), and the
+// reader stops at seg.size, the records' end, anyway.
 func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 	f, err := os.OpenFile(seg.path, os.O_RDWR, 0)
 	if err != nil {
@@ -543,12 +568,16 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 		}
 		ob.recovery.Notes = append(ob.recovery.Notes, note)
 	}
-	if off < len(data) && !keep {
-		// Also the zeros a preallocated segment ends in.
-		if err := f.Truncate(int64(off)); err != nil {
-			return 0, fmt.Errorf("truncating outbox segment: %w", err)
+	if tail := len(bytes.TrimRight(data[off:], "\x00")); tail > 0 && !keep {
+		// Overwritten, not cut off: the blocks are the file's already.
+		// Cut only if that fails.
+		if _, err := f.WriteAt(make([]byte, tail), int64(off)); err != nil {
+			if err := f.Truncate(int64(off)); err != nil {
+				return 0, fmt.Errorf("truncating outbox segment: %w", err)
+			}
 		}
 	}
+	seg.damageKept = keep
 	if err := f.Sync(); err != nil {
 		return 0, fmt.Errorf("syncing outbox segment: %w", err)
 	}
@@ -799,7 +828,7 @@ func (ob *Outbox) recycleLast() bool {
 	}
 	var mem []byte
 	fi, err := f.Stat()
-	if err == nil && fi.Size() != seg.size {
+	if err == nil && seg.damageKept {
 		// recoverSegment left damaged bytes past its records for a
 		// person to look at: not to be overwritten.
 		err = errors.New("bytes kept past its records")
@@ -807,11 +836,13 @@ func (ob *Outbox) recycleLast() bool {
 	if err == nil {
 		// Only pages the disk has given the file are mapped: another
 		// could fail to be written (a SIGBUS) on the full disk this is
-		// for. Closing cut the file to its records; grown back to a
-		// whole segment if there is room, else it is reused as it is.
+		// for. Neither closing nor recover cuts the last segment, so
+		// the file is a whole segment, preallocated; one cut by an
+		// older release is grown back if there is room, else reused
+		// at the size it has.
 		size := int(ob.segmentBytes)
 		if reserveDisk(f, size) != nil {
-			size = int(seg.size)
+			size = int(min(fi.Size(), ob.segmentBytes))
 		}
 		if size <= outboxHeaderSize {
 			err = errors.New("no room for a record")
@@ -1193,9 +1224,12 @@ func (ob *Outbox) closeFiles() error {
 	if a := ob.active; a != nil {
 		err = syncMapped(a.mem[:a.seg.size])
 		_ = unmap(a.mem)
-		if terr := a.file.Truncate(a.seg.size); err == nil {
-			err = terr
-		}
+		// Not cut to its records, as retired segments are: the next
+		// start keeps the last segment, and on a disk filled meanwhile
+		// its preallocated room is the only room the outbox has
+		// (recycleLast). (Until 2026-11-27 it was cut here, something
+		// else could take what that freed, and the next start refused
+		// every event.)
 		if cerr := a.file.Close(); err == nil {
 			err = cerr
 		}
@@ -1239,8 +1273,11 @@ func (ob *Outbox) compact() {
 func (ob *Outbox) compactOnce() {
 	ob.mu.Lock()
 	acked, persisted := ob.acked, ob.persisted
+	// The segment recover kept last, acknowledged, is deleted once a new
+	// one is active, with no new acknowledgement to wait for.
+	formerLast := len(ob.segments) > 1 && ob.segments[0].last <= acked
 	ob.mu.Unlock()
-	if acked == persisted {
+	if acked == persisted && !formerLast {
 		return
 	}
 	// The acked file goes first, so that what is on disk says what it
@@ -1250,9 +1287,11 @@ func (ob *Outbox) compactOnce() {
 	// every event while NATS took all it was sent. A segment deleted
 	// before the acked file is harmless: recover starts at the first
 	// record on disk.
-	err := writeAcked(ob.dir, acked)
-	if err != nil {
-		ob.writeFailures.Add(1)
+	var err error
+	if acked != persisted {
+		if err = writeAcked(ob.dir, acked); err != nil {
+			ob.writeFailures.Add(1)
+		}
 	}
 	ob.mu.Lock()
 	if err != nil {

@@ -219,3 +219,45 @@ func TestOutboxReusesItsAcknowledgedLastSegmentOnAFullDisk(t *testing.T) {
 		t.Fatalf("segment files %v, want the one reused", segs)
 	}
 }
+
+// A gateway stopped on a disk with less than a segment free cut its last
+// segment down to its records, something else took what that freed, and
+// the next start deleted the segment (the acked file covered it) or found
+// it too small ("no room for a record" after a start that wrote nothing):
+// the outbox had no segment and refused every event until an operator
+// freed a segment's worth. The last segment now keeps its preallocated
+// room through a restart, and is reused at once when acknowledged.
+func TestOutboxKeepsItsLastSegmentsRoomThroughARestartOnAFullDisk(t *testing.T) {
+	for _, written := range []int{0, 10} {
+		t.Run(fmt.Sprint(written), func(t *testing.T) {
+			disk := smallDisk(t, 1<<20)
+			dir := filepath.Join(disk, "outbox")
+			opts := OutboxOptions{MaxBytes: 1 << 20, FsyncInterval: 10 * time.Millisecond} // 128 KiB segments
+			ob, err := OpenOutboxWith(dir, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			appendEvents(t, ob, 0, written)
+			waitDurable(t, ob, uint64(written))
+			ob.ack(uint64(written)) // and the acked file says so at Close
+			if err := ob.Close(); err != nil {
+				t.Fatal(err)
+			}
+			fillDisk(t, disk) // what closing freed (the spare)
+
+			ob, err = OpenOutboxWith(dir, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ob.Close() })
+			if notes := strings.Join(ob.Recovery().Notes, "\n"); !strings.Contains(notes, "is reused") {
+				t.Fatalf("recovery notes %q: want the last segment reused", notes)
+			}
+			appendEvents(t, ob, written, written+200) // about half a segment
+			waitDurable(t, ob, uint64(written+200))
+			if got := readAll(t, ob, uint64(written), written); len(got) != 200 {
+				t.Fatalf("read %d events after the restart, want 200", len(got))
+			}
+		})
+	}
+}
