@@ -63,8 +63,9 @@ type RequestLog struct {
 }
 
 // MaxLogBytes is the most of a logged request or answer a usage event can
-// carry: the outbox cuts a log to fit its event in this many bytes, so
-// keeping more of a stream's text is wasted memory.
+// carry: the outbox cuts a log to fit its event in this many bytes (or
+// fewer, in a segment smaller than that: an outbox_max_bytes under
+// 2 MiB), so keeping more of a stream's text is wasted memory.
 const MaxLogBytes = maxOutboxEventBytes
 
 // Recorder takes billable events. Record must not block on I/O: it is called

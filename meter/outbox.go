@@ -651,7 +651,7 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 			encodeBufPool.Put(bufp)
 		}
 	}()
-	payload, err := appendOutboxPayload((*bufp)[:0], ev)
+	payload, err := appendOutboxPayload((*bufp)[:0], ev, ob.maxEventBytes())
 	*bufp = payload
 	if err != nil {
 		return nil, err
@@ -672,11 +672,15 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 			ob.mu.Unlock()
 			return nil, err
 		}
-		if int(ob.active.seg.size)+size > len(ob.active.mem) {
-			// A segment reused at the size it had (recycleLast), or an
-			// event over a whole segment (128 KiB at the 1 MiB bound).
+		if room := len(ob.active.mem); int(ob.active.seg.size)+size > room {
 			ob.mu.Unlock()
-			return nil, fmt.Errorf("%w: a %d-byte event does not fit in a %d-byte segment", ErrOutboxFull, size, len(ob.active.mem))
+			if room < int(ob.segmentBytes) {
+				// A segment cut by an older release, reused at the size
+				// it had on a full disk (recycleLast).
+				return nil, fmt.Errorf("%w: a %d-byte event does not fit in the %d-byte segment reused on the full disk", ErrOutboxFull, size, room)
+			}
+			// Not expected: maxEventBytes keeps an event within a segment.
+			return nil, fmt.Errorf("a %d-byte usage event does not fit in a %d-byte outbox segment", size, room)
 		}
 	}
 	if ob.openCount >= ob.opts.BatchMaxEvents || ob.openCount > 0 && ob.openBytes+len(payload) > ob.opts.BatchMaxBytes {
@@ -1480,9 +1484,19 @@ func (r *outboxReader) skipSegment() {
 	r.close()
 }
 
+// maxEventBytes is the most an event's payload may take: what a segment
+// holds after its header and the record's framing, at most
+// maxOutboxEventBytes. With a small outbox_max_bytes a segment is under
+// 256 KiB (128 KiB at 1 MiB), and an event as large as the bound
+// allowed was refused for its size, unbilled, where cutting its log
+// further keeps the bill.
+func (ob *Outbox) maxEventBytes() int {
+	return min(maxOutboxEventBytes, int(ob.segmentBytes)-outboxHeaderSize-outboxRecordHeader-16)
+}
+
 // appendOutboxPayload appends ev's record payload (without sequence and
-// batch) to dst.
-func appendOutboxPayload(dst []byte, ev *Event) ([]byte, error) {
+// batch) to dst, its log cut so that it takes at most limit bytes.
+func appendOutboxPayload(dst []byte, ev *Event, limit int) ([]byte, error) {
 	start := len(dst)
 	var logged RequestLog // the whole log, once it is being cut
 	keepRequest, keepResponse := -1, -1
@@ -1499,13 +1513,13 @@ func appendOutboxPayload(dst []byte, ev *Event) ([]byte, error) {
 		dst = binary.AppendUvarint(dst, uint64(len(ev.Account)))
 		dst = append(dst, ev.Account...)
 		dst = ev.AppendJSON(dst)
-		if len(dst)-start <= maxOutboxEventBytes {
+		if len(dst)-start <= limit {
 			return dst, nil
 		}
 		// A logging key's request or answer can be megabytes: the log is
 		// cut, never the bill (the event was dropped whole, unbilled).
 		if ev.Log == nil || max(keepRequest, keepResponse) == 0 {
-			return dst, fmt.Errorf("usage event %s encodes to %d bytes, over the %d an event may take", ev.ID, len(dst)-start, maxOutboxEventBytes)
+			return dst, fmt.Errorf("usage event %s encodes to %d bytes, over the %d an event may take", ev.ID, len(dst)-start, limit)
 		}
 		if keepRequest < 0 {
 			logged = *ev.Log
@@ -1540,7 +1554,9 @@ func cutLogged(body string, keep int, leftOut int64) string {
 }
 
 // encodeOutboxPayload is appendOutboxPayload into a new slice.
-func encodeOutboxPayload(ev *Event) ([]byte, error) { return appendOutboxPayload(nil, ev) }
+func encodeOutboxPayload(ev *Event) ([]byte, error) {
+	return appendOutboxPayload(nil, ev, maxOutboxEventBytes)
+}
 
 // appendOutboxRecord frames payload as the record seq of batch (the
 // second format).

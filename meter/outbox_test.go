@@ -820,3 +820,33 @@ func TestOutboxRecoversAReuseCutShortByACrash(t *testing.T) {
 		})
 	}
 }
+
+// With outbox_max_bytes 1MiB (128 KiB segments), a logging key's call of
+// 140k to 400k characters was answered and its usage event refused:
+// "DROPPED usage event, not billed: outbox full: a 201241-byte event does
+// not fit in a 131072-byte segment". The log is cut to what a segment
+// holds, and the call billed in full.
+func TestOutboxCutsALogToASmallSegmentAndKeepsTheEvent(t *testing.T) {
+	ob := openTestOutbox(t, t.TempDir(), 1<<20) // 128 KiB segments
+	for i, size := range []int{140_000, 400_000} {
+		ev := outboxTestEvent(i)
+		ev.Log = &RequestLog{Request: strings.Repeat("q", size), Response: strings.Repeat("a", size/2), RetentionDays: 7}
+		if err := ob.Append(ev); err != nil {
+			t.Fatalf("append of a call logging %d bytes: %v; want the event kept with its log cut", size, err)
+		}
+	}
+	waitDurable(t, ob, 2)
+	recs := readAllRecords(t, ob, 0)
+	if len(recs) != 2 {
+		t.Fatalf("%d records, want 2", len(recs))
+	}
+	for i, rec := range recs {
+		var got Event
+		if err := json.Unmarshal(rec.data, &got); err != nil {
+			t.Fatal(err)
+		}
+		if want := outboxTestEvent(i); got.CostNanos != want.CostNanos || got.Log == nil || !strings.Contains(got.Log.Request, "\n[tollgate: cut here, ") {
+			t.Fatalf("event %d: %+v; want its usage and its log cut", i, got)
+		}
+	}
+}
