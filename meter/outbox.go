@@ -524,6 +524,15 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 	for off < len(data) {
 		rec, n, err := decodeOutboxRecord(data[off:], seg.version)
 		if err != nil {
+			// The first record, its zeroing by a reuse cut short: its
+			// sequence is zeroed last (restartSegmentLocked), so while
+			// anything of it is left, it is there, below the header's
+			// first. A fresh segment's first record, torn, has that
+			// first sequence or none yet.
+			if seg.version == 2 && seg.last == 0 && len(data) >= off+outboxRecordHeader+8 {
+				seq := binary.LittleEndian.Uint64(data[off+outboxRecordHeader:])
+				leftover = seq != 0 && seq < seg.first
+			}
 			break
 		}
 		if rec.seq < seg.first || rec.seq <= seg.last {
@@ -541,10 +550,11 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 	if tail := bytes.TrimRight(data[off:], "\x00"); len(tail) > 0 {
 		ob.recovery.TruncatedBytes += int64(len(tail))
 		note := fmt.Sprintf("cut %d bytes of torn or corrupt records off %s after sequence %d", len(tail), filepath.Base(seg.path), seg.last)
-		if leftover {
+		intact, unacked := intactAfterDamage(tail, seg.version, seg.first, ob.acked)
+		if leftover && intact == 0 {
 			note = fmt.Sprintf("cut %d bytes off %s: records of its use before it was reused from sequence %d, all acknowledged by JetStream before (a crash cut the reuse short); nothing is lost",
 				len(tail), filepath.Base(seg.path), seg.first)
-		} else if intact, unacked := intactAfterDamage(tail, seg.version, seg.first, ob.acked); intact > 0 {
+		} else if intact > 0 {
 			// Not a write torn by a crash: a damaged record with whole
 			// ones after it. They are cut with it (the reader could not
 			// find where they start again), but kept aside for a person.
@@ -894,8 +904,9 @@ func (ob *Outbox) recyclableLastLocked() *outboxSegment {
 // either of two files:
 //   - the header not yet rewritten (one aligned 8-byte store): the old
 //     segment, whole, as if it had not been reused;
-//   - the header saying nextSeq, followed by old records, zeros, or some
-//     of each, then perhaps new records: old records are cut as
+//   - the header saying nextSeq, followed by old records, or the first
+//     one's head (its sequence kept to the last) and zeros, or zeros,
+//     then perhaps new records: old records are cut as
 //     leftovers (their sequences are below the header's), and the header
 //     says what the acknowledged records did before: that every sequence
 //     before it was written and acknowledged. recover counts a segment
@@ -919,8 +930,20 @@ func (ob *Outbox) restartSegmentLocked(m *mappedSegment, old *outboxSegment) boo
 		ob.lastWriteErr = fmt.Errorf("reusing outbox segment %s: %w", filepath.Base(old.path), err)
 		return false
 	}
-	// Past its records the file is zeros, as preallocated.
-	clear(m.mem[outboxHeaderSize:old.size])
+	// Past its records the file is zeros, as preallocated. The first
+	// record's length and CRC, then its sequence, are zeroed last, each
+	// with one aligned 8-byte store: a crash in between leaves that
+	// sequence, below the header's, for recoverSegment to know the rest
+	// for leftovers of the old use, not damage. (Zeroed from the front
+	// until 2026-11-27, a cut-short reuse was reported as "torn or
+	// corrupt records".)
+	if records := m.mem[outboxHeaderSize:old.size]; len(records) >= outboxRecordHeader+8 {
+		clear(records[outboxRecordHeader+8:])
+		binary.LittleEndian.PutUint64(records, 0)
+		binary.LittleEndian.PutUint64(records[outboxRecordHeader:], 0)
+	} else {
+		clear(records)
+	}
 	seg := &outboxSegment{first: ob.nextSeq, size: int64(outboxHeaderSize), path: old.path, version: 2}
 	ob.segments[len(ob.segments)-1] = seg
 	ob.bytes += seg.size - old.size

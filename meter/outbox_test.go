@@ -778,7 +778,10 @@ func TestOutboxCountsTheAnswerAStreamNeverKept(t *testing.T) {
 // event after the acknowledged ones. Numbered from the acked file on, it
 // took numbers JetStream's stored batches already name.
 func TestOutboxRecoversAReuseCutShortByACrash(t *testing.T) {
-	for _, zeroed := range []int{0, 3, 100, -1} { // bytes of records zeroed; -1: all
+	// Bytes of records zeroed after the first record's head, which is
+	// zeroed last (-2: its length and CRC too, its sequence left; -1:
+	// all).
+	for _, zeroed := range []int{0, 3, 100, -2, -1} {
 		t.Run(strconv.Itoa(zeroed), func(t *testing.T) {
 			dir := t.TempDir()
 			segs := writtenSegments(t, dir, 0, 50)
@@ -790,19 +793,31 @@ func TestOutboxRecoversAReuseCutShortByACrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			binary.LittleEndian.PutUint64(data[len(outboxMagic):], 51)
-			if zeroed < 0 {
-				zeroed = len(data) - outboxHeaderSize
+			data = data[:recordsEnd(t, segs[0])]
+			head := outboxHeaderSize + outboxRecordHeader + 8
+			switch zeroed {
+			case -1:
+				clear(data[outboxHeaderSize:])
+			case -2:
+				clear(data[head:])
+				clear(data[outboxHeaderSize : outboxHeaderSize+outboxRecordHeader])
+			default:
+				clear(data[head : head+zeroed])
 			}
-			clear(data[outboxHeaderSize : outboxHeaderSize+zeroed])
 			if err := os.WriteFile(segs[0], data, 0o600); err != nil {
 				t.Fatal(err)
 			}
 
-			for range 2 { // and once more after a start that wrote nothing
+			for i := range 2 { // and once more after a start that wrote nothing
 				ob := openTestOutbox(t, dir, 0)
 				rec := ob.Recovery()
-				if notes := strings.Join(rec.Notes, "\n"); rec.Unacked != 0 || ob.ackedSeq() != 50 || strings.Contains(notes, "LOST") {
-					t.Fatalf("recovery %+v, acknowledged through %d: want nothing to replay, through 50, nothing lost", rec, ob.ackedSeq())
+				notes := strings.Join(rec.Notes, "\n")
+				if rec.Unacked != 0 || ob.ackedSeq() != 50 || strings.Contains(notes, "LOST") || strings.Contains(notes, "torn or corrupt") {
+					t.Fatalf("recovery %+v, acknowledged through %d: want nothing to replay, through 50, nothing lost or damaged", rec, ob.ackedSeq())
+				}
+				if leftover := i == 0 && zeroed != -1; leftover != strings.Contains(notes, "records of its use before it was reused from sequence 51") ||
+					leftover && !strings.Contains(notes, "nothing is lost") {
+					t.Fatalf("recovery notes %q: want the old records called leftovers of the reuse, nothing lost (%v)", notes, leftover)
 				}
 				if aside, _ := filepath.Glob(filepath.Join(dir, "*.corrupt")); len(aside) != 0 {
 					t.Fatalf("kept aside as damage: %v", aside)
