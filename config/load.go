@@ -891,6 +891,19 @@ func (l *loader) leaf(n, site *yaml.Node, t reflect.Type, path string) bool {
 		l.errAt(site, path, "want %s, got %s", describeType(t), describeNode(n))
 		return false
 	}
+	// yaml.v3 reads 010 as 8, and 0x10, 0o10, 0b10 and 1_000 too: a
+	// leading 0 written to line numbers up (retries: 010) set 8. The CLI
+	// refuses the same; here too only decimal is taken.
+	if isInteger(t.Kind()) && n.ShortTag() == "!!int" {
+		switch digits := strings.TrimLeft(n.Value, "+-"); {
+		case len(digits) > 1 && digits[0] == '0':
+			l.errAt(site, path, "want an integer in decimal, got %s: YAML reads a leading 0 as octal (010 is 8), and 0x, 0o, 0b as other bases", n.Value)
+			return false
+		case strings.Contains(digits, "_"):
+			l.errAt(site, path, "want an integer in decimal, got %s: write it without _", n.Value)
+			return false
+		}
+	}
 	if err := safeDecode(n, reflect.New(t).Interface()); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
