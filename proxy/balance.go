@@ -245,7 +245,7 @@ func (h *upstreamHealth) recent(now time.Time) (calls, fails int64) {
 // shortened the next ejection of an upstream failing its trials.
 func (h *upstreamHealth) succeeded(sent ticket, ttfb time.Duration) (recovered bool) {
 	h.count(false)
-	h.sample(ttfb)
+	h.sampleAnswer(ttfb)
 	if old := h.answered.Load(); old == 0 {
 		h.answered.Store(int64(ttfb))
 	} else {
@@ -862,6 +862,25 @@ func (h *upstreamHealth) sample(d time.Duration) {
 	}
 	h.sampled.Store(now)
 }
+
+// sampleAnswer is sample for an answer's first byte, which counts for at
+// most spikeBound times the average as last measured: one first byte the
+// host delayed (a GC pause, a busy scheduler) moved a 1 ms member's
+// average to 4.4 ms, and p2c gave it no call, so no sample, until it was
+// halved a second later. A member really slower reaches its new average
+// within a few samples, and loses pairings from the first or second; one
+// that stops answering is priced by its wait, and a wait its client gave
+// up on (held) is sampled whole.
+func (h *upstreamHealth) sampleAnswer(ttfb time.Duration) {
+	if stored := h.latency.Load(); stored != 0 {
+		ttfb = min(ttfb, time.Duration(spikeBound*stored))
+	}
+	h.sample(ttfb)
+}
+
+// spikeBound is how many times its average one answer's latency may
+// count for (sampleAnswer).
+const spikeBound = 4
 
 // towards moves the moving average avg an eighth of the way to sample.
 func towards(avg, sample int64) int64 { return avg + (sample-avg)/8 }

@@ -594,6 +594,11 @@ func TestP2CTakesASubMillisecondDifferenceAsATie(t *testing.T) {
 	if lat := time.Duration(delayed.latency.Load()); lat < 1300*time.Microsecond {
 		t.Fatalf("latency %s after a 4 ms sample, want it past a quarter above 1 ms", lat)
 	}
+	// And one it delayed long: on a loaded 2-core host a 30 ms first
+	// byte took a 1 ms member's average to 4.6 ms, past the millisecond,
+	// and it got no call for a second.
+	delayed = &p.members[1].up.health
+	delayed.succeeded(sentNow(delayed), 30*time.Millisecond)
 	rt := testRouting("p2c")
 	const calls = 3000
 	var got [3]int
@@ -604,8 +609,33 @@ func TestP2CTakesASubMillisecondDifferenceAsATie(t *testing.T) {
 	}
 	for i, n := range got {
 		if share := float64(n) / calls; share < 0.28 || share > 0.39 {
-			t.Errorf("members answering in 1 ms, u0 once in 4 ms: u%d got %d of %d calls, want a third", i, n, calls)
+			t.Errorf("members answering in 1 ms, u0 once in 4 ms, u1 once in 30 ms: u%d got %d of %d calls, want a third", i, n, calls)
 		}
+	}
+}
+
+// A member that really got slower is priced so within a few samples,
+// for all that one sample counts for at most four times its average.
+func TestP2CFollowsAMemberThatGotSlower(t *testing.T) {
+	p := testModelPool(t, 2)
+	for _, m := range p.members {
+		for range 20 {
+			m.up.health.succeeded(sentNow(&m.up.health), 100*time.Millisecond)
+		}
+	}
+	slow := &p.members[0].up.health
+	for range 3 {
+		slow.succeeded(sentNow(slow), time.Second)
+	}
+	rt := testRouting("p2c")
+	var got [2]int
+	for range 1000 {
+		up, i, _ := p.pick(rt, 0, 0)
+		up.health.awaiting.Add(-1)
+		got[i]++
+	}
+	if got[0] > 50 {
+		t.Fatalf("u0 answering in 1 s after 100 ms got %d of 1000 calls, want few", got[0])
 	}
 }
 
