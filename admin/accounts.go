@@ -3,6 +3,7 @@ package admin
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
@@ -95,7 +96,7 @@ func (a *API) updateAccount(call *Call) (int, any, error) {
 	if err := decodeStrict(call.HTTP, &req); err != nil {
 		// The balance moves by credits alone, each kept with its
 		// idempotency key: say where they go, as a PATCH cannot.
-		if apiErr, ok := err.(*proxy.APIError); ok && (apiErr.Param == "credit_usd" || apiErr.Param == "usd") {
+		if apiErr, ok := err.(*proxy.APIError); ok && slices.Contains(balanceFields, apiErr.Param) {
 			apiErr.Message += `; credit an account with POST /admin/v1/accounts/{id}/credit {"usd":"10.00"}`
 		}
 		return 0, nil, err
@@ -243,3 +244,8 @@ func (a *API) revokeKey(call *Call) (int, any, error) {
 		Revoked bool `json:"revoked"`
 	}{info, true}, nil
 }
+
+// balanceFields are the names a PATCH of an account's balance is sent
+// under: the create route's field, the credit route's, and the account's
+// own answer's.
+var balanceFields = []string{"credit_usd", "usd", "credit", "balance_usd", "balance"}

@@ -408,6 +408,10 @@ func TestUnknownFieldIsNamedWithTheFieldsTaken(t *testing.T) {
 	for _, tc := range []struct{ method, path, body, param, message string }{
 		{"PATCH", "/admin/v1/accounts/acme", `{"credit_usd":"5"}`, "credit_usd",
 			`unknown field "credit_usd"; fields of this route: rpm, tpm, max_concurrent; credit an account with POST /admin/v1/accounts/{id}/credit {"usd":"10.00"}`},
+		{"PATCH", "/admin/v1/accounts/acme", `{"balance_usd":"5"}`, "balance_usd",
+			`unknown field "balance_usd"; fields of this route: rpm, tpm, max_concurrent; credit an account with POST /admin/v1/accounts/{id}/credit {"usd":"10.00"}`},
+		{"PATCH", "/admin/v1/accounts/acme", `{"credit":"5"}`, "credit",
+			`unknown field "credit"; fields of this route: rpm, tpm, max_concurrent; credit an account with POST /admin/v1/accounts/{id}/credit {"usd":"10.00"}`},
 		{"PATCH", "/admin/v1/accounts/acme", `{"rpm":5,"max_concurent":2}`, "max_concurent",
 			`unknown field "max_concurent" (did you mean "max_concurrent"?); fields of this route: rpm, tpm, max_concurrent`},
 		{"POST", "/admin/v1/accounts", `{"id":"x","typo":1}`, "typo",
