@@ -163,8 +163,8 @@ func TestInputReplacedWhileTheJobRunsFailsIt(t *testing.T) {
 		name, want  string
 		replacement []byte
 	}{
-		{"other size", "the input file changed while the job ran", inputLines(13, 97)},
-		{"same size", "the input file was uploaded again while the job ran", bytes.ToUpper(input)},
+		{"other size", "the input file changed since the job counted its lines", inputLines(13, 97)},
+		{"same size", "the input file was uploaded again since the job counted its lines", bytes.ToUpper(input)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{})

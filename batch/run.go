@@ -762,10 +762,10 @@ func (s *Service) checkInput(ctx context.Context, o *owner, j *Job, counted bool
 // the version was kept have none to compare.)
 func inputChanged(j *Job, now storage.Info) string {
 	if now.Size != j.Progress.InputSize {
-		return fmt.Sprintf("the input file changed while the job ran (%d bytes, %d before): start the job again", now.Size, j.Progress.InputSize)
+		return fmt.Sprintf("the input file changed since the job counted its lines (%d bytes, %d before): start the job again to run the new one from line 1", now.Size, j.Progress.InputSize)
 	}
 	if j.Progress.InputVersion != "" && now.Version != j.Progress.InputVersion {
-		return "the input file was uploaded again while the job ran: start the job again"
+		return "the input file was uploaded again since the job counted its lines: start the job again to run the new one from line 1"
 	}
 	return ""
 }
