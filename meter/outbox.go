@@ -921,6 +921,26 @@ func (ob *Outbox) recyclableLastLocked() *outboxSegment {
 // the file open see a segment with another first sequence and move on
 // (outboxReader.next).
 func (ob *Outbox) restartSegmentLocked(m *mappedSegment, old *outboxSegment) bool {
+	// The segments before it go first, acknowledged as it is. Left for
+	// compactOnce's next tick, a crash could keep one beside the reused
+	// file: the next start found a gap where the reused one's old
+	// records had been, called them lost, and published the older one's
+	// records again from the acked file the full disk kept old, each
+	// debited twice. Gone, the reused file's header says where the
+	// sequence stands, as the only segment.
+	for len(ob.segments) > 1 && ob.segments[0] != old {
+		older := ob.segments[0]
+		if older.last > ob.acked {
+			return false
+		}
+		if err := os.Remove(older.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			ob.writeFailures.Add(1)
+			ob.lastWriteErr = fmt.Errorf("removing acknowledged outbox segment %s: %w", filepath.Base(older.path), err)
+			return false
+		}
+		ob.bytes -= older.size
+		ob.segments = slices.Delete(ob.segments, 0, 1)
+	}
 	header := m.mem[len(outboxMagic):outboxHeaderSize]
 	was := binary.LittleEndian.Uint64(header)
 	binary.LittleEndian.PutUint64(header, ob.nextSeq)

@@ -161,8 +161,14 @@ func TestOutboxReusesItsAcknowledgedLastSegmentOnAFullDisk(t *testing.T) {
 
 	// JetStream acknowledges everything appended whenever an event is
 	// refused; the next event must then be taken.
-	next, refusals := 0, 0
+	next, refusals, reuses := 0, 0, 0
+	activePath := func() string {
+		ob.mu.Lock()
+		defer ob.mu.Unlock()
+		return ob.active.seg.path
+	}
 	for refused := false; next < 2000; { // about five segments
+		before := activePath()
 		err := ob.Append(outboxTestEvent(next))
 		if errors.Is(err, ErrOutboxFull) {
 			if refused {
@@ -177,8 +183,22 @@ func TestOutboxReusesItsAcknowledgedLastSegmentOnAFullDisk(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if refused && activePath() == before {
+			// Reused in place: no older segment may be left beside it
+			// for compactOnce's next tick. A crash then left the older
+			// one and a gap of the reused one's old records, which the
+			// next start took for lost and published the older one's
+			// again from the acked file the full disk kept old.
+			reuses++
+			if segs, _ := filepath.Glob(filepath.Join(dir, "*.seg")); len(segs) != 1 {
+				t.Fatalf("segment files %v beside the one reused in place, want none", segs)
+			}
+		}
 		refused = false
 		next++
+	}
+	if reuses == 0 {
+		t.Fatal("no segment was reused in place")
 	}
 	if st := ob.Stats(); refusals == 0 || !errors.Is(st.LastWriteErr, unix.ENOSPC) {
 		t.Fatalf("%d refusals, stats %+v: want the disk full", refusals, st)
