@@ -1568,15 +1568,30 @@ func appendOutboxPayload(dst []byte, ev *Event, limit int) ([]byte, error) {
 			logged = *ev.Log
 			keepRequest, keepResponse = len(logged.Request), len(logged.Response)
 		}
-		if keepRequest >= keepResponse {
-			keepRequest /= 2
-		} else {
-			keepResponse /= 2
-		}
+		// Both parts shrink by the share the event is over (less the cut
+		// lines and a rune's boundary), which lands within a step or two
+		// of what fits: halved until it fitted, a log kept as little as a
+		// quarter of what a segment holds.
+		size := int64(len(dst) - start)
+		keepRequest = shrink(keepRequest, int64(limit-2*cutLineBytes), size)
+		keepResponse = shrink(keepResponse, int64(limit-2*cutLineBytes), size)
 		ev.Log = logged.cut(keepRequest, keepResponse)
 		dst = dst[:start]
 	}
 }
+
+// shrink is keep in the proportion room is of size, and at most half of
+// keep when that takes nothing off.
+func shrink(keep int, room, size int64) int {
+	if n := int(int64(keep) * max(room, 0) / size); n < keep {
+		return n
+	}
+	return keep / 2
+}
+
+// cutLineBytes is more than cutLogged's line and the bytes of a rune
+// utf8cut.Prefix may leave out take, encoded.
+const cutLineBytes = 96
 
 // cut is l with about keepRequest bytes of its request and keepResponse of
 // its answer logged.

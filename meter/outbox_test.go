@@ -863,5 +863,10 @@ func TestOutboxCutsALogToASmallSegmentAndKeepsTheEvent(t *testing.T) {
 		if want := outboxTestEvent(i); got.CostNanos != want.CostNanos || got.Log == nil || !strings.Contains(got.Log.Request, "\n[tollgate: cut here, ") {
 			t.Fatalf("event %d: %+v; want its usage and its log cut", i, got)
 		}
+		// Cut to what fits, not halved until it fits: 300,000 bytes
+		// kept 75,070 of the 131,032 a segment holds.
+		if kept := len(got.Log.Request) + len(got.Log.Response); kept < 120_000 {
+			t.Errorf("event %d: %d bytes of its log kept, want about what a 128 KiB segment holds", i, kept)
+		}
 	}
 }
