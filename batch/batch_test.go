@@ -1105,12 +1105,7 @@ func TestJobOverdrawnByItsLastLinesCompletes(t *testing.T) {
 				// Admitted on its estimate, the job finds the account
 				// overdrawn by other calls while its lines run.
 				if point == "chunk" && overdrawn.CompareAndSwap(false, true) {
-					if _, err := e.g.Accounts.Debit(e.ctx, "late", 10*money.NanosPerUSD); err != nil {
-						t.Error(err)
-					}
-					for b, _ := e.g.Accounts.Balance("late"); b > -5*money.NanosPerUSD; b, _ = e.g.Accounts.Balance("late") {
-						time.Sleep(5 * time.Millisecond)
-					}
+					overdrawLate(t, e)
 				}
 				return false
 			}})
@@ -1136,12 +1131,7 @@ func TestInputUploadedAgainAfterAStopIsBilledFromItsFirstLine(t *testing.T) {
 	var overdrawn atomic.Bool
 	svc := e.service(0, batch.Tuning{Hook: func(point string) bool {
 		if point == "chunk" && overdrawn.CompareAndSwap(false, true) {
-			if _, err := e.g.Accounts.Debit(e.ctx, "late", 10*money.NanosPerUSD); err != nil {
-				t.Error(err)
-			}
-			for b, _ := e.g.Accounts.Balance("late"); b > -5*money.NanosPerUSD; b, _ = e.g.Accounts.Balance("late") {
-				time.Sleep(5 * time.Millisecond)
-			}
+			overdrawLate(t, e)
 		}
 		return false
 	}})
@@ -1190,5 +1180,26 @@ func TestInputUploadedAgainAfterAStopIsBilledFromItsFirstLine(t *testing.T) {
 	}
 	if done.PromptTokens+done.CompletionTokens != tokens || done.CostNanos != cost.Nanos() {
 		t.Errorf("the new input's %d tokens billed as %d tokens for %s USD, want %s USD", tokens, done.PromptTokens+done.CompletionTokens, done.CostNanos, cost.Nanos())
+	}
+}
+
+// overdrawLate debits account "late" 10 USD, as other calls would while a
+// job's lines run, and waits until the balance shows it, for 10 s at most:
+// without the bound, a debit never seen held the worker's hook until the
+// go test timeout.
+func overdrawLate(t *testing.T, e *env) {
+	t.Helper()
+	if _, err := e.g.Accounts.Debit(e.ctx, "late", 10*money.NanosPerUSD); err != nil {
+		t.Error(err)
+		return
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if b, _ := e.g.Accounts.Balance("late"); b <= -5*money.NanosPerUSD {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Error("the 10 USD debit of account late was not in its balance after 10 s")
+			return
+		}
 	}
 }
