@@ -174,6 +174,18 @@ type Charge struct {
 
 func (c Charge) zero() bool { return c == Charge{} }
 
+// plus is c and d together.
+func (c Charge) plus(d Charge) Charge {
+	return Charge{
+		PromptTokens:     c.PromptTokens + d.PromptTokens,
+		CompletionTokens: c.CompletionTokens + d.CompletionTokens,
+		CachedTokens:     c.CachedTokens + d.CachedTokens,
+		ReasoningTokens:  c.ReasoningTokens + d.ReasoningTokens,
+		TotalTokens:      c.TotalTokens + d.TotalTokens,
+		CostNanos:        c.CostNanos + d.CostNanos,
+	}
+}
+
 // Progress is the checkpoint of the current run: the input up to Offset
 // (Lines lines) is done and its results are in Parts, in order.
 type Progress struct {

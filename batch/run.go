@@ -57,10 +57,11 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 	cfg := s.runtime.Config()
 	// A worker that died stopping the job, between saving the stop's
 	// bill and recording it, left both to this one.
-	if stop, err := s.recordStopBills(ctx, o, false); err != nil || stop != "" {
-		if err != nil {
-			return err
-		}
+	stop, err := s.recordStopBills(ctx, o, false)
+	if err != nil {
+		return err
+	}
+	if stop != "" {
 		return o.stop(ctx, stop)
 	}
 	j := o.snapshot()
@@ -775,8 +776,9 @@ func inputChanged(j *Job, now storage.Info) string {
 // consumer restart.
 const recentBillWindow = 2 * time.Minute
 
-// recentlyBilled is what the account's other jobs that completed within
-// recentBillWindow cost. A job started right after another completed read
+// recentlyBilled is what the completion bills of the account's other jobs
+// that completed within recentBillWindow charged (their stops' bills are
+// counted by NoteCharge, in the process that made them). A job started right after another completed read
 // a balance without that job's debit: five jobs in a row on one account
 // each passed the check and took it to -2 USD. Counted whether or not the
 // debit landed, it errs on the side of refusing.
@@ -837,15 +839,9 @@ func (j *Job) cost() (money.Nanos, error) {
 func (j *Job) billedByStops() Charge {
 	var sum Charge
 	for _, b := range j.StopBills {
-		if !b.forInput(&j.Progress) {
-			continue
+		if b.forInput(&j.Progress) {
+			sum = sum.plus(b.Charge)
 		}
-		sum.PromptTokens += b.PromptTokens
-		sum.CompletionTokens += b.CompletionTokens
-		sum.CachedTokens += b.CachedTokens
-		sum.ReasoningTokens += b.ReasoningTokens
-		sum.TotalTokens += b.TotalTokens
-		sum.CostNanos += b.CostNanos
 	}
 	return sum
 }

@@ -692,10 +692,8 @@ var keyFormFields = map[string]bool{"csrf": true, "name": true, "scopes": true, 
 // or its query string (the form's action has none), that the form does
 // not have.
 func unknownKeyField(ctx *fasthttp.RequestCtx) (string, bool) {
-	if ctx.QueryArgs().Len() > 0 {
-		for key := range ctx.QueryArgs().All() {
-			return string(key), true
-		}
+	for key := range ctx.QueryArgs().All() {
+		return string(key), true
 	}
 	for key := range ctx.PostArgs().All() {
 		if !keyFormFields[string(key)] {

@@ -144,11 +144,8 @@ func runServe(args []string) error {
 }
 
 // prepareProcess readies what the process itself needs before anything
-// opens: the data directory, the GC target, the debug listener.
+// opens: the GC target, the debug listener. (lockDataDir made data_dir.)
 func prepareProcess(cfg *config.Config, logf func(string, ...any)) error {
-	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
-		return fmt.Errorf("creating data_dir: %w", err)
-	}
 	// The heap may grow to 1.5 times what is live rather than Go's default
 	// of twice: the gateway's garbage is short-lived request scraps, GC is
 	// under 1 % of its CPU, and the difference is about 12 MiB of RSS.
