@@ -123,14 +123,17 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(baseURL, "#") {
 		return nil, fmt.Errorf("gateway URL %q: give it without a query or fragment (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String())
 	}
-	if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), "/admin/v1"); ok {
-		return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, without /admin/v1, which each command adds (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
-	}
 	// OPENAI_BASE_URL, which the first start prints, ends in /v1: given
 	// as -url it sent the call to /v1/admin/v1/… and got a 404.
-	if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), "/v1"); ok {
-		return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, without the /v1 of OPENAI_BASE_URL (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
+	for _, suffix := range [...]struct{ path, what string }{
+		{"/admin/v1", "without /admin/v1, which each command adds"},
+		{"/v1", "without the /v1 of OPENAI_BASE_URL"},
+	} {
+		if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), suffix.path); ok {
+			return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, %s (-url %s)", baseURL, suffix.what, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
+		}
 	}
+	tokenFrom := ""
 	if token == "" {
 		dataDir := os.Getenv("TOLLGATE_DATA_DIR")
 		if cfg != nil {
@@ -147,9 +150,9 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 		if err != nil {
 			return nil, err
 		}
-		return &adminClient{url: strings.TrimRight(baseURL, "/"), token: tok, tokenFrom: tokenFile, http: &http.Client{Timeout: 15 * time.Second}}, nil
+		token, tokenFrom = tok, tokenFile
 	}
-	return &adminClient{url: strings.TrimRight(baseURL, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}, nil
+	return &adminClient{url: strings.TrimRight(baseURL, "/"), token: token, tokenFrom: tokenFrom, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }
 
 func (c *adminClient) call(method, path string, body any) error {
