@@ -97,7 +97,10 @@ func TestGolden(t *testing.T) {
 // indentation" of the last blank line before it (found by a re-test
 // session).
 func TestGoldenCRLF(t *testing.T) {
-	files, _ := filepath.Glob("testdata/*.yamltest")
+	files, err := filepath.Glob("testdata/*.yamltest")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
 	for _, file := range files {
 		t.Run(strings.TrimSuffix(filepath.Base(file), ".yamltest"), func(t *testing.T) {
 			raw, err := os.ReadFile(file)
