@@ -40,6 +40,10 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 	// failures names each upstream that failed an attempt and why, for
 	// the error when every try failed ("b: did not answer within …").
 	var failures []string
+	// soonest is the least Retry-After of the tries answered 429, 502 or
+	// 503 and retried: the error after the last try says when the first
+	// of them may take a call again, not only when the last one may.
+	var soonest time.Duration
 	c.alone = len(p.members) == 1
 	for n := 0; ; n++ {
 		var up *upstream
@@ -64,9 +68,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			if up == nil {
 				if up, i, sent = p.pick(rt, tried, affinity); up == nil {
 					if lastErr != nil {
-						return nil, nil, everyTry(c.entry.ID, lastErr, failures)
+						return nil, nil, retryAfterSoonest(everyTry(c.entry.ID, lastErr, failures), soonest)
 					}
-					return nil, nil, p.allDown(c.entry.ID)
+					return nil, nil, retryAfterSoonest(p.allDown(c.entry.ID), soonest)
 				}
 			}
 		}
@@ -170,7 +174,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				h.retries.Add(1)
 				continue
 			}
-			return nil, nil, everyTry(c.entry.ID, lastErr, failures)
+			return nil, nil, retryAfterSoonest(everyTry(c.entry.ID, lastErr, failures), soonest)
 		}
 		status := resp.Header.StatusCode()
 		endAttemptSpan(span, status)
@@ -196,6 +200,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		if (status == 429 || status == 502 || status == 503) && c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 			failures = append(failures, up.cfg.Name+": "+answeredStatus(status))
+			if d := retryAfter(&resp.Header); d > 0 && (soonest == 0 || d < soonest) {
+				soonest = d
+			}
 			resp.Close()
 			h.inflight.Add(-1)
 			h.retries.Add(1)
@@ -211,7 +218,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			e.RetryAfter = retryAfter(&resp.Header)
 			resp.Close()
 			h.inflight.Add(-1)
-			return nil, nil, e
+			return nil, nil, retryAfterSoonest(e, soonest)
 		}
 		c.inflight = true
 		c.sent = sent
@@ -287,6 +294,16 @@ func everyTry(model string, last *APIError, failures []string) *APIError {
 		e.Message = fmt.Sprintf("%s (tried before: %s)", last.Message, strings.Join(failures[:len(failures)-1], "; "))
 	}
 	return &e
+}
+
+// retryAfterSoonest gives e the least of its own Retry-After and soonest,
+// the least an upstream tried before asked for; none stays none only when
+// no try asked for one.
+func retryAfterSoonest(e *APIError, soonest time.Duration) *APIError {
+	if soonest > 0 && (e.RetryAfter == 0 || soonest < e.RetryAfter) {
+		e.RetryAfter = soonest
+	}
+	return e
 }
 
 // retryable reports whether a call whose attempt n failed may try again.

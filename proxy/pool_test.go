@@ -459,6 +459,39 @@ func TestPoolFinal502AfterFailedTriesNamesEveryTry(t *testing.T) {
 	}
 }
 
+// The 503 after every try failed says when the first upstream tried may
+// take a call again: the least Retry-After of the tries, whichever answered
+// last. It carried the last try's alone, and none when the last try could
+// not connect, so an SDK retried at once a pool that had asked for 2 s.
+func TestPoolEveryTryFailedRetryAfterIsTheLeast(t *testing.T) {
+	refused := proxytest.Options{} // closed below
+	// Round robin tries p1, p2, p0 in turn: the last try answers with
+	// Retry-After 30 in the first pool, and cannot connect in the second.
+	for _, members := range [][3]proxytest.Options{
+		{{Status: 503, RetryAfter: "30"}, {Status: 503, RetryAfter: "2"}, refused},
+		{refused, {Status: 503, RetryAfter: "30"}, {Status: 503, RetryAfter: "2"}},
+	} {
+		h := newPoolHarness(t, 3, "  balance: round_robin", members[:]...)
+		for i, o := range members {
+			if o.Status == 0 {
+				h.ups[i].Close()
+			}
+		}
+		h.setPool("  retries: 2\n  balance: round_robin\n  eject_after: 100", h.names()...)
+		for i := range 3 {
+			resp := h.post("/v1/chat/completions", smallChat)
+			e := wantError(t, resp, 503, "upstream_unavailable")
+			msg := e["message"].(string)
+			if strings.Count(msg, "answered 503") != 2 || !strings.Contains(msg, "is unreachable") {
+				t.Fatalf("call %d: %s", i, msg)
+			}
+			if ra := resp.Header.Get("Retry-After"); ra != "2" {
+				t.Fatalf("call %d: Retry-After %q, want the least of the tries, 2 (%s)", i, ra, msg)
+			}
+		}
+	}
+}
+
 // A healthy replica whose max_connections connections are all in use is
 // busy, not failing: the call moves on to another member, and the
 // replica stays in service. Counted as a failure, such a replica was
