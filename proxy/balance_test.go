@@ -54,21 +54,29 @@ func TestBreakerEjectsHalfOpensAndCloses(t *testing.T) {
 			t.Fatal("an ejected upstream was picked")
 		}
 	}
-	time.Sleep(60 * time.Millisecond)
-	trial, ok := h.take(time.Now().UnixNano())
+	// Times are read off the breaker, not slept past: a runner that
+	// descheduled the test for 40 ms between a sleep and a look failed it.
+	backAt := h.openUntil.Load()
+	if h.available(backAt - 1) {
+		t.Fatal("serving before eject_for ended")
+	}
+	trial, ok := h.take(backAt)
 	if !ok || !trial.trial {
 		t.Fatal("no trial call after eject_for")
 	}
-	if takes() {
+	if h.available(backAt) {
 		t.Fatal("a second call went out while the half-open trial was out")
 	}
+	failedAt := time.Now().UnixNano()
 	h.failed(rt, "refused again", "refused again", trial, false, false) // out for twice as long
-	time.Sleep(60 * time.Millisecond)
-	if takes() {
-		t.Fatal("back after eject_for although the cool-down doubled")
+	backAt = h.openUntil.Load()
+	if d := time.Duration(backAt - failedAt); d < 2*rt.EjectFor {
+		t.Fatalf("out for %s after a failed trial, want twice eject_for (%s)", d, 2*rt.EjectFor)
 	}
-	time.Sleep(50 * time.Millisecond)
-	trial, ok = h.take(time.Now().UnixNano())
+	if h.available(backAt - 1) {
+		t.Fatal("back before the doubled cool-down ended")
+	}
+	trial, ok = h.take(backAt)
 	if !ok || !trial.trial {
 		t.Fatal("no trial after the doubled cool-down")
 	}
