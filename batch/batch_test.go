@@ -1183,6 +1183,101 @@ func TestInputUploadedAgainAfterAStopIsBilledFromItsFirstLine(t *testing.T) {
 	}
 }
 
+// A stop's bill counts against the balance of the gateway that made it
+// (NoteCharge) and, until its debit lands, of no other. Gateway B started
+// another job of the account, or let a job stopped on gateway A go on, on
+// a balance without the bill A had just made, and the account went below
+// the grace buffer by up to that bill. Other gateways now count it, as they
+// count a completed job's bill.
+func TestStopBillOfAnotherGatewayCountsUntilDebited(t *testing.T) {
+	t.Run("another job of the account", func(t *testing.T) {
+		e, _ := stoppedOnGatewayA(t)
+		b := e.serviceNamed("gateway-b", 0, batch.Tuning{})
+		e.work(b)
+		j := e.startAndWait(b, "split", e.create(b, "split", inputLines(20, 0), ""))
+		if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "cannot pay") || !strings.Contains(j.Error, "not debited yet") {
+			t.Fatalf("a job of 20 lines on gateway B: %s: %q; want refused for the stop's bill gateway A made", j.Status, j.Error)
+		}
+	})
+	t.Run("the same job resumed", func(t *testing.T) {
+		e, stopped := stoppedOnGatewayA(t)
+		b := e.serviceNamed("gateway-b", 0, batch.Tuning{})
+		e.work(b)
+		j := e.startAndWait(b, "split", stopped.ID)
+		// Admitted (its estimate less what its stop billed is 0), it stops
+		// at its first checkpoint (20 lines, in chunks of 8: 24); without
+		// A's bill, it went on for seven.
+		done := j.Progress.Lines - stopped.Progress.Lines
+		if j.Status != batch.StatusFailed || !j.Resumable || len(j.StopBills) != 2 || !strings.Contains(j.Error, "not debited yet") ||
+			done == 0 || done > 24 {
+			t.Fatalf("resumed on gateway B at line %d: %s at line %d with %d stop bills: %q; want stopped at its first checkpoint",
+				stopped.Progress.Lines+1, j.Status, j.Progress.Lines+1, len(j.StopBills), j.Error)
+		}
+	})
+	// Once the debits have grown by the bill, it is in the balance, and
+	// counted again it would refuse what the account can pay.
+	t.Run("debited", func(t *testing.T) {
+		e, stopped := stoppedOnGatewayA(t)
+		bill := money.Nanos(stopped.StopBills[0].CostNanos)
+		if _, err := e.g.Accounts.Debit(e.ctx, "split", bill); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.g.Accounts.Credit(e.ctx, "split", bill); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			if d, _ := e.rt.Debited("split"); d < bill {
+				return fmt.Errorf("debits %s USD, the bill's not seen yet", d)
+			}
+			if b, _ := e.g.Accounts.Balance("split"); b != money.NanosPerUSD {
+				return fmt.Errorf("balance %s, the top-up not seen yet", b)
+			}
+			return nil
+		})
+		b := e.serviceNamed("gateway-b", 0, batch.Tuning{})
+		e.work(b)
+		if j := e.startAndWait(b, "split", e.create(b, "split", inputLines(20, 0), "")); j.Status != batch.StatusCompleted {
+			t.Fatalf("a job of 20 lines on 1 USD, gateway A's bill debited: %s: %q", j.Status, j.Error)
+		}
+	})
+}
+
+// stoppedOnGatewayA runs a job of account "split" (1 USD of credit) on a
+// gateway A of its own, whose notes of its bills the test's balance never
+// sees, until it stops for the balance: its estimate, made from short
+// first texts, is a third of what its long last ones cost. The stop's bill
+// (over the 1.50 USD of credit and grace) is debited nowhere.
+func stoppedOnGatewayA(t *testing.T) (*env, *batch.Job) {
+	e := newEnv(t, envOptions{batch: "  price_per_token: \"0.00001\"\n  checkpoint_lines: 20\n  concurrency: 4", plugins: "  engine: lexical\n  max_text_bytes: 64KiB"})
+	a := e.serviceOnRuntime(elsewhereRuntime{e.rt}, "gateway-a")
+	stopA := e.work(a)
+	var input bytes.Buffer
+	for range 1000 {
+		fmt.Fprintf(&input, "{\"text\": %q}\n", strings.Repeat("a", 100))
+	}
+	for range 400 {
+		fmt.Fprintf(&input, "{\"text\": %q}\n", strings.Repeat("x ", 1000))
+	}
+	e.g.CreateAccount("split", money.NanosPerUSD)
+	j := e.startAndWait(a, "split", e.create(a, "split", input.Bytes(), ""))
+	stopA()
+	if j.Status != batch.StatusFailed || !j.Resumable || len(j.StopBills) != 1 || j.StopBills[0].CostNanos <= 3*int64(money.NanosPerUSD)/2 {
+		t.Fatalf("job on gateway A: %s, resumable %v, stop bills %+v: %q; want stopped for the balance, billed over 1.50 USD (estimated %d tokens, used %d)", j.Status, j.Resumable, j.StopBills, j.Error, j.EstimatedTokens, j.Progress.TotalTokens)
+	}
+	if b, _ := e.g.Accounts.Balance("split"); b != money.NanosPerUSD {
+		t.Fatalf("balance %s USD after gateway A's stop; the test wants its bill not in it", b)
+	}
+	return e, j
+}
+
+// elsewhereRuntime is the runtime of another gateway's process: it reads
+// the balances every gateway reads, but the bills it notes stay in its own
+// memory, and their debits (the harness has no billing consumer) never
+// land.
+type elsewhereRuntime struct{ batch.Runtime }
+
+func (elsewhereRuntime) NoteCharge(string, money.Nanos) {}
+
 // overdrawLate debits account "late" 10 USD, as other calls would while a
 // job's lines run, and waits until the balance shows it, for 10 s at most:
 // without the bound, a debit never seen held the worker's hook until the

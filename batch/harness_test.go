@@ -134,13 +134,26 @@ func (e *env) serviceNamed(name string, ackWait time.Duration, tun batch.Tuning)
 // wrapping it to fail).
 func (e *env) serviceOn(store storage.Store, name string, ackWait time.Duration, tun batch.Tuning) *batch.Service {
 	e.t.Helper()
+	return e.open(store, e.rt, name, ackWait, tun)
+}
+
+// serviceOnRuntime is serviceNamed on rt (one wrapping e.rt, as another
+// gateway's process sees it).
+func (e *env) serviceOnRuntime(rt batch.Runtime, name string) *batch.Service {
+	e.t.Helper()
+	return e.open(e.store, rt, name, 0, batch.Tuning{})
+}
+
+// open opens a service on a NATS connection of its own.
+func (e *env) open(store storage.Store, rt batch.Runtime, name string, ackWait time.Duration, tun batch.Tuning) *batch.Service {
+	e.t.Helper()
 	b, err := broker.Start(e.ctx, config.NATS{URL: e.broker.ClientURL()}, e.dir, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(b.Close)
 	svc, err := batch.Open(e.ctx, b.JetStream(), store, batch.WithTuning(batch.Options{
-		Runtime: e.rt, Recorder: e.rec, Logf: e.t.Logf, AckWait: ackWait, Name: name,
+		Runtime: rt, Recorder: e.rec, Logf: e.t.Logf, AckWait: ackWait, Name: name,
 	}, tun))
 	if err != nil {
 		e.t.Fatal(err)

@@ -147,6 +147,13 @@ type StopBill struct {
 	// leaves them out of its own bills (see forInput).
 	InputSize    int64  `json:"input_size,omitempty"`
 	InputVersion string `json:"input_version,omitempty"`
+	// BilledBy and DebitedBeforeBill are the completion's (Job's) for
+	// this bill: the process that made it, in whose balance it counts
+	// until debited, and the account's total of debits then; other
+	// processes count it through recentlyBilled. Unset on bills of older
+	// releases.
+	BilledBy          string `json:"billed_by,omitempty"`
+	DebitedBeforeBill *int64 `json:"debited_before_bill_nanos,omitempty"`
 	Charge
 }
 

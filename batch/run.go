@@ -353,7 +353,10 @@ func (s *Service) stopBilled(ctx context.Context, o *owner, msg string) error {
 	j := o.snapshot()
 	if due := j.unbilled(); !due.zero() {
 		bill := StopBill{ID: fmt.Sprintf("%s.%d", j.ID, len(j.StopBills)+1), At: time.Now().UTC(), Stop: msg,
-			InputSize: j.Progress.InputSize, InputVersion: j.Progress.InputVersion, Charge: due}
+			InputSize: j.Progress.InputSize, InputVersion: j.Progress.InputVersion, Charge: due, BilledBy: s.name}
+		if d, ok := s.runtime.Debited(j.Account); ok {
+			bill.DebitedBeforeBill = new(int64(d))
+		}
 		if err := o.update(ctx, func(j *Job) { j.StopBills = append(j.StopBills, bill) }); err != nil {
 			return err
 		}
@@ -422,7 +425,7 @@ func (s *Service) cannotPay(ctx context.Context, j *Job, cost money.Nanos, what 
 	}
 	msg := fmt.Sprintf("the account's balance of %s USD cannot pay %s (%s USD) within the grace buffer", balance, what, cost)
 	if recent > 0 {
-		msg += fmt.Sprintf(", with %s USD of jobs that completed in the last %s and are not debited yet", recent, recentBillWindow)
+		msg += fmt.Sprintf(", with %s USD of its jobs' bills of the last %s that are not debited yet", recent, recentBillWindow)
 	}
 	return msg
 }
@@ -771,42 +774,55 @@ func inputChanged(j *Job, now storage.Info) string {
 	return ""
 }
 
-// recentBillWindow is how long after its completion a job's bill may not
-// be in the account's balance yet: the consumer's batch, the KV watch, a
-// consumer restart.
+// recentBillWindow is how long after it is made a job's bill (its
+// completion's or a stop's) may not be in the account's balance yet: the
+// consumer's batch, the KV watch, a consumer restart.
 const recentBillWindow = 2 * time.Minute
 
-// recentlyBilled is what the completion bills of the account's other jobs
-// that completed within recentBillWindow charged (their stops' bills are
-// counted by NoteCharge, in the process that made them). A job started right after another completed read
-// a balance without that job's debit: five jobs in a row on one account
-// each passed the check and took it to -2 USD. Counted whether or not the
-// debit landed, it errs on the side of refusing.
+// recentlyBilled is what the account's bills of the last
+// recentBillWindow that another process made, and whose debit has not
+// landed, charged: the completion bills of its other jobs, and the stop
+// bills of all its jobs, j's too (j's completion bill is never asked
+// about: cannotPay does not ask once j billed). A bill counts in the
+// balance of the process that made it (NoteCharge), and in no other until
+// debited. A job started right after another completed read a balance
+// without that job's debit: five jobs in a row on one account each passed
+// the check and took it to -2 USD. Stop bills were left to NoteCharge, and
+// a gateway admitted a job, or let one go on, on a balance without the
+// stop's bill another gateway had just made (of another job, or of j,
+// stopped there and resumed here).
 func (s *Service) recentlyBilled(ctx context.Context, j *Job) money.Nanos {
 	jobs, err := s.List(ctx, j.Account)
 	if err != nil {
 		return 0
 	}
 	debited, known := s.runtime.Debited(j.Account)
+	// notInBalance says whether a bill of cost made by another process,
+	// when the debits stood at before, is not in the balance yet. The
+	// debits have grown by its cost since: it is, and counting it again
+	// refused jobs the account could pay for. (Other calls' debits could
+	// make up that growth while the bill waits; the check then lets
+	// through at most that bill's cost more.)
+	notInBalance := func(by string, at time.Time, before *int64, cost money.Nanos) bool {
+		if by == s.name || time.Since(at) > recentBillWindow {
+			return false // in this process's balance until debited (NoteCharge), or past the window
+		}
+		return !known || before == nil || debited-money.Nanos(*before) < cost
+	}
 	var sum money.Nanos
 	for _, other := range jobs {
-		if other.ID == j.ID || other.Status != StatusCompleted || other.ActualTokens == nil || other.CompletedAt == nil ||
-			time.Since(*other.CompletedAt) > recentBillWindow {
-			continue
+		for _, b := range other.StopBills {
+			if cost := money.Nanos(b.CostNanos); notInBalance(b.BilledBy, b.At, b.DebitedBeforeBill, cost) {
+				sum += cost
+			}
 		}
-		if other.BilledBy == s.name {
-			continue // in this process's balance until debited (NoteCharge)
+		if other.ID == j.ID || other.Status != StatusCompleted || other.ActualTokens == nil || other.CompletedAt == nil {
+			continue
 		}
 		cost := money.Nanos(other.unbilled().CostNanos) // its completion's bill
-		// The debits have grown by the job's cost since it billed itself:
-		// its bill is in the balance, and counting it again refused jobs
-		// the account could pay for. (Other calls' debits could make up
-		// that growth while the bill waits; the check then lets through
-		// at most this one job's cost more.)
-		if known && other.DebitedBeforeBill != nil && debited-money.Nanos(*other.DebitedBeforeBill) >= cost {
-			continue
+		if notInBalance(other.BilledBy, *other.CompletedAt, other.DebitedBeforeBill, cost) {
+			sum += cost
 		}
-		sum += cost
 	}
 	return sum
 }
