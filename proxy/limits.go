@@ -248,14 +248,22 @@ func (tp *trustedProxies) contains(a netip.Addr) bool {
 	return false
 }
 
-// interval is the time cost units take of a limit per window, capped at two
-// windows (a caller who overdraws is locked out at most that long).
+// maxLockoutWindows is how many windows of its limit a caller's settled
+// usage may run ahead of now: how long a caller who overdrew is locked out
+// at most. Capped at two windows until 2026-11-27, a key with tpm 60 made
+// a 4,010-token answer every 104 s, about 2,300 tokens a minute, whatever
+// its limit; an hour still bounds what a usage no model could produce (an
+// upstream's bogus billions of tokens) does to a key.
+const maxLockoutWindows = 60
+
+// interval is the time cost units take of a limit per window, capped at
+// maxLockoutWindows windows.
 func interval(cost, limit int64) int64 {
 	if cost <= 0 || limit <= 0 {
 		return 0
 	}
-	if limit <= math.MaxInt64/2 { // 2*limit of a larger one overflows
-		cost = min(cost, 2*limit)
+	if limit <= math.MaxInt64/maxLockoutWindows { // the cap of a larger one overflows
+		cost = min(cost, maxLockoutWindows*limit)
 	}
 	hi, lo := bits.Mul64(uint64(cost), uint64(limitWindow))
 	q, _ := bits.Div64(hi, lo, uint64(limit))
@@ -442,7 +450,9 @@ func (a *admission) moveTokens(p *limitPart, delta int64) (callerState, int64) {
 	sh.mu.Lock()
 	if tpm := p.limits.TokensPerMinute; tpm > 0 {
 		if delta > 0 {
-			p.state.tokensTAT = max(p.state.tokensTAT, now) + interval(delta, tpm)
+			// Calls settled one after another stack up to the same
+			// lock-out as one call that used all their tokens.
+			p.state.tokensTAT = min(max(p.state.tokensTAT, now)+interval(delta, tpm), now+maxLockoutWindows*limitWindow)
 		} else {
 			p.state.tokensTAT = max(p.state.tokensTAT-interval(-delta, tpm), now)
 		}

@@ -261,3 +261,38 @@ func TestHugeLimits(t *testing.T) {
 		}
 	}
 }
+
+// A call's usage counts against tpm in full, up to an hour of the limit:
+// capped at two minutes, a key with tpm 60 made a 4,010-token answer every
+// 104 s, about 2,300 tokens a minute.
+func TestSettledUsageLocksOutForAllItsTokensUpToAnHour(t *testing.T) {
+	clock := &fakeClock{ns: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
+	l := newLimiter()
+	l.now = clock.now
+	key := &accounts.Key{ID: "k", TPM: 60}
+	lockedOutFor := func(used int64) time.Duration {
+		g := l.generationAdmission(key, accounts.Limits{}, true)
+		if err := g.admit(limitCtx("127.0.0.1"), 10); err != nil {
+			t.Fatalf("a call after the lock-out ended: %v", err)
+		}
+		g.charge(used)
+		g.done()
+		st := l.shards[g.parts[0].shard].callers[callerID{callerKey, "k"}]
+		return time.Duration(st.tokensTAT - clock.now())
+	}
+	if d := lockedOutFor(300); d != 5*time.Minute {
+		t.Fatalf("300 tokens at tpm 60 locked the key out for %s, want 5m", d)
+	}
+	clock.advance(5 * time.Minute)
+	if d := lockedOutFor(4010); d != time.Hour {
+		t.Fatalf("4,010 tokens at tpm 60 locked the key out for %s, want the hour's cap", d)
+	}
+	g := l.generationAdmission(key, accounts.Limits{}, true)
+	if err := g.admit(limitCtx("127.0.0.1"), 10); err == nil {
+		t.Fatal("a call was admitted during the lock-out")
+	}
+	clock.advance(time.Hour)
+	if d := lockedOutFor(200); d != 200*time.Second {
+		t.Fatalf("after the hour, 200 tokens locked the key out for %s, want 3m20s", d)
+	}
+}
