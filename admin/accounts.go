@@ -3,6 +3,7 @@ package admin
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"time"
 
@@ -179,6 +180,10 @@ type keyBody struct {
 	} `json:"logging"`
 }
 
+// wellFormedDuration is what time.ParseDuration reads when the value fits
+// an int64 of nanoseconds: such a string it refuses is too long.
+var wellFormedDuration = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
 func (a *API) createKey(call *Call) (int, any, error) {
 	var body keyBody
 	if err := decodeStrict(call.HTTP, &body); err != nil {
@@ -187,7 +192,14 @@ func (a *API) createKey(call *Call) (int, any, error) {
 	req := accounts.KeyRequest{Name: body.Name, Scopes: body.Scopes, Models: body.Models, RPM: body.RPM, TPM: body.TPM}
 	if body.ExpiresIn != "" {
 		d, err := time.ParseDuration(body.ExpiresIn)
-		if err != nil || d <= 0 {
+		switch {
+		case err != nil && wellFormedDuration.MatchString(body.ExpiresIn):
+			// Said to be "not positive", "100000000h" sent the admin
+			// looking for a sign.
+			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is longer than a duration can be (at most 2562047h, about 292 years); leave it out for a key that never expires", body.ExpiresIn))
+		case err != nil:
+			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is not a duration: give a number with a unit of h, m or s, such as \"720h\" for 30 days (there is no d)", body.ExpiresIn))
+		case d <= 0:
 			return 0, nil, proxy.BadRequest("expires_in", "expires_in must be a positive duration such as \"720h\"")
 		}
 		if d < time.Second {

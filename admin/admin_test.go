@@ -229,6 +229,10 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 		{"GET", "/admin/v1/accounts/acme/keys", "", 200, `"data":[]`},
 		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"soon"}`, 400, `"param":"expires_in"`},
 		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"1ns"}`, 400, `under a second`},
+		// A lifetime too long, or in days, was "must be a positive duration".
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"100000000h"}`, 400, `longer than a duration can be (at most 2562047h`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"30d"}`, 400, `there is no d`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"-5h"}`, 400, `must be a positive duration`},
 		{"GET", "/admin/v1/upstreams", "", 200, `"name":"local"`},
 		{"GET", "/admin/v1/nothing/here", "", 404, `no admin route /admin/v1/nothing/here`},
 	}
