@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/broker"
@@ -34,11 +35,25 @@ import (
 // ({"type":"item_reference","id":…}): each is remembered too, under its
 // own key (itemKey), with its response's upstream and account, so that
 // such a call is checked and routed as a previous_response_id is.
+//
+// A gateway trusts what its memory holds until the TTL, without asking
+// KV: a response deleted through another gateway would stay reachable
+// through this one. So a delete is also said on subjectResponseDeleted,
+// which every gateway follows into its memory (deletedElsewhere); nothing
+// on the request path waits for it.
 
 // BucketResponses is the KV bucket of response mappings; key: the response
 // id (see mappingKey), or "item." and an output item's id (see itemKey);
 // value: JSON responseMapping.
 const BucketResponses = "TOLLGATE_RESPONSES"
+
+// subjectResponseDeleted is the core NATS subject on which a gateway says
+// a response was deleted through it; the message is the id. Core NATS,
+// not a stream: a gateway that misses it (NATS down, the gateway not yet
+// started) either has no memory of the id, and reads KV, or keeps sending
+// it to its upstream, which answers its own 404, until its memory of it
+// is past the TTL or has made room for newer ids.
+const subjectResponseDeleted = "tollgate.responses.deleted"
 
 const (
 	// mappingQueue bounds the KV writes waiting for the writer.
@@ -97,7 +112,9 @@ type stateKey struct {
 // Server remembers in memory only, which a single gateway that is never
 // restarted can live with.
 type ResponseStore struct {
-	kv     mappingKV // nil: memory only
+	kv     mappingKV  // nil: memory only
+	nc     *nats.Conn // says and hears deletes; nil: memory only
+	sub    *nats.Subscription
 	retune func(ctx context.Context, ttl time.Duration) error
 	logf   func(string, ...any)
 	ttl    atomic.Int64 // ns
@@ -157,6 +174,12 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 		_, err := ensure(ctx, ttl)
 		return err
 	}
+	r.nc = js.Conn()
+	// nats.go subscribes again after a reconnect; what was said while
+	// the connection was down is lost (see subjectResponseDeleted).
+	if r.sub, err = r.nc.Subscribe(subjectResponseDeleted, r.deletedElsewhere); err != nil {
+		return nil, fmt.Errorf("following the responses deleted through other gateways: %w", err)
+	}
 	r.start()
 	return r, nil
 }
@@ -187,7 +210,12 @@ func (r *ResponseStore) Close() {
 	if r == nil || r.done == nil {
 		return
 	}
-	r.stopOnce.Do(func() { close(r.stop) })
+	r.stopOnce.Do(func() {
+		if r.sub != nil {
+			_ = r.sub.Unsubscribe()
+		}
+		close(r.stop)
+	})
 	select {
 	case <-r.done:
 	case <-time.After(2 * kvWriteTimeout):
@@ -268,19 +296,44 @@ func (r *ResponseStore) setTokens(id string, tokens int64) {
 	r.queue(id, mappingOp{key: mappingKey(id), record: m})
 }
 
-// forget drops the mapping of a deleted response.
+// forget drops the mapping of a response deleted through this gateway,
+// here, in KV and in the other gateways' memory.
 func (r *ResponseStore) forget(id string) {
-	r.mu.Lock()
-	// A tombstone, not a deletion: the KV delete is written in the
-	// background, and until it is, a lookup here must not find the old
-	// mapping in KV and send the next call to the upstream again.
-	delete(r.old, stateKey{id: id})
-	r.cur[stateKey{id: id}] = responseMapping{At: time.Now().UnixNano()}
-	r.mu.Unlock()
+	r.tombstone(id)
 	if r.kv == nil || len(id) > maxResponseID {
 		return
 	}
 	r.queue(id, mappingOp{key: mappingKey(id), del: true})
+	if r.nc == nil {
+		return
+	}
+	// Said at once, not after the KV delete: a gateway that hears it
+	// keeps a tombstone, which no KV read overrides.
+	if err := r.nc.Publish(subjectResponseDeleted, []byte(id)); err != nil {
+		r.logSometimes("responses: telling the other gateways that %s was deleted: %v (one that remembers it sends it to its upstream until its memory of it expires)", id, err)
+	}
+}
+
+// deletedElsewhere is told of a response deleted through a gateway (this
+// one's own deletes come back too) and forgets it as forget does here.
+func (r *ResponseStore) deletedElsewhere(msg *nats.Msg) {
+	id := string(msg.Data)
+	if id == "" || len(id) > maxResponseID {
+		return
+	}
+	r.tombstone(id)
+}
+
+// tombstone marks id deleted in memory. A tombstone, not a deletion: a
+// lookup here must not find the mapping in KV and send the next call to
+// the upstream again, before the KV delete is written (it is written in
+// the background, by the gateway it was deleted through).
+func (r *ResponseStore) tombstone(id string) {
+	k := stateKey{id: id}
+	r.mu.Lock()
+	delete(r.old, k)
+	r.cacheLocked(k, responseMapping{At: time.Now().UnixNano()})
+	r.mu.Unlock()
 }
 
 // queue hands op to the KV writer without blocking: with its queue full
@@ -309,11 +362,16 @@ func (r *ResponseStore) logSometimes(format string, args ...any) {
 
 func (r *ResponseStore) cache(k stateKey, m responseMapping) {
 	r.mu.Lock()
+	r.cacheLocked(k, m)
+	r.mu.Unlock()
+}
+
+// cacheLocked is cache; r.mu must be held.
+func (r *ResponseStore) cacheLocked(k stateKey, m responseMapping) {
 	if len(r.cur) >= cacheGeneration {
 		r.old, r.cur = r.cur, make(map[stateKey]responseMapping, cacheGeneration/4)
 	}
 	r.cur[k] = m
-	r.mu.Unlock()
 }
 
 // errMappingsUnavailable wraps a KV lookup that failed (not a missing id).

@@ -469,8 +469,8 @@ func TestResponsesStateAcrossGateways(t *testing.T) {
 	if status, body := h.send(gw2, "DELETE", "/v1/responses/"+id, "", ""); status != 200 {
 		t.Fatalf("DELETE through the second gateway: %d %s", status, body)
 	}
-	// A third gateway finds no mapping any more; the first still holds it
-	// in memory and gets the upstream's own 404.
+	// A third gateway finds no mapping any more (for the first, which
+	// remembered it, see TestResponseDeletedThroughAnotherGateway).
 	gw3 := second()
 	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		if status, body := h.send(gw3, "GET", "/v1/responses/"+id, "", ""); status != 404 || string(body) != notFoundBody(id) {
@@ -478,9 +478,52 @@ func TestResponsesStateAcrossGateways(t *testing.T) {
 		}
 		return nil
 	})
-	before := h.calls("/v1/responses/" + id)[at]
-	if status, _ := h.send("", "GET", "/v1/responses/"+id, "", ""); status != 404 || h.calls("/v1/responses/" + id)[at] != before+1 {
-		t.Fatalf("GET through the first gateway after DELETE: %d", status)
+}
+
+// TestResponseDeletedThroughAnotherGateway: a response deleted through
+// one gateway is gone from the memory of the one that made it too. Until
+// 2026-11-27 that one trusted its memory until routing.response_ttl: it
+// sent a previous_response_id to the holder, whose own 404 the SDKs
+// raised as NotFoundError instead of the 400 previous_response_not_found,
+// and a GET asked the holder and used a request of the key's rpm.
+func TestResponseDeletedThroughAnotherGateway(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	other := h.another()
+	id, _ := h.create("", createResp, "")
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error { // its mapping is in KV as its call ends
+		if status, body := h.send(other, "DELETE", "/v1/responses/"+id, "", ""); status != 200 {
+			return fmt.Errorf("DELETE through the other gateway: %d %s", status, body)
+		}
+		return nil
+	})
+	chain := `{"model":"small","input":"x","previous_response_id":"` + id + `"}`
+	notFound := func(base string) error {
+		status, body := h.send(base, "POST", "/v1/responses", chain, "")
+		if status != 400 || jsonField(t, body, "error", "code") != "previous_response_not_found" {
+			return fmt.Errorf("continuing a deleted response: %d %s", status, body)
+		}
+		return nil
+	}
+	// The delete reaches the first gateway over NATS, a moment later.
+	checkFor(t, 2*time.Second, 10*time.Millisecond, func() error { return notFound("") })
+	upstreamCalls := func() int {
+		n := 0
+		for _, up := range h.ups {
+			n += len(up.Requests())
+		}
+		return n
+	}
+	before := upstreamCalls()
+	for _, base := range []string{"", other} {
+		if err := notFound(base); err != nil {
+			t.Fatal(err)
+		}
+		if status, body := h.send(base, "GET", "/v1/responses/"+id, "", ""); status != 404 || string(body) != notFoundBody(id) {
+			t.Fatalf("GET after DELETE: %d %s", status, body)
+		}
+	}
+	if n := upstreamCalls() - before; n != 0 {
+		t.Fatalf("%d calls on a deleted response reached an upstream; the gateways know it is gone", n)
 	}
 }
 
@@ -492,6 +535,7 @@ func TestResponsesWithNATSGone(t *testing.T) {
 	h := newPoolHarness(t, 3, "  balance: round_robin")
 	gw2 := h.another()
 	id, _ := h.create("", createResp, "")
+	deleted, _ := h.create("", createResp, "")
 	item, _ := h.createItem("", createResp, "")
 	h.broker.Close()
 
@@ -504,6 +548,13 @@ func TestResponsesWithNATSGone(t *testing.T) {
 	}
 	if status, body := h.send("", "GET", "/v1/responses/"+id, "", ""); status != 200 {
 		t.Fatalf("GET through the gateway that made it: %d %s", status, body)
+	}
+	// A delete cannot be said to the other gateways; it holds here.
+	if status, body := h.send("", "DELETE", "/v1/responses/"+deleted, "", ""); status != 200 {
+		t.Fatalf("DELETE through the gateway that made it: %d %s", status, body)
+	}
+	if status, body := h.send("", "GET", "/v1/responses/"+deleted, "", ""); status != 404 || string(body) != notFoundBody(deleted) {
+		t.Fatalf("GET after DELETE: %d %s", status, body)
 	}
 	status, body := h.send(gw2, "GET", "/v1/responses/"+id, "", "")
 	if status != 503 || jsonField(t, body, "error", "code") != "state_unavailable" {
