@@ -2,6 +2,7 @@ package classifiers
 
 import (
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -508,13 +509,21 @@ func qualityScore(d *doc) float64 {
 // the caller chose to describe it), and, when those words carry a
 // polarity in the sentiment lexicon ("anger", "politeness"), how far the
 // text's sentiment goes the same way. Honest, and weak: give a
-// description, or use the llm engine for such attributes.
+// description, or use the llm engine for such attributes. A name of
+// function words only ("down", "over") is read by its words (see
+// literalWords).
 func describedScore(text string, d *doc, attribute, description string) float64 {
-	textBag := bagOf(d.terms)
+	literal := literalWords([]string{attribute})
+	terms := d.terms
+	if literal != nil {
+		terms = slices.Clone(terms)
+		readLiterally(terms, literal)
+	}
+	textBag := bagOf(terms)
 	b := newBagBuilder(8)
-	name := analyze(strings.ReplaceAll(attribute, "_", " "))
+	name := analyzeFor(strings.ReplaceAll(attribute, "_", " "), literal)
 	b.add(name.terms, nameWeight)
-	desc := analyze(description)
+	desc := analyzeFor(description, literal)
 	b.add(desc.terms, descriptionWeight)
 	profile := b.build()
 	sim := 1 - math.Exp(-cosine(&textBag, &profile)/0.25)

@@ -25,6 +25,11 @@ type bagBuilder struct {
 	stems  []string
 	counts []float64
 	length int
+	// literal holds the stems of function words read as content words
+	// (term.literal): they weigh as the most frequent content words do,
+	// which is what they are, not as the rare words idf takes an unknown
+	// stem for.
+	literal map[string]bool
 }
 
 func newBagBuilder(sizeHint int) *bagBuilder {
@@ -39,6 +44,12 @@ func (b *bagBuilder) add(terms []term, fieldWeight float64) {
 			continue
 		}
 		b.length++
+		if t.literal {
+			if b.literal == nil {
+				b.literal = make(map[string]bool)
+			}
+			b.literal[t.stem] = true
+		}
 		if j, ok := b.index[t.stem]; ok {
 			b.counts[j] += fieldWeight
 			continue
@@ -56,9 +67,13 @@ func (b *bagBuilder) build() bag {
 	g.weights = make([]float64, len(b.stems))
 	var sq float64
 	for i, s := range b.stems {
-		w := idf(s) * (1 + math.Log(b.counts[i]))
+		rarity := idf(s)
+		if b.literal[s] {
+			rarity = idfCommon
+		}
+		w := rarity * (1 + math.Log(b.counts[i]))
 		if b.counts[i] < 1 {
-			w = idf(s) * b.counts[i]
+			w = rarity * b.counts[i]
 		}
 		g.weights[i] = w
 		sq += w * w

@@ -79,9 +79,9 @@ func (e lexical) Classify(ctx context.Context, req ClassifyRequest) (ClassifyRes
 	if len(req.Labels) == 0 {
 		return res, ErrNoLabels
 	}
-	text := analyze(req.Text)
-	textBag := bagOf(text.terms)
 	ls := compileLabels(req.Labels, req.Descriptions, req.Examples)
+	text := analyzeFor(req.Text, ls.literal)
+	textBag := bagOf(text.terms)
 	sims := labelSimilarities(&textBag, req.Text, ls)
 
 	res.Scores = make([]LabelScore, len(req.Labels))
@@ -156,13 +156,16 @@ func labelSimilarities(textBag *bag, raw string, ls *labelSet) []float64 {
 
 // labelSet is a label list compiled for the lexical engine: one profile
 // per label (its name, description and examples as a weighted bag), what
-// its name says about sentiment and catch-alls, and the token count of all
-// of it. It is read-only once built, so requests share it.
+// its name says about sentiment and catch-alls, the function words its
+// texts are read with as content words (literalWords: nil for most sets),
+// and the token count of all of it. It is read-only once built, so
+// requests share it.
 type labelSet struct {
 	profiles []bag
 	polarity []float64
 	neutral  []bool
 	fallback []bool
+	literal  map[string]struct{}
 	tokens   int64
 }
 
@@ -191,16 +194,17 @@ func compileLabels(labels []string, descriptions map[string]string, examples map
 		polarity: make([]float64, len(labels)),
 		neutral:  make([]bool, len(labels)),
 		fallback: make([]bool, len(labels)),
+		literal:  literalWords(labels),
 		tokens:   int64(tokens.Count(block)),
 	}
 	for i, label := range labels {
 		b := newBagBuilder(16)
-		b.add(analyze(label).terms, nameWeight)
+		b.add(analyzeFor(label, ls.literal).terms, nameWeight)
 		if d := descriptions[label]; d != "" {
-			b.add(analyze(d).terms, descriptionWeight)
+			b.add(analyzeFor(d, ls.literal).terms, descriptionWeight)
 		}
 		for _, ex := range examples[label] {
-			b.add(analyze(ex).terms, exampleWeight)
+			b.add(analyzeFor(ex, ls.literal).terms, exampleWeight)
 		}
 		ls.profiles[i] = b.build()
 		name := strings.ToLower(strings.TrimSpace(label))
@@ -293,8 +297,9 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 		return res, nil
 	}
 	threshold := req.Threshold
-	textBag := bagOf(text.terms)
 	ls := compileLabels(req.Tags, nil, nil)
+	readLiterally(text.terms, ls.literal)
+	textBag := bagOf(text.terms)
 	sims := labelSimilarities(&textBag, req.Text, ls)
 	all := make([]LabelScore, len(req.Tags))
 	for i, t := range req.Tags {

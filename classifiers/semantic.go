@@ -82,8 +82,8 @@ func (e *semantic) Classify(ctx context.Context, req ClassifyRequest) (ClassifyR
 	if len(req.Labels) == 0 {
 		return res, ErrNoLabels
 	}
-	text := analyze(req.Text)
 	sl := e.compileLabels(req.Labels, req.Descriptions, req.Examples)
+	text := analyzeFor(req.Text, sl.lex.literal)
 	sims := e.labelSims(&text, req.Text, sl)
 	res.Scores = make([]LabelScore, len(req.Labels))
 	if req.Mode == ModeMulti {
@@ -101,7 +101,8 @@ func (e *semantic) Classify(ctx context.Context, req ClassifyRequest) (ClassifyR
 		res.Label, res.Confidence = res.Scores[0].Label, res.Scores[0].Confidence
 		// As in lexical: equal top confidences are no decision. They
 		// happen when the text has no word the vectors know and no word
-		// any label shares, so every label scored the same.
+		// any label shares, so every label scored the same. (A label of
+		// function words only, "off", is read by its words: literalWords.)
 		res.Tie = len(res.Scores) > 1 && res.Scores[1].Confidence == res.Scores[0].Confidence
 	}
 	res.Answer = e.answer(lexicalAnswer(req.Text, sl.lex.tokens))
@@ -225,12 +226,13 @@ func (e *semantic) buildLabels(labels []string, descriptions map[string]string, 
 		vecs:     make([][]float32, len(labels)),
 		fallback: make([]bool, len(labels)),
 	}
+	literal := sl.lex.literal
 	expansions := cachedIn(&e.mu, e.expansions, cacheLimit, textsKey(labels...), func() [][]float32 {
-		return e.contrastiveExpansions(labels)
+		return e.contrastiveExpansions(labels, literal)
 	})
 	for i, l := range labels {
 		_, sl.fallback[i] = fallbackNames[strings.ToLower(strings.TrimSpace(l))]
-		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l], expansions[i])
+		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l], expansions[i], literal)
 	}
 	centre(sl.vecs)
 	sl.hub = make([]float32, len(labels))
@@ -282,15 +284,15 @@ var neutralTexts = []string{
 // set for, stays where it was), times neutralWeight; zero for a label
 // without a vector.
 func (e *semantic) neutralBias(sl *semanticLabels) []float64 {
-	e.neutralOnce.Do(func() {
-		for _, text := range neutralTexts {
-			if t := e.v.embedText(text); t.known > 0 {
-				e.neutral = append(e.neutral, t)
-			}
-		}
-	})
+	e.neutralOnce.Do(func() { e.neutral = e.neutralEmbeddings(nil) })
+	neutral := e.neutral
+	if sl.lex.literal != nil {
+		// Read as the set reads texts: "Can you tell me more about it?"
+		// says "more" to the labels more and less.
+		neutral = e.neutralEmbeddings(sl.lex.literal)
+	}
 	bias := make([]float64, len(sl.vecs))
-	if len(e.neutral) == 0 {
+	if len(neutral) == 0 {
 		return bias
 	}
 	var sum float64
@@ -299,11 +301,11 @@ func (e *semantic) neutralBias(sl *semanticLabels) []float64 {
 		if v == nil || sl.fallback[i] {
 			continue
 		}
-		for j := range e.neutral {
-			t := &e.neutral[j]
+		for j := range neutral {
+			t := &neutral[j]
 			bias[i] += e.labelMeaning(t, math.Sqrt(t.effectiveWords()), v, sl.hub[i])
 		}
-		bias[i] /= float64(len(e.neutral))
+		bias[i] /= float64(len(neutral))
 		sum += bias[i]
 		n++
 	}
@@ -317,6 +319,18 @@ func (e *semantic) neutralBias(sl *semanticLabels) []float64 {
 		}
 	}
 	return bias
+}
+
+// neutralEmbeddings are neutralTexts embedded with the literal words of a
+// label set (nil for none), those with known words.
+func (e *semantic) neutralEmbeddings(literal map[string]struct{}) []embedding {
+	var out []embedding
+	for _, text := range neutralTexts {
+		if t := e.v.embed(analyzeFor(text, literal).terms); t.known > 0 {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // cachedIn returns m[key], made by build (outside mu, which guards m) the
@@ -340,12 +354,13 @@ func cachedIn[V any](mu *sync.Mutex, m map[string]V, limit int, key string, buil
 }
 
 // labelVector is a label's unit vector from its name, its expansion (see
-// contrastiveExpansions; nil for none), description and examples.
-func (e *semantic) labelVector(name, description string, examples []string, expansion []float32) []float32 {
+// contrastiveExpansions; nil for none), description and examples, read
+// with the set's literal words.
+func (e *semantic) labelVector(name, description string, examples []string, expansion []float32, literal map[string]struct{}) []float32 {
 	acc := make([]float32, e.v.dims)
 	any := false
 	add := func(text string, w float32) {
-		emb := e.v.embedText(strings.ReplaceAll(text, "_", " "))
+		emb := e.embedFor(strings.ReplaceAll(text, "_", " "), literal)
 		if emb.known == 0 {
 			return
 		}
@@ -406,14 +421,14 @@ type neighbour struct {
 // name's neighbours that are nearer to it than to every other label's
 // name, each weighted by its cosine with its own name; nil for a label
 // without any such word.
-func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
+func (e *semantic) contrastiveExpansions(labels []string, literal map[string]struct{}) [][]float32 {
 	if len(labels) > expandMaxLabels {
 		return make([][]float32, len(labels))
 	}
 	names := make([][]float32, len(labels))
 	own := make(map[int32]bool)
 	for i, l := range labels {
-		emb := e.v.embedText(strings.ReplaceAll(l, "_", " "))
+		emb := e.embedFor(strings.ReplaceAll(l, "_", " "), literal)
 		if emb.known == 0 {
 			continue
 		}
@@ -433,7 +448,7 @@ func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
 			continue
 		}
 		picks = picks[:0]
-		for _, nb := range e.cachedNeighbours(l) {
+		for _, nb := range e.cachedNeighbours(l, literal) {
 			if own[nb.i] {
 				continue // a word of some label's own name
 			}
@@ -466,17 +481,17 @@ func (e *semantic) contrastiveExpansions(labels []string) [][]float32 {
 // cachedNeighbours keys a name's neighbours by the words its vector is
 // made of, not its text: "bank order q17" and "bank order q18" are the
 // same search.
-func (e *semantic) cachedNeighbours(name string) []neighbour {
-	emb := e.v.embedText(strings.ReplaceAll(name, "_", " "))
+func (e *semantic) cachedNeighbours(name string, literal map[string]struct{}) []neighbour {
+	emb := e.embedFor(strings.ReplaceAll(name, "_", " "), literal)
 	words := slices.Clone(emb.words)
 	slices.Sort(words)
-	return cachedIn(&e.mu, e.expanded, expandedLimit, wordsKey(words), func() []neighbour { return e.neighbours(name) })
+	return cachedIn(&e.mu, e.expanded, expandedLimit, wordsKey(words), func() []neighbour { return e.neighbours(name, literal) })
 }
 
 // neighbours are the expandCandidates common words nearest to name's
 // vector (not the name's own words), nearest first, or nil.
-func (e *semantic) neighbours(name string) []neighbour {
-	emb := e.v.embedText(strings.ReplaceAll(name, "_", " "))
+func (e *semantic) neighbours(name string, literal map[string]struct{}) []neighbour {
+	emb := e.embedFor(strings.ReplaceAll(name, "_", " "), literal)
 	if emb.known == 0 {
 		return nil
 	}
@@ -506,6 +521,12 @@ func (e *semantic) neighbours(name string) []neighbour {
 		best[j] = neighbour{int32(i), c}
 	}
 	return best
+}
+
+// embedFor embeds text read with a label set's or attribute's literal
+// words (nil for none).
+func (e *semantic) embedFor(text string, literal map[string]struct{}) embedding {
+	return e.v.embed(analyzeFor(text, literal).terms)
 }
 
 // centre removes from each label vector what the labels of the set have
@@ -559,8 +580,8 @@ func (e *semantic) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 		maxTags = 5
 	}
 	threshold := req.Threshold
-	text := analyze(req.Text)
 	sl := e.compileLabels(req.Tags, nil, nil)
+	text := analyzeFor(req.Text, sl.lex.literal)
 	sims := e.labelSims(&text, req.Text, sl)
 	all := make([]LabelScore, len(req.Tags))
 	for i, t := range req.Tags {

@@ -50,12 +50,14 @@ var attributePoleWords = map[string][2]string{
 }
 
 // attributePoles is an attribute compiled: unit vectors of its high and
-// (when it has one) low pole, the lexical kind it maps to, and whether
-// that kind is read upside down ("negativity" is sentiment, inverted).
+// (when it has one) low pole, the lexical kind it maps to, whether that
+// kind is read upside down ("negativity" is sentiment, inverted), and the
+// function words it is read by when its name has no other (literalWords).
 type attributePoles struct {
 	high, low []float32
 	kind      string
 	inverted  bool
+	literal   map[string]struct{}
 }
 
 // Mixing and calibration of the meaning score: the lean (high minus low
@@ -80,7 +82,7 @@ func (e *semantic) scoreAttribute(text, attribute, description string) float64 {
 	if p.high == nil {
 		return lex
 	}
-	t := e.v.embedText(text)
+	t := e.embedFor(text, p.literal)
 	if t.known == 0 {
 		return lex
 	}
@@ -132,11 +134,11 @@ func (e *semantic) buildPoles(attribute, description string) *attributePoles {
 	p := &attributePoles{}
 	p.kind, p.inverted = attributeKind(attribute)
 	if words, ok := attributePoleWords[p.kind]; ok {
-		p.high = e.poleVector(words[0])
-		p.low = e.poleVector(words[1])
+		p.high = e.poleVector(words[0], nil)
+		p.low = e.poleVector(words[1], nil)
 		if description != "" {
 			// The caller's description says what high means to them.
-			if d := e.poleVector(description); d != nil && p.high != nil {
+			if d := e.poleVector(description, nil); d != nil && p.high != nil {
 				for i := range p.high {
 					p.high[i] += 0.5 * d[i]
 				}
@@ -144,17 +146,19 @@ func (e *semantic) buildPoles(attribute, description string) *attributePoles {
 			}
 		}
 	} else {
-		p.high = e.poleVector(strings.ReplaceAll(attribute, "_", " ") + " " + description)
+		p.literal = literalWords([]string{attribute})
+		p.high = e.poleVector(strings.ReplaceAll(attribute, "_", " ")+" "+description, p.literal)
 	}
 	return p
 }
 
 // poleVector is the unweighted mean of the words' unit vectors: pole
 // words are chosen one by one, so a frequent one is not worth less.
-func (e *semantic) poleVector(words string) []float32 {
+// literal: the attribute's literal words, or nil.
+func (e *semantic) poleVector(words string, literal map[string]struct{}) []float32 {
 	acc := make([]float32, e.v.dims)
 	n := 0
-	for _, t := range analyze(words).terms {
+	for _, t := range analyzeFor(words, literal).terms {
 		if t.stop {
 			continue
 		}

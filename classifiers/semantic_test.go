@@ -208,15 +208,15 @@ func TestSemanticExpansionKeepsSiblingsApart(t *testing.T) {
 	plain := make([][]float32, len(labels))
 	for i, l := range labels {
 		nb := make([]float32, e.v.dims)
-		for _, n := range e.cachedNeighbours(l)[:expandNeighbours] {
+		for _, n := range e.cachedNeighbours(l, nil)[:expandNeighbours] {
 			e.v.addTo(nb, int(n.i), n.c)
 		}
 		Normalize(nb)
-		plain[i] = e.labelVector(l, "", nil, nb)
+		plain[i] = e.labelVector(l, "", nil, nb, nil)
 	}
 	contrastive := make([][]float32, len(labels))
-	for i, x := range e.contrastiveExpansions(labels) {
-		contrastive[i] = e.labelVector(labels[i], "", nil, x)
+	for i, x := range e.contrastiveExpansions(labels, nil) {
+		contrastive[i] = e.labelVector(labels[i], "", nil, x, nil)
 	}
 	meanCos := func(vs [][]float32) float64 {
 		var s float64
@@ -456,13 +456,13 @@ func TestLabelExpansionWorkIsBounded(t *testing.T) {
 	for i := range names {
 		names[i] = fmt.Sprintf("bank order q%d", i)
 	}
-	for _, x := range e.contrastiveExpansions(names) {
+	for _, x := range e.contrastiveExpansions(names, nil) {
 		if x != nil {
 			t.Fatalf("a set of %d labels was widened", len(names))
 		}
 	}
 	before := len(e.expanded)
-	e.contrastiveExpansions([]string{"bank order q1", "bank order q2", "weather"})
+	e.contrastiveExpansions([]string{"bank order q1", "bank order q2", "weather"}, nil)
 	if n := len(e.expanded) - before; n != 2 {
 		t.Fatalf("%d neighbour searches for 3 names of 2 word sets", n)
 	}
@@ -479,5 +479,57 @@ func TestLargeLabelSetsAreNotCached(t *testing.T) {
 	e.compileLabels([]string{"a", "b"}, map[string]string{"a": "refund invoice"}, nil)
 	if n := len(e.labels) - before; n != 1 {
 		t.Fatalf("%d label sets cached, want only the small one", n)
+	}
+}
+
+// Labels made only of function words ("on" and "off", "up" and "down")
+// passed validation, but the stopword list dropped their every word, from
+// the label and from the text: "Turn the light off" tied between on and
+// off, and "I want more" went to less on the semantic engine. Such a
+// label is read by its words now, in both offline engines, for classify,
+// tag and score; a catch-all ("other") is not one, and a set without
+// such a label reads its texts as before.
+func TestLabelsOfFunctionWordsAreReadByTheirWords(t *testing.T) {
+	cases := []struct {
+		text   string
+		labels []string
+		want   string
+	}{
+		{"Turn the light off", []string{"on", "off"}, "off"},
+		{"Turn the light on", []string{"on", "off"}, "on"},
+		{"I am out of the office", []string{"in", "out"}, "out"},
+		{"The server is down", []string{"up", "down"}, "down"},
+		{"I want more", []string{"more", "less"}, "more"},
+		{"Turn the light off", []string{"on", "off", "other"}, "off"},
+	}
+	for _, e := range []Engine{semanticForTest(t), NewLexical()} {
+		for _, c := range cases {
+			for _, labels := range [][]string{c.labels, reversed(c.labels)} {
+				res, err := e.Classify(context.Background(), ClassifyRequest{Text: c.text, Labels: labels, Mode: ModeSingle})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Label != c.want || res.Tie {
+					t.Errorf("%s: %q over %v: %s %.4f tie %v, want %s", e.Name(), c.text, labels, res.Label, res.Confidence, res.Tie, c.want)
+				}
+			}
+		}
+		tags, err := e.Tag(context.Background(), TagRequest{Text: "Turn the light off", Tags: []string{"on", "off"}, Threshold: DefaultTagThreshold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tags.Tags) != 1 || tags.Tags[0].Label != "off" {
+			t.Errorf("%s: tags %v, want off alone", e.Name(), tags.Tags)
+		}
+		res, err := e.Score(context.Background(), ScoreRequest{Source: "Server is down", Attribute: "down"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.NoEvidence || res.Score < 0.5 {
+			t.Errorf("%s: \"Server is down\" on down: %+v, want at least 0.5 with evidence", e.Name(), res)
+		}
+	}
+	if w := literalWords([]string{"billing", "other", "n/a"}); w != nil {
+		t.Errorf("literal words %v of a set with no label of function words only", w)
 	}
 }

@@ -13,6 +13,10 @@ type term struct {
 	clause int32  // index of the clause (negation does not cross clauses)
 	caps   bool   // written in capitals, at least two letters ("URGENT")
 	stop   bool   // a function word: ignored for similarity, kept for cues
+	// literal: a function word read as a content word, because a label
+	// or attribute the text is read against is made of such words (see
+	// literalWords).
+	literal bool
 }
 
 // textStats are the non-word signals of a text, for the attribute scorers.
@@ -110,6 +114,69 @@ func analyze(text string) doc {
 		last, _ := utf8.DecodeLastRuneInString(trimmed)
 		st.endsPunct = last == '.' || last == '!' || last == '?'
 	}
+	return d
+}
+
+// literalWords are the words of the names (labels, tags or an attribute)
+// made of nothing but function words: "on" and "off", "up" and "down",
+// "more" and "less", "in" and "out", the sizes "S" and "M". The stopword
+// list dropped every word of such a name, so no engine read it and every
+// text tied between them ("Turn the light off" between on and off). For
+// the label set or attribute they name, these words are content words:
+// in its names, descriptions and examples, and in the text read against
+// it (readLiterally). A catch-all ("other") is not one: it means that
+// nothing else fits, not the word. nil when no name is made so, and then
+// every text is read as it always was.
+func literalWords(names []string) map[string]struct{} {
+	var literal map[string]struct{}
+	for _, name := range names {
+		if _, catchAll := fallbackNames[strings.ToLower(strings.TrimSpace(name))]; catchAll {
+			continue
+		}
+		terms := analyze(name).terms
+		words, functionWords := 0, 0
+		for _, t := range terms {
+			if t.stem == "?" {
+				continue
+			}
+			words++
+			if t.stop {
+				functionWords++
+			}
+		}
+		if words == 0 || functionWords < words {
+			continue
+		}
+		if literal == nil {
+			literal = make(map[string]struct{})
+		}
+		for _, t := range terms {
+			if t.stop {
+				literal[t.word] = struct{}{}
+			}
+		}
+	}
+	return literal
+}
+
+// readLiterally makes the function words of terms that are in literal
+// (see literalWords) content words, in place.
+func readLiterally(terms []term, literal map[string]struct{}) {
+	if len(literal) == 0 {
+		return
+	}
+	for i := range terms {
+		if _, ok := literal[terms[i].word]; ok && terms[i].stop {
+			terms[i].stop, terms[i].literal = false, true
+		}
+	}
+}
+
+// analyzeFor analyses text as read against a label set or attribute
+// whose literal words are literal.
+func analyzeFor(text string, literal map[string]struct{}) doc {
+	d := analyze(text)
+	readLiterally(d.terms, literal)
 	return d
 }
 
