@@ -172,24 +172,23 @@ type labelSet struct {
 // labelSetCache keeps recently compiled label sets: batch jobs and busy
 // classifiers send the same labels with every text, and compiling 200
 // labels with descriptions costs far more than classifying one text.
-var labelSetCache = struct {
-	sync.Mutex
-	sets map[string]*labelSet
-}{sets: make(map[string]*labelSet)}
+var labelSetCache = newBuildCache[*labelSet](labelSetCacheSize)
 
 const labelSetCacheSize = 128
 
+// compileLabels compiles a label set once and keeps it by its names,
+// descriptions and examples, unless it is larger than MaxLabelSetBytes.
 func compileLabels(labels []string, descriptions map[string]string, examples map[string][]string) *labelSet {
 	key, size := labelSetKey(labels, descriptions, examples)
-	cache := size <= MaxLabelSetBytes
-	labelSetCache.Lock()
-	ls := labelSetCache.sets[key]
-	labelSetCache.Unlock()
-	if ls != nil {
-		return ls
+	if size > MaxLabelSetBytes {
+		return buildLabelSet(labels, descriptions, examples)
 	}
+	return labelSetCache.get(key, func() *labelSet { return buildLabelSet(labels, descriptions, examples) })
+}
+
+func buildLabelSet(labels []string, descriptions map[string]string, examples map[string][]string) *labelSet {
 	block := labelBlock(labels, descriptions, examples)
-	ls = &labelSet{
+	ls := &labelSet{
 		profiles: make([]bag, len(labels)),
 		polarity: make([]float64, len(labels)),
 		neutral:  make([]bool, len(labels)),
@@ -211,15 +210,6 @@ func compileLabels(labels []string, descriptions map[string]string, examples map
 		ls.polarity[i], ls.neutral[i] = labelPolarity(name)
 		_, ls.fallback[i] = fallbackNames[name]
 	}
-	if !cache {
-		return ls
-	}
-	labelSetCache.Lock()
-	if len(labelSetCache.sets) >= labelSetCacheSize {
-		clear(labelSetCache.sets) // crude, but bounded and rarely hit
-	}
-	labelSetCache.sets[key] = ls
-	labelSetCache.Unlock()
 	return ls
 }
 

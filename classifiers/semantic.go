@@ -28,25 +28,24 @@ type semantic struct {
 	neutralOnce sync.Once
 	neutral     []embedding // neutralTexts embedded, those with known words
 
-	mu     sync.Mutex
-	labels map[string]*semanticLabels // compiled label sets, by labelBlock
-	poles  map[string]*attributePoles // compiled attributes, by name and description
+	labels *buildCache[*semanticLabels] // compiled label sets, by labelSetKey
+	poles  *buildCache[*attributePoles] // compiled attributes, by name and description
 	// expanded holds each label name's nearest common words: names recur
 	// across label sets, and finding neighbours is the costly part of
 	// compiling a set (about 1.7 ms a name).
-	expanded map[string][]neighbour
+	expanded *buildCache[[]neighbour]
 	// expansions holds contrastiveExpansions by the label names alone: a
 	// set whose descriptions or examples change (and so compiles again)
 	// keeps its names' expansions, labels² × expandCandidates dot
 	// products that would otherwise be redone.
-	expansions map[string][][]float32
+	expansions *buildCache[[][]float32]
 }
 
 // NewSemantic returns the semantic engine over v; it answers with engine
 // "semantic" and counts usage like lexical (the input as prompt tokens).
 func NewSemantic(v *Vectors) Engine {
-	return &semantic{v: v, labels: map[string]*semanticLabels{}, poles: map[string]*attributePoles{},
-		expanded: map[string][]neighbour{}, expansions: map[string][][]float32{}}
+	return &semantic{v: v, labels: newBuildCache[*semanticLabels](cacheLimit), poles: newBuildCache[*attributePoles](cacheLimit),
+		expanded: newBuildCache[[]neighbour](expandedLimit), expansions: newBuildCache[[][]float32](cacheLimit)}
 }
 
 func (e *semantic) Name() string { return EngineSemantic }
@@ -215,7 +214,7 @@ func (e *semantic) compileLabels(labels []string, descriptions map[string]string
 	if size > MaxLabelSetBytes {
 		return e.buildLabels(labels, descriptions, examples)
 	}
-	return cachedIn(&e.mu, e.labels, cacheLimit, key, func() *semanticLabels {
+	return e.labels.get(key, func() *semanticLabels {
 		return e.buildLabels(labels, descriptions, examples)
 	})
 }
@@ -227,7 +226,7 @@ func (e *semantic) buildLabels(labels []string, descriptions map[string]string, 
 		fallback: make([]bool, len(labels)),
 	}
 	literal := sl.lex.literal
-	expansions := cachedIn(&e.mu, e.expansions, cacheLimit, textsKey(labels...), func() [][]float32 {
+	expansions := e.expansions.get(textsKey(labels...), func() [][]float32 {
 		return e.contrastiveExpansions(labels, literal)
 	})
 	for i, l := range labels {
@@ -331,26 +330,6 @@ func (e *semantic) neutralEmbeddings(literal map[string]struct{}) []embedding {
 		}
 	}
 	return out
-}
-
-// cachedIn returns m[key], made by build (outside mu, which guards m) the
-// first time; a map holding limit entries is emptied first, which bounds
-// each cache's memory without bookkeeping.
-func cachedIn[V any](mu *sync.Mutex, m map[string]V, limit int, key string, build func() V) V {
-	mu.Lock()
-	v, ok := m[key]
-	mu.Unlock()
-	if ok {
-		return v
-	}
-	v = build()
-	mu.Lock()
-	if len(m) >= limit {
-		clear(m)
-	}
-	m[key] = v
-	mu.Unlock()
-	return v
 }
 
 // labelVector is a label's unit vector from its name, its expansion (see
@@ -485,7 +464,7 @@ func (e *semantic) cachedNeighbours(name string, literal map[string]struct{}) []
 	emb := e.embedFor(strings.ReplaceAll(name, "_", " "), literal)
 	words := slices.Clone(emb.words)
 	slices.Sort(words)
-	return cachedIn(&e.mu, e.expanded, expandedLimit, wordsKey(words), func() []neighbour { return e.neighbours(name, literal) })
+	return e.expanded.get(wordsKey(words), func() []neighbour { return e.neighbours(name, literal) })
 }
 
 // neighbours are the expandCandidates common words nearest to name's

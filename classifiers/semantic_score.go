@@ -125,7 +125,7 @@ func (e *semantic) poleSimilarity(t *embedding, pole []float32) float64 {
 // compilePoles compiles an attribute's poles once and keeps them by its
 // name and description.
 func (e *semantic) compilePoles(attribute, description string) *attributePoles {
-	return cachedIn(&e.mu, e.poles, cacheLimit, textsKey(attribute, description), func() *attributePoles {
+	return e.poles.get(textsKey(attribute, description), func() *attributePoles {
 		return e.buildPoles(attribute, description)
 	})
 }

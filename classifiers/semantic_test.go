@@ -461,9 +461,9 @@ func TestLabelExpansionWorkIsBounded(t *testing.T) {
 			t.Fatalf("a set of %d labels was widened", len(names))
 		}
 	}
-	before := len(e.expanded)
+	before := e.expanded.len()
 	e.contrastiveExpansions([]string{"bank order q1", "bank order q2", "weather"}, nil)
-	if n := len(e.expanded) - before; n != 2 {
+	if n := e.expanded.len() - before; n != 2 {
 		t.Fatalf("%d neighbour searches for 3 names of 2 word sets", n)
 	}
 }
@@ -474,10 +474,10 @@ func TestLabelExpansionWorkIsBounded(t *testing.T) {
 func TestLargeLabelSetsAreNotCached(t *testing.T) {
 	e := semanticForTest(t).(*semantic)
 	desc := map[string]string{"a": strings.Repeat("refund invoice ", MaxLabelSetBytes/15+1)}
-	before := len(e.labels)
+	before := e.labels.len()
 	e.compileLabels([]string{"a", "b"}, desc, nil)
 	e.compileLabels([]string{"a", "b"}, map[string]string{"a": "refund invoice"}, nil)
-	if n := len(e.labels) - before; n != 1 {
+	if n := e.labels.len() - before; n != 1 {
 		t.Fatalf("%d label sets cached, want only the small one", n)
 	}
 }
@@ -531,5 +531,48 @@ func TestLabelsOfFunctionWordsAreReadByTheirWords(t *testing.T) {
 	}
 	if w := literalWords([]string{"billing", "other", "n/a"}); w != nil {
 		t.Errorf("literal words %v of a set with no label of function words only", w)
+	}
+}
+
+// Label sets were compiled by every call that did not find them cached,
+// so 20 calls at once with a new set of 200 labels compiled it 20 times
+// (seconds of CPU in the worst case). Calls at once for one set now wait
+// for one compile: each call holds the same compiled set.
+func TestConcurrentCallsCompileALabelSetOnce(t *testing.T) {
+	v, err := testVectors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := make([]string, 200)
+	for i := range labels {
+		labels[i] = v.Word(3000 + 7*i)
+	}
+	descriptions := map[string]string{labels[0]: "a fresh set, compiled by no earlier test"}
+	const calls = 20
+	e := semanticForTest(t).(*semantic)
+	compiled := func(compile func() any) int {
+		var start, done sync.WaitGroup
+		start.Add(1)
+		sets := make([]any, calls)
+		for i := range calls {
+			done.Go(func() {
+				start.Wait()
+				sets[i] = compile()
+			})
+		}
+		start.Done()
+		done.Wait()
+		distinct := map[any]bool{}
+		for _, s := range sets {
+			distinct[s] = true
+		}
+		return len(distinct)
+	}
+	if n := compiled(func() any { return e.compileLabels(labels, descriptions, nil) }); n != 1 {
+		t.Errorf("semantic: %d calls at once compiled the set %d times, want once", calls, n)
+	}
+	descriptions[labels[1]] = "and a second one, for the lexical engine"
+	if n := compiled(func() any { return compileLabels(labels, descriptions, nil) }); n != 1 {
+		t.Errorf("lexical: %d calls at once compiled the set %d times, want once", calls, n)
 	}
 }
