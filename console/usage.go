@@ -48,10 +48,9 @@ type usageReader struct {
 	// unavailable until a restart brings another DSN (it is not
 	// reloadable).
 	settingsErr error
-	// slowUntil: a query timed out (a ClickHouse that hangs rather than
-	// refuses), in its handshake or its answer; until then pages show
-	// usage unavailable at once instead of each waiting for a deadline and
-	// the pool dialling again.
+	// slowUntil: a query failed, in its handshake or its answer (timed
+	// out, refused); until then pages show usage unavailable at once
+	// instead of each waiting for a deadline or the pool dialling again.
 	slowUntil time.Time
 }
 
@@ -186,18 +185,20 @@ GROUP BY ` + group
 	return out, nil
 }
 
-// failed logs a query that failed and returns its err. One that timed out
-// (a ClickHouse that hangs rather than refuses) is not sent again for
-// usageRetryAfter: each page would wait for its deadline.
+// failed logs a query that failed and returns its err; usage is not asked
+// again for usageRetryAfter. One that timed out (a ClickHouse that hangs
+// rather than refuses) would cost each page its deadline; one refused (a
+// ClickHouse stopped after the pool connected) cost each page a dial and
+// a log line, as only timeouts were held off.
 func (u *usageReader) failed(err error) error {
-	if !timedOut(err) {
-		u.logf("console: usage unavailable: %v", err)
-		return err
-	}
 	u.mu.Lock()
 	u.slowUntil, u.lastErr = time.Now().Add(usageRetryAfter), err
 	u.mu.Unlock()
-	u.logf("console: usage unavailable (ClickHouse did not answer in time; not asked again for %s): %v", usageRetryAfter, err)
+	if timedOut(err) {
+		u.logf("console: usage unavailable (ClickHouse did not answer in time; not asked again for %s): %v", usageRetryAfter, err)
+	} else {
+		u.logf("console: usage unavailable (not asked again for %s): %v", usageRetryAfter, err)
+	}
 	return err
 }
 

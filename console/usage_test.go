@@ -222,3 +222,34 @@ func TestUsageCountsABatchJobOnce(t *testing.T) {
 		t.Fatalf("months %+v: want one month of 2 requests, a chat call and a batch job", months)
 	}
 }
+
+// A ClickHouse stopped after the console had connected refuses each dial
+// at once, and the console dialled it again on every page, logging
+// "usage unavailable: … connection refused" each time (6 overviews, 6
+// lines): only a timeout held it off. A refusal holds it off too.
+func TestUsageBacksOffAClickHouseThatRefuses(t *testing.T) {
+	ch := chtest.Start(t)
+	sink, err := billing.OpenClickHouse(t.Context(), ch.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sink.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	sink.Close()
+	g := startGateway(t, ch.DSN())
+	b := g.browser()
+	b.signIn("acme")
+	if status, page := b.get("/console"); status != 200 || strings.Contains(page, `id="usage-unavailable"`) {
+		t.Fatalf("overview with ClickHouse up: %d %s", status, page)
+	}
+	ch.Stop()
+	for range 6 {
+		if status, page := b.get("/console"); status != 200 || !strings.Contains(page, `id="usage-unavailable"`) {
+			t.Fatalf("overview with ClickHouse stopped: %d %s", status, page)
+		}
+	}
+	if n := strings.Count(g.log.String(), "usage unavailable"); n != 1 {
+		t.Fatalf("6 overviews within the hold-off asked a stopped ClickHouse %d times, want once:\n%s", n, g.log)
+	}
+}
