@@ -138,12 +138,11 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 		{"POST", "/console/keys", (*Console).createKey},
 		{"GET", "/console/keys/revoke", (*Console).confirmRevoke},
 		{"POST", "/console/keys/revoke", (*Console).revoke},
-		// Any other path under /console is a page too: a mistyped or old
-		// bookmark (GET /console/logout) got the API's JSON 404 or 405.
-		{"GET", "/console/*", (*Console).noSuchPage},
-		{"POST", "/console/*", (*Console).noSuchPage},
-		// And for every other method: PUT /console/nope was a 405 whose
-		// Allow named GET and POST, which answer it with this 404.
+		// Any other path under /console is a page too, whatever the
+		// method: a mistyped or old bookmark got the API's JSON 404 or
+		// 405. AnyMethod, not GET and POST routes over "/*": those
+		// answered GET /console/logout and POST /console/style.css with
+		// this 404 before the pages' own 405 (PUT there was a 405).
 		{proxy.AnyMethod, "/console/*", (*Console).noSuchPage},
 	}
 	var p proxy.Provisioned
@@ -206,11 +205,20 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 	}{account, link, expiresAt}, nil
 }
 
-// methodNotAllowed answers a method no console page takes (PUT, DELETE)
-// with a page, as noSuchPage answers a path: it got the API's JSON.
+// methodNotAllowed answers a method a console page does not take (PUT,
+// DELETE, GET of a form's target) with a page, as noSuchPage answers a
+// path: it got the API's JSON.
 func (c *Console) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 	c.page(func(c *Console, ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-		c.message(ctx, 405, "Not allowed", "The console's pages take "+allow+" only, not "+string(ctx.Method())+". The console starts at /console.", false)
+		text := "The console's pages take " + allow + " only, not " + string(ctx.Method()) + "."
+		if string(ctx.Path()) == "/console/logout" {
+			// A bookmarked or typed sign-out link: signing out is a form,
+			// as no GET may change anything.
+			text += " To sign out, use the Sign out button at the top of any console page."
+		} else {
+			text += " The console starts at /console."
+		}
+		c.message(ctx, 405, "Not allowed", text, false)
 	})(ctx, nil)
 }
 

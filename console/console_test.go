@@ -634,26 +634,43 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 	}
 	// Other paths under /console are pages too, not the API's JSON.
 	b := g.browser()
-	for _, path := range []string{"/console/foo", "/console/logout", "/console/keys/"} {
+	for _, path := range []string{"/console/foo", "/console/keys/"} {
 		status, page := b.get(path)
 		if status != 404 || !strings.Contains(page, "<html") || !strings.Contains(page, "No such page") {
 			t.Errorf("GET %s: %d %.200s", path, status, page)
 		}
+	}
+	// A bookmarked sign-out link is no missing page: signing out is a
+	// form (a GET changes nothing), so it is a 405 that says where the
+	// button is. It was a 404 "There is no console page at
+	// /console/logout" while PUT there was a 405.
+	status, page := b.get("/console/logout")
+	if status != 405 || !strings.Contains(page, "<html") || !strings.Contains(page, "Sign out button") {
+		t.Errorf("GET /console/logout: %d %.400s", status, page)
 	}
 }
 
 // PUT and DELETE on a console path got the API's JSON 405, with "Allow:
 // GET, GET, POST, POST": a page, with each method once. Allow names the
 // methods of the page (PUT /console/style.css said "GET, POST", and POST
-// there is a 404).
+// there is a 404). A GET or POST of a page that does not take it was a
+// 404 "no console page" (GET /console/logout, POST /console/style.css,
+// POST /console/) where PUT was a 405: every method a page does not take
+// is a 405.
 func TestOtherMethodsGetAConsolePage(t *testing.T) {
 	g := startGateway(t, "")
 	for _, tc := range []struct{ method, path, allow string }{
 		{"PUT", "/console/keys", "GET, POST"},
 		{"DELETE", "/console/keys/revoke", "GET, POST"},
 		{"DELETE", "/console", "GET"},
+		{"POST", "/console", "GET"},
 		{"PUT", "/console/style.css", "GET"},
+		{"POST", "/console/style.css", "GET"},
+		{"POST", "/console/", "GET"},
+		{"PUT", "/console/", "GET"},
 		{"PUT", "/console/logout", "POST"},
+		{"GET", "/console/logout", "POST"},
+		{"PATCH", "/console/login", "GET, POST"},
 	} {
 		req, _ := http.NewRequest(tc.method, g.url+tc.path, nil)
 		resp, err := http.DefaultClient.Do(req)
