@@ -510,6 +510,8 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	view := overviewPage{Balance: usd(acc.Balance), Credited: usd(acc.Credited), Debited: usd(acc.Debited),
 		Negative: acc.Balance < 0, Days: UsageDays, Months: UsageMonths,
 		RPM: limitText(acc.Limits.RPM), TPM: limitText(acc.Limits.TPM), MaxConcurrent: limitText(acc.Limits.MaxConcurrent)}
+	keyLimits := call.World.Config.Plugins.KeyLimits
+	view.KeyRPM, view.KeyTPM, view.KeyConcurrent = limitText(keyLimits.RequestsPerMinute), limitText(keyLimits.TokensPerMinute), limitText(keyLimits.Concurrent)
 	if grace := call.World.Grace(); acc.Balance < -grace {
 		view.Refused, view.Grace = true, usd(grace)
 	}
@@ -547,7 +549,8 @@ func (c *Console) overview(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	c.render(ctx, 200, "overview", c.pageData(sess, "Overview", "overview", view))
 }
 
-// limitText is a limit of the account as the overview shows it.
+// limitText is a limit as the overview shows it: an account's 0 and
+// gateway.yaml's -1 (config.NoLimit) are none.
 func limitText(n int64) string {
 	if n <= 0 {
 		return "no limit"
@@ -668,7 +671,7 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		// expires_in=1h) reads as a setting the key would not have.
 		problem = fmt.Sprintf("This form has no field %q.", field)
 		if f := strings.ToLower(field); f == "rpm" || f == "tpm" || f == "max_concurrent" {
-			problem += " Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together."
+			problem += " Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together, and plugin calls have the per-key limits shown there."
 		}
 	}
 	if problem != "" {

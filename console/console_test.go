@@ -933,3 +933,54 @@ func TestKeyFormRefusesFieldsItDoesNotHave(t *testing.T) {
 		t.Fatalf("keys after the refused forms: %v %v", keys, err)
 	}
 }
+
+// The console hid limits that hold: the Overview said "no limit" for
+// requests per minute while plugin calls were answered with
+// X-Ratelimit-Limit-Requests: 600 (plugins.key_limits, per key), and a
+// key made with "keys create -rpm 2 -tpm 100" showed no limits in the
+// list. The list shows each key's own limits, and the Overview the
+// per-key limits of plugin calls, as gateway.yaml sets them.
+func TestConsoleShowsTheLimitsThatHold(t *testing.T) {
+	g := startGatewayWithSections(t, "", "", `
+plugins:
+  key_limits:
+    requests_per_minute: 120
+    tokens_per_minute: 50000
+    concurrent: -1
+`)
+	ctx := t.Context()
+	limited, _, err := g.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "limited", RPM: 2, TPM: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rpmOnly, _, err := g.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "rpm-only", RPM: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _, err := g.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := g.browser()
+	b.signIn("acme")
+	_, page := b.get("/console/keys")
+	for id, want := range map[string]string{
+		limited.KeyID: "2 requests and 1,000 tokens a minute",
+		rpmOnly.KeyID: "5 requests a minute",
+		plain.KeyID:   "none of its own",
+	} {
+		row := between(page, `id="key-`+id+`"`, "</tr>")
+		if !strings.Contains(row, `<td class="limits">`+want+`</td>`) {
+			t.Errorf("key %s lists limits other than %q:\n%s", id, want, row)
+		}
+	}
+	if !strings.Contains(page, "plugin calls") {
+		t.Errorf("the keys page does not say plugin calls have limits per key:\n%s", page)
+	}
+	_, page = b.get("/console")
+	for _, want := range []string{`id="limit-rpm">no limit<`, `id="key-limit-rpm">120<`, `id="key-limit-tpm">50,000<`, `id="key-limit-concurrent">no limit<`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("overview lacks %q:\n%s", want, page)
+		}
+	}
+}

@@ -91,7 +91,14 @@ func startGateway(t *testing.T, clickHouseDSN string) *gateway {
 // serverLines (indented YAML lines, each ending in a newline).
 func startGatewayWith(t *testing.T, clickHouseDSN, serverLines string) *gateway {
 	t.Helper()
-	g := startGatewayOn(t, clickHouseDSN, serverLines, nil)
+	return startGatewayWithSections(t, clickHouseDSN, serverLines, "")
+}
+
+// startGatewayWithSections is startGatewayWith whose config also holds
+// sections (top-level YAML, such as a plugins section).
+func startGatewayWithSections(t *testing.T, clickHouseDSN, serverLines, sections string) *gateway {
+	t.Helper()
+	g := startGatewayOn(t, clickHouseDSN, serverLines, sections, nil)
 	for id, credit := range map[string]money.Nanos{"acme": 10 * money.NanosPerUSD, "other": money.NanosPerUSD} {
 		g.gw.CreateAccount(id, credit)
 	}
@@ -102,12 +109,12 @@ func startGatewayWith(t *testing.T, clickHouseDSN, serverLines string) *gateway 
 // NATS, with copies of its signing.key and console.secret.
 func startSecondGateway(t *testing.T, first *gateway) *gateway {
 	t.Helper()
-	return startGatewayOn(t, "", "", first)
+	return startGatewayOn(t, "", "", "", first)
 }
 
 // startGatewayOn starts a gateway; with join, as another gateway of
 // join's deployment.
-func startGatewayOn(t *testing.T, clickHouseDSN, serverLines string, join *gateway) *gateway {
+func startGatewayOn(t *testing.T, clickHouseDSN, serverLines, sections string, join *gateway) *gateway {
 	t.Helper()
 	g := &gateway{t: t, log: &logBuffer{t: t}}
 	var joinGateway *gatewaytest.Gateway
@@ -118,7 +125,7 @@ func startGatewayOn(t *testing.T, clickHouseDSN, serverLines string, join *gatew
 		Join:     joinGateway,
 		Upstream: &proxytest.Options{Chunks: 3, PromptTokens: 8, CompletionTokens: 3},
 		Config: func(upstream, dir string) string {
-			return strings.Replace(fmt.Sprintf(gatewayYAML, upstream, dir), "server:\n", "server:\n"+serverLines, 1)
+			return strings.Replace(fmt.Sprintf(gatewayYAML, upstream, dir), "server:\n", "server:\n"+serverLines, 1) + sections
 		},
 		Modules: func(gw *gatewaytest.Gateway) []proxy.Module {
 			if joinGateway != nil {

@@ -91,8 +91,12 @@ type overviewPage struct {
 	Grace   string
 	// Limits are the account's own, set by the operator; "no limit" for 0.
 	RPM, TPM, MaxConcurrent string
-	Days                    int
-	UsageUnavailable        bool
+	// KeyRPM, KeyTPM and KeyConcurrent are gateway.yaml's
+	// plugins.key_limits: what each key may make of plugin calls where it
+	// has no rpm or tpm of its own.
+	KeyRPM, KeyTPM, KeyConcurrent string
+	Days                          int
+	UsageUnavailable              bool
 	// UsageOff: unavailable until the operator corrects clickhouse.dsn,
 	// not because ClickHouse is down.
 	UsageOff                   bool
@@ -119,8 +123,8 @@ type keysPage struct {
 
 // keyLine describes a key; it has no field that could hold the token.
 type keyLine struct {
-	ID, Name, Scopes, Models, Logging, Created, Status, StatusClass string
-	Active                                                          bool // not deleted yet: offer to delete it
+	ID, Name, Scopes, Models, Limits, Logging, Created, Status, StatusClass string
+	Active                                                                  bool // not deleted yet: offer to delete it
 }
 
 type keyForm struct {
@@ -205,7 +209,7 @@ func thousands(n int64) string {
 
 func describeKey(k accounts.KeyInfo, now time.Time) keyLine {
 	line := keyLine{ID: k.KeyID, Name: k.Name, Created: k.CreatedAt.UTC().Format("2006-01-02 15:04 UTC"),
-		Scopes: "all scopes", Models: "all models", Logging: "off", Status: "active", StatusClass: "active", Active: true}
+		Scopes: "all scopes", Models: "all models", Limits: keyLimitsText(k.RPM, k.TPM), Logging: "off", Status: "active", StatusClass: "active", Active: true}
 	if len(k.Scopes) > 0 {
 		line.Scopes = strings.Join(k.Scopes, ", ")
 	}
@@ -227,4 +231,19 @@ func describeKey(k accounts.KeyInfo, now time.Time) keyLine {
 		line.Status = "active until " + k.ExpiresAt.UTC().Format("2006-01-02 15:04 UTC")
 	}
 	return line
+}
+
+// keyLimitsText is a key's own rpm and tpm as the list shows them. Keys
+// made by the operator (CLI, admin API) may have them; the console's form
+// makes none.
+func keyLimitsText(rpm, tpm int64) string {
+	switch {
+	case rpm > 0 && tpm > 0:
+		return thousands(rpm) + " requests and " + thousands(tpm) + " tokens a minute"
+	case rpm > 0:
+		return thousands(rpm) + " requests a minute"
+	case tpm > 0:
+		return thousands(tpm) + " tokens a minute"
+	}
+	return "none of its own"
 }
