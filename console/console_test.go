@@ -984,3 +984,30 @@ plugins:
 		}
 	}
 }
+
+// A logging key with retention 0 was listed "on, kept until deleted",
+// and the form said 0 keeps logged calls "until they are deleted": a
+// holder read that deleting the key deletes them. It does not (they stay,
+// to 2105-12-31), and the holder cannot delete them.
+func TestRetentionZeroSaysLogsOutliveTheKey(t *testing.T) {
+	g := startGateway(t, "")
+	key, _, err := g.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "logged", Logging: accounts.Logging{Enabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := g.browser()
+	b.signIn("acme")
+	_, page := b.get("/console/keys")
+	if row := between(page, `id="key-`+key.KeyID+`"`, "</tr>"); !strings.Contains(row, "<td>on, kept with no expiry</td>") {
+		t.Errorf("a key logging with retention 0 is listed as:\n%s", row)
+	}
+	help := between(page, `id="retention-help"`, "</p>")
+	if strings.Contains(page, "until deleted") || strings.Contains(page, "until they are deleted") ||
+		!strings.Contains(help, "Deleting a key does not delete its logged calls") {
+		t.Errorf("the keys page lets deleting a key read as deleting its logs; retention help:\n%s", help)
+	}
+	resp := b.post("/console/keys", url.Values{"csrf": {b.csrf()}, "name": {"ci"}, "scopes": {"generate"}, "logging": {"on"}, "retention_days": {"x"}})
+	if page := string(readAll(t, resp)); resp.StatusCode != 400 || !strings.Contains(page, "0 keeps logged calls with no expiry") {
+		t.Errorf("retention x: %d %s", resp.StatusCode, page)
+	}
+}

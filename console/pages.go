@@ -217,7 +217,9 @@ func describeKey(k accounts.KeyInfo, now time.Time) keyLine {
 		line.Models = strings.Join(k.Models, ", ")
 	}
 	if k.Logging.Enabled {
-		line.Logging = "on, kept until deleted"
+		// Not "until deleted": deleting the key leaves its logs, and the
+		// holder cannot delete them.
+		line.Logging = "on, kept with no expiry"
 		if k.Logging.RetentionDays > 0 {
 			line.Logging = "on, kept " + strconv.Itoa(k.Logging.RetentionDays) + " days"
 		}
