@@ -673,6 +673,10 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		if f := strings.ToLower(field); f == "rpm" || f == "tpm" || f == "max_concurrent" {
 			problem += " Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together, and plugin calls have the per-key limits shown there."
 		}
+	} else if field, n, ok := repeatedKeyField(args); ok {
+		// name=ok&name=second made a key "ok": the first was taken and the
+		// others dropped, saying nothing.
+		problem = fmt.Sprintf("The field %q was sent %d times; this form sends it once.", field, n)
 	}
 	if problem != "" {
 		c.renderKeys(ctx, call, sess, 400, in, problem)
@@ -714,10 +718,30 @@ func unknownKeyField(ctx *fasthttp.RequestCtx) (string, bool) {
 	return "", false
 }
 
+// singleKeyFields are the fields of the key form that hold one value
+// (scopes and models are lists).
+var singleKeyFields = []string{"csrf", "name", "logging", "retention_days"}
+
+// repeatedKeyField returns the first field of singleKeyFields that a key
+// form post sends more than once, and how many times.
+func repeatedKeyField(args *fasthttp.Args) (string, int, bool) {
+	for _, field := range singleKeyFields {
+		if n := len(args.PeekMulti(field)); n > 1 {
+			return field, n, true
+		}
+	}
+	return "", 0, false
+}
+
 // ownedKey returns the key if it belongs to the session's account. A key of
 // another account is answered exactly like a missing one (404), so ids of
 // other accounts cannot be probed.
 func (c *Console) ownedKey(ctx *fasthttp.RequestCtx, sess session, keyID string) (accounts.KeyInfo, bool) {
+	if keyID == "" {
+		// It said "Your account has no key ." (404).
+		c.message(ctx, 400, "No key named", "No key was named: choose the key to delete on the API keys page, at /console/keys.", false)
+		return accounts.KeyInfo{}, false
+	}
 	sctx, cancel := storeContext()
 	defer cancel()
 	// A key created through another gateway a moment ago must be found.

@@ -1011,3 +1011,40 @@ func TestRetentionZeroSaysLogsOutliveTheKey(t *testing.T) {
 		t.Errorf("retention x: %d %s", resp.StatusCode, page)
 	}
 }
+
+// GET /console/keys/revoke without key_id said "Your account has no key
+// ." (404), and a key form with name=ok&name=second made a key "ok",
+// saying nothing, where every field the form does not have is refused by
+// name. Both are 400s that say what is wrong.
+func TestKeyFormsRefuseAMissingKeyAndARepeatedField(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	if status, page := b.get("/console/keys/revoke"); status != 400 || !strings.Contains(page, "No key was named") {
+		t.Errorf("confirm page without key_id: %d %s", status, page)
+	}
+	resp := b.post("/console/keys/revoke", url.Values{"csrf": {b.csrf()}})
+	if page := string(readAll(t, resp)); resp.StatusCode != 400 || !strings.Contains(page, "No key was named") {
+		t.Errorf("revoke without key_id: %d %s", resp.StatusCode, page)
+	}
+	for _, field := range []struct{ name, first, second string }{
+		{"name", "ok", "second"}, {"logging", "on", "off"}, {"retention_days", "1", "2"},
+	} {
+		form := url.Values{"csrf": {b.csrf()}, "name": {"ci"}, "scopes": {"generate"}, "logging": {"on"}}
+		form[field.name] = []string{field.first, field.second}
+		resp := b.post("/console/keys", form)
+		page := string(readAll(t, resp))
+		if resp.StatusCode != 400 || !strings.Contains(page, "&#34;"+field.name+"&#34; was sent 2 times") {
+			t.Errorf("%s: %d %s", form.Encode(), resp.StatusCode, page)
+		}
+	}
+	// Scopes and models are lists: several are the form's own.
+	form := url.Values{"csrf": {b.csrf()}, "name": {"ci"}, "scopes": {"generate", "classify"}, "models": {"small", "large"}}
+	if resp := b.post("/console/keys", form); resp.StatusCode != 200 {
+		t.Errorf("a key with two scopes and two models: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil || len(keys) != 1 || keys[0].Name != "ci" {
+		t.Fatalf("keys after the forms: %+v %v", keys, err)
+	}
+}
