@@ -80,7 +80,7 @@ func ModelsAllow(models []string, id string) bool {
 // Logging is a key's opt-in logging of generation inputs and outputs.
 type Logging struct {
 	Enabled       bool `json:"enabled"`
-	RetentionDays int  `json:"retention_days"` // 0 = keep until deleted
+	RetentionDays int  `json:"retention_days"` // 0 = kept with no expiry (deleting the key leaves them)
 }
 
 // KeyRequest describes a key to create.
@@ -128,7 +128,7 @@ const (
 	// every key's token.
 	MaxKeyNameLen = 200
 	// MaxRetentionDays is the longest request-log retention (100 years);
-	// 0 keeps logged calls until deleted.
+	// 0 keeps logged calls with no expiry: deleting the key leaves them.
 	MaxRetentionDays = 36_500
 )
 

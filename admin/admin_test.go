@@ -145,7 +145,7 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 		{`{"name":"c1\u0085x"}`, "name", "name must not contain control characters"},
 		{`{"name":"x\u202egpj.exe"}`, "name", "name must not contain bidirectional formatting characters (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): they can make a name read as another"},
 		{`{"name":"ci","logging":{"enabled":true,"retention_days":36501}}`, "logging.retention_days",
-			"logging retention must be a whole number of days from 0 to 36500 (0 keeps logged calls until deleted)"},
+			"logging retention must be a whole number of days from 0 to 36500 (0 keeps logged calls with no expiry)"},
 		// The CLI refuses -retention-days without -logging; the API stored
 		// it on a key that logs nothing.
 		{`{"name":"ci","logging":{"enabled":false,"retention_days":5}}`, "logging.retention_days",

@@ -50,7 +50,7 @@ func CheckKeyRequest(req accounts.KeyRequest, cat *catalog.Catalog) *Problem {
 	}
 	if days := req.Logging.RetentionDays; days < 0 || days > accounts.MaxRetentionDays {
 		return &Problem{"logging.retention_days", fmt.Sprintf(
-			"logging retention must be a whole number of days from 0 to %d (0 keeps logged calls until deleted)", accounts.MaxRetentionDays)}
+			"logging retention must be a whole number of days from 0 to %d (0 keeps logged calls with no expiry)", accounts.MaxRetentionDays)}
 	}
 	// The CLI refused -retention-days without -logging while the API
 	// stored the days on a key that logs nothing.
