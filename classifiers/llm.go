@@ -419,7 +419,10 @@ func multiScores(labels []string, probs []float64, said []bool, threshold float6
 		in := said[i]
 		if probs != nil {
 			s.Confidence = round4(probs[i])
-			in = s.Confidence >= threshold
+			// The model's P(yes) is the label's evidence: at threshold
+			// 0 a label it gives none (0 to four decimals) is still
+			// not answered, or every label would be.
+			in = s.Confidence > 0 && s.Confidence >= threshold
 		}
 		scores[i] = s
 		if in {

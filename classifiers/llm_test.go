@@ -334,6 +334,47 @@ func TestLLMMultiAndTagsAgreeWithTheView(t *testing.T) {
 	}
 }
 
+// TestLLMMultiAtThresholdZeroAnswersNoLabelWithoutEvidence: through the
+// demo upstream, multi mode and closed tags at threshold 0 answered every
+// label ("zzqx blorf" → gamma, beta and alpha at 0.0392), where the
+// offline engine behind it answers none: the view model gave each label
+// the offline engine's floor as P(yes), and the llm engine kept every
+// label at or above 0. The view now says no, surely, to a label it has no
+// evidence for, and the llm engine keeps no label the model gives no
+// probability.
+func TestLLMMultiAtThresholdZeroAnswersNoLabelWithoutEvidence(t *testing.T) {
+	e, _ := newLLM(t, proxytest.Options{})
+	lex := NewLexical()
+	for _, threshold := range []float64{0, 0.01} {
+		req := ClassifyRequest{Text: "zzqx blorf", Labels: []string{"gamma", "beta", "alpha"}, Mode: ModeMulti, Threshold: threshold}
+		want, _ := lex.Classify(ctx, req)
+		r, err := e.Classify(ctx, req)
+		if err != nil || len(want.Labels) != 0 || len(r.Labels) != 0 || len(r.Scores) != 3 {
+			t.Errorf("multi at %v: llm %+v, %v; lexical %+v", threshold, r.Labels, err, want.Labels)
+		}
+		tg, err := e.Tag(ctx, TagRequest{Text: req.Text, Tags: req.Labels, Threshold: threshold})
+		if err != nil || len(tg.Tags) != 0 {
+			t.Errorf("closed tags at %v: llm %+v, %v", threshold, tg.Tags, err)
+		}
+	}
+	// A label with evidence is still answered at threshold 0.
+	req := ClassifyRequest{Text: "My parcel arrived broken and I want a refund of the payment.", Labels: []string{"billing", "shipping", "account"},
+		Descriptions: supportRequest.Descriptions, Mode: ModeMulti}
+	want, _ := lex.Classify(ctx, req)
+	r, err := e.Classify(ctx, req)
+	if err != nil || fmt.Sprint(r.Labels) != fmt.Sprint(want.Labels) || len(r.Labels) == 0 || len(r.Labels) == 3 {
+		t.Errorf("multi at 0 with evidence: llm %+v, %v; lexical %+v", r.Labels, err, want.Labels)
+	}
+}
+
+// A model's P(yes) is its own evidence, and threshold 0 keeps every label
+// it gives any; one it gives none (0 to four decimals) is not answered.
+func TestMultiScoresKeepNoLabelOfProbabilityZero(t *testing.T) {
+	_, matched := multiScores([]string{"a", "b"}, []float64{0.00004, 0.2}, []bool{false, false}, 0)
+	if fmt.Sprint(matched) != "[{b 0.2}]" {
+		t.Errorf("matched %v, want b alone", matched)
+	}
+}
 func TestLLMRequestIsValidJSON(t *testing.T) {
 	e, s := newLLM(t, proxytest.Options{})
 	tags := []string{`a "b"`, "line\nbreak"}

@@ -23,7 +23,8 @@ import (
 // digits carry the view's probabilities: a single-mode answer is the
 // view's label with the top_logprobs most probable labels as
 // alternatives; multi mode and closed tags answer yes when the view's
-// confidence is at least 0.5, with P(yes) the confidence; scores and
+// confidence is at least 0.5, with P(yes) the confidence (0 for a label
+// the view has no evidence for, which it never answers); scores and
 // relevance put their mass on the two digits around 9·score, so the
 // expected digit is the view's score.
 type ViewModel struct{ view Engine }
@@ -145,8 +146,8 @@ func (m *ViewModel) single(system, text string) []viewToken {
 }
 
 // yesNo answers "CODE: yes" lines with P(yes) the view's multi-mode
-// confidence; tags are labels without descriptions, as the lexical engine
-// tags.
+// confidence, or 0 for a label the view has no evidence for; tags are
+// labels without descriptions, as the lexical engine tags.
 func (m *ViewModel) yesNo(system, text string, tags bool) []viewToken {
 	req := parseNumbered(system)
 	req.Text, req.Mode = text, ModeMulti
@@ -157,8 +158,13 @@ func (m *ViewModel) yesNo(system, text string, tags bool) []viewToken {
 	if err != nil {
 		return []viewToken{{text: "none"}}
 	}
-	conf := make(map[string]float64, len(r.Scores))
-	for _, s := range r.Scores {
+	// The view was asked at threshold 0, so its Labels are the labels it
+	// has evidence for. Another label's confidence is the floor every
+	// such label gets, which as P(yes) read as a measurement: at
+	// threshold 0 the llm engine answered every label where the view
+	// answers none. The model says no to it, surely.
+	conf := make(map[string]float64, len(r.Labels))
+	for _, s := range r.Labels {
 		conf[s.Label] = s.Confidence
 	}
 	codes := labelCodes(len(req.Labels))

@@ -87,3 +87,22 @@ func agree(t *testing.T, what string, llm, lex map[string]any) {
 		}
 	}
 }
+
+// TestDemoMultiAtThresholdZeroAgreesOnNoEvidence: multi mode and closed
+// tags at threshold 0 through the demo upstream answered every label
+// ("zzqx blorf" → gamma, beta and alpha at 0.0392) where the offline
+// engine behind it answers [].
+func TestDemoMultiAtThresholdZeroAgreesOnNoEvidence(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: llm\n  llm_model: small"})
+	for path, body := range map[string]string{
+		"/v1/classify": `{"text": "zzqx blorf", "labels": ["gamma", "beta", "alpha"], "mode": "multi", "threshold": 0}`,
+		"/v1/tag":      `{"text": "zzqx blorf", "tags": ["gamma", "beta", "alpha"], "threshold": 0}`,
+	} {
+		llm := h.keyed(path, body).ok(t)
+		lex := h.keyed(path, withModel(body, "lexical")).ok(t)
+		field := map[string]string{"/v1/classify": "labels", "/v1/tag": "tags"}[path]
+		if llm["engine"] != "llm" || fmt.Sprint(llm[field]) != "[]" || fmt.Sprint(lex[field]) != "[]" {
+			t.Errorf("%s: llm %v %v, lexical %v", path, llm["engine"], llm[field], lex[field])
+		}
+	}
+}
