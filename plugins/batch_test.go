@@ -511,10 +511,13 @@ func TestBatchRequestValidation(t *testing.T) {
 		{`{"labels": ["a"], "classifier": "support-intent"}`, "labels", "cannot be sent with classifier"},
 		{`{"classifier": "nope"}`, "classifier", "not defined"},
 		{`{"labels": ["a"], "descriptions": {"b": "x"}}`, "descriptions", ""},
-		{`{"labels": ["a"], "model": "gpt-9"}`, "model", "does not exist"},
+		{`{"labels": ["a", "b"], "model": "gpt-9"}`, "model", "does not exist"},
 		{`{"labels": ["a"], "text": "per line, not here"}`, "text", "unknown field"},
 		{`{"labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels"`},
 		{`{"labels": ["a"], "mode": "multi", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400"},
+		// Every line would answer "a" at confidence 1 (TestOneLabelSingleModeIsRefused).
+		{`{"labels": ["a"]}`, "labels", `single mode with one label always answers it`},
+		{`{"labels": ["a"], "mode": "single"}`, "labels", `send "mode": "multi"`},
 	} {
 		r := h.call("POST", "/v1/batch", h.key, tc.body)
 		e := r.apiError(t, 400, "invalid_request_error")
@@ -526,8 +529,8 @@ func TestBatchRequestValidation(t *testing.T) {
 	classifyOnly := h.newKey("acme", accounts.KeyRequest{Name: "c", Scopes: []string{accounts.ScopeClassify}})
 	h.call("GET", "/v1/batch", classifyOnly, "").apiError(t, 403, "permission_denied")
 	largeOnly := h.newKey("acme", accounts.KeyRequest{Name: "l", Models: []string{"large"}})
-	h.call("POST", "/v1/batch", largeOnly, `{"labels": ["a"], "model": "small"}`).apiError(t, 403, "permission_denied")
-	h.createJob(largeOnly, `{"labels": ["a"], "model": "lexical"}`)
+	h.call("POST", "/v1/batch", largeOnly, `{"labels": ["a", "b"], "model": "small"}`).apiError(t, 403, "permission_denied")
+	h.createJob(largeOnly, `{"labels": ["a", "b"], "model": "lexical"}`)
 
 	h.call("PUT", "/v1/batch", h.key, "").apiError(t, 405, "method_not_allowed")
 	c := h.createJob(h.key, `{"labels": ["a", "b"]}`)

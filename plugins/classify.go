@@ -91,10 +91,30 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 		return req, apiErr
 	}
 	req.Threshold = t
-	return req, firstProblem(config.FirstClassificationProblem(config.Classifier{
+	if apiErr := firstProblem(config.FirstClassificationProblem(config.Classifier{
 		Labels: req.Labels, Descriptions: req.Descriptions, Examples: req.Examples,
 		TextType: req.TextType, Mode: string(req.Mode), Threshold: t,
-	}, cfg.Plugins.MaxTextBytes))
+	}, cfg.Plugins.MaxTextBytes)); apiErr != nil {
+		return req, apiErr
+	}
+	return req, oneLabelSingle(req, b.Classifier)
+}
+
+// oneLabelSingle refuses single mode over one label: every engine
+// answered that label at confidence 1, with no tie and nothing to say the
+// text had no evidence for it ("Let us meet for lunch tomorrow" was spam
+// at 1). Multi mode answers the question such a request asks: whether the
+// label applies. classifier names the saved classifier the labels came
+// from, "" when the request sent them.
+func oneLabelSingle(req classifiers.ClassifyRequest, classifier string) *proxy.APIError {
+	if req.Mode != classifiers.ModeSingle || len(req.Labels) != 1 {
+		return nil
+	}
+	advice := fmt.Sprintf(`send "mode": "multi", whose confidence says whether %q applies, or labels to choose between`, quotable(req.Labels[0]))
+	if classifier != "" {
+		return proxy.BadRequest("mode", fmt.Sprintf("the saved classifier %q has one label, and single mode always answers it, at confidence 1: %s", classifier, advice))
+	}
+	return proxy.BadRequest("labels", "single mode with one label always answers it, at confidence 1: "+advice)
 }
 
 // nearestClassifier is " (did you mean …?)" for a name a typo away from a

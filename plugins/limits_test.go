@@ -193,7 +193,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		}
 		return nil
 	})
-	r := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"], "model": "lexical"}`})
+	r := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`})
 	e := r.apiError(t, 429, "rate_limit_exceeded")
 	if !strings.Contains(e["message"].(string), "may have 1 in flight") || r.header.Get("Retry-After") != "1" {
 		t.Errorf("429 %v, Retry-After %q", e, r.header.Get("Retry-After"))
@@ -202,7 +202,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	if m := slow.ok(t); m["engine"] != "llm" {
 		t.Errorf("slow request answered by %v", m["engine"])
 	}
-	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"], "model": "lexical"}`}).ok(t)
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`}).ok(t)
 }
 
 // TestTagSetIsBounded: /v1/tag counted its tags but not their size, so
@@ -258,7 +258,7 @@ func TestAccountLimits(t *testing.T) {
 		return nil
 	})
 	for path, body := range map[string]string{
-		"/v1/classify":         `{"text": "x", "labels": ["a"], "model": "lexical"}`,
+		"/v1/classify":         `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`,
 		"/v1/chat/completions": `{"model": "small", "messages": [{"role": "user", "content": "hi"}]}`,
 	} {
 		r := h.do(request{path: path, body: body, key: other})
@@ -269,10 +269,10 @@ func TestAccountLimits(t *testing.T) {
 	}
 	wg.Wait()
 	slow.ok(t)
-	r := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"], "model": "lexical"}`, key: other})
+	r := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`, key: other})
 	r.ok(t)
 	wantRateHeaders(t, r, "requests", "2", "0")
-	r = h.keyed("/v1/classify", `{"text": "x", "labels": ["a"], "model": "lexical"}`)
+	r = h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`)
 	e := r.apiError(t, 429, "rate_limit_exceeded")
 	if !strings.Contains(e["message"].(string), "account acme (all its keys together) may make 2 per minute") {
 		t.Errorf("message %q", e["message"])

@@ -116,9 +116,9 @@ func TestSemanticMissingVectorsAreSaidAtStart(t *testing.T) {
 func TestLabelSetsThatJoinAlikeAreKeptApart(t *testing.T) {
 	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + vectorsPath(t)})
 	for _, pair := range [][2]string{
-		{`{"text": "I like fruit", "labels": ["apple\nbanana"]}`, `{"text": "I like fruit", "labels": ["apple", "banana"]}`},
+		{`{"text": "I like fruit", "labels": ["apple\nbanana"], "mode": "multi"}`, `{"text": "I like fruit", "labels": ["apple", "banana"], "mode": "multi"}`},
 		{`{"text": "I like fruit", "labels": ["apple\u0000banana", "cherry"]}`, `{"text": "I like fruit", "labels": ["apple", "banana", "cherry"]}`},
-		{`{"text": "x", "labels": ["a: b"]}`, `{"text": "x", "labels": ["a"], "descriptions": {"a": "b"}}`},
+		{`{"text": "x", "labels": ["a: b"], "mode": "multi"}`, `{"text": "x", "labels": ["a"], "descriptions": {"a": "b"}, "mode": "multi"}`},
 	} {
 		for _, body := range pair {
 			for _, model := range []string{"semantic", "lexical"} {

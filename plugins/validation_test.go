@@ -80,7 +80,7 @@ func TestValidation(t *testing.T) {
 		{"classifier and labels", "/v1/classify", `{"text": "x", "classifier": "support-intent", "labels": ["a"]}`, "labels", "labels cannot be sent with classifier"},
 		{"classifier, bad threshold", "/v1/classify", `{"text": "x", "classifier": "support-intent", "threshold": 2}`, "threshold", "threshold must be between 0 and 1"},
 		{"text_type too long", "/v1/classify", `{"text": "x", "labels": ["a"], "text_type": "` + long + `"}`, "text_type", "text_type is 1025 bytes"},
-		{"unknown model", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "gpt-5"}`, "model", `model "gpt-5" does not exist; use semantic, lexical, llm or a catalog model: small, large`},
+		{"unknown model", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "gpt-5"}`, "model", `model "gpt-5" does not exist; use semantic, lexical, llm or a catalog model: small, large`},
 
 		{"tag text missing", "/v1/tag", `{"tags": ["a"]}`, "text", "text is required"},
 		{"tag typo", "/v1/tag", `{"text": "x", "tag": ["a"]}`, "tag", `unknown field "tag" (did you mean "tags"?)`},
@@ -137,10 +137,44 @@ func TestValidation(t *testing.T) {
 		t.Errorf("%d events recorded for refused requests", n)
 	}
 	// None of those used the key's quota: the limits count admitted calls.
-	r := h.keyed("/v1/classify", `{"text": "x", "labels": ["a"]}`)
+	r := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`)
 	r.ok(t)
 	if got := r.header.Get("x-ratelimit-remaining-requests"); got != "599" {
 		t.Errorf("x-ratelimit-remaining-requests %q after the first admitted call, want 599", got)
+	}
+}
+
+// TestOneLabelSingleModeIsRefused: single mode with one label answered
+// it at confidence 1 in every engine, with no tie and nothing to say the
+// text had no evidence for it ("Let us meet for lunch tomorrow" was spam
+// at 1). It is a 400 that points to multi mode, whose confidence says
+// whether the label applies; a saved classifier of one label is
+// refused likewise unless the request asks for multi mode.
+func TestOneLabelSingleModeIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{classifiers: defaultClassifiers + `
+  spam-only:
+    labels: [spam]
+`})
+	for _, c := range []struct{ body, param, msg string }{
+		{`{"text": "Let us meet for lunch tomorrow", "labels": ["spam"]}`, "labels", `single mode with one label always answers it, at confidence 1: send "mode": "multi", whose confidence says whether "spam" applies`},
+		{`{"text": "Let us meet for lunch tomorrow", "labels": ["spam"], "mode": "single"}`, "labels", "single mode with one label"},
+		{`{"text": "Let us meet for lunch tomorrow", "classifier": "spam-only"}`, "mode", `the saved classifier "spam-only" has one label`},
+	} {
+		e := h.keyed("/v1/classify", c.body).apiError(t, 400, "invalid_request_error")
+		if e["param"] != c.param || !strings.Contains(e["message"].(string), c.msg) {
+			t.Errorf("%s: %v", c.body, e)
+		}
+	}
+	for _, body := range []string{
+		`{"text": "Let us meet for lunch tomorrow", "labels": ["spam"], "mode": "multi"}`,
+		`{"text": "Let us meet for lunch tomorrow", "classifier": "spam-only", "mode": "multi"}`,
+	} {
+		if m := h.keyed("/v1/classify", body).ok(t); fmt.Sprint(m["labels"]) != "[]" {
+			t.Errorf("%s: %v", body, m)
+		}
+	}
+	if n := len(h.rec.Events()); n != 2 {
+		t.Errorf("%d events recorded, want the 2 multi-mode calls'", n)
 	}
 }
 
@@ -183,7 +217,7 @@ func TestNegativeZeroThresholdIsEchoedAsZero(t *testing.T) {
 func TestValidationPublicCostsNoQuota(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	h.do(request{path: "/v1/classify", body: `{"text": "x", "lables": ["a"]}`}).apiError(t, 400, "invalid_request_error")
-	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a"]}`}).ok(t)
+	h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"]}`}).ok(t)
 }
 
 // TestOversizedBodiesAreRefusedBeforeDecoding: a body is validated before
@@ -216,7 +250,7 @@ func TestOversizedBodiesAreRefusedBeforeDecoding(t *testing.T) {
 		{"a key that is not a label, of 200", "/v1/classify", `{"text": "hi", "labels": ["a"], "examples": {` + strings.Join(keys[:200], ",") + `}}`,
 			"examples.k0", `examples has a key "k0" that is not a label`},
 		// A name is quoted cut, not whole: its 400 was as long as the body.
-		{"a model name of a megabyte", "/v1/classify", `{"text": "hi", "labels": ["a"], "model": "` + strings.Repeat("m", 1<<20) + `"}`,
+		{"a model name of a megabyte", "/v1/classify", `{"text": "hi", "labels": ["a", "b"], "model": "` + strings.Repeat("m", 1<<20) + `"}`,
 			"model", `model "` + strings.Repeat("m", 200) + `…" does not exist`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
