@@ -156,10 +156,12 @@ type MatchRequest struct {
 
 // ScoreResult is a score in [0,1].
 //
-// NoEvidence says the engine knew nothing to measure the attribute by: not
-// one of its own attributes, no word of the name or description it has a
-// vector for, and no word shared with the text. Score is then 0, which
-// would otherwise read as "not at all".
+// NoEvidence says an offline engine had nothing to measure by. For Score:
+// the attribute is not one of its own, no word of its name or description
+// has a vector, and none is shared with the text. For Match: the query or
+// the source has no word (no letter or digit). Score is then 0, which
+// would otherwise read as "not at all". The llm engine never sets it: a
+// model's digit is its judgement.
 type ScoreResult struct {
 	Score      float64 `json:"score"`
 	NoEvidence bool    `json:"no_evidence,omitempty"`

@@ -357,9 +357,15 @@ func (e lexical) Match(ctx context.Context, req MatchRequest) (ScoreResult, erro
 		return res, err
 	}
 	res.Score = matchScore(req.Query, req.Source)
+	res.NoEvidence = !hasWord(req.Query) || !hasWord(req.Source)
 	res.Answer = lexicalAnswer(req.Query+"\n"+req.Source, 0)
 	return res, nil
 }
+
+// hasWord reports whether text holds a word the offline engines read, a
+// letter or digit: a query or document without one ("🔥", "???") scores
+// 0 for want of anything to compare, which is not "unrelated".
+func hasWord(text string) bool { return strings.IndexFunc(text, isWordRune) >= 0 }
 
 // matchScale maps BM25 per unit of query idf to [0,1]: a document
 // holding every query word once scores about 0.75, half of them about 0.5.

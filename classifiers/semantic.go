@@ -577,6 +577,7 @@ func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, er
 		return res, err
 	}
 	res.Score = round4(e.matchScore(req.Query, req.Source))
+	res.NoEvidence = !hasWord(req.Query) || !hasWord(req.Source)
 	res.Answer = e.answer(lexicalAnswer(req.Query+"\n"+req.Source, 0))
 	return res, nil
 }

@@ -400,6 +400,30 @@ func TestScoreSaysWhenItHasNoEvidence(t *testing.T) {
 	}
 }
 
+// TestMatchSaysWhenItHasNoEvidence: a query or source with no word
+// ("🔥", "???") scored 0 with nothing to say so, though a duplicate ranks
+// at the top: "🔥" for "🔥" read as "not relevant at all".
+func TestMatchSaysWhenItHasNoEvidence(t *testing.T) {
+	for _, e := range []Engine{semanticForTest(t), NewLexical()} {
+		for _, c := range []struct {
+			query, source string
+			none          bool
+		}{
+			{"🔥", "🔥", true},
+			{"???", "???", true},
+			{"how long do refunds take?", "🔥 !!!", true},
+			{"🔥", "Refunds are issued within 5 days.", true},
+			{"how long do refunds take?", "Preheat the oven to 200 degrees.", false},
+			{"zzqx", "blorf", false}, // words, none shared: that is a measure
+		} {
+			res, err := e.Match(context.Background(), MatchRequest{Query: c.query, Source: c.source})
+			if err != nil || res.NoEvidence != c.none || (c.none && res.Score != 0) {
+				t.Errorf("%s: %q for %q: %+v, %v; want no_evidence %v", e.Name(), c.source, c.query, res, err, c.none)
+			}
+		}
+	}
+}
+
 // align compares each distinct word once, and bounds the words compared:
 // a word of the query with every word of the document was quadratic, and
 // two 64 KiB texts took a minute of CPU in one /v1/match call. Under the

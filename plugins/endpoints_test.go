@@ -301,6 +301,22 @@ func TestScoreNoEvidenceField(t *testing.T) {
 	}
 }
 
+// TestMatchNoEvidenceField: /v1/match answered {"score":0} for "🔥" as
+// both query and source, as if a duplicate were unrelated; a text with no
+// word to read now says no_evidence, as /v1/score does.
+func TestMatchNoEvidenceField(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, body := range []string{`{"source": "🔥", "query": "🔥"}`, `{"source": "???", "query": "???"}`} {
+		if m := h.keyed("/v1/match", body).ok(t); m["no_evidence"] != true || m["score"] != 0.0 {
+			t.Errorf("%s: %v, want score 0 and no_evidence true", body, m)
+		}
+	}
+	m := h.keyed("/v1/match", `{"source": "Refunds are issued within 5 days.", "query": "how long do refunds take?"}`).ok(t)
+	if _, ok := m["no_evidence"]; ok {
+		t.Errorf("a real match: %v carries no_evidence", m)
+	}
+}
+
 // Plugin calls are counted in the request metrics under their engine, as
 // generation calls are under their model: an operator saw no classify
 // traffic at all.

@@ -51,6 +51,6 @@ func (m *module) handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		},
 	})
 	if ok {
-		writeJSON(ctx, scoreResponse{Score: clamp01(res.Score), tail: t})
+		writeJSON(ctx, scoreResponse{Score: clamp01(res.Score), NoEvidence: res.NoEvidence, tail: t})
 	}
 }
