@@ -1001,8 +1001,10 @@ func (lc *lineClassifier) classify(ctx context.Context, req classifiers.Classify
 	}
 }
 
-// textOf finds a line's text as /v1/classify finds it, the key in any
-// case; twice says a second one came (refused: which of two texts a client
+// textOf finds a line's text, the key in any case, as /v1/classify found
+// it until it began refusing "Text": a job's input files are kept as they
+// were written, and lines that classified before must not start failing.
+// twice says a second one came (refused: which of two texts a client
 // meant cannot be known).
 func textOf(v gjson.Result) (t gjson.Result, twice bool) {
 	v.ForEach(func(key, value gjson.Result) bool {
