@@ -381,8 +381,15 @@ func decodeError(err error, dst any) *proxy.APIError {
 		}
 		return proxy.BadRequest(field, fmt.Sprintf("%s must be %s, %s %s", field, describeJSONType(want), got, describeJSONValue(typ.Value)))
 	}
-	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		name = quotable(strings.Trim(name, `"`))
+	if quoted, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		// encoding/json quotes the name Go's way: unquoted, it is the
+		// key as sent, which %q below quotes once ("text\x00" was
+		// "text\\x00").
+		name, err := strconv.Unquote(quoted)
+		if err != nil {
+			name = strings.Trim(quoted, `"`)
+		}
+		name = quotable(name)
 		msg := fmt.Sprintf("unknown field %q", name)
 		fields := jsonFields(dst)
 		if s := suggest.Nearest(name, fields); s != "" {

@@ -178,6 +178,17 @@ func TestOneLabelSingleModeIsRefused(t *testing.T) {
 	}
 }
 
+// TestUnknownFieldIsQuotedOnce: a control character in an unknown key was
+// escaped twice, encoding/json's quoting quoted again: "text\u0000" was
+// refused as unknown field "text\\x00".
+func TestUnknownFieldIsQuotedOnce(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	e := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "text\u0000": "y"}`).apiError(t, 400, "invalid_request_error")
+	if msg := e["message"].(string); !strings.HasPrefix(msg, `unknown field "text\x00" (did you mean "text"?)`) || e["param"] != "text\x00" {
+		t.Errorf("param %q, message %q", e["param"], msg)
+	}
+}
+
 // TestIntegralFloatsAreIntegers: "max_tags": 1.0, what Python's
 // json.dumps(1.0) sends, and 1e0 were refused as out of range; an integer
 // field now takes any integral number, and still refuses a fraction.
