@@ -19,8 +19,11 @@ const (
 	MaxLabels = 200
 	// DefaultThreshold is the multi-mode confidence threshold.
 	DefaultThreshold = 0.5
-	ModeSingle       = "single"
-	ModeMulti        = "multi"
+	// ThresholdRange words a threshold's valid values, in every refusal
+	// of one (a request's -1 and 1e400, a saved classifier's 1.5).
+	ThresholdRange = "a number between 0 and 1"
+	ModeSingle     = "single"
+	ModeMulti      = "multi"
 	// MaxLabelSetBytes bounds the text of a label set (labels,
 	// descriptions and examples, or tags), as a batch job keeps it: a set
 	// of megabytes was compiled again for every call (not cached),
@@ -193,7 +196,7 @@ func checkClassification(ps *problems, cl Classifier, maxTextBytes ByteSize) {
 		ps.add(FieldProblem{"mode", fmt.Sprintf("mode must be single or multi, got %q", utf8cut.Shorten(mode, 200))})
 	}
 	if !(threshold >= 0 && threshold <= 1) && !ps.full() { // also refuses NaN
-		ps.add(FieldProblem{"threshold", fmt.Sprintf("threshold must be between 0 and 1, got %v", threshold)})
+		ps.add(FieldProblem{"threshold", fmt.Sprintf("threshold must be %s, got %v", ThresholdRange, threshold)})
 	}
 	// Each label, description and example is a text too, held to the
 	// same bound (gateway.yaml says so), and the whole set to

@@ -73,7 +73,7 @@ func TestCheckClassification(t *testing.T) {
 			{"labels[2]", `labels[2] ("-") has no letter or digit: no engine can read it`},
 			{"labels[3]", `labels[3] ("!!!") has no letter or digit: no engine can read it`}}},
 		{labels: []string{"a"}, desc: map[string]string{"b": "x"}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions has a key "b" that is not a label`}}},
-		{labels: []string{"a"}, mode: "both", threshold: -0.1, want: []FieldProblem{{"mode", `mode must be single or multi, got "both"`}, {"threshold", "threshold must be between 0 and 1, got -0.1"}}},
+		{labels: []string{"a"}, mode: "both", threshold: -0.1, want: []FieldProblem{{"mode", `mode must be single or multi, got "both"`}, {"threshold", "threshold must be a number between 0 and 1, got -0.1"}}},
 	} {
 		got := CheckClassification(Classifier{Labels: c.labels, Descriptions: c.desc, Mode: c.mode, Threshold: c.threshold}, DefaultMaxTextBytes)
 		if !reflect.DeepEqual(got, c.want) {

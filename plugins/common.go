@@ -321,10 +321,16 @@ func (n *wholeNumber) UnmarshalJSON(b []byte) error {
 }
 
 // numberRanges words the valid values of the numeric fields, for a number
-// that does not fit the field's type (threshold: 1e400).
+// out of range, whether it fits the field's type (threshold: -1) or not
+// (threshold: 1e400): one wording for both (see outOfRangeMsg).
 var numberRanges = map[string]string{
-	"threshold": "a number between 0 and 1",
+	"threshold": config.ThresholdRange,
 	"max_tags":  fmt.Sprintf("an integer between 1 and %d", maxMaxTags),
+}
+
+// outOfRangeMsg is the 400 message for value, out of field's range.
+func outOfRangeMsg(field string, value any) string {
+	return fmt.Sprintf("%s must be %s, got %v", field, numberRanges[field], value)
 }
 
 // outOfRange is the message for a number that encoding/json could not
@@ -349,14 +355,13 @@ func outOfRange(field string, t reflect.Type, value string) (string, bool) {
 	default:
 		return "", false
 	}
-	want, ok := numberRanges[field]
-	if !ok {
-		want = describeJSONType(t) + " in range"
-	}
 	if len(num) > 32 {
 		num = num[:32] + "…"
 	}
-	return fmt.Sprintf("%s must be %s, got %s, which is out of range", field, want, num), true
+	if _, ok := numberRanges[field]; ok {
+		return outOfRangeMsg(field, num), true
+	}
+	return fmt.Sprintf("%s must be %s in range, got %s, which is out of range", field, describeJSONType(t), num), true
 }
 
 func decodeError(err error, dst any) *proxy.APIError {
@@ -539,7 +544,7 @@ func checkThreshold(t *float64) (float64, *proxy.APIError) {
 		return config.DefaultThreshold, nil
 	}
 	if !(*t >= 0 && *t <= 1) {
-		return 0, proxy.BadRequest("threshold", fmt.Sprintf("threshold must be between 0 and 1, got %v", *t))
+		return 0, proxy.BadRequest("threshold", outOfRangeMsg("threshold", *t))
 	}
 	if *t == 0 {
 		return 0, nil // -0 too, which multi mode echoed as "threshold": -0

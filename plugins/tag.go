@@ -56,7 +56,7 @@ func (b *tagBody) request(p config.Plugins) (classifiers.TagRequest, *proxy.APIE
 	}
 	if b.MaxTags != nil {
 		if *b.MaxTags < 1 || *b.MaxTags > maxMaxTags {
-			return req, proxy.BadRequest("max_tags", fmt.Sprintf("max_tags must be between 1 and %d, got %d", maxMaxTags, *b.MaxTags))
+			return req, proxy.BadRequest("max_tags", outOfRangeMsg("max_tags", *b.MaxTags))
 		}
 		req.MaxTags = int(*b.MaxTags)
 	}

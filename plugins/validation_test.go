@@ -47,10 +47,10 @@ func TestValidation(t *testing.T) {
 		{"example too long", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", "` + long + `"]}}`, "examples.a[1]", "examples.a[1] is 1025 bytes, longer than plugins.max_text_bytes (1024 bytes)"},
 		{"examples not arrays", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": "y"}}`, "examples.a", "examples.a must be an array of strings, got a string"},
 		{"mode", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "several"}`, "mode", `mode must be single or multi, got "several"`},
-		{"threshold above 1", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1.5}`, "threshold", "threshold must be between 0 and 1, got 1.5"},
-		{"threshold below 0", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -0.1}`, "threshold", "threshold must be between 0 and 1, got -0.1"},
+		{"threshold above 1", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1.5}`, "threshold", "threshold must be a number between 0 and 1, got 1.5"},
+		{"threshold below 0", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -0.1}`, "threshold", "threshold must be a number between 0 and 1, got -0.1"},
 		{"threshold a string", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": "0.5"}`, "threshold", "threshold must be a number, got a string"},
-		{"threshold overflows", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400, which is out of range"},
+		{"threshold overflows", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": "multi", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400"},
 		{"threshold overflows below", "/v1/classify", `{"text": "x", "labels": ["a"], "threshold": -1e400}`, "threshold", "threshold must be a number between 0 and 1, got -1e400"},
 		{"text twice", "/v1/classify", `{"text": "x", "labels": ["a"], "text": "y"}`, "text", `duplicate key "text" in request body`},
 		// A field in another case is unknown, as in the admin API: encoding/json
@@ -78,7 +78,7 @@ func TestValidation(t *testing.T) {
 		{"number label", "/v1/classify", `{"text": "x", "labels": [1, "b"]}`, "labels[0]", `labels[0] must be a string, got a number`},
 		{"misspelt classifier", "/v1/classify", `{"text": "x", "classifier": "support-intnet"}`, "classifier", `classifier "support-intnet" is not defined (did you mean "support-intent"?); saved classifiers: support-intent`},
 		{"classifier and labels", "/v1/classify", `{"text": "x", "classifier": "support-intent", "labels": ["a"]}`, "labels", "labels cannot be sent with classifier"},
-		{"classifier, bad threshold", "/v1/classify", `{"text": "x", "classifier": "support-intent", "threshold": 2}`, "threshold", "threshold must be between 0 and 1"},
+		{"classifier, bad threshold", "/v1/classify", `{"text": "x", "classifier": "support-intent", "threshold": 2}`, "threshold", "threshold must be a number between 0 and 1, got 2"},
 		{"text_type too long", "/v1/classify", `{"text": "x", "labels": ["a"], "text_type": "` + long + `"}`, "text_type", "text_type is 1025 bytes"},
 		{"unknown model", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "gpt-5"}`, "model", `model "gpt-5" does not exist; use semantic, lexical, llm or a catalog model: small, large`},
 
@@ -91,13 +91,13 @@ func TestValidation(t *testing.T) {
 		{"label without a word", "/v1/classify", `{"text": "x", "labels": ["a", "!!!"]}`, "labels[1]", `labels[1] ("!!!") has no letter or digit`},
 		{"tags too many", "/v1/tag", `{"text": "x", "tags": [` + strings.Join(labels201, ",") + `]}`, "tags", "tags must have 1 to 200 entries, got 201"},
 		{"tag twice", "/v1/tag", `{"text": "x", "tags": ["a", "a"]}`, "tags[1]", `tags has "a" twice`},
-		{"max_tags 0", "/v1/tag", `{"text": "x", "max_tags": 0}`, "max_tags", "max_tags must be between 1 and 50, got 0"},
+		{"max_tags 0", "/v1/tag", `{"text": "x", "max_tags": 0}`, "max_tags", "max_tags must be an integer between 1 and 50, got 0"},
 		{"max_tags fraction", "/v1/tag", `{"text": "x", "max_tags": 2.5}`, "max_tags", "max_tags must be an integer, got a number 2.5"},
-		{"max_tags overflows", "/v1/tag", `{"text": "x", "max_tags": 1e400}`, "max_tags", "max_tags must be an integer between 1 and 50, got 1e400, which is out of range"},
+		{"max_tags overflows", "/v1/tag", `{"text": "x", "max_tags": 1e400}`, "max_tags", "max_tags must be an integer between 1 and 50, got 1e400"},
 		{"max_tags too big for an int", "/v1/tag", `{"text": "x", "max_tags": 99999999999999999999}`, "max_tags", "max_tags must be an integer between 1 and 50, got 99999999999999999999"},
 		{"tag threshold overflows", "/v1/tag", `{"text": "x", "threshold": 1e400}`, "threshold", "threshold must be a number between 0 and 1, got 1e400"},
 		{"tag text twice", "/v1/tag", `{"text": "x", "text": "y"}`, "text", `duplicate key "text" in request body`},
-		{"tag threshold", "/v1/tag", `{"text": "x", "threshold": 7}`, "threshold", "threshold must be between 0 and 1, got 7"},
+		{"tag threshold", "/v1/tag", `{"text": "x", "threshold": 7}`, "threshold", "threshold must be a number between 0 and 1, got 7"},
 
 		// One check for empty: white space and invisible characters read
 		// as nothing, the score answered 0 and was billed.
@@ -189,6 +189,26 @@ func TestUnknownFieldIsQuotedOnce(t *testing.T) {
 	}
 }
 
+// TestOutOfRangeNumbersHaveOneWording: a threshold of -1 was "must be
+// between 0 and 1" and one of 1e400 "must be a number between 0 and 1
+// …, which is out of range"; max_tags likewise. Each field now words
+// every out-of-range number one way.
+func TestOutOfRangeNumbersHaveOneWording(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, c := range []struct{ path, body, msg string }{
+		{"/v1/classify", `{"text": "x", "labels": ["a", "b"], "mode": "multi", "threshold": -1}`, "threshold must be a number between 0 and 1, got -1"},
+		{"/v1/classify", `{"text": "x", "labels": ["a", "b"], "mode": "multi", "threshold": 1e400}`, "threshold must be a number between 0 and 1, got 1e400"},
+		{"/v1/tag", `{"text": "x", "threshold": 1.5}`, "threshold must be a number between 0 and 1, got 1.5"},
+		{"/v1/tag", `{"text": "x", "threshold": -1e400}`, "threshold must be a number between 0 and 1, got -1e400"},
+		{"/v1/tag", `{"text": "x", "max_tags": 51}`, "max_tags must be an integer between 1 and 50, got 51"},
+		{"/v1/tag", `{"text": "x", "max_tags": 1e400}`, "max_tags must be an integer between 1 and 50, got 1e400"},
+	} {
+		if e := h.keyed(c.path, c.body).apiError(t, 400, "invalid_request_error"); e["message"] != c.msg {
+			t.Errorf("%s: %q, want %q", c.body, e["message"], c.msg)
+		}
+	}
+}
+
 // TestIntegralFloatsAreIntegers: "max_tags": 1.0, what Python's
 // json.dumps(1.0) sends, and 1e0 were refused as out of range; an integer
 // field now takes any integral number, and still refuses a fraction.
@@ -202,9 +222,9 @@ func TestIntegralFloatsAreIntegers(t *testing.T) {
 	}
 	for n, msg := range map[string]string{
 		"1.5":  "max_tags must be an integer, got a number 1.5",
-		"51.0": "max_tags must be between 1 and 50, got 51",
+		"51.0": "max_tags must be an integer between 1 and 50, got 51",
 		`"1"`:  "max_tags must be an integer, got a string",
-		"1e20": "max_tags must be an integer between 1 and 50, got 1e20, which is out of range",
+		"1e20": "max_tags must be an integer between 1 and 50, got 1e20",
 	} {
 		e := h.keyed("/v1/tag", `{"text": "x", "max_tags": `+n+`}`).apiError(t, 400, "invalid_request_error")
 		if e["param"] != "max_tags" || !strings.Contains(e["message"].(string), msg) {
