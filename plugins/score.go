@@ -41,6 +41,11 @@ func (b *scoreBody) request(p config.Plugins) (classifiers.ScoreRequest, *proxy.
 	if len(b.Attribute) > maxAttributeBytes {
 		return req, proxy.BadRequest("attribute", fmt.Sprintf("attribute is %d bytes, longer than %d; put the details in description", len(b.Attribute), maxAttributeBytes))
 	}
+	if b.Description != "" && config.Blank(b.Description) {
+		// Optional, but one sent must say something: it was scored as
+		// if absent, and billed, as a blank text is refused.
+		return req, proxy.BadRequest("description", "description holds only whitespace or invisible characters: leave it out, or say in plain words what the attribute means")
+	}
 	return req, maxText("description", b.Description, p)
 }
 

@@ -107,6 +107,8 @@ func TestValidation(t *testing.T) {
 		{"text NUL", "/v1/tag", `{"text": "\u0000"}`, "text", "text holds only whitespace or invisible characters"},
 		{"match query invisible", "/v1/match", `{"source": "x", "query": "\ufeff "}`, "query", "query holds only whitespace or invisible characters"},
 		{"example only whitespace", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", " "]}}`, "examples.a[1]", `examples of "a": entry 1 is empty`},
+		// Scored and billed as if it were absent.
+		{"score description only whitespace", "/v1/score", `{"source": "x", "attribute": "urgency", "description": " \u200b\n"}`, "description", "description holds only whitespace or invisible characters"},
 		{"score source missing", "/v1/score", `{"attribute": "urgency"}`, "source", "source is required"},
 		{"score attribute missing", "/v1/score", `{"source": "x"}`, "attribute", "attribute is required"},
 		{"score attribute too long", "/v1/score", `{"source": "x", "attribute": "` + strings.Repeat("u", 201) + `"}`, "attribute", "attribute is 201 bytes, longer than 200"},
