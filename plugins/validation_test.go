@@ -211,6 +211,17 @@ func TestOutOfRangeNumbersHaveOneWording(t *testing.T) {
 	}
 }
 
+// TestNullNumbersMeanTheDefault: "threshold": null is the default, as an
+// omitted field is in OpenAI's API (the README says so); max_tags too.
+func TestNullNumbersMeanTheDefault(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "mode": "multi", "threshold": null}`).ok(t)
+	if m["threshold"] != 0.5 {
+		t.Errorf("classify, threshold null: %v, want 0.5", m["threshold"])
+	}
+	h.keyed("/v1/tag", `{"text": "The export button does nothing on Safari", "threshold": null, "max_tags": null}`).ok(t)
+}
+
 // TestIntegralFloatsAreIntegers: "max_tags": 1.0, what Python's
 // json.dumps(1.0) sends, and 1e0 were refused as out of range; an integer
 // field now takes any integral number, and still refuses a fraction.
