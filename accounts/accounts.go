@@ -165,6 +165,9 @@ type Service struct {
 	// unbilled holds, per account, what this process metered that the
 	// account's debits do not show yet (see NoteCharge).
 	unbilled sync.Map // account → *unbilled
+	// share sends this process's charges to the other processes on the
+	// NATS and takes theirs into unbilled (see shareUnbilled).
+	share sharing
 
 	cacheMu sync.RWMutex
 	cache   map[string]*Key // verified tokens; see Verify
@@ -245,11 +248,13 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 		cache: make(map[string]*Key),
 	}
 	s.snap.init()
+	s.share.init()
 	watchCtx, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.stopped.Add(2)
+	s.stopped.Add(3)
 	go s.watch(watchCtx, accountsKV, bucketAccounts)
 	go s.watch(watchCtx, keysKV, bucketKeys)
+	go s.shareUnbilled(watchCtx)
 
 	if err := s.snap.waitLoaded(ctx); err != nil {
 		s.Close()
@@ -273,8 +278,9 @@ func (s *Service) Close() {
 }
 
 // Balance is the account's balance as last seen by this gateway, less what
-// this process charged the account that is not debited yet (NoteCharge);
-// false when the account does not exist. It never does I/O.
+// this process and the others on the NATS charged the account that is not
+// debited yet (NoteCharge); false when the account does not exist. It
+// never does I/O.
 func (s *Service) Balance(account string) (money.Nanos, bool) {
 	balance, _, ok := s.Standing(account)
 	return balance, ok

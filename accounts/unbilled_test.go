@@ -1,7 +1,12 @@
 package accounts
 
 import (
+	"encoding/json"
+	"fmt"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/tollgate/tollgate/money"
 )
@@ -47,5 +52,98 @@ func TestBalanceCountsChargesNotYetDebited(t *testing.T) {
 	s.NoteCharge("nobody", 25*cent) // an account that does not exist: nothing kept
 	if _, ok := s.unbilled.Load("nobody"); ok {
 		t.Error("a charge kept for an account that does not exist")
+	}
+}
+
+// Behind two gateways each counted only its own charges: an account of
+// 0.03 USD made 50 calls of 0.0012 and went to -0.03, each gateway
+// spending the whole balance on its own. The charges of one count on the
+// other within milliseconds, a debit lowers them once whichever gateway
+// charged it, and a process silent for peerSilence is forgotten.
+func TestPeersChargesCountUntilDebited(t *testing.T) {
+	first, b, dir := gateway(t)
+	second := secondGateway(t, b, dir)
+	ctx := testContext(t)
+	if _, err := first.CreateAccount(ctx, "acme", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const cent = money.NanosPerUSD / 100
+	balances := func(want money.Nanos, when string) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			for i, s := range []*Service{first, second} {
+				if got, _ := s.Balance("acme"); got != want {
+					return fmt.Errorf("%s: gateway %d: balance %s, want %s", when, i+1, got, want)
+				}
+			}
+			return nil
+		})
+	}
+	debit := func(seq uint64, cost money.Nanos) {
+		t.Helper()
+		if _, _, err := first.ApplyUsage(ctx, "acme", Usage{Events: []SeqCost{{Seq: seq, Cost: cost}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := second.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	first.NoteCharge("acme", 30*cent)
+	balances(70*cent, "the first gateway charged")
+	second.NoteCharge("acme", 20*cent)
+	balances(50*cent, "both charged")
+
+	// The first gateway's charge is debited first: the second must not
+	// take it for its own as well.
+	debit(1, 30*cent)
+	balances(50*cent, "the first gateway's charge debited")
+	debit(2, 20*cent)
+	balances(50*cent, "both debited")
+
+	// Counting starts afresh once all is debited: a debit nobody here
+	// charged (an older bill) hides no charge after it.
+	debit(3, 10*cent)
+	balances(40*cent, "an older bill debited")
+	second.NoteCharge("acme", 5*cent)
+	balances(35*cent, "the second gateway charged after it")
+
+	// Its own messages come back to each process: they count nothing.
+	message := func(process, account string, total, pending money.Nanos) *nats.Msg {
+		data, err := json.Marshal(unbilledMessage{Process: process, Accounts: map[string]unbilledTotal{account: {Total: int64(total), Pending: int64(pending)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &nats.Msg{Data: data}
+	}
+	first.receiveUnbilled(message(first.share.process, "acme", money.NanosPerUSD, money.NanosPerUSD))
+	balances(35*cent, "a process's own message taken")
+
+	// A process silent for peerSilence is forgotten; the first gateway,
+	// alive, has nothing pending of its own (its heartbeats say so), so
+	// the second gateway's charge counts alone, and the first gateway
+	// learns it again from the second's next heartbeat.
+	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	if got, _ := first.Balance("acme"); got != 40*cent {
+		t.Errorf("the second gateway forgotten: balance %s on the first, want 40 cents", got)
+	}
+	balances(35*cent, "the second gateway's heartbeat")
+
+	// A total heard only after its charge was debited (the message before
+	// it lost) is not counted for good: the process says none of its
+	// charges wait.
+	if _, err := first.CreateAccount(ctx, "late", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	first.receiveUnbilled(message("another", "late", 0, 0))
+	if _, _, err := first.ApplyUsage(ctx, "late", Usage{Events: []SeqCost{{Seq: 1, Cost: 4 * cent}}}); err != nil {
+		t.Fatal(err)
+	}
+	first.receiveUnbilled(message("another", "late", 4*cent, 0))
+	if got, _ := first.Balance("late"); got != 96*cent {
+		t.Errorf("a charge heard of after its debit: balance %s, want 96 cents", got)
 	}
 }

@@ -127,3 +127,61 @@ func TestAccountMaxConcurrentBoundsOverspend(t *testing.T) {
 	// The slots are free again, and the balance refuses the next call.
 	wantError(t, h.post("/v1/chat/completions", chatBody, key), 402, "INSUFFICIENT_BALANCE")
 }
+
+// Behind two gateways an account overspent by about its whole balance per
+// extra gateway: each counted its own calls not yet debited, and the
+// other's reached it only as debits, a second or more later and never
+// while the billing consumer was down (0.03 USD of credit went to -0.03).
+// No consumer runs here, so no debit lands: only the calls each gateway
+// tells the other of stop the account.
+func TestTwoGatewaysTogetherSpendTheBalanceOnce(t *testing.T) {
+	upstream := proxytest.Options{FirstByteDelay: 9 * time.Millisecond, PromptTokens: 100, CompletionTokens: 100}
+	first := newHarness(t, harnessOptions{upstream: upstream})
+	second := newHarness(t, harnessOptions{upstream: upstream, join: first})
+	for _, h := range []*harness{first, second} {
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), `grace_usd: "0.50"`, `grace_usd: "0"`, 1))
+	}
+	// A call costs 100 × 0.0000001 + 100 × 0.0000003 = 0.00004 USD: the
+	// credit pays 10, the 10th leaves the balance below 0.
+	const perCall, paid = money.Nanos(40_000), 10
+	first.g.CreateAccount("pair", paid*perCall-perCall/4)
+	first.setLimits("pair", accounts.Limits{MaxConcurrent: 1})
+	key := first.g.CreateKey("pair", accounts.KeyRequest{Name: "k"})
+	if err := second.svc.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
+	var served [2]atomic.Int32
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(20 * time.Second)
+	for i, h := range []*harness{first, second} {
+		for range 4 {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					resp := h.post("/v1/chat/completions", chatBody, key)
+					b := readAll(t, resp)
+					switch resp.StatusCode {
+					case 200:
+						served[i].Add(1)
+					case 429: // the account's one slot on this gateway is taken
+					case 402:
+						return
+					default:
+						t.Errorf("%d %s", resp.StatusCode, b)
+						return
+					}
+				}
+				t.Error("still admitted after 20 s")
+			})
+		}
+	}
+	wg.Wait()
+	// Beyond what the credit pays, each gateway may start one call
+	// (max_concurrent) while the other's last one is in flight, and one
+	// more in the milliseconds the other's charge takes to reach it.
+	total := served[0].Load() + served[1].Load()
+	if total > paid+4 {
+		t.Errorf("%d and %d calls served, %d in all, on a credit that pays %d; want at most %d", served[0].Load(), served[1].Load(), total, paid, paid+4)
+	}
+	t.Logf("%d and %d calls served", served[0].Load(), served[1].Load())
+}

@@ -91,6 +91,9 @@ type harnessOptions struct {
 	idleTimeout      string
 	maxRequestBody   string               // default 64KiB
 	logf             func(string, ...any) // default t.Logf
+	// join starts the harness as another gateway of join's deployment
+	// (gatewaytest.Options.Join), sharing its accounts: it creates none.
+	join *harness
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -101,7 +104,12 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 	if ho.idleTimeout == "" {
 		ho.idleTimeout = "5s"
 	}
+	var join *gatewaytest.Gateway
+	if ho.join != nil {
+		join = ho.join.g
+	}
 	g := gatewaytest.Start(t, gatewaytest.Options{
+		Join:     join,
 		Upstream: &ho.upstream,
 		Config: func(upstream, dir string) string {
 			cfg := fmt.Sprintf(gatewayYAML, upstream, dir, ho.firstByteTimeout, ho.idleTimeout)
@@ -112,9 +120,15 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 		},
 		Responses: true, Tracer: ho.tracer, Watch: true, Logf: ho.logf,
 	})
+	h := &harness{t: t, g: g, up: g.Upstream, gw: g.Server, url: g.URL, rec: g.Recorder, svc: g.Accounts, broker: g.Broker,
+		store: g.Responses, cfgPath: g.ConfigPath, client: g.Client}
+	if ho.join != nil {
+		h.key = ho.join.key
+		return h
+	}
 	g.CreateAccount("acme", 10*money.NanosPerUSD)
-	return &harness{t: t, g: g, up: g.Upstream, gw: g.Server, url: g.URL, rec: g.Recorder, svc: g.Accounts, broker: g.Broker,
-		store: g.Responses, key: g.CreateKey("acme", accounts.KeyRequest{Name: "test"}), cfgPath: g.ConfigPath, client: g.Client}
+	h.key = g.CreateKey("acme", accounts.KeyRequest{Name: "test"})
+	return h
 }
 
 func (h *harness) writeConfig(s string) { h.t.Helper(); h.g.WriteConfig(s) }
