@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -417,6 +418,15 @@ func TestWatcherCurrentIsRaceFree(t *testing.T) {
 			}
 		})
 	}
+	// The reloads wait for the readers: on a loaded runner all 20 were
+	// done before any reader was scheduled, and the test failed with
+	// "readers never ran".
+	for deadline := time.Now().Add(10 * time.Second); reads.Load() < 4; {
+		if time.Now().After(deadline) {
+			t.Fatal("readers never ran")
+		}
+		runtime.Gosched()
+	}
 	for i := range 20 {
 		ids := []string{"a"}
 		if i%2 == 0 {
@@ -429,9 +439,6 @@ func TestWatcherCurrentIsRaceFree(t *testing.T) {
 	}
 	close(stop)
 	readers.Wait()
-	if reads.Load() == 0 {
-		t.Fatal("readers never ran")
-	}
 	if got := modelIDs(f.w.Current()); got != "a" {
 		t.Fatalf("final models %q, want a", got)
 	}
