@@ -85,13 +85,6 @@ const (
 	debitTimeout      = 10 * time.Second
 	debitWorkers      = 8
 	ackTimeout        = 5 * time.Second
-
-	// maxEventCost, a million USD, bounds one call's cost. The gateway
-	// never makes such an event (it refuses an upstream's usage past 1e8
-	// tokens a count); one that came anyway, summed with the other events
-	// of its message, could overflow and void their debits. It is logged,
-	// not stored, like an event that does not decode.
-	maxEventCost = 1_000_000 * money.NanosPerUSD
 )
 
 // Run moves usage events from the USAGE stream into ClickHouse and
@@ -230,9 +223,13 @@ func (b *biller) decodeMessage(msg jetstream.Msg, seq uint64) []delivery {
 			b.opts.Logf("billing: NOT CHARGED: undecodable event %d of message %d on %s: %v: %.500q", line, seq, msg.Subject(), err, raw)
 			continue
 		}
-		if ev.CostNanos < 0 || ev.CostNanos > maxEventCost {
+		// Past money.MaxEventCost, summed with the other events of its
+		// message, a cost could overflow and void their debits. Config
+		// refuses prices that make one from believed usage; an estimate
+		// (no usage believed) or a batch job's bill can still exceed it.
+		if ev.CostNanos < 0 || ev.CostNanos > money.MaxEventCost {
 			b.opts.Logf("billing: NOT CHARGED: event %s (message %d): cost %s USD is out of range (0 to %s): %.500q",
-				ev.ID, seq, ev.CostNanos, money.Nanos(maxEventCost), raw)
+				ev.ID, seq, ev.CostNanos, money.MaxEventCost, raw)
 			continue
 		}
 		out = append(out, delivery{msg: msg, seq: seq, ev: ev})

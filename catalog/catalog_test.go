@@ -142,3 +142,41 @@ func TestModelsShowTheirCreated(t *testing.T) {
 		t.Fatalf("GET /v1/models/dated: %s", one)
 	}
 }
+
+// TestLargestCallOfAcceptedPricesIsBilled: a model of completion "0.02"
+// passed config check, and a call whose upstream reported 60,000,000
+// completion tokens cost 1,200,000 USD, which billing refuses for one
+// event: the call went unbilled. At prices config accepts, the costliest
+// call the gateway believes costs no more than billing accepts.
+func TestLargestCallOfAcceptedPricesIsBilled(t *testing.T) {
+	const head = "upstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n" +
+		"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n    pricing: "
+	// Each accepted pricing is at the bound: its largest call costs a
+	// nano-dollar more with the refused one.
+	for pricing, refused := range map[string]string{
+		`{prompt: "0.005", completion: "0.005"}`: `{prompt: "0.005", completion: "0.00500000000000001"}`,
+		`{prompt: "0.001", input_cache_read: "0.004999999999999999", completion: "0.005", request: "0.0000000001"}`: `{prompt: "0.001", input_cache_read: "0.00500000000000001", completion: "0.005", request: "0.0000000001"}`,
+		`{prompt: "0.002", completion: "0.002", image: "1.430512838852728703"}`:                                     `{prompt: "0.002", completion: "0.002", image: "1.43051283885273"}`,
+		`{prompt: "0", completion: "0", request: "18.446744073709551615"}`:                                          `{prompt: "0", completion: "0.02"}`,
+	} {
+		if _, err := config.Parse("gateway.yaml", []byte(head+refused)); err == nil {
+			t.Errorf("%s was accepted", refused)
+		}
+		cfg, err := config.Parse("gateway.yaml", []byte(head+pricing))
+		if err != nil {
+			t.Fatalf("%s: %v", pricing, err)
+		}
+		c, err := New(cfg.Models)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, _ := c.Resolve("m")
+		images := int64(cfg.Server.MaxRequestBody) / int64(len(`{"type":"image_url"}`))
+		for _, cached := range []int64{0, config.MaxReportedTokens} {
+			u := Usage{PromptTokens: config.MaxReportedTokens, CachedTokens: cached, CompletionTokens: config.MaxReportedTokens, Images: images}
+			if cost := e.Prices.Cost(u); cost > money.MaxEventCost {
+				t.Errorf("%s, %d cached: the largest call costs %s USD, more than billing accepts (%s)", pricing, cached, cost, money.MaxEventCost)
+			}
+		}
+	}
+}

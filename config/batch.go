@@ -40,6 +40,7 @@ func applyBatchDefaults(b *Batch) {
 func (l *loader) validateBatch(b Batch) {
 	_, err := money.ParsePrice(b.PricePerToken)
 	l.check(err == nil, "batch.price_per_token", "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
+	l.checkTokenPriceCallCost("batch", "price_per_token", b.PricePerToken)
 	l.check(b.Concurrency >= 1 && b.Concurrency <= 4096, "batch.concurrency", "%d is outside 1..4096", b.Concurrency)
 	l.check(b.CheckpointLines >= 1 && b.CheckpointLines <= 10_000_000, "batch.checkpoint_lines", "%d is outside 1..10000000", b.CheckpointLines)
 	l.check(b.MaxJobs >= 1 && b.MaxJobs <= 256, "batch.max_jobs", "%d is outside 1..256", b.MaxJobs)

@@ -57,7 +57,7 @@ models:
     upstream: a
     context_length: 100
     max_output_length: 10
-    pricing: {prompt: "0.10", completion: "0.20"}
+    pricing: {prompt: "0.00000010", completion: "0.00000020"}
   - id: big
     upstream: b
     context_length: 1000
@@ -75,7 +75,7 @@ classifiers:
 	for setting, want := range map[string]string{
 		"models.0.id":                         "small",
 		"models[1].id":                        "big",
-		"models.0.pricing.prompt":             "0.10",
+		"models.0.pricing.prompt":             "0.00000010",
 		"upstreams.1.base_url":                "http://127.0.0.1:8001/v1",
 		"classifiers.support-intent.mode":     "single",
 		"classifiers.support-intent.labels.1": "bug",

@@ -193,7 +193,7 @@ func (l *loader) validate(c *Config) {
 		"%q is not supported: EdDSA (Ed25519) is the only supported algorithm", c.Auth.Algorithm)
 	l.validateBilling(c.Billing)
 	upstreams, upstreamNames := l.validateUpstreams(c.Upstreams)
-	models := l.validateModels(c.Models, len(c.Upstreams), upstreams, upstreamNames)
+	models := l.validateModels(c.Models, len(c.Upstreams), upstreams, upstreamNames, c.Server.MaxRequestBody)
 	l.validateRouting(c.Routing)
 	l.validateTracing(c.Tracing)
 	l.validateNATS(c.NATS)
@@ -405,7 +405,7 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 
 // validateModels returns the set of model ids, for checking what the
 // plugins name against it.
-func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[string]bool, upstreamNames []string) map[string]bool {
+func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[string]bool, upstreamNames []string, maxBody ByteSize) map[string]bool {
 	models := map[string]bool{}
 	for i, m := range list {
 		path := fmt.Sprintf("models[%d]", i)
@@ -472,6 +472,7 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 			_, err := money.ParsePrice(price.v)
 			l.check(err == nil, path+".pricing."+price.key, "%v (write USD per unit as a quoted decimal such as \"0.00000015\")", err)
 		}
+		l.checkModelCallCost(path, p, maxBody)
 		l.checkOneOf(m.InputModalities, Modalities, path+".input_modalities")
 		l.checkOneOf(m.OutputModalities, Modalities, path+".output_modalities")
 		l.checkOneOf(m.SupportedFeatures, Features, path+".supported_features")
@@ -508,6 +509,7 @@ func (l *loader) validatePlugins(c *Config, models map[string]bool) {
 	} {
 		_, err := money.ParsePrice(price.v)
 		l.check(err == nil, "plugins.pricing."+price.key, "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
+		l.checkTokenPriceCallCost("plugins.pricing", price.key, price.v)
 	}
 	// A missing vectors file is not an error (the gateway answers with
 	// the lexical engine and says so at start); a directory is a typo.

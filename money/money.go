@@ -28,6 +28,13 @@ type Price uint64
 // 18.446744073709551615 USD. A larger one is refused when parsed.
 const MaxPrice = Price(math.MaxUint64)
 
+// MaxEventCost is the most one usage event may cost, a million USD. The
+// billing consumer refuses a costlier event (logs it, never charges it):
+// summed with the other events of its message it could overflow and void
+// their debits. The prices gateway.yaml accepts keep a call under it
+// (config's maxCallCost), since a refused event leaves its call unbilled.
+const MaxEventCost = 1_000_000 * NanosPerUSD
+
 const (
 	nanoDigits  = 9
 	attoDigits  = 18
@@ -182,4 +189,23 @@ func (a Atto) Nanos() Nanos {
 		return math.MaxInt64
 	}
 	return Nanos(q)
+}
+
+// LargestPrice is the highest price per unit at which count units cost at
+// most budget: rounded down to the atto-USD, so that Atto's sum of count
+// units at it, rounded to the nano-dollar, stays within budget. It is 0
+// for a budget below 0 and MaxPrice for count 0 or a price beyond it.
+func LargestPrice(budget Nanos, count int64) Price {
+	switch {
+	case budget < 0:
+		return 0
+	case count <= 0:
+		return MaxPrice
+	}
+	hi, lo := bits.Mul64(uint64(budget), attoPerNano)
+	if hi >= uint64(count) {
+		return MaxPrice
+	}
+	q, _ := bits.Div64(hi, lo, uint64(count))
+	return Price(q)
 }

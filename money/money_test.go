@@ -84,3 +84,27 @@ func TestAttoSumsExactlyAndRoundsOnce(t *testing.T) {
 		t.Fatal("overflow does not saturate")
 	}
 }
+
+// LargestPrice is what config names as the largest price of a term of a
+// call's cost: count units at it stay within the budget, and at one
+// atto-USD more they exceed it, before rounding.
+func TestLargestPriceFitsTheBudget(t *testing.T) {
+	for _, tc := range []struct {
+		budget Nanos
+		count  int64
+		want   string
+	}{
+		{MaxEventCost, 100_000_000, "0.01"},
+		{MaxEventCost, 419_430, "2.384188064754547838"},
+		{10 * NanosPerUSD, 3, "3.333333333333333333"},
+		{1, 1, "0.000000001"},
+		{0, 5, "0"},
+		{-1, 5, "0"},
+		{MaxEventCost, 1, MaxPrice.String()}, // beyond any price
+		{MaxEventCost, 0, MaxPrice.String()},
+	} {
+		if got := LargestPrice(tc.budget, tc.count).String(); got != tc.want {
+			t.Errorf("LargestPrice(%s, %d) = %s, want %s", tc.budget, tc.count, got, tc.want)
+		}
+	}
+}
