@@ -142,3 +142,49 @@ func TestAccountLimitsAllocateNothingMore(t *testing.T) {
 		t.Errorf("%v allocations a call under max_concurrent alone (no headers to write), want 1: the admission", accountOnly)
 	}
 }
+
+// TestChatRelayAllocatesNothingPerChunk: a chat stream's chunks cost no
+// allocation, whether its usage comes last (OpenAI), in every chunk
+// (vLLM's continuous usage stats) or first, with the output after it
+// kept for the estimate, and whether the usage is stripped or relayed.
+// Usage in every chunk keeps no text: each report counts its chunk's.
+func TestChatRelayAllocatesNothingPerChunk(t *testing.T) {
+	chunk := func(content, usage string) string {
+		return `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` +
+			content + `"},"finish_reason":null}],"usage":` + usage + "}\n\n"
+	}
+	const report = `{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`
+	for _, tc := range []struct {
+		name, body string
+		keeps      bool // text after the last report
+	}{
+		{"usage last", streamBody, false},
+		{"usage in every chunk", strings.Repeat(chunk(" tok", report), 20) + "data: [DONE]\n\n", false},
+		{"usage first", chunk("", report) + strings.Repeat(chunk(" tok", "null"), 20) + "data: [DONE]\n\n", true},
+	} {
+		for _, injected := range []bool{false, true} {
+			src := strings.NewReader(tc.body)
+			rd := newSSEReader(src, 4096, 0)
+			c := &generationCall{injected: injected, ep: endpointChat}
+			run := func() {
+				src.Reset(tc.body)
+				rd.reset(src)
+				c.haveUsage, c.finished, c.text, c.textTokens, c.rawChunks = false, false, c.text[:0], 0, c.rawChunks[:0]
+				for {
+					ev, err := rd.Next()
+					if err != nil {
+						break
+					}
+					c.inspectChat(&ev)
+				}
+			}
+			run() // warm the buffers
+			if n := testing.AllocsPerRun(100, run); n != 0 {
+				t.Errorf("%s (injected %v): %v allocations per stream", tc.name, injected, n)
+			}
+			if kept := len(c.text)+len(c.rawChunks) > 0; !c.haveUsage || kept != tc.keeps {
+				t.Errorf("%s (injected %v): usage %v, text after it kept: %v, want %v", tc.name, injected, c.haveUsage, kept, tc.keeps)
+			}
+		}
+	}
+}

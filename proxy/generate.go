@@ -376,6 +376,9 @@ type generationCall struct {
 
 	usage     catalog.Usage
 	haveUsage bool
+	// reports counts the usage reports believed: each one counts the
+	// output before it, and the text kept for it is dropped (see setUsage).
+	reports int
 	// usageRefused: an upstream report of usage was not believed (logged
 	// once a call).
 	usageRefused bool
@@ -386,11 +389,12 @@ type generationCall struct {
 	// admission.
 	revocationsSeen uint64
 	// text is forwarded output text not counted yet, and textTokens the
-	// tokens of what came before it: an estimate, used only when usage
-	// never came (see appendCounted).
+	// tokens of what came before it (see appendCounted): the output after
+	// the last usage report, or all of it when none came, which the
+	// tokenizer's estimate bills.
 	text       []byte
 	textTokens int64
-	rawChunks  []byte // chat chunks whose text is read only if usage never came
+	rawChunks  []byte // chat chunks whose text is read only at the end (see keepRawChunk)
 	// rawChunksRead counts the times rawChunks was read into text and
 	// emptied (see forgetText).
 	rawChunksRead int

@@ -269,17 +269,15 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		}
 	}
 	if !c.logging.Enabled && !mayFinish(data) {
-		// Most chunks carry only a delta. Their text matters only if the
-		// stream ends without usage, so they are kept as they came and
-		// read then, instead of parsed now.
+		// Most chunks carry only a delta. Their text matters only if no
+		// usage report comes after them, so they are kept as they came
+		// and read at the end, instead of parsed now.
 		usage := gjson.Result{}
 		if bytes.Contains(data, keyUsage) {
 			usage = gjson.Get(bstr(data), "usage") // top level only
 		}
 		if usage.Type != gjson.JSON { // absent or null: no usage yet
-			if !c.haveUsage {
-				c.keepRawChunk(data)
-			}
+			c.keepRawChunk(data)
 			if !c.injected || !usage.Exists() {
 				return ev.Raw, false
 			}
@@ -302,10 +300,10 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		}
 		return true
 	})
-	c.readChoices(choices)
-	if usage.IsObject() && ev.Complete {
-		c.setUsage(usage)
-	}
+	// A report counts the chunk it comes in: vLLM's cumulative usage in
+	// every chunk costs no count of its text.
+	reported := usage.IsObject() && ev.Complete && c.setUsage(usage)
+	c.readChoices(choices, reported)
 	if !c.injected || !usage.Exists() {
 		return ev.Raw, false
 	}
@@ -454,7 +452,7 @@ func (c *generationCall) keepRawChunk(data []byte) {
 	if len(c.rawChunks)+len(data)+binary.MaxVarintLen64 > maxEstimateText {
 		c.textOfRawChunks()
 		if len(data)+binary.MaxVarintLen64 > maxEstimateText {
-			c.readChoices(gjson.Get(bstr(data), "choices"))
+			c.readChoices(gjson.Get(bstr(data), "choices"), false)
 			return
 		}
 	}
@@ -472,7 +470,7 @@ func (c *generationCall) textOfRawChunks() {
 		if w <= 0 || uint64(len(b)-w) < n {
 			break
 		}
-		c.readChoices(gjson.Get(bstr(b[w:w+int(n)]), "choices"))
+		c.readChoices(gjson.Get(bstr(b[w:w+int(n)]), "choices"), false)
 		b = b[w+int(n):]
 	}
 	c.rawChunks = c.rawChunks[:0]
@@ -525,28 +523,20 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		}
 	case "response.output_text.delta", "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
 		"response.refusal.delta":
-		if c.keepText() {
-			c.appendText(gjson.Get(bstr(data), "delta").Str)
-		}
+		c.appendText(gjson.Get(bstr(data), "delta").Str)
 	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 		"response.code_interpreter_call_code.delta":
-		if c.keepText() {
-			c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
-		}
+		c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
 	case "response.output_item.added", "response.output_item.done":
 		// A tool call's name comes whole here, never in a delta: a cut
 		// stream of tool calls was billed their arguments only. Some
 		// upstreams send its input whole here too, in done alone even.
-		if c.keepText() {
-			c.appendToolItem(gjson.Get(bstr(data), "output_index").Int(), typ == "response.output_item.added", gjson.Get(bstr(data), "item"))
-		}
+		c.appendToolItem(gjson.Get(bstr(data), "output_index").Int(), typ == "response.output_item.added", gjson.Get(bstr(data), "item"))
 	case "response.function_call_arguments.done", "response.mcp_call_arguments.done",
 		"response.custom_tool_call_input.done", "response.code_interpreter_call_code.done":
 		// The input whole, after deltas that carried it or none: an
 		// upstream that sends no deltas was billed the call's name only.
-		if c.keepText() {
-			c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), toolInputDoneKey(typ)).Str)
-		}
+		c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), toolInputDoneKey(typ)).Str)
 	}
 }
 

@@ -20,18 +20,21 @@ import (
 	"github.com/tollgate/tollgate/tokens"
 )
 
-// keepText reports whether delta text must be kept: to estimate usage the
-// upstream has not reported (yet), or to log the assembled answer.
-func (c *generationCall) keepText() bool { return !c.haveUsage || c.logging.Enabled }
-
 // maxEstimateText bounds the text kept for estimating usage: a longer text
 // is counted as it comes, this much at a time (see appendCounted).
 const maxEstimateText = 4 << 20
 
 // setUsage reads the chat (prompt/completion) or responses (input/output)
-// spelling of usage. A report out of range is not believed: the call is
-// billed on the tokenizer's estimate, as if the upstream had sent none.
-func (c *generationCall) setUsage(u gjson.Result) {
+// spelling of usage, and reports whether it believed it. A report counts
+// the output before it: the text kept for the estimate is dropped, and
+// only output that comes after the last report is counted with the
+// tokenizer and added to it (see event). An upstream that reported early
+// in a stream (usage {10, 0} in its first chunk) had all the content
+// after it relayed free.
+//
+// A report out of range is not believed: the call is billed on the
+// tokenizer's estimate, as if the upstream had sent none.
+func (c *generationCall) setUsage(u gjson.Result) bool {
 	usage, refused := believedUsage(u, c.ep == endpointResponses)
 	if refused != "" {
 		if !c.usageRefused { // once a call: a stream may repeat it in every chunk
@@ -39,11 +42,14 @@ func (c *generationCall) setUsage(u gjson.Result) {
 			c.server.logf("proxy: call %s: upstream %s reported usage %s (%.300s); billing the tokenizer's estimate instead",
 				c.reqID, c.upstream.cfg.Name, refused, u.Raw)
 		}
-		return
+		return false
 	}
 	c.usage.PromptTokens, c.usage.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
 	c.usage.CachedTokens, c.usage.ReasoningTokens = usage.CachedTokens, usage.ReasoningTokens
 	c.haveUsage = true
+	c.reports++
+	c.text, c.textTokens, c.rawChunks = c.text[:0], 0, c.rawChunks[:0]
+	return true
 }
 
 // believedUsage reads an upstream's usage report: its counts, and why they
@@ -157,13 +163,18 @@ func tokenCount(v gjson.Result) (int64, bool) {
 	return int64(min(math.Ceil(f), 1<<62)), true
 }
 
-// appendText takes text the answer forwarded: into a stream's log, and,
-// until usage is known, into the estimate.
-func (c *generationCall) appendText(s string) {
+// appendText takes text the answer forwarded: into a stream's log, and
+// into the estimate of the output no usage report counted yet.
+func (c *generationCall) appendText(s string) { c.appendOutput(s, false) }
+
+// appendOutput is appendText for text that reported says a usage report
+// that came with it counts already (vLLM's cumulative usage in every
+// chunk): kept for the log only.
+func (c *generationCall) appendOutput(s string, reported bool) {
 	if c.logging.Enabled && c.stream {
 		c.appendLogText(s)
 	}
-	if !c.haveUsage {
+	if !reported {
 		c.text, c.textTokens = appendCounted(c.text, c.textTokens, s, maxEstimateText)
 	}
 }
@@ -190,12 +201,12 @@ func (c *generationCall) appendLogText(s string) {
 type textMark struct {
 	text, rawChunks, logText, toolOutput     int
 	textTokens, logLeftOut, toolOutputTokens int64
-	rawChunksRead                            int
+	rawChunksRead, reports                   int
 }
 
 func (c *generationCall) markText() textMark {
 	return textMark{len(c.text), len(c.rawChunks), len(c.logText), len(c.toolOutput),
-		c.textTokens, c.logLeftOut, c.toolOutputTokens, c.rawChunksRead}
+		c.textTokens, c.logLeftOut, c.toolOutputTokens, c.rawChunksRead, c.reports}
 }
 
 // forgetText drops the text kept since m: that of events the client never
@@ -207,14 +218,21 @@ func (c *generationCall) forgetText(m textMark) {
 	if c.toolOutputTokens == m.toolOutputTokens {
 		c.toolOutput = c.toolOutput[:m.toolOutput]
 	}
+	if c.reports != m.reports {
+		// A usage report came in these events: all the text kept since
+		// it came with them too.
+		c.text, c.textTokens, c.rawChunks = c.text[:0], 0, c.rawChunks[:0]
+		return
+	}
 	if c.textTokens != m.textTokens || c.rawChunksRead != m.rawChunksRead {
 		return
 	}
 	c.text, c.rawChunks = c.text[:m.text], c.rawChunks[:m.rawChunks]
 }
 
-// completionEstimate is the tokens of the text forwarded, which bill the
-// completion when the upstream reported no usage.
+// completionEstimate is the tokens of the text forwarded since the last
+// usage report (all of it when none came), which bill the completion, or
+// its part no report counted.
 func (c *generationCall) completionEstimate() int64 {
 	return c.textTokens + int64(tokens.Count(bstr(c.text)))
 }
@@ -283,19 +301,20 @@ func continuesWord(r rune) bool {
 	return unicode.IsLetter(r) || unicode.IsMark(r) || unicode.IsNumber(r) || r == '\''
 }
 
-// readChoices notes a finish_reason and, until usage is known, keeps the
-// delta text for estimating.
-func (c *generationCall) readChoices(choices gjson.Result) {
+// readChoices notes a finish_reason and keeps the delta text for
+// estimating, unless reported: the chunk's own usage report counts it
+// (then its text is kept for the log alone, and read only for it).
+func (c *generationCall) readChoices(choices gjson.Result, reported bool) {
 	choices.ForEach(func(_, ch gjson.Result) bool {
 		if ch.Get("finish_reason").Type == gjson.String {
 			c.finishChoice(ch.Get("index").Int())
 		}
-		if c.keepText() {
+		if !reported || c.logging.Enabled {
 			d := ch.Get("delta")
-			c.appendText(d.Get("content").Str)
-			c.appendText(d.Get("reasoning_content").Str)
-			c.appendText(d.Get("reasoning").Str)
-			c.appendToolCalls(d.Get("tool_calls"))
+			c.appendOutput(d.Get("content").Str, reported)
+			c.appendOutput(d.Get("reasoning_content").Str, reported)
+			c.appendOutput(d.Get("reasoning").Str, reported)
+			c.appendToolCalls(d.Get("tool_calls"), reported)
 		}
 		return true
 	})
@@ -303,11 +322,11 @@ func (c *generationCall) readChoices(choices gjson.Result) {
 
 // appendToolCalls keeps the names and arguments of tool calls, which are
 // generated tokens like any text: a cut stream of tool calls was billed no
-// completion tokens at all.
-func (c *generationCall) appendToolCalls(calls gjson.Result) {
+// completion tokens at all. reported is appendOutput's.
+func (c *generationCall) appendToolCalls(calls gjson.Result, reported bool) {
 	calls.ForEach(func(_, tc gjson.Result) bool {
-		c.appendText(tc.Get("function.name").Str)
-		c.appendText(tc.Get("function.arguments").Str)
+		c.appendOutput(tc.Get("function.name").Str, reported)
+		c.appendOutput(tc.Get("function.arguments").Str, reported)
 		return true
 	})
 }
@@ -447,7 +466,7 @@ func (c *generationCall) collectWholeText(body []byte) {
 			c.appendText(m.Get("content").Str)
 			c.appendText(m.Get("reasoning_content").Str)
 			c.appendText(m.Get("reasoning").Str)
-			c.appendToolCalls(m.Get("tool_calls"))
+			c.appendToolCalls(m.Get("tool_calls"), false)
 			return true
 		})
 		return
@@ -502,16 +521,24 @@ func (c *generationCall) waitRecorded(safe <-chan struct{}) {
 
 // event is the call's usage event. Where the upstream never reported
 // usage, the prompt and the text actually forwarded are counted with the
-// tokenizer and the event says so.
+// tokenizer and the event says so; so is output forwarded after the last
+// report, added to it.
 func (c *generationCall) event(status int) *meter.Event {
 	u := c.usage
 	source := meter.SourceUpstream
+	c.textOfRawChunks()
+	var after int64 // the output's tokens no report counted
+	if len(c.text) > 0 || c.textTokens > 0 {
+		after = c.completionEstimate()
+	}
 	if !c.haveUsage {
-		c.textOfRawChunks()
 		source = meter.SourceEstimated
 		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep))) + c.history +
 			c.toolOutputTokens + int64(tokens.Count(bstr(c.toolOutput)))
-		u.CompletionTokens = c.completionEstimate()
+		u.CompletionTokens = after
+	} else if after > 0 {
+		source = meter.SourceEstimated
+		u.CompletionTokens += after
 	}
 	if c.entry.Prices.Image != 0 {
 		u.Images = countImages(*c.reqBody, c.ep)

@@ -23,8 +23,8 @@ import (
 // completion tokens, and the prompt left out the tools.
 func TestEstimatedUsageCountsToolCalls(t *testing.T) {
 	var c generationCall
-	c.readChoices(gjson.Parse(`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"get_weather","arguments":"{\"city\":"}}]},"finish_reason":null}]`))
-	c.readChoices(gjson.Parse(`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]},"finish_reason":null}]`))
+	c.readChoices(gjson.Parse(`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"get_weather","arguments":"{\"city\":"}}]},"finish_reason":null}]`), false)
+	c.readChoices(gjson.Parse(`[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]},"finish_reason":null}]`), false)
 	if got := string(c.text); got != `get_weather{"city":"Paris"}` {
 		t.Errorf("streamed tool call kept as %q", got)
 	}
@@ -435,5 +435,22 @@ func TestEstimateCountsMCPToolLists(t *testing.T) {
 		`{"role":"user","content":"hi"}]}`), endpointResponses)
 	if !strings.Contains(prompt, tools) || !strings.Contains(prompt, "hi") {
 		t.Errorf("prompt text %q leaves out the tool list in the input", prompt)
+	}
+}
+
+// A write that failed carried a usage report and output after it: the
+// client got neither, so that output is not billed on top of the report,
+// and the text before the report, which it counts, does not come back.
+func TestForgetTextAfterAUsageReport(t *testing.T) {
+	c := &generationCall{ep: endpointChat}
+	c.appendText("before the report")
+	m := c.markText()
+	if !c.setUsage(gjson.Parse(`{"prompt_tokens":10,"completion_tokens":4}`)) {
+		t.Fatal("report not believed")
+	}
+	c.appendText(" after")
+	c.forgetText(m)
+	if len(c.text) != 0 || c.textTokens != 0 {
+		t.Fatalf("kept %q (%d tokens counted) for the estimate, want nothing", c.text, c.textTokens)
 	}
 }

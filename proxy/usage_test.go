@@ -1,0 +1,110 @@
+package proxy_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/tokens"
+)
+
+// usageChunk is a chat chunk carrying usage; delta is its choice's delta
+// ("" for a usage-only chunk, as OpenAI's last).
+func usageChunk(prompt, completion int, delta string) string {
+	choices := "[]"
+	if delta != "" {
+		choices = `[{"index":0,"delta":` + delta + `,"finish_reason":null}]`
+	}
+	return fmt.Sprintf(`data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":%s,"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`+"\n\n",
+		choices, prompt, completion, prompt+completion)
+}
+
+// answerWith has h's upstream answer every call with stream, then close
+// the connection.
+func answerWith(t *testing.T, h *harness, stream string) {
+	t.Helper()
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, closingUpstream(t, stream), 1))
+}
+
+// billedStream posts request until the answer is answerWith's (the config
+// reload takes a moment), and returns the call's usage event.
+func billedStream(t *testing.T, h *harness, request, key string) *meter.Event {
+	t.Helper()
+	before := len(h.rec.Events())
+	posts := 0
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		posts++
+		if body := readAll(t, h.post("/v1/chat/completions", request, key)); !strings.Contains(string(body), "chatcmpl-r") {
+			return fmt.Errorf("got %s", body)
+		}
+		return nil
+	})
+	evs := h.events(before + posts)
+	return evs[len(evs)-1]
+}
+
+// A usage report early in a stream stopped all counting: the content
+// relayed after it was free (a black-box session's repro: usage {10, 0}
+// in the first chunk, then 1,000 words, billed 0 completion tokens as the
+// upstream's). Output after the last report is counted with the tokenizer
+// and added to it, and the event says estimated; a report after all the
+// output (OpenAI's usage-only chunk, vLLM's cumulative usage in every
+// chunk) is billed as it came.
+func TestOutputAfterTheLastUsageReportIsBilled(t *testing.T) {
+	const request = `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`
+	word20 := strings.Repeat("word ", 20)
+	var words strings.Builder
+	for range 50 {
+		words.WriteString(chatChunk(word20, ""))
+	}
+	continuous := ""
+	for i := 1; i <= 5; i++ {
+		continuous += usageChunk(10, i, `{"content":"tok "}`)
+	}
+	for _, tc := range []struct {
+		name, stream     string
+		prompt, complete int64 // billed
+		after            string
+		source           meter.UsageSource
+	}{
+		{"early report, then 1,000 words",
+			usageChunk(10, 0, `{"role":"assistant","content":""}`) + words.String() + chatChunk("", "stop") + "data: [DONE]\n\n",
+			10, 0, strings.Repeat(word20, 50), meter.SourceEstimated},
+		{"report, then two more chunks",
+			chatChunk("Hello", "") + usageChunk(100, 50, "") + chatChunk(" more", "") + chatChunk(" text", "stop") + "data: [DONE]\n\n",
+			100, 50, " more text", meter.SourceEstimated},
+		{"report, then a cut stream",
+			usageChunk(10, 0, `{"role":"assistant","content":""}`) + chatChunk(word20, "") + chatChunk(word20, ""),
+			10, 0, word20 + word20, meter.SourceEstimated},
+		{"report, output, and a later report",
+			usageChunk(10, 0, "") + chatChunk(word20, "") + chatChunk("", "stop") + usageChunk(10, 21, "") + "data: [DONE]\n\n",
+			10, 21, "", meter.SourceUpstream},
+		{"OpenAI: usage last", chatChunk("Hello", "") + chatChunk(" there", "stop") + usageChunk(10, 2, "") + "data: [DONE]\n\n",
+			10, 2, "", meter.SourceUpstream},
+		{"vLLM: cumulative usage in every chunk",
+			continuous + usageChunk(10, 5, `{"content":""}`) + "data: [DONE]\n\n", 10, 5, "", meter.SourceUpstream},
+		{"nothing generated after the report",
+			usageChunk(10, 3, `{"role":"assistant","content":"a b c"}`) + chatChunk("", "") + chatChunk("", "stop") + "data: [DONE]\n\n",
+			10, 3, "", meter.SourceUpstream},
+	} {
+		h := newHarness(t, harnessOptions{})
+		logKey := h.g.CreateKey("acme", accounts.KeyRequest{Name: "logged", Logging: accounts.Logging{Enabled: true}})
+		answerWith(t, h, tc.stream)
+		for _, key := range []string{h.key, logKey} {
+			ev := billedStream(t, h, request, key)
+			want := tc.complete + int64(tokens.Count(tc.after))
+			if ev.PromptTokens != tc.prompt || ev.CompletionTokens != want || ev.UsageSource != tc.source {
+				t.Errorf("%s (logging %v): billed %d+%d (%s), want %d+%d (%s)", tc.name, key == logKey,
+					ev.PromptTokens, ev.CompletionTokens, ev.UsageSource, tc.prompt, want, tc.source)
+			}
+			// small: 0.1 USD per million prompt tokens, 0.3 per million completion tokens.
+			if cost := 100*ev.PromptTokens + 300*ev.CompletionTokens; ev.CostNanos != money.Nanos(cost) {
+				t.Errorf("%s: cost %d nano-USD, want %d", tc.name, ev.CostNanos, cost)
+			}
+		}
+	}
+}
