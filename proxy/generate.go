@@ -379,9 +379,9 @@ type generationCall struct {
 	// reports counts the usage reports believed: each one counts the
 	// output before it, and the text kept for it is dropped (see setUsage).
 	reports int
-	// usageRefused: an upstream report of usage was not believed (logged
-	// once a call).
-	usageRefused bool
+	// refusedUsage is the first usage report not believed, why and as it
+	// came, logged once the call is billed (see logRefusedUsage).
+	refusedUsage string
 	// keyRevoked: the stream was ended because its key was revoked
 	// (EndStreamsOfKey, addStream), not by its upstream.
 	keyRevoked atomic.Bool

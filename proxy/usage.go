@@ -4,6 +4,7 @@ package proxy
 // the text, and the usage event that bills them.
 
 import (
+	"fmt"
 	"math"
 	"math/bits"
 	"strconv"
@@ -33,14 +34,14 @@ const maxEstimateText = 4 << 20
 // after it relayed free.
 //
 // A report out of range is not believed: the call is billed on the
-// tokenizer's estimate, as if the upstream had sent none.
+// report in range before or after it, or, with none, on the tokenizer's
+// estimate, as if the upstream had sent none. A bad report is no later
+// word on the usage than a good one.
 func (c *generationCall) setUsage(u gjson.Result) bool {
 	usage, refused := believedUsage(u, c.ep == endpointResponses)
 	if refused != "" {
-		if !c.usageRefused { // once a call: a stream may repeat it in every chunk
-			c.usageRefused = true
-			c.server.logf("proxy: call %s: upstream %s reported usage %s (%.300s); billing the tokenizer's estimate instead",
-				c.reqID, c.upstream.cfg.Name, refused, u.Raw)
+		if c.refusedUsage == "" { // once a call: a stream may repeat it in every chunk
+			c.refusedUsage = fmt.Sprintf("%s (%.300s)", refused, u.Raw)
 		}
 		return false
 	}
@@ -50,6 +51,23 @@ func (c *generationCall) setUsage(u gjson.Result) bool {
 	c.reports++
 	c.text, c.textTokens, c.rawChunks = c.text[:0], 0, c.rawChunks[:0]
 	return true
+}
+
+// logRefusedUsage logs the usage report not believed, if one came, and
+// what the call is billed instead: a report in range, plus after tokens
+// the tokenizer counted in the output after it, or the estimate.
+func (c *generationCall) logRefusedUsage(after int64) {
+	if c.refusedUsage == "" {
+		return
+	}
+	instead := "the tokenizer's estimate instead"
+	if c.haveUsage {
+		instead = fmt.Sprintf("its report in range instead: %d prompt and %d completion tokens", c.usage.PromptTokens, c.usage.CompletionTokens)
+		if after > 0 {
+			instead += fmt.Sprintf(", and %d the tokenizer counted in the output after it", after)
+		}
+	}
+	c.server.logf("proxy: call %s: upstream %s reported usage %s; billing %s", c.reqID, c.upstream.cfg.Name, c.refusedUsage, instead)
 }
 
 // believedUsage reads an upstream's usage report: its counts, and why they
@@ -540,6 +558,7 @@ func (c *generationCall) event(status int) *meter.Event {
 		source = meter.SourceEstimated
 		u.CompletionTokens += after
 	}
+	c.logRefusedUsage(after)
 	if c.entry.Prices.Image != 0 {
 		u.Images = countImages(*c.reqBody, c.ep)
 	}

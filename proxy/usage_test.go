@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,6 +106,52 @@ func TestOutputAfterTheLastUsageReportIsBilled(t *testing.T) {
 			if cost := 100*ev.PromptTokens + 300*ev.CompletionTokens; ev.CostNanos != money.Nanos(cost) {
 				t.Errorf("%s: cost %d nano-USD, want %d", tc.name, ev.CostNanos, cost)
 			}
+		}
+	}
+}
+
+// A usage report out of range after one in range was ignored, as it
+// should be, but the log said the tokenizer's estimate was billed; so it
+// did for a bad report before a good one. The log says what is billed.
+func TestUsageOutOfRangeBesideAGoodReportLogsWhatIsBilled(t *testing.T) {
+	const request = `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`
+	bad := `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":50}}` + "\n\n"
+	for _, tc := range []struct {
+		name, stream string
+		prompt       int64
+		source       meter.UsageSource
+		log          string
+	}{
+		{"good, then bad", chatChunk("Hello", "stop") + usageChunk(100, 50, "") + bad + "data: [DONE]\n\n",
+			100, meter.SourceUpstream, "billing its report in range instead: 100 prompt and 50 completion tokens"},
+		{"bad, then good", chatChunk("Hello", "stop") + bad + usageChunk(100, 50, "") + "data: [DONE]\n\n",
+			100, meter.SourceUpstream, "billing its report in range instead: 100 prompt and 50 completion tokens"},
+		{"bad alone", chatChunk("Hello", "stop") + bad + "data: [DONE]\n\n",
+			0, meter.SourceEstimated, "billing the tokenizer's estimate instead"},
+	} {
+		var mu sync.Mutex
+		var logged []string
+		logf := func(format string, args ...any) {
+			mu.Lock()
+			defer mu.Unlock()
+			logged = append(logged, fmt.Sprintf(format, args...))
+		}
+		h := newHarness(t, harnessOptions{logf: logf})
+		answerWith(t, h, tc.stream)
+		ev := billedStream(t, h, request, h.key)
+		if tc.prompt != 0 && (ev.PromptTokens != tc.prompt || ev.CompletionTokens != 50) || ev.UsageSource != tc.source {
+			t.Errorf("%s: billed %d+%d (%s)", tc.name, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource)
+		}
+		mu.Lock()
+		var lines []string
+		for _, l := range logged {
+			if strings.Contains(l, "reported usage out of range") {
+				lines = append(lines, l)
+			}
+		}
+		mu.Unlock()
+		if len(lines) != 1 || !strings.Contains(lines[0], tc.log) {
+			t.Errorf("%s: logged %q, want one line saying %q", tc.name, lines, tc.log)
 		}
 	}
 }
