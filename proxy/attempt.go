@@ -96,7 +96,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		resp, err := up.pool.roundTrip(*reqp, firstByte, c.client)
 		c.reachedUpstream = c.reachedUpstream || sentUpstream(err)
-		c.eventStream = false
+		c.eventStream, c.sseStarted = false, false
 		if err == nil {
 			if enc := resp.Header.ContentEncoding(); len(enc) > 0 && !bytes.EqualFold(enc, identity) {
 				err = fmt.Errorf("%w: %s", errEncodedAnswer, enc)
@@ -226,51 +226,104 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 	}
 }
 
-// awaitFirstEvent reads a stream up to its first event, passing over the
-// comment lines (": OPENROUTER PROCESSING") and blank lines some
-// upstreams send while a request waits in their queue: a comment is no
-// answer, so the first event is still due within first_byte_timeout, and
-// an upstream that stalls or breaks after one has sent nothing yet and is
-// left for another. Counted as the first byte, a comment kept the call on
-// an upstream that then stalled, and an empty answer was billed its
-// prompt. The comments are not relayed.
+// awaitFirstEvent waits for a stream's first event: the first whole
+// event with a data line, which a client dispatches (a ping with data
+// counts: it is relayed as an event). It passes over the comment lines
+// (": OPENROUTER PROCESSING") and blank lines some upstreams send while a
+// request waits in their queue, and leaves in the buffer, to be relayed
+// byte for byte before that event, the blocks without data before it
+// (retry:, id:, an event: alone), which SSE dispatches as nothing. Until
+// that event nothing is an answer: it is still due within
+// first_byte_timeout, and an upstream that stalls or closes before it
+// has sent nothing yet and is left for another. Counted as the first
+// byte, a comment, a retry: line or half an event kept the call on an
+// upstream that then stalled or closed, and the client got a 200 with
+// only stream_interrupted, billed its prompt. The comments are not
+// relayed. An event that outgrows the read buffer (16 KiB) before its end
+// counts: the upstream is answering.
 func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
-	c.openSSE(resp)
+	if !c.sseStarted { // opened already when its body told it was a stream
+		c.openSSE(resp)
+	}
 	br := c.sse.br
 	if tc := resp.uc.tc; tc != nil {
 		// One deadline for the whole wait: re-armed at each comment, it
 		// let an upstream that sends one a second hold the call forever.
 		defer tc.awaitEventBy()()
 	}
-	for {
-		b, err := br.Peek(1)
-		if err == io.EOF {
-			return errClosedBeforeBody
-		}
-		if err != nil {
+	closed := func(err error, pending int) error {
+		if err != io.EOF && err != io.ErrUnexpectedEOF { // a chunked body cut between chunks is the latter
 			return err
 		}
-		switch b[0] {
-		case ':':
-			for {
-				_, err := br.ReadSlice('\n')
-				if err == nil {
-					break
-				}
-				if err != bufio.ErrBufferFull {
-					if err == io.EOF {
-						err = errClosedBeforeBody
-					}
-					return err
-				}
-			}
-		case '\r', '\n':
+		if pending > 0 {
+			return errClosedBeforeEvent
+		}
+		return errClosedBeforeBody
+	}
+	// Comment and blank lines before anything else are dropped.
+	for {
+		b, err := br.Peek(1)
+		if err != nil {
+			return closed(err, 0)
+		}
+		if b[0] == '\r' || b[0] == '\n' {
 			_, _ = br.Discard(1)
-		default:
+			continue
+		}
+		if b[0] != ':' {
+			break
+		}
+		for {
+			_, err := br.ReadSlice('\n')
+			if err == nil {
+				break
+			}
+			if err != bufio.ErrBufferFull {
+				return closed(err, 0)
+			}
+		}
+	}
+	// Then the buffered bytes are read, not taken, up to the end of the
+	// first event with data.
+	scanned := 0     // bytes of whole lines looked at
+	hasData := false // the block under way has a data line
+	for {
+		b, _ := br.Peek(br.Buffered())
+		for {
+			n := bytes.IndexByte(b[scanned:], '\n')
+			if n < 0 {
+				break
+			}
+			line := b[scanned : scanned+n]
+			scanned += n + 1
+			line = bytes.TrimSuffix(line, []byte{'\r'})
+			if scanned == n+1 {
+				line = bytes.TrimPrefix(line, bom) // only ever the stream's first
+			}
+			switch {
+			case len(line) == 0:
+				if hasData {
+					return nil
+				}
+			case bytes.Equal(line, fieldData) || bytes.HasPrefix(line, dataColon):
+				hasData = true
+			}
+		}
+		if br.Buffered() == br.Size() {
 			return nil
+		}
+		// One more byte, or the end of the stream.
+		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			return closed(err, br.Buffered())
 		}
 	}
 }
+
+var dataColon = []byte("data:")
+
+// errClosedBeforeEvent: the upstream closed a stream before its first
+// whole event with data, after some lines that were none.
+var errClosedBeforeEvent = errors.New("closed the stream before its first event")
 
 // statusClientClosed is nginx's status for a call whose client closed the
 // connection before the answer: it is what the call's event and metrics
