@@ -12,9 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 )
 
 // attempt sends call to an upstream of its pool and, while the outcome is
@@ -97,7 +100,14 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		resp, err := up.pool.roundTrip(*reqp, firstByte, c.client)
 		c.reachedUpstream = c.reachedUpstream || sentUpstream(err)
 		c.eventStream, c.sseStarted = false, false
+		// answerErr is the error a 2xx answer holds in place of an answer.
+		var answerErr gjson.Result
+		var errStatus int // its status
 		if err == nil {
+			// An absent Content-Type reads as absent, not as fasthttp's
+			// default: the error for a bad answer quoted a "text/plain;
+			// charset=utf-8" the upstream never sent.
+			resp.Header.SetNoDefaultContentType(true)
 			if enc := resp.Header.ContentEncoding(); len(enc) > 0 && !bytes.EqualFold(enc, identity) {
 				err = fmt.Errorf("%w: %s", errEncodedAnswer, enc)
 				resp.Close()
@@ -105,14 +115,26 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		}
 		if err == nil && resp.Header.StatusCode() < 300 {
 			err = resp.awaitBody()
-			c.eventStream = c.stream && isEventStream(resp.Header.ContentType())
+			if err == nil && c.stream {
+				c.eventStream = c.answersWithEvents(resp)
+			}
 			if err == nil && c.eventStream {
 				err = c.awaitFirstEvent(resp)
+			}
+			if err == nil && !c.eventStream && !c.engineCall {
+				// Read whole here, while another upstream may still take
+				// the call: passed on, a 200 whose body was an error was
+				// billed as an answer, and a stream's SDK read it as an
+				// empty stream that succeeded.
+				if answerErr = c.readWhole(resp); answerErr.Exists() {
+					err, errStatus = errErrorAnswer, resp.Header.StatusCode()
+				}
 			}
 			if err != nil && resp.uc.tc != nil && resp.uc.tc.clientGone {
 				err = errClientGone
 			}
 			if err != nil {
+				c.dropBody()
 				resp.Close()
 			}
 		}
@@ -146,6 +168,15 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
 			generating := isTimeout(err) && wholeAnswer
 			switch {
+			case errors.Is(err, errErrorAnswer):
+				msg := errorMessage(answerErr)
+				upstreamsFault := serverFault(answerErr)
+				lastErr = &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer", NoRetry: !upstreamsFault,
+					Message: fmt.Sprintf("upstream %s%s answered %d with an error instead of an answer: %s; it was not passed on as an answer and is not billed",
+						up.cfg.Name, what, errStatus, msg)}
+				why = fmt.Sprintf("answered %d with an error (%s)", errStatus, msg)
+				reason = why
+				clientReason = fmt.Sprintf("answered %d with an error", errStatus) // its words are for this call's client
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.
@@ -160,17 +191,23 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				clientReason = reason
 			}
 			failAttemptSpan(span, err, reason)
-			if errors.Is(err, errNoFreeConns) {
+			switch {
+			case errors.Is(err, errNoFreeConns):
 				// The gateway's own cap is full: the upstream is busy
 				// answering, not failing. Counted as a failure, a healthy
 				// replica at max_connections was ejected.
 				h.busy.Add(1)
 				h.undecided(sent)
-			} else {
-				up.fail(rt, reason, clientReason, sent, c.alone, false)
+			case lastErr.NoRetry && !generating:
+				// An error that blames the request (context length, bad
+				// parameter) says nothing of the upstream's health, and
+				// another upstream would answer it the same.
+				h.undecided(sent)
+			default:
+				up.fail(rt, reason, clientReason, sent, c.alone, answerErr.Exists())
 			}
 			failures = append(failures, up.cfg.Name+": "+why)
-			if c.pinned == nil && !generating && retryable(n, rt, c.start, p, tried) {
+			if c.pinned == nil && !generating && !lastErr.NoRetry && retryable(n, rt, c.start, p, tried) {
 				h.retries.Add(1)
 				continue
 			}
@@ -324,6 +361,109 @@ var dataColon = []byte("data:")
 // errClosedBeforeEvent: the upstream closed a stream before its first
 // whole event with data, after some lines that were none.
 var errClosedBeforeEvent = errors.New("closed the stream before its first event")
+
+// errErrorAnswer: a 2xx answer whose body is an error (errorAnswer).
+var errErrorAnswer = errors.New("answered a success status with an error")
+
+// answersWithEvents reports whether a streamed call's 2xx answer is a
+// stream of events: its Content-Type says so, or, without one, its body
+// begins as a stream does (a data:, event:, id: or retry: line, or a
+// comment). Not read as one, such an answer was buffered whole, the
+// client waiting the whole generation, and then refused as a bad answer,
+// unbilled; the SDKs read a stream whatever its Content-Type, as they
+// would have from the upstream itself. A JSON body begins with "{". A
+// Content-Type that names something else is believed.
+func (c *generationCall) answersWithEvents(resp *upstreamResponse) bool {
+	if ct := resp.Header.ContentType(); len(ct) > 0 {
+		return isEventStream(ct)
+	}
+	c.openSSE(resp)
+	b, _ := c.sse.br.Peek(len("retry:")) // a shorter body is no stream; a read error shows again on the next read
+	if len(b) > 0 && b[0] == ':' {
+		return true
+	}
+	for _, field := range [...]string{"data:", "event:", "id:", "retry:"} {
+		if bytes.HasPrefix(b, []byte(field)) {
+			return true
+		}
+	}
+	return false
+}
+
+// readWhole reads a whole 2xx answer, up to max_response_body, into
+// c.respBuf, for readBody; a read error waits there too. It returns the
+// error the answer is in place of an answer (errorAnswer), if it is one.
+func (c *generationCall) readWhole(resp *upstreamResponse) gjson.Result {
+	c.respBuf = bytebufferpool.Get()
+	limit := int64(c.upstream.cfg.MaxResponseBody)
+	if c.sseStarted {
+		// Its first bytes were read to see whether it was a stream.
+		c.respBuf.B, c.respErr = readAllFrom(c.sse.br, c.respBuf.B[:0], limit)
+	} else {
+		c.respBuf.B, c.respErr = resp.readAll(c.respBuf.B[:0], limit)
+	}
+	if c.respErr != nil {
+		return gjson.Result{}
+	}
+	return errorAnswer(c.respBuf.B)
+}
+
+// dropBody frees an answer readWhole read, for one not taken.
+func (c *generationCall) dropBody() {
+	if c.respBuf != nil {
+		bytebufferpool.Put(c.respBuf)
+		c.respBuf, c.respErr = nil, nil
+	}
+}
+
+// readAllFrom reads r to its end into dst, refusing more than limit
+// bytes.
+func readAllFrom(r io.Reader, dst []byte, limit int64) ([]byte, error) {
+	for {
+		if len(dst) == cap(dst) {
+			dst = append(dst, 0)[:len(dst)]
+		}
+		n, err := r.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if int64(len(dst)) > limit {
+			return dst, fmt.Errorf("%w (%d bytes)", errBodyTooLarge, limit)
+		}
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+	}
+}
+
+// errorAnswer returns the error of a whole answer that is an error and
+// no answer: a top-level "error" (an object, or a message alone as Ollama
+// writes it) without "choices" or "output". A failed response, which
+// carries both an error and its output, is an answer.
+func errorAnswer(body []byte) gjson.Result {
+	if !bytes.Contains(body, keyError) {
+		return gjson.Result{}
+	}
+	r := gjson.GetManyBytes(body, "error", "choices", "output")
+	if !isUpstreamError(r[0]) || r[1].Exists() || r[2].Exists() {
+		return gjson.Result{}
+	}
+	return r[0]
+}
+
+// errorMessage is an upstream error's message, shortened for a log line
+// and an error's message.
+func errorMessage(e gjson.Result) string {
+	msg := e.Str
+	if e.IsObject() {
+		msg = e.Get("message").String()
+	}
+	if msg == "" {
+		msg = e.Raw
+	}
+	return utf8cut.Shorten(msg, 200)
+}
 
 // statusClientClosed is nginx's status for a call whose client closed the
 // connection before the answer: it is what the call's event and metrics

@@ -302,6 +302,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		call.passUpstreamError(ctx, status)
 	case call.eventStream:
 		ctx.SetStatusCode(status)
+		if len(resp.Header.ContentType()) == 0 { // read as a stream by its body (answersWithEvents)
+			ctx.SetContentType("text/event-stream")
+		}
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 		ctx.SetBodyStream(call, -1)
@@ -461,6 +464,7 @@ type generationCall struct {
 
 	limit   *admission                 // the key's own limits; nil without
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
+	respErr error                      // the error reading respBuf ended with
 
 	// Request logging, for keys that turned it on.
 	logging     accounts.Logging
@@ -541,9 +545,12 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		// Gateway"), a truncated body of the length announced: relayed as
 		// a 200 it was billed on the prompt, and the SDKs failed to parse
 		// it, as a success.
-		ct := c.resp.Header.ContentType()
+		ct := "no Content-Type"
+		if v := c.resp.Header.ContentType(); len(v) > 0 {
+			ct = fmt.Sprintf("Content-Type %q", v)
+		}
 		apiErr := &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
-			Message: fmt.Sprintf("upstream %s answered %d with a body that is not a JSON object (Content-Type %q, %d bytes); it was not passed on and is not billed", c.upstream.cfg.Name, status, ct, len(body))}
+			Message: fmt.Sprintf("upstream %s answered %d with a body that is not a JSON object (%s, %d bytes); it was not passed on and is not billed", c.upstream.cfg.Name, status, ct, len(body))}
 		c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
 		return
 	}
@@ -687,6 +694,9 @@ func faultForClient(err error) string {
 // readBody reads a whole answer, up to max_response_body. A read error is
 // returned, never passed on as if it were the body.
 func (c *generationCall) readBody() ([]byte, error) {
+	if c.respBuf != nil { // read by attempt (readWhole)
+		return c.respBuf.B, c.respErr
+	}
 	c.respBuf = bytebufferpool.Get()
 	var err error
 	c.respBuf.B, err = c.resp.readAll(c.respBuf.B[:0], int64(c.upstream.cfg.MaxResponseBody))

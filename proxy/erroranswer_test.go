@@ -1,0 +1,146 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// jsonUpstream answers every request with status 200 and body as
+// application/json, counting the requests in asked.
+func jsonUpstream(t *testing.T, body string, asked *atomic.Int32) string {
+	t.Helper()
+	return proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		asked.Add(1)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		return true
+	})
+}
+
+// A 200 whose body is an OpenAI error object, not an answer, is the
+// upstream failing the call: relayed as it was, the client got a 200
+// (to a stream, an SDK read an empty stream that succeeded) and the
+// call was billed its prompt and per-request price. It is a 502
+// upstream_bad_answer with the upstream's message, unbilled, and
+// another member of the pool is tried first.
+func TestSuccessStatusWithAnErrorBodyIsNoAnswer(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin")
+	var asked atomic.Int32
+	overloaded := jsonUpstream(t, `{"error":{"message":"model overloaded","type":"server_error","param":null,"code":null}}`, &asked)
+	cfg := readFile(t, h.cfgPath)
+	h.writeConfig(strings.Replace(strings.Replace(cfg, h.ups[0].URL, overloaded, 1), "upstreams: [p0, p1]", "upstreams: [p0]", 1))
+	for _, body := range []string{
+		`{"model":"small","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			resp := h.post("/v1/chat/completions", body)
+			got := string(readAll(t, resp))
+			if resp.StatusCode != 502 || !strings.Contains(got, `"code":"upstream_bad_answer"`) || !strings.Contains(got, "model overloaded") {
+				return fmt.Errorf("got %d %s", resp.StatusCode, got)
+			}
+			return nil
+		})
+	}
+	time.Sleep(100 * time.Millisecond) // an event would be recorded before the answer went out
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Fatalf("an error answered with 200 was billed: %+v", evs[0])
+	}
+
+	// In a pool, the next member answers; only that answer is billed.
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0]", "upstreams: [p0, p1]", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		before := asked.Load()
+		for range 2 { // round robin: one of the two starts at p0
+			resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+			got := string(readAll(t, resp))
+			if resp.StatusCode != 200 || !strings.Contains(got, `"choices"`) {
+				return fmt.Errorf("got %d %s", resp.StatusCode, got)
+			}
+		}
+		if asked.Load() == before {
+			return fmt.Errorf("p0 was not asked: the pool is not in force yet")
+		}
+		return nil
+	})
+	for _, ev := range h.rec.Events() {
+		if ev.Upstream != "p1" {
+			t.Errorf("billed an answer of %s: %+v", ev.Upstream, ev)
+		}
+	}
+
+	// An error that blames the request is not the upstream's failure,
+	// and another upstream would answer it the same: not retried, and the
+	// SDKs are told not to retry it either.
+	tooLong := jsonUpstream(t, `{"error":{"message":"This model's maximum context length is 1000 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}`, &asked)
+	cfg = readFile(t, h.cfgPath)
+	h.writeConfig(strings.Replace(strings.Replace(cfg, overloaded, tooLong, 1), "upstreams: [p0, p1]", "upstreams: [p0]", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 502 || !strings.Contains(got, "maximum context length") || resp.Header.Get("x-should-retry") != "false" {
+			return fmt.Errorf("got %d (x-should-retry %q) %s", resp.StatusCode, resp.Header.Get("x-should-retry"), got)
+		}
+		return nil
+	})
+
+	// A failed response carries an error and its output: it is an
+	// answer, passed on as it came.
+	failed := `{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"},"output":[],"usage":{"input_tokens":3,"output_tokens":0,"total_tokens":3}}`
+	failedResponse := jsonUpstream(t, failed, &asked)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), tooLong, failedResponse, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/responses", `{"model":"small","input":"hi","store":false}`)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 200 || got != failed {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+}
+
+// An upstream that streams without a Content-Type: the stream was
+// buffered whole, the client waiting the whole generation, then refused
+// as a 502 quoting a "text/plain; charset=utf-8" the upstream never
+// sent. A body that begins as a stream does is relayed as one; another
+// body without a Content-Type is refused saying there was none.
+func TestStreamWithoutContentType(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	body := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	events := chatChunk("Hello", "stop") + "data: [DONE]\n\n"
+	bare := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+		writeChunk(c, events)
+		fmt.Fprint(c, "0\r\n\r\n")
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, bare, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", body)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 200 || got != events || resp.Header.Get("Content-Type") != "text/event-stream" {
+			return fmt.Errorf("got %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), got)
+		}
+		return nil
+	})
+	h.events(1)
+
+	text := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), bare, text, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", body)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 502 || !strings.Contains(got, "(no Content-Type, 5 bytes)") {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+}
