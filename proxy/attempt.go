@@ -114,7 +114,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 		}
 		if err == nil && resp.Header.StatusCode() < 300 {
-			err = resp.awaitBody()
+			err = resp.awaitBody(wholeAnswer)
 			if err == nil && c.stream {
 				c.eventStream = c.answersWithEvents(resp)
 			}
@@ -180,9 +180,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.
-				lastErr = &APIError{Status: 504, Type: "upstream_error", Code: "upstream_timeout", NoRetry: true,
-					Message: fmt.Sprintf("upstream %s%s did not finish the answer within response_timeout (%s); ask for a stream (\"stream\": true) for answers that take longer",
-						up.cfg.Name, what, up.cfg.ResponseTimeout)}
+				lastErr = unfinishedAnswer(up, what)
 				reason = "no answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
 				clientReason = reason
 				why = "did not finish the answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"

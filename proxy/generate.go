@@ -535,9 +535,30 @@ func (c *generationCall) recycle() {
 // forwardWhole relays a non-streamed response unchanged and meters it.
 func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	body, err := c.readBody()
+	if errors.Is(err, errClientGone) {
+		// The client left while the body came (awaitBody): the upstream
+		// connection is closed, which stops its work, and the call is
+		// billed as one whose client left before the answer's first
+		// byte, since the client got nothing either.
+		c.clientGone = true
+		c.record(statusClientClosed)
+		c.release()
+		WriteError(ctx, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()})
+		return
+	}
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
-		c.failWhole(ctx, err, fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err), apiErr)
+		reason := fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err)
+		if isTimeout(err) && !c.stream {
+			// Its body, as its header, was due within response_timeout.
+			what := ""
+			if c.pinned != nil {
+				what = ", which holds " + c.pinnedBy + ","
+			}
+			apiErr = unfinishedAnswer(c.upstream, what)
+			reason = "no answer within response_timeout (" + c.upstream.cfg.ResponseTimeout.String() + ")"
+		}
+		c.failWhole(ctx, err, reason, apiErr)
 		return
 	}
 	if !looksLikeJSONObject(body) {
@@ -670,6 +691,16 @@ func reasonForClient(err error) string {
 		return "the connection timed out"
 	}
 	return "the connection failed"
+}
+
+// unfinishedAnswer is the 504 for a non-streamed answer not finished
+// within response_timeout; what names the upstream's role in the call,
+// as for upstreamUnreachable. It is not retried: another upstream would
+// generate it all again.
+func unfinishedAnswer(up *upstream, what string) *APIError {
+	return &APIError{Status: 504, Type: "upstream_error", Code: "upstream_timeout", NoRetry: true,
+		Message: fmt.Sprintf("upstream %s%s did not finish the answer within response_timeout (%s); ask for a stream (\"stream\": true) for answers that take longer",
+			up.cfg.Name, what, up.cfg.ResponseTimeout)}
 }
 
 func upstreamCut(up *upstream, err error) *APIError {

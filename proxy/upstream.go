@@ -191,15 +191,17 @@ type timeoutConn struct {
 	readWait              time.Duration // the wait the read deadline was armed with
 	readArmed, writeArmed time.Time     // when the deadlines were last armed
 	wroteAt               time.Time     // when the request in flight was written
-	// firstEventBy, while set, is the one deadline of every read: a
-	// stream's first event is due by then however many comments come
-	// before it (awaitFirstEvent).
-	firstEventBy time.Time
+	// dueBy, while set, is the one deadline of every read, and reads go
+	// on watching the client as for the first byte: a stream's first
+	// event is due by then however many comments come before it
+	// (awaitFirstEvent), and a non-streamed answer's last byte however
+	// its body trickles in (awaitBody).
+	dueBy time.Time
 	// client, while set, is the connection of the client waiting for the
-	// request in flight: a wait for its first byte longer than
-	// clientCheckEvery looks every so often whether that client is gone,
-	// and clientGone says it was (fasthttp's header reader turns the
-	// read's error into io.EOF).
+	// request in flight: a wait for its first byte (or, while dueBy is
+	// set, for any byte) longer than clientCheckEvery looks every so often
+	// whether that client is gone, and clientGone says it was
+	// (fasthttp's header reader turns the read's error into io.EOF).
 	client     net.Conn
 	clientGone bool
 }
@@ -245,12 +247,21 @@ func (c *timeoutConn) readWatchingClient(p []byte, now, until time.Time) (int, e
 // first byte's deadline of the request in flight, counted from when it was
 // written, whatever arrives meanwhile.
 func (c *timeoutConn) awaitEventBy() (done func()) {
-	c.firstEventBy = c.wroteAt.Add(c.firstByte)
+	c.dueBy = c.wroteAt.Add(c.firstByte)
 	return func() {
-		c.firstEventBy = time.Time{}
+		c.dueBy = time.Time{}
 		c.awaitingFirst = false
 		c.readWait = 0 // the next read arms idle_timeout
 	}
+}
+
+// awaitAnswerBy makes every later read of the request in flight wait at
+// most until its first byte's deadline, counted from when it was written,
+// watching the client meanwhile, until the next request: for a
+// non-streamed answer, whose body is due whole by then.
+func (c *timeoutConn) awaitAnswerBy() {
+	c.dueBy = c.wroteAt.Add(c.firstByte)
+	c.awaitingFirst = true
 }
 
 func (c *timeoutConn) Write(p []byte) (int, error) {
@@ -268,24 +279,24 @@ func (c *timeoutConn) Write(p []byte) (int, error) {
 
 func (c *timeoutConn) Read(p []byte) (int, error) {
 	if c.client != nil && c.awaitingFirst {
-		until := c.firstEventBy
+		until := c.dueBy
 		if until.IsZero() {
 			until = c.wroteAt.Add(c.firstByte)
 		}
 		if now := time.Now(); until.Sub(now) > clientCheckEvery {
 			n, err := c.readWatchingClient(p, now, until)
-			if n > 0 && c.firstEventBy.IsZero() {
-				c.awaitingFirst = false // as below; awaitEventBy's done ends a stream's wait
+			if n > 0 && c.dueBy.IsZero() {
+				c.awaitingFirst = false // as below; with dueBy set, the wait lasts until it is cleared
 			}
 			return n, err
 		}
 	}
-	if !c.firstEventBy.IsZero() {
-		if !c.readArmed.Equal(c.firstEventBy) {
-			if err := c.Conn.SetReadDeadline(c.firstEventBy); err != nil {
+	if !c.dueBy.IsZero() {
+		if !c.readArmed.Equal(c.dueBy) {
+			if err := c.Conn.SetReadDeadline(c.dueBy); err != nil {
 				return 0, err
 			}
-			c.readArmed, c.readWait = c.firstEventBy, 0
+			c.readArmed, c.readWait = c.dueBy, 0
 		}
 		return c.Conn.Read(p)
 	}

@@ -226,6 +226,7 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 		if uc.tc != nil {
 			uc.tc.firstByte = cmp.Or(firstByte, uc.tc.firstByteConfigured)
 			uc.tc.client, uc.tc.clientGone = client, false
+			uc.tc.dueBy = time.Time{} // a whole answer's (awaitAnswerBy) holds until the next request
 		}
 		resp := upstreamResponsePool.Get().(*upstreamResponse)
 		resp.pool, resp.uc = p, uc
@@ -318,11 +319,24 @@ var errClosedBeforeBody = errors.New("closed the connection after the response h
 // left their queue; timed by idle_timeout, such an upstream would hold a
 // call for a minute after the client already had a 200. Until the first
 // byte nothing has gone to the client, so a failure here may be retried.
-func (r *upstreamResponse) awaitBody() error {
+//
+// whole: the answer of a non-streamed call, whose body is due whole by
+// the deadline its header had (response_timeout), and is read watching
+// the client as the header was. Timed by idle_timeout from its first
+// byte, an answer whose upstream sent a few bytes (whitespace, which some
+// send to keep a long generation's connection open) and the rest later
+// was cut with a 502, unbilled, once the pause passed idle_timeout; and a
+// client that left during the pause was billed the whole answer, which
+// the upstream went on generating. The checks on the client cost nothing
+// while the body comes: only a read that waits clientCheckEvery looks.
+func (r *upstreamResponse) awaitBody(whole bool) error {
 	if r.done {
 		// A 2xx with no body (204, Content-Length: 0) is no answer to a
 		// generation call; passed on, the client got an empty 200, billed.
 		return errEmptyAnswer
+	}
+	if tc := r.uc.tc; tc != nil && whole {
+		tc.awaitAnswerBy()
 	}
 	if r.uc.br.Buffered() > 0 {
 		return nil
