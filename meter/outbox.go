@@ -789,7 +789,7 @@ func (ob *Outbox) rotateLocked() error {
 				ob.sealLocked()
 				signal(ob.written)
 			}
-			return fmt.Errorf("%w: %v", ErrOutboxFull, err)
+			return fmt.Errorf("%w: %w", ErrOutboxFull, err)
 		}
 	}
 	binary.LittleEndian.PutUint64(next.mem[len(outboxMagic):], ob.nextSeq)

@@ -174,6 +174,9 @@ func TestOutboxReusesItsAcknowledgedLastSegmentOnAFullDisk(t *testing.T) {
 			if refused {
 				t.Fatalf("event %d refused after JetStream acknowledged every event before it: %v", next, err)
 			}
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatalf("event %d refused with %v, want the disk full", next, err)
+			}
 			refused = true
 			refusals++
 			waitDurable(t, ob, uint64(next))
@@ -200,8 +203,10 @@ func TestOutboxReusesItsAcknowledgedLastSegmentOnAFullDisk(t *testing.T) {
 	if reuses == 0 {
 		t.Fatal("no segment was reused in place")
 	}
-	if st := ob.Stats(); refusals == 0 || !errors.Is(st.LastWriteErr, unix.ENOSPC) {
-		t.Fatalf("%d refusals, stats %+v: want the disk full", refusals, st)
+	// The refusals' own errors, not Stats' last one: the acked file's
+	// write, failing beside them (is a directory), may come last.
+	if refusals == 0 {
+		t.Fatalf("no refusal, stats %+v: want the disk full", ob.Stats())
 	}
 
 	// A restart: the records JetStream has not acknowledged are replayed,
