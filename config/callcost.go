@@ -10,7 +10,7 @@ import (
 // MaxReportedTokens bounds each count of a call's usage the gateway
 // believes from an upstream (prompt, completion, cached, reasoning): a
 // hundred times the largest context window served today. A report past
-// it is not believed (proxy's maxReportedTokens, which must equal it).
+// it is not believed (proxy uses it as its maxReportedTokens).
 const MaxReportedTokens = 100_000_000
 
 // minImagePartBytes is the smallest image part of a request,

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/tokens"
@@ -86,12 +87,12 @@ func believedUsage(u gjson.Result, responses bool) (catalog.Usage, string) {
 }
 
 // maxReportedTokens bounds each count an upstream reports for one call:
-// a hundred times the largest context window served today. At the
-// highest price a gateway.yaml can hold (18.4 USD a token) a call then
-// costs at most 1.8e18 nano-USD, within int64; a buggy or hostile
+// a hundred times the largest context window served today. It is
+// config's, which refuses prices at which a call of that many tokens
+// would cost more than billing takes for one event; a buggy or hostile
 // upstream's 4e18 tokens once saturated the cost and voided the debits
 // of every other call in its billing batch.
-const maxReportedTokens = 100_000_000
+const maxReportedTokens = config.MaxReportedTokens
 
 // checkUsage reports whether an upstream's counts are believable (none
 // negative or above maxReportedTokens) and returns them with cached
