@@ -6,7 +6,6 @@ import (
 	"cmp"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -496,23 +495,10 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 // readAll reads the rest of the body into dst, refusing more than limit
 // bytes.
 func (r *upstreamResponse) readAll(dst []byte, limit int64) ([]byte, error) {
-	for !r.done {
-		if len(dst) == cap(dst) {
-			dst = append(dst, 0)[:len(dst)]
-		}
-		n, err := r.Read(dst[len(dst):cap(dst)])
-		dst = dst[:len(dst)+n]
-		if int64(len(dst)) > limit {
-			return dst, fmt.Errorf("%w (%d bytes)", errBodyTooLarge, limit)
-		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return dst, err
-		}
+	if r.done {
+		return dst, nil
 	}
-	return dst, nil
+	return readAllFrom(r, dst, limit)
 }
 
 // Close gives the connection back when the body was read to its end and
