@@ -562,16 +562,19 @@ func TestBatchWithoutStorageIs503(t *testing.T) {
 // the estimate once the input is counted: a job it cannot pay for within
 // the grace buffer fails unbilled instead of overdrawing it by any amount.
 func TestBatchTheAccountCannotPayForFailsUnbilled(t *testing.T) {
-	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  price_per_token: \"0.01\"\n"})
+	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  price_per_token: \"0.005\"\n"})
 	h.startWorker()
 	h.g.CreateAccount("poor", money.NanosPerUSD/100)
 	key := h.newKey("poor", accounts.KeyRequest{Name: "poor"})
+	// Three times the input: its tokens at 0.005 USD, the most a batch
+	// price may be, cost more than the credit and the 0.50 grace.
+	input := []byte(strings.Repeat(batchInput, 3))
 	c := h.createJob(key, `{"classifier": "support-intent"}`)
-	h.upload(c, []byte(batchInput))
+	h.upload(c, input)
 	h.call("POST", "/v1/batch/"+c.JobID+"/start", key, "").object(t, 202)
 	job := h.poll(key, c.JobID)
 	if msg, _ := job["error"].(string); job["status"] != "failed" || !strings.Contains(msg, "cannot pay") {
-		t.Fatalf("job of %v estimated tokens at 0.01 USD each, on 0.01 USD of credit: %v", job["estimated_tokens"], job)
+		t.Fatalf("job of %v estimated tokens at 0.005 USD each, on 0.01 USD of credit: %v", job["estimated_tokens"], job)
 	}
 	time.Sleep(100 * time.Millisecond)
 	for _, ev := range h.rec.Events() {
@@ -581,7 +584,7 @@ func TestBatchTheAccountCannotPayForFailsUnbilled(t *testing.T) {
 	}
 	// The same job on an account that can pay completes.
 	c = h.createJob(h.key, `{"classifier": "support-intent"}`)
-	h.upload(c, []byte(batchInput))
+	h.upload(c, input)
 	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
 	if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
 		t.Fatalf("job of an account with 10 USD: %v", job)
@@ -592,7 +595,7 @@ func TestBatchTheAccountCannotPayForFailsUnbilled(t *testing.T) {
 // which may not be in the balance yet: jobs in a row each passed the check
 // against a balance without the last one's debit.
 func TestBatchJobsInARowCountTheLastOnesBill(t *testing.T) {
-	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  price_per_token: \"0.01\"\n"})
+	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  price_per_token: \"0.005\"\n"})
 	h.startWorker()
 	run := func(key string) map[string]any {
 		c := h.createJob(key, `{"classifier": "support-intent"}`)
@@ -601,7 +604,7 @@ func TestBatchJobsInARowCountTheLastOnesBill(t *testing.T) {
 		return h.poll(key, c.JobID)
 	}
 	first := run(h.key)
-	cost := money.Nanos(first["estimated_tokens"].(float64)) * money.NanosPerUSD / 100
+	cost := money.Nanos(first["estimated_tokens"].(float64)) * money.NanosPerUSD / 200
 	// Enough for one job within the 0.50 grace, not for two.
 	h.g.CreateAccount("tight", cost*3/2-money.NanosPerUSD/2)
 	key := h.newKey("tight", accounts.KeyRequest{Name: "tight"})
@@ -625,7 +628,7 @@ func TestBatchJobsInARowCountTheLastOnesBill(t *testing.T) {
 	if job["status"] != "completed" {
 		t.Fatalf("the first job: %v", job)
 	}
-	bill := money.Nanos(job["actual_tokens"].(float64)) * money.NanosPerUSD / 100
+	bill := money.Nanos(job["actual_tokens"].(float64)) * money.NanosPerUSD / 200
 	before, _ := h.g.Accounts.Debited("paid")
 	if _, err := h.g.Accounts.Debit(h.ctx, "paid", bill); err != nil { // what the billing consumer does
 		t.Fatal(err)
