@@ -333,6 +333,9 @@ func (c *generationCall) readChoices(choices gjson.Result, reported bool) {
 			c.appendOutput(d.Get("content").Str, reported)
 			c.appendOutput(d.Get("reasoning_content").Str, reported)
 			c.appendOutput(d.Get("reasoning").Str, reported)
+			// A refusal is generated text too: a stream of it was billed
+			// no completion tokens when it came without usage.
+			c.appendOutput(d.Get("refusal").Str, reported)
 			c.appendToolCalls(d.Get("tool_calls"), reported)
 		}
 		return true
@@ -485,6 +488,7 @@ func (c *generationCall) collectWholeText(body []byte) {
 			c.appendText(m.Get("content").Str)
 			c.appendText(m.Get("reasoning_content").Str)
 			c.appendText(m.Get("reasoning").Str)
+			c.appendText(m.Get("refusal").Str)
 			c.appendToolCalls(m.Get("tool_calls"), false)
 			return true
 		})
@@ -496,6 +500,7 @@ func (c *generationCall) collectWholeText(body []byte) {
 		for _, key := range [...]string{"content", "summary"} {
 			item.Get(key).ForEach(func(_, part gjson.Result) bool {
 				c.appendText(part.Get("text").Str)
+				c.appendText(part.Get("refusal").Str) // a refusal part's text
 				return true
 			})
 		}

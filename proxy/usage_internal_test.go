@@ -65,6 +65,28 @@ func TestEstimatedUsageCountsToolCalls(t *testing.T) {
 	}
 }
 
+// A refusal is generated text: streamed or whole, chat or responses, it
+// was left out of an estimate, and a refusal that came without usage was
+// billed no completion tokens.
+func TestEstimatedUsageCountsRefusals(t *testing.T) {
+	var c generationCall
+	c.readChoices(gjson.Parse(`[{"index":0,"delta":{"refusal":"I cannot "},"finish_reason":null}]`), false)
+	c.readChoices(gjson.Parse(`[{"index":0,"delta":{"refusal":"help with that."},"finish_reason":null}]`), false)
+	if got := string(c.text); got != "I cannot help with that." {
+		t.Errorf("streamed refusal kept as %q", got)
+	}
+	c = generationCall{ep: endpointChat}
+	c.collectWholeText([]byte(`{"choices":[{"message":{"content":null,"refusal":"I cannot help with that."}}]}`))
+	if got := string(c.text); got != "I cannot help with that." {
+		t.Errorf("whole refusal kept as %q", got)
+	}
+	c = generationCall{ep: endpointResponses}
+	c.collectWholeText([]byte(`{"output":[{"type":"message","content":[{"type":"refusal","refusal":"I cannot help with that."}]}]}`))
+	if got := string(c.text); got != "I cannot help with that." {
+		t.Errorf("responses refusal part kept as %q", got)
+	}
+}
+
 // Usage in both dialects is billed in the endpoint's own, the one its SDK
 // shows the client.
 func TestParseUsagePrefersTheEndpointsDialect(t *testing.T) {
