@@ -143,4 +143,22 @@ func TestStreamWithoutContentType(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A whole JSON answer with no Content-Type is passed on labelled
+	// JSON: relayed with none, the Node SDK returned it as a string.
+	answer := `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+	untyped := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), text, untyped, 1))
+	whole := `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", whole)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 200 || got != answer || resp.Header.Get("Content-Type") != "application/json" {
+			return fmt.Errorf("got %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), got)
+		}
+		return nil
+	})
 }

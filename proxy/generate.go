@@ -576,6 +576,11 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		return
 	}
 	c.upstream.health.completedAnswer(c.sent, false)
+	if len(c.resp.Header.ContentType()) == 0 {
+		// It is a JSON object (above): passed on with no Content-Type,
+		// the Node SDK returned it as a string.
+		ctx.Response.Header.SetContentType("application/json")
+	}
 	ctx.SetStatusCode(status)
 	ctx.SetBody(body)
 	c.ttfb = time.Since(c.start)
