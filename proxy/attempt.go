@@ -174,6 +174,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				lastErr = &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer", NoRetry: !upstreamsFault,
 					Message: fmt.Sprintf("upstream %s%s answered %d with an error instead of an answer: %s; it was not passed on as an answer and is not billed",
 						up.cfg.Name, what, errStatus, msg)}
+				if !upstreamsFault {
+					lastErr = requestFaultAnswer(up.cfg.Name+what, errStatus, answerErr, msg)
+				}
 				why = fmt.Sprintf("answered %d with an error (%s)", errStatus, msg)
 				reason = why
 				clientReason = fmt.Sprintf("answered %d with an error", errStatus) // its words are for this call's client
@@ -461,6 +464,44 @@ func errorMessage(e gjson.Result) string {
 		msg = e.Raw
 	}
 	return utf8cut.Shorten(msg, 200)
+}
+
+// requestFaultAnswer is the error for a success status whose body is an
+// error that blames the request (serverFault false): the status the error
+// means (its 4xx code, 429 for a rate limit, else 400), with the
+// upstream's type, code and param, which clients branch on
+// (context_length_exceeded: trim the history). As a 502
+// upstream_bad_answer it hid them, and the SDKs raised a server error for
+// a request they should change.
+func requestFaultAnswer(upstream string, status int, e gjson.Result, msg string) *APIError {
+	apiErr := &APIError{Status: 400, Type: "invalid_request_error", NoRetry: true,
+		Message: fmt.Sprintf("upstream %s answered %d with an error that blames the request: %s; not billed", upstream, status, msg)}
+	if t := e.Get("type"); t.Type == gjson.String && t.Str != "" {
+		apiErr.Type = t.Str
+	}
+	if c := e.Get("code"); c.Type == gjson.String && c.Str != "" {
+		apiErr.Code = c.Str
+	}
+	if p := e.Get("param"); p.Type == gjson.String {
+		apiErr.Param = p.Str
+	}
+	for _, key := range [...]string{"code", "type"} {
+		v := e.Get(key)
+		n, err := strconv.Atoi(v.String())
+		switch {
+		case err == nil && n >= 400 && n <= 499:
+			apiErr.Status = n
+		case strings.Contains(strings.ToLower(v.Str), "rate_limit") || strings.Contains(strings.ToLower(v.Str), "quota"):
+			apiErr.Status = 429
+		default:
+			continue
+		}
+		break
+	}
+	if apiErr.Status == 429 {
+		apiErr.NoRetry = false // the SDKs wait and ask again, as for the upstream's own 429
+	}
+	return apiErr
 }
 
 // statusClientClosed is nginx's status for a call whose client closed the

@@ -76,14 +76,17 @@ func TestSuccessStatusWithAnErrorBodyIsNoAnswer(t *testing.T) {
 
 	// An error that blames the request is not the upstream's failure,
 	// and another upstream would answer it the same: not retried, and the
-	// SDKs are told not to retry it either.
+	// SDKs are told not to retry it either. It is the 400 it means, with
+	// the upstream's type and code, which clients branch on: as a 502
+	// upstream_bad_answer the code was lost.
 	tooLong := jsonUpstream(t, `{"error":{"message":"This model's maximum context length is 1000 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}`, &asked)
 	cfg = readFile(t, h.cfgPath)
 	h.writeConfig(strings.Replace(strings.Replace(cfg, overloaded, tooLong, 1), "upstreams: [p0, p1]", "upstreams: [p0]", 1))
 	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
 		got := string(readAll(t, resp))
-		if resp.StatusCode != 502 || !strings.Contains(got, "maximum context length") || resp.Header.Get("x-should-retry") != "false" {
+		if resp.StatusCode != 400 || !strings.Contains(got, "maximum context length") || resp.Header.Get("x-should-retry") != "false" ||
+			!strings.Contains(got, `"type":"invalid_request_error"`) || !strings.Contains(got, `"code":"context_length_exceeded"`) {
 			return fmt.Errorf("got %d (x-should-retry %q) %s", resp.StatusCode, resp.Header.Get("x-should-retry"), got)
 		}
 		return nil
