@@ -289,6 +289,7 @@ func (s *Service) Balance(account string) (money.Nanos, bool) {
 // Standing is Balance and the account's limits, read together so that
 // admitting a call looks the account up once. It never does I/O.
 func (s *Service) Standing(account string) (money.Nanos, Limits, bool) {
+	s.share.readsBalances()
 	e, ok := s.snap.account(account)
 	if !ok {
 		return 0, Limits{}, false
