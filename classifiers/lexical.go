@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/jonreiter/govader"
 
@@ -240,6 +241,12 @@ func labelBlock(labels []string, descriptions map[string]string, examples map[st
 func labelPolarity(name string) (valence float64, neutral bool) {
 	if _, ok := neutralNames[name]; ok {
 		return 0, true
+	}
+	if utf8.RuneCountInString(name) < 2 {
+		// A one-letter label is a size, a grade or a code. VADER rates
+		// "l" 2 (chat for laugh), and a label L beside S and M won every
+		// friendly text ("please" at 0.60) as if it meant "positive".
+		return 0, false
 	}
 	v := vader().Lexicon[name]
 	if math.Abs(v) < 1 {

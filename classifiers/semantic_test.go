@@ -553,6 +553,19 @@ func TestLabelsOfFunctionWordsAreReadByTheirWords(t *testing.T) {
 			t.Errorf("%s: \"Server is down\" on down: %+v, want at least 0.5 with evidence", e.Name(), res)
 		}
 	}
+	// A one-letter label is no sentiment: VADER rates "l" 2, and L beside
+	// S and M won every friendly text that names no size.
+	for _, e := range []Engine{semanticForTest(t), NewLexical()} {
+		for _, text := range []string{"please", "thanks a lot"} {
+			res, err := e.Classify(context.Background(), ClassifyRequest{Text: text, Labels: []string{"S", "M", "L"}, Mode: ModeSingle})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Label == "L" && !res.Tie {
+				t.Errorf("%s: %q over S, M, L: L at %.4f, a text that names no size", e.Name(), text, res.Confidence)
+			}
+		}
+	}
 	if w := literalWords([]string{"billing", "other", "n/a"}); w != nil {
 		t.Errorf("literal words %v of a set with no label of function words only", w)
 	}
