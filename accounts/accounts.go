@@ -490,6 +490,22 @@ func (s *Service) getAccount(ctx context.Context, id string) (accountRecord, uin
 		return accountRecord{}, 0, err
 	}
 	entry, err := s.accounts.Get(ctx, id)
+	// A get on a replicated bucket is a direct get, which any replica may
+	// answer, a few milliseconds behind the leader: an account created a
+	// moment ago through this gateway, which its snapshot holds, was "not
+	// found" when a key was made for it next (a cluster test, one node
+	// down). Such a miss is asked again for up to a second.
+	for wait := 10 * time.Millisecond; errors.Is(err, jetstream.ErrKeyNotFound) && wait <= 640*time.Millisecond; wait *= 2 {
+		if _, known := s.snap.account(id); !known {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return accountRecord{}, 0, ctx.Err()
+		case <-time.After(wait):
+		}
+		entry, err = s.accounts.Get(ctx, id)
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return accountRecord{}, 0, fmt.Errorf("account %s: %w", id, ErrNotFound)
 	}

@@ -1,6 +1,7 @@
 package accounts
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/money"
 )
@@ -359,5 +361,44 @@ func TestAccountLimitsSeenByOtherGatewayAndKept(t *testing.T) {
 	}
 	if _, err := a.SetLimits(ctx, "nobody", func(l *Limits) { l.RPM = 1 }); !errors.Is(err, ErrNotFound) {
 		t.Errorf("limits of a missing account: %v, want ErrNotFound", err)
+	}
+}
+
+// staleReplica answers the first misses gets of a key not found, as a
+// replica a few milliseconds behind the leader does to a direct get.
+type staleReplica struct {
+	jetstream.KeyValue
+	misses atomic.Int32
+}
+
+func (r *staleReplica) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if r.misses.Add(-1) >= 0 {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return r.KeyValue.Get(ctx, key)
+}
+
+// An account this gateway created a moment ago is found when a key is
+// made for it, though the replica answering the read has not caught up:
+// a cluster with a node down answered the key's creation 404, "account
+// not found", right after the account's 201.
+func TestAccountJustCreatedIsFoundOnAStaleReplica(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "fresh", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	stale := &staleReplica{KeyValue: s.accounts}
+	stale.misses.Store(3)
+	s.accounts = stale
+	if _, _, err := s.CreateKey(ctx, "fresh", KeyRequest{Name: "k"}); err != nil {
+		t.Fatalf("a key for an account just created, read on a stale replica: %v", err)
+	}
+	stale.misses.Store(100)
+	if _, _, err := s.CreateKey(ctx, "nobody", KeyRequest{Name: "k"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a key for an account nobody created: %v, want not found at once", err)
+	}
+	if n := stale.misses.Load(); n != 99 {
+		t.Fatalf("an account the snapshot does not hold was read %d times, want once", 100-n)
 	}
 }
