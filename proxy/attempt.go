@@ -120,6 +120,14 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 			if err == nil && c.eventStream {
 				err = c.awaitFirstEvent(resp)
+				if err == nil {
+					// A stream whose first event is an error, not an
+					// answer, is the same failure as such a whole body:
+					// relayed, it was billed its prompt and recorded a 200.
+					if answerErr = c.firstEventError(); answerErr.Exists() {
+						err, errStatus = errErrorAnswer, resp.Header.StatusCode()
+					}
+				}
 			}
 			if err == nil && !c.eventStream && !c.engineCall {
 				// Read whole here, while another upstream may still take
@@ -358,6 +366,41 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 }
 
 var dataColon = []byte("data:")
+
+// firstEventError returns the error of a stream's first event (which
+// awaitFirstEvent left buffered, whole) when that event is an error and
+// no answer, as errorAnswer reads a whole body: a chat stream's
+// {"error":{…}} before any chunk. An event whose data spans several lines
+// is not looked into.
+func (c *generationCall) firstEventError() gjson.Result {
+	br := c.sse.br
+	b, _ := br.Peek(br.Buffered())
+	if !bytes.Contains(b, keyError) {
+		return gjson.Result{} // the usual stream: no scan of it
+	}
+	var data []byte
+	for len(b) > 0 {
+		line := b
+		n := bytes.IndexByte(b, '\n')
+		if n < 0 {
+			return gjson.Result{}
+		}
+		line, b = b[:n], b[n+1:]
+		line = bytes.TrimSuffix(line, []byte{'\r'})
+		switch {
+		case len(line) == 0:
+			if data != nil {
+				return errorAnswer(data)
+			}
+		case bytes.HasPrefix(line, dataColon):
+			if data != nil {
+				return gjson.Result{}
+			}
+			data = bytes.TrimPrefix(line[len(dataColon):], []byte{' '})
+		}
+	}
+	return gjson.Result{}
+}
 
 // errClosedBeforeEvent: the upstream closed a stream before its first
 // whole event with data, after some lines that were none.

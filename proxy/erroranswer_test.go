@@ -165,3 +165,54 @@ func TestStreamWithoutContentType(t *testing.T) {
 		return nil
 	})
 }
+
+// A stream whose first event is an error and no answer is the same
+// failure as such a whole body: relayed, the client got a 200 stream of
+// one error event, and the call was billed its prompt and recorded as a
+// 200. An error that blames the request is that error, unbilled; one of
+// the upstream's own goes to the next member.
+func TestStreamWhoseFirstEventIsAnErrorIsNoAnswer(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin")
+	errorStream := func(event string) string {
+		return proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+			body := "data: " + event + "\n\ndata: [DONE]\n\n"
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			return true
+		})
+	}
+	stream := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	tooLong := errorStream(`{"error":{"message":"too long","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`)
+	cfg := readFile(t, h.cfgPath)
+	h.writeConfig(strings.Replace(strings.Replace(cfg, h.ups[0].URL, tooLong, 1), "upstreams: [p0, p1]", "upstreams: [p0]", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", stream)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 400 || !strings.Contains(got, `"code":"context_length_exceeded"`) || !strings.Contains(got, `"param":"messages"`) {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // an event would be recorded before the answer went out
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Fatalf("a stream of one error event was billed: %+v", evs[0])
+	}
+
+	overloaded := errorStream(`{"error":{"message":"model overloaded","type":"server_error"}}`)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), tooLong, overloaded, 1))
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0]", "upstreams: [p0, p1]", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		for range 2 { // round robin: one of the two starts at p0
+			resp := h.post("/v1/chat/completions", stream)
+			got := string(readAll(t, resp))
+			if resp.StatusCode != 200 || !strings.Contains(got, `"choices"`) || strings.Contains(got, "overloaded") {
+				return fmt.Errorf("got %d %s", resp.StatusCode, got)
+			}
+		}
+		return nil
+	})
+	for _, ev := range h.rec.Events() {
+		if ev.Upstream != "p1" || ev.Status != 200 {
+			t.Fatalf("billed %+v, want only p1's answers", ev)
+		}
+	}
+}
