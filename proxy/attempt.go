@@ -119,14 +119,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				c.eventStream = c.answersWithEvents(resp)
 			}
 			if err == nil && c.eventStream {
-				err = c.awaitFirstEvent(resp)
-				if err == nil {
-					// A stream whose first event is an error, not an
-					// answer, is the same failure as such a whole body:
-					// relayed, it was billed its prompt and recorded a 200.
-					if answerErr = c.firstEventError(); answerErr.Exists() {
-						err, errStatus = errErrorAnswer, resp.Header.StatusCode()
-					}
+				// A stream whose first event is an error, not an answer,
+				// is the same failure as such a whole body: relayed, it
+				// was billed its prompt and recorded a 200.
+				if answerErr, err = c.awaitFirstEvent(resp); answerErr.Exists() {
+					err, errStatus = errErrorAnswer, resp.Header.StatusCode()
 				}
 			}
 			if err == nil && !c.eventStream && !c.engineCall {
@@ -286,8 +283,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 // upstream that then stalled or closed, and the client got a 200 with
 // only stream_interrupted, billed its prompt. The comments are not
 // relayed. An event that outgrows the read buffer (16 KiB) before its end
-// counts: the upstream is answering.
-func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
+// counts: the upstream is answering. When that event is an error and no
+// answer, as errorAnswer reads a whole body (a chat stream's {"error":…}
+// before any chunk), it returns that error; an event whose data spans
+// several lines is not looked into.
+func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, error) {
 	if !c.sseStarted { // opened already when its body told it was a stream
 		c.openSSE(resp)
 	}
@@ -310,7 +310,7 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 	for {
 		b, err := br.Peek(1)
 		if err != nil {
-			return closed(err, 0)
+			return gjson.Result{}, closed(err, 0)
 		}
 		if b[0] == '\r' || b[0] == '\n' {
 			_, _ = br.Discard(1)
@@ -325,7 +325,7 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 				break
 			}
 			if err != bufio.ErrBufferFull {
-				return closed(err, 0)
+				return gjson.Result{}, closed(err, 0)
 			}
 		}
 	}
@@ -333,6 +333,9 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 	// first event with data.
 	scanned := 0     // bytes of whole lines looked at
 	hasData := false // the block under way has a data line
+	// Where its data is in the buffer, when it has one data line: offsets,
+	// as a read that fills the buffer may move its bytes.
+	dataFrom, dataTo := 0, 0
 	for {
 		b, _ := br.Peek(br.Buffered())
 		for {
@@ -349,58 +352,29 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) error {
 			switch {
 			case len(line) == 0:
 				if hasData {
-					return nil
+					return errorAnswer(b[dataFrom:dataTo]), nil
 				}
 			case bytes.Equal(line, fieldData) || bytes.HasPrefix(line, dataColon):
+				dataFrom, dataTo = 0, 0 // a second data line: not looked into
+				if !hasData && len(line) > len(dataColon) {
+					d := bytes.TrimPrefix(line[len(dataColon):], []byte{' '})
+					dataFrom = cap(b) - cap(d) // d's offset in b
+					dataTo = dataFrom + len(d)
+				}
 				hasData = true
 			}
 		}
 		if br.Buffered() == br.Size() {
-			return nil
+			return gjson.Result{}, nil
 		}
 		// One more byte, or the end of the stream.
 		if _, err := br.Peek(br.Buffered() + 1); err != nil {
-			return closed(err, br.Buffered())
+			return gjson.Result{}, closed(err, br.Buffered())
 		}
 	}
 }
 
 var dataColon = []byte("data:")
-
-// firstEventError returns the error of a stream's first event (which
-// awaitFirstEvent left buffered, whole) when that event is an error and
-// no answer, as errorAnswer reads a whole body: a chat stream's
-// {"error":{…}} before any chunk. An event whose data spans several lines
-// is not looked into.
-func (c *generationCall) firstEventError() gjson.Result {
-	br := c.sse.br
-	b, _ := br.Peek(br.Buffered())
-	if !bytes.Contains(b, keyError) {
-		return gjson.Result{} // the usual stream: no scan of it
-	}
-	var data []byte
-	for len(b) > 0 {
-		line := b
-		n := bytes.IndexByte(b, '\n')
-		if n < 0 {
-			return gjson.Result{}
-		}
-		line, b = b[:n], b[n+1:]
-		line = bytes.TrimSuffix(line, []byte{'\r'})
-		switch {
-		case len(line) == 0:
-			if data != nil {
-				return errorAnswer(data)
-			}
-		case bytes.HasPrefix(line, dataColon):
-			if data != nil {
-				return gjson.Result{}
-			}
-			data = bytes.TrimPrefix(line[len(dataColon):], []byte{' '})
-		}
-	}
-	return gjson.Result{}
-}
 
 // errClosedBeforeEvent: the upstream closed a stream before its first
 // whole event with data, after some lines that were none.
