@@ -58,8 +58,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			now := time.Now().UnixNano()
 			var ok bool
 			if sent, ok = up.health.send(now); !ok {
-				return nil, nil, Unavailable(fmt.Sprintf("upstream %s, which holds %s, is unavailable: %s",
-					up.cfg.Name, c.pinnedBy, up.health.describe(now)))
+				return nil, nil, Unavailable(fmt.Sprintf("upstream %s%s is unavailable: %s", up.cfg.Name, c.holding(), up.health.describe(now)))
 			}
 		} else {
 			if n == 0 && c.first != nil {
@@ -159,15 +158,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				h.undecided(sent)
 			}
 			c.clientGone = true
-			return nil, nil, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
+			return nil, nil, clientClosed(err)
 		}
 		if err != nil {
 			h.inflight.Add(-1)
-			what := ""
-			if c.pinned != nil {
-				// No other upstream is tried: say why.
-				what = ", which holds " + c.pinnedBy + ","
-			}
+			what := c.holding() // no other upstream is tried: say why
 			why := unreachableReason(up, err)
 			lastErr = Unavailable(fmt.Sprintf("upstream %s%s %s", up.cfg.Name, what, why))
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
@@ -188,7 +183,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.
-				lastErr = unfinishedAnswer(up, what)
+				lastErr = c.unfinishedAnswer()
 				reason = "no answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
 				clientReason = reason
 				why = "did not finish the answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
@@ -519,6 +514,21 @@ func requestFaultAnswer(upstream string, status int, e gjson.Result, msg string)
 		apiErr.NoRetry = false // the SDKs wait and ask again, as for the upstream's own 429
 	}
 	return apiErr
+}
+
+// clientClosed is the error of a call whose client left before its answer
+// (err says when); the client reads nothing, the event and logs do.
+func clientClosed(err error) *APIError {
+	return &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()}
+}
+
+// holding is ", which holds …," for a call pinned to the upstream holding
+// its state, said after the upstream's name in its errors, or "".
+func (c *generationCall) holding() string {
+	if c.pinned == nil {
+		return ""
+	}
+	return ", which holds " + c.pinnedBy + ","
 }
 
 // statusClientClosed is nginx's status for a call whose client closed the

@@ -543,7 +543,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		c.clientGone = true
 		c.record(statusClientClosed)
 		c.release()
-		WriteError(ctx, &APIError{Status: statusClientClosed, Type: "invalid_request_error", Code: "client_closed_request", Message: err.Error()})
+		WriteError(ctx, clientClosed(err))
 		return
 	}
 	if err != nil {
@@ -551,11 +551,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		reason := fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err)
 		if isTimeout(err) && !c.stream {
 			// Its body, as its header, was due within response_timeout.
-			what := ""
-			if c.pinned != nil {
-				what = ", which holds " + c.pinnedBy + ","
-			}
-			apiErr = unfinishedAnswer(c.upstream, what)
+			apiErr = c.unfinishedAnswer()
 			reason = "no answer within response_timeout (" + c.upstream.cfg.ResponseTimeout.String() + ")"
 		}
 		c.failWhole(ctx, err, reason, apiErr)
@@ -698,14 +694,13 @@ func reasonForClient(err error) string {
 	return "the connection failed"
 }
 
-// unfinishedAnswer is the 504 for a non-streamed answer not finished
-// within response_timeout; what names the upstream's role in the call,
-// as for upstreamUnreachable. It is not retried: another upstream would
-// generate it all again.
-func unfinishedAnswer(up *upstream, what string) *APIError {
+// unfinishedAnswer is the 504 for a non-streamed answer the call's
+// upstream did not finish within response_timeout. It is not retried:
+// another upstream would generate it all again.
+func (c *generationCall) unfinishedAnswer() *APIError {
 	return &APIError{Status: 504, Type: "upstream_error", Code: "upstream_timeout", NoRetry: true,
 		Message: fmt.Sprintf("upstream %s%s did not finish the answer within response_timeout (%s); ask for a stream (\"stream\": true) for answers that take longer",
-			up.cfg.Name, what, up.cfg.ResponseTimeout)}
+			c.upstream.cfg.Name, c.holding(), c.upstream.cfg.ResponseTimeout)}
 }
 
 func upstreamCut(up *upstream, err error) *APIError {
