@@ -167,15 +167,18 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			lastErr = Unavailable(fmt.Sprintf("upstream %s%s %s", up.cfg.Name, what, why))
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
 			generating := isTimeout(err) && wholeAnswer
+			// requestsFault: the upstream answered with an error that blames
+			// the request, which says nothing of its health.
+			requestsFault := answerErr.Exists() && !serverFault(answerErr)
 			switch {
 			case errors.Is(err, errErrorAnswer):
 				msg := errorMessage(answerErr)
-				upstreamsFault := serverFault(answerErr)
-				lastErr = &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer", NoRetry: !upstreamsFault,
-					Message: fmt.Sprintf("upstream %s%s answered %d with an error instead of an answer: %s; it was not passed on as an answer and is not billed",
-						up.cfg.Name, what, errStatus, msg)}
-				if !upstreamsFault {
+				if requestsFault {
 					lastErr = requestFaultAnswer(up.cfg.Name+what, errStatus, answerErr, msg)
+				} else {
+					lastErr = &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
+						Message: fmt.Sprintf("upstream %s%s answered %d with an error instead of an answer: %s; it was not passed on as an answer and is not billed",
+							up.cfg.Name, what, errStatus, msg)}
 				}
 				why = fmt.Sprintf("answered %d with an error (%s)", errStatus, msg)
 				reason = why
@@ -199,10 +202,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// replica at max_connections was ejected.
 				h.busy.Add(1)
 				h.undecided(sent)
-			case lastErr.NoRetry && !generating:
+			case requestsFault:
 				// An error that blames the request (context length, bad
-				// parameter) says nothing of the upstream's health, and
-				// another upstream would answer it the same.
+				// parameter, a rate limit) says nothing of the upstream's
+				// health. Taken for NoRetry, a rate limit, which another
+				// upstream may not have, counted as a failure.
 				h.undecided(sent)
 			default:
 				up.fail(rt, reason, clientReason, sent, c.alone, answerErr.Exists())

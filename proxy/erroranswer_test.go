@@ -92,11 +92,27 @@ func TestSuccessStatusWithAnErrorBodyIsNoAnswer(t *testing.T) {
 		return nil
 	})
 
+	// A rate limit is a 429 and blames no upstream's health either: taken
+	// for a server error, it was counted as the upstream's failure.
+	limited := jsonUpstream(t, `{"error":{"message":"slow down","type":"rate_limit_error","code":"rate_limit_exceeded"}}`, &asked)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), tooLong, limited, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 429 || !strings.Contains(got, `"code":"rate_limit_exceeded"`) {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+	if st := h.statuses()["p0"]; strings.Contains(st.LastError, "slow down") {
+		t.Fatalf("a rate limit counted against the upstream: %+v", st)
+	}
+
 	// A failed response carries an error and its output: it is an
 	// answer, passed on as it came.
 	failed := `{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"},"output":[],"usage":{"input_tokens":3,"output_tokens":0,"total_tokens":3}}`
 	failedResponse := jsonUpstream(t, failed, &asked)
-	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), tooLong, failedResponse, 1))
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), limited, failedResponse, 1))
 	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		resp := h.post("/v1/responses", `{"model":"small","input":"hi","store":false}`)
 		got := string(readAll(t, resp))
