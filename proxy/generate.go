@@ -571,14 +571,33 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
 		return
 	}
+	relayed := body
+	if c.stream {
+		// A whole answer to a streamed request (see wholestream.go).
+		var ok bool
+		if relayed, ok = wholeAnswerAsStream(nil, body, c.ep, !c.injected); !ok {
+			what := `a chat completion (no "choices" list)`
+			if c.ep == endpointResponses {
+				what = `a response (no "output" list)`
+			}
+			apiErr := &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
+				Message: fmt.Sprintf("upstream %s answered a streamed request %d with a whole JSON body that is not %s; it was not passed on and is not billed",
+					c.upstream.cfg.Name, status, what)}
+			c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
+			return
+		}
+		ctx.Response.Header.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+	}
 	c.upstream.health.completedAnswer(c.sent, false)
-	if len(c.resp.Header.ContentType()) == 0 {
+	if len(c.resp.Header.ContentType()) == 0 && !c.stream {
 		// It is a JSON object (above): passed on with no Content-Type,
 		// the Node SDK returned it as a string.
 		ctx.Response.Header.SetContentType("application/json")
 	}
 	ctx.SetStatusCode(status)
-	ctx.SetBody(body)
+	ctx.SetBody(relayed)
 	c.ttfb = time.Since(c.start)
 	if c.remember {
 		c.rememberResponse(gjson.Get(bstr(body), "id"))

@@ -140,7 +140,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 	if model.Type != gjson.String {
 		return s.respond(w, r, o, http.StatusBadRequest, bodyNoModel, sc)
 	}
-	stream := gjson.Get(js, "stream").Type == gjson.True
+	stream := gjson.Get(js, "stream").Type == gjson.True && !o.WholeAnswers
 	if o.RefuseLogprobs && chat && gjson.Get(js, "logprobs").Type == gjson.True {
 		return s.respond(w, r, o, http.StatusBadRequest, bodyLogprobsRefused, sc)
 	}

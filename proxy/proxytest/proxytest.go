@@ -92,6 +92,9 @@ type Options struct {
 	// under 2 KiB, net/http's buffer before chunking: a few Chunks).
 	// ChunkDelay, DropAfter and Stall do not apply.
 	OneWrite bool
+	// WholeAnswers answers streamed requests with the whole JSON answer a
+	// request without "stream" gets, as an upstream that cannot stream.
+	WholeAnswers bool
 	// Stall stops writing after the first stream event and holds the
 	// connection open until the client goes away (or the server closes).
 	Stall bool

@@ -1,0 +1,241 @@
+package proxy
+
+import (
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// A streamed request may be answered with a whole JSON answer: an
+// upstream that cannot stream, or ignores "stream". Passed on as it
+// came, the SDKs read it as an empty stream that succeeded: the client
+// got nothing, and was billed the answer. The whole answer is written
+// instead as the stream the client asked for, in the events OpenAI
+// sends, all at once. The bill is the whole answer's, as before.
+
+// wholeAnswerAsStream writes the stream of body, a whole answer of ep, to
+// dst. withUsage: a chat client asked for the usage chunk. It returns
+// false when body is no answer of that endpoint (no choices, no output).
+func wholeAnswerAsStream(dst, body []byte, ep endpoint, withUsage bool) ([]byte, bool) {
+	root := gjson.ParseBytes(body)
+	if ep == endpointResponses {
+		return wholeResponseAsStream(dst, root)
+	}
+	return wholeChatAsStream(dst, root, withUsage)
+}
+
+// wholeChatAsStream writes each choice as two chunks, its message as the
+// delta and then its finish_reason (as OpenAI ends each choice), the
+// usage chunk if asked for, and [DONE].
+func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) ([]byte, bool) {
+	choices := root.Get("choices")
+	if !choices.IsArray() {
+		return dst, false
+	}
+	var head []byte // every chunk's first members, up to its choices
+	head = append(head, '{')
+	for _, name := range [...]string{"id", "object", "created", "model", "system_fingerprint", "service_tier"} {
+		v := root.Get(name)
+		switch {
+		case name == "object":
+			head = append(head, `"object":"chat.completion.chunk",`...)
+		case v.Exists():
+			head = append(append(append(append(head, '"'), name...), `":`...), v.Raw...)
+			head = append(head, ',')
+		}
+	}
+	head = append(head, `"choices":`...)
+	n := 0
+	choices.ForEach(func(_, choice gjson.Result) bool {
+		index := choice.Get("index").Raw
+		if index == "" {
+			index = strconv.Itoa(n)
+		}
+		n++
+		dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
+		dst = append(append(dst, index...), `,"delta":`...)
+		dst = appendDelta(dst, choice.Get("message"))
+		dst = append(dst, `,"logprobs":`...)
+		dst = appendRawOrNull(dst, choice.Get("logprobs"))
+		dst = append(dst, `,"finish_reason":null}]}`+"\n\n"...)
+
+		dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
+		dst = append(append(dst, index...), `,"delta":{},"logprobs":null,"finish_reason":`...)
+		dst = appendRawOrNull(dst, choice.Get("finish_reason"))
+		dst = append(dst, "}]}\n\n"...)
+		return true
+	})
+	if usage := root.Get("usage"); withUsage && usage.IsObject() {
+		dst = append(append(append(dst, "data: "...), head...), `[],"usage":`...)
+		dst = append(append(dst, usage.Raw...), "}\n\n"...)
+	}
+	return append(dst, "data: [DONE]\n\n"...), true
+}
+
+// appendDelta writes a message as a chunk's delta: every member as it
+// is, but tool calls, which a delta numbers (index) and which an empty
+// list leaves out.
+func appendDelta(dst []byte, message gjson.Result) []byte {
+	if !message.IsObject() {
+		return append(dst, `{"role":"assistant"}`...)
+	}
+	dst = append(dst, '{')
+	first := true
+	message.ForEach(func(key, v gjson.Result) bool {
+		if key.Str == "tool_calls" && (!v.IsArray() || len(v.Array()) == 0) {
+			return true
+		}
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = append(append(dst, key.Raw...), ':')
+		if key.Str != "tool_calls" {
+			dst = append(dst, v.Raw...)
+			return true
+		}
+		dst = append(dst, '[')
+		for i, call := range v.Array() {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendIndexed(dst, call, i)
+		}
+		dst = append(dst, ']')
+		return true
+	})
+	return append(dst, '}')
+}
+
+// appendIndexed writes a tool call with its index first, unless it has
+// one.
+func appendIndexed(dst []byte, call gjson.Result, i int) []byte {
+	if !call.IsObject() || call.Get("index").Exists() {
+		return append(dst, call.Raw...)
+	}
+	dst = strconv.AppendInt(append(dst, `{"index":`...), int64(i), 10)
+	empty := true
+	call.ForEach(func(_, _ gjson.Result) bool {
+		empty = false
+		return false
+	})
+	if empty {
+		return append(dst, '}')
+	}
+	return append(append(dst, ','), call.Raw[1:]...) // past its '{': a Raw object has no leading space
+}
+
+func appendRawOrNull(dst []byte, v gjson.Result) []byte {
+	if !v.Exists() {
+		return append(dst, "null"...)
+	}
+	return append(dst, v.Raw...)
+}
+
+// responseEvents writes Responses stream events, numbered.
+type responseEvents struct {
+	dst []byte
+	seq int
+}
+
+// add writes one event of type typ whose other members are fields (a
+// JSON object's members, without braces).
+func (w *responseEvents) add(typ string, fields ...string) {
+	w.dst = append(append(append(w.dst, "event: "...), typ...), "\ndata: {\"type\":\""...)
+	w.dst = append(append(w.dst, typ...), '"')
+	for _, f := range fields {
+		w.dst = append(append(w.dst, ','), f...)
+	}
+	w.dst = strconv.AppendInt(append(w.dst, `,"sequence_number":`...), int64(w.seq), 10)
+	w.dst = append(w.dst, "}\n\n"...)
+	w.seq++
+}
+
+// wholeResponseAsStream writes the events OpenAI streams a response in:
+// created and in progress (the response with no output yet), each output
+// item added, its content and arguments as one delta each, the item done,
+// and the terminal event of its status. A response that has not ended
+// (queued, in progress) is written as created alone, as it is.
+func wholeResponseAsStream(dst []byte, root gjson.Result) ([]byte, bool) {
+	output := root.Get("output")
+	if !output.IsArray() {
+		return dst, false
+	}
+	w := responseEvents{dst: dst}
+	status := root.Get("status").Str
+	var terminal string
+	switch status {
+	case "completed", "incomplete", "failed":
+		terminal = "response." + status
+	default:
+		w.add("response.created", `"response":`+root.Raw)
+		return w.dst, true
+	}
+	started := []byte(root.Raw)
+	started, _ = sjson.SetBytes(started, "status", "in_progress")
+	started, _ = sjson.SetRawBytes(started, "output", []byte("[]"))
+	for _, name := range [...]string{"usage", "error", "incomplete_details", "completed_at"} {
+		if root.Get(name).Exists() {
+			started, _ = sjson.SetRawBytes(started, name, []byte("null"))
+		}
+	}
+	w.add("response.created", `"response":`+string(started))
+	w.add("response.in_progress", `"response":`+string(started))
+	output.ForEach(func(k, item gjson.Result) bool {
+		at := `"output_index":` + strconv.Itoa(int(k.Int()))
+		itemID := `"item_id":` + rawOr(item.Get("id"), `""`)
+		switch item.Get("type").Str {
+		case "message":
+			w.add("response.output_item.added", at, `"item":`+unfinished(item, "content", "[]"))
+			item.Get("content").ForEach(func(j, part gjson.Result) bool {
+				in := `"content_index":` + strconv.Itoa(int(j.Int()))
+				switch part.Get("type").Str {
+				case "output_text":
+					text := rawOr(part.Get("text"), `""`)
+					w.add("response.content_part.added", itemID, at, in, `"part":{"type":"output_text","annotations":[],"logprobs":[],"text":""}`)
+					w.add("response.output_text.delta", itemID, at, in, `"delta":`+text, `"logprobs":[]`)
+					w.add("response.output_text.done", itemID, at, in, `"text":`+text, `"logprobs":[]`)
+				case "refusal":
+					refusal := rawOr(part.Get("refusal"), `""`)
+					w.add("response.content_part.added", itemID, at, in, `"part":{"type":"refusal","refusal":""}`)
+					w.add("response.refusal.delta", itemID, at, in, `"delta":`+refusal)
+					w.add("response.refusal.done", itemID, at, in, `"refusal":`+refusal)
+				default:
+					w.add("response.content_part.added", itemID, at, in, `"part":`+part.Raw)
+				}
+				w.add("response.content_part.done", itemID, at, in, `"part":`+part.Raw)
+				return true
+			})
+		case "function_call":
+			args := rawOr(item.Get("arguments"), `""`)
+			w.add("response.output_item.added", at, `"item":`+unfinished(item, "arguments", `""`))
+			w.add("response.function_call_arguments.delta", itemID, at, `"delta":`+args)
+			w.add("response.function_call_arguments.done", itemID, at, `"arguments":`+args)
+		default:
+			w.add("response.output_item.added", at, `"item":`+item.Raw)
+		}
+		w.add("response.output_item.done", at, `"item":`+item.Raw)
+		return true
+	})
+	w.add(terminal, `"response":`+root.Raw)
+	return w.dst, true
+}
+
+// unfinished returns item as its output_item.added event shows it: in
+// progress, with field (its content, its arguments) still empty.
+func unfinished(item gjson.Result, field, empty string) string {
+	b := []byte(item.Raw)
+	if item.Get("status").Exists() {
+		b, _ = sjson.SetBytes(b, "status", "in_progress")
+	}
+	b, _ = sjson.SetRawBytes(b, field, []byte(empty))
+	return string(b)
+}
+
+func rawOr(v gjson.Result, otherwise string) string {
+	if !v.Exists() {
+		return otherwise
+	}
+	return v.Raw
+}

@@ -1,0 +1,144 @@
+package proxy_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/tollgate/tollgate/proxy/proxytest"
+)
+
+// An upstream that cannot stream answers a streamed request with the
+// whole answer. Passed on as it came, the SDKs read an empty stream that
+// succeeded, and the call was billed. The client now gets the stream it
+// asked for, in OpenAI's events, and the bill is the answer's.
+func TestWholeAnswerToAStreamedRequestIsRelayedAsAStream(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{WholeAnswers: true, Chunks: 5, PromptTokens: 8, CompletionTokens: 5}})
+	client := openai.NewClient(option.WithBaseURL(h.url+"/v1"), option.WithAPIKey(h.key), option.WithMaxRetries(0))
+	ctx := t.Context()
+	chatParams := openai.ChatCompletionNewParams{
+		Model:    "small",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hello")},
+	}
+
+	whole, err := client.Chat.Completions.New(ctx, chatParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chatParams.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := client.Chat.Completions.NewStreaming(ctx, chatParams)
+	acc := openai.ChatCompletionAccumulator{}
+	chunks := 0
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+		chunks++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if chunks != 3 || len(acc.Choices) != 1 || acc.Choices[0].Message.Content != whole.Choices[0].Message.Content ||
+		acc.Choices[0].FinishReason != "stop" || acc.Usage.CompletionTokens != 5 {
+		t.Fatalf("%d chunks accumulated %+v, want the content of %+v", chunks, acc.ChatCompletion, whole)
+	}
+
+	// Without include_usage, no usage chunk: the client did not ask.
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") ||
+		strings.Contains(string(body), `"usage"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("%d %s\n%s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+
+	wholeResp, err := client.Responses.New(ctx, responses.ResponseNewParams{
+		Model: "large",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := client.Responses.NewStreaming(ctx, responses.ResponseNewParams{
+		Model: "large",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hello")},
+	})
+	var text strings.Builder
+	var types []string
+	var completed responses.Response
+	for rs.Next() {
+		ev := rs.Current()
+		types = append(types, ev.Type)
+		if ev.Type == "response.output_text.delta" {
+			text.WriteString(ev.Delta)
+		}
+		if ev.Type == "response.completed" {
+			completed = ev.Response
+		}
+	}
+	want := "response.created response.in_progress response.output_item.added response.content_part.added " +
+		"response.output_text.delta response.output_text.done response.content_part.done response.output_item.done response.completed"
+	if rs.Err() != nil || strings.Join(types, " ") != want || text.String() != wholeResp.OutputText() ||
+		completed.OutputText() != wholeResp.OutputText() || completed.Usage.OutputTokens != 5 {
+		t.Fatalf("responses stream: err %v\nevents %v\ntext %q, want %q; completed %+v", rs.Err(), types, text.String(), wholeResp.OutputText(), completed)
+	}
+
+	for i, ev := range h.events(5) {
+		if ev.PromptTokens != 8 || ev.CompletionTokens != 5 || ev.Status != 200 {
+			t.Fatalf("event %d: %+v", i, ev)
+		}
+	}
+}
+
+// toolCallsAnswer is a whole chat answer with two tool calls; its usage
+// is the 500 completion tokens useUpstream waits for.
+const toolCallsAnswer = `{"id":"chatcmpl-2","object":"chat.completion","created":7,"model":"proxytest-small","system_fingerprint":"fp_1",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[` +
+	`{"id":"call_a","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Oslo\"}"}},` +
+	`{"id":"call_b","type":"function","function":{"name":"time","arguments":"{}"}}]},"logprobs":null,"finish_reason":"tool_calls"}],` +
+	`"usage":{"prompt_tokens":9,"completion_tokens":500,"total_tokens":509}}`
+
+// Tool calls come out of a whole answer as a stream's deltas, numbered,
+// and the SDK's accumulator puts them back together.
+func TestWholeAnswerWithToolCallsToAStreamedRequest(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	baseURL, _ := pausingUpstream(t, toolCallsAnswer, len(toolCallsAnswer), 0)
+	useUpstream(t, h, baseURL)
+	client := openai.NewClient(option.WithBaseURL(h.url+"/v1"), option.WithAPIKey(h.key), option.WithMaxRetries(0))
+	stream := client.Chat.Completions.NewStreaming(t.Context(), openai.ChatCompletionNewParams{
+		Model:    "small",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("weather?")},
+	})
+	acc := openai.ChatCompletionAccumulator{}
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(acc.Choices) != 1 || acc.Choices[0].FinishReason != "tool_calls" || acc.SystemFingerprint != "fp_1" {
+		t.Fatalf("accumulated %+v", acc.ChatCompletion)
+	}
+	calls := acc.Choices[0].Message.ToolCalls
+	if len(calls) != 2 || calls[0].ID != "call_a" || calls[0].Function.Name != "weather" || calls[0].Function.Arguments != `{"city":"Oslo"}` ||
+		calls[1].ID != "call_b" || calls[1].Function.Arguments != "{}" {
+		t.Fatalf("tool calls %+v", calls)
+	}
+}
+
+// A whole JSON body that is no answer (no choices) to a streamed request
+// is refused as a bad answer, unbilled, as a body that is not JSON is:
+// written as a stream, it would be an empty one that succeeded.
+func TestWholeNonAnswerToAStreamedRequestIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	const answer = `{"id":"chatcmpl-3","object":"chat.completion","usage":{"prompt_tokens":9,"completion_tokens":500,"total_tokens":509}}`
+	baseURL, _ := pausingUpstream(t, answer, len(answer), 0)
+	useUpstream(t, h, baseURL)
+	before := len(h.rec.Events())
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	e := wantError(t, resp, 502, "upstream_bad_answer")
+	if msg, _ := e["message"].(string); !strings.Contains(msg, `no "choices" list`) {
+		t.Fatalf("message %q", msg)
+	}
+	h.events(before)
+}
