@@ -125,11 +125,13 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					err, errStatus = errErrorAnswer, resp.Header.StatusCode()
 				}
 			}
-			if err == nil && !c.eventStream && !c.engineCall {
+			if err == nil && !c.eventStream {
 				// Read whole here, while another upstream may still take
 				// the call: passed on, a 200 whose body was an error was
 				// billed as an answer, and a stream's SDK read it as an
-				// empty stream that succeeded.
+				// empty stream that succeeded. A classifier engine's call
+				// took it for an answer it could not read, asked again up
+				// to four times, and was billed each.
 				if answerErr = c.readWhole(resp); answerErr.Exists() {
 					err, errStatus = errErrorAnswer, resp.Header.StatusCode()
 				}

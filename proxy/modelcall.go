@@ -64,17 +64,29 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 	if call.reachedUpstream && note != nil {
 		note.reach()
 	}
+	if apiErr != nil && apiErr.Status >= 400 && apiErr.Status < 500 && apiErr.Status != statusClientClosed {
+		// A success status whose body is an error that blames the
+		// request, as the upstream's own 4xx would be: a refusal of
+		// logprobs is asked again without them (classifiers.llm).
+		errBody, _ := apiErr.MarshalJSON()
+		return nil, catalog.Usage{}, &ModelError{Status: apiErr.Status, Body: errBody}
+	}
 	if apiErr != nil {
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, apiErr.Message)
 	}
 	defer up.health.inflight.Add(-1)
 	defer resp.Close()
+	defer call.dropBody()
 	if note != nil {
 		note.set(up.cfg.Name)
 	}
-	// Read like a client's answer: a cut body is an error, never a short
-	// answer, and max_response_body holds.
-	respBody, err = resp.readAll(nil, int64(up.cfg.MaxResponseBody))
+	// Read whole by attempt like a client's answer: a cut body is an
+	// error, never a short answer, and max_response_body holds.
+	if err = call.respErr; err == nil && call.respBuf != nil {
+		respBody = append([]byte(nil), call.respBuf.B...)
+	} else if err == nil {
+		respBody, err = resp.readAll(nil, int64(up.cfg.MaxResponseBody)) // an error status: not read by attempt
+	}
 	if err != nil {
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, upstreamCut(up, err).Message)
 	}

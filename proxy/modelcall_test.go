@@ -99,3 +99,30 @@ func TestModelErrorQuotesBodyBetweenCharacters(t *testing.T) {
 		t.Fatalf("message %q, want the body cut after the a's", msg)
 	}
 }
+
+// A success status whose body is an error is the upstream's failure for
+// a classifier engine's call too: another upstream answers it. It was
+// handed to the engine as an answer, which asked again up to four times,
+// each billed.
+func TestCallModelErrorBodyWithSuccessStatusMovesOn(t *testing.T) {
+	failing := proxytest.Options{Status: 200, ErrorBody: `{"error":{"message":"model overloaded","type":"server_error"}}`}
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin", failing)
+	for i := range 4 {
+		body, _, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody))
+		if err != nil || !strings.Contains(string(body), `"choices"`) {
+			t.Fatalf("call %d: %v, body %s", i, err, body)
+		}
+	}
+}
+
+// Such an error that blames the request is the upstream's own 4xx, which
+// the llm engine reads: a refusal of logprobs is asked again without.
+func TestCallModelErrorBodyBlamingTheRequestIsAModelError(t *testing.T) {
+	refusing := proxytest.Options{Status: 200, ErrorBody: `{"error":{"message":"logprobs are not supported","type":"invalid_request_error","param":"logprobs"}}`}
+	h := newPoolHarness(t, 1, "  retries: 1", refusing)
+	_, _, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody))
+	var me *proxy.ModelError
+	if !errors.As(err, &me) || me.Status != 400 || !strings.Contains(err.Error(), "answered 400") || !strings.Contains(err.Error(), "logprobs") {
+		t.Fatalf("got %v; want a ModelError 400 quoting the upstream", err)
+	}
+}
