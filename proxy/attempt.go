@@ -101,7 +101,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		c.eventStream, c.sseStarted = false, false
 		// answerErr is the error a 2xx answer holds in place of an answer.
 		var answerErr gjson.Result
-		var errStatus int // its status
+		var errStatus int    // its status
+		var badAnswer string // why a 2xx body is no answer (notAnAnswer)
 		if err == nil {
 			// An absent Content-Type reads as absent, not as fasthttp's
 			// default: the error for a bad answer quoted a "text/plain;
@@ -134,6 +135,10 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// to four times, and was billed each.
 				if answerErr = c.readWhole(resp); answerErr.Exists() {
 					err, errStatus = errErrorAnswer, resp.Header.StatusCode()
+				} else if c.respErr == nil {
+					if badAnswer = c.notAnAnswer(resp); badAnswer != "" {
+						err, errStatus = errBadAnswer, resp.Header.StatusCode()
+					}
 				}
 			}
 			if err != nil && resp.uc.tc != nil && resp.uc.tc.clientGone {
@@ -185,6 +190,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				why = fmt.Sprintf("answered %d with an error (%s)", errStatus, msg)
 				reason = why
 				clientReason = fmt.Sprintf("answered %d with an error", errStatus) // its words are for this call's client
+			case errors.Is(err, errBadAnswer):
+				lastErr = &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
+					Message: fmt.Sprintf("upstream %s%s answered %d with %s; it was not passed on and is not billed", up.cfg.Name, what, errStatus, badAnswer)}
+				why = fmt.Sprintf("answered %d with %s", errStatus, badAnswer)
+				reason, clientReason = why, why
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.
@@ -211,7 +221,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// upstream may not have, counted as a failure.
 				h.undecided(sent)
 			default:
-				up.fail(rt, reason, clientReason, sent, c.alone, answerErr.Exists())
+				up.fail(rt, reason, clientReason, sent, c.alone, answerErr.Exists() || badAnswer != "")
 			}
 			failures = append(failures, up.cfg.Name+": "+why)
 			if c.pinned == nil && !generating && !lastErr.NoRetry && retryable(n, rt, c.start, p, tried) {
@@ -426,6 +436,38 @@ func (c *generationCall) readWhole(resp *upstreamResponse) gjson.Result {
 	}
 	return errorAnswer(c.respBuf.B)
 }
+
+// notAnAnswer says why a whole 2xx body readWhole read cannot be passed
+// on, or "": an HTML page of a proxy in front of the upstream ("502 Bad
+// Gateway") or a body cut to the length announced, which relayed as a
+// 200 was billed its prompt and failed the SDKs' parsing as a success;
+// or, to a streamed request, JSON with no choices (chat) or output
+// (responses) to write as a stream (see wholestream.go). Found here,
+// another upstream may still take the call.
+func (c *generationCall) notAnAnswer(resp *upstreamResponse) string {
+	body := c.respBuf.B
+	if !looksLikeJSONObject(body) {
+		ct := "no Content-Type"
+		if v := resp.Header.ContentType(); len(v) > 0 {
+			ct = fmt.Sprintf("Content-Type %q", v)
+		}
+		return fmt.Sprintf("a body that is not a JSON object (%s, %d bytes)", ct, len(body))
+	}
+	if c.stream {
+		list, what := "choices", "a chat completion"
+		if c.ep == endpointResponses {
+			list, what = "output", "a response"
+		}
+		if !gjson.GetBytes(body, list).IsArray() {
+			return fmt.Sprintf("a whole JSON body, to a streamed request, that is not %s (no %q list)", what, list)
+		}
+	}
+	return ""
+}
+
+// errBadAnswer: a success status with a body that is no answer
+// (notAnAnswer).
+var errBadAnswer = errors.New("answered a success status with a body that is no answer")
 
 // dropBody frees an answer readWhole read, for one not taken.
 func (c *generationCall) dropBody() {

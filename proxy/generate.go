@@ -557,42 +557,18 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		c.failWhole(ctx, err, reason, apiErr)
 		return
 	}
-	if !looksLikeJSONObject(body) {
-		// An HTML page of a proxy in front of the upstream ("502 Bad
-		// Gateway"), a truncated body of the length announced: relayed as
-		// a 200 it was billed on the prompt, and the SDKs failed to parse
-		// it, as a success.
-		ct := "no Content-Type"
-		if v := c.resp.Header.ContentType(); len(v) > 0 {
-			ct = fmt.Sprintf("Content-Type %q", v)
-		}
-		apiErr := &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
-			Message: fmt.Sprintf("upstream %s answered %d with a body that is not a JSON object (%s, %d bytes); it was not passed on and is not billed", c.upstream.cfg.Name, status, ct, len(body))}
-		c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
-		return
-	}
+	// attempt refused a body that is no answer (notAnAnswer).
 	relayed := body
 	if c.stream {
 		// A whole answer to a streamed request (see wholestream.go).
-		var ok bool
-		if relayed, ok = wholeAnswerAsStream(nil, body, c.ep, !c.injected); !ok {
-			what := `a chat completion (no "choices" list)`
-			if c.ep == endpointResponses {
-				what = `a response (no "output" list)`
-			}
-			apiErr := &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
-				Message: fmt.Sprintf("upstream %s answered a streamed request %d with a whole JSON body that is not %s; it was not passed on and is not billed",
-					c.upstream.cfg.Name, status, what)}
-			c.failWhole(ctx, errBadAnswer, apiErr.Message, apiErr)
-			return
-		}
+		relayed = wholeAnswerAsStream(nil, body, c.ep, !c.injected)
 		ctx.Response.Header.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 	}
 	c.upstream.health.completedAnswer(c.sent, false)
 	if len(c.resp.Header.ContentType()) == 0 && !c.stream {
-		// It is a JSON object (above): passed on with no Content-Type,
+		// It is a JSON object (attempt): passed on with no Content-Type,
 		// the Node SDK returned it as a string.
 		ctx.Response.Header.SetContentType("application/json")
 	}
@@ -628,9 +604,6 @@ func (c *generationCall) failWhole(ctx *fasthttp.RequestCtx, err error, reason s
 	c.release()
 	WriteError(ctx, apiErr)
 }
-
-// errBadAnswer: a success status with a body that is not a JSON object.
-var errBadAnswer = errors.New("answered a success status with a body that is not a JSON object")
 
 // looksLikeJSONObject tells a JSON object from an HTML page or a body cut
 // short by its first and last bytes, without parsing the whole answer.

@@ -262,6 +262,28 @@ func TestSuccessWithoutAJSONBodyIs502(t *testing.T) {
 	}
 }
 
+// Such a body is the upstream's failure, found before anything was
+// passed on: another member of the pool takes the call. It was the
+// client's 502 with a healthy member beside it.
+func TestSuccessWithoutAJSONBodyMovesOnToAnotherUpstream(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin", proxytest.Options{Status: 200, ErrorBody: "<html><body>502 Bad Gateway</body></html>"})
+	for i := range 6 {
+		body := smallChat
+		if i%2 == 1 {
+			body = strings.Replace(smallChat, `{`, `{"stream":true,`, 1)
+		}
+		resp := h.post("/v1/chat/completions", body)
+		if got := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, got)
+		}
+	}
+	for _, ev := range h.events(6) {
+		if ev.Upstream != "p1" {
+			t.Fatalf("billed for %s: %+v", ev.Upstream, ev)
+		}
+	}
+}
+
 func TestPoolRetriesBeforeTheFirstByteStreamedOrNot(t *testing.T) {
 	// p0 refuses connections, p1 answers 429 with Retry-After, p2 serves.
 	// Round robin, so every member gets its turn (p2c would settle on p2).

@@ -14,10 +14,10 @@ import (
 // instead as the stream the client asked for, in the events OpenAI
 // sends, all at once. The bill is the whole answer's, as before.
 
-// wholeAnswerAsStream writes the stream of body, a whole answer of ep, to
-// dst. withUsage: a chat client asked for the usage chunk. It returns
-// false when body is no answer of that endpoint (no choices, no output).
-func wholeAnswerAsStream(dst, body []byte, ep endpoint, withUsage bool) ([]byte, bool) {
+// wholeAnswerAsStream writes the stream of body, a whole answer of ep
+// with its choices or output list (attempt's notAnAnswer), to dst.
+// withUsage: a chat client asked for the usage chunk.
+func wholeAnswerAsStream(dst, body []byte, ep endpoint, withUsage bool) []byte {
 	root := gjson.ParseBytes(body)
 	if ep == endpointResponses {
 		return wholeResponseAsStream(dst, root)
@@ -28,11 +28,8 @@ func wholeAnswerAsStream(dst, body []byte, ep endpoint, withUsage bool) ([]byte,
 // wholeChatAsStream writes each choice as two chunks, its message as the
 // delta and then its finish_reason (as OpenAI ends each choice), the
 // usage chunk if asked for, and [DONE].
-func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) ([]byte, bool) {
+func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) []byte {
 	choices := root.Get("choices")
-	if !choices.IsArray() {
-		return dst, false
-	}
 	var head []byte // every chunk's first members, up to its choices
 	head = append(head, '{')
 	for _, name := range [...]string{"id", "object", "created", "model", "system_fingerprint", "service_tier"} {
@@ -70,7 +67,7 @@ func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) ([]byte, b
 		dst = append(append(append(dst, "data: "...), head...), `[],"usage":`...)
 		dst = append(append(dst, usage.Raw...), "}\n\n"...)
 	}
-	return append(dst, "data: [DONE]\n\n"...), true
+	return append(dst, "data: [DONE]\n\n"...)
 }
 
 // appendDelta writes a message as a chunk's delta: every member as it
@@ -157,11 +154,8 @@ func (w *responseEvents) add(typ string, fields ...string) {
 // item added, its content and arguments as one delta each, the item done,
 // and the terminal event of its status. A response that has not ended
 // (queued, in progress) is written as created alone, as it is.
-func wholeResponseAsStream(dst []byte, root gjson.Result) ([]byte, bool) {
+func wholeResponseAsStream(dst []byte, root gjson.Result) []byte {
 	output := root.Get("output")
-	if !output.IsArray() {
-		return dst, false
-	}
 	w := responseEvents{dst: dst}
 	status := root.Get("status").Str
 	var terminal string
@@ -170,7 +164,7 @@ func wholeResponseAsStream(dst []byte, root gjson.Result) ([]byte, bool) {
 		terminal = "response." + status
 	default:
 		w.add("response.created", `"response":`+root.Raw)
-		return w.dst, true
+		return w.dst
 	}
 	started := []byte(root.Raw)
 	started, _ = sjson.SetBytes(started, "status", "in_progress")
@@ -219,7 +213,7 @@ func wholeResponseAsStream(dst []byte, root gjson.Result) ([]byte, bool) {
 		return true
 	})
 	w.add(terminal, `"response":`+root.Raw)
-	return w.dst, true
+	return w.dst
 }
 
 // unfinished returns item as its output_item.added event shows it: in
