@@ -94,6 +94,8 @@ type harnessOptions struct {
 	// join starts the harness as another gateway of join's deployment
 	// (gatewaytest.Options.Join), sharing its accounts: it creates none.
 	join *harness
+	// recorded is gatewaytest.Options.Recorded.
+	recorded func(*meter.Event)
 }
 
 func newHarness(t *testing.T, ho harnessOptions) *harness {
@@ -118,7 +120,7 @@ func newHarness(t *testing.T, ho harnessOptions) *harness {
 			}
 			return cfg
 		},
-		Responses: true, Tracer: ho.tracer, Watch: true, Logf: ho.logf,
+		Responses: true, Tracer: ho.tracer, Watch: true, Logf: ho.logf, Recorded: ho.recorded,
 	})
 	h := &harness{t: t, g: g, up: g.Upstream, gw: g.Server, url: g.URL, rec: g.Recorder, svc: g.Accounts, broker: g.Broker,
 		store: g.Responses, cfgPath: g.ConfigPath, client: g.Client}

@@ -68,6 +68,14 @@ func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
 			return n, flush()
 		}
 		if terminal {
+			if c.counting() {
+				// The tokenizer's count takes about a second a megabyte:
+				// what the upstream sent before the terminal event goes
+				// out first, not after it.
+				if err := flush(); err != nil {
+					return n, err
+				}
+			}
 			if c.ttfb == 0 {
 				c.ttfb = time.Since(c.start) // the whole answer goes out in this write
 			}

@@ -543,6 +543,12 @@ func (c *generationCall) waitRecorded(safe <-chan struct{}) {
 	}
 }
 
+// counting reports whether event will count text with the tokenizer:
+// no usage was reported, or output came after the last report.
+func (c *generationCall) counting() bool {
+	return !c.haveUsage || len(c.text) > 0 || c.textTokens > 0 || len(c.rawChunks) > 0
+}
+
 // event is the call's usage event. Where the upstream never reported
 // usage, the prompt and the text actually forwarded are counted with the
 // tokenizer and the event says so; so is output forwarded after the last

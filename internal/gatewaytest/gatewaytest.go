@@ -57,6 +57,9 @@ type Options struct {
 	NoListen bool
 	// Logf receives the gateway's log; default t.Logf.
 	Logf func(format string, args ...any)
+	// Recorded, when set, is called with each usage event as it is
+	// recorded, on the recording goroutine (meter.NewMemory's notify).
+	Recorded func(*meter.Event)
 	// Join starts this gateway as another gateway of Join's deployment: on
 	// Join's embedded NATS rather than one of its own, with a copy of
 	// Join's signing.key. Other shared files (console.secret) are the
@@ -92,7 +95,7 @@ func Start(t testing.TB, o Options) *Gateway {
 		o.Logf = t.Logf
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Gateway{T: t, Ctx: ctx, Dir: t.TempDir(), Recorder: meter.NewMemory(nil), AdminToken: o.AdminToken,
+	g := &Gateway{T: t, Ctx: ctx, Dir: t.TempDir(), Recorder: meter.NewMemory(o.Recorded), AdminToken: o.AdminToken,
 		Client: &http.Client{Timeout: 30 * time.Second}, closers: []func(){cancel}}
 	if g.AdminToken == "" {
 		g.AdminToken = DefaultAdminToken
