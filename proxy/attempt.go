@@ -57,8 +57,21 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			up = c.pinned
 			now := time.Now().UnixNano()
 			var ok bool
-			if sent, ok = up.health.send(now); !ok {
-				return nil, nil, Unavailable(fmt.Sprintf("upstream %s%s is unavailable: %s", up.cfg.Name, c.holding(), up.health.describe(now)))
+			if sent, ok = up.health.send(now); !ok && up.health.resting.Load() {
+				// A rest after another caller's 429 steers the pool's
+				// calls elsewhere; this one has no elsewhere, and was not
+				// the one limited. Sent anyway, as to a model's only
+				// upstream (pool.pick): refused, every conversation it
+				// held got 503s for the whole Retry-After.
+				up.health.await(now)
+				sent, ok = ticket{}, true
+			}
+			if !ok {
+				e := Unavailable(fmt.Sprintf("upstream %s%s is unavailable: %s", up.cfg.Name, c.holding(), up.health.describe(now)))
+				if until := up.health.openUntil.Load(); until > now {
+					e.RetryAfter = time.Duration(until - now) // when its ejection ends, as for a pool all out
+				}
+				return nil, nil, e
 			}
 		} else {
 			if n == 0 && c.first != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -354,13 +355,18 @@ func TestPinnedUpstreamDownIs503NamingIt(t *testing.T) {
 	name := fmt.Sprintf("p%d", at)
 	h.ups[at].Close()
 	for i := range 2 { // unreachable, then ejected
-		status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`, "")
+		resp := h.post("/v1/responses", `{"model":"small","input":"x","previous_response_id":"`+id+`"}`)
+		status, body := resp.StatusCode, readAll(t, resp)
 		if status != 503 || !strings.Contains(string(body), "upstream "+name) {
 			t.Fatalf("continuing a response on a stopped upstream: %d %s", status, body)
 		}
 		// Why no other upstream was tried.
 		if i == 0 && !strings.Contains(string(body), "which holds the previous_response_id") {
 			t.Fatalf("the 503 does not say the call was pinned: %s", body)
+		}
+		// Ejected, it says when to come back, as a pool all out does.
+		if ra, _ := strconv.Atoi(resp.Header.Get("Retry-After")); i == 1 && (ra < 25 || ra > 30) {
+			t.Fatalf("the 503 of an ejected holder has Retry-After %q, want about 30", resp.Header.Get("Retry-After"))
 		}
 	}
 	status, body := h.send("", "GET", "/v1/responses/"+id, "", "")
@@ -370,6 +376,36 @@ func TestPinnedUpstreamDownIs503NamingIt(t *testing.T) {
 	// Calls without state still go to the others.
 	if status, body := h.send("", "POST", "/v1/responses", createResp, ""); status != 200 {
 		t.Fatalf("a call without state: %d %s", status, body)
+	}
+}
+
+// A holder resting after another caller's 429 still takes the calls
+// that continue its responses: it is their only upstream, and their
+// callers were not the ones limited. They got 503s for the whole
+// Retry-After.
+func TestPinnedUpstreamRestingStillContinuesItsResponses(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin\n  retries: 1")
+	id, at := h.create("", createResp, "")
+	name := fmt.Sprintf("p%d", at)
+	h.ups[at].SetOptions(proxytest.Options{Status: 429, RetryAfter: "30"})
+	checkFor(t, 3*time.Second, 0, func() error {
+		if status, body := h.send("", "POST", "/v1/responses", createResp, ""); status != 200 {
+			return fmt.Errorf("a call without state: %d %s", status, body)
+		}
+		if st := h.statuses()[name]; st.State != "resting" {
+			return fmt.Errorf("%s is %s", name, st.State)
+		}
+		return nil
+	})
+	h.ups[at].SetOptions(proxytest.Options{})
+	for _, stream := range []string{"false", "true"} {
+		status, body := h.send("", "POST", "/v1/responses", `{"model":"small","input":"x","stream":`+stream+`,"previous_response_id":"`+id+`"}`, "")
+		if status != 200 {
+			t.Fatalf("continuing a response on a resting holder, stream %s: %d %s", stream, status, body)
+		}
+	}
+	if st := h.statuses()[name]; st.State != "resting" {
+		t.Fatalf("the continued calls ended %s's rest: %+v", name, st)
 	}
 }
 
