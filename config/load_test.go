@@ -577,3 +577,22 @@ func TestTokenWithAnInvisibleCharacterIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A first-byte timeout moves a call to another upstream only while
+// retry_budget has not passed: the defaults, and the shipped file, keep
+// the budget above every upstream's first_byte_timeout. At 10s against
+// 60s, a stopped member's calls got a 503 beside healthy members.
+func TestShippedRetryBudgetOutlastsFirstByteTimeout(t *testing.T) {
+	if DefaultRetryBudget <= DefaultFirstByteTimeout {
+		t.Fatalf("default retry_budget %s is not above the default first_byte_timeout %s", DefaultRetryBudget, DefaultFirstByteTimeout)
+	}
+	cfg, err := Load("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range cfg.Upstreams {
+		if cfg.Routing.RetryBudget <= u.FirstByteTimeout {
+			t.Fatalf("gateway.yaml: retry_budget %s is not above %s's first_byte_timeout %s", cfg.Routing.RetryBudget, u.Name, u.FirstByteTimeout)
+		}
+	}
+}

@@ -85,12 +85,15 @@ const (
 	DefaultAffinityPrefixBytes = ByteSize(1 << 10)
 	DefaultAffinityHeader      = "x-session-id"
 	DefaultRetries             = 2
-	DefaultRetryBudget         = 10 * time.Second
-	DefaultEjectAfter          = 3
-	DefaultEjectFor            = time.Second
-	DefaultEjectMax            = 30 * time.Second
-	DefaultProbeInterval       = 2 * time.Second
-	DefaultResponseTTL         = 30 * 24 * time.Hour
+	// DefaultRetryBudget is above DefaultFirstByteTimeout: at 10s, a
+	// member that did not answer within its 60s was never retried on
+	// another, and the call got a 503 beside healthy members.
+	DefaultRetryBudget   = 2 * time.Minute
+	DefaultEjectAfter    = 3
+	DefaultEjectFor      = time.Second
+	DefaultEjectMax      = 30 * time.Second
+	DefaultProbeInterval = 2 * time.Second
+	DefaultResponseTTL   = 30 * 24 * time.Hour
 )
 
 func (l *loader) applyRoutingDefaults(r *Routing) {
