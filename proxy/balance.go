@@ -749,9 +749,10 @@ func (p *pool) choose(mode string, now int64, skip uint64) int {
 		return best
 	}
 	// Power of two choices: two members drawn by weight, the one with less
-	// work queued (in flight x latency) wins. The weight is in the draw
-	// only: divided into the cost as well, it counted twice, and a member
-	// of weight 2 beside two of weight 1 took 80 % of the calls at idle.
+	// work queued (in flight per unit of weight, plus one, x latency: see
+	// cost) wins. At idle the weight is in the draw only: divided into the
+	// whole cost as well, it counted twice, and a member of weight 2
+	// beside two of weight 1 took 80 % of the calls at idle.
 	// A bigger replica's speed is in its latency already. Costs within
 	// a quarter of each other, or a millisecond (clearlyCheaper), are a
 	// tie, won by the first drawn, so ties share by weight: compared
@@ -830,7 +831,13 @@ func (p *pool) cost(i int, now int64) int64 {
 	case lat == 0:
 		lat = initialLatency
 	}
-	return (inflight + 1) * lat
+	// The calls in flight count per unit of weight, the one to come in
+	// full: at idle the weight stays in the draw alone (see pick), and
+	// under load a member of weight 2 carrying twice the calls of its
+	// like peers ties with them. Counted whole, its calls made it lose
+	// those pairings, and such a member got 36 % of the calls, not 50 %.
+	w := int64(max(p.members[i].weight, 1))
+	return (inflight + w) * lat / w
 }
 
 // held records a call whose client left before the upstream answered: its

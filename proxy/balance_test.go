@@ -531,6 +531,45 @@ func TestBalanceModesShareByWeightAtIdle(t *testing.T) {
 	}
 }
 
+// Under load, like members share by weight too: a member of weight 2
+// carries twice the calls in flight of its peers of weight 1, and its
+// calls, counted whole, made it lose every pairing with them (36 % of the
+// calls where 50 % was asked for).
+func TestP2CSharesByWeightUnderLoad(t *testing.T) {
+	ups := map[string]*upstream{}
+	var members []config.PoolMember
+	now := time.Now().UnixNano()
+	for i, w := range []int{1, 1, 2} {
+		name := fmt.Sprintf("u%d", i)
+		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
+			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
+			MaxConnections: 8, MaxResponseBody: 1 << 20}, t.Logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		up.health.latency.Store(int64(10 * time.Millisecond))
+		up.health.answered.Store(int64(10 * time.Millisecond))
+		up.health.sampled.Store(now)
+		up.health.inflight.Store(int64(2 * w)) // streaming, their first bytes long sent
+		ups[name] = up
+		members = append(members, config.PoolMember{Name: name, Weight: w})
+	}
+	p := newPool(members, ups)
+	rt := testRouting("p2c")
+	const calls = 20000
+	var got [3]int
+	for range calls {
+		up, i, _ := p.pick(rt, 0, 0)
+		up.health.awaiting.Add(-1)
+		got[i]++
+	}
+	for i, want := range []float64{0.25, 0.25, 0.5} {
+		if share := float64(got[i]) / calls; share < want-0.03 || share > want+0.03 {
+			t.Errorf("weights 1, 1, 2 with 2, 2 and 4 calls in flight gave u%d %.1f %% of the calls, want %.0f %%", i, 100*share, 100*want)
+		}
+	}
+}
+
 // At idle, members whose latencies differ by noise (a tenth of a
 // millisecond of a millisecond) share calls by weight: the one measured
 // fastest won every pairing it was drawn into, and a member of weight 2
