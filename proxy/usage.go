@@ -603,7 +603,9 @@ func (c *generationCall) requestLog() *meter.RequestLog {
 	if !c.logging.Enabled {
 		return nil
 	}
-	if !c.stream {
+	if !c.eventStream {
+		// A whole body, to a streamed request too (wholestream.go): its
+		// stream's text was never assembled, and the log was empty.
 		return &meter.RequestLog{Request: c.logRequest, Response: string(c.logResponse), RetentionDays: c.logging.RetentionDays}
 	}
 	return &meter.RequestLog{Request: c.logRequest, Response: string(c.logText), ResponseLeftOut: c.logLeftOut,

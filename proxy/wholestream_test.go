@@ -8,6 +8,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -141,4 +142,20 @@ func TestWholeNonAnswerToAStreamedRequestIsRefused(t *testing.T) {
 		t.Fatalf("message %q", msg)
 	}
 	h.events(before)
+}
+
+// A logging key's request log of a streamed call answered whole holds
+// that answer, as a non-streamed call's does; it was empty, as the
+// stream's text it looked for was never assembled.
+func TestWholeAnswerToAStreamedRequestIsLogged(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{WholeAnswers: true, Chunks: 3}})
+	logKey := h.g.CreateKey("acme", accounts.KeyRequest{Name: "logged", Logging: accounts.Logging{Enabled: true}})
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`, logKey)
+	if body := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	ev := h.events(1)[0]
+	if ev.Log == nil || !strings.Contains(ev.Log.Response, "tok0 tok1 tok2") {
+		t.Fatalf("request log %+v, want the answer", ev.Log)
+	}
 }
