@@ -636,6 +636,16 @@ func promptText(body []byte, ep endpoint) string {
 		sb.WriteString(tools.Raw)
 		sb.WriteByte('\n')
 	}
+	// So does a structured output's schema, as OpenAI bills it: left out,
+	// a large schema on a call with no usage report went unbilled.
+	schema := "response_format.json_schema.schema"
+	if ep == endpointResponses {
+		schema = "text.format.schema"
+	}
+	if s := gjson.Get(bstr(body), schema); s.IsObject() {
+		sb.WriteString(s.Raw)
+		sb.WriteByte('\n')
+	}
 	if ep == endpointChat {
 		gjson.Get(bstr(body), "messages").ForEach(func(_, m gjson.Result) bool {
 			add(m.Get("content"))

@@ -57,6 +57,15 @@ func TestEstimatedUsageCountsToolCalls(t *testing.T) {
 			t.Errorf("prompt text lacks %q: %q", want, prompt)
 		}
 	}
+	// A structured output's schema is read by the model, as tools are.
+	prompt = promptText([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"temperature_celsius":{"type":"number"}}}}}}`), endpointChat)
+	if !strings.Contains(prompt, "temperature_celsius") {
+		t.Errorf("chat prompt text lacks the response_format schema: %q", prompt)
+	}
+	prompt = promptText([]byte(`{"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"w","schema":{"type":"object","properties":{"temperature_celsius":{"type":"number"}}}}}}`), endpointResponses)
+	if !strings.Contains(prompt, "temperature_celsius") {
+		t.Errorf("responses prompt text lacks the text.format schema: %q", prompt)
+	}
 	prompt = promptText([]byte(`{"model":"m","input":[{"type":"function_call","name":"lookup","arguments":"{\"id\":7}"},{"type":"function_call_output","output":"found it"}]}`), endpointResponses)
 	for _, want := range []string{`{"id":7}`, "found it"} {
 		if !strings.Contains(prompt, want) {
