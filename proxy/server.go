@@ -299,7 +299,9 @@ func (s *Server) World() *World { return s.world.Load() }
 func (w *World) Grace() money.Nanos { return w.grace }
 
 // Serve accepts connections on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.http.Serve(rawconn.Listener{Listener: ln}) }
+func (s *Server) Serve(ln net.Listener) error {
+	return s.http.Serve(rawconn.NewListener(ln, s.logf))
+}
 
 // Shutdown stops accepting and waits for open requests, streams included.
 func (s *Server) Shutdown() error { return s.http.Shutdown() }

@@ -286,6 +286,12 @@ func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, pat
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
+		// The listener failed (its accept errors that are not a full
+		// file table, which it waits out): the streams open still end,
+		// billed, as at a SIGTERM, before the process exits. Returned at
+		// once, they were cut unbilled.
+		logf("serving %s failed: %v; ending the open requests and streams, billed, before exiting", ln.Addr(), err)
+		shutDown(srv, srv.World().Config.Server.ShutdownTimeout, nil, logf)
 		return err
 	case <-ctx.Done():
 	}

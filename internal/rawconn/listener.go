@@ -1,14 +1,74 @@
 package rawconn
 
-import "net"
+import (
+	"errors"
+	"net"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
 
 // Listener wraps what a TCP listener accepts.
-type Listener struct{ net.Listener }
+//
+// It also waits out a full file table. fasthttp's server gives up on
+// every accept error but a timeout, so a process out of file descriptors
+// (EMFILE, ENFILE: a few hundred idle connections against a low ulimit,
+// which anyone who can connect can open) returned from Serve, and the
+// gateway exited with its streams unbilled. Such an error is retried
+// after a pause that doubles from 5 ms to 1 s, as net/http does, while
+// the connections already open go on; once descriptors are freed, the
+// waiting connections are taken from the kernel's backlog.
+type Listener struct {
+	net.Listener
+	// Logf, if set, is told when accepting waits for descriptors, at most
+	// once every logEvery.
+	Logf func(format string, args ...any)
+
+	lastLog *atomic.Int64 // unix nanoseconds of the last such log line
+}
+
+const logEvery = 10 * time.Second
+
+// NewListener wraps ln; logf may be nil.
+func NewListener(ln net.Listener, logf func(format string, args ...any)) Listener {
+	return Listener{Listener: ln, Logf: logf, lastLog: new(atomic.Int64)}
+}
 
 func (l Listener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	var pause time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			return Wrap(c), nil
+		}
+		if !outOfDescriptors(err) {
+			return nil, err
+		}
+		if pause == 0 {
+			pause = 5 * time.Millisecond
+		} else {
+			pause = min(2*pause, time.Second)
+		}
+		l.logWait(err, pause)
+		time.Sleep(pause)
 	}
-	return Wrap(c), nil
+}
+
+func (l Listener) logWait(err error, pause time.Duration) {
+	if l.Logf == nil || l.lastLog == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := l.lastLog.Load()
+	if now-last < int64(logEvery) || !l.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	l.Logf("accepting connections on %s: %v; new connections wait in the kernel's backlog (retrying in %s) until descriptors are freed: raise the process's file limit (LimitNOFILE, ulimit -n)", l.Addr(), err, pause)
+}
+
+// outOfDescriptors reports whether err says the process or the system
+// has no file descriptor left for a new connection.
+func outOfDescriptors(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }

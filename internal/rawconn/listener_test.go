@@ -1,0 +1,66 @@
+package rawconn
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// failingListener answers Accept with errs first, then accepts.
+type failingListener struct {
+	net.Listener
+	mu   sync.Mutex
+	errs []error
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	if len(l.errs) > 0 {
+		err := l.errs[0]
+		l.errs = l.errs[1:]
+		l.mu.Unlock()
+		return nil, err
+	}
+	l.mu.Unlock()
+	return l.Listener.Accept()
+}
+
+// A full file table is waited out, not returned: fasthttp's server gave
+// up on it, and the gateway exited with its streams unbilled when
+// idle connections used up its descriptors. Other errors still return.
+func TestListenerWaitsOutAFullFileTable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	emfile := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	enfile := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.ENFILE)}
+	var logged []string
+	l := NewListener(&failingListener{Listener: ln, errs: []error{emfile, emfile, enfile}}, func(f string, a ...any) {
+		logged = append(logged, fmt.Sprintf(f, a...))
+	})
+	go func() {
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			defer c.Close()
+			_, _ = c.Write([]byte("x"))
+		}
+	}()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatalf("Accept: %v; want the connection after the file table had room again", err)
+	}
+	c.Close()
+	if len(logged) != 1 || !strings.Contains(logged[0], "too many open files") || !strings.Contains(logged[0], "LimitNOFILE") {
+		t.Fatalf("logged %q, want one line naming the error and the limit", logged)
+	}
+
+	closed := NewListener(&failingListener{Listener: ln, errs: []error{net.ErrClosed}}, nil)
+	if _, err := closed.Accept(); err != net.ErrClosed {
+		t.Fatalf("a closed listener's Accept: %v", err)
+	}
+}
