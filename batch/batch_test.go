@@ -152,11 +152,12 @@ func TestJobAnsweredBySemanticIsBilledUnderSemantic(t *testing.T) {
 	}
 }
 
-// An input replaced while its job ran fails the job at its end: the run
-// went on with what it read, and a job completed whose results matched
-// neither the input it counted nor the one stored.
+// An input replaced while its job ran fails the job (here at its end, its
+// one checkpoint): the run went on with what it read, and a job completed
+// whose results matched neither the input it counted nor the one stored.
 // A replacement of the same size is told by its version: by size alone, a
-// resumed run read the rest of its lines from the other file.
+// resumed run read the rest of its lines from the other file. The lines
+// the run did are billed, as a stop bills them: they ran on the model.
 func TestInputReplacedWhileTheJobRunsFailsIt(t *testing.T) {
 	input := inputLines(300, 97)
 	for _, tc := range []struct {
@@ -183,11 +184,80 @@ func TestInputReplacedWhileTheJobRunsFailsIt(t *testing.T) {
 			}
 			e.work(svc)
 			j := e.startAndWait(svc, "acme", id)
-			if j.Status != batch.StatusFailed || !strings.Contains(j.Error, tc.want) {
-				t.Fatalf("status %s, error %q: want failed, %s", j.Status, j.Error, tc.want)
+			if j.Status != batch.StatusFailed || j.Resumable || !strings.Contains(j.Error, tc.want) {
+				t.Fatalf("status %s, resumable %v, error %q: want failed, %s", j.Status, j.Resumable, j.Error, tc.want)
 			}
-			if evs := e.jobEvents(id); len(evs) != 0 {
-				t.Fatalf("a failed job was billed: %+v", evs)
+			wantStopBilled(t, e, j)
+		})
+	}
+}
+
+// wantStopBilled checks that job j, failed or stopped, billed the tokens
+// of its lines done in stop bills alone (ids the job's and ".1", ".2"…),
+// and not as a completion.
+func wantStopBilled(t *testing.T, e *env, j *batch.Job) {
+	t.Helper()
+	byID := map[string]*meter.Event{}
+	var tokens int64
+	for _, ev := range e.jobEvents(j.ID) {
+		if _, seen := byID[ev.ID]; !seen {
+			byID[ev.ID] = ev
+			tokens += ev.PromptTokens + ev.CompletionTokens
+		}
+	}
+	if byID[j.ID] != nil || byID[j.ID+".1"] == nil || tokens != j.Progress.TotalTokens || tokens == 0 {
+		t.Fatalf("bills %v of %d tokens; want the %d tokens of the lines done, in stop bills", byID, tokens, j.Progress.TotalTokens)
+	}
+}
+
+// An input uploaded again while its job runs fails the job at the next
+// checkpoint. It was caught only at the end: a job of 3000 lines whose
+// input was uploaded again 5 s in ran every line on the model, then
+// failed unbilled, and the upload form works until it expires, so a
+// tenant could do it on purpose. The lines done are billed as a stop
+// bills them, also when the worker dies between saving that bill and
+// recording it (the one taking over fails the job for good, not
+// resumable); starting the job again runs the new file from line 1.
+func TestInputUploadedAgainMidRunFailsTheJobAtTheNextCheckpoint(t *testing.T) {
+	for _, dieAfterBill := range []bool{false, true} {
+		t.Run(fmt.Sprint("worker dies after the bill ", dieAfterBill), func(t *testing.T) {
+			e := newEnv(t, envOptions{batch: "  checkpoint_lines: 40\n  concurrency: 4"})
+			const n = 2000
+			input := inputLines(n, 0)
+			var replace func()
+			var died atomic.Bool
+			svc := e.service(500*time.Millisecond, batch.Tuning{Hook: func(point string) bool {
+				if point == "checkpointed" && replace != nil {
+					replace()
+					replace = nil
+				}
+				return dieAfterBill && point == "stop-billed" && died.CompareAndSwap(false, true)
+			}})
+			id := e.create(svc, "acme", input, "single")
+			replace = func() {
+				time.Sleep(10 * time.Millisecond) // a later modification time on any file system
+				e.put(batch.InputObject("acme", id), bytes.NewReader(bytes.ToUpper(input)))
+			}
+			e.work(svc)
+			j := e.startAndWait(svc, "acme", id)
+			const want = "the input file was uploaded again since the job counted its lines"
+			if j.Status != batch.StatusFailed || j.Resumable || !strings.Contains(j.Error, want) || !strings.Contains(j.Error, "are billed") {
+				t.Fatalf("status %s, resumable %v, error %q: want failed for good, %s, billed", j.Status, j.Resumable, j.Error, want)
+			}
+			if j.Progress.Lines != 40 {
+				t.Fatalf("failed at line %d of %d; want at the first checkpoint, line 40", j.Progress.Lines, n)
+			}
+			if dieAfterBill != died.Load() {
+				t.Fatalf("the worker died after the bill: %v", died.Load())
+			}
+			wantStopBilled(t, e, j)
+			stopBill := j.StopBills[0]
+
+			j = e.startAndWait(svc, "acme", id)
+			_, tokens := checkResults(t, e.results(j), n)
+			if done := e.jobEvents(id); len(done) == 0 || done[len(done)-1].ID != id ||
+				done[len(done)-1].PromptTokens+done[len(done)-1].CompletionTokens != tokens || j.StopBills[0].Charge != stopBill.Charge {
+				t.Fatalf("bills %+v; want the new file's %d tokens billed at completion, the stop's bill kept", done, tokens)
 			}
 		})
 	}

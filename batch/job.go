@@ -107,7 +107,8 @@ type Job struct {
 	// the others' through recentlyBilled.
 	BilledBy string `json:"billed_by,omitempty"`
 	// StopBills are the bills of the lines done before a run stopped
-	// resumable (the balance could not pay, the model stayed down), one
+	// resumable (the balance could not pay, the model stayed down), or
+	// failed because its input was uploaded again (Final), one
 	// per stop that had lines to bill, each charging what the job did
 	// since the bill before; the completion's bill charges the rest, so
 	// a line is billed once however often the job stops and resumes. A
@@ -142,6 +143,9 @@ type StopBill struct {
 	Recorded bool      `json:"recorded,omitempty"`
 	// Stop is the error the job stops with, for the worker taking over.
 	Stop string `json:"stop,omitempty"`
+	// Final: the job fails for good (its input changed), rather than
+	// stopping resumable; starting it again runs it from its first line.
+	Final bool `json:"final,omitempty"`
 	// InputSize and InputVersion are the input whose lines the bill
 	// charged (Progress's when it stopped): only a run of that input
 	// leaves them out of its own bills (see forInput).

@@ -61,8 +61,8 @@ func (s *Service) run(ctx context.Context, o *owner) error {
 	if err != nil {
 		return err
 	}
-	if stop != "" {
-		return o.stop(ctx, stop)
+	if stop != nil {
+		return o.end(ctx, stop.Stop, !stop.Final)
 	}
 	j := o.snapshot()
 	engine, err := s.runtime.Engine(j)
@@ -280,6 +280,16 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 	for c := range order {
 		if askBalance {
 			askBalance = false
+			// Checked at each checkpoint, not only at the end: an input
+			// uploaded again 5 s into a job of 3000 lines (the upload
+			// form works until it expires) had every line run on the
+			// model before the job failed, unbilled.
+			switch _, ended, err := s.checkInput(ctx, o, o.snapshot(), true); {
+			case err != nil:
+				return err
+			case ended:
+				return errEnded
+			}
 			if err := s.stopIfOverdrawn(ctx, o); err != nil {
 				return err
 			}
@@ -350,9 +360,20 @@ func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 // cost. The bill's id and time, and msg, are saved first, as BilledAt is
 // before the completion's bill.
 func (s *Service) stopBilled(ctx context.Context, o *owner, msg string) error {
+	return s.endBilled(ctx, o, msg, true)
+}
+
+// failBilled fails the job with msg, as stopBilled stops it, billing the
+// lines it did since its last bill, but for good: starting it again runs
+// it from its first line.
+func (s *Service) failBilled(ctx context.Context, o *owner, msg string) error {
+	return s.endBilled(ctx, o, msg, false)
+}
+
+func (s *Service) endBilled(ctx context.Context, o *owner, msg string, resumable bool) error {
 	j := o.snapshot()
 	if due := j.unbilled(); !due.zero() {
-		bill := StopBill{ID: fmt.Sprintf("%s.%d", j.ID, len(j.StopBills)+1), At: time.Now().UTC(), Stop: msg,
+		bill := StopBill{ID: fmt.Sprintf("%s.%d", j.ID, len(j.StopBills)+1), At: time.Now().UTC(), Stop: msg, Final: !resumable,
 			InputSize: j.Progress.InputSize, InputVersion: j.Progress.InputVersion, Charge: due, BilledBy: s.name}
 		if d, ok := s.runtime.Debited(j.Account); ok {
 			bill.DebitedBeforeBill = new(int64(d))
@@ -364,15 +385,16 @@ func (s *Service) stopBilled(ctx context.Context, o *owner, msg string) error {
 			return err
 		}
 	}
-	return o.stop(ctx, msg)
+	return o.end(ctx, msg, resumable)
 }
 
 // recordStopBills records the events of the job's stop bills not recorded
-// yet, notes them recorded, and returns the last one's stop message ("" for
-// none). note counts them in this process's balance until debited, as the
-// completion's bill is: once, by the worker that made them (noted again,
-// a bill held the balance short until the process restarted).
-func (s *Service) recordStopBills(ctx context.Context, o *owner, note bool) (stop string, err error) {
+// yet, notes them recorded, and returns the last one of them (nil for
+// none), whose Stop and Final say how the job ends. note counts them in
+// this process's balance until debited, as the completion's bill is:
+// once, by the worker that made them (noted again, a bill held the
+// balance short until the process restarted).
+func (s *Service) recordStopBills(ctx context.Context, o *owner, note bool) (stop *StopBill, err error) {
 	j := o.snapshot()
 	var recorded []string
 	for _, b := range j.StopBills {
@@ -386,13 +408,13 @@ func (s *Service) recordStopBills(ctx context.Context, o *owner, note bool) (sto
 			s.runtime.NoteCharge(j.Account, money.Nanos(b.CostNanos))
 		}
 		recorded = append(recorded, b.ID)
-		stop = b.Stop
+		stop = &b
 	}
 	if len(recorded) == 0 {
-		return "", nil
+		return nil, nil
 	}
 	if s.at("stop-billed") {
-		return "", errDied
+		return nil, errDied
 	}
 	return stop, o.update(ctx, func(j *Job) {
 		for i := range j.StopBills {
@@ -746,6 +768,13 @@ func (s *Service) join(ctx context.Context, key string, parts []string) error {
 // checkInput describes the job's input, failing the job when the input
 // is gone or, with counted, is not the one it counted (inputChanged).
 // ended says the job was failed; err is then what failing it returned.
+//
+// A job whose input changed is billed for the lines it did since its
+// last bill, as a stop bills them: they ran on the model, and failed
+// unbilled, a tenant could have any number of lines classified at the
+// operator's cost by uploading again with the job's form before the end.
+// An input gone is not billed: the job's owner cannot delete it while
+// the job runs (DELETE is refused), only the object store can lose it.
 func (s *Service) checkInput(ctx context.Context, o *owner, j *Job, counted bool) (input storage.Info, ended bool, err error) {
 	input, err = s.store.Stat(ctx, j.InputKey)
 	switch {
@@ -755,7 +784,10 @@ func (s *Service) checkInput(ctx context.Context, o *owner, j *Job, counted bool
 		return input, false, fmt.Errorf("reading the input size: %w", err)
 	}
 	if msg := inputChanged(j, input); counted && msg != "" {
-		return input, true, o.fail(ctx, msg)
+		if due := o.snapshot().unbilled(); !due.zero() {
+			msg += fmt.Sprintf("; the %d tokens of the lines it had classified are billed: they ran on the model", due.TotalTokens)
+		}
+		return input, true, s.failBilled(ctx, o, msg)
 	}
 	return input, false, nil
 }
