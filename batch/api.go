@@ -355,7 +355,9 @@ func (s *Service) claim(ctx context.Context, account, id string) error {
 		}
 		if !stale {
 			if holder == id {
-				return apiError(ErrConflict, "job %s is being started by another request", id)
+				e := apiError(ErrConflict, "job %s is being started by another request", id)
+				e.Passing = true
+				return e
 			}
 			return apiError(ErrConflict, "job %s of this account is processing, and an account runs one job at a time: start job %s once it is completed or failed (GET /v1/batch/%s)", holder, id, holder)
 		}
@@ -364,7 +366,9 @@ func (s *Service) claim(ctx context.Context, account, id string) error {
 			return fmt.Errorf("clearing the account's finished job: %w", err)
 		}
 	}
-	return apiError(ErrConflict, "other jobs of this account are being started at the same time; try again")
+	e := apiError(ErrConflict, "other jobs of this account are being started at the same time; try again")
+	e.Passing = true
+	return e
 }
 
 // markerStale reports whether an active marker no longer holds the slot:

@@ -69,6 +69,12 @@ var (
 type Error struct {
 	Kind error
 	Msg  string
+	// Passing: a conflict with another request racing this one, which
+	// asking again at once settles. Every other conflict stands until the
+	// client does something else (waits for the job, deletes it, starts
+	// it or another), and is answered so that the OpenAI SDKs do not
+	// retry it.
+	Passing bool
 }
 
 func (e *Error) Error() string { return e.Msg }

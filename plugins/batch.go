@@ -224,7 +224,14 @@ func writeBatchError(ctx *fasthttp.RequestCtx, call *proxy.Call, err error) {
 			proxy.WriteError(ctx, proxy.NotFound(be.Msg))
 			return
 		case errors.Is(err, batch.ErrConflict):
-			proxy.WriteError(ctx, proxy.Conflict(be.Msg))
+			// The OpenAI SDKs retry every 409 twice, over about 2 s, and a
+			// job completed, being deleted or processing answers the same:
+			// three calls for one answer. Results not ready are no
+			// exception: a job takes longer than the retries, and its
+			// client polls GET /v1/batch/{job_id} for the end.
+			apiErr := proxy.Conflict(be.Msg)
+			apiErr.NoRetry = !be.Passing
+			proxy.WriteError(ctx, apiErr)
 			return
 		case errors.Is(err, batch.ErrNoInput), errors.Is(err, batch.ErrInvalid):
 			proxy.WriteError(ctx, proxy.BadRequest("", be.Msg))

@@ -361,10 +361,20 @@ func TestBatchTie(t *testing.T) {
 
 // TestBatchConflicts checks every 409 rule of spec section 3, and that a
 // start without an uploaded file is refused and leaves the job pending.
+// Each 409 says x-should-retry: false: the OpenAI SDKs retried every one
+// twice, over about 2 s, for the same answer.
 func TestBatchConflicts(t *testing.T) {
 	h := newBatchHarness(t, "local", harnessOptions{}) // no worker yet: started jobs stay processing
 	a := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
 	b := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	conflict := func(method, path string) map[string]any {
+		t.Helper()
+		r := h.call(method, path, h.key, "")
+		if got := r.header.Get("x-should-retry"); got != "false" {
+			t.Errorf("%s %s: x-should-retry %q, want false", method, path, got)
+		}
+		return r.apiError(t, 409, "conflict")
+	}
 
 	e := h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
 	if !strings.Contains(e["message"].(string), "upload it first") {
@@ -373,18 +383,18 @@ func TestBatchConflicts(t *testing.T) {
 	if job := h.call("GET", "/v1/batch/"+a.JobID, h.key, "").object(t, 200); job["status"] != "pending" {
 		t.Fatalf("after a refused start: %v", job)
 	}
-	h.call("GET", "/v1/batch/"+a.JobID+"/results", h.key, "").apiError(t, 409, "conflict")
+	conflict("GET", "/v1/batch/"+a.JobID+"/results")
 
 	h.upload(a, []byte(batchInput))
 	h.upload(b, []byte(batchInput))
 	h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").object(t, 202)
-	e = h.call("POST", "/v1/batch/"+b.JobID+"/start", h.key, "").apiError(t, 409, "conflict")
+	e = conflict("POST", "/v1/batch/"+b.JobID+"/start")
 	if !strings.Contains(e["message"].(string), a.JobID) {
 		t.Fatalf("409 does not name the running job: %v", e["message"])
 	}
-	h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").apiError(t, 409, "conflict")
-	h.call("GET", "/v1/batch/"+a.JobID+"/results", h.key, "").apiError(t, 409, "conflict")
-	h.call("DELETE", "/v1/batch/"+a.JobID, h.key, "").apiError(t, 409, "conflict")
+	conflict("POST", "/v1/batch/"+a.JobID+"/start")
+	conflict("GET", "/v1/batch/"+a.JobID+"/results")
+	conflict("DELETE", "/v1/batch/"+a.JobID)
 	// A pending job can be deleted while another processes.
 	h.call("DELETE", "/v1/batch/"+b.JobID, h.key, "").object(t, 200)
 
@@ -392,7 +402,7 @@ func TestBatchConflicts(t *testing.T) {
 	if job := h.poll(h.key, a.JobID); job["status"] != "completed" {
 		t.Fatalf("job %v", job)
 	}
-	h.call("POST", "/v1/batch/"+a.JobID+"/start", h.key, "").apiError(t, 409, "conflict")
+	conflict("POST", "/v1/batch/"+a.JobID+"/start")
 	c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
 	h.upload(c, []byte(batchInput))
 	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202) // the slot is free again
