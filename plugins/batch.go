@@ -42,7 +42,21 @@ func (m *module) batchRoutes() []proxy.Route {
 			Handler: m.handleBatch,
 		})
 	}
+	// The OpenAI Files and Batch APIs (the SDKs' client.files and
+	// client.batches) are not served; their clients got a bare "no route
+	// for POST /v1/batches" and no word of /v1/batch. Answered without a
+	// key, as that 404 was.
+	for _, path := range []string{"/v1/batches", "/v1/batches/*", "/v1/files", "/v1/files/*"} {
+		routes = append(routes, proxy.Route{Method: proxy.AnyMethod, Path: path, Auth: proxy.AuthNone, Limits: proxy.LimitNone, Handler: openAIBatchNotServed})
+	}
 	return routes
+}
+
+// openAIBatchNotServed answers the OpenAI Files and Batch API paths.
+func openAIBatchNotServed(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	proxy.WriteError(ctx, proxy.NotFound("no route for "+string(ctx.Method())+" "+string(ctx.Path())+
+		": Tollgate does not serve the OpenAI Files and Batch APIs; its batch API is /v1/batch, which classifies a file of texts"+
+		" (POST /v1/batch with the labels, upload the file to its upload_url, then POST /v1/batch/{job_id}/start: see \"Batch jobs\" in the README)"))
 }
 
 // engineAuto is plugins.engine's per-request choice between llm and the offline engine.

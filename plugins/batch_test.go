@@ -408,6 +408,31 @@ func TestBatchConflicts(t *testing.T) {
 	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202) // the slot is free again
 }
 
+// The OpenAI Files and Batch APIs are not served, and a client of them
+// (the SDKs' client.files.create, client.batches.create) is pointed to
+// /v1/batch: they got a bare "no route for POST /v1/batches", with a key
+// or without.
+func TestOpenAIBatchAndFilesAPIsPointToBatchJobs(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{})
+	for _, c := range []struct{ method, path, key string }{
+		{"POST", "/v1/batches", h.key},
+		{"GET", "/v1/batches/batch_abc123", h.key},
+		{"POST", "/v1/batches/batch_abc123/cancel", ""},
+		{"POST", "/v1/files", h.key},
+		{"GET", "/v1/files", ""},
+		{"GET", "/v1/files/file-abc123/content", h.key},
+	} {
+		e := h.call(c.method, c.path, c.key, "").apiError(t, 404, "not_found")
+		msg, _ := e["message"].(string)
+		if !strings.Contains(msg, "no route for "+c.method+" "+c.path) || !strings.Contains(msg, "OpenAI Files and Batch APIs") || !strings.Contains(msg, "/v1/batch,") {
+			t.Errorf("%s %s: %q; want it pointed to /v1/batch", c.method, c.path, msg)
+		}
+	}
+	if r := h.call("GET", "/v1/batch", h.key, ""); r.status != 200 { // …which still answers
+		t.Fatalf("GET /v1/batch: %s", r)
+	}
+}
+
 // TestBatchUploadPolicies: the store takes only the upload the gateway
 // signed, and only until it expires.
 func TestBatchUploadPolicies(t *testing.T) {
