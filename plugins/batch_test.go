@@ -359,6 +359,26 @@ func TestBatchTie(t *testing.T) {
 	}
 }
 
+// An empty input file is refused by the upload on both backends (the
+// policy's content-length-range starts at 1, EntityTooSmall), and a start
+// then says so: it said "has no input file yet: upload it first" to a
+// client that had just uploaded one.
+func TestEmptyInputUploadIsRefusedAndStartSaysSo(t *testing.T) {
+	for _, backend := range []string{"local", "s3"} {
+		t.Run(backend, func(t *testing.T) {
+			h := newBatchHarness(t, backend, harnessOptions{})
+			c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+			if status, msg := upload(t, c.UploadURL, c.UploadFields, nil); status != 400 || !strings.Contains(msg, "EntityTooSmall") {
+				t.Fatalf("empty upload: %d %s; want 400 EntityTooSmall", status, msg)
+			}
+			e := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
+			if msg := e["message"].(string); !strings.Contains(msg, "upload it first") || !strings.Contains(msg, "an empty file is refused") {
+				t.Fatalf("start after an empty upload: %q", msg)
+			}
+		})
+	}
+}
+
 // TestBatchConflicts checks every 409 rule of spec section 3, and that a
 // start without an uploaded file is refused and leaves the job pending.
 // Each 409 says x-should-retry: false: the OpenAI SDKs retried every one
