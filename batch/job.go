@@ -318,14 +318,15 @@ func validJobID(id string) bool {
 	return err == nil && u.String() == id
 }
 
-// timeFormat is ISO 8601 in UTC with milliseconds.
-const timeFormat = "2006-01-02T15:04:05.000Z07:00"
+// TimeFormat is how the batch API writes every time: ISO 8601 in UTC
+// with milliseconds.
+const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
 
 func formatTime(t *time.Time) *string {
 	if t == nil {
 		return nil
 	}
-	s := t.UTC().Format(timeFormat)
+	s := t.UTC().Format(TimeFormat)
 	return &s
 }
 

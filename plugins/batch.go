@@ -142,7 +142,7 @@ func (m *module) handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 			JobID       string `json:"job_id"`
 			DownloadURL string `json:"download_url"`
 			ExpiresAt   string `json:"expires_at"`
-		}{id, url, expires.UTC().Format(time.RFC3339)})
+		}{id, url, expires.UTC().Format(batch.TimeFormat)}) // with milliseconds, as the job's times (it had whole seconds)
 	case action == "":
 		batchMethodNotAllowed(ctx, "DELETE, GET")
 	case action == "start":

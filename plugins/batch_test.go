@@ -11,6 +11,7 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -252,6 +253,14 @@ func TestBatchWalkthrough(t *testing.T) {
 				}
 			}
 			res := h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)
+			// Every time in UTC with milliseconds: expires_at had whole
+			// seconds, unlike the job's times.
+			for f, v := range map[string]any{"created_at": job["created_at"], "started_at": job["started_at"],
+				"completed_at": job["completed_at"], "expires_at": res["expires_at"]} {
+				if s, _ := v.(string); !regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`).MatchString(s) {
+					t.Errorf("%s %v: want UTC with milliseconds, as 2026-11-21T06:27:58.718Z", f, v)
+				}
+			}
 			status, data := download(t, res["download_url"].(string))
 			if status != 200 {
 				t.Fatalf("download: %d %s", status, data)
