@@ -162,7 +162,8 @@ func (w *Watcher) Reload() error {
 
 // poll reloads when the file's content changed. The stat check keeps idle
 // polls cheap; the hash keeps a touch, or an editor rewriting the same
-// bytes, from reloading. Stat follows the path, so an editor that writes a
+// bytes, from reloading, and the content in force, when back, from being
+// built again. Stat follows the path, so an editor that writes a
 // new file and renames it over the old one is seen too.
 func (w *Watcher) poll() {
 	w.mu.Lock()
@@ -188,8 +189,16 @@ func (w *Watcher) poll() {
 		return
 	}
 	sum := sha256.Sum256(data)
-	if sum == w.lastHash {
-		w.lastStat, w.seenHash = fi, [32]byte{}
+	// The config in force is back (an invalid edit undone, or the file
+	// put back after a reload that could not read it): nothing to apply,
+	// but the failure LastReload reports is over.
+	inForce := sum == w.current.Load().source
+	if sum == w.lastHash || inForce {
+		w.lastStat, w.lastHash, w.seenHash = fi, sum, [32]byte{}
+		if inForce && !w.lastOK.Load() {
+			w.logf("config file %s is the config in force again", w.path)
+			_ = w.attempted(nil)
+		}
 		return
 	}
 	now := time.Now()

@@ -371,6 +371,49 @@ func TestWatcherReportsTheLastReload(t *testing.T) {
 	}
 }
 
+// A SIGHUP while the file was away (rm, or a k8s symlink moved) set
+// tollgate_config_last_reload_success to 0, and putting the same bytes
+// back left it 0 for as long as the file stayed so: the poll saw the
+// content it had read last and looked no further. An invalid edit undone
+// is the same file in force again; neither rebuilds what is in force.
+func TestWatcherReportsSuccessWhenTheFileInForceIsBack(t *testing.T) {
+	inForce := configWith("127.0.0.1:8080", "a")
+	f := newWatchFixture(t, inForce, nil)
+	before := f.w.Current()
+
+	if err := os.Remove(f.path); err != nil {
+		t.Fatal(err)
+	}
+	if f.w.Reload() == nil {
+		t.Fatal("Reload of a missing file succeeded")
+	}
+	if ok, _ := f.w.LastReload(); ok {
+		t.Fatal("a missing file reported a success")
+	}
+	replaceFile(t, f.path, inForce)
+	f.w.poll()
+	if ok, _ := f.w.LastReload(); !ok {
+		t.Fatal("the file in force put back: the last reload still reports a failure")
+	}
+
+	replaceFile(t, f.path, inForce+"    pricng: {}\n")
+	f.w.poll()
+	if ok, _ := f.w.LastReload(); ok {
+		t.Fatal("an invalid edit reported a success")
+	}
+	replaceFile(t, f.path, inForce)
+	f.w.poll()
+	if ok, _ := f.w.LastReload(); !ok {
+		t.Fatal("the invalid edit undone: the last reload still reports a failure")
+	}
+	if f.w.Current() != before || f.builds.Load() != 0 {
+		t.Fatalf("the file in force was built again (builds: %d)", f.builds.Load())
+	}
+	if err := f.log.contains("is the config in force again"); err != nil {
+		t.Error(err)
+	}
+}
+
 func TestWatcherReloadsOnSIGHUP(t *testing.T) {
 	// Our own handler first: should Run fail to catch SIGHUP, the signal
 	// is still not fatal to the test binary.

@@ -48,7 +48,7 @@ tollgate_nats_connected %d
 // said so.
 func reloadMetrics(w *config.Watcher) []byte {
 	ok, at := w.LastReload()
-	return fmt.Appendf(nil, `# HELP tollgate_config_last_reload_success 1 when the last reload of gateway.yaml (a change seen, or SIGHUP) was applied, 0 when it was refused and the config before it still serves (the log says why).
+	return fmt.Appendf(nil, `# HELP tollgate_config_last_reload_success 1 when the last reload of gateway.yaml (a change seen, or SIGHUP) was applied, 0 when it was refused and the config before it still serves (the log says why), until a reload applies or the file is the config in force again.
 # TYPE tollgate_config_last_reload_success gauge
 tollgate_config_last_reload_success %d
 # HELP tollgate_config_last_reload_timestamp_seconds When the last reload of gateway.yaml was attempted, successful or not (Unix time); the start until the first.
