@@ -9,6 +9,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -197,11 +198,14 @@ func (l *loader) yamlErrors(err error) {
 					lines++
 				}
 				e.Line = min(e.Line, max(lines, 1))
-				line := problemLine(l.data, e.Line, e.Msg)
+				problem := e.Msg
+				line := problemLine(l.data, e.Line, problem)
+				blockNote := ""
 				if odd, note := oddIndent(l.data, line, e.Msg); odd != 0 {
 					e.Line, e.Msg = odd, e.Msg+note
 				} else if line != e.Line {
-					e.Msg += fmt.Sprintf(" (the block holding it starts on line %d)", e.Line)
+					blockNote = fmt.Sprintf(" (the block holding it starts on line %d)", e.Line)
+					e.Msg += blockNote
 					e.Line = line
 				}
 				e.Col, e.Msg = tabHint(l.data, e.Line, e.Msg)
@@ -216,8 +220,10 @@ func (l *loader) yamlErrors(err error) {
 							e.Msg += fmt.Sprintf(" (the parser stopped on line %d)", e.Line)
 						}
 						e.Line, e.Col = at, col
-					} else {
-						e.Msg += deeperHint(l.data, e.Line, e.Msg)
+					} else if at, note := deeperHint(l.data, e.Line, problem); note != "" {
+						// The block that ended is not the one the block
+						// note names (that is the file's top level).
+						e.Line, e.Msg = at, strings.TrimSuffix(e.Msg, blockNote)+note
 					}
 				}
 			}
@@ -292,17 +298,24 @@ func oddSpace(data []byte, line int) (int, int, rune) {
 	return 0, 0, 0
 }
 
-// deeperHint explains "mapping values are not allowed" on a line indented
-// deeper than the key before it when that key has its value already: a
-// key under a block written at column 0 ends the block, and the parser
-// fails on the next line, which may be the right one.
-func deeperHint(data []byte, line int, problem string) string {
-	if problem != "mapping values are not allowed in this context" {
-		return ""
+// deeperHint explains an error on a line indented deeper than the key
+// before it (comments between skipped) when that key has its value
+// already: a key of a block written at column 0 ends the block, and the
+// parser fails on the next line holding YAML, which may be the right one.
+// yaml.v3 says "mapping values are not allowed" when that line comes
+// right after the key, "did not find expected key" after a comment line.
+// A key at column 0 that is no top-level section is the one at fault:
+// its line is returned, with a note saying so; otherwise line is, with
+// a note naming both. No note: the error is something else.
+func deeperHint(data []byte, line int, problem string) (int, string) {
+	switch problem {
+	case "mapping values are not allowed in this context", "did not find expected key":
+	default:
+		return line, ""
 	}
 	lines := strings.Split(string(data), "\n")
 	if line < 2 || line > len(lines) {
-		return ""
+		return line, ""
 	}
 	indent := func(s string) int { return len(s) - len(strings.TrimLeft(s, " ")) }
 	for i := line - 2; i >= 0; i-- {
@@ -313,11 +326,20 @@ func deeperHint(data []byte, line int, problem string) string {
 		key, value, found := strings.Cut(t, ": ")
 		value, _, _ = strings.Cut(value, " #")
 		if !found || key == "" || strings.TrimSpace(value) == "" || strings.ContainsAny(key[:1], "-[{\"'") || indent(lines[i]) >= indent(lines[line-1]) {
-			return ""
+			return line, ""
 		}
-		return fmt.Sprintf(" (indented deeper than line %d above it, whose key has its value already: line %d lacks indentation, or this line has too much)", i+1, i+1)
+		if indent(lines[i]) == 0 && !isSection(key) {
+			return i + 1, fmt.Sprintf(" (%q at column 0 is no top-level section: it lacks indentation, and ended the block above it; the parser stopped on line %d)", key, line)
+		}
+		return line, fmt.Sprintf(" (indented deeper than line %d above it, whose key has its value already: line %d lacks indentation, or this line has too much)", i+1, i+1)
 	}
-	return ""
+	return line, ""
+}
+
+// isSection says whether key may start a line at column 0: a section of
+// Config, or an "x-" extension key.
+func isSection(key string) bool {
+	return strings.HasPrefix(key, "x-") || slices.Contains(fieldNames(reflect.TypeOf(Config{})), key)
 }
 
 // parserProblems are the errors of yaml.v3's parser, as opposed to its

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -512,7 +513,19 @@ func TestSyntaxErrorLines(t *testing.T) {
 		// The key before is the one out of place: it ended its block.
 		"key at column 0 inside a block": {
 			"server:\n  listen: 127.0.0.1:8080\ndata_dir: ./data\n  shutdown_timeout: 25s\n",
-			"gateway.yaml:4: mapping values are not allowed in this context (indented deeper than line 3 above it, whose key has its value already: line 3 lacks indentation, or this line has too much)",
+			`gateway.yaml:3: mapping values are not allowed in this context ("data_dir" at column 0 is no top-level section: it lacks indentation, and ended the block above it; the parser stopped on line 4)`,
+		},
+		// A comment line after that key made yaml.v3 say "did not find
+		// expected key" instead, and the hint was left out.
+		"key at column 0 inside a block, a comment after it": {
+			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  retries: 2\nbalance: p2c\n  # comment\n  affinity: none\n",
+			`gateway.yaml:5: did not find expected key ("balance" at column 0 is no top-level section: it lacks indentation, and ended the block above it; the parser stopped on line 7)`,
+		},
+		// A top-level key may have its value: which line is wrong the
+		// file does not say.
+		"top-level key, a comment after it": {
+			"server:\n  listen: 127.0.0.1:8080\nx-note: 1\n  # comment\n  affinity: none\n",
+			"gateway.yaml:5: did not find expected key (indented deeper than line 3 above it, whose key has its value already: line 3 lacks indentation, or this line has too much)",
 		},
 		// A non-breaking space (a copy from a web page) looks like a
 		// space, but to YAML it is part of the key.
@@ -523,7 +536,7 @@ func TestSyntaxErrorLines(t *testing.T) {
 		// Lines ended by a lone CR (classic Mac) were all line 1.
 		"CR line ends": {
 			"server:\r  listen: 127.0.0.1:8080\rrouting:\r  balance: p2c\r  affinity: none\r # x\r   retries: 2\r",
-			"gateway.yaml:7: did not find expected key (the block holding it starts on line 4)",
+			"gateway.yaml:7: did not find expected key (indented deeper than line 5 above it, whose key has its value already: line 5 lacks indentation, or this line has too much)",
 		},
 		"later key one space out": {
 			"server:\n  listen: 127.0.0.1:8080\nrouting:\n  balance: p2c\n affinity: none\n  retries: 2\n",
@@ -538,6 +551,27 @@ func TestSyntaxErrorLines(t *testing.T) {
 		if err == nil || err.Error() != c.want {
 			t.Errorf("%s: %v\nwant %s", name, err, c.want)
 		}
+	}
+}
+
+// Un-indenting routing's balance in the shipped file said "did not find
+// expected key (the block holding it starts on line 34)": line 34 is
+// server:, and the line at fault was named nowhere.
+func TestKeyAtColumn0InTheShippedFileIsNamed(t *testing.T) {
+	shipped, err := os.ReadFile("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(shipped), "\n")
+	at := slices.Index(lines, "  balance: p2c")
+	if at < 0 {
+		t.Fatal(`gateway.yaml has no "  balance: p2c" line`)
+	}
+	lines[at] = "balance: p2c"
+	_, err = parse("gateway.yaml", []byte(strings.Join(lines, "\n")), noEnv)
+	want := fmt.Sprintf(`gateway.yaml:%d: did not find expected key ("balance" at column 0 is no top-level section: it lacks indentation, and ended the block above it; the parser stopped on line `, at+1)
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("%v\nwant %s...", err, want)
 	}
 }
 
