@@ -575,8 +575,9 @@ func (l *loader) expandTree(n *yaml.Node, path string) {
 var ErrUnterminatedVar = errors.New(`unterminated "${" (close it with "}", or write "$$" for a literal "$")`)
 
 // expandEnv expands ${VAR}, ${VAR:-default} (default when VAR is unset or
-// empty) and $$ (a literal $). Any other $ stays as it is. Defaults are
-// literal text: they cannot contain "}" or another ${...}.
+// empty) and $$ (a literal $), in a default too. Any other $ stays as it
+// is. A default cannot contain "}" or another ${...}: it ends at the first
+// "}", so a nested one would be cut in two.
 func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) {
 	var b strings.Builder
 	for i := 0; i < len(s); {
@@ -599,7 +600,8 @@ func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) 
 			if !validVarName(name) {
 				return "", fmt.Errorf("${%s}: %q is not a variable name (letters, digits and _, not starting with a digit)", ref, name)
 			}
-			if strings.Contains(def, "${") {
+			def, nested := unescapeDefault(def)
+			if nested {
 				return "", fmt.Errorf("${%s}: a default cannot contain another ${...}", ref)
 			}
 			value, set := lookupEnv(name)
@@ -614,6 +616,29 @@ func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) 
 		}
 	}
 	return b.String(), nil
+}
+
+// unescapeDefault turns each $$ of a default into $, and reports a "${"
+// that is not one.
+func unescapeDefault(def string) (string, bool) {
+	if !strings.Contains(def, "$") {
+		return def, false
+	}
+	var b strings.Builder
+	for i := 0; i < len(def); i++ {
+		switch {
+		case def[i] != '$' || i+1 == len(def):
+			b.WriteByte(def[i])
+		case def[i+1] == '$':
+			b.WriteByte('$')
+			i++
+		case def[i+1] == '{':
+			return "", true
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String(), false
 }
 
 func validVarName(name string) bool {

@@ -303,13 +303,20 @@ func TestExpandEnv(t *testing.T) {
 		"a$b$":                   "a$b$",
 		"pre-${SET}-${SET}-post": "pre-v-v-post",
 		"$$$$":                   "$$",
+		// $$ is a literal $ in a default too, as everywhere else: it
+		// stayed $$, and gateway.yaml's header excepted nothing.
+		"${UNSET:-pa$$word}": "pa$word",
+		"${SET:-pa$$word}":   "v",
+		"${UNSET:-a$b}":      "a$b",
+		"${UNSET:-$${SET}}":  "${SET}",
+		"${UNSET:-$$$$}-$$":  "$$-$",
 	} {
 		got, err := expandEnv(in, lookup)
 		if err != nil || got != want {
 			t.Errorf("expandEnv(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"${SET", "x ${", "${}", "${1X}", "${A B}", "${X:-${Y}}"} {
+	for _, in := range []string{"${SET", "x ${", "${}", "${1X}", "${A B}", "${X:-${Y}}", "${X:-a$$${Y}}"} {
 		if got, err := expandEnv(in, lookup); err == nil {
 			t.Errorf("expandEnv(%q) = %q, want an error", in, got)
 		}
