@@ -58,6 +58,9 @@ type loader struct {
 	// environment: they must not turn into null or a number where a string
 	// is wanted.
 	expanded map[*yaml.Node]bool
+	// unexpanded marks scalars whose ${...} was reported as wrong: walk
+	// leaves them out rather than report their text a second time.
+	unexpanded map[*yaml.Node]bool
 	// broken are values already reported as the wrong shape or type; they
 	// are cleared before decoding so one bad value cannot stop yaml.v3 from
 	// decoding (and validation from checking) the rest of the file.
@@ -67,12 +70,13 @@ type loader struct {
 
 func parse(name string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
 	l := &loader{
-		file:      name,
-		data:      data,
-		lookupEnv: lookupEnv,
-		failed:    map[string]bool{},
-		nodes:     map[string]*yaml.Node{},
-		expanded:  map[*yaml.Node]bool{},
+		file:       name,
+		data:       data,
+		lookupEnv:  lookupEnv,
+		failed:     map[string]bool{},
+		nodes:      map[string]*yaml.Node{},
+		expanded:   map[*yaml.Node]bool{},
+		unexpanded: map[*yaml.Node]bool{},
 	}
 	cfg := &Config{Path: name, source: sha256.Sum256(data)}
 	// YAML ends a line at a lone CR too; errors count lines by LF, so a
@@ -558,6 +562,9 @@ func (l *loader) expandTree(n *yaml.Node, path string) {
 		value, err := expandEnv(n.Value, l.lookupEnv)
 		if err != nil {
 			l.errAt(n, path, "%v", err)
+			// Left unexpanded, it would be reported again as the
+			// wrong type where a number goes.
+			l.unexpanded[n] = true
 			return
 		}
 		n.Value = value
@@ -602,7 +609,7 @@ func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) 
 			}
 			def, nested := unescapeDefault(def)
 			if nested {
-				return "", fmt.Errorf("${%s}: a default cannot contain another ${...}", ref)
+				return "", fmt.Errorf(`%s: a default cannot hold another ${...}: nested defaults are not supported (write "$${" for a literal "${")`, wholeRef(s[i:]))
 			}
 			value, set := lookupEnv(name)
 			if hasDefault && (!set || value == "") {
@@ -639,6 +646,26 @@ func unescapeDefault(def string) (string, bool) {
 		}
 	}
 	return b.String(), false
+}
+
+// wholeRef is the reference s starts with, "${" to its matching "}" (or
+// to the end when there is none), for quoting a nested one whole.
+func wholeRef(s string) string {
+	depth := 0
+	for i := 0; i < len(s); i++ {
+		switch {
+		case strings.HasPrefix(s[i:], "$$"):
+			i++
+		case strings.HasPrefix(s[i:], "${"):
+			depth++
+			i++
+		case s[i] == '}':
+			if depth--; depth == 0 {
+				return s[:i+1]
+			}
+		}
+	}
+	return s
 }
 
 func validVarName(name string) bool {
@@ -736,6 +763,9 @@ func (l *loader) walkValue(n *yaml.Node, t reflect.Type, path string, depth int)
 	}
 	if n.Kind == yaml.ScalarNode && !l.expanded[n] && n.ShortTag() == "!!null" {
 		return true // an empty value leaves the default
+	}
+	if l.unexpanded[n] {
+		return false
 	}
 	if n.Kind == yaml.ScalarNode && n.Value == "" && n.ShortTag() == "!!str" && emptyIsNull(t) {
 		// "" where a number, duration, size or true/false goes is an

@@ -323,6 +323,17 @@ func TestExpandEnv(t *testing.T) {
 	}
 }
 
+// ${A:-${B:-4}} was quoted ${A:-${B:-4} (a brace short), and a number
+// field got a second error for the text left unexpanded.
+func TestNestedDefaultIsOneError(t *testing.T) {
+	const want = `gateway.yaml:6:22: upstreams[0].max_connections: ${A:-${B:-4}}: a default cannot hold another ${...}: nested defaults are not supported (write "$${" for a literal "${")`
+	data := strings.Replace(configWith("127.0.0.1:8080", "m"), "base_url: http://127.0.0.1:8000/v1\n", "base_url: http://127.0.0.1:8000/v1\n    max_connections: ${A:-${B:-4}}\n", 1)
+	_, err := parse("gateway.yaml", []byte(data), noEnv)
+	if err == nil || err.Error() != want {
+		t.Fatalf("%v\nwant %s", err, want)
+	}
+}
+
 func TestRestartOnlyDiff(t *testing.T) {
 	data, err := os.ReadFile("../gateway.yaml")
 	if err != nil {
