@@ -1,7 +1,5 @@
 package config
 
-import "github.com/tollgate/tollgate/money"
-
 // Batch configures batch classification jobs (spec 4.3-4.9). Every field
 // but max_jobs reloads: a job run reads them when it starts, and a job
 // keeps the price in force when it was created.
@@ -38,7 +36,7 @@ func applyBatchDefaults(b *Batch) {
 }
 
 func (l *loader) validateBatch(b Batch) {
-	_, err := money.ParsePrice(b.PricePerToken)
+	_, err := parsePrice(b.PricePerToken)
 	l.check(err == nil, "batch.price_per_token", "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
 	l.checkTokenPriceCallCost("batch", "price_per_token", b.PricePerToken)
 	l.check(b.Concurrency >= 1 && b.Concurrency <= 4096, "batch.concurrency", "%d is outside 1..4096", b.Concurrency)

@@ -81,7 +81,7 @@ func (l *loader) checkModelCallCost(path string, p Pricing, maxBody ByteSize) {
 		if s == "" {
 			continue
 		}
-		v, err := money.ParsePrice(s)
+		v, err := parsePrice(s)
 		if err != nil {
 			return // reported already
 		}
@@ -113,7 +113,7 @@ func (l *loader) checkModelCallCost(path string, p Pricing, maxBody ByteSize) {
 // completion prices together are: its largest call is taken to be
 // MaxReportedTokens prompt and as many completion tokens.
 func (l *loader) checkTokenPriceCallCost(path, key, price string) {
-	v, err := money.ParsePrice(price)
+	v, err := parsePrice(price)
 	if err != nil {
 		return // reported already
 	}

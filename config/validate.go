@@ -469,7 +469,7 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 				l.check(!written, path+".pricing."+price.key, "is empty: %s", hint)
 				continue
 			}
-			_, err := money.ParsePrice(price.v)
+			_, err := parsePrice(price.v)
 			l.check(err == nil, path+".pricing."+price.key, "%v (write USD per unit as a quoted decimal such as \"0.00000015\")", err)
 		}
 		l.checkModelCallCost(path, p, maxBody)
@@ -507,7 +507,7 @@ func (l *loader) validatePlugins(c *Config, models map[string]bool) {
 	for _, price := range []struct{ key, v string }{
 		{"classify", p.Pricing.Classify}, {"tag", p.Pricing.Tag}, {"score", p.Pricing.Score}, {"match", p.Pricing.Match},
 	} {
-		_, err := money.ParsePrice(price.v)
+		_, err := parsePrice(price.v)
 		l.check(err == nil, "plugins.pricing."+price.key, "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
 		l.checkTokenPriceCallCost("plugins.pricing", price.key, price.v)
 	}
@@ -571,8 +571,27 @@ func (l *loader) checkHostPort(v, path string) {
 	l.check(!hasSpace(host), path, "%q: the host contains whitespace", v)
 }
 
+// parsePrice is money.ParsePrice without its leniency for spaces around
+// the number, which the config refuses as it does around a key or token:
+// " 0.0000001" was taken, billed right, and shown so by config get.
+func parsePrice(s string) (money.Price, error) {
+	if strings.TrimSpace(s) != s {
+		return 0, fmt.Errorf("price %q: starts or ends with a space: remove it", s)
+	}
+	return money.ParsePrice(s)
+}
+
+// parseUSD is money.ParseUSD refusing spaces around the number, as
+// parsePrice does.
+func parseUSD(s string) (money.Nanos, error) {
+	if strings.TrimSpace(s) != s {
+		return 0, fmt.Errorf("USD amount %q: starts or ends with a space: remove it", s)
+	}
+	return money.ParseUSD(s)
+}
+
 func (l *loader) checkUSD(v, path string) {
-	n, err := money.ParseUSD(v)
+	n, err := parseUSD(v)
 	if err != nil {
 		l.check(false, path, "%v (write a quoted decimal such as \"0.50\")", err)
 		return
