@@ -46,7 +46,18 @@ func TestBillingLoopOnARefusedDSNSetting(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(logged) != 1 || !strings.Contains(logged[0], "Unknown setting sekure") || !strings.Contains(logged[0], "restart serve") {
-		t.Fatalf("serve logged %q, want the refused setting once", logged)
+	// Once, but again after another error came between (a ping that
+	// timed out on a loaded machine says "unreachable", and the refusal
+	// after it is news again): a line every 20 ms would fail this.
+	refusals, others := 0, 0
+	for _, line := range logged {
+		if strings.Contains(line, "Unknown setting sekure") && strings.Contains(line, "restart serve") {
+			refusals++
+		} else {
+			others++
+		}
+	}
+	if refusals == 0 || refusals > others+1 {
+		t.Fatalf("serve logged %q, want the refused setting once (and once more after each other error)", logged)
 	}
 }
