@@ -171,5 +171,6 @@ SELECT
 FROM request_logs FINAL
 WHERE key_id = {key_id:String}
   AND time >= toDateTime({from_date:Date}, 'UTC') AND time < toDateTime({to_date:Date}, 'UTC')
-ORDER BY time DESC
+-- time is whole seconds; ids are UUIDv7, in the calls' order within one
+ORDER BY time DESC, id DESC
 LIMIT {max_rows:UInt32};

@@ -487,3 +487,33 @@ func TestInvoiceCountsABatchJobOnce(t *testing.T) {
 		t.Fatalf("invoice %v: /v1/batch requests %s, total %s; want 2 jobs, and %d calls and 2 jobs", rows, batchRequests, totalRequests, calls)
 	}
 }
+
+// request_logs with max_rows gives the newest calls, also of one second:
+// time is whole seconds, and calls of the same second came out oldest
+// first, so max_rows=2 of four such calls gave the first two.
+func TestRequestLogsNewestFirstWithinASecond(t *testing.T) {
+	srv := chtest.Start(t)
+	sink := openSink(t, srv)
+	ctx := context.Background()
+	if _, err := sink.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	events := billingEvents(t, 4)
+	at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	for i, ev := range events {
+		ev.KeyID = "key-0"
+		ev.Time = at.Add(time.Duration(i) * 100 * time.Millisecond) // one second, ids in the calls' order (UUIDv7)
+		ev.Log = &meter.RequestLog{Request: fmt.Sprintf(`{"n":%d}`, i), Response: "answer"}
+	}
+	if err := sink.Insert(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	q, err := schema.FinanceQuery("request_logs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := runQuery(t, srv, q, map[string]string{"key_id": "key-0", "from_date": "2025-01-01", "to_date": "2025-02-01", "max_rows": "2"})
+	if len(logs) != 2 || logs[0]["id"] != events[3].ID || logs[1]["id"] != events[2].ID {
+		t.Fatalf("request_logs max_rows=2: %v; want the last two calls, %s then %s", logs, events[3].ID, events[2].ID)
+	}
+}
