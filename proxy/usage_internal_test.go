@@ -319,7 +319,7 @@ func TestStreamLogKeepsWhatTheEventCarriesAndCountsTheRest(t *testing.T) {
 	content := "x" + strings.Repeat("é", 50_000) // 100,001 bytes; the bound falls inside an é
 	const events, written = 60, 50
 	c := estimateCall(endpointChat)
-	c.stream, c.logging.Enabled = true, true
+	c.stream, c.eventStream, c.logging.Enabled = true, true, true
 	var sse []string
 	for range events {
 		sse = append(sse, `data: {"id":"a","choices":[{"index":0,"delta":{"content":"`+content+`"},"finish_reason":null}]}`+"\n\n")
