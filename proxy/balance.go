@@ -31,7 +31,10 @@ const (
 // upstreamHealth is an upstream's load and circuit breaker. It lives in the
 // upstream, so a reload that keeps the upstream keeps its state.
 type upstreamHealth struct {
-	inflight atomic.Int64
+	// inflight counts the calls with the upstream, made by newUpstream
+	// and shared by its later selves (carryFrom): a call ends on the
+	// upstream it started on.
+	inflight *atomic.Int64
 	latency  atomic.Int64 // moving average of the time to the answer's first byte, ns
 	sampled  atomic.Int64 // unix ns of latency's last sample
 	// answered is the moving average of the first bytes that came,
@@ -108,11 +111,16 @@ type upstreamHealth struct {
 // carryFrom takes over what prev, the health of the same upstream under
 // its previous settings, had learned. The counters always carry: they are
 // the upstream's history, and /metrics must not see them fall to 0 at an
-// edit of idle_timeout. The breaker and the latency carry only when the
+// edit of idle_timeout. So do the calls in flight, whose count both share:
+// those still running under prev end on it, and with a count of its own
+// an upstream edited under load read as idle to least_in_flight and p2c,
+// in the admin API and tollgate_upstream_in_flight, until they ended. The
+// breaker and the latency carry only when the
 // address is the same: they describe that server, and an ejected upstream
 // must not come back because its weight was edited. A half-open trial in
 // flight stays prev's; this health starts open again and tries anew.
 func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
+	h.inflight = prev.inflight
 	h.calls.Store(prev.calls.Load())
 	h.ejections.Store(prev.ejections.Load())
 	h.retries.Store(prev.retries.Load())

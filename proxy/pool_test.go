@@ -1180,3 +1180,100 @@ func TestPoolMemberBackFromAnEjectionHoldsOneStreamAtATime(t *testing.T) {
 		t.Fatalf("p1 returned %d times and %d streams hung on it, want one a return", returns, n)
 	}
 }
+
+// An edit of an upstream under load keeps its calls in flight and its
+// max_connections: the calls still running on its old settings count
+// against the cap of the new ones, and in its in_flight. A reload that
+// changed a write_timeout gave it a whole new cap beside them (four
+// connections to a replica capped at two) and an in_flight of 0 while
+// both streamed, which least_in_flight and p2c took for idle.
+func TestPoolEditOfAnUpstreamUnderLoadKeepsItsCapAndInFlight(t *testing.T) {
+	h := newPoolHarness(t, 1, "  balance: least_in_flight", proxytest.Options{Chunks: 10, ChunkDelay: 80 * time.Millisecond})
+	const settings = "first_byte_timeout: 5s, max_connections: 2"
+	h.settings = map[int]string{0: settings}
+	h.setPool("  balance: least_in_flight", "p0")
+	up := h.ups[0]
+	var most atomic.Int32
+	stopWatch := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			if n := int32(up.Active()); n > most.Load() {
+				most.Store(n)
+			}
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	const stream = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	streams := func(n int) {
+		for range n {
+			wg.Go(func() {
+				resp := h.post("/v1/chat/completions", stream)
+				if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(string(body), "[DONE]") {
+					failed.Add(1)
+					t.Logf("%d %s", resp.StatusCode, body)
+				}
+			})
+		}
+	}
+	running := func(n int) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 2*time.Millisecond, func() error {
+			if a := up.Active(); a != n {
+				return fmt.Errorf("%d streams with the upstream, want %d", a, n)
+			}
+			return nil
+		})
+	}
+	edit := func(s string) {
+		t.Helper()
+		h.settings[0] = s
+		h.setPool("  balance: least_in_flight", "p0")
+	}
+
+	streams(2)
+	running(2)
+	edit(settings + ", write_timeout: 11s")
+	if st := h.statuses()["p0"]; st.InFlight != 2 {
+		t.Fatalf("two streams run on p0, and after an edit of its write_timeout in_flight is %d", st.InFlight)
+	}
+	streams(2)
+	edit(settings + ", write_timeout: 12s") // and once more, with four calls running or waiting
+	wg.Wait()
+	if n := most.Load(); n > 2 {
+		t.Fatalf("%d connections to p0 at once across edits of its write_timeout, over its max_connections 2", n)
+	}
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d of 4 streams failed", n)
+	}
+	if st := h.statuses()["p0"]; st.InFlight != 0 {
+		t.Fatalf("every call ended and p0 has %d in flight", st.InFlight)
+	}
+
+	// A new cap counts the calls still running under the old one.
+	most.Store(0)
+	streams(2)
+	running(2)
+	edit("first_byte_timeout: 5s, max_connections: 3")
+	streams(2)
+	wg.Wait()
+	if n := most.Load(); n != 3 {
+		t.Fatalf("%d connections to p0 at most after max_connections went from 2 to 3 under two calls, want 3", n)
+	}
+	// No slot was lost on the way: three go out at once.
+	streams(3)
+	running(3)
+	wg.Wait()
+	close(stopWatch)
+	<-watched
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d streams failed", n)
+	}
+}

@@ -219,8 +219,10 @@ func (s *Server) Apply(cfg *config.Config) error {
 }
 
 // buildWorld builds the World for cfg, taking over the upstreams of the
-// World in force whose settings did not change, and the health of those
-// whose settings did.
+// World in force whose settings did not change, and the health, the
+// calls in flight and (at the same address) the connections in use of
+// those whose settings did. Those connections stay with the old pool,
+// closed as their calls end: they were opened with the old timeouts.
 func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 	cat, err := catalog.New(cfg.Models)
 	if err != nil {
@@ -247,6 +249,7 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 		}
 		if prev != nil {
 			up.health.carryFrom(&prev.health, prev.cfg.BaseURL == uc.BaseURL)
+			up.pool.inheritSlots(prev.pool)
 		}
 		w.upstreams[uc.Name] = up
 	}

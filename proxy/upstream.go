@@ -21,7 +21,8 @@ import (
 
 // upstream is one generation server and its connection pool. It is immutable;
 // a config reload that changes an upstream builds a new one, and requests in
-// flight finish on the old.
+// flight finish on the old, counted in the new one's calls in flight and,
+// at the same address, against its max_connections (buildWorld).
 type upstream struct {
 	cfg config.Upstream
 	// modelsURL is what the breaker's probe asks; like every URL of the
@@ -71,6 +72,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		}
 	}
 	up := &upstream{
+		health:    upstreamHealth{inflight: new(atomic.Int64)},
 		logf:      logf,
 		nameHash:  xxhash.Sum64String(cfg.Name),
 		cfg:       cfg,

@@ -37,13 +37,21 @@ type connPool struct {
 	dialer    func(addr string) (net.Conn, error)
 	maxWait   time.Duration
 
-	// busy holds one token per connection in use; with idle reused first,
-	// no more than cap(busy) connections are ever open.
+	// busy holds one token per connection in use, this pool's own or,
+	// after a reload, its predecessor's (inheritSlots); with idle reused
+	// first, no more than cap(busy) connections are ever open.
 	busy chan struct{}
 
+	// mu also orders every slot given back (freeSlotLocked) against a
+	// reload counting the slots in use (inheritSlots).
 	mu      sync.Mutex
 	idle    []*upstreamConn // most recently used last
 	retired bool            // a reload replaced the upstream: keep nothing idle
+	// heir is the pool of the upstream's settings after a reload, when
+	// at the same address; owed is how many of heir's slots still stand
+	// for connections of this pool in use (inheritSlots).
+	heir *connPool
+	owed int
 }
 
 // upstreamConn is one connection and its read buffer.
@@ -95,10 +103,65 @@ func (p *connPool) acquire() (*upstreamConn, error) {
 	p.mu.Unlock()
 	uc, err := p.dial()
 	if err != nil {
-		<-p.busy
+		p.freeSlot()
 		return nil, err
 	}
 	return uc, nil
+}
+
+// inheritSlots makes p, the pool of an upstream's settings after a
+// reload, count the connections prev, its pool before, has in use
+// against p's max_connections until they end. A reload that edited a
+// timeout or rotated an api_key gave the upstream a whole new cap beside
+// its calls still running (and each further edit one more): twice
+// max_connections connections, and waiting calls let through. Those to
+// another address do not count: they load another server. p must not be
+// in use yet.
+func (p *connPool) inheritSlots(prev *connPool) {
+	if prev.addr != p.addr || (prev.tlsConfig == nil) != (p.tlsConfig == nil) {
+		return
+	}
+	prev.mu.Lock()
+	defer prev.mu.Unlock()
+	n := min(len(prev.busy), cap(p.busy))
+	for range n {
+		p.busy <- struct{}{} // p is not in use: never blocks
+	}
+	// A previous heir, if any, was built by a reload that failed: it never
+	// served, and what it was owed goes with it.
+	prev.heir, prev.owed = p, n
+}
+
+// freeSlot gives back the slot of a connection no longer in use.
+func (p *connPool) freeSlot() {
+	p.mu.Lock()
+	heir, n := p.freeSlotLocked()
+	p.mu.Unlock()
+	heir.freeSlots(n)
+}
+
+// freeSlotLocked gives back a slot, and answers how many of heir's
+// slots are to be given back with it: those inherited for connections of
+// p that have ended since. Only when fewer than owed remain in use does
+// one go, so that an heir with a smaller cap frees its slots only as p
+// comes under it. Lock held on entry: a slot given back outside it could
+// be counted by inheritSlots as in use and then never handed on, and the
+// heir would have lost it for good.
+func (p *connPool) freeSlotLocked() (heir *connPool, n int) {
+	<-p.busy
+	if p.heir == nil || p.owed <= len(p.busy) {
+		return nil, 0
+	}
+	n = p.owed - len(p.busy)
+	p.owed -= n
+	return p.heir, n
+}
+
+// freeSlots gives back n slots (none on a nil p).
+func (p *connPool) freeSlots(n int) {
+	for range n {
+		p.freeSlot()
+	}
 }
 
 func (p *connPool) dial() (*upstreamConn, error) {
@@ -156,8 +219,9 @@ func (p *connPool) release(uc *upstreamConn) {
 		p.idle = append(p.idle[:0], p.idle[1:]...)
 	}
 	p.idle = append(p.idle, uc)
+	heir, n := p.freeSlotLocked()
 	p.mu.Unlock()
-	<-p.busy
+	heir.freeSlots(n)
 	if stale != nil {
 		_ = stale.conn.Close()
 	}
@@ -178,7 +242,7 @@ func (p *connPool) dropIdle() {
 // its end, a broken exchange, or the upstream's Connection: close.
 func (p *connPool) discard(uc *upstreamConn) {
 	_ = uc.conn.Close()
-	<-p.busy
+	p.freeSlot()
 }
 
 // retire closes the idle connections of an upstream a reload replaced or

@@ -468,3 +468,62 @@ func TestUpstreamIdleConnectionIsLookedAtWhenTaken(t *testing.T) {
 		})
 	}
 }
+
+// A reload that edits an upstream at the same address hands the slots of
+// its connections still in use to the new pool, along any number of
+// edits and whatever the new max_connections: an edit of a timeout gave
+// the upstream a whole new cap beside its calls still running, and each
+// further edit one more.
+func TestReloadedPoolCountsItsPredecessorsConnections(t *testing.T) {
+	u := startRawUpstream(t, func(int, int, net.Conn) bool { return true })
+	addr := u.ln.Addr().String()
+	inUse := func(p *connPool) int { p.mu.Lock(); defer p.mu.Unlock(); return len(p.busy) }
+	first := testPool(t, addr, 2)
+	a, err := first.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := first.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// max_connections 2 to 1: full while either call of the first runs.
+	second := testPool(t, addr, 1)
+	second.inheritSlots(first)
+	if _, err := second.acquire(); !errors.Is(err, errNoFreeConns) {
+		t.Fatalf("a call went out beside the two of the pool before, over max_connections 1: %v", err)
+	}
+	// And 1 to 3: one more may go out now.
+	third := testPool(t, addr, 3)
+	third.inheritSlots(second)
+	c, err := third.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := inUse(third); n != 2 {
+		t.Fatalf("the third pool counts %d connections in use, want 2 (one of its own, one of the first's)", n)
+	}
+	first.release(a) // the first still holds one: the second's slot stays
+	if n := inUse(third); n != 2 {
+		t.Fatalf("with one call of the first still running the third counts %d in use, want 2", n)
+	}
+	first.discard(b)
+	if n, m := inUse(second), inUse(third); n != 0 || m != 1 {
+		t.Fatalf("after the first's calls ended the second counts %d in use, the third %d; want 0 and 1", n, m)
+	}
+	third.release(c)
+	if n := inUse(third); n != 0 {
+		t.Fatalf("with every call ended the third counts %d connections in use", n)
+	}
+	// Another address is another server: its connections do not count.
+	moved := testPool(t, "localhost"+addr[strings.LastIndexByte(addr, ':'):], 1)
+	d, err := third.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved.inheritSlots(third)
+	if n := inUse(moved); n != 0 {
+		t.Fatalf("a pool at another address counts %d connections of the one before", n)
+	}
+	third.discard(d)
+}
