@@ -244,6 +244,10 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 			// and HS256 keyed with our public key bytes.
 			jwt.WithValidMethods([]string{algorithm}),
 			jwt.WithIssuer(issuer),
+			// One spelling per key: base64's unused trailing bits must be
+			// zero, so a key cannot be varied into tokens that all pass
+			// and each take a place in the verification cache.
+			jwt.WithStrictDecoding(),
 		),
 		cache: make(map[string]*Key),
 	}

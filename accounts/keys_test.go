@@ -256,6 +256,48 @@ func TestForgedKeysRejected(t *testing.T) {
 	}
 }
 
+// TestKeyHasOneSpelling: base64 lets the last character of a segment
+// carry bits that decode to nothing, so one signed key had up to 16
+// spellings, each accepted and each given its own verification-cache entry.
+func TestKeyHasOneSpelling(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	_, token, err := s.CreateKey(ctx, "acme", KeyRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Verify([]byte(token)); err != nil {
+		t.Fatalf("the key as issued: %v", err)
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	last := strings.IndexByte(alphabet, token[len(token)-1])
+	// An Ed25519 signature is 64 bytes, 86 characters: the last one
+	// carries 2 bits of it and 4 that must be zero.
+	spellings := 0
+	for i := range len(alphabet) {
+		if i == last || i>>4 != last>>4 {
+			continue
+		}
+		spellings++
+		other := token[:len(token)-1] + alphabet[i:i+1]
+		if k, err := s.Verify([]byte(other)); !errors.Is(err, errMalformed) {
+			t.Errorf("signature ending %q instead of %q: Verify = %+v, %v; want malformed", alphabet[i], token[len(token)-1], k, err)
+		}
+	}
+	if spellings != 15 {
+		t.Fatalf("tried %d other spellings, want 15", spellings)
+	}
+	s.cacheMu.RLock()
+	cached := len(s.cache)
+	s.cacheMu.RUnlock()
+	if cached != 1 {
+		t.Errorf("%d tokens cached, want the one spelling issued", cached)
+	}
+}
+
 func TestExpiryCheckedOnCacheHit(t *testing.T) {
 	s, _, _ := gateway(t)
 	ctx := testContext(t)
