@@ -18,6 +18,10 @@ func TestRedactSecrets(t *testing.T) {
 		`missing colon: "Authorization Bearer tga-0123456789abcdef"`:               `missing colon: "Authorization Bearer tga-[redacted]"`,
 		`missing colon: "Cookie session=ab\"cd; other=x"`:                          `missing colon: "Cookie [redacted]"`,
 		`missing colon: "Bearer 0123456789abcdef"`:                                 `missing colon: "Bearer [redacted]"`,
+		// A key without its tg- prefix is still a key; cut off, it may be.
+		`missing colon: "Token eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJhIn0.c2lnbmF0dXJl"`: `missing colon: "Token [redacted]"`,
+		`missing colon: "X eyJhbGciOiJFZERTQSJ9.eyJzdWIiOi"`:                       `missing colon: "X [redacted]"`,
+		`header eyJhbGciOiJFZERTQSJ9 alone is no token`:                            `header eyJhbGciOiJFZERTQSJ9 alone is no token`,
 	} {
 		if got := redactSecrets(in); got != want {
 			t.Errorf("redactSecrets(%q) = %q, want %q", in, got, want)

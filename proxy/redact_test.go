@@ -17,7 +17,8 @@ import (
 // request line "Authorization Bearer <token>" without its colon reached
 // the log whole in fasthttp's "missing colon" error. Whatever the value,
 // the credential headers' values are redacted, as is any Bearer or Basic
-// credential, in the log and in the 400.
+// credential, in the log and in the 400; and so is a bare JWT, a key
+// without its tg- prefix.
 func TestMalformedHeaderDoesNotLogAnyCredential(t *testing.T) {
 	var mu sync.Mutex
 	var log strings.Builder
@@ -41,6 +42,9 @@ func TestMalformedHeaderDoesNotLogAnyCredential(t *testing.T) {
 		"X-Api-Key " + secret,
 		"api-key " + secret,
 		"Bearer " + secret,
+		// A key without its tg- prefix, under a header name of no
+		// credential: the JWT is the key, tg- added back.
+		"Token eyJhbGciOiJFZERTQSIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJhY21lIn0." + secret,
 	} {
 		conn, err := net.Dial("tcp", strings.TrimPrefix(g.URL, "http://"))
 		if err != nil {

@@ -357,14 +357,17 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 // Set-Cookie, X-Api-Key, api-key), whatever its format, with or without
 // the header's colon, up to the end of the quoted line fasthttp shows;
 // a Bearer or Basic credential; API keys (tg-), admin tokens (tga-) and
-// console sign-in tokens (tgl-), whole or cut off; and the console's
-// session cookie. An admin token may be any string of 16 bytes (the
-// README suggests openssl rand -hex 16), so the prefixes alone let
+// console sign-in tokens (tgl-), whole or cut off; a bare JWT (header
+// and claims both "eyJ", a JSON object), which is an API key without its
+// tg- prefix, under whatever header name; and the console's session
+// cookie. An admin token may be any string of 16 bytes (the README
+// suggests openssl rand -hex 16), so the prefixes alone let
 // "Authorization Bearer <token>" without its colon reach the log whole.
 var secretPattern = regexp.MustCompile(`(?i)` +
 	`\b(?:proxy-authorization|authorization|set-cookie|cookie|x-api-key|api-key)(?:\s*:\s*|\s+)(?:(?:bearer|basic)\s+)?((?:\\.|[^"\\\r\n])+)` +
 	`|\b(?:bearer|basic)\s+((?:\\.|[^"\\\s])+)` +
 	`|\b(tg[al]?-[a-z0-9_.\-]{6,})` +
+	`|\b(eyJ[a-z0-9_\-]+\.eyJ[a-z0-9_.\-]*)` +
 	`|\btollgate_console=([^;\s"]+)`)
 
 // keyPrefix is the prefix of a Tollgate key or token, kept when its value
