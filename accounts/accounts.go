@@ -42,6 +42,11 @@ var (
 	// ErrInvalidInput wraps every rejected argument (account id, amount,
 	// scope, limit); the rest of the message says what to change.
 	ErrInvalidInput = errors.New("invalid input")
+	// ErrTooManyKeys is returned when creating a key for an account that
+	// holds auth.max_keys_per_account keys not revoked: revoke the ones it
+	// no longer uses (expired keys count until revoked), or raise the
+	// setting.
+	ErrTooManyKeys = errors.New("too many keys")
 )
 
 // Account is an account's balance, its lifetime totals and its limits.
@@ -171,6 +176,10 @@ type Service struct {
 
 	cacheMu sync.RWMutex
 	cache   map[string]*Key // verified tokens; see Verify
+
+	// createKeyMu makes CreateKey's count and store one step in this
+	// process (see CreateKey).
+	createKeyMu sync.Mutex
 
 	// revoked is told the id of each key the watch finds revoked (see
 	// OnKeyRevoked).

@@ -90,6 +90,12 @@ type KeyRequest struct {
 	RPM, TPM       int64
 	ExpiresIn      time.Duration // 0 = never expires
 	Logging        Logging
+	// MaxKeys is the most keys not revoked the account may hold, this one
+	// included (auth.max_keys_per_account, which the caller reads from
+	// the config in force); 0 or less = no cap. An expired key counts
+	// until it is revoked: it is still stored, listed and held in every
+	// gateway's memory.
+	MaxKeys int
 }
 
 // KeyInfo is a key's metadata as stored in TOLLGATE_KEYS. It never holds the
@@ -141,6 +147,7 @@ var keyIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithP
 
 // CreateKey issues a key for an existing account and returns its metadata
 // and the token. The token is shown to the caller once and stored nowhere.
+// An account holding req.MaxKeys keys not revoked gets ErrTooManyKeys.
 func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest) (KeyInfo, string, error) {
 	if s.signer == nil {
 		return KeyInfo{}, "", errNoSigningKey
@@ -150,6 +157,16 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 	}
 	if _, _, err := s.getAccount(ctx, account); err != nil {
 		return KeyInfo{}, "", err
+	}
+	// One creation at a time in this process, so that keys asked for at
+	// once through this gateway cannot all pass the count before any is
+	// stored; other gateways' keys count once the watch delivers them
+	// (milliseconds), so the cap can be passed by about one key per
+	// gateway creating keys of the account at that moment.
+	s.createKeyMu.Lock()
+	defer s.createKeyMu.Unlock()
+	if held := s.snap.keysNotRevoked(account); req.MaxKeys > 0 && held >= req.MaxKeys {
+		return KeyInfo{}, "", fmt.Errorf("%w: account %s holds %d keys not revoked, and auth.max_keys_per_account is %d", ErrTooManyKeys, account, held, req.MaxKeys)
 	}
 	var random [keyIDRandBytes]byte
 	if _, err := rand.Read(random[:]); err != nil {

@@ -30,6 +30,10 @@ type snapshot struct {
 	mu       sync.RWMutex
 	accounts map[string]accountEntry
 	keys     map[string]keyEntry
+	// notRevoked counts, per account, its keys in keys that are neither
+	// deleted nor revoked, so that the cap on them (CreateKey) is checked
+	// without a walk over every key of every account.
+	notRevoked map[string]int
 	// watched is, per bucket, the last revision the watcher delivered, and
 	// loaded whether it has delivered the bucket's initial contents.
 	watched [bucketCount]uint64
@@ -56,6 +60,7 @@ type keyEntry struct {
 func (sn *snapshot) init() {
 	sn.accounts = make(map[string]accountEntry)
 	sn.keys = make(map[string]keyEntry)
+	sn.notRevoked = make(map[string]int)
 }
 
 // account is the live entry of account; false when it does not exist.
@@ -103,9 +108,31 @@ func (sn *snapshot) putAccount(id string, rev uint64, rec accountRecord, deleted
 func (sn *snapshot) putKey(id string, rev uint64, info *KeyInfo, deleted bool) {
 	sn.mu.Lock()
 	if old, ok := sn.keys[id]; !ok || rev > old.rev {
-		sn.keys[id] = keyEntry{rev: rev, deleted: deleted, info: info}
+		e := keyEntry{rev: rev, deleted: deleted, info: info}
+		if ok && old.notRevoked() {
+			sn.notRevoked[old.info.Account]--
+			if sn.notRevoked[old.info.Account] == 0 {
+				delete(sn.notRevoked, old.info.Account)
+			}
+		}
+		if e.notRevoked() {
+			sn.notRevoked[info.Account]++
+		}
+		sn.keys[id] = e
 	}
 	sn.mu.Unlock()
+}
+
+func (e keyEntry) notRevoked() bool {
+	return !e.deleted && e.info != nil && e.info.RevokedAt == nil
+}
+
+// keysNotRevoked is how many keys of account are neither revoked nor
+// deleted, expired ones included.
+func (sn *snapshot) keysNotRevoked(account string) int {
+	sn.mu.RLock()
+	defer sn.mu.RUnlock()
+	return sn.notRevoked[account]
 }
 
 func (sn *snapshot) watchedRevision(b bucketIndex) uint64 {

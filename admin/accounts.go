@@ -214,7 +214,11 @@ func (a *API) createKey(call *Call) (int, any, error) {
 	if p := CheckKeyRequest(req, call.World.Catalog); p != nil {
 		return 0, nil, proxy.BadRequest(p.Field, p.Message)
 	}
+	req.MaxKeys = call.World.Config.Auth.MaxKeysPerAccount
 	info, token, err := a.svc.CreateKey(call.Ctx, call.Args[0], req)
+	if errors.Is(err, accounts.ErrTooManyKeys) {
+		return 0, nil, proxy.LimitReached("too_many_keys", err.Error()+": revoke a key the account no longer uses (DELETE /admin/v1/keys/{key_id}; an expired key counts until it is revoked), or raise the setting")
+	}
 	if err != nil {
 		return 0, nil, err
 	}

@@ -51,6 +51,13 @@ type gateway struct {
 // startGateway starts the gateway with modules, which may add admin routes.
 func startGateway(t *testing.T, modules ...proxy.Module) *gateway {
 	t.Helper()
+	return startGatewayWith(t, "", modules...)
+}
+
+// startGatewayWith starts the gateway with more of gateway.yaml, sections
+// the test file does not have.
+func startGatewayWith(t *testing.T, moreYAML string, modules ...proxy.Module) *gateway {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	dir := t.TempDir()
@@ -59,7 +66,7 @@ func startGateway(t *testing.T, modules ...proxy.Module) *gateway {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
-	cfg, err := config.Parse("gateway.yaml", []byte(fmt.Sprintf(gatewayYAML, dir)))
+	cfg, err := config.Parse("gateway.yaml", []byte(fmt.Sprintf(gatewayYAML, dir)+moreYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,6 +196,53 @@ func TestCreateKeyRefusesTooLongNameAndRetention(t *testing.T) {
 	body := `{"name":"` + strings.Repeat("n", 200) + `","logging":{"enabled":true,"retention_days":36500}}`
 	if status, _, out := g.call("POST", "/admin/v1/accounts/acme/keys", body); status != 201 {
 		t.Fatalf("key at the caps: %d %s", status, out)
+	}
+}
+
+// TestKeyCapIsAConflictNamingTheSetting: keys were unlimited, so one
+// account filled every gateway's memory with them. Past
+// auth.max_keys_per_account the create is a 409 that says which setting,
+// and that revoking a key frees a place; the OpenAI SDKs are told not to
+// retry it (they retry every 409), as asking again changes nothing.
+func TestKeyCapIsAConflictNamingTheSetting(t *testing.T) {
+	g := startGatewayWith(t, "auth:\n  max_keys_per_account: 2\n")
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	var first struct {
+		KeyID string `json:"key_id"`
+	}
+	for i := range 2 {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"k"}`)
+		if status != 201 {
+			t.Fatalf("key %d: %d %s", i+1, status, body)
+		}
+		if i == 0 {
+			_ = json.Unmarshal(body, &first)
+		}
+	}
+	req, _ := http.NewRequest("POST", g.url+"/admin/v1/accounts/acme/keys", strings.NewReader(`{"name":"k"}`))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 409 || resp.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("third key under a cap of 2: %d, x-should-retry %q, %s; want 409 and false", resp.StatusCode, resp.Header.Get("x-should-retry"), body)
+	}
+	msg := wantError(t, body, "", "too_many_keys")
+	for _, want := range []string{"auth.max_keys_per_account", "2", "revoke"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("message %q does not say %q", msg, want)
+		}
+	}
+	if status, _, body := g.call("DELETE", "/admin/v1/keys/"+first.KeyID, ""); status != 200 {
+		t.Fatalf("revoke: %d %s", status, body)
+	}
+	if status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"k"}`); status != 201 {
+		t.Errorf("a key after a revocation freed a place: %d %s", status, body)
 	}
 }
 

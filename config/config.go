@@ -70,6 +70,10 @@ type Auth struct {
 	Algorithm string `yaml:"algorithm"`
 	// Issuer is written into and required on every key. restart-only.
 	Issuer string `yaml:"issuer"`
+	// MaxKeysPerAccount is the most keys not revoked (expired ones
+	// included) one account may hold; creating one more is a 409.
+	// NoLimit (-1) is no cap.
+	MaxKeysPerAccount int `yaml:"max_keys_per_account"`
 }
 
 // Billing holds the money rules.

@@ -28,21 +28,25 @@ const (
 	// DefaultShutdownTimeout leaves the 4 s the gateway takes after it
 	// (ending streams, closing stalled clients) inside Kubernetes'
 	// default 30 s grace period.
-	DefaultShutdownTimeout  = 25 * time.Second
-	DefaultAlgorithm        = "EdDSA"
-	DefaultIssuer           = "tollgate"
-	DefaultGraceUSD         = "0.50"
-	DefaultOutboxMaxBytes   = ByteSize(1 << 30)
-	DefaultDurability       = "process"
-	DefaultFsyncInterval    = 100 * time.Millisecond
-	DefaultBatchMaxEvents   = 1000
-	DefaultBatchMaxBytes    = ByteSize(512 << 10)
-	DefaultBatchMaxDelay    = 50 * time.Millisecond // each batch costs JetStream ~0.5 ms of CPU: 4 % more calls than 10ms (paired A/B)
-	DefaultUsageRetention   = 7 * 24 * time.Hour    // meter.EnsureUsageStream uses it for a retention it cannot take
-	DefaultConnectTimeout   = 2 * time.Second
-	DefaultWriteTimeout     = 10 * time.Second
-	DefaultFirstByteTimeout = 60 * time.Second
-	DefaultIdleTimeout      = 60 * time.Second
+	DefaultShutdownTimeout = 25 * time.Second
+	DefaultAlgorithm       = "EdDSA"
+	DefaultIssuer          = "tollgate"
+	// DefaultMaxKeysPerAccount is far above a key per service and
+	// environment, and bounds what one account puts in every gateway's
+	// memory (about 400 bytes a key) and on its console page.
+	DefaultMaxKeysPerAccount = 1000
+	DefaultGraceUSD          = "0.50"
+	DefaultOutboxMaxBytes    = ByteSize(1 << 30)
+	DefaultDurability        = "process"
+	DefaultFsyncInterval     = 100 * time.Millisecond
+	DefaultBatchMaxEvents    = 1000
+	DefaultBatchMaxBytes     = ByteSize(512 << 10)
+	DefaultBatchMaxDelay     = 50 * time.Millisecond // each batch costs JetStream ~0.5 ms of CPU: 4 % more calls than 10ms (paired A/B)
+	DefaultUsageRetention    = 7 * 24 * time.Hour    // meter.EnsureUsageStream uses it for a retention it cannot take
+	DefaultConnectTimeout    = 2 * time.Second
+	DefaultWriteTimeout      = 10 * time.Second
+	DefaultFirstByteTimeout  = 60 * time.Second
+	DefaultIdleTimeout       = 60 * time.Second
 	// DefaultResponseTimeout ends before the OpenAI SDKs' own 10 minutes,
 	// counted from a little earlier: the client then reads the 504 and its
 	// x-should-retry: false, instead of timing out and retrying, which
@@ -97,6 +101,7 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&s.ShutdownTimeout, DefaultShutdownTimeout)
 	setDefault(&c.Auth.Algorithm, DefaultAlgorithm)
 	setDefault(&c.Auth.Issuer, DefaultIssuer)
+	setDefault(&c.Auth.MaxKeysPerAccount, DefaultMaxKeysPerAccount)
 	setDefault(&c.Billing.GraceUSD, DefaultGraceUSD)
 	setDefault(&c.Billing.OutboxMaxBytes, DefaultOutboxMaxBytes)
 	setDefault(&c.Billing.Durability, DefaultDurability)
@@ -170,6 +175,21 @@ func (l *loader) isSet(path string) bool {
 	return !(n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null")
 }
 
+// MaxCountCap bounds the per-account count caps (auth.max_keys_per_account,
+// batch.max_pending_jobs): past it, write -1 for no cap.
+const MaxCountCap = 1_000_000
+
+// checkCountCap checks a per-account count cap: 1..MaxCountCap, or -1
+// for none. A written 0 is refused, not read as "none allowed" nor
+// replaced by the default.
+func (l *loader) checkCountCap(path string, v int) {
+	if l.writtenZero(path) {
+		l.check(false, path, "must be 1..%d, or -1 for no cap; got 0", MaxCountCap)
+		return
+	}
+	l.check(v == NoLimit || v >= 1 && v <= MaxCountCap, path, "%d is outside 1..%d (-1 for no cap)", v, MaxCountCap)
+}
+
 // check reports msg at path unless path (or a parent) already failed to
 // decode: a value that did not decode is not also "missing".
 func (l *loader) check(ok bool, path, format string, args ...any) {
@@ -191,6 +211,7 @@ func (l *loader) validate(c *Config) {
 	l.validateServer(c.Server)
 	l.check(c.Auth.Algorithm == "EdDSA", "auth.algorithm",
 		"%q is not supported: EdDSA (Ed25519) is the only supported algorithm", c.Auth.Algorithm)
+	l.checkCountCap("auth.max_keys_per_account", c.Auth.MaxKeysPerAccount)
 	l.validateBilling(c.Billing)
 	upstreams, upstreamNames := l.validateUpstreams(c.Upstreams)
 	models := l.validateModels(c.Models, len(c.Upstreams), upstreams, upstreamNames, c.Server.MaxRequestBody)

@@ -684,9 +684,14 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	sctx, cancel := storeContext()
 	defer cancel()
+	req.MaxKeys = call.World.Config.Auth.MaxKeysPerAccount
 	info, token, err := c.accounts.CreateKey(sctx, sess.Account, req)
 	if errors.Is(err, accounts.ErrInvalidInput) {
 		c.renderKeys(ctx, call, sess, 400, in, err.Error())
+		return
+	}
+	if errors.Is(err, accounts.ErrTooManyKeys) {
+		c.renderKeys(ctx, call, sess, 409, in, fmt.Sprintf("Your account has as many keys as this gateway allows (%d, auth.max_keys_per_account). Delete a key you no longer use, expired ones included, to make a new one.", req.MaxKeys))
 		return
 	}
 	if err != nil {

@@ -481,6 +481,35 @@ func TestCreateListAndRevokeKeyWithoutClickHouse(t *testing.T) {
 	}
 }
 
+// TestKeyFormStopsAtTheKeyCap: one login made 29,025 keys in 9.5 s, and
+// the keys page grew to 15 MB. Past auth.max_keys_per_account the form
+// comes back with a 409 saying so, the input kept, and nothing created;
+// deleting a key frees a place.
+func TestKeyFormStopsAtTheKeyCap(t *testing.T) {
+	g := startGatewayWithSections(t, "clickhouse://127.0.0.1:1/default", "", "auth:\n  max_keys_per_account: 1\n")
+	b := g.browser()
+	b.signIn("acme")
+	csrf := b.csrf()
+	newKey := url.Values{"csrf": {csrf}, "name": {"ci"}, "scopes": {"classify"}}
+	resp := b.post("/console/keys", newKey)
+	if page := string(readAll(t, resp)); resp.StatusCode != 200 {
+		t.Fatalf("first key: %d %s", resp.StatusCode, page)
+	}
+	resp = b.post("/console/keys", newKey)
+	page := string(readAll(t, resp))
+	if resp.StatusCode != 409 || !strings.Contains(page, "auth.max_keys_per_account") || !strings.Contains(page, "Delete a key") || !strings.Contains(page, `value="ci"`) {
+		t.Fatalf("a key past the cap: %d %s", resp.StatusCode, page)
+	}
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys after the refusal: %+v %v", keys, err)
+	}
+	readAll(t, b.post("/console/keys/revoke", url.Values{"csrf": {csrf}, "key_id": {keys[0].KeyID}}))
+	if resp := b.post("/console/keys", newKey); resp.StatusCode != 200 {
+		t.Fatalf("a key after deleting one: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+}
+
 // The key form and the admin API share one validation (admin.CheckKeyRequest):
 // the rules on the name and the cap on retention hold here as they do
 // there, and nothing is created.

@@ -119,6 +119,15 @@ func Conflict(msg string) *APIError {
 	return &APIError{Status: 409, Type: "conflict_error", Code: "conflict", Message: msg}
 }
 
+// LimitReached is 409 for an account at one of its count caps (code, such
+// as "too_many_keys"): the request itself is fine, and the same request
+// succeeds once the account holds fewer of the thing. Waiting does not
+// lower the count, so it is no 429, and the OpenAI SDKs, which retry a
+// 409, are told not to.
+func LimitReached(code, msg string) *APIError {
+	return &APIError{Status: 409, Type: "conflict_error", Code: code, Message: msg, NoRetry: true}
+}
+
 // MethodNotAllowed answers 405 with the Allow header set to allow, for
 // handlers outside this package that route by method themselves (admin).
 func MethodNotAllowed(ctx *fasthttp.RequestCtx, allow string) { methodNotAllowed(ctx, allow) }
