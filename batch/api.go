@@ -58,11 +58,20 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if len(data) > maxRequestBytes {
 		return Created{}, apiError(ErrInvalid, "labels, descriptions and examples of a batch job take %d bytes; at most %d are kept with a job", len(data), maxRequestBytes)
 	}
+	if err := s.checkPendingCap(ctx, p.Account, cfg.Batch.MaxPendingJobs); err != nil {
+		return Created{}, err
+	}
 	url, fields, err := s.store.PresignPost(ctx, j.InputKey, int64(cfg.Storage.MaxUploadBytes), ttl)
 	if err != nil {
 		return Created{}, fmt.Errorf("presigning the upload of job %s: %w", j.ID, err)
 	}
+	// Counted before it is stored, so that no job is ever pending
+	// uncounted; a marker whose job was not stored is the reaper's.
+	if err := s.markPending(ctx, j); err != nil {
+		return Created{}, err
+	}
 	if _, err := s.jobs.Create(ctx, jobKey(p.Account, j.ID), data); err != nil {
+		s.unmarkPending(ctx, p.Account, j.ID)
 		return Created{}, fmt.Errorf("saving job %s: %w", j.ID, err)
 	}
 	return Created{JobID: j.ID, UploadURL: url, UploadFields: fields, InputKey: j.InputKey,
@@ -201,6 +210,7 @@ func (s *Service) Delete(ctx context.Context, account, id string) error {
 		if err != nil {
 			return fmt.Errorf("deleting job %s: %w", id, err)
 		}
+		s.unmarkPending(ctx, account, id)
 		s.release(ctx, account, id)
 		return nil
 	}
@@ -288,6 +298,9 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 				continue
 			}
 			return nil, fmt.Errorf("starting job %s: %w", id, err)
+		}
+		if j.Status == StatusPending {
+			s.unmarkPending(ctx, account, id)
 		}
 		if err := s.enqueue(ctx, next, fmt.Sprintf("%s.%d", id, next.Run)); err != nil {
 			s.abandonStart(account, id, err)

@@ -169,10 +169,13 @@ type tuning struct {
 	checkpointAge time.Duration // longest time between checkpoints
 	staleAfter    time.Duration // a processing job silent this long, with no work message, is queued again
 	reapEvery     time.Duration
-	retryBackoff  time.Duration // first wait after ErrEngineUnavailable; doubles
-	retries       int
-	maxAttempts   int // workers taking up one run before it fails
-	hook          func(point string) bool
+	// abandonedAfter: a pending job without input is deleted this long
+	// after its upload form expired (AbandonedAfter).
+	abandonedAfter time.Duration
+	retryBackoff   time.Duration // first wait after ErrEngineUnavailable; doubles
+	retries        int
+	maxAttempts    int // workers taking up one run before it fails
+	hook           func(point string) bool
 }
 
 const (
@@ -192,6 +195,7 @@ type Service struct {
 	jobs     jetstream.KeyValue
 	active   jetstream.KeyValue
 	work     jetstream.Stream
+	pending  jetstream.Stream // markers of the pending jobs (pending.go)
 	store    storage.Store
 	runtime  Runtime
 	recorder meter.Recorder
@@ -245,6 +249,14 @@ func Open(ctx context.Context, js jetstream.JetStream, store storage.Store, opts
 	if err != nil {
 		return nil, err
 	}
+	s.pending, err = broker.EnsureStream(ctx, js, jetstream.StreamConfig{
+		Name: PendingStream, Description: "tollgate batch: a marker per pending job, subject batch.pending.<account>.<job_id>",
+		Subjects: []string{pendingSubjectPrefix + ">"}, MaxMsgsPerSubject: 1,
+		Storage: jetstream.FileStorage, Replicas: replicas,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -259,6 +271,7 @@ func (t *tuning) defaults(ackWait time.Duration) {
 	def(&t.checkpointAge, 10*time.Second)
 	def(&t.staleAfter, max(5*time.Minute, 4*ackWait))
 	def(&t.reapEvery, time.Minute)
+	def(&t.abandonedAfter, AbandonedAfter)
 	def(&t.retryBackoff, time.Second)
 	if t.retries <= 0 {
 		t.retries = 5

@@ -17,6 +17,8 @@ import (
 	"time"
 	"unicode/utf16"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/internal/testutil"
@@ -924,6 +926,73 @@ func TestListIsNewestFirstCappedAndPerAccount(t *testing.T) {
 	}
 	if jobs, err := svc.List(e.ctx, "nobody"); err != nil || len(jobs) != 0 {
 		t.Fatalf("an account without jobs: %v, %v", jobs, err)
+	}
+}
+
+// TestPendingJobsAreCapped: 200 creates of 243 KB each took the job
+// records from 596K to 48M, and 16 clients made 24,468 jobs in 9 s. An
+// account holds at most batch.max_pending_jobs jobs created and not
+// started; starting or deleting one frees its place, and other accounts
+// are not counted against it.
+func TestPendingJobsAreCapped(t *testing.T) {
+	e := newEnv(t, envOptions{batch: "  checkpoint_lines: 300\n  concurrency: 4\n  max_pending_jobs: 2"})
+	svc := e.service(0, batch.Tuning{})
+	e.work(svc)
+	started := e.create(svc, "acme", inputLines(3, 0), "")
+	deleted := e.create(svc, "acme", nil, "")
+	req := batch.CreateParams{Account: "acme", KeyID: "key-acme", Request: batch.Request{Labels: []string{"a", "b"}, Mode: "single"}}
+	_, err := svc.Create(e.ctx, req)
+	var be *batch.Error
+	if !errors.As(err, &be) || !errors.Is(err, batch.ErrTooManyPending) || !strings.Contains(be.Msg, "batch.max_pending_jobs is 2") {
+		t.Fatalf("a third pending job under a cap of 2: %v; want ErrTooManyPending naming the setting", err)
+	}
+	if _, err := svc.Create(e.ctx, batch.CreateParams{Account: "acme.corp", KeyID: "k", Request: req.Request}); err != nil {
+		t.Fatalf("another account (whose id starts the same): %v", err)
+	}
+	e.startAndWait(svc, "acme", started)
+	if _, err := svc.Create(e.ctx, req); err != nil {
+		t.Fatalf("after a start freed a place: %v", err)
+	}
+	if _, err := svc.Create(e.ctx, req); !errors.Is(err, batch.ErrTooManyPending) {
+		t.Fatalf("at the cap again: %v", err)
+	}
+	if err := svc.Delete(e.ctx, "acme", deleted); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Create(e.ctx, req); err != nil {
+		t.Fatalf("after a delete freed a place: %v", err)
+	}
+}
+
+// TestAbandonedPendingJobIsDeleted: a job whose input never came can never
+// start once its upload form expired, and it lived forever. The reaper
+// deletes it AbandonedAfter the form expired; a pending job with its
+// input stays.
+func TestAbandonedPendingJobIsDeleted(t *testing.T) {
+	e := newEnv(t, envOptions{more: "storage:\n  upload_ttl: 1s"})
+	svc := e.service(0, batch.Tuning{AbandonedAfter: 200 * time.Millisecond, ReapEvery: time.Hour})
+	abandoned := e.create(svc, "acme", nil, "")
+	uploaded := e.create(svc, "acme", inputLines(3, 0), "")
+	svc.ReapOnce(e.ctx)
+	if _, err := svc.Get(e.ctx, "acme", abandoned); err != nil {
+		t.Fatalf("a job whose upload form is still valid was reaped: %v", err)
+	}
+	time.Sleep(1300 * time.Millisecond)
+	svc.ReapOnce(e.ctx)
+	if _, err := svc.Get(e.ctx, "acme", abandoned); !errors.Is(err, batch.ErrNotFound) {
+		t.Errorf("a pending job without input, its form expired: %v, want it deleted", err)
+	}
+	if j, err := svc.Get(e.ctx, "acme", uploaded); err != nil || j.Status != batch.StatusPending {
+		t.Errorf("a pending job with its input: %+v, %v; want it kept", j, err)
+	}
+	// Its place is free: one pending job counted, not two.
+	st, err := e.broker.JetStream().Stream(e.ctx, batch.PendingStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(e.ctx, jetstream.WithSubjectFilter("batch.pending.acme.*"))
+	if err != nil || len(info.State.Subjects) != 1 {
+		t.Fatalf("pending markers of acme: %v, %v; want the uploaded job's only", info.State.Subjects, err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 // kill a worker at a named point (see Service.at).
 type Tuning struct {
 	StartGrace, Heartbeat, CheckpointAge, StaleAfter, ReapEvery, RetryBackoff time.Duration
+	AbandonedAfter                                                            time.Duration
 	Retries, MaxAttempts                                                      int
 	Hook                                                                      func(point string) bool
 }
@@ -16,7 +17,7 @@ type Tuning struct {
 // WithTuning returns o with t applied.
 func WithTuning(o Options, t Tuning) Options {
 	o.tuning = tuning{startGrace: t.StartGrace, heartbeat: t.Heartbeat, checkpointAge: t.CheckpointAge,
-		staleAfter: t.StaleAfter, reapEvery: t.ReapEvery, retryBackoff: t.RetryBackoff,
+		staleAfter: t.StaleAfter, reapEvery: t.ReapEvery, retryBackoff: t.RetryBackoff, abandonedAfter: t.AbandonedAfter,
 		retries: t.Retries, maxAttempts: t.MaxAttempts, hook: t.Hook}
 	return o
 }

@@ -50,7 +50,7 @@ type env struct {
 }
 
 // envYAML: %[1]s data dir, %[2]s upstream base URL, %[3]s the plugins
-// section's body, %[4]s the batch section's body.
+// section's body, %[4]s the batch section's body, %[5]s more sections.
 const envYAML = `
 server:
   listen: 127.0.0.1:0
@@ -70,11 +70,13 @@ plugins:
 %[3]s
 batch:
 %[4]s
+%[5]s
 `
 
 type envOptions struct {
 	plugins string // default: engine lexical, max_text_bytes 1KiB
 	batch   string // default: checkpoint_lines 300, concurrency 4
+	more    string // more top-level sections, such as storage
 }
 
 func newEnv(t *testing.T, eo envOptions) *env {
@@ -88,7 +90,9 @@ func newEnv(t *testing.T, eo envOptions) *env {
 	e := &env{t: t, secret: "test-secret"}
 	g := gatewaytest.Start(t, gatewaytest.Options{
 		Upstream: &proxytest.Options{Reply: classifiers.NewViewModel(classifiers.NewLexical()).Reply},
-		Config:   func(upstream, dir string) string { return fmt.Sprintf(envYAML, dir, upstream, eo.plugins, eo.batch) },
+		Config: func(upstream, dir string) string {
+			return fmt.Sprintf(envYAML, dir, upstream, eo.plugins, eo.batch, eo.more)
+		},
 		Modules:  e.modules,
 		NoListen: true,
 	})

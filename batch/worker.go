@@ -326,7 +326,8 @@ func (o *owner) end(ctx context.Context, msg string, resumable bool) error {
 // active marker whose job no longer processes (cleared), and a processing
 // job with no work message, which no worker would ever take (queued
 // again). Worker deaths themselves need no repair: JetStream redelivers
-// their messages.
+// their messages. It also deletes the pending jobs that can never start
+// (see reapPending).
 func (s *Service) reap(ctx context.Context) {
 	tick := time.NewTicker(s.t.reapEvery)
 	defer tick.Stop()
@@ -341,6 +342,7 @@ func (s *Service) reap(ctx context.Context) {
 }
 
 func (s *Service) reapOnce(ctx context.Context) {
+	s.reapPending(ctx)
 	lister, err := s.active.ListKeys(ctx)
 	if err != nil {
 		if !errors.Is(err, jetstream.ErrNoKeysFound) {

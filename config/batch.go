@@ -17,6 +17,9 @@ type Batch struct {
 	// MaxJobs is how many jobs one process (serve or worker) runs at once.
 	// restart-only.
 	MaxJobs int `yaml:"max_jobs"`
+	// MaxPendingJobs is the most jobs one account may hold created and
+	// not started yet; creating one more is a 409. NoLimit (-1) is no cap.
+	MaxPendingJobs int `yaml:"max_pending_jobs"`
 }
 
 // Batch defaults; gateway.yaml documents each.
@@ -26,6 +29,10 @@ const (
 	DefaultBatchConcurrency     = 128
 	DefaultBatchCheckpointLines = 20_000
 	DefaultBatchMaxJobs         = 2
+	// DefaultBatchMaxPendingJobs leaves room for a client that creates a
+	// job per file ahead of uploading, while keeping an account's records
+	// (up to 256KiB of labels each) and the store's inputs bounded.
+	DefaultBatchMaxPendingJobs = 100
 )
 
 func applyBatchDefaults(b *Batch) {
@@ -33,6 +40,7 @@ func applyBatchDefaults(b *Batch) {
 	setDefault(&b.Concurrency, DefaultBatchConcurrency)
 	setDefault(&b.CheckpointLines, DefaultBatchCheckpointLines)
 	setDefault(&b.MaxJobs, DefaultBatchMaxJobs)
+	setDefault(&b.MaxPendingJobs, DefaultBatchMaxPendingJobs)
 }
 
 func (l *loader) validateBatch(b Batch) {
@@ -42,4 +50,5 @@ func (l *loader) validateBatch(b Batch) {
 	l.check(b.Concurrency >= 1 && b.Concurrency <= 4096, "batch.concurrency", "%d is outside 1..4096", b.Concurrency)
 	l.check(b.CheckpointLines >= 1 && b.CheckpointLines <= 10_000_000, "batch.checkpoint_lines", "%d is outside 1..10000000", b.CheckpointLines)
 	l.check(b.MaxJobs >= 1 && b.MaxJobs <= 256, "batch.max_jobs", "%d is outside 1..256", b.MaxJobs)
+	l.checkCountCap("batch.max_pending_jobs", b.MaxPendingJobs)
 }

@@ -7,7 +7,8 @@ import (
 )
 
 // TestBatchRestartOnly: only max_jobs (the worker pool size) needs a
-// restart; the rest is read by each job run.
+// restart; the rest is read by each job run, and the count caps by each
+// create.
 func TestBatchRestartOnly(t *testing.T) {
 	data, err := os.ReadFile("../gateway.yaml")
 	if err != nil {
@@ -21,6 +22,8 @@ func TestBatchRestartOnly(t *testing.T) {
 	reloadable.Batch.PricePerToken = "0.0000001"
 	reloadable.Batch.Concurrency = 7
 	reloadable.Batch.CheckpointLines = 9
+	reloadable.Batch.MaxPendingJobs = 3
+	reloadable.Auth.MaxKeysPerAccount = 5
 	if diff := reloadable.RestartOnlyDiff(old); diff != nil {
 		t.Errorf("reloadable batch changes reported as restart-only: %v", diff)
 	}

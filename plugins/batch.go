@@ -247,6 +247,9 @@ func writeBatchError(ctx *fasthttp.RequestCtx, call *proxy.Call, err error) {
 			apiErr.NoRetry = !be.Passing
 			proxy.WriteError(ctx, apiErr)
 			return
+		case errors.Is(err, batch.ErrTooManyPending):
+			proxy.WriteError(ctx, proxy.LimitReached("too_many_batch_jobs", be.Msg))
+			return
 		case errors.Is(err, batch.ErrNoInput), errors.Is(err, batch.ErrInvalid):
 			proxy.WriteError(ctx, proxy.BadRequest("", be.Msg))
 			return

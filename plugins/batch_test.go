@@ -437,6 +437,23 @@ func TestBatchConflicts(t *testing.T) {
 	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202) // the slot is free again
 }
 
+// TestBatchPendingCapIs409: jobs were unlimited (24,468 in 9 s from one
+// account). Past batch.max_pending_jobs a create is a 409 of its own code,
+// naming the setting, that the SDKs are told not to retry: waiting does
+// not lower the count.
+func TestBatchPendingCapIs409(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  max_pending_jobs: 1\n"})
+	h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	r := h.call("POST", "/v1/batch", h.key, `{"labels": ["billing", "bug"]}`)
+	if got := r.header.Get("x-should-retry"); got != "false" {
+		t.Errorf("x-should-retry %q, want false", got)
+	}
+	e := r.apiError(t, 409, "too_many_batch_jobs")
+	if msg := e["message"].(string); !strings.Contains(msg, "batch.max_pending_jobs is 1") {
+		t.Errorf("message %q does not name the setting", msg)
+	}
+}
+
 // The OpenAI Files and Batch APIs are not served, and a client of them
 // (the SDKs' client.files.create, client.batches.create) is pointed to
 // /v1/batch: they got a bare "no route for POST /v1/batches", with a key
