@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
@@ -70,11 +71,19 @@ func runFinance(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg.ClickHouse.DSN = localClickHouseDSN(cfg)
+	var envFile string
+	cfg.ClickHouse.DSN, envFile = localClickHouseDSN(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
 	if err != nil {
+		// After Ctrl-C of make run the env file is still there, its
+		// ClickHouse not: a bare "connection refused" did not say why.
+		if envFile != "" && errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("ClickHouse at %s (from %s): %w; make run's ClickHouse stops when its gateway exits: "+
+				"start it again with `scripts/clickhouse.sh start %s` (in the repository), or run make run again",
+				redactDSN(cfg.ClickHouse.DSN), envFile, err, filepath.Dir(envFile))
+		}
 		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
 	}
 	defer sink.Close()
@@ -129,20 +138,22 @@ func printFinanceUsage() error {
 // when either is set, else the DSN of the ClickHouse make run started
 // under data_dir (its env file), which it gives only to the gateway it
 // runs: on another port than 9000, finance queries found no server.
-func localClickHouseDSN(cfg *config.Config) string {
+// envFile is that file's path when the DSN came from it, else "".
+func localClickHouseDSN(cfg *config.Config) (dsn, envFile string) {
 	if os.Getenv("CLICKHOUSE_DSN") != "" || cfg.ClickHouse.DSN != config.DefaultClickHouseDSN {
-		return cfg.ClickHouse.DSN
+		return cfg.ClickHouse.DSN, ""
 	}
-	data, err := os.ReadFile(filepath.Join(cfg.Server.DataDir, "clickhouse", "env"))
+	envFile = filepath.Join(cfg.Server.DataDir, "clickhouse", "env")
+	data, err := os.ReadFile(envFile)
 	if err != nil {
-		return cfg.ClickHouse.DSN
+		return cfg.ClickHouse.DSN, ""
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		if dsn, ok := strings.CutPrefix(line, "CLICKHOUSE_DSN="); ok && dsn != "" {
-			return dsn
+			return dsn, envFile
 		}
 	}
-	return cfg.ClickHouse.DSN
+	return cfg.ClickHouse.DSN, ""
 }
 
 // cellText prints a cell as finance reads it: a Date as 2026-11-26, a

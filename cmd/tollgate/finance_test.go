@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -135,4 +136,51 @@ func captureStdout(t *testing.T, fn func() error) (string, error) {
 	os.Stdout = stdout
 	w.Close()
 	return string(<-done), err
+}
+
+// TestFinanceSaysMakeRunsClickHouseStopsWithTheGateway: after Ctrl-C of
+// make run, finance found the DSN in data_dir/clickhouse/env and failed
+// with a bare "connection refused": make run stops its ClickHouse when
+// the gateway exits, and nothing said so or how to start it again.
+func TestFinanceSaysMakeRunsClickHouseStopsWithTheGateway(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := l.Addr().String() // nothing listens here once closed
+	l.Close()
+	data := t.TempDir()
+	chDir := filepath.Join(data, "clickhouse")
+	if err := os.MkdirAll(chDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	env := "CLICKHOUSE_DSN=clickhouse://" + stopped + "/default?dial_timeout=2s\n"
+	if err := os.WriteFile(filepath.Join(chDir, "env"), []byte(env), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	yaml := "server:\n  data_dir: " + data + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n" +
+		"models:\n  - id: m1\n    context_length: 100\n    max_output_length: 10\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TOLLGATE_CONFIG", path)
+	t.Setenv("CLICKHOUSE_DSN", "")
+	err = runFinance([]string{"invoice", "account=acme", "month=2026-11-01"})
+	if err == nil {
+		t.Fatal("finance against a stopped ClickHouse succeeded")
+	}
+	for _, want := range []string{"connection refused", "stops when its gateway exits", "scripts/clickhouse.sh start " + chDir, "make run"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+
+	// A DSN the user gave (CLICKHOUSE_DSN) is theirs to start: no word
+	// about make run.
+	t.Setenv("CLICKHOUSE_DSN", "clickhouse://"+stopped+"/default?dial_timeout=2s")
+	err = runFinance([]string{"invoice", "account=acme", "month=2026-11-01"})
+	if err == nil || strings.Contains(err.Error(), "make run") {
+		t.Errorf("a refused CLICKHOUSE_DSN: %v", err)
+	}
 }

@@ -62,7 +62,7 @@ func TestMakeRunBillsWhereFinanceLooks(t *testing.T) {
 		}
 		cfg := &config.Config{Server: config.Server{DataDir: data}, ClickHouse: config.ClickHouse{DSN: c.configDSN}}
 		t.Setenv("CLICKHOUSE_DSN", "")
-		if got := localClickHouseDSN(cfg); got != c.wantBilled {
+		if got, _ := localClickHouseDSN(cfg); got != c.wantBilled {
 			t.Errorf("config dsn %s: finance queries %s, make run bills into %s", c.configDSN, got, c.wantBilled)
 		}
 	}
