@@ -145,7 +145,16 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 		tokenFile := filepath.Join(dataDir, "admin.token")
 		tok, err := readAdminTokenFile(tokenFile)
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, errors.New("no admin token: pass -token, set TOLLGATE_ADMIN_TOKEN, or run where the gateway's data dir is")
+			// Named in full: run beside a gateway started with an
+			// exported TOLLGATE_ADMIN_TOKEN, "run where the gateway's
+			// data dir is" sent the user to where they already were.
+			looked := tokenFile
+			if abs, err := filepath.Abs(tokenFile); err == nil {
+				looked = abs
+			}
+			return nil, fmt.Errorf("no admin token: -token and TOLLGATE_ADMIN_TOKEN are empty and %s does not exist; "+
+				"a gateway given server.admin_token (TOLLGATE_ADMIN_TOKEN) writes none: pass that token with -token or TOLLGATE_ADMIN_TOKEN, "+
+				"or run where the gateway's data dir is", looked)
 		}
 		if err != nil {
 			return nil, err

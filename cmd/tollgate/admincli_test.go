@@ -410,3 +410,22 @@ func TestAdminUnauthorizedNamesTheTokensSource(t *testing.T) {
 		t.Errorf("with the data dir's file: %v", err)
 	}
 }
+
+// TestAdminNoTokenNamesTheFileLookedFor: run beside the gateway's data
+// dir, but the gateway was started with TOLLGATE_ADMIN_TOKEN exported
+// (server.admin_token), so it wrote no admin.token; "run where the
+// gateway's data dir is" sent the user to where they already were.
+func TestAdminNoTokenNamesTheFileLookedFor(t *testing.T) {
+	dir := t.TempDir()
+	cfg := &config.Config{}
+	cfg.Server.DataDir = filepath.Join(dir, "data2")
+	_, err := newAdminClient("http://127.0.0.1:1", "", cfg)
+	if err == nil {
+		t.Fatal("no token and no admin.token: a client was made")
+	}
+	for _, want := range []string{filepath.Join(dir, "data2", "admin.token"), "server.admin_token", "TOLLGATE_ADMIN_TOKEN", "writes none", "-token"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+}
