@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -750,6 +751,38 @@ func (up *upstream) probe() {
 			return
 		}
 	}
+}
+
+// CheckUpstreams asks each upstream in force GET {base_url}/models once,
+// in the background, and logs each that cannot be reached, with its
+// base_url: until a call failed the log said nothing, and the Quick
+// start's user, whose upstream was not started, learned of it from a 503.
+// An upstream that answers, whatever its status, is not logged.
+func (s *Server) CheckUpstreams() {
+	for _, up := range s.world.Load().upstreams {
+		go up.checkReachable()
+	}
+}
+
+func (up *upstream) checkReachable() {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(up.modelsURL)
+	if up.authHeader != "" {
+		req.Header.Set("Authorization", up.authHeader)
+	}
+	err := up.client.DoTimeout(req, resp, up.cfg.ConnectTimeout+time.Second)
+	if err == nil || up.retired.Load() {
+		return
+	}
+	hint := ""
+	if up.loopback && errors.Is(err, syscall.ECONNREFUSED) {
+		hint = "; " + loopbackRefusedHint
+	}
+	up.logf("upstream %s (%s) does not answer GET /models: %v; calls to it fail until it answers%s",
+		up.cfg.Name, logURL(up.cfg.BaseURL), err, hint)
 }
 
 // retryAfter reads a Retry-After header in seconds (the form inference

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -656,8 +657,20 @@ func unreachableReason(up *upstream, err error) string {
 		// unreachable" contradicted the busy member kept in service.
 		return "is busy: every connection is in use (max_connections)"
 	}
-	return "is unreachable: " + reasonForClient(err)
+	why := "is unreachable: " + reasonForClient(err)
+	if up.loopback && errors.Is(err, syscall.ECONNREFUSED) {
+		// Said without the address: an upstream on loopback is the
+		// gateway's own operator's to start (the Quick start's, with no
+		// upstream running, read a bare "connection refused").
+		why += " (" + loopbackRefusedHint + ")"
+	}
+	return why
 }
+
+// loopbackRefusedHint follows the reason of a connection refused by an
+// upstream whose base_url is on the gateway's own machine.
+const loopbackRefusedHint = "nothing listens at its base_url on the gateway's machine: start the upstream, " +
+	"e.g. make demo-upstream, or point its base_url (UPSTREAM_BASE_URL) at a running one"
 
 // reasonForClient says why a connection failed without where it led: a
 // client learns that the upstream is unreachable and why, not its address,

@@ -308,6 +308,12 @@ func TestUnreachableUpstreamIs503(t *testing.T) {
 	if strings.Contains(e["message"].(string), "127.0.0.1") {
 		t.Errorf("the message names the upstream's address: %v", e["message"])
 	}
+	// An upstream on the gateway's own machine that refuses: the Quick
+	// start's user, with no upstream started, read "upstream default is
+	// unreachable: connection refused" and had no idea what to start.
+	if !strings.Contains(e["message"].(string), "nothing listens at its base_url on the gateway's machine") {
+		t.Errorf("a refused loopback upstream gives no hint: %v", e["message"])
+	}
 	// the rest of the gateway still works
 	r, err := http.Get(h.url + "/v1/models")
 	if err != nil || r.StatusCode != 200 {

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -1275,5 +1277,47 @@ func TestPoolEditOfAnUpstreamUnderLoadKeepsItsCapAndInFlight(t *testing.T) {
 	<-watched
 	if n := failed.Load(); n != 0 {
 		t.Fatalf("%d streams failed", n)
+	}
+}
+
+// An upstream that cannot be reached when the gateway starts is said in
+// the log at start, with its base_url and, when it is on this machine and
+// refuses, what to start: the Quick start's gateway with no upstream
+// running said nothing until a call failed with a 503.
+func TestCheckUpstreamsLogsOneThatDoesNotAnswer(t *testing.T) {
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+	}
+	lines := func(part string) (found []string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range logged {
+			if strings.Contains(l, part) {
+				found = append(found, l)
+			}
+		}
+		return found
+	}
+	h := newPoolHarnessWith(t, harnessOptions{logf: logf}, 2, "", proxytest.Options{})
+	h.ups[1].Close()
+	h.gw.CheckUpstreams()
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if len(lines("upstream p1 (")) == 0 {
+			return errors.New("nothing logged of p1")
+		}
+		return nil
+	})
+	got := lines("upstream p1 (")
+	if len(got) != 1 || !strings.Contains(got[0], "("+h.ups[1].URL) || !strings.Contains(got[0], "does not answer") ||
+		!strings.Contains(got[0], "make demo-upstream") {
+		t.Fatalf("logged %q, want one line naming p1's base_url %s and what to start", got, h.ups[1].URL)
+	}
+	time.Sleep(100 * time.Millisecond) // p0's check has long answered
+	if got := lines("upstream p0 ("); len(got) != 0 {
+		t.Fatalf("p0 answers, and the log says %q", got)
 	}
 }

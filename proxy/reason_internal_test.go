@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // What a client is told of a failed connection names no host, address
@@ -46,6 +48,46 @@ func TestReasonForClientNamesNoAddress(t *testing.T) {
 		}
 	}
 }
+
+// The hint that nothing listens on the gateway's machine is given only
+// for an upstream on loopback that refused: for one elsewhere it would
+// be wrong, and a timeout is not nothing listening.
+func TestLoopbackHintOnlyForARefusedLocalUpstream(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	_, refused := net.Dial("tcp", addr)
+	if refused == nil {
+		t.Fatal("a closed port accepted")
+	}
+	const hint = "nothing listens at its base_url"
+	for _, tc := range []struct {
+		baseURL string
+		err     error
+		want    bool
+	}{
+		{"http://127.0.0.1:8000/v1", refused, true},
+		{"http://localhost:8000/v1", refused, true},
+		{"http://[::1]:8000/v1", refused, true},
+		{"http://10.0.3.7:8000/v1", refused, false},
+		{"https://api.example.com/v1", refused, false},
+		{"http://127.0.0.1:8000/v1", &net.OpError{Op: "dial", Err: timeoutError{}}, false},
+	} {
+		up, err := newUpstream(config.Upstream{Name: "u", BaseURL: tc.baseURL}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := unreachableReason(up, tc.err); strings.Contains(got, hint) != tc.want {
+			t.Errorf("%s, %v: %q", tc.baseURL, tc.err, got)
+		}
+	}
+}
+
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "i/o timeout" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
 
 // A member at its max_connections is busy, not failing, and the 503
 // after every try says so. It said "b: is unreachable: every connection

@@ -51,6 +51,9 @@ type upstream struct {
 	// failingAlone: its last call, made as the only upstream of its
 	// pool, failed, and that was logged.
 	failingAlone atomic.Bool
+	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
+	// localhost), so a refused connection means nothing was started there.
+	loopback bool
 }
 
 // idlePoolTime is kept below the 5 s keep-alive of uvicorn (vLLM, SGLang) so
@@ -79,6 +82,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		modelsURL: cfg.EndpointURL("/models", ""),
 		// One pending change is enough: the probe reads the interval.
 		probeRetimed: make(chan struct{}, 1),
+		loopback:     isLoopbackHost(u.Hostname()),
 	}
 	if cfg.APIKey != "" {
 		up.authHeader = "Bearer " + cfg.APIKey
@@ -109,6 +113,15 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		// timeoutConn enforces first-byte and idle timeouts per read.
 	}
 	return up, nil
+}
+
+// isLoopbackHost reports whether host (a URL's, without brackets or
+// port) names this machine.
+func isLoopbackHost(host string) bool {
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return strings.EqualFold(strings.TrimSuffix(host, "."), "localhost")
 }
 
 // requestHead renders the request line and the headers every generation

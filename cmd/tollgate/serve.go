@@ -282,6 +282,7 @@ func (j *batchJobs) runWorker(ctx context.Context) <-chan struct{} {
 // arrives) for open requests and streams.
 func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, path string, cfg *config.Config, b *broker.Broker, logf func(string, ...any)) error {
 	logf("tollgate %s listening on http://%s (config %s, data %s, NATS %s)", version(), ln.Addr(), path, cfg.Server.DataDir, b.ClientURL())
+	srv.CheckUpstreams() // logs each that does not answer, as the Quick start's with no upstream started
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
