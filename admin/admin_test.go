@@ -585,3 +585,26 @@ func TestAccountLimitsSetAndChanged(t *testing.T) {
 		t.Errorf("refused changes changed the limits to %+v", limits)
 	}
 }
+
+// A key made without scopes or models has all of them, and the key object
+// says so with null, as README documents: [] would read as none (and is
+// a 400 when sent), and a list written out would not follow the catalog.
+func TestKeyWithoutScopesOrModelsIsNullInTheKeyObject(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, tc := range []struct{ body, scopes, models string }{
+		{`{"name":"all"}`, `null`, `null`},
+		{`{"name":"some","scopes":["classify"],"models":["small"]}`, `["classify"]`, `["small"]`},
+	} {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", tc.body)
+		var key map[string]json.RawMessage
+		if status != 201 || json.Unmarshal(body, &key) != nil {
+			t.Fatalf("create %s: %d %s", tc.body, status, body)
+		}
+		if string(key["scopes"]) != tc.scopes || string(key["models"]) != tc.models {
+			t.Errorf("%s: scopes %s, models %s; want %s, %s", tc.body, key["scopes"], key["models"], tc.scopes, tc.models)
+		}
+	}
+}
