@@ -22,9 +22,18 @@ func testRouting(balance string) *config.Routing {
 func sentNow(h *upstreamHealth) ticket { return ticket{ejections: h.ejections.Load()} }
 
 func testModelPool(t testing.TB, n int) *pool {
+	weights := make([]int, n)
+	for i := range weights {
+		weights[i] = 1
+	}
+	return testWeightedPool(t, weights...)
+}
+
+// testWeightedPool is a pool of upstreams u0, u1, … with these weights.
+func testWeightedPool(t testing.TB, weights ...int) *pool {
 	ups := map[string]*upstream{}
 	var members []config.PoolMember
-	for i := range n {
+	for i, w := range weights {
 		name := fmt.Sprintf("u%d", i)
 		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
 			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
@@ -33,7 +42,7 @@ func testModelPool(t testing.TB, n int) *pool {
 			t.Fatal(err)
 		}
 		ups[name] = up
-		members = append(members, config.PoolMember{Name: name, Weight: 1})
+		members = append(members, config.PoolMember{Name: name, Weight: w})
 	}
 	return newPool(members, ups)
 }
@@ -495,25 +504,14 @@ func TestAffinityKeepsAKeyOnOneMember(t *testing.T) {
 // gave every call to the heaviest member (or the first, weights equal):
 // at idle each is tied with none in flight.
 func TestBalanceModesShareByWeightAtIdle(t *testing.T) {
-	ups := map[string]*upstream{}
-	var members []config.PoolMember
+	p := testWeightedPool(t, 1, 1, 2)
 	now := time.Now().UnixNano()
-	for i, w := range []int{1, 1, 2} {
-		name := fmt.Sprintf("u%d", i)
-		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
-			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
-			MaxConnections: 8, MaxResponseBody: 1 << 20}, t.Logf)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, m := range p.members {
 		// Answered as fast as its peers, just now: no slow start.
-		up.health.latency.Store(int64(time.Millisecond))
-		up.health.answered.Store(int64(time.Millisecond))
-		up.health.sampled.Store(now)
-		ups[name] = up
-		members = append(members, config.PoolMember{Name: name, Weight: w})
+		m.up.health.latency.Store(int64(time.Millisecond))
+		m.up.health.answered.Store(int64(time.Millisecond))
+		m.up.health.sampled.Store(now)
 	}
-	p := newPool(members, ups)
 	for _, mode := range []string{"p2c", "round_robin", "least_in_flight"} {
 		rt := testRouting(mode)
 		const calls = 20000
@@ -536,25 +534,14 @@ func TestBalanceModesShareByWeightAtIdle(t *testing.T) {
 // calls, counted whole, made it lose every pairing with them (36 % of the
 // calls where 50 % was asked for).
 func TestP2CSharesByWeightUnderLoad(t *testing.T) {
-	ups := map[string]*upstream{}
-	var members []config.PoolMember
+	p := testWeightedPool(t, 1, 1, 2)
 	now := time.Now().UnixNano()
-	for i, w := range []int{1, 1, 2} {
-		name := fmt.Sprintf("u%d", i)
-		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
-			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
-			MaxConnections: 8, MaxResponseBody: 1 << 20}, t.Logf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		up.health.latency.Store(int64(10 * time.Millisecond))
-		up.health.answered.Store(int64(10 * time.Millisecond))
-		up.health.sampled.Store(now)
-		up.health.inflight.Store(int64(2 * w)) // streaming, their first bytes long sent
-		ups[name] = up
-		members = append(members, config.PoolMember{Name: name, Weight: w})
+	for _, m := range p.members {
+		m.up.health.latency.Store(int64(10 * time.Millisecond))
+		m.up.health.answered.Store(int64(10 * time.Millisecond))
+		m.up.health.sampled.Store(now)
+		m.up.health.inflight.Store(int64(2 * m.weight)) // streaming, their first bytes long sent
 	}
-	p := newPool(members, ups)
 	rt := testRouting("p2c")
 	const calls = 20000
 	var got [3]int
@@ -576,21 +563,8 @@ func TestP2CSharesByWeightUnderLoad(t *testing.T) {
 // got 59-79 % of one client's calls instead of 50 %. One clearly faster
 // still wins its pairings.
 func TestP2CTakesCloseLatenciesAsATie(t *testing.T) {
-	ups := map[string]*upstream{}
-	var members []config.PoolMember
+	p := testWeightedPool(t, 1, 1, 2)
 	now := time.Now().UnixNano()
-	for i, w := range []int{1, 1, 2} {
-		name := fmt.Sprintf("u%d", i)
-		up, err := newUpstream(config.Upstream{Name: name, BaseURL: fmt.Sprintf("http://127.0.0.1:%d/v1", 9000+i),
-			ConnectTimeout: time.Second, FirstByteTimeout: time.Second, IdleTimeout: time.Second, WriteTimeout: time.Second,
-			MaxConnections: 8, MaxResponseBody: 1 << 20}, t.Logf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ups[name] = up
-		members = append(members, config.PoolMember{Name: name, Weight: w})
-	}
-	p := newPool(members, ups)
 	measure := func(latencies ...time.Duration) {
 		for i, lat := range latencies {
 			h := &p.members[i].up.health
