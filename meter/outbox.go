@@ -1436,6 +1436,16 @@ func (r *outboxReader) close() {
 // none when it has caught up with the writer. The records and their bytes
 // are valid until the next call: they point into the reader's buffer,
 // which is reused so that steady publishing allocates nothing.
+// outboxReadError is a failure to open or read an outbox file (the
+// process out of file descriptors, an I/O error), not damage in it:
+// read again later, the same records are there. Taken for damage, a
+// segment opened while a flood of connections held every descriptor
+// was skipped, its events logged LOST.
+type outboxReadError struct{ err error }
+
+func (e outboxReadError) Error() string { return e.err.Error() }
+func (e outboxReadError) Unwrap() error { return e.err }
+
 func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 	out := r.out[:0]
 	defer func() { r.out = out[:0] }()
@@ -1447,7 +1457,7 @@ func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 			}
 			f, err := os.Open(seg.path)
 			if err != nil {
-				return out, fmt.Errorf("opening outbox segment: %w", err)
+				return out, outboxReadError{fmt.Errorf("opening outbox segment: %w", err)}
 			}
 			header := int64(outboxHeaderSize)
 			if seg.version == 1 {
@@ -1493,7 +1503,7 @@ func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 			n, err := r.file.ReadAt(r.mem[kept:want], end)
 			r.buf = r.mem[:kept+n]
 			if err != nil && !errors.Is(err, io.EOF) {
-				return out, fmt.Errorf("reading outbox segment: %w", err)
+				return out, outboxReadError{fmt.Errorf("reading outbox segment: %w", err)}
 			}
 			if now, _, ok := r.ob.segmentFor(r.seg.first); !ok || now.first != r.seg.first {
 				// Reused in place while being read (restartSegmentLocked):

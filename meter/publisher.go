@@ -438,6 +438,18 @@ func (l *publishLoop) readIntoBatches() bool {
 		}
 		l.cur.add(rec)
 	}
+	var unreadable outboxReadError
+	if errors.As(err, &unreadable) {
+		// Nothing is damaged: the reader starts over from the last
+		// acknowledged record after a pause, as after a failed publish
+		// (what it sends again, JetStream's duplicate window drops).
+		l.failing = true
+		if time.Since(l.errLogged) > 5*time.Second {
+			l.errLogged = time.Now()
+			l.p.logf("meter: reading the outbox: %v; reading it again shortly, events wait in the outbox", err)
+		}
+		return false
+	}
 	if err != nil {
 		// The records before the damage, of this read and of earlier ones,
 		// are whole: what the batch holds goes out as it is (read again

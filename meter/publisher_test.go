@@ -665,3 +665,46 @@ func TestPublisherResumeSkipsTheStoredBatchesBeforeADamagedRecord(t *testing.T) 
 		}
 	}
 }
+
+// A segment that cannot be opened for a while (the process out of file
+// descriptors under a flood of connections) is read again later, not
+// skipped: its events were logged LOST and left unpublished while the
+// gateway ran on.
+func TestPublisherReadsAgainASegmentItCouldNotOpen(t *testing.T) {
+	js := usageJetStream(t)
+	outboxDir := t.TempDir()
+	ob, err := meter.OpenOutbox(outboxDir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const events = 1500
+	for i := range events {
+		if err := ob.Append(usageEvent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	segs, err := filepath.Glob(filepath.Join(outboxDir, "*.seg"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("segments %v: %v", segs, err)
+	}
+	for _, seg := range segs {
+		if err := os.Rename(seg, seg+".away"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publisherOn(t, js, ob)
+	time.Sleep(300 * time.Millisecond) // the reader fails to open them, more than once
+	for _, seg := range segs {
+		if err := os.Rename(seg+".away", seg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen map[string]int
+	waitFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if seen = streamEvents(t, js); len(seen) < events {
+			return fmt.Errorf("stream holds %d events, want all %d", len(seen), events)
+		}
+		return nil
+	})
+	checkEachEventOnce(t, seen, events)
+}
