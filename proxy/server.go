@@ -188,9 +188,38 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// parse in the log (and in the 400), Authorization included.
 		SecureErrorLogMessage: true,
 		Logger:                fasthttpLogger(s.logf),
+		// Clients may not take the descriptors the process needs for
+		// anything else (see clientConnectionCap); past it a connection
+		// is answered 503 and closed at once.
+		Concurrency: clientConnectionCap(rawconn.DescriptorLimit()),
 	}
 	return s, nil
 }
+
+// clientConnectionCap is how many client connections the API listener
+// serves at once, given the process's file limit: half of what is left
+// after a reserve (a quarter of the limit, between 64 and 4096) for the
+// embedded NATS server's files, the outbox and the other listeners,
+// since each client connection may need an upstream connection too.
+// Uncapped, a few hundred idle connections, which need no key, took
+// every descriptor under a low limit: the listener waited for them (see
+// rawconn.Listener), but the embedded NATS server could not open its
+// files, failed its streams' writes until a restart, and billing
+// stopped. An unknown limit leaves fasthttp's default.
+func clientConnectionCap(limit uint64, known bool) int {
+	if !known || limit == 0 {
+		return 0
+	}
+	reserve := min(max(limit/4, 64), 4096)
+	if limit <= reserve+32 {
+		return 16 // a limit too low to serve with: a few calls still get through
+	}
+	return int(min((limit-reserve)/2, fasthttp.DefaultConcurrency))
+}
+
+// ClientConnections is how many client connections the API listener
+// serves at once (clientConnectionCap).
+func (s *Server) ClientConnections() int { return s.http.Concurrency }
 
 // Apply builds the World for cfg, provisions the modules for it and swaps
 // both in, then cleans up the modules' previous routes. It is the build

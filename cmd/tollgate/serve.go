@@ -24,6 +24,7 @@ import (
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/console"
+	"github.com/tollgate/tollgate/internal/rawconn"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/plugins"
@@ -282,6 +283,9 @@ func (j *batchJobs) runWorker(ctx context.Context) <-chan struct{} {
 // arrives) for open requests and streams.
 func serveUntilDone(ctx context.Context, srv *proxy.Server, ln net.Listener, path string, cfg *config.Config, b *broker.Broker, logf func(string, ...any)) error {
 	logf("tollgate %s listening on http://%s (config %s, data %s, NATS %s)", version(), ln.Addr(), path, cfg.Server.DataDir, b.ClientURL())
+	if limit, ok := rawconn.DescriptorLimit(); ok {
+		logf("serving at most %d client connections at once (the file limit is %d; the rest is kept for NATS, the outbox and upstreams: raise LimitNOFILE or ulimit -n for more)", srv.ClientConnections(), limit)
+	}
 	srv.CheckUpstreams() // logs each that does not answer, as the Quick start's with no upstream started
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
