@@ -152,6 +152,10 @@ func (w *Watcher) Reload() error {
 	if err != nil {
 		err = fmt.Errorf("config reload: %w", err)
 		w.logf("%v; keeping the running config", err)
+		// Whatever is at the path next is read: the same file moved back
+		// (mv keeps its inode, size and time) looked unchanged to poll,
+		// and the failure stood until the file was edited.
+		w.lastStat = nil
 		return w.attempted(err)
 	}
 	if statErr == nil {
@@ -176,6 +180,7 @@ func (w *Watcher) poll() {
 			w.logf("config watch: %v", err)
 			w.missing = true
 		}
+		w.lastStat = nil // see Reload
 		return
 	}
 	w.missing = false

@@ -412,6 +412,24 @@ func TestWatcherReportsSuccessWhenTheFileInForceIsBack(t *testing.T) {
 	if err := f.log.contains("is the config in force again"); err != nil {
 		t.Error(err)
 	}
+
+	// Moved away and back (mv keeps the inode, size and time): the same
+	// file as before looked unchanged to poll, and the failure stood.
+	away := f.path + ".away"
+	if err := os.Rename(f.path, away); err != nil {
+		t.Fatal(err)
+	}
+	if f.w.Reload() == nil {
+		t.Fatal("Reload of a file moved away succeeded")
+	}
+	f.w.poll()
+	if err := os.Rename(away, f.path); err != nil {
+		t.Fatal(err)
+	}
+	f.w.poll()
+	if ok, _ := f.w.LastReload(); !ok {
+		t.Fatal("the file in force moved back: the last reload still reports a failure")
+	}
 }
 
 func TestWatcherReloadsOnSIGHUP(t *testing.T) {
