@@ -670,7 +670,7 @@ func unreachableReason(up *upstream, err error) string {
 // loopbackRefusedHint follows the reason of a connection refused by an
 // upstream whose base_url is on the gateway's own machine.
 const loopbackRefusedHint = "nothing listens at its base_url on the gateway's machine: start the upstream, " +
-	"e.g. make demo-upstream, or point its base_url (UPSTREAM_BASE_URL) at a running one"
+	"e.g. make demo-upstream, or point its base_url in gateway.yaml (UPSTREAM_BASE_URL for the shipped file's default upstream) at a running one"
 
 // reasonForClient says why a connection failed without where it led: a
 // client learns that the upstream is unreachable and why, not its address,

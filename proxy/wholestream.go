@@ -25,9 +25,12 @@ func wholeAnswerAsStream(dst, body []byte, ep endpoint, withUsage bool) []byte {
 	return wholeChatAsStream(dst, root, withUsage)
 }
 
-// wholeChatAsStream writes each choice as two chunks, its message as the
-// delta and then its finish_reason (as OpenAI ends each choice), the
-// usage chunk if asked for, and [DONE].
+// wholeChatAsStream writes each choice as OpenAI streams one: a chunk
+// with its role alone, one with the rest of its message as the delta
+// and its logprobs, and one with its finish_reason; then the usage chunk
+// if asked for (and the answer has usage), and [DONE]. The Node SDK's
+// stream helper takes a choice's first chunk for its start and then adds
+// it in: logprobs in that chunk came out twice.
 func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) []byte {
 	choices := root.Get("choices")
 	var head []byte // every chunk's first members, up to its choices
@@ -50,9 +53,18 @@ func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) []byte {
 			index = strconv.Itoa(n)
 		}
 		n++
+		message := choice.Get("message")
+		role := message.Get("role")
+		if role.Type != gjson.String {
+			role = gjson.Result{Type: gjson.String, Raw: `"assistant"`}
+		}
+		dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
+		dst = append(append(dst, index...), `,"delta":{"role":`...)
+		dst = append(append(dst, role.Raw...), `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+
 		dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
 		dst = append(append(dst, index...), `,"delta":`...)
-		dst = appendDelta(dst, choice.Get("message"))
+		dst = appendDelta(dst, message)
 		dst = append(dst, `,"logprobs":`...)
 		dst = appendRawOrNull(dst, choice.Get("logprobs"))
 		dst = append(dst, `,"finish_reason":null}]}`+"\n\n"...)
@@ -71,16 +83,16 @@ func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) []byte {
 }
 
 // appendDelta writes a message as a chunk's delta: every member as it
-// is, but tool calls, which a delta numbers (index) and which an empty
-// list leaves out.
+// is, but its role, which the chunk before carried, and tool calls,
+// which a delta numbers (index) and which an empty list leaves out.
 func appendDelta(dst []byte, message gjson.Result) []byte {
 	if !message.IsObject() {
-		return append(dst, `{"role":"assistant"}`...)
+		return append(dst, `{}`...)
 	}
 	dst = append(dst, '{')
 	first := true
 	message.ForEach(func(key, v gjson.Result) bool {
-		if key.Str == "tool_calls" && (!v.IsArray() || len(v.Array()) == 0) {
+		if key.Str == "role" || key.Str == "tool_calls" && (!v.IsArray() || len(v.Array()) == 0) {
 			return true
 		}
 		if !first {
@@ -187,9 +199,10 @@ func wholeResponseAsStream(dst []byte, root gjson.Result) []byte {
 				switch part.Get("type").Str {
 				case "output_text":
 					text := rawOr(part.Get("text"), `""`)
+					logprobs := `"logprobs":` + rawOr(part.Get("logprobs"), `[]`)
 					w.add("response.content_part.added", itemID, at, in, `"part":{"type":"output_text","annotations":[],"logprobs":[],"text":""}`)
-					w.add("response.output_text.delta", itemID, at, in, `"delta":`+text, `"logprobs":[]`)
-					w.add("response.output_text.done", itemID, at, in, `"text":`+text, `"logprobs":[]`)
+					w.add("response.output_text.delta", itemID, at, in, `"delta":`+text, logprobs)
+					w.add("response.output_text.done", itemID, at, in, `"text":`+text, logprobs)
 				case "refusal":
 					refusal := rawOr(part.Get("refusal"), `""`)
 					w.add("response.content_part.added", itemID, at, in, `"part":{"type":"refusal","refusal":""}`)

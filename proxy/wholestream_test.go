@@ -40,7 +40,7 @@ func TestWholeAnswerToAStreamedRequestIsRelayedAsAStream(t *testing.T) {
 	if err := stream.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if chunks != 3 || len(acc.Choices) != 1 || acc.Choices[0].Message.Content != whole.Choices[0].Message.Content ||
+	if chunks != 4 || len(acc.Choices) != 1 || acc.Choices[0].Message.Content != whole.Choices[0].Message.Content ||
 		acc.Choices[0].FinishReason != "stop" || acc.Usage.CompletionTokens != 5 {
 		t.Fatalf("%d chunks accumulated %+v, want the content of %+v", chunks, acc.ChatCompletion, whole)
 	}
@@ -124,6 +124,29 @@ func TestWholeAnswerWithToolCallsToAStreamedRequest(t *testing.T) {
 	if len(calls) != 2 || calls[0].ID != "call_a" || calls[0].Function.Name != "weather" || calls[0].Function.Arguments != `{"city":"Oslo"}` ||
 		calls[1].ID != "call_b" || calls[1].Function.Arguments != "{}" {
 		t.Fatalf("tool calls %+v", calls)
+	}
+}
+
+// logprobsAnswer is a whole chat answer with log-probabilities; its usage
+// is the 500 completion tokens useUpstream waits for.
+const logprobsAnswer = `{"id":"chatcmpl-4","object":"chat.completion","created":7,"model":"proxytest-small",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":"Hi there"},"logprobs":{"content":[` +
+	`{"token":"Hi","logprob":-0.1,"bytes":[72,105],"top_logprobs":[]},{"token":" there","logprob":-0.2,"bytes":[32,116,104,101,114,101],"top_logprobs":[]}]},` +
+	`"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":500,"total_tokens":509}}`
+
+// A choice starts with a chunk of its role alone, as OpenAI's streams do:
+// the Node SDK's stream helper takes a choice's first chunk for its start
+// and adds it in too, and logprobs in it came out twice.
+func TestWholeAnswerToAStreamedRequestStartsEachChoiceWithItsRole(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	baseURL, _ := pausingUpstream(t, logprobsAnswer, len(logprobsAnswer), 0)
+	useUpstream(t, h, baseURL)
+	resp := h.post("/v1/chat/completions", `{"model":"small","stream":true,"logprobs":true,"messages":[{"role":"user","content":"hi"}]}`)
+	body := readAll(t, resp)
+	events := sseEvents(body)
+	if len(events) != 4 || !strings.Contains(events[0], `"delta":{"role":"assistant"},"logprobs":null,`) ||
+		strings.Count(string(body), `"token":"Hi"`) != 1 || !strings.Contains(events[1], `"token":"Hi"`) || strings.Contains(events[1], `"role"`) {
+		t.Fatalf("%d events:\n%s", len(events), body)
 	}
 }
 
