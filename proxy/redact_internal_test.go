@@ -1,6 +1,11 @@
 package proxy
 
-import "testing"
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
 
 func TestRedactSecrets(t *testing.T) {
 	for in, want := range map[string]string{
@@ -26,5 +31,26 @@ func TestRedactSecrets(t *testing.T) {
 		if got := redactSecrets(in); got != want {
 			t.Errorf("redactSecrets(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// fasthttp's lines come at most one every fasthttpLogEvery after the
+// first, saying how many were left out: a malformed request, which needs
+// no key, wrote a line each, 6,000 a second from one client.
+func TestFasthttpLinesAreThrottled(t *testing.T) {
+	var lines []string
+	at := time.Unix(1000, 0)
+	l := newFasthttpLogger(func(format string, args ...any) { lines = append(lines, fmt.Sprintf(format, args...)) })
+	l.now = func() time.Time { return at }
+	for range 1000 {
+		l.Printf("error when reading request headers: %s", "malformed mime header: missing colon: \"Bearer tg-abcdefgh12345\"")
+	}
+	at = at.Add(fasthttpLogEvery)
+	l.Printf("error when reading request headers: %s", "the last one")
+	if len(lines) != 2 || !strings.Contains(lines[1], "the last one (and 999 more such lines since the last, not logged") {
+		t.Fatalf("logged %d lines: %q", len(lines), lines)
+	}
+	if strings.Contains(lines[0], "abcdefgh12345") {
+		t.Fatalf("a key reached the log: %q", lines[0])
 	}
 }

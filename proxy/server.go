@@ -187,7 +187,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// Without it fasthttp quotes the headers of a request it cannot
 		// parse in the log (and in the 400), Authorization included.
 		SecureErrorLogMessage: true,
-		Logger:                fasthttpLogger(s.logf),
+		Logger:                newFasthttpLogger(s.logf),
 		// Clients may not take the descriptors the process needs for
 		// anything else (see clientConnectionCap); past it a connection
 		// is answered 503 and closed at once.
@@ -372,13 +372,45 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 // fasthttpLogger routes fasthttp's own messages (malformed requests,
-// oversized bodies) to the gateway's log instead of the standard logger.
-type fasthttpLogger func(string, ...any)
+// connections it could not serve) to the gateway's log, redacted, and at
+// most one every fasthttpLogEvery after the first, saying how many it
+// left out: a line per malformed request, which needs no key, let one
+// client write 6,000 lines a second.
+type fasthttpLogger struct {
+	logf  func(string, ...any)
+	every time.Duration
+	now   func() time.Time
+
+	mu         sync.Mutex
+	last       time.Time // of the last line logged; zero before the first
+	suppressed int       // lines not logged since
+}
+
+// fasthttpLogEvery is the least time between two lines of fasthttp's.
+const fasthttpLogEvery = 10 * time.Second
+
+func newFasthttpLogger(logf func(string, ...any)) *fasthttpLogger {
+	return &fasthttpLogger{logf: logf, every: fasthttpLogEvery, now: time.Now}
+}
 
 // Printf redacts secrets: fasthttp quotes a malformed header line whole,
 // and "Authorization Bearer tg-…" without its colon is one.
-func (l fasthttpLogger) Printf(format string, args ...any) {
-	l("%s", redactSecrets(fmt.Sprintf("http: "+format, args...)))
+func (l *fasthttpLogger) Printf(format string, args ...any) {
+	l.mu.Lock()
+	now := l.now()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	left := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
+	line := redactSecrets(fmt.Sprintf("http: "+format, args...))
+	if left > 0 {
+		line += fmt.Sprintf(" (and %d more such lines since the last, not logged; at most one every %s)", left, l.every)
+	}
+	l.logf("%s", line)
 }
 
 // secretPattern matches, each with its value in a group of its own: a
