@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -95,4 +96,36 @@ func billingBacklog(js jetstream.JetStream) []byte {
 # TYPE tollgate_billing_backlog_messages gauge
 tollgate_billing_backlog_messages %d
 `, backlog)
+}
+
+// backlogTTL is how long a billing backlog read serves scrapes.
+const backlogTTL = time.Second
+
+// backlogCache answers scrapes with the billing backlog read at most
+// backlogTTL ago: each read is a JetStream request, and 16 connections
+// scraping /metrics as fast as they could halved the gateway's chat
+// throughput. A gauge a second old is what a scrape every few seconds
+// sees anyway.
+type backlogCache struct {
+	read func() []byte // billingBacklog, or a test's stand-in
+	mu   sync.Mutex    // held across the read: concurrent scrapes wait for one read
+	at   time.Time     // when text was read; zero before the first
+	text []byte
+}
+
+func newBacklogCache(js jetstream.JetStream) *backlogCache {
+	return &backlogCache{read: func() []byte { return billingBacklog(js) }}
+}
+
+// Text is the backlog's series, read again when the last read is
+// backlogTTL old. Safe for concurrent use; the caller must not modify
+// what it returns.
+func (c *backlogCache) Text() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() || time.Since(c.at) >= backlogTTL {
+		c.text = c.read()
+		c.at = time.Now() // after the read: a slow one is not read again at once
+	}
+	return c.text
 }

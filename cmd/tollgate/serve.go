@@ -119,9 +119,10 @@ func runServe(args []string) error {
 	// builds on the server, which exists before RunOn starts it.
 	var srv *proxy.Server
 	watcher := config.NewWatcher(path, cfg, func(c *config.Config) error { return srv.Apply(c) }, logf)
+	backlog := newBacklogCache(b.JetStream())
 	metrics := func() []byte {
 		m := append(metricsText(rec.Stats()), reloadMetrics(watcher)...)
-		return append(m, billingBacklog(b.JetStream())...)
+		return append(m, backlog.Text()...)
 	}
 	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
 		Admin: admin.New(adminToken, svc), Metrics: metrics, Logf: logf,

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -301,5 +303,37 @@ func TestReloadMetrics(t *testing.T) {
 	}
 	if m := string(reloadMetrics(w)); !strings.Contains(m, "\ntollgate_config_last_reload_success 0\n") {
 		t.Fatalf("after a failed reload:\n%s", m)
+	}
+}
+
+// Every scrape of /metrics asked JetStream for the billing consumer's
+// info: 16 connections scraping halved the chat throughput. A read
+// serves the scrapes of the next second.
+func TestBillingBacklogIsReadOnceASecond(t *testing.T) {
+	var reads atomic.Int32
+	c := &backlogCache{read: func() []byte {
+		reads.Add(1)
+		return []byte("tollgate_billing_backlog_messages 1\n")
+	}}
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if got := string(c.Text()); got != "tollgate_billing_backlog_messages 1\n" {
+				t.Errorf("text %q", got)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := reads.Load(); n != 1 {
+		t.Fatalf("50 scrapes within a second read the backlog %d times, want 1", n)
+	}
+	c.mu.Lock()
+	c.at = time.Now().Add(-backlogTTL)
+	c.mu.Unlock()
+	c.Text()
+	if n := reads.Load(); n != 2 {
+		t.Fatalf("a scrape after %v read the backlog %d times in all, want 2", backlogTTL, n)
 	}
 }
