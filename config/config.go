@@ -57,6 +57,12 @@ type Server struct {
 	// DebugListen serves Go's pprof profiles on a private address; empty
 	// (the default) serves none. restart-only.
 	DebugListen string `yaml:"debug_listen"`
+	// MetricsListen serves GET /metrics (and /healthz) on an address of
+	// its own, and then /metrics is not served on Listen: the metrics
+	// name upstreams and models and need no key, and Listen is where
+	// clients call. Empty (the default) serves /metrics on Listen.
+	// restart-only.
+	MetricsListen string `yaml:"metrics_listen"`
 	// ShutdownTimeout is how long calls in flight may take to finish
 	// after SIGTERM before the streams still open are ended and billed on
 	// estimated usage. It must end before the orchestrator's SIGKILL,

@@ -355,6 +355,7 @@ func TestRestartOnlyDiff(t *testing.T) {
 	changed.Server.DataDir = "/x"
 	changed.Server.AdminToken = "t"
 	changed.Server.MaxRequestBody = 1 << 20
+	changed.Server.MetricsListen = "127.0.0.1:9090"
 	changed.Auth.Issuer = "someone-else"
 	changed.Billing.OutboxMaxBytes *= 2
 	changed.Billing.Durability = "fsync"
@@ -363,7 +364,7 @@ func TestRestartOnlyDiff(t *testing.T) {
 	changed.Billing.UsageRetention = time.Hour
 	changed.NATS = NATS{URL: "nats://x:4222", EmbeddedListen: "127.0.0.1:1", CredsFile: "c", TLSCA: "a", TLSCert: "b", TLSKey: "k", Replicas: 3}
 	changed.ClickHouse = ClickHouse{DSN: "clickhouse://y:9000/z", ConsumeInServe: !old.ClickHouse.ConsumeInServe}
-	want := []string{"server.listen", "server.data_dir", "server.admin_token", "server.max_request_body", "auth.issuer",
+	want := []string{"server.listen", "server.data_dir", "server.admin_token", "server.max_request_body", "server.metrics_listen", "auth.issuer",
 		"billing.outbox_max_bytes", "billing.durability", "billing.fsync_interval", "billing.publish_batch", "billing.usage_retention",
 		"nats.url", "nats.embedded_listen", "nats.creds_file", "nats.tls_ca", "nats.tls_cert", "nats.tls_key", "nats.replicas",
 		"clickhouse.dsn", "clickhouse.consume_in_serve"}

@@ -234,6 +234,9 @@ func (l *loader) validateListeners(c *Config) {
 	if c.Server.DebugListen != "" {
 		listeners = append(listeners, listener{"server.debug_listen", c.Server.DebugListen})
 	}
+	if c.Server.MetricsListen != "" {
+		listeners = append(listeners, listener{"server.metrics_listen", c.Server.MetricsListen})
+	}
 	if c.NATS.URL == "" {
 		listeners = append(listeners, listener{"nats.embedded_listen", c.NATS.EmbeddedListen})
 	}
@@ -312,6 +315,9 @@ func (l *loader) validateServer(s Server) {
 	l.checkHostPort(s.Listen, "server.listen")
 	if s.DebugListen != "" {
 		l.checkHostPort(s.DebugListen, "server.debug_listen")
+	}
+	if s.MetricsListen != "" {
+		l.checkHostPort(s.MetricsListen, "server.metrics_listen")
 	}
 	l.check(s.MaxRequestBody >= 1<<10 && s.MaxRequestBody <= 1<<30, "server.max_request_body",
 		"%d bytes is outside 1KiB..1GiB", s.MaxRequestBody)
@@ -675,6 +681,7 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.Server.AdminToken != old.Server.AdminToken, "server.admin_token")
 	add(c.Server.MaxRequestBody != old.Server.MaxRequestBody, "server.max_request_body")
 	add(c.Server.DebugListen != old.Server.DebugListen, "server.debug_listen")
+	add(c.Server.MetricsListen != old.Server.MetricsListen, "server.metrics_listen")
 	// The account store takes the issuer once, when it opens: a reload
 	// that changed it would report success and sign and check keys with
 	// the old one until the next start.

@@ -198,15 +198,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
 	case "/metrics":
+		if s.metricsElsewhere {
+			break // a 404 as any path not served here
+		}
 		if !readOnly(ctx) {
 			return
 		}
-		var b []byte
-		if s.metrics != nil {
-			b = s.metrics()
-		}
-		ctx.SetContentType("text/plain; version=0.0.4")
-		ctx.SetBody(refusals.appendText(s.calls.appendText(s.responses.metrics(s.world.Load().UpstreamMetrics(b)))))
+		ctx.SetContentType(MetricsContentType)
+		ctx.SetBody(s.MetricsText())
 		return
 	}
 	if rest, ok := bytes.CutPrefix(path, responsesPrefix); ok {
@@ -228,6 +227,20 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)+s.baseURLHint(ctx, path)))
+}
+
+// MetricsContentType is the Content-Type of GET /metrics.
+const MetricsContentType = "text/plain; version=0.0.4"
+
+// MetricsText renders GET /metrics: the Options.Metrics series, then the
+// upstreams', the response store's, the calls' and the refusals'. It is
+// what server.metrics_listen serves when set.
+func (s *Server) MetricsText() []byte {
+	var b []byte
+	if s.metrics != nil {
+		b = s.metrics()
+	}
+	return refusals.appendText(s.calls.appendText(s.responses.metrics(s.world.Load().UpstreamMetrics(b))))
 }
 
 // baseURLHint says how the client's base URL is wrong when path is a

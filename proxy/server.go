@@ -98,6 +98,10 @@ type Server struct {
 	tracer    trace.Tracer
 	http      *fasthttp.Server
 	streams   openStreams
+
+	// metricsElsewhere: server.metrics_listen serves /metrics, and the
+	// public listener does not (restart-only, so read once in New).
+	metricsElsewhere bool
 }
 
 // New builds a server for cfg, starts its modules and provisions them.
@@ -114,6 +118,8 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		responses: opts.Responses,
 		calls:     newCallMetrics(),
 		tracer:    opts.Tracer,
+
+		metricsElsewhere: cfg.Server.MetricsListen != "",
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}

@@ -2,10 +2,13 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // serveDebug serves Go's pprof handlers on their own listener, never on the
@@ -26,4 +29,24 @@ func serveDebug(addr string, logf func(string, ...any)) error {
 	logf("pprof on http://%s/debug/pprof/", ln.Addr())
 	go func() { _ = srv.Serve(ln) }()
 	return nil
+}
+
+// serveMetrics serves GET /metrics and /healthz on server.metrics_listen,
+// a listener of their own: the metrics need no key and name upstreams,
+// models and the billing backlog, and the public listener is where
+// clients call, so it could not be kept private. The proxy then serves
+// no /metrics on the public one. Closing ln ends it.
+func serveMetrics(ln net.Listener, srv *proxy.Server, logf func(string, ...any)) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", proxy.MetricsContentType)
+		_, _ = w.Write(srv.MetricsText())
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`)
+	})
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	logf("metrics on http://%s/metrics", ln.Addr())
+	go func() { _ = hs.Serve(ln) }()
 }

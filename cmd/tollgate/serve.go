@@ -71,6 +71,13 @@ func runServe(args []string) error {
 		}
 		defer storageLn.Close()
 	}
+	var metricsLn net.Listener
+	if cfg.Server.MetricsListen != "" {
+		if metricsLn, err = net.Listen("tcp", cfg.Server.MetricsListen); err != nil {
+			return fmt.Errorf("listening for /metrics on server.metrics_listen (TOLLGATE_METRICS_LISTEN in gateway.yaml) %s: %w", cfg.Server.MetricsListen, err)
+		}
+		defer metricsLn.Close()
+	}
 	if err := prepareProcess(cfg, logf); err != nil {
 		return err
 	}
@@ -135,6 +142,9 @@ func runServe(args []string) error {
 		return err
 	}
 	defer closeServer()
+	if metricsLn != nil {
+		serveMetrics(metricsLn, srv, logf)
+	}
 	workerDone := jobs.runWorker(ctx)
 	// Runs before the server's modules, the store, the recorder and NATS
 	// close: a job stopped here resumes from its checkpoint on another

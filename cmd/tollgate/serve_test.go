@@ -337,3 +337,51 @@ func TestBillingBacklogIsReadOnceASecond(t *testing.T) {
 		t.Fatalf("a scrape after %v read the backlog %d times in all, want 2", backlogTTL, n)
 	}
 }
+
+// /metrics was served only on the public listener, with no key: the
+// README's "bind the listener to a private address" could not be
+// followed, as clients call that listener. With server.metrics_listen
+// the metrics are served there, and the public listener answers 404.
+func TestMetricsListenTakesMetricsOffThePublicListener(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\n  metrics_listen: 127.0.0.1:0\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get(g.URL + "/metrics"); code != http.StatusNotFound {
+		t.Errorf("public /metrics with metrics_listen set: %d %s, want 404", code, body)
+	}
+	if code, _ := get(g.URL + "/healthz"); code != http.StatusOK {
+		t.Errorf("public /healthz: %d, want 200", code)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	serveMetrics(ln, g.Server, t.Logf)
+	code, body := get("http://" + ln.Addr().String() + "/metrics")
+	if code != http.StatusOK || !strings.Contains(body, "tollgate_upstream_") || !strings.Contains(body, "tollgate_requests_refused_total") {
+		t.Errorf("metrics listener /metrics: %d %q", code, body)
+	}
+	if code, body := get("http://" + ln.Addr().String() + "/healthz"); code != http.StatusOK || body != `{"status":"ok"}` {
+		t.Errorf("metrics listener /healthz: %d %q", code, body)
+	}
+	resp, err := http.Post("http://"+ln.Addr().String()+"/metrics", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /metrics: %d, want 405", resp.StatusCode)
+	}
+}
