@@ -674,6 +674,24 @@ func logURL(baseURL string) string {
 func (up *upstream) broke(rt *config.Routing, reason, clientReason string, sent ticket, alone, streamed bool) {
 	if up.health.brokeMidAnswer(rt, reason, clientReason, sent, alone, streamed) {
 		up.ejected(rt, reason)
+		return
+	}
+	// As in fail: one alone is never ejected, and an upstream that cut
+	// every stream was never logged. Once per kind that starts breaking,
+	// until an answer of that kind completes (completed).
+	if kind := answerKind(streamed); alone && up.brokeAlone.Load()&kind == 0 && up.brokeAlone.Or(kind)&kind == 0 {
+		up.logf("upstream %s (%s) broke an answer: %s; the only upstream of the model, it is not ejected, and its answers may break until one completes", up.cfg.Name, logURL(up.cfg.BaseURL), reason)
+	}
+}
+
+// completed records an answer of up relayed whole, of the attempt sent
+// with ticket sent (upstreamHealth.completedAnswer), and says in the log
+// that an upstream logged as breaking answers of that kind is back.
+func (up *upstream) completed(sent ticket, streamed bool) {
+	up.health.completedAnswer(sent, streamed)
+	// Load first, as for failingAlone: the flag is almost never set.
+	if kind := answerKind(streamed); up.brokeAlone.Load()&kind != 0 && up.brokeAlone.And(^kind)&kind != 0 {
+		up.logf("upstream %s is back: an answer of it completed", up.cfg.Name)
 	}
 }
 

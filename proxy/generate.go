@@ -567,7 +567,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.Header.Set("X-Accel-Buffering", "no")
 	}
-	c.upstream.health.completedAnswer(c.sent, false)
+	c.upstream.completed(c.sent, false)
 	if len(c.resp.Header.ContentType()) == 0 && !c.stream {
 		// It is a JSON object (attempt): passed on with no Content-Type,
 		// the Node SDK returned it as a string.

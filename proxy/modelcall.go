@@ -93,7 +93,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
 		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
 	}
-	up.health.completedAnswer(call.sent, false)
+	up.completed(call.sent, false)
 	return respBody, call.engineUsage(body, respBody), nil
 }
 

@@ -1321,3 +1321,50 @@ func TestCheckUpstreamsLogsOneThatDoesNotAnswer(t *testing.T) {
 		t.Fatalf("p0 answers, and the log says %q", got)
 	}
 }
+
+// A model's only upstream that cuts every stream was never logged: the
+// log said a lone upstream's first failure only when it failed before
+// its first byte. Said once, with its base_url, and once more when a
+// stream of it completes.
+func TestPoolLogsAnUpstreamAloneThatBreaksStreamsOnce(t *testing.T) {
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+	}
+	lines := func(words ...string) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var found []string
+	next:
+		for _, l := range logged {
+			for _, w := range words {
+				if !strings.Contains(l, w) {
+					continue next
+				}
+			}
+			found = append(found, l)
+		}
+		return found
+	}
+	h := newPoolHarnessWith(t, harnessOptions{logf: logf}, 1, "  eject_after: 2", proxytest.Options{Chunks: 10, DropAfter: 3})
+	stream := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for range 3 {
+		readAll(t, h.post("/v1/chat/completions", stream))
+	}
+	if broke := lines("upstream p0 (", "broke"); len(broke) != 1 || !strings.Contains(broke[0], "("+h.ups[0].URL) {
+		t.Fatalf("logged %q, want one line naming p0's base_url %s", broke, h.ups[0].URL)
+	}
+	if back := lines("upstream p0 is back"); len(back) != 0 {
+		t.Fatalf("logged %q before a stream completed", back)
+	}
+	h.ups[0].SetOptions(proxytest.Options{})
+	for range 2 {
+		readAll(t, h.post("/v1/chat/completions", stream))
+	}
+	if back := lines("upstream p0 is back"); len(back) != 1 {
+		t.Fatalf("logged %q once streams complete, want one line", back)
+	}
+}

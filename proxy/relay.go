@@ -167,7 +167,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		// and an error event would have it ask, and pay, again.
 		if c.finished {
 			if !c.interrupted { // not ended by the upstream's own error
-				c.upstream.health.completedAnswer(c.sent, true)
+				c.upstream.completed(c.sent, true)
 			}
 			return nil, false, io.EOF
 		}

@@ -51,6 +51,11 @@ type upstream struct {
 	// failingAlone: its last call, made as the only upstream of its
 	// pool, failed, and that was logged.
 	failingAlone atomic.Bool
+	// brokeAlone: the kinds of answer (kindStream, kindWhole) it cut
+	// while the only upstream of its pool, logged, and none of that kind
+	// completed since. Apart from failingAlone, which its answers' first
+	// bytes clear before they break.
+	brokeAlone atomic.Uint32
 	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
 	// localhost), so a refused connection means nothing was started there.
 	loopback bool
