@@ -189,6 +189,7 @@ func (c *generationCall) engineUsage(reqBody, respBody []byte) catalog.Usage {
 		if usage, refused := believedUsage(u, false); refused == "" {
 			return usage
 		}
+		c.upstream.health.usageRefused.Add(1)
 	}
 	c.collectWholeText(respBody)
 	return catalog.Usage{

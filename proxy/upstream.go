@@ -56,6 +56,9 @@ type upstream struct {
 	// completed since. Apart from failingAlone, which its answers' first
 	// bytes clear before they break.
 	brokeAlone atomic.Uint32
+	// refusedUsageLog holds back the lines saying a usage report of it
+	// was not believed (logRefusedUsage).
+	refusedUsageLog logLimiter
 	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
 	// localhost), so a refused connection means nothing was started there.
 	loopback bool

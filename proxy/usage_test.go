@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/tokens"
 )
 
@@ -154,4 +156,59 @@ func TestUsageOutOfRangeBesideAGoodReportLogsWhatIsBilled(t *testing.T) {
 			t.Errorf("%s: logged %q, want one line saying %q", tc.name, lines, tc.log)
 		}
 	}
+}
+
+// An upstream whose every answer carried a bad usage report had a log
+// line per call (8,629 calls, 8,632 lines), each with up to 300 bytes of
+// its JSON, newlines and all. The first is logged, quoted on one line;
+// the rest are counted in tollgate_upstream_usage_refused_total.
+func TestRefusedUsageIsLoggedOnceAWhileAndCounted(t *testing.T) {
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+	}
+	h := newHarness(t, harnessOptions{logf: logf})
+	body := `{"id":"chatcmpl-badusage","object":"chat.completion","created":1,"model":"m",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],` +
+		"\"usage\":{\"prompt_tokens\":-1,\n\"completion_tokens\":50}}"
+	bad := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"+body)
+		return false
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, bad, 1))
+	const request = `{"model":"small","messages":[{"role":"user","content":"one two three"}]}`
+	calls := 0
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		calls++
+		if got := readAll(t, h.post("/v1/chat/completions", request)); !strings.Contains(string(got), "chatcmpl-badusage") {
+			return fmt.Errorf("got %s", got)
+		}
+		return nil
+	})
+	refused := 1 // the last call of checkFor's; the ones before it went to the old upstream
+	for range 4 {
+		readAll(t, h.post("/v1/chat/completions", request))
+		refused++
+	}
+	// Billed, and so counted and logged, as the answer ends.
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if m := scrape(t, h); !strings.Contains(m, fmt.Sprintf("tollgate_upstream_usage_refused_total{upstream=\"local\"} %d\n", refused)) {
+			return fmt.Errorf("want %d refused reports counted:\n%s", refused, m)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		var lines []string
+		for _, l := range logged {
+			if strings.Contains(l, "reported usage out of range") {
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) != 1 || strings.Contains(lines[0], "\n") || !strings.Contains(lines[0], `-1,\n\"completion_tokens\":50}"`) {
+			return fmt.Errorf("%d calls with a bad report logged %q, want one line with the report quoted", refused, lines)
+		}
+		return nil
+	})
 }
