@@ -197,7 +197,7 @@ type refusalCounts struct {
 func (r *refusalCounts) count(path []byte, status int) {
 	e := len(refusalEndpoints) - 1
 	for i, ep := range refusalEndpoints[:e] {
-		if bytes.HasPrefix(path, []byte(ep)) {
+		if pathUnder(path, ep) {
 			e = i
 			break
 		}
@@ -209,6 +209,15 @@ func (r *refusalCounts) count(path []byte, status int) {
 		}
 	}
 	r.n[e][s].Add(1)
+}
+
+// pathUnder says whether path is ep or a path below it (ep, then "/"):
+// a plain prefix filed /v1/chat/completionsXYZ, /v1/tagging and /adminx,
+// routes that do not exist, under /v1/chat/completions, /v1/tag and
+// /admin.
+func pathUnder(path []byte, ep string) bool {
+	rest, ok := bytes.CutPrefix(path, []byte(ep))
+	return ok && (len(rest) == 0 || rest[0] == '/')
 }
 
 // appendText appends the series that are not 0.

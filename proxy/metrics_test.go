@@ -143,3 +143,42 @@ func TestMetricsCountRefusals(t *testing.T) {
 		t.Errorf("a client's path became a label value")
 	}
 }
+
+// A path that only begins with an endpoint's was counted under it:
+// GET /v1/chat/completionsXYZ, /v1/tagging, /adminx, routes that do not
+// exist, were refusals of /v1/chat/completions, /v1/tag and /admin. They
+// are "other"; a path below an endpoint's (/v1/models/{id},
+// /admin/v1/…) is still that endpoint's.
+func TestMetricsCountRefusalsOfLookalikePathsAsOther(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	count := func(body, endpoint, status string) int {
+		re := regexp.MustCompile(`tollgate_requests_refused_total\{endpoint="` + regexp.QuoteMeta(endpoint) + `",status="` + status + `"\} (\d+)`)
+		m := re.FindStringSubmatch(body)
+		if m == nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	before := scrape(t, h)
+	lookalikes := []string{"/v1/chat/completionsXYZ", "/v1/tagging", "/v1/batchy", "/adminx", "/consoleZZ", "/v1/modelsx"}
+	for _, path := range lookalikes {
+		resp := h.get("GET", path, "")
+		if body := readAll(t, resp); resp.StatusCode != 404 {
+			t.Fatalf("GET %s: %d %s, want 404", path, resp.StatusCode, body)
+		}
+	}
+	readAll(t, h.get("GET", "/v1/models/no-such-model", ""))
+	after := scrape(t, h)
+	for _, c := range []struct {
+		endpoint string
+		want     int
+	}{
+		{"other", len(lookalikes)}, {"/v1/chat/completions", 0}, {"/v1/tag", 0}, {"/v1/batch", 0},
+		{"/admin", 0}, {"/console", 0}, {"/v1/models", 1},
+	} {
+		if got := count(after, c.endpoint, "404") - count(before, c.endpoint, "404"); got != c.want {
+			t.Errorf("404s counted under %s: %d, want %d", c.endpoint, got, c.want)
+		}
+	}
+}
