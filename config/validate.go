@@ -393,7 +393,7 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 			upstreams[u.Name] = true
 			upstreamNames = append(upstreamNames, u.Name)
 		}
-		l.checkHTTPURL(u.BaseURL, path+".base_url")
+		l.checkHTTPURL(u.BaseURL, path+".base_url", "http://127.0.0.1:8000/v1")
 		// The key goes into a header line as it is: a newline (a secret
 		// file's last one, a YAML | block) ended the Authorization header
 		// early, and the body went upstream as a second request whose
@@ -626,9 +626,11 @@ func (l *loader) checkUSD(v, path string) {
 	l.check(n >= 0, path, "must not be negative, got %s", v)
 }
 
-func (l *loader) checkHTTPURL(v, path string) {
+// checkHTTPURL checks an absolute http(s) URL; example, in the errors,
+// is one the setting takes.
+func (l *loader) checkHTTPURL(v, path, example string) {
 	if v == "" {
-		l.check(false, path, "required: an absolute http:// or https:// URL such as http://127.0.0.1:8000/v1")
+		l.check(false, path, "required: an absolute http:// or https:// URL such as %s", example)
 		return
 	}
 	if !l.checkURLBlanks(v, path) {
@@ -637,7 +639,7 @@ func (l *loader) checkHTTPURL(v, path string) {
 	u, err := url.Parse(v)
 	switch {
 	case err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
-		l.check(false, path, "%q: want an absolute http:// or https:// URL such as http://127.0.0.1:8000/v1", v)
+		l.check(false, path, "%q: want an absolute http:// or https:// URL such as %s", v, example)
 	case u.User != nil:
 		// A user and password in the URL were dropped without a word, and
 		// every call went without them. Redacted: the error is logged.
