@@ -47,7 +47,7 @@ func TestFasthttpLinesAreThrottled(t *testing.T) {
 	}
 	at = at.Add(fasthttpLogEvery)
 	l.Printf("error when reading request headers: %s", "the last one")
-	if len(lines) != 2 || !strings.Contains(lines[1], "the last one (and 999 more such lines since the last, not logged") {
+	if len(lines) != 2 || !strings.Contains(lines[1], "the last one (and 999 more lines of fasthttp's since the last, of any kind, not logged") {
 		t.Fatalf("logged %d lines: %q", len(lines), lines)
 	}
 	if strings.Contains(lines[0], "abcdefgh12345") {

@@ -216,7 +216,7 @@ func clientConnectionCap(limit uint64, known bool) int {
 	if !known || limit == 0 {
 		return 0
 	}
-	reserve := min(max(limit/4, 64), 4096)
+	reserve := rawconn.Reserve(limit)
 	if limit <= reserve+32 {
 		return 16 // a limit too low to serve with: a few calls still get through
 	}
@@ -413,8 +413,11 @@ func (l *fasthttpLogger) Printf(format string, args ...any) {
 	l.last, l.suppressed = now, 0
 	l.mu.Unlock()
 	line := redactSecrets(fmt.Sprintf("http: "+format, args...))
+	// Server.Concurrency is no setting of the gateway's: it is set from
+	// the file limit (clientConnectionCap).
+	line = strings.Replace(line, "Try increasing Server.Concurrency", "Raise the process's file limit (LimitNOFILE, ulimit -n): the gateway serves at most half of it, less a reserve, at once", 1)
 	if left > 0 {
-		line += fmt.Sprintf(" (and %d more such lines since the last, not logged; at most one every %s)", left, l.every)
+		line += fmt.Sprintf(" (and %d more lines of fasthttp's since the last, of any kind, not logged; at most one every %s)", left, l.every)
 	}
 	l.logf("%s", line)
 }

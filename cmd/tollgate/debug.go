@@ -8,6 +8,9 @@ import (
 	"net/http/pprof"
 	"time"
 
+	"golang.org/x/net/netutil"
+
+	"github.com/tollgate/tollgate/internal/rawconn"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -19,6 +22,7 @@ func serveDebug(addr string, logf func(string, ...any)) error {
 	if err != nil {
 		return fmt.Errorf("server.debug_listen (TOLLGATE_DEBUG_LISTEN in gateway.yaml): %w", err)
 	}
+	ln = sideListener(ln, 1)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -46,7 +50,18 @@ func serveMetrics(ln net.Listener, srv *proxy.Server, logf func(string, ...any))
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"status":"ok"}`)
 	})
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	logf("metrics on http://%s/metrics", ln.Addr())
 	go func() { _ = hs.Serve(ln) }()
+}
+
+// sideListener caps the connections ln serves at once at share/16 of the
+// descriptors kept from the API's clients (rawconn.SideListenerCap);
+// those past it wait in the kernel's backlog, holding no descriptor of
+// the process. A listener other than the API one, uncapped, let idle
+// connections take every descriptor, and the embedded NATS server failed
+// its writes until a restart.
+func sideListener(ln net.Listener, share uint64) net.Listener {
+	limit, ok := rawconn.DescriptorLimit()
+	return netutil.LimitListener(ln, rawconn.SideListenerCap(limit, ok, share))
 }

@@ -70,6 +70,7 @@ func runServe(args []string) error {
 			return fmt.Errorf("listening for uploads on storage.local.listen (TOLLGATE_STORAGE_LISTEN in gateway.yaml) %s: %w", cfg.Storage.Local.Listen, err)
 		}
 		defer storageLn.Close()
+		storageLn = sideListener(storageLn, 4)
 	}
 	var metricsLn net.Listener
 	if cfg.Server.MetricsListen != "" {
@@ -77,6 +78,7 @@ func runServe(args []string) error {
 			return fmt.Errorf("listening for /metrics on server.metrics_listen (TOLLGATE_METRICS_LISTEN in gateway.yaml) %s: %w", cfg.Server.MetricsListen, err)
 		}
 		defer metricsLn.Close()
+		metricsLn = sideListener(metricsLn, 2)
 	}
 	if err := prepareProcess(cfg, logf); err != nil {
 		return err

@@ -72,3 +72,23 @@ func outOfDescriptors(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
 		errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
+
+// Reserve is how many of limit open files the API listener's clients may
+// not take (proxy's client connection cap): a quarter of the limit,
+// between 64 and 4096, kept for the embedded NATS server's files, the
+// outbox, and the other listeners, whose connections are capped within
+// it (SideListenerCap).
+func Reserve(limit uint64) uint64 { return min(max(limit/4, 64), 4096) }
+
+// SideListenerCap is how many connections a listener other than the API
+// one (storage.local.listen, server.metrics_listen, debug_listen) serves
+// at once, given the file limit: share/16 of the reserve, at least 4.
+// Uncapped, idle connections to the metrics listener took every
+// descriptor, and the embedded NATS server failed its writes until a
+// restart, as the API listener's had.
+func SideListenerCap(limit uint64, known bool, share uint64) int {
+	if !known || limit == 0 {
+		return 64
+	}
+	return int(max(Reserve(limit)*share/16, 4))
+}

@@ -64,3 +64,25 @@ func TestListenerWaitsOutAFullFileTable(t *testing.T) {
 		t.Fatalf("a closed listener's Accept: %v", err)
 	}
 }
+
+// The listeners beside the API one get a share of the reserve the API's
+// clients leave, at least 4 connections each.
+func TestSideListenerCapIsAShareOfTheReserve(t *testing.T) {
+	for _, c := range []struct {
+		limit uint64
+		known bool
+		share uint64
+		want  int
+	}{
+		{400, true, 4, 25}, // reserve 100
+		{400, true, 2, 12},
+		{400, true, 1, 6},
+		{65536, true, 4, 1024}, // reserve 4096
+		{100, true, 1, 4},      // reserve 64: the floor
+		{0, false, 4, 64},      // unknown limit
+	} {
+		if got := SideListenerCap(c.limit, c.known, c.share); got != c.want {
+			t.Errorf("file limit %d, share %d/16: %d connections, want %d", c.limit, c.share, got, c.want)
+		}
+	}
+}
