@@ -386,10 +386,7 @@ type fasthttpLogger struct {
 	logf  func(string, ...any)
 	every time.Duration
 	now   func() time.Time
-
-	mu         sync.Mutex
-	last       time.Time // of the last line logged; zero before the first
-	suppressed int       // lines not logged since
+	limit logLimiter
 }
 
 // fasthttpLogEvery is the least time between two lines of fasthttp's.
@@ -402,16 +399,10 @@ func newFasthttpLogger(logf func(string, ...any)) *fasthttpLogger {
 // Printf redacts secrets: fasthttp quotes a malformed header line whole,
 // and "Authorization Bearer tg-…" without its colon is one.
 func (l *fasthttpLogger) Printf(format string, args ...any) {
-	l.mu.Lock()
-	now := l.now()
-	if !l.last.IsZero() && now.Sub(l.last) < l.every {
-		l.suppressed++
-		l.mu.Unlock()
+	ok, left := l.limit.allow(l.now(), l.every)
+	if !ok {
 		return
 	}
-	left := l.suppressed
-	l.last, l.suppressed = now, 0
-	l.mu.Unlock()
 	line := redactSecrets(fmt.Sprintf("http: "+format, args...))
 	// Server.Concurrency is no setting of the gateway's: it is set from
 	// the file limit (clientConnectionCap).
