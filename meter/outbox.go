@@ -1432,10 +1432,6 @@ func (r *outboxReader) close() {
 	r.buf = nil
 }
 
-// next returns up to limit durable records after the last one returned,
-// none when it has caught up with the writer. The records and their bytes
-// are valid until the next call: they point into the reader's buffer,
-// which is reused so that steady publishing allocates nothing.
 // outboxReadError is a failure to open or read an outbox file (the
 // process out of file descriptors, an I/O error), not damage in it:
 // read again later, the same records are there. Taken for damage, a
@@ -1446,6 +1442,10 @@ type outboxReadError struct{ err error }
 func (e outboxReadError) Error() string { return e.err.Error() }
 func (e outboxReadError) Unwrap() error { return e.err }
 
+// next returns up to limit durable records after the last one returned,
+// none when it has caught up with the writer. The records and their bytes
+// are valid until the next call: they point into the reader's buffer,
+// which is reused so that steady publishing allocates nothing.
 func (r *outboxReader) next(limit int) ([]outboxRecord, error) {
 	out := r.out[:0]
 	defer func() { r.out = out[:0] }()
