@@ -754,17 +754,8 @@ func (up *upstream) probe() {
 		if up.retired.Load() || up.health.state.Load() == stateClosed || up.health.resting.Load() || up.health.trialFailed.Load() {
 			return
 		}
-		req := fasthttp.AcquireRequest()
-		resp := fasthttp.AcquireResponse()
-		req.SetRequestURI(up.modelsURL)
-		if up.authHeader != "" {
-			req.Header.Set("Authorization", up.authHeader)
-		}
-		err := up.client.DoTimeout(req, resp, up.cfg.ConnectTimeout+time.Second)
-		ok := err == nil && resp.StatusCode() < 500
-		fasthttp.ReleaseRequest(req)
-		fasthttp.ReleaseResponse(resp)
-		if ok && up.health.probeAnswered() {
+		status, err := up.askModels()
+		if err == nil && status < 500 && up.health.probeAnswered() {
 			up.logf("upstream %s answered GET /models: its next call is a trial", up.cfg.Name)
 			return
 		}
@@ -783,15 +774,7 @@ func (s *Server) CheckUpstreams() {
 }
 
 func (up *upstream) checkReachable() {
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI(up.modelsURL)
-	if up.authHeader != "" {
-		req.Header.Set("Authorization", up.authHeader)
-	}
-	err := up.client.DoTimeout(req, resp, up.cfg.ConnectTimeout+time.Second)
+	_, err := up.askModels()
 	if err == nil || up.retired.Load() {
 		return
 	}
@@ -801,6 +784,22 @@ func (up *upstream) checkReachable() {
 	}
 	up.logf("upstream %s (%s) does not answer GET /models: %v; calls to it fail until it answers%s",
 		up.cfg.Name, logURL(up.cfg.BaseURL), err, hint)
+}
+
+// askModels asks the upstream GET {base_url}/models, with its api_key,
+// within connect_timeout and a second: the breaker's probe and the
+// start-up check. It answers the status, or why there was none.
+func (up *upstream) askModels() (int, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(up.modelsURL)
+	if up.authHeader != "" {
+		req.Header.Set("Authorization", up.authHeader)
+	}
+	err := up.client.DoTimeout(req, resp, up.cfg.ConnectTimeout+time.Second)
+	return resp.StatusCode(), err
 }
 
 // retryAfter reads a Retry-After header in seconds (the form inference
