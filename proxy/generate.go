@@ -306,13 +306,19 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		if len(resp.Header.ContentType()) == 0 { // read as a stream by its body (answersWithEvents)
 			ctx.SetContentType("text/event-stream")
 		}
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		setStreamHeaders(ctx)
 		ctx.SetBodyStream(call, -1)
 		s.addStream(call, ctx.Conn()) // removed by its Close
 	default:
 		call.forwardWhole(ctx, status)
 	}
+}
+
+// setStreamHeaders marks a response as a stream no cache or proxy may
+// hold back (nginx buffers unless told X-Accel-Buffering: no).
+func setStreamHeaders(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	ctx.Response.Header.Set("X-Accel-Buffering", "no")
 }
 
 // passUpstreamError relays an upstream's error answer as it is; no tokens,
@@ -564,8 +570,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		// A whole answer to a streamed request (see wholestream.go).
 		relayed = wholeAnswerAsStream(nil, body, c.ep, !c.injected)
 		ctx.Response.Header.SetContentType("text/event-stream")
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		setStreamHeaders(ctx)
 	}
 	c.upstream.completed(c.sent, false)
 	if len(c.resp.Header.ContentType()) == 0 && !c.stream {

@@ -398,8 +398,7 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admis
 	copyUpstreamHeaders(ctx, &resp.Header)
 	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) && !resp.done {
 		ctx.SetStatusCode(status)
-		ctx.Response.Header.Set("Cache-Control", "no-cache")
-		ctx.Response.Header.Set("X-Accel-Buffering", "no")
+		setStreamHeaders(ctx)
 		ctx.SetBodyStream(&stateStream{resp: resp}, -1) // closed by fasthttp
 		return status >= 200 && status <= 299
 	}

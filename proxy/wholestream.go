@@ -53,26 +53,23 @@ func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) []byte {
 			index = strconv.Itoa(n)
 		}
 		n++
-		message := choice.Get("message")
-		role := message.Get("role")
-		if role.Type != gjson.String {
-			role = gjson.Result{Type: gjson.String, Raw: `"assistant"`}
+		// chunk starts a chunk of this choice, up to its delta.
+		chunk := func() {
+			dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
+			dst = append(append(dst, index...), `,"delta":`...)
 		}
-		dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
-		dst = append(append(dst, index...), `,"delta":{"role":`...)
-		dst = append(append(dst, role.Raw...), `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
-
-		dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
-		dst = append(append(dst, index...), `,"delta":`...)
+		message := choice.Get("message")
+		role := `"assistant"`
+		if r := message.Get("role"); r.Type == gjson.String {
+			role = r.Raw
+		}
+		chunk()
+		dst = append(append(append(dst, `{"role":`...), role...), `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+		chunk()
 		dst = appendDelta(dst, message)
-		dst = append(dst, `,"logprobs":`...)
-		dst = appendRawOrNull(dst, choice.Get("logprobs"))
-		dst = append(dst, `,"finish_reason":null}]}`+"\n\n"...)
-
-		dst = append(append(append(dst, "data: "...), head...), `[{"index":`...)
-		dst = append(append(dst, index...), `,"delta":{},"logprobs":null,"finish_reason":`...)
-		dst = appendRawOrNull(dst, choice.Get("finish_reason"))
-		dst = append(dst, "}]}\n\n"...)
+		dst = append(append(append(dst, `,"logprobs":`...), rawOr(choice.Get("logprobs"), "null")...), `,"finish_reason":null}]}`+"\n\n"...)
+		chunk()
+		dst = append(append(append(dst, `{},"logprobs":null,"finish_reason":`...), rawOr(choice.Get("finish_reason"), "null")...), "}]}\n\n"...)
 		return true
 	})
 	if usage := root.Get("usage"); withUsage && usage.IsObject() {
@@ -133,13 +130,6 @@ func appendIndexed(dst []byte, call gjson.Result, i int) []byte {
 		return append(dst, '}')
 	}
 	return append(append(dst, ','), call.Raw[1:]...) // past its '{': a Raw object has no leading space
-}
-
-func appendRawOrNull(dst []byte, v gjson.Result) []byte {
-	if !v.Exists() {
-		return append(dst, "null"...)
-	}
-	return append(dst, v.Raw...)
 }
 
 // responseEvents writes Responses stream events, numbered.
