@@ -252,10 +252,7 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 		if _, err := s.store.Stat(ctx, j.InputKey); errors.Is(err, storage.ErrNotExist) {
 			// The form cannot be renewed: pointing at it once it expired
 			// sent the client round in circles.
-			expired := j.CreatedAt.Add(s.runtime.Config().Storage.UploadTTL)
-			if j.UploadExpiresAt != nil {
-				expired = *j.UploadExpiresAt
-			}
+			expired := s.uploadFormExpiry(j)
 			if time.Now().After(expired) {
 				return nil, apiError(ErrNoInput, "job %s has no input file, and its upload form expired at %s (storage.upload_ttl after the job was created): create a new job and upload to its form", id, expired.UTC().Format(time.RFC3339))
 			}
@@ -442,4 +439,14 @@ func cloneJob(j *Job) *Job {
 		panic(fmt.Sprintf("batch: a job record does not decode: %v", err))
 	}
 	return c
+}
+
+// uploadFormExpiry is when j's upload form stops working: as the job
+// says, or, for a job made before it said so, storage.upload_ttl after
+// its creation.
+func (s *Service) uploadFormExpiry(j *Job) time.Time {
+	if j.UploadExpiresAt != nil {
+		return *j.UploadExpiresAt
+	}
+	return j.CreatedAt.Add(s.runtime.Config().Storage.UploadTTL)
 }

@@ -252,6 +252,9 @@ type Progress struct {
 
 func accountToken(account string) string { return strings.ReplaceAll(account, ".", "=") }
 
+// accountOfToken is the account accountToken wrote token for.
+func accountOfToken(token string) string { return strings.ReplaceAll(token, "=", ".") }
+
 func jobKey(account, id string) string { return accountToken(account) + "." + id }
 
 // Object keys: everything of a job lives under batch/<account>/<job_id>/.

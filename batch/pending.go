@@ -123,7 +123,7 @@ func (s *Service) reapPending(ctx context.Context) {
 			continue
 		}
 		token, id, _ := strings.Cut(strings.TrimPrefix(subject, pendingSubjectPrefix), ".")
-		account := strings.ReplaceAll(token, "=", ".")
+		account := accountOfToken(token)
 		j, _, err := s.load(ctx, account, id)
 		if errors.Is(err, ErrNotFound) || err == nil && j.Status != StatusPending {
 			s.unmarkPending(ctx, account, id)
@@ -132,10 +132,7 @@ func (s *Service) reapPending(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		formExpired := j.CreatedAt.Add(s.runtime.Config().Storage.UploadTTL)
-		if j.UploadExpiresAt != nil {
-			formExpired = *j.UploadExpiresAt
-		}
+		formExpired := s.uploadFormExpiry(j)
 		next := now.Add(pendingRecheck)
 		if _, err := s.store.Stat(ctx, j.InputKey); errors.Is(err, storage.ErrNotExist) {
 			if abandoned := formExpired.Add(s.t.abandonedAfter); now.Before(abandoned) {

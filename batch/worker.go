@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -359,7 +358,7 @@ func (s *Service) reapOnce(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		account := strings.ReplaceAll(key, "=", ".")
+		account := accountOfToken(key)
 		stale, holder, err := s.markerStale(ctx, account, entry.Value())
 		if err != nil {
 			continue
