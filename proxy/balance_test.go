@@ -995,27 +995,3 @@ func (h *upstreamHealth) available(now int64) bool {
 	_, ok := h.take(now)
 	return ok
 }
-
-// logLimiter lets the first line through, then one an interval, and says
-// how many it held back in between.
-func TestLogLimiter(t *testing.T) {
-	var l logLimiter
-	start := time.Unix(1000, 0)
-	for i, tc := range []struct {
-		at   time.Duration
-		ok   bool
-		held int
-	}{
-		{0, true, 0},
-		{time.Second, false, 0},
-		{9 * time.Second, false, 0},
-		{10 * time.Second, true, 2},
-		{11 * time.Second, false, 0},
-		{25 * time.Second, true, 1},
-		{40 * time.Second, true, 0},
-	} {
-		if ok, held := l.allow(start.Add(tc.at), 10*time.Second); ok != tc.ok || held != tc.held {
-			t.Errorf("line %d at %v: %v, %d held; want %v, %d", i, tc.at, ok, held, tc.ok, tc.held)
-		}
-	}
-}

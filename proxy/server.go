@@ -26,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/loglimit"
 	"github.com/tollgate/tollgate/internal/rawconn"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -386,7 +387,7 @@ type fasthttpLogger struct {
 	logf  func(string, ...any)
 	every time.Duration
 	now   func() time.Time
-	limit logLimiter
+	limit loglimit.Limiter
 }
 
 // fasthttpLogEvery is the least time between two lines of fasthttp's.
@@ -399,7 +400,7 @@ func newFasthttpLogger(logf func(string, ...any)) *fasthttpLogger {
 // Printf redacts secrets: fasthttp quotes a malformed header line whole,
 // and "Authorization Bearer tg-…" without its colon is one.
 func (l *fasthttpLogger) Printf(format string, args ...any) {
-	ok, left := l.limit.allow(l.now(), l.every)
+	ok, left := l.limit.Allow(l.now(), l.every)
 	if !ok {
 		return
 	}

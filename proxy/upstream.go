@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/loglimit"
 	"github.com/tollgate/tollgate/internal/rawconn"
 )
 
@@ -58,7 +59,7 @@ type upstream struct {
 	brokeAlone atomic.Uint32
 	// refusedUsageLog holds back the lines saying a usage report of it
 	// was not believed (logRefusedUsage).
-	refusedUsageLog logLimiter
+	refusedUsageLog loglimit.Limiter
 	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
 	// localhost), so a refused connection means nothing was started there.
 	loopback bool

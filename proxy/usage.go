@@ -9,7 +9,6 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -64,27 +63,6 @@ func (c *generationCall) setUsage(u gjson.Result) bool {
 // counts every one.
 const refusedUsageLogEvery = 10 * time.Second
 
-// logLimiter lets a first line through, then at most one an interval,
-// and counts those it held back. Safe for concurrent use.
-type logLimiter struct {
-	mu   sync.Mutex
-	next time.Time // when the next line may be logged
-	held int       // lines held back since the last logged
-}
-
-// allow reports whether a line may be logged at now, and if so how many
-// were held back since the last one that was.
-func (l *logLimiter) allow(now time.Time, every time.Duration) (ok bool, held int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Before(l.next) {
-		l.held++
-		return false, 0
-	}
-	held, l.held, l.next = l.held, 0, now.Add(every)
-	return true, held
-}
-
 // logRefusedUsage counts the usage report not believed, if one came, and
 // logs it with what the call is billed instead: a report in range, plus
 // after tokens the tokenizer counted in the output after it, or the
@@ -95,7 +73,7 @@ func (c *generationCall) logRefusedUsage(after int64) {
 		return
 	}
 	c.upstream.health.usageRefused.Add(1)
-	ok, held := c.upstream.refusedUsageLog.allow(time.Now(), refusedUsageLogEvery)
+	ok, held := c.upstream.refusedUsageLog.Allow(time.Now(), refusedUsageLogEvery)
 	if !ok {
 		return
 	}

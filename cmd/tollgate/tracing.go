@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -14,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/loglimit"
 )
 
 // startTracing builds the tracer the proxy uses, exporting over OTLP/HTTP
@@ -51,23 +51,14 @@ type throttledErrors struct {
 	logf  func(string, ...any)
 	every time.Duration
 	now   func() time.Time
-
-	mu         sync.Mutex
-	last       time.Time // of the last line logged; zero before the first
-	suppressed int       // errors not logged since
+	limit loglimit.Limiter
 }
 
 func (h *throttledErrors) Handle(err error) {
-	h.mu.Lock()
-	now := h.now()
-	if !h.last.IsZero() && now.Sub(h.last) < h.every {
-		h.suppressed++
-		h.mu.Unlock()
+	ok, left := h.limit.Allow(h.now(), h.every)
+	if !ok {
 		return
 	}
-	left := h.suppressed
-	h.last, h.suppressed = now, 0
-	h.mu.Unlock()
 	if left > 0 {
 		h.logf("tracing: %v (and %d more errors since the last line, not logged; at most one line every %s)", err, left, h.every)
 		return

@@ -3,9 +3,10 @@ package rawconn
 import (
 	"errors"
 	"net"
-	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/loglimit"
 )
 
 // Listener wraps what a TCP listener accepts.
@@ -24,14 +25,14 @@ type Listener struct {
 	// once every logEvery.
 	Logf func(format string, args ...any)
 
-	lastLog *atomic.Int64 // unix nanoseconds of the last such log line
+	waits *loglimit.Limiter // the lines saying so
 }
 
 const logEvery = 10 * time.Second
 
 // NewListener wraps ln; logf may be nil.
 func NewListener(ln net.Listener, logf func(format string, args ...any)) Listener {
-	return Listener{Listener: ln, Logf: logf, lastLog: new(atomic.Int64)}
+	return Listener{Listener: ln, Logf: logf, waits: new(loglimit.Limiter)}
 }
 
 func (l Listener) Accept() (net.Conn, error) {
@@ -55,12 +56,10 @@ func (l Listener) Accept() (net.Conn, error) {
 }
 
 func (l Listener) logWait(err error, pause time.Duration) {
-	if l.Logf == nil || l.lastLog == nil {
+	if l.Logf == nil || l.waits == nil {
 		return
 	}
-	now := time.Now().UnixNano()
-	last := l.lastLog.Load()
-	if now-last < int64(logEvery) || !l.lastLog.CompareAndSwap(last, now) {
+	if ok, _ := l.waits.Allow(time.Now(), logEvery); !ok {
 		return
 	}
 	l.Logf("accepting connections on %s: %v; new connections wait in the kernel's backlog (retrying in %s) until descriptors are freed: raise the process's file limit (LimitNOFILE, ulimit -n)", l.Addr(), err, pause)

@@ -1,0 +1,33 @@
+// Package loglimit holds back log lines that repeat: the first goes out,
+// then at most one an interval, with a count of those held back. An
+// error that comes with every call or connection (a collector down, a
+// malformed request, an upstream's bad usage report, a full file table)
+// otherwise writes a line each, thousands a second.
+package loglimit
+
+import (
+	"sync"
+	"time"
+)
+
+// Limiter lets a first line through, then at most one an interval, and
+// counts those it held back. Its zero value is ready; safe for
+// concurrent use.
+type Limiter struct {
+	mu   sync.Mutex
+	next time.Time // when the next line may be logged
+	held int       // lines held back since the last logged
+}
+
+// Allow reports whether a line may be logged at now, and if so how many
+// were held back since the last one that was.
+func (l *Limiter) Allow(now time.Time, every time.Duration) (ok bool, held int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.held++
+		return false, 0
+	}
+	held, l.held, l.next = l.held, 0, now.Add(every)
+	return true, held
+}
