@@ -195,7 +195,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		ctx.SetContentType("application/json")
-		ctx.SetBodyString(`{"status":"ok"}`)
+		ctx.SetBodyString(HealthzBody)
 		return
 	case "/metrics":
 		if s.metricsElsewhere {
@@ -228,6 +228,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)+s.baseURLHint(ctx, path)))
 }
+
+// HealthzBody answers GET /healthz, on the public listener and on
+// server.metrics_listen.
+const HealthzBody = `{"status":"ok"}`
 
 // MetricsContentType is the Content-Type of GET /metrics.
 const MetricsContentType = "text/plain; version=0.0.4"

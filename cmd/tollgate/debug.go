@@ -48,7 +48,7 @@ func serveMetrics(ln net.Listener, srv *proxy.Server, logf func(string, ...any))
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"status":"ok"}`)
+		_, _ = io.WriteString(w, proxy.HealthzBody)
 	})
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	logf("metrics on http://%s/metrics", ln.Addr())
