@@ -666,25 +666,12 @@ func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
 // base_url: never ejected, it was never logged, and the Quick start's
 // gateway with no upstream running answered 503s with a silent log.
 func TestPoolLogsAnUpstreamAloneThatFailsOnce(t *testing.T) {
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-	}
-	h := newPoolHarnessWith(t, harnessOptions{logf: logf}, 1, "  eject_after: 2", proxytest.Options{Status: 500})
+	var log logCapture
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 1, "  eject_after: 2", proxytest.Options{Status: 500})
 	for range 3 {
 		readAll(t, h.post("/v1/chat/completions", smallChat))
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	var failed []string
-	for _, l := range logged {
-		if strings.Contains(l, "upstream p0 (") && strings.Contains(l, "failed") {
-			failed = append(failed, l)
-		}
-	}
+	failed := log.matching("upstream p0 (", "failed")
 	if len(failed) != 1 || !strings.Contains(failed[0], "("+h.ups[0].URL) {
 		t.Fatalf("logged %q, want one line naming p0's base_url %s", failed, h.ups[0].URL)
 	}
@@ -1285,24 +1272,9 @@ func TestPoolEditOfAnUpstreamUnderLoadKeepsItsCapAndInFlight(t *testing.T) {
 // refuses, what to start: the Quick start's gateway with no upstream
 // running said nothing until a call failed with a 503.
 func TestCheckUpstreamsLogsOneThatDoesNotAnswer(t *testing.T) {
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-	}
-	lines := func(part string) (found []string) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, l := range logged {
-			if strings.Contains(l, part) {
-				found = append(found, l)
-			}
-		}
-		return found
-	}
-	h := newPoolHarnessWith(t, harnessOptions{logf: logf}, 2, "", proxytest.Options{})
+	var log logCapture
+	lines := log.matching
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 2, "", proxytest.Options{})
 	h.ups[1].Close()
 	h.gw.CheckUpstreams()
 	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -1327,29 +1299,9 @@ func TestCheckUpstreamsLogsOneThatDoesNotAnswer(t *testing.T) {
 // its first byte. Said once, with its base_url, and once more when a
 // stream of it completes.
 func TestPoolLogsAnUpstreamAloneThatBreaksStreamsOnce(t *testing.T) {
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-	}
-	lines := func(words ...string) []string {
-		mu.Lock()
-		defer mu.Unlock()
-		var found []string
-	next:
-		for _, l := range logged {
-			for _, w := range words {
-				if !strings.Contains(l, w) {
-					continue next
-				}
-			}
-			found = append(found, l)
-		}
-		return found
-	}
-	h := newPoolHarnessWith(t, harnessOptions{logf: logf}, 1, "  eject_after: 2", proxytest.Options{Chunks: 10, DropAfter: 3})
+	var log logCapture
+	lines := log.matching
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 1, "  eject_after: 2", proxytest.Options{Chunks: 10, DropAfter: 3})
 	stream := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	for range 3 {
 		readAll(t, h.post("/v1/chat/completions", stream))

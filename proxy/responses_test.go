@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -645,19 +644,13 @@ func TestResponseTTLReloads(t *testing.T) {
 	})
 	// The bucket is every gateway's: one with another TTL says it changed
 	// it for all (it did so silently).
-	var logged []string
-	var mu sync.Mutex
-	other, err := proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Hour, func(format string, args ...any) {
-		mu.Lock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-		mu.Unlock()
-	})
+	var log logCapture
+	other, err := proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Hour, log.logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other.Close()
-	mu.Lock()
-	defer mu.Unlock()
+	logged := log.matching()
 	if len(logged) != 1 || !strings.Contains(logged[0], "now keeps response mappings for 1h0m0s, not 2h0m0s, for every gateway") {
 		t.Errorf("a second gateway with another response_ttl logged %q", logged)
 	}

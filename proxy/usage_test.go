@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -131,27 +130,14 @@ func TestUsageOutOfRangeBesideAGoodReportLogsWhatIsBilled(t *testing.T) {
 		{"bad alone", chatChunk("Hello", "stop") + bad + "data: [DONE]\n\n",
 			0, meter.SourceEstimated, "billing the tokenizer's estimate instead"},
 	} {
-		var mu sync.Mutex
-		var logged []string
-		logf := func(format string, args ...any) {
-			mu.Lock()
-			defer mu.Unlock()
-			logged = append(logged, fmt.Sprintf(format, args...))
-		}
-		h := newHarness(t, harnessOptions{logf: logf})
+		var log logCapture
+		h := newHarness(t, harnessOptions{logf: log.logf})
 		answerWith(t, h, tc.stream)
 		ev := billedStream(t, h, request, h.key)
 		if tc.prompt != 0 && (ev.PromptTokens != tc.prompt || ev.CompletionTokens != 50) || ev.UsageSource != tc.source {
 			t.Errorf("%s: billed %d+%d (%s)", tc.name, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource)
 		}
-		mu.Lock()
-		var lines []string
-		for _, l := range logged {
-			if strings.Contains(l, "reported usage out of range") {
-				lines = append(lines, l)
-			}
-		}
-		mu.Unlock()
+		lines := log.matching("reported usage out of range")
 		if len(lines) != 1 || !strings.Contains(lines[0], tc.log) {
 			t.Errorf("%s: logged %q, want one line saying %q", tc.name, lines, tc.log)
 		}
@@ -163,14 +149,8 @@ func TestUsageOutOfRangeBesideAGoodReportLogsWhatIsBilled(t *testing.T) {
 // its JSON, newlines and all. The first is logged, quoted on one line;
 // the rest are counted in tollgate_upstream_usage_refused_total.
 func TestRefusedUsageIsLoggedOnceAWhileAndCounted(t *testing.T) {
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-	}
-	h := newHarness(t, harnessOptions{logf: logf})
+	var log logCapture
+	h := newHarness(t, harnessOptions{logf: log.logf})
 	body := `{"id":"chatcmpl-badusage","object":"chat.completion","created":1,"model":"m",` +
 		`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],` +
 		"\"usage\":{\"prompt_tokens\":-1,\n\"completion_tokens\":50}}"
@@ -198,14 +178,7 @@ func TestRefusedUsageIsLoggedOnceAWhileAndCounted(t *testing.T) {
 		if m := scrape(t, h); !strings.Contains(m, fmt.Sprintf("tollgate_upstream_usage_refused_total{upstream=\"local\"} %d\n", refused)) {
 			return fmt.Errorf("want %d refused reports counted:\n%s", refused, m)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		var lines []string
-		for _, l := range logged {
-			if strings.Contains(l, "reported usage out of range") {
-				lines = append(lines, l)
-			}
-		}
+		lines := log.matching("reported usage out of range")
 		if len(lines) != 1 || strings.Contains(lines[0], "\n") || !strings.Contains(lines[0], `-1,\n\"completion_tokens\":50}"`) {
 			return fmt.Errorf("%d calls with a bad report logged %q, want one line with the report quoted", refused, lines)
 		}
