@@ -102,21 +102,25 @@ func TestGrafanaDashboardUsesServedMetrics(t *testing.T) {
 	}
 }
 
+// refusedCount is tollgate_requests_refused_total of endpoint and
+// status in a /metrics body, 0 when absent.
+func refusedCount(body, endpoint, status string) int {
+	re := regexp.MustCompile(`tollgate_requests_refused_total\{endpoint="` + regexp.QuoteMeta(endpoint) + `",status="` + status + `"\} (\d+)`)
+	m := re.FindStringSubmatch(body)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
 // Requests the gateway refuses itself (no key, a body too large) are
 // counted by endpoint and status; a path of the client's own invention
 // counts as "other", so it cannot make up label values.
 func TestMetricsCountRefusals(t *testing.T) {
 	proxy.SetRequestReadTimeout(t, 300*time.Millisecond)
 	h := newHarness(t, harnessOptions{})
-	count := func(body, endpoint, status string) int {
-		re := regexp.MustCompile(`tollgate_requests_refused_total\{endpoint="` + regexp.QuoteMeta(endpoint) + `",status="` + status + `"\} (\d+)`)
-		m := re.FindStringSubmatch(body)
-		if m == nil {
-			return 0
-		}
-		n, _ := strconv.Atoi(m[1])
-		return n
-	}
+	count := refusedCount
 	before := scrape(t, h)
 	readAll(t, h.post("/v1/chat/completions", smallChat, "tg-forged"))
 	readAll(t, h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"`+strings.Repeat("x", 70<<10)+`"}]}`))
@@ -151,15 +155,7 @@ func TestMetricsCountRefusals(t *testing.T) {
 // /admin/v1/…) is still that endpoint's.
 func TestMetricsCountRefusalsOfLookalikePathsAsOther(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
-	count := func(body, endpoint, status string) int {
-		re := regexp.MustCompile(`tollgate_requests_refused_total\{endpoint="` + regexp.QuoteMeta(endpoint) + `",status="` + status + `"\} (\d+)`)
-		m := re.FindStringSubmatch(body)
-		if m == nil {
-			return 0
-		}
-		n, _ := strconv.Atoi(m[1])
-		return n
-	}
+	count := refusedCount
 	before := scrape(t, h)
 	lookalikes := []string{"/v1/chat/completionsXYZ", "/v1/tagging", "/v1/batchy", "/adminx", "/consoleZZ", "/v1/modelsx"}
 	for _, path := range lookalikes {
