@@ -33,3 +33,11 @@ func SetRequestReadTimeout(t *testing.T, d time.Duration) {
 	requestReadTimeout = d
 	t.Cleanup(func() { requestReadTimeout = old })
 }
+
+// SetClientConnectionCap sets how many client connections servers made
+// from now on serve at once, until the test ends.
+func SetClientConnectionCap(t *testing.T, n int) {
+	old := clientConnections
+	clientConnections = func() int { return n }
+	t.Cleanup(func() { clientConnections = old })
+}

@@ -1,6 +1,9 @@
 package proxy_test
 
 import (
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -175,6 +178,73 @@ func TestMetricsCountRefusalsOfLookalikePathsAsOther(t *testing.T) {
 	} {
 		if got := count(after, c.endpoint, "404") - count(before, c.endpoint, "404"); got != c.want {
 			t.Errorf("404s counted under %s: %d, want %d", c.endpoint, got, c.want)
+		}
+	}
+}
+
+// A connection past the client connection cap is answered 503 by fasthttp
+// before any request is read, so it was in no series: an operator saw the
+// clients' retries and nothing else. It is counted, beside the cap.
+func TestMetricsCountConnectionsRefusedAtTheCap(t *testing.T) {
+	const limit = 4
+	proxy.SetClientConnectionCap(t, limit)
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.url, "http://")
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	refused := 0
+	for range limit + 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		answer, err := io.ReadAll(c)
+		if err == nil || len(answer) > 0 {
+			if !strings.Contains(string(answer), " 503 ") {
+				t.Fatalf("a connection past the cap was answered %q", answer)
+			}
+			refused++
+			c.Close()
+			break
+		}
+		held = append(held, c) // served: the server waits for its request
+	}
+	if refused != 1 {
+		t.Fatalf("no connection of %d was refused under a cap of %d", len(held), limit)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	held = nil
+	var body string
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp, err := h.client.Get(h.url + "/metrics")
+		if err != nil {
+			return err
+		}
+		body = string(readAll(t, resp))
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/metrics: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	// The scrapes that came before the server saw the held connections
+	// closed were refused too, and counted.
+	m := regexp.MustCompile(`\ntollgate_client_connections_refused_total (\d+)\n`).FindStringSubmatch(body)
+	if m == nil || m[1] == "0" {
+		t.Errorf("refused connections not counted: %v\n%s", m, body)
+	}
+	for _, want := range []string{
+		"tollgate_client_connections_cap 4\n",
+		"# TYPE tollgate_client_connections gauge\n",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}
 	}
 }

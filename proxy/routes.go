@@ -244,7 +244,24 @@ func (s *Server) MetricsText() []byte {
 	if s.metrics != nil {
 		b = s.metrics()
 	}
-	return refusals.appendText(s.calls.appendText(s.responses.metrics(s.world.Load().UpstreamMetrics(b))))
+	b = refusals.appendText(s.calls.appendText(s.responses.metrics(s.world.Load().UpstreamMetrics(b))))
+	return s.appendConnectionMetrics(b)
+}
+
+// appendConnectionMetrics appends the API listener's client connections
+// against their cap (clientConnectionCap). Past the cap fasthttp answers
+// a plain-text 503 and closes the connection before any request is read,
+// so those clients are in no other series: without these an operator saw
+// only SDK retries and a log line a minute.
+func (s *Server) appendConnectionMetrics(b []byte) []byte {
+	b = append(b, "# HELP tollgate_client_connections Client connections the API listener holds open now.\n# TYPE tollgate_client_connections gauge\n"...)
+	b = fmt.Appendf(b, "tollgate_client_connections %d\n", s.http.GetOpenConnectionsCount())
+	if limit := s.http.Concurrency; limit > 0 {
+		b = append(b, "# HELP tollgate_client_connections_cap Client connections the API listener serves at once, from the process's file limit; past it a connection is answered 503 and closed.\n# TYPE tollgate_client_connections_cap gauge\n"...)
+		b = fmt.Appendf(b, "tollgate_client_connections_cap %d\n", limit)
+	}
+	b = append(b, "# HELP tollgate_client_connections_refused_total Client connections answered 503 and closed because the API listener held tollgate_client_connections_cap already.\n# TYPE tollgate_client_connections_refused_total counter\n"...)
+	return fmt.Appendf(b, "tollgate_client_connections_refused_total %d\n", s.http.GetRejectedConnectionsCount())
 }
 
 // baseURLHint says how the client's base URL is wrong when path is a

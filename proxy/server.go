@@ -198,7 +198,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// Clients may not take the descriptors the process needs for
 		// anything else (see clientConnectionCap); past it a connection
 		// is answered 503 and closed at once.
-		Concurrency: clientConnectionCap(rawconn.DescriptorLimit()),
+		Concurrency: clientConnections(),
 	}
 	return s, nil
 }
@@ -223,6 +223,11 @@ func clientConnectionCap(limit uint64, known bool) int {
 	}
 	return int(min((limit-reserve)/2, fasthttp.DefaultConcurrency))
 }
+
+// clientConnections is the cap of a new server: clientConnectionCap of
+// the process's file limit (a variable for the tests, which cannot lower
+// that limit without lowering it for every test beside them).
+var clientConnections = func() int { return clientConnectionCap(rawconn.DescriptorLimit()) }
 
 // ClientConnections is how many client connections the API listener
 // serves at once (clientConnectionCap).
