@@ -79,6 +79,13 @@ func (c headerCarrier) Get(key string) string { return string(c.h.Peek(key)) }
 func (c headerCarrier) Set(string, string)    {}
 func (c headerCarrier) Keys() []string        { return []string{"traceparent", "tracestate"} }
 
+// genAIProvider is the call spans' gen_ai.provider.name, which the GenAI
+// semantic conventions require: every upstream is spoken to in OpenAI's
+// API, and the conventions name such calls "openai" whoever hosts the
+// model (gen_ai.response.model and server.address tell which). Without
+// it, GenAI views that group spans by provider left them out.
+var genAIProvider = attribute.String("gen_ai.provider.name", "openai")
+
 // startCallSpan starts the call's span at start, or returns nil.
 func (s *Server) startCallSpan(ctx *fasthttp.RequestCtx, start time.Time, ep endpoint, model string, stream bool) trace.Span {
 	if s.tracer == nil {
@@ -91,6 +98,7 @@ func (s *Server) startCallSpan(ctx *fasthttp.RequestCtx, start time.Time, ep end
 	_, span := s.tracer.Start(parent, "chat "+model, trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(
 			attribute.String("gen_ai.operation.name", "chat"),
+			genAIProvider,
 			attribute.String("gen_ai.request.model", model),
 			attribute.String("http.route", ep.path()),
 			attribute.Bool("tollgate.stream", stream),
@@ -148,6 +156,7 @@ func (c *generationCall) traceModelCall(ctx context.Context) {
 	_, c.span = mt.tracer.Start(mt.parent, "chat "+c.entry.ID, trace.WithTimestamp(c.start), trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(
 			attribute.String("gen_ai.operation.name", "chat"),
+			genAIProvider,
 			attribute.String("gen_ai.request.model", c.entry.ID),
 			attribute.String("tollgate.request_id", mt.requestID),
 			attribute.Bool("tollgate.engine_call", true),

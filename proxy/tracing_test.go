@@ -116,7 +116,7 @@ func TestTracingExportsCallAndAttemptSpansOverOTLP(t *testing.T) {
 	}
 	retried := false
 	for _, c := range calls {
-		if attr(c, "gen_ai.request.model") != "small" || attr(c, "gen_ai.usage.input_tokens") != "10" ||
+		if attr(c, "gen_ai.request.model") != "small" || attr(c, "gen_ai.provider.name") != "openai" || attr(c, "gen_ai.usage.input_tokens") != "10" ||
 			attr(c, "gen_ai.usage.output_tokens") != "20" || attr(c, "tollgate.upstream") != "p1" {
 			t.Fatalf("call span attributes: %v", c.Attributes)
 		}
