@@ -474,7 +474,7 @@ func TestAdminTokenWithALineBreakOrSpaceIsRefused(t *testing.T) {
 	input := "server:\n  listen: 127.0.0.1:8080\n  admin_token: ${TOLLGATE_ADMIN_TOKEN:-}\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n"
 	for value, want := range map[string]string{
 		"s3cret-admin-token\n": "server.admin_token: contains a line break",
-		"s3cret-admin-token ":  "server.admin_token: starts or ends with a space",
+		"s3cret-admin-token ":  "server.admin_token: starts or ends with whitespace",
 	} {
 		env := func(string) (string, bool) { return value, true }
 		_, err := parse("gateway.yaml", []byte(input), env)
@@ -602,8 +602,8 @@ func TestShortAdminTokenAndSpacedAPIKeyAreRefused(t *testing.T) {
 	for _, c := range []struct{ token, key, want string }{
 		{"x", "sk-abc", "gateway.yaml:2:16: server.admin_token: length 1, under the 16 bytes an admin credential needs"},
 		{"0123456789abcde", "sk-abc", "server.admin_token: length 15,"},
-		{"0123456789abcdef", " sk-abc ", "gateway.yaml:6:14: upstreams[0].api_key: starts or ends with a space"},
-		{"0123456789abcdef", "sk-abc ", "upstreams[0].api_key: starts or ends with a space"},
+		{"0123456789abcdef", " sk-abc ", "gateway.yaml:6:14: upstreams[0].api_key: starts or ends with whitespace"},
+		{"0123456789abcdef", "sk-abc ", "upstreams[0].api_key: starts or ends with whitespace"},
 		{"0123456789abcdef", "sk-abc", ""},
 		{"", "", ""},
 	} {

@@ -327,7 +327,7 @@ func (l *loader) validateServer(s Server) {
 	// admin call, the operator's ones to revoke a leaked key included.
 	l.checkBearerToken(s.AdminToken, "server.admin_token", "no client could send it")
 	if t := s.AdminToken; t != "" && strings.TrimSpace(t) != t {
-		l.check(false, "server.admin_token", "starts or ends with a space: remove it; clients' tokens are read without them, so none would match")
+		l.check(false, "server.admin_token", "starts or ends with whitespace: remove it; clients' tokens are read without them, so none would match")
 	}
 	// The token is the whole admin API (keys, balances): "x" was accepted.
 	l.check(s.AdminToken == "" || len(s.AdminToken) >= MinAdminTokenBytes, "server.admin_token",
@@ -403,7 +403,7 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 			// Sent as it is, the space is part of the key the upstream
 			// reads (or an empty credential before it), and every call is
 			// refused as unauthenticated.
-			l.check(false, path+".api_key", "starts or ends with a space: remove it; the upstream would read it as part of the key")
+			l.check(false, path+".api_key", "starts or ends with whitespace: remove it; the upstream would read it as part of the key")
 		}
 		for _, d := range []struct {
 			key    string
@@ -603,7 +603,7 @@ func (l *loader) checkHostPort(v, path string) {
 // " 0.0000001" was taken, billed right, and shown so by config get.
 func parsePrice(s string) (money.Price, error) {
 	if strings.TrimSpace(s) != s {
-		return 0, fmt.Errorf("price %q: starts or ends with a space: remove it", s)
+		return 0, fmt.Errorf("price %q: starts or ends with whitespace: remove it", s)
 	}
 	return money.ParsePrice(s)
 }
@@ -612,7 +612,7 @@ func parsePrice(s string) (money.Price, error) {
 // parsePrice does.
 func parseUSD(s string) (money.Nanos, error) {
 	if strings.TrimSpace(s) != s {
-		return 0, fmt.Errorf("USD amount %q: starts or ends with a space: remove it", s)
+		return 0, fmt.Errorf("USD amount %q: starts or ends with whitespace: remove it", s)
 	}
 	return money.ParseUSD(s)
 }
