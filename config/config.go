@@ -35,6 +35,9 @@ type Config struct {
 	// source is the SHA-256 of the bytes parsed, so the Watcher can tell a
 	// touched file from a changed one.
 	source [32]byte
+	// envRead holds the variables the file reads (a ${NAME} met while
+	// expanding it), set or not.
+	envRead map[string]bool
 }
 
 // Server is the public listener. Fields marked restart-only in gateway.yaml

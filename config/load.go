@@ -78,7 +78,11 @@ func parse(name string, data []byte, lookupEnv func(string) (string, bool)) (*Co
 		expanded:   map[*yaml.Node]bool{},
 		unexpanded: map[*yaml.Node]bool{},
 	}
-	cfg := &Config{Path: name, source: sha256.Sum256(data)}
+	cfg := &Config{Path: name, source: sha256.Sum256(data), envRead: map[string]bool{}}
+	l.lookupEnv = func(name string) (string, bool) {
+		cfg.envRead[name] = true
+		return lookupEnv(name)
+	}
 	// YAML ends a line at a lone CR too; errors count lines by LF, so a
 	// file with CR line ends had every syntax error on line 1.
 	data = crToLF(data)

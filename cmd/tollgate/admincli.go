@@ -639,8 +639,37 @@ func runConfig(args []string) error {
 			return fmt.Errorf("%s: server.data_dir: %w", path, err)
 		}
 	}
+	for _, line := range configWarnings(cfg) {
+		fmt.Fprintln(os.Stderr, line)
+	}
 	fmt.Printf("%s: ok\n", path)
 	return nil
+}
+
+// configWarnings says, a line each, what in cfg is valid but most likely
+// not meant: variables of the shipped gateway.yaml set while cfg's file
+// does not read them (they set nothing there), and a retry budget that
+// pool members' first-byte timeouts outlast.
+func configWarnings(cfg *config.Config) []string {
+	var lines []string
+	for _, name := range cfg.UnreadEnv(os.Environ()) {
+		setting := config.ShippedEnv[name]
+		section, leaf := setting, setting
+		if i := strings.LastIndexByte(setting, '.'); i >= 0 {
+			section, leaf = setting[:i], setting[i+1:]
+		}
+		lines = append(lines, fmt.Sprintf("warning: %s is set, but %s does not read it: it sets nothing. A variable sets %s only through the file: write %s: ${%s:-} under %s, as the gateway.yaml of this release does",
+			name, cfg.Path, setting, leaf, name, section))
+	}
+	if shadowed := cfg.RetryBudgetShadows(); len(shadowed) > 0 {
+		members := "pool member " + shadowed[0]
+		if len(shadowed) > 1 {
+			members = "pool members " + strings.Join(shadowed, ", ")
+		}
+		lines = append(lines, fmt.Sprintf("warning: routing.retry_budget (%s) is not above the first_byte_timeout of %s: a call that gets no first byte within that timeout is never tried on another member, it gets a 503. Raise retry_budget (the default is %s) or lower first_byte_timeout",
+			cfg.Routing.RetryBudget, members, config.DefaultRetryBudget))
+	}
+	return lines
 }
 
 // printSetting prints the setting args name, of the config file they name,

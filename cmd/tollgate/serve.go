@@ -43,6 +43,9 @@ func runServe(args []string) error {
 	}
 	ignoreBrokenPipe()
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
+	for _, line := range configWarnings(cfg) {
+		logf("%s", line)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hup := config.CatchSIGHUP() // a reload sent while starting waits for the watcher

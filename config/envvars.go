@@ -1,0 +1,70 @@
+package config
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// ShippedEnv maps each variable the repository's gateway.yaml reads to
+// the setting it sets there (a test holds the two together).
+var ShippedEnv = map[string]string{
+	"TOLLGATE_LISTEN":             "server.listen",
+	"TOLLGATE_DATA_DIR":           "server.data_dir",
+	"TOLLGATE_ADMIN_TOKEN":        "server.admin_token",
+	"TOLLGATE_PUBLIC_URL":         "server.public_url",
+	"TOLLGATE_DEBUG_LISTEN":       "server.debug_listen",
+	"TOLLGATE_METRICS_LISTEN":     "server.metrics_listen",
+	"TOLLGATE_OTLP_ENDPOINT":      "tracing.otlp_endpoint",
+	"TOLLGATE_NATS_LISTEN":        "nats.embedded_listen",
+	"TOLLGATE_CONSUME_IN_SERVE":   "clickhouse.consume_in_serve",
+	"TOLLGATE_VECTORS":            "plugins.vectors",
+	"TOLLGATE_STORAGE_BACKEND":    "storage.backend",
+	"TOLLGATE_STORAGE_LISTEN":     "storage.local.listen",
+	"TOLLGATE_STORAGE_PUBLIC_URL": "storage.local.public_base_url",
+}
+
+// UnreadEnv lists, sorted, the variables of ShippedEnv set (not empty) in environ
+// (os.Environ's form) that the file c was loaded from does not read.
+// A variable sets a setting only through a ${NAME} in the file, so these
+// change nothing. An admin who kept an older release's file and set
+// TOLLGATE_METRICS_LISTEN, as the new setting's notes name it, believed
+// /metrics was off the public listener while it was still served there.
+func (c *Config) UnreadEnv(environ []string) []string {
+	var unread []string
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		if _, shipped := ShippedEnv[name]; shipped && value != "" && !c.envRead[name] {
+			unread = append(unread, name)
+		}
+	}
+	slices.Sort(unread)
+	return slices.Compact(unread)
+}
+
+// RetryBudgetShadows lists, sorted, the upstreams of a pool of two or
+// more whose first_byte_timeout is not under routing.retry_budget: a
+// member that does not answer in that time is never retried on another,
+// the call gets a 503 beside healthy members. The shipped file of the
+// release before wrote retry_budget: 10s under the default 60s timeout,
+// and files based on it keep that value, which is valid but rarely meant.
+func (c *Config) RetryBudgetShadows() []string {
+	var names []string
+	timeouts := map[string]time.Duration{}
+	for _, u := range c.Upstreams {
+		timeouts[u.Name] = u.FirstByteTimeout
+	}
+	for _, m := range c.Models {
+		pool := m.Pool()
+		if len(pool) < 2 {
+			continue
+		}
+		for _, member := range pool {
+			if timeouts[member.Name] >= c.Routing.RetryBudget {
+				names = append(names, member.Name)
+			}
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}

@@ -1,0 +1,112 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// ShippedEnv is the shipped gateway.yaml's: the variables it reads and the
+// setting each one sets.
+func TestShippedEnvIsWhatTheShippedFileReads(t *testing.T) {
+	data, err := os.ReadFile("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parse("gateway.yaml", data, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var read []string
+	for name := range cfg.envRead {
+		if strings.HasPrefix(name, "TOLLGATE_") {
+			read = append(read, name)
+		}
+	}
+	var shipped []string
+	for name := range ShippedEnv {
+		shipped = append(shipped, name)
+	}
+	slices.Sort(read)
+	slices.Sort(shipped)
+	if !slices.Equal(read, shipped) {
+		t.Errorf("gateway.yaml reads %v, ShippedEnv lists %v", read, shipped)
+	}
+	for name, setting := range ShippedEnv {
+		marker := "${" + name + ":-"
+		line := ""
+		for l := range strings.Lines(string(data)) {
+			if strings.Contains(l, marker) && !strings.HasPrefix(strings.TrimSpace(l), "#") {
+				line = l
+			}
+		}
+		leaf := setting[strings.LastIndexByte(setting, '.')+1:]
+		if !strings.HasPrefix(strings.TrimSpace(line), leaf+":") {
+			t.Errorf("%s: ShippedEnv says it sets %s, the file reads it in %q", name, setting, line)
+		}
+		if _, err := Setting(cfg, setting); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// A variable set while the file does not read it sets nothing: an older
+// release's file has no ${TOLLGATE_METRICS_LISTEN}, and /metrics stayed
+// on the public listener without a word.
+func TestUnreadEnvNamesShippedVariablesTheFileDoesNotRead(t *testing.T) {
+	cfg, err := parse("gateway.yaml", []byte("server:\n  listen: ${TOLLGATE_LISTEN:-127.0.0.1:8080}\nupstreams:\n  - name: default\n    base_url: https://api.example.com/v1\nmodels: []\n"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{"TOLLGATE_METRICS_LISTEN=127.0.0.1:9", "TOLLGATE_LISTEN=127.0.0.1:1", "PATH=/bin",
+		"TOLLGATE_MADE_UP=1", "TOLLGATE_OTLP_ENDPOINT=", "TOLLGATE_DEBUG_LISTEN=127.0.0.1:2"}
+	got := cfg.UnreadEnv(environ)
+	want := []string{"TOLLGATE_DEBUG_LISTEN", "TOLLGATE_METRICS_LISTEN"} // set empty is as unset
+	if !slices.Equal(got, want) {
+		t.Errorf("UnreadEnv = %v, want %v", got, want)
+	}
+}
+
+// A pool member whose first_byte_timeout outlasts retry_budget is never
+// retried on another member when it does not answer: the release
+// before's shipped file wrote retry_budget: 10s under the default 60s.
+func TestRetryBudgetShadowsNamesPoolMembersThatOutlastIt(t *testing.T) {
+	const file = `
+routing:
+  retry_budget: %s
+upstreams:
+  - name: a
+    base_url: http://127.0.0.1:1/v1
+  - name: b
+    base_url: http://127.0.0.1:2/v1
+    first_byte_timeout: 5s
+  - name: alone
+    base_url: http://127.0.0.1:3/v1
+models:
+  - id: pooled
+    upstreams: [a, b]
+    context_length: 1000
+    max_output_length: 100
+    pricing: {prompt: "0.000001", completion: "0.000001"}
+  - id: single
+    upstream: alone
+    context_length: 1000
+    max_output_length: 100
+    pricing: {prompt: "0.000001", completion: "0.000001"}
+`
+	for budget, want := range map[string][]string{
+		"10s": {"a"},      // under a's default 60s
+		"5s":  {"a", "b"}, // b's 5s as well: not above it
+		"2m":  nil,
+	} {
+		cfg, err := parse("gateway.yaml", []byte(fmt.Sprintf(file, budget)), noEnv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.RetryBudgetShadows(); !slices.Equal(got, want) {
+			t.Errorf("retry_budget %s: %v, want %v (alone serves no pool)", budget, got, want)
+		}
+	}
+}
