@@ -14,9 +14,10 @@ import (
 // `tollgate-vectors` writes: unit-length vectors quantized to int8 with a
 // scale per word, the words in order of frequency (so a word's index is
 // its frequency rank, which the semantic engine weights by), and an
-// open-addressing hash table over them. The file is memory-mapped and
-// read in place: only the pages of words actually looked up become
-// resident, and nothing is copied onto the Go heap.
+// open-addressing hash table over them. The file is read once into memory
+// of the process's own, off the Go heap (see mapFile), and looked up in
+// place: a lookup allocates nothing, and a later change to the file does
+// not reach the loaded vectors.
 //
 // The layout, little-endian, each part 4-byte aligned:
 //
@@ -36,7 +37,7 @@ type Vectors struct {
 	scales  []float32
 	data    []int8
 	words   []byte
-	mapped  []byte // what Close unmaps; nil when read into memory
+	mapped  []byte // what Close unmaps; nil when read onto the heap
 }
 
 const vectorsMagic = "TGVEC001"
@@ -47,7 +48,7 @@ const vectorsHeaderSize = len(vectorsMagic) + 4*4
 // wrote, or was cut short: run scripts/vectors.sh install again.
 var ErrVectorsCorrupt = errors.New("vectors file is corrupt or truncated; rebuild it with scripts/vectors.sh install")
 
-// LoadVectors maps the vectors file at path. The caller keeps the result
+// LoadVectors reads the vectors file at path. The caller keeps the result
 // for the life of the process (Close only in tests and tools).
 func LoadVectors(path string) (*Vectors, error) {
 	buf, mapped, err := mapFile(path)
@@ -67,7 +68,7 @@ func LoadVectors(path string) (*Vectors, error) {
 	return v, nil
 }
 
-// Close unmaps the file; the Vectors must not be used afterwards.
+// Close frees the vectors' memory; the Vectors must not be used afterwards.
 func (v *Vectors) Close() error {
 	if v.mapped == nil {
 		return nil

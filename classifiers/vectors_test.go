@@ -3,9 +3,11 @@ package classifiers
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 )
 
@@ -84,6 +86,53 @@ func TestVectorsCorruptFile(t *testing.T) {
 	if _, err := LoadVectors(filepath.Join(t.TempDir(), "none")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v, want not-exist", err)
 	}
+}
+
+// TestVectorsFileRewrittenWhileLoaded: an admin who copies a new file
+// over the one a gateway has loaded, or cuts it, used to kill the
+// gateway with SIGBUS on the next lookup (the file was mapped shared).
+// The loaded vectors are the process's own and answer as before.
+func TestVectorsFileRewrittenWhileLoaded(t *testing.T) {
+	var words []string
+	var vecs [][]float32
+	for i := 0; i < 2000; i++ {
+		words = append(words, fmt.Sprintf("w%d", i))
+		vec := make([]float32, 64)
+		vec[i%64], vec[(i*7+1)%64] = 1, float32(i%5)+0.5
+		vecs = append(vecs, vec)
+	}
+	path := writeTestVectors(t, words, vecs)
+	v, err := LoadVectors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	lookAll := func(stage string) {
+		t.Helper()
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("%s: a lookup faulted: %v", stage, r)
+			}
+		}()
+		for i, w := range words {
+			if v.Index(w) != i || v.Word(i) != w {
+				t.Fatalf("%s: %q has index %d, word %d reads %q", stage, w, v.Index(w), i, v.Word(i))
+			}
+		}
+		if d := v.dot(0, 0); math.Abs(float64(d)-1) > 0.01 {
+			t.Fatalf("%s: a word's cosine with itself is %.3f", stage, d)
+		}
+	}
+	lookAll("loaded")
+	if err := os.WriteFile(path, []byte("TGVEC001 something else entirely"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lookAll("after a shorter file was written over it")
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	lookAll("after it was cut to nothing")
 }
 
 func TestWriteVectorsRefusesBadInput(t *testing.T) {

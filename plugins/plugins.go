@@ -27,7 +27,7 @@ type Options struct {
 	// Batch serves /v1/batch; nil answers it with 503 (batch jobs need
 	// object storage).
 	Batch *Batch
-	// PreloadVectors maps the semantic engine's word vectors at start and
+	// PreloadVectors loads the semantic engine's word vectors at start and
 	// at each reload, so that a missing file is said then, not found by
 	// the first request that needs it.
 	PreloadVectors bool
