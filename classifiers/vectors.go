@@ -44,8 +44,13 @@ const vectorsMagic = "TGVEC001"
 
 const vectorsHeaderSize = len(vectorsMagic) + 4*4
 
+// maxScale is the largest scale a vector's int8s can have (1/127, see
+// quantize), with room for float32 rounding.
+const maxScale = 1.0001 / 127
+
 // ErrVectorsCorrupt says the vectors file is not one `tollgate-vectors`
-// wrote, or was cut short: run scripts/vectors.sh install again.
+// wrote, was cut short, or holds numbers no vector can have: run
+// scripts/vectors.sh install again.
 var ErrVectorsCorrupt = errors.New("vectors file is corrupt or truncated; rebuild it with scripts/vectors.sh install")
 
 // LoadVectors reads the vectors file at path. The caller keeps the result
@@ -115,8 +120,25 @@ func parseVectors(buf []byte) (*Vectors, error) {
 			return nil, ErrVectorsCorrupt
 		}
 	}
+	empty := 0
 	for _, e := range v.table {
 		if int(e) > count {
+			return nil, ErrVectorsCorrupt
+		}
+		if e == 0 {
+			empty++
+		}
+	}
+	if empty == 0 { // a lookup of an unknown word would never end
+		return nil, ErrVectorsCorrupt
+	}
+	// WriteVectors makes each quantized vector unit length; its largest
+	// component is ±127, so its scale is in (0, 1/127]. Any other scale
+	// (NaN, infinite, 0, huge) is a damaged file, and would turn every
+	// confidence computed with the word into NaN, which no answer can
+	// carry.
+	for _, sc := range v.scales {
+		if !(sc > 0 && sc <= maxScale) {
 			return nil, ErrVectorsCorrupt
 		}
 	}

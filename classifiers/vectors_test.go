@@ -2,6 +2,7 @@ package classifiers
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -76,6 +77,33 @@ func TestVectorsCorruptFile(t *testing.T) {
 		"header":    whole[:10],
 	} {
 		p := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadVectors(p); !errors.Is(err, ErrVectorsCorrupt) {
+			t.Errorf("%s: %v, want ErrVectorsCorrupt", name, err)
+		}
+	}
+	// A scale no vector can have made every classify with the word a
+	// 500 (NaN confidences cannot be encoded), and score and match a
+	// silent 0; a full table made a lookup of an unknown word spin.
+	scalesAt := vectorsHeaderSize + 4*3 + 4*4 // 2 words, 4 slots
+	tableAt := vectorsHeaderSize + 4*3
+	for name, patch := range map[string]func(b []byte){
+		"NaN scale":      func(b []byte) { binary.LittleEndian.PutUint32(b[scalesAt:], math.Float32bits(float32(math.NaN()))) },
+		"infinite scale": func(b []byte) { binary.LittleEndian.PutUint32(b[scalesAt+4:], math.Float32bits(float32(math.Inf(1)))) },
+		"huge scale":     func(b []byte) { binary.LittleEndian.PutUint32(b[scalesAt:], math.Float32bits(1e30)) },
+		"zero scale":     func(b []byte) { binary.LittleEndian.PutUint32(b[scalesAt:], 0) },
+		"negative scale": func(b []byte) { binary.LittleEndian.PutUint32(b[scalesAt:], math.Float32bits(-1.0/127)) },
+		"full table": func(b []byte) {
+			for s := 0; s < 4; s++ {
+				binary.LittleEndian.PutUint32(b[tableAt+4*s:], 1)
+			}
+		},
+	} {
+		b := append([]byte{}, whole...)
+		patch(b)
+		p := filepath.Join(t.TempDir(), "patched")
 		if err := os.WriteFile(p, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
