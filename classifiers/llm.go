@@ -212,7 +212,8 @@ func refusesLogprobs(err error) bool {
 }
 
 // readAnswer keeps the log-probabilities only when their tokens spell the
-// text: offsets into the text are looked up in the tokens.
+// text (offsets into the text are looked up in the tokens) and they are
+// log-probabilities (logprobsPlausible).
 func readAnswer(raw []byte) modelAnswer {
 	choice := gjson.GetBytes(raw, "choices.0")
 	ans := modelAnswer{text: choice.Get("message.content").String()}
@@ -225,10 +226,40 @@ func readAnswer(raw []byte) modelAnswer {
 	for _, t := range ans.logprobs {
 		joined.WriteString(t.Token)
 	}
-	if joined.String() != ans.text || len(ans.logprobs) == 0 {
+	if joined.String() != ans.text || len(ans.logprobs) == 0 || !logprobsPlausible(ans.logprobs) {
 		ans.logprobs = nil
 	}
 	return ans
+}
+
+// logprobRounding is how far above 0 an upstream's logprob of a certain
+// token may come out of its float arithmetic and still be read as 0.
+const logprobRounding = 1e-3
+
+// logprobsPlausible reports whether toks hold log-probabilities, and
+// reads those a rounding error put just above 0 as 0. A larger one
+// (an upstream that sent 1000) is no probability at all: e^1000 made
+// confidences of +Inf and NaN, which no answer can carry, so the answer
+// is read as one without logprobs instead.
+func logprobsPlausible(toks []tokenLogprob) bool {
+	plausible := func(lp *float64) bool {
+		if !(*lp <= logprobRounding) { // also NaN
+			return false
+		}
+		*lp = min(*lp, 0)
+		return true
+	}
+	for i := range toks {
+		if !plausible(&toks[i].Logprob) {
+			return false
+		}
+		for j := range toks[i].TopLogprobs {
+			if !plausible(&toks[i].TopLogprobs[j].Logprob) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // oneLine keeps caller text on its prompt line, so that a description

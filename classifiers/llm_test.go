@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -632,5 +633,67 @@ func TestLineTagsSkipsProse(t *testing.T) {
 	}
 	if _, err := lineTags(modelAnswer{text: "tok0 tok1 tok2 tok3 tok4 tok5 tok6"}, 5); err == nil {
 		t.Error("a line of prose was taken for a tag")
+	}
+}
+
+// TestLLMPositiveLogprobsAreNoLogprobs: an upstream that sent logprob
+// 1000 for the chosen token and its alternatives made probabilities of
+// e^1000 = +Inf, confidences of Inf/Inf = NaN, and a classify answer the
+// gateway could not encode (a 500, billed as a 200). Numbers that are no
+// log-probabilities are read as none: the model's answer, placeholders
+// and no_logprobs, as for an upstream that sends none.
+func TestLLMPositiveLogprobsAreNoLogprobs(t *testing.T) {
+	view := NewViewModel(NewLexical()).Reply
+	anyLogprob := regexp.MustCompile(`"logprob":[-0-9.eE+]+`)
+	s := proxytest.NewServer(proxytest.Options{PromptTokens: 40, CompletionTokens: 9,
+		Reply: func(req []byte) (string, []byte, bool) {
+			content, logprobs, ok := view(req)
+			return content, anyLogprob.ReplaceAll(logprobs, []byte(`"logprob":1000`)), ok
+		}})
+	t.Cleanup(s.Close)
+	e := NewLLM(httpCaller{s.URL}, "catalog-model")
+	encodes := func(what string, v any) {
+		t.Helper()
+		if _, err := json.Marshal(v); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	single, err := e.Classify(ctx, supportRequest)
+	if err != nil || !single.NoLogprobs || single.Label != "shipping" || single.Confidence != 0.25 {
+		t.Errorf("single: %+v, %v; want shipping at 1/4, no logprobs", single, err)
+	}
+	encodes("single", single)
+	multi, err := e.Classify(ctx, ClassifyRequest{Text: supportRequest.Text, Labels: supportRequest.Labels, Mode: ModeMulti, Threshold: 0.5})
+	if err != nil || !multi.NoLogprobs {
+		t.Errorf("multi: %+v, %v; want no logprobs", multi, err)
+	}
+	encodes("multi", multi)
+	tags, err := e.Tag(ctx, TagRequest{Text: supportRequest.Text})
+	if err != nil || !tags.NoLogprobs {
+		t.Errorf("open tags: %+v, %v; want no logprobs", tags, err)
+	}
+	encodes("open tags", tags)
+	sc, err := e.Score(ctx, ScoreRequest{Source: "URGENT: the server is down!", Attribute: "urgency"})
+	if err != nil || !sc.NoLogprobs || math.IsNaN(sc.Score) {
+		t.Errorf("score: %+v, %v; want the digit over 9, no logprobs", sc, err)
+	}
+}
+
+// TestReadAnswerLogprobs: logprobs above 0 by more than rounding are
+// dropped; a rounding error's tiny positive one counts as 0.
+func TestReadAnswerLogprobs(t *testing.T) {
+	answer := func(lp, alt string) string {
+		return `{"choices":[{"message":{"content":"2"},"logprobs":{"content":[{"token":"2","logprob":` + lp +
+			`,"top_logprobs":[{"token":"2","logprob":` + lp + `},{"token":"1","logprob":` + alt + `}]}]}}]}`
+	}
+	if a := readAnswer([]byte(answer("1000", "-3"))); a.logprobs != nil || a.text != "2" {
+		t.Errorf("logprob 1000 kept: %+v", a)
+	}
+	if a := readAnswer([]byte(answer("-0.1", "0.5"))); a.logprobs != nil {
+		t.Errorf("an alternative's logprob 0.5 kept: %+v", a)
+	}
+	a := readAnswer([]byte(answer("1e-9", "-3")))
+	if a.logprobs == nil || a.logprobs[0].Logprob != 0 || a.logprobs[0].TopLogprobs[0].Logprob != 0 || a.logprobs[0].TopLogprobs[1].Logprob != -3 {
+		t.Errorf("rounding error not read as 0: %+v", a)
 	}
 }
