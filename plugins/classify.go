@@ -177,7 +177,7 @@ func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.ClassifyResult
-	t, ok := m.execute(ctx, call, execution{
+	m.execute(ctx, call, execution{
 		endpoint: "/v1/classify",
 		price:    call.World.Config.Plugins.Pricing.Classify,
 		model:    body.Model,
@@ -187,15 +187,13 @@ func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 			res, err = e.Classify(ctx, req)
 			return res.Answer, err
 		},
+		respond: func(t tail) any {
+			if req.Mode == classifiers.ModeMulti {
+				return classifyMulti{Mode: string(req.Mode), Classifier: body.Classifier, Labels: sortScores(res.Labels),
+					Threshold: req.Threshold, Scores: sortScores(res.Scores), tail: t}
+			}
+			return classifySingle{Mode: string(req.Mode), Classifier: body.Classifier, Label: res.Label,
+				Confidence: res.Confidence, Tie: res.Tie, Scores: sortScores(res.Scores), tail: t}
+		},
 	})
-	if !ok {
-		return
-	}
-	if req.Mode == classifiers.ModeMulti {
-		writeJSON(ctx, classifyMulti{Mode: string(req.Mode), Classifier: body.Classifier, Labels: sortScores(res.Labels),
-			Threshold: req.Threshold, Scores: sortScores(res.Scores), tail: t})
-		return
-	}
-	writeJSON(ctx, classifySingle{Mode: string(req.Mode), Classifier: body.Classifier, Label: res.Label,
-		Confidence: res.Confidence, Tie: res.Tie, Scores: sortScores(res.Scores), tail: t})
 }

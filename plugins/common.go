@@ -618,11 +618,13 @@ type execution struct {
 	// run calls the engine and keeps its result; it may be called twice
 	// (llm, then semantic or lexical after a fallback).
 	run func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error)
+	// respond is the 200 answer, made from what run kept and the tail.
+	respond func(t tail) any
 }
 
 // execute picks the engine, checks the balance and the limits, runs the
-// request and meters it. It returns false when it wrote an error.
-func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution) (tail, bool) {
+// request, writes the answer or the error, and meters the call.
+func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution) {
 	choice, apiErr := m.chooseEngine(callerOf(call), x.model)
 	if apiErr == nil {
 		apiErr = choice.unavailable()
@@ -638,7 +640,7 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 		if apiErr.Status >= 500 { // the engine asked for is down
 			call.Server.ObserveFailure(x.model, "", x.endpoint, apiErr.Status, time.Since(call.Start))
 		}
-		return tail{}, false
+		return
 	}
 	ans, apiErr := choice.run(call.ModelCallContext(ctx), x.run)
 	if apiErr != nil {
@@ -655,15 +657,33 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 		} else if apiErr.Status >= 500 {
 			call.Server.ObserveFailure(cmp.Or(choice.model, choice.name), choice.upstream, x.endpoint, apiErr.Status, time.Since(call.Start))
 		}
-		return tail{}, false
+		return
 	}
 	u := ans.Usage
 	u.TotalTokens = u.Tokens()
 	call.AddTokens(ctx, u.TotalTokens-x.tokens)
 	t := tail{Engine: choice.name, Model: choice.model, Fallback: choice.fallback, NoLogprobs: ans.NoLogprobs,
 		Usage: shownUsage(u), LatencyMS: time.Since(call.Start).Milliseconds()}
+	body, err := encodeAnswer(x.respond(t))
+	if err != nil {
+		// Metered as the 500 the caller got, not as the 200 it did not:
+		// nothing at the endpoint's price, but a model's tokens, spent on
+		// an answer, as on any call that failed after the model answered.
+		apiErr := proxy.Internal("encoding the response: " + err.Error())
+		proxy.WriteError(ctx, apiErr)
+		spent := choice.spent
+		if choice.name == engineLLM {
+			spent = u
+		}
+		if spent.Tokens() > 0 {
+			record(call, x, choice, spent, apiErr.Status)
+		} else {
+			call.Server.ObserveFailure(cmp.Or(choice.model, choice.name), choice.upstream, x.endpoint, apiErr.Status, time.Since(call.Start))
+		}
+		return
+	}
 	record(call, x, choice, u, fasthttp.StatusOK)
-	return t, true
+	writeEncoded(ctx, body)
 }
 
 // record meters a keyed call at the endpoint's price per token. The
@@ -740,16 +760,35 @@ func modelCost(w *proxy.World, model string, u classifiers.Usage) money.Nanos {
 
 // writeJSON writes v as a 200 response.
 func writeJSON(ctx *fasthttp.RequestCtx, v any) {
+	body, err := encodeJSON(v)
+	if err != nil {
+		proxy.WriteError(ctx, proxy.Internal("encoding the response: "+err.Error()))
+		return
+	}
+	writeEncoded(ctx, body)
+}
+
+// encodeAnswer encodes a classifier endpoint's answer. It is a variable
+// so that a test can make it fail: the engines give no answer it cannot
+// encode (their numbers are finite), but a call it failed must not be
+// metered as a 200.
+var encodeAnswer = encodeJSON
+
+func encodeJSON(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
-		proxy.WriteError(ctx, proxy.Internal("encoding the response: "+err.Error()))
-		return
+		return nil, err
 	}
+	return buf.Bytes(), nil
+}
+
+// writeEncoded writes body, JSON, as a 200 response.
+func writeEncoded(ctx *fasthttp.RequestCtx, body []byte) {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("application/json")
-	ctx.SetBody(buf.Bytes())
+	ctx.SetBody(body)
 }
 
 // sortScores orders scores by confidence, highest first; ties keep the

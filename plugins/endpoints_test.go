@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
+	"github.com/tollgate/tollgate/plugins"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -385,5 +386,30 @@ func TestPublicCallsAreInTheRequestMetrics(t *testing.T) {
 	}
 	if evs := h.rec.Events(); len(evs) != 0 {
 		t.Errorf("a public call recorded %d usage events: %+v", len(evs), evs[0])
+	}
+}
+
+// TestAnswerThatCannotBeEncodedIsNotMeteredAs200: a classify answer with
+// a NaN confidence was a 500 to the caller, "encoding the response", but
+// metered (and billed) as a 200: the call was recorded before its answer
+// was encoded. It is metered as the 500 it was: not at all on an offline
+// engine, and at the status sent with the tokens a model spent on it.
+func TestAnswerThatCannotBeEncodedIsNotMeteredAs200(t *testing.T) {
+	plugins.FailEncodingWhen(t, func(b []byte) bool { return strings.Contains(string(b), `"mode":"single"`) })
+	h := newHarness(t, harnessOptions{plugins: `
+  engine: lexical
+  llm_model: small
+  pricing: {classify: "0.000001", score: "0.000001"}`})
+	h.keyed("/v1/classify", `{"text": "my card was charged twice", "labels": ["billing", "bug"]}`).apiError(t, 500, "internal_error")
+	// The score after it is the only call metered.
+	h.keyed("/v1/score", `{"source": "Server is down!", "attribute": "urgency"}`).ok(t)
+	if ev := h.events(1)[0]; ev.Endpoint != "/v1/score" || ev.Status != 200 {
+		t.Fatalf("event %+v, want the score's alone", ev)
+	}
+
+	h.keyed("/v1/classify", `{"text": "my card was charged twice", "labels": ["billing", "bug"], "model": "small"}`).apiError(t, 500, "internal_error")
+	ev := h.events(2)[1]
+	if ev.Endpoint != "/v1/classify" || ev.Status != 500 || ev.Model != "small" || ev.PromptTokens == 0 || ev.CostNanos == 0 {
+		t.Errorf("llm event %+v, want status 500 with the model's tokens and their cost", ev)
 	}
 }

@@ -39,7 +39,7 @@ func (m *module) handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.ScoreResult
-	t, ok := m.execute(ctx, call, execution{
+	m.execute(ctx, call, execution{
 		endpoint: "/v1/match",
 		price:    call.World.Config.Plugins.Pricing.Match,
 		model:    body.Model,
@@ -49,8 +49,8 @@ func (m *module) handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 			res, err = e.Match(ctx, req)
 			return res.Answer, err
 		},
+		respond: func(t tail) any {
+			return scoreResponse{Score: clamp01(res.Score), NoEvidence: res.NoEvidence, tail: t}
+		},
 	})
-	if ok {
-		writeJSON(ctx, scoreResponse{Score: clamp01(res.Score), NoEvidence: res.NoEvidence, tail: t})
-	}
 }

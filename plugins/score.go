@@ -68,7 +68,7 @@ func (m *module) handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.ScoreResult
-	t, ok := m.execute(ctx, call, execution{
+	m.execute(ctx, call, execution{
 		endpoint: "/v1/score",
 		price:    call.World.Config.Plugins.Pricing.Score,
 		model:    body.Model,
@@ -78,10 +78,10 @@ func (m *module) handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 			res, err = e.Score(ctx, req)
 			return res.Answer, err
 		},
+		respond: func(t tail) any {
+			return scoreResponse{Score: clamp01(res.Score), NoEvidence: res.NoEvidence, tail: t}
+		},
 	})
-	if ok {
-		writeJSON(ctx, scoreResponse{Score: clamp01(res.Score), NoEvidence: res.NoEvidence, tail: t})
-	}
 }
 
 // clamp01 holds the spec's promise that scores are in [0,1] whatever an

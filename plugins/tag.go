@@ -94,7 +94,7 @@ func (m *module) handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	var res classifiers.TagResult
-	t, ok := m.execute(ctx, call, execution{
+	m.execute(ctx, call, execution{
 		endpoint: "/v1/tag",
 		price:    call.World.Config.Plugins.Pricing.Tag,
 		model:    body.Model,
@@ -104,13 +104,12 @@ func (m *module) handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 			res, err = e.Tag(ctx, req)
 			return res.Answer, err
 		},
+		respond: func(t tail) any {
+			out := tagResponse{Tags: make([]tagScore, 0, len(res.Tags)), tail: t}
+			for _, s := range sortScores(res.Tags) {
+				out.Tags = append(out.Tags, tagScore{Tag: s.Label, Confidence: s.Confidence})
+			}
+			return out
+		},
 	})
-	if !ok {
-		return
-	}
-	out := tagResponse{Tags: make([]tagScore, 0, len(res.Tags)), tail: t}
-	for _, s := range sortScores(res.Tags) {
-		out.Tags = append(out.Tags, tagScore{Tag: s.Label, Confidence: s.Confidence})
-	}
-	writeJSON(ctx, out)
 }
