@@ -175,6 +175,14 @@ func checkClassification(ps *problems, cl Classifier, maxTextBytes ByteSize) {
 			if ps.add(FieldProblem{"descriptions." + k, fmt.Sprintf("descriptions has a key %q that is not a label", k)}); ps.full() {
 				return
 			}
+			continue
+		}
+		// "" is no description, as an absent one; a blank one was read
+		// as none too, but its label set billed as if it said something.
+		if d := descriptions[k]; d != "" && Blank(d) {
+			if ps.add(FieldProblem{"descriptions." + k, fmt.Sprintf("descriptions of %q holds only whitespace or invisible characters: leave it out, or say in plain words what the label means", k)}); ps.full() {
+				return
+			}
 		}
 	}
 	for _, k := range sortedKeys(examples) {
@@ -192,7 +200,10 @@ func checkClassification(ps *problems, cl Classifier, maxTextBytes ByteSize) {
 			}
 		}
 	}
-	if mode != "" && mode != ModeSingle && mode != ModeMulti {
+	if cl.TextType != "" && Blank(cl.TextType) && !ps.full() {
+		ps.add(FieldProblem{"text_type", "text_type holds only whitespace or invisible characters: leave it out, or name what the texts are (support ticket, product review)"})
+	}
+	if mode != "" && mode != ModeSingle && mode != ModeMulti && !ps.full() {
 		ps.add(FieldProblem{"mode", fmt.Sprintf("mode must be single or multi, got %q", utf8cut.Shorten(mode, 200))})
 	}
 	if !(threshold >= 0 && threshold <= 1) && !ps.full() { // also refuses NaN

@@ -73,6 +73,8 @@ func TestCheckClassification(t *testing.T) {
 			{"labels[2]", `labels[2] ("-") has no letter or digit: no engine can read it`},
 			{"labels[3]", `labels[3] ("!!!") has no letter or digit: no engine can read it`}}},
 		{labels: []string{"a"}, desc: map[string]string{"b": "x"}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions has a key "b" that is not a label`}}},
+		// A saved classifier is held to it as a request is.
+		{labels: []string{"a", "b"}, desc: map[string]string{"a": "", "b": "\u3164 "}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions of "b" holds only whitespace or invisible characters: leave it out, or say in plain words what the label means`}}},
 		{labels: []string{"a"}, mode: "both", threshold: -0.1, want: []FieldProblem{{"mode", `mode must be single or multi, got "both"`}, {"threshold", "threshold must be a number between 0 and 1, got -0.1"}}},
 	} {
 		got := CheckClassification(Classifier{Labels: c.labels, Descriptions: c.desc, Mode: c.mode, Threshold: c.threshold}, DefaultMaxTextBytes)

@@ -106,6 +106,10 @@ func TestValidation(t *testing.T) {
 		{"text invisible", "/v1/classify", `{"text": "\u200b", "labels": ["a"]}`, "text", "text holds only whitespace or invisible characters"},
 		{"text NUL", "/v1/tag", `{"text": "\u0000"}`, "text", "text holds only whitespace or invisible characters"},
 		{"match query invisible", "/v1/match", `{"source": "x", "query": "\ufeff "}`, "query", "query holds only whitespace or invisible characters"},
+		// Read as absent, but the blank description was billed.
+		{"description only whitespace", "/v1/classify", `{"text": "x", "labels": ["a", "bug"], "descriptions": {"a": "letters", "bug": " "}}`, "descriptions.bug", `descriptions of "bug" holds only whitespace or invisible characters`},
+		{"text_type only whitespace", "/v1/classify", `{"text": "x", "labels": ["a", "b"], "text_type": " ​"}`, "text_type", "text_type holds only whitespace or invisible characters"},
+		{"text_type blank over a saved classifier", "/v1/classify", `{"text": "x", "classifier": "support-intent", "text_type": "  "}`, "text_type", "text_type holds only whitespace or invisible characters"},
 		{"example only whitespace", "/v1/classify", `{"text": "x", "labels": ["a"], "examples": {"a": ["y", " "]}}`, "examples.a[1]", `examples of "a": entry 1 is empty`},
 		// Scored and billed as if it were absent.
 		{"score description only whitespace", "/v1/score", `{"source": "x", "attribute": "urgency", "description": " \u200b\n"}`, "description", "description holds only whitespace or invisible characters"},
