@@ -163,7 +163,7 @@ func batchMethodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 
 func (m *module) createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
 	var body batchBody
-	if apiErr := decodeBody(ctx, &body, batchExample, call.World.Config.Plugins, classifyTexts-1, classifyLabelSets); apiErr != nil { // no text
+	if apiErr := decodeBody(ctx, &body, batchExample, call.World.Config.Plugins, classifyTexts-1, classifyLabelSets, labelSetIs); apiErr != nil { // no text
 		proxy.WriteError(ctx, apiErr)
 		return
 	}

@@ -39,6 +39,9 @@ const (
 	classifyLabelSets = 3 * config.MaxLabelSetBytes
 )
 
+// labelSetIs is what a label set may hold, as a 413 says it.
+var labelSetIs = fmt.Sprintf("a label set %d KiB", config.MaxLabelSetBytes>>10)
+
 // request validates the body, filling in a saved classifier it names.
 func (b *classifyBody) request(cfg *config.Config) (classifiers.ClassifyRequest, *proxy.APIError) {
 	if err := requireText("text", b.Text, cfg.Plugins); err != nil {
@@ -167,7 +170,7 @@ type classifyMulti struct {
 
 func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body classifyBody
-	if apiErr := decodeBody(ctx, &body, classifyExample, call.World.Config.Plugins, classifyTexts, classifyLabelSets); apiErr != nil {
+	if apiErr := decodeBody(ctx, &body, classifyExample, call.World.Config.Plugins, classifyTexts, classifyLabelSets, labelSetIs); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
 		return
 	}

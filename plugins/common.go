@@ -63,11 +63,17 @@ var textFields = []string{"text", "source", "query", "description", "text_type"}
 // json tags are the endpoint's fields. Unknown fields are refused by name
 // (a client that typed "lables" must hear so, not get a default), and every
 // failure names the field at fault. example is a minimal valid body, quoted
-// when the body is missing; texts and other bound the body (maxBody).
-func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string, p config.Plugins, texts int, other int64) *proxy.APIError {
+// when the body is missing; texts and other bound the body (maxBody), and
+// otherIs says in the 413 what other is ("a label set 256 KiB"; "" for
+// nothing).
+func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string, p config.Plugins, texts int, other int64, otherIs string) *proxy.APIError {
 	if n, limit := len(ctx.PostBody()), maxBody(p, texts, other); int64(n) > limit {
+		holds := "each text plugins.max_text_bytes"
+		if otherIs != "" {
+			holds += ", " + otherIs
+		}
 		return &proxy.APIError{Status: fasthttp.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
-			Message: fmt.Sprintf("the request body is %d bytes; %s takes at most %d: what its fields may hold (a text plugins.max_text_bytes, a label set 256 KiB), every byte escaped", n, ctx.Path(), limit)}
+			Message: fmt.Sprintf("the request body is %d bytes; %s takes at most %d: what its fields may hold (%s), every byte escaped", n, ctx.Path(), limit, holds)}
 	}
 	body := bytes.TrimSpace(ctx.PostBody())
 	if len(body) == 0 {

@@ -29,7 +29,7 @@ func (b *matchBody) request(p config.Plugins) (classifiers.MatchRequest, *proxy.
 
 func (m *module) handleMatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body matchBody
-	if apiErr := decodeBody(ctx, &body, matchExample, call.World.Config.Plugins, 2, 0); apiErr != nil {
+	if apiErr := decodeBody(ctx, &body, matchExample, call.World.Config.Plugins, 2, 0, ""); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
 		return
 	}

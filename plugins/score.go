@@ -58,7 +58,7 @@ type scoreResponse struct {
 
 func (m *module) handleScore(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body scoreBody
-	if apiErr := decodeBody(ctx, &body, scoreExample, call.World.Config.Plugins, 2, maxAttributeBytes); apiErr != nil {
+	if apiErr := decodeBody(ctx, &body, scoreExample, call.World.Config.Plugins, 2, maxAttributeBytes, fmt.Sprintf("the attribute %d bytes", maxAttributeBytes)); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
 		return
 	}

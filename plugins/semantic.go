@@ -60,6 +60,9 @@ func (v *vectorSet) engine(path string) (classifiers.Engine, error) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		l.err = errors.New("the vectors file " + path + " is missing: run scripts/vectors.sh install (make run and make test do)")
+	case errors.Is(err, classifiers.ErrVectorsCorrupt):
+		// err names the file and the fix already; said once each.
+		l.err = errors.New("the vectors file " + path + " is corrupt or truncated: run scripts/vectors.sh install again")
 	case err != nil:
 		l.err = errors.New("the vectors file " + path + " cannot be used (" + err.Error() + "): run scripts/vectors.sh install again")
 	default:

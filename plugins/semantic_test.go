@@ -87,6 +87,23 @@ func TestSemanticWithoutVectors(t *testing.T) {
 	})
 }
 
+// A corrupt vectors file is said once, with the fix once: the message
+// read "…cannot be used (<file>: vectors file is corrupt or truncated;
+// rebuild it with scripts/vectors.sh install): run scripts/vectors.sh
+// install again".
+func TestSemanticCorruptVectorsAreSaidOnce(t *testing.T) {
+	corrupt := filepath.Join(t.TempDir(), "cut.tgv")
+	if err := os.WriteFile(corrupt, []byte("TGVEC001 cut short"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + corrupt})
+	e := h.keyed("/v1/score", `{"source": "x", "attribute": "urgency", "model": "semantic"}`).apiError(t, 503, "engine_unavailable")
+	msg := e["message"].(string)
+	if strings.Count(msg, "scripts/vectors.sh install") != 1 || strings.Count(msg, corrupt) != 1 || !strings.Contains(msg, "corrupt or truncated") {
+		t.Errorf("503 message %q: want the file, what is wrong and the fix, once each", msg)
+	}
+}
+
 // tollgate serve preloads the vectors: a missing file is said in the log
 // as the gateway starts, before any request needs it.
 func TestSemanticMissingVectorsAreSaidAtStart(t *testing.T) {

@@ -84,7 +84,7 @@ type tagResponse struct {
 
 func (m *module) handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var body tagBody
-	if apiErr := decodeBody(ctx, &body, tagExample, call.World.Config.Plugins, 1, config.MaxLabelSetBytes); apiErr != nil {
+	if apiErr := decodeBody(ctx, &body, tagExample, call.World.Config.Plugins, 1, config.MaxLabelSetBytes, labelSetIs); apiErr != nil {
 		proxy.WriteError(ctx, apiErr)
 		return
 	}
