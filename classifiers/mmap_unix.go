@@ -10,13 +10,16 @@ import (
 	"syscall"
 )
 
-// mapFile reads path into memory of the process's own, mapped anonymous
-// and then made read-only: off the Go heap, so the collector neither
-// scans it nor counts it toward the next collection. The file is read,
-// not mapped, because a mapping of it would share the file's pages: a
-// `cp` over the file or a `truncate` while the gateway runs would then
-// change the words under a lookup, or kill the process with SIGBUS on
-// the next page read past the new end, which no recover catches.
+// mapFile maps a copy of path that is the process's own. Mapping the file
+// itself shared its pages: a `cp` over it or a `truncate` while the
+// gateway ran changed the words under a lookup, or killed the process
+// with SIGBUS on the next page read past the new end, which no recover
+// catches. The copy is an unnamed file beside it (O_TMPFILE, see
+// privateCopy), mapped read-only and shared: only the pages lookups read
+// become resident, and they are page cache the kernel may reclaim, as
+// the file's own were. Where no such file can be made (a read-only
+// directory, a system without O_TMPFILE) the file is read into anonymous
+// memory instead, all of it resident.
 func mapFile(path string) (buf []byte, mapped bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -29,6 +32,18 @@ func mapFile(path string) (buf []byte, mapped bool, err error) {
 	}
 	if st.Size() == 0 {
 		return nil, false, fmt.Errorf("%s: %w", path, ErrVectorsCorrupt)
+	}
+	if c, err := privateCopy(f, path, st.Size()); err == nil {
+		buf, err := syscall.Mmap(int(c.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+		c.Close() // the mapping keeps the unnamed file
+		if err == nil {
+			return buf, true, nil
+		}
+	} else if errors.Is(err, ErrVectorsCorrupt) {
+		return nil, false, fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, false, err
 	}
 	buf, err = syscall.Mmap(-1, 0, int(st.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	if err != nil {

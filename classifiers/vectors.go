@@ -14,10 +14,10 @@ import (
 // `tollgate-vectors` writes: unit-length vectors quantized to int8 with a
 // scale per word, the words in order of frequency (so a word's index is
 // its frequency rank, which the semantic engine weights by), and an
-// open-addressing hash table over them. The file is read once into memory
-// of the process's own, off the Go heap (see mapFile), and looked up in
-// place: a lookup allocates nothing, and a later change to the file does
-// not reach the loaded vectors.
+// open-addressing hash table over them. A copy of the file that is the
+// process's own is mapped, off the Go heap (see mapFile), and looked up
+// in place: a lookup allocates nothing, and a later change to the file
+// does not reach the loaded vectors.
 //
 // The layout, little-endian, each part 4-byte aligned:
 //

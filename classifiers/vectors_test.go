@@ -119,7 +119,7 @@ func TestVectorsCorruptFile(t *testing.T) {
 // TestVectorsFileRewrittenWhileLoaded: an admin who copies a new file
 // over the one a gateway has loaded, or cuts it, used to kill the
 // gateway with SIGBUS on the next lookup (the file was mapped shared).
-// The loaded vectors are the process's own and answer as before.
+// The loaded vectors are the process's own copy and answer as before.
 func TestVectorsFileRewrittenWhileLoaded(t *testing.T) {
 	var words []string
 	var vecs [][]float32
@@ -153,6 +153,10 @@ func TestVectorsFileRewrittenWhileLoaded(t *testing.T) {
 		}
 	}
 	lookAll("loaded")
+	// The copy has no name: nothing is left beside the file to clean up.
+	if entries, err := os.ReadDir(filepath.Dir(path)); err != nil || len(entries) != 1 {
+		t.Fatalf("the vectors' directory holds %v (%v), want the file alone", entries, err)
+	}
 	if err := os.WriteFile(path, []byte("TGVEC001 something else entirely"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,8 @@ const engineSemantic = classifiers.EngineSemantic
 // cannot be loaded is remembered until the next reload, so the warning is
 // logged once, not per request, and an admin who installs the file and
 // reloads the config (or names a good one) gets semantic back without a
-// restart. A file once loaded stays loaded, its copy in memory, for the
-// life of the process: requests in flight may still read it, and a change
+// restart. A file once loaded stays loaded, its private copy mapped, for
+// the life of the process: requests in flight may still read it, and a change
 // to the file on disk reaches neither them nor later requests.
 type vectorSet struct {
 	mu     sync.Mutex

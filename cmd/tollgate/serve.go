@@ -139,7 +139,7 @@ func runServe(args []string) error {
 	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,
 		Admin: admin.New(adminToken, svc), Metrics: metrics, Logf: logf,
 		Modules: []proxy.Module{plugins.Module(plugins.Options{Batch: &plugins.Batch{Open: jobs.open},
-			// The word vectors are read as the server starts (36 MiB,
+			// The word vectors are copied as the server starts (36 MiB,
 			// well under a second), so that a missing file is said once
 			// at start, not found by the first request.
 			PreloadVectors: true}), con.Module()}})
