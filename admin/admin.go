@@ -92,6 +92,11 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 		return
 	}
 	method := string(ctx.Method())
+	if method == fasthttp.MethodHead {
+		// HEAD is GET without the body, as on the API's routes (fasthttp
+		// drops the body of an answer to HEAD): it was a 405.
+		method = fasthttp.MethodGet
+	}
 	c, cancel := context.WithTimeout(context.Background(), adminTimeout)
 	defer cancel()
 	var allowed []string
@@ -102,6 +107,9 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 		}
 		if r.Method != method {
 			allowed = append(allowed, r.Method)
+			if r.Method == fasthttp.MethodGet {
+				allowed = append(allowed, fasthttp.MethodHead)
+			}
 			continue
 		}
 		status, body, err := r.Handle(&Call{Ctx: c, HTTP: ctx, World: w, Args: args})

@@ -296,7 +296,7 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 			t.Fatalf("%s %s: %d %s, want %d with %s", s.method, s.path, status, body, s.status, s.contains)
 		}
 	}
-	if status, allow, body := g.call("PUT", "/admin/v1/accounts/acme/keys", ""); status != 405 || allow != "GET, POST" {
+	if status, allow, body := g.call("PUT", "/admin/v1/accounts/acme/keys", ""); status != 405 || allow != "GET, HEAD, POST" {
 		t.Fatalf("PUT keys: %d, Allow %q: %s", status, allow, body)
 	}
 
@@ -605,6 +605,37 @@ func TestKeyWithoutScopesOrModelsIsNullInTheKeyObject(t *testing.T) {
 		}
 		if string(key["scopes"]) != tc.scopes || string(key["models"]) != tc.models {
 			t.Errorf("%s: scopes %s, models %s; want %s, %s", tc.body, key["scopes"], key["models"], tc.scopes, tc.models)
+		}
+	}
+}
+
+// HEAD is answered as GET, without the body, as on the API's routes, and
+// Allow names HEAD beside GET: HEAD /admin/v1/accounts/acme was a 405
+// "Allow: GET, PATCH", which README said it was not.
+func TestHeadIsAnsweredAsGet(t *testing.T) {
+	g := startGateway(t, echoModule("echo"))
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, path := range []string{"/admin/v1/accounts/acme", "/admin/v1/accounts/acme/keys", "/admin/v1/upstreams"} {
+		status, _, body := g.call("HEAD", path, "")
+		if status != 200 || len(body) != 0 {
+			t.Fatalf("HEAD %s: %d %q, want 200 with no body", path, status, body)
+		}
+	}
+	if status, _, body := g.call("HEAD", "/admin/v1/accounts/nobody", ""); status != 404 || len(body) != 0 {
+		t.Fatalf("HEAD of an unknown account: %d %q, want GET's 404 with no body", status, body)
+	}
+	for _, c := range []struct{ method, path, allow string }{
+		{"PUT", "/admin/v1/accounts/acme", "GET, HEAD, PATCH"},
+		{"PUT", "/admin/v1/accounts/acme/keys", "GET, HEAD, POST"},
+		{"POST", "/admin/v1/upstreams", "GET, HEAD"},
+		// A route with no GET answers no HEAD.
+		{"HEAD", "/admin/v1/accounts/acme/credit", "POST"},
+		{"HEAD", "/admin/v1/accounts/acme/test-echo", "POST"},
+	} {
+		if status, allow, _ := g.call(c.method, c.path, ""); status != 405 || allow != c.allow {
+			t.Fatalf("%s %s: %d, Allow %q; want 405, Allow %q", c.method, c.path, status, allow, c.allow)
 		}
 	}
 }
