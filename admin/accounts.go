@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
@@ -34,8 +35,20 @@ func checkLimit(field string, v int64) error {
 	return nil
 }
 
+// parseUSDField reads the USD amount of a body's field: the decimal
+// alone, as gateway.yaml takes it. money.ParseUSD trims spaces and reads
+// a '+', so " 1.00", "1.00\n" and "+1" were credited unseen.
 func parseUSDField(field, s string, positive bool) (money.Nanos, error) {
-	n, err := money.ParseUSD(s)
+	var n money.Nanos
+	var err error
+	switch {
+	case strings.TrimSpace(s) != s:
+		err = fmt.Errorf("USD amount %q: starts or ends with a space: remove it", s)
+	case strings.HasPrefix(s, "+"):
+		err = fmt.Errorf("USD amount %q: starts with '+': write the number without a sign", s)
+	default:
+		n, err = money.ParseUSD(s)
+	}
 	if err == nil && (n < 0 || positive && n == 0) {
 		err = errors.New("must be greater than zero")
 		if !positive {

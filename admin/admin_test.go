@@ -639,3 +639,32 @@ func TestHeadIsAnsweredAsGet(t *testing.T) {
 		}
 	}
 }
+
+// A USD amount is the decimal alone, as gateway.yaml takes it: " 1.00",
+// "1.00\n" and "+1" were credited, so a value pasted from elsewhere, or a
+// sign meant for something else, went through unseen.
+func TestUSDAmountIsTheDecimalAlone(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, c := range []struct{ usd, says string }{
+		{`" 1.00"`, "starts or ends with a space: remove it"},
+		{`"1.00\n"`, "starts or ends with a space: remove it"},
+		{`"\t1"`, "starts or ends with a space: remove it"},
+		{`"1.00\u00a0"`, "starts or ends with a space: remove it"},
+		{`"+1"`, "'+'"},
+	} {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":`+c.usd+`}`)
+		if status != 400 || !strings.Contains(wantError(t, body, "usd", "invalid_request_error"), c.says) {
+			t.Fatalf("credit %s: %d %s; want a 400 saying %q", c.usd, status, body, c.says)
+		}
+		status, _, body = g.call("POST", "/admin/v1/accounts", `{"id":"other","credit_usd":`+c.usd+`}`)
+		if status != 400 || !strings.Contains(wantError(t, body, "credit_usd", "invalid_request_error"), c.says) {
+			t.Fatalf("create with credit_usd %s: %d %s; want a 400 saying %q", c.usd, status, body, c.says)
+		}
+	}
+	if status, _, body := g.call("GET", "/admin/v1/accounts/acme", ""); status != 200 || !strings.Contains(string(body), `"balance_usd":"0.000000000"`) {
+		t.Fatalf("after the refused credits: %d %s", status, body)
+	}
+}
