@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/money"
@@ -156,7 +157,7 @@ func (a *API) credit(call *Call) (int, any, error) {
 		USD string `json:"usd"`
 		// IdempotencyKey makes a credit sent twice (a retried call, a
 		// payment webhook delivered again) apply once.
-		IdempotencyKey string `json:"idempotency_key"`
+		IdempotencyKey *string `json:"idempotency_key"`
 	}
 	if err := decodeStrict(call.HTTP, &req); err != nil {
 		return 0, nil, err
@@ -165,10 +166,14 @@ func (a *API) credit(call *Call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if len(req.IdempotencyKey) > accounts.MaxIdempotencyKey {
-		return 0, nil, proxy.BadRequest("idempotency_key", fmt.Sprintf("idempotency_key is too long: at most %d bytes", accounts.MaxIdempotencyKey))
+	var key string
+	if req.IdempotencyKey != nil {
+		key = *req.IdempotencyKey
+		if err := checkIdempotencyKey(key); err != nil {
+			return 0, nil, err
+		}
 	}
-	acc, replayed, err := a.svc.CreditOnce(call.Ctx, call.Args[0], amount, req.IdempotencyKey)
+	acc, replayed, err := a.svc.CreditOnce(call.Ctx, call.Args[0], amount, key)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -177,6 +182,22 @@ func (a *API) credit(call *Call) (int, any, error) {
 		call.HTTP.Response.Header.Set("Idempotent-Replayed", "true")
 	}
 	return 200, viewAccount(acc), nil
+}
+
+// checkIdempotencyKey refuses a key sent empty, which the store reads as
+// none (a payment integration whose ids mapped to "" credited each one),
+// a key over the store's bound, and a control character (C0, DEL, C1),
+// which no log or 409 would show as it is.
+func checkIdempotencyKey(key string) error {
+	switch {
+	case key == "":
+		return proxy.BadRequest("idempotency_key", "idempotency_key is empty: give the payment's id, or leave the field out to credit without one")
+	case len(key) > accounts.MaxIdempotencyKey:
+		return proxy.BadRequest("idempotency_key", fmt.Sprintf("idempotency_key is too long: at most %d bytes", accounts.MaxIdempotencyKey))
+	case strings.IndexFunc(key, unicode.IsControl) >= 0:
+		return proxy.BadRequest("idempotency_key", fmt.Sprintf("idempotency_key %q holds a control character: send the id as printable text", key))
+	}
+	return nil
 }
 
 // keyBody is POST /admin/v1/accounts/{id}/keys as sent.

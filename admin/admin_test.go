@@ -668,3 +668,29 @@ func TestUSDAmountIsTheDecimalAlone(t *testing.T) {
 		t.Fatalf("after the refused credits: %d %s", status, body)
 	}
 }
+
+// An idempotency_key sent empty was taken as none: two credits from a
+// payment integration whose id mapped to "" were both applied. One with
+// a control character ("a\nb") was kept, to show in no log as it is.
+// Both are refused, crediting nothing.
+func TestCreditRefusesAnEmptyOrControlIdempotencyKey(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, c := range []struct{ key, says string }{
+		{`""`, "idempotency_key is empty"},
+		{`"a\nb"`, "control character"},
+		{`"pay_1\u0000"`, "control character"},
+		{`"pay\u007f1"`, "control character"},
+		{`"pay\u00851"`, "control character"},
+	} {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"1","idempotency_key":`+c.key+`}`)
+		if status != 400 || !strings.Contains(wantError(t, body, "idempotency_key", "invalid_request_error"), c.says) {
+			t.Fatalf("idempotency_key %s: %d %s; want a 400 saying %q", c.key, status, body, c.says)
+		}
+	}
+	if status, _, body := g.call("GET", "/admin/v1/accounts/acme", ""); status != 200 || !strings.Contains(string(body), `"balance_usd":"0.000000000"`) {
+		t.Fatalf("after the refused credits: %d %s", status, body)
+	}
+}

@@ -394,6 +394,11 @@ func runAccounts(args []string) error {
 	if err != nil {
 		return helpShownIsNoError(err)
 	}
+	if err := refuseGivenEmpty(fs, map[string]string{
+		"idempotency-key": "give the payment's id, or leave the flag out to credit without one",
+	}); err != nil {
+		return err
+	}
 	var account string // escaped for the path
 	if args[0] != "create" && len(pos) > 0 {
 		if account, err = pathID("account", pos[0]); err != nil {
@@ -429,6 +434,19 @@ func runAccounts(args []string) error {
 		return c.call("POST", "/accounts/"+account+"/console-logout", nil)
 	}
 	return errors.New(accountsUsage)
+}
+
+// refuseGivenEmpty refuses a flag of instead given with an empty value,
+// saying what to do instead: "-idempotency-key $PAYMENT_ID" with the
+// variable unset read as no key, and a retried credit applied twice.
+func refuseGivenEmpty(fs *flag.FlagSet, instead map[string]string) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if what, ok := instead[f.Name]; ok && err == nil && f.Value.String() == "" {
+			err = fmt.Errorf("-%s is empty: %s", f.Name, what)
+		}
+	})
+	return err
 }
 
 // limitFlags defines an account's limit flags on fs.

@@ -429,3 +429,26 @@ func TestAdminNoTokenNamesTheFileLookedFor(t *testing.T) {
 		}
 	}
 }
+
+// A flag given but empty ("-idempotency-key $PAYMENT_ID" with the
+// variable unset) is refused, not taken as left out: the credit went out
+// with no key, and a retry of it credited again.
+func TestAdminFlagGivenEmptyIsRefused(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runAccounts, []string{"credit", "acme", "5", "-idempotency-key", ""}, `-idempotency-key is empty: give the payment's id, or leave the flag out`},
+		{runAccounts, []string{"credit", "acme", "5", "-idempotency-key="}, `-idempotency-key is empty`},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %s", tc.args, err, tc.want)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+}
