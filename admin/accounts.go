@@ -78,6 +78,9 @@ func (a *API) createAccount(call *Call) (int, any, error) {
 	if req.ID == "" {
 		return 0, nil, proxy.BadRequest("id", "id is required")
 	}
+	if err := accounts.ValidateAccountID(req.ID); err != nil {
+		return 0, nil, fieldError("id", err)
+	}
 	for _, f := range []struct {
 		name string
 		v    int64
@@ -95,6 +98,9 @@ func (a *API) createAccount(call *Call) (int, any, error) {
 	}
 	acc, err := a.svc.CreateAccountWithLimits(call.Ctx, req.ID, credit,
 		accounts.Limits{RPM: req.RPM, TPM: req.TPM, MaxConcurrent: req.MaxConcurrent})
+	if errors.Is(err, accounts.ErrExists) {
+		return 0, nil, fieldError("id", err)
+	}
 	if err != nil {
 		return 0, nil, err
 	}
@@ -173,8 +179,19 @@ func (a *API) credit(call *Call) (int, any, error) {
 			return 0, nil, err
 		}
 	}
+	// The path's id first: what CreditOnce refuses after it, the amount
+	// and key being checked above, is the balance's overflow.
+	if err := accounts.ValidateAccountID(call.Args[0]); err != nil {
+		return 0, nil, err
+	}
 	acc, replayed, err := a.svc.CreditOnce(call.Ctx, call.Args[0], amount, key)
-	if err != nil {
+	switch {
+	case errors.Is(err, accounts.ErrInvalidInput):
+		return 0, nil, fieldError("usd", err)
+	case errors.Is(err, accounts.ErrExists):
+		// The key was used for a credit of another amount.
+		return 0, nil, fieldError("idempotency_key", err)
+	case err != nil:
 		return 0, nil, err
 	}
 	if replayed {

@@ -362,7 +362,7 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, accounts.ErrExists):
 		proxy.WriteError(ctx, proxy.Conflict(err.Error()))
 	case errors.Is(err, accounts.ErrInvalidInput):
-		proxy.WriteError(ctx, proxy.BadRequest("", err.Error()))
+		proxy.WriteError(ctx, proxy.BadRequest("", refusal(err)))
 	case errors.Is(err, context.DeadlineExceeded):
 		proxy.WriteError(ctx, proxy.Unavailable("account store did not answer in time: "+err.Error()))
 	default:
@@ -371,6 +371,26 @@ func writeError(ctx *fasthttp.RequestCtx, err error) {
 		// revoking a key that the revocation was wrong, and it stayed valid.
 		proxy.WriteError(ctx, proxy.Unavailable("account store unavailable (the change may not have been made; try again): "+err.Error()))
 	}
+}
+
+// refusal is the message of an account store's ErrInvalidInput without
+// the sentinel's "invalid input: ", which the 400 says already.
+func refusal(err error) string {
+	return strings.TrimPrefix(err.Error(), accounts.ErrInvalidInput.Error()+": ")
+}
+
+// fieldError is err, an account store's refusal of the body's field, as
+// the 400 or 409 that names field in param; other errors are as they are.
+func fieldError(field string, err error) error {
+	switch {
+	case errors.Is(err, accounts.ErrInvalidInput):
+		return proxy.BadRequest(field, refusal(err))
+	case errors.Is(err, accounts.ErrExists):
+		conflict := proxy.Conflict(err.Error())
+		conflict.Param = field
+		return conflict
+	}
+	return err
 }
 
 func upstreams(call *Call) (int, any, error) {

@@ -694,3 +694,42 @@ func TestCreditRefusesAnEmptyOrControlIdempotencyKey(t *testing.T) {
 		t.Fatalf("after the refused credits: %d %s", status, body)
 	}
 }
+
+// A refusal names the field to fix in param, in the API's words: an
+// invalid id was "invalid input: account id must be …" with param null
+// (a number for id said param "id"), as were a credit that would
+// overflow the balance and an idempotency key reused for another amount.
+func TestStoreRefusalsNameTheirField(t *testing.T) {
+	g := startGateway(t)
+	status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"a b"}`)
+	if msg := wantError(t, body, "id", "invalid_request_error"); status != 400 || !strings.HasPrefix(msg, "account id must be") {
+		t.Fatalf("invalid id: %d %s", status, body)
+	}
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme","credit_usd":"9000000000"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	status, _, body = g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`)
+	if wantError(t, body, "id", "conflict"); status != 409 {
+		t.Fatalf("account that exists: %d %s", status, body)
+	}
+	status, _, body = g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"9000000000"}`)
+	if msg := wantError(t, body, "usd", "invalid_request_error"); status != 400 || !strings.HasPrefix(msg, "crediting 9000000000.000000000 USD would overflow") {
+		t.Fatalf("a credit past the balance: %d %s", status, body)
+	}
+	if status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"1","idempotency_key":"pay_1"}`); status != 200 {
+		t.Fatalf("credit: %d %s", status, body)
+	}
+	status, _, body = g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"2","idempotency_key":"pay_1"}`)
+	if msg := wantError(t, body, "idempotency_key", "conflict"); status != 409 || !strings.Contains(msg, "was used at") {
+		t.Fatalf("the key with another amount: %d %s", status, body)
+	}
+	// An id in the path is no field: param null, the same words.
+	status, _, body = g.call("GET", "/admin/v1/accounts/a%20b", "")
+	if msg := wantError(t, body, "", "invalid_request_error"); status != 400 || !strings.HasPrefix(msg, "account id must be") {
+		t.Fatalf("invalid id in the path: %d %s", status, body)
+	}
+	status, _, body = g.call("POST", "/admin/v1/accounts/a%20b/credit", `{"usd":"1"}`)
+	if msg := wantError(t, body, "", "invalid_request_error"); status != 400 || !strings.HasPrefix(msg, "account id must be") {
+		t.Fatalf("invalid id in a credit's path: %d %s", status, body)
+	}
+}
