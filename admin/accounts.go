@@ -64,8 +64,8 @@ func parseUSDField(field, s string, positive bool) (money.Nanos, error) {
 
 func (a *API) createAccount(call *Call) (int, any, error) {
 	var req struct {
-		ID        string `json:"id"`
-		CreditUSD string `json:"credit_usd"`
+		ID        string  `json:"id"`
+		CreditUSD *string `json:"credit_usd"`
 		// Not accounts.Limits embedded: checkMembers reads the fields
 		// of this struct only, and would let "RPM" through.
 		RPM           int64 `json:"rpm"`
@@ -90,9 +90,14 @@ func (a *API) createAccount(call *Call) (int, any, error) {
 		}
 	}
 	credit := money.Nanos(0)
-	if req.CreditUSD != "" {
+	if req.CreditUSD != nil {
+		// "" is no amount: a payment integration's empty value made an
+		// account with no credit, saying nothing.
+		if *req.CreditUSD == "" {
+			return 0, nil, proxy.BadRequest("credit_usd", `credit_usd is empty: give an amount such as "10.00", or leave the field out for an account with no credit`)
+		}
 		var err error
-		if credit, err = parseUSDField("credit_usd", req.CreditUSD, false); err != nil {
+		if credit, err = parseUSDField("credit_usd", *req.CreditUSD, false); err != nil {
 			return 0, nil, err
 		}
 	}
@@ -217,14 +222,16 @@ func checkIdempotencyKey(key string) error {
 	return nil
 }
 
-// keyBody is POST /admin/v1/accounts/{id}/keys as sent.
+// keyBody is POST /admin/v1/accounts/{id}/keys as sent. Scopes and
+// Models take null: all of them, as the key object shows it (and the CLI
+// sends it for a flag left out).
 type keyBody struct {
 	Name      string   `json:"name"`
-	Scopes    []string `json:"scopes"`
-	Models    []string `json:"models"`
+	Scopes    []string `json:"scopes" null:"ok"`
+	Models    []string `json:"models" null:"ok"`
 	RPM       int64    `json:"rpm"`
 	TPM       int64    `json:"tpm"`
-	ExpiresIn string   `json:"expires_in"` // Go duration, e.g. "720h"
+	ExpiresIn *string  `json:"expires_in"` // Go duration, e.g. "720h"
 	Logging   *struct {
 		Enabled       bool `json:"enabled"`
 		RetentionDays int  `json:"retention_days"`
@@ -241,15 +248,20 @@ func (a *API) createKey(call *Call) (int, any, error) {
 		return 0, nil, err
 	}
 	req := accounts.KeyRequest{Name: body.Name, Scopes: body.Scopes, Models: body.Models, RPM: body.RPM, TPM: body.TPM}
-	if body.ExpiresIn != "" {
-		d, err := time.ParseDuration(body.ExpiresIn)
+	if body.ExpiresIn != nil {
+		expiresIn := *body.ExpiresIn
+		d, err := time.ParseDuration(expiresIn)
 		switch {
-		case err != nil && wellFormedDuration.MatchString(body.ExpiresIn):
+		case expiresIn == "":
+			// It made a key that never expires, where a script whose
+			// variable was unset meant one that does.
+			return 0, nil, proxy.BadRequest("expires_in", `expires_in is empty: give a lifetime such as "720h", or leave the field out for a key that never expires`)
+		case err != nil && wellFormedDuration.MatchString(expiresIn):
 			// Said to be "not positive", "100000000h" sent the admin
 			// looking for a sign.
-			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is longer than a duration can be (at most 2562047h, about 292 years); leave it out for a key that never expires", body.ExpiresIn))
+			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is longer than a duration can be (at most 2562047h, about 292 years); leave it out for a key that never expires", expiresIn))
 		case err != nil:
-			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is not a duration: give a number with a unit of h, m or s, such as \"720h\" for 30 days (there is no d)", body.ExpiresIn))
+			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is not a duration: give a number with a unit of h, m or s, such as \"720h\" for 30 days (there is no d)", expiresIn))
 		case d <= 0:
 			return 0, nil, proxy.BadRequest("expires_in", "expires_in must be a positive duration such as \"720h\"")
 		}

@@ -221,10 +221,15 @@ func decodeStrict(ctx *fasthttp.RequestCtx, v any) error {
 }
 
 // checkMembers refuses an object of v that names a member twice, one
-// that matches a field of t only when case is ignored, or one that
-// matches none; it descends into the fields and elements t gives a type
-// to. A struct's fields are its own: an embedded struct's would be
-// refused as unknown, so request types list theirs.
+// that matches a field of t only when case is ignored, one that matches
+// none, or one that is null where its field has no `null:"ok"` tag; it
+// descends into the fields and elements t gives a type to. A struct's
+// fields are its own: an embedded struct's would be refused as unknown,
+// so request types list theirs.
+//
+// encoding/json leaves a field null fills as it was, so null read as the
+// field left out: {"max_concurrent":null} on a PATCH answered 200 and
+// changed nothing. A field whose null means something says so by its tag.
 func checkMembers(v gjson.Result, t reflect.Type, path string) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -249,6 +254,9 @@ func checkMembers(v gjson.Result, t reflect.Type, path string) error {
 			case !exact:
 				err = proxy.BadRequest(joinPath(path, key.Str), fmt.Sprintf("unknown field %q (did you mean %q? names are case-sensitive)",
 					joinPath(path, key.Str), joinPath(path, jsonName(*field))))
+			case val.Type == gjson.Null && field.Tag.Get("null") != "ok":
+				err = proxy.BadRequest(joinPath(path, key.Str), fmt.Sprintf("%s must be %s, got null: leave the field out instead",
+					joinPath(path, key.Str), jsonKind(field.Type)))
 			default:
 				err = checkMembers(val, field.Type, joinPath(path, key.Str))
 			}
@@ -321,6 +329,9 @@ func joinPath(path, key string) string {
 
 // jsonKind words a Go type as the JSON a client should send.
 func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:

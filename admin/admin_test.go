@@ -733,3 +733,47 @@ func TestStoreRefusalsNameTheirField(t *testing.T) {
 		t.Fatalf("invalid id in a credit's path: %d %s", status, body)
 	}
 }
+
+// A field sent empty or null is refused, naming it, where it means
+// nothing but "left out": "expires_in": "" made a key that never
+// expires, {"max_concurrent": null} answered 200 and changed nothing,
+// and "credit_usd": null or "" made an account with no credit. A key's
+// scopes and models take null: it is how the key object shows "all", and
+// the CLI sends it for a flag left out.
+func TestEmptyOrNullFieldIsRefused(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for _, c := range []struct{ method, path, body, param string }{
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":""}`, "expires_in"},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":null}`, "expires_in"},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","rpm":null}`, "rpm"},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","logging":null}`, "logging"},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","logging":{"enabled":true,"retention_days":null}}`, "logging.retention_days"},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":null}`, "name"},
+		{"POST", "/admin/v1/accounts", `{"id":"other","credit_usd":""}`, "credit_usd"},
+		{"POST", "/admin/v1/accounts", `{"id":"other","credit_usd":null}`, "credit_usd"},
+		{"POST", "/admin/v1/accounts", `{"id":"other","rpm":null}`, "rpm"},
+		{"POST", "/admin/v1/accounts", `{"id":null}`, "id"},
+		{"PATCH", "/admin/v1/accounts/acme", `{"max_concurrent":null}`, "max_concurrent"},
+		{"POST", "/admin/v1/accounts/acme/credit", `{"usd":"1","idempotency_key":null}`, "idempotency_key"},
+		{"POST", "/admin/v1/accounts/acme/credit", `{"usd":null}`, "usd"},
+	} {
+		status, _, body := g.call(c.method, c.path, c.body)
+		if status != 400 {
+			t.Fatalf("%s %s %s: %d %s, want 400", c.method, c.path, c.body, status, body)
+		}
+		wantError(t, body, c.param, "invalid_request_error")
+	}
+	if status, _, body := g.call("GET", "/admin/v1/accounts/other", ""); status != 404 {
+		t.Fatalf("an account made by a refused call: %d %s", status, body)
+	}
+	if status, _, body := g.call("GET", "/admin/v1/accounts/acme/keys", ""); status != 200 || !strings.Contains(string(body), `"data":[]`) {
+		t.Fatalf("keys made by refused calls: %d %s", status, body)
+	}
+	status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","scopes":null,"models":null}`)
+	if status != 201 || !strings.Contains(string(body), `"scopes":null,"models":null`) {
+		t.Fatalf("scopes and models null: %d %s, want a key with all of them", status, body)
+	}
+}

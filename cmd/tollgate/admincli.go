@@ -396,6 +396,7 @@ func runAccounts(args []string) error {
 	}
 	if err := refuseGivenEmpty(fs, map[string]string{
 		"idempotency-key": "give the payment's id, or leave the flag out to credit without one",
+		"credit":          "give an amount such as 10.00, or leave the flag out for an account with no credit",
 	}); err != nil {
 		return err
 	}
@@ -438,7 +439,8 @@ func runAccounts(args []string) error {
 
 // refuseGivenEmpty refuses a flag of instead given with an empty value,
 // saying what to do instead: "-idempotency-key $PAYMENT_ID" with the
-// variable unset read as no key, and a retried credit applied twice.
+// variable unset read as no key, and a retried credit applied twice;
+// "-expires-in $TTL" made a key that never expires.
 func refuseGivenEmpty(fs *flag.FlagSet, instead map[string]string) error {
 	var err error
 	fs.Visit(func(f *flag.Flag) {
@@ -572,6 +574,11 @@ func runKeys(args []string) error {
 	}
 	if len(pos) != 1 {
 		return errors.New(keysUsage)
+	}
+	if err := refuseGivenEmpty(fs, map[string]string{
+		"expires-in": "give a lifetime such as 720h, or leave the flag out for a key that never expires",
+	}); err != nil {
+		return err
 	}
 	account, err := pathID("account", pos[0])
 	if err != nil {

@@ -442,6 +442,9 @@ func TestAdminFlagGivenEmptyIsRefused(t *testing.T) {
 	}{
 		{runAccounts, []string{"credit", "acme", "5", "-idempotency-key", ""}, `-idempotency-key is empty: give the payment's id, or leave the flag out`},
 		{runAccounts, []string{"credit", "acme", "5", "-idempotency-key="}, `-idempotency-key is empty`},
+		// An account with no credit, a key that never expires.
+		{runAccounts, []string{"create", "acme", "-credit", ""}, `-credit is empty: give an amount such as 10.00, or leave the flag out`},
+		{runKeys, []string{"create", "acme", "-name", "ci", "-expires-in", ""}, `-expires-in is empty: give a lifetime such as 720h, or leave the flag out`},
 	} {
 		err := tc.run(append(tc.args, "-url", url))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
