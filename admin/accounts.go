@@ -44,7 +44,7 @@ func parseUSDField(field, s string, positive bool) (money.Nanos, error) {
 	var err error
 	switch {
 	case strings.TrimSpace(s) != s:
-		err = fmt.Errorf("USD amount %q: starts or ends with a space: remove it", s)
+		err = fmt.Errorf("USD amount %q: starts or ends with whitespace: remove it", s)
 	case strings.HasPrefix(s, "+"):
 		err = fmt.Errorf("USD amount %q: starts with '+': write the number without a sign", s)
 	default:

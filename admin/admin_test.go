@@ -649,10 +649,10 @@ func TestUSDAmountIsTheDecimalAlone(t *testing.T) {
 		t.Fatalf("create account: %d %s", status, body)
 	}
 	for _, c := range []struct{ usd, says string }{
-		{`" 1.00"`, "starts or ends with a space: remove it"},
-		{`"1.00\n"`, "starts or ends with a space: remove it"},
-		{`"\t1"`, "starts or ends with a space: remove it"},
-		{`"1.00\u00a0"`, "starts or ends with a space: remove it"},
+		{`" 1.00"`, "starts or ends with whitespace: remove it"},
+		{`"1.00\n"`, "starts or ends with whitespace: remove it"},
+		{`"\t1"`, "starts or ends with whitespace: remove it"},
+		{`"1.00\u00a0"`, "starts or ends with whitespace: remove it"},
 		{`"+1"`, "'+'"},
 	} {
 		status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":`+c.usd+`}`)
