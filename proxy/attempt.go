@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
@@ -309,9 +310,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 // only stream_interrupted, billed its prompt. The comments are not
 // relayed. An event that outgrows the read buffer (16 KiB) before its end
 // counts: the upstream is answering. When that event is an error and no
-// answer, as errorAnswer reads a whole body (a chat stream's {"error":…}
-// before any chunk), it returns that error; an event whose data spans
-// several lines is not looked into.
+// answer (firstEventError: a chat stream's {"error":…} before any chunk,
+// a Responses stream's error event), it returns that error; an event
+// whose data spans several lines is not looked into.
 func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, error) {
 	if !c.sseStarted { // opened already when its body told it was a stream
 		c.openSSE(resp)
@@ -356,8 +357,9 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, 
 	}
 	// Then the buffered bytes are read, not taken, up to the end of the
 	// first event with data.
-	scanned := 0     // bytes of whole lines looked at
-	hasData := false // the block under way has a data line
+	scanned := 0        // bytes of whole lines looked at
+	hasData := false    // the block under way has a data line
+	namedError := false // the block under way is named error (event: error)
 	// Where its data is in the buffer, when it has one data line: offsets,
 	// as a read that fills the buffer may move its bytes.
 	dataFrom, dataTo := 0, 0
@@ -377,8 +379,9 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, 
 			switch {
 			case len(line) == 0:
 				if hasData {
-					return errorAnswer(b[dataFrom:dataTo]), nil
+					return c.firstEventError(b[dataFrom:dataTo], namedError), nil
 				}
+				namedError = false
 			case bytes.Equal(line, fieldData) || bytes.HasPrefix(line, dataColon):
 				dataFrom, dataTo = 0, 0 // a second data line: not looked into
 				if !hasData && len(line) > len(dataColon) {
@@ -387,6 +390,8 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, 
 					dataTo = dataFrom + len(d)
 				}
 				hasData = true
+			case bytes.HasPrefix(line, eventColon):
+				namedError = bytes.Equal(bytes.TrimPrefix(line[len(eventColon):], []byte{' '}), typeError)
 			}
 		}
 		if br.Buffered() == br.Size() {
@@ -399,7 +404,36 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, 
 	}
 }
 
-var dataColon = []byte("data:")
+var (
+	dataColon  = []byte("data:")
+	eventColon = []byte("event:")
+	typeError  = []byte("error")
+)
+
+// firstEventError returns the error a stream's first event holds in place
+// of an answer (data its data, namedError whether it came as "event:
+// error"), as errorAnswer reads a whole body. On /v1/responses it is also
+// OpenAI's own error event, {"type":"error","code":…,"message":…,
+// "param":…}, its members flat: relayed as an answer, the client got a
+// 200 it could not read (the Node SDK's responses.stream() rejected with
+// "expected 'response.created' event, got error"), billed its prompt,
+// where the same failure on chat moved on to the pool's next member or
+// was the 400 it means. Its "type" is the event's, not the error's, and
+// is left out. A response.failed is a response, and stays an answer.
+func (c *generationCall) firstEventError(data []byte, namedError bool) gjson.Result {
+	if e := errorAnswer(data); e.Exists() || c.ep != endpointResponses || !bytes.Contains(data, typeError) {
+		return e
+	}
+	event := gjson.ParseBytes(data)
+	if !event.IsObject() || !namedError && event.Get("type").Str != "error" {
+		return gjson.Result{}
+	}
+	flat, err := sjson.Delete(event.Raw, "type")
+	if err != nil {
+		return gjson.Result{}
+	}
+	return gjson.Parse(flat)
+}
 
 // errClosedBeforeEvent: the upstream closed a stream before its first
 // whole event with data, after some lines that were none.

@@ -232,3 +232,88 @@ func TestStreamWhoseFirstEventIsAnErrorIsNoAnswer(t *testing.T) {
 		}
 	}
 }
+
+// The same on /v1/responses, whose error event is OpenAI's own, its
+// members flat ({"type":"error","code":…,"message":…,"param":…}) under
+// "event: error": it was relayed as a 200 and billed its prompt, the
+// pool's other member never tried, and the Node SDK's
+// responses.stream() rejected with "expected 'response.created' event,
+// got error" instead of an APIError. A response.failed is a response,
+// and stays an answer.
+func TestResponsesStreamWhoseFirstEventIsAnErrorIsNoAnswer(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin")
+	errorStream := func(events string) string {
+		return proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(events), events)
+			return true
+		})
+	}
+	stream := `{"model":"small","stream":true,"store":false,"input":"hi"}`
+	tooLong := errorStream("event: error\ndata: " +
+		`{"type":"error","sequence_number":0,"code":"context_length_exceeded","message":"too long","param":"input"}` + "\n\n")
+	cfg := readFile(t, h.cfgPath)
+	h.writeConfig(strings.Replace(strings.Replace(cfg, h.ups[0].URL, tooLong, 1), "upstreams: [p0, p1]", "upstreams: [p0]", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/responses", stream)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 400 || !strings.Contains(got, `"code":"context_length_exceeded"`) || !strings.Contains(got, `"param":"input"`) ||
+			!strings.Contains(got, `"type":"invalid_request_error"`) || !strings.Contains(got, "too long") {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // an event would be recorded before the answer went out
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Fatalf("a stream of one error event was billed: %+v", evs[0])
+	}
+
+	// The event's type alone (no "event:" line), and a server error: the
+	// next member answers.
+	overloaded := errorStream(`data: {"type":"error","sequence_number":0,"code":"server_error","message":"model overloaded","param":null}` + "\n\n")
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), tooLong, overloaded, 1))
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0]", "upstreams: [p0, p1]", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		for range 2 { // round robin: one of the two starts at p0
+			resp := h.post("/v1/responses", stream)
+			got := string(readAll(t, resp))
+			if resp.StatusCode != 200 || !strings.Contains(got, "response.completed") || strings.Contains(got, "overloaded") {
+				return fmt.Errorf("got %d %s", resp.StatusCode, got)
+			}
+		}
+		return nil
+	})
+	for _, ev := range h.rec.Events() {
+		if ev.Upstream != "p1" || ev.Status != 200 {
+			t.Fatalf("billed %+v, want only p1's answers", ev)
+		}
+	}
+
+	// Alone in the pool, the server error is a 502 naming it, unbilled.
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0, p1]", "upstreams: [p0]", 1))
+	billed := len(h.rec.Events())
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/responses", stream)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 502 || !strings.Contains(got, `"code":"upstream_bad_answer"`) || !strings.Contains(got, "model overloaded") {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+
+	// A failed response is an answer, relayed as it came.
+	failedEvent := `{"type":"response.failed","sequence_number":0,"response":{"id":"resp_f","object":"response","status":"failed",` +
+		`"error":{"code":"server_error","message":"boom"},"output":[],"usage":{"input_tokens":3,"output_tokens":0,"total_tokens":3}}}`
+	failed := errorStream("event: response.failed\ndata: " + failedEvent + "\n\n")
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), overloaded, failed, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/responses", stream)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 200 || !strings.Contains(got, `"status":"failed"`) {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+	if evs := h.rec.Events(); len(evs) != billed+1 {
+		t.Fatalf("%d events after the 502s and the failed response, want %d", len(evs), billed+1)
+	}
+}
