@@ -68,7 +68,7 @@ func BenchmarkSSERelayResponsesEstimated(b *testing.B) {
 	for b.Loop() {
 		src.Reset(responsesToolStream)
 		rd.reset(src)
-		c.haveUsage, c.finished, c.text, c.textTokens, c.toolOutput, c.tools = false, false, c.text[:0], 0, c.toolOutput[:0], [toolCallSlots]toolCall{}
+		c.haveUsage, c.finished, c.text, c.textTokens, c.toolOutput, c.items = false, false, c.text[:0], 0, c.toolOutput[:0], [outputItemSlots]outputItem{}
 		inspectAll(c, rd)
 	}
 }

@@ -408,9 +408,9 @@ type generationCall struct {
 	// rawChunksRead counts the times rawChunks was read into text and
 	// emptied (see forgetText).
 	rawChunksRead int
-	// tools are the Responses tool calls the stream delivers: what of
+	// items are the Responses output items the stream delivers: what of
 	// each the estimate counted.
-	tools [toolCallSlots]toolCall
+	items [outputItemSlots]outputItem
 	// toolOutput is what tools the upstream ran answered (MCP calls), not
 	// counted yet, and toolOutputTokens the tokens of what came before it:
 	// prompt, in an estimate (see appendToolOutput).

@@ -381,6 +381,38 @@ func TestResponsesStreamCutSendsErrorEvent(t *testing.T) {
 	}
 }
 
+// An upstream that sends a Responses answer's text whole, in
+// response.output_text.done and the item's done, with no deltas, then
+// cuts the stream: the client got all 500 words and stream_interrupted,
+// and the call was billed 0 completion tokens.
+func TestResponsesStreamCutAfterTextSentWholeBillsTheText(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	event := func(typ string, seq int, data string) string {
+		return fmt.Sprintf("event: %s\ndata: {\"type\":%q,\"sequence_number\":%d,%s}\n\n", typ, typ, seq, data)
+	}
+	words := strings.TrimSpace(strings.Repeat(" word", 500))
+	text := `{"type":"output_text","annotations":[],"text":"` + words + `"}`
+	cut := resettingUpstream(t,
+		event("response.created", 0, `"response":{"id":"resp_w","object":"response","status":"in_progress","output":[]}`),
+		event("response.output_item.added", 1, `"output_index":0,"item":{"id":"msg_w","type":"message","role":"assistant","content":[]}`),
+		event("response.content_part.added", 2, `"output_index":0,"content_index":0,"part":{"type":"output_text","annotations":[],"text":""}`),
+		event("response.output_text.done", 3, `"output_index":0,"content_index":0,"text":"`+words+`"`),
+		event("response.content_part.done", 4, `"output_index":0,"content_index":0,"part":`+text),
+		event("response.output_item.done", 5, `"output_index":0,"item":{"id":"msg_w","type":"message","role":"assistant","content":[`+text+`]}`))
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, cut, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		got := string(readAll(t, h.post("/v1/responses", `{"model":"small","stream":true,"store":false,"input":"hi"}`)))
+		if !strings.Contains(got, words) || !strings.Contains(got, `"code":"stream_interrupted"`) {
+			return fmt.Errorf("got %s", got)
+		}
+		return nil
+	})
+	evs := h.events(1)
+	if ev := evs[len(evs)-1]; ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens != int64(tokens.Count(words)) {
+		t.Fatalf("event %+v, want the %d completion tokens of the text relayed", ev, tokens.Count(words))
+	}
+}
+
 func TestStreamWithoutDoneEndsAndIsMetered(t *testing.T) {
 	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 3, OmitDone: true, PromptTokens: 5, CompletionTokens: 3}})
 	got := readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[]}`))

@@ -529,9 +529,23 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if c.responseID != "" {
 			c.rememberItems(gjson.Get(bstr(data), "response.output"))
 		}
-	case "response.output_text.delta", "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
-		"response.refusal.delta":
-		c.appendText(gjson.Get(bstr(data), "delta").Str)
+	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta":
+		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{index: gjson.Get(bstr(data), "content_index").Int()},
+			gjson.Get(bstr(data), "delta").Str, false)
+	case "response.reasoning_summary_text.delta":
+		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{summary: true, index: gjson.Get(bstr(data), "summary_index").Int()},
+			gjson.Get(bstr(data), "delta").Str, false)
+	case "response.output_text.done", "response.reasoning_text.done", "response.refusal.done", "response.content_part.done":
+		// A part's text whole, after deltas that carried it or none: an
+		// upstream that sends no deltas was billed none of it.
+		text := gjson.Get(bstr(data), partTextKey(typ)).Str
+		if typ == "response.content_part.done" && text == "" {
+			text = gjson.Get(bstr(data), "part.refusal").Str
+		}
+		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{index: gjson.Get(bstr(data), "content_index").Int()}, text, true)
+	case "response.reasoning_summary_text.done", "response.reasoning_summary_part.done":
+		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{summary: true, index: gjson.Get(bstr(data), "summary_index").Int()},
+			gjson.Get(bstr(data), partTextKey(typ)).Str, true)
 	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 		"response.code_interpreter_call_code.delta":
 		c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
@@ -539,13 +553,25 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		// A tool call's name comes whole here, never in a delta: a cut
 		// stream of tool calls was billed their arguments only. Some
 		// upstreams send its input whole here too, in done alone even.
-		c.appendToolItem(gjson.Get(bstr(data), "output_index").Int(), typ == "response.output_item.added", gjson.Get(bstr(data), "item"))
+		c.appendOutputItem(gjson.Get(bstr(data), "output_index").Int(), typ == "response.output_item.added", gjson.Get(bstr(data), "item"))
 	case "response.function_call_arguments.done", "response.mcp_call_arguments.done",
 		"response.custom_tool_call_input.done", "response.code_interpreter_call_code.done":
 		// The input whole, after deltas that carried it or none: an
 		// upstream that sends no deltas was billed the call's name only.
 		c.appendWholeToolCall(gjson.Get(bstr(data), "output_index").Int(), false, "", gjson.Get(bstr(data), toolInputDoneKey(typ)).Str)
 	}
+}
+
+// partTextKey is the member of a text part's done event that holds the
+// part's text whole.
+func partTextKey(event string) string {
+	switch event {
+	case "response.refusal.done":
+		return "refusal"
+	case "response.content_part.done", "response.reasoning_summary_part.done":
+		return "part.text"
+	}
+	return "text"
 }
 
 // toolInputDoneKey is the member of a tool call's input done event that

@@ -373,39 +373,95 @@ func (c *generationCall) appendToolCalls(calls gjson.Result, reported bool) {
 	})
 }
 
-// toolCall is what the estimate holds of a Responses tool call, the
-// output item at outputIndex: whether its name was counted, and how many
-// bytes of its input (a function's or MCP tool's arguments, a custom
-// tool's input). An event that repeats them whole (the input's done,
-// output_item.done) adds what was not counted yet. The kept text cannot
-// tell: counted once every 4 MiB (see appendCounted), it no longer ends
-// with what deltas delivered before the count, and that part was counted
+// outputItem is what the estimate holds of a Responses output item, the
+// one at outputIndex. Of a tool call: whether its name was counted, and
+// how many bytes of its input (a function's or MCP tool's arguments, a
+// custom tool's input). Of a message or reasoning item: how many bytes of
+// its text were counted (textCounted), and of the part under way (part,
+// partCounted). An event that repeats them whole (the input's or a
+// part's done, content_part.done, output_item.done) adds what was not
+// counted yet: an upstream that sends text only there, no deltas, was
+// billed none of it when its stream was cut. The kept text cannot tell:
+// counted once every 4 MiB (see appendCounted), it no longer ends with
+// what deltas delivered before the count, and that part was counted
 // again.
-type toolCall struct {
+type outputItem struct {
 	outputIndex  int64
 	named        bool
 	inputCounted int
+	textCounted  int
+	part         textPart
+	partCounted  int
 }
 
-// toolCallSlots is how many tool calls a stream's estimate follows at
-// once: the items of OpenAI's streams come one after another, but an
-// upstream may end them (output_item.done) after later ones began.
-const toolCallSlots = 8
+// textPart names a part of a message or reasoning item's text: its
+// content_index, or its summary_index in a reasoning item's summary.
+type textPart struct {
+	summary bool
+	index   int64
+}
 
-// toolCallAt is the tool call at output index i: the one followed in its
-// slot, or a new one where the slot held another.
-func (c *generationCall) toolCallAt(i int64) *toolCall {
-	t := &c.tools[uint64(i)%toolCallSlots]
+// outputItemSlots is how many output items a stream's estimate follows
+// at once: the items of OpenAI's streams come one after another, but an
+// upstream may end them (output_item.done) after later ones began.
+const outputItemSlots = 8
+
+// outputItemAt is the output item at output index i: the one followed in
+// its slot, or a new one where the slot held another.
+func (c *generationCall) outputItemAt(i int64) *outputItem {
+	t := &c.items[uint64(i)%outputItemSlots]
 	if t.outputIndex != i {
-		*t = toolCall{outputIndex: i}
+		*t = outputItem{outputIndex: i}
 	}
 	return t
+}
+
+// appendPartText takes text of part p of the message or reasoning item at
+// output index i: a delta, or, whole says, the part's whole text, of
+// which only what its deltas did not bring is counted.
+func (c *generationCall) appendPartText(i int64, p textPart, text string, whole bool) {
+	t := c.outputItemAt(i)
+	if t.part != p {
+		t.part, t.partCounted = p, 0
+	}
+	if whole {
+		if len(text) <= t.partCounted {
+			return
+		}
+		text = text[t.partCounted:]
+	}
+	c.appendText(text)
+	t.partCounted += len(text)
+	t.textCounted += len(text)
+}
+
+// appendItemText takes the text of a message or reasoning item that
+// output_item.done or a whole answer carries, counting what its parts'
+// deltas and done events did not: the item's text, part after part, past
+// the bytes counted already.
+func (c *generationCall) appendItemText(t *outputItem, item gjson.Result) {
+	skip := t.textCounted
+	// A reasoning item's summary is generated text as its content is.
+	for _, key := range [...]string{"content", "summary"} {
+		item.Get(key).ForEach(func(_, part gjson.Result) bool {
+			for _, text := range [...]string{part.Get("text").Str, part.Get("refusal").Str} { // a refusal part's text
+				if skip >= len(text) {
+					skip -= len(text)
+					continue
+				}
+				c.appendText(text[skip:])
+				t.textCounted += len(text) - skip
+				skip = 0
+			}
+			return true
+		})
+	}
 }
 
 // appendToolInput takes a delta of the input of the tool call at output
 // index i.
 func (c *generationCall) appendToolInput(i int64, delta string) {
-	t := c.toolCallAt(i)
+	t := c.outputItemAt(i)
 	c.appendText(delta)
 	t.inputCounted += len(delta)
 }
@@ -414,9 +470,9 @@ func (c *generationCall) appendToolInput(i int64, delta string) {
 // index i from an event that carries them whole ("" for what it leaves
 // out), keeping what was not counted yet; added starts a new item.
 func (c *generationCall) appendWholeToolCall(i int64, added bool, name, input string) {
-	t := c.toolCallAt(i)
+	t := c.outputItemAt(i)
 	if added {
-		*t = toolCall{outputIndex: i}
+		*t = outputItem{outputIndex: i}
 	}
 	if name != "" && !t.named {
 		c.appendText(name)
@@ -428,11 +484,19 @@ func (c *generationCall) appendWholeToolCall(i int64, added bool, name, input st
 	}
 }
 
-// appendToolItem takes the Responses output item at output index i, as
+// appendOutputItem takes the Responses output item at output index i, as
 // output_item.added or output_item.done carries it or a whole answer
 // holds it: a tool call's name and input and, once done, an MCP call's
-// output and the tools an MCP server listed.
-func (c *generationCall) appendToolItem(i int64, added bool, item gjson.Result) {
+// output, the tools an MCP server listed, and a message's or reasoning
+// item's text.
+func (c *generationCall) appendOutputItem(i int64, added bool, item gjson.Result) {
+	if added {
+		// Its text comes after, in deltas and done events; an added item
+		// with text (none of OpenAI's) is counted once done.
+		c.items[uint64(i)%outputItemSlots] = outputItem{outputIndex: i}
+	} else {
+		c.appendItemText(c.outputItemAt(i), item)
+	}
 	typ := item.Get("type").Str
 	if typ == "mcp_list_tools" {
 		// The tool definitions the MCP server returned: the model reads
@@ -516,15 +580,7 @@ func (c *generationCall) collectWholeText(body []byte) {
 	}
 	var i int64 // the item's output index
 	gjson.Get(bstr(body), "output").ForEach(func(_, item gjson.Result) bool {
-		// A reasoning item's summary is generated text as its content is.
-		for _, key := range [...]string{"content", "summary"} {
-			item.Get(key).ForEach(func(_, part gjson.Result) bool {
-				c.appendText(part.Get("text").Str)
-				c.appendText(part.Get("refusal").Str) // a refusal part's text
-				return true
-			})
-		}
-		c.appendToolItem(i, false, item)
+		c.appendOutputItem(i, false, item)
 		i++
 		return true
 	})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/catalog"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/tokens"
 )
@@ -483,5 +484,77 @@ func TestForgetTextAfterAUsageReport(t *testing.T) {
 	c.forgetText(m)
 	if len(c.text) != 0 || c.textTokens != 0 {
 		t.Fatalf("kept %q (%d tokens counted) for the estimate, want nothing", c.text, c.textTokens)
+	}
+}
+
+// Text a Responses stream sends whole, in a part's done event or in
+// output_item.done, with no deltas, is generated text as deltas are: a
+// cut stream whose 500 words came in response.output_text.done was billed
+// 0 completion tokens. Text that came in deltas is not counted again when
+// the done events repeat it; an item whose parts came partly in deltas is
+// counted once too.
+func TestResponsesTextSentWholeIsCountedOnce(t *testing.T) {
+	event := func(typ, data string) string {
+		return "event: " + typ + "\ndata: {\"type\":\"" + typ + "\"," + data + "}\n\n"
+	}
+	part := func(kind string, i, part int, member, text string) string {
+		return event("response."+kind, `"output_index":`+strconv.Itoa(i)+`,"content_index":`+strconv.Itoa(part)+`,"`+member+`":"`+text+`"`)
+	}
+	summary := func(kind string, i, part int, member, text string) string {
+		return event("response."+kind, `"output_index":`+strconv.Itoa(i)+`,"summary_index":`+strconv.Itoa(part)+`,"`+member+`":"`+text+`"`)
+	}
+	item := func(kind string, i int, item string) string {
+		return event("response.output_item."+kind, `"output_index":`+strconv.Itoa(i)+`,"item":`+item)
+	}
+	message := func(parts ...string) string {
+		return `{"type":"message","role":"assistant","content":[` + strings.Join(parts, ",") + `]}`
+	}
+	outputText := func(text string) string { return `{"type":"output_text","annotations":[],"text":"` + text + `"}` }
+	words := strings.Repeat(" word", 500)
+	for _, tc := range []struct {
+		name, stream, want string
+	}{{
+		name: "text in its done events only",
+		stream: item("added", 0, message()) + event("response.content_part.added", `"output_index":0,"content_index":0,"part":`+outputText("")) + part("output_text.done", 0, 0, "text", words) +
+			event("response.content_part.done", `"output_index":0,"content_index":0,"part":`+outputText(words)) +
+			item("done", 0, message(outputText(words))),
+		want: words,
+	}, {
+		name:   "text in output_item.done only",
+		stream: item("added", 0, message()) + item("done", 0, message(outputText(words))),
+		want:   words,
+	}, {
+		name: "text in deltas, repeated whole",
+		stream: item("added", 0, message()) + part("output_text.delta", 0, 0, "delta", "Hello") + part("output_text.delta", 0, 0, "delta", " there") +
+			part("output_text.done", 0, 0, "text", "Hello there") +
+			event("response.content_part.done", `"output_index":0,"content_index":0,"part":`+outputText("Hello there")) +
+			item("done", 0, message(outputText("Hello there"))),
+		want: "Hello there",
+	}, {
+		name: "a part in deltas, the next only whole",
+		stream: item("added", 0, message()) + part("output_text.delta", 0, 0, "delta", "First.") +
+			part("output_text.done", 0, 0, "text", "First.") + item("done", 0, message(outputText("First."), outputText(" Second."))),
+		want: "First. Second.",
+	}, {
+		name: "a refusal and a reasoning summary, whole",
+		stream: item("added", 0, `{"type":"reasoning","summary":[]}`) + summary("reasoning_summary_text.done", 0, 0, "text", "Think.") +
+			event("response.reasoning_summary_part.done", `"output_index":0,"summary_index":0,"part":{"type":"summary_text","text":"Think."}`) +
+			item("done", 0, `{"type":"reasoning","summary":[{"type":"summary_text","text":"Think."}]}`) +
+			item("added", 1, message()) + part("refusal.done", 1, 0, "refusal", "No.") +
+			event("response.content_part.done", `"output_index":1,"content_index":0,"part":{"type":"refusal","refusal":"No."}`) +
+			item("done", 1, message(`{"type":"refusal","refusal":"No."}`)),
+		want: "Think.No.",
+	}, {
+		name: "reasoning text in deltas, its summary whole",
+		stream: item("added", 0, `{"type":"reasoning","summary":[],"content":[]}`) + part("reasoning_text.delta", 0, 0, "delta", "hmm") +
+			part("reasoning_text.done", 0, 0, "text", "hmm") + summary("reasoning_summary_text.done", 0, 0, "text", "Look it up.") +
+			item("done", 0, `{"type":"reasoning","summary":[{"type":"summary_text","text":"Look it up."}],"content":[{"type":"reasoning_text","text":"hmm"}]}`),
+		want: "hmmLook it up.",
+	}} {
+		c := estimateCall(endpointResponses)
+		inspectAll(c, newSSEReader(strings.NewReader(tc.stream), 4096, 0))
+		if got := string(c.text); got != tc.want {
+			t.Errorf("%s: kept %q, want %q", tc.name, utf8cut.Shorten(got, 60), utf8cut.Shorten(tc.want, 60))
+		}
 	}
 }
