@@ -153,7 +153,8 @@ func (w *responseEvents) add(typ string, fields ...string) {
 
 // wholeResponseAsStream writes the events OpenAI streams a response in:
 // created and in progress (the response with no output yet), each output
-// item added, its content and arguments as one delta each, the item done,
+// item added, its content, reasoning and arguments as one delta each, the
+// item done,
 // and the terminal event of its status. A response that has not ended
 // (queued, in progress) is written as created alone, as it is.
 func wholeResponseAsStream(dst []byte, root gjson.Result) []byte {
@@ -202,6 +203,37 @@ func wholeResponseAsStream(dst []byte, root gjson.Result) []byte {
 					w.add("response.content_part.added", itemID, at, in, `"part":`+part.Raw)
 				}
 				w.add("response.content_part.done", itemID, at, in, `"part":`+part.Raw)
+				return true
+			})
+		case "reasoning":
+			// Its text as OpenAI streams it, each part added empty, its
+			// text as one delta, done: sent whole in output_item.added, a
+			// UI that shows reasoning as its deltas come showed none.
+			added := unfinished(item, "summary", "[]")
+			if item.Get("content").IsArray() {
+				added, _ = sjson.SetRaw(added, "content", "[]")
+			}
+			w.add("response.output_item.added", at, `"item":`+added)
+			item.Get("content").ForEach(func(j, part gjson.Result) bool {
+				in := `"content_index":` + strconv.Itoa(int(j.Int()))
+				if part.Get("type").Str != "reasoning_text" {
+					w.add("response.content_part.added", itemID, at, in, `"part":`+part.Raw)
+				} else {
+					text := rawOr(part.Get("text"), `""`)
+					w.add("response.content_part.added", itemID, at, in, `"part":{"type":"reasoning_text","text":""}`)
+					w.add("response.reasoning_text.delta", itemID, at, in, `"delta":`+text)
+					w.add("response.reasoning_text.done", itemID, at, in, `"text":`+text)
+				}
+				w.add("response.content_part.done", itemID, at, in, `"part":`+part.Raw)
+				return true
+			})
+			item.Get("summary").ForEach(func(j, part gjson.Result) bool {
+				in := `"summary_index":` + strconv.Itoa(int(j.Int()))
+				text := rawOr(part.Get("text"), `""`)
+				w.add("response.reasoning_summary_part.added", itemID, at, in, `"part":{"type":"summary_text","text":""}`)
+				w.add("response.reasoning_summary_text.delta", itemID, at, in, `"delta":`+text)
+				w.add("response.reasoning_summary_text.done", itemID, at, in, `"text":`+text)
+				w.add("response.reasoning_summary_part.done", itemID, at, in, `"part":`+part.Raw)
 				return true
 			})
 		case "function_call":

@@ -1,8 +1,11 @@
 package proxy_test
 
 import (
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -180,5 +183,64 @@ func TestWholeAnswerToAStreamedRequestIsLogged(t *testing.T) {
 	ev := h.events(1)[0]
 	if ev.Log == nil || !strings.Contains(ev.Log.Response, "tok0 tok1 tok2") {
 		t.Fatalf("request log %+v, want the answer", ev.Log)
+	}
+}
+
+// reasoningAnswer is a whole response with a reasoning item, its text and
+// its summary, before its message.
+const reasoningAnswer = `{"id":"resp_r","object":"response","created_at":7,"status":"completed","model":"proxytest-large","output":[` +
+	`{"id":"rs_1","type":"reasoning","content":[{"type":"reasoning_text","text":"Two and two."}],` +
+	`"summary":[{"type":"summary_text","text":"Adding."},{"type":"summary_text","text":"Done adding."}]},` +
+	`{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","annotations":[],"text":"Four."}]}],` +
+	`"usage":{"input_tokens":9,"output_tokens":20,"output_tokens_details":{"reasoning_tokens":12},"total_tokens":29}}`
+
+// A reasoning item of a whole answer came out of the stream written from
+// it whole, in output_item.added: a UI that shows reasoning as its deltas
+// come (OpenAI streams reasoning_summary_text and reasoning_text deltas)
+// showed none. Its text and summary parts come as OpenAI streams them.
+func TestWholeAnswerWithReasoningToAStreamedRequest(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	var asked atomic.Int32
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, jsonUpstream(t, reasoningAnswer, &asked), 1))
+	client := openai.NewClient(option.WithBaseURL(h.url+"/v1"), option.WithAPIKey(h.key), option.WithMaxRetries(0))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		var types []string
+		var reasoning, summary strings.Builder
+		var added responses.ResponseOutputItemUnion
+		rs := client.Responses.NewStreaming(t.Context(), responses.ResponseNewParams{
+			Model: "large",
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("2+2?")},
+		})
+		for rs.Next() {
+			ev := rs.Current()
+			types = append(types, strings.TrimPrefix(ev.Type, "response."))
+			switch ev.Type {
+			case "response.reasoning_text.delta":
+				reasoning.WriteString(ev.Delta)
+			case "response.reasoning_summary_text.delta":
+				fmt.Fprintf(&summary, "%d:%s ", ev.SummaryIndex, ev.Delta)
+			case "response.output_item.added":
+				if ev.OutputIndex == 0 {
+					added = ev.Item
+				}
+			}
+		}
+		want := "created in_progress output_item.added " +
+			"content_part.added reasoning_text.delta reasoning_text.done content_part.done " +
+			"reasoning_summary_part.added reasoning_summary_text.delta reasoning_summary_text.done reasoning_summary_part.done " +
+			"reasoning_summary_part.added reasoning_summary_text.delta reasoning_summary_text.done reasoning_summary_part.done " +
+			"output_item.done output_item.added content_part.added output_text.delta output_text.done content_part.done output_item.done completed"
+		if rs.Err() != nil || strings.Join(types, " ") != want {
+			return fmt.Errorf("err %v, events\n%s\nwant\n%s", rs.Err(), strings.Join(types, " "), want)
+		}
+		if reasoning.String() != "Two and two." || summary.String() != "0:Adding. 1:Done adding. " ||
+			added.Type != "reasoning" || len(added.Summary) != 0 || len(added.Content) != 0 {
+			t.Fatalf("reasoning deltas %q, summary deltas %q, item added %+v", reasoning.String(), summary.String(), added)
+		}
+		return nil
+	})
+	evs := h.events(1)
+	if ev := evs[len(evs)-1]; ev.CompletionTokens != 20 || ev.PromptTokens != 9 {
+		t.Fatalf("event %+v, want the answer's usage", ev)
 	}
 }
