@@ -108,7 +108,7 @@ func New(models []config.Model) (*Catalog, error) {
 		if m.Pricing.InputCacheRead == "" {
 			// No discount unless one is set: an upstream with prefix
 			// caching reports cached tokens, and an omitted price made
-			// them free.
+			// them free. A written "0" is taken as written.
 			e.Prices.InputCacheRead = e.Prices.Prompt
 		}
 		if err != nil {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/money"
 )
 
 var update = flag.Bool("update", false, "rewrite the want part of testdata/*.yamltest from what the loader says now")
@@ -190,6 +192,13 @@ func TestDefaultGatewayYAML(t *testing.T) {
 			m.ContextLength != want.context || !reflect.DeepEqual(m.InputModalities, want.input) ||
 			len(m.SupportedSamplingParameters) != 13 || m.Created != 0 {
 			t.Errorf("model %s: %+v", m.ID, m)
+		}
+		// A cached prompt token free where others are not gives the
+		// cache away: qwen3-vl-30b-a3b-instruct shipped with "0". An
+		// omitted input_cache_read costs the prompt price.
+		prompt, _ := money.ParsePrice(m.Pricing.Prompt)
+		if cached, err := money.ParsePrice(m.Pricing.InputCacheRead); m.Pricing.InputCacheRead != "" && (err != nil || cached == 0 && prompt != 0) {
+			t.Errorf("model %s: input_cache_read %q makes cached prompt tokens free, its prompt costing %q", m.ID, m.Pricing.InputCacheRead, m.Pricing.Prompt)
 		}
 	}
 
