@@ -689,17 +689,17 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 func TestOtherMethodsGetAConsolePage(t *testing.T) {
 	g := startGateway(t, "")
 	for _, tc := range []struct{ method, path, allow string }{
-		{"PUT", "/console/keys", "GET, POST"},
-		{"DELETE", "/console/keys/revoke", "GET, POST"},
-		{"DELETE", "/console", "GET"},
-		{"POST", "/console", "GET"},
-		{"PUT", "/console/style.css", "GET"},
-		{"POST", "/console/style.css", "GET"},
-		{"POST", "/console/", "GET"},
-		{"PUT", "/console/", "GET"},
+		{"PUT", "/console/keys", "GET, HEAD, POST"},
+		{"DELETE", "/console/keys/revoke", "GET, HEAD, POST"},
+		{"DELETE", "/console", "GET, HEAD"},
+		{"POST", "/console", "GET, HEAD"},
+		{"PUT", "/console/style.css", "GET, HEAD"},
+		{"POST", "/console/style.css", "GET, HEAD"},
+		{"POST", "/console/", "GET, HEAD"},
+		{"PUT", "/console/", "GET, HEAD"},
 		{"PUT", "/console/logout", "POST"},
 		{"GET", "/console/logout", "POST"},
-		{"PATCH", "/console/login", "GET, POST"},
+		{"PATCH", "/console/login", "GET, HEAD, POST"},
 	} {
 		req, _ := http.NewRequest(tc.method, g.url+tc.path, nil)
 		resp, err := http.DefaultClient.Do(req)

@@ -144,11 +144,11 @@ func (m *module) handleBatch(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 			ExpiresAt   string `json:"expires_at"`
 		}{id, url, expires.UTC().Format(batch.TimeFormat)}) // with milliseconds, as the job's times (it had whole seconds)
 	case action == "":
-		batchMethodNotAllowed(ctx, "DELETE, GET")
+		batchMethodNotAllowed(ctx, "DELETE, GET, HEAD")
 	case action == "start":
 		batchMethodNotAllowed(ctx, "POST")
 	case action == "results":
-		batchMethodNotAllowed(ctx, "GET")
+		batchMethodNotAllowed(ctx, "GET, HEAD")
 	default:
 		proxy.WriteError(ctx, proxy.NotFound("no route for "+method+" "+string(ctx.Path())+
 			": batch paths are /v1/batch/{job_id}, /v1/batch/{job_id}/start and /v1/batch/{job_id}/results"))

@@ -615,13 +615,13 @@ func TestBatchRequestValidation(t *testing.T) {
 
 	h.call("PUT", "/v1/batch", h.key, "").apiError(t, 405, "method_not_allowed")
 	c := h.createJob(h.key, `{"labels": ["a", "b"]}`)
-	if r := h.call("POST", "/v1/batch/"+c.JobID, h.key, ""); r.status != 405 || r.header.Get("Allow") != "DELETE, GET" {
+	if r := h.call("POST", "/v1/batch/"+c.JobID, h.key, ""); r.status != 405 || r.header.Get("Allow") != "DELETE, GET, HEAD" {
 		t.Errorf("POST on a job: %s (Allow %q)", r, r.header.Get("Allow"))
 	}
-	if r := h.call("PUT", "/v1/batch/"+c.JobID, h.key, ""); r.status != 405 || r.header.Get("Allow") != "DELETE, GET" {
+	if r := h.call("PUT", "/v1/batch/"+c.JobID, h.key, ""); r.status != 405 || r.header.Get("Allow") != "DELETE, GET, HEAD" {
 		t.Errorf("PUT on a job: %s (Allow %q)", r, r.header.Get("Allow"))
 	}
-	if r := h.call("PATCH", "/v1/batch/"+c.JobID+"/results", h.key, ""); r.status != 405 || r.header.Get("Allow") != "GET" {
+	if r := h.call("PATCH", "/v1/batch/"+c.JobID+"/results", h.key, ""); r.status != 405 || r.header.Get("Allow") != "GET, HEAD" {
 		t.Errorf("PATCH on results: %s (Allow %q)", r, r.header.Get("Allow"))
 	}
 	if r := h.call("GET", "/v1/batch/"+c.JobID+"/start", h.key, ""); r.status != 405 || r.header.Get("Allow") != "POST" {

@@ -64,7 +64,7 @@ func TestModelRetrieve(t *testing.T) {
 	for _, m := range []string{"POST", "DELETE"} {
 		resp := h.get(m, "/v1/models/small", h.key)
 		wantError(t, resp, 405, "method_not_allowed")
-		if resp.Header.Get("Allow") != "GET" {
+		if resp.Header.Get("Allow") != "GET, HEAD" {
 			t.Fatalf("%s: Allow %q", m, resp.Header.Get("Allow"))
 		}
 	}
@@ -159,8 +159,8 @@ func TestHealthAndMetricsRefuseOtherMethods(t *testing.T) {
 	for _, path := range []string{"/healthz", "/metrics"} {
 		resp := h.post(path, "{}")
 		readAll(t, resp)
-		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET" {
-			t.Errorf("POST %s: %d, Allow %q; want 405, GET", path, resp.StatusCode, resp.Header.Get("Allow"))
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD" {
+			t.Errorf("POST %s: %d, Allow %q; want 405, GET, HEAD", path, resp.StatusCode, resp.Header.Get("Allow"))
 		}
 	}
 }

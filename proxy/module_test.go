@@ -218,8 +218,8 @@ func TestModuleRouteRefusesOtherMethodsWithEachAllowedOnce(t *testing.T) {
 	}{
 		{"PUT", "/api/thing", "application/json", `"code":"method_not_allowed"`},
 		{"DELETE", "/api/other", "application/json", `"code":"method_not_allowed"`},
-		{"PUT", "/pages/thing", "text/html; charset=utf-8", "<p>use GET, POST</p>"},
-		{"DELETE", "/pages/other", "text/html; charset=utf-8", "<p>use GET, POST</p>"},
+		{"PUT", "/pages/thing", "text/html; charset=utf-8", "<p>use GET, HEAD, POST</p>"},
+		{"DELETE", "/pages/other", "text/html; charset=utf-8", "<p>use GET, HEAD, POST</p>"},
 	} {
 		req, _ := http.NewRequest(tc.method, url+tc.path, nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -228,9 +228,9 @@ func TestModuleRouteRefusesOtherMethodsWithEachAllowedOnce(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, POST" ||
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD, POST" ||
 			resp.Header.Get("Content-Type") != tc.contentType || !strings.Contains(string(body), tc.body) {
-			t.Errorf("%s %s: %d, Allow %q, %s %s; want 405, Allow \"GET, POST\", %s with %s",
+			t.Errorf("%s %s: %d, Allow %q, %s %s; want 405, Allow \"GET, HEAD, POST\", %s with %s",
 				tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("Content-Type"), body, tc.contentType, tc.body)
 		}
 	}

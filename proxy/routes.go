@@ -336,7 +336,7 @@ func readOnly(ctx *fasthttp.RequestCtx) bool {
 	if ctx.IsGet() || ctx.IsHead() {
 		return true
 	}
-	methodNotAllowed(ctx, "GET")
+	methodNotAllowed(ctx, "GET, HEAD")
 	return false
 }
 
@@ -432,7 +432,8 @@ func matchPrefix(routes map[routeKey]Route, method, path string) (Route, bool) {
 }
 
 // allowedMethods returns the methods the routes of path serve, for a
-// 405's Allow header, each once, and whether path has a route of its own
+// 405's Allow header, each once (HEAD beside GET, which answers it), and
+// whether path has a route of its own
 // (exact). A path with one is allowed the methods of its exact routes
 // only: "/*" routes over it answered the other methods with a 404, and
 // Allow named them (PUT /console/style.css: "GET, POST", POST a 404).
@@ -452,6 +453,9 @@ func allowedMethods(routes map[routeKey]Route, path string) (allow string, answe
 				answerer = r
 			}
 		}
+	}
+	if slices.Contains(methods, fasthttp.MethodGet) {
+		methods = append(methods, fasthttp.MethodHead) // answered as GET
 	}
 	sort.Strings(methods)
 	return strings.Join(slices.Compact(methods), ", "), answerer.MethodNotAllowed, exact
