@@ -39,6 +39,11 @@ var (
 	// ErrExists is returned when creating an account whose id is taken:
 	// pick another id, or credit the existing account instead.
 	ErrExists = errors.New("already exists")
+	// ErrAlreadyUsed ends CreditOnce's error when the idempotency key was
+	// used for a credit of another amount; errors.Is finds ErrExists in it
+	// too (a 409). The message began "already exists: ", which told the
+	// payment integration nothing of what to do.
+	ErrAlreadyUsed error = alreadyUsed{}
 	// ErrInvalidInput wraps every rejected argument (account id, amount,
 	// scope, limit); the rest of the message says what to change.
 	ErrInvalidInput = errors.New("invalid input")
@@ -48,6 +53,14 @@ var (
 	// setting.
 	ErrTooManyKeys = errors.New("too many keys")
 )
+
+type alreadyUsed struct{}
+
+func (alreadyUsed) Error() string {
+	return "send the same amount again to be told it was applied, or another key for another credit"
+}
+
+func (alreadyUsed) Is(target error) bool { return target == ErrExists }
 
 // Account is an account's balance, its lifetime totals and its limits.
 // Balance = Credited - Debited; it goes negative within the grace buffer.
@@ -396,8 +409,8 @@ func (s *Service) CreditOnce(ctx context.Context, id string, amount money.Nanos,
 					continue
 				}
 				if c.Nanos != int64(amount) {
-					return fmt.Errorf("%w: idempotency key %q was used at %s for a credit of %s USD, not %s", ErrExists, key,
-						c.At.Format(time.RFC3339), money.Nanos(c.Nanos), amount)
+					return fmt.Errorf("idempotency key %q was used at %s for a credit of %s USD, not %s: %w", key,
+						c.At.Format(time.RFC3339), money.Nanos(c.Nanos), amount, ErrAlreadyUsed)
 				}
 				replayed = true
 				return errUnchanged

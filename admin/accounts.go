@@ -208,14 +208,19 @@ func (a *API) credit(call *Call) (int, any, error) {
 
 // checkIdempotencyKey refuses a key sent empty, which the store reads as
 // none (a payment integration whose ids mapped to "" credited each one),
-// a key over the store's bound, and a control character (C0, DEL, C1),
-// which no log or 409 would show as it is.
+// a key over the store's bound, one with whitespace at its ends, and a
+// control character (C0, DEL, C1), which no log or 409 would show as it
+// is.
 func checkIdempotencyKey(key string) error {
 	switch {
 	case key == "":
 		return proxy.BadRequest("idempotency_key", "idempotency_key is empty: give the payment's id, or leave the field out to credit without one")
 	case len(key) > accounts.MaxIdempotencyKey:
 		return proxy.BadRequest("idempotency_key", fmt.Sprintf("idempotency_key is too long: at most %d bytes", accounts.MaxIdempotencyKey))
+	case strings.TrimSpace(key) != key:
+		// " pay_1" and "pay_1" were two keys: a payment id sent once with
+		// a stray space was credited twice.
+		return proxy.BadRequest("idempotency_key", fmt.Sprintf("idempotency_key %q starts or ends with whitespace: send the id without it", key))
 	case strings.IndexFunc(key, unicode.IsControl) >= 0:
 		return proxy.BadRequest("idempotency_key", fmt.Sprintf("idempotency_key %q holds a control character: send the id as printable text", key))
 	}

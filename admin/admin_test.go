@@ -671,8 +671,9 @@ func TestUSDAmountIsTheDecimalAlone(t *testing.T) {
 
 // An idempotency_key sent empty was taken as none: two credits from a
 // payment integration whose id mapped to "" were both applied. One with
-// a control character ("a\nb") was kept, to show in no log as it is.
-// Both are refused, crediting nothing.
+// a control character ("a\nb") was kept, to show in no log as it is;
+// one with a space at an end was another key than the id without it.
+// All are refused, crediting nothing.
 func TestCreditRefusesAnEmptyOrControlIdempotencyKey(t *testing.T) {
 	g := startGateway(t)
 	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
@@ -684,6 +685,8 @@ func TestCreditRefusesAnEmptyOrControlIdempotencyKey(t *testing.T) {
 		{`"pay_1\u0000"`, "control character"},
 		{`"pay\u007f1"`, "control character"},
 		{`"pay\u00851"`, "control character"},
+		{`" pay_1"`, "starts or ends with whitespace"}, // another key than "pay_1"
+		{`"pay_1\t"`, "starts or ends with whitespace"},
 	} {
 		status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"1","idempotency_key":`+c.key+`}`)
 		if status != 400 || !strings.Contains(wantError(t, body, "idempotency_key", "invalid_request_error"), c.says) {
@@ -720,7 +723,8 @@ func TestStoreRefusalsNameTheirField(t *testing.T) {
 		t.Fatalf("credit: %d %s", status, body)
 	}
 	status, _, body = g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"2","idempotency_key":"pay_1"}`)
-	if msg := wantError(t, body, "idempotency_key", "conflict"); status != 409 || !strings.Contains(msg, "was used at") {
+	if msg := wantError(t, body, "idempotency_key", "conflict"); status != 409 || !strings.HasPrefix(msg, `idempotency key "pay_1" was used at`) ||
+		!strings.HasSuffix(msg, "another key for another credit") {
 		t.Fatalf("the key with another amount: %d %s", status, body)
 	}
 	// An id in the path is no field: param null, the same words.
