@@ -33,6 +33,16 @@ func mapFile(path string) (buf []byte, mapped bool, err error) {
 	if st.Size() == 0 {
 		return nil, false, fmt.Errorf("%s: %w", path, ErrVectorsCorrupt)
 	}
+	// The header says how big the file must be: one of another size is
+	// refused before it is copied, not after (a 30 GB file named by
+	// mistake filled the disk, or memory, before it was found wrong).
+	var header [vectorsHeaderSize]byte
+	if _, err := f.ReadAt(header[:], 0); err != nil && !errors.Is(err, io.EOF) {
+		return nil, false, err
+	}
+	if _, _, _, _, size, err := vectorsLayout(header[:]); err != nil || int64(size) != st.Size() {
+		return nil, false, fmt.Errorf("%s: %w", path, ErrVectorsCorrupt)
+	}
 	if c, err := privateCopy(f, path, st.Size()); err == nil {
 		buf, err := syscall.Mmap(int(c.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
 		c.Close() // the mapping keeps the unnamed file

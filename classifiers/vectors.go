@@ -83,19 +83,32 @@ func (v *Vectors) Close() error {
 	return err
 }
 
-func parseVectors(buf []byte) (*Vectors, error) {
+// vectorsLayout reads the header at the start of buf: the vectors'
+// dimensions, words, hash slots and bytes of words, and the size of the
+// whole file they make; ErrVectorsCorrupt for a header no vectors file
+// has. mapFile checks the size against the file's before copying it, so
+// that a file named by mistake (a model of 30 GB) is refused unread.
+func vectorsLayout(buf []byte) (dims, count, slots, wordBytes, size int, err error) {
 	if len(buf) < vectorsHeaderSize || string(buf[:len(vectorsMagic)]) != vectorsMagic {
-		return nil, ErrVectorsCorrupt
+		return 0, 0, 0, 0, 0, ErrVectorsCorrupt
 	}
 	h := buf[len(vectorsMagic):]
-	dims := int(binary.LittleEndian.Uint32(h[0:]))
-	count := int(binary.LittleEndian.Uint32(h[4:]))
-	slots := int(binary.LittleEndian.Uint32(h[8:]))
-	wordBytes := int(binary.LittleEndian.Uint32(h[12:]))
+	dims = int(binary.LittleEndian.Uint32(h[0:]))
+	count = int(binary.LittleEndian.Uint32(h[4:]))
+	slots = int(binary.LittleEndian.Uint32(h[8:]))
+	wordBytes = int(binary.LittleEndian.Uint32(h[12:]))
 	if dims == 0 || dims > 1024 || count == 0 || slots < count || slots&(slots-1) != 0 {
-		return nil, ErrVectorsCorrupt
+		return 0, 0, 0, 0, 0, ErrVectorsCorrupt
 	}
-	size := vectorsHeaderSize + 4*(count+1) + 4*slots + 4*count + count*dims + wordBytes
+	size = vectorsHeaderSize + 4*(count+1) + 4*slots + 4*count + count*dims + wordBytes
+	return dims, count, slots, wordBytes, size, nil
+}
+
+func parseVectors(buf []byte) (*Vectors, error) {
+	dims, count, slots, wordBytes, size, err := vectorsLayout(buf)
+	if err != nil {
+		return nil, err
+	}
 	if len(buf) != size {
 		return nil, ErrVectorsCorrupt
 	}

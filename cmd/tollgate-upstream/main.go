@@ -38,7 +38,11 @@ func offlineView(path string, logf func(string, ...any)) classifiers.Engine {
 	}
 	v, err := classifiers.LoadVectors(path)
 	if err != nil {
-		logf("tollgate-upstream: classifier prompts answered from the lexical engine: word vectors %s: %v (scripts/vectors.sh install)", path, err)
+		// A corrupt file's error names it and the fix already.
+		if !errors.Is(err, classifiers.ErrVectorsCorrupt) {
+			err = fmt.Errorf("%w (scripts/vectors.sh install)", err)
+		}
+		logf("tollgate-upstream: classifier prompts answered from the lexical engine: %v", err)
 		return classifiers.NewLexical()
 	}
 	return classifiers.NewSemantic(v)
