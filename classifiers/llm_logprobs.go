@@ -153,6 +153,13 @@ func codeDistribution(ans modelAnswer, codes []string) (chosen int, dist []float
 	for _, p := range dist {
 		sum += p
 	}
+	if !(sum > 0) || math.IsInf(sum, 0) {
+		// Every probability underflowed (logprobs of -1000 and below, from
+		// a broken server): divided by 0 they were NaN confidences, a 500
+		// that billed the model's tokens. The answer's label stands, read
+		// as one without logprobs.
+		return chosen, nil, nil
+	}
 	for i := range dist {
 		dist[i] /= sum
 	}

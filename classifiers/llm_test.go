@@ -697,3 +697,35 @@ func TestReadAnswerLogprobs(t *testing.T) {
 		t.Errorf("rounding error not read as 0: %+v", a)
 	}
 }
+
+// TestLLMUnderflowingLogprobsAreNoLogprobs: logprobs of -1000 (a broken
+// server's) are log-probabilities, but every e^-1000 is 0: the label
+// distribution summed to 0, and 0/0 made the classify answer a NaN the
+// gateway could not encode, a 500 that billed the model's tokens.
+func TestLLMUnderflowingLogprobsAreNoLogprobs(t *testing.T) {
+	view := NewViewModel(NewLexical()).Reply
+	anyLogprob := regexp.MustCompile(`"logprob":[-0-9.eE+]+`)
+	s := proxytest.NewServer(proxytest.Options{PromptTokens: 40, CompletionTokens: 9,
+		Reply: func(req []byte) (string, []byte, bool) {
+			content, logprobs, ok := view(req)
+			return content, anyLogprob.ReplaceAll(logprobs, []byte(`"logprob":-1000`)), ok
+		}})
+	t.Cleanup(s.Close)
+	e := NewLLM(httpCaller{s.URL}, "catalog-model")
+	single, err := e.Classify(ctx, supportRequest)
+	if err != nil || !single.NoLogprobs || single.Label != "shipping" {
+		t.Errorf("single: %+v, %v; want shipping, no logprobs", single, err)
+	}
+	for what, v := range map[string]any{"single": single} {
+		if _, err := json.Marshal(v); err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	multi, err := e.Classify(ctx, ClassifyRequest{Text: supportRequest.Text, Labels: supportRequest.Labels, Mode: ModeMulti, Threshold: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := json.Marshal(multi); err != nil {
+		t.Errorf("multi: %v", err)
+	}
+}
