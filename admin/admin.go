@@ -255,7 +255,7 @@ func checkMembers(v gjson.Result, t reflect.Type, path string) error {
 				err = proxy.BadRequest(joinPath(path, key.Str), fmt.Sprintf("unknown field %q (did you mean %q? names are case-sensitive)",
 					joinPath(path, key.Str), joinPath(path, jsonName(*field))))
 			case val.Type == gjson.Null && field.Tag.Get("null") != "ok":
-				err = proxy.BadRequest(joinPath(path, key.Str), fmt.Sprintf("%s must be %s, got null: leave the field out instead",
+				err = proxy.BadRequest(joinPath(path, key.Str), fmt.Sprintf("%s must be %s, got null: null means nothing here (send a value, or leave the field out where it may be)",
 					joinPath(path, key.Str), jsonKind(field.Type)))
 			default:
 				err = checkMembers(val, field.Type, joinPath(path, key.Str))

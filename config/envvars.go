@@ -49,6 +49,9 @@ func (c *Config) UnreadEnv(environ []string) []string {
 // release before wrote retry_budget: 10s under the default 60s timeout,
 // and files based on it keep that value, which is valid but rarely meant.
 func (c *Config) RetryBudgetShadows() []string {
+	if c.Routing.Retries == 0 { // no call is tried on another member anyway
+		return nil
+	}
 	var names []string
 	timeouts := map[string]time.Duration{}
 	for _, u := range c.Upstreams {

@@ -97,9 +97,10 @@ models:
     pricing: {prompt: "0.000001", completion: "0.000001"}
 `
 	for budget, want := range map[string][]string{
-		"10s": {"a"},      // under a's default 60s
-		"5s":  {"a", "b"}, // b's 5s as well: not above it
-		"2m":  nil,
+		"10s":               {"a"},      // under a's default 60s
+		"5s":                {"a", "b"}, // b's 5s as well: not above it
+		"2m":                nil,
+		"10s\n  retries: 0": nil, // nothing is retried on another member
 	} {
 		cfg, err := parse("gateway.yaml", []byte(fmt.Sprintf(file, budget)), noEnv)
 		if err != nil {

@@ -678,13 +678,22 @@ func runConfig(args []string) error {
 func configWarnings(cfg *config.Config) []string {
 	var lines []string
 	for _, name := range cfg.UnreadEnv(os.Environ()) {
+		if name == "TOLLGATE_ADMIN_TOKEN" {
+			// The admin CLI reads it itself, as its token, and the
+			// first start tells everyone to export it: not a mistake.
+			continue
+		}
 		setting := config.ShippedEnv[name]
 		section, leaf := setting, setting
 		if i := strings.LastIndexByte(setting, '.'); i >= 0 {
 			section, leaf = setting[:i], setting[i+1:]
 		}
-		lines = append(lines, fmt.Sprintf("warning: %s is set, but %s does not read it: it sets nothing. A variable sets %s only through the file: write %s: ${%s:-} under %s, as the gateway.yaml of this release does",
-			name, cfg.Path, setting, leaf, name, section))
+		// The value in force as the default: ${NAME:-} alone would have
+		// a data_dir fall back to ./data, a new signing key and an empty
+		// store, the day the variable is not set.
+		current, _ := config.Setting(cfg, setting)
+		lines = append(lines, fmt.Sprintf("warning: %s is set, but %s does not read it: it sets nothing. A variable sets %s only through the file: write %s: ${%s:-%s} under %s, as the gateway.yaml of this release does",
+			name, cfg.Path, setting, leaf, name, current, section))
 	}
 	if shadowed := cfg.RetryBudgetShadows(); len(shadowed) > 0 {
 		members := "pool member " + shadowed[0]
