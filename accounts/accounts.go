@@ -382,6 +382,21 @@ func (s *Service) Account(ctx context.Context, id string) (Account, error) {
 	return rec.account(), nil
 }
 
+// AccountIDs returns the ids of the accounts that sort after after (in
+// byte order; "" for the first), sorted, deleted ones left out. It waits
+// until this gateway has seen every account written before the call, as
+// ListKeys does, so an account just made through another gateway is
+// there. The balances are read with Account: the snapshot holds no
+// creation time nor credited total.
+func (s *Service) AccountIDs(ctx context.Context, after string) ([]string, error) {
+	if err := s.WaitSynced(ctx); err != nil {
+		return nil, fmt.Errorf("listing accounts: %w", err)
+	}
+	ids := s.snap.accountIDsAfter(after)
+	slices.Sort(ids)
+	return ids, nil
+}
+
 // Credit adds amount (> 0) to the account's balance.
 func (s *Service) Credit(ctx context.Context, id string, amount money.Nanos) (Account, error) {
 	acc, _, err := s.CreditOnce(ctx, id, amount, "")

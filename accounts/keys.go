@@ -299,6 +299,22 @@ func (s *Service) KeyInfo(keyID string) (KeyInfo, bool) {
 	return *info, true
 }
 
+// LookupKey is the key's metadata, revoked or not, as ListKeys shows it:
+// it waits until this gateway has seen every key written before the call,
+// so a key just made or revoked through another gateway is seen as it is.
+// An id no key has is ErrNotFound. The returned slices are shared: do not
+// modify them.
+func (s *Service) LookupKey(ctx context.Context, keyID string) (KeyInfo, error) {
+	if err := s.WaitSynced(ctx); err != nil {
+		return KeyInfo{}, fmt.Errorf("reading key %s: %w", keyID, err)
+	}
+	info, ok := s.snap.key(keyID)
+	if !ok {
+		return KeyInfo{}, fmt.Errorf("key %s: %w", keyID, ErrNotFound)
+	}
+	return *info, nil
+}
+
 // RevokeKey marks the key revoked; every gateway refuses it within a second.
 // Revoking a revoked key changes nothing and is not an error.
 func (s *Service) RevokeKey(ctx context.Context, keyID string) (KeyInfo, error) {

@@ -548,3 +548,47 @@ func TestKeyLastsAtLeastWhatWasAsked(t *testing.T) {
 		t.Errorf("created_at %v is not a whole second like the token's iat", info.CreatedAt)
 	}
 }
+
+// An admin reading through one gateway what was just written through
+// another sees it: the account listed, the key found and then revoked,
+// with no WaitSynced of the test's own. (On loopback the watch is mostly
+// quick enough without the methods' wait too: this pins what they
+// promise, the wait keeps it on a loaded cluster.)
+func TestAccountIDsAndLookupKeySeeAnotherGatewaysWrites(t *testing.T) {
+	a, brokerA, dataDirA := gateway(t)
+	b := secondGateway(t, brokerA, dataDirA)
+	ctx := testContext(t)
+	for _, id := range []string{"beta", "Zed", "alpha", "c.d"} {
+		if _, err := b.CreateAccount(ctx, id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, err := a.AccountIDs(ctx, "")
+	if err != nil || strings.Join(ids, " ") != "Zed alpha beta c.d" {
+		t.Fatalf("AccountIDs: %q, %v; want them all in byte order", ids, err)
+	}
+	if ids, err := a.AccountIDs(ctx, "alpha"); err != nil || strings.Join(ids, " ") != "beta c.d" {
+		t.Fatalf("AccountIDs after alpha: %q, %v", ids, err)
+	}
+	if ids, err := a.AccountIDs(ctx, "zzz"); err != nil || len(ids) != 0 {
+		t.Fatalf("AccountIDs after the last: %q, %v", ids, err)
+	}
+
+	info, _, err := b.CreateKey(ctx, "beta", KeyRequest{Name: "ci"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.LookupKey(ctx, info.KeyID)
+	if err != nil || got.Account != "beta" || got.Name != "ci" || got.RevokedAt != nil {
+		t.Fatalf("LookupKey: %+v, %v", got, err)
+	}
+	if _, err := b.RevokeKey(ctx, info.KeyID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.LookupKey(ctx, info.KeyID); err != nil || got.RevokedAt == nil {
+		t.Fatalf("LookupKey of a revoked key: %+v, %v; want it, revoked", got, err)
+	}
+	if _, err := a.LookupKey(ctx, "key_nothing"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("LookupKey of an unknown id: %v, want ErrNotFound", err)
+	}
+}

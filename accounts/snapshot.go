@@ -84,6 +84,20 @@ func (sn *snapshot) key(id string) (*KeyInfo, bool) {
 	return e.info, true
 }
 
+// accountIDsAfter is the ids of the live accounts that sort after after,
+// unsorted; after "" is all of them.
+func (sn *snapshot) accountIDsAfter(after string) []string {
+	sn.mu.RLock()
+	defer sn.mu.RUnlock()
+	var out []string
+	for id, e := range sn.accounts {
+		if !e.deleted && id > after {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 func (sn *snapshot) keysOf(account string) []KeyInfo {
 	sn.mu.RLock()
 	defer sn.mu.RUnlock()
