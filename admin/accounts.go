@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/internal/suggest"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -163,6 +167,100 @@ func (a *API) getAccount(call *Call) (int, any, error) {
 	return 200, viewAccount(acc), nil
 }
 
+// A page of GET /admin/v1/accounts holds defaultAccountsPage accounts
+// unless limit says otherwise, and at most maxAccountsPage: each is one
+// read of the account store.
+const (
+	defaultAccountsPage = 100
+	maxAccountsPage     = 1000
+)
+
+// accountList is a page of GET /admin/v1/accounts in the shape of OpenAI's
+// paginated lists: ask again with after=last_id while has_more.
+type accountList struct {
+	Object  string        `json:"object"`
+	Data    []accountView `json:"data"`
+	FirstID *string       `json:"first_id"`
+	LastID  *string       `json:"last_id"`
+	HasMore bool          `json:"has_more"`
+}
+
+// listAccounts answers the accounts sorted by id, each as getAccount
+// shows it: the ids come from this gateway's snapshot, the accounts from
+// the store, as the snapshot holds neither created_at nor credited_usd.
+func (a *API) listAccounts(call *Call) (int, any, error) {
+	limit, after, err := accountsQuery(call.HTTP.QueryArgs())
+	if err != nil {
+		return 0, nil, err
+	}
+	ids, err := a.svc.AccountIDs(call.Ctx, after)
+	if err != nil {
+		return 0, nil, err
+	}
+	page := accountList{Object: "list", Data: []accountView{}}
+	for len(ids) > 0 && len(page.Data) < limit {
+		acc, err := a.svc.Account(call.Ctx, ids[0])
+		ids = ids[1:]
+		if errors.Is(err, accounts.ErrNotFound) {
+			// Deleted from the bucket by hand since the snapshot listed it.
+			continue
+		}
+		if err != nil {
+			return 0, nil, err
+		}
+		page.Data = append(page.Data, viewAccount(acc))
+	}
+	page.HasMore = len(ids) > 0
+	if n := len(page.Data); n > 0 {
+		page.FirstID, page.LastID = &page.Data[0].ID, &page.Data[n-1].ID
+	}
+	return 200, page, nil
+}
+
+// accountsQuery reads the query string of GET /admin/v1/accounts: limit
+// and after, each at most once. Any other parameter is refused, naming
+// it: "limt=5" would have answered 100 accounts as if it had been read.
+func accountsQuery(args *fasthttp.Args) (limit int, after string, err error) {
+	limit = defaultAccountsPage
+	taken := []string{"limit", "after"}
+	seen := map[string]bool{}
+	for key, value := range args.All() {
+		name, v := string(key), string(value)
+		switch {
+		case !slices.Contains(taken, name):
+			msg := fmt.Sprintf("unknown query parameter %q", name)
+			if near := suggest.Nearest(name, taken); near != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", near)
+			}
+			return 0, "", proxy.BadRequest(name, msg+"; this route takes limit and after")
+		case seen[name]:
+			return 0, "", proxy.BadRequest(name, fmt.Sprintf("query parameter %s is given twice: give it once", name))
+		}
+		seen[name] = true
+		switch name {
+		case "limit":
+			// Decimal digits alone, as the CLI reads numbers: Atoi takes
+			// "+5" and "010".
+			n, convErr := strconv.Atoi(v)
+			if !pageLimit.MatchString(v) || convErr != nil || n > maxAccountsPage {
+				return 0, "", proxy.BadRequest("limit", fmt.Sprintf("limit must be a whole number from 1 to %d, got %q (leave it out for %d)", maxAccountsPage, v, defaultAccountsPage))
+			}
+			limit = n
+		case "after":
+			if v == "" {
+				return 0, "", proxy.BadRequest("after", "after is empty: give the last_id of the page before, or leave it out for the first page")
+			}
+			if err := accounts.ValidateAccountID(v); err != nil {
+				return 0, "", fieldError("after", err)
+			}
+			after = v
+		}
+	}
+	return limit, after, nil
+}
+
+var pageLimit = regexp.MustCompile(`^[1-9][0-9]{0,3}$`)
+
 func (a *API) credit(call *Call) (int, any, error) {
 	var req struct {
 		USD string `json:"usd"`
@@ -312,6 +410,17 @@ func (a *API) listKeys(call *Call) (int, any, error) {
 		Object string             `json:"object"`
 		Data   []accounts.KeyInfo `json:"data"`
 	}{"list", keys}, nil
+}
+
+// getKey answers a key as its element of GET /admin/v1/accounts/{id}/keys
+// shows it, its account included: a key id seen in a log, revoked or not,
+// is looked up without ClickHouse.
+func (a *API) getKey(call *Call) (int, any, error) {
+	info, err := a.svc.LookupKey(call.Ctx, call.Args[0])
+	if err != nil {
+		return 0, nil, err
+	}
+	return 200, info, nil
 }
 
 func (a *API) revokeKey(call *Call) (int, any, error) {

@@ -53,11 +53,13 @@ type Route = proxy.AdminRoute
 func (a *API) routes() []Route {
 	return []Route{
 		{Method: "POST", Path: "accounts", Handle: a.createAccount},
+		{Method: "GET", Path: "accounts", Handle: a.listAccounts},
 		{Method: "GET", Path: "accounts/{}", Handle: a.getAccount},
 		{Method: "PATCH", Path: "accounts/{}", Handle: a.updateAccount},
 		{Method: "POST", Path: "accounts/{}/credit", Handle: a.credit},
 		{Method: "POST", Path: "accounts/{}/keys", Handle: a.createKey},
 		{Method: "GET", Path: "accounts/{}/keys", Handle: a.listKeys},
+		{Method: "GET", Path: "keys/{}", Handle: a.getKey},
 		{Method: "DELETE", Path: "keys/{}", Handle: a.revokeKey},
 		{Method: "GET", Path: "upstreams", Handle: upstreams},
 	}

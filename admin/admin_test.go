@@ -781,3 +781,194 @@ func TestEmptyOrNullFieldIsRefused(t *testing.T) {
 		t.Fatalf("scopes and models null: %d %s, want a key with all of them", status, body)
 	}
 }
+
+// The accounts are listed by id in pages, as OpenAI's list endpoints
+// page, each as GET /admin/v1/accounts/{id} shows it: there was no way to
+// list them (a 405).
+func TestListAccountsInPages(t *testing.T) {
+	g := startGateway(t)
+	status, _, body := g.call("GET", "/admin/v1/accounts", "")
+	if want := `{"object":"list","data":[],"first_id":null,"last_id":null,"has_more":false}`; status != 200 || string(body) != want {
+		t.Fatalf("no accounts: %d %s, want %s", status, body, want)
+	}
+	// Byte order: upper case before lower.
+	for _, create := range []string{`{"id":"beta","credit_usd":"2.50","rpm":60}`, `{"id":"Zed"}`, `{"id":"alpha"}`, `{"id":"c.d"}`} {
+		if status, _, body := g.call("POST", "/admin/v1/accounts", create); status != 201 {
+			t.Fatalf("create %s: %d %s", create, status, body)
+		}
+	}
+	type page struct {
+		Object  string            `json:"object"`
+		Data    []json.RawMessage `json:"data"`
+		FirstID *string           `json:"first_id"`
+		LastID  *string           `json:"last_id"`
+		HasMore bool              `json:"has_more"`
+	}
+	list := func(query string) page {
+		t.Helper()
+		status, _, body := g.call("GET", "/admin/v1/accounts"+query, "")
+		var p page
+		if err := json.Unmarshal(body, &p); status != 200 || err != nil || p.Object != "list" {
+			t.Fatalf("GET /admin/v1/accounts%s: %d %s", query, status, body)
+		}
+		return p
+	}
+	ids := func(p page) string {
+		var out []string
+		for _, raw := range p.Data {
+			var acc struct{ ID string }
+			json.Unmarshal(raw, &acc)
+			out = append(out, acc.ID)
+		}
+		return strings.Join(out, " ")
+	}
+	str := func(s *string) string {
+		if s == nil {
+			return "null"
+		}
+		return *s
+	}
+	for _, c := range []struct {
+		query, ids, first, last string
+		more                    bool
+	}{
+		{"", "Zed alpha beta c.d", "Zed", "c.d", false},
+		{"?limit=2", "Zed alpha", "Zed", "alpha", true},
+		{"?limit=2&after=alpha", "beta c.d", "beta", "c.d", false},
+		{"?after=c.d", "", "null", "null", false},
+		// after need not be an account: it is a place in the order.
+		{"?after=b&limit=1", "beta", "beta", "beta", true},
+		{"?limit=4", "Zed alpha beta c.d", "Zed", "c.d", false},
+	} {
+		p := list(c.query)
+		if ids(p) != c.ids || str(p.FirstID) != c.first || str(p.LastID) != c.last || p.HasMore != c.more {
+			t.Errorf("%s: ids %q first %s last %s has_more %v; want %q %s %s %v", c.query, ids(p), str(p.FirstID), str(p.LastID), p.HasMore,
+				c.ids, c.first, c.last, c.more)
+		}
+	}
+	// Each element is the account as GET /admin/v1/accounts/{id} answers.
+	p := list("?after=alpha&limit=1")
+	if _, _, one := g.call("GET", "/admin/v1/accounts/beta", ""); len(p.Data) != 1 || !bytes.Equal(p.Data[0], one) {
+		t.Fatalf("listed %s, GET of the account %s", p.Data, one)
+	}
+	if status, _, body := g.call("HEAD", "/admin/v1/accounts", ""); status != 200 || len(body) != 0 {
+		t.Fatalf("HEAD: %d %q", status, body)
+	}
+	if status, allow, _ := g.call("PUT", "/admin/v1/accounts", ""); status != 405 || allow != "GET, HEAD, POST" {
+		t.Fatalf("PUT: %d, Allow %q", status, allow)
+	}
+}
+
+// A page holds 100 accounts unless limit says otherwise, and at most 1000.
+func TestListAccountsDefaultPage(t *testing.T) {
+	g := startGateway(t)
+	ctx := context.Background()
+	for i := range 101 {
+		if _, err := g.svc.CreateAccount(ctx, fmt.Sprintf("acct%03d", i), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		query string
+		n     int
+		more  bool
+		last  string
+	}{{"", 100, true, "acct099"}, {"?limit=1000", 101, false, "acct100"}, {"?after=acct099", 1, false, "acct100"}} {
+		status, _, body := g.call("GET", "/admin/v1/accounts"+c.query, "")
+		var p struct {
+			Data    []json.RawMessage `json:"data"`
+			LastID  string            `json:"last_id"`
+			HasMore bool              `json:"has_more"`
+		}
+		if err := json.Unmarshal(body, &p); status != 200 || err != nil || len(p.Data) != c.n || p.HasMore != c.more || p.LastID != c.last {
+			t.Fatalf("%q: %d, %d accounts, has_more %v, last %q; want %d, %v, %q", c.query, status, len(p.Data), p.HasMore, p.LastID, c.n, c.more, c.last)
+		}
+	}
+}
+
+// A query the list does not read is refused, naming the parameter: none
+// would be ignored ("limt=5" answering 100 accounts).
+func TestListAccountsRefusesABadQuery(t *testing.T) {
+	g := startGateway(t)
+	for _, c := range []struct{ query, param, contains string }{
+		{"?limit=0", "limit", "limit must be a whole number from 1 to 1000, got \"0\""},
+		{"?limit=1001", "limit", "from 1 to 1000"},
+		{"?limit=ten", "limit", "from 1 to 1000"},
+		{"?limit=+5", "limit", "from 1 to 1000"},
+		{"?limit=010", "limit", "from 1 to 1000"},
+		{"?limit=-1", "limit", "from 1 to 1000"},
+		{"?limit=", "limit", "got \"\""},
+		{"?limit", "limit", "got \"\""},
+		{"?limit=5&limit=6", "limit", "limit is given twice"},
+		{"?after=", "after", "after is empty"},
+		{"?after=a%2Fb", "after", "account id must be 1-64 characters"},
+		{"?after=a&after=b", "after", "after is given twice"},
+		{"?limt=5", "limt", `unknown query parameter "limt" (did you mean "limit"?); this route takes limit and after`},
+		{"?order=desc", "order", `unknown query parameter "order"`},
+	} {
+		status, _, body := g.call("GET", "/admin/v1/accounts"+c.query, "")
+		if status != 400 {
+			t.Fatalf("%s: %d %s, want 400", c.query, status, body)
+		}
+		if msg := wantError(t, body, c.param, "invalid_request_error"); !strings.Contains(msg, c.contains) {
+			t.Errorf("%s: %q, want it to hold %q", c.query, msg, c.contains)
+		}
+	}
+}
+
+// A key is looked up by its id, revoked or not, as its element of the
+// account's key list shows it: an admin with a key id from a log had to
+// query ClickHouse for its account (GET was a 405).
+func TestGetKeyByID(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","scopes":["generate"],"rpm":5}`)
+	var created struct {
+		KeyID string `json:"key_id"`
+		Key   string `json:"key"`
+	}
+	if err := json.Unmarshal(body, &created); status != 201 || err != nil || created.Key == "" {
+		t.Fatalf("create key: %d %s", status, body)
+	}
+	listed := func() []byte {
+		t.Helper()
+		_, _, body := g.call("GET", "/admin/v1/accounts/acme/keys", "")
+		var list struct{ Data []json.RawMessage }
+		if err := json.Unmarshal(body, &list); err != nil || len(list.Data) != 1 {
+			t.Fatalf("key list: %s", body)
+		}
+		return list.Data[0]
+	}
+	for _, revoked := range []bool{false, true} {
+		if revoked {
+			if status, _, body := g.call("DELETE", "/admin/v1/keys/"+created.KeyID, ""); status != 200 {
+				t.Fatalf("revoke: %d %s", status, body)
+			}
+		}
+		status, _, body := g.call("GET", "/admin/v1/keys/"+created.KeyID, "")
+		if status != 200 || !bytes.Equal(body, listed()) {
+			t.Fatalf("GET the key (revoked %v): %d %s; want its element of the list, %s", revoked, status, body, listed())
+		}
+		if !bytes.Contains(body, []byte(`"account":"acme"`)) || bytes.Contains(body, []byte(created.Key)) || bytes.Contains(body, []byte(`"key"`)) {
+			t.Fatalf("GET the key: %s; want its account and never the secret", body)
+		}
+		if got := bytes.Contains(body, []byte(`"revoked_at":null`)); got == revoked {
+			t.Fatalf("GET the key (revoked %v): %s", revoked, body)
+		}
+	}
+	status, _, body = g.call("GET", "/admin/v1/keys/key_nothing", "")
+	if msg := wantError(t, body, "", "not_found"); status != 404 || msg != "key key_nothing: not found" {
+		t.Fatalf("unknown key: %d %s", status, body)
+	}
+	if status, _, body := g.call("HEAD", "/admin/v1/keys/"+created.KeyID, ""); status != 200 || len(body) != 0 {
+		t.Fatalf("HEAD: %d %q", status, body)
+	}
+	if status, _, body := g.call("HEAD", "/admin/v1/keys/key_nothing", ""); status != 404 || len(body) != 0 {
+		t.Fatalf("HEAD of an unknown key: %d %q", status, body)
+	}
+	if status, allow, _ := g.call("PUT", "/admin/v1/keys/"+created.KeyID, ""); status != 405 || allow != "DELETE, GET, HEAD" {
+		t.Fatalf("PUT: %d, Allow %q", status, allow)
+	}
+}
