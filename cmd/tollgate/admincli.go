@@ -365,6 +365,7 @@ func (f *flagOnce) IsBoolFlag() bool {
 // missed the limits when they came.
 const accountsCommands = `  accounts create ID [-credit USD] [-rpm N] [-tpm N] [-max-concurrent N]
   accounts get ID
+  accounts list [-limit N] [-after ID]   a page of accounts by id; -after the page's last_id for the next
   accounts limits ID [-rpm N] [-tpm N] [-max-concurrent N]   set the limits given, keep the others
   accounts credit ID USD [-idempotency-key KEY]
   accounts login ID      print a one-time web console sign-in link (15 minutes)
@@ -382,6 +383,9 @@ func runAccounts(args []string) error {
 	// took "create acme -idempotency-key x" and dropped the key.
 	credit, idemKey := new(string), new(string)
 	switch args[0] {
+	case "list":
+		decimalFlag(fs, "limit", "`N` accounts in the page, 1 to 1000 (default 100)")
+		fs.String("after", "", "list the accounts after `ID`: the last_id of the page before")
 	case "create":
 		credit = fs.String("credit", "", "initial credit in USD, e.g. 10.00")
 		limitFlags(fs)
@@ -397,6 +401,7 @@ func runAccounts(args []string) error {
 	if err := refuseGivenEmpty(fs, map[string]string{
 		"idempotency-key": "give the payment's id, or leave the flag out to credit without one",
 		"credit":          "give an amount such as 10.00, or leave the flag out for an account with no credit",
+		"after":           "give the last_id of the page before, or leave the flag out for the first page",
 	}); err != nil {
 		return err
 	}
@@ -423,6 +428,19 @@ func runAccounts(args []string) error {
 		return c.call("PATCH", "/accounts/"+account, givenLimits(fs))
 	case args[0] == "get" && len(pos) == 1:
 		return c.call("GET", "/accounts/"+account, nil)
+	case args[0] == "list" && len(pos) == 0:
+		// Only the flags given: the gateway's default page is its own.
+		query := url.Values{}
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "limit" || f.Name == "after" {
+				query.Set(f.Name, f.Value.String())
+			}
+		})
+		path := "/accounts"
+		if len(query) > 0 {
+			path += "?" + query.Encode()
+		}
+		return c.call("GET", path, nil)
 	case args[0] == "credit" && len(pos) == 2:
 		body := map[string]string{"usd": pos[1]}
 		if *idemKey != "" {
@@ -530,24 +548,27 @@ func printConsoleLogin(c *adminClient, escaped, account string) error {
 }
 
 func runKeys(args []string) error {
-	const keysUsage = "usage: tollgate keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N] | list ACCOUNT | revoke KEY_ID"
+	const keysUsage = "usage: tollgate keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N] | list ACCOUNT | get KEY_ID | revoke KEY_ID"
 	if len(args) == 0 {
 		return errors.New(keysUsage)
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	target := adminFlags(fs)
 	if args[0] != "create" {
-		// list and revoke take none of create's flags: "keys list acme
-		// -name ci" listed every key as if the name filtered them.
+		// list, get and revoke take none of create's flags: "keys list
+		// acme -name ci" listed every key as if the name filtered them.
 		pos, err := parseSubcommand(fs, args[1:])
 		if err != nil {
 			return helpShownIsNoError(err)
 		}
-		if len(pos) != 1 || args[0] != "list" && args[0] != "revoke" {
+		if len(pos) != 1 || !slices.Contains([]string{"list", "get", "revoke"}, args[0]) {
 			return errors.New(keysUsage)
 		}
 		method, path, what := "GET", "/accounts/%s/keys", "account"
-		if args[0] == "revoke" {
+		switch args[0] {
+		case "get":
+			path, what = "/keys/%s", "key id"
+		case "revoke":
 			method, path, what = "DELETE", "/keys/%s", "key id"
 		}
 		id, err := pathID(what, pos[0])

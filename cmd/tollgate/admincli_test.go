@@ -80,13 +80,17 @@ func TestAdminClientReadsTheTokenFileAsTheGatewayDoes(t *testing.T) {
 }
 
 // fakeGateway answers every admin call with an account and records the
-// method, the path as sent and the body of each.
+// method, the path as sent (with its query, if any) and the body of each.
 func fakeGateway(t *testing.T) (url string, calls *[]string) {
 	t.Helper()
 	calls = new([]string)
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		*calls = append(*calls, r.Method+" "+r.URL.EscapedPath()+" "+string(body))
+		path := r.URL.EscapedPath()
+		if r.URL.RawQuery != "" {
+			path += "?" + r.URL.RawQuery
+		}
+		*calls = append(*calls, r.Method+" "+path+" "+string(body))
 		w.Write([]byte(`{"id":"acme","balance_usd":"1"}`))
 	}))
 	t.Cleanup(gw.Close)
@@ -370,7 +374,7 @@ func TestHelpListsTheAccountsCommandsAsAccountsDoes(t *testing.T) {
 	if err == nil {
 		t.Fatal("tollgate accounts with no subcommand returned no error")
 	}
-	for _, want := range []string{"accounts limits ID [-rpm N] [-tpm N] [-max-concurrent N]", "accounts create ID [-credit USD] [-rpm N] [-tpm N] [-max-concurrent N]", "accounts login ID", "accounts logout ID"} {
+	for _, want := range []string{"accounts list [-limit N] [-after ID]", "accounts limits ID [-rpm N] [-tpm N] [-max-concurrent N]", "accounts create ID [-credit USD] [-rpm N] [-tpm N] [-max-concurrent N]", "accounts login ID", "accounts logout ID"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("tollgate accounts says %q, lacking %q", err, want)
 		}
@@ -444,6 +448,8 @@ func TestAdminFlagGivenEmptyIsRefused(t *testing.T) {
 		{runAccounts, []string{"credit", "acme", "5", "-idempotency-key="}, `-idempotency-key is empty`},
 		// An account with no credit, a key that never expires.
 		{runAccounts, []string{"create", "acme", "-credit", ""}, `-credit is empty: give an amount such as 10.00, or leave the flag out`},
+		// The first page, where the next was meant.
+		{runAccounts, []string{"list", "-after", ""}, `-after is empty: give the last_id of the page before, or leave the flag out`},
 		{runKeys, []string{"create", "acme", "-name", "ci", "-expires-in", ""}, `-expires-in is empty: give a lifetime such as 720h, or leave the flag out`},
 	} {
 		err := tc.run(append(tc.args, "-url", url))
@@ -453,5 +459,50 @@ func TestAdminFlagGivenEmptyIsRefused(t *testing.T) {
 	}
 	if len(*calls) != 0 {
 		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+}
+
+// accounts list sends the page flags given, and only those; keys get
+// looks a key up by its id. Neither takes another's flags or arguments.
+func TestAdminListAccountsAndGetKey(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runAccounts, []string{"list", "-credit", "1"}, "accounts list does not take -credit; it takes -after, -limit, -token, -url"},
+		{runAccounts, []string{"list", "-limit", "010"}, "a leading 0 is not taken"},
+		{runAccounts, []string{"list", "-limit", "2", "-limit", "3"}, "-limit is given twice"},
+		{runAccounts, []string{"list", "acme"}, "usage: tollgate accounts"},
+		{runKeys, []string{"get", "key_1", "-name", "ci"}, "keys get does not take -name; it takes -token, -url"},
+		{runKeys, []string{"get"}, "usage: tollgate keys"},
+		{runKeys, []string{"get", "key_1", "key_2"}, "usage: tollgate keys"},
+		{runKeys, []string{"get", "key_1/../../accounts"}, "is not an id"},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+	for _, args := range [][]string{
+		{"list"},
+		{"list", "-limit", "2"},
+		{"list", "-after", "acme&limit=9", "-limit=1000"},
+	} {
+		if err := runAccounts(append(args, "-url", url)); err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+	}
+	if err := runKeys([]string{"get", "key 1", "-url", url}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"GET /admin/v1/accounts ", "GET /admin/v1/accounts?limit=2 ",
+		"GET /admin/v1/accounts?after=acme%26limit%3D9&limit=1000 ", "GET /admin/v1/keys/key%201 "}
+	if strings.Join(*calls, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("calls\n%s\nwant\n%s", strings.Join(*calls, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -42,7 +42,7 @@ commands:
                          models.0.id, classifiers.NAME.mode; -h for more
 ` + accountsCommands + `
   keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N]
-  keys list ACCOUNT | revoke KEY_ID
+  keys list ACCOUNT | get KEY_ID | revoke KEY_ID
   version                print the version
 
 accounts and keys call the admin API of a running gateway: -url (default
