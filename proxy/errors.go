@@ -75,11 +75,22 @@ func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
 	if err.RetryAfter > 0 {
-		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(max(int64((err.RetryAfter+time.Second-1)/time.Second), 1), 10))
+		setRetryAfter(&ctx.Response.Header, err.RetryAfter)
 	}
 	if err.NoRetry {
 		ctx.Response.Header.Set("x-should-retry", "false")
 	}
+}
+
+// setRetryAfter tells the client to wait d: Retry-After in whole seconds,
+// rounded up (at least 1), and retry-after-ms exactly, which the OpenAI
+// SDKs and the Vercel AI SDK read first. A wait of 59.4 s was only
+// "Retry-After: 60", which the AI SDK does not honour (under 60 s only):
+// it retried after 2 s into a certain 429, and with one retry left the
+// call failed.
+func setRetryAfter(h *fasthttp.ResponseHeader, d time.Duration) {
+	h.Set("Retry-After", strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10))
+	h.Set("retry-after-ms", strconv.FormatInt(max(int64((d+time.Millisecond-1)/time.Millisecond), 1), 10))
 }
 
 // Constructors for the statuses of spec section 7. The codes are the spec's

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -825,6 +826,14 @@ func TestKeyLimitsHoldForGeneration(t *testing.T) {
 	wantError(t, resp, 429, "rate_limit_exceeded")
 	if resp.Header.Get("Retry-After") == "" || resp.Header.Get("x-ratelimit-limit-requests") != "2" {
 		t.Fatalf("headers %v", resp.Header)
+	}
+	// The wait to the millisecond too: a Retry-After of 60 s for a wait
+	// of 59.4, which the Vercel AI SDK does not honour (only under 60 s),
+	// had it retry after 2 s into a certain 429.
+	ra, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	ms, err := strconv.Atoi(resp.Header.Get("retry-after-ms"))
+	if err != nil || ms < 1 || ms > ra*1000 || ms <= (ra-1)*1000 {
+		t.Fatalf("retry-after-ms %q beside Retry-After %q", resp.Header.Get("retry-after-ms"), resp.Header.Get("Retry-After"))
 	}
 	// 30 tokens a call against 60 a minute, each admitted on an estimate
 	// of 11 (47 bytes): the second call is admitted (the first used 30 s of

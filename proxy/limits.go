@@ -597,7 +597,7 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 			subject, limit, formatReset(wait), remedy)
 	}
 	if wait >= 0 {
-		ctx.Response.Header.Set("Retry-After", strconv.FormatInt(max((wait+int64(time.Second)-1)/int64(time.Second), 1), 10))
+		setRetryAfter(&ctx.Response.Header, time.Duration(wait))
 	} else {
 		// The OpenAI SDKs retry every 429 unless told not to: this one
 		// would be refused the same each time.
@@ -608,7 +608,7 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 
 func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx, p *limitPart) *APIError {
 	subject, remedy := a.who(p)
-	ctx.Response.Header.Set("Retry-After", "1")
+	setRetryAfter(&ctx.Response.Header, time.Second)
 	return errRateLimited(fmt.Sprintf("too many requests at once: %s may have %d in flight; wait for one to finish%s",
 		subject, p.limits.Concurrent, remedy))
 }
