@@ -294,7 +294,7 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	}
 	// One pass over the chunk's members finds both fields, and whether it
 	// carries anything a chunk of OpenAI's does not.
-	var choices, usage gjson.Result
+	var choices, usage, groq gjson.Result
 	own := false
 	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
@@ -303,14 +303,26 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		case "usage":
 			usage = v
 		case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation":
+		case "x_groq":
+			groq = v
+			own = true
 		default:
 			own = true
 		}
 		return true
 	})
+	report := usage
+	if !usage.IsObject() && groq.IsObject() {
+		// Groq reports a stream's usage in its own member, on the chunk
+		// that finishes the answer, and none at the top level: read only
+		// there, a call was billed the tokenizer's estimate, 7.9 times
+		// less. The member stays as it came, stripped or not: it is
+		// Groq's, sent whatever the client asked.
+		report = groq.Get("usage")
+	}
 	// A report counts the chunk it comes in: vLLM's cumulative usage in
 	// every chunk costs no count of its text.
-	reported := usage.IsObject() && ev.Complete && c.setUsage(usage)
+	reported := report.IsObject() && ev.Complete && c.setUsage(report)
 	c.readChoices(choices, reported)
 	if !c.injected || !usage.Exists() {
 		return ev.Raw, false

@@ -185,3 +185,32 @@ func TestRefusedUsageIsLoggedOnceAWhileAndCounted(t *testing.T) {
 		return nil
 	})
 }
+
+// Groq reports a stream's usage inside its own member, x_groq, on the
+// chunk that finishes the answer, and none at the top level: a black-box
+// session's call of 100 prompt and 9 completion tokens was billed the
+// tokenizer's estimate, 7 and 4. It is billed as reported, and x_groq
+// reaches the client as Groq sent it, whether or not the client asked
+// for usage: it is Groq's own member, not the report the gateway asked
+// for.
+func TestGroqUsageInItsOwnMemberIsBilled(t *testing.T) {
+	const groqUsage = `"x_groq":{"id":"req_01","usage":{"queue_time":0.02,"prompt_tokens":100,"prompt_time":0.01,"completion_tokens":9,"completion_time":0.03,"total_tokens":109,"total_time":0.04}}`
+	stream := `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"x_groq":{"id":"req_01"}}` + "\n\n" +
+		chatChunk("Hello there, how are you", "") +
+		`data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}],` + groqUsage + "}\n\n" +
+		"data: [DONE]\n\n"
+	h := newHarness(t, harnessOptions{})
+	answerWith(t, h, stream)
+	for _, request := range []string{
+		`{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`,
+		`{"model":"small","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"one two three"}]}`,
+	} {
+		ev := billedStream(t, h, request, h.key)
+		if ev.PromptTokens != 100 || ev.CompletionTokens != 109-100 || ev.UsageSource != meter.SourceUpstream {
+			t.Errorf("%s: billed %d+%d (%s), want 100+9 as Groq reported them", request, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource)
+		}
+		if body := string(readAll(t, h.post("/v1/chat/completions", request))); !strings.Contains(body, groqUsage) {
+			t.Errorf("%s: x_groq did not reach the client as Groq sent it:\n%s", request, body)
+		}
+	}
+}
