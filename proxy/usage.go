@@ -156,7 +156,14 @@ func parseUsage(u gjson.Result, responses bool) (usage catalog.Usage, reported b
 	usage.PromptTokens, okIn = tokenCount(u.Get(in))
 	usage.CompletionTokens, okOut = tokenCount(u.Get(out))
 	// The parts are optional: absent or unreadable, none are cached.
-	usage.CachedTokens, _ = tokenCount(u.Get(cached))
+	var okCached bool
+	usage.CachedTokens, okCached = tokenCount(u.Get(cached))
+	if !okCached && in == "prompt_tokens" {
+		// DeepSeek's spelling (checkUsage caps it at the prompt as it
+		// does the other): unread, its cache hits were billed at the
+		// full prompt price.
+		usage.CachedTokens, _ = tokenCount(u.Get("prompt_cache_hit_tokens"))
+	}
 	usage.ReasoningTokens, _ = tokenCount(u.Get(reasoning))
 	if reasoningApart(usage, u.Get("total_tokens")) {
 		usage.CompletionTokens += usage.ReasoningTokens

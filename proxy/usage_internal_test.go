@@ -137,6 +137,35 @@ func TestParseUsageNeedsBothCountsAsNumbers(t *testing.T) {
 	}
 }
 
+// DeepSeek reports its cache hits as prompt_cache_hit_tokens, not in
+// prompt_tokens_details: unread, a call's 40 cached tokens of 100 were
+// billed at the full prompt price, on a client's call and on the llm
+// engine's alike. OpenAI's spelling wins where both are; either is cut
+// to the prompt.
+func TestDeepSeekCacheHitsAreCached(t *testing.T) {
+	for _, tc := range []struct {
+		usage  string
+		cached int64
+	}{
+		{`{"prompt_tokens":100,"completion_tokens":9,"total_tokens":109,"prompt_cache_hit_tokens":40,"prompt_cache_miss_tokens":60}`, 40},
+		{`{"prompt_tokens":100,"completion_tokens":9,"total_tokens":109,"prompt_tokens_details":{"cached_tokens":40},"prompt_cache_hit_tokens":40,"prompt_cache_miss_tokens":60}`, 40},
+		{`{"prompt_tokens":100,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":30},"prompt_cache_hit_tokens":40}`, 30},
+		{`{"prompt_tokens":100,"completion_tokens":9,"prompt_cache_hit_tokens":400}`, 100},
+		{`{"prompt_tokens":100,"completion_tokens":9}`, 0},
+	} {
+		got, refused := believedUsage(gjson.Parse(tc.usage), false)
+		if refused != "" || got.PromptTokens != 100 || got.CachedTokens != tc.cached {
+			t.Errorf("%s: %+v (refused %q), want 100 prompt tokens, %d cached", tc.usage, got, refused, tc.cached)
+		}
+	}
+	c := &generationCall{ep: endpointChat, upstream: &upstream{}}
+	answer := `{"choices":[{"index":0,"message":{"role":"assistant","content":"1"},"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":100,"completion_tokens":9,"total_tokens":109,"prompt_cache_hit_tokens":40,"prompt_cache_miss_tokens":60}}`
+	if got := c.engineUsage([]byte(`{"messages":[{"role":"user","content":"x"}]}`), []byte(answer)); got.CachedTokens != 40 || got.Estimated {
+		t.Errorf("the llm engine's call: %+v, want 40 cached tokens as reported", got)
+	}
+}
+
 // estimateCall is a call whose upstream reports no usage, enough of one
 // for event to bill it.
 func estimateCall(ep endpoint) *generationCall {
