@@ -426,6 +426,9 @@ type generationCall struct {
 	// the indexes that finished.
 	choices    int
 	choiceDone [maxChoices / 64]uint64
+	// choiceFailed: a choice finished with finish_reason "error", as
+	// OpenRouter ends a stream a provider broke.
+	choiceFailed bool
 	// nextSequence is the sequence_number after the last responses event
 	// relayed, for the error event that ends a cut stream.
 	nextSequence int64

@@ -1047,6 +1047,9 @@ func TestPoolEjectsAnUpstreamWhoseStreamsEndInItsOwnError(t *testing.T) {
 	}{
 		{"chat then [DONE]", "/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`, engineDead + "data: [DONE]\n\n"},
 		{"chat", "/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`, engineDead},
+		// OpenRouter's: the error after the choices, which finish with "error".
+		{"chat, error after choices", "/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+			`data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""},"finish_reason":"error"}],"error":{"code":"server_error","message":"EngineDeadError: provider disconnected"}}` + "\n\ndata: [DONE]\n\n"},
 		{"responses error", "/v1/responses", `{"model":"small","stream":true,"input":"hi"}`,
 			"event: error\ndata: " + `{"type":"error","code":"server_error","message":"EngineDeadError: background loop has errored","param":null,"sequence_number":4}` + "\n\n"},
 		{"responses failed", "/v1/responses", `{"model":"small","stream":true,"input":"hi"}`,

@@ -294,7 +294,7 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	}
 	// One pass over the chunk's members finds both fields, and whether it
 	// carries anything a chunk of OpenAI's does not.
-	var choices, usage, groq gjson.Result
+	var choices, usage, groq, upstreamError gjson.Result
 	own := false
 	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
@@ -305,6 +305,9 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		case "id", "object", "created", "model", "system_fingerprint", "service_tier", "obfuscation":
 		case "x_groq":
 			groq = v
+			own = true
+		case "error":
+			upstreamError = v
 			own = true
 		default:
 			own = true
@@ -324,6 +327,17 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	// every chunk costs no count of its text.
 	reported := report.IsObject() && ev.Complete && c.setUsage(report)
 	c.readChoices(choices, reported)
+	// OpenRouter ends a stream its provider broke with a chunk whose
+	// choice finishes with "error" and whose error follows its choices,
+	// which startsWithError does not see: the answer counted as
+	// completed, the upstream's error rate 0. Such a chunk is parsed
+	// anyway, for its finish_reason.
+	switch {
+	case isUpstreamError(upstreamError):
+		c.endedInError(upstreamError)
+	case c.choiceFailed:
+		c.endedInError(finishedInError)
+	}
 	if !c.injected || !usage.Exists() {
 		return ev.Raw, false
 	}
@@ -352,14 +366,31 @@ func (c *generationCall) stripUsage(ev *sseEvent, usage gjson.Result) []byte {
 	return c.scratchEvent
 }
 
+// finishedInError is the error of a choice that finished with
+// finish_reason "error" and no error member to say more.
+var finishedInError = gjson.Result{Type: gjson.String, Str: `a choice finished with finish_reason "error"`}
+
 // startsWithError reports whether a chunk's first member is "error", as an
-// upstream's error event is written (vLLM and OpenAI alike): a prefix
-// check, because searching every chunk for the word cost the relay 5 %.
+// upstream's error event is written (vLLM and OpenAI alike), or is
+// "type":"error" (Anthropic's OpenAI-compatible API, its error after it):
+// a prefix check, because searching every chunk for the word cost the
+// relay 5 %.
 func startsWithError(data []byte) bool {
 	if len(data) == 0 || data[0] != '{' {
 		return false
 	}
-	return bytes.HasPrefix(bytes.TrimLeft(data[1:], " \t\r\n"), keyError)
+	rest := bytes.TrimLeft(data[1:], " \t\r\n")
+	if bytes.HasPrefix(rest, keyError) {
+		return true
+	}
+	if !bytes.HasPrefix(rest, keyType) {
+		return false
+	}
+	rest = bytes.TrimLeft(rest[len(keyType):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return false
+	}
+	return bytes.HasPrefix(bytes.TrimLeft(rest[1:], " \t\r\n"), keyError)
 }
 
 // isUpstreamError reports whether an error event's error is one: an
@@ -460,6 +491,7 @@ func mayFinish(data []byte) bool {
 var (
 	keyUsage        = []byte(`"usage"`)
 	keyError        = []byte(`"error"`)
+	keyType         = []byte(`"type"`)
 	keyFinishReason = []byte(`"finish_reason"`)
 	jsonNull        = []byte("null")
 )

@@ -173,3 +173,49 @@ func TestUpstreamErrorEventEndsTheChatStream(t *testing.T) {
 		}
 	}
 }
+
+// OpenRouter ends a stream its provider broke with a chunk whose choice
+// finishes with "error" and whose error member follows its choices, then
+// [DONE]; Anthropic's OpenAI-compatible API writes {"type":"error",
+// "error":…}. Neither has "error" as its first member, and such a stream
+// counted as a completed answer: tollgate_requests_interrupted_total 0,
+// the upstream's error rate 0, where vLLM's and Ollama's error events
+// count against it. An error that blames the request still ends the
+// answer without counting against the upstream, and a finish chunk's
+// "error":null is no error.
+func TestUpstreamErrorAfterTheChunksFirstMemberEndsTheChatStream(t *testing.T) {
+	const hi = "data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n"
+	for _, tc := range []struct {
+		name, event string
+		fault       bool
+	}{
+		{"OpenRouter", `data: {"id":"gen-1","object":"chat.completion.chunk","created":1,"model":"m","provider":"p","choices":[{"index":0,"delta":{"content":""},"finish_reason":"error","native_finish_reason":"error"}],"error":{"code":"server_error","message":"Provider disconnected unexpectedly"}}` + "\n\ndata: [DONE]\n\n", true},
+		{"finish_reason error alone", `data: {"id":"a","choices":[{"index":0,"delta":{},"finish_reason":"error"}]}` + "\n\ndata: [DONE]\n\n", true},
+		{"Anthropic", `data: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}` + "\n\n", true},
+		{"the request's fault", `data: {"id":"a","choices":[{"index":0,"delta":{},"finish_reason":"error"}],"error":{"code":400,"message":"context too long"}}` + "\n\ndata: [DONE]\n\n", false},
+		{"error null", `data: {"id":"a","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"error":null}` + "\n\ndata: [DONE]\n\n", false},
+	} {
+		for _, injected := range []bool{false, true} {
+			srv := &Server{}
+			srv.world.Store(&World{Config: &config.Config{}})
+			c := &generationCall{ep: endpointChat, server: srv, upstream: testModelPool(t, 1).members[0].up, injected: injected}
+			r := newSSEReader(strings.NewReader(hi+tc.event), 4096, 1<<20)
+			for {
+				ev, err := r.Next()
+				if err != nil {
+					break
+				}
+				if out, drop := c.inspectChat(&ev); drop || !bytes.Equal(out, ev.Raw) {
+					t.Errorf("%s: the event was not relayed as it came: %q", tc.name, out)
+				}
+			}
+			if !c.finished {
+				t.Errorf("%s: did not end the stream: a stream_interrupted would be appended", tc.name)
+			}
+			if c.interrupted != tc.fault || c.upstream.health.curFails.Load() != map[bool]int64{true: 1}[tc.fault] {
+				t.Errorf("%s (injected %v): counted against the upstream %v (%d fails), want %v", tc.name, injected,
+					c.interrupted, c.upstream.health.curFails.Load(), tc.fault)
+			}
+		}
+	}
+}

@@ -352,8 +352,9 @@ func continuesWord(r rune) bool {
 // (then its text is kept for the log alone, and read only for it).
 func (c *generationCall) readChoices(choices gjson.Result, reported bool) {
 	choices.ForEach(func(_, ch gjson.Result) bool {
-		if ch.Get("finish_reason").Type == gjson.String {
+		if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
 			c.finishChoice(ch.Get("index").Int())
+			c.choiceFailed = c.choiceFailed || fr.Str == "error"
 		}
 		if !reported || c.logging.Enabled {
 			d := ch.Get("delta")
