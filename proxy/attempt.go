@@ -548,17 +548,26 @@ func readAllFrom(r io.Reader, dst []byte, limit int64) ([]byte, error) {
 
 // errorAnswer returns the error of a whole answer that is an error and
 // no answer: a top-level "error" (an object, or a message alone as Ollama
-// writes it) without "choices" or "output". A failed response, which
-// carries both an error and its output, is an answer.
+// writes it), or the body itself when it is vLLM's and SGLang's flat
+// error ("object":"error" with its "message", "type" and "code", the
+// HTTP status it means), without "choices" or "output". A failed
+// response, which carries both an error and its output, is an answer.
 func errorAnswer(body []byte) gjson.Result {
 	if !bytes.Contains(body, keyError) {
 		return gjson.Result{}
 	}
-	r := gjson.GetManyBytes(body, "error", "choices", "output")
-	if !isUpstreamError(r[0]) || r[1].Exists() || r[2].Exists() {
+	r := gjson.GetManyBytes(body, "error", "choices", "output", "object", "message")
+	if r[1].Exists() || r[2].Exists() {
 		return gjson.Result{}
 	}
-	return r[0]
+	if isUpstreamError(r[0]) {
+		return r[0]
+	}
+	if !r[0].Exists() && r[3].Str == "error" && r[4].Type == gjson.String {
+		// Relayed, a non-streamed one was a 200 billed its prompt.
+		return gjson.ParseBytes(body)
+	}
+	return gjson.Result{}
 }
 
 // errorMessage is an upstream error's message, shortened for a log line

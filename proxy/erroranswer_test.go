@@ -317,3 +317,43 @@ func TestResponsesStreamWhoseFirstEventIsAnErrorIsNoAnswer(t *testing.T) {
 		t.Fatalf("%d events after the 502s and the failed response, want %d", len(evs), billed+1)
 	}
 }
+
+// vLLM and SGLang write their error flat, {"object":"error","message":…,
+// "type":…,"code":500}, its code the HTTP status it means. In a 200 it
+// was relayed as an answer and billed its prompt when not streamed, and
+// a 502 quoting no message when streamed. It is the upstream's error, as
+// {"error":…} is: a 502 upstream_bad_answer with its message, unbilled,
+// or the 4xx its code says.
+func TestSuccessStatusWithAFlatErrorBodyIsNoAnswer(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	var asked atomic.Int32
+	dead := jsonUpstream(t, `{"object":"error","message":"engine dead","type":"InternalServerError","param":null,"code":500}`, &asked)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, dead, 1))
+	for _, body := range []string{
+		`{"model":"small","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			resp := h.post("/v1/chat/completions", body)
+			got := string(readAll(t, resp))
+			if resp.StatusCode != 502 || !strings.Contains(got, `"code":"upstream_bad_answer"`) || !strings.Contains(got, "engine dead") {
+				return fmt.Errorf("got %d %s", resp.StatusCode, got)
+			}
+			return nil
+		})
+	}
+	tooLong := jsonUpstream(t, `{"object":"error","message":"maximum context length is 1000 tokens","type":"BadRequestError","param":null,"code":400}`, &asked)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), dead, tooLong, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 400 || !strings.Contains(got, "maximum context length") || !strings.Contains(got, `"type":"BadRequestError"`) {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // an event would be recorded before the answer went out
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Fatalf("a flat error answered with 200 was billed: %+v", evs[0])
+	}
+}
