@@ -392,6 +392,9 @@ type generationCall struct {
 	// refusedUsage is the first usage report not believed, why and as it
 	// came, logged once the call is billed (see logRefusedUsage).
 	refusedUsage string
+	// refusedInterim: refusedUsage is an interim report (interimUsage),
+	// which a believed report after it makes no refusal to count.
+	refusedInterim bool
 	// keyRevoked: the stream was ended because its key was revoked
 	// (EndStreamsOfKey, addStream), not by its upstream.
 	keyRevoked atomic.Bool

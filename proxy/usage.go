@@ -39,14 +39,25 @@ const maxEstimateText = 4 << 20
 // estimate, as if the upstream had sent none. A bad report is no later
 // word on the usage than a good one.
 func (c *generationCall) setUsage(u gjson.Result) bool {
-	usage, refused := believedUsage(u, c.ep == endpointResponses)
+	responses := c.ep == endpointResponses
+	usage, refused := believedUsage(u, responses)
 	if refused != "" {
-		if c.refusedUsage == "" { // once a call: a stream may repeat it in every chunk
+		interim := interimUsage(u, responses)
+		// Once a call: a stream may repeat it in every chunk. A report
+		// worse than an interim one takes its place.
+		if c.refusedUsage == "" || c.refusedInterim && !interim {
 			// Quoted: the raw JSON may hold newlines, which split
 			// the log line.
 			c.refusedUsage = fmt.Sprintf("%s (%.300q)", refused, u.Raw)
+			c.refusedInterim = interim
 		}
 		return false
+	}
+	if c.refusedInterim {
+		// Gemini's stream reports the prompt alone in its early chunks
+		// and the whole usage at its end: the early ones were logged and
+		// counted as refused in every call, though the bill was exact.
+		c.refusedUsage, c.refusedInterim = "", false
 	}
 	c.usage.PromptTokens, c.usage.CompletionTokens = usage.PromptTokens, usage.CompletionTokens
 	c.usage.CachedTokens, c.usage.ReasoningTokens = usage.CachedTokens, usage.ReasoningTokens
@@ -148,10 +159,7 @@ func checkUsage(u catalog.Usage) (catalog.Usage, bool) {
 // total = prompt + completion + reasoning, and checkUsage cut it to the
 // completion, leaving it unbilled. It is added to the completion then.
 func parseUsage(u gjson.Result, responses bool) (usage catalog.Usage, reported bool) {
-	in, out, cached, reasoning := "input_tokens", "output_tokens", "input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"
-	if u.Get("prompt_tokens").Exists() && !(responses && u.Get("input_tokens").Exists()) {
-		in, out, cached, reasoning = "prompt_tokens", "completion_tokens", "prompt_tokens_details.cached_tokens", "completion_tokens_details.reasoning_tokens"
-	}
+	in, out, cached, reasoning := usageKeys(u, responses)
 	var okIn, okOut bool
 	usage.PromptTokens, okIn = tokenCount(u.Get(in))
 	usage.CompletionTokens, okOut = tokenCount(u.Get(out))
@@ -169,6 +177,26 @@ func parseUsage(u gjson.Result, responses bool) (usage catalog.Usage, reported b
 		usage.CompletionTokens += usage.ReasoningTokens
 	}
 	return usage, okIn && okOut
+}
+
+// usageKeys names the members of u's counts in the dialect parseUsage
+// reads: chat's prompt and completion tokens where u has them (but for a
+// responses call whose u has its own), else responses' input and output
+// tokens.
+func usageKeys(u gjson.Result, responses bool) (in, out, cached, reasoning string) {
+	if u.Get("prompt_tokens").Exists() && !(responses && u.Get("input_tokens").Exists()) {
+		return "prompt_tokens", "completion_tokens", "prompt_tokens_details.cached_tokens", "completion_tokens_details.reasoning_tokens"
+	}
+	return "input_tokens", "output_tokens", "input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"
+}
+
+// interimUsage reports whether u, a report not believed, is a stream's
+// interim one: the prompt's count in range and no completion count at
+// all, as Gemini's early chunks carry.
+func interimUsage(u gjson.Result, responses bool) bool {
+	in, out, _, _ := usageKeys(u, responses)
+	n, ok := tokenCount(u.Get(in))
+	return ok && n >= 0 && n <= maxReportedTokens && !u.Get(out).Exists()
 }
 
 // reasoningApart reports whether total counts usage's reasoning apart from

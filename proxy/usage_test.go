@@ -214,3 +214,47 @@ func TestGroqUsageInItsOwnMemberIsBilled(t *testing.T) {
 		}
 	}
 }
+
+// Gemini's OpenAI-compatible stream reports the prompt alone in its
+// early chunks, {"prompt_tokens":100,"total_tokens":100}, and the whole
+// usage in its last: every call logged a refused report and counted one
+// in tollgate_upstream_usage_refused_total, though it was billed exactly.
+// Such an interim report is no refusal once a whole one follows; alone,
+// or beside a report that is out of range, it still is.
+func TestInterimUsageBeforeAWholeReportIsNotRefused(t *testing.T) {
+	const request = `{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}]}`
+	interim := func(delta string) string {
+		return `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":` + delta +
+			`,"finish_reason":null}],"usage":{"prompt_tokens":100,"total_tokens":100}}` + "\n\n"
+	}
+	bad := `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":50}}` + "\n\n"
+	for _, tc := range []struct {
+		name, stream string
+		refused      bool
+		source       meter.UsageSource
+	}{
+		{"interim, then whole", interim(`{"content":"Hello"}`) + interim(`{"content":" there"}`) + usageChunk(100, 2, `{"content":""}`) + chatChunk("", "stop") + "data: [DONE]\n\n",
+			false, meter.SourceUpstream},
+		{"interim alone", interim(`{"content":"Hello"}`) + chatChunk("", "stop") + "data: [DONE]\n\n", true, meter.SourceEstimated},
+		{"out of range, interim, then whole", bad + interim(`{"content":"Hello"}`) + usageChunk(100, 2, `{"content":""}`) + chatChunk("", "stop") + "data: [DONE]\n\n",
+			true, meter.SourceUpstream},
+		{"interim, out of range, then whole", interim(`{"content":"Hello"}`) + bad + usageChunk(100, 2, `{"content":""}`) + chatChunk("", "stop") + "data: [DONE]\n\n",
+			true, meter.SourceUpstream},
+	} {
+		var log logCapture
+		h := newHarness(t, harnessOptions{logf: log.logf})
+		answerWith(t, h, tc.stream)
+		ev := billedStream(t, h, request, h.key)
+		if ev.UsageSource != tc.source || tc.source == meter.SourceUpstream && (ev.PromptTokens != 100 || ev.CompletionTokens != 2) {
+			t.Errorf("%s: billed %d+%d (%s), want %s", tc.name, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource, tc.source)
+		}
+		counted := strings.Contains(scrape(t, h), "tollgate_upstream_usage_refused_total{upstream=\"local\"} 1\n")
+		lines := log.matching("reported usage")
+		if counted != tc.refused || (len(lines) == 1) != tc.refused {
+			t.Errorf("%s: refusal counted %v, logged %q; want refused %v", tc.name, counted, lines, tc.refused)
+		}
+		if tc.refused && tc.source == meter.SourceUpstream && (len(lines) != 1 || !strings.Contains(lines[0], "out of range")) {
+			t.Errorf("%s: logged %q, want the report out of range", tc.name, lines)
+		}
+	}
+}
