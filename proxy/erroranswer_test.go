@@ -38,14 +38,7 @@ func TestSuccessStatusWithAnErrorBodyIsNoAnswer(t *testing.T) {
 		`{"model":"small","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
 	} {
-		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-			resp := h.post("/v1/chat/completions", body)
-			got := string(readAll(t, resp))
-			if resp.StatusCode != 502 || !strings.Contains(got, `"code":"upstream_bad_answer"`) || !strings.Contains(got, "model overloaded") {
-				return fmt.Errorf("got %d %s", resp.StatusCode, got)
-			}
-			return nil
-		})
+		awaitBadAnswer(t, h.harness, "/v1/chat/completions", body, "model overloaded")
 	}
 	time.Sleep(100 * time.Millisecond) // an event would be recorded before the answer went out
 	if evs := h.rec.Events(); len(evs) != 0 {
@@ -291,14 +284,7 @@ func TestResponsesStreamWhoseFirstEventIsAnErrorIsNoAnswer(t *testing.T) {
 	// Alone in the pool, the server error is a 502 naming it, unbilled.
 	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0, p1]", "upstreams: [p0]", 1))
 	billed := len(h.rec.Events())
-	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-		resp := h.post("/v1/responses", stream)
-		got := string(readAll(t, resp))
-		if resp.StatusCode != 502 || !strings.Contains(got, `"code":"upstream_bad_answer"`) || !strings.Contains(got, "model overloaded") {
-			return fmt.Errorf("got %d %s", resp.StatusCode, got)
-		}
-		return nil
-	})
+	awaitBadAnswer(t, h.harness, "/v1/responses", stream, "model overloaded")
 
 	// A failed response is an answer, relayed as it came.
 	failedEvent := `{"type":"response.failed","sequence_number":0,"response":{"id":"resp_f","object":"response","status":"failed",` +
@@ -333,14 +319,7 @@ func TestSuccessStatusWithAFlatErrorBodyIsNoAnswer(t *testing.T) {
 		`{"model":"small","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
 	} {
-		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-			resp := h.post("/v1/chat/completions", body)
-			got := string(readAll(t, resp))
-			if resp.StatusCode != 502 || !strings.Contains(got, `"code":"upstream_bad_answer"`) || !strings.Contains(got, "engine dead") {
-				return fmt.Errorf("got %d %s", resp.StatusCode, got)
-			}
-			return nil
-		})
+		awaitBadAnswer(t, h, "/v1/chat/completions", body, "engine dead")
 	}
 	tooLong := jsonUpstream(t, `{"object":"error","message":"maximum context length is 1000 tokens","type":"BadRequestError","param":null,"code":400}`, &asked)
 	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), dead, tooLong, 1))
@@ -356,4 +335,18 @@ func TestSuccessStatusWithAFlatErrorBodyIsNoAnswer(t *testing.T) {
 	if evs := h.rec.Events(); len(evs) != 0 {
 		t.Fatalf("a flat error answered with 200 was billed: %+v", evs[0])
 	}
+}
+
+// awaitBadAnswer waits (a reload is applied within a second or so) until
+// body posted to path is a 502 upstream_bad_answer quoting says.
+func awaitBadAnswer(t *testing.T, h *harness, path, body, says string) {
+	t.Helper()
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post(path, body)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 502 || !strings.Contains(got, `"code":"upstream_bad_answer"`) || !strings.Contains(got, says) {
+			return fmt.Errorf("got %d %s", resp.StatusCode, got)
+		}
+		return nil
+	})
 }
