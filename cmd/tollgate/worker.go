@@ -9,7 +9,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
@@ -59,10 +58,10 @@ func runWorker(args []string) error {
 	}
 	rec := meter.NewPublisherWith(b.JetStream(), ob, cfg.Billing.PublishBatch.MaxDelay, logf)
 	defer func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, cancel := context.WithTimeout(context.Background(), publisherCloseWait(b.Conn()))
 		defer cancel()
 		if err := rec.Close(c); err != nil {
-			logf("meter: closing the publisher: %v (unpublished events stay in the outbox for the next start)", err)
+			logf("meter: closing the publisher: %v", err) // it says the events stay in the outbox
 		}
 	}()
 	store, err := storage.FromConfig(ctx, cfg, logf)
