@@ -109,6 +109,9 @@ type upstreamHealth struct {
 	// usageRefused counts calls whose usage report it sent was not
 	// believed (usage.go, believedUsage): the log says only some.
 	usageRefused atomic.Uint64
+	// overruns counts answers it followed with bytes nobody asked for
+	// (upstream.answerOverran).
+	overruns atomic.Uint64
 }
 
 // carryFrom takes over what prev, the health of the same upstream under
@@ -129,6 +132,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.retries.Store(prev.retries.Load())
 	h.busy.Store(prev.busy.Load())
 	h.usageRefused.Store(prev.usageRefused.Load())
+	h.overruns.Store(prev.overruns.Load())
 	h.window.Store(prev.window.Load())
 	h.curCalls.Store(prev.curCalls.Load())
 	h.curFails.Store(prev.curFails.Load())
@@ -1122,6 +1126,7 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 		{"tollgate_upstream_retries_total", "Calls that moved on from the upstream to another.", "counter", func(h *upstreamHealth) float64 { return float64(h.retries.Load()) }},
 		{"tollgate_upstream_busy_total", "Attempts not sent because every one of the upstream's max_connections connections stayed in use for first_byte_timeout.", "counter", func(h *upstreamHealth) float64 { return float64(h.busy.Load()) }},
 		{"tollgate_upstream_usage_refused_total", "Calls whose usage report from the upstream was not believed (not both counts as numbers, or a count out of range), billed on a report in range or the tokenizer's estimate instead.", "counter", func(h *upstreamHealth) float64 { return float64(h.usageRefused.Load()) }},
+		{"tollgate_upstream_overruns_total", "Answers the upstream followed with bytes nobody asked for (a second response, more after a chunked body's end); their connection was closed, not reused.", "counter", func(h *upstreamHealth) float64 { return float64(h.overruns.Load()) }},
 	}
 	for _, s := range all {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", s.name, s.help, s.name, s.kind)

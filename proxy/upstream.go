@@ -60,6 +60,9 @@ type upstream struct {
 	// refusedUsageLog holds back the lines saying a usage report of it
 	// was not believed (logRefusedUsage).
 	refusedUsageLog loglimit.Limiter
+	// overrunLog holds back the lines saying it sent bytes after an
+	// answer (answerOverran).
+	overrunLog loglimit.Limiter
 	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
 	// localhost), so a refused connection means nothing was started there.
 	loopback bool
@@ -101,6 +104,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		tlsConfig = &cryptotls.Config{ServerName: u.Hostname(), MinVersion: cryptotls.VersionTLS12}
 	}
 	up.pool = newConnPool(addr, tlsConfig, cfg.MaxConnections, cfg.FirstByteTimeout, up.dial)
+	up.pool.overran = up.answerOverran
 	up.chatHead = requestHead(u, "/chat/completions", up.authHeader)
 	up.responsesHead = requestHead(u, "/responses", up.authHeader)
 	up.client = &fasthttp.HostClient{
@@ -122,6 +126,24 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		// timeoutConn enforces first-byte and idle timeouts per read.
 	}
 	return up, nil
+}
+
+// answerOverran counts, and logs now and then, an answer the upstream
+// followed with n bytes or more nobody asked for, whose connection was
+// closed for it (upstreamResponse.Close): a broken server, or a proxy
+// before it, out of step with its requests. The bytes are not quoted:
+// they may be another call's answer.
+func (u *upstream) answerOverran(n int) {
+	u.health.overruns.Add(1)
+	ok, held := u.overrunLog.Allow(time.Now(), refusedUsageLogEvery)
+	if !ok {
+		return
+	}
+	more := ""
+	if held > 0 {
+		more = fmt.Sprintf(" (and %d more answers since the last such line; see tollgate_upstream_overruns_total)", held)
+	}
+	u.logf("upstream %s sent %d bytes or more after the end of an answer, which nobody asked for: its connection was closed, not kept for the next call, whose answer they would have been taken for%s", u.cfg.Name, n, more)
 }
 
 // isLoopbackHost reports whether host (a URL's, without brackets or

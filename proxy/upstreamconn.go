@@ -52,6 +52,10 @@ type connPool struct {
 	// for connections of this pool in use (inheritSlots).
 	heir *connPool
 	owed int
+
+	// overran, when set, is told of an answer its upstream followed with
+	// n bytes or more nobody asked for (Close).
+	overran func(n int)
 }
 
 // upstreamConn is one connection and its read buffer.
@@ -396,6 +400,9 @@ func (r *upstreamResponse) awaitBody(whole bool) error {
 	if r.done {
 		// A 2xx with no body (204, Content-Length: 0) is no answer to a
 		// generation call; passed on, the client got an empty 200, billed.
+		// Its connection goes with it: kept, a body the upstream sent
+		// after it, in a later packet, was the next call's answer.
+		r.err = errEmptyAnswer
 		return errEmptyAnswer
 	}
 	if tc := r.uc.tc; tc != nil && whole {
@@ -568,13 +575,25 @@ func (r *upstreamResponse) readAll(dst []byte, limit int64) ([]byte, error) {
 // Close gives the connection back when the body was read to its end and
 // the upstream keeps it open; otherwise it closes it, which is what stops
 // an upstream still generating for a client that went away.
+//
+// Bytes already read past the answer's end (a second response after a
+// sized body, more after a chunked body's last chunk, a body after a
+// 204) are nothing the gateway asked for: kept, the connection had them
+// taken for the answer to its next request, and every call after it got
+// the answer to the call before, billed on that call's usage.
+// rawconn.Quiet, when the connection is taken again, sees only what is
+// still in the socket.
 func (r *upstreamResponse) Close() {
 	if r.uc == nil {
 		return
 	}
-	if r.done && r.err == nil && !r.untilClose && !r.Header.ConnectionClose() {
+	overrun := r.uc.br.Buffered()
+	if r.done && r.err == nil && !r.untilClose && !r.Header.ConnectionClose() && overrun == 0 {
 		r.pool.release(r.uc)
 	} else {
+		if r.done && overrun > 0 && r.pool.overran != nil {
+			r.pool.overran(overrun)
+		}
 		r.pool.discard(r.uc)
 	}
 	r.recycle()

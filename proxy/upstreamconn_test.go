@@ -527,3 +527,72 @@ func TestReloadedPoolCountsItsPredecessorsConnections(t *testing.T) {
 	}
 	third.discard(d)
 }
+
+// An upstream that sends bytes after an answer's end (a second response
+// after a sized body, more after a chunked body's last chunk, a body
+// after a 204) had them taken for the answer to the next call on the
+// connection, and every call after it got the answer to the call before,
+// billed on its usage, while calls came less than a second apart.
+func TestUpstreamBytesAfterAnAnswerAreNotTakenForTheNext(t *testing.T) {
+	const smuggled = "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nSMUGGLED"
+	for name, c := range map[string]struct{ answer, body string }{
+		"after a sized body":   {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst" + smuggled, "first"},
+		"after a chunked body": {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n0\r\n\r\n" + smuggled, "first"},
+		"after a 204":          {"HTTP/1.1 204 No Content\r\n\r\n" + smuggled, ""},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var requests atomic.Int32
+			u := startRawUpstream(t, func(_, _ int, w net.Conn) bool {
+				answer := "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond"
+				if requests.Add(1) == 1 {
+					answer = c.answer
+				}
+				_, err := io.WriteString(w, answer)
+				return err == nil
+			})
+			p := testPool(t, u.ln.Addr().String(), 4)
+			var overruns atomic.Int32
+			p.overran = func(int) { overruns.Add(1) }
+			for i, want := range []string{c.body, "second"} {
+				r, err := p.roundTrip(testRequest, 0, nil)
+				if err != nil {
+					t.Fatalf("call %d: %v", i+1, err)
+				}
+				if got := readBodyAll(t, r); got != want {
+					t.Fatalf("call %d got %q, want %q", i+1, got, want)
+				}
+				r.Close()
+			}
+			if n := u.accepted.Load(); n != 2 {
+				t.Fatalf("%d connections, want 2: the one with bytes after its answer is not kept", n)
+			}
+			if n := overruns.Load(); n != 1 {
+				t.Fatalf("%d overruns reported, want 1", n)
+			}
+		})
+	}
+}
+
+// A success status with no body is no answer (awaitBody): its connection
+// is not kept, as any other failed exchange's is; bytes the upstream
+// sends after it in a later packet were the next call's answer.
+func TestUpstreamEmptyAnswerConnectionIsNotReused(t *testing.T) {
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		_, err := io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
+		return err == nil
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	for range 2 {
+		r, err := p.roundTrip(testRequest, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.awaitBody(false); !errors.Is(err, errEmptyAnswer) {
+			t.Fatalf("awaitBody: %v, want errEmptyAnswer", err)
+		}
+		r.Close()
+	}
+	if n := u.accepted.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2", n)
+	}
+}

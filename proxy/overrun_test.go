@@ -1,0 +1,58 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// An upstream that followed an answer with a second response on the same
+// write: back-to-back calls then each got the answer to the call before
+// ("alice got: SMUGGLED / bob got: answer for alice / carol got: answer
+// for bob"), billed on its usage. Each call gets its own answer; the
+// overrun is counted and logged, without the bytes.
+func TestUpstreamAnswerOverrunDoesNotShiftAnswers(t *testing.T) {
+	var log logCapture
+	h := newHarness(t, harnessOptions{logf: log.logf})
+	answer := func(who string) string {
+		body := fmt.Sprintf(`{"id":"chatcmpl-%s","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"answer for %s"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}`, who, who)
+		return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	var overran atomic.Bool
+	raw := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		a := answer("caller")
+		if overran.CompareAndSwap(false, true) {
+			a += answer("SMUGGLED")
+		}
+		_, err := fmt.Fprint(c, a)
+		return err == nil
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, raw, 1))
+	const request = `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if got := string(readAll(t, h.post("/v1/chat/completions", request))); !strings.Contains(got, "chatcmpl-caller") {
+			return fmt.Errorf("got %s", got)
+		}
+		if !overran.Load() {
+			return fmt.Errorf("the raw upstream is not in force yet")
+		}
+		return nil
+	})
+	for i := range 5 {
+		if got := string(readAll(t, h.post("/v1/chat/completions", request))); !strings.Contains(got, "chatcmpl-caller") {
+			t.Fatalf("call %d after the overrun got %s", i+1, got)
+		}
+	}
+	if m := scrape(t, h); !strings.Contains(m, "tollgate_upstream_overruns_total{upstream=\"local\"} 1\n") {
+		t.Fatalf("the overrun is not counted:\n%s", m)
+	}
+	lines := log.matching("after the end of an answer")
+	if len(lines) != 1 || strings.Contains(lines[0], "SMUGGLED") {
+		t.Fatalf("logged %q, want one line without the bytes", lines)
+	}
+}
