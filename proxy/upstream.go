@@ -250,6 +250,11 @@ type timeoutConn struct {
 	// (fasthttp's header reader turns the read's error into io.EOF).
 	client     net.Conn
 	clientGone bool
+	// clientLooked is when the client was last looked at, or the request
+	// written: bytes that are no first byte (interim responses, a
+	// stream's comments, a whole answer's body) coming more often than
+	// clientCheckEvery do not keep the client from being looked at.
+	clientLooked time.Time
 }
 
 // clientCheckEvery is how often a long wait for an upstream's first byte
@@ -268,6 +273,13 @@ var errClientGone = errors.New("the client closed its connection before the upst
 // client's connection every clientCheckEvery meanwhile.
 func (c *timeoutConn) readWatchingClient(p []byte, now, until time.Time) (int, error) {
 	c.readWait = 0 // the next read arms its deadline anew
+	if now.Sub(c.clientLooked) >= clientCheckEvery {
+		if rawconn.PeerClosed(c.client) {
+			c.clientGone = true
+			return 0, errClientGone
+		}
+		c.clientLooked = now
+	}
 	for {
 		next := now.Add(clientCheckEvery)
 		if until.Before(next) {
@@ -286,6 +298,7 @@ func (c *timeoutConn) readWatchingClient(p []byte, now, until time.Time) (int, e
 			return 0, errClientGone
 		}
 		now = time.Now()
+		c.clientLooked = now
 	}
 }
 
@@ -313,7 +326,7 @@ func (c *timeoutConn) awaitAnswerBy() {
 func (c *timeoutConn) Write(p []byte) (int, error) {
 	c.awaitingFirst = true
 	now := time.Now()
-	c.wroteAt = now
+	c.wroteAt, c.clientLooked = now, now
 	if now.Sub(c.writeArmed) > c.write/16 {
 		if err := c.Conn.SetWriteDeadline(now.Add(c.write)); err != nil {
 			return 0, err

@@ -273,6 +273,8 @@ type upstreamResponse struct {
 	needCRLF   bool  // the CRLF after a chunk's data is still unread
 	done       bool  // read to its end
 	err        error
+
+	interim int // interim (1xx) responses before the header
 }
 
 var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamResponse) }}
@@ -324,7 +326,8 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 		// took the request, worked on it and then closed (a crash, a
 		// restart) was sent it again on a new connection, and generated it
 		// twice.
-		stale := uc.reused && (uc.tc == nil || uc.tc.awaitingFirst && time.Since(uc.tc.wroteAt) < uc.staleWindow()) && !isTimeout(err)
+		// An interim response came: the upstream took the request.
+		stale := uc.reused && resp.interim == 0 && (uc.tc == nil || uc.tc.awaitingFirst && time.Since(uc.tc.wroteAt) < uc.staleWindow()) && !isTimeout(err)
 		p.discard(uc)
 		resp.recycle()
 		if !stale || attempt >= 2 {
@@ -348,7 +351,23 @@ func (r *upstreamResponse) exchange(req []byte) error {
 		if st := r.Header.StatusCode(); st >= 200 || st == 101 {
 			break
 		}
-		// 1xx: informational; the real answer follows.
+		// 1xx: informational; the real answer follows. Its first byte,
+		// not the interim response's, is the one first_byte_timeout (a
+		// non-streamed call's response_timeout) waits for, watching the
+		// client meanwhile: counted as the first byte, an upstream sending
+		// 103 Early Hints every half second held a call past both, under
+		// idle_timeout alone, and billed a client gone meanwhile in full;
+		// 102 Processing would have held it for ever.
+		if r.interim++; r.interim > maxInterimResponses {
+			return errTooManyInterim
+		}
+		if tc := r.uc.tc; tc != nil && r.interim == 1 {
+			tc.dueBy = tc.wroteAt.Add(tc.firstByte)
+			tc.awaitingFirst = true
+		}
+	}
+	if tc := r.uc.tc; tc != nil && r.interim > 0 {
+		tc.dueBy, tc.awaitingFirst, tc.readWait = time.Time{}, false, 0 // as at a first byte
 	}
 	switch cl := r.Header.ContentLength(); {
 	case r.Header.StatusCode() == 204 || r.Header.StatusCode() == 304:
@@ -364,6 +383,15 @@ func (r *upstreamResponse) exchange(req []byte) error {
 	}
 	return nil
 }
+
+// maxInterimResponses is how many interim (1xx) responses an answer may
+// come after. Their wait is bounded by the first byte's deadline; this
+// bounds their number within it.
+const maxInterimResponses = 100
+
+// errTooManyInterim: an upstream that sent interim responses in place of
+// an answer.
+var errTooManyInterim = errors.New("sent more than 100 interim (1xx) responses before its answer")
 
 // errBodyTooLarge: an answer above max_response_body.
 var errBodyTooLarge = errors.New("larger than max_response_body")
@@ -395,7 +423,8 @@ var errClosedBeforeBody = errors.New("closed the connection after the response h
 // was cut with a 502, unbilled, once the pause passed idle_timeout; and a
 // client that left during the pause was billed the whole answer, which
 // the upstream went on generating. The checks on the client cost nothing
-// while the body comes: only a read that waits clientCheckEvery looks.
+// while the body comes: only a read that waits clientCheckEvery, or one
+// a clientCheckEvery after the last look, looks.
 func (r *upstreamResponse) awaitBody(whole bool) error {
 	if r.done {
 		// A 2xx with no body (204, Content-Length: 0) is no answer to a
@@ -603,6 +632,6 @@ func (r *upstreamResponse) recycle() {
 	r.Header.Reset()
 	r.pool, r.uc = nil, nil
 	r.chunked, r.untilClose, r.needCRLF, r.done = false, false, false, false
-	r.left, r.err = 0, nil
+	r.left, r.err, r.interim = 0, nil, 0
 	upstreamResponsePool.Put(r)
 }

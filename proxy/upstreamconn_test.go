@@ -596,3 +596,75 @@ func TestUpstreamEmptyAnswerConnectionIsNotReused(t *testing.T) {
 		t.Fatalf("%d connections, want 2", n)
 	}
 }
+
+// An interim (1xx) response is not the answer's first byte: an upstream
+// sending 103 Early Hints every half second, 80 times, then its answer,
+// held a call 40 s past a first_byte_timeout of 10 s (its first 103
+// counted as the first byte, each later read waited idle_timeout), and a
+// client that left meanwhile was billed in full, since only a wait for
+// the first byte looks at the client.
+func TestUpstreamInterimResponsesAreNoFirstByte(t *testing.T) {
+	hints := func(c net.Conn, d time.Duration) bool {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if _, err := io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"); err != nil {
+				return false
+			}
+		}
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return err == nil
+	}
+	t.Run("first byte's deadline", func(t *testing.T) {
+		u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { return hints(c, 1500*time.Millisecond) })
+		p := testPool(t, u.ln.Addr().String(), 4) // idle_timeout 2s
+		start := time.Now()
+		r, err := p.roundTrip(testRequest, 500*time.Millisecond, nil)
+		if err == nil {
+			r.Close()
+			t.Fatalf("answered after %v of 103s, past a first byte's deadline of 500ms", time.Since(start).Round(time.Millisecond))
+		}
+		if !isTimeout(err) || time.Since(start) > time.Second {
+			t.Fatalf("after %v: %v, want the first byte's timeout at 500ms", time.Since(start).Round(time.Millisecond), err)
+		}
+	})
+	t.Run("client gone", func(t *testing.T) {
+		u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { return hints(c, 4*time.Second) })
+		p := testPool(t, u.ln.Addr().String(), 4)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		gone, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		gone.Close()
+		start := time.Now()
+		r, err := p.roundTrip(testRequest, 10*time.Second, client)
+		if err == nil {
+			r.Close()
+			t.Fatalf("answered after %v for a client gone at once", time.Since(start).Round(time.Millisecond))
+		}
+		if !errors.Is(err, errClientGone) || time.Since(start) > 2500*time.Millisecond {
+			t.Fatalf("after %v: %v, want errClientGone within about clientCheckEvery", time.Since(start).Round(time.Millisecond), err)
+		}
+	})
+	t.Run("too many", func(t *testing.T) {
+		u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+			io.WriteString(c, strings.Repeat("HTTP/1.1 102 Processing\r\n\r\n", maxInterimResponses+1))
+			return true
+		})
+		p := testPool(t, u.ln.Addr().String(), 4)
+		if r, err := p.roundTrip(testRequest, 0, nil); !errors.Is(err, errTooManyInterim) {
+			if err == nil {
+				r.Close()
+			}
+			t.Fatalf("err %v, want errTooManyInterim", err)
+		}
+	})
+}
