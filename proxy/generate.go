@@ -661,7 +661,7 @@ func unreachableReason(up *upstream, err error) string {
 		return "did not answer within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 	}
 	if errors.Is(err, errClosedBeforeBody) || errors.Is(err, errClosedBeforeEvent) || errors.Is(err, errEmptyAnswer) || errors.Is(err, errEncodedAnswer) ||
-		errors.Is(err, errTooManyInterim) {
+		errors.Is(err, errTooManyInterim) || errors.Is(err, errBadHeader) {
 		return err.Error()
 	}
 	if errors.Is(err, errNoFreeConns) {
@@ -731,7 +731,7 @@ func upstreamCut(up *upstream, err error) *APIError {
 // addresses ("read tcp 10.0.0.5:35522->10.0.0.9:8000: connection reset
 // by peer"). The whole error goes to the upstream's last_error.
 func faultForClient(err error) string {
-	for _, own := range []error{errEventTooLarge, errBodyTooLarge, errEmptyAnswer, errClosedBeforeBody, errClosedBeforeEvent, errBadChunk, errEncodedAnswer, errTooManyInterim} {
+	for _, own := range []error{errEventTooLarge, errBodyTooLarge, errEmptyAnswer, errClosedBeforeBody, errClosedBeforeEvent, errBadChunk, errEncodedAnswer, errTooManyInterim, errBadHeader} {
 		if errors.Is(err, own) {
 			return err.Error()
 		}

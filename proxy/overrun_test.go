@@ -56,3 +56,54 @@ func TestUpstreamAnswerOverrunDoesNotShiftAnswers(t *testing.T) {
 		t.Fatalf("logged %q, want one line without the bytes", lines)
 	}
 }
+
+// An upstream whose response header fasthttp cannot read (a
+// Content-Length twice, a header over 16 KiB): the client got a 503
+// "upstream p0 is unreachable: the connection failed", and the log and
+// the admin API's last_error quoted fasthttp's buffer, the model's answer
+// included, for keys with logging off too. The client is told the header
+// was invalid, nothing quotes the answer, and another member answers.
+func TestUpstreamInvalidHeaderIsSaidWithoutTheAnswer(t *testing.T) {
+	var log logCapture
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 2, "  retries: 1\n  balance: round_robin")
+	const request = `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
+	p0 := h.ups[0].URL
+	for header, says := range map[string]string{
+		"Content-Length: 13\r\nContent-Length: 13\r\n":                         "sent an invalid response header (Content-Length twice)",
+		"X-Big: " + strings.Repeat("b", 17<<10) + "\r\nContent-Length: 13\r\n": "sent an invalid response header (over 16 KiB)",
+		"Content-Length: 13\r\nX-Bad\x01Name: SECRET\r\n":                      "sent an invalid response header (malformed mime header line)",
+	} {
+		bad := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+			fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"+header+"\r\nSECRET ANSWER")
+			return false
+		})
+		cfg := strings.Replace(readFile(t, h.cfgPath), "name: p0, base_url: "+p0, "name: p0, base_url: "+bad, 1)
+		p0 = bad
+		h.writeConfig(strings.Replace(cfg, "upstreams: [p0, p1]", "upstreams: [p0]", 1))
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			resp := h.post("/v1/chat/completions", request)
+			got := string(readAll(t, resp))
+			if resp.StatusCode != 503 || !strings.Contains(got, "upstream p0 "+says) {
+				return fmt.Errorf("got %d %s", resp.StatusCode, got)
+			}
+			return nil
+		})
+		if st := h.statuses()["p0"]; !strings.Contains(st.LastError, says) || strings.Contains(st.LastError, "SECRET") {
+			t.Fatalf("last_error %q", st.LastError)
+		}
+		// In a pool, the next member answers.
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0]", "upstreams: [p0, p1]", 1))
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			for range 2 {
+				resp := h.post("/v1/chat/completions", request)
+				if got := string(readAll(t, resp)); resp.StatusCode != 200 || !strings.Contains(got, `"choices"`) {
+					return fmt.Errorf("got %d %s", resp.StatusCode, got)
+				}
+			}
+			return nil
+		})
+	}
+	if lines := log.matching("SECRET"); len(lines) > 0 {
+		t.Fatalf("the log quotes the answer: %q", lines)
+	}
+}

@@ -6,9 +6,11 @@ import (
 	"cmp"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -346,7 +348,7 @@ func (r *upstreamResponse) exchange(req []byte) error {
 	}
 	for {
 		if err := r.Header.Read(r.uc.br); err != nil {
-			return err
+			return headerReadError(err)
 		}
 		if st := r.Header.StatusCode(); st >= 200 || st == 101 {
 			break
@@ -383,6 +385,58 @@ func (r *upstreamResponse) exchange(req []byte) error {
 	}
 	return nil
 }
+
+// errBadHeader: a response header that is not HTTP/1.1 (a Content-Length
+// twice, a bad status line, a header over the 16 KiB read buffer).
+var errBadHeader = errors.New("sent an invalid response header")
+
+// headerReadError words an error fasthttp met reading a response header.
+// Its message quotes what it read ("…: buffer size=343, contents:
+// "HTTP/1.1 200 OK…"), and a bad status line or header value within it
+// too: the answer, body included, went to the log and the admin API's
+// last_error, for keys with logging off as well; and a header it could not
+// parse reached the client as "is unreachable: the connection failed".
+// A failed read (the upstream closed, reset, timed out) keeps its cause,
+// without the bytes; a header it could not parse is errBadHeader, with
+// fasthttp's reason up to its first quote.
+func headerReadError(err error) error {
+	if err == io.EOF || err == fasthttp.ErrTimeout {
+		return err // nothing read: nothing quoted
+	}
+	msg := err.Error()
+	if i := strings.Index(msg, ": buffer size="); i >= 0 {
+		msg = msg[:i]
+	}
+	var netErr net.Error
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr) {
+		return &cutHeaderError{msg: msg, err: err}
+	}
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.As(err, &small):
+		msg = "over 16 KiB"
+	case errors.Is(err, fasthttp.ErrDuplicateContentLength):
+		msg = "Content-Length twice"
+	default:
+		msg = strings.TrimPrefix(msg, "error when reading response headers: ")
+		msg = strings.TrimPrefix(msg, "fasthttp: ")
+		if i := strings.IndexByte(msg, '"'); i >= 0 {
+			msg = msg[:i]
+		}
+		msg = strings.TrimRight(msg, ": ")
+	}
+	return fmt.Errorf("%w (%s)", errBadHeader, msg)
+}
+
+// cutHeaderError is a response header's read that failed, in fasthttp's
+// words up to where they quote what was read; it unwraps to the cause.
+type cutHeaderError struct {
+	msg string
+	err error
+}
+
+func (e *cutHeaderError) Error() string { return e.msg }
+func (e *cutHeaderError) Unwrap() error { return e.err }
 
 // maxInterimResponses is how many interim (1xx) responses an answer may
 // come after. Their wait is bounded by the first byte's deadline; this

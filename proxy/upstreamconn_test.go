@@ -668,3 +668,30 @@ func TestUpstreamInterimResponsesAreNoFirstByte(t *testing.T) {
 		}
 	})
 }
+
+// fasthttp's errors for a response header quote what was read, the
+// answer's body included: none of it is kept. A header it cannot parse
+// is errBadHeader; a read cut short keeps its cause.
+func TestUpstreamHeaderErrorsQuoteNothing(t *testing.T) {
+	for answer, want := range map[string]string{
+		"HTTP/1.1 2x0 OK\r\nContent-Length: 6\r\n\r\nSECRET":         "sent an invalid response header (invalid response status code)",
+		"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\nSECRET":       "sent an invalid response header (cannot parse content-length: unexpected first char found: expecting 0-9)",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: SECRET\r\n\r\nSECRET": "sent an invalid response header (unsupported transfer-encoding)",
+		"SECRET\r\n\r\n": "sent an invalid response header (cannot find whitespace in the first line of response)",
+		"HTTP/1.1 200 OK\r\nX-SECRET: 1\r\nContent-Le": "error when reading response headers: EOF",
+	} {
+		u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { io.WriteString(c, answer); return false })
+		p := testPool(t, u.ln.Addr().String(), 4)
+		r, err := p.roundTrip(testRequest, 0, nil)
+		if err == nil {
+			r.Close()
+			t.Fatalf("%q: no error", answer)
+		}
+		if err.Error() != want {
+			t.Errorf("%q: %q, want %q", answer, err, want)
+		}
+		if want == "error when reading response headers: EOF" && !errors.Is(err, io.EOF) {
+			t.Errorf("%q: %v does not unwrap to io.EOF", answer, err)
+		}
+	}
+}
