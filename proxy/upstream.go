@@ -121,6 +121,9 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		ReadBufferSize:           16 << 10,
 		DisablePathNormalizing:   true,
 		RetryIfErr:               retryStaleConnection,
+		// Its parse errors would quote the answer, body and all, into the
+		// log and last_error, as the pool's did (headerReadError).
+		SecureErrorLogMessage: true,
 		// ReadTimeout and WriteTimeout stay zero on purpose: fasthttp's
 		// ReadTimeout caps a whole response, which would cut long streams.
 		// timeoutConn enforces first-byte and idle timeouts per read.
