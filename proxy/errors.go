@@ -80,6 +80,12 @@ func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	if err.NoRetry {
 		ctx.Response.Header.Set("x-should-retry", "false")
 	}
+	if err.Status == statusClientClosed {
+		// The client is gone for the requests it pipelined behind this
+		// one too: kept open, the connection served the next one from
+		// fasthttp's buffer, sent it upstream and billed it another 499.
+		ctx.SetConnectionClose()
+	}
 }
 
 // setRetryAfter tells the client to wait d: Retry-After in whole seconds,
