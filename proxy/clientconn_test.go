@@ -1,6 +1,11 @@
 package proxy_test
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -31,5 +36,57 @@ func TestClientGoneEndsItsPipelinedCalls(t *testing.T) {
 	}
 	if n := len(h.up.Requests()); n > 1 {
 		t.Fatalf("%d calls reached the upstream after the client left with the first, want 1", n)
+	}
+}
+
+// tenKiBChat is a chat body past fasthttp's 8 KiB prefetch, which the
+// gateway reads from the connection itself.
+var tenKiBChat = `{"model":"small","messages":[{"role":"user","content":"` + strings.Repeat("x", 10<<10) + `"}]}`
+
+// answerAndClose reads the gateway's answer on conn, and then that the
+// gateway closed the connection.
+func answerAndClose(t *testing.T, conn net.Conn) (int, string) {
+	t.Helper()
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if _, err := br.ReadByte(); err != io.EOF {
+		t.Errorf("after a %d, the connection is still open (%v)", resp.StatusCode, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// A body whose client closed its connection (or its writing side) before
+// the length it announced was forwarded and billed as if whole: fasthttp
+// ends such a body with a plain io.EOF. It is refused, nothing upstream.
+func TestBodyCutShortByTheClientIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	auth := "Authorization: Bearer " + h.key + "\r\n"
+	for name, c := range map[string]struct{ head, body string }{
+		"100 bytes short":   {fmt.Sprintf("Content-Length: %d\r\n", len(tenKiBChat)+100), tenKiBChat},
+		"5000 bytes short":  {fmt.Sprintf("Content-Length: %d\r\n", len(tenKiBChat)+5000), tenKiBChat},
+		"inside a chunk":    {"Transfer-Encoding: chunked\r\n", fmt.Sprintf("%x\r\n%s", len(tenKiBChat)+100, tenKiBChat)},
+		"inside the prefix": {fmt.Sprintf("Content-Length: %d\r\n", len(chatBody)+100), chatBody},
+	} {
+		conn := rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"+auth+c.head+"\r\n", c.body)
+		_ = conn.(*net.TCPConn).CloseWrite()
+		status, body := answerAndClose(t, conn)
+		if status != 400 {
+			t.Errorf("%s: %d %s, want 400", name, status, body)
+		}
+		if strings.Contains(body, "127.0.0.1") {
+			t.Errorf("%s: the answer names an address: %s", name, body)
+		}
+	}
+	if n := len(h.up.Requests()); n != 0 {
+		t.Fatalf("%d bodies cut short reached the upstream", n)
+	}
+	if n := len(h.rec.Events()); n != 0 {
+		t.Fatalf("%d bodies cut short were billed", n)
 	}
 }

@@ -85,45 +85,57 @@ type AdminHandler interface {
 const fasthttpPrefetch = 8 << 10
 
 // readRequestBody reads the streamed request body (see the server's
-// StreamRequestBody) into the request, up to limit bytes, and reports
-// whether the body is larger: then the rest is dropped (discardRest) and
-// the connection will close; and whether the body stopped coming before
-// the read timeout, which is no broken JSON but a 408. The body is read as its bytes arrive, through a
-// limit (fasthttp bounds no chunked body), and not with Request.Body,
-// which logs a warning for every streamed body: that log cost a fifth of
-// the throughput.
-func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) (tooLarge, timedOut bool) {
+// StreamRequestBody) into the request, up to limit bytes, and answers why
+// the call cannot have it, or nil: a body larger than limit (the rest is
+// dropped, discardRest, and the connection will close), one that stopped
+// coming before the read timeout (a 408, no broken JSON), or one whose
+// client closed before its Content-Length. The body is read as its bytes
+// arrive, through a limit (fasthttp bounds no chunked body), and not with
+// Request.Body, which logs a warning for every streamed body: that log
+// cost a fifth of the throughput.
+func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) *APIError {
 	req := &ctx.Request
 	if !req.IsBodyStream() {
-		return int64(len(req.Body())) > limit, false
+		if int64(len(req.Body())) > limit {
+			return errRequestTooLarge(limit)
+		}
+		return nil
 	}
 	cl := int64(req.Header.ContentLength())
 	if cl > limit {
 		discardRest(ctx, limit)
-		return true, false
+		return errRequestTooLarge(limit)
 	}
 	if cl >= 0 && cl <= fasthttpPrefetch {
 		// The whole body is in the request's buffer already: closing the
 		// stream leaves it there, with no copy.
 		_ = req.CloseBodyStream()
-		return false, false
+		return nil
 	}
 	buf := bytebufferpool.Get()
 	defer bytebufferpool.Put(buf)
 	_, err := buf.ReadFrom(io.LimitReader(req.BodyStream(), limit+1))
-	tooLarge = err == nil && int64(buf.Len()) > limit
+	read := int64(buf.Len())
+	var fault *APIError
 	switch {
-	case tooLarge:
+	case err == nil && read > limit:
 		discardRest(ctx, limit)
-	case err != nil: // the client broke off: the call sees an empty body
-		ctx.SetConnectionClose()
-		timedOut = isTimeout(err)
-	default:
+		fault = errRequestTooLarge(limit)
+	case err == nil && cl >= 0 && read < cl:
+		// fasthttp ends a body whose client closed before its
+		// Content-Length with a plain io.EOF: read as whole, what came
+		// was forwarded and billed.
+		fault = BadRequest("", fmt.Sprintf("the request body was cut short: it ended after %d of the %d bytes its Content-Length announced, when the client closed its connection", read, cl))
+	case err == nil:
 		req.SetBody(buf.B) // which closes the stream
-		return false, false
+		return nil
+	case isTimeout(err):
+		fault = errRequestTimeout()
+	default: // the client broke off: the call sees an empty body
 	}
+	ctx.SetConnectionClose()
 	_ = req.CloseBodyStream()
-	return tooLarge, timedOut
+	return fault
 }
 
 // discardRest reads and drops what is left of a body over the limit, up
@@ -152,25 +164,21 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	ep, isGeneration := generationEndpoint(path)
 	limit := s.world.Load().Config.Server.MaxRequestBody
-	tooLarge, timedOut := readRequestBody(ctx, int64(limit))
+	bodyFault := readRequestBody(ctx, int64(limit))
 	// A compressed body (Codex CLI compresses its own backend's) read as
 	// it came was "not valid JSON", which said nothing of why.
 	enc := ctx.Request.Header.ContentEncoding()
 	encoded := len(enc) > 0 && !bytes.EqualFold(enc, identity)
 	var reqID string
-	if !isGeneration || tooLarge || timedOut || encoded {
+	if !isGeneration || bodyFault != nil || encoded {
 		// Every response carries one, as the README promises; a
 		// generation call makes its own, which its usage event keeps, and
 		// a plugin call is metered under this one.
 		reqID = newRequestID()
 		ctx.Response.Header.Set("x-request-id", reqID)
 	}
-	if tooLarge {
-		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit)))
-		return
-	}
-	if timedOut {
-		WriteError(ctx, errRequestTimeout())
+	if bodyFault != nil {
+		WriteError(ctx, bodyFault)
 		return
 	}
 	if encoded {

@@ -360,12 +360,17 @@ func errRequestTimeout() *APIError {
 		Message: "the request was not received whole within " + requestReadTimeout.String()}
 }
 
+// errRequestTooLarge is the 413 of a request body over max_request_body.
+func errRequestTooLarge(limit int64) *APIError {
+	return errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit))
+}
+
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	// Every response carries one, as the README promises: these are
 	// answered before the handler gives one.
 	ctx.Response.Header.Set("x-request-id", newRequestID())
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		WriteError(ctx, errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", s.world.Load().Config.Server.MaxRequestBody)))
+		WriteError(ctx, errRequestTooLarge(int64(s.world.Load().Config.Server.MaxRequestBody)))
 		return
 	}
 	var small *fasthttp.ErrSmallBuffer
