@@ -90,3 +90,26 @@ func TestBodyCutShortByTheClientIsRefused(t *testing.T) {
 		t.Fatalf("%d bodies cut short were billed", n)
 	}
 }
+
+// A chunked body whose framing is broken was refused as "not valid JSON",
+// the call having read an empty body: the answer says what is wrong.
+func TestBrokenChunkedFramingSaysSo(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	auth := "Authorization: Bearer " + h.key + "\r\n"
+	for name, body := range map[string]string{
+		"a negative size":  "-5\r\n" + chatBody + "\r\n0\r\n\r\n",
+		"a size too large": "ffffffffffffffffff\r\n" + chatBody + "\r\n0\r\n\r\n",
+		"a size too small": fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(chatBody)-10, chatBody),
+		"bare line feeds":  fmt.Sprintf("%x\n%s\n0\n\n", len(chatBody), chatBody),
+		"no size":          "\r\n" + chatBody + "\r\n0\r\n\r\n",
+	} {
+		conn := rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"+auth+"Transfer-Encoding: chunked\r\n\r\n", body)
+		status, answer := answerAndClose(t, conn)
+		if status != 400 || !strings.Contains(answer, "chunked") || strings.Contains(answer, "not valid JSON") {
+			t.Errorf("%s: %d %s, want a 400 about the chunked framing", name, status, answer)
+		}
+	}
+	if n := len(h.up.Requests()); n != 0 {
+		t.Fatalf("%d broken bodies reached the upstream", n)
+	}
+}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"runtime/debug"
@@ -88,9 +89,9 @@ const fasthttpPrefetch = 8 << 10
 // StreamRequestBody) into the request, up to limit bytes, and answers why
 // the call cannot have it, or nil: a body larger than limit (the rest is
 // dropped, discardRest, and the connection will close), one that stopped
-// coming before the read timeout (a 408, no broken JSON), or one whose
-// client closed before its Content-Length. The body is read as its bytes
-// arrive, through a limit (fasthttp bounds no chunked body), and not with
+// coming before the read timeout (a 408, no broken JSON), one its client
+// broke off, or chunks framed wrong. The body is read as its bytes arrive,
+// through a limit (fasthttp bounds no chunked body), and not with
 // Request.Body, which logs a warning for every streamed body: that log
 // cost a fifth of the throughput.
 func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) *APIError {
@@ -129,13 +130,40 @@ func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) *APIError {
 	case err == nil:
 		req.SetBody(buf.B) // which closes the stream
 		return nil
-	case isTimeout(err):
-		fault = errRequestTimeout()
-	default: // the client broke off: the call sees an empty body
+	default:
+		fault = bodyBrokenOff(err)
 	}
 	ctx.SetConnectionClose()
 	_ = req.CloseBodyStream()
 	return fault
+}
+
+// bodyBrokenOff is the answer to a streamed body whose read failed with
+// err: it stopped coming (408), its chunks are framed wrong, or its client
+// closed or reset the connection. Until 2026-11-27 the last two were
+// "not valid JSON": the call read an empty body.
+func bodyBrokenOff(err error) *APIError {
+	if isTimeout(err) {
+		return errRequestTimeout()
+	}
+	// fasthttp's own words for a chunk's size line or end that is not
+	// "hex size CRLF data CRLF" are quoted; "cannot read …" is the
+	// connection failing there, its error wrapped with no Unwrap (so a
+	// timeout is known by its text) and naming both ends' addresses.
+	var broken fasthttp.ErrBrokenChunk
+	msg := err.Error()
+	switch {
+	case errors.As(err, &broken) && strings.Contains(msg, "timeout") && strings.HasPrefix(msg, "cannot "):
+		return errRequestTimeout()
+	case errors.As(err, &broken) && !strings.HasPrefix(msg, "cannot "),
+		msg == "empty hex number", msg == "too large hex number": // fasthttp's errors for a chunk size that is not hex, or over 15 digits
+		return BadRequest("", "the request body's chunked framing is broken ("+msg+"): each chunk is its size in hex, CRLF, that many bytes and CRLF, and a chunk of size 0 ends the body")
+	}
+	why := "the client closed its connection before sending it whole"
+	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		why = "the connection failed before it came whole (" + reasonForClient(err) + ")"
+	}
+	return BadRequest("", "the request body was cut short: "+why)
 }
 
 // discardRest reads and drops what is left of a body over the limit, up
