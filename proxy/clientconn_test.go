@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -112,4 +113,59 @@ func TestBrokenChunkedFramingSaysSo(t *testing.T) {
 	if n := len(h.up.Requests()); n != 0 {
 		t.Fatalf("%d broken bodies reached the upstream", n)
 	}
+}
+
+// A client that stops reading a long stream held its upstream, and a slot
+// of its key's concurrency, for as long as it kept the connection open:
+// the relay waited in a write no timeout ended. A write the client takes
+// none of for idle_timeout ends the stream, as a client gone: billed what
+// was relayed, the upstream's connection closed.
+func TestClientThatStopsReadingEndsItsStream(t *testing.T) {
+	h := newHarness(t, harnessOptions{idleTimeout: "1s"})
+	body := strings.Replace(chatBody, `{`, `{"stream":true,`, 1)
+	// The deadline ends with its stream: the next answer on the kept
+	// connection, after longer than idle_timeout, goes out.
+	if resp := h.post("/v1/chat/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if resp := h.post("/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+		t.Fatalf("the call after a stream: %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	before := len(h.rec.Events())
+	h.up.SetOptions(proxytest.Options{Chunks: 100_000})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(4096)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", h.key, len(body), body)
+	if _, err := io.ReadFull(conn, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	// Then nothing more is read, and the connection stays open.
+	evs := func() []*meter.Event {
+		var evs []*meter.Event
+		checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+			if evs = h.rec.Events()[before:]; len(evs) != 1 {
+				return fmt.Errorf("%d events while the client reads nothing, want its stream ended and billed", len(evs))
+			}
+			return nil
+		})
+		return evs
+	}()
+	if ev := evs[0]; ev.UsageSource != meter.SourceEstimated || ev.CompletionTokens == 0 || ev.CompletionTokens >= 100_000 {
+		t.Fatalf("event %+v, want what was relayed, estimated", ev)
+	}
+	checkFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		if n := h.up.Active(); n != 0 {
+			return fmt.Errorf("the upstream still generates %d answers", n)
+		}
+		return nil
+	})
 }

@@ -307,6 +307,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 			ctx.SetContentType("text/event-stream")
 		}
 		setStreamHeaders(ctx)
+		call.clientCtx = ctx
 		ctx.SetBodyStream(call, -1)
 		s.addStream(call, ctx.Conn()) // removed by its Close
 	default:
@@ -445,6 +446,11 @@ type generationCall struct {
 	pending    []byte // events read and not yet written
 	streamDone bool   // the upstream's stream ended; only io.EOF is left
 	closed     bool
+	// clientCtx is the request the stream answers, valid while fasthttp
+	// writes it, and clientArmed when its write deadline was last moved
+	// (expectClientProgress).
+	clientCtx   *fasthttp.RequestCtx
+	clientArmed time.Time
 
 	inflight bool         // counted in upstream's in-flight requests until release
 	span     trace.Span   // nil unless tracing

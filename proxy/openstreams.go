@@ -119,8 +119,9 @@ func (s *Server) CallsWithUpstreams() int64 {
 
 // DropStreamClients closes the client connections of the streams
 // CutStreams ended that are still open: a client that stopped reading
-// keeps its relay blocked writing (the server has no write timeout), and
-// a relay that never returns never records its call. The failed write
+// keeps its relay blocked writing for up to its upstream's idle_timeout
+// (expectClientProgress), longer than a shutdown waits, and a relay that
+// has not returned has not recorded its call. The failed write
 // ends the relay, which records the call. It answers how many it closed.
 func (s *Server) DropStreamClients() int {
 	o := &s.streams

@@ -41,12 +41,17 @@ const maxCoalesced = 16 << 10
 // still arriving never holds back those before it. The event that tells the
 // client the answer is complete is written only once the call is billed.
 func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
+	// fasthttp writes the body's last chunk after WriteTo: the upstream
+	// may have been quiet for longer than the deadline since the last
+	// event went out.
+	defer c.expectClientProgress()
 	var n int64
 	written := c.markText()
 	flush := func() error {
 		if len(c.pending) == 0 {
 			return nil
 		}
+		c.expectClientProgress()
 		m, err := w.Write(c.pending)
 		n += int64(m)
 		c.pending = c.pending[:0]
@@ -94,6 +99,29 @@ func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
 		if err := flush(); err != nil {
 			return n, err
 		}
+	}
+}
+
+// expectClientProgress gives the write about to go out idle_timeout to be
+// taken by the client's socket: a client that stops reading a stream held
+// its upstream, and a slot of its key's concurrency, for as long as it
+// kept the connection open, the relay waiting in a write (the server has
+// no write timeout, which would cap every stream). The deadline is moved
+// at most once every sixteenth of idle_timeout, so each write gets at
+// least 15/16 of it: a stream's writes cost a clock read each, and the
+// deadline is set once, and again every sixteenth of idle_timeout it
+// lasts. fasthttp clears it once the response is written.
+func (c *generationCall) expectClientProgress() {
+	if c.clientCtx == nil {
+		return
+	}
+	idle := c.upstream.cfg.IdleTimeout
+	now := time.Now()
+	if now.Sub(c.clientArmed) <= idle/16 {
+		return
+	}
+	if c.clientCtx.SetWriteDeadline(now.Add(idle)) == nil {
+		c.clientArmed = now
 	}
 }
 
