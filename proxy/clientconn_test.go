@@ -169,3 +169,34 @@ func TestClientThatStopsReadingEndsItsStream(t *testing.T) {
 		return nil
 	})
 }
+
+// A client reading a long stream slowly but steadily is not cut: the
+// kernel grew the send queue to 4 MiB and woke a blocked write only once
+// about a third of it had drained, so a client reading less than 1.4 MB
+// per idle_timeout took "nothing" of a write for all that time, and the
+// stream ended (rawconn.UnsentLimit).
+func TestClientReadingSteadilyKeepsItsStream(t *testing.T) {
+	h := newHarness(t, harnessOptions{idleTimeout: "1s"})
+	body := strings.Replace(chatBody, `{`, `{"stream":true,`, 1)
+	h.up.SetOptions(proxytest.Options{Chunks: 100_000})
+	before := len(h.rec.Events())
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", h.key, len(body), body)
+	// 160 KiB a second for four idle_timeouts, in reads every 50 ms. (On
+	// loopback the client's window opens in steps of its 64 KiB segment,
+	// so a slower reader would take "nothing" for a second between them;
+	// on a network the step is a 1.5 KB segment.)
+	buf := make([]byte, 8<<10)
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if _, err := io.ReadFull(conn, buf); err != nil {
+			t.Fatalf("reading the stream: %v", err)
+		}
+		if evs := h.rec.Events()[before:]; len(evs) != 0 {
+			t.Fatalf("the stream of a client reading 160 KiB/s ended and was billed: %+v", evs[0])
+		}
+	}
+}

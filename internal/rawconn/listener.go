@@ -40,6 +40,7 @@ func (l Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
+			limitUnsent(c)
 			return Wrap(c), nil
 		}
 		if !outOfDescriptors(err) {

@@ -12,3 +12,6 @@ func PeerClosed(net.Conn) bool { return false }
 
 // Quiet is true: it looks at the socket on Linux only.
 func Quiet(net.Conn) bool { return true }
+
+// limitUnsent does nothing: TCP_NOTSENT_LOWAT is set on Linux only.
+func limitUnsent(net.Conn) {}

@@ -181,3 +181,37 @@ func peek(c net.Conn) (n int, ok bool, err error) {
 	})
 	return n, true, err
 }
+
+// UnsentLimit is how many bytes of a client connection's send queue may
+// wait unsent before a write blocks (TCP_NOTSENT_LOWAT, set by
+// Listener.Accept); a blocked write wakes when less than half of it is
+// left. Without it the kernel grows the queue to 4 MiB and, once full,
+// wakes a blocked writer only when about a third has drained: a client
+// reading a stream steadily at 8 KiB/s took no byte of a write for a
+// minute as the kernel saw it, and the relay's idle_timeout on writes cut
+// it. Limited, a write goes out once the client takes a few KiB (16 KiB
+// is what HTTP/2 servers use to keep their queues short), and what sits
+// in the kernel, billed as relayed when a stream ends early, stays near
+// what the client's own window holds.
+const UnsentLimit = 16 << 10
+
+// limitUnsent sets c's TCP_NOTSENT_LOWAT to UnsentLimit: one system call
+// per accepted connection, none per call. An error leaves the kernel's
+// default, as on a system without the option.
+func limitUnsent(c net.Conn) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = raw.Control(func(fd uintptr) {
+		_ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, tcpNotSentLowat, UnsentLimit)
+	})
+}
+
+// tcpNotSentLowat is Linux's TCP_NOTSENT_LOWAT, which package syscall
+// does not name.
+const tcpNotSentLowat = 25
