@@ -312,8 +312,9 @@ type batchEngine struct {
 func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequest) (batch.Answer, error) {
 	c := e.choice
 	if c.auto && !c.probes.up() {
-		res, err := c.offlineFallback().engine.Classify(ctx, req)
-		return batch.Answer{ClassifyResult: res}, err
+		off := c.offlineFallback()
+		res, err := off.engine.Classify(ctx, req)
+		return batch.Answer{ClassifyResult: res, Fallback: c.skippedNote(off)}, err
 	}
 	if offline(c.name) {
 		res, err := c.engine.Classify(ctx, req)

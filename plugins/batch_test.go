@@ -850,3 +850,44 @@ func TestBatchLinesAreDescribedAndBilledAsClassifyAlone(t *testing.T) {
 		})
 	}
 }
+
+// TestBatchAutoLinesAfterADroppedConnectionSayWhy: in an auto job whose
+// upstream dropped the connections of a few calls and answered every
+// other, the lines after the failure went to the offline engine for 10 s
+// (17,000 lines of 20,000) with no fallback saying why. Each line now
+// goes to the llm or says why not (TestAutoAfterOneDroppedConnection:
+// the llm answers again once a probe, due a second after the failure,
+// finds its upstream).
+func TestBatchAutoLinesAfterADroppedConnectionSayWhy(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{upstream: proxytest.Options{CutChatTimes: 8},
+		plugins: "  engine: auto\n  llm_model: small"})
+	h.startWorker()
+	var input strings.Builder
+	const n = 300
+	for i := range n {
+		fmt.Fprintf(&input, "{\"text\": \"The export button crashes, ticket %d\"}\n", i)
+	}
+	c := h.createJob(h.key, `{"labels": ["bug", "billing"]}`)
+	h.upload(c, []byte(input.String()))
+	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
+	if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
+		t.Fatalf("job %v", job)
+	}
+	_, data := download(t, h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)["download_url"].(string))
+	engines := map[string]int{}
+	for l := range bytes.Lines(data) {
+		var line struct {
+			Line     int    `json:"line"`
+			Engine   string `json:"engine"`
+			Fallback string `json:"fallback"`
+		}
+		if err := json.Unmarshal(l, &line); err != nil {
+			t.Fatalf("result line %s: %v", l, err)
+		}
+		engines[line.Engine]++
+		if line.Engine != "llm" && line.Fallback == "" {
+			t.Fatalf("line %d answered by %s with no fallback saying why the llm was not", line.Line, line.Engine)
+		}
+	}
+	t.Logf("lines by engine: %v", engines)
+}

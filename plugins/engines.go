@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
@@ -123,10 +124,14 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 		return m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
-	if c := m.autoLLM(who); c != nil && c.probes.up() {
-		return c, nil
+	off := m.offlineChoice(p.Vectors)
+	if c := m.autoLLM(who); c != nil {
+		if c.probes.up() {
+			return c, nil
+		}
+		off.fallback = c.skippedNote(off)
 	}
-	return m.offlineChoice(p.Vectors), nil
+	return off, nil
 }
 
 // autoLLM is plugins.engine auto's llm choice for who, falling back to the
@@ -302,6 +307,11 @@ const (
 	probeStale   = 30 * time.Second       // older than this, a request waits for a fresh probe…
 	probeWait    = 500 * time.Millisecond // …but no longer than this
 	probeTimeout = 3 * time.Second
+	// probeAfterFailedCall: a failed call marks the upstream down, and it
+	// is probed again this long after its last probe, not probeEvery: one
+	// dropped connection sent every auto call and batch line offline for
+	// 10 s while the upstream answered.
+	probeAfterFailedCall = time.Second
 )
 
 // probeSet is the probes of one plugins module: one gateway's view of its
@@ -342,20 +352,35 @@ type probe struct {
 	client      *fasthttp.Client
 
 	mu        sync.Mutex
-	checkedAt time.Time
+	checkedAt time.Time // when ok was last set, by a probe or a failed call
 	ok        bool
 	running   chan struct{} // closed when the probe in flight ends; nil when none
+	// probedAt is when the last probe started, and nextProbe when the
+	// next is due: probeEvery after it, or probeAfterFailedCall after it
+	// once a call failed.
+	probedAt, nextProbe time.Time
+	// failedCallAt is when a failed call marked the upstream down; zero
+	// once a probe has answered since.
+	failedCallAt time.Time
 }
 
-// up reports whether the upstream answered its last probe, starting a new
-// probe when the last is older than probeEvery.
-func (p *probe) up() bool {
-	p.mu.Lock()
-	age := time.Since(p.checkedAt)
-	if age > probeEvery && p.running == nil {
+// startDue starts a probe when one is due and none is running.
+//
+// p.mu must be held.
+func (p *probe) startDue() {
+	if now := time.Now(); !now.Before(p.nextProbe) && p.running == nil {
+		p.probedAt, p.nextProbe = now, now.Add(probeEvery)
 		p.running = make(chan struct{})
 		go p.check(p.running)
 	}
+}
+
+// up reports whether the upstream answered its last probe (and failed no
+// call since), starting a new probe when one is due.
+func (p *probe) up() bool {
+	p.mu.Lock()
+	age := time.Since(p.checkedAt)
+	p.startDue()
 	running, ok := p.running, p.ok
 	p.mu.Unlock()
 	if age <= probeStale || running == nil {
@@ -380,10 +405,7 @@ func (p *probe) down() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	age := time.Since(p.checkedAt)
-	if age > probeEvery && p.running == nil {
-		p.running = make(chan struct{})
-		go p.check(p.running)
-	}
+	p.startDue()
 	return !p.checkedAt.IsZero() && !p.ok && age <= probeStale
 }
 
@@ -400,7 +422,7 @@ func (p *probe) check(done chan struct{}) {
 	err := p.client.DoTimeout(req, resp, probeTimeout)
 	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() <= 299
 	p.mu.Lock()
-	p.ok, p.checkedAt, p.running = ok, time.Now(), nil
+	p.ok, p.checkedAt, p.running, p.failedCallAt = ok, time.Now(), nil, time.Time{}
 	p.mu.Unlock()
 	close(done)
 }
@@ -439,9 +461,42 @@ func (ps probes) markDown() {
 }
 
 // markDown records a failed llm call: auto requests go offline until the
-// next probe finds the upstream back.
+// next probe, due probeAfterFailedCall after the last, finds the upstream
+// back. One failure is not trusted for probeEvery: a connection dropped
+// once says little of the next call.
 func (p *probe) markDown() {
 	p.mu.Lock()
-	p.ok, p.checkedAt = false, time.Now()
+	now := time.Now()
+	p.ok, p.checkedAt, p.failedCallAt = false, now, now
+	if soon := p.probedAt.Add(probeAfterFailedCall); soon.Before(p.nextProbe) {
+		p.nextProbe = soon
+	}
 	p.mu.Unlock()
+}
+
+// failedCall reports when a failed call marked the upstream down, if no
+// probe has answered since.
+func (p *probe) failedCall() (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failedCallAt, !p.failedCallAt.IsZero()
+}
+
+// skippedNote is the fallback of an auto answer that went offline without
+// asking the model because a call to it failed lately: one with no word
+// of why was taken for the llm's verdict being offline's. "" when the
+// upstreams are down by their probes (documented: auto is offline while
+// the upstream does not answer GET /models).
+func (c *engineChoice) skippedNote(off *engineChoice) string {
+	var last time.Time
+	for _, p := range c.probes {
+		if at, ok := p.failedCall(); ok && at.After(last) {
+			last = at
+		}
+	}
+	if last.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf("llm model %s not asked: a call to it failed at %s, and its upstream has not answered a probe since; %s answered",
+		c.model, last.UTC().Format(batch.TimeFormat), off.name)
 }

@@ -71,14 +71,15 @@ func TestEngineSelection(t *testing.T) {
 	}
 
 	// The upstream goes away: an llm call fails, auto falls back to
-	// lexical and says so; the next call goes lexical at once.
+	// lexical and says so; the next call goes lexical at once, saying why
+	// the model was not asked.
 	h.up.Close()
 	m = h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
 	if m["engine"] != "lexical" || !strings.Contains(fmt.Sprint(m["fallback"]), "llm model small failed (upstream local is unavailable)") {
 		t.Errorf("auto with the upstream gone: %v", m)
 	}
 	m = h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
-	if m["engine"] != "lexical" || m["fallback"] != nil {
+	if m["engine"] != "lexical" || !strings.Contains(fmt.Sprint(m["fallback"]), "llm model small not asked: a call to it failed at ") {
 		t.Errorf("auto after a failed call: %v", m)
 	}
 	// Asked for by name, the llm is not replaced: 503.
@@ -494,4 +495,37 @@ func TestLLMOnAPoolWhoseFirstMemberIsDown(t *testing.T) {
 			t.Errorf("event of model %s names upstream %q, want local, the member that answered", ev.Model, ev.Upstream)
 		}
 	}
+}
+
+// TestAutoAfterOneDroppedConnection: an upstream that dropped the
+// connection of one call, and answered every call after it and its
+// GET /models throughout, sent every auto call offline for 10 s (the
+// probe interval), with no fallback saying why. A failed call now has
+// the upstream probed again within a second, and until then the
+// offline answers say the model was not asked, and why.
+func TestAutoAfterOneDroppedConnection(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: auto\n  llm_model: small"})
+	const body = `{"text": "the export button crashes", "labels": ["bug", "billing"]}`
+	if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "llm" {
+		t.Fatalf("auto with the upstream up: %v", m)
+	}
+	// A dropped connection is sent again once, on a new one (Upstream
+	// pools): the call fails when both are dropped.
+	opts := h.up.Options()
+	opts.CutChatTimes = 2
+	h.up.SetOptions(opts)
+	m := h.keyed("/v1/classify", body).ok(t)
+	if m["engine"] != "lexical" || !strings.Contains(fmt.Sprint(m["fallback"]), "upstream local is unavailable") {
+		t.Fatalf("auto with its call dropped: %v", m)
+	}
+	m = h.keyed("/v1/classify", body).ok(t)
+	if fb := fmt.Sprint(m["fallback"]); m["engine"] == "lexical" && !strings.Contains(fb, "llm model small not asked: a call to it failed at ") {
+		t.Errorf("auto right after a failed call answered offline with fallback %q: want why the model was not asked", fb)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "llm" {
+			return fmt.Errorf("auto after one failed call, with the upstream answering: %v", m)
+		}
+		return nil
+	})
 }

@@ -131,6 +131,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, st *rendered, bod
 	if r.Method != http.MethodPost {
 		return s.respond(w, r, o, http.StatusMethodNotAllowed, bodyBadMethod, sc)
 	}
+	if chat && st.cuts.Add(1) <= int64(o.CutChatTimes) {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+		return dropped
+	}
 	if !gjson.ValidBytes(body) {
 		return s.respond(w, r, o, http.StatusBadRequest, bodyInvalidJSON, sc)
 	}

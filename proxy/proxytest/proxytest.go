@@ -98,6 +98,10 @@ type Options struct {
 	// Stall stops writing after the first stream event and holds the
 	// connection open until the client goes away (or the server closes).
 	Stall bool
+	// CutChatTimes closes the connection of the first N chat requests
+	// under these options without an answer, as an upstream behind a
+	// restarting load balancer drops one; GET /v1/models still answers.
+	CutChatTimes int
 
 	// Models are the ids GET /v1/models lists. Default: proxytest-small and
 	// proxytest-large. Generation requests accept any model and echo it.

@@ -98,6 +98,7 @@ type rendered struct {
 	errorBody      []byte
 
 	replies atomic.Int64 // Reply answers given under opts
+	cuts    atomic.Int64 // chat requests seen under opts, for CutChatTimes
 }
 
 const (
