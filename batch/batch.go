@@ -59,10 +59,22 @@ var (
 	ErrNoInput = errors.New("batch input not uploaded")
 	// ErrEngineUnavailable, wrapped by an Engine's error, means the engine
 	// cannot answer any line now (its upstream is down or overloaded). The
-	// worker retries the line with backoff, and fails the job when the
-	// engine stays away; the client starts the job again later.
+	// job's lines pause together and one retries with backoff (outage),
+	// and the job fails when the engine stays away; the client starts
+	// the job again later.
 	ErrEngineUnavailable = errors.New("classification engine unavailable")
 )
+
+// UnavailableError is an ErrEngineUnavailable that says how long the
+// engine asked to be left alone: its upstream's Retry-After. The job's
+// lines wait at least that long before one asks again.
+type UnavailableError struct {
+	Msg        string
+	RetryAfter time.Duration // 0: the engine said nothing
+}
+
+func (e *UnavailableError) Error() string { return ErrEngineUnavailable.Error() + ": " + e.Msg }
+func (e *UnavailableError) Unwrap() error { return ErrEngineUnavailable }
 
 // Error is an API error: Kind is one of the errors above, Msg the message
 // for the client.

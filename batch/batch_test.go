@@ -1437,3 +1437,64 @@ func overdrawLate(t *testing.T, e *env) {
 		}
 	}
 }
+
+// chatCalls counts the chat completions the upstream received.
+func chatCalls(up *proxytest.Server) int {
+	n := 0
+	for _, r := range up.Requests() {
+		if strings.HasSuffix(r.Path, "/chat/completions") {
+			n++
+		}
+	}
+	return n
+}
+
+// An upstream answering every call 429 with Retry-After 60 got ~790
+// calls in 31 s from a job of 128 lines at once, each line retrying on
+// its own schedule, and the job said to start it again "when the model
+// is back". The job's lines now pause together, and a Retry-After longer
+// than the retries wait stops the job at once, saying when to start it
+// again.
+func TestJobStopsAtOnceOnARetryAfterLongerThanItsRetries(t *testing.T) {
+	e := newEnv(t, envOptions{plugins: "  engine: llm\n  llm_model: small"})
+	e.up.SetOptions(proxytest.Options{Status: 429, RetryAfter: "60"})
+	svc := e.service(0, batch.Tuning{RetryBackoff: 10 * time.Millisecond, Retries: 2})
+	e.work(svc)
+	id := e.create(svc, "acme", inputLines(200, 0), "")
+	started := time.Now()
+	j := e.startAndWait(svc, "acme", id)
+	if j.Status != batch.StatusFailed || !j.Resumable || !strings.Contains(j.Error, "upstream local answered 429, asking to be called again in 60s (Retry-After)") {
+		t.Fatalf("job %s, resumable %v: %q", j.Status, j.Resumable, j.Error)
+	}
+	m := regexp.MustCompile(`start the job again after (\S+): it goes on from line 1$`).FindStringSubmatch(j.Error)
+	if m == nil {
+		t.Fatalf("job error %q: want when to start it again", j.Error)
+	}
+	if at, err := time.Parse(batch.TimeFormat, m[1]); err != nil || at.Before(started.Add(59*time.Second)) {
+		t.Errorf("start again after %s (%v): want 60 s after the 429", m[1], err)
+	}
+	// concurrency 4: the calls in flight when the first 429 came.
+	if n := chatCalls(e.up); n > 4 {
+		t.Errorf("%d calls to an upstream that asked to be left alone for 60 s, want at most the 4 in flight", n)
+	}
+}
+
+// An upstream failing every call (500, no Retry-After) got each line's
+// retries from every one of the job's lines at once. One line now tries
+// for all of them after each pause: the calls in flight when it failed,
+// and one a retry.
+func TestUnavailableEngineIsRetriedByOneLineForTheJob(t *testing.T) {
+	e := newEnv(t, envOptions{plugins: "  engine: llm\n  llm_model: small"})
+	e.up.SetOptions(proxytest.Options{Status: 500})
+	svc := e.service(0, batch.Tuning{RetryBackoff: 10 * time.Millisecond, Retries: 3})
+	e.work(svc)
+	id := e.create(svc, "acme", inputLines(200, 0), "")
+	j := e.startAndWait(svc, "acme", id)
+	if j.Status != batch.StatusFailed || !strings.Contains(j.Error, "upstream local answered 500") ||
+		!strings.Contains(j.Error, "start the job again when the model is back: it goes on from line 1") {
+		t.Fatalf("job %s: %q", j.Status, j.Error)
+	}
+	if n := chatCalls(e.up); n > 4+3 {
+		t.Errorf("%d calls to a failing upstream, want at most the 4 in flight and 3 retries", n)
+	}
+}

@@ -309,7 +309,12 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 				if err := w.checkpoint(ctx); err != nil {
 					return err
 				}
-				if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s; the lines before it are billed; start the job again when the model is back: it goes on from line %d", c.first, c.err, c.first)); err != nil {
+				again := "when the model is back"
+				var later *retryLater
+				if errors.As(c.err, &later) {
+					again = "after " + later.at.UTC().Format(TimeFormat)
+				}
+				if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s; the lines before it are billed; start the job again %s: it goes on from line %d", c.first, c.err, again, c.first)); err != nil {
 					return err
 				}
 				return errEnded
@@ -965,12 +970,13 @@ type lineClassifier struct {
 	price money.Price
 	// labelJSON is each label as a JSON string, encoded once per run.
 	labelJSON map[string][]byte
+	outage    *outage // the engine's, shared by the run's lines
 }
 
 func newLineClassifier(s *Service, engine Engine, j *Job, cfg *config.Config) *lineClassifier {
 	price, _ := money.ParsePrice(j.Price)
 	lc := &lineClassifier{s: s, engine: engine, req: &j.Request, maxText: int(cfg.Plugins.MaxTextBytes), maxLine: maxLineBytes(cfg),
-		price: price, labelJSON: make(map[string][]byte, len(j.Request.Labels))}
+		price: price, labelJSON: make(map[string][]byte, len(j.Request.Labels)), outage: newOutage(s.t.retryBackoff, s.t.retries)}
 	for _, l := range j.Request.Labels {
 		lc.labelJSON[l] = jsonString(l)
 	}
@@ -1014,22 +1020,26 @@ func (lc *lineClassifier) classifyChunk(ctx context.Context, c *chunk) {
 // quote shortens an engine's words for a result line.
 func quote(msg string) string { return utf8cut.Shorten(msg, errorMaxText) }
 
-// classify retries an unavailable engine with backoff.
+// classify asks the engine, retrying while it is unavailable: the job's
+// lines pause together, and one at a time asks again (see outage).
 func (lc *lineClassifier) classify(ctx context.Context, req classifiers.ClassifyRequest) (Answer, error) {
-	wait := lc.s.t.retryBackoff
-	for try := 0; ; try++ {
+	for {
+		trial, err := lc.outage.admit(ctx)
+		if err != nil {
+			return Answer{}, err
+		}
 		res, err := lc.engine.Classify(ctx, req)
-		if err == nil || !errors.Is(err, ErrEngineUnavailable) || try == lc.s.t.retries {
+		switch {
+		case ctx.Err() != nil:
+			lc.outage.release(trial)
+			return res, err
+		case err == nil || !errors.Is(err, ErrEngineUnavailable):
+			lc.outage.answered(trial)
 			return res, err
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return res, ctx.Err()
-		case <-t.C:
+		if err := lc.outage.failed(trial, err); err != nil {
+			return res, err
 		}
-		wait *= 2
 	}
 }
 

@@ -343,7 +343,7 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 	msg := fmt.Sprintf("model %s: %s", c.model, failure(&line, err))
 	var me *proxy.ModelError
 	if errors.Is(err, proxy.ErrModelUnavailable) || errors.As(err, &me) && (me.Status >= 500 || me.Status == fasthttp.StatusTooManyRequests) {
-		return batch.Answer{ClassifyResult: res, Spent: spent}, fmt.Errorf("%w: %s", batch.ErrEngineUnavailable, msg)
+		return batch.Answer{ClassifyResult: res, Spent: spent}, &batch.UnavailableError{Msg: msg, RetryAfter: proxy.RetryAfter(err)}
 	}
 	return batch.Answer{ClassifyResult: res, Spent: spent}, errors.New(msg)
 }

@@ -24,6 +24,35 @@ var ErrModelUnavailable = errors.New("model unavailable")
 type ModelError struct {
 	Status int
 	Body   []byte
+	// RetryAfter is the answer's Retry-After (a 429's, a 503's); 0 when
+	// it gave none.
+	RetryAfter time.Duration
+}
+
+// unavailableError is ErrModelUnavailable with when the model's
+// upstreams are back, as far as the gateway knows (every one resting
+// after a 429, or ejected).
+type unavailableError struct {
+	msg        string
+	retryAfter time.Duration
+}
+
+func (e *unavailableError) Error() string { return ErrModelUnavailable.Error() + ": " + e.msg }
+func (e *unavailableError) Unwrap() error { return ErrModelUnavailable }
+
+// RetryAfter is how long a failed CallModel asked its caller to wait
+// before asking again: the upstream's Retry-After, or when the first of
+// its resting or ejected upstreams is back; 0 when nothing said.
+func RetryAfter(err error) time.Duration {
+	var me *ModelError
+	var ue *unavailableError
+	switch {
+	case errors.As(err, &me):
+		return me.RetryAfter
+	case errors.As(err, &ue):
+		return ue.retryAfter
+	}
+	return 0
 }
 
 func (e *ModelError) Error() string {
@@ -69,10 +98,10 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 		// request, as the upstream's own 4xx would be: a refusal of
 		// logprobs is asked again without them (classifiers.llm).
 		errBody, _ := apiErr.MarshalJSON()
-		return nil, catalog.Usage{}, &ModelError{Status: apiErr.Status, Body: errBody}
+		return nil, catalog.Usage{}, &ModelError{Status: apiErr.Status, Body: errBody, RetryAfter: apiErr.RetryAfter}
 	}
 	if apiErr != nil {
-		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, apiErr.Message)
+		return nil, catalog.Usage{}, &unavailableError{msg: apiErr.Message, retryAfter: apiErr.RetryAfter}
 	}
 	defer up.health.inflight.Add(-1)
 	defer resp.Close()
@@ -91,7 +120,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, upstreamCut(up, err).Message)
 	}
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
-		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody}
+		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody, RetryAfter: retryAfter(&resp.Header)}
 	}
 	up.completed(call.sent, false)
 	return respBody, call.engineUsage(body, respBody), nil
