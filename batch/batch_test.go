@@ -1498,3 +1498,20 @@ func TestUnavailableEngineIsRetriedByOneLineForTheJob(t *testing.T) {
 		t.Errorf("%d calls to a failing upstream, want at most the 4 in flight and 3 retries", n)
 	}
 }
+
+// A job whose model failed its first line stopped saying "the lines
+// before it are billed": there were none, and nothing was billed.
+func TestStopAtLineOneSaysNothingOfABill(t *testing.T) {
+	e := newEnv(t, envOptions{plugins: "  engine: llm\n  llm_model: small"})
+	e.up.SetOptions(proxytest.Options{Status: 500})
+	svc := e.service(0, batch.Tuning{RetryBackoff: 10 * time.Millisecond, Retries: 1})
+	e.work(svc)
+	id := e.create(svc, "acme", inputLines(20, 0), "")
+	j := e.startAndWait(svc, "acme", id)
+	if j.Status != batch.StatusFailed || !strings.HasPrefix(j.Error, "stopped at line 1: ") || strings.Contains(j.Error, "billed") {
+		t.Fatalf("job %s: %q; want stopped at line 1, saying nothing of a bill", j.Status, j.Error)
+	}
+	if len(j.StopBills) != 0 {
+		t.Errorf("a job stopped at line 1 has bills %+v", j.StopBills)
+	}
+}

@@ -314,7 +314,7 @@ func (s *Service) classifyInput(ctx context.Context, o *owner, engine Engine, cf
 				if errors.As(c.err, &later) {
 					again = "after " + later.at.UTC().Format(TimeFormat)
 				}
-				if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s; the lines before it are billed; start the job again %s: it goes on from line %d", c.first, c.err, again, c.first)); err != nil {
+				if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s%s; start the job again %s: it goes on from line %d", c.first, c.err, billedBefore(c.first), again, c.first)); err != nil {
 					return err
 				}
 				return errEnded
@@ -351,10 +351,20 @@ func (s *Service) stopIfOverdrawn(ctx context.Context, o *owner) error {
 		return nil
 	}
 	next := j.Progress.Lines + 1
-	if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s; the lines before it are billed: top up and start the job again; it goes on from line %d", next, refused, next)); err != nil {
+	if err := s.stopBilled(ctx, o, fmt.Sprintf("stopped at line %d: %s%s: top up and start the job again; it goes on from line %d", next, refused, billedBefore(next), next)); err != nil {
 		return err
 	}
 	return errEnded
+}
+
+// billedBefore is what a stop at line says of the lines before it: that
+// they are billed, unless there are none (a job stopped at line 1 said
+// so, having billed nothing).
+func billedBefore(line int64) string {
+	if line <= 1 {
+		return ""
+	}
+	return "; the lines before it are billed"
 }
 
 // stopBilled stops the job, resumable, with msg, after billing the lines
