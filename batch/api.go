@@ -256,10 +256,12 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 			if time.Now().After(expired) {
 				return nil, apiError(ErrNoInput, "job %s has no input file, and its upload form expired at %s (storage.upload_ttl after the job was created): create a new job and upload to its form", id, expired.UTC().Format(time.RFC3339))
 			}
-			// An empty file is refused by the upload itself (its policy's
-			// content-length-range starts at 1): a client that uploaded
-			// one and was told "upload it first" saw no reason why.
-			return nil, apiError(ErrNoInput, "job %s has no input file yet: upload it first (POST the file to upload_url with every upload_fields entry as a form field, the file last as field \"file\"; an empty file is refused, EntityTooSmall: a job needs at least one line), then start the job", id)
+			// An empty file, or one over storage.max_upload_bytes, is
+			// refused by the upload itself (its policy's
+			// content-length-range): a client that uploaded one and was
+			// told "upload it first" saw no reason why.
+			return nil, apiError(ErrNoInput, "job %s has no input file yet: upload it first (POST the file to upload_url with every upload_fields entry as a form field, the file last as field \"file\"; an empty file is refused, EntityTooSmall: a job needs at least one line; so is a file over storage.max_upload_bytes, %d bytes here, EntityTooLarge: split it over several jobs), then start the job",
+				id, int64(s.runtime.Config().Storage.MaxUploadBytes))
 		} else if err != nil {
 			return nil, fmt.Errorf("checking the input of job %s: %w", id, err)
 		}

@@ -388,6 +388,22 @@ func TestEmptyInputUploadIsRefusedAndStartSaysSo(t *testing.T) {
 	}
 }
 
+// An upload over storage.max_upload_bytes is refused (EntityTooLarge),
+// and the start after it said only that an empty file is refused: the
+// client saw no word of the limit it had passed.
+func TestTooLargeUploadIsRefusedAndStartSaysSo(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{extra: "storage:\n  max_upload_bytes: 64"})
+	c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	big := bytes.Repeat([]byte(`{"text": "I was charged twice"}`+"\n"), 4)
+	if status, msg := upload(t, c.UploadURL, c.UploadFields, big); status != 400 || !strings.Contains(msg, "EntityTooLarge") {
+		t.Fatalf("upload of %d bytes: %d %s; want 400 EntityTooLarge", len(big), status, msg)
+	}
+	e := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
+	if msg := e["message"].(string); !strings.Contains(msg, "upload it first") || !strings.Contains(msg, "storage.max_upload_bytes") || !strings.Contains(msg, "EntityTooLarge") {
+		t.Fatalf("start after a too-large upload: %q", msg)
+	}
+}
+
 // TestBatchConflicts checks every 409 rule of spec section 3, and that a
 // start without an uploaded file is refused and leaves the job pending.
 // Each 409 says x-should-retry: false: the OpenAI SDKs retried every one
