@@ -310,6 +310,11 @@ func TestBadLinesAreReportedAndANoValidLineJobFails(t *testing.T) {
 	if v := j.View(); v.Error == nil || v.ActualTokens != nil || v.CompletedAt == nil {
 		t.Fatalf("failed view %+v", v)
 	}
+	// An input of one line said "(1 lines)".
+	id = e.create(svc, "acme", []byte("nope\n"), "")
+	if one := e.startAndWait(svc, "acme", id); !strings.Contains(one.Error, "could be classified (1 line); line 1:") {
+		t.Errorf("job of one bad line: %q", one.Error)
+	}
 	if _, _, err := svc.Results(e.ctx, "acme", id); !errors.Is(err, batch.ErrConflict) {
 		t.Fatalf("results of a failed job: %v, want ErrConflict", err)
 	}

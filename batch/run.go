@@ -680,7 +680,11 @@ func (s *Service) finish(ctx context.Context, o *owner) error {
 		return err
 	}
 	if j.RequestsCompleted == 0 {
-		msg := fmt.Sprintf("no line of the input could be classified (%d lines)", j.Progress.Lines)
+		lines := fmt.Sprintf("%d lines", j.Progress.Lines)
+		if j.Progress.Lines == 1 {
+			lines = "1 line"
+		}
+		msg := fmt.Sprintf("no line of the input could be classified (%s)", lines)
 		if j.Progress.FirstError != "" {
 			msg += "; " + j.Progress.FirstError
 		}
