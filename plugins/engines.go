@@ -124,11 +124,12 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 		return m.llmChoice(who, p.LLMModel, "plugins.llm_model")
 	}
 	// auto: llm while its upstream is up and the key may use its model.
+	c := m.autoLLM(who)
+	if c != nil && c.probes.up() {
+		return c, nil
+	}
 	off := m.offlineChoice(p.Vectors)
-	if c := m.autoLLM(who); c != nil {
-		if c.probes.up() {
-			return c, nil
-		}
+	if c != nil {
 		off.fallback = c.skippedNote(off)
 	}
 	return off, nil
