@@ -284,7 +284,7 @@ func (c *Console) session(ctx *fasthttp.RequestCtx) (session, bool) {
 		c.message(ctx, 401, "Session expired", "Your console session has ended; sign in again with a new link.", true)
 	case errors.Is(err, errSessionInvalid):
 		c.clearCookie(ctx)
-		c.message(ctx, 401, "Not signed in", "Your session is not valid on this gateway (its console secret differs or was replaced).", true)
+		c.message(ctx, 401, "Not signed in", "Your session is not valid on this gateway: sign in again with a new link. (Its cookie was not signed here, or was signed before the console secret was replaced.)", true)
 	default:
 		c.message(ctx, 401, "Not signed in", "You are not signed in to the console.", true)
 	}
@@ -677,6 +677,10 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		// name=ok&name=second made a key "ok": the first was taken and the
 		// others dropped, saying nothing.
 		problem = fmt.Sprintf("The field %q was sent %d times; this form sends it once.", field, n)
+	} else if v := args.Peek("logging"); v != nil && string(v) != "on" {
+		// A checkbox sends "on" or nothing: logging=yes or true made a key
+		// with logging off, saying nothing.
+		problem = fmt.Sprintf("The field \"logging\" is \"on\" or left out; it was %q.", v)
 	}
 	if problem != "" {
 		c.renderKeys(ctx, call, sess, 400, in, problem)

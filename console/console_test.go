@@ -534,6 +534,9 @@ func TestKeyFormRefusesTooLongNameAndRetention(t *testing.T) {
 		{"invalid UTF-8", url.Values{"name": {"bad\xffname"}, "scopes": {"generate"}}, "Name must be valid UTF-8."},
 		{"retention", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"on"}, "retention_days": {"36501"}},
 			"Logging retention must be a whole number of days from 0 to 36500"},
+		// A checkbox sends "on": "yes" made a key with logging off.
+		{"logging not on", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"yes"}},
+			"The field &#34;logging&#34; is &#34;on&#34; or left out; it was &#34;yes&#34;."},
 		// Days typed with the box unticked: the API and the CLI refuse it.
 		{"retention without logging", url.Values{"name": {"ci"}, "scopes": {"generate"}, "retention_days": {"30"}},
 			"Logging retention (retention_days: 30) applies only when logging is enabled: enable logging, or leave retention_days at 0."},
@@ -1029,6 +1032,14 @@ func TestRetentionZeroSaysLogsOutliveTheKey(t *testing.T) {
 	_, page := b.get("/console/keys")
 	if row := between(page, `id="key-`+key.KeyID+`"`, "</tr>"); !strings.Contains(row, "<td>on, kept with no expiry</td>") {
 		t.Errorf("a key logging with retention 0 is listed as:\n%s", row)
+	}
+	day, _, err := g.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: "a day", Logging: accounts.Logging{Enabled: true, RetentionDays: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, page = b.get("/console/keys")
+	if row := between(page, `id="key-`+day.KeyID+`"`, "</tr>"); !strings.Contains(row, "<td>on, kept 1 day</td>") {
+		t.Errorf("a key logging for one day is listed as:\n%s", row)
 	}
 	help := between(page, `id="retention-help"`, "</p>")
 	if strings.Contains(page, "until deleted") || strings.Contains(page, "until they are deleted") ||

@@ -222,6 +222,9 @@ func describeKey(k accounts.KeyInfo, now time.Time) keyLine {
 		line.Logging = "on, kept with no expiry"
 		if k.Logging.RetentionDays > 0 {
 			line.Logging = "on, kept " + strconv.Itoa(k.Logging.RetentionDays) + " days"
+			if k.Logging.RetentionDays == 1 {
+				line.Logging = "on, kept 1 day"
+			}
 		}
 	}
 	switch {
