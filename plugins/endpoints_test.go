@@ -413,3 +413,15 @@ func TestAnswerThatCannotBeEncodedIsNotMeteredAs200(t *testing.T) {
 		t.Errorf("llm event %+v, want status 500 with the model's tokens and their cost", ev)
 	}
 }
+
+// The llm's upstream answering 429 with Retry-After: a 502 without a
+// wait had the OpenAI SDKs ask again at once, into the same limit, where
+// a chat call passes the 429 and its wait on.
+func TestPluginCallTellsTheUpstreamsWait(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 429, RetryAfter: "7"}, plugins: "  engine: llm\n  llm_model: small"})
+	r := h.keyed("/v1/classify", `{"text": "Please refund the charge", "labels": ["billing", "bug"]}`)
+	if r.status != 429 || r.header.Get("Retry-After") != "7" || r.header.Get("retry-after-ms") != "7000" {
+		t.Fatalf("classify with the llm's upstream at its limit: %s (Retry-After %q, retry-after-ms %q)",
+			r, r.header.Get("Retry-After"), r.header.Get("retry-after-ms"))
+	}
+}

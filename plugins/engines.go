@@ -292,9 +292,18 @@ func engineError(c *engineChoice, err error) *proxy.APIError {
 	}
 	msg := fmt.Sprintf("model %s: %s; %s \"model\": %s", c.model, failure(c, err), advice, c.m.offlineEngines(c.vectors))
 	apiErr := &proxy.APIError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_error", Message: msg}
-	if errors.Is(err, proxy.ErrModelUnavailable) {
+	var answered *proxy.ModelError
+	switch {
+	case errors.Is(err, proxy.ErrModelUnavailable):
 		apiErr = onModel(proxy.Unavailable(msg))
+	case errors.As(err, &answered) && answered.Status == fasthttp.StatusTooManyRequests:
+		// The upstream's 429 as a 429: a 502 made the SDKs ask again at
+		// once, into the same limit.
+		apiErr = &proxy.APIError{Status: fasthttp.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded", Message: msg}
 	}
+	// The wait the gateway knows (the upstream's Retry-After, or when an
+	// ejected or resting pool is back), as a chat call is told it.
+	apiErr.RetryAfter = proxy.RetryAfter(err)
 	apiErr.NoRetry = spent
 	return apiErr
 }
