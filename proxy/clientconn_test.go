@@ -176,7 +176,7 @@ func TestClientThatStopsReadingEndsItsStream(t *testing.T) {
 // per idle_timeout took "nothing" of a write for all that time, and the
 // stream ended (rawconn.UnsentLimit).
 func TestClientReadingSteadilyKeepsItsStream(t *testing.T) {
-	h := newHarness(t, harnessOptions{idleTimeout: "1s"})
+	h := newHarness(t, harnessOptions{idleTimeout: "3s"})
 	body := strings.Replace(chatBody, `{`, `{"stream":true,`, 1)
 	h.up.SetOptions(proxytest.Options{Chunks: 100_000})
 	before := len(h.rec.Events())
@@ -186,12 +186,13 @@ func TestClientReadingSteadilyKeepsItsStream(t *testing.T) {
 	}
 	defer conn.Close()
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", h.key, len(body), body)
-	// 160 KiB a second for four idle_timeouts, in reads every 50 ms. (On
+	// 160 KiB a second for two idle_timeouts, in reads every 50 ms: before,
+	// a write waited for about 1.4 MB to drain, 9 s at this rate. (On
 	// loopback the client's window opens in steps of its 64 KiB segment,
 	// so a slower reader would take "nothing" for a second between them;
 	// on a network the step is a 1.5 KB segment.)
 	buf := make([]byte, 8<<10)
-	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if _, err := io.ReadFull(conn, buf); err != nil {
 			t.Fatalf("reading the stream: %v", err)
 		}
