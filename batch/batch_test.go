@@ -1443,17 +1443,6 @@ func overdrawLate(t *testing.T, e *env) {
 	}
 }
 
-// chatCalls counts the chat completions the upstream received.
-func chatCalls(up *proxytest.Server) int {
-	n := 0
-	for _, r := range up.Requests() {
-		if strings.HasSuffix(r.Path, "/chat/completions") {
-			n++
-		}
-	}
-	return n
-}
-
 // An upstream answering every call 429 with Retry-After 60 got ~790
 // calls in 31 s from a job of 128 lines at once, each line retrying on
 // its own schedule, and the job said to start it again "when the model
@@ -1479,7 +1468,7 @@ func TestJobStopsAtOnceOnARetryAfterLongerThanItsRetries(t *testing.T) {
 		t.Errorf("start again after %s (%v): want 60 s after the 429", m[1], err)
 	}
 	// concurrency 4: the calls in flight when the first 429 came.
-	if n := chatCalls(e.up); n > 4 {
+	if n := e.up.ChatCalls(); n > 4 {
 		t.Errorf("%d calls to an upstream that asked to be left alone for 60 s, want at most the 4 in flight", n)
 	}
 }
@@ -1499,7 +1488,7 @@ func TestUnavailableEngineIsRetriedByOneLineForTheJob(t *testing.T) {
 		!strings.Contains(j.Error, "start the job again when the model is back: it goes on from line 1") {
 		t.Fatalf("job %s: %q", j.Status, j.Error)
 	}
-	if n := chatCalls(e.up); n > 4+3 {
+	if n := e.up.ChatCalls(); n > 4+3 {
 		t.Errorf("%d calls to a failing upstream, want at most the 4 in flight and 3 retries", n)
 	}
 }

@@ -16,17 +16,6 @@ import (
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
-// chatCalls counts the chat completions the upstream received.
-func chatCalls(up *proxytest.Server) int {
-	n := 0
-	for _, r := range up.Requests() {
-		if strings.HasSuffix(r.Path, "/chat/completions") {
-			n++
-		}
-	}
-	return n
-}
-
 // TestEngineSelection: "model" picks the engine per request; without it
 // plugins.engine decides, and auto follows the upstream's health.
 func TestEngineSelection(t *testing.T) {
@@ -42,8 +31,8 @@ func TestEngineSelection(t *testing.T) {
 		t.Fatalf("auto with the upstream up: %v", m)
 	}
 	total := checkUsage(t, m)
-	if chatCalls(h.up) != 1 {
-		t.Errorf("%d chat calls upstream, want 1", chatCalls(h.up))
+	if h.up.ChatCalls() != 1 {
+		t.Errorf("%d chat calls upstream, want 1", h.up.ChatCalls())
 	}
 	ev := h.events(1)[0]
 	var cost money.Atto
@@ -66,8 +55,8 @@ func TestEngineSelection(t *testing.T) {
 	if m["engine"] != "llm" || m["model"] != "small" {
 		t.Errorf("model llm: %v", m)
 	}
-	if chatCalls(h.up) != 3 {
-		t.Errorf("%d chat calls upstream, want 3", chatCalls(h.up))
+	if h.up.ChatCalls() != 3 {
+		t.Errorf("%d chat calls upstream, want 3", h.up.ChatCalls())
 	}
 
 	// The upstream goes away: an llm call fails, auto falls back to
@@ -97,7 +86,7 @@ func TestAutoWithUpstreamDown(t *testing.T) {
 	if m["engine"] != "lexical" || m["fallback"] != nil {
 		t.Errorf("auto with the upstream down: %v", m)
 	}
-	if n := chatCalls(h.up); n != 0 {
+	if n := h.up.ChatCalls(); n != 0 {
 		t.Errorf("%d chat calls to a down upstream", n)
 	}
 	if len(h.up.Requests()) != 1 {
@@ -106,7 +95,7 @@ func TestAutoWithUpstreamDown(t *testing.T) {
 	// The model back up: the next probe (every 10 s) finds it; until then
 	// explicit llm requests are refused, without asking the model.
 	h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`).apiError(t, 503, "upstream_unavailable")
-	if n := chatCalls(h.up); n != 0 {
+	if n := h.up.ChatCalls(); n != 0 {
 		t.Errorf("%d chat calls to a down upstream", n)
 	}
 }
@@ -247,7 +236,7 @@ func TestWrongLLMAnswersAreBilled(t *testing.T) {
 	if resp.header.Get("x-should-retry") != "false" || strings.Contains(e["message"].(string), "retry") {
 		t.Errorf("billed 502: x-should-retry %q, message %q: want false, and no advice to retry", resp.header.Get("x-should-retry"), e["message"])
 	}
-	if n := chatCalls(h.up); n != 2 {
+	if n := h.up.ChatCalls(); n != 2 {
 		t.Fatalf("%d chat calls, want the question and its reminder", n)
 	}
 	ev := h.events(1)[0]
@@ -430,7 +419,7 @@ func TestExplicitLLMWithItsUpstreamDownCostsNoQuota(t *testing.T) {
 	if !strings.Contains(msg, `send "model": "lexical"`) || strings.Contains(msg, "semantic") {
 		t.Errorf("503 message %q: want lexical as the way out, and not semantic, which has no vectors here", msg)
 	}
-	if n := chatCalls(h.up); n != 0 {
+	if n := h.up.ChatCalls(); n != 0 {
 		t.Errorf("%d chat calls to an upstream the probe found down", n)
 	}
 	m := h.do(request{path: "/v1/classify", body: `{"text": "x", "labels": ["a", "b"], "model": "lexical"}`}).ok(t)

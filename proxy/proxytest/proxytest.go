@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -212,6 +213,19 @@ func (s *Server) Requests() []Recorded {
 	out := make([]Recorded, len(s.requests))
 	copy(out, s.requests)
 	return out
+}
+
+// ChatCalls counts the chat completions requests received.
+func (s *Server) ChatCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.requests {
+		if strings.HasSuffix(r.Path, "/chat/completions") {
+			n++
+		}
+	}
+	return n
 }
 
 // Canceled counts requests whose client went away (closed the connection or
