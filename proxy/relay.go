@@ -601,23 +601,16 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		if c.responseID != "" {
 			c.rememberItems(gjson.Get(bstr(data), "response.output"))
 		}
-	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta":
-		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{index: gjson.Get(bstr(data), "content_index").Int()},
-			gjson.Get(bstr(data), "delta").Str, false)
-	case "response.reasoning_summary_text.delta":
-		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{summary: true, index: gjson.Get(bstr(data), "summary_index").Int()},
-			gjson.Get(bstr(data), "delta").Str, false)
-	case "response.output_text.done", "response.reasoning_text.done", "response.refusal.done", "response.content_part.done":
+	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta",
+		"response.reasoning_summary_text.delta":
+		item, part, text := textPartEvent(data)
+		c.appendPartText(item, part, text, false)
+	case "response.output_text.done", "response.reasoning_text.done", "response.refusal.done", "response.content_part.done",
+		"response.reasoning_summary_text.done", "response.reasoning_summary_part.done":
 		// A part's text whole, after deltas that carried it or none: an
 		// upstream that sends no deltas was billed none of it.
-		text := gjson.Get(bstr(data), partTextKey(typ)).Str
-		if typ == "response.content_part.done" && text == "" {
-			text = gjson.Get(bstr(data), "part.refusal").Str
-		}
-		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{index: gjson.Get(bstr(data), "content_index").Int()}, text, true)
-	case "response.reasoning_summary_text.done", "response.reasoning_summary_part.done":
-		c.appendPartText(gjson.Get(bstr(data), "output_index").Int(), textPart{summary: true, index: gjson.Get(bstr(data), "summary_index").Int()},
-			gjson.Get(bstr(data), partTextKey(typ)).Str, true)
+		item, part, text := textPartEvent(data)
+		c.appendPartText(item, part, text, true)
 	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 		"response.code_interpreter_call_code.delta":
 		c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
@@ -634,16 +627,30 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 	}
 }
 
-// partTextKey is the member of a text part's done event that holds the
-// part's text whole.
-func partTextKey(event string) string {
-	switch event {
-	case "response.refusal.done":
-		return "refusal"
-	case "response.content_part.done", "response.reasoning_summary_part.done":
-		return "part.text"
-	}
-	return "text"
+// textPartEvent reads a text part's event in one pass over its members:
+// the output item, the part (a content index, or a summary index), and
+// its text, a delta or the part whole ("text", "refusal", or a "part"
+// object holding either). Three lookups, each a scan of the event, cost
+// every delta of a Responses stream three times one.
+func textPartEvent(data []byte) (item int64, part textPart, text string) {
+	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "output_index":
+			item = v.Int()
+		case "content_index":
+			part.index = v.Int()
+		case "summary_index":
+			part.summary, part.index = true, v.Int()
+		case "delta", "text", "refusal":
+			text = v.Str
+		case "part":
+			if text = v.Get("text").Str; text == "" {
+				text = v.Get("refusal").Str
+			}
+		}
+		return true
+	})
+	return item, part, text
 }
 
 // toolInputDoneKey is the member of a tool call's input done event that
