@@ -138,7 +138,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 // they may be another call's answer.
 func (u *upstream) answerOverran(n int) {
 	u.health.overruns.Add(1)
-	ok, held := u.overrunLog.Allow(time.Now(), refusedUsageLogEvery)
+	ok, held := u.overrunLog.Allow(time.Now(), upstreamLogEvery)
 	if !ok {
 		return
 	}

@@ -67,24 +67,24 @@ func (c *generationCall) setUsage(u gjson.Result) bool {
 	return true
 }
 
-// refusedUsageLogEvery is how often, at most, the log says an upstream's
-// usage report was not believed, after the first: an upstream that
-// sends a bad report does so in every call, and each had its line
-// (8,629 calls, 8,632 lines). tollgate_upstream_usage_refused_total
-// counts every one.
-const refusedUsageLogEvery = 10 * time.Second
+// upstreamLogEvery is how often, at most, the log repeats a line an
+// upstream's every call would bring, after the first (a usage report not
+// believed, bytes after an answer): such an upstream does it in every
+// call, and each had its line (8,629 calls, 8,632 lines). Their counters
+// (tollgate_upstream_usage_refused_total, _overruns_total) count each.
+const upstreamLogEvery = 10 * time.Second
 
 // logRefusedUsage counts the usage report not believed, if one came, and
 // logs it with what the call is billed instead: a report in range, plus
 // after tokens the tokenizer counted in the output after it, or the
 // estimate. Logged for the upstream's first such call, then for at most
-// one each refusedUsageLogEvery, saying how many calls were not logged.
+// one each upstreamLogEvery, saying how many calls were not logged.
 func (c *generationCall) logRefusedUsage(after int64) {
 	if c.refusedUsage == "" {
 		return
 	}
 	c.upstream.health.usageRefused.Add(1)
-	ok, held := c.upstream.refusedUsageLog.Allow(time.Now(), refusedUsageLogEvery)
+	ok, held := c.upstream.refusedUsageLog.Allow(time.Now(), upstreamLogEvery)
 	if !ok {
 		return
 	}
