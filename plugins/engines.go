@@ -484,12 +484,12 @@ func (p *probe) markDown() {
 	p.mu.Unlock()
 }
 
-// failedCall reports when a failed call marked the upstream down, if no
-// probe has answered since.
-func (p *probe) failedCall() (time.Time, bool) {
+// failedCall is when a failed call marked the upstream down; zero when
+// a probe has answered since.
+func (p *probe) failedCall() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.failedCallAt, !p.failedCallAt.IsZero()
+	return p.failedCallAt
 }
 
 // skippedNote is the fallback of an auto answer that went offline without
@@ -500,7 +500,7 @@ func (p *probe) failedCall() (time.Time, bool) {
 func (c *engineChoice) skippedNote(off *engineChoice) string {
 	var last time.Time
 	for _, p := range c.probes {
-		if at, ok := p.failedCall(); ok && at.After(last) {
+		if at := p.failedCall(); at.After(last) {
 			last = at
 		}
 	}
