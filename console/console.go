@@ -26,8 +26,8 @@ import (
 type Options struct {
 	Accounts *accounts.Service
 	// JetStream holds the sign-in tokens (bucket TOLLGATE_CONSOLE_LOGINS),
-	// the sessions signed out, and the fingerprint of the console secret
-	// every gateway on it must share.
+	// the sessions signed out, the key forms sent, and the fingerprint of
+	// the console secret every gateway on it must share.
 	JetStream jetstream.JetStream
 	Replicas  int
 	// DataDir holds console.secret, the key of the session cookies; Open
@@ -51,6 +51,7 @@ type Console struct {
 	logins   *Logins
 	sessions sessions
 	signOuts *signOuts
+	keyForms *keyForms
 	usage    *usageReader
 	logf     func(string, ...any)
 	// public is server.public_url as of the last provisioning (each
@@ -89,6 +90,10 @@ func Open(ctx context.Context, opts Options) (*Console, error) {
 		c.sessions.ttl = DefaultSessionTTL
 	}
 	if c.signOuts, err = openSignOuts(ctx, opts.JetStream, opts.Replicas, c.sessions.ttl); err != nil {
+		return nil, err
+	}
+	if c.keyForms, err = openKeyForms(ctx, opts.JetStream, opts.Replicas, c.sessions.ttl); err != nil {
+		c.signOuts.close()
 		return nil, err
 	}
 	if c.logf == nil {
@@ -586,6 +591,12 @@ func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess se
 		return
 	}
 	view := keysPage{BaseURL: c.baseURL(ctx), Form: formFor(in, call.World.Catalog)}
+	// Each rendering of the form is a new form: sent again (a reload of
+	// the page that answered it), it makes no other key.
+	if view.Form.Token, err = newKeyFormToken(); err != nil {
+		c.storeError(ctx, "a new key form", err)
+		return
+	}
 	deleted := string(ctx.QueryArgs().Peek("deleted"))
 	var flash string
 	now := time.Now()
@@ -681,6 +692,9 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		// A checkbox sends "on" or nothing: logging=yes or true made a key
 		// with logging off, saying nothing.
 		problem = fmt.Sprintf("The field \"logging\" is \"on\" or left out; it was %q.", v)
+	} else if problem == "" && !wellFormedKeyFormToken(string(args.Peek("form_token"))) {
+		// Without it a reload could not be told from a new form.
+		problem = "This form arrived without the one-time token the API keys page gives it (form_token), so nothing was created. Check the form below and send it again."
 	}
 	if problem != "" {
 		c.renderKeys(ctx, call, sess, 400, in, problem)
@@ -688,8 +702,24 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	sctx, cancel := storeContext()
 	defer cancel()
+	formToken := string(args.Peek("form_token"))
+	first, err := c.keyForms.claim(sctx, formToken, sess.Account)
+	if errors.Is(err, errKeyFormSent) {
+		c.formSentBefore(sctx, ctx, sess, first)
+		return
+	}
+	if err != nil {
+		c.storeError(ctx, "the key form", err)
+		return
+	}
 	req.MaxKeys = call.World.Config.Auth.MaxKeysPerAccount
 	info, token, err := c.accounts.CreateKey(sctx, sess.Account, req)
+	if err != nil {
+		// No key made: the same form sent again is no reload.
+		if rerr := c.keyForms.release(sctx, formToken); rerr != nil {
+			c.logf("console: %v", rerr)
+		}
+	}
 	if errors.Is(err, accounts.ErrInvalidInput) {
 		c.renderKeys(ctx, call, sess, 400, in, err.Error())
 		return
@@ -702,6 +732,11 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		c.storeError(ctx, "a new key", err)
 		return
 	}
+	if err := c.keyForms.made(sctx, formToken, sess.Account, info.KeyID); err != nil {
+		// The form stays claimed: sent again, it makes no key, and its
+		// page says only that one was made.
+		c.logf("console: %v", err)
+	}
 	// The one page that ever holds the token; it is sent no-store and is
 	// not logged.
 	data := c.pageData(sess, "Key created", "keys", createdPage{Name: info.Name, KeyID: info.KeyID, Token: token, BaseURL: c.baseURL(ctx)})
@@ -709,8 +744,23 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	c.render(ctx, 200, "created", data)
 }
 
+// formSentBefore answers a key form sent again: a reload of the page that
+// answered it, or a second click. The key's secret was shown once, on
+// that page, and is not kept to show again.
+func (c *Console) formSentBefore(ctx context.Context, rctx *fasthttp.RequestCtx, sess session, first keyFormSent) {
+	var view resentPage
+	// The first send may have been made through another gateway a moment
+	// ago; unsynced, the page names no key rather than wait.
+	synced := first.KeyID != "" && c.accounts.WaitSynced(ctx) == nil
+	// Never a key of another account, however its form came here.
+	if info, ok := c.accounts.KeyInfo(first.KeyID); synced && ok && first.Account == sess.Account && info.Account == sess.Account {
+		view = resentPage{KeyID: info.KeyID, Name: info.Name, Active: info.RevokedAt == nil}
+	}
+	c.render(rctx, 409, "resent", c.pageData(sess, "Key already created", "keys", view))
+}
+
 // keyFormFields are the fields of the key form (templates/keys.html).
-var keyFormFields = map[string]bool{"csrf": true, "name": true, "scopes": true, "models": true, "logging": true, "retention_days": true}
+var keyFormFields = map[string]bool{"csrf": true, "form_token": true, "name": true, "scopes": true, "models": true, "logging": true, "retention_days": true}
 
 // unknownKeyField returns the first field of a key form post, in its body
 // or its query string (the form's action has none), that the form does
@@ -729,7 +779,7 @@ func unknownKeyField(ctx *fasthttp.RequestCtx) (string, bool) {
 
 // singleKeyFields are the fields of the key form that hold one value
 // (scopes and models are lists).
-var singleKeyFields = []string{"csrf", "name", "logging", "retention_days"}
+var singleKeyFields = []string{"csrf", "form_token", "name", "logging", "retention_days"}
 
 // repeatedKeyField returns the first field of singleKeyFields that a key
 // form post sends more than once, and how many times.

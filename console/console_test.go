@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -223,7 +225,7 @@ func TestFormsRefuseMissingWrongOrCrossSiteCSRF(t *testing.T) {
 		t.Fatalf("cross-site sign-in: %d, want 403", resp.StatusCode)
 	}
 
-	resp = b.post("/console/keys", form(csrf))
+	resp = b.post("/console/keys", b.keyForm(url.Values{"name": {"x"}, "scopes": {"generate"}}))
 	page := string(readAll(t, resp))
 	if resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
 		t.Fatalf("create with the right token: %d %s", resp.StatusCode, page)
@@ -421,8 +423,8 @@ func TestCreateListAndRevokeKeyWithoutClickHouse(t *testing.T) {
 		t.Fatalf("no scope: %d %s", resp.StatusCode, page)
 	}
 
-	resp = b.post("/console/keys", url.Values{"csrf": {csrf}, "name": {"ci"}, "scopes": {"generate", "batch"},
-		"models": {"small"}, "logging": {"on"}, "retention_days": {"30"}})
+	resp = b.post("/console/keys", b.keyForm(url.Values{"name": {"ci"}, "scopes": {"generate", "batch"},
+		"models": {"small"}, "logging": {"on"}, "retention_days": {"30"}}))
 	page = string(readAll(t, resp))
 	if resp.StatusCode != 200 {
 		t.Fatalf("create: %d %s", resp.StatusCode, page)
@@ -489,13 +491,13 @@ func TestKeyFormStopsAtTheKeyCap(t *testing.T) {
 	g := startGatewayWithSections(t, "clickhouse://127.0.0.1:1/default", "", "auth:\n  max_keys_per_account: 1\n")
 	b := g.browser()
 	b.signIn("acme")
-	csrf := b.csrf()
-	newKey := url.Values{"csrf": {csrf}, "name": {"ci"}, "scopes": {"classify"}}
-	resp := b.post("/console/keys", newKey)
+	fields := url.Values{"name": {"ci"}, "scopes": {"classify"}}
+	resp := b.post("/console/keys", b.keyForm(fields))
 	if page := string(readAll(t, resp)); resp.StatusCode != 200 {
 		t.Fatalf("first key: %d %s", resp.StatusCode, page)
 	}
-	resp = b.post("/console/keys", newKey)
+	refused := b.keyForm(fields)
+	resp = b.post("/console/keys", refused)
 	page := string(readAll(t, resp))
 	if resp.StatusCode != 409 || !strings.Contains(page, "auth.max_keys_per_account") || !strings.Contains(page, "Delete a key") || !strings.Contains(page, `value="ci"`) {
 		t.Fatalf("a key past the cap: %d %s", resp.StatusCode, page)
@@ -504,8 +506,10 @@ func TestKeyFormStopsAtTheKeyCap(t *testing.T) {
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("keys after the refusal: %+v %v", keys, err)
 	}
-	readAll(t, b.post("/console/keys/revoke", url.Values{"csrf": {csrf}, "key_id": {keys[0].KeyID}}))
-	if resp := b.post("/console/keys", newKey); resp.StatusCode != 200 {
+	readAll(t, b.post("/console/keys/revoke", url.Values{"csrf": {b.csrf()}, "key_id": {keys[0].KeyID}}))
+	// The form refused at the cap made no key: sent again, it is no
+	// reload of a made key's page, and makes one.
+	if resp := b.post("/console/keys", refused); resp.StatusCode != 200 {
 		t.Fatalf("a key after deleting one: %d %s", resp.StatusCode, readAll(t, resp))
 	}
 }
@@ -1079,12 +1083,93 @@ func TestKeyFormsRefuseAMissingKeyAndARepeatedField(t *testing.T) {
 		}
 	}
 	// Scopes and models are lists: several are the form's own.
-	form := url.Values{"csrf": {b.csrf()}, "name": {"ci"}, "scopes": {"generate", "classify"}, "models": {"small", "large"}}
+	form := b.keyForm(url.Values{"name": {"ci"}, "scopes": {"generate", "classify"}, "models": {"small", "large"}})
 	if resp := b.post("/console/keys", form); resp.StatusCode != 200 {
 		t.Errorf("a key with two scopes and two models: %d %s", resp.StatusCode, readAll(t, resp))
 	}
 	keys, err := g.svc.ListKeys(t.Context(), "acme")
 	if err != nil || len(keys) != 1 || keys[0].Name != "ci" {
 		t.Fatalf("keys after the forms: %+v %v", keys, err)
+	}
+}
+
+// A reload of the "Key created" page sent its form again, and each reload
+// made another key, shown once on a page the holder had already left; a
+// double click made two. The form carries a one-time token, noted on every
+// gateway: sent again, on this gateway or another, at once or together,
+// it makes no key, and the page names the key it made without its secret.
+// A form without the token makes none either.
+func TestReloadingTheKeyCreatedPageMakesNoSecondKey(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	form := b.keyForm(url.Values{"name": {"ci"}, "scopes": {"generate"}})
+	resp := b.post("/console/keys", form)
+	page := string(readAll(t, resp))
+	if resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
+		t.Fatalf("create: %d %s", resp.StatusCode, page)
+	}
+	token := between(page, `id="new-key" class="secret" readonly autocomplete="off" spellcheck="false" value="`, `"`)
+	key, err := g.svc.Verify([]byte(token))
+	if err != nil {
+		t.Fatalf("the shown key does not verify: %v", err)
+	}
+
+	second := &browser{t: t, g: startSecondGateway(t, g), client: b.client}
+	for _, via := range []*browser{b, second} {
+		resp := via.post("/console/keys", form)
+		page := string(readAll(t, resp))
+		if resp.StatusCode != 409 || !strings.Contains(page, "Key already created") || !strings.Contains(page, "<code>"+key.ID+"</code>") ||
+			!strings.Contains(page, `href="/console/keys/revoke?key_id=`+key.ID+`"`) {
+			t.Errorf("the form sent again through %s: %d %s", via.g.url, resp.StatusCode, page)
+		}
+		if strings.Contains(page, token) || strings.Contains(page, `id="new-key"`) {
+			t.Errorf("the form sent again shows the key's secret again: %s", page)
+		}
+	}
+
+	// A double click: the same form sent several times at once.
+	clicked := b.keyForm(url.Values{"name": {"clicked"}, "scopes": {"generate"}})
+	statuses := make([]int, 6)
+	var wg sync.WaitGroup
+	for i := range statuses {
+		wg.Go(func() {
+			req, _ := http.NewRequest("POST", g.url+"/console/keys", strings.NewReader(clicked.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.AddCookie(b.cookie())
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			statuses[i] = resp.StatusCode
+		})
+	}
+	wg.Wait()
+	if made := strings.Count(fmt.Sprint(statuses), "200"); made != 1 || strings.Count(fmt.Sprint(statuses), "409") != len(statuses)-1 {
+		t.Errorf("one form sent %d times at once answered %v, want one 200 and 409s", len(statuses), statuses)
+	}
+
+	noToken := b.keyForm(url.Values{"name": {"untokened"}, "scopes": {"generate"}})
+	noToken.Del("form_token")
+	resp = b.post("/console/keys", noToken)
+	if page := string(readAll(t, resp)); resp.StatusCode != 400 || !strings.Contains(page, "without the one-time token") || !strings.Contains(page, `value="untokened"`) {
+		t.Errorf("a form without its token: %d %s", resp.StatusCode, page)
+	}
+
+	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, k := range keys {
+		names = append(names, k.Name)
+	}
+	if slices.Sort(names); strings.Join(names, ",") != "ci,clicked" {
+		t.Fatalf("keys %v, want one ci and one clicked", names)
+	}
+	if logs := g.log.String(); strings.Contains(logs, token) {
+		t.Fatalf("the key reached the log:\n%s", logs)
 	}
 }

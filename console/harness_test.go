@@ -264,6 +264,27 @@ func (b *browser) csrf() string {
 	return rest[:strings.IndexByte(rest, '"')]
 }
 
+// keyForm is the key form as the API keys page gives it (its csrf and
+// one-time form_token) with fields filled in.
+func (b *browser) keyForm(fields url.Values) url.Values {
+	b.t.Helper()
+	_, body := b.get("/console/keys")
+	form := url.Values{}
+	for _, name := range []string{"csrf", "form_token"} {
+		marker := `name="` + name + `" value="`
+		i := strings.Index(body, marker)
+		if i < 0 {
+			b.t.Fatalf("no %s field on /console/keys: %s", name, body)
+		}
+		rest := body[i+len(marker):]
+		form.Set(name, rest[:strings.IndexByte(rest, '"')])
+	}
+	for name, values := range fields {
+		form[name] = values
+	}
+	return form
+}
+
 func (b *browser) cookie() *http.Cookie {
 	u, _ := url.Parse(b.g.url + "/console")
 	for _, c := range b.client.Jar.Cookies(u) {

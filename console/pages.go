@@ -25,7 +25,7 @@ var styleCSS []byte
 // pages are parsed once: each is the layout plus the page's "content".
 var pages = func() map[string]*template.Template {
 	out := map[string]*template.Template{}
-	for _, name := range []string{"message", "login", "overview", "keys", "created", "revoke"} {
+	for _, name := range []string{"message", "login", "overview", "keys", "created", "resent", "revoke"} {
 		out[name] = template.Must(template.New(name).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
 	}
 	return out
@@ -128,6 +128,9 @@ type keyLine struct {
 }
 
 type keyForm struct {
+	// Token makes this rendering of the form one of its own: sent twice,
+	// it makes one key (see keyForms).
+	Token     string
 	Name      string
 	Scopes    []scopeChoice
 	Models    []modelChoice
@@ -155,6 +158,13 @@ var scopeHelp = map[string]string{
 
 type createdPage struct {
 	Name, KeyID, Token, BaseURL string
+}
+
+// resentPage answers a key form sent again; KeyID is empty when the key
+// it made is not known (not noted yet, or not found).
+type resentPage struct {
+	KeyID, Name string
+	Active      bool // not deleted yet: offer to delete it
 }
 
 type revokePage struct {
