@@ -296,6 +296,13 @@ func (c *Console) session(ctx *fasthttp.RequestCtx) (session, bool) {
 	return session{}, false
 }
 
+// signedIn returns the session of the request's cookie if it is one
+// this gateway takes, answering nothing and changing no cookie.
+func (c *Console) signedIn(ctx *fasthttp.RequestCtx) (session, bool) {
+	sess, err := c.sessions.verify(string(ctx.Request.Header.Cookie(cookieName)))
+	return sess, err == nil && !c.signOuts.signedOut(sess)
+}
+
 // formSession is session for a form POST: it also refuses cross-site
 // requests and a missing or wrong CSRF token (403).
 func (c *Console) formSession(ctx *fasthttp.RequestCtx) (session, bool) {

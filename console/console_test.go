@@ -1173,3 +1173,79 @@ func TestReloadingTheKeyCreatedPageMakesNoSecondKey(t *testing.T) {
 		t.Fatalf("the key reached the log:\n%s", logs)
 	}
 }
+
+// Error pages (a mistyped path, a key that is not there, a form refused,
+// an ended session) had no way back but the address bar: no navigation
+// and no link. They are console pages like the others: signed in, with
+// the navigation and a link back to the overview or to API keys; signed
+// out, with a link to how to sign in.
+func TestErrorPagesLeadBackIntoTheConsole(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	const nav = `<nav aria-label="Console">`
+	signedIn := []struct {
+		name, path, back string
+		status           int
+		post             url.Values
+	}{
+		{"no such page", "/console/nope", "/console", 404, nil},
+		{"no such key", "/console/keys/revoke?key_id=key_nope", "/console/keys", 404, nil},
+		{"no key named", "/console/keys/revoke", "/console/keys", 400, nil},
+		{"a method the page does not take", "/console/logout", "/console", 405, nil},
+		{"a form without its security token", "/console/keys", "/console/keys", 403, url.Values{"name": {"x"}}},
+	}
+	for _, tc := range signedIn {
+		status, page := 0, ""
+		if tc.post != nil {
+			resp := b.post(tc.path, tc.post)
+			status, page = resp.StatusCode, string(readAll(t, resp))
+		} else {
+			status, page = b.get(tc.path)
+		}
+		if status != tc.status || !strings.Contains(page, nav) || !strings.Contains(page, `id="account">acme<`) ||
+			!strings.Contains(page, `action="/console/logout"`) || !strings.Contains(page, `<a href="`+tc.back+`" id="back">`) {
+			t.Errorf("%s, signed in: %d, want %d with the navigation and a link to %s:\n%s", tc.name, status, tc.status, tc.back, page)
+		}
+	}
+
+	expired := g.console.sessions
+	expired.now = func() time.Time { return time.Now().Add(-DefaultSessionTTL - time.Second) }
+	expiredCookie, _, err := expired.issue("acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	getWith := func(path, cookie string) (int, string) {
+		req, _ := http.NewRequest("GET", g.url+path, nil)
+		if cookie != "" {
+			req.AddCookie(&http.Cookie{Name: cookieName, Value: cookie})
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, string(readAll(t, resp))
+	}
+	for _, tc := range []struct {
+		name, path, cookie string
+		status             int
+	}{
+		{"no such page", "/console/nope", "", 404},
+		{"not signed in", "/console/keys", "", 401},
+		{"session expired", "/console", expiredCookie, 401},
+		{"a sign-in link not valid", "/console/login?token=tgl-nope", "", 401},
+	} {
+		status, page := getWith(tc.path, tc.cookie)
+		if status != tc.status || strings.Contains(page, nav) || !strings.Contains(page, `<a href="/console/login" id="back">How to sign in</a>`) {
+			t.Errorf("%s, signed out: %d, want %d with a link to how to sign in:\n%s", tc.name, status, tc.status, page)
+		}
+	}
+	// How to sign in is that page itself: it links to nowhere else.
+	if status, page := getWith("/console/login", ""); status != 200 || strings.Contains(page, `id="back"`) {
+		t.Errorf("the sign-in page links to itself: %d %s", status, page)
+	}
+	resp := b.post("/console/logout", url.Values{"csrf": {b.csrf()}})
+	if page := string(readAll(t, resp)); resp.StatusCode != 200 || strings.Contains(page, nav) || !strings.Contains(page, `href="/console/login" id="back"`) {
+		t.Errorf("signed out: %d %s", resp.StatusCode, page)
+	}
+}

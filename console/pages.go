@@ -74,7 +74,12 @@ type pageData struct {
 type messagePage struct {
 	Heading, Text string
 	SignInHelp    bool
-	Back          string
+	Back          backLink // none when Href is empty
+}
+
+// backLink is a message page's way back into the console.
+type backLink struct {
+	Href, Text string
 }
 
 type loginPage struct {
@@ -185,8 +190,25 @@ func (c *Console) render(ctx *fasthttp.RequestCtx, status int, name string, data
 	ctx.SetBody(buf.Bytes())
 }
 
+// message answers with a page that says what happened. It is a console
+// page like the others, and leads back: signed in, it has the navigation
+// and a link to the overview (to API keys from the keys pages); signed
+// out, a link to how to sign in. Error pages had neither, and a holder
+// who met one had to edit the address to go on.
 func (c *Console) message(ctx *fasthttp.RequestCtx, status int, heading, text string, signInHelp bool) {
-	c.render(ctx, status, "message", pageData{Title: heading, Page: messagePage{Heading: heading, Text: text, SignInHelp: signInHelp}})
+	page := messagePage{Heading: heading, Text: text, SignInHelp: signInHelp}
+	data := pageData{Title: heading}
+	if sess, ok := c.signedIn(ctx); ok {
+		data = c.pageData(sess, heading, "", nil)
+		page.Back = backLink{"/console", "Back to the overview"}
+		if path := string(ctx.Path()); path == "/console/keys" || strings.HasPrefix(path, "/console/keys/") {
+			page.Back = backLink{"/console/keys", "Back to API keys"}
+		}
+	} else if string(ctx.RequestURI()) != "/console/login" { // that page is how to sign in
+		page.Back = backLink{"/console/login", "How to sign in"}
+	}
+	data.Page = page
+	c.render(ctx, status, "message", data)
 }
 
 // usd shows nano-USD as a decimal with 2 to 9 places: exact, and short
