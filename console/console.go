@@ -228,7 +228,7 @@ func (c *Console) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 }
 
 func (c *Console) noSuchPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-	c.message(ctx, 404, "No such page", "There is no console page at "+string(ctx.Path())+". The console starts at /console.", false)
+	c.messageWords(ctx, 404, "No such page", quoting("There is no console page at ", string(ctx.Path()), ". The console starts at /console."), false)
 }
 
 // consoleLogout serves POST /admin/v1/accounts/{id}/console-logout: the
@@ -585,11 +585,11 @@ func (c *Console) keys(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	if !ok {
 		return
 	}
-	c.renderKeys(ctx, call, sess, 200, keyInput{Scopes: []string{accounts.ScopeGenerate}}, "")
+	c.renderKeys(ctx, call, sess, 200, keyInput{Scopes: []string{accounts.ScopeGenerate}}, nil)
 }
 
 // renderKeys renders the list and the create form (with problem, if any).
-func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess session, status int, in keyInput, problem string) {
+func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess session, status int, in keyInput, problem words) {
 	sctx, cancel := storeContext()
 	defer cancel()
 	list, err := c.accounts.ListKeys(sctx, sess.Account)
@@ -605,12 +605,12 @@ func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess se
 		return
 	}
 	deleted := string(ctx.QueryArgs().Peek("deleted"))
-	var flash string
+	var flash words
 	now := time.Now()
 	for _, k := range list {
 		view.Keys = append(view.Keys, describeKey(k, now))
 		if k.KeyID == deleted && k.RevokedAt != nil {
-			flash = fmt.Sprintf("Key “%s” (%s) is deleted: calls with it are refused.", k.Name, k.KeyID)
+			flash = quoting("Key “", k.Name, fmt.Sprintf("” (%s) is deleted: calls with it are refused.", k.KeyID))
 		}
 	}
 	data := c.pageData(sess, "API keys", "keys", view)
@@ -683,27 +683,28 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		Logging:   string(args.Peek("logging")) == "on",
 		Retention: string(args.Peek("retention_days")),
 	}
-	req, problem := keyRequest(in, call.World.Catalog)
+	req, text := keyRequest(in, call.World.Catalog)
+	problem := plain(text)
 	if field, ok := unknownKeyField(ctx); ok {
 		// Taken silently, a field the form does not have (rpm=5,
 		// expires_in=1h) reads as a setting the key would not have.
-		problem = fmt.Sprintf("This form has no field %q.", field)
+		problem = quoting("This form has no field ", strconv.Quote(field), ".")
 		if f := strings.ToLower(field); f == "rpm" || f == "tpm" || f == "max_concurrent" {
-			problem += " Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together, and plugin calls have the per-key limits shown there."
+			problem = append(problem, plain(" Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together, and plugin calls have the per-key limits shown there.")...)
 		}
 	} else if field, n, ok := repeatedKeyField(args); ok {
 		// name=ok&name=second made a key "ok": the first was taken and the
 		// others dropped, saying nothing.
-		problem = fmt.Sprintf("The field %q was sent %d times; this form sends it once.", field, n)
+		problem = plain(fmt.Sprintf("The field %q was sent %d times; this form sends it once.", field, n))
 	} else if v := args.Peek("logging"); v != nil && string(v) != "on" {
 		// A checkbox sends "on" or nothing: logging=yes or true made a key
 		// with logging off, saying nothing.
-		problem = fmt.Sprintf("The field \"logging\" is \"on\" or left out; it was %q.", v)
-	} else if problem == "" && !wellFormedKeyFormToken(string(args.Peek("form_token"))) {
+		problem = quoting(`The field "logging" is "on" or left out; it was `, strconv.Quote(string(v)), ".")
+	} else if problem == nil && !wellFormedKeyFormToken(string(args.Peek("form_token"))) {
 		// Without it a reload could not be told from a new form.
-		problem = "This form arrived without the one-time token the API keys page gives it (form_token), so nothing was created. Check the form below and send it again."
+		problem = plain("This form arrived without the one-time token the API keys page gives it (form_token), so nothing was created. Check the form below and send it again.")
 	}
-	if problem != "" {
+	if problem != nil {
 		c.renderKeys(ctx, call, sess, 400, in, problem)
 		return
 	}
@@ -728,11 +729,11 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		}
 	}
 	if errors.Is(err, accounts.ErrInvalidInput) {
-		c.renderKeys(ctx, call, sess, 400, in, err.Error())
+		c.renderKeys(ctx, call, sess, 400, in, plain(err.Error()))
 		return
 	}
 	if errors.Is(err, accounts.ErrTooManyKeys) {
-		c.renderKeys(ctx, call, sess, 409, in, fmt.Sprintf("Your account has as many keys as this gateway allows (%d, auth.max_keys_per_account). Delete a key you no longer use, expired ones included, to make a new one.", req.MaxKeys))
+		c.renderKeys(ctx, call, sess, 409, in, plain(fmt.Sprintf("Your account has as many keys as this gateway allows (%d, auth.max_keys_per_account). Delete a key you no longer use, expired ones included, to make a new one.", req.MaxKeys)))
 		return
 	}
 	if err != nil {
@@ -812,12 +813,13 @@ func (c *Console) ownedKey(ctx *fasthttp.RequestCtx, sess session, keyID string)
 	defer cancel()
 	// A key created through another gateway a moment ago must be found.
 	if err := c.accounts.WaitSynced(sctx); err != nil {
-		c.storeError(ctx, "key "+keyID, err)
+		// Not keyID, which the address gave: it would reach the log.
+		c.storeError(ctx, "the keys of "+sess.Account, err)
 		return accounts.KeyInfo{}, false
 	}
 	info, ok := c.accounts.KeyInfo(keyID)
 	if !ok || info.Account != sess.Account {
-		c.message(ctx, 404, "No such key", "Your account has no key "+keyID+".", false)
+		c.messageWords(ctx, 404, "No such key", quoting("Your account has no key ", keyID, "."), false)
 		return accounts.KeyInfo{}, false
 	}
 	return info, true

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/html"
+
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/money"
@@ -540,7 +542,7 @@ func TestKeyFormRefusesTooLongNameAndRetention(t *testing.T) {
 			"Logging retention must be a whole number of days from 0 to 36500"},
 		// A checkbox sends "on": "yes" made a key with logging off.
 		{"logging not on", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"yes"}},
-			"The field &#34;logging&#34; is &#34;on&#34; or left out; it was &#34;yes&#34;."},
+			"The field &#34;logging&#34; is &#34;on&#34; or left out; it was <bdi>&#34;yes&#34;</bdi>."},
 		// Days typed with the box unticked: the API and the CLI refuse it.
 		{"retention without logging", url.Values{"name": {"ci"}, "scopes": {"generate"}, "retention_days": {"30"}},
 			"Logging retention (retention_days: 30) applies only when logging is enabled: enable logging, or leave retention_days at 0."},
@@ -1247,5 +1249,105 @@ func TestErrorPagesLeadBackIntoTheConsole(t *testing.T) {
 	resp := b.post("/console/logout", url.Values{"csrf": {b.csrf()}})
 	if page := string(readAll(t, resp)); resp.StatusCode != 200 || strings.Contains(page, nav) || !strings.Contains(page, `href="/console/login" id="back"`) {
 		t.Errorf("signed out: %d %s", resp.StatusCode, page)
+	}
+}
+
+// A key's name was shown as it is, in the line of text around it: a
+// right-to-left override in it (a key made before names were checked for
+// them) reversed what follows it, as in
+// the flash "Key “x\u202egpj.exe” (key_…) is deleted", and right-to-left
+// letters reorder the neutral characters beside them. Every name, account
+// and piece of the address a page shows is isolated in a <bdi> (a form
+// field in dir="auto"), and HTML-escaped.
+func TestNamesAreIsolatedAndEscapedWhereverShown(t *testing.T) {
+	g := startGateway(t, "")
+	const override = "x\u202egpj.exe"
+	overridden, _, err := g.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: override})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := g.browser()
+	b.signIn("acme")
+	_, page := b.get("/console/keys")
+	checkIsolated(t, "the key list", page, override, 2) // the row and the Delete link's label
+	checkIsolated(t, "the key list", page, "acme", 2)   // the header and the table's caption
+	_, page = b.get("/console/keys/revoke?key_id=" + overridden.KeyID)
+	checkIsolated(t, "the delete page", page, override, 1)
+	readAll(t, b.post("/console/keys/revoke", url.Values{"csrf": {b.csrf()}, "key_id": {overridden.KeyID}}))
+	_, page = b.get("/console/keys?deleted=" + overridden.KeyID)
+	checkIsolated(t, "the page saying it is deleted", page, override, 2)
+
+	const markup = `<b>bold</b> & "quoted" 'single' ` + "\u05de\u05e4\u05ea\u05d7 2" // Hebrew letters
+	form := b.keyForm(url.Values{"name": {markup}, "scopes": {"generate"}})
+	resp := b.post("/console/keys", form)
+	page = string(readAll(t, resp))
+	if resp.StatusCode != 200 {
+		t.Fatalf("create: %d %s", resp.StatusCode, page)
+	}
+	checkIsolated(t, "the key created page", page, markup, 1)
+	resp = b.post("/console/keys", form)
+	checkIsolated(t, "the page of a form sent again", string(readAll(t, resp)), markup, 1)
+	// A name refused comes back in its field, whose direction is its own.
+	resp = b.post("/console/keys", b.keyForm(url.Values{"name": {override}, "scopes": {"generate"}}))
+	checkIsolated(t, "the form refused", string(readAll(t, resp)), override, 2) // and the deleted key's row
+
+	// What the address says is shown isolated too: a link can carry an
+	// override into a page.
+	_, page = b.get("/console/keys/revoke?key_id=" + url.QueryEscape("key_"+override))
+	checkIsolated(t, "a key id from the address", page, "key_"+override, 1)
+	_, page = b.get("/console/" + url.PathEscape(override))
+	checkIsolated(t, "a path from the address", page, "/console/"+override, 1)
+	_, page = b.get(strings.TrimPrefix(g.loginURL("acme"), g.url))
+	checkIsolated(t, "the sign-in page", page, "acme", 2)
+}
+
+// checkIsolated fails unless user is shown on page want times, each as the
+// whole text of a <bdi> or of an element with dir="auto", or as the value
+// of a field with dir="auto". Shown unescaped, markup in it would parse
+// as elements and not be found whole.
+func checkIsolated(t *testing.T, where, page, user string, want int) {
+	t.Helper()
+	doc, err := html.Parse(strings.NewReader(page))
+	if err != nil {
+		t.Fatal(err)
+	}
+	isolating := func(n *html.Node) bool {
+		if n == nil || n.Type != html.ElementNode {
+			return false
+		}
+		if n.Data == "bdi" {
+			return true
+		}
+		for _, a := range n.Attr {
+			if a.Key == "dir" && a.Val == "auto" {
+				return true
+			}
+		}
+		return false
+	}
+	shown := 0
+	for n := range doc.Descendants() {
+		switch n.Type {
+		case html.TextNode:
+			if !strings.Contains(n.Data, user) {
+				continue
+			}
+			shown++
+			if n.Data != user || !isolating(n.Parent) {
+				t.Errorf("%s shows %q not isolated, in <%s>%q", where, user, n.Parent.Data, n.Data)
+			}
+		case html.ElementNode:
+			for _, a := range n.Attr {
+				if strings.Contains(a.Val, user) && (a.Key == "value" || a.Key == "title" || a.Key == "aria-label") {
+					shown++
+					if !isolating(n) {
+						t.Errorf("%s shows %q in the %s of a <%s> without dir=\"auto\"", where, user, a.Key, n.Data)
+					}
+				}
+			}
+		}
+	}
+	if shown != want {
+		t.Errorf("%s shows %q %d times, want %d:\n%s", where, user, shown, want, page)
 	}
 }

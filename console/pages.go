@@ -65,16 +65,42 @@ type pageData struct {
 	Nav     string // "overview" or "keys": marks the current link
 	Account string // empty when signed out: no navigation
 	CSRF    string
-	Flash   string
-	Error   string
+	Flash   words
+	Error   words
 	Script  template.JS
 	Page    any
 }
 
 type messagePage struct {
-	Heading, Text string
-	SignInHelp    bool
-	Back          backLink // none when Href is empty
+	Heading    string
+	Text       words
+	SignInHelp bool
+	Back       backLink // none when Href is empty
+}
+
+// words is a sentence for a page with what a user wrote in it (a key's
+// name, a path or key id from the address, a field sent) kept apart:
+// the page shows each such part in <bdi>, so a right-to-left override or
+// right-to-left letters in it cannot reorder the words around it and
+// make "deleted" or a key id read as something else.
+type words []wordsPart
+
+type wordsPart struct {
+	Text string
+	User bool
+}
+
+// plain is text with nothing a user wrote in it.
+func plain(text string) words {
+	if text == "" {
+		return nil
+	}
+	return words{{Text: text}}
+}
+
+// quoting is before, what a user wrote, then after.
+func quoting(before, user, after string) words {
+	return words{{Text: before}, {Text: user, User: true}, {Text: after}}
 }
 
 // backLink is a message page's way back into the console.
@@ -196,6 +222,11 @@ func (c *Console) render(ctx *fasthttp.RequestCtx, status int, name string, data
 // out, a link to how to sign in. Error pages had neither, and a holder
 // who met one had to edit the address to go on.
 func (c *Console) message(ctx *fasthttp.RequestCtx, status int, heading, text string, signInHelp bool) {
+	c.messageWords(ctx, status, heading, plain(text), signInHelp)
+}
+
+// messageWords is message whose text holds what a user wrote.
+func (c *Console) messageWords(ctx *fasthttp.RequestCtx, status int, heading string, text words, signInHelp bool) {
 	page := messagePage{Heading: heading, Text: text, SignInHelp: signInHelp}
 	data := pageData{Title: heading}
 	if sess, ok := c.signedIn(ctx); ok {
