@@ -57,6 +57,10 @@ type Server struct {
 	// use it, and an https one marks the console cookie Secure. Empty:
 	// the request's own scheme and Host.
 	PublicURL string `yaml:"public_url"`
+	// HSTSMaxAge is the max-age of the Strict-Transport-Security header
+	// the console's answers carry when served over https (an https
+	// PublicURL); 0 sends none, for a proxy in front that sends its own.
+	HSTSMaxAge time.Duration `yaml:"hsts_max_age"`
 	// DebugListen serves Go's pprof profiles on a private address; empty
 	// (the default) serves none. restart-only.
 	DebugListen string `yaml:"debug_listen"`

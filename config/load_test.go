@@ -658,3 +658,25 @@ func TestShippedRetryBudgetOutlastsFirstByteTimeout(t *testing.T) {
 		}
 	}
 }
+
+// server.hsts_max_age is whole seconds from 0s (send none) to two years;
+// left out, a year.
+func TestHSTSMaxAge(t *testing.T) {
+	const rest = "upstreams:\n  - name: a\n    base_url: http://127.0.0.1:8001/v1\n"
+	for value, want := range map[string]time.Duration{"": DefaultHSTSMaxAge, "0s": 0, "1h": time.Hour, "17520h": MaxHSTSMaxAge} {
+		file := rest
+		if value != "" {
+			file = "server:\n  hsts_max_age: " + value + "\n" + rest
+		}
+		cfg, err := parse("gateway.yaml", []byte(file), noEnv)
+		if err != nil || cfg.Server.HSTSMaxAge != want {
+			t.Errorf("hsts_max_age %q: %v, %v; want %s", value, cfg, err, want)
+		}
+	}
+	for _, value := range []string{"-1s", "1.5s", "17521h"} {
+		_, err := parse("gateway.yaml", []byte("server:\n  hsts_max_age: "+value+"\n"+rest), noEnv)
+		if err == nil || !strings.Contains(err.Error(), "server.hsts_max_age: "+value) {
+			t.Errorf("hsts_max_age %q: %v, want it refused", value, err)
+		}
+	}
+}

@@ -25,6 +25,13 @@ const (
 	DefaultDataDir        = "./data"
 	DefaultMaxRequestBody = 8 << 20 // 8MiB
 	DefaultDemoCreditUSD  = "5.00"
+
+	// DefaultHSTSMaxAge is a year, the least the HSTS preload list and
+	// most guidance ask for; MaxHSTSMaxAge (two years) bounds a typo that
+	// would pin browsers to https for a decade.
+	DefaultHSTSMaxAge = 365 * 24 * time.Hour
+	MaxHSTSMaxAge     = 2 * DefaultHSTSMaxAge
+
 	// DefaultShutdownTimeout leaves the 4 s the gateway takes after it
 	// (ending streams, closing stalled clients) inside Kubernetes'
 	// default 30 s grace period.
@@ -99,6 +106,9 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&s.MaxRequestBody, DefaultMaxRequestBody)
 	setDefault(&s.DemoCreditUSD, DefaultDemoCreditUSD)
 	setDefault(&s.ShutdownTimeout, DefaultShutdownTimeout)
+	if !l.writtenZero("server.hsts_max_age") { // 0 sends none
+		setDefault(&s.HSTSMaxAge, DefaultHSTSMaxAge)
+	}
 	setDefault(&c.Auth.Algorithm, DefaultAlgorithm)
 	setDefault(&c.Auth.Issuer, DefaultIssuer)
 	setDefault(&c.Auth.MaxKeysPerAccount, DefaultMaxKeysPerAccount)
@@ -340,6 +350,8 @@ func (l *loader) validateServer(s Server) {
 		l.check(s.ShutdownTimeout > 0 && s.ShutdownTimeout <= time.Hour, "server.shutdown_timeout",
 			"%s is outside 1ns..1h", s.ShutdownTimeout)
 	}
+	l.check(s.HSTSMaxAge >= 0 && s.HSTSMaxAge <= MaxHSTSMaxAge && s.HSTSMaxAge%time.Second == 0, "server.hsts_max_age",
+		"%s is outside 0s..%s or not whole seconds (0s sends no Strict-Transport-Security)", s.HSTSMaxAge, MaxHSTSMaxAge)
 	for i, p := range s.TrustedProxies {
 		_, errPrefix := netip.ParsePrefix(p)
 		_, errAddr := netip.ParseAddr(p)

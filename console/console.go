@@ -57,6 +57,9 @@ type Console struct {
 	// public is server.public_url as of the last provisioning (each
 	// config reload provisions again); nil when unset.
 	public atomic.Pointer[url.URL]
+	// hstsMaxAge is server.hsts_max_age in seconds as of the last
+	// provisioning; 0 sends no Strict-Transport-Security.
+	hstsMaxAge atomic.Int64
 }
 
 const storeTimeout = 10 * time.Second
@@ -131,6 +134,7 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 		public = u
 	}
 	c.public.Store(public)
+	c.hstsMaxAge.Store(int64(w.Config.Server.HSTSMaxAge / time.Second))
 	pages := []struct {
 		method, path string
 		handle       handlerFunc
@@ -158,8 +162,8 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 			MethodNotAllowed: c.methodNotAllowed})
 	}
 	p.Routes = append(p.Routes,
-		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: style, MethodNotAllowed: c.methodNotAllowed},
-		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: toOverview, MethodNotAllowed: c.methodNotAllowed})
+		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: c.style, MethodNotAllowed: c.methodNotAllowed},
+		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: c.toOverview, MethodNotAllowed: c.methodNotAllowed})
 	// The operator's way in: behind the admin token, under /admin/v1.
 	p.AdminRoutes = []admin.Route{
 		{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin},
@@ -180,6 +184,7 @@ func (c *Console) page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Cal
 		// same-origin: sign-in links carry a token in their URL, which must
 		// never travel in a Referer to another site.
 		h.Set("Referrer-Policy", "same-origin")
+		c.strictTransport(ctx)
 		handle(c, ctx, call)
 	}
 }
@@ -261,14 +266,30 @@ func (c *Console) consoleLogout(call *admin.Call) (int, any, error) {
 	}{account, at.UTC(), cancelled}, nil
 }
 
+// strictTransport sends Strict-Transport-Security on a console answer
+// served over https: with an https server.public_url (the proxy in front
+// ends TLS), or on TLS to the gateway itself. Over plain http a browser
+// ignores it, and the console's own scheme is all the gateway knows: an
+// X-Forwarded-Proto is not believed. Not includeSubDomains: the gateway
+// cannot know that the other hosts of its domain serve https.
+func (c *Console) strictTransport(ctx *fasthttp.RequestCtx) {
+	maxAge := c.hstsMaxAge.Load()
+	if scheme, _ := c.origin(ctx); scheme != "https" || maxAge <= 0 {
+		return
+	}
+	ctx.Response.Header.Set("Strict-Transport-Security", "max-age="+strconv.FormatInt(maxAge, 10))
+}
+
 // toOverview sends "/console/", which people type as often as "/console",
 // to the overview.
-func toOverview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+func (c *Console) toOverview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	c.strictTransport(ctx)
 	ctx.Response.Header.Set("Location", "/console")
 	ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
 }
 
-func style(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+func (c *Console) style(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
+	c.strictTransport(ctx)
 	ctx.Response.Header.Set("Cache-Control", "public, max-age=3600")
 	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
 	ctx.SetContentType("text/css; charset=utf-8")

@@ -1351,3 +1351,37 @@ func checkIsolated(t *testing.T, where, page, user string, want int) {
 		t.Errorf("%s shows %q %d times, want %d:\n%s", where, user, shown, want, page)
 	}
 }
+
+// The console sent no Strict-Transport-Security, so a browser that had
+// used it over https followed a plain http:// link to it (typed, an old
+// bookmark) in the clear, sign-in token included, to whoever answered.
+// Served over https (an https server.public_url) every console answer
+// carries it, with server.hsts_max_age (a year; 0s sends none); over
+// http, where a browser ignores it, none is sent.
+func TestStrictTransportSecurityOverHTTPSOnly(t *testing.T) {
+	paths := []struct{ method, path string }{
+		{"GET", "/console/login"}, {"GET", "/console"}, {"GET", "/console/nope"}, {"PUT", "/console/keys"},
+		{"GET", "/console/style.css"}, {"GET", "/console/"},
+	}
+	for _, tc := range []struct{ name, serverLines, want string }{
+		{"https public_url", "  public_url: https://console.example.com\n", "max-age=31536000"},
+		{"https public_url, an hour", "  public_url: https://console.example.com\n  hsts_max_age: 1h\n", "max-age=3600"},
+		{"https public_url, 0s", "  public_url: https://console.example.com\n  hsts_max_age: 0s\n", ""},
+		{"http public_url", "  public_url: http://console.example.com\n", ""},
+		{"no public_url", "", ""},
+	} {
+		g := startGatewayWith(t, "", tc.serverLines)
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		for _, p := range paths {
+			req, _ := http.NewRequest(p.method, g.url+p.path, nil)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			readAll(t, resp)
+			if got := resp.Header.Values("Strict-Transport-Security"); strings.Join(got, "|") != tc.want {
+				t.Errorf("%s: %s %s (%d) sends Strict-Transport-Security %q, want %q", tc.name, p.method, p.path, resp.StatusCode, got, tc.want)
+			}
+		}
+	}
+}
