@@ -188,3 +188,57 @@ func TestChatRelayAllocatesNothingPerChunk(t *testing.T) {
 		}
 	}
 }
+
+// TestBilledUsageAllocatesNothing: the usage a stream's client asked for
+// and its upstream did not send, which the gateway writes at the end
+// (appendTerminal), goes into buffers the call reuses: a chat stream's
+// usage chunk, a responses stream's terminal event with its usage set.
+func TestBilledUsageAllocatesNothing(t *testing.T) {
+	const delta = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}` + "\n\n"
+	chat := strings.Repeat(delta, 20) + `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n" +
+		"data: [DONE]\n\n"
+	responses := `event: response.created` + "\n" + `data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","usage":null}}` + "\n\n" +
+		strings.Repeat(`event: response.output_text.delta`+"\n"+`data: {"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":" tok"}`+"\n\n", 20) +
+		`event: response.completed` + "\n" + `data: {"type":"response.completed","sequence_number":2,"response":{"id":"resp_1","object":"response","status":"completed","usage":null}}` + "\n\n"
+	for _, tc := range []struct {
+		name, body, want string
+		ep               endpoint
+	}{
+		{"chat", chat, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":20,"total_tokens":27,` +
+			`"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}` + "\n\ndata: [DONE]\n\n", endpointChat},
+		{"responses", responses, `event: response.completed` + "\n" + `data: {"type":"response.completed","sequence_number":2,"response":{"id":"resp_1","object":"response","status":"completed",` +
+			`"usage":{"input_tokens":7,"input_tokens_details":{"cached_tokens":0},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":27}}}` + "\n\n", endpointResponses},
+	} {
+		src := strings.NewReader(tc.body)
+		rd := newSSEReader(src, 4096, 0)
+		c := &generationCall{ep: tc.ep, stream: true, billed: catalog.Usage{PromptTokens: 7, CompletionTokens: 20}}
+		var out []byte
+		run := func() {
+			src.Reset(tc.body)
+			rd.reset(src)
+			c.finished, c.usageShown, c.text, c.rawChunks = false, false, c.text[:0], c.rawChunks[:0]
+			for {
+				ev, err := rd.Next()
+				if err != nil {
+					return
+				}
+				if tc.ep == endpointChat {
+					c.inspectChat(&ev)
+				} else {
+					c.inspectResponses(&ev)
+				}
+				if c.finished && c.terminal(&ev) {
+					c.terminalEvent = ev
+					out = c.appendTerminal(out[:0], ev.Raw)
+				}
+			}
+		}
+		run() // warm the buffers
+		if n := testing.AllocsPerRun(100, run); n != 0 {
+			t.Errorf("%s: %v allocations per stream", tc.name, n)
+		}
+		if string(out) != tc.want {
+			t.Errorf("%s: ended with\n%s\nwant\n%s", tc.name, out, tc.want)
+		}
+	}
+}

@@ -439,6 +439,22 @@ type generationCall struct {
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage
 	recorded                  bool
+	// billed is the usage the call's event bills, once recorded.
+	billed catalog.Usage
+	// usageShown: a usage report reached the client (a chat chunk's
+	// top-level usage, the usage of a response's terminal event), or the
+	// gateway's own with billed: one is sent where the client asked for
+	// usage and the upstream sent none (appendTerminal).
+	usageShown bool
+	// chunkHead is the first members of a chat stream's chunks (its id,
+	// model…), for the usage chunk of a client that asked for usage.
+	chunkHead []byte
+	// terminalEvent is the event that ended a responses stream for the
+	// client, valid until the next event is read, for appendTerminal.
+	terminalEvent sseEvent
+	// endedByError: the upstream's own error event ended the answer
+	// (endedInError), after which a chat stream gets no usage chunk.
+	endedByError bool
 
 	// The relay of a streamed answer (WriteTo, Read, Close).
 	sse        *sseReader
@@ -545,7 +561,7 @@ func (c *generationCall) recycle() {
 	}
 	*c = generationCall{
 		text: keep(c.text), logText: keep(c.logText), rawChunks: keep(c.rawChunks), toolOutput: keep(c.toolOutput),
-		scratchData: keep(c.scratchData), scratchEvent: keep(c.scratchEvent),
+		scratchData: keep(c.scratchData), scratchEvent: keep(c.scratchEvent), chunkHead: keep(c.chunkHead),
 		pending: keep(c.pending), sse: sse, traceHeaders: keep(c.traceHeaders),
 	}
 	callPool.Put(c)
@@ -576,23 +592,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		c.failWhole(ctx, err, reason, apiErr)
 		return
 	}
-	// attempt refused a body that is no answer (notAnAnswer).
-	relayed := body
-	if c.stream {
-		// A whole answer to a streamed request (see wholestream.go).
-		relayed = wholeAnswerAsStream(nil, body, c.ep, !c.injected)
-		ctx.Response.Header.SetContentType("text/event-stream")
-		setStreamHeaders(ctx)
-	}
 	c.upstream.completed(c.sent, false)
-	if len(c.resp.Header.ContentType()) == 0 && !c.stream {
-		// It is a JSON object (attempt): passed on with no Content-Type,
-		// the Node SDK returned it as a string.
-		ctx.Response.Header.SetContentType("application/json")
-	}
-	ctx.SetStatusCode(status)
-	ctx.SetBody(relayed)
-	c.ttfb = time.Since(c.start)
 	if c.remember {
 		c.rememberResponse(gjson.Get(bstr(body), "id"))
 		if c.responseID != "" {
@@ -608,7 +608,34 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	if c.logging.Enabled {
 		c.logResponse = body
 	}
-	c.recordAndWait(status) // fasthttp sends the answer after the handler returns
+	// Billed before the answer is written: a stream written from it
+	// carries the usage billed where the answer has none. fasthttp sends
+	// the answer after the handler returns.
+	c.ttfb = time.Since(c.start)
+	safe := c.record(status)
+	// attempt refused a body that is no answer (notAnAnswer).
+	relayed := body
+	if c.stream {
+		// A whole answer to a streamed request (see wholestream.go).
+		var billed []byte
+		switch {
+		case c.ep == endpointResponses:
+			billed = appendResponsesUsage(nil, c.billed)
+		case !c.injected: // the client asked for the usage chunk
+			billed = appendChatUsage(nil, c.billed)
+		}
+		relayed = wholeAnswerAsStream(nil, body, c.ep, billed)
+		ctx.Response.Header.SetContentType("text/event-stream")
+		setStreamHeaders(ctx)
+	}
+	if len(c.resp.Header.ContentType()) == 0 && !c.stream {
+		// It is a JSON object (attempt): passed on with no Content-Type,
+		// the Node SDK returned it as a string.
+		ctx.Response.Header.SetContentType("application/json")
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetBody(relayed)
+	c.waitRecorded(safe)
 	c.release()
 }
 

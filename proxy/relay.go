@@ -91,8 +91,10 @@ func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
 				}
 				c.waitRecorded(safe)
 			}
+			c.pending = c.appendTerminal(c.pending, out)
+		} else {
+			c.pending = append(c.pending, out...)
 		}
-		c.pending = append(c.pending, out...)
 		if len(c.pending) < maxCoalesced && c.sse.eventBuffered() {
 			continue
 		}
@@ -133,10 +135,13 @@ func (c *generationCall) Read(p []byte) (int, error) {
 		if err != nil {
 			return 0, err
 		}
+		c.pending = c.pending[:0]
 		if terminal {
 			c.recordAndWait(fasthttp.StatusOK)
+			c.pending = c.appendTerminal(c.pending, out)
+		} else {
+			c.pending = append(c.pending, out...)
 		}
-		c.pending = append(c.pending[:0], out...)
 	}
 	n := copy(p, c.pending)
 	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
@@ -197,6 +202,12 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			if !c.interrupted { // not ended by the upstream's own error
 				c.upstream.completed(c.sent, true)
 			}
+			if c.owesUsageChunk() {
+				// Ended after its finish_reason without [DONE], and
+				// without the usage chunk the client asked for: the
+				// gateway's comes in their place, once billed.
+				return nil, true, nil
+			}
 			return nil, false, io.EOF
 		}
 		if err == io.EOF {
@@ -236,7 +247,81 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 	} else {
 		c.inspectResponses(&ev)
 	}
-	return out, c.finished && c.terminal(&ev), nil
+	terminal = c.finished && c.terminal(&ev)
+	if terminal && c.ep == endpointResponses {
+		c.terminalEvent = ev
+	}
+	return out, terminal, nil
+}
+
+// appendTerminal appends out, the event that ends the answer for the
+// client, to dst once the call is billed, with the usage billed where
+// the client asked for usage and the upstream sent none (many vLLM and
+// Ollama setups): a chat stream's usage chunk, as OpenAI sends it, before
+// [DONE] (or in its place, at the end of a stream without it); a
+// responses stream's terminal event with its response's usage, absent or
+// null, set. The SDKs' usage was empty while the call was billed on the
+// tokenizer's estimate.
+func (c *generationCall) appendTerminal(dst, out []byte) []byte {
+	switch {
+	case c.owesUsageChunk():
+		c.usageShown = true
+		dst = append(append(dst, "data: "...), c.chunkHead...)
+		if len(c.chunkHead) == 0 { // no chunk came before
+			dst = append(dst, `{"object":"chat.completion.chunk",`...)
+		}
+		dst = appendChatUsage(append(dst, `"choices":[],"usage":`...), c.billed)
+		dst = append(dst, "}\n\n"...)
+	case c.ep == endpointResponses && !c.usageShown:
+		if withUsage := c.withBilledUsage(&c.terminalEvent); withUsage != nil {
+			c.usageShown = true
+			out = withUsage
+		}
+	}
+	return append(dst, out...)
+}
+
+// owesUsageChunk reports whether a chat stream's client asked for usage
+// (the gateway did not add include_usage) and no usage chunk reached it,
+// nor the upstream's error event, after which OpenAI sends none.
+func (c *generationCall) owesUsageChunk() bool {
+	return c.ep == endpointChat && c.stream && !c.injected && !c.usageShown && !c.endedByError
+}
+
+// withBilledUsage returns ev, a responses stream's terminal event, with
+// its response's usage, absent or null, set to the usage billed; nil
+// when it has a usage of its own, or no response to carry one (an error
+// event).
+func (c *generationCall) withBilledUsage(ev *sseEvent) []byte {
+	data := bstr(ev.Data)
+	at, cut, member := 0, 0, ""
+	switch usage := gjson.Get(data, "response.usage"); {
+	case usage.Type == gjson.Null && usage.Raw != "":
+		at, cut = usage.Index, len(usage.Raw)
+	case !usage.Exists():
+		response := gjson.Get(data, "response")
+		if !response.IsObject() {
+			return nil
+		}
+		// Before its closing brace, after a comma unless it is {}.
+		at, member = response.Index+len(response.Raw)-1, `,"usage":`
+		if isEmptyArray(response.Raw) {
+			member = member[1:]
+		}
+	default:
+		return nil
+	}
+	if at <= 0 || at+cut > len(data) {
+		return nil // gjson could not say where
+	}
+	c.scratchData = append(append(c.scratchData[:0], data[:at]...), member...)
+	c.scratchData = append(appendResponsesUsage(c.scratchData, c.billed), data[at+cut:]...)
+	if ev.dataEnd == 0 { // several data lines, or a byte order mark first
+		c.scratchEvent = appendWithDataLines(c.scratchEvent[:0], ev, c.scratchData)
+	} else {
+		c.scratchEvent = appendWithData(c.scratchEvent[:0], ev, c.scratchData)
+	}
+	return c.scratchEvent
 }
 
 // Close ends a streamed call however its relay ended: completed, cut by
@@ -304,6 +389,12 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 			return ev.Raw, false
 		}
 	}
+	if len(c.chunkHead) == 0 && !c.injected {
+		// From the first chunk of a stream whose client asked for usage:
+		// the usage chunk the gateway may send at its end
+		// (appendTerminal) carries the stream's id and model.
+		c.chunkHead = appendChunkHead(c.chunkHead, gjson.Parse(bstr(data)))
+	}
 	if !c.logging.Enabled && !mayFinish(data) {
 		// Most chunks carry only a delta. Their text matters only if no
 		// usage report comes after them, so they are kept as they came
@@ -366,7 +457,11 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 	case c.choiceFailed:
 		c.endedInError(finishedInError)
 	}
-	if !c.injected || !usage.Exists() {
+	if !c.injected {
+		c.usageShown = c.usageShown || usage.IsObject()
+		return ev.Raw, false
+	}
+	if !usage.Exists() {
 		return ev.Raw, false
 	}
 	// The usage chunk the client did not ask for goes, unless it carries
@@ -437,7 +532,7 @@ func isUpstreamError(e gjson.Result) bool {
 // streams in "EngineDeadError" and stayed in service, its error rate
 // near 0.
 func (c *generationCall) endedInError(e gjson.Result) {
-	c.finished = true
+	c.finished, c.endedByError = true, true
 	if c.interrupted || !serverFault(e) {
 		return
 	}
@@ -594,6 +689,7 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		}
 		if u := gjson.Get(bstr(data), "response.usage"); u.IsObject() {
 			c.setUsage(u)
+			c.usageShown = true
 		}
 		if c.remember { // no response.created came before
 			c.rememberResponse(gjson.Get(bstr(data), "response.id"))

@@ -638,6 +638,8 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	}
 	c.recorded = true
 	ev := c.event(status)
+	c.billed = catalog.Usage{PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens,
+		CompletionTokens: ev.CompletionTokens, ReasoningTokens: ev.ReasoningTokens}
 	if c.responseID != "" {
 		c.server.responses.setTokens(c.responseID, ev.PromptTokens+ev.CompletionTokens)
 	}
@@ -646,6 +648,28 @@ func (c *generationCall) record(status int) <-chan struct{} {
 	c.limit.charge(ev.PromptTokens + ev.CompletionTokens)
 	c.server.noteCharge(ev)
 	return meter.RecordSafe(c.server.recorder, ev)
+}
+
+// appendChatUsage writes u as a chat answer's usage object, in OpenAI's
+// shape.
+func appendChatUsage(dst []byte, u catalog.Usage) []byte {
+	dst = strconv.AppendInt(append(dst, `{"prompt_tokens":`...), u.PromptTokens, 10)
+	dst = strconv.AppendInt(append(dst, `,"completion_tokens":`...), u.CompletionTokens, 10)
+	dst = strconv.AppendInt(append(dst, `,"total_tokens":`...), u.PromptTokens+u.CompletionTokens, 10)
+	dst = strconv.AppendInt(append(dst, `,"prompt_tokens_details":{"cached_tokens":`...), u.CachedTokens, 10)
+	dst = strconv.AppendInt(append(dst, `},"completion_tokens_details":{"reasoning_tokens":`...), u.ReasoningTokens, 10)
+	return append(dst, "}}"...)
+}
+
+// appendResponsesUsage writes u as a response's usage object, in
+// OpenAI's shape.
+func appendResponsesUsage(dst []byte, u catalog.Usage) []byte {
+	dst = strconv.AppendInt(append(dst, `{"input_tokens":`...), u.PromptTokens, 10)
+	dst = strconv.AppendInt(append(dst, `,"input_tokens_details":{"cached_tokens":`...), u.CachedTokens, 10)
+	dst = strconv.AppendInt(append(dst, `},"output_tokens":`...), u.CompletionTokens, 10)
+	dst = strconv.AppendInt(append(dst, `,"output_tokens_details":{"reasoning_tokens":`...), u.ReasoningTokens, 10)
+	dst = strconv.AppendInt(append(dst, `},"total_tokens":`...), u.PromptTokens+u.CompletionTokens, 10)
+	return append(dst, '}')
 }
 
 // waitRecorded waits for record's channel, at most meter.DurableWait.

@@ -16,35 +16,27 @@ import (
 
 // wholeAnswerAsStream writes the stream of body, a whole answer of ep
 // with its choices or output list (attempt's notAnAnswer), to dst.
-// withUsage: a chat client asked for the usage chunk.
-func wholeAnswerAsStream(dst, body []byte, ep endpoint, withUsage bool) []byte {
+// billed is the usage object (chatUsage, responsesUsage) of what the
+// call is billed, written where the answer carries none; nil for a chat
+// client that did not ask for usage, which gets no usage chunk.
+func wholeAnswerAsStream(dst, body []byte, ep endpoint, billed []byte) []byte {
 	root := gjson.ParseBytes(body)
 	if ep == endpointResponses {
-		return wholeResponseAsStream(dst, root)
+		return wholeResponseAsStream(dst, root, billed)
 	}
-	return wholeChatAsStream(dst, root, withUsage)
+	return wholeChatAsStream(dst, root, billed)
 }
 
 // wholeChatAsStream writes each choice as OpenAI streams one: a chunk
 // with its role alone, one with the rest of its message as the delta
-// and its logprobs, and one with its finish_reason; then the usage chunk
-// if asked for (and the answer has usage), and [DONE]. The Node SDK's
-// stream helper takes a choice's first chunk for its start and then adds
-// it in: logprobs in that chunk came out twice.
-func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) []byte {
+// and its logprobs, and one with its finish_reason; then, if asked for
+// (billed is not nil), the usage chunk with the answer's usage, or billed
+// where it has none; and [DONE]. The Node SDK's stream helper takes a
+// choice's first chunk for its start and then adds it in: logprobs in
+// that chunk came out twice.
+func wholeChatAsStream(dst []byte, root gjson.Result, billed []byte) []byte {
 	choices := root.Get("choices")
-	var head []byte // every chunk's first members, up to its choices
-	head = append(head, '{')
-	for _, name := range [...]string{"id", "object", "created", "model", "system_fingerprint", "service_tier"} {
-		v := root.Get(name)
-		switch {
-		case name == "object":
-			head = append(head, `"object":"chat.completion.chunk",`...)
-		case v.Exists():
-			head = append(append(append(append(head, '"'), name...), `":`...), v.Raw...)
-			head = append(head, ',')
-		}
-	}
+	head := appendChunkHead(nil, root) // every chunk's first members, up to its choices
 	head = append(head, `"choices":`...)
 	n := 0
 	choices.ForEach(func(_, choice gjson.Result) bool {
@@ -72,11 +64,34 @@ func wholeChatAsStream(dst []byte, root gjson.Result, withUsage bool) []byte {
 		dst = append(append(append(dst, `{},"logprobs":null,"finish_reason":`...), rawOr(choice.Get("finish_reason"), "null")...), "}]}\n\n"...)
 		return true
 	})
-	if usage := root.Get("usage"); withUsage && usage.IsObject() {
+	if billed != nil {
+		usage := billed
+		if u := root.Get("usage"); u.IsObject() {
+			usage = []byte(u.Raw)
+		}
 		dst = append(append(append(dst, "data: "...), head...), `[],"usage":`...)
-		dst = append(append(dst, usage.Raw...), "}\n\n"...)
+		dst = append(append(dst, usage...), "}\n\n"...)
 	}
 	return append(dst, "data: [DONE]\n\n"...)
+}
+
+// appendChunkHead writes the first members of a chat chunk, up to its
+// choices, from root, a chunk or a whole answer: its id, created,
+// model, system_fingerprint and service_tier as they are, and its
+// object, "chat.completion.chunk".
+func appendChunkHead(dst []byte, root gjson.Result) []byte {
+	dst = append(dst, '{')
+	for _, name := range [...]string{"id", "object", "created", "model", "system_fingerprint", "service_tier"} {
+		v := root.Get(name)
+		switch {
+		case name == "object":
+			dst = append(dst, `"object":"chat.completion.chunk",`...)
+		case v.Exists():
+			dst = append(append(append(append(dst, '"'), name...), `":`...), v.Raw...)
+			dst = append(dst, ',')
+		}
+	}
+	return dst
 }
 
 // appendDelta writes a message as a chunk's delta: every member as it
@@ -155,10 +170,10 @@ func (w *responseEvents) add(typ string, fields ...string) {
 // created and in progress (the response with no output yet), each output
 // item added, its content, reasoning and arguments as one delta each, the
 // item done,
-// and the terminal event of its status. A response that has not ended
-// (queued, in progress) is written as created alone, as it is.
-func wholeResponseAsStream(dst []byte, root gjson.Result) []byte {
-	output := root.Get("output")
+// and the terminal event of its status, whose response carries billed as
+// its usage where it has none. A response that has not ended (queued, in
+// progress) is written as created alone, as it is.
+func wholeResponseAsStream(dst []byte, root gjson.Result, billed []byte) []byte {
 	w := responseEvents{dst: dst}
 	status := root.Get("status").Str
 	var terminal string
@@ -169,6 +184,11 @@ func wholeResponseAsStream(dst []byte, root gjson.Result) []byte {
 		w.add("response.created", `"response":`+root.Raw)
 		return w.dst
 	}
+	if u := root.Get("usage"); billed != nil && (!u.Exists() || u.Type == gjson.Null) {
+		withUsage, _ := sjson.SetRaw(root.Raw, "usage", string(billed))
+		root = gjson.Parse(withUsage)
+	}
+	output := root.Get("output")
 	started := []byte(root.Raw)
 	started, _ = sjson.SetBytes(started, "status", "in_progress")
 	started, _ = sjson.SetRawBytes(started, "output", []byte("[]"))
