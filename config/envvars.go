@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -70,4 +71,23 @@ func (c *Config) RetryBudgetShadows() []string {
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
+}
+
+// MetricsOnPublicListener reports whether GET /metrics, which needs no
+// key and names upstreams, models and the billing backlog, is served on
+// server.listen at an address other machines may reach: metrics_listen
+// is empty, and listen is not on loopback (0.0.0.0, ::, no host, an IP
+// outside 127.0.0.0/8 and ::1, a host name other than localhost, which
+// is not looked up). The README documents it, but nothing told an
+// operator who moved listen off loopback.
+func (c *Config) MetricsOnPublicListener() bool {
+	if c.Server.MetricsListen != "" {
+		return false
+	}
+	host, _, err := net.SplitHostPort(c.Server.Listen)
+	if err != nil {
+		return false // refused at load
+	}
+	ip := listenIP(host)
+	return !ip.IsValid() || !ip.IsLoopback()
 }

@@ -111,3 +111,45 @@ models:
 		}
 	}
 }
+
+// /metrics needs no key; with metrics_listen empty it is served on
+// listen, which the README says, but an operator who moved listen off
+// loopback was told nothing. Not on the shipped file's defaults.
+func TestMetricsOnPublicListenerWhenListenIsOffLoopback(t *testing.T) {
+	data, err := os.ReadFile("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shipped, err := parse("gateway.yaml", data, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shipped.MetricsOnPublicListener() {
+		t.Errorf("the shipped defaults (listen %s) warn", shipped.Server.Listen)
+	}
+	const file = "server:\n  listen: %q\n  metrics_listen: %q\nupstreams:\n  - name: default\n    base_url: https://api.example.com/v1\nmodels: []\n"
+	for _, tc := range []struct {
+		listen, metrics string
+		public          bool
+	}{
+		{"127.0.0.1:8080", "", false},
+		{"127.0.0.2:8080", "", false}, // all of 127.0.0.0/8 is loopback
+		{"localhost:8080", "", false},
+		{"[::1]:8080", "", false},
+		{"[::ffff:127.0.0.1]:8080", "", false},
+		{"0.0.0.0:8080", "", true},
+		{":8080", "", true},
+		{"[::]:8080", "", true},
+		{"10.0.0.5:8080", "", true},
+		{"gateway.internal:8080", "", true}, // not looked up
+		{"0.0.0.0:8080", "127.0.0.1:9090", false},
+	} {
+		cfg, err := parse("gateway.yaml", []byte(fmt.Sprintf(file, tc.listen, tc.metrics)), noEnv)
+		if err != nil {
+			t.Fatalf("listen %s: %v", tc.listen, err)
+		}
+		if got := cfg.MetricsOnPublicListener(); got != tc.public {
+			t.Errorf("listen %s, metrics_listen %q: public %v, want %v", tc.listen, tc.metrics, got, tc.public)
+		}
+	}
+}

@@ -694,8 +694,9 @@ func runConfig(args []string) error {
 
 // configWarnings says, a line each, what in cfg is valid but most likely
 // not meant: variables of the shipped gateway.yaml set while cfg's file
-// does not read them (they set nothing there), and a retry budget that
-// pool members' first-byte timeouts outlast.
+// does not read them (they set nothing there), a retry budget that
+// pool members' first-byte timeouts outlast, and /metrics served, with
+// no key, on a listen address off loopback.
 func configWarnings(cfg *config.Config) []string {
 	var lines []string
 	for _, name := range cfg.UnreadEnv(os.Environ()) {
@@ -723,6 +724,10 @@ func configWarnings(cfg *config.Config) []string {
 		}
 		lines = append(lines, fmt.Sprintf("warning: routing.retry_budget (%s) is not above the first_byte_timeout of %s: a call that gets no first byte within that timeout is never tried on another member, it gets a 503. Raise retry_budget (the default is %s) or lower first_byte_timeout",
 			cfg.Routing.RetryBudget, members, config.DefaultRetryBudget))
+	}
+	if cfg.MetricsOnPublicListener() {
+		lines = append(lines, fmt.Sprintf("warning: server.listen (%s) is not a loopback address and server.metrics_listen is empty: GET /metrics is served there to anyone who reaches it, with no key, and names upstreams, models and the billing backlog. Set server.metrics_listen (TOLLGATE_METRICS_LISTEN in the shipped gateway.yaml) to a private host:port, such as 127.0.0.1:9090, and scrape it there; the public listener then answers /metrics with a 404",
+			cfg.Server.Listen))
 	}
 	return lines
 }
