@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -198,6 +199,31 @@ func TestClientReadingSteadilyKeepsItsStream(t *testing.T) {
 		}
 		if evs := h.rec.Events()[before:]; len(evs) != 0 {
 			t.Fatalf("the stream of a client reading 160 KiB/s ended and was billed: %+v", evs[0])
+		}
+	}
+}
+
+// A client still connected when its call has waited past the request read
+// timeout (fasthttp's deadline on the connection, 60 s in production) is
+// still there: every call whose first byte took over a minute was
+// answered 499 "the client closed its connection" and billed, because
+// the look at the client's connection gave up at that deadline and read
+// as a close.
+func TestClientWaitingPastTheRequestReadTimeoutIsNotGone(t *testing.T) {
+	proxy.SetRequestReadTimeout(t, 300*time.Millisecond)
+	h := newHarness(t, harnessOptions{firstByteTimeout: "20s",
+		upstream: proxytest.Options{FirstByteDelay: 1500 * time.Millisecond}})
+	for _, body := range []string{chatBody, strings.Replace(chatBody, `"model"`, `"stream":true,"model"`, 1)} {
+		resp := h.post("/v1/chat/completions", body)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || strings.Contains(string(got), "client_closed_request") {
+			t.Fatalf("%d %s; want the answer", resp.StatusCode, got)
+		}
+	}
+	for _, ev := range h.events(2) {
+		if ev.Status != 200 {
+			t.Errorf("event %+v; want status 200", ev)
 		}
 	}
 }

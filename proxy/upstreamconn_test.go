@@ -695,3 +695,36 @@ func TestUpstreamHeaderErrorsQuoteNothing(t *testing.T) {
 		}
 	}
 }
+
+// A kept connection whose answer came in one read still has that read's
+// deadline (a second on) when it is put back; taken again after the
+// deadline passed, it was found not quiet (a peek that gave up at the
+// deadline read as bytes waiting) and closed: a new connection, and a
+// new TLS handshake, for every call more than a second after the one
+// before.
+func TestUpstreamConnectionIdlePastItsReadDeadlineIsReused(t *testing.T) {
+	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		_, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		return err == nil
+	})
+	p := testPool(t, u.ln.Addr().String(), 4)
+	client, peer := net.Pipe() // watched for being gone, never closed
+	defer client.Close()
+	defer peer.Close()
+	for i := range 2 {
+		r, err := p.roundTrip(testRequest, 0, client)
+		if err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		if got := readBodyAll(t, r); got != "ok" {
+			t.Fatalf("body %q", got)
+		}
+		r.Close()
+		if i == 0 {
+			time.Sleep(clientCheckEvery + 300*time.Millisecond)
+		}
+	}
+	if n := u.accepted.Load(); n != 1 {
+		t.Fatalf("%d connections for two answers %v apart, want 1", n, clientCheckEvery+300*time.Millisecond)
+	}
+}

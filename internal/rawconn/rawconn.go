@@ -164,7 +164,12 @@ func PeerClosed(c net.Conn) bool {
 
 // peek is a non-blocking recv of one byte of c with MSG_PEEK: 0 and no
 // error at the peer's close, EAGAIN when nothing waits. ok is false when c
-// is no socket.
+// is no socket. It goes through RawConn.Control, not Read: Read gives up
+// without calling its function once the connection's read deadline has
+// passed, which fasthttp leaves set on a client connection while its
+// handler runs and a timed read leaves on an upstream connection; n 0
+// with no error then read as the peer's close. A connection closed here
+// already is reported as closed.
 func peek(c net.Conn) (n int, ok bool, err error) {
 	sc, isSocket := c.(syscall.Conn)
 	if !isSocket {
@@ -172,13 +177,14 @@ func peek(c net.Conn) (n int, ok bool, err error) {
 	}
 	raw, rerr := sc.SyscallConn()
 	if rerr != nil {
-		return 0, false, nil
+		return 0, true, rerr
 	}
-	_ = raw.Read(func(fd uintptr) bool {
+	if cerr := raw.Control(func(fd uintptr) {
 		var b [1]byte
 		n, _, err = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return true // never wait for readiness
-	})
+	}); cerr != nil {
+		return 0, true, cerr
+	}
 	return n, true, err
 }
 

@@ -185,3 +185,50 @@ func TestPeerClosed(t *testing.T) {
 		t.Fatal("a connection its peer closed is open")
 	}
 }
+
+// TestPeekLooksPastAnExpiredReadDeadline: fasthttp leaves a client
+// connection's read deadline (server.read_timeout's 60 s) set while the
+// handler runs, and a read under a deadline leaves it on an upstream
+// connection put back idle. A peek through RawConn.Read fails once such a
+// deadline has passed, without looking: every client waiting over 60 s was
+// taken for gone (a 499 to a client still there), and every upstream
+// connection idle over a second for one with bytes waiting (closed, a new
+// one dialled per call).
+func TestPeekLooksPastAnExpiredReadDeadline(t *testing.T) {
+	rc, server := pair(t)
+	if err := rc.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if PeerClosed(rc) {
+		t.Error("PeerClosed: an open connection whose read deadline passed is taken for closed")
+	}
+	if !Quiet(rc) {
+		t.Error("Quiet: an idle connection whose read deadline passed is taken for one with bytes waiting")
+	}
+	server.Write([]byte("x"))
+	time.Sleep(20 * time.Millisecond)
+	if Quiet(rc) {
+		t.Error("Quiet: a connection with a byte waiting is quiet")
+	}
+	if PeerClosed(rc) {
+		t.Error("PeerClosed: a connection with a byte waiting is closed")
+	}
+	rc.SetReadDeadline(time.Time{})
+	var b [1]byte
+	if n, err := rc.Read(b[:]); n != 1 {
+		t.Fatalf("reading the byte waiting: %d, %v", n, err)
+	}
+	rc.SetReadDeadline(time.Now().Add(-time.Second))
+	server.Close()
+	time.Sleep(20 * time.Millisecond)
+	if !PeerClosed(rc) {
+		t.Error("PeerClosed: a connection its peer closed, read deadline passed, is open")
+	}
+	if Quiet(rc) {
+		t.Error("Quiet: a connection its peer closed, read deadline passed, is quiet")
+	}
+	rc.Close()
+	if !PeerClosed(rc) || Quiet(rc) {
+		t.Error("a connection closed here is open")
+	}
+}
