@@ -30,6 +30,11 @@ const (
 	// with another is refused at start instead of refusing, and issuing,
 	// keys the others do not accept.
 	BucketSigning = "TOLLGATE_SIGNING"
+	// KeysCreatedStream holds a marker of every key made through a limited
+	// path (the console) in the last hour, subject keys.created.<account>:
+	// what the per-hour limit counts (see broker.CreationLog).
+	KeysCreatedStream = "KEYS_CREATED"
+	keysCreatedPrefix = "keys.created."
 )
 
 var (
@@ -52,7 +57,26 @@ var (
 	// no longer uses (expired keys count until revoked), or raise the
 	// setting.
 	ErrTooManyKeys = errors.New("too many keys")
+	// ErrKeysCreatedTooFast is wrapped by the *KeyRateError of a key
+	// refused because its account made auth.max_keys_created_per_hour
+	// keys in the last hour: wait what it says, or raise the setting.
+	ErrKeysCreatedTooFast = errors.New("too many keys created in the last hour")
 )
+
+// KeyRateError refuses a key past the account's keys per hour; Wait is
+// how long until the oldest of them is an hour old.
+type KeyRateError struct {
+	Account     string
+	Made, Limit int
+	Wait        time.Duration
+}
+
+func (e *KeyRateError) Error() string {
+	return fmt.Sprintf("%v: account %s made %d keys in the last hour, and auth.max_keys_created_per_hour is %d; the next can be made in %s",
+		ErrKeysCreatedTooFast, e.Account, e.Made, e.Limit, e.Wait.Round(time.Second))
+}
+
+func (e *KeyRateError) Unwrap() error { return ErrKeysCreatedTooFast }
 
 type alreadyUsed struct{}
 
@@ -193,6 +217,10 @@ type Service struct {
 	// createKeyMu makes CreateKey's count and store one step in this
 	// process (see CreateKey).
 	createKeyMu sync.Mutex
+	// keysCreated counts the keys made through the console in the last
+	// hour, on every gateway (KeyRequest.MaxCreatedPerHour); nil in a
+	// process that issues no keys.
+	keysCreated *broker.CreationLog
 
 	// revoked is told the id of each key the watch finds revoked (see
 	// OnKeyRevoked).
@@ -252,6 +280,15 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 	if err != nil {
 		return nil, err
 	}
+	var keysCreated *broker.CreationLog
+	if signer != nil {
+		keysCreated, err = broker.EnsureCreationLog(ctx, js, KeysCreatedStream,
+			"tollgate: a marker per key made in the console in the last hour, subject keys.created.<account>",
+			keysCreatedPrefix, replicas, 0)
+		if err != nil {
+			return nil, err
+		}
+	}
 
 	s := &Service{
 		conn:      js.Conn(),
@@ -271,7 +308,8 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 			// and each take a place in the verification cache.
 			jwt.WithStrictDecoding(),
 		),
-		cache: make(map[string]*Key),
+		cache:       make(map[string]*Key),
+		keysCreated: keysCreated,
 	}
 	s.snap.init()
 	s.share.init()

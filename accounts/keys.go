@@ -96,6 +96,11 @@ type KeyRequest struct {
 	// until it is revoked: it is still stored, listed and held in every
 	// gateway's memory.
 	MaxKeys int
+	// MaxCreatedPerHour is the most keys the account may make in an hour
+	// through the path asking (auth.max_keys_created_per_hour, for the
+	// console); 0 or less = no limit, and the key is not counted: the
+	// admin API and the CLI are the operator's.
+	MaxCreatedPerHour int
 }
 
 // KeyInfo is a key's metadata as stored in TOLLGATE_KEYS. It never holds the
@@ -147,7 +152,9 @@ var keyIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithP
 
 // CreateKey issues a key for an existing account and returns its metadata
 // and the token. The token is shown to the caller once and stored nowhere.
-// An account holding req.MaxKeys keys not revoked gets ErrTooManyKeys.
+// An account holding req.MaxKeys keys not revoked gets ErrTooManyKeys;
+// one that made req.MaxCreatedPerHour keys so limited in the last hour,
+// a *KeyRateError.
 func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest) (KeyInfo, string, error) {
 	if s.signer == nil {
 		return KeyInfo{}, "", errNoSigningKey
@@ -167,6 +174,18 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 	defer s.createKeyMu.Unlock()
 	if held := s.snap.keysNotRevoked(account); req.MaxKeys > 0 && held >= req.MaxKeys {
 		return KeyInfo{}, "", fmt.Errorf("%w: account %s holds %d keys not revoked, and auth.max_keys_per_account is %d", ErrTooManyKeys, account, held, req.MaxKeys)
+	}
+	// Revoked keys stay stored: the count cap alone let a loop of
+	// create and revoke grow the keys bucket, and every gateway's copy of
+	// it, without end.
+	if req.MaxCreatedPerHour > 0 {
+		made, wait, err := s.keysCreated.Take(ctx, account, req.MaxCreatedPerHour)
+		if err != nil {
+			return KeyInfo{}, "", err
+		}
+		if wait > 0 {
+			return KeyInfo{}, "", &KeyRateError{Account: account, Made: made, Limit: req.MaxCreatedPerHour, Wait: wait}
+		}
 	}
 	var random [keyIDRandBytes]byte
 	if _, err := rand.Read(random[:]); err != nil {

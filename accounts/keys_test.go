@@ -227,6 +227,50 @@ func TestKeyCapCountsKeysNotRevoked(t *testing.T) {
 	}
 }
 
+// TestKeysCreatedPerHourCountRevokedOnes: a loop of create and revoke
+// stayed under the count cap and grew the key store without end, since
+// revoked keys stay stored. A path that asks for it (the console) may make
+// at most MaxCreatedPerHour keys an hour, revoked ones included, on every
+// gateway; a path that does not (the admin API) is neither limited nor
+// counted.
+func TestKeysCreatedPerHourCountRevokedOnes(t *testing.T) {
+	s, b, dataDir := gateway(t)
+	ctx := testContext(t)
+	for _, id := range []string{"acme", "other"} {
+		if _, err := s.CreateAccount(ctx, id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limited := KeyRequest{MaxKeys: 1, MaxCreatedPerHour: 3}
+	for i := range 3 {
+		info, _, err := s.CreateKey(ctx, "acme", limited)
+		if err != nil {
+			t.Fatalf("key %d: %v", i+1, err)
+		}
+		if _, err := s.RevokeKey(ctx, info.KeyID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, err := s.CreateKey(ctx, "acme", limited)
+	var rate *KeyRateError
+	if !errors.As(err, &rate) || !errors.Is(err, ErrKeysCreatedTooFast) || rate.Made != 3 || rate.Limit != 3 ||
+		rate.Wait <= 0 || rate.Wait > time.Hour || !strings.Contains(err.Error(), "auth.max_keys_created_per_hour") {
+		t.Fatalf("a fourth key in the hour, the three before revoked: %v; want a KeyRateError naming the setting, with a wait within the hour", err)
+	}
+	if _, _, err := s.CreateKey(ctx, "other", limited); err != nil {
+		t.Errorf("another account's first key: %v", err)
+	}
+	for range 2 {
+		if _, _, err := s.CreateKey(ctx, "acme", KeyRequest{}); err != nil {
+			t.Fatalf("a key without the limit (the admin API's): %v", err)
+		}
+	}
+	other := secondGateway(t, b, dataDir)
+	if _, _, err := other.CreateKey(ctx, "acme", KeyRequest{MaxCreatedPerHour: 3}); !errors.As(err, &rate) || rate.Made != 3 {
+		t.Errorf("through a second gateway: %v, want the same refusal (the admin API's keys not counted)", err)
+	}
+}
+
 // signingKey reads the gateway's private key, to mint tokens the service
 // did not issue through CreateKey.
 func signingKey(t *testing.T, dataDir string) ed25519.PrivateKey {

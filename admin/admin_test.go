@@ -246,6 +246,22 @@ func TestKeyCapIsAConflictNamingTheSetting(t *testing.T) {
 	}
 }
 
+// TestAdminKeysAreNotLimitedPerHour: auth.max_keys_created_per_hour holds
+// for the console, where the account holder makes keys; the admin API
+// (and the CLI through it) is the operator's, trusted to provision many
+// keys at once, and its keys do not count against the holder's hour.
+func TestAdminKeysAreNotLimitedPerHour(t *testing.T) {
+	g := startGatewayWith(t, "auth:\n  max_keys_created_per_hour: 1\n")
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for i := range 3 {
+		if status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"k"}`); status != 201 {
+			t.Fatalf("key %d under a limit of 1 an hour: %d %s; the admin API is not limited", i+1, status, body)
+		}
+	}
+}
+
 func TestRoutesAuthAndMethods(t *testing.T) {
 	g := startGateway(t)
 	req, _ := http.NewRequest("GET", g.url+"/admin/v1/upstreams", nil)

@@ -24,6 +24,7 @@ func TestBatchRestartOnly(t *testing.T) {
 	reloadable.Batch.CheckpointLines = 9
 	reloadable.Batch.MaxPendingJobs = 3
 	reloadable.Auth.MaxKeysPerAccount = 5
+	reloadable.Auth.MaxKeysCreatedPerHour = 7
 	if diff := reloadable.RestartOnlyDiff(old); diff != nil {
 		t.Errorf("reloadable batch changes reported as restart-only: %v", diff)
 	}

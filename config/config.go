@@ -87,6 +87,10 @@ type Auth struct {
 	// included) one account may hold; creating one more is a 409.
 	// NoLimit (-1) is no cap.
 	MaxKeysPerAccount int `yaml:"max_keys_per_account"`
+	// MaxKeysCreatedPerHour is the most keys one account may make in the
+	// web console in an hour, revoked ones included; one more is a 429.
+	// The admin API and the CLI are not limited. NoLimit (-1) is none.
+	MaxKeysCreatedPerHour int `yaml:"max_keys_created_per_hour"`
 }
 
 // Billing holds the money rules.

@@ -112,6 +112,7 @@ func (l *loader) applyDefaults(c *Config) {
 	setDefault(&c.Auth.Algorithm, DefaultAlgorithm)
 	setDefault(&c.Auth.Issuer, DefaultIssuer)
 	setDefault(&c.Auth.MaxKeysPerAccount, DefaultMaxKeysPerAccount)
+	setDefault(&c.Auth.MaxKeysCreatedPerHour, DefaultMaxKeysCreatedPerHour)
 	setDefault(&c.Billing.GraceUSD, DefaultGraceUSD)
 	setDefault(&c.Billing.OutboxMaxBytes, DefaultOutboxMaxBytes)
 	setDefault(&c.Billing.Durability, DefaultDurability)
@@ -185,19 +186,31 @@ func (l *loader) isSet(path string) bool {
 	return !(n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null")
 }
 
+// DefaultMaxKeysCreatedPerHour is far above what a person makes by hand,
+// and lets a loop of create and revoke, whose revoked keys stay stored,
+// add at most 2,400 keys a day.
+const DefaultMaxKeysCreatedPerHour = 100
+
 // MaxCountCap bounds the per-account count caps (auth.max_keys_per_account,
-// batch.max_pending_jobs): past it, write -1 for no cap.
+// batch.max_pending_jobs) and creations per hour
+// (auth.max_keys_created_per_hour): past it, write -1 for none.
 const MaxCountCap = 1_000_000
 
 // checkCountCap checks a per-account count cap: 1..MaxCountCap, or -1
 // for none. A written 0 is refused, not read as "none allowed" nor
 // replaced by the default.
-func (l *loader) checkCountCap(path string, v int) {
+func (l *loader) checkCountCap(path string, v int) { l.checkCount(path, v, "cap") }
+
+// checkPerHour checks a per-account limit of creations per hour, as a
+// count cap.
+func (l *loader) checkPerHour(path string, v int) { l.checkCount(path, v, "limit") }
+
+func (l *loader) checkCount(path string, v int, none string) {
 	if l.writtenZero(path) {
-		l.check(false, path, "must be 1..%d, or -1 for no cap; got 0", MaxCountCap)
+		l.check(false, path, "must be 1..%d, or -1 for no %s; got 0", MaxCountCap, none)
 		return
 	}
-	l.check(v == NoLimit || v >= 1 && v <= MaxCountCap, path, "%d is outside 1..%d (-1 for no cap)", v, MaxCountCap)
+	l.check(v == NoLimit || v >= 1 && v <= MaxCountCap, path, "%d is outside 1..%d (-1 for no %s)", v, MaxCountCap, none)
 }
 
 // check reports msg at path unless path (or a parent) already failed to
@@ -222,6 +235,7 @@ func (l *loader) validate(c *Config) {
 	l.check(c.Auth.Algorithm == "EdDSA", "auth.algorithm",
 		"%q is not supported: EdDSA (Ed25519) is the only supported algorithm", c.Auth.Algorithm)
 	l.checkCountCap("auth.max_keys_per_account", c.Auth.MaxKeysPerAccount)
+	l.checkPerHour("auth.max_keys_created_per_hour", c.Auth.MaxKeysCreatedPerHour)
 	l.validateBilling(c.Billing)
 	upstreams, upstreamNames := l.validateUpstreams(c.Upstreams)
 	models := l.validateModels(c.Models, len(c.Upstreams), upstreams, upstreamNames, c.Server.MaxRequestBody)

@@ -742,6 +742,7 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	req.MaxKeys = call.World.Config.Auth.MaxKeysPerAccount
+	req.MaxCreatedPerHour = call.World.Config.Auth.MaxKeysCreatedPerHour
 	info, token, err := c.accounts.CreateKey(sctx, sess.Account, req)
 	if err != nil {
 		// No key made: the same form sent again is no reload.
@@ -755,6 +756,13 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	if errors.Is(err, accounts.ErrTooManyKeys) {
 		c.renderKeys(ctx, call, sess, 409, in, plain(fmt.Sprintf("Your account has as many keys as this gateway allows (%d, auth.max_keys_per_account). Delete a key you no longer use, expired ones included, to make a new one.", req.MaxKeys)))
+		return
+	}
+	var tooFast *accounts.KeyRateError
+	if errors.As(err, &tooFast) {
+		proxy.SetRetryAfter(&ctx.Response.Header, tooFast.Wait)
+		c.renderKeys(ctx, call, sess, 429, in, plain(fmt.Sprintf("Your account has made %d keys in the last hour, as many as this gateway allows (auth.max_keys_created_per_hour, deleted keys included). You can make the next one in %s.",
+			tooFast.Made, roundUpWait(tooFast.Wait))))
 		return
 	}
 	if err != nil {
@@ -786,6 +794,19 @@ func (c *Console) formSentBefore(ctx context.Context, rctx *fasthttp.RequestCtx,
 		view = resentPage{KeyID: info.KeyID, Name: info.Name, Active: info.RevokedAt == nil}
 	}
 	c.render(rctx, 409, "resent", c.pageData(sess, "Key already created", "keys", view))
+}
+
+// roundUpWait writes a wait for a person, rounded up: in seconds up to
+// a minute, in minutes past it.
+func roundUpWait(d time.Duration) string {
+	unit, name := time.Second, "second"
+	if d > time.Minute {
+		unit, name = time.Minute, "minute"
+	}
+	if n := int64((d + unit - 1) / unit); n > 1 {
+		return fmt.Sprintf("%d %ss", n, name)
+	}
+	return "a " + name
 }
 
 // keyFormFields are the fields of the key form (templates/keys.html).

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -513,6 +514,44 @@ func TestKeyFormStopsAtTheKeyCap(t *testing.T) {
 	// reload of a made key's page, and makes one.
 	if resp := b.post("/console/keys", refused); resp.StatusCode != 200 {
 		t.Fatalf("a key after deleting one: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+}
+
+// TestKeyFormStopsAtTheKeysPerHour: past the count cap's reach, a loop
+// of create and delete in the console grew the key store without end
+// (deleted keys stay stored). Past auth.max_keys_created_per_hour the form
+// comes back with a 429 saying so and when, the input kept, Retry-After and
+// retry-after-ms set, and nothing created.
+func TestKeyFormStopsAtTheKeysPerHour(t *testing.T) {
+	g := startGatewayWithSections(t, "clickhouse://127.0.0.1:1/default", "", "auth:\n  max_keys_created_per_hour: 2\n")
+	b := g.browser()
+	b.signIn("acme")
+	csrf := b.csrf()
+	newKey := url.Values{"csrf": {csrf}, "name": {"ci"}, "scopes": {"classify"}}
+	for i := range 2 {
+		resp := b.post("/console/keys", newKey)
+		if page := string(readAll(t, resp)); resp.StatusCode != 200 {
+			t.Fatalf("key %d: %d %s", i+1, resp.StatusCode, page)
+		}
+		keys, err := g.svc.ListKeys(t.Context(), "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, b.post("/console/keys/revoke", url.Values{"csrf": {csrf}, "key_id": {keys[len(keys)-1].KeyID}}))
+	}
+	resp := b.post("/console/keys", newKey)
+	page := string(readAll(t, resp))
+	if resp.StatusCode != 429 || !strings.Contains(page, "auth.max_keys_created_per_hour") || !strings.Contains(page, "minutes") || !strings.Contains(page, `value="ci"`) {
+		t.Fatalf("a third key in the hour: %d %s", resp.StatusCode, page)
+	}
+	retryAfter, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	retryMS, _ := strconv.Atoi(resp.Header.Get("retry-after-ms"))
+	if retryAfter < 3500 || retryAfter > 3600 || retryMS < 3_500_000 || retryMS > 3_600_000 {
+		t.Errorf("Retry-After %q, retry-after-ms %q: want the hour less the moments since the first key",
+			resp.Header.Get("Retry-After"), resp.Header.Get("retry-after-ms"))
+	}
+	if keys, err := g.svc.ListKeys(t.Context(), "acme"); err != nil || len(keys) != 2 {
+		t.Fatalf("keys after the refusal: %d, %v; want the 2 made before", len(keys), err)
 	}
 }
 

@@ -75,7 +75,7 @@ func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
 	if err.RetryAfter > 0 {
-		setRetryAfter(&ctx.Response.Header, err.RetryAfter)
+		SetRetryAfter(&ctx.Response.Header, err.RetryAfter)
 	}
 	if err.NoRetry {
 		ctx.Response.Header.Set("x-should-retry", "false")
@@ -88,13 +88,14 @@ func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	}
 }
 
-// setRetryAfter tells the client to wait d: Retry-After in whole seconds,
-// rounded up (at least 1), and retry-after-ms exactly, which the OpenAI
+// SetRetryAfter tells the client to wait d (WriteError's errors, and the
+// console's pages): Retry-After in whole seconds, rounded up (at least
+// 1), and retry-after-ms exactly, which the OpenAI
 // SDKs and the Vercel AI SDK read first. A wait of 59.4 s was only
 // "Retry-After: 60", which the AI SDK does not honour (under 60 s only):
 // it retried after 2 s into a certain 429, and with one retry left the
 // call failed.
-func setRetryAfter(h *fasthttp.ResponseHeader, d time.Duration) {
+func SetRetryAfter(h *fasthttp.ResponseHeader, d time.Duration) {
 	h.Set("Retry-After", strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10))
 	h.Set("retry-after-ms", strconv.FormatInt(max(int64((d+time.Millisecond-1)/time.Millisecond), 1), 10))
 }
@@ -143,6 +144,20 @@ func Conflict(msg string) *APIError {
 // 409, are told not to.
 func LimitReached(code, msg string) *APIError {
 	return &APIError{Status: 409, Type: "conflict_error", Code: code, Message: msg, NoRetry: true}
+}
+
+// sdkRetryWaitMax is the longest Retry-After the OpenAI SDKs wait for;
+// past it they retry after their own short backoff instead.
+const sdkRetryWaitMax = time.Minute
+
+// CreatedTooFast is 429 for an account at one of its limits on what it
+// may make in an hour (keys, batch jobs): the request is fine, and the
+// same request succeeds after wait. A wait the OpenAI SDKs would not
+// honour (over a minute) is sent with x-should-retry: false, as their
+// retries a second or two later would be refused the same.
+func CreatedTooFast(msg string, wait time.Duration) *APIError {
+	return &APIError{Status: 429, Type: "rate_limit_error", Code: "rate_limit_exceeded", Message: msg,
+		RetryAfter: wait, NoRetry: wait > sdkRetryWaitMax}
 }
 
 // MethodNotAllowed answers 405 with the Allow header set to allow, for

@@ -597,7 +597,7 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 			subject, limit, formatReset(wait), remedy)
 	}
 	if wait >= 0 {
-		setRetryAfter(&ctx.Response.Header, time.Duration(wait))
+		SetRetryAfter(&ctx.Response.Header, time.Duration(wait))
 	} else {
 		// The OpenAI SDKs retry every 429 unless told not to: this one
 		// would be refused the same each time.
@@ -608,7 +608,7 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 
 func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx, p *limitPart) *APIError {
 	subject, remedy := a.who(p)
-	setRetryAfter(&ctx.Response.Header, time.Second)
+	SetRetryAfter(&ctx.Response.Header, time.Second)
 	return errRateLimited(fmt.Sprintf("too many requests at once: %s may have %d in flight; wait for one to finish%s",
 		subject, p.limits.Concurrent, remedy))
 }
