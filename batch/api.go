@@ -61,6 +61,16 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if err := s.checkPendingCap(ctx, p.Account, cfg.Batch.MaxPendingJobs); err != nil {
 		return Created{}, err
 	}
+	// A job deleted is gone from the pending count: the cap alone let a
+	// loop of create and delete write job records without end.
+	if made, wait, err := s.created.Take(ctx, p.Account, cfg.Batch.MaxJobsCreatedPerHour); err != nil {
+		return Created{}, err
+	} else if wait > 0 {
+		e := apiError(ErrCreatedTooFast, "this account created %d batch jobs in the last hour, and batch.max_jobs_created_per_hour is %d (deleted jobs count): create the next in %s",
+			made, cfg.Batch.MaxJobsCreatedPerHour, wait.Round(time.Second))
+		e.RetryAfter = wait
+		return Created{}, e
+	}
 	url, fields, err := s.store.PresignPost(ctx, j.InputKey, int64(cfg.Storage.MaxUploadBytes), ttl)
 	if err != nil {
 		return Created{}, fmt.Errorf("presigning the upload of job %s: %w", j.ID, err)

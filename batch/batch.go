@@ -43,6 +43,11 @@ const (
 	workSubjectPrefix = "batch.work."
 	// workerConsumer is the durable consumer every worker pulls from.
 	workerConsumer = "batch-workers"
+	// CreatedStream holds a marker of every job created in the last hour,
+	// what batch.max_jobs_created_per_hour counts (broker.CreationLog).
+	CreatedStream = "BATCH_CREATED"
+	// createdSubjectPrefix + an account id is its markers' subject.
+	createdSubjectPrefix = "batch.created."
 )
 
 // Errors of the API calls. Each is wrapped in an *Error whose message is
@@ -57,6 +62,10 @@ var (
 	// ErrNoInput: start found no input file; upload it to the job's
 	// upload_url with its upload_fields (spec 4.4), then start again.
 	ErrNoInput = errors.New("batch input not uploaded")
+	// ErrCreatedTooFast: the account created batch.max_jobs_created_per_hour
+	// jobs in the last hour; the *Error's RetryAfter says when it can
+	// create the next.
+	ErrCreatedTooFast = errors.New("too many batch jobs created in the last hour")
 	// ErrEngineUnavailable, wrapped by an Engine's error, means the engine
 	// cannot answer any line now (its upstream is down or overloaded). The
 	// job's lines pause together and one retries with backoff (outage),
@@ -87,6 +96,8 @@ type Error struct {
 	// it or another), and is answered so that the OpenAI SDKs do not
 	// retry it.
 	Passing bool
+	// RetryAfter is how long an ErrCreatedTooFast asks the client to wait.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -207,7 +218,8 @@ type Service struct {
 	jobs     jetstream.KeyValue
 	active   jetstream.KeyValue
 	work     jetstream.Stream
-	pending  jetstream.Stream // markers of the pending jobs (pending.go)
+	pending  jetstream.Stream    // markers of the pending jobs (pending.go)
+	created  *broker.CreationLog // jobs made in the last hour, per account
 	store    storage.Store
 	runtime  Runtime
 	recorder meter.Recorder
@@ -266,6 +278,12 @@ func Open(ctx context.Context, js jetstream.JetStream, store storage.Store, opts
 		Subjects: []string{pendingSubjectPrefix + ">"}, MaxMsgsPerSubject: 1,
 		Storage: jetstream.FileStorage, Replicas: replicas,
 	})
+	if err != nil {
+		return nil, err
+	}
+	s.created, err = broker.EnsureCreationLog(ctx, js, CreatedStream,
+		"tollgate batch: a marker per job created in the last hour, subject batch.created.<account>",
+		createdSubjectPrefix, replicas, 0)
 	if err != nil {
 		return nil, err
 	}

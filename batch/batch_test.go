@@ -969,6 +969,34 @@ func TestPendingJobsAreCapped(t *testing.T) {
 	}
 }
 
+// TestJobsCreatedPerHourCountDeletedOnes: a deleted job frees its place
+// under batch.max_pending_jobs, so a loop of create and delete wrote job
+// records without end. An account creates at most
+// batch.max_jobs_created_per_hour jobs an hour, deleted ones included,
+// counted on every gateway; the refusal says when the next can be made.
+func TestJobsCreatedPerHourCountDeletedOnes(t *testing.T) {
+	e := newEnv(t, envOptions{batch: "  checkpoint_lines: 300\n  concurrency: 4\n  max_pending_jobs: 1\n  max_jobs_created_per_hour: 3"})
+	svc := e.service(0, batch.Tuning{})
+	for range 3 {
+		if err := svc.Delete(e.ctx, "acme", e.create(svc, "acme", nil, "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := batch.CreateParams{Account: "acme", KeyID: "key-acme", Request: batch.Request{Labels: []string{"a", "b"}, Mode: "single"}}
+	_, err := svc.Create(e.ctx, req)
+	var be *batch.Error
+	if !errors.As(err, &be) || !errors.Is(err, batch.ErrCreatedTooFast) || !strings.Contains(be.Msg, "batch.max_jobs_created_per_hour is 3") ||
+		be.RetryAfter <= 0 || be.RetryAfter > time.Hour {
+		t.Fatalf("a fourth job in the hour, the three before deleted: %v; want ErrCreatedTooFast naming the setting, with a wait within the hour", err)
+	}
+	if _, err := svc.Create(e.ctx, batch.CreateParams{Account: "acme.corp", KeyID: "k", Request: req.Request}); err != nil {
+		t.Fatalf("another account (whose id starts the same): %v", err)
+	}
+	if _, err := e.service(0, batch.Tuning{}).Create(e.ctx, req); !errors.Is(err, batch.ErrCreatedTooFast) {
+		t.Fatalf("through another gateway: %v, want ErrCreatedTooFast", err)
+	}
+}
+
 // TestAbandonedPendingJobIsDeleted: a job whose input never came can never
 // start once its upload form expired, and it lived forever. The reaper
 // deletes it AbandonedAfter the form expired; a pending job with its

@@ -20,6 +20,10 @@ type Batch struct {
 	// MaxPendingJobs is the most jobs one account may hold created and
 	// not started yet; creating one more is a 409. NoLimit (-1) is no cap.
 	MaxPendingJobs int `yaml:"max_pending_jobs"`
+	// MaxJobsCreatedPerHour is the most jobs one account may create in
+	// an hour, deleted ones included; one more is a 429. NoLimit (-1) is
+	// none.
+	MaxJobsCreatedPerHour int `yaml:"max_jobs_created_per_hour"`
 }
 
 // Batch defaults; gateway.yaml documents each.
@@ -33,6 +37,10 @@ const (
 	// job per file ahead of uploading, while keeping an account's records
 	// (up to 256KiB of labels each) and the store's inputs bounded.
 	DefaultBatchMaxPendingJobs = 100
+	// DefaultBatchMaxJobsCreatedPerHour is a job every 3.6 s for an hour,
+	// far above a client that makes a job per file, and bounds a loop of
+	// create and delete to 24,000 job records a day.
+	DefaultBatchMaxJobsCreatedPerHour = 1000
 )
 
 func applyBatchDefaults(b *Batch) {
@@ -41,6 +49,7 @@ func applyBatchDefaults(b *Batch) {
 	setDefault(&b.CheckpointLines, DefaultBatchCheckpointLines)
 	setDefault(&b.MaxJobs, DefaultBatchMaxJobs)
 	setDefault(&b.MaxPendingJobs, DefaultBatchMaxPendingJobs)
+	setDefault(&b.MaxJobsCreatedPerHour, DefaultBatchMaxJobsCreatedPerHour)
 }
 
 func (l *loader) validateBatch(b Batch) {
@@ -51,4 +60,5 @@ func (l *loader) validateBatch(b Batch) {
 	l.check(b.CheckpointLines >= 1 && b.CheckpointLines <= 10_000_000, "batch.checkpoint_lines", "%d is outside 1..10000000", b.CheckpointLines)
 	l.check(b.MaxJobs >= 1 && b.MaxJobs <= 256, "batch.max_jobs", "%d is outside 1..256", b.MaxJobs)
 	l.checkCountCap("batch.max_pending_jobs", b.MaxPendingJobs)
+	l.checkPerHour("batch.max_jobs_created_per_hour", b.MaxJobsCreatedPerHour)
 }

@@ -23,6 +23,7 @@ func TestBatchRestartOnly(t *testing.T) {
 	reloadable.Batch.Concurrency = 7
 	reloadable.Batch.CheckpointLines = 9
 	reloadable.Batch.MaxPendingJobs = 3
+	reloadable.Batch.MaxJobsCreatedPerHour = 4
 	reloadable.Auth.MaxKeysPerAccount = 5
 	reloadable.Auth.MaxKeysCreatedPerHour = 7
 	if diff := reloadable.RestartOnlyDiff(old); diff != nil {

@@ -250,6 +250,9 @@ func writeBatchError(ctx *fasthttp.RequestCtx, call *proxy.Call, err error) {
 		case errors.Is(err, batch.ErrTooManyPending):
 			proxy.WriteError(ctx, proxy.LimitReached("too_many_batch_jobs", be.Msg))
 			return
+		case errors.Is(err, batch.ErrCreatedTooFast):
+			proxy.WriteError(ctx, proxy.CreatedTooFast(be.Msg, be.RetryAfter))
+			return
 		case errors.Is(err, batch.ErrNoInput), errors.Is(err, batch.ErrInvalid):
 			proxy.WriteError(ctx, proxy.BadRequest("", be.Msg))
 			return

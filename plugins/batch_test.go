@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -467,6 +468,27 @@ func TestBatchPendingCapIs409(t *testing.T) {
 	e := r.apiError(t, 409, "too_many_batch_jobs")
 	if msg := e["message"].(string); !strings.Contains(msg, "batch.max_pending_jobs is 1") {
 		t.Errorf("message %q does not name the setting", msg)
+	}
+}
+
+// TestBatchCreatesPerHourIs429: past batch.max_jobs_created_per_hour a
+// create is a 429 in the OpenAI envelope naming the setting, with the wait
+// in Retry-After and retry-after-ms; a wait the SDKs would not honour (over
+// a minute) is sent with x-should-retry: false, as their quick retries
+// would be refused the same.
+func TestBatchCreatesPerHourIs429(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{extra: "batch:\n  max_jobs_created_per_hour: 1\n"})
+	h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
+	r := h.call("POST", "/v1/batch", h.key, `{"labels": ["billing", "bug"]}`)
+	e := r.apiError(t, 429, "rate_limit_exceeded")
+	if msg := e["message"].(string); !strings.Contains(msg, "batch.max_jobs_created_per_hour is 1") {
+		t.Errorf("message %q does not name the setting", msg)
+	}
+	retryAfter, _ := strconv.Atoi(r.header.Get("Retry-After"))
+	retryMS, _ := strconv.Atoi(r.header.Get("retry-after-ms"))
+	if retryAfter < 3500 || retryAfter > 3600 || retryMS < 3_500_000 || retryMS > 3_600_000 || r.header.Get("x-should-retry") != "false" {
+		t.Errorf("Retry-After %q, retry-after-ms %q, x-should-retry %q: want the hour less the moments since the first job, and false",
+			r.header.Get("Retry-After"), r.header.Get("retry-after-ms"), r.header.Get("x-should-retry"))
 	}
 }
 
