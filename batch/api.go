@@ -220,9 +220,22 @@ func (s *Service) Delete(ctx context.Context, account, id string) error {
 		if err != nil {
 			return fmt.Errorf("deleting job %s: %w", id, err)
 		}
+		s.dropTombstone(ctx, jobKey(account, id))
 		s.unmarkPending(ctx, account, id)
 		s.release(ctx, account, id)
 		return nil
+	}
+}
+
+// dropTombstone removes the delete marker a KV delete leaves of the job
+// under key. Nothing watches the job records, so nothing needs it, and
+// every listing of the account walked over it: 10,000 of them took an
+// account's GET /v1/batch of 100 jobs from 3 ms to 35 ms. The delete
+// before it compared the revision; after it, only a KV create could
+// write the key again, and job ids are never made twice.
+func (s *Service) dropTombstone(ctx context.Context, key string) {
+	if err := s.jobsLog.Purge(ctx, jetstream.WithPurgeSubject(jobSubjectPrefix+key)); err != nil {
+		s.logf("batch: job %s is deleted, but its tombstone stays until the reaper's: %v", key, err)
 	}
 }
 

@@ -34,6 +34,10 @@ import (
 const (
 	// JobsBucket holds job records, key <account>.<job_id>.
 	JobsBucket = "TOLLGATE_BATCH_JOBS"
+	// jobsStream is JobsBucket's stream, and jobSubjectPrefix + a job's
+	// key the subject of its record there.
+	jobsStream       = "KV_" + JobsBucket
+	jobSubjectPrefix = "$KV." + JobsBucket + "."
 	// ActiveBucket holds, per account, the job that is processing: the one
 	// active job rule (spec section 8).
 	ActiveBucket = "TOLLGATE_BATCH_ACTIVE"
@@ -216,6 +220,7 @@ const (
 type Service struct {
 	js       jetstream.JetStream
 	jobs     jetstream.KeyValue
+	jobsLog  jetstream.Stream // the stream behind jobs, for what KV cannot do
 	active   jetstream.KeyValue
 	work     jetstream.Stream
 	pending  jetstream.Stream    // markers of the pending jobs (pending.go)
@@ -257,6 +262,9 @@ func Open(ctx context.Context, js jetstream.JetStream, store storage.Store, opts
 	})
 	if err != nil {
 		return nil, err
+	}
+	if s.jobsLog, err = js.Stream(ctx, jobsStream); err != nil {
+		return nil, fmt.Errorf("opening the stream of %s: %w", JobsBucket, err)
 	}
 	s.active, err = broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
 		Bucket: ActiveBucket, Description: "tollgate batch: the processing job of each account",

@@ -934,6 +934,35 @@ func TestListIsNewestFirstCappedAndPerAccount(t *testing.T) {
 	}
 }
 
+// TestDeletedJobLeavesNoTombstone: a KV delete leaves a marker of the
+// job, which every listing of the account walked over (10,000 of them
+// took a list of 100 jobs from 3 ms to 35 ms), and nothing ever removed.
+// A deleted job leaves nothing in the job records.
+func TestDeletedJobLeavesNoTombstone(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	kept := e.create(svc, "acme", nil, "")
+	for range 5 {
+		if err := svc.Delete(e.ctx, "acme", e.create(svc, "acme", nil, "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := e.broker.JetStream().Stream(e.ctx, "KV_"+batch.JobsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(e.ctx, jetstream.WithSubjectFilter("$KV."+batch.JobsBucket+".acme.*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "$KV." + batch.JobsBucket + ".acme." + kept; len(info.State.Subjects) != 1 || info.State.Subjects[want] != 1 {
+		t.Errorf("the job records of acme hold %v; want the kept job's record alone", info.State.Subjects)
+	}
+	if jobs, err := svc.List(e.ctx, "acme"); err != nil || len(jobs) != 1 || jobs[0].ID != kept {
+		t.Errorf("list: %v, %v; want the kept job", jobs, err)
+	}
+}
+
 // TestPendingJobsAreCapped: 200 creates of 243 KB each took the job
 // records from 596K to 48M, and 16 clients made 24,468 jobs in 9 s. An
 // account holds at most batch.max_pending_jobs jobs created and not
