@@ -97,24 +97,34 @@ func (s *Service) Get(ctx context.Context, account, id string) (*Job, error) {
 // load returns the job and its revision; ErrNotFound for an id account
 // has no job under.
 func (s *Service) load(ctx context.Context, account, id string) (*Job, uint64, error) {
-	if !validJobID(id) {
-		return nil, 0, apiError(ErrNotFound, "no batch job has the id %q: job ids are UUIDs as POST /v1/batch returns them", id)
-	}
-	entry, err := s.jobs.Get(ctx, jobKey(account, id))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, 0, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("reading job %s: %w", id, err)
-	}
-	j, err := decodeJob(entry.Value())
+	j, entry, err := s.loadEntry(ctx, account, id)
 	if err != nil {
 		return nil, 0, err
 	}
-	if j.Account != account { // the key says otherwise; never show it
-		return nil, 0, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
-	}
 	return j, entry.Revision(), nil
+}
+
+// loadEntry is load with the record's entry, which says when it was
+// written.
+func (s *Service) loadEntry(ctx context.Context, account, id string) (*Job, jetstream.KeyValueEntry, error) {
+	if !validJobID(id) {
+		return nil, nil, apiError(ErrNotFound, "no batch job has the id %q: job ids are UUIDs as POST /v1/batch returns them", id)
+	}
+	entry, err := s.jobs.Get(ctx, jobKey(account, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading job %s: %w", id, err)
+	}
+	j, err := decodeJob(entry.Value())
+	if err != nil {
+		return nil, nil, err
+	}
+	if j.Account != account { // the key says otherwise; never show it
+		return nil, nil, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
+	}
+	return j, entry, nil
 }
 
 // List returns account's 20 newest jobs, newest first.
@@ -154,28 +164,40 @@ func (s *Service) List(ctx context.Context, account string) ([]*Job, error) {
 }
 
 // Results returns a download URL of a completed job's results and when it
-// expires.
+// expires. A link that would outlive the job's retention keeps the job
+// (keepForLink): the reaper never deletes files a link given out still
+// names.
 func (s *Service) Results(ctx context.Context, account, id string) (string, time.Time, error) {
-	j, _, err := s.load(ctx, account, id)
-	if err != nil {
-		return "", time.Time{}, err
+	for try := 0; ; try++ {
+		j, entry, err := s.loadEntry(ctx, account, id)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if j.Deleting {
+			return "", time.Time{}, errDeleting(id)
+		}
+		switch j.Status {
+		case StatusCompleted:
+		case StatusFailed:
+			return "", time.Time{}, apiError(ErrConflict, "job %s failed (%s): it has no results; start it again", id, j.Error)
+		default:
+			return "", time.Time{}, apiError(ErrConflict, "job %s is %s: results can be downloaded once it is completed", id, j.Status)
+		}
+		ttl := s.runtime.Config().Storage.DownloadTTL
+		expires := time.Now().Add(ttl)
+		err = s.keepForLink(ctx, entry, expires)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && try < 3 {
+			continue // changed meanwhile (being deleted?): look again
+		}
+		if err != nil {
+			return "", time.Time{}, fmt.Errorf("keeping job %s for its results link: %w", id, err)
+		}
+		url, err := s.store.PresignGet(ctx, j.OutputKey, ttl)
+		if err != nil {
+			return "", time.Time{}, fmt.Errorf("presigning the results of job %s: %w", id, err)
+		}
+		return url, expires, nil
 	}
-	if j.Deleting {
-		return "", time.Time{}, errDeleting(id)
-	}
-	switch j.Status {
-	case StatusCompleted:
-	case StatusFailed:
-		return "", time.Time{}, apiError(ErrConflict, "job %s failed (%s): it has no results; start it again", id, j.Error)
-	default:
-		return "", time.Time{}, apiError(ErrConflict, "job %s is %s: results can be downloaded once it is completed", id, j.Status)
-	}
-	ttl := s.runtime.Config().Storage.DownloadTTL
-	url, err := s.store.PresignGet(ctx, j.OutputKey, ttl)
-	if err != nil {
-		return "", time.Time{}, fmt.Errorf("presigning the results of job %s: %w", id, err)
-	}
-	return url, time.Now().Add(ttl), nil
 }
 
 // Delete removes a job that is not processing, with its files. The
@@ -185,10 +207,24 @@ func (s *Service) Results(ctx context.Context, account, id string) (string, time
 // the job cannot start meanwhile. Deleting the record first left files in
 // the bucket that nothing would ever delete.
 func (s *Service) Delete(ctx context.Context, account, id string) error {
+	return s.deleteJob(ctx, account, id, 0)
+}
+
+// errChangedSince: the record was written after the revision a deletion
+// was decided on (deleteJob's onlyRev).
+var errChangedSince = errors.New("the job changed since")
+
+// deleteJob is Delete; with onlyRev not 0, of the job as it was at that
+// revision only: a record written since (a results link asked for, a
+// start) is left as it is, with errChangedSince.
+func (s *Service) deleteJob(ctx context.Context, account, id string, onlyRev uint64) error {
 	for try := 0; ; try++ {
 		j, rev, err := s.load(ctx, account, id)
 		if err != nil {
 			return err
+		}
+		if onlyRev != 0 && rev != onlyRev {
+			return errChangedSince
 		}
 		if j.Status == StatusProcessing {
 			return apiError(ErrConflict, "job %s is processing and cannot be deleted: wait until it is completed or failed", id)
@@ -206,6 +242,9 @@ func (s *Service) Delete(ctx context.Context, account, id string) error {
 			}
 			if err != nil {
 				return fmt.Errorf("marking job %s deleted: %w", id, err)
+			}
+			if onlyRev != 0 {
+				onlyRev = rev // this deletion's own write
 			}
 		}
 		for _, key := range j.objects() {
@@ -232,7 +271,8 @@ func (s *Service) Delete(ctx context.Context, account, id string) error {
 // every listing of the account walked over it: 10,000 of them took an
 // account's GET /v1/batch of 100 jobs from 3 ms to 35 ms. The delete
 // before it compared the revision; after it, only a KV create could
-// write the key again, and job ids are never made twice.
+// write the key again, and job ids are never made twice. A marker left
+// by a purge that failed is the retention reaper's (reapFinished).
 func (s *Service) dropTombstone(ctx context.Context, key string) {
 	if err := s.jobsLog.Purge(ctx, jetstream.WithPurgeSubject(jobSubjectPrefix+key)); err != nil {
 		s.logf("batch: job %s is deleted, but its tombstone stays until the reaper's: %v", key, err)

@@ -203,6 +203,9 @@ type tuning struct {
 	retries        int
 	maxAttempts    int // workers taking up one run before it fails
 	hook           func(point string) bool
+	// jobRetention, when set, stands for batch.job_retention, which
+	// cannot be under an hour.
+	jobRetention time.Duration
 }
 
 const (
@@ -232,6 +235,7 @@ type Service struct {
 	name     string
 	ackWait  time.Duration
 	t        tuning
+	swept    sweep // the retention reaper's state (retention.go)
 }
 
 // Open declares the buckets and the work stream (idempotent, so every

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -1024,6 +1025,85 @@ func TestJobsCreatedPerHourCountDeletedOnes(t *testing.T) {
 	if _, err := e.service(0, batch.Tuning{}).Create(e.ctx, req); !errors.Is(err, batch.ErrCreatedTooFast) {
 		t.Fatalf("through another gateway: %v, want ErrCreatedTooFast", err)
 	}
+}
+
+// TestFinishedJobsAreDeletedAfterRetention: completed and failed jobs were
+// kept with their files however many and however old, and each slowed its
+// account's GET /v1/batch. The reaper deletes them, files and all,
+// batch.job_retention after they ended, and the tombstones of jobs
+// deleted as long ago; pending jobs stay. A results link asked for near
+// the end of a job's time keeps the job while the link is good.
+func TestFinishedJobsAreDeletedAfterRetention(t *testing.T) {
+	const retention, downloadTTL = 4 * time.Second, 2 * time.Second
+	e := newEnv(t, envOptions{more: "storage:\n  download_ttl: 2s"})
+	svc := e.service(0, batch.Tuning{JobRetention: retention, ReapEvery: time.Hour})
+	e.work(svc)
+	completed := e.create(svc, "acme", inputLines(3, 0), "")
+	e.startAndWait(svc, "acme", completed)
+	failed := e.create(svc, "acme", []byte("not json\n"), "")
+	if j := e.startAndWait(svc, "acme", failed); j.Status != batch.StatusFailed {
+		t.Fatalf("a job of one bad line is %s", j.Status)
+	}
+	linked := e.create(svc, "acme", inputLines(3, 0), "")
+	linkedEnd := *e.startAndWait(svc, "acme", linked).CompletedAt
+	pending := e.create(svc, "acme", inputLines(3, 0), "")
+	// A tombstone, as deleting a job left one until this release.
+	tombstone := e.create(svc, "acme", nil, "")
+	if err := e.kv(batch.JobsBucket).Delete(e.ctx, batch.JobKey("acme", tombstone)); err != nil {
+		t.Fatal(err)
+	}
+	svc.ReapOnce(e.ctx)
+	for _, id := range []string{completed, failed, linked, pending} {
+		if _, err := svc.Get(e.ctx, "acme", id); err != nil {
+			t.Fatalf("job %s, ended moments ago: %v", id, err)
+		}
+	}
+
+	time.Sleep(time.Until(linkedEnd.Add(retention - time.Second/2)))
+	link, expires, err := svc.Results(e.ctx, "acme", linked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(linkedEnd.Add(retention + time.Second/2)))
+	svc.ReapOnce(e.ctx)
+	for _, id := range []string{completed, failed} {
+		if _, err := svc.Get(e.ctx, "acme", id); !errors.Is(err, batch.ErrNotFound) {
+			t.Errorf("job %s, ended over %s ago: %v, want it deleted", id, retention, err)
+		}
+		if files := e.jobFiles("acme", id); len(files) != 0 {
+			t.Errorf("job %s is deleted, but its files %v are not", id, files)
+		}
+	}
+	if j, err := svc.Get(e.ctx, "acme", pending); err != nil || j.Status != batch.StatusPending {
+		t.Errorf("a pending job with its input: %v, %v; want it kept", j, err)
+	}
+	st, err := e.broker.JetStream().Stream(e.ctx, "KV_"+batch.JobsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(e.ctx, jetstream.WithSubjectFilter("$KV."+batch.JobsBucket+".acme."+tombstone))
+	if err != nil || len(info.State.Subjects) != 0 {
+		t.Errorf("a tombstone over %s old: %v, %v; want it gone", retention, info.State.Subjects, err)
+	}
+	if time.Now().After(expires) {
+		t.Fatalf("the machine was too slow: the link expired at %s, before it could be tried", expires)
+	}
+	resp, err := http.Get(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, err := svc.Get(e.ctx, "acme", linked); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a job whose results link, asked for %s after it ended, is good for %s: %v, the link %d; want both kept",
+			retention-time.Second/2, downloadTTL, err, resp.StatusCode)
+	}
+	checkFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		svc.ReapOnce(e.ctx)
+		if _, err := svc.Get(e.ctx, "acme", linked); !errors.Is(err, batch.ErrNotFound) {
+			return fmt.Errorf("job %s, a retention after its results link: %v", linked, err)
+		}
+		return nil
+	})
 }
 
 // TestAbandonedPendingJobIsDeleted: a job whose input never came can never

@@ -326,7 +326,8 @@ func (o *owner) end(ctx context.Context, msg string, resumable bool) error {
 // job with no work message, which no worker would ever take (queued
 // again). Worker deaths themselves need no repair: JetStream redelivers
 // their messages. It also deletes the pending jobs that can never start
-// (see reapPending).
+// (see reapPending), and the finished jobs past batch.job_retention (see
+// reapFinished).
 func (s *Service) reap(ctx context.Context) {
 	tick := time.NewTicker(s.t.reapEvery)
 	defer tick.Stop()
@@ -342,6 +343,7 @@ func (s *Service) reap(ctx context.Context) {
 
 func (s *Service) reapOnce(ctx context.Context) {
 	s.reapPending(ctx)
+	s.reapFinished(ctx)
 	lister, err := s.active.ListKeys(ctx)
 	if err != nil {
 		if !errors.Is(err, jetstream.ErrNoKeysFound) {

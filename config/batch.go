@@ -1,5 +1,7 @@
 package config
 
+import "time"
+
 // Batch configures batch classification jobs (spec 4.3-4.9). Every field
 // but max_jobs reloads: a job run reads them when it starts, and a job
 // keeps the price in force when it was created.
@@ -24,6 +26,11 @@ type Batch struct {
 	// an hour, deleted ones included; one more is a 429. NoLimit (-1) is
 	// none.
 	MaxJobsCreatedPerHour int `yaml:"max_jobs_created_per_hour"`
+	// JobRetention is how long a completed or failed job is kept, with
+	// its files, after its record was last written (its end, or a
+	// results link asked for near the end of its time); then any
+	// gateway's or worker's reaper deletes it.
+	JobRetention time.Duration `yaml:"job_retention"`
 }
 
 // Batch defaults; gateway.yaml documents each.
@@ -41,7 +48,14 @@ const (
 	// far above a client that makes a job per file, and bounds a loop of
 	// create and delete to 24,000 job records a day.
 	DefaultBatchMaxJobsCreatedPerHour = 1000
+	// DefaultBatchJobRetention is what batch APIs keep results for (a
+	// month), and bounds an account's kept jobs, and so its job list's
+	// cost, to what it creates in that time.
+	DefaultBatchJobRetention = 30 * 24 * time.Hour
 )
+
+// maxBatchJobRetention is about ten years: as good as forever.
+const maxBatchJobRetention = 87_600 * time.Hour
 
 func applyBatchDefaults(b *Batch) {
 	setDefault(&b.PricePerToken, DefaultBatchPrice)
@@ -50,9 +64,10 @@ func applyBatchDefaults(b *Batch) {
 	setDefault(&b.MaxJobs, DefaultBatchMaxJobs)
 	setDefault(&b.MaxPendingJobs, DefaultBatchMaxPendingJobs)
 	setDefault(&b.MaxJobsCreatedPerHour, DefaultBatchMaxJobsCreatedPerHour)
+	setDefault(&b.JobRetention, DefaultBatchJobRetention)
 }
 
-func (l *loader) validateBatch(b Batch) {
+func (l *loader) validateBatch(b Batch, st Storage) {
 	_, err := parsePrice(b.PricePerToken)
 	l.check(err == nil, "batch.price_per_token", "%v (write USD per token as a quoted decimal such as \"0.00000008\")", err)
 	l.checkTokenPriceCallCost("batch", "price_per_token", b.PricePerToken)
@@ -61,4 +76,12 @@ func (l *loader) validateBatch(b Batch) {
 	l.check(b.MaxJobs >= 1 && b.MaxJobs <= 256, "batch.max_jobs", "%d is outside 1..256", b.MaxJobs)
 	l.checkCountCap("batch.max_pending_jobs", b.MaxPendingJobs)
 	l.checkPerHour("batch.max_jobs_created_per_hour", b.MaxJobsCreatedPerHour)
+	l.check(!l.writtenZero("batch.job_retention"), "batch.job_retention",
+		"0 is outside 1h..87600h: write how long finished jobs are kept, or leave it out for 720h (30 days)")
+	l.check(b.JobRetention >= time.Hour && b.JobRetention <= maxBatchJobRetention, "batch.job_retention",
+		"%s is outside 1h..87600h", b.JobRetention)
+	// A results link asked for near the end keeps its job for another
+	// retention: that must outlast the link.
+	l.check(b.JobRetention < time.Hour || b.JobRetention >= st.DownloadTTL, "batch.job_retention",
+		"%s is shorter than storage.download_ttl %s: a results link would outlive its job", b.JobRetention, st.DownloadTTL)
 }

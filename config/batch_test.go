@@ -4,6 +4,7 @@ import (
 	"os"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // TestBatchRestartOnly: only max_jobs (the worker pool size) needs a
@@ -24,6 +25,7 @@ func TestBatchRestartOnly(t *testing.T) {
 	reloadable.Batch.CheckpointLines = 9
 	reloadable.Batch.MaxPendingJobs = 3
 	reloadable.Batch.MaxJobsCreatedPerHour = 4
+	reloadable.Batch.JobRetention = 48 * time.Hour
 	reloadable.Auth.MaxKeysPerAccount = 5
 	reloadable.Auth.MaxKeysCreatedPerHour = 7
 	if diff := reloadable.RestartOnlyDiff(old); diff != nil {

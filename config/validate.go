@@ -245,7 +245,7 @@ func (l *loader) validate(c *Config) {
 	l.checkClickHouseDSN(c.ClickHouse.DSN, "clickhouse.dsn")
 	l.validatePlugins(c, models)
 	l.validateStorage(c.Storage)
-	l.validateBatch(c.Batch)
+	l.validateBatch(c.Batch, c.Storage)
 	l.validateListeners(c)
 }
 
