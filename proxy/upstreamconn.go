@@ -665,12 +665,21 @@ func (r *upstreamResponse) readAll(dst []byte, limit int64) ([]byte, error) {
 // taken for the answer to its next request, and every call after it got
 // the answer to the call before, billed on that call's usage.
 // rawconn.Quiet, when the connection is taken again, sees only what is
-// still in the socket.
+// still in the socket. Empty lines alone are no answer: RFC 9112 (2.2)
+// has a recipient ignore them before a start line, and servers that end
+// a sized body with a stray CRLF had every connection closed, counted as
+// an overrun and dialled again, call after call.
 func (r *upstreamResponse) Close() {
 	if r.uc == nil {
 		return
 	}
 	overrun := r.uc.br.Buffered()
+	if overrun > 0 && r.done {
+		if b, _ := r.uc.br.Peek(overrun); onlyLineEnds(b) {
+			_, _ = r.uc.br.Discard(overrun)
+			overrun = 0
+		}
+	}
 	if r.done && r.err == nil && !r.untilClose && !r.Header.ConnectionClose() && overrun == 0 {
 		r.pool.release(r.uc)
 	} else {
@@ -680,6 +689,17 @@ func (r *upstreamResponse) Close() {
 		r.pool.discard(r.uc)
 	}
 	r.recycle()
+}
+
+// onlyLineEnds reports whether b is nothing but CRs and LFs: empty
+// lines, or the start of one, that a server sent after an answer.
+func onlyLineEnds(b []byte) bool {
+	for _, c := range b {
+		if c != '\r' && c != '\n' {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *upstreamResponse) recycle() {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -539,6 +540,7 @@ func TestUpstreamBytesAfterAnAnswerAreNotTakenForTheNext(t *testing.T) {
 		"after a sized body":   {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst" + smuggled, "first"},
 		"after a chunked body": {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n0\r\n\r\n" + smuggled, "first"},
 		"after a 204":          {"HTTP/1.1 204 No Content\r\n\r\n" + smuggled, ""},
+		"after an empty line":  {"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst\r\n" + smuggled, "first"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var requests atomic.Int32
@@ -726,5 +728,54 @@ func TestUpstreamConnectionIdlePastItsReadDeadlineIsReused(t *testing.T) {
 	}
 	if n := u.accepted.Load(); n != 1 {
 		t.Fatalf("%d connections for two answers %v apart, want 1", n, clientCheckEvery+300*time.Millisecond)
+	}
+}
+
+// An upstream that ended each sized body with a stray CRLF (or a few) had
+// every connection closed, counted as an overrun and logged, and a new
+// one dialled, call after call. RFC 9112 (2.2) has a recipient ignore
+// empty lines before a start line: the connection is kept, and the next
+// answer on it read whole.
+func TestUpstreamEmptyLinesAfterAnAnswerKeepTheConnection(t *testing.T) {
+	sized := func(after string) func(int32) string {
+		return func(n int32) string {
+			return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nanswer%d%s", n, after)
+		}
+	}
+	for name, answer := range map[string]func(n int32) string{
+		"a CRLF":         sized("\r\n"),
+		"a few CRLFs":    sized("\r\n\r\n\r\n"),
+		"a bare LF":      sized("\n"),
+		"half of a CRLF": sized("\r"),
+		"a CRLF after a chunked body": func(n int32) string {
+			return fmt.Sprintf("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7\r\nanswer%d\r\n0\r\n\r\n\r\n", n)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var requests atomic.Int32
+			u := startRawUpstream(t, func(_, _ int, w net.Conn) bool {
+				_, err := io.WriteString(w, answer(requests.Add(1)))
+				return err == nil
+			})
+			p := testPool(t, u.ln.Addr().String(), 4)
+			var overruns atomic.Int32
+			p.overran = func(int) { overruns.Add(1) }
+			for i := 1; i <= 3; i++ {
+				r, err := p.roundTrip(testRequest, 0, nil)
+				if err != nil {
+					t.Fatalf("call %d: %v", i, err)
+				}
+				if got, want := readBodyAll(t, r), fmt.Sprintf("answer%d", i); got != want {
+					t.Fatalf("call %d got %q, want %q", i, got, want)
+				}
+				r.Close()
+			}
+			if n := u.accepted.Load(); n != 1 {
+				t.Fatalf("%d connections, want 1: empty lines after an answer are no reason to close it", n)
+			}
+			if n := overruns.Load(); n != 0 {
+				t.Fatalf("%d overruns reported, want none", n)
+			}
+		})
 	}
 }
