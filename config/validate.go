@@ -546,6 +546,7 @@ func (l *loader) validateNATS(n NATS) {
 		"must be 1 to 5 (JetStream's limit), got %d", n.Replicas)
 	l.check(n.TLSKey != "" || n.TLSCert == "", "nats.tls_cert", "tls_key is missing: set both tls_cert and tls_key, or neither")
 	l.check(n.TLSCert != "" || n.TLSKey == "", "nats.tls_key", "tls_cert is missing: set both tls_cert and tls_key, or neither")
+	l.checkNATSFiles(n)
 }
 
 func (l *loader) validatePlugins(c *Config, models map[string]bool) {
