@@ -35,6 +35,7 @@ type Broker struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	embedded *server.Server // nil with an external NATS
+	connLog  *connLog       // nil without a logf
 	replicas int
 	closed   chan struct{} // closed by the client's ClosedHandler
 }
@@ -96,20 +97,24 @@ func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(s
 		nats.ClosedHandler(func(*nats.Conn) { close(b.closed) }),
 	)
 	if logf != nil {
+		// Through one connLog: a server refusing every reconnection
+		// sends its error each time, about once a second.
+		cl := newConnLog(logf, connLogEvery)
+		b.connLog = cl
 		opts = append(opts,
 			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 				if sub != nil {
-					logf("nats: subscription %s: %v", sub.Subject, err)
+					cl.printf("nats: subscription %s: %v", sub.Subject, err)
 					return
 				}
-				logf("nats: %v", err)
+				cl.printf("nats: %v", err)
 			}),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 				if err != nil {
-					logf("nats: disconnected: %v", err)
+					cl.printf("nats: disconnected: %v", err)
 				}
 			}),
-			nats.ReconnectHandler(func(nc *nats.Conn) { logf("nats: reconnected to %s", nc.ConnectedUrlRedacted()) }),
+			nats.ReconnectHandler(func(nc *nats.Conn) { cl.printf("nats: reconnected to %s", nc.ConnectedUrlRedacted()) }),
 		)
 	} else {
 		// nats.go's default handler writes to stderr.
@@ -120,6 +125,7 @@ func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(s
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
+		b.closeConnLog()
 		b.shutdownEmbedded()
 		// nats.go's own error may quote the URL too (one that does not
 		// parse): the whole message is redacted, not only the list.
@@ -260,7 +266,16 @@ func (b *Broker) Close() {
 		}
 		b.nc.Close()
 	}
+	b.closeConnLog()
 	b.shutdownEmbedded()
+}
+
+// closeConnLog writes the connection's line held back, if any: none is
+// written after.
+func (b *Broker) closeConnLog() {
+	if b.connLog != nil {
+		b.connLog.close()
+	}
 }
 
 func (b *Broker) shutdownEmbedded() {

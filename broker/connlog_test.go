@@ -1,0 +1,178 @@
+package broker
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
+)
+
+// lineCapture is a logf that keeps its lines.
+type lineCapture struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (c *lineCapture) logf(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lines = append(c.lines, fmt.Sprintf(format, args...))
+}
+
+func (c *lineCapture) matching(s string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, l := range c.lines {
+		if strings.Contains(l, s) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// handshakeCounter is a nats-server logger counting the TLS handshakes
+// it refused.
+type handshakeCounter struct {
+	mu      sync.Mutex
+	refused int
+}
+
+func (h *handshakeCounter) count() int { h.mu.Lock(); defer h.mu.Unlock(); return h.refused }
+func (h *handshakeCounter) Errorf(format string, v ...any) {
+	if strings.Contains(fmt.Sprintf(format, v...), "TLS handshake error") {
+		h.mu.Lock()
+		h.refused++
+		h.mu.Unlock()
+	}
+}
+func (*handshakeCounter) Noticef(string, ...any) {}
+func (*handshakeCounter) Warnf(string, ...any)   {}
+func (*handshakeCounter) Fatalf(string, ...any)  {}
+func (*handshakeCounter) Debugf(string, ...any)  {}
+func (*handshakeCounter) Tracef(string, ...any)  {}
+
+// An external NATS that came back requiring a client certificate had
+// `nats: remote error: tls: certificate required` logged at each
+// reconnection, about once a second, for as long as it lasted.
+func TestRefusedReconnectionsAreNotLoggedEachTime(t *testing.T) {
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nats test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPath := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCAs := x509.NewCertPool()
+	clientCAs.AddCert(ca)
+	var handshakes handshakeCounter
+	start := func(port int, requireClientCert bool) *server.Server {
+		tc := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
+		if requireClientCert {
+			tc.ClientAuth, tc.ClientCAs = tls.RequireAndVerifyClientCert, clientCAs
+		}
+		srv, err := server.NewServer(&server.Options{
+			Host: "127.0.0.1", Port: port, NoSigs: true,
+			TLS: true, TLSVerify: requireClientCert, TLSConfig: tc, TLSTimeout: 2,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.SetLogger(&handshakes, false, false)
+		go srv.Start()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats server not ready")
+		}
+		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+		return srv
+	}
+	srv := start(server.RANDOM_PORT, false)
+	var log lineCapture
+	b, err := Start(testContext(t), config.NATS{URL: srv.ClientURL(), TLSCA: caPath, Replicas: 1}, dir, log.logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	port := srv.Addr().(*net.TCPAddr).Port
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	start(port, true)
+
+	testutil.CheckFor(t, 8*time.Second, 20*time.Millisecond, func() error {
+		if n := handshakes.count(); n < 4 {
+			return fmt.Errorf("the server refused %d reconnections, want 4", n)
+		}
+		return nil
+	})
+	// The disconnection went out at once; what followed within
+	// connLogEvery is held back.
+	if got := log.matching("nats:"); len(got) != 1 || !strings.Contains(got[0], "disconnected") {
+		t.Fatalf("logged %q; want the disconnection alone", got)
+	}
+	b.Close()
+	got := log.matching("certificate required")
+	if len(got) != 1 || !strings.Contains(got[0], "lines about the nats connection") {
+		t.Fatalf("at close, logged %q; want the latest refusal once, with how many lines were left out", got)
+	}
+}
+
+// The latest line held back goes out when its window ends, with how many
+// were left out, even when no line comes after it: the log's last line
+// is the connection's latest state.
+func TestConnLogWritesTheLatestHeldLineAtTheWindowsEnd(t *testing.T) {
+	var log lineCapture
+	cl := newConnLog(log.logf, 100*time.Millisecond)
+	defer cl.close()
+	cl.printf("nats: disconnected: EOF")
+	for range 3 {
+		cl.printf("nats: remote error: refused")
+	}
+	cl.printf("nats: reconnected to nats://127.0.0.1:4222")
+	if got := log.matching("nats:"); len(got) != 1 {
+		t.Fatalf("within the window, logged %q; want the first line alone", got)
+	}
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := log.matching("reconnected"); len(got) != 1 || !strings.Contains(got[0], "the latest of 4 lines") {
+			return fmt.Errorf("logged %q", log.matching("nats:"))
+		}
+		return nil
+	})
+	if got := log.matching("remote error"); len(got) != 0 {
+		t.Fatalf("logged %q, lines the latest replaced", got)
+	}
+}
