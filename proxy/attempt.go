@@ -163,6 +163,21 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				c.dropBody()
 				resp.Close()
 			}
+		} else if err == nil && resp.Header.StatusCode() >= 400 && resp.Header.StatusCode() <= 499 && resp.Header.StatusCode() != fasthttp.StatusTooManyRequests {
+			// An error no client can read: the page of a proxy in front
+			// (nginx's "The plain HTTP request was sent to HTTPS port"
+			// for an http:// base_url on an https port, on every call).
+			// Passed on, every call to that member was a 400 that blamed
+			// the client, and the member stayed healthy with nothing
+			// logged. Read here, the body is passed on from c.respBuf when
+			// it is JSON; a read that failed is passed on as before.
+			if c.readWhole(resp); c.respErr == nil {
+				if badAnswer = notJSONObject(resp, c.respBuf.B); badAnswer != "" {
+					err, errStatus = errBadAnswer, resp.Header.StatusCode()
+					c.dropBody()
+					resp.Close()
+				}
+			}
 		}
 		h.awaiting.Add(-1)
 		if errors.Is(err, errClientGone) {
@@ -494,12 +509,8 @@ func (c *generationCall) readWhole(resp *upstreamResponse) gjson.Result {
 // another upstream may still take the call.
 func (c *generationCall) notAnAnswer(resp *upstreamResponse) string {
 	body := c.respBuf.B
-	if !looksLikeJSONObject(body) {
-		ct := "no Content-Type"
-		if v := resp.Header.ContentType(); len(v) > 0 {
-			ct = fmt.Sprintf("Content-Type %q", v)
-		}
-		return fmt.Sprintf("a body that is not a JSON object (%s, %d bytes)", ct, len(body))
+	if why := notJSONObject(resp, body); why != "" {
+		return why
 	}
 	if c.stream {
 		list, what := "choices", "a chat completion"
@@ -513,9 +524,22 @@ func (c *generationCall) notAnAnswer(resp *upstreamResponse) string {
 	return ""
 }
 
+// notJSONObject says, without quoting it, that body is not a JSON
+// object, or "" when it looks like one.
+func notJSONObject(resp *upstreamResponse, body []byte) string {
+	if looksLikeJSONObject(body) {
+		return ""
+	}
+	ct := "no Content-Type"
+	if v := resp.Header.ContentType(); len(v) > 0 {
+		ct = fmt.Sprintf("Content-Type %q", v)
+	}
+	return fmt.Sprintf("a body that is not a JSON object (%s, %d bytes)", ct, len(body))
+}
+
 // errBadAnswer: a success status with a body that is no answer
-// (notAnAnswer).
-var errBadAnswer = errors.New("answered a success status with a body that is no answer")
+// (notAnAnswer), or a 4xx whose body is no JSON error.
+var errBadAnswer = errors.New("answered with a body that is no answer and no JSON error")
 
 // dropBody frees an answer readWhole read, for one not taken.
 func (c *generationCall) dropBody() {
