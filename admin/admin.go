@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -53,7 +54,7 @@ type Route = proxy.AdminRoute
 func (a *API) routes() []Route {
 	return []Route{
 		{Method: "POST", Path: "accounts", Handle: a.createAccount},
-		{Method: "GET", Path: "accounts", Handle: a.listAccounts},
+		{Method: "GET", Path: "accounts", Query: []string{"limit", "after"}, Handle: a.listAccounts},
 		{Method: "GET", Path: "accounts/{}", Handle: a.getAccount},
 		{Method: "PATCH", Path: "accounts/{}", Handle: a.updateAccount},
 		{Method: "POST", Path: "accounts/{}/credit", Handle: a.credit},
@@ -114,6 +115,10 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 			}
 			continue
 		}
+		if err := checkQuery(ctx.QueryArgs(), r.Query); err != nil {
+			writeError(ctx, err)
+			return
+		}
 		status, body, err := r.Handle(&Call{Ctx: c, HTTP: ctx, World: w, Args: args})
 		if err != nil {
 			writeError(ctx, err)
@@ -128,6 +133,40 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 		return
 	}
 	proxy.WriteError(ctx, proxy.NotFound("no admin route "+path))
+}
+
+// checkQuery refuses a query parameter a route does not take (taken, its
+// Route.Query), naming it, and one given twice. Only the accounts list
+// looked at its query: every other route answered as if "?limt=5" or
+// "?account=acme" had been read.
+func checkQuery(args *fasthttp.Args, taken []string) error {
+	var seen []string
+	for key := range args.All() {
+		name := string(key)
+		if !slices.Contains(taken, name) {
+			msg := fmt.Sprintf("unknown query parameter %q", name)
+			if near := suggest.Nearest(name, taken); near != "" {
+				msg += fmt.Sprintf(" (did you mean %q?)", near)
+			}
+			if len(taken) == 0 {
+				return proxy.BadRequest(name, msg+"; this route takes no query parameters")
+			}
+			return proxy.BadRequest(name, msg+"; this route takes "+joinAnd(taken))
+		}
+		if slices.Contains(seen, name) {
+			return proxy.BadRequest(name, fmt.Sprintf("query parameter %s is given twice: give it once", name))
+		}
+		seen = append(seen, name)
+	}
+	return nil
+}
+
+// joinAnd lists names as "a", "a and b", "a, b and c".
+func joinAnd(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
 
 // pathSegments splits the path after /admin/v1/, as sent, at its slashes

@@ -988,3 +988,50 @@ func TestGetKeyByID(t *testing.T) {
 		t.Fatalf("PUT: %d, Allow %q", status, allow)
 	}
 }
+
+// Only the accounts list looked at its query: GET /admin/v1/keys/{id}
+// answered the key for "?account=other", and DELETE revoked it for
+// "?dry_run=true". Every route refuses a parameter it does not read,
+// naming it, before it does anything.
+func TestEveryAdminRouteRefusesAQueryItDoesNotRead(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci"}`)
+	var created struct {
+		KeyID string `json:"key_id"`
+	}
+	if err := json.Unmarshal(body, &created); status != 201 || err != nil {
+		t.Fatalf("create key: %d %s", status, body)
+	}
+	for _, c := range []struct{ method, path, body, param, contains string }{
+		{"GET", "/admin/v1/keys/" + created.KeyID + "?account=other", "", "account", `unknown query parameter "account"; this route takes no query parameters`},
+		{"GET", "/admin/v1/keys/" + created.KeyID + "/?account=other", "", "account", `unknown query parameter "account"`},
+		{"DELETE", "/admin/v1/keys/" + created.KeyID + "?dry_run=true", "", "dry_run", `unknown query parameter "dry_run"`},
+		{"POST", "/admin/v1/accounts/acme/credit?usd=5", `{"usd":"1.00"}`, "usd", `unknown query parameter "usd"`},
+		{"GET", "/admin/v1/accounts/acme?verbose", "", "verbose", `unknown query parameter "verbose"`},
+		{"GET", "/admin/v1/accounts/acme/keys?limit=1", "", "limit", `unknown query parameter "limit"`},
+		{"GET", "/admin/v1/upstreams?model=small", "", "model", `unknown query parameter "model"`},
+		{"HEAD", "/admin/v1/keys/" + created.KeyID + "?x=1", "", "", ""},
+	} {
+		status, _, body := g.call(c.method, c.path, c.body)
+		if status != 400 {
+			t.Fatalf("%s %s: %d %s, want 400", c.method, c.path, status, body)
+		}
+		if c.method == "HEAD" {
+			continue
+		}
+		if msg := wantError(t, body, c.param, "invalid_request_error"); !strings.Contains(msg, c.contains) {
+			t.Errorf("%s %s: %q, want it to hold %q", c.method, c.path, msg, c.contains)
+		}
+	}
+	_, _, body = g.call("GET", "/admin/v1/accounts/acme", "")
+	if !bytes.Contains(body, []byte(`"credited_usd":"0.000000000"`)) {
+		t.Fatalf("a credit refused for its query was applied: %s", body)
+	}
+	// A trailing slash is taken on every admin route, as it was.
+	if status, _, body := g.call("GET", "/admin/v1/keys/"+created.KeyID+"/", ""); status != 200 || bytes.Contains(body, []byte(`"revoked_at":"`)) {
+		t.Fatalf("a key revoked for a query it was refused for, or no key at its path with a slash: %d %s", status, body)
+	}
+}

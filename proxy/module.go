@@ -71,6 +71,10 @@ type Host interface {
 type AdminRoute struct {
 	Method string
 	Path   string
+	// Query names the query parameters Handle reads, each taken once:
+	// any other, or one given twice, is a 400 naming it before Handle
+	// runs (a typo such as "limt=5" is not answered as if it were read).
+	Query []string
 	// Handle answers a call: body is written as JSON with status, an
 	// error as the error envelope.
 	Handle func(call *AdminCall) (status int, body any, err error)
