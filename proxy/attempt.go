@@ -225,6 +225,17 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					Message: fmt.Sprintf("upstream %s%s answered %d with %s; it was not passed on and is not billed", up.cfg.Name, what, errStatus, badAnswer)}
 				why = fmt.Sprintf("answered %d with %s", errStatus, badAnswer)
 				reason, clientReason = why, why
+				if errStatus < 500 && errStatus >= 400 {
+					// A page of a front that may be about this request
+					// alone (nginx's 413 for a body over its 1 MiB, a
+					// firewall's 403 for a prompt's words): counted
+					// against the upstream and tried on the others, one
+					// client's requests could eject a whole pool fronted
+					// alike. Logged, the operator sees a misconfigured
+					// front (nginx's 400 for http:// on its https port).
+					requestsFault, lastErr.NoRetry = true, true
+					up.pageInsteadOfError(errStatus, badAnswer)
+				}
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.

@@ -63,6 +63,9 @@ type upstream struct {
 	// overrunLog holds back the lines saying it sent bytes after an
 	// answer (answerOverran).
 	overrunLog loglimit.Limiter
+	// pageLog holds back the lines saying it answered a 4xx with a page,
+	// not a JSON error (pageInsteadOfError).
+	pageLog loglimit.Limiter
 	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
 	// localhost), so a refused connection means nothing was started there.
 	loopback bool
@@ -129,6 +132,20 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		// timeoutConn enforces first-byte and idle timeouts per read.
 	}
 	return up, nil
+}
+
+// pageInsteadOfError logs now and then a 4xx of the upstream whose body
+// is no JSON error (a front's HTML page), answered 502 to its client.
+func (u *upstream) pageInsteadOfError(status int, what string) {
+	ok, held := u.pageLog.Allow(time.Now(), upstreamLogEvery)
+	if !ok {
+		return
+	}
+	more := ""
+	if held > 0 {
+		more = fmt.Sprintf(" (and %d more since the last such line)", held)
+	}
+	u.logf("upstream %s answered %d with %s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); its client got a 502 upstream_bad_answer%s", u.cfg.Name, status, what, more)
 }
 
 // answerOverran counts, and logs now and then, an answer the upstream
