@@ -527,9 +527,9 @@ func TestKeyFormStopsAtTheKeysPerHour(t *testing.T) {
 	b := g.browser()
 	b.signIn("acme")
 	csrf := b.csrf()
-	newKey := url.Values{"csrf": {csrf}, "name": {"ci"}, "scopes": {"classify"}}
+	newKey := url.Values{"name": {"ci"}, "scopes": {"classify"}}
 	for i := range 2 {
-		resp := b.post("/console/keys", newKey)
+		resp := b.post("/console/keys", b.keyForm(newKey))
 		if page := string(readAll(t, resp)); resp.StatusCode != 200 {
 			t.Fatalf("key %d: %d %s", i+1, resp.StatusCode, page)
 		}
@@ -539,7 +539,7 @@ func TestKeyFormStopsAtTheKeysPerHour(t *testing.T) {
 		}
 		readAll(t, b.post("/console/keys/revoke", url.Values{"csrf": {csrf}, "key_id": {keys[len(keys)-1].KeyID}}))
 	}
-	resp := b.post("/console/keys", newKey)
+	resp := b.post("/console/keys", b.keyForm(newKey))
 	page := string(readAll(t, resp))
 	if resp.StatusCode != 429 || !strings.Contains(page, "auth.max_keys_created_per_hour") || !strings.Contains(page, "minutes") || !strings.Contains(page, `value="ci"`) {
 		t.Fatalf("a third key in the hour: %d %s", resp.StatusCode, page)
