@@ -128,7 +128,8 @@ type Upstream struct {
 	Name    string `yaml:"name"`
 	BaseURL string `yaml:"base_url"`
 	APIKey  string `yaml:"api_key"`
-	// ConnectTimeout bounds dialing; WriteTimeout bounds sending the request.
+	// ConnectTimeout bounds opening a connection, the TCP connect and
+	// the TLS handshake together; WriteTimeout bounds sending the request.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	WriteTimeout   time.Duration `yaml:"write_timeout"`
 	// FirstByteTimeout bounds the wait from sending the request to the first

@@ -112,7 +112,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			firstByte = up.cfg.ResponseTimeout
 		}
 		resp, err := up.pool.roundTrip(*reqp, firstByte, c.client)
-		c.reachedUpstream = c.reachedUpstream || sentUpstream(err)
+		reached := sentUpstream(err)
+		c.reachedUpstream = c.reachedUpstream || reached
 		c.eventStream, c.sseStarted = false, false
 		// answerErr is the error a 2xx answer holds in place of an answer.
 		var answerErr gjson.Result
@@ -203,7 +204,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			why := unreachableReason(up, err)
 			lastErr = Unavailable(fmt.Sprintf("upstream %s%s %s", up.cfg.Name, what, why))
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
-			generating := isTimeout(err) && wholeAnswer
+			// A connect_timeout is no wait for an answer: nothing was sent.
+			timedOut := reached && isTimeout(err)
+			generating := timedOut && wholeAnswer
 			// requestsFault: the upstream answered with an error that blames
 			// the request, which says nothing of its health.
 			requestsFault := answerErr.Exists() && !serverFault(answerErr)
@@ -243,7 +246,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				reason = "no answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
 				clientReason = reason
 				why = "did not finish the answer within response_timeout (" + up.cfg.ResponseTimeout.String() + ")"
-			case isTimeout(err):
+			case timedOut:
 				reason = "no first byte within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 				clientReason = reason
 			}

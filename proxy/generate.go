@@ -670,14 +670,13 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 
 // sentUpstream reports whether an attempt that ended with err (nil: an
 // answer came) may have got its request to the upstream: all but one
-// whose connection could not be opened, or had to wait for one of
-// max_connections in vain.
+// whose connection could not be opened (connectFailed), or had to wait
+// for one of max_connections in vain.
 func sentUpstream(err error) bool {
 	if err == nil {
-		return true // and opErr, which errors.As moves to the heap, is not made on every answered attempt
+		return true // and the target, which errors.As moves to the heap, is not made on every answered attempt
 	}
-	var opErr *net.OpError
-	return !errors.Is(err, errNoFreeConns) && !(errors.As(err, &opErr) && opErr.Op == "dial")
+	return !errors.Is(err, errNoFreeConns) && !connectFailed(err)
 }
 
 // upstreamUnreachable is the 503 for an upstream that refused the
@@ -690,7 +689,7 @@ func upstreamUnreachable(up *upstream, what string, err error) *APIError {
 // unreachableReason says, for a client, how up failed an attempt before
 // its first byte ("did not answer within first_byte_timeout (5s)").
 func unreachableReason(up *upstream, err error) string {
-	if isTimeout(err) {
+	if isTimeout(err) && !connectFailed(err) {
 		return "did not answer within first_byte_timeout (" + up.cfg.FirstByteTimeout.String() + ")"
 	}
 	if errors.Is(err, errClosedBeforeBody) || errors.Is(err, errClosedBeforeEvent) || errors.Is(err, errEmptyAnswer) || errors.Is(err, errEncodedAnswer) ||
@@ -727,9 +726,12 @@ func reasonForClient(err error) string {
 	var certErr *tls.CertificateVerificationError
 	var opErr *net.OpError
 	var sysErr *os.SyscallError
+	var connErr *connectError
 	switch {
 	case errors.Is(err, errNoFreeConns):
 		return err.Error()
+	case errors.As(err, &connErr) && connErr.reason != "":
+		return connErr.reason
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 		return "it closed the connection"
 	case errors.As(err, &dnsErr):

@@ -36,6 +36,8 @@ type upstream struct {
 	// calls (responsestate.go), under its rules for kept connections.
 	client *fasthttp.HostClient
 	pool   *connPool
+	// tlsConfig is the TLS client's of an https upstream, nil for http.
+	tlsConfig *cryptotls.Config
 	// chatHead and responsesHead are a request's fixed first lines, up to
 	// and including the headers every generation call sends.
 	chatHead, responsesHead []byte
@@ -102,11 +104,10 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 	if cfg.APIKey != "" {
 		up.authHeader = "Bearer " + cfg.APIKey
 	}
-	var tlsConfig *cryptotls.Config
 	if tls {
-		tlsConfig = &cryptotls.Config{ServerName: u.Hostname(), MinVersion: cryptotls.VersionTLS12}
+		up.tlsConfig = &cryptotls.Config{ServerName: u.Hostname(), MinVersion: cryptotls.VersionTLS12}
 	}
-	up.pool = newConnPool(addr, tlsConfig, cfg.MaxConnections, cfg.FirstByteTimeout, up.dial)
+	up.pool = newConnPool(addr, tls, cfg.MaxConnections, cfg.FirstByteTimeout, up.dial)
 	up.pool.overran = up.answerOverran
 	up.chatHead = requestHead(u, "/chat/completions", up.authHeader)
 	up.responsesHead = requestHead(u, "/responses", up.authHeader)
@@ -115,7 +116,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		IsTLS:                    tls,
 		Name:                     "tollgate",
 		NoDefaultUserAgentHeader: false,
-		Dial:                     up.dial,
+		Dial:                     up.dial, // for https, a TLS connection with its handshake done, which fasthttp takes as it is
 		MaxConns:                 cfg.MaxConnections,
 		MaxConnWaitTimeout:       cfg.FirstByteTimeout,
 		MaxIdleConnDuration:      idlePoolTime,
@@ -227,13 +228,71 @@ func retryStaleConnection(_ *fasthttp.Request, attempts int, err error) (bool, b
 	return false, attempts < 2 && (errors.Is(err, io.EOF) || errors.Is(err, fasthttp.ErrConnectionClosed))
 }
 
+// dial opens a connection to the upstream at addr, ready for a request:
+// the TCP connect and, for https, the TLS handshake, both by one deadline
+// connect_timeout after the dial began. Left to the first request's
+// write, the handshake was timed by first_byte_timeout (a non-streamed
+// call's response_timeout), and its failure read as a request sent and
+// not answered: an upstream that took connections and never finished a
+// handshake held each non-streamed call for response_timeout, then a
+// 504 with no other member tried. Every failure is a *connectError: no
+// request went out.
 func (u *upstream) dial(addr string) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", addr, u.cfg.ConnectTimeout)
+	start := time.Now()
+	deadline := start.Add(u.cfg.ConnectTimeout)
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, &connectError{err: err}
 	}
-	return &timeoutConn{Conn: rawconn.Wrap(c), firstByte: u.cfg.FirstByteTimeout, firstByteConfigured: u.cfg.FirstByteTimeout,
-		idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout}, nil
+	tc := &timeoutConn{Conn: rawconn.Wrap(c), firstByte: u.cfg.FirstByteTimeout, firstByteConfigured: u.cfg.FirstByteTimeout,
+		idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout, connectTook: time.Since(start)}
+	if u.tlsConfig == nil {
+		return tc, nil
+	}
+	conn := cryptotls.Client(tc, u.tlsConfig)
+	if err := tc.handshake(conn, deadline); err != nil {
+		_ = c.Close()
+		return nil, u.handshakeError(addr, err)
+	}
+	return conn, nil
+}
+
+// handshakeError words a TLS handshake with addr that failed with err.
+// The certificate's x509 reason stays in it, for the log and last_error.
+func (u *upstream) handshakeError(addr string, err error) *connectError {
+	if isTimeout(err) {
+		return &connectError{step: "TLS handshake with " + addr, reason: "the TLS handshake timed out",
+			err: fmt.Errorf("not done within connect_timeout (%s)", u.cfg.ConnectTimeout)}
+	}
+	return &connectError{step: "TLS handshake with " + addr, reason: "the TLS handshake failed", err: err}
+}
+
+// connectError is a connection to an upstream that could not be opened:
+// its TCP connect or TLS handshake failed or did not finish within
+// connect_timeout. No request went out on it, so the call may move on
+// to another upstream, streamed or not, and it counts against the
+// upstream as a refused connection does.
+type connectError struct {
+	step   string // what failed, for operators; empty for the TCP connect, whose error says so
+	reason string // what failed, for a client (reasonForClient); empty: worded from err
+	err    error
+}
+
+func (e *connectError) Error() string {
+	if e.step == "" {
+		return e.err.Error()
+	}
+	return e.step + ": " + e.err.Error()
+}
+
+func (e *connectError) Unwrap() error { return e.err }
+
+// connectFailed reports whether err is a connection that could not be
+// opened: not a request that went out and timed out.
+func connectFailed(err error) bool {
+	var ce *connectError
+	return errors.As(err, &ce)
 }
 
 // timeoutConn owns the deadlines of an upstream connection. After every
@@ -252,7 +311,12 @@ type timeoutConn struct {
 	// firstByteConfigured is first_byte_timeout; firstByte is the wait of
 	// the request in flight, which a non-streamed call sets to
 	// response_timeout.
-	firstByteConfigured   time.Duration
+	firstByteConfigured time.Duration
+	// connectTook is how long its TCP connect took: about a round trip.
+	connectTook time.Duration
+	// handshaking: the TLS handshake is running, under the deadline
+	// handshake set; reads and writes arm none of their own.
+	handshaking           bool
 	awaitingFirst         bool
 	readWait              time.Duration // the wait the read deadline was armed with
 	readArmed, writeArmed time.Time     // when the deadlines were last armed
@@ -343,7 +407,25 @@ func (c *timeoutConn) awaitAnswerBy() {
 	c.awaitingFirst = true
 }
 
+// handshake runs the TLS handshake of conn, a tls.Client over c, by
+// deadline; the deadlines of c's requests are armed afresh after it.
+func (c *timeoutConn) handshake(conn *cryptotls.Conn, deadline time.Time) error {
+	if err := c.Conn.SetDeadline(deadline); err != nil {
+		return err
+	}
+	c.handshaking = true
+	err := conn.Handshake()
+	c.handshaking = false
+	if err != nil {
+		return err
+	}
+	return c.Conn.SetDeadline(time.Time{})
+}
+
 func (c *timeoutConn) Write(p []byte) (int, error) {
+	if c.handshaking {
+		return c.Conn.Write(p)
+	}
 	c.awaitingFirst = true
 	now := time.Now()
 	c.wroteAt, c.clientLooked = now, now
@@ -357,6 +439,9 @@ func (c *timeoutConn) Write(p []byte) (int, error) {
 }
 
 func (c *timeoutConn) Read(p []byte) (int, error) {
+	if c.handshaking {
+		return c.Conn.Read(p)
+	}
 	if c.client != nil && c.awaitingFirst {
 		until := c.dueBy
 		if until.IsZero() {

@@ -34,10 +34,11 @@ var errNoFreeConns = errors.New("every connection is busy (max_connections reach
 
 // connPool keeps an upstream's keep-alive connections.
 type connPool struct {
-	addr      string
-	tlsConfig *tls.Config // nil for http
-	dialer    func(addr string) (net.Conn, error)
-	maxWait   time.Duration
+	addr string
+	// https: the dialer's connections are TLS, handshake done.
+	https   bool
+	dialer  func(addr string) (net.Conn, error)
+	maxWait time.Duration
 
 	// busy holds one token per connection in use, this pool's own or,
 	// after a reload, its predecessor's (inheritSlots); with idle reused
@@ -67,14 +68,14 @@ type upstreamConn struct {
 	br        *bufio.Reader
 	idleSince time.Time
 	reused    bool // served a request before: a failure before any byte may be the upstream closing it
-	// dialTook is how long the connection took to open, about a round
-	// trip to the upstream (a few with TLS): how soon the reset of a
-	// request sent on a connection it had already closed comes back.
+	// dialTook is how long the connection's TCP connect took, about a
+	// round trip to the upstream: how soon the reset of a request sent on
+	// a connection it had already closed comes back.
 	dialTook time.Duration
 }
 
-func newConnPool(addr string, tlsConfig *tls.Config, maxConns int, maxWait time.Duration, dialer func(string) (net.Conn, error)) *connPool {
-	return &connPool{addr: addr, tlsConfig: tlsConfig, dialer: dialer, maxWait: maxWait, busy: make(chan struct{}, max(maxConns, 1))}
+func newConnPool(addr string, https bool, maxConns int, maxWait time.Duration, dialer func(string) (net.Conn, error)) *connPool {
+	return &connPool{addr: addr, https: https, dialer: dialer, maxWait: maxWait, busy: make(chan struct{}, max(maxConns, 1))}
 }
 
 func (p *connPool) acquire() (*upstreamConn, error) {
@@ -124,7 +125,7 @@ func (p *connPool) acquire() (*upstreamConn, error) {
 // another address do not count: they load another server. p must not be
 // in use yet.
 func (p *connPool) inheritSlots(prev *connPool) {
-	if prev.addr != p.addr || (prev.tlsConfig == nil) != (p.tlsConfig == nil) {
+	if prev.addr != p.addr || prev.https != p.https {
 		return
 	}
 	prev.mu.Lock()
@@ -172,17 +173,19 @@ func (p *connPool) freeSlots(n int) {
 
 func (p *connPool) dial() (*upstreamConn, error) {
 	start := time.Now()
-	raw, err := p.dialer(p.addr)
+	conn, err := p.dialer(p.addr)
 	if err != nil {
 		return nil, err
 	}
-	took := time.Since(start)
-	tc, _ := raw.(*timeoutConn)
-	conn := raw
-	if p.tlsConfig != nil {
-		conn = tls.Client(raw, p.tlsConfig)
+	uc := &upstreamConn{conn: conn, br: bufio.NewReaderSize(conn, 16<<10), dialTook: time.Since(start)}
+	uc.tc, _ = conn.(*timeoutConn)
+	if tlsConn, ok := conn.(*tls.Conn); ok {
+		uc.tc, _ = tlsConn.NetConn().(*timeoutConn)
 	}
-	return &upstreamConn{conn: conn, tc: tc, br: bufio.NewReaderSize(conn, 16<<10), dialTook: took}, nil
+	if uc.tc != nil {
+		uc.dialTook = uc.tc.connectTook // the handshake's round trips are not the upstream's reset's
+	}
+	return uc, nil
 }
 
 // quietCheckIdle is how long a kept connection may sit idle before it is

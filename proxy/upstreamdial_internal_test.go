@@ -1,0 +1,192 @@
+package proxy
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// testCertificate is a certificate for 127.0.0.1 and localhost, made in
+// the test, and the PEM of the CA that signed it.
+type testCertificate struct {
+	cert  tls.Certificate
+	caPEM []byte
+	pool  *x509.CertPool
+}
+
+func newTestCertificate(t *testing.T) *testCertificate {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tollgate test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	return &testCertificate{
+		cert:  tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key},
+		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pool:  pool,
+	}
+}
+
+// startSilentTCP accepts connections and never writes a byte on them, as
+// a host whose TLS terminator hangs: a client's ClientHello gets no answer.
+func startSilentTCP(t *testing.T) (addr string, accepted chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted = make(chan struct{}, 16)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	return ln.Addr().String(), accepted
+}
+
+func testHTTPSUpstream(t *testing.T, addr string, connectTimeout time.Duration) *upstream {
+	t.Helper()
+	up, err := newUpstream(config.Upstream{Name: "u", BaseURL: "https://" + addr + "/v1", ConnectTimeout: connectTimeout,
+		FirstByteTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second, WriteTimeout: time.Second,
+		ResponseTimeout: 10 * time.Second, MaxConnections: 4, MaxResponseBody: 1 << 20}, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return up
+}
+
+// The TLS handshake is part of opening a connection, bounded by
+// connect_timeout, and its failure is a connection not opened: no request
+// went out. It ran inside the first request's write, under the call's
+// first_byte_timeout (a non-streamed call's response_timeout), and failed
+// as a request sent and not answered: a member whose TLS hung held each
+// non-streamed call for response_timeout, no other member tried.
+func TestTLSHandshakeIsPartOfTheDial(t *testing.T) {
+	addr, accepted := startSilentTCP(t)
+	up := testHTTPSUpstream(t, addr, 200*time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := up.pool.roundTrip(testRequest, 10*time.Second, nil)
+		if resp != nil {
+			resp.Close()
+		}
+		done <- err
+	}()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handshake with a server that never answers was not bounded by connect_timeout (200ms)")
+	}
+	<-accepted
+	if err == nil || !connectFailed(err) || sentUpstream(err) {
+		t.Fatalf("a handshake that timed out: %v, want a connection not opened (connectFailed)", err)
+	}
+	if got := reasonForClient(err); got != "the TLS handshake timed out" {
+		t.Errorf("a client is told %q", got)
+	}
+	if got := unreachableReason(up, err); got != "is unreachable: the TLS handshake timed out" {
+		t.Errorf("the reason is %q", got)
+	}
+	if !strings.Contains(err.Error(), "TLS handshake with "+addr) || !strings.Contains(err.Error(), "connect_timeout (200ms)") {
+		t.Errorf("operators read %q", err)
+	}
+}
+
+// A certificate the gateway does not trust fails the dial, with the x509
+// reason kept for operators and "the TLS handshake failed" for clients.
+func TestTLSHandshakeFailureIsAConnectFailure(t *testing.T) {
+	tc := newTestCertificate(t)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{tc.cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.(*tls.Conn).Handshake()
+			}()
+		}
+	}()
+	up := testHTTPSUpstream(t, ln.Addr().String(), 2*time.Second)
+	_, err = up.pool.roundTrip(testRequest, 10*time.Second, nil)
+	if err == nil || !connectFailed(err) || sentUpstream(err) {
+		t.Fatalf("an untrusted certificate: %v, want a connection not opened", err)
+	}
+	if !strings.Contains(err.Error(), "x509") {
+		t.Errorf("operators read %q, without the x509 reason", err)
+	}
+	if got := reasonForClient(err); got != "the TLS handshake failed" {
+		t.Errorf("a client is told %q", got)
+	}
+}
+
+// A TCP connect that timed out is no wait for an answer: it was told as
+// "did not answer within first_byte_timeout", and a non-streamed call
+// took it for a generation past response_timeout (a 504, not retried).
+func TestConnectTimeoutIsNoFirstByteTimeout(t *testing.T) {
+	up := testHTTPSUpstream(t, "127.0.0.1:1", time.Second)
+	err := &connectError{err: &net.OpError{Op: "dial", Net: "tcp", Err: timeoutError{}}}
+	if sentUpstream(err) {
+		t.Error("a connect that timed out counts as sent")
+	}
+	if got := unreachableReason(up, err); got != "is unreachable: the connection timed out" {
+		t.Errorf("the reason is %q", got)
+	}
+}

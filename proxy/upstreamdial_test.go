@@ -1,0 +1,118 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// setUpstreamOf rewrites member p<i>'s entry of a pool harness's config
+// to base_url and settings, and waits until the gateway runs it.
+func (h *poolHarness) setUpstreamOf(i int, baseURL, settings string) {
+	h.t.Helper()
+	old := fmt.Sprintf("{name: p%d, base_url: %s, first_byte_timeout: 2s}", i, h.ups[i].URL)
+	cfg := readFile(h.t, h.cfgPath)
+	if !strings.Contains(cfg, old) {
+		h.t.Fatalf("no %s in the config", old)
+	}
+	h.writeConfig(strings.Replace(cfg, old, fmt.Sprintf("{name: p%d, base_url: %s, %s}", i, baseURL, settings), 1))
+	checkFor(h.t, 3*time.Second, 10*time.Millisecond, func() error {
+		for _, u := range h.gw.World().Config.Upstreams {
+			if u.Name == fmt.Sprintf("p%d", i) && u.BaseURL == baseURL {
+				return nil
+			}
+		}
+		return fmt.Errorf("p%d's base_url is not %s yet", i, baseURL)
+	})
+}
+
+// A member whose host takes connections and never answers a TLS
+// handshake is a connection that could not be opened, within
+// connect_timeout: calls move on to the other member, a non-streamed one
+// too, and it is ejected as one that refuses connections. The handshake
+// ran inside the first request's write: a non-streamed call waited
+// response_timeout and got a 504, not tried elsewhere (it read as sent),
+// and streams moved on only after first_byte_timeout.
+func TestPoolMovesOnFromAnUpstreamWhoseTLSHandshakeHangs(t *testing.T) {
+	hang := newSilentUpstream(t)
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 2\n  eject_for: 30s\n  probe_interval: 1m")
+	h.setUpstreamOf(0, strings.Replace(hang.URL, "http://", "https://", 1),
+		"connect_timeout: 300ms, first_byte_timeout: 8s, response_timeout: 8s")
+	for i := range 4 {
+		body := smallChat
+		if i%2 == 1 {
+			body = `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		resp := h.post("/v1/chat/completions", body)
+		if got := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, got)
+		}
+	}
+	if hang.calls.Load() == 0 {
+		t.Fatal("p0 was never tried")
+	}
+	st := h.statuses()
+	if st["p0"].State != "ejected" || !strings.Contains(st["p0"].LastError, "TLS handshake with") ||
+		!strings.Contains(st["p0"].LastError, "connect_timeout (300ms)") {
+		t.Fatalf("p0, whose handshakes hang, is %+v", st["p0"])
+	}
+	if st["p1"].Calls != 4 {
+		t.Fatalf("p1 answered %d calls, want all 4", st["p1"].Calls)
+	}
+}
+
+// startFullBacklog listens with an accept queue of one, fills it and
+// accepts nothing: a connect to it gets no SYN-ACK, as to a host whose
+// packets are dropped. It returns its address.
+func startFullBacklog(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Skip("this system completes connects past a full accept queue")
+	}
+	return addr
+}
+
+// A TCP connect that timed out (connect_timeout) is a connection not
+// opened, for a non-streamed call too: it was taken for a wait for the
+// answer, and the call got a 504 saying the answer was not finished
+// within response_timeout, after connect_timeout, with no other member
+// tried.
+func TestPoolMovesOnFromAnUpstreamWhoseConnectTimesOut(t *testing.T) {
+	addr := startFullBacklog(t)
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 2\n  eject_for: 30s\n  probe_interval: 1m")
+	h.setUpstreamOf(0, "http://"+addr+"/v1", "connect_timeout: 300ms, first_byte_timeout: 8s, response_timeout: 8s")
+	for i := range 4 {
+		resp := h.post("/v1/chat/completions", smallChat)
+		if got := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, got)
+		}
+	}
+	if st := h.statuses(); st["p0"].State != "ejected" || !strings.Contains(st["p0"].LastError, "i/o timeout") || st["p1"].Calls != 4 {
+		t.Fatalf("p0, whose connects time out, is %+v; p1 answered %d calls, want 4", st["p0"], st["p1"].Calls)
+	}
+}
