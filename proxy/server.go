@@ -291,6 +291,7 @@ func (s *Server) buildWorld(cfg *config.Config) (*World, error) {
 		if prev != nil {
 			up.health.carryFrom(&prev.health, prev.cfg.BaseURL == uc.BaseURL)
 			up.pool.inheritSlots(prev.pool)
+			up.adoptTLSSessions(prev)
 		}
 		w.upstreams[uc.Name] = up
 	}

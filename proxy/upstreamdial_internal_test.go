@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -188,5 +189,76 @@ func TestConnectTimeoutIsNoFirstByteTimeout(t *testing.T) {
 	}
 	if got := unreachableReason(up, err); got != "is unreachable: the connection timed out" {
 		t.Errorf("the reason is %q", got)
+	}
+}
+
+// startTLSUpstream answers every request with a 200 and closes the
+// connection (Connection: close), so each call opens a new one; resumed
+// receives, for each connection, whether its handshake resumed a session.
+func startTLSUpstream(t *testing.T, cert *testCertificate) (addr string, resumed chan bool) {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	resumed = make(chan bool, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				tc := c.(*tls.Conn)
+				if tc.Handshake() != nil {
+					return
+				}
+				resumed <- tc.ConnectionState().DidResume
+				if readRequest(bufio.NewReader(c)) {
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String(), resumed
+}
+
+// callOnce makes one call to up and reads its answer whole.
+func callOnce(t *testing.T, up *upstream) {
+	t.Helper()
+	resp, err := up.pool.roundTrip(testRequest, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readBodyAll(t, resp); got != "ok" {
+		t.Fatalf("body %q", got)
+	}
+	resp.Close()
+}
+
+// A new connection to an https upstream resumes the TLS session of one
+// before, and so does one after a reload that rebuilt the upstream: with
+// no session cache every connection was a full handshake.
+func TestTLSSessionsAreResumed(t *testing.T) {
+	cert := newTestCertificate(t)
+	addr, resumed := startTLSUpstream(t, cert)
+	up := testHTTPSUpstream(t, addr, 2*time.Second)
+	up.tlsConfig.RootCAs = cert.pool
+	callOnce(t, up)
+	if <-resumed {
+		t.Fatal("the first connection resumed a session")
+	}
+	callOnce(t, up)
+	if !<-resumed {
+		t.Fatal("the second connection to the upstream did not resume the first one's TLS session")
+	}
+	edited := testHTTPSUpstream(t, addr, 3*time.Second) // a reload that edited connect_timeout
+	edited.tlsConfig.RootCAs = cert.pool
+	edited.adoptTLSSessions(up)
+	callOnce(t, edited)
+	if !<-resumed {
+		t.Fatal("after a reload that edited the upstream, its connection did not resume a session")
 	}
 }
