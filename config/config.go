@@ -144,7 +144,19 @@ type Upstream struct {
 	ResponseTimeout time.Duration `yaml:"response_timeout"`
 	MaxConnections  int           `yaml:"max_connections"`
 	MaxResponseBody ByteSize      `yaml:"max_response_body"`
+	// TLSCA is a PEM file of the CA certificates an https upstream's
+	// certificate must chain to, in place of the system's roots.
+	TLSCA string `yaml:"tls_ca"`
+
+	// tlsCAPEM is TLSCA's content as loaded: a reload (SIGHUP) after the
+	// file was replaced rebuilds the upstream, whose settings compare
+	// unequal, with the new CAs.
+	tlsCAPEM string
 }
+
+// TLSCAPEM is the content of the tls_ca file as the config was loaded,
+// empty without one.
+func (u Upstream) TLSCAPEM() []byte { return []byte(u.tlsCAPEM) }
 
 // EndpointURL is the URL of path (such as "/models") under the upstream's
 // base_url, with query added to any query base_url has: a base_url such as

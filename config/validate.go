@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/netip"
@@ -420,6 +422,9 @@ func (l *loader) validateUpstreams(list []Upstream) (map[string]bool, []string) 
 			upstreamNames = append(upstreamNames, u.Name)
 		}
 		l.checkHTTPURL(u.BaseURL, path+".base_url", "http://127.0.0.1:8000/v1")
+		if u.TLSCA != "" {
+			list[i].tlsCAPEM = l.readCAFile(u.TLSCA, u.BaseURL, path+".tls_ca")
+		}
 		// The key goes into a header line as it is: a newline (a secret
 		// file's last one, a YAML | block) ended the Authorization header
 		// early, and the body went upstream as a second request whose
@@ -678,6 +683,42 @@ func (l *loader) checkHTTPURL(v, path, example string) {
 	case u.Fragment != "" || strings.HasSuffix(v, "#"):
 		l.check(false, path, "%q: a #fragment is never sent to a server; remove it (a query such as ?api-version=1 is kept)", v)
 	}
+}
+
+// readCAFile reads the PEM file of CA certificates an upstream's tls_ca
+// names, at path, and returns its content: a file with no certificate
+// would have made every handshake fail with "certificate signed by
+// unknown authority", found only at the first call.
+func (l *loader) readCAFile(file, baseURL, path string) string {
+	if u, err := url.Parse(baseURL); err == nil && u.Scheme == "http" {
+		l.check(false, path, "set for an http:// base_url, which has no TLS to verify: remove it, or use https://")
+		return ""
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		l.check(false, path, "cannot be read: %v", err)
+		return ""
+	}
+	certs := 0
+	for rest := data; ; {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		certs++
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			l.check(false, path, "%s: certificate %d does not parse: %v", file, certs, err)
+			return ""
+		}
+	}
+	if certs == 0 {
+		l.check(false, path, "%s holds no PEM certificate (-----BEGIN CERTIFICATE-----): name the file of the CA that signed the upstream's certificate", file)
+		return ""
+	}
+	return string(data)
 }
 
 func (l *loader) checkOneOf(values, allowed []string, path string) {

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bytes"
 	cryptotls "crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -110,6 +112,12 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 			// resumed, it costs the upstream no certificate and no key
 			// exchange's signature, and a round trip less with TLS 1.2.
 			ClientSessionCache: cryptotls.NewLRUClientSessionCache(0)}
+		if pem := cfg.TLSCAPEM(); len(pem) > 0 {
+			up.tlsConfig.RootCAs = x509.NewCertPool()
+			if !up.tlsConfig.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("upstream %s: tls_ca %s: no certificate", cfg.Name, cfg.TLSCA)
+			}
+		}
 	}
 	up.pool = newConnPool(addr, tls, cfg.MaxConnections, cfg.FirstByteTimeout, up.dial)
 	up.pool.overran = up.answerOverran
@@ -157,9 +165,10 @@ func (u *upstream) pageInsteadOfError(status int, what string) {
 // upstream of the same name before a reload: an edit of a timeout or an
 // api_key made every connection after it a full handshake again.
 // Sessions are kept by server name, so a new host resumes none of the
-// old one's.
+// old one's; and not across a change of tls_ca, since a resumed session
+// is not checked against the CAs again.
 func (u *upstream) adoptTLSSessions(prev *upstream) {
-	if u.tlsConfig != nil && prev.tlsConfig != nil {
+	if u.tlsConfig != nil && prev.tlsConfig != nil && bytes.Equal(u.cfg.TLSCAPEM(), prev.cfg.TLSCAPEM()) {
 		u.tlsConfig.ClientSessionCache = prev.tlsConfig.ClientSessionCache
 	}
 }

@@ -2,69 +2,16 @@ package proxy
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 )
-
-// testCertificate is a certificate for 127.0.0.1 and localhost, made in
-// the test, and the PEM of the CA that signed it.
-type testCertificate struct {
-	cert  tls.Certificate
-	caPEM []byte
-	pool  *x509.CertPool
-}
-
-func newTestCertificate(t *testing.T) *testCertificate {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tollgate test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
-	return &testCertificate{
-		cert:  tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key},
-		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pool:  pool,
-	}
-}
 
 // startSilentTCP accepts connections and never writes a byte on them, as
 // a host whose TLS terminator hangs: a client's ClientHello gets no answer.
@@ -147,8 +94,8 @@ func TestTLSHandshakeIsPartOfTheDial(t *testing.T) {
 // A certificate the gateway does not trust fails the dial, with the x509
 // reason kept for operators and "the TLS handshake failed" for clients.
 func TestTLSHandshakeFailureIsAConnectFailure(t *testing.T) {
-	tc := newTestCertificate(t)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{tc.cert}})
+	cert := testutil.NewTLSCertificate(t)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.Cert}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,9 +142,9 @@ func TestConnectTimeoutIsNoFirstByteTimeout(t *testing.T) {
 // startTLSUpstream answers every request with a 200 and closes the
 // connection (Connection: close), so each call opens a new one; resumed
 // receives, for each connection, whether its handshake resumed a session.
-func startTLSUpstream(t *testing.T, cert *testCertificate) (addr string, resumed chan bool) {
+func startTLSUpstream(t *testing.T, cert *testutil.TLSCertificate) (addr string, resumed chan bool) {
 	t.Helper()
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.cert}})
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.Cert}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,10 +189,10 @@ func callOnce(t *testing.T, up *upstream) {
 // before, and so does one after a reload that rebuilt the upstream: with
 // no session cache every connection was a full handshake.
 func TestTLSSessionsAreResumed(t *testing.T) {
-	cert := newTestCertificate(t)
+	cert := testutil.NewTLSCertificate(t)
 	addr, resumed := startTLSUpstream(t, cert)
 	up := testHTTPSUpstream(t, addr, 2*time.Second)
-	up.tlsConfig.RootCAs = cert.pool
+	up.tlsConfig.RootCAs = cert.Pool
 	callOnce(t, up)
 	if <-resumed {
 		t.Fatal("the first connection resumed a session")
@@ -255,7 +202,7 @@ func TestTLSSessionsAreResumed(t *testing.T) {
 		t.Fatal("the second connection to the upstream did not resume the first one's TLS session")
 	}
 	edited := testHTTPSUpstream(t, addr, 3*time.Second) // a reload that edited connect_timeout
-	edited.tlsConfig.RootCAs = cert.pool
+	edited.tlsConfig.RootCAs = cert.Pool
 	edited.adoptTLSSessions(up)
 	callOnce(t, edited)
 	if !<-resumed {

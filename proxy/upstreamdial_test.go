@@ -1,12 +1,19 @@
 package proxy_test
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
+	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
 // setUpstreamOf rewrites member p<i>'s entry of a pool harness's config
@@ -114,5 +121,98 @@ func TestPoolMovesOnFromAnUpstreamWhoseConnectTimesOut(t *testing.T) {
 	}
 	if st := h.statuses(); st["p0"].State != "ejected" || !strings.Contains(st["p0"].LastError, "i/o timeout") || st["p1"].Calls != 4 {
 		t.Fatalf("p0, whose connects time out, is %+v; p1 answered %d calls, want 4", st["p0"], st["p1"].Calls)
+	}
+}
+
+// resumeListener is a TLS listener that tells, for each connection whose
+// handshake succeeded, whether it resumed a session.
+type resumeListener struct {
+	net.Listener
+	resumed chan bool
+}
+
+func (l resumeListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	if tc := c.(*tls.Conn); tc.Handshake() == nil {
+		select {
+		case l.resumed <- tc.ConnectionState().DidResume:
+		default:
+		}
+	}
+	return c, nil
+}
+
+// startTLSProxytest serves a proxytest upstream over TLS with a
+// certificate of a CA made for the test; it returns its base URL.
+func startTLSProxytest(t *testing.T, cert *testutil.TLSCertificate) (string, chan bool) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := resumeListener{Listener: tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert.Cert}}), resumed: make(chan bool, 64)}
+	up := proxytest.NewServerOn(rl, proxytest.Options{})
+	t.Cleanup(up.Close)
+	return "https://" + up.Addr + "/v1", rl.resumed
+}
+
+// An upstream's tls_ca names the CA its certificate chains to: without
+// it a private CA's certificate fails the handshake (the x509 reason in
+// last_error), with it calls are answered, and a reload that edits the
+// upstream keeps resuming its TLS sessions.
+func TestUpstreamTLSCATrustsAPrivateCA(t *testing.T) {
+	cert := testutil.NewTLSCertificate(t)
+	url, resumed := startTLSProxytest(t, cert)
+	h := newPoolHarness(t, 1, "  retries: 0")
+	h.setUpstreamOf(0, url, "first_byte_timeout: 2s")
+	e := wantError(t, h.post("/v1/chat/completions", smallChat), 503, "upstream_unavailable")
+	if msg := e["message"].(string); !strings.Contains(msg, "the TLS handshake failed") {
+		t.Fatalf("an untrusted certificate: %q", msg)
+	}
+	if st := h.statuses()["p0"]; !strings.Contains(st.LastError, "x509") {
+		t.Fatalf("p0's last_error %q lacks the x509 reason", st.LastError)
+	}
+
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, cert.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	edit := func(old, new string, inForce func(config.Upstream) bool) {
+		t.Helper()
+		cfg := readFile(t, h.cfgPath)
+		if !strings.Contains(cfg, old) {
+			t.Fatalf("no %q in the config", old)
+		}
+		h.writeConfig(strings.Replace(cfg, old, new, 1))
+		checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+			for _, u := range h.gw.World().Config.Upstreams {
+				if u.Name == "p0" && inForce(u) {
+					return nil
+				}
+			}
+			return fmt.Errorf("%q is not in force yet", new)
+		})
+	}
+	edit("first_byte_timeout: 2s}", "first_byte_timeout: 2s, connect_timeout: 2s, tls_ca: "+caFile+"}",
+		func(u config.Upstream) bool { return u.TLSCA == caFile })
+	if resp := h.post("/v1/chat/completions", smallChat); resp.StatusCode != 200 {
+		t.Fatalf("with tls_ca: %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	if <-resumed {
+		t.Fatal("the first trusted connection resumed a session")
+	}
+	edit("connect_timeout: 2s", "connect_timeout: 3s", func(u config.Upstream) bool { return u.ConnectTimeout == 3*time.Second })
+	if resp := h.post("/v1/chat/completions", smallChat); resp.StatusCode != 200 {
+		t.Fatalf("after an edit: %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	if !<-resumed {
+		t.Fatal("after a reload that edited connect_timeout, the upstream's new connection did not resume its TLS session")
 	}
 }
