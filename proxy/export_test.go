@@ -4,6 +4,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http/httpproxy"
 )
 
 // UpstreamsRetired reports whether every upstream of w is retired, for
@@ -41,3 +43,21 @@ func SetClientConnectionCap(t *testing.T, n int) {
 	clientConnections = func() int { return n }
 	t.Cleanup(func() { clientConnections = old })
 }
+
+// ConnectProxy is connectProxy for the tests of package proxy_test.
+type ConnectProxy = connectProxy
+
+// StartConnectProxy is startConnectProxy for the tests of package
+// proxy_test.
+func StartConnectProxy(t *testing.T, user, password string, routes map[string]string) *ConnectProxy {
+	return startConnectProxy(t, user, password, routes)
+}
+
+// SetEgressProxy makes upstreams built from now on, until the test ends,
+// see httpsProxy as HTTPS_PROXY. Call it before the gateway starts.
+func SetEgressProxy(t *testing.T, httpsProxy string) {
+	setEgressEnvironment(t, httpproxy.Config{HTTPSProxy: httpsProxy})
+}
+
+// Addr is the proxy's host:port.
+func (p *connectProxy) Addr() string { return p.ln.Addr().String() }

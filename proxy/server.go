@@ -313,8 +313,15 @@ func (s *Server) install(w *World) {
 	// probed again: the probe of its old self ends with the retirement,
 	// and without one it stayed out until a trial call found it back.
 	for name, up := range w.upstreams {
-		if rebuilt := old == nil || old.upstreams[name] != up; rebuilt &&
-			up.health.state.Load() != stateClosed && !up.health.resting.Load() {
+		var prev *upstream
+		if old != nil {
+			prev = old.upstreams[name]
+		}
+		if prev == up {
+			continue
+		}
+		up.logEgress(prev)
+		if up.health.state.Load() != stateClosed && !up.health.resting.Load() {
 			up.startProbing()
 		}
 	}

@@ -40,6 +40,11 @@ type upstream struct {
 	pool   *connPool
 	// tlsConfig is the TLS client's of an https upstream, nil for http.
 	tlsConfig *cryptotls.Config
+	// egress is the HTTP proxy its connections go through (HTTPS_PROXY),
+	// nil when dialled directly; bypassed, the HTTP_PROXY an http
+	// upstream is dialled without (egress.go).
+	egress   *egress
+	bypassed string
 	// chatHead and responsesHead are a request's fixed first lines, up to
 	// and including the headers every generation call sends.
 	chatHead, responsesHead []byte
@@ -118,6 +123,9 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 				return nil, fmt.Errorf("upstream %s: tls_ca %s: no certificate", cfg.Name, cfg.TLSCA)
 			}
 		}
+	}
+	if up.egress, up.bypassed, err = egressFor(egressEnvironment(), u, addr); err != nil {
+		return nil, fmt.Errorf("upstream %s: %w", cfg.Name, err)
 	}
 	up.pool = newConnPool(addr, tls, cfg.MaxConnections, cfg.FirstByteTimeout, up.dial)
 	up.pool.overran = up.answerOverran
@@ -253,7 +261,8 @@ func retryStaleConnection(_ *fasthttp.Request, attempts int, err error) (bool, b
 }
 
 // dial opens a connection to the upstream at addr, ready for a request:
-// the TCP connect and, for https, the TLS handshake, both by one deadline
+// the TCP connect (through an egress proxy, to the proxy, and its answer
+// to CONNECT) and, for https, the TLS handshake, all by one deadline
 // connect_timeout after the dial began. Left to the first request's
 // write, the handshake was timed by first_byte_timeout (a non-streamed
 // call's response_timeout), and its failure read as a request sent and
@@ -264,13 +273,23 @@ func retryStaleConnection(_ *fasthttp.Request, attempts int, err error) (bool, b
 func (u *upstream) dial(addr string) (net.Conn, error) {
 	start := time.Now()
 	deadline := start.Add(u.cfg.ConnectTimeout)
-	d := net.Dialer{Deadline: deadline}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		return nil, &connectError{err: err}
+	var c net.Conn
+	var took time.Duration
+	if u.egress != nil {
+		var err error
+		if c, took, err = u.egress.tunnel(addr, deadline, u.cfg.ConnectTimeout); err != nil {
+			return nil, err
+		}
+	} else {
+		d := net.Dialer{Deadline: deadline}
+		var err error
+		if c, err = d.Dial("tcp", addr); err != nil {
+			return nil, &connectError{err: err}
+		}
+		took = time.Since(start)
 	}
 	tc := &timeoutConn{Conn: rawconn.Wrap(c), firstByte: u.cfg.FirstByteTimeout, firstByteConfigured: u.cfg.FirstByteTimeout,
-		idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout, connectTook: time.Since(start)}
+		idle: u.cfg.IdleTimeout, write: u.cfg.WriteTimeout, connectTook: took}
 	if u.tlsConfig == nil {
 		return tc, nil
 	}
@@ -285,11 +304,29 @@ func (u *upstream) dial(addr string) (net.Conn, error) {
 // handshakeError words a TLS handshake with addr that failed with err.
 // The certificate's x509 reason stays in it, for the log and last_error.
 func (u *upstream) handshakeError(addr string, err error) *connectError {
+	step := "TLS handshake with " + addr
+	if u.egress != nil {
+		step += " through egress proxy " + u.egress.name
+	}
 	if isTimeout(err) {
-		return &connectError{step: "TLS handshake with " + addr, reason: "the TLS handshake timed out",
+		return &connectError{step: step, reason: "the TLS handshake timed out",
 			err: fmt.Errorf("not done within connect_timeout (%s)", u.cfg.ConnectTimeout)}
 	}
-	return &connectError{step: "TLS handshake with " + addr, reason: "the TLS handshake failed", err: err}
+	return &connectError{step: step, reason: "the TLS handshake failed", err: err}
+}
+
+// logEgress says how u is dialled when that is not what it was before
+// (prev, nil at start or for a new upstream): through which egress proxy,
+// or directly although HTTP_PROXY is set.
+func (u *upstream) logEgress(prev *upstream) {
+	switch {
+	case u.egress != nil && (prev == nil || prev.egress == nil || prev.egress.name != u.egress.name):
+		u.logf("upstream %s (%s) goes through the egress proxy %s (HTTPS_PROXY; list its host in NO_PROXY to dial it directly)",
+			u.cfg.Name, logURL(u.cfg.BaseURL), u.egress.name)
+	case u.bypassed != "" && (prev == nil || prev.bypassed != u.bypassed):
+		u.logf("upstream %s (%s) is dialled directly, not through HTTP_PROXY (%s): only https upstreams go through a proxy",
+			u.cfg.Name, logURL(u.cfg.BaseURL), u.bypassed)
+	}
 }
 
 // connectError is a connection to an upstream that could not be opened:

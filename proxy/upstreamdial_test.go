@@ -13,6 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/testutil"
+	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -34,6 +35,35 @@ func (h *poolHarness) setUpstreamOf(i int, baseURL, settings string) {
 		}
 		return fmt.Errorf("p%d's base_url is not %s yet", i, baseURL)
 	})
+}
+
+// editUpstream replaces old by new in the config, and waits until the
+// gateway runs an upstream p0 inForce says is the edited one.
+func (h *poolHarness) editUpstream(old, new string, inForce func(config.Upstream) bool) {
+	h.t.Helper()
+	cfg := readFile(h.t, h.cfgPath)
+	if !strings.Contains(cfg, old) {
+		h.t.Fatalf("no %q in the config", old)
+	}
+	h.writeConfig(strings.Replace(cfg, old, new, 1))
+	checkFor(h.t, 3*time.Second, 10*time.Millisecond, func() error {
+		for _, u := range h.gw.World().Config.Upstreams {
+			if u.Name == "p0" && inForce(u) {
+				return nil
+			}
+		}
+		return fmt.Errorf("%q is not in force yet", new)
+	})
+}
+
+// writeCAFile writes cert's CA to a file for tls_ca, and names it.
+func writeCAFile(t *testing.T, cert *testutil.TLSCertificate) string {
+	t.Helper()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, cert.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return caFile
 }
 
 // A member whose host takes connections and never answers a TLS
@@ -176,27 +206,8 @@ func TestUpstreamTLSCATrustsAPrivateCA(t *testing.T) {
 		t.Fatalf("p0's last_error %q lacks the x509 reason", st.LastError)
 	}
 
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caFile, cert.CAPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	edit := func(old, new string, inForce func(config.Upstream) bool) {
-		t.Helper()
-		cfg := readFile(t, h.cfgPath)
-		if !strings.Contains(cfg, old) {
-			t.Fatalf("no %q in the config", old)
-		}
-		h.writeConfig(strings.Replace(cfg, old, new, 1))
-		checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
-			for _, u := range h.gw.World().Config.Upstreams {
-				if u.Name == "p0" && inForce(u) {
-					return nil
-				}
-			}
-			return fmt.Errorf("%q is not in force yet", new)
-		})
-	}
-	edit("first_byte_timeout: 2s}", "first_byte_timeout: 2s, connect_timeout: 2s, tls_ca: "+caFile+"}",
+	caFile := writeCAFile(t, cert)
+	h.editUpstream("first_byte_timeout: 2s}", "first_byte_timeout: 2s, connect_timeout: 2s, tls_ca: "+caFile+"}",
 		func(u config.Upstream) bool { return u.TLSCA == caFile })
 	if resp := h.post("/v1/chat/completions", smallChat); resp.StatusCode != 200 {
 		t.Fatalf("with tls_ca: %d %s", resp.StatusCode, readAll(t, resp))
@@ -206,7 +217,7 @@ func TestUpstreamTLSCATrustsAPrivateCA(t *testing.T) {
 	if <-resumed {
 		t.Fatal("the first trusted connection resumed a session")
 	}
-	edit("connect_timeout: 2s", "connect_timeout: 3s", func(u config.Upstream) bool { return u.ConnectTimeout == 3*time.Second })
+	h.editUpstream("connect_timeout: 2s", "connect_timeout: 3s", func(u config.Upstream) bool { return u.ConnectTimeout == 3*time.Second })
 	if resp := h.post("/v1/chat/completions", smallChat); resp.StatusCode != 200 {
 		t.Fatalf("after an edit: %d %s", resp.StatusCode, readAll(t, resp))
 	} else {
@@ -214,5 +225,53 @@ func TestUpstreamTLSCATrustsAPrivateCA(t *testing.T) {
 	}
 	if !<-resumed {
 		t.Fatal("after a reload that edited connect_timeout, the upstream's new connection did not resume its TLS session")
+	}
+}
+
+// An https upstream goes through the egress proxy HTTPS_PROXY names, in
+// a CONNECT tunnel with the proxy's credentials, TLS to the upstream
+// inside it; the log says so once, naming the proxy without them. A
+// proxy that refuses the tunnel is a connection not opened, which the
+// client is told and last_error names. The gateway dialled every
+// upstream itself: behind an egress proxy, each was "unreachable".
+func TestUpstreamThroughAnEgressProxy(t *testing.T) {
+	cert := testutil.NewTLSCertificate(t, "upstream.test")
+	upURL, _ := startTLSProxytest(t, cert)
+	egress := proxy.StartConnectProxy(t, "ops", "s3cret", map[string]string{
+		"upstream.test:443": strings.TrimSuffix(strings.TrimPrefix(upURL, "https://"), "/v1"),
+	})
+	proxy.SetEgressProxy(t, egress.ProxyURL())
+	var log logCapture
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 1, "  retries: 0")
+	h.setUpstreamOf(0, "https://upstream.test/v1", "first_byte_timeout: 2s, connect_timeout: 2s, tls_ca: "+writeCAFile(t, cert))
+	for _, body := range []string{smallChat, `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`} {
+		resp := h.post("/v1/chat/completions", body)
+		if got := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("through the proxy: %d %s", resp.StatusCode, got)
+		}
+	}
+	if seen := egress.Seen(); len(seen) == 0 || seen[0] != "CONNECT upstream.test:443 authorized" {
+		t.Fatalf("the proxy saw %q", seen)
+	}
+	said := "upstream p0 (https://upstream.test/v1) goes through the egress proxy http://" + egress.Addr()
+	if got := log.matching(said); len(got) != 1 {
+		t.Fatalf("logged %q, want one line saying %q", got, said)
+	}
+
+	egress.AnswerWith(407)
+	h.editUpstream("connect_timeout: 2s", "connect_timeout: 3s", func(u config.Upstream) bool { return u.ConnectTimeout == 3*time.Second })
+	e := wantError(t, h.post("/v1/chat/completions", smallChat), 503, "upstream_unavailable")
+	if msg := e["message"].(string); !strings.Contains(msg, "the egress proxy refused the tunnel (407 Proxy Authentication Required)") ||
+		strings.Contains(msg, egress.Addr()) {
+		t.Fatalf("a client is told %q", msg)
+	}
+	if st := h.statuses()["p0"]; !strings.Contains(st.LastError, "through egress proxy http://"+egress.Addr()+": it answered 407") || strings.Contains(st.LastError, "s3cret") {
+		t.Fatalf("p0's last_error %q", st.LastError)
+	}
+	if got := log.matching("s3cret"); len(got) != 0 {
+		t.Fatalf("the log holds the proxy's password: %q", got)
+	}
+	if got := log.matching("goes through the egress proxy"); len(got) != 1 {
+		t.Fatalf("the edit logged the proxy again: %q", got)
 	}
 }

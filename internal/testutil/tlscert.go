@@ -14,8 +14,9 @@ import (
 	"time"
 )
 
-// TLSCertificate is a server certificate for 127.0.0.1 and localhost
-// signed by a CA made for one test, valid for an hour.
+// TLSCertificate is a server certificate for 127.0.0.1, localhost and
+// the names asked for, signed by a CA made for one test, valid for an
+// hour.
 type TLSCertificate struct {
 	Cert  tls.Certificate
 	CAPEM []byte         // the CA's certificate, PEM
@@ -23,7 +24,7 @@ type TLSCertificate struct {
 }
 
 // NewTLSCertificate makes a CA and a server certificate it signed.
-func NewTLSCertificate(t testing.TB) *TLSCertificate {
+func NewTLSCertificate(t testing.TB, names ...string) *TLSCertificate {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -49,7 +50,7 @@ func NewTLSCertificate(t testing.TB) *TLSCertificate {
 	leaf := &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "localhost"},
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames: append([]string{"localhost"}, names...), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
