@@ -232,11 +232,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					// A page of a front that may be about this request
 					// alone (nginx's 413 for a body over its 1 MiB, a
 					// firewall's 403 for a prompt's words): counted
-					// against the upstream and tried on the others, one
-					// client's requests could eject a whole pool fronted
-					// alike. Logged, the operator sees a misconfigured
-					// front (nginx's 400 for http:// on its https port).
-					requestsFault, lastErr.NoRetry = true, true
+					// against the upstream, one client's requests could
+					// eject a whole pool fronted alike. It is still tried
+					// on another member, which a misconfigured front
+					// (nginx's 400 for http:// on its https port) does
+					// not stand before; logged, the operator sees it.
+					requestsFault = true
 					up.pageInsteadOfError(errStatus, badAnswer)
 				}
 			case generating:
