@@ -32,6 +32,19 @@ func Load(path string) (*Config, error) {
 	return parse(path, data, os.LookupEnv)
 }
 
+// LoadNotConnecting is Load for the commands that do not connect to NATS
+// (the admin CLI, finance, config get, migrate): it leaves the NATS
+// credentials and TLS files unread. They are often readable only by the
+// user serve runs as, and an operator allowed to read gateway.yaml could
+// not run any of those commands when the load read them.
+func LoadNotConnecting(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	return parseWith(path, data, os.LookupEnv, false)
+}
+
 // Parse is Load for bytes already read; name is the file name used in error
 // messages and stored in Config.Path. Environment variables are read from the
 // process environment.
@@ -66,10 +79,20 @@ type loader struct {
 	// decoding (and validation from checking) the rest of the file.
 	broken []brokenValue
 	walked int
+	// natsFiles: read the NATS credentials and TLS files (checkNATSFiles),
+	// for the commands that connect.
+	natsFiles bool
 }
 
 func parse(name string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	return parseWith(name, data, lookupEnv, true)
+}
+
+// parseWith is parse; natsFiles says whether the NATS credentials and TLS
+// files are read (checkNATSFiles).
+func parseWith(name string, data []byte, lookupEnv func(string) (string, bool), natsFiles bool) (*Config, error) {
 	l := &loader{
+		natsFiles:  natsFiles,
 		file:       name,
 		data:       data,
 		lookupEnv:  lookupEnv,

@@ -17,7 +17,7 @@ import (
 // file". The embedded server uses none of them. Paths are taken as
 // nats.go takes them: relative to the working directory.
 func (l *loader) checkNATSFiles(n NATS) {
-	if n.URL == "" {
+	if n.URL == "" || !l.natsFiles {
 		return
 	}
 	if n.CredsFile != "" {

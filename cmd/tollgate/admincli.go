@@ -50,7 +50,7 @@ func adminFlags(fs *flag.FlagSet) *adminTarget {
 	// $TOLLGATE_LISTEN fills it in), as its data dir comes from there.
 	listen := os.Getenv("TOLLGATE_LISTEN")
 	path := configPath(nil)
-	switch cfg, err := config.Load(path); {
+	switch cfg, err := config.LoadNotConnecting(path); {
 	case err == nil:
 		t.cfg, listen = cfg, cfg.Server.Listen
 	case !errors.Is(err, os.ErrNotExist) || os.Getenv("TOLLGATE_CONFIG") != "":
@@ -751,7 +751,7 @@ func printSetting(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := config.Load(path)
+	cfg, err := config.LoadNotConnecting(path)
 	if err != nil {
 		return fmt.Errorf("%s is invalid:\n%w", path, err)
 	}

@@ -187,7 +187,7 @@ func runMigrate(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := config.Load(path)
+	cfg, err := config.LoadNotConnecting(path)
 	if err != nil {
 		return err
 	}

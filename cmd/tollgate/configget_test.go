@@ -78,3 +78,25 @@ func TestConfigGetArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandsThatDoNotConnectLeaveTheNATSFilesUnread: the NATS
+// credentials and TLS files are often readable only by the user serve
+// runs as. Read by every load, they stopped config get, the admin CLI,
+// finance and migrate for an operator allowed to read gateway.yaml;
+// config check, which speaks for serve, still reads them.
+func TestCommandsThatDoNotConnectLeaveTheNATSFilesUnread(t *testing.T) {
+	t.Setenv("TOLLGATE_CONFIG", "")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gateway.yaml")
+	yaml := "server:\n  listen: 127.0.0.1:30150\nnats:\n  url: nats://127.0.0.1:4222\n  creds_file: " + filepath.Join(dir, "unreadable.creds") +
+		"\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\nmodels:\n  - id: m1\n    context_length: 100\n    max_output_length: 10\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := stdoutOf(t, func() error { return runConfig([]string{"get", "server.listen", path}) }); err != nil || out != "127.0.0.1:30150\n" {
+		t.Errorf("config get: printed %q, %v; want 127.0.0.1:30150", out, err)
+	}
+	if _, err := stdoutOf(t, func() error { return runConfig([]string{"check", path}) }); err == nil || !strings.Contains(err.Error(), "nats.creds_file") {
+		t.Errorf("config check: %v; want the creds file refused", err)
+	}
+}

@@ -67,7 +67,7 @@ func runFinance(args []string) error {
 		fmt.Println(sql)
 		return nil
 	}
-	cfg, err := config.Load(configPath(nil))
+	cfg, err := config.LoadNotConnecting(configPath(nil))
 	if err != nil {
 		return err
 	}
