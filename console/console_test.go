@@ -1424,3 +1424,35 @@ func TestStrictTransportSecurityOverHTTPSOnly(t *testing.T) {
 		}
 	}
 }
+
+// A key form whose claim landed without a key (its send timed out while
+// NATS was away, the claim delivered when it came back) is no reload once
+// that send has given up: sent again, as its 503 page says to, it makes
+// the key. It was answered "Key already created" with no key made.
+func TestKeyFormClaimedByASendThatMadeNoKeyMakesTheKey(t *testing.T) {
+	old := abandonedClaim
+	abandonedClaim = 200 * time.Millisecond
+	t.Cleanup(func() { abandonedClaim = old })
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	form := b.keyForm(url.Values{"name": {"late"}, "scopes": {"generate"}})
+	if _, err := g.console.keyForms.claim(t.Context(), form.Get("form_token"), "acme"); err != nil {
+		t.Fatal(err)
+	}
+	// Sent again at once, it is a double click: the first may still work.
+	if resp := b.post("/console/keys", form); resp.StatusCode != 409 {
+		t.Fatalf("sent while the claim is fresh: %d %s; want 409", resp.StatusCode, readAll(t, resp))
+	}
+	time.Sleep(300 * time.Millisecond)
+	resp := b.post("/console/keys", form)
+	if page := string(readAll(t, resp)); resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
+		t.Fatalf("sent again after the claim was abandoned: %d %s; want the key made", resp.StatusCode, page)
+	}
+	if resp := b.post("/console/keys", form); resp.StatusCode != 409 {
+		t.Fatalf("sent once more: %d; want 409, the key made", resp.StatusCode)
+	}
+	if keys, err := g.svc.ListKeys(t.Context(), "acme"); err != nil || len(keys) != 1 {
+		t.Fatalf("%d keys, %v; want the 1 made", len(keys), err)
+	}
+}

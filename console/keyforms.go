@@ -24,6 +24,11 @@ const BucketKeyForms = "TOLLGATE_CONSOLE_KEY_FORMS"
 // it in hex, which is a valid KV key as it is.
 const keyFormTokenBytes = 16
 
+// abandonedClaim is how old a claim that names no key may be before a
+// new send of its form takes it over: past the store's timeout twice, the
+// send that claimed it has given up (a var for the tests).
+var abandonedClaim = 2 * storeTimeout
+
 // errKeyFormSent is claim's answer for a form sent before.
 var errKeyFormSent = errors.New("this key form was sent before")
 
@@ -108,6 +113,17 @@ func (f *keyForms) claim(ctx context.Context, token, account string) (keyFormSen
 		var first keyFormSent
 		if err := json.Unmarshal(entry.Value(), &first); err != nil {
 			return keyFormSent{}, fmt.Errorf("decoding a key form sent before: %w", err)
+		}
+		if first.KeyID == "" && first.Account == account && time.Since(entry.Created()) > abandonedClaim && attempt < 3 {
+			// A send that made no key and could not say so: its claim
+			// timed out in the client while NATS was away and landed when
+			// it came back, after its page had told the holder to send
+			// the form again. Taken for a reload, that send was told a
+			// key had been made.
+			if _, err := f.kv.Update(ctx, token, data, entry.Revision()); err == nil {
+				return mine, nil
+			}
+			continue // another send took it first: read what it wrote
 		}
 		return first, errKeyFormSent
 	}
