@@ -9,6 +9,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// maxCreationsRead bounds the markers a refused creation reads to say how
+// long to wait; past it (a limit lowered far below what an account made)
+// the wait said is the whole window, which is never too short.
+const maxCreationsRead = 100
+
 // CreationWindow is the span the creation limits count over: they are
 // limits per hour.
 const CreationWindow = time.Hour
@@ -69,14 +74,26 @@ func (l *CreationLog) Take(ctx context.Context, account string, limit int) (made
 		}
 		return made + 1, 0, nil
 	}
-	wait = time.Second
-	oldest, err := l.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject))
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, 0, fmt.Errorf("reading the oldest creation of %s: %w", account, err)
+	// The next creation is allowed once made-limit+1 of them have left the
+	// window: the wait is the age of that one, not of the oldest, which
+	// said "in 2 seconds" to an account past a limit lowered by a reload
+	// (or passed by racing creations) and refused it again then.
+	wait = l.window
+	if leaving := made - limit + 1; leaving <= maxCreationsRead {
+		seq := uint64(1)
+		for i := 0; i < leaving; i++ {
+			msg, err := l.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				wait = 0 // left the window meanwhile
+				break
+			}
+			if err != nil {
+				return 0, 0, fmt.Errorf("reading the creations of %s: %w", account, err)
+			}
+			seq = msg.Sequence + 1
+			// The stream drops a message a moment after it is window old.
+			wait = time.Until(msg.Time.Add(l.window))
+		}
 	}
-	if err == nil {
-		// The stream drops a message a moment after it is window old.
-		wait = max(time.Until(oldest.Time.Add(l.window)), time.Second)
-	}
-	return made, wait, nil
+	return made, max(wait, time.Second), nil
 }

@@ -58,3 +58,31 @@ func TestCreationLogLimitsPerAccountAcrossProcesses(t *testing.T) {
 		t.Errorf("made again after %s, inside the %s window", waited, window)
 	}
 }
+
+// TestCreationLogWaitsForEnoughToLeave: an account past its limit (lowered
+// by a reload, or passed by racing creations) may make again once
+// made-limit+1 creations have left the window, not the oldest alone: the
+// wait said "in 2 seconds" and the retry then was refused for minutes.
+func TestCreationLogWaitsForEnoughToLeave(t *testing.T) {
+	ctx := testContext(t)
+	b := startEmbeddedBroker(t, t.TempDir())
+	defer b.Close()
+	const window = 10 * time.Second
+	log, err := EnsureCreationLog(ctx, b.JetStream(), "TEST_CREATED", "test", "test.created.", 1, window)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := log.Take(ctx, "acme", 5); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	for range 2 {
+		if _, _, err := log.Take(ctx, "acme", 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	made, wait, err := log.Take(ctx, "acme", 1)
+	if err != nil || made != 3 || wait < window-time.Second {
+		t.Fatalf("3 made under a limit lowered to 1: made %d, wait %s, %v; want a wait until the newest leaves, over %s", made, wait, err, window-time.Second)
+	}
+}

@@ -761,7 +761,7 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	var tooFast *accounts.KeyRateError
 	if errors.As(err, &tooFast) {
 		proxy.SetRetryAfter(&ctx.Response.Header, tooFast.Wait)
-		c.renderKeys(ctx, call, sess, 429, in, plain(fmt.Sprintf("Your account has made %d keys in the last hour, as many as this gateway allows (auth.max_keys_created_per_hour, deleted keys included). You can make the next one in %s.",
+		c.renderKeys(ctx, call, sess, 429, in, plain(fmt.Sprintf("Your account has made %d keys in the last hour, at least as many as this gateway allows (auth.max_keys_created_per_hour, deleted keys included). You can make the next one in %s.",
 			tooFast.Made, roundUpWait(tooFast.Wait))))
 		return
 	}
