@@ -162,11 +162,8 @@ func (u *upstream) pageInsteadOfError(status int, what string) {
 	if !ok {
 		return
 	}
-	more := ""
-	if held > 0 {
-		more = fmt.Sprintf(" (and %d more since the last such line)", held)
-	}
-	u.logf("upstream %s answered %d with %s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); its client got a 502 upstream_bad_answer%s", u.cfg.Name, status, what, more)
+	u.logf("upstream %s answered %d with %s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); its client got a 502 upstream_bad_answer%s",
+		u.cfg.Name, status, what, loglimit.HeldNote(held, "since the last such line"))
 }
 
 // adoptTLSSessions makes u resume the TLS sessions of prev, the
@@ -192,11 +189,8 @@ func (u *upstream) answerOverran(n int) {
 	if !ok {
 		return
 	}
-	more := ""
-	if held > 0 {
-		more = fmt.Sprintf(" (and %d more answers since the last such line; see tollgate_upstream_overruns_total)", held)
-	}
-	u.logf("upstream %s sent %d bytes or more after the end of an answer, which nobody asked for: its connection was closed, not kept for the next call, whose answer they would have been taken for%s", u.cfg.Name, n, more)
+	u.logf("upstream %s sent %d bytes or more after the end of an answer, which nobody asked for: its connection was closed, not kept for the next call, whose answer they would have been taken for%s",
+		u.cfg.Name, n, loglimit.HeldNote(held, "answers since the last such line; see tollgate_upstream_overruns_total"))
 }
 
 // isLoopbackHost reports whether host (a URL's, without brackets or

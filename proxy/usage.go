@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/loglimit"
 	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/tokens"
@@ -95,11 +96,8 @@ func (c *generationCall) logRefusedUsage(after int64) {
 			instead += fmt.Sprintf(", and %d the tokenizer counted in the output after it", after)
 		}
 	}
-	more := ""
-	if held > 0 {
-		more = fmt.Sprintf(" (and %d more calls since the last such line; see tollgate_upstream_usage_refused_total)", held)
-	}
-	c.server.logf("proxy: call %s: upstream %s reported usage %s; billing %s%s", c.reqID, c.upstream.cfg.Name, c.refusedUsage, instead, more)
+	c.server.logf("proxy: call %s: upstream %s reported usage %s; billing %s%s", c.reqID, c.upstream.cfg.Name, c.refusedUsage, instead,
+		loglimit.HeldNote(held, "calls since the last such line; see tollgate_upstream_usage_refused_total"))
 }
 
 // believedUsage reads an upstream's usage report: its counts, and why they

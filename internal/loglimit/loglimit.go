@@ -6,6 +6,7 @@
 package loglimit
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -30,4 +31,13 @@ func (l *Limiter) Allow(now time.Time, every time.Duration) (ok bool, held int) 
 	}
 	held, l.held, l.next = l.held, 0, now.Add(every)
 	return true, held
+}
+
+// HeldNote is what a line let through adds for the held lines before it:
+// " (and N more WHAT)", or nothing when none was held.
+func HeldNote(held int, what string) string {
+	if held == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (and %d more %s)", held, what)
 }

@@ -28,3 +28,12 @@ func TestLimiter(t *testing.T) {
 		}
 	}
 }
+
+func TestHeldNote(t *testing.T) {
+	if got := HeldNote(0, "calls"); got != "" {
+		t.Errorf("none held: %q", got)
+	}
+	if got := HeldNote(3, "calls since the last such line"); got != " (and 3 more calls since the last such line)" {
+		t.Errorf("3 held: %q", got)
+	}
+}
