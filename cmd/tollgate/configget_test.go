@@ -11,13 +11,19 @@ import (
 // stdoutOf runs f and returns what it printed to os.Stdout.
 func stdoutOf(t *testing.T, f func() error) (string, error) {
 	t.Helper()
+	return outputOf(t, &os.Stdout, f)
+}
+
+// outputOf runs f with *file a pipe and returns what f wrote to it.
+func outputOf(t *testing.T, file **os.File, f func() error) (string, error) {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	saved := os.Stdout
-	os.Stdout = w
-	defer func() { os.Stdout = saved }()
+	saved := *file
+	*file = w
+	defer func() { *file = saved }()
 	done := make(chan string)
 	go func() {
 		b, _ := io.ReadAll(r)

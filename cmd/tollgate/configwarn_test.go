@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,21 +12,7 @@ import (
 // stderrOf runs f and returns what it wrote to os.Stderr.
 func stderrOf(t *testing.T, f func() error) (string, error) {
 	t.Helper()
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	saved := os.Stderr
-	os.Stderr = w
-	defer func() { os.Stderr = saved }()
-	done := make(chan string)
-	go func() {
-		b, _ := io.ReadAll(r)
-		done <- string(b)
-	}()
-	ferr := f()
-	w.Close()
-	return <-done, ferr
+	return outputOf(t, &os.Stderr, f)
 }
 
 // /metrics needs no key, and with server.metrics_listen empty it is
