@@ -269,16 +269,7 @@ func TestSuccessWithoutAJSONBodyIs502(t *testing.T) {
 // client's 502 with a healthy member beside it.
 func TestSuccessWithoutAJSONBodyMovesOnToAnotherUpstream(t *testing.T) {
 	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin", proxytest.Options{Status: 200, ErrorBody: "<html><body>502 Bad Gateway</body></html>"})
-	for i := range 6 {
-		body := smallChat
-		if i%2 == 1 {
-			body = strings.Replace(smallChat, `{`, `{"stream":true,`, 1)
-		}
-		resp := h.post("/v1/chat/completions", body)
-		if got := readAll(t, resp); resp.StatusCode != 200 {
-			t.Fatalf("call %d: %d %s", i, resp.StatusCode, got)
-		}
-	}
+	h.answeredAll(6)
 	for _, ev := range h.events(6) {
 		if ev.Upstream != "p1" {
 			t.Fatalf("billed for %s: %+v", ev.Upstream, ev)
@@ -1321,5 +1312,21 @@ func TestPoolLogsAnUpstreamAloneThatBreaksStreamsOnce(t *testing.T) {
 	}
 	if back := lines("upstream p0 is back"); len(back) != 1 {
 		t.Fatalf("logged %q once streams complete, want one line", back)
+	}
+}
+
+// answeredAll makes n chat calls, streamed and not by turns, each of which
+// must be answered 200.
+func (h *poolHarness) answeredAll(n int) {
+	h.t.Helper()
+	for i := range n {
+		body := smallChat
+		if i%2 == 1 {
+			body = strings.Replace(smallChat, `{`, `{"stream":true,`, 1)
+		}
+		resp := h.post("/v1/chat/completions", body)
+		if got := readAll(h.t, resp); resp.StatusCode != 200 {
+			h.t.Fatalf("call %d: %d %s", i, resp.StatusCode, got)
+		}
 	}
 }

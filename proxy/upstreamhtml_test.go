@@ -64,16 +64,7 @@ func TestUpstreamHTMLPageWith400IsABadAnswerNotTheClients(t *testing.T) {
 // front is misconfigured costs its calls a second try, not an error.
 func TestUpstreamHTMLPageWith4xxMovesOnAndEjectsNoMember(t *testing.T) {
 	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin", proxytest.Options{Status: 413, ErrorBody: "<html><body>413 Request Entity Too Large</body></html>"})
-	for i := range 6 {
-		body := smallChat
-		if i%2 == 1 {
-			body = strings.Replace(smallChat, `{`, `{"stream":true,`, 1)
-		}
-		resp := h.post("/v1/chat/completions", body)
-		if got := readAll(t, resp); resp.StatusCode != 200 {
-			t.Fatalf("call %d: %d %s; want the other member's answer", i, resp.StatusCode, got)
-		}
-	}
+	h.answeredAll(6) // the other member's answers
 	for name, s := range h.statuses() {
 		if s.Ejections != 0 || s.State != "healthy" {
 			t.Fatalf("%s %+v; want a page that may be the request's counted against no member", name, s)
