@@ -694,9 +694,9 @@ func (l *loader) readCAFile(file, baseURL, path string) string {
 		l.check(false, path, "set for an http:// base_url, which has no TLS to verify: remove it, or use https://")
 		return ""
 	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		l.check(false, path, "cannot be read: %v", err)
+	// A pipe named here held the check, and each reload, on its read.
+	data, ok := l.readSettingFile(file, path, "the PEM file of the CA that signed the upstream's certificate")
+	if !ok {
 		return ""
 	}
 	certs := 0
