@@ -142,7 +142,7 @@ func (s *Service) count(ctx context.Context, j *Job, maxLine int) (lines, estima
 		}
 		lines++
 		if lines == 1 {
-			if enc := utf16Encoding(line); enc != "" {
+			if enc := jsoncheck.UTF16Encoding(line); enc != "" {
 				return 0, 0, errUnreadableInput(fmt.Sprintf("the input is %s; upload NDJSON in UTF-8 (PowerShell 5's > writes UTF-16: use Out-File -Encoding utf8)", enc))
 			}
 		}
@@ -174,19 +174,6 @@ func (s *Service) count(ctx context.Context, j *Job, maxLine int) (lines, estima
 type errUnreadableInput string
 
 func (e errUnreadableInput) Error() string { return string(e) }
-
-// utf16Encoding names the UTF-16 encoding a first line is in ("" for
-// none): by its byte order mark, or, without one, by the NUL of its first
-// character, "{" being ASCII.
-func utf16Encoding(line []byte) string {
-	switch {
-	case bytes.HasPrefix(line, []byte{0xff, 0xfe}), len(line) >= 2 && line[0] != 0 && line[1] == 0:
-		return "UTF-16 little-endian"
-	case bytes.HasPrefix(line, []byte{0xfe, 0xff}), len(line) >= 2 && line[0] == 0 && line[1] != 0:
-		return "UTF-16 big-endian"
-	}
-	return ""
-}
 
 // labelTokens is the tokens of a request's labels, descriptions and
 // examples.
@@ -1246,20 +1233,18 @@ func newLineReader(r io.Reader, offset int64, max int) *lineReader {
 	return &lineReader{r: bufio.NewReaderSize(r, readBuffer), max: max, offset: offset}
 }
 
-// utf8BOM starts the files many Windows tools write; the first line would
-// otherwise be "not valid JSON" although it looks valid in any editor.
-var utf8BOM = []byte("\xef\xbb\xbf")
-
 // next returns the next line, valid until the following call, without a
 // byte order mark at the start of the input. tooLong says the line had
 // more than max bytes; they were skipped, and line is empty. The error is
 // io.EOF at the end of the input.
 func (lr *lineReader) next() (line []byte, tooLong bool, err error) {
 	if lr.offset == 0 {
-		// Skipped before the line is read, so it is not counted against
-		// max: a first line of exactly max bytes after one was refused.
-		if head, _ := lr.r.Peek(len(utf8BOM)); bytes.Equal(head, utf8BOM) {
-			n, _ := lr.r.Discard(len(utf8BOM))
+		// The first line would otherwise be "not valid JSON" although it
+		// looks valid in any editor. Skipped before the line is read, so
+		// it is not counted against max: a first line of exactly max
+		// bytes after one was refused.
+		if head, _ := lr.r.Peek(len(jsoncheck.UTF8BOM)); bytes.Equal(head, jsoncheck.UTF8BOM) {
+			n, _ := lr.r.Discard(len(jsoncheck.UTF8BOM))
 			lr.offset += int64(n)
 		}
 	}

@@ -79,17 +79,24 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string, p config.Plug
 	if len(body) == 0 {
 		return proxy.BadRequest("", "the request body is empty: send a JSON object such as "+example)
 	}
-	if bytes.HasPrefix(body, utf8BOM) {
+	if bytes.HasPrefix(body, jsoncheck.UTF8BOM) {
 		// Windows tools (PowerShell's Out-File, Notepad) write one; it
 		// was answered as if the body were not an object.
 		return proxy.BadRequest("", "the request body starts with a UTF-8 byte order mark (EF BB BF): send the JSON object without it")
 	}
+	if enc := jsoncheck.UTF16Encoding(body); enc != "" {
+		// It was "must be a JSON object", of a body that is one.
+		return proxy.BadRequest("", "the request body is "+enc+": send the JSON object in UTF-8")
+	}
 	if body[0] != '{' {
 		return proxy.BadRequest("", "the request body must be a JSON object such as "+example)
 	}
-	// gjson validates recursively: a body nested too deep is left to the
-	// decoder, which refuses it.
-	if !jsoncheck.TooDeep(body, jsoncheck.MaxDepth) && gjson.ValidBytes(body) {
+	if jsoncheck.TooDeep(body, jsoncheck.MaxDepth) {
+		// The decoder's "exceeded max depth" read as JSON that is not
+		// valid; say what chat says.
+		return proxy.BadRequest("", "the request body nests arrays and objects more than "+strconv.Itoa(jsoncheck.MaxDepth)+" deep")
+	}
+	if gjson.ValidBytes(body) {
 		if apiErr := checkMembers(body, dst, p.MaxTextBytes); apiErr != nil {
 			return apiErr
 		}
@@ -113,8 +120,6 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string, p config.Plug
 	}
 	return nonStringElement(body, dst)
 }
-
-var utf8BOM = []byte("\xef\xbb\xbf")
 
 // checkMembers walks body's members before it is decoded. It refuses a
 // member whose name is one of dst's fields in another case ("Labels",

@@ -61,6 +61,12 @@ func TestValidation(t *testing.T) {
 		{"descriptions capitalised", "/v1/classify", `{"text": "x", "labels": ["a"], "Descriptions": {"a": 5}}`, "Descriptions", `unknown field "Descriptions" (did you mean "descriptions"?`},
 		{"tags capitalised, escaped", "/v1/tag", `{"text": "x", "\u0054ags": ["a"]}`, "Tags", `unknown field "Tags" (did you mean "tags"?`},
 		{"byte order mark", "/v1/classify", "\ufeff" + `{"text": "x", "labels": ["a"]}`, "", "the request body starts with a UTF-8 byte order mark (EF BB BF)"},
+		// Windows PowerShell 5 writes UTF-16: it was "must be a JSON object"
+		// of a body that is one, and the decoder's "exceeded max depth"
+		// read as JSON that is not valid.
+		{"UTF-16 with its mark", "/v1/classify", "\xff\xfe{\x00\"\x00t\x00\"\x00:\x00\"\x00x\x00\"\x00}\x00", "", "the request body is UTF-16 little-endian: send the JSON object in UTF-8"},
+		{"UTF-16 big-endian", "/v1/classify", "\x00{\x00\"\x00t\x00\"\x00:\x00\"\x00x\x00\"\x00}", "", "the request body is UTF-16 big-endian: send the JSON object in UTF-8"},
+		{"nested too deep", "/v1/classify", `{"text": "x", "labels": ["a"], "mode": ` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, "", "the request body nests arrays and objects more than 10000 deep"},
 		{"text twice, escaped", "/v1/classify", `{"text": "x", "labels": ["a"], "te\u0078t": "y"}`, "text", `duplicate key "text" in request body`},
 		{"labels twice", "/v1/classify", `{"text": "x", "labels": ["a"], "labels": ["b"]}`, "labels", `duplicate key "labels" in request body`},
 		{"model twice", "/v1/classify", `{"text": "x", "labels": ["a"], "model": "lexical", "model": "llm"}`, "model", `duplicate key "model" in request body`},

@@ -201,6 +201,9 @@ func TestBadRequests(t *testing.T) {
 		{"duplicate escaped key", `{"model":"small","tools":[],"t\u006fols":[]}`, "tools", "duplicate"},
 		{"duplicate past 32 keys", `{"model":"small",` + manyKeys(40) + `,"k3":1}`, "k3", "duplicate"},
 		{"empty body", ``, "", "not valid JSON"},
+		// Windows tools write these; the message named no reason.
+		{"byte order mark", "\ufeff" + `{"model":"small"}`, "", "not valid JSON: it starts with a UTF-8 byte order mark (EF BB BF); send the JSON without it"},
+		{"UTF-16", "\xff\xfe{\x00}\x00", "", "not valid JSON: it is UTF-16 little-endian; send the JSON in UTF-8"},
 		// gjson validates recursively: a few million '[' overflowed the
 		// stack and killed the gateway with every call in flight.
 		{"nested too deep", `{"model":"small","x":` + strings.Repeat("[", 10001) + `}`, "", "more than 10000 deep"},

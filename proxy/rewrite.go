@@ -51,7 +51,7 @@ func scanRequest(body []byte) (requestFields, *APIError) {
 		return f, BadRequest("", "request body nests arrays and objects more than "+strconv.Itoa(jsoncheck.MaxDepth)+" deep")
 	}
 	if !gjson.ValidBytes(body) {
-		return f, BadRequest("", "request body is not valid JSON")
+		return f, BadRequest("", "request body is not valid JSON"+notUTF8(body))
 	}
 	root := gjson.Parse(bstr(body))
 	if !root.IsObject() {
@@ -266,3 +266,15 @@ func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c =
 // The string, and every gjson.Result taken from it, MUST NOT be used after
 // b is modified or reused.
 func bstr(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// notUTF8 says why a body that is not valid JSON may look valid to its
+// sender: the byte order mark or the UTF-16 that Windows tools write.
+func notUTF8(body []byte) string {
+	if bytes.HasPrefix(body, jsoncheck.UTF8BOM) {
+		return ": it starts with a UTF-8 byte order mark (EF BB BF); send the JSON without it"
+	}
+	if enc := jsoncheck.UTF16Encoding(body); enc != "" {
+		return ": it is " + enc + "; send the JSON in UTF-8"
+	}
+	return ""
+}

@@ -277,3 +277,22 @@ func Kind(v gjson.Result) string {
 	}
 	return "null"
 }
+
+// UTF16Encoding names the UTF-16 encoding data is in ("" for none): by
+// its byte order mark, or, without one, by the NUL beside its first
+// character, JSON's first character being ASCII. Windows tools write
+// UTF-16 (PowerShell 5's > and Out-File), and a parser reads it as
+// JSON that is not valid, which named no reason a user could act on.
+func UTF16Encoding(data []byte) string {
+	switch {
+	case bytes.HasPrefix(data, []byte{0xff, 0xfe}), len(data) >= 2 && data[0] != 0 && data[1] == 0:
+		return "UTF-16 little-endian"
+	case bytes.HasPrefix(data, []byte{0xfe, 0xff}), len(data) >= 2 && data[0] == 0 && data[1] != 0:
+		return "UTF-16 big-endian"
+	}
+	return ""
+}
+
+// UTF8BOM starts the files many Windows tools write (Notepad,
+// PowerShell's Out-File -Encoding utf8); JSON has no place for it.
+var UTF8BOM = []byte("\xef\xbb\xbf")
