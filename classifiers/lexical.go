@@ -81,9 +81,10 @@ func (e lexical) Classify(ctx context.Context, req ClassifyRequest) (ClassifyRes
 		return res, ErrNoLabels
 	}
 	ls := compileLabels(req.Labels, req.Descriptions, req.Examples)
-	text := analyzeFor(req.Text, ls.literal)
+	raw := composed(req.Text)
+	text := analyzeFor(raw, ls.literal)
 	textBag := bagOf(text.terms)
-	sims := labelSimilarities(&textBag, req.Text, ls)
+	sims := labelSimilarities(&textBag, raw, ls)
 
 	res.Scores = make([]LabelScore, len(req.Labels))
 	if req.Mode == ModeMulti {
@@ -188,14 +189,16 @@ func compileLabels(labels []string, descriptions map[string]string, examples map
 }
 
 func buildLabelSet(labels []string, descriptions map[string]string, examples map[string][]string) *labelSet {
-	block := labelBlock(labels, descriptions, examples)
+	// The set as sent is what its tokens are counted on, as a text's are.
+	tokenCount := int64(tokens.Count(labelBlock(labels, descriptions, examples)))
+	labels, descriptions, examples = composedSet(labels, descriptions, examples)
 	ls := &labelSet{
 		profiles: make([]bag, len(labels)),
 		polarity: make([]float64, len(labels)),
 		neutral:  make([]bool, len(labels)),
 		fallback: make([]bool, len(labels)),
 		literal:  literalWords(labels),
-		tokens:   int64(tokens.Count(block)),
+		tokens:   tokenCount,
 	}
 	for i, label := range labels {
 		b := newBagBuilder(16)
@@ -287,7 +290,8 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	if maxTags <= 0 {
 		maxTags = 5
 	}
-	text := analyze(req.Text)
+	raw := composed(req.Text)
+	text := analyze(raw)
 	if len(req.Tags) == 0 {
 		res.Tags = atLeast(openTags(text.terms, maxTags), req.Threshold)
 		res.Answer = lexicalAnswer(req.Text, 0)
@@ -297,7 +301,7 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	ls := compileLabels(req.Tags, nil, nil)
 	readLiterally(text.terms, ls.literal)
 	textBag := bagOf(text.terms)
-	sims := labelSimilarities(&textBag, req.Text, ls)
+	sims := labelSimilarities(&textBag, raw, ls)
 	all := make([]LabelScore, len(req.Tags))
 	for i, t := range req.Tags {
 		all[i] = LabelScore{Label: t, Confidence: round4(multiConfidence(sims[i]))}
@@ -363,7 +367,7 @@ func (e lexical) Match(ctx context.Context, req MatchRequest) (ScoreResult, erro
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	res.Score = matchScore(req.Query, req.Source)
+	res.Score = matchScore(composed(req.Query), composed(req.Source))
 	res.NoEvidence = !hasWord(req.Query) || !hasWord(req.Source)
 	res.Answer = lexicalAnswer(req.Query+"\n"+req.Source, 0)
 	return res, nil
@@ -410,8 +414,9 @@ func (e lexical) Score(ctx context.Context, req ScoreRequest) (ScoreResult, erro
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	res.Score = round4(scoreAttribute(req.Source, req.Attribute, req.Description))
-	kind, _ := attributeKind(req.Attribute)
+	attribute := composed(req.Attribute)
+	res.Score = round4(scoreAttribute(composed(req.Source), attribute, composed(req.Description)))
+	kind, _ := attributeKind(attribute)
 	res.NoEvidence = res.Score == 0 && kind == ""
 	res.Answer = lexicalAnswer(req.Source+"\n"+req.Attribute+"\n"+req.Description, 0)
 	return res, nil

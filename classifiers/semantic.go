@@ -82,8 +82,9 @@ func (e *semantic) Classify(ctx context.Context, req ClassifyRequest) (ClassifyR
 		return res, ErrNoLabels
 	}
 	sl := e.compileLabels(req.Labels, req.Descriptions, req.Examples)
-	text := analyzeFor(req.Text, sl.lex.literal)
-	sims := e.labelSims(&text, req.Text, sl)
+	raw := composed(req.Text)
+	text := analyzeFor(raw, sl.lex.literal)
+	sims := e.labelSims(&text, raw, sl)
 	res.Scores = make([]LabelScore, len(req.Labels))
 	if req.Mode == ModeMulti {
 		for i, l := range req.Labels {
@@ -225,6 +226,7 @@ func (e *semantic) buildLabels(labels []string, descriptions map[string]string, 
 		vecs:     make([][]float32, len(labels)),
 		fallback: make([]bool, len(labels)),
 	}
+	labels, descriptions, examples = composedSet(labels, descriptions, examples)
 	literal := sl.lex.literal
 	expansions := e.expansions.get(textsKey(labels...), func() [][]float32 {
 		return e.contrastiveExpansions(labels, literal)
@@ -560,8 +562,9 @@ func (e *semantic) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	}
 	threshold := req.Threshold
 	sl := e.compileLabels(req.Tags, nil, nil)
-	text := analyzeFor(req.Text, sl.lex.literal)
-	sims := e.labelSims(&text, req.Text, sl)
+	raw := composed(req.Text)
+	text := analyzeFor(raw, sl.lex.literal)
+	sims := e.labelSims(&text, raw, sl)
 	all := make([]LabelScore, len(req.Tags))
 	for i, t := range req.Tags {
 		all[i] = LabelScore{Label: t, Confidence: round4(logistic((sims[i] - semMultiCentre) / semMultiSpread))}
@@ -576,7 +579,7 @@ func (e *semantic) Match(ctx context.Context, req MatchRequest) (ScoreResult, er
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	res.Score = round4(e.matchScore(req.Query, req.Source))
+	res.Score = round4(e.matchScore(composed(req.Query), composed(req.Source)))
 	res.NoEvidence = !hasWord(req.Query) || !hasWord(req.Source)
 	res.Answer = e.answer(lexicalAnswer(req.Query+"\n"+req.Source, 0))
 	return res, nil
@@ -692,8 +695,9 @@ func (e *semantic) Score(ctx context.Context, req ScoreRequest) (ScoreResult, er
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	res.Score = round4(e.scoreAttribute(req.Source, req.Attribute, req.Description))
-	poles := e.compilePoles(req.Attribute, req.Description)
+	attribute, description := composed(req.Attribute), composed(req.Description)
+	res.Score = round4(e.scoreAttribute(composed(req.Source), attribute, description))
+	poles := e.compilePoles(attribute, description)
 	res.NoEvidence = res.Score == 0 && poles.high == nil && poles.kind == ""
 	res.Answer = e.answer(lexicalAnswer(req.Source+"\n"+req.Attribute+"\n"+req.Description, 0))
 	return res, nil

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // term is one word of a text as the lexical engine sees it.
@@ -115,6 +117,54 @@ func analyze(text string) doc {
 		st.endsPunct = last == '.' || last == '!' || last == '?'
 	}
 	return d
+}
+
+// composed is s as the engines read it, in Unicode's composed form (NFC):
+// "résumé" with combining accents (NFD, as macOS and some keyboards and
+// PDFs write it) is the same word as precomposed, where a combining mark
+// read alone ended the word ("re", "sume"). Text composed already comes
+// back as it is, ASCII and Latin text without allocating.
+func composed(s string) string { return norm.NFC.String(s) }
+
+// composedSet is a label set as the engines read it: labels,
+// descriptions and examples composed (see composed), descriptions and
+// examples keyed by the composed labels; the set itself when all of it
+// is composed already. Only what labels key is kept.
+func composedSet(labels []string, descriptions map[string]string, examples map[string][]string) ([]string, map[string]string, map[string][]string) {
+	if isComposedSet(labels, descriptions, examples) {
+		return labels, descriptions, examples
+	}
+	ls := make([]string, len(labels))
+	ds := make(map[string]string, len(descriptions))
+	es := make(map[string][]string, len(examples))
+	for i, l := range labels {
+		ls[i] = composed(l)
+		if d, ok := descriptions[l]; ok {
+			ds[ls[i]] = composed(d)
+		}
+		if exs, ok := examples[l]; ok {
+			list := make([]string, len(exs))
+			for j, ex := range exs {
+				list[j] = composed(ex)
+			}
+			es[ls[i]] = list
+		}
+	}
+	return ls, ds, es
+}
+
+func isComposedSet(labels []string, descriptions map[string]string, examples map[string][]string) bool {
+	for _, l := range labels {
+		if !norm.NFC.IsNormalString(l) || !norm.NFC.IsNormalString(descriptions[l]) {
+			return false
+		}
+		for _, ex := range examples[l] {
+			if !norm.NFC.IsNormalString(ex) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // literalWords are the words of the names (labels, tags or an attribute)
