@@ -6,6 +6,8 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // term is one word of a text as the lexical engine sees it.
@@ -44,7 +46,8 @@ type doc struct {
 }
 
 // analyze splits text into terms. Words are maximal runs of Unicode letters
-// and digits, with inner apostrophes kept ("don't") and hyphenated words
+// and digits and the combining marks after them (isWordMark: accents,
+// vowel signs), with inner apostrophes kept ("don't") and hyphenated words
 // split into their parts plus the joined form ("wi-fi" gives wi, fi, wifi)
 // so either spelling matches. A '?' becomes the term "?": whether a text
 // asks something is lexical evidence too.
@@ -252,6 +255,9 @@ func hasPrefixFold(s, prefix string) bool {
 
 func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }
 
+// The label checks read words as the engines do: config.LabelKey.
+var isWordMark = config.WordMark
+
 // scanWord returns the end of the word starting at start and how many
 // hyphen-separated parts it has.
 func scanWord(text string, start int) (end, parts int) {
@@ -259,7 +265,7 @@ func scanWord(text string, start int) (end, parts int) {
 	i := start
 	for i < len(text) {
 		r, size := utf8.DecodeRuneInString(text[i:])
-		if isWordRune(r) {
+		if isWordRune(r) || isWordMark(r) {
 			i += size
 			continue
 		}

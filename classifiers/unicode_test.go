@@ -1,7 +1,10 @@
 package classifiers
 
 import (
+	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -121,4 +124,65 @@ func sameScores(a, b []LabelScore) bool {
 		}
 	}
 	return true
+}
+
+// TestIssueVowelSignsArePartOfTheWord: Indic, Thai and Arabic vowels are
+// combining marks written after a letter, and a mark ended the word, so
+// words fell apart into consonants: "मेरे बाल झड़ रहे हैं" (my hair is
+// falling out) was बिल (bill) at 1 over बिल and खाता, बाल and बिल both
+// read "ब ल"; open tags named fragments such as द and ल, Thai นเง and
+// Arabic الط, none of them a word of the text.
+func TestIssueVowelSignsArePartOfTheWord(t *testing.T) {
+	hair := norm.NFC.String("मेरे बाल झड़ रहे हैं")
+	for _, e := range []Engine{semanticForTest(t), NewLexical()} {
+		res, err := e.Classify(ctx, ClassifyRequest{Text: hair, Labels: []string{"बिल", "खाता"}, Mode: ModeSingle})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Tie {
+			t.Errorf("%s: %q over बिल and खाता: %+v, want a tie: neither is a word of it", e.Name(), hair, res)
+		}
+		res, _ = e.Classify(ctx, ClassifyRequest{Text: hair, Labels: []string{"बिल", "बाल"}, Mode: ModeSingle})
+		if res.Tie || res.Label != "बाल" {
+			t.Errorf("%s: %q over बिल and बाल: %+v, want बाल, a word of it", e.Name(), hair, res)
+		}
+		for _, text := range []string{
+			hair,
+			norm.NFC.String("दिन भर दान की बात हुई, लेकिन धनवान चुप रहे"),
+			"ฉันต้องการเงินคืน กรุณาคืนเงินให้ฉัน",
+			"الطَّالِبُ كَتَبَ الدَّرْسَ فِي الكِتَابِ",
+		} {
+			tags, err := e.Tag(ctx, TagRequest{Text: text, MaxTags: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(tags.Tags) == 0 {
+				t.Errorf("%s: no open tags for %q", e.Name(), text)
+			}
+			for _, tg := range tags.Tags {
+				if !wholeWordOf(text, tg.Label) {
+					t.Errorf("%s: open tag %q of %q is not a word of it", e.Name(), tg.Label, text)
+				}
+			}
+		}
+	}
+}
+
+// wholeWordOf reports whether word is in text, neither started nor ended
+// inside a word: no letter or mark right before it, none right after.
+func wholeWordOf(text, word string) bool {
+	inWord := func(r rune) bool { return unicode.IsLetter(r) || unicode.IsMark(r) || unicode.IsDigit(r) }
+	for i := 0; ; {
+		j := strings.Index(text[i:], word)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(word)
+		before, _ := utf8.DecodeLastRuneInString(text[:start])
+		after, _ := utf8.DecodeRuneInString(text[end:])
+		if (start == 0 || !inWord(before)) && (end == len(text) || !inWord(after)) {
+			return true
+		}
+		i = start + 1
+	}
 }

@@ -103,15 +103,38 @@ func checkLabelList(ps *problems, field string, labels []string, minCount int) {
 }
 
 // LabelKey is what the engines read of a label: its words (runs of
-// letters and digits, as the lexical engine splits a text), lower-cased,
-// in Unicode's composed form (NFC), one space apart; "" for a label with
-// no letter or digit. Two labels with one key are one label to every
-// engine.
+// letters and digits and the marks after them, as the lexical engine
+// splits a text), lower-cased, in Unicode's composed form (NFC), one
+// space apart; "" for a label with no letter or digit. Two labels with
+// one key are one label to every engine.
 func LabelKey(l string) string {
-	words := strings.FieldsFunc(strings.ToLower(norm.NFC.String(l)), func(r rune) bool {
-		return !unicode.IsLetter(r) && !unicode.IsDigit(r) || invisible(r)
-	})
-	return strings.Join(words, " ")
+	var b strings.Builder
+	inWord := false
+	for _, r := range strings.ToLower(norm.NFC.String(l)) {
+		switch {
+		case (unicode.IsLetter(r) || unicode.IsDigit(r)) && !invisible(r):
+			if !inWord && b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			inWord = true
+		case inWord && WordMark(r):
+		default:
+			inWord = false
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// WordMark reports whether r, after a letter or digit, is part of its
+// word: a combining mark that shows, such as an accent no precomposed
+// letter has, an Indic or Thai vowel sign or an Arabic vowel mark. Read
+// as a break, it cut "बाल" (hair) and "बिल" (bill) alike into "ब ल".
+// Enclosing marks (the keycap of "1⃣") make a symbol of their letter,
+// not a word.
+func WordMark(r rune) bool {
+	return r >= '\u0300' && unicode.In(r, unicode.Mn, unicode.Mc) && !invisible(r)
 }
 
 // Blank reports whether s is empty or holds only white space and

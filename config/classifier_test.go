@@ -131,6 +131,37 @@ func TestInvisibleCharactersAreBlank(t *testing.T) {
 	}
 }
 
+// TestIssueVowelSignsMakeLabelsDistinct: a combining mark ended a word,
+// so labels that differ in a vowel sign (Devanagari दिन and दान, day and
+// donation; Arabic كَتَبَ and كُتُب, he wrote and books) or in an accent no
+// precomposed letter has were refused as one label "which differ only
+// in ... how an accent is written". A mark after a letter is part of
+// its word; NFC and NFD of one word are still one label.
+func TestIssueVowelSignsMakeLabelsDistinct(t *testing.T) {
+	for _, labels := range [][]string{
+		{"दिन", "दान"}, {"पैसा", "पेसा"}, {"बिल", "बाल"}, {"كَتَبَ", "كُتُب"}, {"ฉัน", "ฉน"},
+		{"cafe", "café"}, {"x", "x\u0302"}, {"resume", "re\u0301sume\u0301"},
+	} {
+		if ps := CheckLabelList("labels", labels, 1); len(ps) > 0 {
+			t.Errorf("labels %+q: %v, want them distinct", labels, ps)
+		}
+	}
+	for _, labels := range [][]string{
+		{"café", "cafe\u0301"}, {"Dान", "dान"}, {"बाल", "बाल\ufe0f"}, {"बाल", "बाल!"}, {"x\u0302", "X\u0302"},
+	} {
+		if ps := CheckLabelList("labels", labels, 1); len(ps) != 1 || ps[0].Field != "labels[1]" {
+			t.Errorf("labels %+q: %v, want the second refused as the first", labels, ps)
+		}
+	}
+	if k := LabelKey("मेरे बाल"); k != "मेरे बाल" {
+		t.Errorf("LabelKey(मेरे बाल) = %q", k)
+	}
+	// A mark that follows no letter is no word of its own.
+	if k := LabelKey("\u0301bug"); k != "bug" {
+		t.Errorf("LabelKey of a leading combining mark: %+q", k)
+	}
+}
+
 // A saved classifier whose labels, descriptions and examples take more
 // than MaxLabelSetBytes was loaded, and every classify request naming it
 // failed on a label set the client never sent. It is refused at load, on
