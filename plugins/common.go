@@ -118,7 +118,68 @@ func decodeBody(ctx *fasthttp.RequestCtx, dst any, example string, p config.Plug
 	if apiErr := duplicateKey(body, dst); apiErr != nil {
 		return apiErr
 	}
-	return nonStringElement(body, dst)
+	if apiErr := nonStringElement(body, dst); apiErr != nil {
+		return apiErr
+	}
+	return unreadableName(body, dst)
+}
+
+// nameFields are the fields whose strings are names, not texts: labels
+// and tags, which the answer names back, the keys of descriptions and
+// examples, which name labels, and a score's attribute.
+var nameFields = []string{"labels", "tags", "descriptions", "examples", "attribute"}
+
+// unreadableName refuses a name (nameFields) that is not UTF-8 or
+// escapes a lone surrogate, as the admin API refuses such a string. The
+// JSON decoder reads either as U+FFFD, so labels ["billing\ud800", "bug"]
+// were answered "billing\uFFFD", a label the client's own list does not
+// hold. A text is read so too, and answered: a stray byte changes a
+// word, not a name.
+func unreadableName(body []byte, dst any) *proxy.APIError {
+	var apiErr *proxy.APIError
+	// what says what is wrong with the JSON string raw, "" when nothing.
+	what := func(raw string) string {
+		switch {
+		case !utf8.ValidString(raw):
+			return "is not valid UTF-8"
+		case strings.IndexByte(raw, '\\') >= 0 && jsoncheck.LoneSurrogate(raw):
+			return `escapes a lone surrogate ("\ud800" without the "\udc00" to "\udfff" after it, or one of those alone), which is no character`
+		}
+		return ""
+	}
+	const read = "; the JSON decoder would read it as U+FFFD (the replacement character), another name than the one sent: send it as UTF-8"
+	gjson.ParseBytes(body).ForEach(func(key, value gjson.Result) bool {
+		if _, ok := fieldType(dst, key.Str); !ok || !slices.Contains(nameFields, key.Str) {
+			return true
+		}
+		field := key.Str
+		switch {
+		case value.IsArray():
+			i := 0
+			value.ForEach(func(_, el gjson.Result) bool {
+				if w := what(el.Raw); w != "" {
+					p := fmt.Sprintf("%s[%d]", field, i)
+					apiErr = proxy.BadRequest(p, p+" "+w+read)
+				}
+				i++
+				return apiErr == nil
+			})
+		case value.IsObject():
+			value.ForEach(func(k, _ gjson.Result) bool {
+				if w := what(k.Raw); w != "" {
+					asRead := strings.ToValidUTF8(k.Str, "\uFFFD")
+					apiErr = proxy.BadRequest(field+"."+asRead, fmt.Sprintf("%s has a key (%+q as read) that %s%s", field, asRead, w, read))
+				}
+				return apiErr == nil
+			})
+		case value.Type == gjson.String:
+			if w := what(value.Raw); w != "" {
+				apiErr = proxy.BadRequest(field, field+" "+w+read)
+			}
+		}
+		return apiErr == nil
+	})
+	return apiErr
 }
 
 // checkMembers walks body's members before it is decoded. It refuses a

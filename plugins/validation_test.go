@@ -190,6 +190,42 @@ func TestOneLabelSingleModeIsRefused(t *testing.T) {
 	}
 }
 
+// TestIssueNamesThatAreNotUTF8AreRefused: a label, tag, key of
+// descriptions or examples or a score attribute that is not UTF-8, or
+// escapes a lone surrogate, was read as U+FFFD by the JSON decoder and
+// answered: labels ["billing\ud800", "bug"] came back as
+// "billing\uFFFD", which the client cannot find in its own list. They
+// are refused by name, as the admin API refuses such strings; a text
+// is still read with U+FFFD in its place, and a surrogate pair is one
+// character.
+func TestIssueNamesThatAreNotUTF8AreRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: lexical"})
+	const notUTF8 = "is not valid UTF-8"
+	const lone = "escapes a lone surrogate"
+	for _, c := range []struct{ path, body, param, msg string }{
+		{"/v1/classify", `{"text": "x", "labels": ["billing\ud800", "bug"]}`, "labels[0]", "labels[0] " + lone},
+		{"/v1/classify", `{"text": "x", "labels": ["bug", "\udc00billing"]}`, "labels[1]", "labels[1] " + lone},
+		{"/v1/classify", "{\"text\": \"x\", \"labels\": [\"caf\xe9\", \"bug\"]}", "labels[0]", "labels[0] " + notUTF8},
+		{"/v1/classify", `{"text": "x", "labels": ["a", "b"], "descriptions": {"a\ud800": "y"}}`, "descriptions.a\ufffd", "descriptions has a key (\"a\\ufffd\" as read) that " + lone},
+		{"/v1/classify", "{\"text\": \"x\", \"labels\": [\"a\", \"b\"], \"examples\": {\"a\xff\": [\"y\"]}}", "examples.a\ufffd", "examples has a key (\"a\\ufffd\" as read) that " + notUTF8},
+		{"/v1/tag", `{"text": "x", "tags": ["a", "b\ud800"]}`, "tags[1]", "tags[1] " + lone},
+		{"/v1/score", `{"source": "x", "attribute": "urgency\ud800"}`, "attribute", "attribute " + lone},
+		{"/v1/score", "{\"source\": \"x\", \"attribute\": \"urg\xe9ncy\"}", "attribute", "attribute " + notUTF8},
+	} {
+		e := h.keyed(c.path, c.body).apiError(t, 400, "invalid_request_error")
+		if e["param"] != c.param || !strings.Contains(e["message"].(string), c.msg) {
+			t.Errorf("%s %q: param %q, message %q; want %q and %q", c.path, c.body, e["param"], e["message"], c.param, c.msg)
+		}
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/classify", `{"text": "x", "labels": ["rating \ud83d\udc4d", "rating \ud83d\udc4e bad"]}`},
+		{"/v1/classify", "{\"text\": \"caf\xe9 \\ud800\", \"labels\": [\"a\", \"b\"], \"descriptions\": {\"a\": \"caf\xe9\"}}"},
+		{"/v1/score", "{\"source\": \"x\", \"attribute\": \"urgency\", \"description\": \"caf\xe9\"}"},
+	} {
+		h.keyed(c.path, c.body).ok(t)
+	}
+}
+
 // TestUnknownFieldIsQuotedOnce: a control character in an unknown key was
 // escaped twice, encoding/json's quoting quoted again: "text\u0000" was
 // refused as unknown field "text\\x00".

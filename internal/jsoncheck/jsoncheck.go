@@ -176,8 +176,9 @@ func escapesSurrogate(raw string) bool {
 // in a string: "\ud800" not followed by a low surrogate's escape, or a
 // low one ("\udc00") not after a high one. Such an escape is no
 // character; encoding/json and gjson read it as U+FFFD, so a name sent
-// with one was stored as another than the one sent.
-func LoneSurrogate(data []byte) bool {
+// with one was stored as another than the one sent. data is a body, or
+// one string of it as gjson gives it (Raw).
+func LoneSurrogate[T string | []byte](data T) bool {
 	for i := 0; i < len(data)-1; i++ {
 		if data[i] != '\\' {
 			continue
