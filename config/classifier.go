@@ -65,16 +65,18 @@ func checkLabelList(ps *problems, field string, labels []string, minCount int) {
 	if len(labels) < minCount || len(labels) > MaxLabels {
 		ps.add(FieldProblem{field, fmt.Sprintf("%s must have %d to %d entries, got %d", field, minCount, MaxLabels, len(labels))})
 	}
-	seen := make(map[string]bool, len(labels))
+	// seen holds each label by its composed form (NFC): "café" precomposed
+	// and with a combining accent are one text to Unicode, one label.
+	seen := make(map[string]string, len(labels))
 	// Labels the engines cannot tell apart ("Bug" and "bug", "bug" and
-	// "bug.", "feature_request" and "feature request", "café" in NFC and
-	// in NFD): every text tied between them, whatever it said.
+	// "bug.", "feature_request" and "feature request"): every text tied
+	// between them, whatever it said.
 	folded := make(map[string]string, len(labels))
 	for i, l := range labels {
 		if ps.full() {
 			return
 		}
-		key := LabelKey(l)
+		key, composed := LabelKey(l), norm.NFC.String(l)
 		p := fmt.Sprintf("%s[%d]", field, i)
 		switch {
 		case Blank(l):
@@ -83,23 +85,41 @@ func checkLabelList(ps *problems, field string, labels []string, minCount int) {
 			ps.add(FieldProblem{p, p + " is empty"})
 		case key == "":
 			ps.add(FieldProblem{p, fmt.Sprintf("%s (%q) has no letter or digit: no engine can read it", p, l)})
-		case seen[l]:
+		case seen[composed] == l:
 			ps.add(FieldProblem{p, fmt.Sprintf("%s has %q twice", field, l)})
+		case seen[composed] != "":
+			ps.add(FieldProblem{p, fmt.Sprintf("%s has %+q and %+q, one text written two ways (an accent as one character, and as a letter and a combining mark): send it once", field, seen[composed], l)})
 		case folded[key] != "":
-			a, b := fmt.Sprintf("%q", folded[key]), fmt.Sprintf("%q", l)
-			if !norm.NFC.IsNormalString(folded[key]) || !norm.NFC.IsNormalString(l) {
-				// "café" with a combining accent looks like "café": say
-				// which characters differ.
-				a, b = fmt.Sprintf("%+q", folded[key]), fmt.Sprintf("%+q", l)
-			}
+			a, b := quoteNames(folded[key], l)
 			ps.add(FieldProblem{p,
 				fmt.Sprintf("%s has %s and %s, which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart", field, a, b)})
 		}
-		seen[l] = true
+		if seen[composed] == "" {
+			seen[composed] = l
+		}
 		if folded[key] == "" {
 			folded[key] = l
 		}
 	}
+}
+
+// quoteName quotes a name for a message as quoteNames does.
+func quoteName(s string) string {
+	if norm.NFC.IsNormalString(s) {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%+q", s)
+}
+
+// quoteNames quotes two names for a message, each as %q does, or both
+// as %+q (every character past ASCII escaped) when one is not composed
+// (NFC): "café" with a combining accent looks like "café", and the
+// escapes show which characters differ.
+func quoteNames(a, b string) (string, string) {
+	if norm.NFC.IsNormalString(a) && norm.NFC.IsNormalString(b) {
+		return fmt.Sprintf("%q", a), fmt.Sprintf("%q", b)
+	}
+	return fmt.Sprintf("%+q", a), fmt.Sprintf("%+q", b)
 }
 
 // LabelKey is what the engines read of a label: its words (runs of
@@ -189,13 +209,32 @@ func checkClassification(ps *problems, cl Classifier, maxTextBytes ByteSize) {
 	if checkLabelList(ps, "labels", labels, 1); ps.full() {
 		return
 	}
-	isLabel := make(map[string]bool, len(labels))
+	// A key names the label it is in either Unicode form, as the label
+	// checks read labels: {"cafe\u0301": …} describes "café".
+	label := make(map[string]string, len(labels))
 	for _, l := range labels {
-		isLabel[l] = true
+		label[norm.NFC.String(l)] = l
 	}
+	// keyOf reports whether k, a key of field, names a label, and one no
+	// other key named (named: label -> key); if not, it adds the problem.
+	keyOf := func(field string, named map[string]string, k string) bool {
+		l, ok := label[norm.NFC.String(k)]
+		switch {
+		case !ok:
+			ps.add(FieldProblem{field + "." + k, fmt.Sprintf("%s has a key %s that is not a label", field, quoteName(k))})
+			return false
+		case named[l] != "":
+			a, b := quoteNames(named[l], k)
+			ps.add(FieldProblem{field + "." + k, fmt.Sprintf("%s has keys %s and %s, one label written two ways (an accent as one character, and as a letter and a combining mark): send it once", field, a, b)})
+			return false
+		}
+		named[l] = k
+		return true
+	}
+	described := make(map[string]string, len(labels))
 	for _, k := range sortedKeys(descriptions) {
-		if !isLabel[k] {
-			if ps.add(FieldProblem{"descriptions." + k, fmt.Sprintf("descriptions has a key %q that is not a label", k)}); ps.full() {
+		if !keyOf("descriptions", described, k) {
+			if ps.full() {
 				return
 			}
 			continue
@@ -203,21 +242,22 @@ func checkClassification(ps *problems, cl Classifier, maxTextBytes ByteSize) {
 		// "" is no description, as an absent one; a blank one was read
 		// as none too, but its label set billed as if it said something.
 		if d := descriptions[k]; d != "" && Blank(d) {
-			if ps.add(FieldProblem{"descriptions." + k, fmt.Sprintf("descriptions of %q holds only whitespace or invisible characters: leave it out, or say in plain words what the label means", k)}); ps.full() {
+			if ps.add(FieldProblem{"descriptions." + k, fmt.Sprintf("descriptions of %s holds only whitespace or invisible characters: leave it out, or say in plain words what the label means", quoteName(k))}); ps.full() {
 				return
 			}
 		}
 	}
+	exemplified := make(map[string]string, len(labels))
 	for _, k := range sortedKeys(examples) {
-		if !isLabel[k] {
-			if ps.add(FieldProblem{"examples." + k, fmt.Sprintf("examples has a key %q that is not a label", k)}); ps.full() {
+		if !keyOf("examples", exemplified, k) {
+			if ps.full() {
 				return
 			}
 			continue
 		}
 		for i, e := range examples[k] {
 			if Blank(e) {
-				if ps.add(FieldProblem{fmt.Sprintf("examples.%s[%d]", k, i), fmt.Sprintf("examples of %q: entry %d is empty", k, i)}); ps.full() {
+				if ps.add(FieldProblem{fmt.Sprintf("examples.%s[%d]", k, i), fmt.Sprintf("examples of %s: entry %d is empty", quoteName(k), i)}); ps.full() {
 					return
 				}
 			}
@@ -238,6 +278,7 @@ func checkClassification(ps *problems, cl Classifier, maxTextBytes ByteSize) {
 	// The field's path is worded only for a text too long: a label set
 	// may hold hundreds of thousands of short examples.
 	tooLong := func(v string) bool { return int64(len(v)) > int64(maxTextBytes) }
+	descriptions, examples = ByLabel(labels, descriptions), ByLabel(labels, examples)
 	total := 0
 	for i, l := range labels {
 		if ps.full() {
@@ -276,6 +317,47 @@ func checkClassification(ps *problems, cl Classifier, maxTextBytes ByteSize) {
 		ps.add(FieldProblem{"labels", fmt.Sprintf("labels, descriptions and examples take %d bytes; at most %d are accepted (as a batch job keeps)", total, MaxLabelSetBytes)})
 	}
 	ps.add(CheckTextBytes("text_type", cl.TextType, maxTextBytes)...)
+}
+
+// ByLabel is m, a label set's descriptions or examples, keyed by its
+// labels as they are written: a key that names a label in the other
+// Unicode form (NFD for NFC) is moved to the label's spelling, which the
+// engines look it up by. m itself when no key needs moving, as for any
+// composed set.
+func ByLabel[V any](labels []string, m map[string]V) map[string]V {
+	if len(m) == 0 || allComposed(labels, m) {
+		return m
+	}
+	spelling := make(map[string]string, len(labels))
+	for _, l := range labels {
+		spelling[norm.NFC.String(l)] = l
+	}
+	out := make(map[string]V, len(m))
+	for k, v := range m {
+		if l, ok := spelling[norm.NFC.String(k)]; ok {
+			k = l
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// allComposed reports whether every label and key of m is in composed
+// form (NFC) by the quick check, which costs no allocation; a name it
+// cannot tell about counts as not composed.
+func allComposed[V any](labels []string, m map[string]V) bool {
+	composed := func(s string) bool { return norm.NFC.QuickSpanString(s) == len(s) }
+	for _, l := range labels {
+		if !composed(l) {
+			return false
+		}
+	}
+	for k := range m {
+		if !composed(k) {
+			return false
+		}
+	}
+	return true
 }
 
 func sortedKeys[V any](m map[string]V) []string {

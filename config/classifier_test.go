@@ -61,13 +61,14 @@ func TestCheckClassification(t *testing.T) {
 		{labels: []string{"feature_request", "feature request", "feature-request"}, threshold: 0.5, want: []FieldProblem{
 			{"labels[1]", `labels has "feature_request" and "feature request", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
 			{"labels[2]", `labels has "feature_request" and "feature-request", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`}}},
-		// Punctuation, invisible characters and NFC against NFD: every text
-		// tied between such labels.
+		// Punctuation and invisible characters: every text tied between
+		// such labels. NFC against NFD: one label to Unicode, whichever
+		// engine reads it.
 		{labels: []string{"bug", "bug.", "BUG!", "bug\u200b", "café", "cafe\u0301"}, threshold: 0.5, want: []FieldProblem{
 			{"labels[1]", `labels has "bug" and "bug.", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
 			{"labels[2]", `labels has "bug" and "BUG!", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
 			{"labels[3]", `labels has "bug" and "bug\u200b", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
-			{"labels[5]", `labels has "caf\u00e9" and "cafe\u0301", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`}}},
+			{"labels[5]", `labels has "caf\u00e9" and "cafe\u0301", one text written two ways (an accent as one character, and as a letter and a combining mark): send it once`}}},
 		{labels: []string{"a", "_", "-", "!!!", "x\u200b"}, threshold: 0.5, want: []FieldProblem{
 			{"labels[1]", `labels[1] ("_") has no letter or digit: no engine can read it`},
 			{"labels[2]", `labels[2] ("-") has no letter or digit: no engine can read it`},
@@ -159,6 +160,52 @@ func TestIssueVowelSignsMakeLabelsDistinct(t *testing.T) {
 	// A mark that follows no letter is no word of its own.
 	if k := LabelKey("\u0301bug"); k != "bug" {
 		t.Errorf("LabelKey of a leading combining mark: %+q", k)
+	}
+}
+
+// TestIssueKeysNameLabelsInEitherUnicodeForm: labels ["café", "tea"]
+// with descriptions {"cafe\u0301": …} were refused with 'descriptions
+// has a key "café" that is not a label', quoting a key that looks like
+// the label. A key names its label in either form, as the label checks
+// read labels, and ByLabel moves it to the label's spelling; a key that
+// names no label is quoted with escapes when it is not composed.
+func TestIssueKeysNameLabelsInEitherUnicodeForm(t *testing.T) {
+	labels := []string{"café", "tea"}
+	cl := Classifier{Labels: labels, Threshold: 0.5,
+		Descriptions: map[string]string{"cafe\u0301": "coffee and espresso", "tea": "green or black"},
+		Examples:     map[string][]string{"cafe\u0301": {"an espresso please"}}}
+	if ps := CheckClassification(cl, DefaultMaxTextBytes); len(ps) > 0 {
+		t.Errorf("a description keyed by a label in NFD: %v", ps)
+	}
+	if got := ByLabel(labels, cl.Descriptions); !reflect.DeepEqual(got, map[string]string{"café": "coffee and espresso", "tea": "green or black"}) {
+		t.Errorf("ByLabel(descriptions) = %+q", got)
+	}
+	if got := ByLabel(labels, cl.Examples); !reflect.DeepEqual(got, map[string][]string{"café": {"an espresso please"}}) {
+		t.Errorf("ByLabel(examples) = %+q", got)
+	}
+	// Labels in NFD, keys in NFC: the keys move to the labels' spelling.
+	if got := ByLabel([]string{"cafe\u0301"}, map[string]string{"café": "x"}); !reflect.DeepEqual(got, map[string]string{"cafe\u0301": "x"}) {
+		t.Errorf("ByLabel of an NFD label = %+q", got)
+	}
+	// The description is held to max_text_bytes under either key.
+	long := Classifier{Labels: labels, Threshold: 0.5, Descriptions: map[string]string{"cafe\u0301": strings.Repeat("x", 11)}}
+	if ps := CheckClassification(long, 10); len(ps) == 0 || ps[0].Field != "descriptions.café" {
+		t.Errorf("a long description keyed in NFD: %v", ps)
+	}
+	for _, c := range []struct {
+		cl   Classifier
+		want FieldProblem
+	}{
+		{Classifier{Labels: labels, Threshold: 0.5, Descriptions: map[string]string{"cafe\u0301": "a", "café": "b"}},
+			FieldProblem{"descriptions.café", `descriptions has keys "cafe\u0301" and "caf\u00e9", one label written two ways (an accent as one character, and as a letter and a combining mark): send it once`}},
+		{Classifier{Labels: labels, Threshold: 0.5, Examples: map[string][]string{"te\u0301a": {"x"}}},
+			FieldProblem{"examples.te\u0301a", `examples has a key "te\u0301a" that is not a label`}},
+		{Classifier{Labels: labels, Threshold: 0.5, Examples: map[string][]string{"cafe\u0301": {" "}}},
+			FieldProblem{"examples.cafe\u0301[0]", `examples of "cafe\u0301": entry 0 is empty`}},
+	} {
+		if ps := CheckClassification(c.cl, DefaultMaxTextBytes); len(ps) != 1 || ps[0] != c.want {
+			t.Errorf("%+v: %v, want %v", c.cl, ps, c.want)
+		}
 	}
 }
 

@@ -100,6 +100,10 @@ func (b *classifyBody) classification(cfg *config.Config) (classifiers.ClassifyR
 	}, cfg.Plugins.MaxTextBytes)); apiErr != nil {
 		return req, apiErr
 	}
+	// A key may name its label in the other Unicode form ("cafe\u0301"
+	// for "café"); the engines look descriptions and examples up by the
+	// label as written.
+	req.Descriptions, req.Examples = config.ByLabel(req.Labels, req.Descriptions), config.ByLabel(req.Labels, req.Examples)
 	return req, oneLabelSingle(req, b.Classifier)
 }
 

@@ -226,6 +226,25 @@ func TestIssueNamesThatAreNotUTF8AreRefused(t *testing.T) {
 	}
 }
 
+// TestIssueDescriptionKeyedInNFDDescribesItsLabel: labels ["café",
+// "tea"] with descriptions {"cafe\u0301": …} were refused, 'descriptions
+// has a key "café" that is not a label'. The key names its label in
+// either Unicode form, and the engine reads the description: "I would
+// like an espresso" is café by it, a tie without it.
+func TestIssueDescriptionKeyedInNFDDescribesItsLabel(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: lexical"})
+	for _, c := range []struct{ body, want string }{
+		{`{"text": "I would like an espresso", "labels": ["caf\u00e9", "tea"], "descriptions": {"cafe\u0301": "espresso and coffee"}}`, "caf\u00e9"},
+		{`{"text": "I would like an espresso", "labels": ["caf\u00e9", "tea"], "examples": {"cafe\u0301": ["an espresso please"]}}`, "caf\u00e9"},
+		{`{"text": "I would like an espresso", "labels": ["cafe\u0301", "tea"], "descriptions": {"caf\u00e9": "espresso and coffee"}}`, "cafe\u0301"},
+	} {
+		m := h.keyed("/v1/classify", c.body).ok(t)
+		if m["label"] != c.want || m["tie"] != nil {
+			t.Errorf("%s: label %+q, tie %v; want %+q, as the labels write it, and no tie", c.body, m["label"], m["tie"], c.want)
+		}
+	}
+}
+
 // TestUnknownFieldIsQuotedOnce: a control character in an unknown key was
 // escaped twice, encoding/json's quoting quoted again: "text\u0000" was
 // refused as unknown field "text\\x00".
