@@ -38,12 +38,47 @@ type FieldProblem struct {
 	Field, Msg string
 }
 
-// CheckLabelList checks a list of labels (or tags): at most MaxLabels, at
-// least minCount, none empty or without a letter or digit, none twice,
-// none that no engine tells apart from another. field names the list.
+// CheckLabelList checks a list of labels (or tags) as every engine needs
+// it: at most MaxLabels, at least minCount, none empty, none twice (in
+// either Unicode form). field names the list. What only the offline
+// engines need is OfflineLabelProblems'.
 func CheckLabelList(field string, labels []string, minCount int) []FieldProblem {
 	var ps problems
 	checkLabelList(&ps, field, labels, minCount)
+	return ps.list
+}
+
+// OfflineLabelProblems checks a list of labels (or tags) that passed
+// CheckLabelList for the offline engines (semantic and lexical), which
+// read a label's words only (LabelKey): each must have a letter or
+// digit, and none may read as another ("C" and "C++", "Bug" and
+// "bug!"), or every text ties between them. The llm engine reads a
+// label as written, and is held to none of it: "C", "C++" and "C#" are
+// three languages to a model. field names the list, advice says how to
+// have the llm answer instead ("send \"model\": \"llm\""), and max
+// bounds the problems (0: all).
+func OfflineLabelProblems(field string, labels []string, advice string, max int) []FieldProblem {
+	ps := problems{max: max}
+	folded := make(map[string]string, len(labels))
+	for i, l := range labels {
+		if ps.full() {
+			break
+		}
+		key := LabelKey(l)
+		switch first := folded[key]; {
+		case Blank(l):
+			// Refused by CheckLabelList for every engine.
+		case key == "":
+			p := fmt.Sprintf("%s[%d]", field, i)
+			ps.add(FieldProblem{p, fmt.Sprintf("%s (%s) has no letter or digit: the offline engines (semantic and lexical) read only words and find none in it; the llm engine reads it as written (%s)", p, quoteName(l), advice)})
+		case first != "" && norm.NFC.String(first) != norm.NFC.String(l):
+			a, b := quoteNames(first, l)
+			ps.add(FieldProblem{fmt.Sprintf("%s[%d]", field, i),
+				fmt.Sprintf("%s has %s and %s, which differ only in case, spacing, punctuation, symbols or invisible characters: the offline engines (semantic and lexical) read only words and do not tell them apart; the llm engine does (%s)", field, a, b, advice)})
+		case first == "":
+			folded[key] = l
+		}
+	}
 	return ps.list
 }
 
@@ -68,37 +103,24 @@ func checkLabelList(ps *problems, field string, labels []string, minCount int) {
 	// seen holds each label by its composed form (NFC): "café" precomposed
 	// and with a combining accent are one text to Unicode, one label.
 	seen := make(map[string]string, len(labels))
-	// Labels the engines cannot tell apart ("Bug" and "bug", "bug" and
-	// "bug.", "feature_request" and "feature request"): every text tied
-	// between them, whatever it said.
-	folded := make(map[string]string, len(labels))
 	for i, l := range labels {
 		if ps.full() {
 			return
 		}
-		key, composed := LabelKey(l), norm.NFC.String(l)
+		composed := norm.NFC.String(l)
 		p := fmt.Sprintf("%s[%d]", field, i)
 		switch {
 		case Blank(l):
 			// Only spaces name nothing an engine can read: it answered
 			// such a label as a tie with the others.
 			ps.add(FieldProblem{p, p + " is empty"})
-		case key == "":
-			ps.add(FieldProblem{p, fmt.Sprintf("%s (%q) has no letter or digit: no engine can read it", p, l)})
 		case seen[composed] == l:
 			ps.add(FieldProblem{p, fmt.Sprintf("%s has %q twice", field, l)})
 		case seen[composed] != "":
 			ps.add(FieldProblem{p, fmt.Sprintf("%s has %+q and %+q, one text written two ways (an accent as one character, and as a letter and a combining mark): send it once", field, seen[composed], l)})
-		case folded[key] != "":
-			a, b := quoteNames(folded[key], l)
-			ps.add(FieldProblem{p,
-				fmt.Sprintf("%s has %s and %s, which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart", field, a, b)})
 		}
 		if seen[composed] == "" {
 			seen[composed] = l
-		}
-		if folded[key] == "" {
-			folded[key] = l
 		}
 	}
 }
@@ -122,11 +144,11 @@ func quoteNames(a, b string) (string, string) {
 	return fmt.Sprintf("%+q", a), fmt.Sprintf("%+q", b)
 }
 
-// LabelKey is what the engines read of a label: its words (runs of
-// letters and digits and the marks after them, as the lexical engine
+// LabelKey is what the offline engines read of a label: its words (runs
+// of letters and digits and the marks after them, as the lexical engine
 // splits a text), lower-cased, in Unicode's composed form (NFC), one
 // space apart; "" for a label with no letter or digit. Two labels with
-// one key are one label to every engine.
+// one key are one label to the offline engines.
 func LabelKey(l string) string {
 	var b strings.Builder
 	inWord := false

@@ -54,25 +54,12 @@ func TestCheckClassification(t *testing.T) {
 		{labels: nil, threshold: 0.5, want: []FieldProblem{{"labels", "labels must have 1 to 200 entries, got 0"}}},
 		{labels: many, threshold: 0.5, want: []FieldProblem{{"labels", "labels must have 1 to 200 entries, got 201"}}},
 		{labels: []string{"a", "", "a"}, threshold: 0.5, want: []FieldProblem{{"labels[1]", "labels[1] is empty"}, {"labels[2]", `labels has "a" twice`}}},
-		{labels: []string{"Bug", "bug", "bug ", "bug  report", "Bug report"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "Bug" and "bug", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
-			{"labels[2]", `labels has "Bug" and "bug ", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
-			{"labels[4]", `labels has "bug  report" and "Bug report", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`}}},
-		{labels: []string{"feature_request", "feature request", "feature-request"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "feature_request" and "feature request", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
-			{"labels[2]", `labels has "feature_request" and "feature-request", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`}}},
-		// Punctuation and invisible characters: every text tied between
-		// such labels. NFC against NFD: one label to Unicode, whichever
-		// engine reads it.
-		{labels: []string{"bug", "bug.", "BUG!", "bug\u200b", "café", "cafe\u0301"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels has "bug" and "bug.", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
-			{"labels[2]", `labels has "bug" and "BUG!", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
-			{"labels[3]", `labels has "bug" and "bug\u200b", which differ only in case, punctuation, spacing, invisible characters or how an accent is written: no engine tells them apart`},
-			{"labels[5]", `labels has "caf\u00e9" and "cafe\u0301", one text written two ways (an accent as one character, and as a letter and a combining mark): send it once`}}},
-		{labels: []string{"a", "_", "-", "!!!", "x\u200b"}, threshold: 0.5, want: []FieldProblem{
-			{"labels[1]", `labels[1] ("_") has no letter or digit: no engine can read it`},
-			{"labels[2]", `labels[2] ("-") has no letter or digit: no engine can read it`},
-			{"labels[3]", `labels[3] ("!!!") has no letter or digit: no engine can read it`}}},
+		// One text in two Unicode forms is one label, whatever the engine.
+		{labels: []string{"café", "tea", "cafe\u0301"}, threshold: 0.5, want: []FieldProblem{
+			{"labels[2]", `labels has "caf\u00e9" and "cafe\u0301", one text written two ways (an accent as one character, and as a letter and a combining mark): send it once`}}},
+		// What only the offline engines cannot read is theirs to refuse
+		// (OfflineLabelProblems): the llm engine reads labels as written.
+		{labels: []string{"C", "C++", "C#", "👍", "Bug", "bug!"}, threshold: 0.5},
 		{labels: []string{"a"}, desc: map[string]string{"b": "x"}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions has a key "b" that is not a label`}}},
 		// A saved classifier is held to it as a request is.
 		{labels: []string{"a", "b"}, desc: map[string]string{"a": "", "b": "\u3164 "}, threshold: 0.5, want: []FieldProblem{{"descriptions.b", `descriptions of "b" holds only whitespace or invisible characters: leave it out, or say in plain words what the label means`}}},
@@ -132,6 +119,55 @@ func TestInvisibleCharactersAreBlank(t *testing.T) {
 	}
 }
 
+// TestIssueOnlyTheOfflineEnginesRefuseLabelsTheyCannotRead: labels that
+// differ only in case, punctuation, symbols, spacing or invisible
+// characters, or have no letter or digit, were refused for every engine
+// as labels "no engine tells apart", the llm engine too, which reads "C",
+// "C++" and "C#" as three languages. They are refused where an offline
+// engine answers (OfflineLabelProblems, which the plugins and the saved
+// classifiers under an offline plugins.engine call), in words that say
+// so and name the llm engine as the way to tell them apart.
+func TestIssueOnlyTheOfflineEnginesRefuseLabelsTheyCannotRead(t *testing.T) {
+	for _, labels := range [][]string{{"C", "C++", "C#"}, {"rating 👍", "rating 👎"}, {"👍", "👎"}, {"Bug", "bug!"}} {
+		if ps := CheckLabelList("labels", labels, 1); len(ps) > 0 {
+			t.Errorf("labels %+q for every engine: %v", labels, ps)
+		}
+	}
+	const offline = "the offline engines (semantic and lexical) read only words and do not tell them apart; the llm engine does (send llm)"
+	for _, c := range []struct {
+		labels []string
+		want   []FieldProblem
+	}{
+		{[]string{"Bug", "bug", "bug ", "bug  report", "Bug report"}, []FieldProblem{
+			{"labels[1]", `labels has "Bug" and "bug", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline},
+			{"labels[2]", `labels has "Bug" and "bug ", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline},
+			{"labels[4]", `labels has "bug  report" and "Bug report", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline}}},
+		{[]string{"feature_request", "feature request", "feature-request"}, []FieldProblem{
+			{"labels[1]", `labels has "feature_request" and "feature request", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline},
+			{"labels[2]", `labels has "feature_request" and "feature-request", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline}}},
+		{[]string{"bug", "bug.", "BUG!", "bug\u200b", "C", "C++"}, []FieldProblem{
+			{"labels[1]", `labels has "bug" and "bug.", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline},
+			{"labels[2]", `labels has "bug" and "BUG!", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline},
+			{"labels[3]", `labels has "bug" and "bug\u200b", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline},
+			{"labels[5]", `labels has "C" and "C++", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline}}},
+		{[]string{"a", "_", "-", "!!!", "x\u200b", "👍"}, []FieldProblem{
+			{"labels[1]", `labels[1] ("_") has no letter or digit: the offline engines (semantic and lexical) read only words and find none in it; the llm engine reads it as written (send llm)`},
+			{"labels[2]", `labels[2] ("-") has no letter or digit: the offline engines (semantic and lexical) read only words and find none in it; the llm engine reads it as written (send llm)`},
+			{"labels[3]", `labels[3] ("!!!") has no letter or digit: the offline engines (semantic and lexical) read only words and find none in it; the llm engine reads it as written (send llm)`},
+			{"labels[5]", `labels[5] ("👍") has no letter or digit: the offline engines (semantic and lexical) read only words and find none in it; the llm engine reads it as written (send llm)`}}},
+		// Refused as one label by CheckLabelList, for every engine: not
+		// again here.
+		{[]string{"café", "cafe\u0301", "a", "a", " "}, nil},
+	} {
+		if got := OfflineLabelProblems("labels", c.labels, "send llm", 0); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("OfflineLabelProblems(%+q) = %v, want %v", c.labels, got, c.want)
+		}
+		if got, want := OfflineLabelProblems("labels", c.labels, "send llm", 1), c.want[:min(len(c.want), 1)]; !reflect.DeepEqual(got, want) && len(want) > 0 {
+			t.Errorf("OfflineLabelProblems(%+q, first) = %v, want %v", c.labels, got, want)
+		}
+	}
+}
+
 // TestIssueVowelSignsMakeLabelsDistinct: a combining mark ended a word,
 // so labels that differ in a vowel sign (Devanagari दिन and दान, day and
 // donation; Arabic كَتَبَ and كُتُب, he wrote and books) or in an accent no
@@ -143,16 +179,19 @@ func TestIssueVowelSignsMakeLabelsDistinct(t *testing.T) {
 		{"दिन", "दान"}, {"पैसा", "पेसा"}, {"बिल", "बाल"}, {"كَتَبَ", "كُتُب"}, {"ฉัน", "ฉน"},
 		{"cafe", "café"}, {"x", "x\u0302"}, {"resume", "re\u0301sume\u0301"},
 	} {
-		if ps := CheckLabelList("labels", labels, 1); len(ps) > 0 {
+		if ps := append(CheckLabelList("labels", labels, 1), OfflineLabelProblems("labels", labels, "llm", 0)...); len(ps) > 0 {
 			t.Errorf("labels %+q: %v, want them distinct", labels, ps)
 		}
 	}
 	for _, labels := range [][]string{
-		{"café", "cafe\u0301"}, {"Dान", "dान"}, {"बाल", "बाल\ufe0f"}, {"बाल", "बाल!"}, {"x\u0302", "X\u0302"},
+		{"Dान", "dान"}, {"बाल", "बाल\ufe0f"}, {"बाल", "बाल!"}, {"x\u0302", "X\u0302"},
 	} {
-		if ps := CheckLabelList("labels", labels, 1); len(ps) != 1 || ps[0].Field != "labels[1]" {
+		if ps := OfflineLabelProblems("labels", labels, "llm", 0); len(ps) != 1 || ps[0].Field != "labels[1]" {
 			t.Errorf("labels %+q: %v, want the second refused as the first", labels, ps)
 		}
+	}
+	if ps := CheckLabelList("labels", []string{"café", "cafe\u0301"}, 1); len(ps) != 1 || ps[0].Field != "labels[1]" {
+		t.Errorf("café in NFC and NFD: %v, want the second refused as the first", ps)
 	}
 	if k := LabelKey("मेरे बाल"); k != "मेरे बाल" {
 		t.Errorf("LabelKey(मेरे बाल) = %q", k)
@@ -238,6 +277,38 @@ classifiers:
 		_, err := parse("gateway.yaml", []byte(head+strings.Repeat("x", c.description)+"\n"), noEnv)
 		if got := fmt.Sprint(err); c.want == "" && err != nil || c.want != "" && got != c.want {
 			t.Errorf("a description of %d bytes: %v; want %q", c.description, err, c.want)
+		}
+	}
+}
+
+// A saved classifier whose labels an offline engine cannot tell apart
+// loads where a request naming it may be answered by the llm (plugins
+// engine auto or llm), and is refused at load where every request naming
+// no model is answered offline, saying which setting decides.
+func TestSavedClassifierOfLabelsOnlyTheLLMTellsApart(t *testing.T) {
+	for _, c := range []struct{ engine, want string }{
+		{"auto", ""},
+		{"llm", ""},
+		{"semantic", `gateway.yaml:13:17: classifiers.langs.labels[1]: labels has "C" and "C++", which differ only in case, spacing, punctuation, symbols or invisible characters: the offline engines (semantic and lexical) read only words and do not tell them apart; the llm engine does (plugins.engine is semantic: set it to auto or llm)`},
+		{"lexical", `plugins.engine is lexical: set it to auto or llm`},
+	} {
+		yaml := `upstreams:
+  - name: local
+    base_url: http://127.0.0.1:8000/v1
+models:
+  - id: first
+    context_length: 2048
+    max_output_length: 512
+plugins:
+  engine: ` + c.engine + `
+classifiers:
+  langs:
+    mode: single
+    labels: [C, C++, Go]
+`
+		_, err := parse("gateway.yaml", []byte(yaml), noEnv)
+		if got := fmt.Sprint(err); c.want == "" && err != nil || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("plugins.engine %s: %v; want %q", c.engine, err, c.want)
 		}
 	}
 }

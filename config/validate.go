@@ -606,6 +606,14 @@ func (l *loader) validatePlugins(c *Config, models map[string]bool) {
 		for _, pr := range CheckClassification(cl, c.Plugins.MaxTextBytes) {
 			l.check(false, path+"."+pr.Field, "%s", pr.Msg)
 		}
+		// An offline engine answers every call that names no model; under
+		// auto or llm, labels only the llm tells apart are the operator's
+		// choice (and tie, flagged, while auto answers offline).
+		if e := c.Plugins.Engine; e == "semantic" || e == "lexical" {
+			for _, pr := range OfflineLabelProblems("labels", cl.Labels, fmt.Sprintf("plugins.engine is %s: set it to auto or llm", e), 0) {
+				l.check(false, path+"."+pr.Field, "%s", pr.Msg)
+			}
+		}
 		// Checked last: a failed path hides the problems under it.
 		l.check(name != "" && !hasSpace(name), path, "a classifier name must be non-empty and without whitespace, got %q", name)
 	}

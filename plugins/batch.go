@@ -170,11 +170,20 @@ func (m *module) createBatch(c context.Context, ctx *fasthttp.RequestCtx, call *
 	cb := classifyBody{Labels: body.Labels, Classifier: body.Classifier, Descriptions: body.Descriptions,
 		Examples: body.Examples, TextType: body.TextType, Mode: body.Mode, Threshold: body.Threshold}
 	req, apiErr := cb.classification(call.World.Config)
-	if apiErr == nil && (body.Model != "" || call.World.Config.Plugins.Engine != engineAuto) {
+	switch {
+	case apiErr != nil:
+	case body.Model != "" || call.World.Config.Plugins.Engine != engineAuto:
 		// The engine is chosen again when the job runs; this refuses now
-		// a model that does not exist or that the key may not use. (auto
-		// refuses nothing, and would only wait for a health probe.)
-		_, apiErr = m.chooseEngine(callerOf(call), body.Model)
+		// a model that does not exist or that the key may not use, and
+		// labels an offline engine asked for cannot read. (auto refuses
+		// nothing, and would only wait for a health probe.)
+		var choice *engineChoice
+		if choice, apiErr = m.chooseEngine(callerOf(call), body.Model); apiErr == nil && choice.offlineAlone() {
+			apiErr = offlineLabels("labels", req.Labels, body.Classifier)
+		}
+	case m.autoLLM(callerOf(call)) == nil:
+		// auto with no llm this key may use: offline answers every line.
+		apiErr = offlineLabels("labels", req.Labels, body.Classifier)
 	}
 	if apiErr == nil {
 		apiErr = call.Server.CheckBalance(call.World, call)

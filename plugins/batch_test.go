@@ -637,6 +637,9 @@ func TestBatchRequestValidation(t *testing.T) {
 		// Every line would answer "a" at confidence 1 (TestOneLabelSingleModeIsRefused).
 		{`{"labels": ["a"]}`, "labels", `single mode with one label always answers it`},
 		{`{"labels": ["a"], "mode": "single"}`, "labels", `send "mode": "multi"`},
+		// Every line would tie: plugins.engine lexical reads both as "c".
+		{`{"labels": ["C", "C++"]}`, "labels[1]", `the offline engines (semantic and lexical) read only words and do not tell them apart; the llm engine does (send "model": "llm")`},
+		{`{"labels": ["a", "b"], "descriptions": {"a\ud800": "x"}}`, "descriptions.a", "escapes a lone surrogate"},
 	} {
 		r := h.call("POST", "/v1/batch", h.key, tc.body)
 		e := r.apiError(t, 400, "invalid_request_error")
@@ -650,6 +653,7 @@ func TestBatchRequestValidation(t *testing.T) {
 	largeOnly := h.newKey("acme", accounts.KeyRequest{Name: "l", Models: []string{"large"}})
 	h.call("POST", "/v1/batch", largeOnly, `{"labels": ["a", "b"], "model": "small"}`).apiError(t, 403, "permission_denied")
 	h.createJob(largeOnly, `{"labels": ["a", "b"], "model": "lexical"}`)
+	h.createJob(h.key, `{"labels": ["C", "C++", "C#"], "model": "llm"}`) // a model reads them as written
 
 	h.call("PUT", "/v1/batch", h.key, "").apiError(t, 405, "method_not_allowed")
 	c := h.createJob(h.key, `{"labels": ["a", "b"]}`)

@@ -185,10 +185,13 @@ func (m *module) handleClassify(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	var res classifiers.ClassifyResult
 	m.execute(ctx, call, execution{
-		endpoint: "/v1/classify",
-		price:    call.World.Config.Plugins.Pricing.Classify,
-		model:    body.Model,
-		tokens:   int64(tokens.Count(req.Text)) + labelSetTokens(req.Labels, req.Descriptions, req.Examples),
+		endpoint:    "/v1/classify",
+		price:       call.World.Config.Plugins.Pricing.Classify,
+		model:       body.Model,
+		tokens:      int64(tokens.Count(req.Text)) + labelSetTokens(req.Labels, req.Descriptions, req.Examples),
+		labels:      req.Labels,
+		labelsField: "labels",
+		classifier:  body.Classifier,
 		run: func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Classify(ctx, req)

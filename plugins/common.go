@@ -687,6 +687,12 @@ type execution struct {
 	// and an estimate of its labels', descriptions' and examples' (see
 	// labelSetTokens), settled with the engine's usage after the call.
 	tokens int64
+	// labels are the request's labels or closed tags, labelsField names
+	// them ("labels", "tags") and classifier the saved classifier they
+	// come from: an offline engine answering alone refuses those it
+	// cannot read (offlineLabels). None for score and match.
+	labels                  []string
+	labelsField, classifier string
 	// run calls the engine and keeps its result; it may be called twice
 	// (llm, then semantic or lexical after a fallback).
 	run func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error)
@@ -700,6 +706,9 @@ func (m *module) execute(ctx *fasthttp.RequestCtx, call *proxy.Call, x execution
 	choice, apiErr := m.chooseEngine(callerOf(call), x.model)
 	if apiErr == nil {
 		apiErr = choice.unavailable()
+	}
+	if apiErr == nil && len(x.labels) > 0 && choice.offlineAlone() {
+		apiErr = offlineLabels(x.labelsField, x.labels, x.classifier)
 	}
 	if apiErr == nil {
 		apiErr = call.Server.CheckBalance(call.World, call)

@@ -38,7 +38,11 @@ type engineChoice struct {
 	vectors  string  // plugins.vectors, for an auto llm's fallback and the advice of its errors
 	// auto: chosen by plugins.engine auto, so an llm failure falls back
 	// to the offline engine instead of failing the request.
-	auto     bool
+	auto bool
+	// standIn: an offline engine answering for auto's llm, whose upstream
+	// is down. Labels only the llm tells apart tie there, flagged, where
+	// an offline engine asked for refuses them (offlineAlone).
+	standIn  bool
 	fallback string
 	// spent is what a failed llm attempt cost upstream (a wrong answer
 	// asked twice), and spentModel and spentUpstream whose tokens they
@@ -130,9 +134,31 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 	}
 	off := m.offlineChoice(p.Vectors)
 	if c != nil {
-		off.fallback = c.skippedNote(off)
+		off.fallback, off.standIn = c.skippedNote(off), true
 	}
 	return off, nil
+}
+
+// offlineAlone reports whether an offline engine answers the call as the
+// engine asked for ("model", or plugins.engine), not standing in for
+// auto's llm: labels it cannot read are refused then (offlineLabels).
+func (c *engineChoice) offlineAlone() bool { return offline(c.name) && !c.standIn }
+
+// offlineLabels refuses, for a call an offline engine answers alone,
+// labels (or tags, as field names them) it cannot read: one without a
+// letter or digit, or two it reads as one ("C" and "C++"), between which
+// every text would tie. The llm engine reads them as written, and the
+// refusal says so. classifier names the saved classifier they are, ""
+// when the request sent them.
+func offlineLabels(field string, labels []string, classifier string) *proxy.APIError {
+	ps := config.OfflineLabelProblems(field, labels, `send "model": "llm"`, 1)
+	switch {
+	case len(ps) == 0:
+		return nil
+	case classifier != "":
+		return proxy.BadRequest("classifier", fmt.Sprintf("the saved classifier %q: %s", classifier, ps[0].Msg))
+	}
+	return proxy.BadRequest(ps[0].Field, ps[0].Msg)
 }
 
 // autoLLM is plugins.engine auto's llm choice for who, falling back to the

@@ -518,3 +518,60 @@ func TestAutoAfterOneDroppedConnection(t *testing.T) {
 		return nil
 	})
 }
+
+// TestIssueLLMIsNotRefusedLabelsOnlyItTellsApart: labels the offline
+// engines read as one ("C", "C++" and "C#", "rating 👍" and "rating 👎")
+// or not at all ("👍") were refused for every engine, the llm's calls too,
+// as labels "no engine tells apart". They are refused where an offline
+// engine answers as asked, saying so and naming the llm engine; the llm
+// answers them; and an offline engine standing in for auto's llm while
+// its upstream is down answers them with the tie flagged. A label twice,
+// in either Unicode form, is refused whatever the engine.
+func TestIssueLLMIsNotRefusedLabelsOnlyItTellsApart(t *testing.T) {
+	langs := `
+  langs:
+    labels: [C, C++, Go]
+`
+	h := newHarness(t, harnessOptions{plugins: "  engine: auto\n  llm_model: small", classifiers: defaultClassifiers + langs})
+	for _, c := range []struct{ path, body string }{
+		{"/v1/classify", `{"text": "I write C++ templates", "labels": ["C", "C++", "C#"], "model": "llm"}`},
+		{"/v1/classify", `{"text": "great, thanks", "labels": ["rating 👍", "rating 👎"], "model": "llm"}`},
+		{"/v1/classify", `{"text": "great, thanks", "labels": ["👍", "👎"], "model": "small"}`},
+		{"/v1/classify", `{"text": "I write C++ templates", "classifier": "langs"}`}, // auto, upstream up: llm
+		{"/v1/tag", `{"text": "I write C++ templates", "tags": ["C++", "C#"], "model": "llm"}`},
+	} {
+		if m := h.keyed(c.path, c.body).ok(t); m["engine"] != "llm" {
+			t.Errorf("%s: engine %v, want llm", c.body, m["engine"])
+		}
+	}
+	const offline = `the offline engines (semantic and lexical) read only words and do not tell them apart; the llm engine does (send "model": "llm")`
+	for _, c := range []struct{ path, body, param, msg string }{
+		{"/v1/classify", `{"text": "I write C++ templates", "labels": ["C", "C++", "C#"], "model": "lexical"}`, "labels[1]",
+			`labels has "C" and "C++", which differ only in case, spacing, punctuation, symbols or invisible characters: ` + offline},
+		{"/v1/tag", `{"text": "I write C++ templates", "tags": ["C++", "C#"], "model": "lexical"}`, "tags[1]", `tags has "C++" and "C#"`},
+		{"/v1/classify", `{"text": "great", "labels": ["a", "👍"], "model": "lexical"}`, "labels[1]",
+			`labels[1] ("👍") has no letter or digit: the offline engines (semantic and lexical) read only words and find none in it; the llm engine reads it as written (send "model": "llm")`},
+		{"/v1/classify", `{"text": "I write C++ templates", "classifier": "langs", "model": "lexical"}`, "classifier", `the saved classifier "langs": labels has "C" and "C++"`},
+		// One label twice is no question for any engine.
+		{"/v1/classify", `{"text": "x", "labels": ["C", "C"], "model": "llm"}`, "labels[1]", `labels has "C" twice`},
+		{"/v1/classify", `{"text": "x", "labels": ["caf\u00e9", "cafe\u0301"], "model": "llm"}`, "labels[1]", `one text written two ways`},
+	} {
+		e := h.keyed(c.path, c.body).apiError(t, 400, "invalid_request_error")
+		if e["param"] != c.param || !strings.Contains(e["message"].(string), c.msg) {
+			t.Errorf("%s: param %v, message %q; want %q and %q", c.body, e["param"], e["message"], c.param, c.msg)
+		}
+	}
+
+	// auto with its upstream down: the offline engine stands in, and the
+	// labels it reads as one tie, flagged.
+	down := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 503}, plugins: "  engine: auto\n  llm_model: small", classifiers: defaultClassifiers + langs})
+	for _, body := range []string{
+		`{"text": "I write C++ templates", "labels": ["C", "C++", "C#"]}`,
+		`{"text": "I write C++ templates", "classifier": "langs"}`,
+	} {
+		m := down.keyed("/v1/classify", body).ok(t)
+		if m["engine"] != "lexical" || m["tie"] != true {
+			t.Errorf("%s, auto offline: %v; want lexical's answer with the tie flagged", body, m)
+		}
+	}
+}

@@ -95,10 +95,12 @@ func (m *module) handleTag(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	var res classifiers.TagResult
 	m.execute(ctx, call, execution{
-		endpoint: "/v1/tag",
-		price:    call.World.Config.Plugins.Pricing.Tag,
-		model:    body.Model,
-		tokens:   int64(tokens.Count(req.Text)) + labelSetTokens(req.Tags, nil, nil),
+		endpoint:    "/v1/tag",
+		price:       call.World.Config.Plugins.Pricing.Tag,
+		model:       body.Model,
+		tokens:      int64(tokens.Count(req.Text)) + labelSetTokens(req.Tags, nil, nil),
+		labels:      req.Tags,
+		labelsField: "tags",
 		run: func(ctx context.Context, e classifiers.Engine) (classifiers.Answer, error) {
 			var err error
 			res, err = e.Tag(ctx, req)

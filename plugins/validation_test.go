@@ -91,7 +91,7 @@ func TestValidation(t *testing.T) {
 		{"tag text missing", "/v1/tag", `{"tags": ["a"]}`, "text", "text is required"},
 		{"tag typo", "/v1/tag", `{"text": "x", "tag": ["a"]}`, "tag", `unknown field "tag" (did you mean "tags"?)`},
 		{"tag empty", "/v1/tag", `{"text": "x", "tags": ["a", ""]}`, "tags[1]", "tags[1] is empty"},
-		{"tags alike", "/v1/tag", `{"text": "x", "tags": ["bug", "BUG!"]}`, "tags[1]", `tags has "bug" and "BUG!", which differ only in case, punctuation`},
+		{"tags alike", "/v1/tag", `{"text": "x", "tags": ["bug", "BUG!"]}`, "tags[1]", `tags has "bug" and "BUG!", which differ only in case, spacing, punctuation`},
 		{"tag without a word", "/v1/tag", `{"text": "x", "tags": ["a", "_"]}`, "tags[1]", `tags[1] ("_") has no letter or digit`},
 		{"labels alike, NFC and NFD", "/v1/classify", `{"text": "x", "labels": ["café", "cafe\u0301"]}`, "labels[1]", `labels has "caf\u00e9" and "cafe\u0301"`},
 		{"label without a word", "/v1/classify", `{"text": "x", "labels": ["a", "!!!"]}`, "labels[1]", `labels[1] ("!!!") has no letter or digit`},
