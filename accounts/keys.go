@@ -308,6 +308,44 @@ func (s *Service) ListKeys(ctx context.Context, account string) ([]KeyInfo, erro
 	return keys, nil
 }
 
+// ListRecentKeys is the account's keys not revoked, oldest first, then at
+// most revokedShown of its revoked keys, the latest revoked first, and how
+// many revoked keys it left out. Revoked keys stay stored and nothing
+// bounds their number (a console user can revoke 2,400 a day); the keys
+// not revoked are bounded by auth.max_keys_per_account, so what a page
+// built from this shows is too.
+func (s *Service) ListRecentKeys(ctx context.Context, account string, revokedShown int) ([]KeyInfo, int, error) {
+	if err := ValidateAccountID(account); err != nil {
+		return nil, 0, err
+	}
+	if err := s.WaitSynced(ctx); err != nil {
+		return nil, 0, fmt.Errorf("listing keys of %s: %w", account, err)
+	}
+	live, revoked := s.snap.keysOfSplit(account)
+	slices.SortFunc(live, func(a, b *KeyInfo) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.KeyID, b.KeyID)
+	})
+	slices.SortFunc(revoked, func(a, b *KeyInfo) int {
+		if c := b.RevokedAt.Compare(*a.RevokedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.KeyID, b.KeyID)
+	})
+	hidden := max(len(revoked)-max(revokedShown, 0), 0)
+	revoked = revoked[:len(revoked)-hidden]
+	out := make([]KeyInfo, 0, len(live)+len(revoked))
+	for _, k := range live {
+		out = append(out, *k)
+	}
+	for _, k := range revoked {
+		out = append(out, *k)
+	}
+	return out, hidden, nil
+}
+
 // KeyInfo is the key's metadata as last seen by this gateway. It never does
 // I/O. The returned slices are shared: do not modify them.
 func (s *Service) KeyInfo(keyID string) (KeyInfo, bool) {

@@ -110,6 +110,25 @@ func (sn *snapshot) keysOf(account string) []KeyInfo {
 	return out
 }
 
+// keysOfSplit is the account's keys not revoked and its revoked ones,
+// shared with the snapshot (KeyInfo is immutable once stored): the
+// caller keeps what it shows and copies only that.
+func (sn *snapshot) keysOfSplit(account string) (live, revoked []*KeyInfo) {
+	sn.mu.RLock()
+	defer sn.mu.RUnlock()
+	for _, e := range sn.keys {
+		if e.deleted || e.info.Account != account {
+			continue
+		}
+		if e.info.RevokedAt == nil {
+			live = append(live, e.info)
+		} else {
+			revoked = append(revoked, e.info)
+		}
+	}
+	return live, revoked
+}
+
 func (sn *snapshot) putAccount(id string, rev uint64, rec accountRecord, deleted bool) {
 	sn.mu.Lock()
 	if old, ok := sn.accounts[id]; !ok || rev > old.rev {

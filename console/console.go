@@ -601,6 +601,14 @@ type keyInput struct {
 	Retention string
 }
 
+// deletedKeysShown is how many deleted keys the keys page lists, the latest
+// deleted first. Deleted keys stay stored and their number has no cap (a
+// holder can make and delete auth.max_keys_created_per_hour keys an
+// hour), so listing all of them let a page grow without end: 19,000 made
+// it 8.3 MB. The keys not deleted are bounded by
+// auth.max_keys_per_account.
+const deletedKeysShown = 20
+
 func (c *Console) keys(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	sess, ok := c.session(ctx)
 	if !ok {
@@ -613,12 +621,18 @@ func (c *Console) keys(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess session, status int, in keyInput, problem words) {
 	sctx, cancel := storeContext()
 	defer cancel()
-	list, err := c.accounts.ListKeys(sctx, sess.Account)
+	list, deletedNotShown, err := c.accounts.ListRecentKeys(sctx, sess.Account, deletedKeysShown)
 	if err != nil {
 		c.storeError(ctx, "the keys of "+sess.Account, err)
 		return
 	}
 	view := keysPage{BaseURL: c.baseURL(ctx), Form: formFor(in, call.World.Catalog)}
+	switch {
+	case deletedNotShown == 1:
+		view.DeletedNotShown = fmt.Sprintf("1 older deleted key is not shown: the list has your keys in use and the %d you deleted last.", deletedKeysShown)
+	case deletedNotShown > 1:
+		view.DeletedNotShown = fmt.Sprintf("%s older deleted keys are not shown: the list has your keys in use and the %d you deleted last.", thousands(int64(deletedNotShown)), deletedKeysShown)
+	}
 	// Each rendering of the form is a new form: sent again (a reload of
 	// the page that answered it), it makes no other key.
 	if view.Form.Token, err = newKeyFormToken(); err != nil {
@@ -633,6 +647,11 @@ func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess se
 		if k.KeyID == deleted && k.RevokedAt != nil {
 			flash = quoting("Key “", k.Name, fmt.Sprintf("” (%s) is deleted: calls with it are refused.", k.KeyID))
 		}
+	}
+	// A key deleted on another tab may already be past the deleted keys
+	// shown; the flash still names it.
+	if info, ok := c.accounts.KeyInfo(deleted); flash == nil && deleted != "" && ok && info.Account == sess.Account && info.RevokedAt != nil {
+		flash = quoting("Key “", info.Name, fmt.Sprintf("” (%s) is deleted: calls with it are refused.", info.KeyID))
 	}
 	data := c.pageData(sess, "API keys", "keys", view)
 	data.Flash, data.Error = flash, problem

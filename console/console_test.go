@@ -517,6 +517,52 @@ func TestKeyFormStopsAtTheKeyCap(t *testing.T) {
 	}
 }
 
+// TestKeysPageShowsOnlyTheLatestDeletedKeys: deleted keys stay stored,
+// and 19,000 of them made the keys page 8.3 MB, every one a row, though
+// the count cap held. The page lists the keys in use and the latest
+// deleted ones, and says how many it left out.
+func TestKeysPageShowsOnlyTheLatestDeletedKeys(t *testing.T) {
+	g := startGateway(t, "clickhouse://127.0.0.1:1/default")
+	const deleted = deletedKeysShown + 5
+	var ids []string
+	for i := range deleted + 2 {
+		info, _, err := g.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: fmt.Sprintf("k%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.KeyID)
+	}
+	for _, id := range ids[:deleted] {
+		if _, err := g.svc.RevokeKey(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := g.browser()
+	b.signIn("acme")
+	status, page := b.get("/console/keys?deleted=" + ids[0])
+	if status != 200 {
+		t.Fatalf("keys page: %d %s", status, page)
+	}
+	if rows := strings.Count(page, `class="revoked"`); rows != deletedKeysShown {
+		t.Errorf("%d deleted keys listed, want %d", rows, deletedKeysShown)
+	}
+	for _, id := range ids[deleted:] {
+		if !strings.Contains(page, `id="revoke-`+id+`"`) {
+			t.Errorf("key in use %s not listed", id)
+		}
+	}
+	if !strings.Contains(page, `id="key-`+ids[deleted-1]+`"`) || strings.Contains(page, `id="key-`+ids[0]+`"`) {
+		t.Error("the list does not hold the latest deleted keys")
+	}
+	if !strings.Contains(page, "5 older deleted keys are not shown") {
+		t.Errorf("the page does not say how many deleted keys it left out: %s", page)
+	}
+	// The key just deleted may be one not shown; the page still says so.
+	if !strings.Contains(page, `(`+ids[0]+`) is deleted`) {
+		t.Error("no flash for a deleted key not listed")
+	}
+}
+
 // TestKeyFormStopsAtTheKeysPerHour: past the count cap's reach, a loop
 // of create and delete in the console grew the key store without end
 // (deleted keys stay stored). Past auth.max_keys_created_per_hour the form

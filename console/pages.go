@@ -149,7 +149,10 @@ func lineOf(t usageTotals) usageLine {
 type keysPage struct {
 	BaseURL string
 	Keys    []keyLine
-	Form    keyForm
+	// DeletedNotShown is how many deleted keys the list leaves out, ""
+	// when none.
+	DeletedNotShown string
+	Form            keyForm
 }
 
 // keyLine describes a key; it has no field that could hold the token.
