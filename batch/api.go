@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -80,8 +78,16 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if err := s.markPending(ctx, j); err != nil {
 		return Created{}, err
 	}
+	// Indexed before it is stored, so that no job is ever stored and
+	// missing from its account's listing; an id whose record was not
+	// stored is skipped there.
+	if err := s.updateNewest(ctx, p.Account, func(x *newestIndex) bool { x.add(j.ID); return true }); err != nil {
+		s.unmarkPending(ctx, p.Account, j.ID)
+		return Created{}, err
+	}
 	if _, err := s.jobs.Create(ctx, jobKey(p.Account, j.ID), data); err != nil {
 		s.unmarkPending(ctx, p.Account, j.ID)
+		s.removeNewest(ctx, p.Account, j.ID)
 		return Created{}, fmt.Errorf("saving job %s: %w", j.ID, err)
 	}
 	return Created{JobID: j.ID, UploadURL: url, UploadFields: fields, InputKey: j.InputKey,
@@ -127,25 +133,28 @@ func (s *Service) loadEntry(ctx context.Context, account, id string) (*Job, jets
 	return j, entry, nil
 }
 
-// List returns account's 20 newest jobs, newest first.
+// List returns account's 20 newest jobs, newest first: from the index of
+// its newest jobs (newest.go), rebuilt by walking all its jobs when it is
+// missing or names too few.
 func (s *Service) List(ctx context.Context, account string) ([]*Job, error) {
-	lister, err := s.jobs.ListKeysFiltered(ctx, accountToken(account)+".*")
+	x, rev, err := s.newestIDs(ctx, account)
 	if err != nil {
-		return nil, fmt.Errorf("listing jobs: %w", err)
-	}
-	var ids []string
-	for key := range lister.Keys() {
-		if _, id, ok := strings.Cut(key, "."); ok {
-			ids = append(ids, id)
-		}
-	}
-	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// UUIDv7 ids sort by creation time.
-	slices.Sort(ids)
-	slices.Reverse(ids)
-	ids = slices.Compact(ids)
+	jobs, err := s.loadJobs(ctx, account, x.IDs)
+	if err != nil || len(jobs) == listLength || (rev != 0 && !x.Older) {
+		return jobs, err
+	}
+	ids, err := s.rebuildNewest(ctx, account, x, rev)
+	if err != nil {
+		return nil, err
+	}
+	return s.loadJobs(ctx, account, ids)
+}
+
+// loadJobs loads up to listLength of account's jobs ids names, in their
+// order, skipping those deleted.
+func (s *Service) loadJobs(ctx context.Context, account string, ids []string) ([]*Job, error) {
 	jobs := make([]*Job, 0, listLength)
 	for _, id := range ids {
 		if len(jobs) == listLength {
@@ -153,7 +162,7 @@ func (s *Service) List(ctx context.Context, account string) ([]*Job, error) {
 		}
 		j, _, err := s.load(ctx, account, id)
 		if errors.Is(err, ErrNotFound) {
-			continue // deleted since the listing
+			continue // deleted since it was indexed
 		}
 		if err != nil {
 			return nil, err
@@ -260,6 +269,7 @@ func (s *Service) deleteJob(ctx context.Context, account, id string, onlyRev uin
 			return fmt.Errorf("deleting job %s: %w", id, err)
 		}
 		s.dropTombstone(ctx, jobKey(account, id))
+		s.removeNewest(ctx, account, id)
 		s.unmarkPending(ctx, account, id)
 		s.release(ctx, account, id)
 		return nil

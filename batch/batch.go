@@ -225,6 +225,7 @@ type Service struct {
 	jobs     jetstream.KeyValue
 	jobsLog  jetstream.Stream // the stream behind jobs, for what KV cannot do
 	active   jetstream.KeyValue
+	newest   jetstream.KeyValue // the ids of each account's newest jobs (newest.go)
 	work     jetstream.Stream
 	pending  jetstream.Stream    // markers of the pending jobs (pending.go)
 	created  *broker.CreationLog // jobs made in the last hour, per account
@@ -272,6 +273,13 @@ func Open(ctx context.Context, js jetstream.JetStream, store storage.Store, opts
 	}
 	s.active, err = broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
 		Bucket: ActiveBucket, Description: "tollgate batch: the processing job of each account",
+		History: 1, Storage: jetstream.FileStorage, Replicas: replicas,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.newest, err = broker.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: NewestBucket, Description: "tollgate batch: the ids of each account's newest jobs, key <account>",
 		History: 1, Storage: jetstream.FileStorage, Replicas: replicas,
 	})
 	if err != nil {

@@ -1,0 +1,192 @@
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// GET /v1/batch lists an account's newest jobs from an index of their ids,
+// one KV entry per account in NewestBucket, so that a listing reads
+// listLength job records whatever the number of jobs the account keeps.
+// Listing by walking every job key of the account took 95-210 ms at 10,000
+// jobs and 360-490 ms at 30,000, and the defaults let an account keep
+// about 720,000 (1,000 an hour for the 30 days of batch.job_retention).
+//
+// Job ids are UUIDv7, so their order is the order jobs were created in. A
+// job's id enters the index before its record is written and leaves it
+// after its record is deleted, each with a compare-and-set; an id whose
+// record is missing (a process that died in between) is skipped when
+// listed. An index that is missing (jobs made by a release before this
+// one), or that no longer names listLength jobs while older ones exist,
+// is rebuilt from the walk, once.
+const (
+	// NewestBucket holds, per account, the ids of its newest jobs.
+	NewestBucket = "TOLLGATE_BATCH_NEWEST"
+	// newestKept is how many ids an index keeps: more than listLength,
+	// so that deleting a few of the newest jobs does not send the next
+	// listing to the walk.
+	newestKept = 2 * listLength
+)
+
+// newestIndex is an account's entry in NewestBucket.
+type newestIndex struct {
+	IDs []string `json:"ids"` // newest first, at most newestKept
+	// Older says the account may have jobs older than the last of IDs.
+	Older bool `json:"older"`
+}
+
+// add puts id in the index, keeping the newest newestKept.
+func (x *newestIndex) add(id string) {
+	if slices.Contains(x.IDs, id) {
+		return
+	}
+	x.IDs = append(x.IDs, id)
+	slices.Sort(x.IDs)
+	slices.Reverse(x.IDs)
+	if len(x.IDs) > newestKept {
+		x.IDs = x.IDs[:newestKept]
+		x.Older = true
+	}
+}
+
+// updateNewest applies change to account's index with a compare-and-set,
+// reading it again when another write came first. A missing index is
+// created only by rebuild: one made here would name only the new job and
+// hide the older ones, so it is made with Older set, which sends the
+// next listing to the walk.
+func (s *Service) updateNewest(ctx context.Context, account string, change func(*newestIndex) bool) error {
+	key := accountToken(account)
+	for {
+		var x newestIndex
+		entry, err := s.newest.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			x.Older = true
+			if !change(&x) {
+				return nil
+			}
+			data, _ := json.Marshal(&x)
+			_, err = s.newest.Create(ctx, key, data)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue
+			}
+		case err != nil:
+			return fmt.Errorf("reading the newest jobs of %s: %w", account, err)
+		default:
+			if json.Unmarshal(entry.Value(), &x) != nil {
+				x = newestIndex{Older: true}
+			}
+			if !change(&x) {
+				return nil
+			}
+			data, _ := json.Marshal(&x)
+			_, err = s.newest.Update(ctx, key, data, entry.Revision())
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				continue
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("writing the newest jobs of %s: %w", account, err)
+		}
+		return nil
+	}
+}
+
+// newestIDs is account's index, and its revision (0 when it is missing).
+func (s *Service) newestIDs(ctx context.Context, account string) (newestIndex, uint64, error) {
+	var x newestIndex
+	entry, err := s.newest.Get(ctx, accountToken(account))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return x, 0, nil
+	}
+	if err != nil {
+		return x, 0, fmt.Errorf("reading the newest jobs of %s: %w", account, err)
+	}
+	if json.Unmarshal(entry.Value(), &x) != nil {
+		return newestIndex{Older: true}, entry.Revision(), nil
+	}
+	return x, entry.Revision(), nil
+}
+
+// rebuildNewest walks every job key of account and writes its index: the
+// newest newestKept of the walked ids and of the index read at rev (an id
+// enters the index before its job record is written, so the walk may
+// not see it yet). A write since rev makes it read and walk again.
+func (s *Service) rebuildNewest(ctx context.Context, account string, x newestIndex, rev uint64) ([]string, error) {
+	for try := 0; ; try++ {
+		lister, err := s.jobs.ListKeysFiltered(ctx, accountToken(account)+".*")
+		if err != nil {
+			return nil, fmt.Errorf("listing jobs: %w", err)
+		}
+		var ids []string
+		for key := range lister.Keys() {
+			if _, id, ok := strings.Cut(key, "."); ok {
+				ids = append(ids, id)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		walked := len(ids)
+		// Only ids newer than every walked one can be jobs whose record
+		// is not written yet; an older id the walk did not see names a
+		// job that is gone.
+		newestWalked := ""
+		if walked > 0 {
+			newestWalked = slices.Max(ids)
+		}
+		for _, id := range x.IDs {
+			if id > newestWalked {
+				ids = append(ids, id)
+			}
+		}
+		slices.Sort(ids)
+		slices.Reverse(ids)
+		ids = slices.Compact(ids)
+		next := newestIndex{IDs: ids[:min(len(ids), newestKept)], Older: walked > newestKept}
+		data, _ := json.Marshal(&next)
+		key := accountToken(account)
+		if rev == 0 {
+			_, err = s.newest.Create(ctx, key, data)
+		} else {
+			_, err = s.newest.Update(ctx, key, data, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			if try < 3 {
+				if x, rev, err = s.newestIDs(ctx, account); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			// Jobs made and deleted all along: list what was walked,
+			// and leave the index to the writes that won.
+			return ids, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("writing the newest jobs of %s: %w", account, err)
+		}
+		return ids, nil
+	}
+}
+
+// removeNewest takes id out of account's index, once its record is gone.
+func (s *Service) removeNewest(ctx context.Context, account, id string) {
+	err := s.updateNewest(ctx, account, func(x *newestIndex) bool {
+		i := slices.Index(x.IDs, id)
+		if i < 0 {
+			return false
+		}
+		x.IDs = slices.Delete(x.IDs, i, i+1)
+		return true
+	})
+	if err != nil {
+		// Listings skip an id whose record is gone.
+		s.logf("batch: job %s of %s is deleted, but stays in the newest jobs' index: %v", id, account, err)
+	}
+}
