@@ -30,3 +30,16 @@ func DamageRecord(dir string, seq uint64) error {
 	}
 	return fmt.Errorf("no record %d in %s", seq, dir)
 }
+
+// FailOutboxSyncs has every sync of ob's mapped segments fail with err,
+// as on a file system remounted read-only after an I/O error, or succeed
+// again when err is nil.
+func FailOutboxSyncs(ob *Outbox, err error) {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	if err == nil {
+		ob.syncMem = syncMapped
+		return
+	}
+	ob.syncMem = func([]byte) error { return err }
+}

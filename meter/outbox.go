@@ -238,6 +238,9 @@ type Outbox struct {
 	// full disk, over a hundred failures a second, each append waiting.)
 	spareErr   error
 	spareRetry time.Time
+	// syncMem writes a mapped range to disk: syncMapped, or the failing
+	// stand-in of a test. Read under mu.
+	syncMem func([]byte) error
 
 	writeFailures atomic.Uint64
 	lost          atomic.Uint64
@@ -304,6 +307,7 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 		syncerDone:    make(chan struct{}),
 		stopCompactor: make(chan struct{}),
 		compactorDone: make(chan struct{}),
+		syncMem:       syncMapped,
 	}
 	if err := ob.recover(); err != nil {
 		unlockDir(lock)
@@ -1131,6 +1135,7 @@ func (ob *Outbox) syncOnce() {
 	if a := ob.active; a != nil && int(a.seg.size) > a.synced {
 		work = append(work, pending{a, a.synced, int(a.seg.size)})
 	}
+	syncMem := ob.syncMem
 	ob.mu.Unlock()
 
 	var syncErr error
@@ -1138,7 +1143,7 @@ func (ob *Outbox) syncOnce() {
 		if w.to > w.from {
 			// msync wants a page-aligned start.
 			from := w.from &^ (os.Getpagesize() - 1)
-			if err := syncMapped(w.m.mem[from:w.to]); err != nil {
+			if err := syncMem(w.m.mem[from:w.to]); err != nil {
 				syncErr = fmt.Errorf("syncing outbox segment %s: %w", filepath.Base(w.m.seg.path), err)
 				continue
 			}
@@ -1269,7 +1274,7 @@ func (ob *Outbox) closeFiles() error {
 	defer ob.mu.Unlock()
 	var err error
 	if a := ob.active; a != nil {
-		err = syncMapped(a.mem[:a.seg.size])
+		err = ob.syncMem(a.mem[:a.seg.size])
 		_ = unmap(a.mem)
 		// Not cut to its records, as retired segments are: the next
 		// start keeps the last segment, and on a disk filled meanwhile
