@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -129,6 +130,11 @@ var (
 	// for long, or the disk is full. Fix the NATS connection or free disk;
 	// raise the bound for longer outages.
 	ErrOutboxFull = errors.New("outbox full")
+	// ErrOutboxUnwritable is returned by Append while the outbox's last
+	// sync to disk failed (an I/O error, a file system remounted
+	// read-only): a record copied in then could not be kept. Fix the disk;
+	// events are taken again once a sync succeeds.
+	ErrOutboxUnwritable = errors.New("the outbox cannot write to its disk")
 	// ErrOutboxClosed is returned by Append after Close.
 	ErrOutboxClosed = errors.New("outbox closed")
 	// ErrOutboxLocked is returned by OpenOutbox when another process has
@@ -171,9 +177,13 @@ type OutboxStats struct {
 	Segments      int
 	WriteFailures uint64 // failed writes or fsyncs, each retried
 	LastWriteErr  error  // the last of them
-	// Lost counts events given up because the disk kept failing while the
-	// outbox was closing.
+	// Lost counts events the outbox took but could not write to disk,
+	// each logged with its JSON: a JetStream on another disk may still
+	// have taken them from memory.
 	Lost uint64
+	// Unwritable: the last sync failed, and appends are refused until
+	// one succeeds.
+	Unwritable bool
 }
 
 // OutboxRecovery says what OpenOutbox found on disk.
@@ -238,9 +248,20 @@ type Outbox struct {
 	// full disk, over a hundred failures a second, each append waiting.)
 	spareErr   error
 	spareRetry time.Time
+	// diskErr is why the last sync of appended records failed, nil once
+	// one succeeds. While it is set appends are refused: on a file system
+	// remounted read-only after an I/O error the mapped pages can never be
+	// written back, and the records copied into them were lost at the
+	// next start, unbilled and unlogged, while the outbox counted them as
+	// waiting for JetStream. Each record a failed sync covered is logged
+	// with its JSON once: reportedSeq is the last one dealt with.
+	diskErr     error
+	reportedSeq uint64
 	// syncMem writes a mapped range to disk: syncMapped, or the failing
-	// stand-in of a test. Read under mu.
+	// stand-in of a test. logf says what could not be written. Both are
+	// read under mu.
 	syncMem func([]byte) error
+	logf    func(string, ...any)
 
 	writeFailures atomic.Uint64
 	lost          atomic.Uint64
@@ -308,6 +329,7 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 		stopCompactor: make(chan struct{}),
 		compactorDone: make(chan struct{}),
 		syncMem:       syncMapped,
+		logf:          func(string, ...any) {},
 	}
 	if err := ob.recover(); err != nil {
 		unlockDir(lock)
@@ -680,6 +702,11 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 	if ob.closed {
 		ob.mu.Unlock()
 		return nil, ErrOutboxClosed
+	}
+	if ob.diskErr != nil {
+		err := ob.diskErr
+		ob.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w", ErrOutboxUnwritable, err)
 	}
 	if ob.active == nil || int(ob.active.seg.size)+size > len(ob.active.mem) {
 		if err := ob.rotateLocked(); err != nil {
@@ -1113,7 +1140,9 @@ func (ob *Outbox) syncer() {
 }
 
 // syncOnce syncs what was written since the last time, releases the
-// waiters it covers, and unmaps retired segments.
+// waiters it covers, and unmaps retired segments. When a sync fails, the
+// records it covered are logged with their JSON (reportUnwritten) and
+// appends are refused until one succeeds.
 func (ob *Outbox) syncOnce() {
 	ob.mu.Lock()
 	through := ob.writtenSeq
@@ -1121,30 +1150,27 @@ func (ob *Outbox) syncOnce() {
 		ob.mu.Unlock()
 		return
 	}
-	type pending struct {
-		m    *mappedSegment
-		from int
-		to   int
-	}
-	var work []pending
+	var work []pendingSync
 	for _, m := range ob.retired {
-		work = append(work, pending{m, m.synced, int(m.seg.size)})
+		work = append(work, pendingSync{m, m.synced, int(m.seg.size)})
 	}
 	retired := ob.retired
 	ob.retired = nil
 	if a := ob.active; a != nil && int(a.seg.size) > a.synced {
-		work = append(work, pending{a, a.synced, int(a.seg.size)})
+		work = append(work, pendingSync{a, a.synced, int(a.seg.size)})
 	}
 	syncMem := ob.syncMem
 	ob.mu.Unlock()
 
 	var syncErr error
+	var failed []pendingSync
 	for _, w := range work {
 		if w.to > w.from {
 			// msync wants a page-aligned start.
 			from := w.from &^ (os.Getpagesize() - 1)
 			if err := syncMem(w.m.mem[from:w.to]); err != nil {
 				syncErr = fmt.Errorf("syncing outbox segment %s: %w", filepath.Base(w.m.seg.path), err)
+				failed = append(failed, w)
 				continue
 			}
 		}
@@ -1166,16 +1192,43 @@ func (ob *Outbox) syncOnce() {
 			ob.retired = append(ob.retired, m) // retried next time
 		}
 	}
+	logf := ob.logf
 	if syncErr != nil {
 		ob.writeFailures.Add(1)
 		ob.lastWriteErr = syncErr
+		began := ob.diskErr == nil
+		ob.diskErr = syncErr
+		unwritten := ob.unwrittenLocked(failed)
 		ob.mu.Unlock()
+		if began {
+			logf("meter: outbox: %v; new usage events are refused and logged with their JSON until a sync succeeds, and those it held that did not reach the disk are logged now", syncErr)
+		}
+		reportUnwritten(logf, unwritten, syncErr)
 		return
 	}
+	recovered := ob.diskErr != nil
+	ob.diskErr = nil
 	ob.durableSeq = max(ob.durableSeq, through)
+	ob.releaseWaitersLocked(ob.durableSeq)
+	ob.mu.Unlock()
+	if recovered {
+		logf("meter: outbox: writing to disk again; new usage events are taken again")
+	}
+}
+
+// pendingSync is a range of a mapped segment syncOnce writes to disk.
+type pendingSync struct {
+	m    *mappedSegment
+	from int
+	to   int
+}
+
+// releaseWaitersLocked closes the channels of the fsync-durable appends of
+// records through seq. ob.mu must be held.
+func (ob *Outbox) releaseWaitersLocked(seq uint64) {
 	keep := ob.waiters[:0]
 	for _, w := range ob.waiters {
-		if w.seq <= ob.durableSeq {
+		if w.seq <= seq {
 			close(w.done)
 		} else {
 			keep = append(keep, w)
@@ -1183,7 +1236,72 @@ func (ob *Outbox) syncOnce() {
 	}
 	clear(ob.waiters[len(keep):])
 	ob.waiters = keep
-	ob.mu.Unlock()
+}
+
+// unwrittenRecord is a record a failed sync covered, copied out of the
+// mapping.
+type unwrittenRecord struct {
+	seq  uint64
+	data []byte // the event as JSON
+}
+
+// unwrittenLocked copies out the records of the ranges a sync failed to
+// write that were neither dealt with before nor acknowledged by JetStream
+// (those are billed), counts them as lost, and moves reportedSeq past
+// every record of the ranges. ob.mu must be held: a segment reused in
+// place (restartSegmentLocked) zeroes its records under it. Copying,
+// rather than logging from the mapping, keeps the lock for a memory copy
+// only.
+func (ob *Outbox) unwrittenLocked(failed []pendingSync) []unwrittenRecord {
+	var out []unwrittenRecord
+	for _, w := range failed {
+		b := w.m.mem[max(w.from, outboxHeaderSize):w.to]
+		for len(b) > 0 {
+			rec, n, err := decodeOutboxRecord(b, 2)
+			if err != nil {
+				break // zeroed by a reuse: every record was acknowledged
+			}
+			b = b[n:]
+			if rec.seq <= ob.reportedSeq {
+				continue
+			}
+			ob.reportedSeq = rec.seq
+			if rec.seq > ob.acked {
+				out = append(out, unwrittenRecord{seq: rec.seq, data: slices.Clone(rec.data)})
+			}
+		}
+	}
+	ob.lost.Add(uint64(len(out)))
+	return out
+}
+
+// reportUnwritten logs each record a failed sync could not write, with
+// its JSON, for billing by hand: as a refused event is (logDropped), but
+// saying that JetStream may have it still, for the publisher reads the
+// outbox from memory and a JetStream on another disk takes what it sends.
+func reportUnwritten(logf func(string, ...any), recs []unwrittenRecord, err error) {
+	for _, rec := range recs {
+		logf("meter: DROPPED usage event, not on disk (%v): billed only if JetStream took it from memory; check ClickHouse for its id before billing it by hand: %s", err, billableJSON(rec.data))
+	}
+}
+
+// billableJSON is an event's JSON without its request log: a logged
+// request's text goes to request_logs or nowhere, never into the
+// gateway's own log.
+func billableJSON(data []byte) []byte {
+	if !gjson.GetBytes(data, "log").Exists() {
+		return data
+	}
+	var ev Event
+	if err := json.Unmarshal(data, &ev); err != nil {
+		return data
+	}
+	ev.Log = nil
+	out, err := json.Marshal(&ev)
+	if err != nil {
+		return data
+	}
+	return out
 }
 
 func (ob *Outbox) dropSpare(m *mappedSegment) {
@@ -1203,7 +1321,15 @@ func (ob *Outbox) Stats() OutboxStats {
 		WriteFailures: ob.writeFailures.Load(),
 		LastWriteErr:  ob.lastWriteErr,
 		Lost:          ob.lost.Load(),
+		Unwritable:    ob.diskErr != nil,
 	}
+}
+
+// setLogf has the outbox say with logf what it could not write to disk.
+func (ob *Outbox) setLogf(logf func(string, ...any)) {
+	ob.mu.Lock()
+	ob.logf = logf
+	ob.mu.Unlock()
 }
 
 // ack records that JetStream has acknowledged every record through seq.

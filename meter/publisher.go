@@ -196,6 +196,7 @@ func NewPublisherWith(js jetstream.JetStream, ob *Outbox, maxDelay time.Duration
 	} else {
 		logf("meter: publishing without an ack timeout: %v", err)
 	}
+	ob.setLogf(logf)
 	rec := ob.Recovery()
 	for _, note := range rec.Notes {
 		logf("meter: outbox: %s", note)
@@ -283,15 +284,20 @@ func (p *Publisher) Close(ctx context.Context) error {
 		}
 		close(p.stop)
 		<-p.done
-		left := final - min(p.outbox.ackedSeq(), final)
+		acked := p.outbox.ackedSeq()
 		if err := p.outbox.Close(); err != nil {
 			p.closeErr = fmt.Errorf("closing outbox: %w", err)
 		}
-		if left > 0 {
-			p.closeErr = errors.Join(p.closeErr, fmt.Errorf("%d usage events not acknowledged by JetStream stay in the outbox for the next start: %w", left, cmp.Or(context.Cause(ctx), context.DeadlineExceeded)))
+		// Records past the last sync that succeeded are not on disk: each
+		// was logged with its JSON when its sync failed, and the next
+		// start will not find it. Said to stay in the outbox, they were
+		// lost without a word after a disk remounted read-only.
+		onDisk := min(max(p.outbox.durableState(), acked), final)
+		if kept := onDisk - min(acked, onDisk); kept > 0 {
+			p.closeErr = errors.Join(p.closeErr, fmt.Errorf("%d usage events not acknowledged by JetStream stay in the outbox for the next start: %w", kept, cmp.Or(context.Cause(ctx), context.DeadlineExceeded)))
 		}
-		if lost := p.outbox.Stats().Lost; lost > 0 {
-			p.logf("meter: LOST %d usage events: the outbox could not write them while closing (%v)", lost, p.outbox.Stats().LastWriteErr)
+		if unwritten := final - onDisk; unwritten > 0 {
+			p.closeErr = errors.Join(p.closeErr, fmt.Errorf("%d usage events not acknowledged by JetStream could not be written to disk and are not kept for the next start: each is logged above with its JSON (DROPPED usage event, not on disk)", unwritten))
 		}
 	})
 	return p.closeErr
@@ -401,7 +407,11 @@ func (p *Publisher) watchOutboxWrites() {
 		case <-tick.C:
 		}
 		st := p.outbox.Stats()
-		if st.WriteFailures > seen {
+		if st.WriteFailures > seen && st.Unwritable {
+			p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); it refuses new usage events, each logged with its JSON, until a sync succeeds",
+				st.WriteFailures-seen, outboxWriteReport, st.LastWriteErr)
+			seen = st.WriteFailures
+		} else if st.WriteFailures > seen {
 			p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); it takes events while its current segment has room or acknowledged segments can be deleted or reused, then refuses them",
 				st.WriteFailures-seen, outboxWriteReport, st.LastWriteErr)
 			seen = st.WriteFailures

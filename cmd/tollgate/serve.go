@@ -600,7 +600,7 @@ func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc
 		c, cancel := context.WithTimeout(context.Background(), publisherCloseWait(b.Conn()))
 		defer cancel()
 		if err := pub.Close(c); err != nil {
-			logf("meter: closing the publisher: %v", err) // it says the events stay in the outbox
+			logf("meter: closing the publisher: %v", err) // it says which events stay in the outbox, and which could not be written
 		}
 	}, nil
 }

@@ -61,7 +61,7 @@ func runWorker(args []string) error {
 		c, cancel := context.WithTimeout(context.Background(), publisherCloseWait(b.Conn()))
 		defer cancel()
 		if err := rec.Close(c); err != nil {
-			logf("meter: closing the publisher: %v", err) // it says the events stay in the outbox
+			logf("meter: closing the publisher: %v", err) // it says which events stay in the outbox, and which could not be written
 		}
 	}()
 	store, err := storage.FromConfig(ctx, cfg, logf)
