@@ -1199,11 +1199,19 @@ func (ob *Outbox) syncOnce() {
 		began := ob.diskErr == nil
 		ob.diskErr = syncErr
 		unwritten := ob.unwrittenLocked(failed)
+		// An answer waiting for its event to be on disk goes out once the
+		// event is logged instead: waiting could not help, and made each
+		// answer under fsync durability take DurableWait (2 s) with a
+		// line that gave no JSON to bill it by.
+		logged := ob.takeWaitersLocked(ob.reportedSeq)
 		ob.mu.Unlock()
 		if began {
 			logf("meter: outbox: %v; new usage events are refused and logged with their JSON until a sync succeeds, and those it held that did not reach the disk are logged now", syncErr)
 		}
 		reportUnwritten(logf, unwritten, syncErr)
+		for _, w := range logged {
+			close(w.done)
+		}
 		return
 	}
 	recovered := ob.diskErr != nil
@@ -1236,6 +1244,24 @@ func (ob *Outbox) releaseWaitersLocked(seq uint64) {
 	}
 	clear(ob.waiters[len(keep):])
 	ob.waiters = keep
+}
+
+// takeWaitersLocked removes the waiters of records through seq and
+// returns them, for their channels to be closed off the lock. ob.mu must
+// be held.
+func (ob *Outbox) takeWaitersLocked(seq uint64) []durableWaiter {
+	var taken []durableWaiter
+	keep := ob.waiters[:0]
+	for _, w := range ob.waiters {
+		if w.seq <= seq {
+			taken = append(taken, w)
+		} else {
+			keep = append(keep, w)
+		}
+	}
+	clear(ob.waiters[len(keep):])
+	ob.waiters = keep
+	return taken
 }
 
 // unwrittenRecord is a record a failed sync covered, copied out of the

@@ -92,3 +92,32 @@ func TestOutboxLogsWhatItCouldNotSyncAndRefusesUntilASyncSucceeds(t *testing.T) 
 		t.Errorf("lines %q, want one saying the disk takes writes again", log.with())
 	}
 }
+
+// Under fsync durability an answer waits for its event to be on disk. On
+// a disk that takes no write it waited DurableWait (2 s) for nothing,
+// every answer, and the gateway logged only the event's id, which cannot
+// be billed by hand. The wait ends once the event is logged with its
+// JSON.
+func TestOutboxReleasesAnFsyncWaitOnceTheEventIsLoggedAsNotOnDisk(t *testing.T) {
+	ob, err := OpenOutboxWith(t.TempDir(), OutboxOptions{Durability: DurabilityFsync})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	var log logLines
+	ob.setLogf(log.logf)
+	FailOutboxSyncs(ob, syscall.EIO)
+	ev := outboxTestEvent(1)
+	done, err := ob.AppendDurable(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the answer still waits for an event its disk will not take; log: %q", log.with())
+	}
+	if got := log.with("DROPPED usage event, not on disk", `"id":"`+ev.ID+`"`); len(got) != 1 {
+		t.Fatalf("released with the event in %d lines, want 1 with its JSON first: %q", len(got), log.with())
+	}
+}
