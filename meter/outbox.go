@@ -56,7 +56,9 @@ import (
 // no batch numbers) are still read: each of their events is its own batch.
 //
 // The file "acked" holds the sequence through which every record has been
-// acknowledged by JetStream (uint64 LE, CRC-32C), replaced atomically.
+// acknowledged by JetStream (uint64 LE, CRC-32C), replaced atomically;
+// the file "written", in the same form, the last record on disk when the
+// outbox was last closed.
 // A crash can leave a torn record at the end of a segment; its length or
 // CRC gives it away and opening the outbox cuts it off.
 
@@ -123,6 +125,11 @@ const (
 	// 1 MB max_payload.
 	MaxBatchBytes = 768 << 10
 )
+
+// outboxWrittenFile holds the last record on disk when the outbox was
+// closed (uint64 LE, CRC-32C, as the acked file): the records up to it
+// were written, so the next start can tell the newest ones went missing.
+const outboxWrittenFile = "written"
 
 var (
 	// ErrOutboxFull is returned by Append when no segment has room: the
@@ -191,6 +198,17 @@ type OutboxRecovery struct {
 	Unacked        uint64 // records to publish again
 	TruncatedBytes int64  // torn or corrupt tails cut off
 	Notes          []string
+	// Missing is the records the outbox wrote and holds no more that
+	// nothing on disk says JetStream acknowledged: the batches JetStream
+	// stored decide whether they are lost (publishLoop.reportMissing).
+	Missing []MissingRecords
+}
+
+// MissingRecords is records from From to To an outbox wrote and found on
+// no segment at its start. Where says how it knows they were written.
+type MissingRecords struct {
+	From, To uint64
+	Where    string
 }
 
 // mappedSegment is a segment file mapped for appending.
@@ -373,6 +391,7 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 // what is fully acknowledged and sets the next sequence, batch and file.
 func (ob *Outbox) recover() error {
 	_ = os.Remove(filepath.Join(ob.dir, outboxAckedFile+".tmp"))
+	_ = os.Remove(filepath.Join(ob.dir, outboxWrittenFile+".tmp"))
 	acked, note := readAcked(filepath.Join(ob.dir, outboxAckedFile))
 	if note != "" {
 		ob.recovery.Notes = append(ob.recovery.Notes, note)
@@ -448,11 +467,35 @@ func (ob *Outbox) recover() error {
 			maxSeq = max(maxSeq, seg.first-1)
 		}
 	}
+	// The records before the first one on disk were written (sequences
+	// are given in order from 1, and the segment holding the first says
+	// where it starts); those the acked file does not cover may be lost
+	// (a segment deleted, emptied or damaged while the gateway was
+	// stopped) or may have been acknowledged while the file could not be
+	// written. Only JetStream can tell; the publisher asks it. They were
+	// taken for acknowledged without a word.
 	if first > acked+1 {
+		ob.recovery.Missing = append(ob.recovery.Missing, MissingRecords{From: acked + 1, To: first - 1,
+			Where: fmt.Sprintf("before the first record on disk (%d), after the last the acked file says JetStream acknowledged (%d)", first, acked)})
 		acked = first - 1
 		ob.acked, ob.persisted = acked, acked
 	}
+	// The records after the last one on disk, up to the last the outbox
+	// had on disk when it was closed: the newest segment deleted or
+	// emptied while it was stopped.
+	given := maxSeq // the last sequence given
+	if written, note := readSeqFile(filepath.Join(ob.dir, outboxWrittenFile)); note != "" {
+		ob.recovery.Notes = append(ob.recovery.Notes, note)
+	} else if from := max(maxSeq, acked) + 1; written >= from {
+		ob.recovery.Missing = append(ob.recovery.Missing, MissingRecords{From: from, To: written,
+			Where: fmt.Sprintf("after the last record on disk (%d), up to the last the outbox had written when it was closed (%d)", maxSeq, written)})
+		// Their numbers are not given again: JetStream may hold batches
+		// naming them (stored before the acked file could be written),
+		// which the start-up look-up would take for the new records'.
+		given = written
+	}
 	maxSeq = max(maxSeq, acked)
+	given = max(given, maxSeq)
 	for i, seg := range segments {
 		if seg.last == 0 || seg.last <= acked {
 			// The last segment is kept, even acknowledged or empty. When
@@ -481,7 +524,7 @@ func (ob *Outbox) recover() error {
 		ob.segments = append(ob.segments, seg)
 		ob.bytes += seg.size
 	}
-	ob.nextSeq = maxSeq + 1
+	ob.nextSeq = given + 1
 	ob.nextFile = max(ob.nextFile, 1)
 	ob.writtenSeq, ob.durableSeq = maxSeq, maxSeq // what is on disk is synced above
 	ob.openBatch = maxBatch + 1
@@ -1358,6 +1401,16 @@ func (ob *Outbox) setLogf(logf func(string, ...any)) {
 	ob.mu.Unlock()
 }
 
+// missingReported says the publisher reported the records recover found
+// missing (Recovery().Missing): the acked file takes the acknowledged
+// sequence recover raised over those before the first on disk, so that
+// the next start does not report them again.
+func (ob *Outbox) missingReported() {
+	ob.mu.Lock()
+	ob.persisted = 0 // the acked file is written at the next compaction
+	ob.mu.Unlock()
+}
+
 // ack records that JetStream has acknowledged every record through seq.
 func (ob *Outbox) ack(seq uint64) {
 	ob.mu.Lock()
@@ -1453,6 +1506,14 @@ func (ob *Outbox) closeFiles() error {
 		close(w.done) // synced above, or as good as it gets
 	}
 	ob.waiters = nil
+	// Every record through durableSeq is on disk (those past it were
+	// logged when their sync failed): should the newest be gone at the
+	// next start, this says they were written. When the disk is too full
+	// to write it, the next start cannot tell.
+	if werr := writeSeqFile(ob.dir, outboxWrittenFile, ob.durableSeq); werr != nil {
+		ob.writeFailures.Add(1)
+		ob.lastWriteErr = werr
+	}
 	unlockDir(ob.lock)
 	return err
 }
@@ -1844,22 +1905,38 @@ func decodeOutboxRecord(b []byte, version int) (outboxRecord, int, error) {
 // reads as 0 (replay everything on disk: duplicates are dropped by
 // JetStream) with a note saying so.
 func readAcked(path string) (uint64, string) {
+	seq, note := readSeqFile(path)
+	if note != "" {
+		note += ": replaying every record on disk"
+	}
+	return seq, note
+}
+
+// readSeqFile reads a sequence written by writeSeqFile; a missing file
+// reads as 0, a damaged one as 0 with a note saying so.
+func readSeqFile(path string) (uint64, string) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, ""
 	}
 	if err != nil || len(b) != 12 || crc32.Checksum(b[:8], castagnoli) != binary.LittleEndian.Uint32(b[8:]) {
-		return 0, fmt.Sprintf("%s unreadable (%v, %d bytes): replaying every record on disk", path, err, len(b))
+		return 0, fmt.Sprintf("%s unreadable (%v, %d bytes)", path, err, len(b))
 	}
 	return binary.LittleEndian.Uint64(b), ""
 }
 
 // writeAcked replaces the acked file atomically and durably.
 func writeAcked(dir string, seq uint64) error {
+	return writeSeqFile(dir, outboxAckedFile, seq)
+}
+
+// writeSeqFile replaces dir/name with seq and its CRC, atomically and
+// durably.
+func writeSeqFile(dir, name string, seq uint64) error {
 	b := binary.LittleEndian.AppendUint64(nil, seq)
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-	if err := replaceFile(dir, outboxAckedFile, b); err != nil {
-		return fmt.Errorf("writing outbox acked file: %w", err)
+	if err := replaceFile(dir, name, b); err != nil {
+		return fmt.Errorf("writing outbox %s file: %w", name, err)
 	}
 	return nil
 }

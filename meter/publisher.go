@@ -489,7 +489,7 @@ func (l *publishLoop) resume() {
 	ctx, cancel := context.WithTimeout(context.Background(), resumeLookupTimeout)
 	defer cancel()
 	acked := l.p.outbox.ackedSeq()
-	stored, err := l.storedRanges(ctx, acked)
+	stored, end, err := l.storedRanges(ctx, acked)
 	if err != nil {
 		// NATS flapping or the stream not made yet: tried again after a
 		// backoff. A deployment whose NATS user may publish but not read
@@ -501,6 +501,7 @@ func (l *publishLoop) resume() {
 		l.p.logf("meter: cannot look up the batches JetStream stored (%v); publishing the outbox from record %d, JetStream's duplicate window drops what it has", err, acked+1)
 	}
 	l.resumed = true
+	l.reportMissing(end)
 	ob := l.p.outbox
 	chain := chainOf(acked, stored)
 	// The chain's end is skipped when the outbox holds its last event;
@@ -530,6 +531,44 @@ func (l *publishLoop) resume() {
 	l.reader.close()
 	l.reader = ob.newReader(through)
 	l.p.logf("meter: JetStream already has this outbox's records %d to %d; not publishing them again", acked+1, through)
+}
+
+// storedEnd is where JetStream's batches of this outbox end: the last
+// record of the last one stored, 0 when none is; err says why that is
+// not known.
+type storedEnd struct {
+	last uint64
+	err  error
+}
+
+// reportMissing says which records the outbox found on no segment at its
+// start (OutboxRecovery.Missing) are lost: those past the last batch
+// JetStream stored of this outbox, which never reached it. The ones
+// before were acknowledged, and the acked file, which could not be
+// written (a full disk), did not say so. Until 2026-11-27 nothing was
+// said: a segment deleted, emptied or damaged while the gateway was
+// stopped lost its events to billing without a line, unless others
+// followed it.
+func (l *publishLoop) reportMissing(end storedEnd) {
+	ob := l.p.outbox
+	missing := ob.Recovery().Missing
+	if len(missing) == 0 {
+		return
+	}
+	for _, m := range missing {
+		switch lost := max(m.From, end.last+1); {
+		case end.err != nil:
+			l.p.logf("meter: outbox: LOST usage events: records %d to %d (%d) are in no segment, %s; not billed unless JetStream stored them, which could not be asked (%v)",
+				m.From, m.To, m.To-m.From+1, m.Where, end.err)
+		case lost > m.To:
+			l.p.logf("meter: outbox: records %d to %d are in no segment, %s, but JetStream stored them (its batches of this outbox reach record %d): nothing is lost",
+				m.From, m.To, m.Where, end.last)
+		default:
+			l.p.logf("meter: outbox: LOST usage events: records %d to %d (%d) are in no segment, %s, and JetStream's batches of this outbox end at record %d: not billed",
+				lost, m.To, m.To-lost+1, m.Where, end.last)
+		}
+	}
+	ob.missingReported()
 }
 
 // outboxRange is the records one stored batch holds.
@@ -575,25 +614,28 @@ func chainOf(acked uint64, stored []outboxRange) []outboxRange {
 // reach back to acked+1, the headers of those stored in the duplicate
 // window before it (a gateway's batches in flight at a crash were all
 // published within that window of its last one; older ones were either
-// acknowledged or are published again).
-func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxRange, error) {
+// acknowledged or are published again). It also returns where the last
+// one ends.
+func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxRange, storedEnd, error) {
 	stream, err := l.p.js.Stream(ctx, UsageStream)
 	if err != nil {
-		return nil, err
+		return nil, storedEnd{err: err}, err
 	}
 	last, err := stream.GetLastMsgForSubject(ctx, l.p.batchSubject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil // nothing of this outbox stored yet
+		return nil, storedEnd{}, nil // nothing of this outbox stored yet
 	}
 	if err != nil {
-		return nil, err
+		return nil, storedEnd{err: err}, err
 	}
 	r, ok := parseOutboxRange(last.Header.Get(OutboxRangeHeader))
 	if !ok {
-		return nil, nil // a batch of an earlier version: nothing to vouch for
+		// A batch of an earlier version: nothing to vouch for.
+		return nil, storedEnd{err: fmt.Errorf("the last batch JetStream stored of this outbox has no %s header", OutboxRangeHeader)}, nil
 	}
+	end := storedEnd{last: r.last}
 	if r.last <= acked || r.first <= acked+1 {
-		return []outboxRange{r}, nil // the last batch alone settles it
+		return []outboxRange{r}, end, nil // the last batch alone settles it
 	}
 	firstUnacked, known := l.p.outbox.eventTime(acked + 1)
 	start := resumeLookFrom(last.Time, firstUnacked, known)
@@ -604,13 +646,13 @@ func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxR
 		HeadersOnly:    true,
 	})
 	if err != nil {
-		return nil, err
+		return nil, end, err
 	}
 	var out []outboxRange
 	for {
 		msgs, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return nil, err
+			return nil, end, err
 		}
 		n := 0
 		for msg := range msgs.Messages() {
@@ -619,14 +661,14 @@ func (l *publishLoop) storedRanges(ctx context.Context, acked uint64) ([]outboxR
 				out = append(out, r)
 			}
 			if meta, err := msg.Metadata(); err == nil && meta.Sequence.Stream >= last.Sequence {
-				return out, nil
+				return out, end, nil
 			}
 		}
 		if err := msgs.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, err
+			return nil, end, err
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("reading this outbox's batches stopped before stream sequence %d", last.Sequence)
+			return nil, end, fmt.Errorf("reading this outbox's batches stopped before stream sequence %d", last.Sequence)
 		}
 	}
 }

@@ -1,15 +1,21 @@
 package meter_test
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/meter"
 )
 
@@ -89,5 +95,179 @@ func TestPublisherOnAReadOnlyDiskLogsEveryEventAndKeepsNoneForTheNextStart(t *te
 	err = p.Close(ctx)
 	if err == nil || strings.Contains(err.Error(), "stay in the outbox") || !strings.Contains(err.Error(), "5 usage events not acknowledged by JetStream could not be written to disk") {
 		t.Fatalf("closing said %v; want the 5 events said not to be kept", err)
+	}
+}
+
+// outboxAfterAnOutage leaves in a new outbox dir, closed as a SIGTERM
+// closes it, 900 events in 128 KiB segments: JetStream acknowledged the
+// first 100, and NATS was down for the other 800. It returns the NATS
+// server (stopped), the gateway's connection, the dir and its segment
+// files in order.
+func outboxAfterAnOutage(t *testing.T) (*natsServer, *broker.Broker, string, []string) {
+	t.Helper()
+	srv := startNATSServer(t)
+	gw := connectNATS(t, srv.url())
+	if _, err := meter.EnsureUsageStream(testContext(t), gw.JetStream(), 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "outbox")
+	ob, err := meter.OpenOutbox(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(gw.JetStream(), ob, syncLog(t))
+	for i := range 100 {
+		p.Record(usageEvent(i))
+	}
+	waitDrained(t, p)
+	srv.stop()
+	waitFor(t, 10*time.Second, time.Millisecond, func() error {
+		if p.Stats().Connected {
+			return errors.New("still connected to the stopped server")
+		}
+		return nil
+	})
+	for i := 100; i < 900; i++ {
+		p.Record(usageEvent(i))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err == nil || !strings.Contains(err.Error(), "800 usage events not acknowledged by JetStream stay in the outbox") {
+		t.Fatalf("closing said %v, want the 800 events kept", err)
+	}
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	if len(segs) < 3 {
+		t.Fatalf("segments %v, want 3 or more", segs)
+	}
+	// Files are numbered as they are made, not always in the order they
+	// take records (a spare made off the lock can lose the race).
+	slices.SortFunc(segs, func(a, b string) int { return cmp.Compare(segmentFirst(t, a), segmentFirst(t, b)) })
+	return srv, gw, dir, segs
+}
+
+// segmentFirst is the first record the segment file at path was made for.
+func segmentFirst(t *testing.T, path string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 16 {
+		t.Fatalf("reading %s: %v (%d bytes)", path, err, len(b))
+	}
+	return binary.LittleEndian.Uint64(b[8:])
+}
+
+// startedAgain starts NATS and a publisher on the outbox in dir, and
+// waits until it logged want.
+func startedAgain(t *testing.T, srv *natsServer, gw *broker.Broker, dir, want string) *keptLog {
+	t.Helper()
+	srv.start()
+	ob, err := meter.OpenOutbox(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log keptLog
+	p := meter.NewPublisher(gw.JetStream(), ob, log.logf)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = p.Close(ctx)
+	})
+	waitFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		if log.count(want) == 0 {
+			return fmt.Errorf("no line says %q:\n%s", want, &log)
+		}
+		return nil
+	})
+	return &log
+}
+
+// The oldest segment with records JetStream never acknowledged, deleted,
+// emptied or overwritten while the gateway was stopped, lost its events
+// without a line: a start took the records before the first on disk for
+// acknowledged, though the acked file said they were not. So did the
+// newest segment, which nothing on disk said had been. Each is now a
+// LOST line naming the records, once JetStream's batches show it never
+// had them.
+func TestPublisherSaysWhichRecordsASegmentLostWhileStoppedHeld(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, segs []string) (from, to uint64)
+	}{
+		{"oldest deleted", func(t *testing.T, segs []string) (uint64, uint64) {
+			to := segmentFirst(t, segs[1]) - 1
+			if err := os.Remove(segs[0]); err != nil {
+				t.Fatal(err)
+			}
+			return 101, to
+		}},
+		{"oldest emptied", func(t *testing.T, segs []string) (uint64, uint64) {
+			to := segmentFirst(t, segs[1]) - 1
+			if err := os.Truncate(segs[0], 0); err != nil {
+				t.Fatal(err)
+			}
+			return 101, to
+		}},
+		{"oldest header overwritten", func(t *testing.T, segs []string) (uint64, uint64) {
+			to := segmentFirst(t, segs[1]) - 1
+			f, err := os.OpenFile(segs[0], os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if _, err := f.WriteAt([]byte("garbage, not a header"), 0); err != nil {
+				t.Fatal(err)
+			}
+			return 101, to
+		}},
+		{"newest deleted", func(t *testing.T, segs []string) (uint64, uint64) {
+			last := segs[len(segs)-1]
+			from := segmentFirst(t, last)
+			if err := os.Remove(last); err != nil {
+				t.Fatal(err)
+			}
+			return from, 900
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, gw, dir, segs := outboxAfterAnOutage(t)
+			from, to := tc.damage(t, segs)
+			want := fmt.Sprintf("LOST usage events: records %d to %d (%d) are in no segment", from, to, to-from+1)
+			log := startedAgain(t, srv, gw, dir, want)
+			if n := log.count("LOST"); n != 1 {
+				t.Fatalf("%d LOST lines, want 1:\n%s", n, log)
+			}
+		})
+	}
+}
+
+// An acked file that could not be written while JetStream acknowledged
+// (a full disk) says less than what was acknowledged and deleted: the
+// records before the first on disk are no loss, and JetStream's batches
+// show it.
+func TestPublisherTakesRecordsJetStreamStoredForNoLossAfterAStaleAckedFile(t *testing.T) {
+	srv := startNATSServer(t)
+	gw := connectNATS(t, srv.url())
+	if _, err := meter.EnsureUsageStream(testContext(t), gw.JetStream(), 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "outbox")
+	ob, err := meter.OpenOutbox(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(gw.JetStream(), ob, syncLog(t))
+	for i := range 900 {
+		p.Record(usageEvent(i))
+	}
+	waitDrained(t, p)
+	if err := p.Close(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := meter.WriteAckedFile(dir, 100); err != nil {
+		t.Fatal(err)
+	}
+	srv.stop()
+	log := startedAgain(t, srv, gw, dir, "but JetStream stored them (its batches of this outbox reach record 900): nothing is lost")
+	if n := log.count("LOST"); n != 0 {
+		t.Fatalf("%d LOST lines, want none:\n%s", n, log)
 	}
 }
