@@ -174,6 +174,20 @@ type outboxSegment struct {
 	// damageKept: recover left damaged bytes past its records for a
 	// person to look at (the disk had no room to copy them aside).
 	damageKept bool
+	// damage: recover cut whole records not all acknowledged off it
+	// after a damaged one. The LOST line is worded once the records
+	// after it are known to end (recover), so that it is the only one.
+	damage *segmentDamage
+}
+
+// segmentDamage is what recoverSegment cut off a segment after a damaged
+// record.
+type segmentDamage struct {
+	cut     string // what was cut, from where
+	intact  int    // whole records after the damaged one
+	unacked int    // of which JetStream had not acknowledged
+	acked   uint64 // the acked file's record
+	kept    string // where the bytes are
 }
 
 // OutboxStats is a point-in-time view of the outbox.
@@ -432,14 +446,46 @@ func (ob *Outbox) recover() error {
 	}
 	segments = kept
 	slices.SortFunc(segments, func(a, b *outboxSegment) int { return cmp.Compare(a.first, b.first) })
+	written, writtenNote := readSeqFile(filepath.Join(ob.dir, outboxWrittenFile))
+	if writtenNote != "" {
+		ob.recovery.Notes = append(ob.recovery.Notes, writtenNote)
+	}
 	// Records go from one segment to the next without a gap: one is a
-	// segment deleted or cut, whose events are lost to billing.
-	for i := 1; i < len(segments); i++ {
-		prev, seg := segments[i-1], segments[i]
-		if prev.last != 0 && seg.first > prev.last+1 && seg.first-1 > acked {
-			from := max(prev.last+1, acked+1)
+	// segment deleted or cut, whose events are lost to billing. Those cut
+	// after a damaged record are said once, with the damage: they were
+	// said twice, counted once as whole records after the damage and
+	// once as records in no segment.
+	damageToWritten := false
+	for i, seg := range segments {
+		end := seg.last
+		if end == 0 {
+			end = seg.first - 1 // the header says where it started
+		}
+		from := max(end+1, acked+1)
+		var to uint64 // the record before the next one known given
+		last := i == len(segments)-1
+		switch {
+		case !last:
+			to = segments[i+1].first - 1
+		case seg.damage != nil && written > end:
+			// Records of the last segment: as far as the written file
+			// says, or the whole ones after the damage if they go
+			// further (written since the last stop).
+			to = max(written, end+1+uint64(seg.damage.intact))
+		}
+		switch {
+		case seg.damage != nil && to >= from:
+			d := seg.damage
+			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("LOST usage events: records %d to %d (%d), not billed unless JetStream had them: %s; they are the damaged record, the %d intact records after it (the bytes are in %s) and any the segment held after those",
+				from, to, to-from+1, d.cut, d.intact, d.kept))
+			damageToWritten = last
+		case seg.damage != nil:
+			d := seg.damage
+			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("LOST usage events: %s; the damaged record, and at least %d intact records after it, %d of them after the last acknowledged record (%d), are not billed unless JetStream had them (the bytes are in %s)",
+				d.cut, d.intact, d.unacked, d.acked, d.kept))
+		case !last && to >= from:
 			ob.recovery.Notes = append(ob.recovery.Notes, fmt.Sprintf("LOST usage events: records %d to %d (%d) are in no segment (one deleted or cut), not billed",
-				from, seg.first-1, seg.first-from))
+				from, to, to-from+1))
 		}
 	}
 
@@ -483,17 +529,15 @@ func (ob *Outbox) recover() error {
 	// The records after the last one on disk, up to the last the outbox
 	// had on disk when it was closed: the newest segment deleted or
 	// emptied while it was stopped.
-	given := maxSeq // the last sequence given
-	if written, note := readSeqFile(filepath.Join(ob.dir, outboxWrittenFile)); note != "" {
-		ob.recovery.Notes = append(ob.recovery.Notes, note)
-	} else if from := max(maxSeq, acked) + 1; written >= from {
+	given := max(maxSeq, written) // the last sequence given
+	if from := max(maxSeq, acked) + 1; written >= from && !damageToWritten {
 		ob.recovery.Missing = append(ob.recovery.Missing, MissingRecords{From: from, To: written,
 			Where: fmt.Sprintf("after the last record on disk (%d), up to the last the outbox had written when it was closed (%d)", maxSeq, written)})
-		// Their numbers are not given again: JetStream may hold batches
-		// naming them (stored before the acked file could be written),
-		// which the start-up look-up would take for the new records'.
-		given = written
 	}
+	// The numbers of records past the last on disk are not given again:
+	// JetStream may hold batches naming them (stored before the acked
+	// file could be written), which the start-up look-up would take for
+	// the new records'.
 	maxSeq = max(maxSeq, acked)
 	given = max(given, maxSeq)
 	for i, seg := range segments {
@@ -636,16 +680,17 @@ func (ob *Outbox) recoverSegment(seg *outboxSegment) (uint64, error) {
 				keep = true
 				where = fmt.Sprintf("%s past byte %d: they could not be copied aside (%v)", filepath.Base(seg.path), off, err)
 			}
-			switch {
-			case unacked == 0:
+			if unacked > 0 {
+				seg.damage = &segmentDamage{cut: note, intact: intact, unacked: unacked, acked: ob.acked, kept: where}
+				note = "" // said by recover
+			} else {
 				note = fmt.Sprintf("%s; the %d intact records after the damage were acknowledged by JetStream before: nothing is lost (the bytes are in %s)",
 					note, intact, where)
-			default:
-				note = fmt.Sprintf("LOST usage events: %s; the damaged record, and at least %d intact records after it, %d of them after the last acknowledged record (%d), are not billed unless JetStream had them (the bytes are in %s)",
-					note, intact, unacked, ob.acked, where)
 			}
 		}
-		ob.recovery.Notes = append(ob.recovery.Notes, note)
+		if note != "" {
+			ob.recovery.Notes = append(ob.recovery.Notes, note)
+		}
 	}
 	if tail := len(bytes.TrimRight(data[off:], "\x00")); tail > 0 && !keep {
 		// Overwritten, not cut off: the blocks are the file's already.

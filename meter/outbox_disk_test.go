@@ -1,8 +1,12 @@
 package meter
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -119,5 +123,87 @@ func TestOutboxReleasesAnFsyncWaitOnceTheEventIsLoggedAsNotOnDisk(t *testing.T) 
 	}
 	if got := log.with("DROPPED usage event, not on disk", `"id":"`+ev.ID+`"`); len(got) != 1 {
 		t.Fatalf("released with the event in %d lines, want 1 with its JSON first: %q", len(got), log.with())
+	}
+}
+
+// segmentFirstSeq is the first record the segment file at path was made
+// for, from its header.
+func segmentFirstSeq(t *testing.T, path string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < outboxHeaderSize {
+		t.Fatalf("reading %s: %v (%d bytes)", path, err, len(b))
+	}
+	return binary.LittleEndian.Uint64(b[len(outboxMagic):])
+}
+
+// lostLines is the recovery notes saying LOST.
+func lostLines(ob *Outbox) []string {
+	var out []string
+	for _, n := range ob.Recovery().Notes {
+		if strings.Contains(n, "LOST") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// One damaged record was reported lost twice: as the damaged record and
+// the whole ones after it cut off its segment, and again as records in no
+// segment, up to the next one: the same events, counted twice by whoever
+// added up the lines. In the newest segment, the written file's last
+// record ends the range.
+func TestOutboxReportsADamagedRecordLostOnce(t *testing.T) {
+	dir := t.TempDir()
+	segs := writtenSegments(t, dir, 1<<20, 2000) // 128 KiB segments
+	if len(segs) < 3 {
+		t.Fatalf("segments %v, want 3 or more", segs)
+	}
+	// Files are numbered as they are made, not always in the order they
+	// take records (a spare made off the lock can lose the race).
+	slices.SortFunc(segs, func(a, b string) int { return cmp.Compare(segmentFirstSeq(t, a), segmentFirstSeq(t, b)) })
+	damaged := segmentFirstSeq(t, segs[1]) + 50
+	next := segmentFirstSeq(t, segs[2])
+	if err := DamageRecord(dir, damaged); err != nil {
+		t.Fatal(err)
+	}
+	lastDamaged := segmentFirstSeq(t, segs[len(segs)-1]) + 20
+	if err := DamageRecord(dir, lastDamaged); err != nil {
+		t.Fatal(err)
+	}
+	ob := openTestOutbox(t, dir, 1<<20)
+	lost := lostLines(ob)
+	if len(lost) != 2 {
+		t.Fatalf("LOST lines %q, want one for each damaged record", lost)
+	}
+	want := fmt.Sprintf("LOST usage events: records %d to %d (%d), ", damaged, next-1, next-damaged)
+	if !strings.HasPrefix(lost[0], want) || !strings.Contains(lost[0], "after-") {
+		t.Errorf("LOST line %q, want it to begin %q and say where the bytes are", lost[0], want)
+	}
+	want = fmt.Sprintf("LOST usage events: records %d to 2000 (%d), ", lastDamaged, 2000-lastDamaged+1)
+	if !strings.HasPrefix(lost[1], want) {
+		t.Errorf("LOST line %q, want it to begin %q", lost[1], want)
+	}
+	if m := ob.Recovery().Missing; len(m) != 0 {
+		t.Errorf("records missing %+v, besides the damaged ones: the newest segment's are said once", m)
+	}
+}
+
+// After a crash the written file says how far the outbox had written at
+// the stop before: the whole records after a damaged one in the newest
+// segment can go further, and the range takes them in.
+func TestOutboxDamagedRecordsRangeTakesInWhatFollowedTheLastStop(t *testing.T) {
+	dir := t.TempDir()
+	writtenSegments(t, dir, 0, 200)
+	if err := writeSeqFile(dir, outboxWrittenFile, 170); err != nil {
+		t.Fatal(err)
+	}
+	if err := DamageRecord(dir, 150); err != nil {
+		t.Fatal(err)
+	}
+	ob := openTestOutbox(t, dir, 0)
+	lost := lostLines(ob)
+	if want := "LOST usage events: records 150 to 200 (51), "; len(lost) != 1 || !strings.HasPrefix(lost[0], want) {
+		t.Fatalf("LOST lines %q, want one beginning %q", lost, want)
 	}
 }

@@ -644,8 +644,8 @@ func TestOutboxSaysWhatDamageLost(t *testing.T) {
 	}
 	ob := openTestOutbox(t, dir, 0)
 	notes := strings.Join(ob.Recovery().Notes, "\n")
-	if !strings.Contains(notes, "LOST usage events") || !strings.Contains(notes, "at least 25 intact records") {
-		t.Fatalf("notes %q, want the 25 whole records after the damaged one counted as lost", notes)
+	if !strings.Contains(notes, "LOST usage events: records 25 to 50 (26)") || !strings.Contains(notes, "the 25 intact records after it") {
+		t.Fatalf("notes %q, want the damaged record and the 25 whole ones after it counted as lost", notes)
 	}
 	if aside, _ := filepath.Glob(filepath.Join(dir, "*.corrupt")); len(aside) != 1 {
 		t.Fatalf("kept aside: %v", aside)
