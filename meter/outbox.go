@@ -1961,11 +1961,17 @@ func readAcked(path string) (uint64, string) {
 // reads as 0, a damaged one as 0 with a note saying so.
 func readSeqFile(path string) (uint64, string) {
 	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
 		return 0, ""
-	}
-	if err != nil || len(b) != 12 || crc32.Checksum(b[:8], castagnoli) != binary.LittleEndian.Uint32(b[8:]) {
-		return 0, fmt.Sprintf("%s unreadable (%v, %d bytes)", path, err, len(b))
+	case err != nil:
+		return 0, fmt.Sprintf("%s cannot be read (%v)", path, err)
+	case len(b) != 12:
+		// Said as "(<nil>, 14 bytes)" until 2026-11-27, which named no
+		// fault.
+		return 0, fmt.Sprintf("%s is damaged: it holds %d bytes, not the 12 of a record number and its checksum", path, len(b))
+	case crc32.Checksum(b[:8], castagnoli) != binary.LittleEndian.Uint32(b[8:]):
+		return 0, fmt.Sprintf("%s is damaged: its checksum does not match the record number it holds", path)
 	}
 	return binary.LittleEndian.Uint64(b), ""
 }

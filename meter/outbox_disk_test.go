@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -205,5 +206,30 @@ func TestOutboxDamagedRecordsRangeTakesInWhatFollowedTheLastStop(t *testing.T) {
 	lost := lostLines(ob)
 	if want := "LOST usage events: records 150 to 200 (51), "; len(lost) != 1 || !strings.HasPrefix(lost[0], want) {
 		t.Fatalf("LOST lines %q, want one beginning %q", lost, want)
+	}
+}
+
+// An acked file that does not read says what is wrong with it: it said
+// "unreadable (<nil>, 14 bytes)".
+func TestOutboxSaysWhatIsWrongWithItsAckedFile(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		content []byte
+		want    string
+	}{
+		{"too long", []byte("not a sequence"), "holds 14 bytes, not the 12 of a record number and its checksum"},
+		{"checksum", make([]byte, 12), "its checksum does not match"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writtenSegments(t, dir, 0, 10)
+			if err := os.WriteFile(filepath.Join(dir, outboxAckedFile), tc.content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			notes := strings.Join(openTestOutbox(t, dir, 0).Recovery().Notes, "\n")
+			if !strings.Contains(notes, tc.want) || strings.Contains(notes, "<nil>") {
+				t.Fatalf("notes %q, want them to say %q", notes, tc.want)
+			}
+		})
 	}
 }
