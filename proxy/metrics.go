@@ -16,8 +16,11 @@ import (
 
 // callMetrics counts generation calls for GET /metrics, by model, upstream,
 // endpoint and status: calls, duration and time to first token as
-// histograms, tokens by kind. Every label comes from the config or from a
-// status code, so the number of series stays bounded.
+// histograms, tokens by kind. Every label comes from the config in force
+// or from a status code, and a reload drops the series of what it took
+// away (forgetRetired), so the number of series stays bounded by the
+// config: the models times the members of their pools, times the
+// endpoints and statuses seen.
 type callMetrics struct {
 	mu     sync.RWMutex
 	series map[seriesKey]*callSeries
@@ -74,6 +77,69 @@ func (m *callMetrics) get(k seriesKey) *callSeries {
 	return s
 }
 
+// cmpSeriesKeys orders series as /metrics lists them.
+func cmpSeriesKeys(a, b seriesKey) int {
+	return cmp.Or(cmp.Compare(a.model, b.model), cmp.Compare(a.upstream, b.upstream),
+		cmp.Compare(a.endpoint, b.endpoint), cmp.Compare(a.status, b.status))
+}
+
+// forgetRetired drops the series that name what w, put in force in place
+// of old, no longer serves: a model it removed, an upstream it removed or
+// took out of a model's pool. Kept, they grew /metrics with every rename
+// for ever (a churn of upstream names, or a big config replaced by a
+// small one, kept every series it ever had until a restart).
+//
+// A call still running on old may count after this and make its series
+// again; every series naming an upstream is a (model, pool member) pair,
+// so the next reload drops such a one, as it drops a generation call's
+// series of a model w does not have. A plugin's call without an upstream
+// may be labelled with an engine, not a catalog model: its series are
+// dropped only by the reload that removes the model they name.
+//
+// The hot path takes the read lock for an existing series, and the write
+// lock only to make one: the scan holds the read lock, as a scrape does,
+// and the deletions take the write lock a batch at a time.
+func (m *callMetrics) forgetRetired(old, w *World) {
+	if old == nil {
+		return
+	}
+	type servedBy struct{ model, upstream string }
+	served := map[servedBy]bool{}
+	for model, p := range w.pools {
+		for _, member := range p.members {
+			served[servedBy{model, member.up.cfg.Name}] = true
+		}
+	}
+	stale := func(k seriesKey) bool {
+		if k.upstream != "" {
+			return !served[servedBy{k.model, k.upstream}]
+		}
+		if _, ok := w.pools[k.model]; ok {
+			return false
+		}
+		_, wasModel := old.pools[k.model]
+		return wasModel || k.endpoint == endpointChat.path() || k.endpoint == endpointResponses.path()
+	}
+	var doomed []seriesKey
+	m.mu.RLock()
+	for k := range m.series {
+		if stale(k) {
+			doomed = append(doomed, k)
+		}
+	}
+	m.mu.RUnlock()
+	const batch = 1024
+	for len(doomed) > 0 {
+		n := min(len(doomed), batch)
+		m.mu.Lock()
+		for _, k := range doomed[:n] {
+			delete(m.series, k)
+		}
+		m.mu.Unlock()
+		doomed = doomed[n:]
+	}
+}
+
 // observeEvent counts a metered call from its usage event; interrupted
 // says its stream was cut after the first byte (the client got a 200 and
 // then an error event).
@@ -103,22 +169,23 @@ func (m *callMetrics) observe(model, upstream, endpoint string, status int, took
 
 // appendText appends the Prometheus text of every series to b.
 func (m *callMetrics) appendText(b []byte) []byte {
+	// The series are read from this copy, not through get: get would make
+	// a series a reload dropped meanwhile again.
 	m.mu.RLock()
 	keys := make([]seriesKey, 0, len(m.series))
-	for k := range m.series {
+	seriesOf := make(map[seriesKey]*callSeries, len(m.series))
+	for k, s := range m.series {
 		keys = append(keys, k)
+		seriesOf[k] = s
 	}
 	m.mu.RUnlock()
-	slices.SortFunc(keys, func(a, b seriesKey) int {
-		return cmp.Or(cmp.Compare(a.model, b.model), cmp.Compare(a.upstream, b.upstream),
-			cmp.Compare(a.endpoint, b.endpoint), cmp.Compare(a.status, b.status))
-	})
+	slices.SortFunc(keys, cmpSeriesKeys)
 	labels := func(k seriesKey) string {
 		return fmt.Sprintf("model=%s,upstream=%s,endpoint=%q,status=\"%d\"", promLabel(k.model), promLabel(k.upstream), k.endpoint, k.status)
 	}
 	b = append(b, "# HELP tollgate_requests_total Calls (generation, and classify, tag, score and match, public ones included, under their engine or llm model) by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
 	for _, k := range keys {
-		b = fmt.Appendf(b, "tollgate_requests_total{%s} %d\n", labels(k), m.get(k).calls.Load())
+		b = fmt.Appendf(b, "tollgate_requests_total{%s} %d\n", labels(k), seriesOf[k].calls.Load())
 	}
 	// Time to first token and tokens are measured on answered calls only:
 	// an error status's series would stay 0 for ever.
@@ -135,7 +202,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 	}
 	b = append(b, "# HELP tollgate_requests_interrupted_total Answered streams the upstream cut or stalled after their first byte, or ended with its own error event for a fault of its own (the client got its status, then an error event); also in tollgate_requests_total.\n# TYPE tollgate_requests_interrupted_total counter\n"...)
 	for _, k := range answered {
-		b = fmt.Appendf(b, "tollgate_requests_interrupted_total{%s} %d\n", labels(k), m.get(k).interrupted.Load())
+		b = fmt.Appendf(b, "tollgate_requests_interrupted_total{%s} %d\n", labels(k), seriesOf[k].interrupted.Load())
 	}
 	for _, h := range []struct {
 		name, help string
@@ -147,7 +214,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 	} {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s histogram\n", h.name, h.help, h.name)
 		for _, k := range h.keys {
-			hist := h.of(m.get(k))
+			hist := h.of(seriesOf[k])
 			var count uint64
 			l := labels(k)
 			for i := range hist.buckets {
@@ -163,7 +230,7 @@ func (m *callMetrics) appendText(b []byte) []byte {
 	}
 	b = append(b, "# HELP tollgate_tokens_total Tokens of answered calls (public plugin calls' too, though free), by kind (prompt includes cached; completion includes reasoning).\n# TYPE tollgate_tokens_total counter\n"...)
 	for _, k := range answered {
-		s := m.get(k)
+		s := seriesOf[k]
 		l := labels(k)
 		for _, t := range []struct {
 			kind string

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,5 +248,184 @@ func TestMetricsCountConnectionsRefusedAtTheCap(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}
+	}
+}
+
+// callSeriesNaming returns the lines of the per-call series (requests,
+// durations, tokens) in a /metrics body whose labels hold label.
+func callSeriesNaming(body, label string) []string {
+	var lines []string
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, "tollgate_upstream_") && !strings.HasPrefix(line, "#") && strings.Contains(line, label) {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
+// The series of an upstream a reload took out of a model's pool, or out
+// of the config, are dropped; those of the members kept keep counting.
+// They were kept for ever: renaming a pool's 4 upstreams added 168
+// lines to /metrics at every reload, and a big config replaced by a small
+// one kept its 70 MB of series until a restart.
+func TestMetricsDropSeriesOfUpstreamsAReloadRemoved(t *testing.T) {
+	const routing = "  balance: round_robin"
+	h := newPoolHarness(t, 3, routing)
+	for range 6 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	body := scrape(t, h.harness)
+	for _, up := range []string{"p0", "p1", "p2"} {
+		if want := `tollgate_requests_total{model="small",upstream="` + up + `",endpoint="/v1/chat/completions",status="200"} 2`; !strings.Contains(body, want+"\n") {
+			t.Fatalf("/metrics lacks %s:\n%s", want, body)
+		}
+	}
+
+	h.setPool(routing, "p0", "p1") // p2 stays in upstreams, out of the pool
+	body = scrape(t, h.harness)
+	if lines := callSeriesNaming(body, `upstream="p2"`); len(lines) > 0 {
+		t.Errorf("p2 left the pool of small, and /metrics still has %d series of it, such as %s", len(lines), lines[0])
+	}
+	if want := `tollgate_requests_total{model="small",upstream="p0",endpoint="/v1/chat/completions",status="200"} 2`; !strings.Contains(body, want+"\n") {
+		t.Errorf("/metrics lost the series of p0, still in the pool: lacks %s", want)
+	}
+
+	h.ups = h.ups[:1]
+	h.setPool(routing, "p0") // p1 and p2 are no longer upstreams at all
+	readAll(t, h.post("/v1/chat/completions", smallChat))
+	body = scrape(t, h.harness)
+	for _, up := range []string{"p1", "p2"} {
+		if lines := callSeriesNaming(body, `upstream="`+up+`"`); len(lines) > 0 {
+			t.Errorf("%s was removed from the config, and /metrics still has %d series of it, such as %s", up, len(lines), lines[0])
+		}
+	}
+	if want := `tollgate_requests_total{model="small",upstream="p0",endpoint="/v1/chat/completions",status="200"} 3`; !strings.Contains(body, want+"\n") {
+		t.Errorf("/metrics lacks %s", want)
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", body)
+	}
+}
+
+// The series of a model a reload removed are dropped, those of the
+// models kept are not.
+func TestMetricsDropSeriesOfModelsAReloadRemoved(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	readAll(t, h.post("/v1/chat/completions", smallChat))
+	readAll(t, h.post("/v1/chat/completions", `{"model":"large","messages":[{"role":"user","content":"hi"}]}`))
+	if lines := callSeriesNaming(scrape(t, h), `model="large"`); len(lines) == 0 {
+		t.Fatal("/metrics has no series of model large after a call to it")
+	}
+
+	cfg := readFile(t, h.cfgPath)
+	h.writeConfig(cfg[:strings.Index(cfg, "  - id: large")])
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		resp, err := h.client.Get(h.url + "/v1/models")
+		if err != nil {
+			return err
+		}
+		if body := string(readAll(t, resp)); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"small"`) || strings.Contains(body, `"large"`) {
+			return fmt.Errorf("the config without model large is not in force yet: %d %s", resp.StatusCode, body)
+		}
+		return nil
+	})
+	body := scrape(t, h)
+	if lines := callSeriesNaming(body, `model="large"`); len(lines) > 0 {
+		t.Errorf("model large was removed, and /metrics still has %d series of it, such as %s", len(lines), lines[0])
+	}
+	if want := `tollgate_requests_total{model="small",upstream="local",endpoint="/v1/chat/completions",status="200"} 1`; !strings.Contains(body, want+"\n") {
+		t.Errorf("/metrics lost the series of model small: lacks %s", want)
+	}
+}
+
+// Renaming a pool's upstreams under load, scraped all along, leaves the
+// series of the names in force only, once a reload follows the calls
+// that ran on the names before: the probe's churn grew /metrics by 42
+// lines per upstream and status at every rename.
+func TestMetricsStayBoundedWhileUpstreamsAreRenamedUnderLoad(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	names := []string{"p0", "p1"}
+	rename := func(round int) {
+		t.Helper()
+		cfg := readFile(t, h.cfgPath)
+		renamed := []string{fmt.Sprintf("gpu-%d-a", round), fmt.Sprintf("gpu-%d-b", round)}
+		for i, name := range names {
+			cfg = strings.Replace(cfg, "name: "+name+",", "name: "+renamed[i]+",", 1)
+		}
+		cfg = strings.Replace(cfg, "upstreams: ["+strings.Join(names, ", ")+"]", "upstreams: ["+strings.Join(renamed, ", ")+"]", 1)
+		h.writeConfig(cfg)
+		names = renamed
+		checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+			got := h.statuses()
+			for _, name := range names {
+				if _, ok := got[name]; !ok {
+					return fmt.Errorf("renamed pool not in force yet: %v", got)
+				}
+			}
+			return nil
+		})
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var calls atomic.Int64
+	load := func(f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				f()
+			}
+		}()
+	}
+	for range 2 {
+		load(func() {
+			req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(smallChat))
+			req.Header.Set("Authorization", "Bearer "+h.key)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := h.client.Do(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					calls.Add(1)
+				}
+			}
+		})
+	}
+	load(func() {
+		if resp, err := h.client.Get(h.url + "/metrics"); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
+	for round := 1; round <= 4; round++ {
+		from := calls.Load()
+		checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+			if n := calls.Load() - from; n < 10 {
+				return fmt.Errorf("%d calls answered since the reload", n)
+			}
+			return nil
+		})
+		rename(round)
+	}
+	close(stop)
+	wg.Wait()
+	rename(5) // drops what calls in flight at the last rename counted after it
+	readAll(t, h.post("/v1/chat/completions", smallChat))
+
+	body := scrape(t, h.harness)
+	for _, line := range callSeriesNaming(body, `upstream="`) {
+		if !strings.Contains(line, `upstream="gpu-5-`) && !strings.Contains(line, `upstream=""`) {
+			t.Fatalf("after the renames /metrics still has %s", line)
+		}
+	}
+	if n := len(regexp.MustCompile(`(?m)^tollgate_requests_total\{model="small",upstream="gpu-5-[ab]",endpoint="/v1/chat/completions",status="200"\} 1$`).FindAllString(body, -1)); n != 1 {
+		t.Fatalf("/metrics counts the call after the last rename in %d series, want 1:\n%s", n, body)
 	}
 }

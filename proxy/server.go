@@ -327,6 +327,7 @@ func (s *Server) install(w *World) {
 	}
 	s.responses.setTTL(w.Config.Routing.ResponseTTL)
 	retireUnshared(old, w)
+	s.calls.forgetRetired(old, w)
 }
 
 // retireUnshared retires the upstreams of from that keep does not hold:
