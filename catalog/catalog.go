@@ -122,7 +122,7 @@ func New(models []config.Model) (*Catalog, error) {
 	}
 	ids := c.IDs()
 	sort.Strings(ids)
-	c.validList = strings.Join(ids, ", ")
+	c.validList = ListIDs(ids)
 	// The list is assembled from the entries' own bytes, so GET
 	// /v1/models/{id} answers exactly what the list says about id.
 	list := []byte(`{"object":"list","data":[`)
@@ -159,8 +159,22 @@ func (c *Catalog) IDs() []string {
 // Entries returns the served models in catalog order; do not modify.
 func (c *Catalog) Entries() []*Entry { return c.ordered }
 
-// ValidList is the sorted, comma-separated id list used in error messages.
+// ValidList is the sorted, comma-separated id list used in error
+// messages (ListIDs).
 func (c *Catalog) ValidList() string { return c.validList }
+
+// listedInMessages is how many model ids an error message names: with
+// 500 models, every 400 for a mistyped one was 6 KB of ids.
+const listedInMessages = 20
+
+// ListIDs is ids as an error message names them, comma-separated: all of
+// them up to listedInMessages, else the first ones and how many more.
+func ListIDs(ids []string) string {
+	if len(ids) <= listedInMessages {
+		return strings.Join(ids, ", ")
+	}
+	return fmt.Sprintf("%s … and %d more (GET /v1/models lists the catalog)", strings.Join(ids[:listedInMessages], ", "), len(ids)-listedInMessages)
+}
 
 // ModelsJSON is the GET /v1/models body, rendered once per catalog.
 func (c *Catalog) ModelsJSON() []byte { return c.modelsJSON }

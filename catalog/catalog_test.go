@@ -3,6 +3,8 @@ package catalog
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
@@ -178,5 +180,18 @@ func TestLargestCallOfAcceptedPricesIsBilled(t *testing.T) {
 				t.Errorf("%s, %d cached: the largest call costs %s USD, more than billing accepts (%s)", pricing, cached, cost, money.MaxEventCost)
 			}
 		}
+	}
+}
+
+func TestListIDsNamesTwentyAndHowManyMore(t *testing.T) {
+	var ids []string
+	for i := range 22 {
+		ids = append(ids, fmt.Sprintf("m%02d", i))
+	}
+	if got, want := ListIDs(ids[:20]), strings.Join(ids[:20], ", "); got != want {
+		t.Errorf("ListIDs of 20 = %q, want them all: %q", got, want)
+	}
+	if got, want := ListIDs(ids), strings.Join(ids[:20], ", ")+" … and 2 more (GET /v1/models lists the catalog)"; got != want {
+		t.Errorf("ListIDs of 22 = %q, want %q", got, want)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
+	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
@@ -106,7 +106,7 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 			// Only the models the key may use: a limited key was told of
 			// models it then got a 403 for.
 			if ids := who.world.ModelsAllowed(who.models); !who.public && len(ids) > 0 {
-				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", quotable(requested), strings.Join(ids, ", "))
+				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", quotable(requested), catalog.ListIDs(ids))
 			}
 			return nil, proxy.BadRequest("model", msg)
 		}

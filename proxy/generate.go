@@ -248,7 +248,7 @@ func validModels(w *World, key *accounts.Key) string {
 	if len(key.Models) == 0 {
 		return w.Catalog.ValidList()
 	}
-	return strings.Join(w.ModelsAllowed(key.Models), ", ")
+	return catalog.ListIDs(w.ModelsAllowed(key.Models))
 }
 
 // ModelsAllowed lists, in catalog order, the catalog models a key's model

@@ -1823,3 +1823,29 @@ func TestCutResponsesStreamBillsCustomAndMCPToolCalls(t *testing.T) {
 		}
 	}
 }
+
+// With a big catalog the 400 for an unknown model names its first 20
+// models and how many more: with 500 it was 6 KB of ids.
+func TestUnknownModelOfABigCatalogNamesTwentyModels(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	cfg := readFile(t, h.cfgPath)
+	for i := range 23 {
+		cfg += fmt.Sprintf("  - {id: m%02d, upstream: local, upstream_model: proxytest-small, context_length: 1000, max_output_length: 100}\n", i)
+	}
+	h.writeConfig(cfg)
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		resp, err := h.client.Get(h.url + "/v1/models")
+		if err != nil {
+			return err
+		}
+		if body := string(readAll(t, resp)); !strings.Contains(body, `"m22"`) {
+			return fmt.Errorf("the big catalog is not in force yet: %s", body)
+		}
+		return nil
+	})
+	e := wantError(t, h.post("/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`), 400, "invalid_request_error")
+	want := `the model "gpt-4o" does not exist or is not allowed; valid models: large, m00, m01, m02, m03, m04, m05, m06, m07, m08, m09, m10, m11, m12, m13, m14, m15, m16, m17, m18 … and 5 more (GET /v1/models lists the catalog)`
+	if msg := e["message"].(string); msg != want {
+		t.Fatalf("400 for an unknown model of 25:\n got %s\nwant %s", msg, want)
+	}
+}
