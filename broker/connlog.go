@@ -56,6 +56,19 @@ func (c *connLog) printf(format string, args ...any) {
 		return
 	}
 	c.next = now.Add(c.every)
+	if c.held > 0 {
+		// The window ended and its flush has not run yet: the held lines
+		// are older than this one, and written after it they made the
+		// log's last line an older state. This one goes out as the
+		// latest of them, and the flush finds nothing.
+		c.held++
+		c.latest = line
+		line = c.takeHeldLocked()
+		if c.flush != nil {
+			c.flush.Stop()
+			c.flush = nil
+		}
+	}
 	c.mu.Unlock()
 	c.logf("%s", line)
 }
@@ -64,6 +77,12 @@ func (c *connLog) printf(format string, args ...any) {
 // lines that keep coming are written one a window.
 func (c *connLog) flushHeld() {
 	c.mu.Lock()
+	if time.Now().Before(c.next) {
+		// A timer printf stopped too late: that line took the held
+		// ones, and a newer window may have its own timer.
+		c.mu.Unlock()
+		return
+	}
 	c.flush = nil
 	line := c.takeHeldLocked()
 	if line != "" {

@@ -176,3 +176,27 @@ func TestConnLogWritesTheLatestHeldLineAtTheWindowsEnd(t *testing.T) {
 		t.Fatalf("logged %q, lines the latest replaced", got)
 	}
 }
+
+// A line that comes as its window ends, before the window's flush runs,
+// goes out once with the held lines counted in: written first and the
+// held one after it, the log's last line was the older state, and two
+// lines went out at once.
+func TestConnLogLineAtTheWindowsEndTakesTheHeldOnes(t *testing.T) {
+	var log lineCapture
+	cl := newConnLog(log.logf, time.Hour) // the flush never fires by itself
+	defer cl.close()
+	cl.printf("nats: disconnected: EOF")
+	cl.printf("nats: consumer not active (older)")
+	cl.mu.Lock()
+	cl.next = time.Now().Add(-time.Millisecond) // the window just ended
+	cl.mu.Unlock()
+	cl.printf("nats: consumer not active (newer)")
+	got := log.matching("nats:")
+	if len(got) != 2 || !strings.Contains(got[1], "(newer)") || !strings.Contains(got[1], "the latest of 2 lines") {
+		t.Fatalf("logged %q; want the first line, then the newer line counting the held one", got)
+	}
+	cl.close()
+	if got := log.matching("older"); len(got) != 0 {
+		t.Fatalf("the held older line was written too: %q", got)
+	}
+}
