@@ -35,6 +35,8 @@ type Broker struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	embedded *server.Server // nil with an external NATS
+	storeDir string         // the embedded server's, data_dir/nats
+	watch    *storeWatch    // nil with an external NATS
 	connLog  *connLog       // nil without a logf
 	replicas int
 	closed   chan struct{} // closed by the client's ClosedHandler
@@ -72,6 +74,7 @@ func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(s
 			return nil, err
 		}
 		b.embedded = srv
+		b.storeDir = filepath.Join(dataDir, "nats")
 		url = srv.ClientURL()
 		if b.replicas > 1 && logf != nil {
 			logf("nats: replicas %d needs a cluster; the embedded server stores 1 copy", b.replicas)
@@ -138,6 +141,13 @@ func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(s
 		return nil, fmt.Errorf("opening jetstream: %w", err)
 	}
 	b.js = js
+	if b.embedded != nil {
+		watchLog := logf
+		if watchLog == nil {
+			watchLog = func(string, ...any) {}
+		}
+		b.watch = startStoreWatch(b.embedded, b.storeDir, watchLog, nc.ForceReconnect)
+	}
 	return b, nil
 }
 
@@ -256,6 +266,9 @@ func (b *Broker) Embedded() bool { return b.embedded != nil }
 // flushed, then stops the embedded server and waits until it has stopped.
 // Close everything using Conn or JetStream (watchers, consumers) first.
 func (b *Broker) Close() {
+	if b.watch != nil {
+		b.watch.close()
+	}
 	if b.nc != nil {
 		// Draining a connection that is down would only wait out the timeout.
 		if b.nc.IsConnected() && b.nc.Drain() == nil {

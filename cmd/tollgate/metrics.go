@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
 )
@@ -56,6 +57,21 @@ tollgate_config_last_reload_success %d
 # TYPE tollgate_config_last_reload_timestamp_seconds gauge
 tollgate_config_last_reload_timestamp_seconds %.3f
 `, boolGauge(ok), float64(at.UnixMilli())/1000)
+}
+
+// storeMetrics renders whether the embedded JetStream's store takes
+// writes; nothing with an external NATS, whose store is its operator's
+// to watch. A store that failed a write (a full disk) refused every later
+// one, and the outbox growing while tollgate_nats_connected was 1 was the
+// only sign on /metrics.
+func storeMetrics(b *broker.Broker) []byte {
+	if !b.Embedded() {
+		return nil
+	}
+	return fmt.Appendf(nil, `# HELP tollgate_nats_store_writable 1 while the embedded JetStream's store (data_dir/nats) takes writes; 0 while a stream of it refuses every write after a write error (a full disk), until the gateway restarts JetStream once the disk has room (the log names the streams).
+# TYPE tollgate_nats_store_writable gauge
+tollgate_nats_store_writable %d
+`, boolGauge(b.StoreError() == nil))
 }
 
 func boolGauge(b bool) int {

@@ -136,6 +136,7 @@ func runServe(args []string) error {
 	backlog := newBacklogCache(b.JetStream())
 	metrics := func() []byte {
 		m := append(metricsText(rec.Stats()), reloadMetrics(watcher)...)
+		m = append(m, storeMetrics(b)...)
 		return append(m, backlog.Text()...)
 	}
 	srv, closeServer, err := newServer(ctx, cfg, b, proxy.Options{Accounts: svc, Recorder: rec,

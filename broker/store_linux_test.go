@@ -1,0 +1,156 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
+)
+
+// lines collects log lines; safe for the broker's goroutines.
+type lines struct {
+	t  *testing.T
+	mu sync.Mutex
+	l  []string
+}
+
+func (l *lines) logf(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	l.t.Log(line)
+	l.mu.Lock()
+	l.l = append(l.l, line)
+	l.mu.Unlock()
+}
+
+// with is the first line holding every word, or "".
+func (l *lines) with(words ...string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+next:
+	for _, line := range l.l {
+		for _, w := range words {
+			if !strings.Contains(line, w) {
+				continue next
+			}
+		}
+		return line
+	}
+	return ""
+}
+
+func storeWatchedEvery(t *testing.T, every time.Duration, room int64) {
+	oldEvery, oldRoom := storeCheckEvery, storeRoomToRestart
+	storeCheckEvery, storeRoomToRestart = every, room
+	t.Cleanup(func() { storeCheckEvery, storeRoomToRestart = oldEvery, oldRoom })
+}
+
+// After the embedded JetStream's disk had been full once, nats-server kept
+// each failed stream's write error: the KV buckets (accounts, batch jobs,
+// responses state) refused every write, answering nothing, after the disk
+// had room again too, until the gateway was restarted, and nothing but
+// nats-server's own lines said so. Now the gateway says which streams
+// refuse writes and restarts JetStream itself once the disk has room.
+func TestStoreThatWasFullTakesWritesAgainOnceTheDiskHasRoom(t *testing.T) {
+	storeWatchedEvery(t, 50*time.Millisecond, 1<<20)
+	dataDir := testutil.SmallDisk(t, 24<<20)
+	log := &lines{t: t}
+	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, log.logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	ctx := testContext(t)
+	kv, err := EnsureKV(ctx, b.JetStream(), jetstream.KeyValueConfig{Bucket: "FULL", Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StoreError(); err != nil {
+		t.Fatalf("StoreError before the disk filled: %v", err)
+	}
+
+	filler := testutil.FillDisk(t, dataDir)
+	put := func(value []byte) error {
+		c, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := kv.Put(c, "k", value)
+		return err
+	}
+	// A page the block file holds already may take a small value: write
+	// until one is refused.
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if put(make([]byte, 64<<10)) == nil {
+			return errors.New("every write taken on the full disk")
+		}
+		return nil
+	})
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		var swe *StoreWriteError
+		err := b.StoreError()
+		if !errors.As(err, &swe) || len(swe.Streams) != 1 || swe.Streams[0] != "KV_FULL" ||
+			!strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), filepath.Join(dataDir, "nats")) {
+			return fmt.Errorf("StoreError = %v, want stream KV_FULL, the store's directory and no space left on device", err)
+		}
+		return nil
+	})
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if log.with("cannot write", "KV_FULL", "restarts JetStream itself") == "" {
+			return errors.New("no log line says the store cannot write")
+		}
+		return nil
+	})
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	// Before the fix every write was refused from here on.
+	testutil.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error { return put([]byte("after")) })
+	if err := b.StoreError(); err != nil {
+		t.Errorf("StoreError after the restart: %v", err)
+	}
+	if log.with("restarted JetStream", "KV_FULL") == "" {
+		t.Error("no log line says JetStream was restarted")
+	}
+	got, err := kv.Get(ctx, "k")
+	if err != nil || string(got.Value()) != "after" {
+		t.Fatalf("Get after the restart = %v, %v; want after", got, err)
+	}
+	// The client was made to reconnect: the watchers that start over
+	// on a reconnect (the accounts snapshot's) do so at once, not after
+	// the missed heartbeats of the consumers the restart removed (about
+	// 20 s for a KV watcher's).
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if n := b.Conn().Stats().Reconnects; n != 1 || !b.Conn().IsConnected() {
+			return fmt.Errorf("%d reconnections, connected %v; want 1, true", n, b.Conn().IsConnected())
+		}
+		return nil
+	})
+}
+
+// A disk that is still full is not restarted on: the stores would fail
+// again at once, and a restart makes every client start over.
+func TestStoreNotRestartedWhileTheDiskIsFull(t *testing.T) {
+	dir := testutil.SmallDisk(t, 4<<20)
+	testutil.FillDisk(t, dir)
+	if err := roomToWrite(dir, 1<<20); err == nil || !strings.Contains(err.Error(), "less than 1 MiB") {
+		t.Errorf("roomToWrite on a full disk = %v, want less than 1 MiB free", err)
+	}
+	if err := roomToWrite(dir, 0); err == nil || !strings.Contains(err.Error(), "no space left on device") {
+		t.Errorf("roomToWrite on a full disk asked for no room = %v, want the write refused", err)
+	}
+	if err := roomToWrite(t.TempDir(), 1); err != nil {
+		t.Errorf("roomToWrite with room: %v", err)
+	}
+}
