@@ -20,7 +20,7 @@ func TestPublisherCloseWaitsLittleWithNATSDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if got := publisherCloseWait(b.Conn()); got != 10*time.Second {
+	if got := publisherCloseWait(b.Conn(), b.StoreError()); got != 10*time.Second {
 		t.Errorf("connected: %s, want 10s", got)
 	}
 	nc, err := nats.Connect(b.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(time.Hour))
@@ -33,7 +33,7 @@ func TestPublisherCloseWaitsLittleWithNATSDown(t *testing.T) {
 	for nc.IsConnected() && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := publisherCloseWait(nc); got != time.Second {
+	if got := publisherCloseWait(nc, nil); got != time.Second {
 		t.Errorf("NATS down: %s, want 1s", got)
 	}
 }

@@ -70,3 +70,15 @@ func TestMetricsSayTheEmbeddedStoreWrites(t *testing.T) {
 		t.Errorf("metrics with the store writing:\n%s\nwant tollgate_nats_store_writable 1", text)
 	}
 }
+
+// Closing the publisher waited 10 s for acknowledgements while the
+// embedded store refused writes, which nats-server answers with nothing:
+// a gateway SIGTERMed with its store's disk full took 11 to 14 s to exit,
+// and docker stop's 10 s ended in a SIGKILL. It waits a second, as with
+// NATS down; what is not acknowledged stays in the outbox.
+func TestPublisherCloseWaitsLittleWhileTheStoreRefusesWrites(t *testing.T) {
+	b := brokerOnFullDisk(t)
+	if got := publisherCloseWait(b.Conn(), b.StoreError()); got != time.Second {
+		t.Errorf("store refusing writes: %s, want 1s", got)
+	}
+}

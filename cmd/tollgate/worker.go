@@ -58,7 +58,7 @@ func runWorker(args []string) error {
 	}
 	rec := meter.NewPublisherWith(b.JetStream(), ob, cfg.Billing.PublishBatch.MaxDelay, logf)
 	defer func() {
-		c, cancel := context.WithTimeout(context.Background(), publisherCloseWait(b.Conn()))
+		c, cancel := context.WithTimeout(context.Background(), publisherCloseWait(b.Conn(), b.StoreError()))
 		defer cancel()
 		if err := rec.Close(c); err != nil {
 			logf("meter: closing the publisher: %v", err) // it says which events stay in the outbox, and which could not be written
