@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -80,6 +81,19 @@ var (
 	errInternal = &s3Error{Status: http.StatusInternalServerError, Code: "InternalError",
 		Message: "We encountered an internal error. Please try again."}
 )
+
+// errWriting is the refusal of an upload the disk did not take: 507 in
+// MinIO's words when the disk is full (or the quota spent), which no
+// retry mends until space is freed; else S3's 500, which a retry may.
+// A full disk was a 500 "Please try again", and the clients retried in
+// vain; MinIO answers 507 XMinioStorageFull, as the SDKs expect of it.
+func errWriting(err error) *s3Error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return &s3Error{Status: http.StatusInsufficientStorage, Code: "XMinioStorageFull",
+			Message: "The storage is full: its disk has no space left for this file, which was not stored. Upload it again once space has been freed."}
+	}
+	return errInternal
+}
 
 // Handler serves uploads and downloads. It must be mounted at the root of
 // a listener whose address PublicBaseURL names (a path in PublicBaseURL may
@@ -254,7 +268,7 @@ func (l *Local) receiveFile(file io.Reader, key, final string, pol *postPolicy) 
 	u, err := l.newPartial(key, final)
 	if err != nil {
 		l.logf("storage: %v", err)
-		return "", errInternal
+		return "", errWriting(err)
 	}
 	defer u.Abort() // after Commit it does nothing
 	sum := md5.New()
@@ -263,7 +277,7 @@ func (l *Local) receiveFile(file io.Reader, key, final string, pol *postPolicy) 
 	switch {
 	case dst.err != nil:
 		l.logf("storage: writing %s: %v", key, dst.err)
-		return "", errInternal
+		return "", errWriting(dst.err)
 	case err != nil:
 		return "", &s3Error{Status: http.StatusBadRequest, Code: "IncompleteBody",
 			Message: "The upload ended before the file did: " + err.Error()}
@@ -276,7 +290,7 @@ func (l *Local) receiveFile(file io.Reader, key, final string, pol *postPolicy) 
 	}
 	if err := u.Commit(); err != nil {
 		l.logf("storage: %v", err)
-		return "", errInternal
+		return "", errWriting(err)
 	}
 	return `"` + hex.EncodeToString(sum.Sum(nil)) + `"`, nil
 }
