@@ -214,5 +214,19 @@ func createSecret(dataDir, path string) error {
 	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("installing console secret: %w", err)
 	}
+	// The link is durable only once the directory is synced: a power loss
+	// soon after a first start lost console.secret, and the next start
+	// made another, which the fingerprint published in NATS refused.
+	syncDir(dataDir)
 	return nil
+}
+
+// syncDir makes the names created in dir durable. Best effort: where a
+// directory cannot be synced the file is still there, only less surely
+// after a crash.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
 }

@@ -159,6 +159,10 @@ func LoadOrCreateSecret(file string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("storage: writing secret: %w", err)
 	}
+	// The link is durable only once the directory is synced: a power loss
+	// soon after a first start lost the secret, and the upload and
+	// download URLs handed out before it were refused after.
+	_ = syncDir(filepath.Dir(file)) // best effort: the secret is written
 	return secret, nil
 }
 

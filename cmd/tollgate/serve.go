@@ -498,12 +498,43 @@ func reachableAddr(listen string, ln net.Addr) string {
 	return dialable(net.JoinHostPort(host, port))
 }
 
+// writeFileAtomic puts data at path whole or not at all, a crash
+// included: written aside and synced, renamed into place, the directory
+// synced. Without the syncs, a power loss soon after a first start left
+// admin.token empty (the rename had reached the disk, the data had not),
+// and the gateway refused to start until it was deleted.
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	syncDir(filepath.Dir(path))
+	return nil
+}
+
+// syncDir makes the names created in dir durable. Best effort: where a
+// directory cannot be synced (not on Linux or macOS) the file is still
+// there, only less surely after a crash.
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
 }
 
 // openStorage opens the object store of batch jobs. The local backend
