@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
 	"errors"
@@ -101,7 +102,27 @@ type KeyRequest struct {
 	// console); 0 or less = no limit, and the key is not counted: the
 	// admin API and the CLI are the operator's.
 	MaxCreatedPerHour int
+	// IdempotencyKey, when set, makes the request one that makes at most
+	// one key however often it is sent, on any gateway: the key's id is
+	// derived from it and the account, so that the key store itself
+	// refuses a second key of that id, and a request sent again gets a
+	// *KeyMadeError naming the key. The console passes its key form's
+	// one-time token: a note of the key a form made can be lost (NATS
+	// failing after the key was shown), the key cannot.
+	IdempotencyKey string
 }
+
+// KeyMadeError is CreateKey's answer to a request whose IdempotencyKey
+// made a key before: no other key was made, and KeyID is the one made.
+type KeyMadeError struct {
+	Account, KeyID string
+}
+
+func (e *KeyMadeError) Error() string {
+	return fmt.Sprintf("%v: account %s made key %s with this idempotency key before", ErrExists, e.Account, e.KeyID)
+}
+
+func (e *KeyMadeError) Unwrap() error { return ErrExists }
 
 // KeyInfo is a key's metadata as stored in TOLLGATE_KEYS. It never holds the
 // token: a lost key cannot be recovered, only replaced.
@@ -154,7 +175,8 @@ var keyIDEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithP
 // and the token. The token is shown to the caller once and stored nowhere.
 // An account holding req.MaxKeys keys not revoked gets ErrTooManyKeys;
 // one that made req.MaxCreatedPerHour keys so limited in the last hour,
-// a *KeyRateError.
+// a *KeyRateError; one whose req.IdempotencyKey made a key before, a
+// *KeyMadeError.
 func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest) (KeyInfo, string, error) {
 	if s.signer == nil {
 		return KeyInfo{}, "", errNoSigningKey
@@ -172,6 +194,17 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 	// gateway creating keys of the account at that moment.
 	s.createKeyMu.Lock()
 	defer s.createKeyMu.Unlock()
+	keyID, err := newKeyID(account, req.IdempotencyKey)
+	if err != nil {
+		return KeyInfo{}, "", err
+	}
+	// Before the caps: the request sent again is told of its key, not
+	// that the account may make no more.
+	if req.IdempotencyKey != "" {
+		if made, ok := s.snap.key(keyID); ok && made.Account == account {
+			return KeyInfo{}, "", &KeyMadeError{Account: account, KeyID: keyID}
+		}
+	}
 	if held := s.snap.keysNotRevoked(account); req.MaxKeys > 0 && held >= req.MaxKeys {
 		return KeyInfo{}, "", fmt.Errorf("%w: account %s holds %d keys not revoked, and auth.max_keys_per_account is %d", ErrTooManyKeys, account, held, req.MaxKeys)
 	}
@@ -187,15 +220,11 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 			return KeyInfo{}, "", &KeyRateError{Account: account, Made: made, Limit: req.MaxCreatedPerHour, Wait: wait}
 		}
 	}
-	var random [keyIDRandBytes]byte
-	if _, err := rand.Read(random[:]); err != nil {
-		return KeyInfo{}, "", fmt.Errorf("generating key id: %w", err)
-	}
 	// JWT times have whole seconds; the metadata carries the same instants.
 	calledAt := time.Now().UTC()
 	now := calledAt.Truncate(time.Second)
 	info := KeyInfo{
-		KeyID:     "key_" + keyIDEncoding.EncodeToString(random[:]),
+		KeyID:     keyID,
 		Account:   account,
 		Name:      req.Name,
 		Scopes:    req.Scopes,
@@ -234,12 +263,32 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 	// The metadata is stored before the token is handed out: a token whose
 	// metadata is missing would be refused as an unknown key.
 	rev, err := s.keys.Create(ctx, info.KeyID, data)
+	if errors.Is(err, jetstream.ErrKeyExists) && req.IdempotencyKey != "" {
+		// Made through another gateway, not seen here yet, or by a send of
+		// this request that gave up waiting for the store but landed.
+		return KeyInfo{}, "", &KeyMadeError{Account: account, KeyID: info.KeyID}
+	}
 	if err != nil {
 		return KeyInfo{}, "", fmt.Errorf("storing key %s: %w", info.KeyID, err)
 	}
 	stored := info
 	s.snap.putKey(info.KeyID, rev, &stored, false)
 	return info, TokenPrefix + signed, nil
+}
+
+// newKeyID is a random key id, or with an idempotency key one derived
+// from it and the account: the same request always names the same key,
+// and the id tells nothing of the idempotency key.
+func newKeyID(account, idempotencyKey string) (string, error) {
+	if idempotencyKey != "" {
+		sum := sha256.Sum256([]byte("tollgate key id\x00" + account + "\x00" + idempotencyKey))
+		return "key_" + keyIDEncoding.EncodeToString(sum[:keyIDRandBytes]), nil
+	}
+	var random [keyIDRandBytes]byte
+	if _, err := rand.Read(random[:]); err != nil {
+		return "", fmt.Errorf("generating key id: %w", err)
+	}
+	return "key_" + keyIDEncoding.EncodeToString(random[:]), nil
 }
 
 // keyExpiry is when a key asked to live for d, issued at calledAt, expires.
@@ -269,6 +318,9 @@ func validateKeyRequest(req *KeyRequest) error {
 	}
 	if req.ExpiresIn < 0 {
 		return fmt.Errorf("%w: expiry must not be negative (0 = never expires)", ErrInvalidInput)
+	}
+	if len(req.IdempotencyKey) > MaxIdempotencyKey {
+		return fmt.Errorf("%w: the idempotency key has %d bytes, at most %d", ErrInvalidInput, len(req.IdempotencyKey), MaxIdempotencyKey)
 	}
 	if req.Logging.RetentionDays < 0 || req.Logging.RetentionDays > MaxRetentionDays {
 		return fmt.Errorf("%w: logging retention_days must be 0-%d", ErrInvalidInput, MaxRetentionDays)

@@ -636,3 +636,60 @@ func TestAccountIDsAndLookupKeySeeAnotherGatewaysWrites(t *testing.T) {
 		t.Fatalf("LookupKey of an unknown id: %v, want ErrNotFound", err)
 	}
 }
+
+// The console's key form passes its one-time token as the idempotency
+// key: a note of the key a form made can be lost (NATS failing after the
+// key was shown), and a form sent again made a second key. With one,
+// CreateKey makes at most one key per account and key, on any gateway,
+// whether this gateway has seen the key or only the store has, and sent
+// again at the key cap names the key rather than refusing it; another
+// account with the same key makes its own.
+func TestIdempotencyKeyMakesOneKey(t *testing.T) {
+	s, b, dataDir := gateway(t)
+	ctx := testContext(t)
+	for _, id := range []string{"acme", "other"} {
+		if _, err := s.CreateAccount(ctx, id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	once := KeyRequest{Name: "ci", MaxKeys: 1, IdempotencyKey: "0123456789abcdef0123456789abcdef"}
+	made, _, err := s.CreateKey(ctx, "acme", once)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := secondGateway(t, b, dataDir)
+	for _, tc := range []struct {
+		name string
+		via  *Service
+		pre  func()
+	}{
+		{"sent again", s, func() {}},
+		{"sent again through another gateway", other, func() {}},
+		{"sent again to a gateway that has not seen the key", s, func() { forgetKey(s, made.KeyID) }},
+	} {
+		tc.pre()
+		_, token, err := tc.via.CreateKey(ctx, "acme", once)
+		var again *KeyMadeError
+		if !errors.As(err, &again) || again.KeyID != made.KeyID || token != "" || !errors.Is(err, ErrExists) {
+			t.Errorf("%s: %q, %v; want a *KeyMadeError naming %s", tc.name, token, err, made.KeyID)
+		}
+	}
+	if _, _, err := s.CreateKey(ctx, "other", once); err != nil {
+		t.Errorf("another account with the same idempotency key: %v", err)
+	}
+	// Listed by the gateway that did not forget it.
+	if keys, err := other.ListKeys(ctx, "acme"); err != nil || len(keys) != 1 {
+		t.Fatalf("%d keys, %v; want the 1 made", len(keys), err)
+	}
+}
+
+// forgetKey drops a key from the gateway's snapshot, as if its watch had
+// not delivered it yet.
+func forgetKey(s *Service, id string) {
+	s.snap.mu.Lock()
+	defer s.snap.mu.Unlock()
+	if e, ok := s.snap.keys[id]; ok && e.notRevoked() {
+		s.snap.notRevoked[e.info.Account]--
+	}
+	delete(s.snap.keys, id)
+}
