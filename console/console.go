@@ -441,6 +441,19 @@ func (c *Console) storeError(ctx *fasthttp.RequestCtx, what string, err error) {
 	}
 }
 
+// keyFormStoreError is storeError for a key form. When the store times
+// out, the key may have been made (its write can land after the wait):
+// the page says what sending the form again does, which the generic
+// "reload in a moment" left to guess.
+func (c *Console) keyFormStoreError(ctx *fasthttp.RequestCtx, what string, err error) {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		c.storeError(ctx, what, err)
+		return
+	}
+	c.logf("console: %s: %v", what, err)
+	c.message(ctx, 503, "Try again", "The account store did not answer in time, so the key may or may not have been made. Reload this page in a moment to send the form again: if no key was made, that makes it; if one was, the page names it (its secret cannot be shown again). Sending the form again never makes a second key.", false)
+}
+
 func capitalize(s string) string {
 	if s == "" {
 		return s
@@ -757,12 +770,23 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	if err != nil {
-		c.storeError(ctx, "the key form", err)
+		c.keyFormStoreError(ctx, "the key form", err)
 		return
 	}
 	req.MaxKeys = call.World.Config.Auth.MaxKeysPerAccount
 	req.MaxCreatedPerHour = call.World.Config.Auth.MaxKeysCreatedPerHour
+	req.IdempotencyKey = formToken
 	info, token, err := c.accounts.CreateKey(sctx, sess.Account, req)
+	var madeBefore *accounts.KeyMadeError
+	if errors.As(err, &madeBefore) {
+		// A send before made the key and did not note it (the store failed
+		// after its page showed the key): note it now, for the next send.
+		if err := c.keyForms.made(sctx, formToken, sess.Account, madeBefore.KeyID); err != nil {
+			c.logf("console: %v", err)
+		}
+		c.formSentBefore(sctx, ctx, sess, keyFormSent{Account: sess.Account, KeyID: madeBefore.KeyID})
+		return
+	}
 	if err != nil {
 		// No key made: the same form sent again is no reload.
 		if rerr := c.keyForms.release(sctx, formToken); rerr != nil {
@@ -785,12 +809,12 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		return
 	}
 	if err != nil {
-		c.storeError(ctx, "a new key", err)
+		c.keyFormStoreError(ctx, "a new key", err)
 		return
 	}
 	if err := c.keyForms.made(sctx, formToken, sess.Account, info.KeyID); err != nil {
-		// The form stays claimed: sent again, it makes no key, and its
-		// page says only that one was made.
+		// Sent again, the form takes its claim over and CreateKey names
+		// this key (its id comes from the form's token): no second key.
 		c.logf("console: %v", err)
 	}
 	// The one page that ever holds the token; it is sent no-store and is

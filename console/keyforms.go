@@ -17,17 +17,15 @@ import (
 // BucketKeyForms holds the one-time tokens of the key forms sent, each
 // with the key it made. A browser that reloads the page answering the
 // form sends the form again: without the token every reload made
-// another key, shown once on a page the holder had already left.
+// another key, shown once on a page the holder had already left. The
+// note is a shortcut, not the guard: the key's id is derived from the
+// token (accounts.KeyRequest.IdempotencyKey), so a form whose note was
+// lost still cannot make a second key.
 const BucketKeyForms = "TOLLGATE_CONSOLE_KEY_FORMS"
 
 // keyFormTokenBytes is the randomness of a key form's token; the token is
 // it in hex, which is a valid KV key as it is.
 const keyFormTokenBytes = 16
-
-// abandonedClaim is how old a claim that names no key may be before a
-// new send of its form takes it over: past the store's timeout twice, the
-// send that claimed it has given up (a var for the tests).
-var abandonedClaim = 2 * storeTimeout
 
 // errKeyFormSent is claim's answer for a form sent before.
 var errKeyFormSent = errors.New("this key form was sent before")
@@ -84,9 +82,10 @@ func wellFormedKeyFormToken(token string) bool {
 	return true
 }
 
-// claim records the form as sent by account. Of sends of one form (a
-// reload, a double click, on any gateways) exactly one claims it; the
-// others get errKeyFormSent and what the first recorded.
+// claim records the form as sent by account. A send of a form whose key
+// is noted gets errKeyFormSent and the note; a send of a form claimed
+// with no key noted claims it too, since the key store lets only one of
+// them make the key and tells the others which.
 func (f *keyForms) claim(ctx context.Context, token, account string) (keyFormSent, error) {
 	mine := keyFormSent{Account: account}
 	data, err := json.Marshal(mine)
@@ -114,12 +113,12 @@ func (f *keyForms) claim(ctx context.Context, token, account string) (keyFormSen
 		if err := json.Unmarshal(entry.Value(), &first); err != nil {
 			return keyFormSent{}, fmt.Errorf("decoding a key form sent before: %w", err)
 		}
-		if first.KeyID == "" && first.Account == account && time.Since(entry.Created()) > abandonedClaim && attempt < 3 {
-			// A send that made no key and could not say so: its claim
-			// timed out in the client while NATS was away and landed when
-			// it came back, after its page had told the holder to send
-			// the form again. Taken for a reload, that send was told a
-			// key had been made.
+		if first.KeyID == "" && first.Account == account && attempt < 3 {
+			// Its send may be making the key now, may have given up (NATS
+			// away, the gateway killed), or may have made and shown it and
+			// then failed to note it. Refused as a reload, the first two
+			// were told a key was made when none was; taken over after a
+			// wait, the last made a second key.
 			if _, err := f.kv.Update(ctx, token, data, entry.Revision()); err == nil {
 				return mine, nil
 			}
