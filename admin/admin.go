@@ -115,7 +115,7 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 			}
 			continue
 		}
-		if err := checkQuery(ctx.QueryArgs(), r.Query); err != nil {
+		if err := checkQuery(ctx.URI().QueryString(), ctx.QueryArgs(), r.Query); err != nil {
 			writeError(ctx, err)
 			return
 		}
@@ -138,8 +138,15 @@ func (a *API) ServeAdmin(ctx *fasthttp.RequestCtx, w *proxy.World, modules []Rou
 // checkQuery refuses a query parameter a route does not take (taken, its
 // Route.Query), naming it, and one given twice. Only the accounts list
 // looked at its query: every other route answered as if "?limt=5" or
-// "?account=acme" had been read.
-func checkQuery(args *fasthttp.Args, taken []string) error {
+// "?account=acme" had been read. raw is the query as sent: args, as
+// fasthttp parses it, drops "=" and keeps "=x" as a parameter named "",
+// so "?=" was taken and "?=x" refused as an unknown parameter "".
+func checkQuery(raw []byte, args *fasthttp.Args, taken []string) error {
+	for part := range bytes.SplitSeq(raw, []byte("&")) {
+		if name, value, ok := bytes.Cut(part, []byte("=")); ok && len(name) == 0 {
+			return proxy.BadRequest("", fmt.Sprintf("the query has a parameter with no name (%q): name it, or leave it out", "="+string(value)))
+		}
+	}
 	var seen []string
 	for key := range args.All() {
 		name := string(key)

@@ -992,7 +992,7 @@ func TestGetKeyByID(t *testing.T) {
 // Only the accounts list looked at its query: GET /admin/v1/keys/{id}
 // answered the key for "?account=other", and DELETE revoked it for
 // "?dry_run=true". Every route refuses a parameter it does not read,
-// naming it, before it does anything.
+// naming it, before it does anything, and one with no name saying so.
 func TestEveryAdminRouteRefusesAQueryItDoesNotRead(t *testing.T) {
 	g := startGateway(t)
 	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`); status != 201 {
@@ -1014,6 +1014,10 @@ func TestEveryAdminRouteRefusesAQueryItDoesNotRead(t *testing.T) {
 		{"GET", "/admin/v1/accounts/acme/keys?limit=1", "", "limit", `unknown query parameter "limit"`},
 		{"GET", "/admin/v1/upstreams?model=small", "", "model", `unknown query parameter "model"`},
 		{"HEAD", "/admin/v1/keys/" + created.KeyID + "?x=1", "", "", ""},
+		// "?=" was taken and "?=x" refused as unknown parameter "".
+		{"GET", "/admin/v1/accounts/acme?=", "", "", `the query has a parameter with no name ("=")`},
+		{"GET", "/admin/v1/accounts?=x", "", "", `the query has a parameter with no name ("=x")`},
+		{"GET", "/admin/v1/accounts?limit=5&=", "", "", `a parameter with no name`},
 	} {
 		status, _, body := g.call(c.method, c.path, c.body)
 		if status != 400 {
