@@ -64,7 +64,7 @@ var (
 )
 
 // KeyRateError refuses a key past the account's keys per hour; Wait is
-// how long until the oldest of them is an hour old.
+// how long until one more fits (see broker.CreationLog.Take).
 type KeyRateError struct {
 	Account     string
 	Made, Limit int
