@@ -111,7 +111,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			// The answer comes in one piece once it is generated.
 			firstByte = up.cfg.ResponseTimeout
 		}
-		resp, err := up.pool.roundTrip(*reqp, firstByte, c.client)
+		resp, err := up.pool.roundTrip(*reqp, firstByte, c.client, n > 0)
 		reached := sentUpstream(err)
 		c.reachedUpstream = c.reachedUpstream || reached
 		c.eventStream, c.sseStarted = false, false
@@ -186,7 +186,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			// not worth another upstream's work.
 			failAttemptSpan(span, err, err.Error())
 			h.inflight.Add(-1)
-			if wait := time.Since(sentAt); h.held(wait) {
+			if err == errClientGoneUnsent {
+				h.undecided(sent) // never sent: nothing to say of the upstream
+			} else if wait := time.Since(sentAt); h.held(wait) {
 				// Far past its average with no byte: a stopped replica
 				// whose every call outlasts its client's timeout was never
 				// ejected, and cost a client a timeout every few seconds.

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -225,5 +227,108 @@ func TestClientWaitingPastTheRequestReadTimeoutIsNotGone(t *testing.T) {
 		if ev.Status != 200 {
 			t.Errorf("event %+v; want status 200", ev)
 		}
+	}
+}
+
+// rawChatAnswer is a whole chat answer as a raw upstream writes it.
+var rawChatAnswer = func() string {
+	const body = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}()
+
+// chatRequest is a whole chat call with the harness key, as a client
+// writes it on its connection.
+func (h *harness) chatRequest(body string) string {
+	return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + h.key +
+		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+// A call waiting for a connection of an upstream whose max_connections
+// were all in use went out once one was free, after its client had left
+// (curl -m 3, the connection free at 10 s): the upstream generated it and
+// the call was billed in full, a 200. The client is looked at while the
+// call waits: a 499 within a second or so of its leaving, nothing sent,
+// and the upstream's health left alone (it answered nothing wrong).
+func TestClientGoneWhileWaitingForAConnectionIsNotSent(t *testing.T) {
+	h := newPoolHarness(t, 1, "  retries: 0")
+	release := make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
+	var requests atomic.Int32
+	raw := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		requests.Add(1)
+		<-release
+		_, err := io.WriteString(c, rawChatAnswer)
+		return err == nil
+	})
+	h.setUpstreamOf(0, raw, "first_byte_timeout: 20s, max_connections: 1")
+	held := make(chan int, 1)
+	go func() {
+		resp := h.post("/v1/chat/completions", smallChat)
+		readAll(t, resp)
+		held <- resp.StatusCode
+	}()
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if n := requests.Load(); n != 1 {
+			return fmt.Errorf("the upstream has %d requests, want the first call's", n)
+		}
+		return nil
+	})
+	conn := rawRequest(t, h.url, h.chatRequest(smallChat), "")
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if n := h.statuses()["p0"].InFlight; n != 2 {
+			return fmt.Errorf("%d calls in flight, want the second waiting for the connection", n)
+		}
+		return nil
+	})
+	conn.Close()
+	if ev := h.events(1)[0]; ev.Status != 499 || ev.CompletionTokens != 0 {
+		t.Fatalf("event %+v while the first call holds the connection, want the second's 499", ev)
+	}
+	releaseOnce()
+	if status := <-held; status != 200 {
+		t.Fatalf("the first call got %d", status)
+	}
+	h.events(2)
+	if n := requests.Load(); n != 1 {
+		t.Fatalf("the upstream got %d requests, want 1: the call whose client left was sent", n)
+	}
+	if st := h.statuses()["p0"]; st.LastError != "" {
+		t.Fatalf("p0 is blamed for a call it never got: %+v", st)
+	}
+}
+
+// A call whose first try could not connect (a TLS handshake that hangs
+// until connect_timeout) moved on to the next member after its client
+// had left, which generated the answer, billed in full as a 200. The
+// client is looked at before a retry: a 499, and the next member gets
+// nothing.
+func TestClientGoneBeforeARetryIsNotSent(t *testing.T) {
+	hang := newSilentUpstream(t)
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin")
+	h.setUpstreamOf(0, strings.Replace(hang.URL, "http://", "https://", 1), "connect_timeout: 1s, first_byte_timeout: 8s")
+	// p0 first: its weight wins the round robin's first turn.
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0, p1]", "upstreams: [{name: p0, weight: 1000}, p1]", 1))
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		for _, m := range h.gw.World().Config.Models {
+			if m.ID == "small" && len(m.Upstreams) == 2 && m.Upstreams[0].Weight == 1000 {
+				return nil
+			}
+		}
+		return fmt.Errorf("p0's weight is not in force yet")
+	})
+	conn := rawRequest(t, h.url, h.chatRequest(smallChat), "")
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if hang.calls.Load() == 0 {
+			return fmt.Errorf("no handshake with p0 yet")
+		}
+		return nil
+	})
+	conn.Close()
+	if ev := h.events(1)[0]; ev.Status != 499 || ev.CompletionTokens != 0 {
+		t.Fatalf("event %+v, want a 499: the client left before the retry", ev)
+	}
+	if n := h.ups[1].ChatCalls(); n != 0 {
+		t.Fatalf("p1 got %d calls after their client had left", n)
 	}
 }

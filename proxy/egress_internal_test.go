@@ -257,7 +257,7 @@ func TestEgressProxyFailuresAreConnectFailures(t *testing.T) {
 		p.AnswerWith(tc.answer)
 		done := make(chan error, 1)
 		go func() {
-			_, err := up.pool.roundTrip(testRequest, 10*time.Second, nil)
+			_, err := up.pool.roundTrip(testRequest, 10*time.Second, nil, false)
 			done <- err
 		}()
 		var err error
@@ -278,7 +278,7 @@ func TestEgressProxyFailuresAreConnectFailures(t *testing.T) {
 		}
 	}
 	p.ln.Close()
-	_, err := up.pool.roundTrip(testRequest, 10*time.Second, nil)
+	_, err := up.pool.roundTrip(testRequest, 10*time.Second, nil, false)
 	if got := reasonForClient(err); !connectFailed(err) || got != "the egress proxy is unreachable: connection refused" {
 		t.Errorf("a proxy that is gone: %v, told %q", err, got)
 	}

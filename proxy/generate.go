@@ -676,7 +676,7 @@ func sentUpstream(err error) bool {
 	if err == nil {
 		return true // and the target, which errors.As moves to the heap, is not made on every answered attempt
 	}
-	return !errors.Is(err, errNoFreeConns) && !connectFailed(err)
+	return !errors.Is(err, errNoFreeConns) && !connectFailed(err) && err != errClientGoneUnsent
 }
 
 // upstreamUnreachable is the 503 for an upstream that refused the

@@ -386,7 +386,7 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admis
 		return false
 	}
 	// The upstream's first_byte_timeout and idle_timeout bound the call.
-	resp, err := up.pool.roundTrip(req.B, 0, nil)
+	resp, err := up.pool.roundTrip(req.B, 0, nil, false)
 	if err != nil {
 		if !sentUpstream(err) {
 			limit.refused(ctx)

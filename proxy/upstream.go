@@ -408,6 +408,11 @@ const clientCheckEvery = time.Second
 // not answered yet.
 var errClientGone = errors.New("the client closed its connection before the upstream answered")
 
+// errClientGoneUnsent: the client closed its connection before the
+// request of a try went out (while the call waited for a connection, or
+// before a retry); nothing was sent to the upstream.
+var errClientGoneUnsent = fmt.Errorf("%w; its request was not sent", errClientGone)
+
 // readWatchingClient reads under a deadline of until, looking at the
 // client's connection every clientCheckEvery meanwhile.
 func (c *timeoutConn) readWatchingClient(p []byte, now, until time.Time) (int, error) {

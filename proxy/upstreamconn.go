@@ -78,17 +78,19 @@ func newConnPool(addr string, https bool, maxConns int, maxWait time.Duration, d
 	return &connPool{addr: addr, https: https, dialer: dialer, maxWait: maxWait, busy: make(chan struct{}, max(maxConns, 1))}
 }
 
-func (p *connPool) acquire() (*upstreamConn, error) {
+// acquire takes a slot and a connection: a kept one, or a new one.
+// atOnce: a kept connection on a slot free at once, the common case, in
+// which the client was not looked at and need not be. client, when not
+// nil, is looked at while the call waits for a slot.
+func (p *connPool) acquire(client net.Conn) (uc *upstreamConn, atOnce bool, err error) {
+	atOnce = true
 	select {
 	case p.busy <- struct{}{}:
 	default:
-		t := time.NewTimer(p.maxWait)
-		select {
-		case p.busy <- struct{}{}:
-			t.Stop()
-		case <-t.C:
-			return nil, errNoFreeConns
+		if err := p.awaitSlot(client); err != nil {
+			return nil, false, err
 		}
+		atOnce = false
 	}
 	now := time.Now()
 	p.mu.Lock()
@@ -99,7 +101,7 @@ func (p *connPool) acquire() (*upstreamConn, error) {
 		if idle := now.Sub(uc.idleSince); idle < idlePoolTime {
 			p.mu.Unlock()
 			if idle < quietCheckIdle || uc.tc == nil || rawconn.Quiet(uc.tc.Conn) {
-				return uc, nil
+				return uc, atOnce, nil
 			}
 		} else {
 			p.mu.Unlock()
@@ -108,12 +110,39 @@ func (p *connPool) acquire() (*upstreamConn, error) {
 		p.mu.Lock()
 	}
 	p.mu.Unlock()
-	uc, err := p.dial()
+	uc, err = p.dial()
 	if err != nil {
 		p.freeSlot()
-		return nil, err
+		return nil, false, err
 	}
-	return uc, nil
+	return uc, false, nil
+}
+
+// awaitSlot waits up to maxWait for a slot, looking at client's
+// connection every clientCheckEvery meanwhile: a call that waited for a
+// slot without looking went out once one was free, minutes after its
+// client had given up, and was generated and billed in full.
+func (p *connPool) awaitSlot(client net.Conn) error {
+	timeout := time.NewTimer(p.maxWait)
+	defer timeout.Stop()
+	var look <-chan time.Time
+	if client != nil {
+		every := time.NewTicker(clientCheckEvery)
+		defer every.Stop()
+		look = every.C
+	}
+	for {
+		select {
+		case p.busy <- struct{}{}:
+			return nil
+		case <-timeout.C:
+			return errNoFreeConns
+		case <-look:
+			if rawconn.PeerClosed(client) {
+				return errClientGoneUnsent
+			}
+		}
+	}
 }
 
 // inheritSlots makes p, the pool of an upstream's settings after a
@@ -291,11 +320,24 @@ var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamRespon
 // first byte may take (0: first_byte_timeout). client, when not nil, is
 // the connection of the client waiting: a long wait ends with
 // errClientGone once it closes.
-func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Conn) (*upstreamResponse, error) {
+//
+// The client is also looked at before the request goes out, unless it
+// goes out at once on a kept connection: after a wait for a slot or for
+// a new connection (up to connect_timeout), and on a retry (an earlier
+// try of the call failed, after up to first_byte_timeout). A client
+// gone then is errClientGoneUnsent, and nothing is sent. Sent, the
+// upstream generated the answer, the client first looked at a second
+// after the write, and a call whose client had left seconds before was
+// billed in full.
+func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Conn, retry bool) (*upstreamResponse, error) {
 	for attempt := 1; ; attempt++ {
-		uc, err := p.acquire()
+		uc, atOnce, err := p.acquire(client)
 		if err != nil {
 			return nil, err
+		}
+		if client != nil && (!atOnce || retry) && rawconn.PeerClosed(client) {
+			p.release(uc) // unused: as good as it was
+			return nil, errClientGoneUnsent
 		}
 		if uc.tc != nil {
 			uc.tc.firstByte = cmp.Or(firstByte, uc.tc.firstByteConfigured)

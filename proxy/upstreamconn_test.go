@@ -103,7 +103,7 @@ func TestUpstreamBodyFramings(t *testing.T) {
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
 	for i, want := range []string{"hello", "hello", "hello", ""} {
-		r, err := p.roundTrip(testRequest, 0, nil)
+		r, err := p.roundTrip(testRequest, 0, nil, false)
 		if err != nil {
 			t.Fatalf("answer %d: %v", i+1, err)
 		}
@@ -124,7 +124,7 @@ func TestUpstreamBodyUntilCloseIsNotReused(t *testing.T) {
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
 	for range 2 {
-		r, err := p.roundTrip(testRequest, 0, nil)
+		r, err := p.roundTrip(testRequest, 0, nil, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,7 +144,7 @@ func TestUpstreamChunkedBodyCutIsAnError(t *testing.T) {
 		return false
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
-	r, err := p.roundTrip(testRequest, 0, nil)
+	r, err := p.roundTrip(testRequest, 0, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestUpstreamStaleConnectionIsReplacedOnce(t *testing.T) {
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
 	for i := range 3 {
-		r, err := p.roundTrip(testRequest, 0, nil)
+		r, err := p.roundTrip(testRequest, 0, nil, false)
 		if err != nil {
 			t.Fatalf("request %d: %v", i+1, err)
 		}
@@ -188,13 +188,13 @@ func TestUpstreamCloseAfterWorkingOnAReusedConnectionIsNotRetried(t *testing.T) 
 		return false
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
-	r, err := p.roundTrip(testRequest, 0, nil)
+	r, err := p.roundTrip(testRequest, 0, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	readBodyAll(t, r)
 	r.Close()
-	if _, err := p.roundTrip(testRequest, 0, nil); err == nil {
+	if _, err := p.roundTrip(testRequest, 0, nil, false); err == nil {
 		t.Fatal("want an error")
 	}
 	if n := u.accepted.Load(); n != 1 {
@@ -207,7 +207,7 @@ func TestUpstreamCloseAfterWorkingOnAReusedConnectionIsNotRetried(t *testing.T) 
 func TestUpstreamFailureOnFreshConnectionIsNotRetried(t *testing.T) {
 	u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { return false })
 	p := testPool(t, u.ln.Addr().String(), 4)
-	if _, err := p.roundTrip(testRequest, 0, nil); err == nil {
+	if _, err := p.roundTrip(testRequest, 0, nil, false); err == nil {
 		t.Fatal("want an error")
 	}
 	if n := u.accepted.Load(); n != 1 {
@@ -226,12 +226,12 @@ func TestUpstreamMaxConnectionsWaitsThenRefuses(t *testing.T) {
 	p := testPool(t, u.ln.Addr().String(), 1)
 	held := make(chan *upstreamResponse)
 	go func() {
-		r, _ := p.roundTrip(testRequest, 0, nil)
+		r, _ := p.roundTrip(testRequest, 0, nil, false)
 		held <- r
 	}()
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
-	if _, err := p.roundTrip(testRequest, 0, nil); !errors.Is(err, errNoFreeConns) {
+	if _, err := p.roundTrip(testRequest, 0, nil, false); !errors.Is(err, errNoFreeConns) {
 		t.Fatalf("err %v, want errNoFreeConns", err)
 	}
 	if waited := time.Since(start); waited < 250*time.Millisecond {
@@ -255,7 +255,7 @@ func TestUpstreamReadHandsOutWhatArrivedWithoutWaiting(t *testing.T) {
 		return true
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
-	r, err := p.roundTrip(testRequest, 0, nil)
+	r, err := p.roundTrip(testRequest, 0, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +355,7 @@ func TestUpstreamStaleConnectionsAreAllReplaced(t *testing.T) {
 	// Four calls at once leave four kept connections.
 	var held []*upstreamResponse
 	for range 4 {
-		r, err := p.roundTrip(testRequest, 0, nil)
+		r, err := p.roundTrip(testRequest, 0, nil, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -371,7 +371,7 @@ func TestUpstreamStaleConnectionsAreAllReplaced(t *testing.T) {
 	}
 	mu.Unlock()
 	time.Sleep(20 * time.Millisecond) // let the closes arrive
-	r, err := p.roundTrip(testRequest, 0, nil)
+	r, err := p.roundTrip(testRequest, 0, nil, false)
 	if err != nil {
 		t.Fatalf("the call after every kept connection was closed: %v", err)
 	}
@@ -410,13 +410,13 @@ func TestUpstream408OnAKeptConnectionIsSentAgainOnce(t *testing.T) {
 				return true
 			})
 			p := testPool(t, u.ln.Addr().String(), 4)
-			r, err := p.roundTrip(testRequest, 0, nil)
+			r, err := p.roundTrip(testRequest, 0, nil, false)
 			if err != nil {
 				t.Fatal(err)
 			}
 			readBodyAll(t, r)
 			r.Close()
-			r, err = p.roundTrip(testRequest, 0, nil)
+			r, err = p.roundTrip(testRequest, 0, nil, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -453,7 +453,7 @@ func TestUpstreamIdleConnectionIsLookedAtWhenTaken(t *testing.T) {
 			})
 			p := testPool(t, u.ln.Addr().String(), 4)
 			for i := range 2 {
-				r, err := p.roundTrip(testRequest, 0, nil)
+				r, err := p.roundTrip(testRequest, 0, nil, false)
 				if err != nil {
 					t.Fatalf("call %d: %v", i+1, err)
 				}
@@ -480,24 +480,24 @@ func TestReloadedPoolCountsItsPredecessorsConnections(t *testing.T) {
 	addr := u.ln.Addr().String()
 	inUse := func(p *connPool) int { p.mu.Lock(); defer p.mu.Unlock(); return len(p.busy) }
 	first := testPool(t, addr, 2)
-	a, err := first.acquire()
+	a, _, err := first.acquire(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := first.acquire()
+	b, _, err := first.acquire(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// max_connections 2 to 1: full while either call of the first runs.
 	second := testPool(t, addr, 1)
 	second.inheritSlots(first)
-	if _, err := second.acquire(); !errors.Is(err, errNoFreeConns) {
+	if _, _, err := second.acquire(nil); !errors.Is(err, errNoFreeConns) {
 		t.Fatalf("a call went out beside the two of the pool before, over max_connections 1: %v", err)
 	}
 	// And 1 to 3: one more may go out now.
 	third := testPool(t, addr, 3)
 	third.inheritSlots(second)
-	c, err := third.acquire()
+	c, _, err := third.acquire(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -518,7 +518,7 @@ func TestReloadedPoolCountsItsPredecessorsConnections(t *testing.T) {
 	}
 	// Another address is another server: its connections do not count.
 	moved := testPool(t, "localhost"+addr[strings.LastIndexByte(addr, ':'):], 1)
-	d, err := third.acquire()
+	d, _, err := third.acquire(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +556,7 @@ func TestUpstreamBytesAfterAnAnswerAreNotTakenForTheNext(t *testing.T) {
 			var overruns atomic.Int32
 			p.overran = func(int) { overruns.Add(1) }
 			for i, want := range []string{c.body, "second"} {
-				r, err := p.roundTrip(testRequest, 0, nil)
+				r, err := p.roundTrip(testRequest, 0, nil, false)
 				if err != nil {
 					t.Fatalf("call %d: %v", i+1, err)
 				}
@@ -585,7 +585,7 @@ func TestUpstreamEmptyAnswerConnectionIsNotReused(t *testing.T) {
 	})
 	p := testPool(t, u.ln.Addr().String(), 4)
 	for range 2 {
-		r, err := p.roundTrip(testRequest, 0, nil)
+		r, err := p.roundTrip(testRequest, 0, nil, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -619,7 +619,7 @@ func TestUpstreamInterimResponsesAreNoFirstByte(t *testing.T) {
 		u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { return hints(c, 1500*time.Millisecond) })
 		p := testPool(t, u.ln.Addr().String(), 4) // idle_timeout 2s
 		start := time.Now()
-		r, err := p.roundTrip(testRequest, 500*time.Millisecond, nil)
+		r, err := p.roundTrip(testRequest, 500*time.Millisecond, nil, false)
 		if err == nil {
 			r.Close()
 			t.Fatalf("answered after %v of 103s, past a first byte's deadline of 500ms", time.Since(start).Round(time.Millisecond))
@@ -647,7 +647,7 @@ func TestUpstreamInterimResponsesAreNoFirstByte(t *testing.T) {
 		defer client.Close()
 		gone.Close()
 		start := time.Now()
-		r, err := p.roundTrip(testRequest, 10*time.Second, client)
+		r, err := p.roundTrip(testRequest, 10*time.Second, client, false)
 		if err == nil {
 			r.Close()
 			t.Fatalf("answered after %v for a client gone at once", time.Since(start).Round(time.Millisecond))
@@ -662,7 +662,7 @@ func TestUpstreamInterimResponsesAreNoFirstByte(t *testing.T) {
 			return true
 		})
 		p := testPool(t, u.ln.Addr().String(), 4)
-		if r, err := p.roundTrip(testRequest, 0, nil); !errors.Is(err, errTooManyInterim) {
+		if r, err := p.roundTrip(testRequest, 0, nil, false); !errors.Is(err, errTooManyInterim) {
 			if err == nil {
 				r.Close()
 			}
@@ -684,7 +684,7 @@ func TestUpstreamHeaderErrorsQuoteNothing(t *testing.T) {
 	} {
 		u := startRawUpstream(t, func(_, _ int, c net.Conn) bool { io.WriteString(c, answer); return false })
 		p := testPool(t, u.ln.Addr().String(), 4)
-		r, err := p.roundTrip(testRequest, 0, nil)
+		r, err := p.roundTrip(testRequest, 0, nil, false)
 		if err == nil {
 			r.Close()
 			t.Fatalf("%q: no error", answer)
@@ -714,7 +714,7 @@ func TestUpstreamConnectionIdlePastItsReadDeadlineIsReused(t *testing.T) {
 	defer client.Close()
 	defer peer.Close()
 	for i := range 2 {
-		r, err := p.roundTrip(testRequest, 0, client)
+		r, err := p.roundTrip(testRequest, 0, client, false)
 		if err != nil {
 			t.Fatalf("request %d: %v", i+1, err)
 		}
@@ -761,7 +761,7 @@ func TestUpstreamEmptyLinesAfterAnAnswerKeepTheConnection(t *testing.T) {
 			var overruns atomic.Int32
 			p.overran = func(int) { overruns.Add(1) }
 			for i := 1; i <= 3; i++ {
-				r, err := p.roundTrip(testRequest, 0, nil)
+				r, err := p.roundTrip(testRequest, 0, nil, false)
 				if err != nil {
 					t.Fatalf("call %d: %v", i, err)
 				}

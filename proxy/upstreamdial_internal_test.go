@@ -64,7 +64,7 @@ func TestTLSHandshakeIsPartOfTheDial(t *testing.T) {
 	up := testHTTPSUpstream(t, addr, 200*time.Millisecond)
 	done := make(chan error, 1)
 	go func() {
-		resp, err := up.pool.roundTrip(testRequest, 10*time.Second, nil)
+		resp, err := up.pool.roundTrip(testRequest, 10*time.Second, nil, false)
 		if resp != nil {
 			resp.Close()
 		}
@@ -113,7 +113,7 @@ func TestTLSHandshakeFailureIsAConnectFailure(t *testing.T) {
 		}
 	}()
 	up := testHTTPSUpstream(t, ln.Addr().String(), 2*time.Second)
-	_, err = up.pool.roundTrip(testRequest, 10*time.Second, nil)
+	_, err = up.pool.roundTrip(testRequest, 10*time.Second, nil, false)
 	if err == nil || !connectFailed(err) || sentUpstream(err) {
 		t.Fatalf("an untrusted certificate: %v, want a connection not opened", err)
 	}
@@ -175,7 +175,7 @@ func startTLSUpstream(t *testing.T, cert *testutil.TLSCertificate) (addr string,
 // callOnce makes one call to up and reads its answer whole.
 func callOnce(t *testing.T, up *upstream) {
 	t.Helper()
-	resp, err := up.pool.roundTrip(testRequest, 0, nil)
+	resp, err := up.pool.roundTrip(testRequest, 0, nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
