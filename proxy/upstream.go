@@ -371,7 +371,12 @@ type timeoutConn struct {
 	connectTook time.Duration
 	// handshaking: the TLS handshake is running, under the deadline
 	// handshake set; reads and writes arm none of their own.
-	handshaking           bool
+	handshaking bool
+	// heldOnly: reads answer errNothingHeld at once, touching neither
+	// the socket nor its deadline, so that a read of the TLS connection
+	// over it takes only the records that connection holds already
+	// (upstreamConn.strayHeldByTLS).
+	heldOnly              bool
 	awaitingFirst         bool
 	readWait              time.Duration // the wait the read deadline was armed with
 	readArmed, writeArmed time.Time     // when the deadlines were last armed
@@ -502,6 +507,9 @@ func (c *timeoutConn) Read(p []byte) (int, error) {
 	if c.handshaking {
 		return c.Conn.Read(p)
 	}
+	if c.heldOnly {
+		return 0, errNothingHeld
+	}
 	if c.client != nil && c.awaitingFirst {
 		until := c.dueBy
 		if until.IsZero() {
@@ -540,6 +548,18 @@ func (c *timeoutConn) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// errNothingHeld is what a read of a timeoutConn answers while heldOnly
+// is set. It is a net.Error that is temporary, as a passed deadline is,
+// which crypto/tls returns without making it the connection's error for
+// good.
+var errNothingHeld net.Error = nothingHeldError{}
+
+type nothingHeldError struct{}
+
+func (nothingHeldError) Error() string   { return "nothing more is held" }
+func (nothingHeldError) Timeout() bool   { return true }
+func (nothingHeldError) Temporary() bool { return true }
 
 // SetReadDeadline and SetWriteDeadline ignore fasthttp's own deadlines; the
 // ones set per read and write above are the ones that hold.

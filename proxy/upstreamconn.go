@@ -725,7 +725,13 @@ func (r *upstreamResponse) Close() {
 			overrun = 0
 		}
 	}
-	if r.done && r.err == nil && !r.untilClose && !r.Header.ConnectionClose() && overrun == 0 {
+	keep := r.done && r.err == nil && !r.untilClose && !r.Header.ConnectionClose() && overrun == 0
+	if keep && r.pool.https {
+		var open bool
+		overrun, open = r.uc.strayHeldByTLS()
+		keep = open && overrun == 0
+	}
+	if keep {
 		r.pool.release(r.uc)
 	} else {
 		if r.done && overrun > 0 && r.pool.overran != nil {
@@ -734,6 +740,41 @@ func (r *upstreamResponse) Close() {
 		r.pool.discard(r.uc)
 	}
 	r.recycle()
+}
+
+// strayHeldByTLS reads what the TLS connection of an https upstream
+// holds already after an answer read to its end, without a system call
+// (timeoutConn.heldOnly), and answers how many bytes other than empty
+// lines it held, and whether the connection is still open (no
+// close_notify, no broken record). crypto/tls takes all the socket has
+// when it needs a record: a second response the upstream sent right
+// after the answer, as records of their own in one TCP segment, sat in
+// its buffer, seen neither by Close's look at the bufio.Reader nor by
+// rawconn.Quiet's at the socket, and was the next call's answer, billed
+// on its usage. Post-handshake messages (TLS 1.3's NewSessionTicket and
+// KeyUpdate) are crypto/tls's own and read as nothing; so does a record
+// held in part, whose rest, in the socket or still to come, is a later
+// packet's, as over http (rawconn.Quiet).
+func (uc *upstreamConn) strayHeldByTLS() (stray int, open bool) {
+	tlsConn, ok := uc.conn.(*tls.Conn)
+	if !ok || uc.tc == nil {
+		return 0, true
+	}
+	var buf [512]byte
+	uc.tc.heldOnly = true
+	defer func() { uc.tc.heldOnly = false }()
+	for {
+		n, err := tlsConn.Read(buf[:])
+		if n > 0 && !onlyLineEnds(buf[:n]) {
+			stray += n
+		}
+		if err == errNothingHeld {
+			return stray, true
+		}
+		if err != nil {
+			return stray, false
+		}
+	}
 }
 
 // onlyLineEnds reports whether b is nothing but CRs and LFs: empty
