@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,10 @@ type connPool struct {
 	mu      sync.Mutex
 	idle    []*upstreamConn // most recently used last
 	retired bool            // a reload replaced the upstream: keep nothing idle
+	// sweep closes the idle connections idlePoolTime old (sweepIdle);
+	// sweepArmed: it will run, and release need not arm it.
+	sweep      *time.Timer
+	sweepArmed bool
 	// heir is the pool of the upstream's settings after a reload, when
 	// at the same address; owed is how many of heir's slots still stand
 	// for connections of this pool in use (inheritSlots).
@@ -257,11 +262,54 @@ func (p *connPool) release(uc *upstreamConn) {
 		p.idle = append(p.idle[:0], p.idle[1:]...)
 	}
 	p.idle = append(p.idle, uc)
+	if !p.sweepArmed {
+		p.armSweepLocked(idlePoolTime)
+	}
 	heir, n := p.freeSlotLocked()
 	p.mu.Unlock()
 	heir.freeSlots(n)
 	if stale != nil {
 		_ = stale.conn.Close()
+	}
+}
+
+// armSweepLocked has sweepIdle run in d. Lock held on entry.
+func (p *connPool) armSweepLocked(d time.Duration) {
+	p.sweepArmed = true
+	if p.sweep == nil {
+		p.sweep = time.AfterFunc(d, p.sweepIdle)
+		return
+	}
+	p.sweep.Reset(d)
+}
+
+// sweepIdle closes the idle connections idlePoolTime old, and runs
+// again when the oldest left is. Kept, they were never handed out again
+// but stayed open until the upstream closed them, up to max_connections
+// TLS connections per gateway for an upstream with a long keep-alive;
+// closed only as their successors went idle (release) or at a reload, a
+// burst's connections stayed open for good once calls stopped. One
+// timer a pool, armed by a release that finds it idle, runs at most once
+// every idlePoolTime or so while connections come and go.
+func (p *connPool) sweepIdle() {
+	now := time.Now()
+	p.mu.Lock()
+	n := 0
+	for n < len(p.idle) && now.Sub(p.idle[n].idleSince) >= idlePoolTime {
+		n++
+	}
+	old := slices.Clone(p.idle[:n])
+	rest := copy(p.idle, p.idle[n:])
+	clear(p.idle[rest:])
+	p.idle = p.idle[:rest]
+	if rest > 0 {
+		p.armSweepLocked(p.idle[0].idleSince.Add(idlePoolTime).Sub(now))
+	} else {
+		p.sweepArmed = false
+	}
+	p.mu.Unlock()
+	for _, uc := range old {
+		_ = uc.conn.Close()
 	}
 }
 

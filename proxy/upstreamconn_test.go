@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 // rawUpstream answers each request on a connection with the next of its
@@ -778,4 +780,66 @@ func TestUpstreamEmptyLinesAfterAnAnswerKeepTheConnection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Idle connections were only skipped once idlePoolTime old, never
+// closed: one stayed open 70 s after its last call, and 6 of a burst's 8
+// were open 15 s after it, until the upstream's own keep-alive closed
+// them (an upstream with a long one kept max_connections TLS
+// connections per gateway for good). They are closed once that old.
+func TestUpstreamIdleConnectionsAreClosedOnceTooOld(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var requests, open atomic.Int32
+	allIn := make(chan struct{})
+	const burst = 3
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			open.Add(1)
+			go func() {
+				defer open.Add(-1)
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for readRequest(br) {
+					if requests.Add(1) == burst {
+						close(allIn)
+					}
+					<-allIn // the burst's calls hold a connection each
+					if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p := testPool(t, ln.Addr().String(), burst)
+	var wg sync.WaitGroup
+	for range burst {
+		wg.Go(func() {
+			r, err := p.roundTrip(testRequest, 0, nil, false)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			readBodyAll(t, r)
+			r.Close()
+		})
+	}
+	wg.Wait()
+	if n := open.Load(); n != burst {
+		t.Fatalf("%d connections open after the burst, want %d kept", n, burst)
+	}
+	testutil.CheckFor(t, idlePoolTime+3*time.Second, 50*time.Millisecond, func() error {
+		if n := open.Load(); n != 0 {
+			return fmt.Errorf("%d connections still open, idle since the burst", n)
+		}
+		return nil
+	})
 }
