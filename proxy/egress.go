@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpproxy"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // Egress through an HTTP proxy, as Go programs (net/http) and curl take
@@ -81,6 +83,27 @@ func egressFor(env *httpproxy.Config, target *url.URL, addr string) (eg *egress,
 	}
 	eg.request = append(eg.request, "\r\n"...)
 	return eg, "", nil
+}
+
+// CheckEgress answers what serve, and a reload that adds an https
+// upstream, refuse cfg's upstreams for in the HTTPS_PROXY of the
+// environment as it is now: a value that is no proxy URL, or a proxy
+// that is not http://, named without its credentials, in their words.
+// config check said ok, and serve then exited on it. Every upstream
+// refused is named.
+func CheckEgress(cfg *config.Config) error {
+	env := httpproxy.FromEnvironment()
+	var errs []error
+	for _, uc := range cfg.Upstreams {
+		u, err := url.Parse(uc.BaseURL)
+		if err != nil {
+			continue // config.Load refuses it, in its own words
+		}
+		if _, _, err := egressFor(env, u, upstreamAddr(u)); err != nil {
+			errs = append(errs, fmt.Errorf("upstream %s: %w", uc.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // parseProxyURL reads a proxy's address as net/http does: one without a

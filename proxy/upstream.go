@@ -90,14 +90,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		return nil, fmt.Errorf("upstream %s: base_url: %w", cfg.Name, err)
 	}
 	tls := u.Scheme == "https"
-	addr := u.Host
-	if u.Port() == "" {
-		if tls {
-			addr += ":443"
-		} else {
-			addr += ":80"
-		}
-	}
+	addr := upstreamAddr(u)
 	up := &upstream{
 		health:    upstreamHealth{inflight: new(atomic.Int64)},
 		logf:      logf,
@@ -153,6 +146,18 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		// timeoutConn enforces first-byte and idle timeouts per read.
 	}
 	return up, nil
+}
+
+// upstreamAddr is the host:port of an upstream's base_url u, its
+// scheme's port when it names none.
+func upstreamAddr(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	if u.Scheme == "https" {
+		return u.Host + ":443"
+	}
+	return u.Host + ":80"
 }
 
 // pageInsteadOfError logs now and then a 4xx of the upstream whose body

@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // adminClient calls the admin API of a running gateway.
@@ -641,7 +642,9 @@ const configCheckUsage = `usage: tollgate config check [FILE | -config FILE]
 Loads the config file (default $TOLLGATE_CONFIG, else ./gateway.yaml) as
 serve and a reload do, and prints every error with file:line:col, or
 "FILE: ok". With server.admin_token empty it reads data_dir/admin.token
-too, when it is there, as serve does at start. Exits 1 on an invalid file.
+too, when it is there, as serve does at start; and it refuses, as serve
+does, an HTTPS_PROXY (or https_proxy) that an https upstream would go
+through and that is no http:// proxy URL. Exits 1 on an invalid file.
 `
 
 // configGetUsage is printed by "config get -h".
@@ -684,6 +687,11 @@ func runConfig(args []string) error {
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("%s: server.data_dir: %w", path, err)
 		}
+	}
+	// serve reads HTTPS_PROXY when it builds the upstreams, and exits on
+	// one it cannot use: checked here, in its words.
+	if err := proxy.CheckEgress(cfg); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	for _, line := range configWarnings(cfg) {
 		fmt.Fprintln(os.Stderr, line)

@@ -230,6 +230,42 @@ func TestConfigCheckReadsTheAdminTokenFile(t *testing.T) {
 	}
 }
 
+// serve refuses an HTTPS_PROXY it cannot use for an https upstream (a
+// socks5:// or https:// proxy, a value that is no URL) when it builds the
+// upstreams, and exited on it after config check, which the Upgrading
+// steps have run first, had said ok. config check refuses it in the
+// same words, without the proxy's password.
+func TestConfigCheckRefusesAnHTTPSProxyServeRefuses(t *testing.T) {
+	for _, name := range []string{"https_proxy", "NO_PROXY", "no_proxy"} {
+		t.Setenv(name, "")
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gateway.yaml")
+	if err := os.WriteFile(path, []byte("server:\n  data_dir: "+dir+"\n  admin_token: a-token-of-enough-bytes\n"+
+		"upstreams:\n  - name: hosted\n    base_url: https://api.example.com/v1\n  - name: local\n    base_url: http://127.0.0.1:8000/v1\n"+
+		"models:\n  - id: m\n    upstreams: [hosted, local]\n    context_length: 10\n    max_output_length: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for proxyURL, want := range map[string]string{
+		"socks5://u:secret@127.0.0.1:1080": "upstream hosted: HTTPS_PROXY (or https_proxy) names socks5://127.0.0.1:1080, a socks5:// proxy: only http:// proxies (HTTP CONNECT) are supported",
+		"https://127.0.0.1:22150":          "upstream hosted: HTTPS_PROXY (or https_proxy) names https://127.0.0.1:22150, a https:// proxy: only http:// proxies",
+		"::bad":                            "upstream hosted: HTTPS_PROXY (or https_proxy) is not a proxy URL",
+		"http://u:secret@proxy.corp:3128":  "",
+		"proxy.corp:3128":                  "",
+	} {
+		t.Setenv("HTTPS_PROXY", proxyURL)
+		_, err := stdoutOf(t, func() error { return runConfig([]string{"check", path}) })
+		switch {
+		case want == "" && err != nil:
+			t.Errorf("HTTPS_PROXY=%s: %v, want ok", proxyURL, err)
+		case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+			t.Errorf("HTTPS_PROXY=%s: %v, want %q", proxyURL, err, want)
+		case err != nil && strings.Contains(err.Error(), "secret"):
+			t.Errorf("HTTPS_PROXY=%s: the password is in %q", proxyURL, err)
+		}
+	}
+}
+
 // A command newer than the gateway it calls says so, instead of a bare
 // "no admin route" (accounts logout against a gateway of the release
 // before).
