@@ -161,13 +161,14 @@ func upstreamAddr(u *url.URL) string {
 }
 
 // pageInsteadOfError logs now and then a 4xx of the upstream whose body
-// is no JSON error (a front's HTML page), answered 502 to its client.
+// is no JSON error (a front's HTML page): the call moves to another
+// member of its pool, or is answered 502 when none is left.
 func (u *upstream) pageInsteadOfError(status int, what string) {
 	ok, held := u.pageLog.Allow(time.Now(), upstreamLogEvery)
 	if !ok {
 		return
 	}
-	u.logf("upstream %s answered %d with %s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); its client got a 502 upstream_bad_answer%s",
+	u.logf("upstream %s answered %d with %s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); the call was tried on another member of its pool if one was left, else answered 502 upstream_bad_answer%s",
 		u.cfg.Name, status, what, loglimit.HeldNote(held, "since the last such line"))
 }
 
