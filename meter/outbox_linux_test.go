@@ -10,49 +10,15 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
-// smallDisk mounts a tmpfs of size bytes for the test: a disk the outbox
-// can fill. Where mounting is not allowed (not root) the test fails: make
-// test runs as root (it installs its servers), and a skip there would let
-// the full-disk start go untested in CI without a word.
-func smallDisk(t *testing.T, size int) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Fatalf("mounting a %d-byte tmpfs: %v (needs root, as make test has)", size, err)
-	}
-	// Registered after TempDir's removal, so it runs before it; and
-	// after the outbox's Close, which the test registers later.
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, 0); err != nil {
-			t.Errorf("unmounting the test's tmpfs: %v", err)
-			_ = unix.Unmount(dir, unix.MNT_DETACH)
-		}
-	})
-	return dir
-}
-
-// fillDisk writes a file in dir until the disk it is on is full.
-func fillDisk(t *testing.T, dir string) {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	for _, chunk := range []int{64 << 10, 4 << 10} {
-		buf := make([]byte, chunk)
-		for {
-			if _, err := f.Write(buf); err != nil {
-				if !errors.Is(err, unix.ENOSPC) {
-					t.Fatal(err)
-				}
-				break
-			}
-		}
-	}
-}
+// The disks of these tests: a tmpfs to fill, as make test runs as root.
+var (
+	smallDisk = testutil.SmallDisk
+	fillDisk  = func(t *testing.T, dir string) { testutil.FillDisk(t, dir) }
+)
 
 // A gateway stopped after its outbox had filled the disk (NATS down under
 // load) could not start again: the open failed making its first segment

@@ -40,13 +40,18 @@ func FillDisk(t testing.TB, dir string) string {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	chunk := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			if !errors.Is(err, unix.ENOSPC) {
-				t.Fatalf("filling the disk: %v", err)
+	// Big writes first, then small ones for the last pages: a disk left
+	// with a few KiB free takes a small record still.
+	for _, size := range []int{64 << 10, 4 << 10} {
+		chunk := make([]byte, size)
+		for {
+			if _, err := f.Write(chunk); err != nil {
+				if !errors.Is(err, unix.ENOSPC) {
+					t.Fatalf("filling the disk: %v", err)
+				}
+				break
 			}
-			return filler
 		}
 	}
+	return filler
 }
