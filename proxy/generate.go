@@ -273,21 +273,28 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		if call.upstream != nil {
 			upstreamName = call.upstream.cfg.Name
 		}
-		if call.clientGone {
+		switch {
+		case call.clientGone && call.reachedUpstream:
 			// The upstream took the prompt in and was stopped (its
 			// connection closed) before it answered: the prompt is
 			// billed, on estimate, as for a stream cut before any event.
 			// record counts the call in the metrics and ends its span.
 			call.record(statusClientClosed)
-		} else {
+		case call.clientGone:
+			// Gone while the call waited for a connection or a retry:
+			// no upstream saw a byte of it, and nothing is billed.
+			s.calls.observe(call.entry.ID, upstreamName, call.ep.path(), statusClientClosed, time.Since(call.start))
+			call.failCallSpan(statusClientClosed, apiErr.Message)
+		default:
 			s.calls.observe(call.entry.ID, upstreamName, call.ep.path(), apiErr.Status, time.Since(call.start))
 			call.failCallSpan(apiErr.Status, apiErr.Message)
 		}
-		if !call.reachedUpstream && !call.clientGone {
-			// Refused before it reached an upstream (each refused the
-			// connection, was ejected or resting): it costs no request,
-			// as a call refused before one is chosen. The SDKs retry a
-			// 503 twice: one of their calls used three of a key's rpm.
+		if !call.reachedUpstream {
+			// Refused or given up before it reached an upstream (each
+			// refused the connection, was ejected or resting, or its
+			// client left first): it costs no request, as a call refused
+			// before one is chosen. The SDKs retry a 503 twice: one of
+			// their calls used three of a key's rpm.
 			call.limit.refused(ctx)
 		}
 		call.release()
