@@ -1,15 +1,8 @@
 package broker
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -74,37 +67,16 @@ func (*handshakeCounter) Tracef(string, ...any)  {}
 // reconnection, about once a second, for as long as it lasted.
 func TestRefusedReconnectionsAreNotLoggedEachTime(t *testing.T) {
 	dir := t.TempDir()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "nats test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true,
-		KeyUsage:    x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cert := testutil.NewTLSCertificate(t)
 	caPath := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+	if err := os.WriteFile(caPath, cert.CAPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientCAs := x509.NewCertPool()
-	clientCAs.AddCert(ca)
 	var handshakes handshakeCounter
 	start := func(port int, requireClientCert bool) *server.Server {
-		tc := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS12}
+		tc := &tls.Config{Certificates: []tls.Certificate{cert.Cert}, MinVersion: tls.VersionTLS12}
 		if requireClientCert {
-			tc.ClientAuth, tc.ClientCAs = tls.RequireAndVerifyClientCert, clientCAs
+			tc.ClientAuth, tc.ClientCAs = tls.RequireAndVerifyClientCert, cert.Pool
 		}
 		srv, err := server.NewServer(&server.Options{
 			Host: "127.0.0.1", Port: port, NoSigs: true,
