@@ -60,11 +60,7 @@ func (l *keptLog) String() string {
 // Each is logged with its JSON when its sync fails, later ones are refused
 // and logged, and the shutdown says they are not kept.
 func TestPublisherOnAReadOnlyDiskLogsEveryEventAndKeepsNoneForTheNextStart(t *testing.T) {
-	srv := startNATSServer(t)
-	gw := connectNATS(t, srv.url())
-	if _, err := meter.EnsureUsageStream(testContext(t), gw.JetStream(), 1, 0); err != nil {
-		t.Fatal(err)
-	}
+	srv, gw := externalUsageStream(t)
 	srv.stop()
 	ob, err := meter.OpenOutbox(filepath.Join(t.TempDir(), "outbox"), 0)
 	if err != nil {
@@ -105,11 +101,7 @@ func TestPublisherOnAReadOnlyDiskLogsEveryEventAndKeepsNoneForTheNextStart(t *te
 // files in order.
 func outboxAfterAnOutage(t *testing.T) (*natsServer, *broker.Broker, string, []string) {
 	t.Helper()
-	srv := startNATSServer(t)
-	gw := connectNATS(t, srv.url())
-	if _, err := meter.EnsureUsageStream(testContext(t), gw.JetStream(), 1, 0); err != nil {
-		t.Fatal(err)
-	}
+	srv, gw := externalUsageStream(t)
 	dir := filepath.Join(t.TempDir(), "outbox")
 	ob, err := meter.OpenOutbox(dir, 1<<20)
 	if err != nil {
@@ -244,11 +236,7 @@ func TestPublisherSaysWhichRecordsASegmentLostWhileStoppedHeld(t *testing.T) {
 // records before the first on disk are no loss, and JetStream's batches
 // show it.
 func TestPublisherTakesRecordsJetStreamStoredForNoLossAfterAStaleAckedFile(t *testing.T) {
-	srv := startNATSServer(t)
-	gw := connectNATS(t, srv.url())
-	if _, err := meter.EnsureUsageStream(testContext(t), gw.JetStream(), 1, 0); err != nil {
-		t.Fatal(err)
-	}
+	srv, gw := externalUsageStream(t)
 	dir := filepath.Join(t.TempDir(), "outbox")
 	ob, err := meter.OpenOutbox(dir, 1<<20)
 	if err != nil {
@@ -270,4 +258,17 @@ func TestPublisherTakesRecordsJetStreamStoredForNoLossAfterAStaleAckedFile(t *te
 	if n := log.count("LOST"); n != 0 {
 		t.Fatalf("%d LOST lines, want none:\n%s", n, log)
 	}
+}
+
+// externalUsageStream is a NATS server of its own, as an external one,
+// with the USAGE stream, and the gateway's connection to it: stopping
+// the server leaves the gateway's outbox to hold what it records.
+func externalUsageStream(t *testing.T) (*natsServer, *broker.Broker) {
+	t.Helper()
+	srv := startNATSServer(t)
+	gw := connectNATS(t, srv.url())
+	if _, err := meter.EnsureUsageStream(testContext(t), gw.JetStream(), 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	return srv, gw
 }
