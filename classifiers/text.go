@@ -156,13 +156,15 @@ func composedSet(labels []string, descriptions map[string]string, examples map[s
 	return ls, ds, es
 }
 
+// isComposedSet reports whether the set is config.Composed throughout,
+// by the check the label checks use.
 func isComposedSet(labels []string, descriptions map[string]string, examples map[string][]string) bool {
 	for _, l := range labels {
-		if !norm.NFC.IsNormalString(l) || !norm.NFC.IsNormalString(descriptions[l]) {
+		if !config.Composed(l) || !config.Composed(descriptions[l]) {
 			return false
 		}
 		for _, ex := range examples[l] {
-			if !norm.NFC.IsNormalString(ex) {
+			if !config.Composed(ex) {
 				return false
 			}
 		}

@@ -364,18 +364,20 @@ func ByLabel[V any](labels []string, m map[string]V) map[string]V {
 	return out
 }
 
-// allComposed reports whether every label and key of m is in composed
-// form (NFC) by the quick check, which costs no allocation; a name it
-// cannot tell about counts as not composed.
+// Composed reports whether s is in composed form (NFC) by the quick
+// check, which costs no allocation; a text it cannot tell about counts
+// as not composed, and composing it gives it back as it is.
+func Composed(s string) bool { return norm.NFC.QuickSpanString(s) == len(s) }
+
+// allComposed reports whether every label and key of m is Composed.
 func allComposed[V any](labels []string, m map[string]V) bool {
-	composed := func(s string) bool { return norm.NFC.QuickSpanString(s) == len(s) }
 	for _, l := range labels {
-		if !composed(l) {
+		if !Composed(l) {
 			return false
 		}
 	}
 	for k := range m {
-		if !composed(k) {
+		if !Composed(k) {
 			return false
 		}
 	}
