@@ -61,41 +61,40 @@ func (x *newestIndex) add(id string) {
 // hide the older ones, so it is made with Older set, which sends the
 // next listing to the walk.
 func (s *Service) updateNewest(ctx context.Context, account string, change func(*newestIndex) bool) error {
-	key := accountToken(account)
 	for {
-		var x newestIndex
-		entry, err := s.newest.Get(ctx, key)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			x.Older = true
-			if !change(&x) {
-				return nil
-			}
-			data, _ := json.Marshal(&x)
-			_, err = s.newest.Create(ctx, key, data)
-			if errors.Is(err, jetstream.ErrKeyExists) {
-				continue
-			}
-		case err != nil:
-			return fmt.Errorf("reading the newest jobs of %s: %w", account, err)
-		default:
-			if json.Unmarshal(entry.Value(), &x) != nil {
-				x = newestIndex{Older: true}
-			}
-			if !change(&x) {
-				return nil
-			}
-			data, _ := json.Marshal(&x)
-			_, err = s.newest.Update(ctx, key, data, entry.Revision())
-			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-				continue
-			}
-		}
+		x, rev, err := s.newestIDs(ctx, account)
 		if err != nil {
-			return fmt.Errorf("writing the newest jobs of %s: %w", account, err)
+			return err
 		}
-		return nil
+		if rev == 0 {
+			x.Older = true
+		}
+		if !change(&x) {
+			return nil
+		}
+		if moved, err := s.storeNewest(ctx, account, x, rev); !moved {
+			return err
+		}
 	}
+}
+
+// storeNewest writes x as account's index over its revision rev (0: there
+// is none yet). moved: another write came first, and nothing was written.
+func (s *Service) storeNewest(ctx context.Context, account string, x newestIndex, rev uint64) (moved bool, err error) {
+	data, _ := json.Marshal(&x)
+	key := accountToken(account)
+	if rev == 0 {
+		_, err = s.newest.Create(ctx, key, data)
+	} else {
+		_, err = s.newest.Update(ctx, key, data, rev)
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("writing the newest jobs of %s: %w", account, err)
+	}
+	return false, nil
 }
 
 // newestIDs is account's index, and its revision (0 when it is missing).
@@ -150,27 +149,18 @@ func (s *Service) rebuildNewest(ctx context.Context, account string, x newestInd
 		slices.Reverse(ids)
 		ids = slices.Compact(ids)
 		next := newestIndex{IDs: ids[:min(len(ids), newestKept)], Older: walked > newestKept}
-		data, _ := json.Marshal(&next)
-		key := accountToken(account)
-		if rev == 0 {
-			_, err = s.newest.Create(ctx, key, data)
-		} else {
-			_, err = s.newest.Update(ctx, key, data, rev)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			if try < 3 {
-				if x, rev, err = s.newestIDs(ctx, account); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			// Jobs made and deleted all along: list what was walked,
-			// and leave the index to the writes that won.
-			return ids, nil
-		}
+		moved, err := s.storeNewest(ctx, account, next, rev)
 		if err != nil {
-			return nil, fmt.Errorf("writing the newest jobs of %s: %w", account, err)
+			return nil, err
 		}
+		if moved && try < 3 {
+			if x, rev, err = s.newestIDs(ctx, account); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// Moved after three tries: jobs made and deleted all along. List
+		// what was walked, and leave the index to the writes that won.
 		return ids, nil
 	}
 }
