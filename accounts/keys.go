@@ -351,13 +351,17 @@ func (s *Service) ListKeys(ctx context.Context, account string) ([]KeyInfo, erro
 		return nil, fmt.Errorf("listing keys of %s: %w", account, err)
 	}
 	keys := s.snap.keysOf(account)
-	slices.SortFunc(keys, func(a, b KeyInfo) int {
-		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(a.KeyID, b.KeyID)
-	})
+	slices.SortFunc(keys, func(a, b KeyInfo) int { return byCreation(&a, &b) })
 	return keys, nil
+}
+
+// byCreation orders keys as they are listed: oldest first, by id within
+// one instant.
+func byCreation(a, b *KeyInfo) int {
+	if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+		return c
+	}
+	return strings.Compare(a.KeyID, b.KeyID)
 }
 
 // ListRecentKeys is the account's keys not revoked, oldest first, then at
@@ -374,12 +378,7 @@ func (s *Service) ListRecentKeys(ctx context.Context, account string, revokedSho
 		return nil, 0, fmt.Errorf("listing keys of %s: %w", account, err)
 	}
 	live, revoked := s.snap.keysOfSplit(account)
-	slices.SortFunc(live, func(a, b *KeyInfo) int {
-		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(a.KeyID, b.KeyID)
-	})
+	slices.SortFunc(live, byCreation)
 	slices.SortFunc(revoked, func(a, b *KeyInfo) int {
 		if c := b.RevokedAt.Compare(*a.RevokedAt); c != 0 {
 			return c
