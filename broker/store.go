@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tollgate/tollgate/internal/loglimit"
 )
 
 // How the embedded server's store is watched. Variables, not constants,
@@ -113,7 +115,7 @@ type storeWatch struct {
 	// The rest belongs to the run goroutine.
 	failing   *StoreWriteError // as last logged; nil while the store writes
 	restarted time.Time        // the last restart; zero before one
-	roomLog   time.Time        // when a restart was last put off for want of room
+	roomLog   loglimit.Limiter // the lines saying a restart was put off for want of room
 }
 
 func startStoreWatch(srv *server.Server, dir string, logf func(string, ...any), reconnect func() error) *storeWatch {
@@ -160,8 +162,7 @@ func (w *storeWatch) check(now time.Time) {
 		return
 	}
 	if err := roomToWrite(w.dir, storeRoomToRestart); err != nil {
-		if now.Sub(w.roomLog) >= 10*time.Minute {
-			w.roomLog = now
+		if ok, _ := w.roomLog.Allow(now, 10*time.Minute); ok {
 			w.logf("nats: JetStream not restarted yet: %v", err)
 		}
 		return
