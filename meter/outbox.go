@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -23,6 +22,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/tollgate/tollgate/internal/utf8cut"
 )
@@ -1406,12 +1406,7 @@ func billableJSON(data []byte) []byte {
 	if !gjson.GetBytes(data, "log").Exists() {
 		return data
 	}
-	var ev Event
-	if err := json.Unmarshal(data, &ev); err != nil {
-		return data
-	}
-	ev.Log = nil
-	out, err := json.Marshal(&ev)
+	out, err := sjson.DeleteBytes(data, "log")
 	if err != nil {
 		return data
 	}

@@ -233,3 +233,17 @@ func TestOutboxSaysWhatIsWrongWithItsAckedFile(t *testing.T) {
 		})
 	}
 }
+
+// An event logged because it could not reach the disk is logged without
+// its request log: a logged request's text never goes into the
+// gateway's own log.
+func TestBillableJSONLeavesTheRequestLogOut(t *testing.T) {
+	data := []byte(`{"id":"evt-1","account":"acme","cost_nanos":"0.000000120","log":{"request":"my secret prompt"}}`)
+	got := string(billableJSON(data))
+	if strings.Contains(got, "secret") || !strings.Contains(got, `"id":"evt-1"`) || !strings.Contains(got, `"cost_nanos":"0.000000120"`) {
+		t.Fatalf("billableJSON = %s; want the event without its log", got)
+	}
+	if plain := `{"id":"evt-2"}`; string(billableJSON([]byte(plain))) != plain {
+		t.Fatalf("an event without a log changed: %s", billableJSON([]byte(plain)))
+	}
+}
