@@ -562,3 +562,41 @@ func TestRefusedRequestCannotForgeLogLines(t *testing.T) {
 		}
 	}
 }
+
+// Refusals such as SignatureDoesNotMatch were one shared value whose
+// RequestId each request overwrote: concurrent refusals raced, and a body
+// could name another request's id than its header.
+func TestConcurrentRefusalsNameTheirOwnRequestID(t *testing.T) {
+	l, _, _ := startLocal(t, LocalOptions{Logf: func(string, ...any) {}})
+	signed, err := l.PresignGet(context.Background(), "k", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := signed[:len(signed)-4] + "0000"
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				resp, err := http.Get(forged)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				var e struct{ Code, RequestId string }
+				if err := xml.Unmarshal(body, &e); err != nil || e.Code != "SignatureDoesNotMatch" {
+					t.Errorf("%d %s: want SignatureDoesNotMatch", resp.StatusCode, body)
+					return
+				}
+				if h := resp.Header.Get("x-amz-request-id"); e.RequestId != h {
+					t.Errorf("the body names request %s, its header %s", e.RequestId, h)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}

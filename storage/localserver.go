@@ -116,7 +116,11 @@ func (l *Local) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		err = &s3Error{Status: http.StatusMethodNotAllowed, Code: "MethodNotAllowed", Message: "The specified method is not allowed against this resource."}
 	}
 	if err != nil {
-		err.RequestID = requestID
+		// The shared refusals (errSignatureMismatch, errInternal…) are
+		// read by concurrent requests: stamp a copy.
+		stamped := *err
+		stamped.RequestID = requestID
+		err = &stamped
 		if r.Method == http.MethodPost {
 			// The rest of a refused upload may be gigabytes, or never
 			// come: hang up instead of reading it.
