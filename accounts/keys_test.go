@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -692,4 +693,40 @@ func forgetKey(s *Service, id string) {
 		s.snap.notRevoked[e.info.Account]--
 	}
 	delete(s.snap.keys, id)
+}
+
+// A full verification cache drops one token for a new one. It was
+// cleared whole, so with more keys in use than it holds most calls after
+// each clear paid a signature check.
+func TestFullVerificationCacheDropsOneToken(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	_, token, err := s.CreateKey(ctx, "acme", KeyRequest{Name: "in use", Scopes: []string{ScopeGenerate}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := s.Verify([]byte(token))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.cacheMu.Lock()
+	for i := len(s.cache); i < maxCacheSize; i++ {
+		s.cache[fmt.Sprintf("tg-other-%d", i)] = k
+	}
+	s.cacheMu.Unlock()
+	_, newcomer, err := s.CreateKey(ctx, "acme", KeyRequest{Name: "new", Scopes: []string{ScopeGenerate}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Verify([]byte(newcomer)); err != nil {
+		t.Fatal(err)
+	}
+	s.cacheMu.RLock()
+	defer s.cacheMu.RUnlock()
+	if len(s.cache) != maxCacheSize || s.cache[newcomer] == nil {
+		t.Errorf("%d tokens cached after a new one joined a full cache (newcomer cached: %v), want %d", len(s.cache), s.cache[newcomer] != nil, maxCacheSize)
+	}
 }
