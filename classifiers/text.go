@@ -64,8 +64,11 @@ func analyze(text string) doc {
 	for i < len(text) {
 		r, size := utf8.DecodeRuneInString(text[i:])
 		if isWordRune(r) {
-			end, parts := scanWord(text, i)
+			end, parts, joined := scanWord(text, i)
 			word := text[i:end]
+			if joined {
+				word = strings.Map(dropJoiner, word)
+			}
 			if !firstLetterSeen {
 				first, _ := utf8.DecodeRuneInString(word)
 				st.startsUpper = unicode.IsUpper(first) || unicode.IsDigit(first)
@@ -260,9 +263,20 @@ func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) 
 // The label checks read words as the engines do: config.LabelKey.
 var isWordMark = config.WordMark
 
-// scanWord returns the end of the word starting at start and how many
-// hyphen-separated parts it has.
-func scanWord(text string, start int) (end, parts int) {
+// Inside a word, the engines skip what config.WordJoiner names.
+var isWordJoiner = config.WordJoiner
+
+func dropJoiner(r rune) rune {
+	if isWordJoiner(r) {
+		return -1
+	}
+	return r
+}
+
+// scanWord returns the end of the word starting at start, how many
+// hyphen-separated parts it has and whether it holds a joiner
+// (isWordJoiner) for the caller to drop.
+func scanWord(text string, start int) (end, parts int, joined bool) {
 	parts = 1
 	i := start
 	for i < len(text) {
@@ -270,6 +284,23 @@ func scanWord(text string, start int) (end, parts int) {
 		if isWordRune(r) || isWordMark(r) {
 			i += size
 			continue
+		}
+		if r >= 0x80 && isWordJoiner(r) {
+			// A run of joiners inside a word; after its end they are
+			// not the word's.
+			j := i + size
+			for j < len(text) {
+				next, nsize := utf8.DecodeRuneInString(text[j:])
+				if !isWordJoiner(next) {
+					break
+				}
+				j += nsize
+			}
+			if next, _ := utf8.DecodeRuneInString(text[j:]); j < len(text) && (isWordRune(next) || isWordMark(next)) {
+				i, joined = j, true
+				continue
+			}
+			break
 		}
 		// An apostrophe or hyphen joins two word characters.
 		if r == '\'' || r == '’' || r == '-' {
@@ -284,7 +315,7 @@ func scanWord(text string, start int) (end, parts int) {
 		}
 		break
 	}
-	return i, parts
+	return i, parts, joined
 }
 
 func (d *doc) addWord(word string, parts int, clause int32) {

@@ -186,3 +186,42 @@ func wholeWordOf(text, word string) bool {
 		i = start + 1
 	}
 }
+
+// TestIssueSoftHyphensLeaveWordsWhole: a soft hyphen or a zero-width
+// joiner inside a word, as text copied from web pages has, ended the
+// word: "I need a re\u00adfund for my or\u00adder" over refund, shipping
+// and other was other at 0.66, and open tags named "ton" and "fari" for
+// "but\u00adton" and "Sa\u200dfari". The engines now read the words
+// whole, as Unicode's word boundaries do; a zero-width space still ends
+// one.
+func TestIssueSoftHyphensLeaveWordsWhole(t *testing.T) {
+	labels := []string{"refund", "shipping", "other"}
+	for _, e := range []Engine{semanticForTest(t), NewLexical()} {
+		plain, err := e.Classify(ctx, ClassifyRequest{Text: "I need a refund for my order", Labels: labels, Mode: ModeSingle})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, text := range []string{"I need a re\u00adfund for my or\u00adder", "I need a re\u200dfund\u00ad for my or\u2060\u00adder"} {
+			res, err := e.Classify(ctx, ClassifyRequest{Text: text, Labels: labels, Mode: ModeSingle})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Label != plain.Label || res.Confidence != plain.Confidence || res.Tie != plain.Tie {
+				t.Errorf("%s: %+q: %s at %v (tie %v), want %s at %v as without the joiners", e.Name(), text, res.Label, res.Confidence, res.Tie, plain.Label, plain.Confidence)
+			}
+		}
+		tags, err := e.Tag(ctx, TagRequest{Text: "The ex\u00adport but\u00adton does nothing on Sa\u200dfari", MaxTags: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tg := range tags.Tags {
+			if tg.Label == "ton" || tg.Label == "fari" || tg.Label == "port" || tg.Label == "ex" {
+				t.Errorf("%s: open tag %q, a piece of a word", e.Name(), tg.Label)
+			}
+		}
+		res, _ := e.Classify(ctx, ClassifyRequest{Text: "re\u200bfund", Labels: []string{"refund", "fund"}, Mode: ModeSingle})
+		if res.Tie || res.Label != "fund" {
+			t.Errorf("%s: re, a zero-width space and fund over refund and fund: %+v, want fund: the space ends a word", e.Name(), res)
+		}
+	}
+}

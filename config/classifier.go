@@ -160,6 +160,8 @@ func LabelKey(l string) string {
 			}
 			inWord = true
 		case inWord && WordMark(r):
+		case inWord && WordJoiner(r):
+			continue
 		default:
 			inWord = false
 			continue
@@ -177,6 +179,17 @@ func LabelKey(l string) string {
 // not a word.
 func WordMark(r rune) bool {
 	return r >= '\u0300' && unicode.In(r, unicode.Mn, unicode.Mc) && !invisible(r)
+}
+
+// WordJoiner reports whether r, inside a word, leaves the word whole and
+// is not part of it: a format character that Unicode's word boundaries
+// skip (UAX #29, rule WB4), such as a soft hyphen, a word joiner, a
+// zero-width joiner or non-joiner or a direction mark, or a variation
+// selector. Read as a break, a soft hyphen copied from a web page cut
+// "re\u00adfund" into "re" and "fund". U+200B ZERO WIDTH SPACE stays a
+// break, as its name and UAX #29 have it.
+func WordJoiner(r rune) bool {
+	return r != '\u200b' && unicode.In(r, unicode.Cf, unicode.Variation_Selector)
 }
 
 // Blank reports whether s is empty or holds only white space and

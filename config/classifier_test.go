@@ -200,6 +200,13 @@ func TestIssueVowelSignsMakeLabelsDistinct(t *testing.T) {
 	if k := LabelKey("\u0301bug"); k != "bug" {
 		t.Errorf("LabelKey of a leading combining mark: %+q", k)
 	}
+	// A soft hyphen or a joiner inside a word leaves it whole; a zero-width
+	// space ends it.
+	for label, want := range map[string]string{"re\u00adfund": "refund", "sa\u200dfari\u00ad now": "safari now", "re\u200bfund": "re fund", "\u00adbug": "bug"} {
+		if k := LabelKey(label); k != want {
+			t.Errorf("LabelKey(%+q) = %+q, want %+q", label, k, want)
+		}
+	}
 }
 
 // TestIssueKeysNameLabelsInEitherUnicodeForm: labels ["café", "tea"]
