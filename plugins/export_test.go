@@ -3,6 +3,7 @@ package plugins
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 // FailEncodingWhen makes a classifier endpoint's answer fail to encode,
@@ -17,4 +18,12 @@ func FailEncodingWhen(t testing.TB, fails func(encoded []byte) bool) {
 		}
 		return b, err
 	}
+}
+
+// LookForMissingVectorsEvery sets how often calls look again for a
+// missing vectors file, until the test ends.
+func LookForMissingVectorsEvery(t testing.TB, d time.Duration) {
+	old := missingVectorsRetry
+	t.Cleanup(func() { missingVectorsRetry = old })
+	missingVectorsRetry = d
 }

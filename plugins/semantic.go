@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"log"
 	"sync"
+	"time"
 
 	"github.com/tollgate/tollgate/classifiers"
 )
@@ -15,9 +16,10 @@ const engineSemantic = classifiers.EngineSemantic
 // one server has named (usually one, for the life of the server): a
 // reload that names another file loads it on first use. A file that
 // cannot be loaded is remembered until the next reload, so the warning is
-// logged once, not per request, and an admin who installs the file and
+// logged once, not per request, and an admin who fixes the file and
 // reloads the config (or names a good one) gets semantic back without a
-// restart. A file once loaded stays loaded, its private copy mapped, for
+// restart; a missing file is looked for again by the first call at least
+// missingVectorsRetry after the last look, so installing it is enough. A file once loaded stays loaded, its private copy mapped, for
 // the life of the process: requests in flight may still read it, and a change
 // to the file on disk reaches neither them nor later requests.
 type vectorSet struct {
@@ -33,7 +35,16 @@ func newVectorSet() *vectorSet {
 type semanticLoad struct {
 	engine classifiers.Engine // nil when the file could not be loaded
 	err    error
+	// missingAt is when the file was found missing (zero otherwise).
+	missingAt time.Time
 }
+
+// missingVectorsRetry is how often calls look again for a missing vectors
+// file. An install writes beside it and renames, so the file found is
+// whole. Saving gateway.yaml unchanged reloads nothing (config.Watcher
+// reads only new content), and a file installed after start stayed
+// unused until the config was edited or SIGHUP sent.
+var missingVectorsRetry = 5 * time.Second
 
 // forgetFailures makes the next use of a file that could not be loaded
 // try again.
@@ -52,14 +63,20 @@ func (v *vectorSet) forgetFailures() {
 func (v *vectorSet) engine(path string) (classifiers.Engine, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if l, ok := v.byPath[path]; ok {
-		return l.engine, l.err
+	prev, seen := v.byPath[path]
+	if seen && (prev.missingAt.IsZero() || time.Since(prev.missingAt) < missingVectorsRetry) {
+		return prev.engine, prev.err
 	}
 	var l semanticLoad
 	vec, err := classifiers.LoadVectors(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		l.err = errors.New("the vectors file " + path + " is missing: run scripts/vectors.sh install (make run and make test do)")
+		l.missingAt = time.Now()
+		if seen && !prev.missingAt.IsZero() {
+			v.byPath[path] = l // still missing: said already
+			return nil, l.err
+		}
 	case errors.Is(err, classifiers.ErrVectorsCorrupt):
 		// err names the file and the fix already; said once each.
 		l.err = errors.New("the vectors file " + path + " is corrupt or truncated: run scripts/vectors.sh install again")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/testutil"
+	"github.com/tollgate/tollgate/plugins"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -85,6 +86,43 @@ func TestSemanticWithoutVectors(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The vectors installed after the gateway started were not used until
+// the config was edited or SIGHUP sent: saving gateway.yaml unchanged
+// reloads nothing. A missing file is looked for again by the calls.
+func TestSemanticVectorsInstalledAfterStartAreUsedWithoutAReload(t *testing.T) {
+	plugins.LookForMissingVectorsEvery(t, 200*time.Millisecond)
+	missing := filepath.Join(t.TempDir(), "none.tgv")
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, logf: logf})
+	body := `{"text": "My parcel has not arrived yet.", "labels": ["billing", "shipping"]}`
+	for range 3 {
+		if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "lexical" {
+			t.Fatalf("engine semantic without vectors: %v", m)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err := os.Symlink(vectorsPath(t), missing); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "semantic" {
+			return fmt.Errorf("with the vectors installed and no reload, engine %v, want semantic", m["engine"])
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if n := strings.Count(strings.Join(logged, "\n"), "semantic engine unavailable"); n != 1 {
+		t.Errorf("the missing file was said %d times, want once:\n%s", n, strings.Join(logged, "\n"))
+	}
 }
 
 // A corrupt vectors file is said once, with the fix once: the message
