@@ -1214,6 +1214,15 @@ func TestReloadingTheKeyCreatedPageMakesNoSecondKey(t *testing.T) {
 			t.Errorf("the form sent again shows the key's secret again: %s", page)
 		}
 	}
+	// Deleted since, the key is not to be deleted again: the page said to.
+	if _, err := g.svc.RevokeKey(t.Context(), key.ID); err != nil {
+		t.Fatal(err)
+	}
+	resp = b.post("/console/keys", form)
+	page = string(readAll(t, resp))
+	if resp.StatusCode != 409 || !strings.Contains(page, "has been deleted since") || strings.Contains(page, "delete it") || strings.Contains(page, "/console/keys/revoke") {
+		t.Errorf("the form of a deleted key sent again: %d %s; want it said deleted, with no advice to delete it", resp.StatusCode, page)
+	}
 
 	// A double click: the same form sent several times at once.
 	clicked := b.keyForm(url.Values{"name": {"clicked"}, "scopes": {"generate"}})
