@@ -268,7 +268,6 @@ func (s *Service) deleteJob(ctx context.Context, account, id string, onlyRev uin
 		if err != nil {
 			return fmt.Errorf("deleting job %s: %w", id, err)
 		}
-		s.dropTombstone(ctx, jobKey(account, id))
 		s.removeNewest(ctx, account, id)
 		s.unmarkPending(ctx, account, id)
 		s.release(ctx, account, id)
@@ -277,12 +276,15 @@ func (s *Service) deleteJob(ctx context.Context, account, id string, onlyRev uin
 }
 
 // dropTombstone removes the delete marker a KV delete leaves of the job
-// under key. Nothing watches the job records, so nothing needs it, and
-// every listing of the account walked over it: 10,000 of them took an
-// account's GET /v1/batch of 100 jobs from 3 ms to 35 ms. The delete
-// before it compared the revision; after it, only a KV create could
-// write the key again, and job ids are never made twice. A marker left
-// by a purge that failed is the retention reaper's (reapFinished).
+// under key, once the job has been deleted a batch.job_retention
+// (reapFinished). A delete keeps it until then: the marker is what says
+// the job is gone. The record's earlier writes were removed by the
+// bucket's history limit, which nats-server notes only in the stream
+// state it writes every 2-2.5 minutes; purging the marker at once left
+// nothing on disk newer than them, and a server killed before its next
+// state rebuilt the stream from its files with the last record back,
+// marked as being deleted. Listings read the index of the newest jobs,
+// so the markers cost only the walk that builds it.
 func (s *Service) dropTombstone(ctx context.Context, key string) {
 	if err := s.jobsLog.Purge(ctx, jetstream.WithPurgeSubject(jobSubjectPrefix+key)); err != nil {
 		s.logf("batch: job %s is deleted, but its tombstone stays until the reaper's: %v", key, err)

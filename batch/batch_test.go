@@ -935,32 +935,43 @@ func TestListIsNewestFirstCappedAndPerAccount(t *testing.T) {
 	}
 }
 
-// TestDeletedJobLeavesNoTombstone: a KV delete leaves a marker of the
-// job, which every listing of the account walked over (10,000 of them
-// took a list of 100 jobs from 3 ms to 35 ms), and nothing ever removed.
-// A deleted job leaves nothing in the job records.
-func TestDeletedJobLeavesNoTombstone(t *testing.T) {
+// TestDeletedJobsTombstoneGoesAfterRetention: a KV delete leaves a
+// marker of the job, which nothing ever removed. A delete keeps it (it
+// is what keeps the job deleted across a crash,
+// TestDeletedJobStaysDeletedAfterACrash) until the job has been deleted
+// a batch.job_retention, and the reaper removes it then.
+func TestDeletedJobsTombstoneGoesAfterRetention(t *testing.T) {
+	const retention = 2 * time.Second
 	e := newEnv(t, envOptions{})
-	svc := e.service(0, batch.Tuning{})
-	kept := e.create(svc, "acme", nil, "")
+	svc := e.service(0, batch.Tuning{JobRetention: retention, ReapEvery: time.Hour})
+	kept := e.create(svc, "acme", inputLines(3, 0), "")
 	for range 5 {
 		if err := svc.Delete(e.ctx, "acme", e.create(svc, "acme", nil, "")); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if jobs, err := svc.List(e.ctx, "acme"); err != nil || len(jobs) != 1 || jobs[0].ID != kept {
+		t.Errorf("list: %v, %v; want the kept job", jobs, err)
+	}
 	st, err := e.broker.JetStream().Stream(e.ctx, "KV_"+batch.JobsBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(e.ctx, jetstream.WithSubjectFilter("$KV."+batch.JobsBucket+".acme.*"))
-	if err != nil {
-		t.Fatal(err)
+	records := func() map[string]uint64 {
+		t.Helper()
+		info, err := st.Info(e.ctx, jetstream.WithSubjectFilter("$KV."+batch.JobsBucket+".acme.*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects
 	}
-	if want := "$KV." + batch.JobsBucket + ".acme." + kept; len(info.State.Subjects) != 1 || info.State.Subjects[want] != 1 {
-		t.Errorf("the job records of acme hold %v; want the kept job's record alone", info.State.Subjects)
+	if held := records(); len(held) != 6 {
+		t.Errorf("the job records of acme hold %v; want the kept job's record and 5 tombstones", held)
 	}
-	if jobs, err := svc.List(e.ctx, "acme"); err != nil || len(jobs) != 1 || jobs[0].ID != kept {
-		t.Errorf("list: %v, %v; want the kept job", jobs, err)
+	time.Sleep(retention + time.Second/2)
+	svc.ReapOnce(e.ctx)
+	if held, want := records(), "$KV."+batch.JobsBucket+".acme."+kept; len(held) != 1 || held[want] != 1 {
+		t.Errorf("the job records of acme, a retention after the deletes, hold %v; want the kept job's record alone", held)
 	}
 }
 

@@ -20,7 +20,7 @@ import (
 // near the end of its time (keepForLink). What a sweep passes over and
 // leaves, pending and processing jobs, is not read again by this
 // process: starting, running, ending or deleting a job writes its record
-// anew, at the stream's end, or removes it.
+// anew, or its tombstone, at the stream's end.
 
 // sweep is the retention reaper's state in one process.
 type sweep struct {
@@ -63,9 +63,8 @@ func (s *Service) keepForLink(ctx context.Context, entry jetstream.KeyValueEntry
 }
 
 // reapFinished deletes the jobs that ended, or whose DELETE failed, more
-// than the retention ago, with their files, and the tombstones of deleted
-// jobs as old (a delete whose purge failed, or one of a release that left
-// them).
+// than the retention ago, with their files, and the tombstones of jobs
+// deleted as long ago (dropTombstone says why a delete leaves one).
 func (s *Service) reapFinished(ctx context.Context) {
 	s.swept.mu.Lock()
 	defer s.swept.mu.Unlock()
