@@ -141,35 +141,47 @@ func (s *Service) List(ctx context.Context, account string) ([]*Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	jobs, err := s.loadJobs(ctx, account, x.IDs)
-	if err != nil || len(jobs) == listLength || (rev != 0 && !x.Older) {
-		return jobs, err
+	jobs, missing, err := s.loadJobs(ctx, account, x.IDs)
+	if err != nil {
+		return nil, err
 	}
+	if len(jobs) == listLength || (rev != 0 && !x.Older) {
+		if len(missing) > 0 {
+			s.dropMissing(ctx, account, missing)
+		}
+		return jobs, nil
+	}
+	// The walk leaves the missing ids out of the index it writes.
 	ids, err := s.rebuildNewest(ctx, account, x, rev)
 	if err != nil {
 		return nil, err
 	}
-	return s.loadJobs(ctx, account, ids)
+	jobs, _, err = s.loadJobs(ctx, account, ids)
+	return jobs, err
 }
 
 // loadJobs loads up to listLength of account's jobs ids names, in their
-// order, skipping those deleted.
-func (s *Service) loadJobs(ctx context.Context, account string, ids []string) ([]*Job, error) {
-	jobs := make([]*Job, 0, listLength)
+// order, skipping those deleted; missing are the ids skipped that are
+// too old to be jobs whose record is being written.
+func (s *Service) loadJobs(ctx context.Context, account string, ids []string) (jobs []*Job, missing []string, err error) {
+	jobs = make([]*Job, 0, listLength)
 	for _, id := range ids {
 		if len(jobs) == listLength {
 			break
 		}
 		j, _, err := s.load(ctx, account, id)
 		if errors.Is(err, ErrNotFound) {
-			continue // deleted since it was indexed
+			if !s.mayBeUnwritten(id) {
+				missing = append(missing, id)
+			}
+			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		jobs = append(jobs, j)
 	}
-	return jobs, nil
+	return jobs, missing, nil
 }
 
 // Results returns a download URL of a completed job's results and when it

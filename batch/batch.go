@@ -206,6 +206,9 @@ type tuning struct {
 	// jobRetention, when set, stands for batch.job_retention, which
 	// cannot be under an hour.
 	jobRetention time.Duration
+	// unwrittenFor: an indexed id whose record is missing is taken for a
+	// job being created while the id is this young (newest.go).
+	unwrittenFor time.Duration
 }
 
 const (
@@ -323,6 +326,7 @@ func (t *tuning) defaults(ackWait time.Duration) {
 	def(&t.reapEvery, time.Minute)
 	def(&t.abandonedAfter, AbandonedAfter)
 	def(&t.retryBackoff, time.Second)
+	def(&t.unwrittenFor, 10*time.Second)
 	if t.retries <= 0 {
 		t.retries = 5
 	}

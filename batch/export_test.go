@@ -9,7 +9,7 @@ import (
 // kill a worker at a named point (see Service.at).
 type Tuning struct {
 	StartGrace, Heartbeat, CheckpointAge, StaleAfter, ReapEvery, RetryBackoff time.Duration
-	AbandonedAfter, JobRetention                                              time.Duration
+	AbandonedAfter, JobRetention, UnwrittenFor                                time.Duration
 	Retries, MaxAttempts                                                      int
 	Hook                                                                      func(point string) bool
 }
@@ -18,7 +18,8 @@ type Tuning struct {
 func WithTuning(o Options, t Tuning) Options {
 	o.tuning = tuning{startGrace: t.StartGrace, heartbeat: t.Heartbeat, checkpointAge: t.CheckpointAge,
 		staleAfter: t.StaleAfter, reapEvery: t.ReapEvery, retryBackoff: t.RetryBackoff, abandonedAfter: t.AbandonedAfter, jobRetention: t.JobRetention,
-		retries: t.Retries, maxAttempts: t.MaxAttempts, hook: t.Hook}
+		unwrittenFor: t.UnwrittenFor,
+		retries:      t.Retries, maxAttempts: t.MaxAttempts, hook: t.Hook}
 	return o
 }
 

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -20,11 +22,14 @@ import (
 //
 // Job ids are UUIDv7, so their order is the order jobs were created in. A
 // job's id enters the index before its record is written and leaves it
-// after its record is deleted, each with a compare-and-set; an id whose
-// record is missing (a process that died in between) is skipped when
-// listed. An index that is missing (jobs made by a release before this
-// one), or that no longer names listLength jobs while older ones exist,
-// is rebuilt from the walk, once.
+// after its record is deleted, each with a compare-and-set. An id whose
+// record is missing is skipped when listed, and taken out of the index
+// unless it is young enough to be a job whose record is being written
+// (tuning.unwrittenFor, from the time in the id): a process died in
+// between, or a gateway that does not keep the index (the release
+// before, in a mixed fleet) deleted the job. An index that is missing
+// (jobs made by a release before this one), or that no longer names
+// listLength jobs while older ones exist, is rebuilt from the walk, once.
 const (
 	// NewestBucket holds, per account, the ids of its newest jobs.
 	NewestBucket = "TOLLGATE_BATCH_NEWEST"
@@ -133,15 +138,16 @@ func (s *Service) rebuildNewest(ctx context.Context, account string, x newestInd
 			return nil, err
 		}
 		walked := len(ids)
-		// Only ids newer than every walked one can be jobs whose record
-		// is not written yet; an older id the walk did not see names a
-		// job that is gone.
+		// Only young ids newer than every walked one can be jobs whose
+		// record is not written yet; any other id the walk did not see
+		// names a job that is gone. Kept for good, the ids of the newest
+		// jobs deleted elsewhere hid the older jobs from every listing.
 		newestWalked := ""
 		if walked > 0 {
 			newestWalked = slices.Max(ids)
 		}
 		for _, id := range x.IDs {
-			if id > newestWalked {
+			if id > newestWalked && s.mayBeUnwritten(id) {
 				ids = append(ids, id)
 			}
 		}
@@ -162,6 +168,31 @@ func (s *Service) rebuildNewest(ctx context.Context, account string, x newestInd
 		// Moved after three tries: jobs made and deleted all along. List
 		// what was walked, and leave the index to the writes that won.
 		return ids, nil
+	}
+}
+
+// mayBeUnwritten says whether id, indexed and without a record, may be a
+// job whose record is still being written: its id was made less than
+// unwrittenFor ago (Create indexes it first, within milliseconds).
+func (s *Service) mayBeUnwritten(id string) bool {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return false
+	}
+	sec, nsec := u.Time().UnixTime()
+	return time.Since(time.Unix(sec, nsec)) < s.t.unwrittenFor
+}
+
+// dropMissing takes out of account's index the ids a listing found
+// without a record and too old to be jobs being written.
+func (s *Service) dropMissing(ctx context.Context, account string, missing []string) {
+	err := s.updateNewest(ctx, account, func(x *newestIndex) bool {
+		n := len(x.IDs)
+		x.IDs = slices.DeleteFunc(x.IDs, func(id string) bool { return slices.Contains(missing, id) })
+		return len(x.IDs) < n
+	})
+	if err != nil {
+		s.logf("batch: jobs %v of %s are gone, but stay in the newest jobs' index: %v", missing, account, err)
 	}
 }
 

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/broker"
@@ -104,5 +106,84 @@ func TestListReadsTheNewestJobsNotAll(t *testing.T) {
 	wantNewest(ids)
 	if read := listedReading(ids); read > 40 {
 		t.Errorf("a listing after the index was built again read %d messages; want about 20", read)
+	}
+}
+
+// TestIndexOfJobsDeletedElsewhereHealsItself: jobs deleted through a
+// gateway that does not keep the index (the release before it, beside
+// this one) stayed in it. The listing that walked, the index naming no
+// job left, kept them as jobs whose record was not written yet, and
+// said no older job exists: every later listing answered none of the 5
+// jobs left. An id whose record is missing is taken for one being
+// written only while it is young (Tuning.UnwrittenFor).
+func TestIndexOfJobsDeletedElsewhereHealsItself(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{UnwrittenFor: 100 * time.Millisecond})
+	var ids []string
+	for range 45 {
+		ids = append(ids, e.create(svc, "acme", nil, ""))
+	}
+	if jobs, err := svc.List(e.ctx, "acme"); err != nil || len(jobs) != 20 {
+		t.Fatalf("list: %d jobs, %v", len(jobs), err)
+	}
+	// As the release before this one deletes a job: its record and
+	// tombstone go, its id stays in the index.
+	st, err := e.broker.JetStream().Stream(e.ctx, "KV_"+batch.JobsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids[5:] {
+		if err := st.Purge(e.ctx, jetstream.WithPurgeSubject("$KV."+batch.JobsBucket+"."+batch.JobKey("acme", id))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	want := slices.Clone(ids[:5])
+	slices.Reverse(want)
+	for i := range 3 {
+		jobs, err := svc.List(e.ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, j := range jobs {
+			got = append(got, j.ID)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("listing %d after the deletes: %v,\nwant %v", i+1, got, want)
+		}
+	}
+	entry, err := e.kv(batch.NewestBucket).Get(e.ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var index struct{ IDs []string }
+	if err := json.Unmarshal(entry.Value(), &index); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(index.IDs, want) {
+		t.Errorf("the index names %v; want the 5 jobs left", index.IDs)
+	}
+
+	// A missing id found by a listing that needs no walk leaves too.
+	more := []string{}
+	for range 25 {
+		more = append(more, e.create(svc, "acme", nil, ""))
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := st.Purge(e.ctx, jetstream.WithPurgeSubject("$KV."+batch.JobsBucket+"."+batch.JobKey("acme", more[24]))); err != nil {
+		t.Fatal(err)
+	}
+	if jobs, err := svc.List(e.ctx, "acme"); err != nil || len(jobs) != 20 || jobs[0].ID != more[23] {
+		t.Fatalf("list: %d jobs, %v", len(jobs), err)
+	}
+	if entry, err = e.kv(batch.NewestBucket).Get(e.ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(entry.Value(), &index); err != nil {
+		t.Fatal(err)
+	}
+	if len(index.IDs) != 29 || slices.Contains(index.IDs, more[24]) {
+		t.Errorf("the index names %d ids (the deleted one: %v); want the 29 jobs left", len(index.IDs), slices.Contains(index.IDs, more[24]))
 	}
 }
