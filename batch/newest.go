@@ -211,3 +211,29 @@ func (s *Service) removeNewest(ctx context.Context, account, id string) {
 		s.logf("batch: job %s of %s is deleted, but stays in the newest jobs' index: %v", id, account, err)
 	}
 }
+
+// ForgetNewest deletes every account's index of its newest jobs, so that
+// the next listing of each account builds it again from its job keys
+// (`tollgate batch reindex`), and returns how many it deleted. Jobs
+// created through a gateway that does not keep the index (the release
+// before this one, beside it or after a rollback) are missing from it,
+// and nothing cheap tells a listing of an index that names fewer than
+// listLength jobs that the account has others. A create meanwhile finds
+// no index and makes one that sends the next listing to the walk.
+func ForgetNewest(ctx context.Context, js jetstream.JetStream) (int, error) {
+	stream, err := js.Stream(ctx, "KV_"+NewestBucket)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("opening %s: %w", NewestBucket, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", NewestBucket, err)
+	}
+	if err := stream.Purge(ctx); err != nil {
+		return 0, fmt.Errorf("deleting the indexes in %s: %w", NewestBucket, err)
+	}
+	return int(info.State.NumSubjects), nil
+}

@@ -187,3 +187,63 @@ func TestIndexOfJobsDeletedElsewhereHealsItself(t *testing.T) {
 		t.Errorf("the index names %d ids (the deleted one: %v); want the 29 jobs left", len(index.IDs), slices.Contains(index.IDs, more[24]))
 	}
 }
+
+// TestForgetNewestListsJobsMadeWithoutTheIndex: jobs created through a
+// gateway that does not keep the index (the release before, in a mixed
+// fleet or after a rollback) were never listed by an account whose
+// index names fewer than 20 jobs, though GET /v1/batch/{id} found them.
+// Nothing cheap tells a listing of them; ForgetNewest (`tollgate batch
+// reindex`) has every account's next listing build its index again.
+func TestForgetNewestListsJobsMadeWithoutTheIndex(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	svc := e.service(0, batch.Tuning{})
+	var ids []string
+	for range 3 {
+		ids = append(ids, e.create(svc, "acme", nil, ""))
+	}
+	e.create(svc, "other", nil, "")
+	listed := func(account string) []string {
+		t.Helper()
+		jobs, err := svc.List(e.ctx, account)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, j := range jobs {
+			got = append(got, j.ID)
+		}
+		return got
+	}
+	listed("acme")
+	// As the release before this one creates a job: its record alone.
+	entry, err := e.kv(batch.JobsBucket).Get(e.ctx, "acme."+ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(entry.Value(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	unindexed := uuid.Must(uuid.NewV7()).String()
+	rec["id"] = unindexed
+	data, _ := json.Marshal(rec)
+	if _, err := e.kv(batch.JobsBucket).Create(e.ctx, "acme."+unindexed, data); err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, unindexed)
+	if got := listed("acme"); slices.Contains(got, unindexed) {
+		t.Logf("listed the job made without the index before the repair: %v", got)
+	}
+	forgotten, err := batch.ForgetNewest(e.ctx, e.broker.JetStream())
+	if err != nil || forgotten != 2 {
+		t.Fatalf("ForgetNewest: %d accounts, %v; want acme's and other's indexes", forgotten, err)
+	}
+	want := slices.Clone(ids)
+	slices.Reverse(want)
+	if got := listed("acme"); !slices.Equal(got, want) {
+		t.Fatalf("listed %v after the repair,\nwant %v", got, want)
+	}
+	if got := listed("other"); len(got) != 1 {
+		t.Fatalf("listed %v of the other account after the repair", got)
+	}
+}

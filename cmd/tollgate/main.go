@@ -5,6 +5,7 @@
 //	                               billing consumer when clickhouse.consume_in_serve
 //	tollgate billing               run the billing consumer alone (JetStream -> ClickHouse, debits)
 //	tollgate worker                run batch jobs alone, beside the gateways (storage.backend s3)
+//	tollgate batch reindex [FILE]  have every account's next GET /v1/batch rebuild its index of newest jobs
 //	tollgate migrate               apply the ClickHouse migrations of billing/schema
 //	tollgate finance [QUERY k=v…]  run a finance query of billing/schema/queries.sql
 //	tollgate config check [FILE]   validate gateway.yaml, printing every error with its line
@@ -14,7 +15,8 @@
 //	tollgate keys …                manage API keys through the admin API
 //	tollgate version
 //
-// The commands live in serve.go, billing.go (billing, migrate), worker.go,
+// The commands live in serve.go, billing.go (billing, migrate), worker.go
+// (worker, batch),
 // finance.go and admincli.go (accounts, keys, config check and get); the packages
 // they start are in the README's layout table.
 package main
@@ -33,6 +35,9 @@ commands:
   serve                  run the gateway (reads $TOLLGATE_CONFIG, default ./gateway.yaml)
   billing                run the billing consumer (JetStream -> ClickHouse)
   worker                 run batch jobs only (storage.backend s3), beside the gateways
+  batch reindex [FILE]   have every account's next GET /v1/batch rebuild its index of
+                         newest jobs from its job records (once every gateway runs this
+                         release, and after a rollback); needs the gateways' NATS
   migrate                apply ClickHouse migrations
   finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY, or help: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
@@ -73,6 +78,8 @@ func main() {
 		err = runServe(args)
 	case "worker":
 		err = runWorker(args)
+	case "batch":
+		err = runBatch(args)
 	case "billing":
 		err = runBilling(args)
 	case "migrate":

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/tollgate/tollgate/batch"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/plugins"
@@ -87,4 +88,36 @@ func runWorker(args []string) error {
 	go config.NewWatcher(path, cfg, srv.Apply, logf).RunOn(ctx, hup)
 	logf("tollgate %s batch worker (config %s, NATS %s, %d jobs at a time)", version(), path, b.ClientURL(), cfg.Batch.MaxJobs)
 	return jobs.svc.RunWorker(ctx)
+}
+
+// runBatch is `tollgate batch reindex [FILE]`: it deletes every account's
+// index of its newest jobs (batch.ForgetNewest), which the next listing
+// of each account builds again from its job records. A gateway of the
+// release before this one creates jobs without indexing them, and a
+// listing cannot tell cheaply that an account has such jobs.
+func runBatch(args []string) error {
+	if len(args) == 0 || args[0] != "reindex" {
+		return errors.New("usage: tollgate batch reindex [FILE]: have every account's next GET /v1/batch rebuild its index of newest jobs")
+	}
+	path, err := configArg(args[1:])
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return fmt.Errorf("loading %s:\n%w", path, err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	b, err := connectNATS(ctx, cfg, nil)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	forgotten, err := batch.ForgetNewest(ctx, b.JetStream())
+	if err != nil {
+		return err
+	}
+	fmt.Printf("deleted the index of newest batch jobs of %d accounts: the next GET /v1/batch of each rebuilds it\n", forgotten)
+	return nil
 }
