@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -227,6 +228,15 @@ func startBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, s
 }
 
 func listBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, svc *batch.Service) {
+	// limit, after and order (OpenAI's list parameters) were taken and
+	// ignored: a caller asking for 50, or the page after a job, got the
+	// same 20 newest and no word of it.
+	if q := ctx.URI().QueryString(); len(q) > 0 {
+		name, _, _ := strings.Cut(string(q), "=")
+		name, _, _ = strings.Cut(name, "&")
+		proxy.WriteError(ctx, proxy.BadRequest(name, "GET /v1/batch takes no query parameters (this one has "+strconv.Quote(name)+"): it lists your 20 newest jobs, newest first; GET /v1/batch/{job_id} reads any job"))
+		return
+	}
 	jobs, err := svc.List(c, call.Key.Account)
 	if err != nil {
 		writeBatchError(ctx, call, err)

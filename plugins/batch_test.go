@@ -610,6 +610,15 @@ func TestBatchListNewestFirst(t *testing.T) {
 			t.Fatalf("list item fields %v, want the spec's five", keys)
 		}
 	}
+	// OpenAI's list parameters were taken and ignored: 20 jobs for
+	// limit=2, the same 20 for the page after one.
+	for _, q := range []string{"limit=2", "after=" + ids[5] + "&limit=2", "order=asc"} {
+		name, _, _ := strings.Cut(q, "=")
+		r := h.call("GET", "/v1/batch?"+q, h.key, "")
+		if r.status != 400 || !strings.Contains(string(r.body), `"param":"`+name+`"`) || !strings.Contains(string(r.body), "20 newest jobs") {
+			t.Errorf("GET /v1/batch?%s: %s; want a 400 naming %s", q, r, name)
+		}
+	}
 }
 
 func TestBatchRequestValidation(t *testing.T) {
