@@ -2,6 +2,7 @@ package classifiers
 
 import (
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -210,6 +211,21 @@ func sortScores(s []LabelScore) {
 // confidences by label (byte order): the result does not depend on the
 // order the caller listed the labels in. The lexical engine's ties come
 // from the words alone, so the caller's order must not break them.
+// inOneOrder returns labels sorted (labels itself when it is): the
+// engines read a label set in one order, whatever the caller's. A set's
+// centring and a softmax sum in the order the labels come, and float
+// sums in another order moved a confidence in its fourth decimal, enough
+// to cross a threshold or break a tie; the compiled set is cached once,
+// not once per order.
+func inOneOrder(labels []string) []string {
+	if slices.IsSorted(labels) {
+		return labels
+	}
+	sorted := slices.Clone(labels)
+	slices.Sort(sorted)
+	return sorted
+}
+
 func sortScoresByLabel(s []LabelScore) {
 	sort.Slice(s, func(i, j int) bool {
 		if s[i].Confidence != s[j].Confidence {

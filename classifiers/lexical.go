@@ -80,6 +80,7 @@ func (e lexical) Classify(ctx context.Context, req ClassifyRequest) (ClassifyRes
 	if len(req.Labels) == 0 {
 		return res, ErrNoLabels
 	}
+	req.Labels = inOneOrder(req.Labels)
 	ls := compileLabels(req.Labels, req.Descriptions, req.Examples)
 	raw := composed(req.Text)
 	text := analyzeFor(raw, ls.literal)
@@ -298,6 +299,7 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 		return res, nil
 	}
 	threshold := req.Threshold
+	req.Tags = inOneOrder(req.Tags)
 	ls := compileLabels(req.Tags, nil, nil)
 	readLiterally(text.terms, ls.literal)
 	textBag := bagOf(text.terms)

@@ -81,6 +81,7 @@ func (e *semantic) Classify(ctx context.Context, req ClassifyRequest) (ClassifyR
 	if len(req.Labels) == 0 {
 		return res, ErrNoLabels
 	}
+	req.Labels = inOneOrder(req.Labels)
 	sl := e.compileLabels(req.Labels, req.Descriptions, req.Examples)
 	raw := composed(req.Text)
 	text := analyzeFor(raw, sl.lex.literal)
@@ -561,6 +562,7 @@ func (e *semantic) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 		maxTags = 5
 	}
 	threshold := req.Threshold
+	req.Tags = inOneOrder(req.Tags)
 	sl := e.compileLabels(req.Tags, nil, nil)
 	raw := composed(req.Text)
 	text := analyzeFor(raw, sl.lex.literal)
