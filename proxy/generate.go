@@ -403,6 +403,10 @@ type generationCall struct {
 	// refusedInterim: refusedUsage is an interim report (interimUsage),
 	// which a believed report after it makes no refusal to count.
 	refusedInterim bool
+	// promptTokens is the tokenizer's count of the prompt, once
+	// promptCounted (see countedPrompt).
+	promptTokens  int64
+	promptCounted bool
 	// keyRevoked: the stream was ended because its key was revoked
 	// (EndStreamsOfKey, addStream), not by its upstream.
 	keyRevoked atomic.Bool
@@ -606,10 +610,17 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 			c.rememberItems(gjson.Get(bstr(body), "output"))
 		}
 	}
+	collected := false
 	if u := gjson.Get(bstr(body), "usage"); u.IsObject() {
+		if reportsNoCompletion(u, c.ep == endpointResponses) {
+			// A report of no output is checked against the answer's
+			// text (contradictedUsage); believed, it drops the text.
+			c.collectWholeText(body)
+			collected = true
+		}
 		c.setUsage(u)
 	}
-	if !c.haveUsage { // none, or none to believe: the answer's text is counted
+	if !c.haveUsage && !collected { // none, or none to believe: the answer's text is counted
 		c.collectWholeText(body)
 	}
 	if c.logging.Enabled {

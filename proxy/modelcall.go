@@ -12,7 +12,6 @@ import (
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/internal/utf8cut"
 	"github.com/tollgate/tollgate/meter"
-	"github.com/tollgate/tollgate/tokens"
 )
 
 // ErrModelUnavailable wraps every failure of CallModel that is not the
@@ -214,15 +213,29 @@ func (s *Server) CheckBalance(w *World, call *Call) *APIError {
 // The engines billed whatever came: a reported 4e18 prompt tokens cost 8
 // USD a call (clamped to 100 million), a missing report nothing.
 func (c *generationCall) engineUsage(reqBody, respBody []byte) catalog.Usage {
+	c.reqBody = &reqBody // for countedPrompt
+	collected := false
 	if u := gjson.GetBytes(respBody, "usage"); u.IsObject() {
-		if usage, refused := believedUsage(u, false); refused == "" {
+		usage, refused := believedUsage(u, false)
+		if refused == "" && usage.CompletionTokens == 0 {
+			// A report of no output is checked against the answer's
+			// text (contradictedUsage), as a client's call is.
+			c.collectWholeText(respBody)
+			collected = true
+		}
+		if refused == "" {
+			refused, _ = c.contradictedUsage(usage)
+		}
+		if refused == "" {
 			return usage
 		}
 		c.upstream.health.usageRefused.Add(1)
 	}
-	c.collectWholeText(respBody)
+	if !collected {
+		c.collectWholeText(respBody)
+	}
 	return catalog.Usage{
-		PromptTokens:     int64(tokens.Count(promptText(reqBody, endpointChat))),
+		PromptTokens:     c.countedPrompt(),
 		CompletionTokens: c.completionEstimate(),
 		Estimated:        true,
 	}

@@ -38,12 +38,19 @@ const maxEstimateText = 4 << 20
 // A report out of range is not believed: the call is billed on the
 // report in range before or after it, or, with none, on the tokenizer's
 // estimate, as if the upstream had sent none. A bad report is no later
-// word on the usage than a good one.
+// word on the usage than a good one. So is a zero the call contradicts
+// (contradictedUsage).
 func (c *generationCall) setUsage(u gjson.Result) bool {
 	responses := c.ep == endpointResponses
 	usage, refused := believedUsage(u, responses)
+	zeroOutput := false
+	if refused == "" {
+		refused, zeroOutput = c.contradictedUsage(usage)
+	}
 	if refused != "" {
-		interim := interimUsage(u, responses)
+		// A report of no output after output may be an interim one too,
+		// its count not yet updated: a later one may count it.
+		interim := zeroOutput || interimUsage(u, responses)
 		// Once a call: a stream may repeat it in every chunk. A report
 		// worse than an interim one takes its place.
 		if c.refusedUsage == "" || c.refusedInterim && !interim {
@@ -113,6 +120,41 @@ func believedUsage(u gjson.Result, responses bool) (catalog.Usage, string) {
 		return usage, "out of range"
 	}
 	return usage, ""
+}
+
+// contradictedUsage says why a report in range is not believed all the
+// same ("" when it is): 0 prompt tokens for a request with a prompt, or 0
+// completion tokens when output was relayed before the report (its text
+// kept since the last report, or counted by that report), which
+// zeroOutput tells apart. Believed, such a report billed a call of 20 words
+// nothing. A zero with nothing against it (an empty answer, max_tokens 0)
+// stands. The prompt is counted only for a report of 0 prompt tokens,
+// and the output read only for a report of 0 completion tokens.
+func (c *generationCall) contradictedUsage(usage catalog.Usage) (refused string, zeroOutput bool) {
+	if usage.PromptTokens == 0 && c.countedPrompt() > 0 {
+		return "out of range: 0 prompt tokens for a prompt", false
+	}
+	if usage.CompletionTokens != 0 {
+		return "", false
+	}
+	if c.haveUsage && c.usage.CompletionTokens > 0 {
+		return "out of range: 0 completion tokens after a report of some", true
+	}
+	c.textOfRawChunks()
+	if len(c.text) > 0 || c.textTokens > 0 {
+		return "out of range: 0 completion tokens for output relayed", true
+	}
+	return "", false
+}
+
+// countedPrompt is the tokenizer's count of the request's prompt and the
+// history it continues, counted once.
+func (c *generationCall) countedPrompt() int64 {
+	if !c.promptCounted {
+		c.promptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep))) + c.history
+		c.promptCounted = true
+	}
+	return c.promptTokens
 }
 
 // maxReportedTokens bounds each count an upstream reports for one call:
@@ -186,6 +228,14 @@ func usageKeys(u gjson.Result, responses bool) (in, out, cached, reasoning strin
 		return "prompt_tokens", "completion_tokens", "prompt_tokens_details.cached_tokens", "completion_tokens_details.reasoning_tokens"
 	}
 	return "input_tokens", "output_tokens", "input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"
+}
+
+// reportsNoCompletion reports whether u counts 0 completion tokens, which
+// a whole answer's text may contradict (contradictedUsage).
+func reportsNoCompletion(u gjson.Result, responses bool) bool {
+	_, out, _, _ := usageKeys(u, responses)
+	n, ok := tokenCount(u.Get(out))
+	return ok && n == 0
 }
 
 // interimUsage reports whether u, a report not believed, is a stream's
@@ -697,8 +747,7 @@ func (c *generationCall) event(status int) *meter.Event {
 	}
 	if !c.haveUsage {
 		source = meter.SourceEstimated
-		u.PromptTokens = int64(tokens.Count(promptText(*c.reqBody, c.ep))) + c.history +
-			c.toolOutputTokens + int64(tokens.Count(bstr(c.toolOutput)))
+		u.PromptTokens = c.countedPrompt() + c.toolOutputTokens + int64(tokens.Count(bstr(c.toolOutput)))
 		u.CompletionTokens = after
 	} else if after > 0 {
 		source = meter.SourceEstimated

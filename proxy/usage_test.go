@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/proxy/proxytest"
 	"github.com/tollgate/tollgate/tokens"
 )
 
@@ -256,5 +258,86 @@ func TestInterimUsageBeforeAWholeReportIsNotRefused(t *testing.T) {
 		if tc.refused && tc.source == meter.SourceUpstream && (len(lines) != 1 || !strings.Contains(lines[0], "out of range")) {
 			t.Errorf("%s: logged %q, want the report out of range", tc.name, lines)
 		}
+	}
+}
+
+// An upstream that reported no tokens for a call with a prompt, or no
+// completion tokens for an answer of 20 words, was believed: billed 0,
+// marked as the upstream's, not logged nor counted as refused, on chat
+// and responses, streamed or not, and on the llm engine's calls. Such a
+// zero is out of range as a negative count is: the call is billed on the
+// tokenizer's estimate, the report logged (once a while) and counted.
+func TestZeroUsageForAPromptOrOutputIsRefused(t *testing.T) {
+	for _, raw := range []string{
+		`{"input_tokens":0,"output_tokens":0,"total_tokens":0}`,
+		`{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}`,
+		`{"prompt_tokens":0,"completion_tokens":20,"total_tokens":20}`,
+		`{"input_tokens":10,"output_tokens":0,"total_tokens":10}`,
+	} {
+		var log logCapture
+		h := newHarness(t, harnessOptions{logf: log.logf, upstream: proxytest.Options{RawUsage: raw}})
+		for _, stream := range []string{"false", "true"} {
+			readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":`+stream+`,"messages":[{"role":"user","content":"one two three"}]}`))
+			readAll(t, h.post("/v1/responses", `{"model":"small","stream":`+stream+`,"input":"one two three"}`))
+		}
+		for _, ev := range h.events(4) {
+			if ev.UsageSource != meter.SourceEstimated || ev.PromptTokens <= 0 || ev.CompletionTokens < 20 || ev.CostNanos <= 0 {
+				t.Errorf("upstream reported usage %s; %s stream %v event %+v", raw, ev.Endpoint, ev.Stream, ev)
+			}
+		}
+		// The llm engine's calls alike.
+		if _, usage, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody)); err != nil ||
+			!usage.Estimated || usage.PromptTokens <= 0 || usage.CompletionTokens < 20 {
+			t.Errorf("upstream reported usage %s; the engine's call billed %+v (%v)", raw, usage, err)
+		}
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			const want = "tollgate_upstream_usage_refused_total{upstream=\"local\"} 5\n"
+			if m := scrape(t, h); !strings.Contains(m, want) {
+				return fmt.Errorf("usage %s: want %q", raw, want)
+			}
+			return nil
+		})
+		if lines := log.matching("reported usage out of range"); len(lines) != 1 {
+			t.Errorf("usage %s: logged %q, want one line", raw, lines)
+		}
+	}
+}
+
+// A zero is believed where nothing contradicts it: no completion tokens
+// for an empty answer, streamed or not.
+func TestZeroCompletionForNoOutputIsBelieved(t *testing.T) {
+	const usage = `"usage":{"prompt_tokens":10,"completion_tokens":0,"total_tokens":10}`
+	whole := `{"id":"chatcmpl-r","object":"chat.completion","created":1,"model":"m",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"length"}],` + usage + `}`
+	stream := usageChunk(10, 0, `{"role":"assistant","content":""}`) + chatChunk("", "length") +
+		`data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[],` + usage + "}\n\n" + "data: [DONE]\n\n"
+	h := newHarness(t, harnessOptions{})
+	url := h.up.URL
+	for _, tc := range []struct{ request, upstream string }{
+		{`{"model":"small","messages":[{"role":"user","content":"one two three"}],"max_tokens":0}`,
+			proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(whole), whole)
+				return false
+			})},
+		{`{"model":"small","stream":true,"messages":[{"role":"user","content":"one two three"}],"max_tokens":0}`, closingUpstream(t, stream)},
+	} {
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), url, tc.upstream, 1))
+		url = tc.upstream
+		before := len(h.rec.Events())
+		posts := 0
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			posts++
+			if body := readAll(t, h.post("/v1/chat/completions", tc.request)); !strings.Contains(string(body), "chatcmpl-r") {
+				return fmt.Errorf("got %s", body)
+			}
+			return nil
+		})
+		evs := h.events(before + posts)
+		if ev := evs[len(evs)-1]; ev.PromptTokens != 10 || ev.CompletionTokens != 0 || ev.UsageSource != meter.SourceUpstream {
+			t.Errorf("%s: billed %d+%d (%s), want 10+0 as reported", tc.request, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource)
+		}
+	}
+	if m := scrape(t, h); !strings.Contains(m, "tollgate_upstream_usage_refused_total{upstream=\"local\"} 0\n") {
+		t.Errorf("a believed zero was counted as refused")
 	}
 }
