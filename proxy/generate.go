@@ -445,7 +445,8 @@ type generationCall struct {
 	// OpenRouter ends a stream a provider broke.
 	choiceFailed bool
 	// nextSequence is the sequence_number after the last responses event
-	// relayed, for the error event that ends a cut stream.
+	// relayed (its own plus one; each event without one counts one), for
+	// the error event that ends a cut stream.
 	nextSequence int64
 
 	scratchData, scratchEvent []byte // reused for chunks stripped of usage

@@ -385,6 +385,35 @@ func TestResponsesStreamCutSendsErrorEvent(t *testing.T) {
 	}
 }
 
+// An upstream whose responses events carry no sequence_number (some
+// compatible servers leave it out) cut its stream after 9 events: the
+// gateway's error event said sequence_number 0, before the events the
+// client got, and SDKs that sort or check the numbers put it first. It
+// is numbered after the events relayed, as the upstream would have.
+func TestResponsesStreamCutWithoutSequenceNumbersNumbersTheErrorNext(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	var stream strings.Builder
+	stream.WriteString("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n")
+	for range 8 {
+		stream.WriteString("event: response.output_text.delta\ndata: " +
+			`{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"word "}` + "\n\n")
+	}
+	answerWith(t, h, stream.String())
+	var evs []string
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		evs = sseEvents(readAll(t, h.post("/v1/responses", `{"model":"small","stream":true,"input":"hello there"}`)))
+		if len(evs) != 10 || !strings.Contains(evs[1], "word ") {
+			return fmt.Errorf("want the 9 events and an error, got %q", evs)
+		}
+		return nil
+	})
+	last := evs[len(evs)-1]
+	seq := gjson.Get(last[strings.Index(last, "data: ")+len("data: "):], "sequence_number")
+	if !strings.Contains(last, `"code":"stream_interrupted"`) || seq.Type != gjson.Number || seq.Int() != 9 {
+		t.Fatalf("error event %q after 9 events, want sequence_number 9", last)
+	}
+}
+
 // An upstream that sends a Responses answer's text whole, in
 // response.output_text.done and the item's done, with no deltas, then
 // cuts the stream: the client got all 500 words and stream_interrupted,

@@ -354,7 +354,7 @@ const (
 // the endedBy types. A responses one has no error type (OpenAI's error
 // event has none: its type is "error"), and carries sequence_number, the
 // next after the upstream's last, as every responses event does (0 when
-// none came).
+// none came; events without one count as numbered in turn).
 func streamErrorEvent(ep endpoint, errType, msg string, sequence int64) []byte {
 	if ep == endpointChat {
 		e := &APIError{Type: errType, Code: "stream_interrupted", Message: msg}
@@ -662,6 +662,11 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 	}
 	if n := gjson.Get(bstr(data), "sequence_number"); n.Type == gjson.Number {
 		c.nextSequence = n.Int() + 1
+	} else {
+		// Numbered as the upstream would have: the error event of a cut
+		// stream said 0 after events without numbers, and SDKs that sort
+		// by them put it first.
+		c.nextSequence++
 	}
 	// Not string(ev.Name): a copy, allocated for the names longer than
 	// 32 bytes (response.function_call_arguments.delta) on every event.
