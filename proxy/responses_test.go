@@ -215,6 +215,32 @@ func TestResponsesStateReachesTheUpstreamThatCreatedIt(t *testing.T) {
 	}
 }
 
+// GET /v1/responses/{id}/ answered the response, as without the slash,
+// but GET .../input_items/ was a 404 "no route": the same trailing slash
+// is taken on the routes under an id too, and the upstream is asked
+// without it.
+func TestResponsesStateRoutesTakeATrailingSlash(t *testing.T) {
+	h := newPoolHarness(t, 1, "")
+	id, at := h.create("", createResp, "")
+	h.events(1)
+	path := "/v1/responses/" + id
+	for _, c := range []struct {
+		method, path, upstreamPath string
+		status                     int
+		want                       string
+	}{
+		{"GET", path + "/", path, 200, `"id":"` + id + `"`},
+		{"GET", path + "/input_items/?limit=1", path + "/input_items", 200, `"object":"list"`},
+		{"POST", path + "/cancel/", path + "/cancel", 400, "Cannot cancel a synchronous response."},
+	} {
+		status, body := h.send("", c.method, c.path, "", "")
+		reqs := h.ups[at].Requests()
+		if last := reqs[len(reqs)-1]; status != c.status || !strings.Contains(string(body), c.want) || last.Path != c.upstreamPath {
+			t.Errorf("%s %s: %d %s; the upstream got %s", c.method, c.path, status, body, last.Path)
+		}
+	}
+}
+
 func TestPreviousResponseIDLandsOnItsUpstream(t *testing.T) {
 	h := newPoolHarness(t, 3, "  balance: round_robin")
 	id, at := h.create("", createResp, "")

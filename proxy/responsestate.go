@@ -298,6 +298,10 @@ func pinnedIn(w *World, p *pool, holder string) *upstream {
 func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	w := s.world.Load()
 	idb, action, _ := bytes.Cut(rest, []byte("/"))
+	if n := len(action); n > 0 && action[n-1] == '/' {
+		// As {id}/ is the response: input_items/ was no route.
+		action = action[:n-1]
+	}
 	method := string(ctx.Method())
 	var allow string
 	switch string(action) {
