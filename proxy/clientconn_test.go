@@ -346,3 +346,55 @@ func TestClientGoneBeforeARetryIsNotSent(t *testing.T) {
 		t.Fatalf("p1 got %d calls after their client had left", n)
 	}
 }
+
+// requestsTotal is the tollgate_requests_total lines of model small.
+func requestsTotal(t *testing.T, h *harness) string {
+	t.Helper()
+	var lines []string
+	for _, line := range strings.Split(scrape(t, h), "\n") {
+		if strings.HasPrefix(line, `tollgate_requests_total{model="small",`) {
+			lines = append(lines, line)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// A call to a model's only upstream whose client left while a new
+// connection was opening (a connect that gets no SYN-ACK) went on
+// dialling to connect_timeout and then counted as a 503, though the
+// README promises a 499 with nothing sent; a pooled model's call was a
+// 499, looked at before its retry. The client is looked at while the
+// connect takes: the dial is abandoned and the call is a 499 within a
+// second or so, nothing billed, the upstream not blamed.
+func TestClientGoneWhileConnectingIsA499(t *testing.T) {
+	addr := startFullBacklog(t)
+	h := newPoolHarness(t, 1, "  retries: 0")
+	h.setUpstreamOf(0, "http://"+addr+"/v1", "connect_timeout: 3s, first_byte_timeout: 8s, response_timeout: 8s")
+	var conns []net.Conn
+	for _, body := range []string{smallChat, `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`} {
+		conns = append(conns, rawRequest(t, h.url, h.chatRequest(body), ""))
+	}
+	time.Sleep(300 * time.Millisecond) // both are dialling
+	for _, c := range conns {
+		c.Close()
+	}
+	left := time.Now()
+	counted := func(status string) bool {
+		return strings.Contains(requestsTotal(t, h.harness), `upstream="p0",endpoint="/v1/chat/completions",status="`+status+`"} 2`)
+	}
+	checkFor(t, 6*time.Second, 20*time.Millisecond, func() error {
+		if !counted("499") && !counted("503") {
+			return fmt.Errorf("the calls are not counted yet")
+		}
+		return nil
+	})
+	if took := time.Since(left); !counted("499") || took > 2500*time.Millisecond {
+		t.Fatalf("%s after their clients left, the calls are counted as\n%s\nwant two 499s, before connect_timeout (3s)", took.Round(100*time.Millisecond), requestsTotal(t, h.harness))
+	}
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Fatalf("event %+v for a call no upstream saw; want none billed", evs[0])
+	}
+	if st := h.statuses()["p0"]; st.LastError != "" {
+		t.Fatalf("p0 is blamed for calls whose clients left: %+v", st)
+	}
+}

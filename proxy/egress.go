@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -129,14 +130,21 @@ func redactedProxy(p *url.URL) string {
 // tunnel opens a connection to addr through the proxy by deadline: the
 // TCP connect to the proxy and its answer to CONNECT. took is how long
 // that answer took, about a round trip to the upstream: the proxy
-// answers once its own connection to the upstream is open.
-func (eg *egress) tunnel(addr string, deadline time.Time, timeout time.Duration) (net.Conn, time.Duration, error) {
+// answers once its own connection to the upstream is open. Once ctx is
+// done, it gives up.
+func (eg *egress) tunnel(ctx context.Context, addr string, deadline time.Time, timeout time.Duration) (net.Conn, time.Duration, error) {
 	d := net.Dialer{Deadline: deadline}
-	c, err := d.Dial("tcp", eg.addr)
+	c, err := d.DialContext(ctx, "tcp", eg.addr)
 	if err != nil {
 		return nil, 0, &connectError{step: "egress proxy " + eg.name, reason: "the egress proxy is unreachable: " + reasonForClient(err), err: err}
 	}
+	// The proxy's answer may take until deadline: a deadline passed ends
+	// the wait once ctx is done.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 	took, err := eg.connect(c, addr, deadline, timeout)
+	if !stop() && err == nil {
+		err = &connectError{step: "CONNECT " + addr + " through egress proxy " + eg.name, err: context.Cause(ctx)}
+	}
 	if err != nil {
 		_ = c.Close()
 		return nil, 0, err

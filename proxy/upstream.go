@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	cryptotls "crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -120,7 +121,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 	if up.egress, up.bypassed, err = egressFor(egressEnvironment(), u, addr); err != nil {
 		return nil, fmt.Errorf("upstream %s: %w", cfg.Name, err)
 	}
-	up.pool = newConnPool(addr, tls, cfg.MaxConnections, cfg.FirstByteTimeout, up.dial)
+	up.pool = newConnPool(addr, tls, cfg.MaxConnections, cfg.FirstByteTimeout, up.dialContext)
 	up.pool.overran = up.answerOverran
 	up.chatHead = requestHead(u, "/chat/completions", up.authHeader)
 	up.responsesHead = requestHead(u, "/responses", up.authHeader)
@@ -271,19 +272,25 @@ func retryStaleConnection(_ *fasthttp.Request, attempts int, err error) (bool, b
 // 504 with no other member tried. Every failure is a *connectError: no
 // request went out.
 func (u *upstream) dial(addr string) (net.Conn, error) {
+	return u.dialContext(context.Background(), addr)
+}
+
+// dialContext is dial, given up once ctx is done (the call's client
+// left: connPool.dialWatching).
+func (u *upstream) dialContext(ctx context.Context, addr string) (net.Conn, error) {
 	start := time.Now()
 	deadline := start.Add(u.cfg.ConnectTimeout)
 	var c net.Conn
 	var took time.Duration
 	if u.egress != nil {
 		var err error
-		if c, took, err = u.egress.tunnel(addr, deadline, u.cfg.ConnectTimeout); err != nil {
+		if c, took, err = u.egress.tunnel(ctx, addr, deadline, u.cfg.ConnectTimeout); err != nil {
 			return nil, err
 		}
 	} else {
 		d := net.Dialer{Deadline: deadline}
 		var err error
-		if c, err = d.Dial("tcp", addr); err != nil {
+		if c, err = d.DialContext(ctx, "tcp", addr); err != nil {
 			return nil, &connectError{err: err}
 		}
 		took = time.Since(start)
@@ -294,7 +301,7 @@ func (u *upstream) dial(addr string) (net.Conn, error) {
 		return tc, nil
 	}
 	conn := cryptotls.Client(tc, u.tlsConfig)
-	if err := tc.handshake(conn, deadline); err != nil {
+	if err := tc.handshake(ctx, conn, deadline); err != nil {
 		_ = c.Close()
 		return nil, u.handshakeError(addr, err)
 	}
@@ -479,13 +486,13 @@ func (c *timeoutConn) awaitAnswerBy() {
 }
 
 // handshake runs the TLS handshake of conn, a tls.Client over c, by
-// deadline; the deadlines of c's requests are armed afresh after it.
-func (c *timeoutConn) handshake(conn *cryptotls.Conn, deadline time.Time) error {
+// deadline or until ctx is done; the deadlines of c's requests are armed afresh after it.
+func (c *timeoutConn) handshake(ctx context.Context, conn *cryptotls.Conn, deadline time.Time) error {
 	if err := c.Conn.SetDeadline(deadline); err != nil {
 		return err
 	}
 	c.handshaking = true
-	err := conn.Handshake()
+	err := conn.HandshakeContext(ctx)
 	c.handshaking = false
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -37,8 +38,9 @@ var errNoFreeConns = errors.New("every connection is busy (max_connections reach
 type connPool struct {
 	addr string
 	// https: the dialer's connections are TLS, handshake done.
-	https   bool
-	dialer  func(addr string) (net.Conn, error)
+	https bool
+	// dialer opens a connection to addr; one whose ctx is done gives up.
+	dialer  func(ctx context.Context, addr string) (net.Conn, error)
 	maxWait time.Duration
 
 	// busy holds one token per connection in use, this pool's own or,
@@ -79,14 +81,14 @@ type upstreamConn struct {
 	dialTook time.Duration
 }
 
-func newConnPool(addr string, https bool, maxConns int, maxWait time.Duration, dialer func(string) (net.Conn, error)) *connPool {
+func newConnPool(addr string, https bool, maxConns int, maxWait time.Duration, dialer func(context.Context, string) (net.Conn, error)) *connPool {
 	return &connPool{addr: addr, https: https, dialer: dialer, maxWait: maxWait, busy: make(chan struct{}, max(maxConns, 1))}
 }
 
 // acquire takes a slot and a connection: a kept one, or a new one.
 // atOnce: a kept connection on a slot free at once, the common case, in
 // which the client was not looked at and need not be. client, when not
-// nil, is looked at while the call waits for a slot.
+// nil, is looked at while the call waits for a slot or a new connection.
 func (p *connPool) acquire(client net.Conn) (uc *upstreamConn, atOnce bool, err error) {
 	atOnce = true
 	select {
@@ -115,7 +117,7 @@ func (p *connPool) acquire(client net.Conn) (uc *upstreamConn, atOnce bool, err 
 		p.mu.Lock()
 	}
 	p.mu.Unlock()
-	uc, err = p.dial()
+	uc, err = p.dialWatching(client)
 	if err != nil {
 		p.freeSlot()
 		return nil, false, err
@@ -205,9 +207,49 @@ func (p *connPool) freeSlots(n int) {
 	}
 }
 
-func (p *connPool) dial() (*upstreamConn, error) {
+// dialWatching opens a new connection, looking at client's connection,
+// when not nil, every clientCheckEvery while it opens, and once more if
+// it fails. A call to a model's only upstream whose connect got no
+// answer went on dialling for connect_timeout after its client had left,
+// and then counted as the upstream's 503, not the client's 499. Gone,
+// the dial is abandoned and the call ends with errClientGoneUnsent. A
+// connect done within clientCheckEvery, the common case, looks at
+// nothing.
+func (p *connPool) dialWatching(client net.Conn) (*upstreamConn, error) {
+	if client == nil {
+		return p.dial(context.Background())
+	}
+	ctx, abandon := context.WithCancel(context.Background())
+	defer abandon()
+	dialed, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		every := time.NewTicker(clientCheckEvery)
+		defer every.Stop()
+		for {
+			select {
+			case <-dialed:
+				return
+			case <-every.C:
+				if rawconn.PeerClosed(client) {
+					abandon()
+					return
+				}
+			}
+		}
+	}()
+	uc, err := p.dial(ctx)
+	close(dialed)
+	<-watched // the client is looked at by one goroutine at a time
+	if err != nil && (ctx.Err() != nil || rawconn.PeerClosed(client)) {
+		return nil, errClientGoneUnsent
+	}
+	return uc, err
+}
+
+func (p *connPool) dial(ctx context.Context) (*upstreamConn, error) {
 	start := time.Now()
-	conn, err := p.dialer(p.addr)
+	conn, err := p.dialer(ctx, p.addr)
 	if err != nil {
 		return nil, err
 	}

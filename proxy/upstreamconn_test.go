@@ -78,7 +78,7 @@ func readRequest(br *bufio.Reader) bool {
 func testPool(t *testing.T, addr string, maxConns int) *connPool {
 	up := &upstream{}
 	up.cfg.ConnectTimeout, up.cfg.FirstByteTimeout, up.cfg.IdleTimeout, up.cfg.WriteTimeout = time.Second, 2*time.Second, 2*time.Second, time.Second
-	return newConnPool(addr, false, maxConns, 300*time.Millisecond, up.dial)
+	return newConnPool(addr, false, maxConns, 300*time.Millisecond, up.dialContext)
 }
 
 var testRequest = appendRequest(nil, []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"), nil, []byte(`{"model":"m"}`), false)
