@@ -92,6 +92,10 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 		}
 		tried |= 1 << i
+		var before *upstream // the upstream of the try before this one
+		if n > 0 {
+			before = c.upstream
+		}
 		c.upstream = up
 		head := up.chatHead
 		if c.ep == endpointResponses {
@@ -188,6 +192,13 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			h.inflight.Add(-1)
 			if err == errClientGoneUnsent {
 				h.undecided(sent) // never sent: nothing to say of the upstream
+				if before != nil {
+					// A retry that never went out: the call, its 499 in the
+					// metrics and the prompt billed are the try's before.
+					// Named after this one, they were counted under a
+					// member that got nothing.
+					c.upstream = before
+				}
 			} else if wait := time.Since(sentAt); h.held(wait) {
 				// Far past its average with no byte: a stopped replica
 				// whose every call outlasts its client's timeout was never

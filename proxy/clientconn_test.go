@@ -398,3 +398,43 @@ func TestClientGoneWhileConnectingIsA499(t *testing.T) {
 		t.Fatalf("p0 is blamed for calls whose clients left: %+v", st)
 	}
 }
+
+// A pooled call whose first try failed and whose client was found gone
+// before the retry went out was counted, and billed, under the member
+// the retry would have gone to, which got nothing: p0 took the prompt
+// and answered 503, the client had left meanwhile, and the 499 and its
+// event named p1, whose tollgate_upstream_calls_total did not move. It
+// names the upstream the call last tried.
+func TestClientGoneBeforeARetryCountsUnderTheUpstreamTried(t *testing.T) {
+	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 100",
+		proxytest.Options{Status: 503, FirstByteDelay: 500 * time.Millisecond}, proxytest.Options{})
+	// p0 first: its weight wins the round robin's first turn.
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0, p1]", "upstreams: [{name: p0, weight: 1000}, p1]", 1))
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		for _, m := range h.gw.World().Config.Models {
+			if m.ID == "small" && len(m.Upstreams) == 2 && m.Upstreams[0].Weight == 1000 {
+				return nil
+			}
+		}
+		return fmt.Errorf("p0's weight is not in force yet")
+	})
+	conn := rawRequest(t, h.url, h.chatRequest(smallChat), "")
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if h.ups[0].ChatCalls() == 0 {
+			return fmt.Errorf("p0 has not got the call yet")
+		}
+		return nil
+	})
+	conn.Close() // before p0's 503, and before the gateway looks at the client
+	ev := h.events(1)[0]
+	if ev.Status != 499 || ev.Upstream != "p0" {
+		t.Errorf("event %+v, want a 499 under p0, which took the prompt", ev)
+	}
+	if got := requestsTotal(t, h.harness); !strings.Contains(got, `upstream="p0",endpoint="/v1/chat/completions",status="499"} 1`) ||
+		strings.Contains(got, `upstream="p1"`) {
+		t.Errorf("the call is counted as\n%s\nwant one 499 under p0", got)
+	}
+	if n := h.ups[1].ChatCalls(); n != 0 {
+		t.Fatalf("p1 got %d calls after their client had left", n)
+	}
+}
