@@ -6,7 +6,6 @@ package catalog
 import (
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/tollgate/tollgate/config"
@@ -120,9 +119,9 @@ func New(models []config.Model) (*Catalog, error) {
 		c.byID[m.ID] = e
 		c.ordered = append(c.ordered, e)
 	}
-	ids := c.IDs()
-	sort.Strings(ids)
-	c.validList = ListIDs(ids)
+	// In GET /v1/models's order: sorted, it named the models otherwise
+	// than that list and the plugin endpoints' 400 did.
+	c.validList = ListIDs(c.IDs())
 	// The list is assembled from the entries' own bytes, so GET
 	// /v1/models/{id} answers exactly what the list says about id.
 	list := []byte(`{"object":"list","data":[`)
@@ -159,8 +158,8 @@ func (c *Catalog) IDs() []string {
 // Entries returns the served models in catalog order; do not modify.
 func (c *Catalog) Entries() []*Entry { return c.ordered }
 
-// ValidList is the sorted, comma-separated id list used in error
-// messages (ListIDs).
+// ValidList is the id list, in catalog order, used in error messages
+// (ListIDs).
 func (c *Catalog) ValidList() string { return c.validList }
 
 // listedInMessages is how many model ids an error message names: with

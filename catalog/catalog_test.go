@@ -60,8 +60,8 @@ func TestCatalogRendersSpecShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ValidList() != "a, b" {
-		t.Fatalf("valid list %q", c.ValidList())
+	if c.ValidList() != "b, a" {
+		t.Fatalf("valid list %q, want the config's order, as the list below", c.ValidList())
 	}
 	var list struct {
 		Object string                   `json:"object"`

@@ -11,7 +11,6 @@ import (
 
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/batch"
-	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/classifiers"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
@@ -105,8 +104,8 @@ func (m *module) chooseEngine(who caller, requested string) (*engineChoice, *pro
 			msg := fmt.Sprintf("model %q does not exist; use semantic, lexical or llm", quotable(requested))
 			// Only the models the key may use: a limited key was told of
 			// models it then got a 403 for.
-			if ids := who.world.ModelsAllowed(who.models); !who.public && len(ids) > 0 {
-				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", quotable(requested), catalog.ListIDs(ids))
+			if valid := who.world.ValidModels(who.models); !who.public && valid != "" {
+				msg = fmt.Sprintf("model %q does not exist; use semantic, lexical, llm or a catalog model: %s", quotable(requested), valid)
 			}
 			return nil, proxy.BadRequest("model", msg)
 		}

@@ -2,6 +2,7 @@ package plugins_test
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"reflect"
 	"strings"
@@ -112,6 +113,40 @@ func TestAutoProbesABaseURLWithAQuery(t *testing.T) {
 	for _, r := range h.up.Requests() {
 		if r.RawQuery != "api-version=1" || r.Path != "/v1/models" && r.Path != "/v1/chat/completions" {
 			t.Errorf("the upstream got %s %s?%s", r.Method, r.Path, r.RawQuery)
+		}
+	}
+}
+
+// The 400 for a model that does not exist lists the valid models in one
+// order on every endpoint, GET /v1/models's (the config's): chat and
+// responses sorted them, the plugin and batch endpoints did not, so the
+// same catalog read "large, small" on one and "small, large" on another.
+func TestUnknownModelListsTheModelsInCatalogOrderEverywhere(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	resp, err := h.client.Get(h.url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, id := range gjson.GetBytes(body, "data.#.id").Array() {
+		ids = append(ids, id.Str)
+	}
+	listed := strings.Join(ids, ", ")
+	if listed != "small, large" {
+		t.Fatalf("GET /v1/models lists %q, want the config's order", listed)
+	}
+	for path, body := range map[string]string{
+		"/v1/chat/completions": `{"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}`,
+		"/v1/classify":         `{"text": "x", "labels": ["a", "b"], "model": "gpt-5"}`,
+	} {
+		e := h.keyed(path, body).apiError(t, 400, "invalid_request_error")
+		if msg, _ := e["message"].(string); !strings.HasSuffix(msg, ": "+listed) {
+			t.Errorf("%s: %q, want the models listed as GET /v1/models lists them: %s", path, msg, listed)
 		}
 	}
 }

@@ -227,13 +227,13 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 func resolveModel(w *World, key *accounts.Key, f *requestFields) (*catalog.Entry, *APIError) {
 	switch {
 	case !f.Model.Exists() || f.Model.Type == gjson.Null:
-		return nil, BadRequest("model", "you must provide a model parameter; valid models: "+validModels(w, key))
+		return nil, BadRequest("model", "you must provide a model parameter; valid models: "+w.ValidModels(key.Models))
 	case f.Model.Type != gjson.String:
-		return nil, BadRequest("model", "model must be a string; valid models: "+validModels(w, key))
+		return nil, BadRequest("model", "model must be a string; valid models: "+w.ValidModels(key.Models))
 	}
 	entry, ok := w.Catalog.Resolve(f.Model.Str)
 	if !ok {
-		return nil, BadRequest("model", fmt.Sprintf("the model %q does not exist or is not allowed; valid models: %s", f.Model.Str, validModels(w, key)))
+		return nil, BadRequest("model", fmt.Sprintf("the model %q does not exist or is not allowed; valid models: %s", f.Model.Str, w.ValidModels(key.Models)))
 	}
 	if !key.AllowsModel(entry.ID) {
 		return nil, Forbidden(fmt.Sprintf("this API key may not use model %q", entry.ID))
@@ -241,14 +241,17 @@ func resolveModel(w *World, key *accounts.Key, f *requestFields) (*catalog.Entry
 	return entry, nil
 }
 
-// validModels lists the models key may use: the whole catalog (its list
-// made once per catalog) unless the key is limited to some. A limited key
-// was told of models it then got a 403 for.
-func validModels(w *World, key *accounts.Key) string {
-	if len(key.Models) == 0 {
+// ValidModels lists, as an error message names them, the models a key
+// whose model list is models may use, in catalog order: the whole
+// catalog (its list made once per catalog) unless the key is limited to
+// some. A limited key was told of models it then got a 403 for. Every
+// endpoint's 400 for a model that does not exist lists them so, in the
+// order GET /v1/models does.
+func (w *World) ValidModels(models []string) string {
+	if len(models) == 0 {
 		return w.Catalog.ValidList()
 	}
-	return catalog.ListIDs(w.ModelsAllowed(key.Models))
+	return catalog.ListIDs(w.ModelsAllowed(models))
 }
 
 // ModelsAllowed lists, in catalog order, the catalog models a key's model

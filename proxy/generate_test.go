@@ -188,7 +188,7 @@ func TestBadRequests(t *testing.T) {
 		name, body, param, inMessage string
 	}{
 		{"missing model", `{"messages":[]}`, "model", "small"},
-		{"unknown model", `{"model":"gpt-9","messages":[]}`, "model", "large, small"},
+		{"unknown model", `{"model":"gpt-9","messages":[]}`, "model", "small, large"}, // GET /v1/models's order
 		{"model not a string", `{"model":42}`, "model", "must be a string"},
 		{"model null", `{"model":null}`, "model", "you must provide a model"},
 		{"store not a boolean", `{"model":"small","store":"false"}`, "store", "expected a boolean"},
@@ -1854,7 +1854,8 @@ func TestCutResponsesStreamBillsCustomAndMCPToolCalls(t *testing.T) {
 }
 
 // With a big catalog the 400 for an unknown model names its first 20
-// models and how many more: with 500 it was 6 KB of ids.
+// models, in GET /v1/models's order, and how many more: with 500 it was
+// 6 KB of ids.
 func TestUnknownModelOfABigCatalogNamesTwentyModels(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	cfg := readFile(t, h.cfgPath)
@@ -1873,7 +1874,7 @@ func TestUnknownModelOfABigCatalogNamesTwentyModels(t *testing.T) {
 		return nil
 	})
 	e := wantError(t, h.post("/v1/chat/completions", `{"model":"gpt-4o","messages":[]}`), 400, "invalid_request_error")
-	want := `the model "gpt-4o" does not exist or is not allowed; valid models: large, m00, m01, m02, m03, m04, m05, m06, m07, m08, m09, m10, m11, m12, m13, m14, m15, m16, m17, m18 … and 5 more (GET /v1/models lists the catalog)`
+	want := `the model "gpt-4o" does not exist or is not allowed; valid models: small, large, m00, m01, m02, m03, m04, m05, m06, m07, m08, m09, m10, m11, m12, m13, m14, m15, m16, m17 … and 5 more (GET /v1/models lists the catalog)`
 	if msg := e["message"].(string); msg != want {
 		t.Fatalf("400 for an unknown model of 25:\n got %s\nwant %s", msg, want)
 	}
