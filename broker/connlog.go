@@ -26,12 +26,13 @@ type connLog struct {
 	logf  func(string, ...any)
 	every time.Duration
 
-	mu     sync.Mutex
-	next   time.Time // when a line may be written at once
-	held   int       // lines left out since the last written
-	latest string    // the latest of them, written when the window ends
-	flush  *time.Timer
-	closed bool
+	mu       sync.Mutex
+	next     time.Time // when a line may be written at once
+	held     int       // lines left out since the last written
+	latest   string    // the latest of them, written when the window ends
+	latestAt time.Time // when it came: written late, it says so
+	flush    *time.Timer
+	closed   bool
 }
 
 func newConnLog(logf func(string, ...any), every time.Duration) *connLog {
@@ -48,7 +49,7 @@ func (c *connLog) printf(format string, args ...any) {
 	}
 	if now.Before(c.next) {
 		c.held++
-		c.latest = line
+		c.latest, c.latestAt = line, now
 		if c.flush == nil {
 			c.flush = time.AfterFunc(c.next.Sub(now), c.flushHeld)
 		}
@@ -118,6 +119,12 @@ func (c *connLog) takeHeldLocked() string {
 		return ""
 	}
 	line := c.latest
+	// A held line goes out up to a window after it came: without its own
+	// time, a "reconnected" 40 ms after a node was killed read as a 10 s
+	// outage in the log.
+	if late := time.Since(c.latestAt); late >= time.Second {
+		line += " (at " + c.latestAt.UTC().Format("2006-01-02T15:04:05.000Z07:00") + ", " + late.Round(time.Second).String() + " ago)"
+	}
 	if c.held > 1 {
 		line += fmt.Sprintf(" (the latest of %d lines about the nats connection in the last %s, the others left out: at most one is logged every %s)", c.held, c.every, c.every)
 	}

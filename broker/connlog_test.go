@@ -180,3 +180,27 @@ func TestConnLogLineAtTheWindowsEndTakesTheHeldOnes(t *testing.T) {
 		t.Fatalf("the held older line was written too: %q", got)
 	}
 }
+
+// A held line written when its window ends carries the time it came: a
+// "reconnected" 40 ms after a node was killed, logged 10 s later without
+// it, read as a 10 s outage.
+func TestConnLogHeldLineSaysWhenItCame(t *testing.T) {
+	var log lineCapture
+	cl := newConnLog(log.logf, 1500*time.Millisecond)
+	defer cl.close()
+	cl.printf("nats: disconnected: EOF")
+	came := time.Now().UTC()
+	cl.printf("nats: reconnected to nats://127.0.0.1:4222")
+	cameBy := time.Now().UTC()
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		got := log.matching("reconnected")
+		if len(got) != 1 {
+			return fmt.Errorf("logged %q", log.matching("nats:"))
+		}
+		at, atLatest := came.Format("2006-01-02T15:04:05"), cameBy.Format("2006-01-02T15:04:05")
+		if !strings.Contains(got[0], "(at "+at) && !strings.Contains(got[0], "(at "+atLatest) {
+			return fmt.Errorf("logged %q; want it to say it came at %s", got[0], at)
+		}
+		return nil
+	})
+}
