@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -94,14 +95,8 @@ func TestSemanticWithoutVectors(t *testing.T) {
 func TestSemanticVectorsInstalledAfterStartAreUsedWithoutAReload(t *testing.T) {
 	plugins.LookForMissingVectorsEvery(t, 200*time.Millisecond)
 	missing := filepath.Join(t.TempDir(), "none.tgv")
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-		mu.Unlock()
-	}
-	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, logf: logf})
+	var log keptLines
+	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, logf: log.logf})
 	body := `{"text": "My parcel has not arrived yet.", "labels": ["billing", "shipping"]}`
 	for range 3 {
 		if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "lexical" {
@@ -118,10 +113,8 @@ func TestSemanticVectorsInstalledAfterStartAreUsedWithoutAReload(t *testing.T) {
 		}
 		return nil
 	})
-	mu.Lock()
-	defer mu.Unlock()
-	if n := strings.Count(strings.Join(logged, "\n"), "semantic engine unavailable"); n != 1 {
-		t.Errorf("the missing file was said %d times, want once:\n%s", n, strings.Join(logged, "\n"))
+	if n := strings.Count(log.String(), "semantic engine unavailable"); n != 1 {
+		t.Errorf("the missing file was said %d times, want once:\n%s", n, &log)
 	}
 }
 
@@ -146,22 +139,14 @@ func TestSemanticCorruptVectorsAreSaidOnce(t *testing.T) {
 // as the gateway starts, before any request needs it.
 func TestSemanticMissingVectorsAreSaidAtStart(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "none.tgv")
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-		mu.Unlock()
-	}
-	newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, preloadVectors: true, logf: logf})
-	mu.Lock()
-	defer mu.Unlock()
-	for _, line := range logged {
+	var log keptLines
+	newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, preloadVectors: true, logf: log.logf})
+	for _, line := range log.lines() {
 		if strings.Contains(line, "semantic engine unavailable") && strings.Contains(line, missing) {
 			return
 		}
 	}
-	t.Errorf("started with a missing vectors file and no request yet, the log says nothing of it:\n%s", strings.Join(logged, "\n"))
+	t.Errorf("started with a missing vectors file and no request yet, the log says nothing of it:\n%s", &log)
 }
 
 // Label sets that joined into the same text shared a cache entry: the
@@ -187,3 +172,23 @@ func TestLabelSetsThatJoinAlikeAreKeptApart(t *testing.T) {
 		t.Fatalf("after a crafted label set: %v", m)
 	}
 }
+
+// keptLines is a logf that keeps its lines, for any goroutine.
+type keptLines struct {
+	mu   sync.Mutex
+	kept []string
+}
+
+func (l *keptLines) logf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.kept = append(l.kept, fmt.Sprintf(format, args...))
+}
+
+func (l *keptLines) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.kept)
+}
+
+func (l *keptLines) String() string { return strings.Join(l.lines(), "\n") }
