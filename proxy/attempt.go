@@ -168,7 +168,16 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				c.dropBody()
 				resp.Close()
 			}
-		} else if err == nil && resp.Header.StatusCode() >= 400 && resp.Header.StatusCode() <= 499 && resp.Header.StatusCode() != fasthttp.StatusTooManyRequests {
+		} else if err == nil && resp.Header.StatusCode() < 400 {
+			// A redirect, which no call follows: an http:// base_url of a
+			// provider that sends every call to https://. Passed on, the
+			// client got the 301 and the front's page without its
+			// Location, and the member counted as healthy with nothing
+			// logged. Its body says nothing the Location does not.
+			badAnswer, errStatus = up.redirectAnswer(&resp.Header), resp.Header.StatusCode()
+			err = errBadAnswer
+			resp.Close()
+		} else if err == nil && resp.Header.StatusCode() <= 499 && resp.Header.StatusCode() != fasthttp.StatusTooManyRequests {
 			// An error no client can read: the page of a proxy in front
 			// (nginx's "The plain HTTP request was sent to HTTPS port"
 			// for an http:// base_url on an https port, on every call).
@@ -241,7 +250,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					Message: fmt.Sprintf("upstream %s%s answered %d with %s; it was not passed on and is not billed", up.cfg.Name, what, errStatus, badAnswer)}
 				why = fmt.Sprintf("answered %d with %s", errStatus, badAnswer)
 				reason, clientReason = why, why
-				if errStatus < 500 && errStatus >= 400 {
+				switch {
+				case errStatus >= 400 && errStatus < 500:
 					// A page of a front that may be about this request
 					// alone (nginx's 413 for a body over its 1 MiB, a
 					// firewall's 403 for a prompt's words): counted
@@ -252,6 +262,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					// not stand before; logged, the operator sees it.
 					requestsFault = true
 					up.pageInsteadOfError(errStatus, badAnswer)
+				case errStatus >= 300 && errStatus < 400:
+					// A redirect is the base_url's, as such a front's
+					// page is: logged for the operator, tried on
+					// another member, and counted against none.
+					requestsFault = true
+					up.answeredRedirect(errStatus, badAnswer)
 				}
 			case generating:
 				// The upstream may have been generating all along: another

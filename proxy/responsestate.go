@@ -399,6 +399,17 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admis
 		return false
 	}
 	status := resp.Header.StatusCode()
+	if status >= 300 && status <= 399 {
+		// Followed by no client (it had no Location), as for a
+		// generation call (attempt); the response's holder is the only
+		// upstream to ask.
+		what := up.redirectAnswer(&resp.Header)
+		resp.Close()
+		up.answeredRedirect(status, what)
+		WriteError(ctx, &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
+			Message: fmt.Sprintf("upstream %s, which holds response %s, answered %d with %s; it was not passed on", up.cfg.Name, id, status, what)})
+		return false
+	}
 	copyUpstreamHeaders(ctx, &resp.Header)
 	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) && !resp.done {
 		ctx.SetStatusCode(status)

@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/loglimit"
 	"github.com/tollgate/tollgate/internal/rawconn"
+	"github.com/tollgate/tollgate/internal/utf8cut"
 )
 
 // upstream is one generation server and its connection pool. It is immutable;
@@ -76,6 +77,9 @@ type upstream struct {
 	// pageLog holds back the lines saying it answered a 4xx with a page,
 	// not a JSON error (pageInsteadOfError).
 	pageLog loglimit.Limiter
+	// redirectLog holds back the lines saying it answered a redirect
+	// (answeredRedirect).
+	redirectLog loglimit.Limiter
 	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
 	// localhost), so a refused connection means nothing was started there.
 	loopback bool
@@ -171,6 +175,38 @@ func (u *upstream) pageInsteadOfError(status int, what string) {
 	}
 	u.logf("upstream %s answered %d with %s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); the call was tried on another member of its pool if one was left, else answered 502 upstream_bad_answer%s",
 		u.cfg.Name, status, what, loglimit.HeldNote(held, "since the last such line"))
+}
+
+// answeredRedirect logs now and then a redirect of the upstream (what
+// says where to), which no call follows: the call moves to another member
+// of its pool, or is answered 502 when none is left or it may go to no
+// other (a stored response's).
+func (u *upstream) answeredRedirect(status int, what string) {
+	ok, held := u.redirectLog.Allow(time.Now(), upstreamLogEvery)
+	if !ok {
+		return
+	}
+	u.logf("upstream %s answered %d with %s: its base_url (%s) is not where its API answers (an http:// base_url of an https-only provider); set base_url to where the redirect points. Its calls go to another member of their pool where one is left, else are answered 502 upstream_bad_answer%s",
+		u.cfg.Name, status, what, logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
+}
+
+// redirectAnswer says where a redirect of the upstream points: its
+// Location resolved against base_url, without the userinfo, query and
+// fragment a Location may carry (a signed URL's token), since it goes
+// to the client and the log.
+func (u *upstream) redirectAnswer(h *fasthttp.ResponseHeader) string {
+	loc := h.Peek("Location")
+	if len(loc) == 0 {
+		return "a redirect with no Location"
+	}
+	base, err := url.Parse(u.cfg.BaseURL)
+	target, err2 := url.Parse(string(loc))
+	if err != nil || err2 != nil {
+		return "a redirect to a Location that is no URL"
+	}
+	target = base.ResolveReference(target)
+	target = &url.URL{Scheme: target.Scheme, Host: target.Host, Path: target.Path}
+	return "a redirect to " + utf8cut.Shorten(target.String(), 200)
 }
 
 // adoptTLSSessions makes u resume the TLS sessions of prev, the
