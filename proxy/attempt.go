@@ -19,7 +19,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/internal/utf8cut"
 )
 
 // attempt sends call to an upstream of its pool and, while the outcome is
@@ -123,6 +122,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		var answerErr gjson.Result
 		var errStatus int    // its status
 		var badAnswer string // why a 2xx body is no answer (notAnAnswer)
+		var refusal string   // the message of a 401 or 403 that refused the gateway's api_key
 		if err == nil {
 			// An absent Content-Type reads as absent, not as fasthttp's
 			// default: the error for a bad answer quoted a "text/plain;
@@ -190,6 +190,14 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					err, errStatus = errBadAnswer, resp.Header.StatusCode()
 					c.dropBody()
 					resp.Close()
+				} else if st := resp.Header.StatusCode(); st == fasthttp.StatusUnauthorized || st == fasthttp.StatusForbidden {
+					// The gateway's api_key refused, not the client's:
+					// passed on, the SDKs raised AuthenticationError and
+					// the user took their own key for bad.
+					refusal, errStatus = up.errorMessage(refusalError(c.respBuf.B)), st
+					err = errCredentialsRefused
+					c.dropBody()
+					resp.Close()
 				}
 			}
 		}
@@ -234,7 +242,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			requestsFault := answerErr.Exists() && !serverFault(answerErr)
 			switch {
 			case errors.Is(err, errErrorAnswer):
-				msg := errorMessage(answerErr)
+				msg := up.errorMessage(answerErr)
 				if requestsFault {
 					lastErr = requestFaultAnswer(up.cfg.Name+what, errStatus, answerErr, msg)
 				} else {
@@ -269,6 +277,16 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					requestsFault = true
 					up.answeredRedirect(errStatus, badAnswer)
 				}
+			case errors.Is(err, errCredentialsRefused):
+				// Every call to it fails until its api_key is fixed: counted,
+				// a pool ejects it and the calls go to the others.
+				lastErr = &APIError{Status: 502, Type: "upstream_error", Code: "upstream_credentials_refused",
+					Message: fmt.Sprintf("upstream %s%s refused the gateway's credentials for it (answered %d: %s); the gateway's operator must fix its api_key; not billed",
+						up.cfg.Name, what, errStatus, refusal)}
+				why = fmt.Sprintf("refused the gateway's credentials (answered %d)", errStatus)
+				reason = fmt.Sprintf("refused the gateway's credentials (answered %d: %s)", errStatus, refusal)
+				clientReason = why
+				up.refusedCredentials(errStatus, refusal)
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.
@@ -295,7 +313,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// upstream may not have, counted as a failure.
 				h.undecided(sent)
 			default:
-				up.fail(rt, reason, clientReason, sent, c.alone, answerErr.Exists() || badAnswer != "")
+				up.fail(rt, reason, clientReason, sent, c.alone, answerErr.Exists() || badAnswer != "" || refusal != "")
 			}
 			failures = append(failures, up.cfg.Name+": "+why)
 			if c.pinned == nil && !generating && !lastErr.NoRetry && retryable(n, rt, c.start, p, tried) {
@@ -585,6 +603,19 @@ func notJSONObject(resp *upstreamResponse, body []byte) string {
 // (notAnAnswer), or a 4xx whose body is no JSON error.
 var errBadAnswer = errors.New("answered with a body that is no answer and no JSON error")
 
+// errCredentialsRefused: a 401 or 403 in JSON, the upstream refusing
+// the gateway's api_key.
+var errCredentialsRefused = errors.New("refused the gateway's credentials")
+
+// refusalError is the error of an upstream's 401 or 403 body: its
+// "error", or the body itself for a flat one.
+func refusalError(body []byte) gjson.Result {
+	if e := gjson.GetBytes(body, "error"); isUpstreamError(e) {
+		return e
+	}
+	return gjson.ParseBytes(body)
+}
+
 // dropBody frees an answer readWhole read, for one not taken.
 func (c *generationCall) dropBody() {
 	if c.respBuf != nil {
@@ -636,19 +667,6 @@ func errorAnswer(body []byte) gjson.Result {
 		return gjson.ParseBytes(body)
 	}
 	return gjson.Result{}
-}
-
-// errorMessage is an upstream error's message, shortened for a log line
-// and an error's message.
-func errorMessage(e gjson.Result) string {
-	msg := e.Str
-	if e.IsObject() {
-		msg = e.Get("message").String()
-	}
-	if msg == "" {
-		msg = e.Raw
-	}
-	return utf8cut.Shorten(msg, 200)
 }
 
 // requestFaultAnswer is the error for a success status whose body is an

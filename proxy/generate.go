@@ -344,7 +344,7 @@ func (c *generationCall) passUpstreamError(ctx *fasthttp.RequestCtx, status int)
 		return
 	}
 	ctx.SetStatusCode(status)
-	ctx.SetBody(errBody)
+	ctx.SetBody(c.upstream.masked(errBody))
 	c.release()
 }
 

@@ -119,7 +119,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 		return nil, catalog.Usage{}, fmt.Errorf("%w: %s", ErrModelUnavailable, upstreamCut(up, err).Message)
 	}
 	if st := resp.Header.StatusCode(); st < 200 || st > 299 {
-		return nil, catalog.Usage{}, &ModelError{Status: st, Body: respBody, RetryAfter: retryAfter(&resp.Header)}
+		return nil, catalog.Usage{}, &ModelError{Status: st, Body: up.masked(respBody), RetryAfter: retryAfter(&resp.Header)}
 	}
 	up.completed(call.sent, false)
 	return respBody, call.engineUsage(body, respBody), nil

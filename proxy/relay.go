@@ -247,6 +247,10 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 	} else {
 		c.inspectResponses(&ev)
 	}
+	if c.endedByError {
+		// The upstream's own error event, as its error status's body.
+		out = c.upstream.masked(out)
+	}
 	terminal = c.finished && c.terminal(&ev)
 	if terminal && c.ep == endpointResponses {
 		c.terminalEvent = ev
@@ -542,7 +546,7 @@ func (c *generationCall) endedInError(e gjson.Result) {
 	if e.IsObject() {
 		msg = e.Get("message").Str
 	}
-	msg = utf8cut.Shorten(msg, 200)
+	msg = utf8cut.Shorten(string(c.upstream.masked([]byte(msg))), 200) // the log may be read by others than the key's holder
 	code := ""
 	if cd := e.Get("code"); e.IsObject() && (cd.Type == gjson.Number || cd.Type == gjson.String) && cd.Raw != "" && len(cd.String()) <= 40 {
 		code = " (" + cd.String() + ")"

@@ -425,9 +425,25 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admis
 		WriteError(ctx, upstreamCut(up, err))
 		return false
 	}
+	if status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden {
+		// The gateway's api_key refused, as on a generation call
+		// (attempt): passed on, the SDKs raised AuthenticationError.
+		msg := "no JSON error"
+		if looksLikeJSONObject(body.B) {
+			msg = up.errorMessage(refusalError(body.B))
+		}
+		up.refusedCredentials(status, msg)
+		WriteError(ctx, &APIError{Status: 502, Type: "upstream_error", Code: "upstream_credentials_refused",
+			Message: fmt.Sprintf("upstream %s, which holds response %s, refused the gateway's credentials for it (answered %d: %s); the gateway's operator must fix its api_key", up.cfg.Name, id, status, msg)})
+		return false
+	}
 	ctx.SetStatusCode(status)
-	ctx.SetBody(body.B) // a copy
-	return status >= 200 && status <= 299
+	if status >= 200 && status <= 299 {
+		ctx.SetBody(body.B) // a copy
+		return true
+	}
+	ctx.SetBody(up.masked(body.B))
+	return false
 }
 
 // stateRequest appends a whole state call to up for path (under

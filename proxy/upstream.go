@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/config"
@@ -34,6 +35,11 @@ type upstream struct {
 	// upstream it keeps base_url's query (config.Upstream.EndpointURL).
 	modelsURL  string
 	authHeader string // "Bearer …", empty when no key is configured
+	// apiKey is cfg.APIKey where it is to be masked in the errors passed
+	// on (masked), as maskedKey; nil for none, or for a placeholder too
+	// short to be a secret ("EMPTY", "ollama"), which masked would mangle
+	// the words of every error that holds it.
+	apiKey, maskedKey []byte
 	// client serves only the breaker's GET /models probes. Every call
 	// made for a client goes through pool: generation calls (plugins'
 	// model calls too, see modelcall.go) and a stored response's state
@@ -77,6 +83,9 @@ type upstream struct {
 	// pageLog holds back the lines saying it answered a 4xx with a page,
 	// not a JSON error (pageInsteadOfError).
 	pageLog loglimit.Limiter
+	// credentialsLog holds back the lines saying it refused the gateway's
+	// api_key (refusedCredentials).
+	credentialsLog loglimit.Limiter
 	// redirectLog holds back the lines saying it answered a redirect
 	// (answeredRedirect).
 	redirectLog loglimit.Limiter
@@ -108,6 +117,9 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 	}
 	if cfg.APIKey != "" {
 		up.authHeader = "Bearer " + cfg.APIKey
+	}
+	if len(cfg.APIKey) >= minSecretKey {
+		up.apiKey, up.maskedKey = []byte(cfg.APIKey), []byte(maskAPIKey(cfg.APIKey))
 	}
 	if tls {
 		up.tlsConfig = &cryptotls.Config{ServerName: u.Hostname(), MinVersion: cryptotls.VersionTLS12,
@@ -207,6 +219,60 @@ func (u *upstream) redirectAnswer(h *fasthttp.ResponseHeader) string {
 	target = base.ResolveReference(target)
 	target = &url.URL{Scheme: target.Scheme, Host: target.Host, Path: target.Path}
 	return "a redirect to " + utf8cut.Shorten(target.String(), 200)
+}
+
+// minSecretKey is the shortest api_key masked in the errors passed on.
+const minSecretKey = 8
+
+// maskAPIKey is key as an error passed on shows it: as OpenAI masks a
+// key in its own errors, its prefix ("sk-") and, for a key long enough
+// that 4 characters give nothing away, its last 4 (sk-...3456).
+func maskAPIKey(key string) string {
+	prefix := ""
+	if i := strings.IndexByte(key, '-'); i > 0 && i < 4 {
+		prefix = key[:i+1]
+	}
+	if len(key) < 16 {
+		return prefix + "..."
+	}
+	return prefix + "..." + key[len(key)-4:]
+}
+
+// masked is b, an error of the upstream passed on to a client, with its
+// api_key masked wherever the error echoes it (a 401's "Incorrect API
+// key provided: Bearer sk-…", a proxy's 500 quoting the request's
+// headers): passed on as it came, the gateway's own key reached every
+// client. b itself when it holds no key, which is almost always; only
+// errors are looked into, never an answer.
+func (u *upstream) masked(b []byte) []byte {
+	if len(u.apiKey) == 0 || !bytes.Contains(b, u.apiKey) {
+		return b
+	}
+	return bytes.ReplaceAll(b, u.apiKey, u.maskedKey)
+}
+
+// errorMessage is an upstream error's message, its api_key masked and
+// shortened for a log line and an error's message.
+func (u *upstream) errorMessage(e gjson.Result) string {
+	msg := e.Str
+	if e.IsObject() {
+		msg = e.Get("message").String()
+	}
+	if msg == "" {
+		msg = e.Raw
+	}
+	return utf8cut.Shorten(string(u.masked([]byte(msg))), 200)
+}
+
+// refusedCredentials logs now and then an upstream's 401 or 403, which
+// refuses the gateway's api_key, not the client's (msg its message).
+func (u *upstream) refusedCredentials(status int, msg string) {
+	ok, held := u.credentialsLog.Allow(time.Now(), upstreamLogEvery)
+	if !ok {
+		return
+	}
+	u.logf("upstream %s (%s) answered %d, refusing the gateway's credentials: %s; check its api_key (and the account's access to the model). Its calls go to another member of their pool where one is left, else are answered 502 upstream_credentials_refused%s",
+		u.cfg.Name, logURL(u.cfg.BaseURL), status, msg, loglimit.HeldNote(held, "since the last such line"))
 }
 
 // adoptTLSSessions makes u resume the TLS sessions of prev, the
