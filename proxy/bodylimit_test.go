@@ -82,7 +82,8 @@ func TestBodyOverTheLimitIs413(t *testing.T) {
 		fmt.Fprintf(&body, "%x\r\n%s\r\n", len(chunk), chunk)
 	}
 	body.WriteString("0\r\n\r\n")
-	conn = rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", body.String())
+	// With a key: without one, the headers are refused first (401).
+	conn = rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nTransfer-Encoding: chunked\r\n\r\n", body.String())
 	if st := readStatus(t, conn); st != 413 {
 		t.Fatalf("96 KiB chunked against 64 KiB: %d, want 413", st)
 	}
@@ -128,9 +129,10 @@ func TestBodyOverTheLimitSentWholeGets413(t *testing.T) {
 	}{{false, 12 << 20}, {true, 12 << 20}, {false, 40 << 20}} {
 		chunked := c.chunked
 		body := `{"model":"small","messages":[{"role":"user","content":"` + strings.Repeat("x", c.size) + `"}]}`
-		head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", len(body))
+		auth := "Authorization: Bearer " + h.key + "\r\n" // without a key, the headers are refused first (401)
+		head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n", auth, len(body))
 		if chunked {
-			head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+			head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n"
 			body = fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body), body)
 		}
 		// Like an SDK: the whole body goes out before the answer is read
@@ -165,7 +167,7 @@ func TestCompressedRequestBodyIs415(t *testing.T) {
 	zw := gzip.NewWriter(&b)
 	zw.Write([]byte(`{"model":"small","messages":[{"role":"user","content":"hi"}]}`))
 	zw.Close()
-	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/classify"} {
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/responses/resp_1/cancel"} {
 		req, _ := http.NewRequest("POST", h.url+path, bytes.NewReader(b.Bytes()))
 		req.Header.Set("Authorization", "Bearer "+h.key)
 		req.Header.Set("Content-Encoding", "gzip")

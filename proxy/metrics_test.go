@@ -136,13 +136,13 @@ func TestMetricsCountRefusals(t *testing.T) {
 	// it (until 2026-11-26 it counted under status="4xx"); one stopped in
 	// its first 8 KiB, which fasthttp reads and drops with the request
 	// line, counts as "other". A compressed body: 415.
-	readStatus(t, rawRequest(t, h.url, "POST /v1/classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nContent-Length: 50000\r\n\r\n", `{"model":"small","input":"`+strings.Repeat("x", 20_000)))
+	readStatus(t, rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nContent-Length: 50000\r\n\r\n", `{"model":"small","input":"`+strings.Repeat("x", 20_000)))
 	readStatus(t, rawRequest(t, h.url, "POST /v1/classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nContent-Length: 1000\r\n\r\n", "{"))
 	readStatus(t, rawRequest(t, h.url, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+h.key+"\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n", "{}"))
 	after := scrape(t, h)
 	for _, c := range []struct{ endpoint, status string }{
 		{"/v1/chat/completions", "401"}, {"/v1/chat/completions", "413"}, {"other", "404"}, {"/v1/responses", "413"},
-		{"/v1/classify", "408"}, {"other", "408"}, {"/v1/responses", "415"},
+		{"/v1/chat/completions", "408"}, {"other", "408"}, {"/v1/responses", "415"},
 	} {
 		if got := count(after, c.endpoint, c.status) - count(before, c.endpoint, c.status); got != 1 {
 			t.Errorf("refused %s %s counted %d times, want 1", c.endpoint, c.status, got)

@@ -297,37 +297,12 @@ func pinnedIn(w *World, p *pool, holder string) *upstream {
 // after that prefix.
 func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	w := s.world.Load()
-	idb, action, _ := bytes.Cut(rest, []byte("/"))
-	if n := len(action); n > 0 && action[n-1] == '/' {
-		// As {id}/ is the response: input_items/ was no route.
-		action = action[:n-1]
-	}
-	method := string(ctx.Method())
-	var allow string
-	switch string(action) {
-	case "":
-		allow = "DELETE, GET"
-	case "cancel":
-		allow = "POST"
-	case "input_items":
-		allow = "GET"
-	}
-	// POST on an id is no route, not a wrong method: the SDKs' POST
-	// /v1/responses/input_tokens and /compact are endpoints this gateway
-	// does not serve, and "use DELETE, GET" sent their users astray.
-	if allow == "" || len(idb) == 0 || (action == nil && method == fasthttp.MethodPost) {
-		WriteError(ctx, NotFound("no route for "+method+" "+string(ctx.Path())+" (served: POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items)"))
-		return
-	}
-	if !slices.Contains(strings.Split(allow, ", "), method) {
-		methodNotAllowed(ctx, allow)
-		return
-	}
-	key, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
+	idb, action, key, apiErr := s.admitResponseState(ctx, rest)
 	if apiErr != nil {
 		WriteError(ctx, apiErr)
 		return
 	}
+	method := string(ctx.Method())
 	// The key's and the account's rates hold here too, but not
 	// max_concurrent: these calls are not billed, and a cancel must
 	// not wait for the stream it cancels. Counted before the lookup, so
@@ -366,6 +341,38 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	if s.relayState(ctx, w.upstreams[m.Upstream], limit, method, id, suffix) && method == "DELETE" {
 		s.responses.forget(id)
 	}
+}
+
+// admitResponseState checks a call on /v1/responses/{id}[/action] by its
+// path, its method (a 405 has its Allow header set) and its key, all in
+// its headers: refusalFromHeaders asks it before the body is read.
+func (s *Server) admitResponseState(ctx *fasthttp.RequestCtx, rest []byte) (idb, action []byte, key *accounts.Key, apiErr *APIError) {
+	idb, action, _ = bytes.Cut(rest, []byte("/"))
+	if n := len(action); n > 0 && action[n-1] == '/' {
+		// As {id}/ is the response: input_items/ was no route.
+		action = action[:n-1]
+	}
+	method := string(ctx.Method())
+	var allow string
+	switch string(action) {
+	case "":
+		allow = "DELETE, GET"
+	case "cancel":
+		allow = "POST"
+	case "input_items":
+		allow = "GET"
+	}
+	// POST on an id is no route, not a wrong method: the SDKs' POST
+	// /v1/responses/input_tokens and /compact are endpoints this gateway
+	// does not serve, and "use DELETE, GET" sent their users astray.
+	if allow == "" || len(idb) == 0 || (action == nil && method == fasthttp.MethodPost) {
+		return nil, nil, nil, NotFound("no route for " + method + " " + string(ctx.Path()) + " (served: POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel, GET /v1/responses/{id}/input_items)")
+	}
+	if !slices.Contains(strings.Split(allow, ", "), method) {
+		return nil, nil, nil, notAllowed(ctx, allow)
+	}
+	key, apiErr = s.authorize(ctx, accounts.ScopeGenerate)
+	return idb, action, key, apiErr
 }
 
 // relayState sends the call to up and relays its answer: status, body,

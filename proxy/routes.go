@@ -191,8 +191,16 @@ func discardBound(limit int64) int64 { return max(2*limit, 64<<20) }
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	ep, isGeneration := generationEndpoint(path)
-	limit := s.world.Load().Config.Server.MaxRequestBody
-	bodyFault := readRequestBody(ctx, int64(limit))
+	limit := int64(s.world.Load().Config.Server.MaxRequestBody)
+	// A body announced over the limit is its 413 first, as under Expect:
+	// 100-continue, which readRequestBody answers without holding it.
+	if int64(ctx.Request.Header.ContentLength()) <= limit {
+		if refusal := s.refusalFromHeaders(ctx, path); refusal != nil {
+			refuseUnread(ctx, refusal)
+			return
+		}
+	}
+	bodyFault := readRequestBody(ctx, limit)
 	// A compressed body (Codex CLI compresses its own backend's) read as
 	// it came was "not valid JSON", which said nothing of why.
 	enc := ctx.Request.Header.ContentEncoding()
@@ -263,6 +271,74 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	WriteError(ctx, NotFound("no route for "+string(ctx.Method())+" "+string(path)+s.baseURLHint(ctx, path)))
+}
+
+// refusalFromHeaders is the answer that a request's headers alone earn it,
+// nil when they refuse nothing: a path no route serves (404), a method its
+// route does not take (405, the Allow header set), a missing or bad key
+// where the route checks one (401, 403 for a scope it lacks). It follows
+// handle's routing, and is asked before the body is read (handle, and the
+// ExpectHandler instead of 100 Continue): read first, a request with no
+// key held up to max_request_body of memory per connection for the read
+// timeout. A key it verified is not verified again for the call
+// (authenticate). The routes that check no key, or check it themselves
+// (/admin/, the console's pages), are refused after their body as before.
+func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) *APIError {
+	if _, ok := generationEndpoint(path); ok {
+		if !ctx.IsPost() {
+			return notAllowed(ctx, "POST")
+		}
+		_, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
+		return apiErr
+	}
+	switch string(path) {
+	case "/v1/models", "/healthz":
+		return readOnlyRefusal(ctx)
+	case "/metrics":
+		if !s.metricsElsewhere {
+			return readOnlyRefusal(ctx)
+		}
+	}
+	if rest, ok := bytes.CutPrefix(path, responsesPrefix); ok {
+		_, _, _, apiErr := s.admitResponseState(ctx, rest)
+		return apiErr
+	}
+	if id, ok := bytes.CutPrefix(path, modelsPrefix); ok && len(id) > 0 {
+		return readOnlyRefusal(ctx)
+	}
+	if bytes.HasPrefix(path, []byte("/admin/")) && s.admin != nil {
+		return nil
+	}
+	r, ok, allow, answer := moduleRoute(s.mods.Load().routes, string(ctx.Method()), string(path))
+	switch {
+	case ok && r.checksKey(ctx):
+		_, apiErr := s.authorize(ctx, r.Scope)
+		return apiErr
+	case ok, answer != nil:
+		return nil
+	case allow != "":
+		return notAllowed(ctx, allow)
+	}
+	return NotFound("no route for " + string(ctx.Method()) + " " + string(path) + s.baseURLHint(ctx, path))
+}
+
+// readOnlyRefusal is readOnly's 405, nil for a GET or HEAD.
+func readOnlyRefusal(ctx *fasthttp.RequestCtx) *APIError {
+	if ctx.IsGet() || ctx.IsHead() {
+		return nil
+	}
+	return notAllowed(ctx, "GET, HEAD")
+}
+
+// refuseUnread answers refusal to a request whose body is not read, and
+// closes the connection if some of that body may still be on its way:
+// it is not waited for, and would be read as the next request.
+func refuseUnread(ctx *fasthttp.RequestCtx, refusal *APIError) {
+	ctx.Response.Header.Set("x-request-id", newRequestID())
+	if cl := ctx.Request.Header.ContentLength(); ctx.Request.IsBodyStream() && (cl < 0 || cl > fasthttpPrefetch) {
+		ctx.SetConnectionClose()
+	}
+	WriteError(ctx, refusal)
 }
 
 // HealthzBody answers GET /healthz, on the public listener and on
@@ -377,43 +453,36 @@ func readOnly(ctx *fasthttp.RequestCtx) bool {
 }
 
 func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
+	WriteError(ctx, notAllowed(ctx, allow))
+}
+
+// notAllowed is the 405 of a method that allow does not name, with the
+// response's Allow header set.
+func notAllowed(ctx *fasthttp.RequestCtx, allow string) *APIError {
 	ctx.Response.Header.Set("Allow", allow)
-	WriteError(ctx, errMethodNotAllowed(string(ctx.Method())+" is not allowed here; use "+allow))
+	return errMethodNotAllowed(string(ctx.Method()) + " is not allowed here; use " + allow)
 }
 
 // servePlugin serves a module's route, as call reqID (already in the
 // response's x-request-id); false when no module has path.
 func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string) (served bool) {
 	method := string(ctx.Method())
-	routes := s.mods.Load().routes
-	r, ok := findRoute(routes, method, string(path))
-	if !ok && method == fasthttp.MethodHead {
-		// HEAD is GET without the body, as on the gateway's own routes
-		// (fasthttp drops the body of an answer to HEAD): HEAD /console
-		// was a 405.
-		r, ok = findRoute(routes, fasthttp.MethodGet, string(path))
-	}
+	r, ok, allow, answer := moduleRoute(s.mods.Load().routes, method, string(path))
 	if !ok {
-		allow, answer, exact := allowedMethods(routes, string(path))
-		if !exact {
-			r, ok = findRoute(routes, AnyMethod, string(path))
+		switch {
+		case allow == "":
+			return false
+		case answer != nil:
+			refusals.count(path, fasthttp.StatusMethodNotAllowed)
+			ctx.Response.Header.Set("Allow", allow)
+			answer(ctx, allow)
+		default:
+			methodNotAllowed(ctx, allow)
 		}
-		if !ok {
-			switch {
-			case allow == "":
-				return false
-			case answer != nil:
-				refusals.count(path, fasthttp.StatusMethodNotAllowed)
-				ctx.Response.Header.Set("Allow", allow)
-				answer(ctx, allow)
-			default:
-				methodNotAllowed(ctx, allow)
-			}
-			return true
-		}
+		return true
 	}
 	call := &Call{RequestID: reqID, Start: time.Now(), World: s.world.Load(), Server: s}
-	if r.Auth != AuthNone && (len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired) {
+	if r.checksKey(ctx) {
 		key, apiErr := s.authorize(ctx, r.Scope)
 		if apiErr != nil {
 			WriteError(ctx, apiErr)
@@ -447,6 +516,33 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string
 	}()
 	r.Handler(ctx, call)
 	return true
+}
+
+// moduleRoute returns the module route that serves method on path; if
+// none does, the methods that would (allow, "" when no route has path)
+// and the route's own answer to the others (Route.MethodNotAllowed).
+func moduleRoute(routes map[routeKey]Route, method, path string) (r Route, ok bool, allow string, answer func(*fasthttp.RequestCtx, string)) {
+	r, ok = findRoute(routes, method, path)
+	if !ok && method == fasthttp.MethodHead {
+		// HEAD is GET without the body, as on the gateway's own routes
+		// (fasthttp drops the body of an answer to HEAD): HEAD /console
+		// was a 405.
+		r, ok = findRoute(routes, fasthttp.MethodGet, path)
+	}
+	if ok {
+		return r, true, "", nil
+	}
+	allow, answer, exact := allowedMethods(routes, path)
+	if !exact {
+		r, ok = findRoute(routes, AnyMethod, path)
+	}
+	return r, ok, allow, answer
+}
+
+// checksKey says whether the route verifies the request's key: always
+// where it requires one, and where it takes one that was sent.
+func (r *Route) checksKey(ctx *fasthttp.RequestCtx) bool {
+	return r.Auth != AuthNone && (len(ctx.Request.Header.Peek("Authorization")) > 0 || r.Auth == AuthRequired)
 }
 
 // findRoute returns the route of method for path: the exact one, else

@@ -169,16 +169,11 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// takes one (batch files go to the storage listener).
 		DisablePreParseMultipartForm: true,
 		// A client that asks before sending (Expect: 100-continue, as curl
-		// does past 1 MiB) a body over the limit is told 413 at once, not
-		// "100 Continue" and then 413 after the upload. fasthttp sends it
-		// without a body: the envelope cannot be written there.
-		ExpectHandler: func(ctx *fasthttp.RequestCtx) int {
-			if int64(ctx.Request.Header.ContentLength()) > int64(s.world.Load().Config.Server.MaxRequestBody) {
-				refusals.count(ctx.Path(), fasthttp.StatusRequestEntityTooLarge)
-				return fasthttp.StatusRequestEntityTooLarge
-			}
-			return fasthttp.StatusContinue
-		},
+		// does past 1 MiB) is told at once what it would be told after the
+		// upload: 413 for a body over the limit, and what its headers earn
+		// (refusalFromHeaders), not "100 Continue". fasthttp writes the
+		// response as set here, and closes the connection after it.
+		ExpectHandler: s.expectContinue,
 		// ReadTimeout bounds reading one request; WriteTimeout must stay
 		// zero, it would cap every streamed response.
 		ReadTimeout:                   requestReadTimeout,
@@ -361,6 +356,22 @@ func (s *Server) Shutdown() error { return s.http.Shutdown() }
 
 // requestReadTimeout bounds the reading of one request, headers and body.
 var requestReadTimeout = 60 * time.Second
+
+// expectContinue answers Expect: 100-continue: StatusContinue, or the
+// status of the refusal it has written.
+func (s *Server) expectContinue(ctx *fasthttp.RequestCtx) int {
+	var refusal *APIError
+	if limit := int64(s.world.Load().Config.Server.MaxRequestBody); int64(ctx.Request.Header.ContentLength()) > limit {
+		refusal = errRequestTooLarge(limit)
+	} else {
+		refusal = s.refusalFromHeaders(ctx, ctx.Path())
+	}
+	if refusal == nil {
+		return fasthttp.StatusContinue
+	}
+	refuseUnread(ctx, refusal)
+	return refusal.Status
+}
 
 // errRequestTimeout is a request whose headers or body stopped coming
 // before requestReadTimeout.

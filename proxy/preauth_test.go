@@ -1,0 +1,97 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A request its headers refuse (no key or a bad one, a path no route
+// serves, a method its route does not take) is answered from them, at
+// once and without its body: read first, 16 connections each announcing
+// 8 MiB without a key held 150 MB of the gateway's memory for the 60 s
+// read timeout. A client that asks first (Expect: 100-continue) is told
+// the refusal instead of "100 Continue".
+func TestRefusedFromItsHeadersBeforeItsBody(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxRequestBody: "8MiB"})
+	const announced = "Content-Length: 8388608\r\n"
+	sent := strings.Repeat(" ", 16<<10) // past fasthttp's 8 KiB prefetch; the rest is withheld
+	for name, c := range map[string]struct {
+		head   string
+		status int
+		code   string
+	}{
+		"no key":             {"POST /v1/chat/completions HTTP/1.1\r\n", 401, "INVALID_API_KEY"},
+		"a forged key":       {"POST /v1/responses HTTP/1.1\r\nAuthorization: Bearer tg-xxx\r\n", 401, "INVALID_API_KEY"},
+		"not a bearer":       {"POST /v1/chat/completions HTTP/1.1\r\nAuthorization: Basic eHh4\r\n", 401, "INVALID_API_KEY"},
+		"no route":           {"POST /v1/nope HTTP/1.1\r\n", 404, "not_found"},
+		"a wrong method":     {"PUT /v1/chat/completions HTTP/1.1\r\nAuthorization: Bearer " + h.key + "\r\n", 405, "method_not_allowed"},
+		"a read-only path":   {"POST /v1/models HTTP/1.1\r\n", 405, "method_not_allowed"},
+		"a response, no key": {"POST /v1/responses/resp_1/cancel HTTP/1.1\r\n", 401, "INVALID_API_KEY"},
+	} {
+		conn := rawRequest(t, h.url, c.head+"Host: x\r\n"+announced+"\r\n", sent)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Errorf("%s: no answer while the body is withheld: %v", name, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || !strings.Contains(string(body), `"code":"`+c.code+`"`) {
+			t.Errorf("%s: %d %s, want %d %s", name, resp.StatusCode, body, c.status, c.code)
+		}
+		if !resp.Close || resp.Header.Get("x-request-id") == "" {
+			t.Errorf("%s: Connection: close %v, x-request-id %q", name, resp.Close, resp.Header.Get("x-request-id"))
+		}
+	}
+
+	// Asked first, the refusal is the answer, in the envelope.
+	for name, c := range map[string]struct {
+		head   string
+		status int
+	}{
+		"no key":             {"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1000\r\n", 401},
+		"no route":           {"POST /v1/nope HTTP/1.1\r\nContent-Length: 1000\r\n", 404},
+		"over the limit too": {"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100000000\r\n", 413},
+	} {
+		conn := rawRequest(t, h.url, c.head+"Host: x\r\nExpect: 100-continue\r\n\r\n", "")
+		status, body := answerAndClose(t, conn)
+		if status != c.status || !strings.Contains(body, `"error"`) {
+			t.Errorf("Expect: 100-continue, %s: %d %s, want %d in the envelope", name, status, body, c.status)
+		}
+	}
+
+	// A call with a valid key still reads its body and is served, asked
+	// first or not.
+	chat := fmt.Sprintf(`{"model":"small","messages":[{"role":"user","content":"%s"}]}`, strings.Repeat("x", 20<<10))
+	for _, expect := range []string{"", "Expect: 100-continue\r\n"} {
+		conn := rawRequest(t, h.url, fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n%sContent-Length: %d\r\n\r\n", h.key, expect, len(chat)), "")
+		br := bufio.NewReader(conn)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if expect != "" {
+			if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != 100 {
+				t.Fatalf("Expect: 100-continue with a valid key: %v %v, want 100", resp, err)
+			}
+		}
+		if _, err := conn.Write([]byte(chat)); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("a valid call (%q): %d %s", expect, resp.StatusCode, body)
+		}
+	}
+	if n := len(h.up.Requests()); n != 2 {
+		t.Fatalf("%d calls reached the upstream, want the 2 valid ones", n)
+	}
+}
