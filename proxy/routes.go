@@ -159,6 +159,13 @@ func bodyBrokenOff(err error) *APIError {
 		msg == "empty hex number", msg == "too large hex number": // fasthttp's errors for a chunk size that is not hex, or over 15 digits
 		return BadRequest("", "the request body's chunked framing is broken ("+msg+"): each chunk is its size in hex, CRLF, that many bytes and CRLF, and a chunk of size 0 ends the body")
 	}
+	// fasthttp refuses a trailer field that frames, routes or authorizes
+	// the request (RFC 9110, 6.5.1), in an error of no type of its own
+	// that quotes the field's name; it read as a connection that failed.
+	if _, field, ok := strings.Cut(msg, "forbidden trailer key "); ok {
+		field, _, _ = strings.Cut(field, ":")
+		return BadRequest("", "the request body's trailer has the field "+field+", which a trailer may not carry: send it with the headers, or leave it out")
+	}
 	why := "the client closed its connection before sending it whole"
 	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 		why = "the connection failed before it came whole (" + reasonForClient(err) + ")"
