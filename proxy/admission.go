@@ -28,10 +28,6 @@ func (s *Server) authorize(ctx *fasthttp.RequestCtx, scope string) (*accounts.Ke
 }
 
 func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*accounts.Key, *APIError) {
-	revocations := s.streams.revocations.Load()
-	if key, ok := ctx.UserValue(verifiedKey{uint8(revocations)}).(*accounts.Key); ok {
-		return key, nil
-	}
 	h := ctx.Request.Header.Peek("Authorization")
 	if len(h) == 0 {
 		return nil, errInvalidKey("missing API key: send the header Authorization: Bearer <API key>")
@@ -43,20 +39,8 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*accounts.Key, *APIErro
 	if err != nil {
 		return nil, errInvalidKey(err.Error())
 	}
-	ctx.SetUserValue(verifiedKey{uint8(revocations)}, key)
 	return key, nil
 }
-
-// verifiedKey names, among the request's user values, the key that
-// authenticate verified: the headers are checked before the body is read
-// (refusalFromHeaders), and the call after it does not verify the key
-// again. It holds openStreams.revocations as it was before the check, so
-// a key revoked while the body came is verified again: a generation call
-// notes that count only after the body (revocationsSeen), and its stream
-// would not have been looked at again. Cut to a byte, it goes into an
-// interface without allocating; 256 revocations during one request's
-// body are none. The values go with the request (fasthttp resets them).
-type verifiedKey struct{ revocations uint8 }
 
 // CanPay says whether account can spend cost without its balance going
 // below the grace buffer: for work billed at its end, a batch job, whose
