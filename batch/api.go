@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/storage"
 )
 
@@ -117,6 +118,12 @@ func (s *Service) loadEntry(ctx context.Context, account, id string) (*Job, jets
 		return nil, nil, apiError(ErrNotFound, "no batch job has the id %q: job ids are UUIDs as POST /v1/batch returns them", id)
 	}
 	entry, err := s.jobs.Get(ctx, jobKey(account, id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// Any replica answers that get, a few milliseconds behind the
+		// leader: a job created through another gateway was "not found"
+		// when read at once through this one. The leader has the last word.
+		entry, err = broker.LeaderGet(ctx, s.js, s.jobs, jobKey(account, id))
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
 	}

@@ -850,6 +850,51 @@ func TestNotFoundAndConflicts(t *testing.T) {
 	}
 }
 
+// staleReplica answers every get not found, as a replica a few
+// milliseconds behind the leader answers a direct get of a key just
+// written.
+type staleReplica struct{ jetstream.KeyValue }
+
+func (staleReplica) Get(context.Context, string) (jetstream.KeyValueEntry, error) {
+	return nil, jetstream.ErrKeyNotFound
+}
+
+// A job created through one gateway and read at once through another was
+// "batch job … does not exist (or was deleted)" when a replica behind the
+// leader answered the read (1 in 40 on a 3-node cluster). The leader
+// confirms a miss; when it cannot be asked, the read fails (a 503, "try
+// again"), never a 404.
+func TestJobJustCreatedIsFoundThroughAStaleReplica(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	id := e.create(e.service(0, batch.Tuning{}), "acme", nil, "")
+	other := e.service(0, batch.Tuning{})
+	stale := func(kv jetstream.KeyValue) jetstream.KeyValue { return staleReplica{kv} }
+	other.ReadJobsThrough(stale, e.broker.JetStream())
+	j, err := other.Get(e.ctx, "acme", id)
+	if err != nil {
+		t.Fatalf("a job just created, read through a stale replica: %v", err)
+	}
+	if j.ID != id || j.Status != batch.StatusPending {
+		t.Fatalf("read job %s %s, want %s pending", j.ID, j.Status, id)
+	}
+	if _, err := other.Get(e.ctx, "acme.corp", id); !errors.Is(err, batch.ErrNotFound) {
+		t.Fatalf("another account's job through a stale replica: %v, want ErrNotFound", err)
+	}
+	if _, err := other.Get(e.ctx, "acme", "0190b3a4-0000-7000-8000-000000000000"); !errors.Is(err, batch.ErrNotFound) {
+		t.Fatalf("a job never created: %v, want ErrNotFound", err)
+	}
+
+	unanswered, err := jetstream.NewWithAPIPrefix(e.broker.Conn(), "$NOBODY.API")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.ReadJobsThrough(func(kv jetstream.KeyValue) jetstream.KeyValue { return kv }, unanswered)
+	var apiErr *batch.Error
+	if _, err := other.Get(e.ctx, "acme", id); err == nil || errors.As(err, &apiErr) {
+		t.Fatalf("a miss the leader could not confirm: %v, want an error that is not the client's (a 503)", err)
+	}
+}
+
 // storeDown is a store whose deletes fail while down is set, as during
 // an object store outage.
 type storeDown struct {

@@ -3,6 +3,8 @@ package batch
 import (
 	"context"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Tuning shortens the service's timings for tests, and Hook lets a test
@@ -31,3 +33,11 @@ var (
 	JobKey      = jobKey
 	InputObject = inputObject
 )
+
+// ReadJobsThrough has the service read job records through what wrap
+// makes of its bucket (a replica behind the leader, say), and confirm
+// their misses through js.
+func (s *Service) ReadJobsThrough(wrap func(jetstream.KeyValue) jetstream.KeyValue, js jetstream.JetStream) {
+	s.jobs = wrap(s.jobs)
+	s.js = js
+}

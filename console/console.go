@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/catalog"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -432,7 +433,7 @@ func (c *Console) storeError(ctx *fasthttp.RequestCtx, what string, err error) {
 	switch {
 	case errors.Is(err, accounts.ErrNotFound):
 		c.message(ctx, 404, "Not found", capitalize(what)+" does not exist.", false)
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, broker.ErrLeaderUnavailable):
 		c.logf("console: %s: %v", what, err)
 		c.message(ctx, 503, "Try again", "The account store did not answer in time. Reload the page in a moment.", false)
 	default:
