@@ -471,6 +471,94 @@ func TestRevokedKeyRefusedByOtherGatewayWithinASecond(t *testing.T) {
 	}
 }
 
+// A key made through one gateway and used at once through another was a
+// 401 "unknown key" when the other's watch had not delivered its
+// metadata yet (3 calls in 40 on a 3-node cluster). A token whose
+// signature is good waits for the watch, up to a second; forged tokens
+// and deleted keys are refused at once, so nobody without the signing
+// key can make a call wait.
+func TestKeyJustMadeElsewhereIsAcceptedOnceTheWatchDeliversIt(t *testing.T) {
+	s, _, dataDir := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	claims := func(id string) keyClaims {
+		return keyClaims{RegisteredClaims: jwt.RegisteredClaims{
+			Issuer: testAuth.Issuer, Subject: "acme", ID: id, IssuedAt: jwt.NewNumericDate(time.Now()),
+		}}
+	}
+	// The token is handed out by the gateway that stored its metadata; the
+	// metadata reaches this one's watch 100 ms later.
+	token := mint(t, jwt.SigningMethodEdDSA, signingKey(t, dataDir), claims("key_madeelsewhere"))
+	stored := make(chan error, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		data, _ := json.Marshal(KeyInfo{KeyID: "key_madeelsewhere", Account: "acme", CreatedAt: time.Now().UTC()})
+		_, err := s.keys.Create(ctx, "key_madeelsewhere", data)
+		stored <- err
+	}()
+	if k, err := s.Verify([]byte(token)); err != nil || k.ID != "key_madeelsewhere" {
+		t.Fatalf("a key whose metadata arrives 100 ms after its first call: %+v, %v", k, err)
+	}
+	if err := <-stored; err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	if _, err := s.Verify([]byte(mint(t, jwt.SigningMethodEdDSA, signingKey(t, dataDir), claims("key_neverstored")))); !errors.Is(err, errUnknownKey) {
+		t.Fatalf("a key never stored: %v, want unknown key", err)
+	}
+	if waited := time.Since(start); waited < unseenKeyWait || waited > unseenKeyWait+time.Second {
+		t.Fatalf("a key never stored was refused after %s, want about %s", waited, unseenKeyWait)
+	}
+
+	_, stranger, _ := ed25519.GenerateKey(rand.Reader)
+	forged := mint(t, jwt.SigningMethodEdDSA, stranger, claims("key_neverstored"))
+	info, deleted, err := s.CreateKey(ctx, "acme", KeyRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.keys.Delete(ctx, info.KeyID); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, time.Second, 10*time.Millisecond, func() error {
+		if _, ok := s.KeyInfo(info.KeyID); ok {
+			return errors.New("the deletion has not reached the snapshot")
+		}
+		return nil
+	})
+	for name, token := range map[string]string{"a forged token": forged, "a deleted key": deleted} {
+		start := time.Now()
+		if _, err := s.Verify([]byte(token)); err == nil {
+			t.Fatalf("%s accepted", name)
+		}
+		if waited := time.Since(start); waited > 100*time.Millisecond {
+			t.Errorf("%s was refused after %s, want at once", name, waited)
+		}
+	}
+}
+
+// Keys made through one gateway and used at once through another are
+// accepted, every one.
+func TestKeyMadeOnOneGatewayWorksAtOnceOnAnother(t *testing.T) {
+	a, brokerA, dataDirA := gateway(t)
+	b := secondGateway(t, brokerA, dataDirA)
+	ctx := testContext(t)
+	if _, err := a.CreateAccount(ctx, "beta", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		_, token, err := a.CreateKey(ctx, "beta", KeyRequest{Name: fmt.Sprint(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Verify([]byte(token)); err != nil {
+			t.Fatalf("key %d of 40, used at once on the other gateway: %v", i+1, err)
+		}
+	}
+}
+
 func TestDeletedKeyMetadataRefusesKey(t *testing.T) {
 	s, _, _ := gateway(t)
 	ctx := testContext(t)

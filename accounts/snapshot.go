@@ -84,6 +84,24 @@ func (sn *snapshot) key(id string) (*KeyInfo, bool) {
 	return e.info, true
 }
 
+// awaitUnseenKey waits up to d for the watch to deliver key id, when the
+// snapshot holds nothing of it (a deleted key's tombstone is something),
+// and says whether it came.
+func (sn *snapshot) awaitUnseenKey(id string, d time.Duration) bool {
+	sn.mu.RLock()
+	_, seen := sn.keys[id]
+	sn.mu.RUnlock()
+	if seen {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return sn.waitUntil(ctx, func() bool {
+		_, seen := sn.keys[id]
+		return seen
+	}) == nil
+}
+
 // accountIDsAfter is the ids of the live accounts that sort after after,
 // unsorted; after "" is all of them.
 func (sn *snapshot) accountIDsAfter(after string) []string {
