@@ -402,3 +402,50 @@ func TestAccountJustCreatedIsFoundOnAStaleReplica(t *testing.T) {
 		t.Fatalf("an account the snapshot does not hold was read %d times, want once", 100-n)
 	}
 }
+
+// electingBucket is a bucket whose stream has no leader, as for the
+// seconds of an election after its leader's node was lost: a status read
+// (STREAM.INFO, which the leader answers) waits until it gives up.
+type electingBucket struct{ jetstream.KeyValue }
+
+func (electingBucket) Status(ctx context.Context) (jetstream.KeyValueStatus, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// The console's keys page hung 10 s, then was a 503 ("listing keys of
+// acme: reading kv bucket TOLLGATE_KEYS status: context deadline
+// exceeded"), for 10 to 15 s after each loss of the node leading the keys
+// or accounts bucket: listing an account's keys asked the buckets for
+// their last revision first. The keys are in the gateway's snapshot; the
+// list is read there, at once.
+func TestRecentKeysAreListedWhileTheBucketsElectALeader(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	kept, _, err := s.CreateKey(ctx, "acme", KeyRequest{Name: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, _, err := s.CreateKey(ctx, "acme", KeyRequest{Name: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RevokeKey(ctx, gone.KeyID); err != nil {
+		t.Fatal(err)
+	}
+	s.keys, s.accounts = electingBucket{s.keys}, electingBucket{s.accounts}
+	start := time.Now()
+	keys, hidden, err := s.ListRecentKeys("acme", 20)
+	if err != nil {
+		t.Fatalf("listing keys while the buckets elect a leader: %v", err)
+	}
+	if waited := time.Since(start); waited > 100*time.Millisecond {
+		t.Errorf("listing keys took %s, want no wait", waited)
+	}
+	if len(keys) != 2 || hidden != 0 || keys[0].KeyID != kept.KeyID || keys[1].KeyID != gone.KeyID || keys[1].RevokedAt == nil {
+		t.Fatalf("listed %+v (%d hidden), want %s then %s revoked", keys, hidden, kept.KeyID, gone.KeyID)
+	}
+}

@@ -373,12 +373,15 @@ func byCreation(a, b *KeyInfo) int {
 // bounds their number (a console user can revoke 2,400 a day); the keys
 // not revoked are bounded by auth.max_keys_per_account, so what a page
 // built from this shows is too.
-func (s *Service) ListRecentKeys(ctx context.Context, account string, revokedShown int) ([]KeyInfo, int, error) {
+//
+// It reads the snapshot and does no I/O, so a key made or revoked through
+// another gateway shows once the watch delivers it, in milliseconds (see
+// AwaitKeyRevoked). Waiting for the buckets' last revisions first, as
+// ListKeys does, asked each bucket's stream leader: the console's keys
+// page hung 10 s and was a 503 while a lost leader was replaced.
+func (s *Service) ListRecentKeys(account string, revokedShown int) ([]KeyInfo, int, error) {
 	if err := ValidateAccountID(account); err != nil {
 		return nil, 0, err
-	}
-	if err := s.WaitSynced(ctx); err != nil {
-		return nil, 0, fmt.Errorf("listing keys of %s: %w", account, err)
 	}
 	live, revoked := s.snap.keysOfSplit(account)
 	slices.SortFunc(live, byCreation)
@@ -398,6 +401,25 @@ func (s *Service) ListRecentKeys(ctx context.Context, account string, revokedSho
 		out = append(out, *k)
 	}
 	return out, hidden, nil
+}
+
+// AwaitKeyRevoked waits up to d for this gateway's snapshot to show key
+// keyID revoked, when it holds the key not revoked, and says whether it
+// shows the key revoked then. It does no I/O: a key revoked through
+// another gateway a moment ago shows so once the watch delivers the
+// revocation.
+func (s *Service) AwaitKeyRevoked(keyID string, d time.Duration) bool {
+	if info, ok := s.snap.key(keyID); !ok || info.RevokedAt != nil {
+		return ok
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	_ = s.snap.waitUntil(ctx, func() bool {
+		e, ok := s.snap.keys[keyID]
+		return !ok || e.deleted || e.info.RevokedAt != nil
+	})
+	info, ok := s.snap.key(keyID)
+	return ok && info.RevokedAt != nil
 }
 
 // KeyInfo is the key's metadata as last seen by this gateway. It never does

@@ -633,9 +633,17 @@ func (c *Console) keys(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 
 // renderKeys renders the list and the create form (with problem, if any).
 func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess session, status int, in keyInput, problem words) {
-	sctx, cancel := storeContext()
-	defer cancel()
-	list, deletedNotShown, err := c.accounts.ListRecentKeys(sctx, sess.Account, deletedKeysShown)
+	deleted := string(ctx.QueryArgs().Peek("deleted"))
+	// The page a deletion redirects to, which a load balancer may have
+	// sent to another gateway than the deletion: the list is this
+	// gateway's copy of the keys, which the watch brings the revocation
+	// to in milliseconds. Only a key of the account is waited for, so
+	// that the wait tells nothing of other accounts' key ids.
+	if info, ok := c.accounts.KeyInfo(deleted); deleted != "" && ok && info.Account == sess.Account {
+		c.accounts.AwaitKeyRevoked(deleted, time.Second)
+	}
+	// From memory: the page stays up while NATS replaces a lost leader.
+	list, deletedNotShown, err := c.accounts.ListRecentKeys(sess.Account, deletedKeysShown)
 	if err != nil {
 		c.storeError(ctx, "the keys of "+sess.Account, err)
 		return
@@ -653,7 +661,6 @@ func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess se
 		c.storeError(ctx, "a new key form", err)
 		return
 	}
-	deleted := string(ctx.QueryArgs().Peek("deleted"))
 	var flash words
 	now := time.Now()
 	for _, k := range list {

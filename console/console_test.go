@@ -1202,6 +1202,36 @@ func TestRetentionZeroSaysLogsOutliveTheKey(t *testing.T) {
 	}
 }
 
+// The keys page is read from the gateway's copy of the keys, so that it
+// stays up while NATS replaces a lost leader; the page a deletion
+// redirects to, sent by a load balancer to another gateway, still shows
+// the key deleted: it waits for the watch to bring the revocation.
+func TestKeysPageOnAnotherGatewayShowsAKeyDeletedAMomentAgo(t *testing.T) {
+	first := startGateway(t, "")
+	second := startSecondGateway(t, first)
+	b := second.browser()
+	b.signIn("acme")
+	for round := range 10 {
+		info, _, err := first.svc.CreateKey(t.Context(), "acme", accounts.KeyRequest{Name: fmt.Sprint("key ", round)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			if _, ok := second.svc.KeyInfo(info.KeyID); !ok {
+				return errors.New("the second gateway has not seen the key")
+			}
+			return nil
+		})
+		if _, err := first.svc.RevokeKey(t.Context(), info.KeyID); err != nil {
+			t.Fatal(err)
+		}
+		status, page := b.get("/console/keys?deleted=" + info.KeyID)
+		if status != 200 || !strings.Contains(page, ") is deleted: calls with it are refused.") {
+			t.Fatalf("round %d: the keys page of the other gateway, right after the deletion: %d %s", round, status, page)
+		}
+	}
+}
+
 // GET /console/keys/revoke without key_id said "Your account has no key
 // ." (404), and a key form with name=ok&name=second made a key "ok",
 // saying nothing, where every field the form does not have is refused by
