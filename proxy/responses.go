@@ -26,7 +26,8 @@ import (
 //
 // Remembering never waits on NATS: the id goes into the local map at once
 // (so this gateway finds it on the very next call) and onto a bounded
-// queue that one goroutine writes to KV; a full queue drops the write,
+// queue that one goroutine writes to KV, in order, trying a failed write
+// again through an election (see apply); a full queue drops the write,
 // counted and logged. Looking up an id the map lacks asks KV, bounded by
 // kvLookupTimeout; only calls that name an id wait for that.
 //
@@ -61,6 +62,14 @@ const (
 	// kvWriteTimeout bounds one KV write; a NATS that is down fills the
 	// queue, and what does not fit is dropped.
 	kvWriteTimeout = 2 * time.Second
+	// kvRetryFor is how long KV may fail before the writer gives a write
+	// up (see apply): past an election, which takes 4-8 s.
+	kvRetryFor = time.Minute
+	// kvRetryFirst and kvRetryMax bound the writer's waits between tries.
+	// The longest wait is how long after an election another gateway may
+	// still find an id missing that this one is about to write.
+	kvRetryFirst = 100 * time.Millisecond
+	kvRetryMax   = time.Second
 	// kvLookupTimeout bounds a KV read on the request path.
 	kvLookupTimeout = 500 * time.Millisecond
 	// cacheGeneration is how many ids one generation of the recent-ids
@@ -127,6 +136,13 @@ type ResponseStore struct {
 	stop     chan struct{}
 	done     chan struct{}
 	stopOnce sync.Once
+	// writes bounds the writer's KV calls and waits; Close cancels it
+	// when the writes queued at shutdown take too long.
+	writes       context.Context
+	cancelWrites context.CancelFunc
+	// failingSince is when KV began failing the writer's writes, zero
+	// while they go through; the writer's own.
+	failingSince time.Time
 
 	stored, dropped, failed atomic.Uint64
 	lastLog                 atomic.Int64 // unix ns, of logSometimes
@@ -201,6 +217,7 @@ func (r *ResponseStore) start() {
 	r.ttlCh = make(chan time.Duration, 1)
 	r.stop = make(chan struct{})
 	r.done = make(chan struct{})
+	r.writes, r.cancelWrites = context.WithCancel(context.Background())
 	go r.write()
 }
 
@@ -219,8 +236,13 @@ func (r *ResponseStore) Close() {
 	select {
 	case <-r.done:
 	case <-time.After(2 * kvWriteTimeout):
-		r.logf("responses: %d mapping writes not done at shutdown", len(r.ops))
+		// The writer stops at once: its write and its wait end with
+		// r.writes. Not left running, as it would write on into a
+		// broker being closed.
+		r.cancelWrites()
+		<-r.done
 	}
+	r.cancelWrites()
 }
 
 // setTTL applies routing.response_ttl: to the map at once, and to the
@@ -441,9 +463,12 @@ func (r *ResponseStore) write() {
 	for {
 		select {
 		case op := <-r.ops:
-			r.apply(op)
+			if !r.apply(op) {
+				r.abandoned()
+				return
+			}
 		case ttl := <-r.ttlCh:
-			ctx, cancel := context.WithTimeout(context.Background(), kvWriteTimeout)
+			ctx, cancel := context.WithTimeout(r.writes, kvWriteTimeout)
 			if err := r.retune(ctx, ttl); err != nil {
 				r.logf("responses: setting the bucket's TTL to %s: %v", ttl, err)
 			}
@@ -452,7 +477,10 @@ func (r *ResponseStore) write() {
 			for {
 				select {
 				case op := <-r.ops:
-					r.apply(op)
+					if !r.apply(op) {
+						r.abandoned()
+						return
+					}
 				default:
 					return
 				}
@@ -461,27 +489,70 @@ func (r *ResponseStore) write() {
 	}
 }
 
-func (r *ResponseStore) apply(op mappingOp) {
-	ctx, cancel := context.WithTimeout(context.Background(), kvWriteTimeout)
-	defer cancel()
-	var err error
-	if op.del {
-		err = r.kv.Delete(ctx, op.key)
-	} else {
-		var value []byte
-		value, err = json.Marshal(&op.record)
+// abandoned says what Close left unwritten: the write it stopped and
+// the queue behind it.
+func (r *ResponseStore) abandoned() {
+	r.logf("responses: %d mapping writes not done at shutdown", len(r.ops)+1)
+}
+
+// apply writes op to KV, and reports false only when Close stopped it
+// first. A write KV fails (no stream leader during an election, a node
+// down, a timeout) is tried again, at growing intervals, until KV has
+// been failing for kvRetryFor: a mapping given up on is one every other
+// gateway refuses as unknown for good. The writes queued behind it wait,
+// so that no later write of the same id (its tokens, its delete)
+// overtakes it; what does not fit the queue meanwhile is dropped, as
+// when NATS is down. KV failing for longer is NATS down: each write is
+// then tried once and given up, until one goes through again.
+func (r *ResponseStore) apply(op mappingOp) bool {
+	wait := kvRetryFirst
+	for {
+		err := r.put(op)
 		if err == nil {
-			_, err = r.kv.Put(ctx, op.key, value)
+			if !r.failingSince.IsZero() {
+				r.logf("responses: KV takes mapping writes again, after failing them for %s", time.Since(r.failingSince).Round(time.Millisecond))
+				r.failingSince = time.Time{}
+			}
+			if !op.del {
+				r.stored.Add(1)
+			}
+			return true
 		}
+		if r.writes.Err() != nil {
+			return false
+		}
+		if r.failingSince.IsZero() {
+			r.failingSince = time.Now()
+		}
+		// A closed connection is closed for good (this process closes it,
+		// or it ran out of reconnects): no try would go through.
+		if time.Since(r.failingSince) >= kvRetryFor || errors.Is(err, nats.ErrConnectionClosed) {
+			n := r.failed.Add(1)
+			r.logSometimes("responses: writing the mapping %s to KV: %v (%d failed so far)", op.key, err, n)
+			return true
+		}
+		select {
+		case <-time.After(wait):
+		case <-r.writes.Done():
+			return false
+		}
+		wait = min(2*wait, kvRetryMax)
 	}
+}
+
+// put writes op to KV once.
+func (r *ResponseStore) put(op mappingOp) error {
+	ctx, cancel := context.WithTimeout(r.writes, kvWriteTimeout)
+	defer cancel()
+	if op.del {
+		return r.kv.Delete(ctx, op.key)
+	}
+	value, err := json.Marshal(&op.record)
 	if err != nil {
-		n := r.failed.Add(1)
-		r.logSometimes("responses: writing the mapping %s to KV: %v (%d failed so far)", op.key, err, n)
-		return
+		return err
 	}
-	if !op.del {
-		r.stored.Add(1)
-	}
+	_, err = r.kv.Put(ctx, op.key, value)
+	return err
 }
 
 // mappingKey is id as a KV key: as it is when it uses only letters,

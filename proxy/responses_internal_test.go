@@ -2,12 +2,17 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -135,3 +140,126 @@ func TestMappingKey(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// electionKV is a KV through a leader election: its writes fail, as
+// nats.go's do with no stream leader, until healed; it keeps the writes
+// that went through, in order.
+type electionKV struct {
+	mu     sync.Mutex
+	healed bool
+	failed int
+	writes []string // "put key value" or "del key"
+}
+
+func (k *electionKV) write(w string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.healed {
+		k.failed++
+		return nats.ErrNoStreamResponse
+	}
+	k.writes = append(k.writes, w)
+	return nil
+}
+
+func (k *electionKV) Put(_ context.Context, key string, value []byte) (uint64, error) {
+	return 1, k.write("put " + key + " " + string(value))
+}
+
+func (k *electionKV) Delete(_ context.Context, key string, _ ...jetstream.KVDeleteOpt) error {
+	return k.write("del " + key)
+}
+
+func (k *electionKV) Get(context.Context, string) (jetstream.KeyValueEntry, error) {
+	return nil, jetstream.ErrKeyNotFound
+}
+
+func (k *electionKV) heal() {
+	k.mu.Lock()
+	k.healed = true
+	k.mu.Unlock()
+}
+
+func (k *electionKV) written() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.writes)
+}
+
+// A mapping write KV failed (no stream leader: a node of a three-node
+// cluster SIGKILLed) was given up at once: the responses made in the
+// first seconds of the election were missing from KV for good, and every
+// other gateway refused them 400 previous_response_not_found. They are
+// written once the election is over, in the order they were made.
+func TestMappingWritesOutlastAnElection(t *testing.T) {
+	kv := &electionKV{}
+	r := newResponseStore(kv, time.Hour, t.Logf)
+	r.start()
+	defer r.Close()
+	r.remember("resp_1", "gpu-a", "acme", "small", true)
+	r.setTokens("resp_1", 40)
+	r.remember("resp_2", "gpu-a", "acme", "small", true)
+	r.forget("resp_2")
+	r.rememberItem("msg_1", "gpu-a", "acme", "small")
+	checkWithin(t, 2*time.Second, func() bool { kv.mu.Lock(); defer kv.mu.Unlock(); return kv.failed >= 3 })
+	time.Sleep(time.Second) // the election goes on
+	kv.heal()
+	want := []string{"put resp_1 0", "put resp_1 40", "put resp_2 0", "del resp_2", "put item.msg_1 0"}
+	waitFor(3*time.Second, func() bool { return len(kv.written()) >= len(want) })
+	var got []string
+	for _, w := range kv.written() {
+		fields := strings.SplitN(w, " ", 3)
+		if fields[0] == "put" {
+			var m responseMapping
+			if err := json.Unmarshal([]byte(fields[2]), &m); err != nil || m.Upstream != "gpu-a" {
+				t.Fatalf("%s: %v", w, err)
+			}
+			fields[2] = strconv.FormatInt(m.Tokens, 10)
+		}
+		got = append(got, strings.Join(fields, " "))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("KV was written\n%q\nwant\n%q", got, want)
+	}
+	if n := r.failed.Load(); n != 0 {
+		t.Errorf("%d mapping writes given up during a 1 s election", n)
+	}
+}
+
+// Close still waits a few seconds at most for the writes queued, however
+// long KV goes on failing them, and leaves no writer behind.
+func TestCloseWaitsBoundedForAFailingKV(t *testing.T) {
+	kv := &electionKV{}
+	r := newResponseStore(kv, time.Hour, t.Logf)
+	r.start()
+	for i := range 10 {
+		r.remember("resp_"+strconv.Itoa(i), "gpu-a", "acme", "small", true)
+	}
+	began := time.Now()
+	r.Close()
+	if took := time.Since(began); took > 2*kvWriteTimeout+time.Second {
+		t.Fatalf("Close took %v with KV failing", took)
+	}
+	select {
+	case <-r.done:
+	default:
+		t.Fatal("the writer still runs after Close")
+	}
+}
+
+func checkWithin(t *testing.T, d time.Duration, ok func() bool) {
+	t.Helper()
+	if !waitFor(d, ok) {
+		t.Fatalf("not so within %v", d)
+	}
+}
+
+// waitFor reports whether ok holds within d.
+func waitFor(d time.Duration, ok func() bool) bool {
+	for deadline := time.Now().Add(d); !ok(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
