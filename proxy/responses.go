@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -102,6 +103,15 @@ type mappingKV interface {
 	Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error
 }
 
+// leaderReadingKV is a mappingKV of a replicated bucket, which can read a
+// key from the bucket's stream leader (see find).
+type leaderReadingKV interface {
+	mappingKV
+	// GetFromLeader returns key's value as the leader holds it, or
+	// jetstream.ErrKeyNotFound.
+	GetFromLeader(ctx context.Context, key string) ([]byte, error)
+}
+
 type mappingOp struct {
 	key    string
 	del    bool
@@ -127,6 +137,9 @@ type ResponseStore struct {
 	retune func(ctx context.Context, ttl time.Duration) error
 	logf   func(string, ...any)
 	ttl    atomic.Int64 // ns
+	// readLeader reads key from the bucket's stream leader, for a miss on
+	// a replicated bucket (see find); nil with one replica.
+	readLeader func(ctx context.Context, key string) ([]byte, error)
 
 	mu       sync.Mutex
 	cur, old map[stateKey]responseMapping
@@ -185,7 +198,16 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 	if err != nil {
 		return nil, err
 	}
-	r := newResponseStore(kv, ttl, logf)
+	if st, err := kv.Status(ctx); err == nil {
+		if info, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			replicas = max(replicas, info.StreamInfo().Config.Replicas) // EnsureKV never shrinks it
+		}
+	}
+	var store mappingKV = kv
+	if replicas > 1 {
+		store = newReplicatedKV(kv, js)
+	}
+	r := newResponseStore(store, ttl, logf)
 	r.retune = func(ctx context.Context, ttl time.Duration) error {
 		_, err := ensure(ctx, ttl)
 		return err
@@ -208,6 +230,9 @@ func newResponseStore(kv mappingKV, ttl time.Duration, logf func(string, ...any)
 		ttl = config.DefaultResponseTTL
 	}
 	r := &ResponseStore{kv: kv, logf: logf, cur: map[stateKey]responseMapping{}}
+	if l, ok := kv.(leaderReadingKV); ok {
+		r.readLeader = l.GetFromLeader
+	}
 	r.ttl.Store(int64(ttl))
 	return r
 }
@@ -439,15 +464,26 @@ func (r *ResponseStore) find(ctx context.Context, k stateKey) (m responseMapping
 	if k.item {
 		key = itemKey(id)
 	}
+	var value []byte
 	e, err := r.kv.Get(ctx, key)
+	if err == nil {
+		value = e.Value()
+	} else if errors.Is(err, jetstream.ErrKeyNotFound) && r.readLeader != nil {
+		// A get on a replicated bucket is a direct get, which any replica
+		// answers, behind the leader by milliseconds, or by seconds while
+		// the leader is being elected: a miss there is not an answer. Only
+		// the leader's is; with no leader, the mapping cannot be read,
+		// and the caller is told to try again, not that the id is unknown.
+		value, err = r.readLeader(ctx, key)
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return responseMapping{}, false, nil
 	case err != nil:
 		return responseMapping{}, false, fmt.Errorf("%w: %v", errMappingsUnavailable, err)
 	}
-	if err := json.Unmarshal(e.Value(), &m); err != nil || m.Upstream == "" {
-		r.logf("responses: mapping of %s in KV is unreadable: %q", id, e.Value())
+	if err := json.Unmarshal(value, &m); err != nil || m.Upstream == "" {
+		r.logf("responses: mapping of %s in KV is unreadable: %q", id, value)
 		return responseMapping{}, false, nil
 	}
 	if time.Now().UnixNano()-m.At >= ttl {
@@ -553,6 +589,70 @@ func (r *ResponseStore) put(op mappingOp) error {
 	}
 	_, err = r.kv.Put(ctx, op.key, value)
 	return err
+}
+
+// replicatedKV is the bucket with replicas > 1: a jetstream.KeyValue and
+// its leader's reads.
+type replicatedKV struct {
+	jetstream.KeyValue
+	nc *nats.Conn
+	// msgGet is the bucket stream's STREAM.MSG.GET subject, which only
+	// the leader answers. jetstream's GetLastMsgForSubject would send a
+	// direct get, as KeyValue.Get does, on a bucket (which allows them).
+	msgGet string
+}
+
+func newReplicatedKV(kv jetstream.KeyValue, js jetstream.JetStream) *replicatedKV {
+	prefix := js.Options().APIPrefix
+	if prefix == "" {
+		prefix = jetstream.DefaultAPIPrefix
+	}
+	if !strings.HasSuffix(prefix, ".") {
+		prefix += "."
+	}
+	return &replicatedKV{KeyValue: kv, nc: js.Conn(), msgGet: prefix + "STREAM.MSG.GET.KV_" + BucketResponses}
+}
+
+// GetFromLeader returns jetstream.ErrKeyNotFound for a key the leader
+// does not hold, or holds deleted.
+func (kv *replicatedKV) GetFromLeader(ctx context.Context, key string) ([]byte, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + BucketResponses + "." + key})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := kv.nc.RequestWithContext(ctx, kv.msgGet, req)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Header []byte `json:"hdrs"`
+			Data   []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("the stream leader's answer: %w", err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrKeyNotFound
+	case resp.Error != nil:
+		return nil, resp.Error // no leader: JetStream cluster not available
+	case resp.Message == nil:
+		return nil, jetstream.ErrInvalidJetStreamResponse
+	}
+	if len(resp.Message.Header) > 0 {
+		// A delete or a purge is kept as a message without data.
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return nil, fmt.Errorf("the stream leader's answer: %w", err)
+		}
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil, jetstream.ErrKeyNotFound
+		}
+	}
+	return resp.Message.Data, nil
 }
 
 // mappingKey is id as a KV key: as it is when it uses only letters,

@@ -247,6 +247,67 @@ func TestCloseWaitsBoundedForAFailingKV(t *testing.T) {
 	}
 }
 
+// staleKV is a replicated bucket seen through a replica that is behind:
+// every get misses; its leader answers from leader, or not at all
+// (an election) when noLeader is set.
+type staleKV struct {
+	electionKV
+	leader   map[string][]byte
+	noLeader bool
+	reads    atomic.Int64
+}
+
+func (k *staleKV) GetFromLeader(ctx context.Context, key string) ([]byte, error) {
+	k.reads.Add(1)
+	if k.noLeader {
+		<-ctx.Done()
+		return nil, nats.ErrTimeout
+	}
+	v, ok := k.leader[key]
+	if !ok {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return v, nil
+}
+
+// A miss on a replicated bucket was taken as final, though any replica
+// answers a get, possibly behind the leader, and every one is behind
+// while a leader is elected: previous_response_id through another
+// gateway answered 400 previous_response_not_found for responses that
+// existed, during every election and for as long as a quorum was lost.
+// The leader's answer is final; with no leader, the mapping is
+// unavailable (503 state_unavailable), not missing.
+func TestAMissOnAReplicaIsAskedOfTheLeader(t *testing.T) {
+	kv := &staleKV{leader: map[string][]byte{
+		"resp_1":     []byte(`{"upstream":"gpu-b","account":"acme","at":` + itoa(time.Now().UnixNano()) + `}`),
+		"item.msg_1": []byte(`{"upstream":"gpu-b","account":"acme","at":` + itoa(time.Now().UnixNano()) + `}`),
+	}}
+	r := newResponseStore(kv, time.Hour, t.Logf)
+	if m, found, err := r.lookup(context.Background(), "resp_1"); err != nil || !found || m.Upstream != "gpu-b" {
+		t.Errorf("an id a replica has not caught up with: %+v %v %v", m, found, err)
+	}
+	if m, found, err := r.lookupItem(context.Background(), "msg_1"); err != nil || !found || m.Upstream != "gpu-b" {
+		t.Errorf("an item a replica has not caught up with: %+v %v %v", m, found, err)
+	}
+	if _, found, err := r.lookup(context.Background(), "resp_none"); found || err != nil {
+		t.Errorf("an id the leader does not hold either: %v %v", found, err)
+	}
+	kv.noLeader = true
+	began := time.Now()
+	_, found, err := r.lookup(context.Background(), "resp_2")
+	if found || !errors.Is(err, errMappingsUnavailable) {
+		t.Errorf("an id missed while no leader answers: %v %v, want %v", found, err, errMappingsUnavailable)
+	}
+	if took := time.Since(began); took > kvLookupTimeout+200*time.Millisecond {
+		t.Errorf("the lookup took %v, past its %v", took, kvLookupTimeout)
+	}
+	// A bucket of one replica has no leader to ask apart: its miss is final.
+	one := newResponseStore(&electionKV{}, time.Hour, t.Logf)
+	if _, found, err := one.lookup(context.Background(), "resp_none"); found || err != nil {
+		t.Errorf("a miss on a bucket of one replica: %v %v", found, err)
+	}
+}
+
 func checkWithin(t *testing.T, d time.Duration, ok func() bool) {
 	t.Helper()
 	if !waitFor(d, ok) {
