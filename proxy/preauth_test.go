@@ -95,3 +95,30 @@ func TestRefusedFromItsHeadersBeforeItsBody(t *testing.T) {
 		t.Fatalf("%d calls reached the upstream, want the 2 valid ones", n)
 	}
 }
+
+// A client that sends its whole body before it reads, as the SDKs do,
+// reads its refusal: closed with a body of more than 256 KiB still
+// arriving, the socket reset, and the SDKs said "Connection error" and
+// sent the body twice more instead of raising the 401. A body up to
+// 256 KiB keeps its connection for the next request.
+func TestRefusalWithoutAKeyIsReadAfterTheWholeBody(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxRequestBody: "8MiB"})
+	for _, size := range []int{100 << 10, 1 << 20, 6 << 20} {
+		body := fmt.Sprintf(`{"model":"small","messages":[{"role":"user","content":"%s"}]}`, strings.Repeat("x", size))
+		req, _ := http.NewRequest("POST", h.url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Errorf("%d KiB without a key: %v, want its 401", size>>10, err)
+			continue
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 401 || !strings.Contains(string(answer), "missing API key") {
+			t.Errorf("%d KiB without a key: %d %s, want 401", size>>10, resp.StatusCode, answer)
+		}
+		if kept := !resp.Close; kept != (size <= 256<<10) {
+			t.Errorf("%d KiB without a key: connection kept %v", size>>10, kept)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -203,7 +204,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	// 100-continue, which readRequestBody answers without holding it.
 	if int64(ctx.Request.Header.ContentLength()) <= limit {
 		if refusal := s.refusalFromHeaders(ctx, path); refusal != nil {
-			refuseUnread(ctx, refusal)
+			refuseThenDrain(ctx, refusal, limit)
 			return
 		}
 	}
@@ -348,6 +349,59 @@ func refuseUnread(ctx *fasthttp.RequestCtx, refusal *APIError) {
 	}
 	WriteError(ctx, refusal)
 }
+
+// refuseThenDrain answers refusal to a request whose body has not been
+// read, in handle, then reads and drops the body without keeping it. Up
+// to maxUnreadBody fasthttp does that after the answer went out, and the
+// connection is kept. A longer body is read on its own goroutine (at most
+// maxDrains at once, each for at most drainFor) after the answer went
+// out, and the connection closed: closed with the body still arriving,
+// the socket resets, and a client that sends its whole body before
+// reading (the SDKs, Python's http.client) saw "Connection error" and
+// sent it twice more, instead of a 401. Past maxDrains the connection
+// closes at once, as it did for every such body before.
+func refuseThenDrain(ctx *fasthttp.RequestCtx, refusal *APIError, limit int64) {
+	ctx.Response.Header.Set("x-request-id", newRequestID())
+	WriteError(ctx, refusal)
+	cl := int64(ctx.Request.Header.ContentLength())
+	if !ctx.Request.IsBodyStream() || (cl >= 0 && cl <= maxUnreadBody) {
+		return
+	}
+	ctx.SetConnectionClose()
+	select {
+	case drains <- struct{}{}:
+	default:
+		return
+	}
+	answer := []byte(ctx.Response.String())
+	bound := limit
+	if cl >= 0 {
+		bound = min(cl, limit)
+	}
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		defer func() { <-drains }()
+		_ = c.SetDeadline(time.Now().Add(drainFor))
+		if _, err := c.Write(answer); err != nil {
+			return
+		}
+		_, _ = io.CopyN(io.Discard, c, bound)
+	})
+}
+
+const (
+	// maxUnreadBody is what fasthttp reads and drops of a body its
+	// handler left unread before the next request (its
+	// maxUnreadStreamBodySize).
+	maxUnreadBody = 256 << 10
+	// maxDrains bounds the connections refuseThenDrain reads at once:
+	// fasthttp's connection cap does not count them.
+	maxDrains = 64
+	// drainFor bounds how long one is read.
+	drainFor = 30 * time.Second
+)
+
+var drains = make(chan struct{}, maxDrains)
 
 // HealthzBody answers GET /healthz, on the public listener and on
 // server.metrics_listen.
