@@ -363,9 +363,11 @@ func TestOversizedBodiesAreRefusedBeforeDecoding(t *testing.T) {
 			"model", `model "` + strings.Repeat("m", 200) + `…" does not exist`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := h.do(request{path: c.path, body: c.body})
+			var r reply
 			if c.path == "/v1/match" { // no public mode
 				r = h.keyed(c.path, c.body)
+			} else {
+				r = h.do(request{path: c.path, body: c.body})
 			}
 			e := r.apiError(t, 400, "invalid_request_error")
 			if e["param"] != c.param || !strings.Contains(e["message"].(string), c.msg) || len(r.body) > 1000 {
