@@ -232,9 +232,19 @@ func listBatch(c context.Context, ctx *fasthttp.RequestCtx, call *proxy.Call, sv
 	// ignored: a caller asking for 50, or the page after a job, got the
 	// same 20 newest and no word of it.
 	if q := ctx.URI().QueryString(); len(q) > 0 {
-		name, _, _ := strings.Cut(string(q), "=")
-		name, _, _ = strings.Cut(name, "&")
-		proxy.WriteError(ctx, proxy.BadRequest(name, "GET /v1/batch takes no query parameters (this one has "+strconv.Quote(name)+"): it lists your 20 newest jobs, newest first; GET /v1/batch/{job_id} reads any job"))
+		// The first parameter, as the query decodes it ("li%6Dit" is
+		// limit); a query of separators alone ("?&") names none.
+		var name string
+		ctx.QueryArgs().VisitAll(func(k, _ []byte) {
+			if name == "" && len(k) > 0 {
+				name = string(k)
+			}
+		})
+		what := "this one has " + strconv.Quote(name)
+		if name == "" {
+			what = "this one has " + strconv.Quote("?"+string(q))
+		}
+		proxy.WriteError(ctx, proxy.BadRequest(name, "GET /v1/batch takes no query parameters ("+what+"): it lists your 20 newest jobs, newest first; GET /v1/batch/{job_id} reads any job"))
 		return
 	}
 	jobs, err := svc.List(c, call.Key.Account)

@@ -612,8 +612,7 @@ func TestBatchListNewestFirst(t *testing.T) {
 	}
 	// OpenAI's list parameters were taken and ignored: 20 jobs for
 	// limit=2, the same 20 for the page after one.
-	for _, q := range []string{"limit=2", "after=" + ids[5] + "&limit=2", "order=asc"} {
-		name, _, _ := strings.Cut(q, "=")
+	for q, name := range map[string]string{"limit=2": "limit", "after=" + ids[5] + "&limit=2": "after", "order=asc": "order", "li%6Dit=5": "limit"} {
 		r := h.call("GET", "/v1/batch?"+q, h.key, "")
 		if r.status != 400 || !strings.Contains(string(r.body), `"param":"`+name+`"`) || !strings.Contains(string(r.body), "20 newest jobs") {
 			t.Errorf("GET /v1/batch?%s: %s; want a 400 naming %s", q, r, name)
