@@ -363,7 +363,7 @@ func (e *batchEngine) Classify(ctx context.Context, req classifiers.ClassifyRequ
 		return batch.Answer{ClassifyResult: res, Spent: spent}, err
 	}
 	if errors.Is(err, proxy.ErrModelUnavailable) {
-		c.probes.markDown()
+		c.probes.markDown(err)
 	}
 	if c.auto {
 		off := c.offlineFallback()

@@ -204,6 +204,9 @@ func (c *engineChoice) unavailable() *proxy.APIError {
 	if c.name != engineLLM || c.auto || !c.probes.down() {
 		return nil
 	}
+	if fault := c.probes.fault(); fault != nil {
+		return engineError(c, fault)
+	}
 	return engineError(c, proxy.ErrModelUnavailable)
 }
 
@@ -255,7 +258,7 @@ func (c *engineChoice) run(ctx context.Context, do func(context.Context, classif
 	if c.name == engineLLM {
 		c.spent, c.spentModel, c.spentUpstream = ans.Usage, c.model, c.upstream
 		if errors.Is(err, proxy.ErrModelUnavailable) {
-			c.probes.markDown() // every member was tried
+			c.probes.markDown(err) // every member was tried
 			c.untaken = !answeredBy.Reached() && c.spent.Tokens() == 0
 		}
 	}
@@ -287,7 +290,12 @@ func fallbackNote(c *engineChoice, err error, off *engineChoice) string {
 // internal addresses, so they are summarized, never quoted.
 func failure(c *engineChoice, err error) string {
 	var me *proxy.ModelError
+	var fault *proxy.UpstreamFaultError
 	switch {
+	case errors.As(err, &fault):
+		// Worded by the gateway, with nothing internal in it: the
+		// operator's fix (base_url, api_key) is in it.
+		return fault.Answer.Message
 	case errors.Is(err, proxy.ErrModelUnavailable) && len(c.probes) > 1:
 		return fmt.Sprintf("every upstream of model %s is unavailable", c.model)
 	case errors.Is(err, proxy.ErrModelUnavailable):
@@ -311,7 +319,12 @@ func engineError(c *engineChoice, err error) *proxy.APIError {
 		apiErr.NoRetry = spent
 		return apiErr
 	}
+	var fault *proxy.UpstreamFaultError
+	isFault := errors.As(err, &fault)
 	advice := "retry later or send"
+	if isFault {
+		advice = "send" // not "retry later": the message says whose fix it waits for
+	}
 	if spent {
 		advice = "the model's answers are billed, and asking again would bill them again; send"
 	}
@@ -319,6 +332,10 @@ func engineError(c *engineChoice, err error) *proxy.APIError {
 	apiErr := &proxy.APIError{Status: fasthttp.StatusBadGateway, Type: "upstream_error", Code: "upstream_error", Message: msg}
 	var answered *proxy.ModelError
 	switch {
+	case isFault:
+		// As a chat call answers it: a 503 to retry later hid the
+		// redirect, or the refused api_key, from everyone but the log.
+		apiErr = &proxy.APIError{Status: fault.Answer.Status, Type: fault.Answer.Type, Code: fault.Answer.Code, Message: msg}
 	case errors.Is(err, proxy.ErrModelUnavailable):
 		apiErr = onModel(proxy.Unavailable(msg))
 	case errors.As(err, &answered) && answered.Status == fasthttp.StatusTooManyRequests:
@@ -397,6 +414,11 @@ type probe struct {
 	// failedCallAt is when a failed call marked the upstream down; zero
 	// once a probe has answered since.
 	failedCallAt time.Time
+	// fault is the last failed call's redirect or refused api_key, kept
+	// until a probe answers: its probes fail alike (GET /models is
+	// redirected or refused too), and the calls refused meanwhile
+	// (unavailable) say it, not "unavailable; retry later".
+	fault *proxy.UpstreamFaultError
 }
 
 // startDue starts a probe when one is due and none is running.
@@ -458,6 +480,9 @@ func (p *probe) check(done chan struct{}) {
 	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() <= 299
 	p.mu.Lock()
 	p.ok, p.checkedAt, p.running, p.failedCallAt = ok, time.Now(), nil, time.Time{}
+	if ok {
+		p.fault = nil
+	}
 	p.mu.Unlock()
 	close(done)
 }
@@ -488,21 +513,37 @@ func (ps probes) down() bool {
 }
 
 // markDown records a model call that failed on every upstream the pool
-// tried.
-func (ps probes) markDown() {
+// tried with err.
+func (ps probes) markDown(err error) {
+	var fault *proxy.UpstreamFaultError
+	errors.As(err, &fault)
 	for _, p := range ps {
-		p.markDown()
+		p.markDown(fault)
 	}
+}
+
+// fault is the redirect or refused api_key that a call to the upstreams
+// last failed with, while no probe has answered since; nil for none.
+func (ps probes) fault() *proxy.UpstreamFaultError {
+	for _, p := range ps {
+		p.mu.Lock()
+		fault := p.fault
+		p.mu.Unlock()
+		if fault != nil {
+			return fault
+		}
+	}
+	return nil
 }
 
 // markDown records a failed llm call: auto requests go offline until the
 // next probe, due probeAfterFailedCall after the last, finds the upstream
 // back. One failure is not trusted for probeEvery: a connection dropped
 // once says little of the next call.
-func (p *probe) markDown() {
+func (p *probe) markDown(fault *proxy.UpstreamFaultError) {
 	p.mu.Lock()
 	now := time.Now()
-	p.ok, p.checkedAt, p.failedCallAt = false, now, now
+	p.ok, p.checkedAt, p.failedCallAt, p.fault = false, now, now, fault
 	if soon := p.probedAt.Add(probeAfterFailedCall); soon.Before(p.nextProbe) {
 		p.nextProbe = soon
 	}

@@ -610,3 +610,53 @@ func TestIssueLLMIsNotRefusedLabelsOnlyItTellsApart(t *testing.T) {
 		}
 	}
 }
+
+// An llm engine's upstream that answered a redirect (an http:// base_url
+// of an https-only provider) or a 401 (the gateway's api_key refused)
+// was taken for down: a call naming the model was a 503 "upstream local
+// is unavailable; retry later", which named neither the redirect nor the
+// key. It is the 502 a chat call gets, saying what to fix.
+func TestLLMEngineAnswersAnUpstreamsRedirectOrRefusalAsChatDoes(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		upstream proxytest.Options
+		code     string
+		says     string
+	}{
+		{"redirect", proxytest.Options{Status: 301, ErrorBody: "<html>301 Moved Permanently</html>",
+			StatusHeaders: map[string]string{"Location": "https://api.example.com/v1/chat/completions?sig=s3cret"}},
+			"upstream_bad_answer", "upstream local answered 301 with a redirect to https://api.example.com/v1/chat/completions;"},
+		{"refused key", proxytest.Options{Status: 401, ErrorBody: `{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}`},
+			"upstream_credentials_refused", "upstream local refused the gateway's credentials for it (answered 401: Incorrect API key provided)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, harnessOptions{})
+			h.up.SetOptions(c.upstream)
+			// The second is refused before it is admitted, the model
+			// taken for down after the first: it says why all the same.
+			for i := range 2 {
+				e := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "small"}`).apiError(t, 502, c.code)
+				msg := e["message"].(string)
+				if e["type"] != "upstream_error" || !strings.Contains(msg, "model small: "+c.says) ||
+					strings.Contains(msg, "retry later") || strings.Contains(msg, "s3cret") {
+					t.Fatalf("call %d: %v; want the upstream's fault as chat words it", i+1, e)
+				}
+			}
+			if n := h.up.ChatCalls(); n != 1 {
+				t.Fatalf("%d chat calls; want the second refused without one", n)
+			}
+		})
+	}
+
+	// auto falls back to the offline engine, as for any failed call, its
+	// fallback saying why.
+	h := newHarness(t, harnessOptions{plugins: "  engine: auto\n  llm_model: small"})
+	if m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t); m["engine"] != "llm" {
+		t.Fatalf("auto with the upstream up: %v", m)
+	}
+	h.up.SetOptions(proxytest.Options{Status: 307, StatusHeaders: map[string]string{"Location": "https://api.example.com/v1/chat/completions"}})
+	m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
+	if m["engine"] == "llm" || !strings.Contains(fmt.Sprint(m["fallback"]), "llm model small failed (upstream local answered 307 with a redirect to https://api.example.com/v1/chat/completions;") {
+		t.Fatalf("auto with the upstream redirecting: %v", m)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -38,6 +39,23 @@ type unavailableError struct {
 
 func (e *unavailableError) Error() string { return ErrModelUnavailable.Error() + ": " + e.msg }
 func (e *unavailableError) Unwrap() error { return ErrModelUnavailable }
+
+// UpstreamFaultError is a failure of CallModel that only the gateway's
+// operator can fix, which a chat call gets as Answer: an upstream's
+// redirect (502 upstream_bad_answer naming where it points: a base_url
+// that is not where its API answers) or its 401 or 403 (502
+// upstream_credentials_refused: its api_key). It is ErrModelUnavailable
+// too, as the model cannot answer until it is fixed: auto falls back to
+// an offline engine. Taken for the upstream down, an explicit call was a
+// 503 to retry later that named neither.
+type UpstreamFaultError struct {
+	Answer *APIError
+}
+
+func (e *UpstreamFaultError) Error() string {
+	return ErrModelUnavailable.Error() + ": " + e.Answer.Message
+}
+func (e *UpstreamFaultError) Unwrap() error { return ErrModelUnavailable }
 
 // RetryAfter is how long a failed CallModel asked its caller to wait
 // before asking again: the upstream's Retry-After, or when the first of
@@ -98,6 +116,10 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 		// logprobs is asked again without them (classifiers.llm).
 		errBody, _ := apiErr.MarshalJSON()
 		return nil, catalog.Usage{}, &ModelError{Status: apiErr.Status, Body: errBody, RetryAfter: apiErr.RetryAfter}
+	}
+	if apiErr != nil && (apiErr.Code == "upstream_credentials_refused" ||
+		apiErr.Code == "upstream_bad_answer" && strings.Contains(apiErr.Message, " with "+aRedirect)) {
+		return nil, catalog.Usage{}, &UpstreamFaultError{Answer: apiErr}
 	}
 	if apiErr != nil {
 		return nil, catalog.Usage{}, &unavailableError{msg: apiErr.Message, retryAfter: apiErr.RetryAfter}

@@ -202,6 +202,10 @@ func (u *upstream) answeredRedirect(status int, what string) {
 		u.cfg.Name, status, what, logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
 }
 
+// aRedirect begins every redirectAnswer: CallModel tells a redirect's
+// 502 by it.
+const aRedirect = "a redirect"
+
 // redirectAnswer says where a redirect of the upstream points: its
 // Location resolved against base_url, without the userinfo, query and
 // fragment a Location may carry (a signed URL's token), since it goes
@@ -209,16 +213,16 @@ func (u *upstream) answeredRedirect(status int, what string) {
 func (u *upstream) redirectAnswer(h *fasthttp.ResponseHeader) string {
 	loc := h.Peek("Location")
 	if len(loc) == 0 {
-		return "a redirect with no Location"
+		return aRedirect + " with no Location"
 	}
 	base, err := url.Parse(u.cfg.BaseURL)
 	target, err2 := url.Parse(string(loc))
 	if err != nil || err2 != nil {
-		return "a redirect to a Location that is no URL"
+		return aRedirect + " to a Location that is no URL"
 	}
 	target = base.ResolveReference(target)
 	target = &url.URL{Scheme: target.Scheme, Host: target.Host, Path: target.Path}
-	return "a redirect to " + utf8cut.Shorten(target.String(), 200)
+	return aRedirect + " to " + utf8cut.Shorten(target.String(), 200)
 }
 
 // minSecretKey is the shortest api_key masked in the errors passed on.
