@@ -5,6 +5,7 @@ import (
 	"context"
 	cryptotls "crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -249,10 +250,57 @@ func maskAPIKey(key string) string {
 // client. b itself when it holds no key, which is almost always; only
 // errors are looked into, never an answer.
 func (u *upstream) masked(b []byte) []byte {
-	if len(u.apiKey) == 0 || !bytes.Contains(b, u.apiKey) {
+	if len(u.apiKey) == 0 {
 		return b
 	}
-	return bytes.ReplaceAll(b, u.apiKey, u.maskedKey)
+	if bytes.Contains(b, u.apiKey) {
+		b = bytes.ReplaceAll(b, u.apiKey, u.maskedKey)
+	}
+	if bytes.IndexByte(b, '\\') >= 0 {
+		b = u.maskedEscaped(b)
+	}
+	return b
+}
+
+// maskedEscaped masks the api_key in the JSON strings of b that hold it
+// once their escapes are read ("sk\u002d…", PHP's "\/" for a '/'): not
+// the key's bytes, but any JSON parser gives the client the key whole.
+// The JSON looked into runs from b's first '{' to its last '}': an error
+// body, or an error event's data line.
+func (u *upstream) maskedEscaped(b []byte) []byte {
+	start, end := bytes.IndexByte(b, '{'), bytes.LastIndexByte(b, '}')
+	if start < 0 || end < start || !gjson.ValidBytes(b[start:end+1]) {
+		return b
+	}
+	key := string(u.apiKey)
+	var out []byte
+	done := start // b is copied to out up to here
+	var walk func(r gjson.Result)
+	walk = func(r gjson.Result) {
+		r.ForEach(func(k, v gjson.Result) bool {
+			for _, s := range [...]gjson.Result{k, v} {
+				switch {
+				case s.IsObject() || s.IsArray():
+					walk(s)
+				case s.Type == gjson.String && strings.IndexByte(s.Raw, '\\') >= 0 && strings.Contains(s.Str, key):
+					at := start + s.Index // ForEach gives each offset from the root's start, in order
+					if at < done || at+len(s.Raw) > len(b) || string(b[at:at+len(s.Raw)]) != s.Raw {
+						continue
+					}
+					quoted, _ := json.Marshal(strings.ReplaceAll(s.Str, key, string(u.maskedKey)))
+					out = append(append(out, b[done:at]...), quoted...)
+					done = at + len(s.Raw)
+				}
+			}
+			return true
+		})
+	}
+	out = append(out, b[:start]...)
+	walk(gjson.ParseBytes(b[start : end+1]))
+	if done == start {
+		return b
+	}
+	return append(out, b[done:]...)
 }
 
 // errorMessage is an upstream error's message, its api_key masked and

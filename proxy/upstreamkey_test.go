@@ -1,8 +1,11 @@
 package proxy_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
@@ -137,5 +140,60 @@ func TestUpstream401MovesOnAndCountsAgainstTheMember(t *testing.T) {
 	s := h.statuses()["p0"]
 	if !strings.Contains(s.LastError, "refused the gateway's credentials (answered 401") || strings.Contains(s.LastError, "SECRET") {
 		t.Fatalf("p0 %+v; want the refusal counted against it, the key masked", s)
+	}
+}
+
+// An error that echoed the api_key with JSON escapes in it (sk\u002d…,
+// PHP's \/ for a '/') was passed on unmasked: the bytes were not the
+// key's, but every JSON parser read the key whole out of them.
+func TestUpstreamErrorsPassedOnMaskTheGatewaysKeyEscaped(t *testing.T) {
+	const key = "sk-proj/UPSTREAM-SECRET-abcdef123456"
+	h := newHarness(t, harnessOptions{})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "    base_url: "+h.up.URL+"\n", "    base_url: "+h.up.URL+"\n    api_key: "+key+"\n", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		if reqs := h.up.Requests(); len(reqs) == 0 || reqs[len(reqs)-1].Header.Get("Authorization") != "Bearer "+key {
+			return fmt.Errorf("the upstream has not got the api_key yet")
+		}
+		return nil
+	})
+	// decoded is what a client's JSON parser reads of data: every string.
+	decoded := func(data []byte) string {
+		var v any
+		if err := json.Unmarshal(data, &v); err != nil {
+			t.Fatalf("not JSON: %s", data)
+		}
+		s, _ := json.Marshal(v)
+		return strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&").Replace(string(s))
+	}
+	check := func(what string, data []byte) {
+		t.Helper()
+		if got := decoded(data); strings.Contains(got, "SECRET") || strings.Count(got, maskedUpstreamKey) != 2 {
+			t.Fatalf("%s: %s reads %s; want the key masked as %s twice", what, data, got, maskedUpstreamKey)
+		}
+	}
+	for _, echo := range []string{
+		`sk\u002dproj\/UPSTREAM\u002dSECRET\u002dabcdef123456`,
+		`sk-proj\/UPSTREAM-SECRET-abcdef123456`,
+		`sk-proj/UPSTREAM-\u0053ECRET-abcdef123456`,
+	} {
+		// A plain copy beside it, and a quote escaped before it.
+		errorJSON := `{"error":{"message":"bad key \"` + echo + `\"","type":"server_error","param":"` + key + `"}}`
+		h.up.SetOptions(proxytest.Options{Status: 500, ErrorBody: errorJSON})
+		resp := h.post("/v1/chat/completions", smallChat)
+		if body := readAll(t, resp); resp.StatusCode != 500 {
+			t.Fatalf("%s: %d %s", echo, resp.StatusCode, body)
+		} else {
+			check("a 500 in JSON with "+echo, body)
+		}
+
+		h.up.SetOptions(proxytest.Options{ErrorEventAfter: 2, ErrorEvent: "data: " + errorJSON + "\n\n"})
+		stream := string(readAll(t, h.post("/v1/chat/completions", strings.Replace(smallChat, `{`, `{"stream":true,`, 1))))
+		i := strings.Index(stream, `data: {"error"`)
+		if i < 0 {
+			t.Fatalf("no error event in %s", stream)
+		}
+		event, _, _ := strings.Cut(stream[i+len("data: "):], "\n")
+		check("an error event with "+echo, []byte(event))
 	}
 }
