@@ -43,11 +43,11 @@ func (e *unavailableError) Unwrap() error { return ErrModelUnavailable }
 // UpstreamFaultError is a failure of CallModel that only the gateway's
 // operator can fix, which a chat call gets as Answer: an upstream's
 // redirect (502 upstream_bad_answer naming where it points: a base_url
-// that is not where its API answers) or its 401 or 403 (502
-// upstream_credentials_refused: its api_key). It is ErrModelUnavailable
-// too, as the model cannot answer until it is fixed: auto falls back to
-// an offline engine. Taken for the upstream down, an explicit call was a
-// 503 to retry later that named neither.
+// that is not where its API answers) or unasked-for 304, or its 401 or
+// 403 (502 upstream_credentials_refused: its api_key). It is
+// ErrModelUnavailable too, as the model cannot answer until it is fixed:
+// auto falls back to an offline engine. Taken for the upstream down, an
+// explicit call was a 503 to retry later that named neither.
 type UpstreamFaultError struct {
 	Answer *APIError
 }
@@ -118,7 +118,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 		return nil, catalog.Usage{}, &ModelError{Status: apiErr.Status, Body: errBody, RetryAfter: apiErr.RetryAfter}
 	}
 	if apiErr != nil && (apiErr.Code == "upstream_credentials_refused" ||
-		apiErr.Code == "upstream_bad_answer" && strings.Contains(apiErr.Message, " with "+aRedirect)) {
+		apiErr.Code == "upstream_bad_answer" && (strings.Contains(apiErr.Message, " with "+aRedirect) || strings.Contains(apiErr.Message, " with "+notModified))) {
 		return nil, catalog.Usage{}, &UpstreamFaultError{Answer: apiErr}
 	}
 	if apiErr != nil {

@@ -199,22 +199,35 @@ func (u *upstream) answeredRedirect(status int, what string) {
 	if !ok {
 		return
 	}
+	if status == fasthttp.StatusNotModified {
+		u.logf("upstream %s answered %d with %s: a cache or proxy in front of it (%s) that answers for the API. Its calls go to another member of their pool where one is left, else are answered 502 upstream_bad_answer%s",
+			u.cfg.Name, status, what, logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
+		return
+	}
 	u.logf("upstream %s answered %d with %s: its base_url (%s) is not where its API answers (an http:// base_url of an https-only provider); set base_url to where the redirect points. Its calls go to another member of their pool where one is left, else are answered 502 upstream_bad_answer%s",
 		u.cfg.Name, status, what, logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
 }
 
-// aRedirect begins every redirectAnswer: CallModel tells a redirect's
-// 502 by it.
-const aRedirect = "a redirect"
+// aRedirect begins every redirectAnswer but a 304's, notModified: the
+// 502 of either is told by it (CallModel).
+const (
+	aRedirect   = "a redirect"
+	notModified = "an unexpected Not Modified"
+)
 
-// redirectAnswer says where a redirect of the upstream points: its
+// redirectAnswer says where a redirect (3xx) of the upstream points: its
 // Location resolved against base_url, without the userinfo, query and
 // fragment a Location may carry (a signed URL's token), since it goes
 // to the client and the log.
 func (u *upstream) redirectAnswer(h *fasthttp.ResponseHeader) string {
+	if h.StatusCode() == fasthttp.StatusNotModified {
+		// No redirect, but the answer to a conditional request, which
+		// the gateway never sends: it read "a redirect with no Location".
+		return notModified + " (the gateway's requests are never conditional)"
+	}
 	loc := h.Peek("Location")
 	if len(loc) == 0 {
-		return aRedirect + " with no Location"
+		return aRedirect + " that names no Location"
 	}
 	base, err := url.Parse(u.cfg.BaseURL)
 	target, err2 := url.Parse(string(loc))

@@ -114,3 +114,45 @@ func TestResponsesStateRedirectIsABadAnswer(t *testing.T) {
 		t.Fatalf("GET after the redirects: %d %s", status, body)
 	}
 }
+
+// A 304 Not Modified is no redirect, and the gateway asks nothing
+// conditionally: it was a 502 "answered 304 with a redirect with no
+// Location", and the log said to set base_url to where the redirect
+// points. A 300 without a Location reads as such.
+func TestUpstream304IsAnUnexpectedNotModifiedNotARedirect(t *testing.T) {
+	var log logCapture
+	h := newHarness(t, harnessOptions{logf: log.logf})
+	var hit atomic.Bool
+	var status atomic.Int32
+	status.Store(304)
+	raw := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		hit.Store(true)
+		if status.Load() == 304 {
+			fmt.Fprint(c, "HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n")
+			return true
+		}
+		const choices = "<html><a href=\"/v1/a\">a</a> <a href=\"/v1/b\">b</a></html>"
+		fmt.Fprintf(c, "HTTP/1.1 300 Multiple Choices\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s", len(choices), choices)
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, raw, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+		if !hit.Load() {
+			return fmt.Errorf("the raw upstream is not in force yet")
+		}
+		return nil
+	})
+	e := wantError(t, h.post("/v1/chat/completions", smallChat), 502, "upstream_bad_answer")
+	if msg := e["message"].(string); !strings.Contains(msg, "upstream local answered 304 with an unexpected Not Modified") || strings.Contains(msg, "redirect") {
+		t.Fatalf("304: %v", e)
+	}
+	if got := log.matching("upstream local answered 304"); len(got) != 1 || strings.Contains(got[0], "redirect") || !strings.Contains(got[0], "Not Modified") {
+		t.Fatalf("logged %q; want one line saying it answered an unexpected Not Modified", got)
+	}
+	status.Store(300)
+	e = wantError(t, h.post("/v1/chat/completions", smallChat), 502, "upstream_bad_answer")
+	if msg := e["message"].(string); !strings.Contains(msg, "upstream local answered 300 with a redirect that names no Location;") {
+		t.Fatalf("300: %v", e)
+	}
+}
