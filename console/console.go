@@ -65,6 +65,12 @@ type Console struct {
 
 const storeTimeout = 10 * time.Second
 
+// maxFormBody caps a console request's body: its forms are a few fields.
+// The session is checked only after the body, so under the gateway's
+// max_request_body a client with no session held 8 MiB per connection
+// for the read timeout.
+const maxFormBody = 64 << 10
+
 // Open builds the console. Module makes a gateway serve it; Close it after
 // that gateway's Close.
 func Open(ctx context.Context, opts Options) (*Console, error) {
@@ -160,11 +166,11 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 		// AuthNone: the console signs in with its own cookie, never with an
 		// API key.
 		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: c.page(r.handle),
-			MethodNotAllowed: c.methodNotAllowed})
+			MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody})
 	}
 	p.Routes = append(p.Routes,
-		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: c.style, MethodNotAllowed: c.methodNotAllowed},
-		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: c.toOverview, MethodNotAllowed: c.methodNotAllowed})
+		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: c.style, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody},
+		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: c.toOverview, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody})
 	// The operator's way in: behind the admin token, under /admin/v1.
 	p.AdminRoutes = []admin.Route{
 		{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin},

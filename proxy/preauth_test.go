@@ -8,6 +8,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
+	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // A request its headers refuse (no key or a bad one, a path no route
@@ -120,5 +127,93 @@ func TestRefusalWithoutAKeyIsReadAfterTheWholeBody(t *testing.T) {
 		if kept := !resp.Close; kept != (size <= 256<<10) {
 			t.Errorf("%d KiB without a key: connection kept %v", size>>10, kept)
 		}
+	}
+}
+
+// withheld sends head with 16 KiB of a body its Content-Length says is
+// 8 MiB, the rest withheld, and returns the answer: read whole first,
+// the body is a 408 at the read timeout.
+func withheld(t *testing.T, url, head string) (int, string, error) {
+	t.Helper()
+	conn := rawRequest(t, url, head+"Host: x\r\nContent-Length: 8388608\r\n\r\n", strings.Repeat(" ", 16<<10))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return 0, "", err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(body), nil
+}
+
+// No client without a key makes the gateway hold more than a small bound
+// of body per connection. The routes that read no body (GET /v1/models,
+// /healthz, /metrics) answer without it; /admin/ and a route with its own
+// cap (the console's) refuse a Content-Length over that cap from the
+// headers; a public call over its address's rate is its 429 before its
+// body. Each waited for the whole body first: 16 connections announcing
+// 8 MiB, the last bytes withheld, took GET /v1/models from 88 to 265 MB
+// for the 60 s read timeout, and Expect: 100-continue got 100 Continue.
+// A 413 reads and drops the rest of the body first, holding none of it.
+func TestNoKeyHoldsABodyPastItsRoutesNeed(t *testing.T) {
+	proxy.SetRequestReadTimeout(t, time.Second)
+	h := newHarness(t, harnessOptions{maxRequestBody: "8MiB"})
+	for head, want := range map[string]int{
+		"GET /v1/models HTTP/1.1\r\n":          200,
+		"GET /v1/models/small HTTP/1.1\r\n":    200,
+		"HEAD /v1/models HTTP/1.1\r\n":         200,
+		"GET /healthz HTTP/1.1\r\n":            200,
+		"GET /metrics HTTP/1.1\r\n":            200,
+		"POST /admin/v1/accounts HTTP/1.1\r\n": 413,
+	} {
+		if status, body, err := withheld(t, h.url, head); err != nil || status != want {
+			t.Errorf("%q, the body withheld: %d %s %v, want %d", head, status, body, err, want)
+		}
+	}
+	conn := rawRequest(t, h.url, "GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 3000000\r\nExpect: 100-continue\r\n\r\n", "")
+	if status, body := answerAndClose(t, conn); status != 200 || !strings.Contains(body, `"small"`) {
+		t.Errorf("GET /v1/models under Expect: 100-continue: %d %s, want the list, the body never asked for", status, body)
+	}
+
+	cfg, err := config.Parse("gateway.yaml", []byte(fmt.Sprintf(moduleYAML, "0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := func(ctx *fasthttp.RequestCtx, _ *proxy.Call) { ctx.SetBodyString(fmt.Sprint(len(ctx.PostBody()))) }
+	public := func(ctx *fasthttp.RequestCtx, call *proxy.Call) {
+		if apiErr := call.Admit(ctx, 1); apiErr != nil {
+			proxy.WriteError(ctx, apiErr)
+			return
+		}
+		ok(ctx, call)
+	}
+	m := proxy.Module{ID: "test", New: func(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
+		return proxy.Provisioned{Routes: []proxy.Route{
+			{Method: "POST", Path: "/test/form", Auth: proxy.AuthNone, MaxBody: 64 << 10, Handler: ok},
+			{Method: "POST", Path: "/test/public", Auth: proxy.AuthOptional, Limits: proxy.LimitCaller, Handler: public},
+		}}, nil
+	}}
+	gw, err := proxy.New(cfg, proxy.Options{Recorder: meter.NewMemory(nil), Modules: []proxy.Module{m}, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := gatewaytest.Serve(t, gw)
+	if status, body, err := withheld(t, url, "POST /test/form HTTP/1.1\r\n"); err != nil || status != 413 || !strings.Contains(body, "65536") {
+		t.Errorf("8 MiB announced to a route that takes 64 KiB: %d %s %v, want its 413", status, body, err)
+	}
+	conn = rawRequest(t, url, "POST /test/form HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n", "")
+	if status, body := answerAndClose(t, conn); status != 413 {
+		t.Errorf("100 kB under Expect to a route that takes 64 KiB: %d %s, want 413, not 100 Continue", status, body)
+	}
+	resp, err := http.Post(url+"/test/public", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("a first public call: %d", resp.StatusCode)
+	}
+	if status, body, err := withheld(t, url, "POST /test/public HTTP/1.1\r\n"); err != nil || status != 429 {
+		t.Errorf("a public call over its address's rate, the body withheld: %d %s %v, want its 429", status, body, err)
 	}
 }

@@ -62,6 +62,14 @@ type Route struct {
 	// (allow) and counted the refusal; it must answer 405. Of the routes
 	// that match the path, the one with the longest Path answers.
 	MethodNotAllowed func(ctx *fasthttp.RequestCtx, allow string)
+	// MaxBody, when above 0 and below server.max_request_body, is the
+	// route's own cap on a request body: a Content-Length over it is its
+	// 413 from the headers, as one over max_request_body is, and a
+	// chunked body is cut there. A route whose credentials are checked
+	// only after the body (AuthNone) and whose bodies are small sets one:
+	// without it a client with none held max_request_body per connection
+	// for the read timeout.
+	MaxBody int64
 }
 
 // AnyMethod as a Route's Method answers every method no route of the
@@ -199,16 +207,15 @@ func discardBound(limit int64) int64 { return max(2*limit, 64<<20) }
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	ep, isGeneration := generationEndpoint(path)
-	limit := int64(s.world.Load().Config.Server.MaxRequestBody)
-	// A body announced over the limit is its 413 first, as under Expect:
-	// 100-continue, which readRequestBody answers without holding it.
-	if int64(ctx.Request.Header.ContentLength()) <= limit {
-		if refusal := s.refusalFromHeaders(ctx, path); refusal != nil {
-			refuseThenDrain(ctx, refusal, limit)
-			return
-		}
+	refusal, limit, unread := s.refusalFromHeaders(ctx, path)
+	if refusal != nil {
+		refuseThenDrain(ctx, refusal, limit)
+		return
 	}
-	bodyFault := readRequestBody(ctx, limit)
+	var bodyFault *APIError
+	if !unread {
+		bodyFault = readRequestBody(ctx, limit)
+	}
 	// A compressed body (Codex CLI compresses its own backend's) read as
 	// it came was "not valid JSON", which said nothing of why.
 	enc := ctx.Request.Header.ContentEncoding()
@@ -291,45 +298,77 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // timeout. The call checks the key again after the body (a cached
 // Verify, about 0.1 µs), so a key revoked while its body came is seen
 // as revoked. The routes that check no key, or check it themselves
-// (/admin/, the console's pages), are refused after their body as before.
-func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) *APIError {
+// (/admin/, the console's pages), are refused after their body, within
+// their own smaller cap (adminMaxBody, Route.MaxBody).
+//
+// limit is the most body the route takes; a Content-Length over it is
+// refused nothing here: its 413 comes first (readRequestBody, or the
+// ExpectHandler). unread says the route answers without its body (the
+// gateway's own GET routes), which is then never read into memory:
+// fasthttp drops up to 256 KiB of it after the answer and closes the
+// connection past that. Both came too late for a client with no key,
+// who held max_request_body per connection on GET /v1/models.
+func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) (refusal *APIError, limit int64, unread bool) {
+	limit = int64(s.world.Load().Config.Server.MaxRequestBody)
 	if _, ok := generationEndpoint(path); ok {
+		if int64(ctx.Request.Header.ContentLength()) > limit {
+			return nil, limit, false
+		}
 		if !ctx.IsPost() {
-			return notAllowed(ctx, "POST")
+			return notAllowed(ctx, "POST"), limit, false
 		}
 		_, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
-		return apiErr
+		return apiErr, limit, false
 	}
 	switch string(path) {
 	case "/v1/models", "/healthz":
-		return readOnlyRefusal(ctx)
+		return readOnlyRefusal(ctx), limit, true
 	case "/metrics":
 		if !s.metricsElsewhere {
-			return readOnlyRefusal(ctx)
+			return readOnlyRefusal(ctx), limit, true
 		}
 	}
 	if rest, ok := bytes.CutPrefix(path, responsesPrefix); ok {
+		if int64(ctx.Request.Header.ContentLength()) > limit {
+			return nil, limit, false
+		}
 		_, _, _, apiErr := s.admitResponseState(ctx, rest)
-		return apiErr
+		return apiErr, limit, false
 	}
 	if id, ok := bytes.CutPrefix(path, modelsPrefix); ok && len(id) > 0 {
-		return readOnlyRefusal(ctx)
+		return readOnlyRefusal(ctx), limit, true
 	}
 	if bytes.HasPrefix(path, []byte("/admin/")) && s.admin != nil {
-		return nil
+		return nil, min(limit, adminMaxBody), false
 	}
 	r, ok, allow, answer := moduleRoute(s.mods.Load().routes, string(ctx.Method()), string(path))
+	if ok && r.MaxBody > 0 {
+		limit = min(limit, r.MaxBody)
+	}
+	if int64(ctx.Request.Header.ContentLength()) > limit {
+		return nil, limit, false
+	}
 	switch {
 	case ok && r.checksKey(ctx):
 		_, apiErr := s.authorize(ctx, r.Scope)
-		return apiErr
+		return apiErr, limit, false
+	case ok && r.Limits == LimitCaller:
+		// A public call over its address's rate or concurrency is its 429
+		// before its body, as a keyed one is its 401: read first, an
+		// address past its allowance still had every body held.
+		call := Call{World: s.world.Load()}
+		return s.limits.admissionFor(ctx, &call, accounts.Limits{}).precheck(ctx), limit, false
 	case ok, answer != nil:
-		return nil
+		return nil, limit, false
 	case allow != "":
-		return notAllowed(ctx, allow)
+		return notAllowed(ctx, allow), limit, false
 	}
-	return NotFound("no route for " + string(ctx.Method()) + " " + string(path) + s.baseURLHint(ctx, path))
+	return NotFound("no route for " + string(ctx.Method()) + " " + string(path) + s.baseURLHint(ctx, path)), limit, false
 }
+
+// adminMaxBody caps a request body under /admin/, whose calls are small
+// JSON objects and whose token is checked only after the body.
+const adminMaxBody = 1 << 20
 
 // readOnlyRefusal is readOnly's 405, nil for a GET or HEAD.
 func readOnlyRefusal(ctx *fasthttp.RequestCtx) *APIError {

@@ -360,13 +360,16 @@ var requestReadTimeout = 60 * time.Second
 // expectContinue answers Expect: 100-continue: StatusContinue, or the
 // status of the refusal it has written.
 func (s *Server) expectContinue(ctx *fasthttp.RequestCtx) int {
-	var refusal *APIError
-	if limit := int64(s.world.Load().Config.Server.MaxRequestBody); int64(ctx.Request.Header.ContentLength()) > limit {
+	refusal, limit, unread := s.refusalFromHeaders(ctx, ctx.Path())
+	switch {
+	case int64(ctx.Request.Header.ContentLength()) > limit:
 		refusal = errRequestTooLarge(limit)
-	} else {
-		refusal = s.refusalFromHeaders(ctx, ctx.Path())
-	}
-	if refusal == nil {
+	case refusal == nil && unread:
+		// A route that reads no body is answered now, the body never
+		// asked for: 100 Continue had GET /v1/models's client send it.
+		s.handle(ctx)
+		return ctx.Response.StatusCode()
+	case refusal == nil:
 		return fasthttp.StatusContinue
 	}
 	refuseUnread(ctx, refusal)
