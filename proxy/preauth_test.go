@@ -217,3 +217,26 @@ func TestNoKeyHoldsABodyPastItsRoutesNeed(t *testing.T) {
 		t.Errorf("a public call over its address's rate, the body withheld: %d %s %v, want its 429", status, body, err)
 	}
 }
+
+// A refused request without a key whose chunked body came whole keeps
+// its connection, and the request pipelined after it is answered: it
+// had Connection: close, and the next request was never read.
+func TestRefusedChunkedBodyKeepsItsConnection(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	body := `{"model":"small","messages":[]}`
+	conn := rawRequest(t, h.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+		fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", len(body), body))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(conn)
+	for _, want := range []int{401, 200} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("reading the answer that should be %d: %v", want, err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || resp.Close {
+			t.Fatalf("%d, Connection: close %v; want %d, the connection kept", resp.StatusCode, resp.Close, want)
+		}
+	}
+}

@@ -392,7 +392,11 @@ func refuseUnread(ctx *fasthttp.RequestCtx, refusal *APIError) {
 // refuseThenDrain answers refusal to a request whose body has not been
 // read, in handle, then reads and drops the body without keeping it. Up
 // to maxUnreadBody fasthttp does that after the answer went out, and the
-// connection is kept. A longer body is read on its own goroutine (at most
+// connection is kept; a chunked body is left to it too, which keeps the
+// connection when the body ended within that and closes it otherwise
+// (closed here, a small chunked body's connection was lost, and a
+// request pipelined after it never answered). A longer body of a known
+// length is read on its own goroutine (at most
 // maxDrains at once, each for at most drainFor) after the answer went
 // out, and the connection closed: closed with the body still arriving,
 // the socket resets, and a client that sends its whole body before
@@ -403,7 +407,7 @@ func refuseThenDrain(ctx *fasthttp.RequestCtx, refusal *APIError, limit int64) {
 	ctx.Response.Header.Set("x-request-id", newRequestID())
 	WriteError(ctx, refusal)
 	cl := int64(ctx.Request.Header.ContentLength())
-	if !ctx.Request.IsBodyStream() || (cl >= 0 && cl <= maxUnreadBody) {
+	if !ctx.Request.IsBodyStream() || cl <= maxUnreadBody {
 		return
 	}
 	ctx.SetConnectionClose()
@@ -413,10 +417,7 @@ func refuseThenDrain(ctx *fasthttp.RequestCtx, refusal *APIError, limit int64) {
 		return
 	}
 	answer := []byte(ctx.Response.String())
-	bound := limit
-	if cl >= 0 {
-		bound = min(cl, limit)
-	}
+	bound := min(cl, limit)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
 		defer func() { <-drains }()
