@@ -85,18 +85,23 @@ func (m *module) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, err
 // caller's limits; only classify and tag have a public mode (spec 5.2),
 // off while plugins.public_limits.requests_per_minute is 0.
 func (m *module) classifierRoutes(cfg *config.Config) []proxy.Route {
-	post := func(path string, auth proxy.AuthMode, h func(*fasthttp.RequestCtx, *proxy.Call)) proxy.Route {
+	// MaxBody: a Content-Length over what the endpoint's fields can hold
+	// is its 413 from the headers (under Expect: 100-continue too), before
+	// any of it is held; read first, a public classify or tag without a
+	// key held up to max_request_body per connection.
+	p := cfg.Plugins
+	post := func(path string, auth proxy.AuthMode, h func(*fasthttp.RequestCtx, *proxy.Call), maxBody int64) proxy.Route {
 		return proxy.Route{Method: fasthttp.MethodPost, Path: path, Auth: auth, Scope: accounts.ScopeClassify,
-			Limits: proxy.LimitCaller, Handler: h}
+			Limits: proxy.LimitCaller, Handler: h, MaxBody: maxBody}
 	}
 	public := proxy.AuthOptional
 	if cfg.Plugins.PublicLimits.RequestsPerMinute == 0 {
 		public = proxy.AuthRequired
 	}
 	return []proxy.Route{
-		post("/v1/classify", public, m.handleClassify),
-		post("/v1/tag", public, m.handleTag),
-		post("/v1/score", proxy.AuthRequired, m.handleScore),
-		post("/v1/match", proxy.AuthRequired, m.handleMatch),
+		post("/v1/classify", public, m.handleClassify, maxBody(p, classifyTexts, classifyLabelSets)),
+		post("/v1/tag", public, m.handleTag, maxBody(p, 1, config.MaxLabelSetBytes)),
+		post("/v1/score", proxy.AuthRequired, m.handleScore, maxBody(p, 2, maxAttributeBytes)),
+		post("/v1/match", proxy.AuthRequired, m.handleMatch, maxBody(p, 2, 0)),
 	}
 }

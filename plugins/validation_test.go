@@ -379,12 +379,12 @@ func TestOversizedBodiesAreRefusedBeforeDecoding(t *testing.T) {
 	// \u00XX, the body is not read at all: tag holds a text and 256 KiB
 	// of tags.
 	e := h.do(request{path: "/v1/tag", body: `{"text": "` + strings.Repeat("a", 2100_000) + `"}`}).apiError(t, 413, "request_too_large")
-	if !strings.Contains(e["message"].(string), "/v1/tag takes at most 2031616") || !strings.Contains(e["message"].(string), "a label set 256 KiB") {
+	if !strings.Contains(e["message"].(string), "/v1/tag takes: at most 2031616 bytes") || strings.Contains(e["message"].(string), "max_request_body") {
 		t.Errorf("413 message %q", e["message"])
 	}
 	// Score has no label set: its 413 said it could hold one.
 	e = h.keyed("/v1/score", `{"source": "`+strings.Repeat("a", 2100_000)+`", "attribute": "urgency"}`).apiError(t, 413, "request_too_large")
-	if msg := e["message"].(string); strings.Contains(msg, "label set") || !strings.Contains(msg, "(each text plugins.max_text_bytes, the attribute 200 bytes)") {
+	if msg := e["message"].(string); strings.Contains(msg, "max_request_body") || !strings.Contains(msg, "/v1/score takes: at most 853168 bytes") {
 		t.Errorf("score's 413 message %q", msg)
 	}
 	// The largest valid label set passes, escaped as Python's json.dumps

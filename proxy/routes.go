@@ -103,18 +103,19 @@ const fasthttpPrefetch = 8 << 10
 // through a limit (fasthttp bounds no chunked body), and not with
 // Request.Body, which logs a warning for every streamed body: that log
 // cost a fifth of the throughput.
-func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) *APIError {
+func readRequestBody(ctx *fasthttp.RequestCtx, limit int64, routeCap bool) *APIError {
+	tooLarge := func(limit int64) *APIError { return errBodyOver(ctx.Path(), limit, routeCap) }
 	req := &ctx.Request
 	if !req.IsBodyStream() {
 		if int64(len(req.Body())) > limit {
-			return errRequestTooLarge(limit)
+			return tooLarge(limit)
 		}
 		return nil
 	}
 	cl := int64(req.Header.ContentLength())
 	if cl > limit {
 		discardRest(ctx, limit)
-		return errRequestTooLarge(limit)
+		return tooLarge(limit)
 	}
 	if cl >= 0 && cl <= fasthttpPrefetch {
 		// The whole body is in the request's buffer already: closing the
@@ -130,7 +131,7 @@ func readRequestBody(ctx *fasthttp.RequestCtx, limit int64) *APIError {
 	switch {
 	case err == nil && read > limit:
 		discardRest(ctx, limit)
-		fault = errRequestTooLarge(limit)
+		fault = tooLarge(limit)
 	case err == nil && cl >= 0 && read < cl:
 		// fasthttp ends a body whose client closed before its
 		// Content-Length with a plain io.EOF: read as whole, what came
@@ -214,7 +215,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	var bodyFault *APIError
 	if !unread {
-		bodyFault = readRequestBody(ctx, limit)
+		bodyFault = readRequestBody(ctx, limit, limit < int64(s.world.Load().Config.Server.MaxRequestBody))
 	}
 	// A compressed body (Codex CLI compresses its own backend's) read as
 	// it came was "not valid JSON", which said nothing of why.

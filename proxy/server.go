@@ -363,7 +363,7 @@ func (s *Server) expectContinue(ctx *fasthttp.RequestCtx) int {
 	refusal, limit, unread := s.refusalFromHeaders(ctx, ctx.Path())
 	switch {
 	case int64(ctx.Request.Header.ContentLength()) > limit:
-		refusal = errRequestTooLarge(limit)
+		refusal = errBodyOver(ctx.Path(), limit, limit < int64(s.world.Load().Config.Server.MaxRequestBody))
 	case refusal == nil && unread:
 		// A route that reads no body is answered now, the body never
 		// asked for: 100 Continue had GET /v1/models's client send it.
@@ -386,6 +386,16 @@ func errRequestTimeout() *APIError {
 // errRequestTooLarge is the 413 of a request body over max_request_body.
 func errRequestTooLarge(limit int64) *APIError {
 	return errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit))
+}
+
+// errBodyOver is the 413 of a body over limit on path; routeCap says the
+// limit is the route's own (Route.MaxBody, adminMaxBody), under
+// server.max_request_body, which that setting would not raise.
+func errBodyOver(path []byte, limit int64, routeCap bool) *APIError {
+	if !routeCap {
+		return errRequestTooLarge(limit)
+	}
+	return errTooLarge(fmt.Sprintf("request body is larger than %s takes: at most %d bytes, what its fields may hold, every byte escaped", path, limit))
 }
 
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
