@@ -449,11 +449,13 @@ func (c *Console) storeError(ctx *fasthttp.RequestCtx, what string, err error) {
 }
 
 // keyFormStoreError is storeError for a key form. When the store times
-// out, the key may have been made (its write can land after the wait):
-// the page says what sending the form again does, which the generic
-// "reload in a moment" left to guess.
+// out or NATS refuses a write (a stream electing its leader answers "no
+// response from stream"), the key may have been made (a write can land
+// after the wait): the page says what sending the form again does, which
+// the generic "reload in a moment" left to guess, and a 500 "could not
+// read" blamed the gateway.
 func (c *Console) keyFormStoreError(ctx *fasthttp.RequestCtx, what string, err error) {
-	if !errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, accounts.ErrNotFound) {
 		c.storeError(ctx, what, err)
 		return
 	}
