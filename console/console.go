@@ -211,7 +211,10 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 	}
 	token, expiresAt, err := c.logins.IssueLogin(call.Ctx, account)
 	if err != nil {
-		return 0, nil, proxy.Internal("issuing a console login: " + err.Error())
+		// Its store failing (NATS electing a leader, away): a link
+		// stored but never shown signs no one in, so sending the request
+		// again is safe. A 500 read as a fault of the gateway.
+		return 0, nil, proxy.Unavailable("issuing a console login (no link was given out; send it again): " + err.Error())
 	}
 	scheme, host := c.origin(call.HTTP)
 	link := scheme + "://" + host + "/console/login?token=" + url.QueryEscape(token)

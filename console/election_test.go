@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"net/url"
 	"strings"
 	"testing"
@@ -27,5 +28,26 @@ func TestKeyFormRefusedByNATSSaysTheKeyMayHaveBeenMade(t *testing.T) {
 	}
 	if !strings.Contains(g.log.String(), "no response from stream") {
 		t.Fatalf("the log does not say why: %s", g.log.String())
+	}
+}
+
+// A sign-in link NATS could not store (an election) was a 500
+// internal_error; the admin API answers its other writes refused so with
+// a 503 to send again, and nothing of a link was made.
+func TestConsoleLoginRefusedByNATSIsSendItAgain(t *testing.T) {
+	g := startGateway(t, "")
+	if err := g.broker.JetStream().DeleteKeyValue(t.Context(), BucketLogins); err != nil {
+		t.Fatal(err)
+	}
+	resp := g.admin("POST", "/admin/v1/accounts/acme/console-login")
+	body := readAll(t, resp)
+	var answer struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal(body, &answer); err != nil {
+		t.Fatalf("%d %s: %v", resp.StatusCode, body, err)
+	}
+	if resp.StatusCode != 503 || answer.Error.Code != "upstream_unavailable" || !strings.Contains(answer.Error.Message, "send it again") {
+		t.Fatalf("console-login NATS refused: %d %s, want 503 upstream_unavailable saying to send it again", resp.StatusCode, body)
 	}
 }
