@@ -124,6 +124,19 @@ func (e *KeyMadeError) Error() string {
 
 func (e *KeyMadeError) Unwrap() error { return ErrExists }
 
+// KeyStoreError is CreateKey's error when storing the key failed. The key
+// may have been made all the same (a write that timed out can land, with
+// 2 of 3 NATS nodes down it did once they were back), its secret never
+// shown: KeyID names it, for the caller to say where to look.
+type KeyStoreError struct {
+	KeyID string
+	Err   error
+}
+
+func (e *KeyStoreError) Error() string { return fmt.Sprintf("storing key %s: %v", e.KeyID, e.Err) }
+
+func (e *KeyStoreError) Unwrap() error { return e.Err }
+
 // KeyInfo is a key's metadata as stored in TOLLGATE_KEYS. It never holds the
 // token: a lost key cannot be recovered, only replaced.
 type KeyInfo struct {
@@ -272,7 +285,7 @@ func (s *Service) CreateKey(ctx context.Context, account string, req KeyRequest)
 		return KeyInfo{}, "", &KeyMadeError{Account: account, KeyID: info.KeyID}
 	}
 	if err != nil {
-		return KeyInfo{}, "", fmt.Errorf("storing key %s: %w", info.KeyID, err)
+		return KeyInfo{}, "", &KeyStoreError{KeyID: info.KeyID, Err: err}
 	}
 	stored := info
 	s.snap.putKey(info.KeyID, rev, &stored, false)

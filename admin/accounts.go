@@ -371,6 +371,13 @@ func (a *API) createKey(call *Call) (int, any, error) {
 	if errors.Is(err, accounts.ErrTooManyKeys) {
 		return 0, nil, proxy.LimitReached("too_many_keys", err.Error()+": revoke a key the account no longer uses (DELETE /admin/v1/keys/{key_id}; an expired key counts until it is revoked), or raise the setting")
 	}
+	var unconfirmed *accounts.KeyStoreError
+	if errors.As(err, &unconfirmed) {
+		// "Try again" alone made a second key when the first had landed
+		// (the admin API takes no idempotency key for keys).
+		return 0, nil, proxy.Unavailable(fmt.Sprintf("the account store did not confirm the new key (%v): key %s may have been made, its secret never shown. Once NATS answers again, GET /admin/v1/accounts/%s/keys lists it if it was made: revoke it (DELETE /admin/v1/keys/%s) if you send this request again, which makes another key",
+			unconfirmed.Err, unconfirmed.KeyID, call.Args[0], unconfirmed.KeyID))
+	}
 	if err != nil {
 		return 0, nil, err
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/broker"
@@ -46,6 +48,7 @@ type gateway struct {
 	t   *testing.T
 	url string
 	svc *accounts.Service
+	js  jetstream.JetStream
 }
 
 // startGateway starts the gateway with modules, which may add admin routes.
@@ -81,7 +84,7 @@ func startGatewayWith(t *testing.T, moreYAML string, modules ...proxy.Module) *g
 		t.Fatal(err)
 	}
 	t.Cleanup(gw.Close)
-	return &gateway{t: t, url: gatewaytest.Serve(t, gw), svc: svc}
+	return &gateway{t: t, url: gatewaytest.Serve(t, gw), svc: svc, js: b.JetStream()}
 }
 
 // call sends an admin call with the admin token and returns the status,
