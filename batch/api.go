@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/broker"
@@ -36,8 +37,53 @@ type Created struct {
 	UploadExpiresAt string `json:"upload_expires_at"`
 }
 
+// createBound bounds the NATS work of a job's creation, as the account
+// store's calls are bound: a stream leader elected within it (4 to 8 s
+// after one is lost) makes the job, and with none the call fails then,
+// not after the plugin's 30 s.
+const createBound = 10 * time.Second
+
+// natsAttempt bounds one NATS request of a job's creation. A request sent
+// to a stream leader that died is never answered, and its replacement
+// answers only requests sent again.
+const natsAttempt = 2 * time.Second
+
+// unansweredPause is the wait before asking again a stream that had no
+// leader to answer at once (no responders).
+const unansweredPause = 250 * time.Millisecond
+
+// askAgain runs ask with natsAttempt to answer, and again while no stream
+// leader answers it, until ctx ends. ask must be safe to repeat: a
+// write that was not answered may have landed.
+func askAgain(ctx context.Context, ask func(context.Context) error) error {
+	for {
+		attempt, cancel := context.WithTimeout(ctx, natsAttempt)
+		err := ask(attempt)
+		cancel()
+		if err == nil || ctx.Err() != nil || !noLeaderAnswered(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(unansweredPause):
+		}
+	}
+}
+
+// noLeaderAnswered: err is what a request gets while its stream elects a
+// leader (or has lost its quorum).
+func noLeaderAnswered(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		(errors.As(err, &apiErr) && apiErr.Code == 503)
+}
+
 // Create records a pending job and presigns the upload of its input.
 func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
+	ctx, cancel := context.WithTimeout(ctx, createBound)
+	defer cancel()
 	cfg := s.runtime.Config()
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -57,12 +103,20 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if len(data) > maxRequestBytes {
 		return Created{}, apiError(ErrInvalid, "labels, descriptions and examples of a batch job take %d bytes; at most %d are kept with a job", len(data), maxRequestBytes)
 	}
-	if err := s.checkPendingCap(ctx, p.Account, cfg.Batch.MaxPendingJobs); err != nil {
+	if err := askAgain(ctx, func(ctx context.Context) error { return s.checkPendingCap(ctx, p.Account, cfg.Batch.MaxPendingJobs) }); err != nil {
 		return Created{}, err
 	}
 	// A job deleted is gone from the pending count: the cap alone let a
-	// loop of create and delete write job records without end.
-	if made, wait, err := s.created.Take(ctx, p.Account, cfg.Batch.MaxJobsCreatedPerHour); err != nil {
+	// loop of create and delete write job records without end. Asked
+	// again after a count that landed unanswered, the creation counts
+	// twice: the limit errs on the side of the deployment.
+	var made int
+	var wait time.Duration
+	err = askAgain(ctx, func(ctx context.Context) (err error) {
+		made, wait, err = s.created.Take(ctx, p.Account, cfg.Batch.MaxJobsCreatedPerHour)
+		return err
+	})
+	if err != nil {
 		return Created{}, err
 	} else if wait > 0 {
 		e := apiError(ErrCreatedTooFast, "this account created %d batch jobs in the last hour, and batch.max_jobs_created_per_hour is %d (deleted jobs count): create the next in %s",
@@ -76,17 +130,30 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	}
 	// Counted before it is stored, so that no job is ever pending
 	// uncounted; a marker whose job was not stored is the reaper's.
-	if err := s.markPending(ctx, j); err != nil {
+	// A marker written twice counts once, and the index adds an id once.
+	if err := askAgain(ctx, func(ctx context.Context) error { return s.markPending(ctx, j) }); err != nil {
 		return Created{}, err
 	}
 	// Indexed before it is stored, so that no job is ever stored and
 	// missing from its account's listing; an id whose record was not
 	// stored is skipped there.
-	if err := s.updateNewest(ctx, p.Account, func(x *newestIndex) bool { x.add(j.ID); return true }); err != nil {
+	err = askAgain(ctx, func(ctx context.Context) error {
+		return s.updateNewest(ctx, p.Account, func(x *newestIndex) bool { x.add(j.ID); return true })
+	})
+	if err != nil {
 		s.unmarkPending(ctx, p.Account, j.ID)
 		return Created{}, err
 	}
-	if _, err := s.jobs.Create(ctx, jobKey(p.Account, j.ID), data); err != nil {
+	mayHaveLanded := false
+	err = askAgain(ctx, func(ctx context.Context) error {
+		_, err := s.jobs.Create(ctx, jobKey(p.Account, j.ID), data)
+		if errors.Is(err, jetstream.ErrKeyExists) && mayHaveLanded {
+			return nil // the record an unanswered write stored: the id is new
+		}
+		mayHaveLanded = mayHaveLanded || noLeaderAnswered(err)
+		return err
+	})
+	if err != nil {
 		s.unmarkPending(ctx, p.Account, j.ID)
 		s.removeNewest(ctx, p.Account, j.ID)
 		return Created{}, fmt.Errorf("saving job %s: %w", j.ID, err)
