@@ -77,6 +77,7 @@ func noLeaderAnswered(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, broker.ErrLeaderUnavailable) ||
 		(errors.As(err, &apiErr) && apiErr.Code == 503)
 }
 

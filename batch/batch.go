@@ -224,22 +224,25 @@ const (
 // Service is the batch job store, queue and worker of one process. It is
 // safe for concurrent use.
 type Service struct {
-	js       jetstream.JetStream
-	jobs     jetstream.KeyValue
-	jobsLog  jetstream.Stream // the stream behind jobs, for what KV cannot do
-	active   jetstream.KeyValue
-	newest   jetstream.KeyValue // the ids of each account's newest jobs (newest.go)
-	work     jetstream.Stream
-	pending  jetstream.Stream    // markers of the pending jobs (pending.go)
-	created  *broker.CreationLog // jobs made in the last hour, per account
-	store    storage.Store
-	runtime  Runtime
-	recorder meter.Recorder
-	logf     func(string, ...any)
-	name     string
-	ackWait  time.Duration
-	t        tuning
-	swept    sweep // the retention reaper's state (retention.go)
+	js      jetstream.JetStream
+	jobs    jetstream.KeyValue
+	jobsLog jetstream.Stream // the stream behind jobs, for what KV cannot do
+	active  jetstream.KeyValue
+	newest  jetstream.KeyValue // the ids of each account's newest jobs (newest.go)
+	// replicated: the buckets have replicas, whose direct gets may
+	// answer a value a few milliseconds old.
+	replicated bool
+	work       jetstream.Stream
+	pending    jetstream.Stream    // markers of the pending jobs (pending.go)
+	created    *broker.CreationLog // jobs made in the last hour, per account
+	store      storage.Store
+	runtime    Runtime
+	recorder   meter.Recorder
+	logf       func(string, ...any)
+	name       string
+	ackWait    time.Duration
+	t          tuning
+	swept      sweep // the retention reaper's state (retention.go)
 }
 
 // Open declares the buckets and the work stream (idempotent, so every
@@ -251,7 +254,7 @@ func Open(ctx context.Context, js jetstream.JetStream, store storage.Store, opts
 	}
 	replicas := max(opts.Replicas, 1)
 	s := &Service{js: js, store: store, runtime: opts.Runtime, recorder: opts.Recorder, logf: opts.Logf, name: opts.Name,
-		ackWait: opts.AckWait, t: opts.tuning}
+		ackWait: opts.AckWait, t: opts.tuning, replicated: replicas > 1}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}

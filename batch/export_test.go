@@ -41,3 +41,11 @@ func (s *Service) ReadJobsThrough(wrap func(jetstream.KeyValue) jetstream.KeyVal
 	s.jobs = wrap(s.jobs)
 	s.js = js
 }
+
+// ReadNewestThrough has the service read the index of the newest jobs
+// through what wrap makes of its bucket (a replica behind the leader),
+// its buckets replicated as replicated says.
+func (s *Service) ReadNewestThrough(wrap func(jetstream.KeyValue) jetstream.KeyValue, replicated bool) {
+	s.newest = wrap(s.newest)
+	s.replicated = replicated
+}

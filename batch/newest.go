@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/broker"
 )
 
 // GET /v1/batch lists an account's newest jobs from an index of their ids,
@@ -103,9 +105,21 @@ func (s *Service) storeNewest(ctx context.Context, account string, x newestIndex
 }
 
 // newestIDs is account's index, and its revision (0 when it is missing).
+// With replicas it is read from the stream leader: a direct get, which a
+// replica a few milliseconds behind may answer, gave an index without a
+// job just created through another gateway (1 listing in 120 on a
+// 3-node cluster), and an index naming fewer than 20 jobs is taken as
+// whole. The same one round trip; listings and creations are not the hot
+// path.
 func (s *Service) newestIDs(ctx context.Context, account string) (newestIndex, uint64, error) {
 	var x newestIndex
-	entry, err := s.newest.Get(ctx, accountToken(account))
+	var entry jetstream.KeyValueEntry
+	var err error
+	if s.replicated {
+		entry, err = broker.LeaderGet(ctx, s.js, s.newest, accountToken(account))
+	} else {
+		entry, err = s.newest.Get(ctx, accountToken(account))
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return x, 0, nil
 	}
