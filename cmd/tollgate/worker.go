@@ -118,6 +118,10 @@ func runBatch(args []string) error {
 	if err != nil {
 		return err
 	}
+	if forgotten == 1 {
+		fmt.Println("deleted the index of newest batch jobs of 1 account: its next GET /v1/batch rebuilds it")
+		return nil
+	}
 	fmt.Printf("deleted the index of newest batch jobs of %d accounts: the next GET /v1/batch of each rebuilds it\n", forgotten)
 	return nil
 }
