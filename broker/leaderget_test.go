@@ -3,16 +3,12 @@ package broker
 import (
 	"errors"
 	"fmt"
-	"net"
-	"slices"
-	"strings"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 func TestLeaderGetReadsTheLatestValueAndMissesDeletedKeys(t *testing.T) {
@@ -85,7 +81,7 @@ func TestLeaderGetUnansweredIsUnavailable(t *testing.T) {
 // what a write acknowledged is read there at once.
 func TestLeaderGetOnAClusterFromEveryNode(t *testing.T) {
 	ctx := testContext(t)
-	urls := startCluster(t, 3)
+	_, urls := testutil.StartNATSCluster(t, 3)
 	var kvs []jetstream.KeyValue
 	var jss []jetstream.JetStream
 	for i, url := range urls {
@@ -113,58 +109,4 @@ func TestLeaderGetOnAClusterFromEveryNode(t *testing.T) {
 			}
 		}
 	}
-}
-
-// startCluster runs n clustered nats-servers with JetStream on loopback
-// and returns their client URLs.
-func startCluster(t *testing.T, n int) []string {
-	t.Helper()
-	clientPorts, routePorts := make([]int, n), make([]int, n)
-	var routes, urls []string
-	var servers []*server.Server
-	for i := range n {
-		clientPorts[i], routePorts[i] = freePort(t), freePort(t)
-		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[i]))
-		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]))
-	}
-	for i := range n {
-		srv, err := server.NewServer(&server.Options{
-			ServerName: fmt.Sprintf("n%d", i+1),
-			Host:       "127.0.0.1",
-			Port:       clientPorts[i],
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			Cluster:    server.ClusterOpts{Name: "leader-get", Host: "127.0.0.1", Port: routePorts[i]},
-			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
-			NoSigs:     true,
-			NoLog:      true,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("node %d not ready", i+1)
-		}
-		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-		servers = append(servers, srv)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if slices.ContainsFunc(servers, (*server.Server).JetStreamIsLeader) {
-			return urls
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no JetStream meta leader after 30 s")
-		}
-	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

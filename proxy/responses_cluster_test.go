@@ -3,8 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 // The mappings of two gateways on a three-node cluster, replicas 3, while
@@ -29,7 +28,8 @@ func TestResponseMappingsThroughAnElection(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a three-node cluster and an election")
 	}
-	servers, urls := startMappingsCluster(t)
+	servers, nodes := testutil.StartNATSCluster(t, 3)
+	urls := strings.Join(nodes, ",")
 	open := func(name string) *ResponseStore {
 		nc, err := nats.Connect(urls, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 		if err != nil {
@@ -155,63 +155,6 @@ func TestResponseMappingsThroughAnElection(t *testing.T) {
 	if n := a.failed.Load() + a.dropped.Load(); n != 0 {
 		t.Errorf("%d mapping writes given up or dropped through the election", n)
 	}
-}
-
-// startMappingsCluster starts three routed nats-server nodes with
-// JetStream in this process, and returns them and their client URLs.
-func startMappingsCluster(t *testing.T) ([]*server.Server, string) {
-	t.Helper()
-	freePort := func() int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().(*net.TCPAddr).Port
-	}
-	const n = 3
-	var clientPorts, routePorts [n]int
-	var routes, urls []string
-	for i := range n {
-		clientPorts[i], routePorts[i] = freePort(), freePort()
-		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[i]))
-		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]))
-	}
-	var servers []*server.Server
-	for i := range n {
-		srv, err := server.NewServer(&server.Options{
-			ServerName: fmt.Sprintf("n%d", i+1),
-			Host:       "127.0.0.1",
-			Port:       clientPorts[i],
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			Cluster:    server.ClusterOpts{Name: "tollgate-responses", Host: "127.0.0.1", Port: routePorts[i]},
-			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
-			NoSigs:     true,
-			NoLog:      true,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("NATS node n%d not ready", i+1)
-		}
-		servers = append(servers, srv)
-		t.Cleanup(func() {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		})
-	}
-	checkWithin(t, 30*time.Second, func() bool {
-		for _, srv := range servers {
-			if srv.JetStreamIsLeader() {
-				return true
-			}
-		}
-		return false
-	})
-	return servers, strings.Join(urls, ",")
 }
 
 // ackTimes is a mappingKV that notes when each key's first write went
