@@ -189,7 +189,8 @@ func TestNoKeyHoldsABodyPastItsRoutesNeed(t *testing.T) {
 	}
 	m := proxy.Module{ID: "test", New: func(proxy.Host, *proxy.World) (proxy.Provisioned, error) {
 		return proxy.Provisioned{Routes: []proxy.Route{
-			{Method: "POST", Path: "/test/form", Auth: proxy.AuthNone, MaxBody: 64 << 10, Handler: ok},
+			{Method: "POST", Path: "/test/form", Auth: proxy.AuthNone, MaxBody: 64 << 10, Handler: ok,
+				MethodNotAllowed: func(ctx *fasthttp.RequestCtx, allow string) { ctx.SetStatusCode(405) }},
 			{Method: "POST", Path: "/test/public", Auth: proxy.AuthOptional, Limits: proxy.LimitCaller, Handler: public},
 		}}, nil
 	}}
@@ -204,6 +205,17 @@ func TestNoKeyHoldsABodyPastItsRoutesNeed(t *testing.T) {
 	conn = rawRequest(t, url, "POST /test/form HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n", "")
 	if status, body := answerAndClose(t, conn); status != 413 {
 		t.Errorf("100 kB under Expect to a route that takes 64 KiB: %d %s, want 413, not 100 Continue", status, body)
+	}
+	// A method the route answers itself (the console's 405 page) is under
+	// its cap too: POST /console with 8 MiB was read whole.
+	for _, head := range []string{"PUT /test/form HTTP/1.1\r\n", "OPTIONS /test/form HTTP/1.1\r\n"} {
+		if status, body, err := withheld(t, url, head); err != nil || status != 413 {
+			t.Errorf("%q, 8 MiB announced to a route that takes 64 KiB: %d %s %v, want its 413", head, status, body, err)
+		}
+		conn = rawRequest(t, url, head+"Host: x\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n", "")
+		if status, body := answerAndClose(t, conn); status != 413 {
+			t.Errorf("%q, 100 kB under Expect to a route that takes 64 KiB: %d %s, want 413, not 100 Continue", head, status, body)
+		}
 	}
 	resp, err := http.Post(url+"/test/public", "application/json", strings.NewReader(`{}`))
 	if err != nil {

@@ -343,7 +343,9 @@ func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) (refu
 		return nil, min(limit, adminMaxBody), false
 	}
 	r, ok, allow, answer := moduleRoute(s.mods.Load().routes, string(ctx.Method()), string(path))
-	if ok && r.MaxBody > 0 {
+	// A 405 the route answers itself is under its cap too: POST /console
+	// with 8 MiB was read whole before the console's 405 page.
+	if (ok || answer != nil) && r.MaxBody > 0 {
 		limit = min(limit, r.MaxBody)
 	}
 	if int64(ctx.Request.Header.ContentLength()) > limit {
@@ -635,11 +637,16 @@ func moduleRoute(routes map[routeKey]Route, method, path string) (r Route, ok bo
 	if ok {
 		return r, true, "", nil
 	}
-	allow, answer, exact := allowedMethods(routes, path)
+	allow, answerer, exact := allowedMethods(routes, path)
 	if !exact {
 		r, ok = findRoute(routes, AnyMethod, path)
 	}
-	return r, ok, allow, answer
+	if !ok {
+		// The route that answers the 405 (MethodNotAllowed), whose
+		// MaxBody holds for it too.
+		r = answerer
+	}
+	return r, ok, allow, answerer.MethodNotAllowed
 }
 
 // checksKey says whether the route verifies the request's key: always
@@ -674,12 +681,11 @@ func matchPrefix(routes map[routeKey]Route, method, path string) (Route, bool) {
 // Allow named them (PUT /console/style.css: "GET, POST", POST a 404).
 // AnyMethod routes are not named. It also returns the MethodNotAllowed of
 // the longest such route that sets one, nil if none does.
-func allowedMethods(routes map[routeKey]Route, path string) (allow string, answer func(*fasthttp.RequestCtx, string), exact bool) {
+func allowedMethods(routes map[routeKey]Route, path string) (allow string, answerer Route, exact bool) {
 	for k := range routes {
 		exact = exact || k.path == path && k.method != AnyMethod
 	}
 	var methods []string
-	var answerer Route
 	for k, r := range routes {
 		matches := k.path == path || !exact && strings.HasSuffix(k.path, "/*") && strings.HasPrefix(path, k.path[:len(k.path)-1])
 		if matches && k.method != AnyMethod {
@@ -693,5 +699,5 @@ func allowedMethods(routes map[routeKey]Route, path string) (allow string, answe
 		methods = append(methods, fasthttp.MethodHead) // answered as GET
 	}
 	sort.Strings(methods)
-	return strings.Join(slices.Compact(methods), ", "), answerer.MethodNotAllowed, exact
+	return strings.Join(slices.Compact(methods), ", "), answerer, exact
 }

@@ -7,6 +7,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -395,7 +396,11 @@ func errBodyOver(path []byte, limit int64, routeCap bool) *APIError {
 	if !routeCap {
 		return errRequestTooLarge(limit)
 	}
-	return errTooLarge(fmt.Sprintf("request body is larger than %s takes: at most %d bytes, what its fields may hold, every byte escaped", path, limit))
+	if bytes.HasPrefix(path, []byte("/v1/")) {
+		// The plugin endpoints' caps are what their fields can hold.
+		return errTooLarge(fmt.Sprintf("request body is larger than %s takes: at most %d bytes, what its fields may hold, every byte escaped", path, limit))
+	}
+	return errTooLarge(fmt.Sprintf("request body is larger than %s takes: at most %d bytes", path, limit))
 }
 
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
