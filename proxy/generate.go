@@ -58,10 +58,6 @@ func (s *Server) generation(ctx *fasthttp.RequestCtx, ep endpoint) {
 	w := s.world.Load()
 	reqID := newRequestID()
 	ctx.Response.Header.Set("x-request-id", reqID)
-	if !ctx.IsPost() {
-		methodNotAllowed(ctx, "POST")
-		return
-	}
 	// Before admission: a key revoked after this may have been admitted
 	// still, and its stream is looked at again when it opens (addStream).
 	revocationsSeen := s.streams.revocations.Load()

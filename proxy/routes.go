@@ -205,6 +205,9 @@ func discardRest(ctx *fasthttp.RequestCtx, limit int64) {
 // reset).
 func discardBound(limit int64) int64 { return max(2*limit, 64<<20) }
 
+// handle serves the API listener. Every request passes refusalFromHeaders
+// first, so what follows it sees only the methods, keys and paths that
+// check let through.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	ep, isGeneration := generationEndpoint(path)
@@ -215,7 +218,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	var bodyFault *APIError
 	if !unread {
-		bodyFault = readRequestBody(ctx, limit, limit < int64(s.world.Load().Config.Server.MaxRequestBody))
+		bodyFault = readRequestBody(ctx, limit, s.isRouteCap(limit))
 	}
 	// A compressed body (Codex CLI compresses its own backend's) read as
 	// it came was "not valid JSON", which said nothing of why.
@@ -244,25 +247,16 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	switch string(path) {
 	case "/v1/models":
-		if !readOnly(ctx) {
-			return
-		}
 		ctx.SetContentType("application/json")
 		ctx.SetBody(s.world.Load().Catalog.ModelsJSON())
 		return
 	case "/healthz":
-		if !readOnly(ctx) {
-			return
-		}
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(HealthzBody)
 		return
 	case "/metrics":
 		if s.metricsElsewhere {
 			break // a 404 as any path not served here
-		}
-		if !readOnly(ctx) {
-			return
 		}
 		ctx.SetContentType(MetricsContentType)
 		ctx.SetBody(s.MetricsText())
@@ -373,7 +367,8 @@ func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) (refu
 // JSON objects and whose token is checked only after the body.
 const adminMaxBody = 1 << 20
 
-// readOnlyRefusal is readOnly's 405, nil for a GET or HEAD.
+// readOnlyRefusal is the 405 of a route that only reads, nil for a GET or
+// HEAD.
 func readOnlyRefusal(ctx *fasthttp.RequestCtx) *APIError {
 	if ctx.IsGet() || ctx.IsHead() {
 		return nil
@@ -535,9 +530,6 @@ func generationEndpoint(path []byte) (endpoint, bool) {
 
 // model serves GET /v1/models/{id}: like the list, it needs no key.
 func (s *Server) model(ctx *fasthttp.RequestCtx, id []byte) {
-	if !readOnly(ctx) {
-		return
-	}
 	body, ok := s.world.Load().Catalog.ModelJSON(string(id))
 	if !ok {
 		WriteError(ctx, errModelNotFound(string(id)))
@@ -545,16 +537,6 @@ func (s *Server) model(ctx *fasthttp.RequestCtx, id []byte) {
 	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
-}
-
-// readOnly reports whether the request is a GET or HEAD, answering 405
-// otherwise, for the routes that only read.
-func readOnly(ctx *fasthttp.RequestCtx) bool {
-	if ctx.IsGet() || ctx.IsHead() {
-		return true
-	}
-	methodNotAllowed(ctx, "GET, HEAD")
-	return false
 }
 
 func methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {

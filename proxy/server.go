@@ -364,7 +364,7 @@ func (s *Server) expectContinue(ctx *fasthttp.RequestCtx) int {
 	refusal, limit, unread := s.refusalFromHeaders(ctx, ctx.Path())
 	switch {
 	case int64(ctx.Request.Header.ContentLength()) > limit:
-		refusal = errBodyOver(ctx.Path(), limit, limit < int64(s.world.Load().Config.Server.MaxRequestBody))
+		refusal = errBodyOver(ctx.Path(), limit, s.isRouteCap(limit))
 	case refusal == nil && unread:
 		// A route that reads no body is answered now, the body never
 		// asked for: 100 Continue had GET /v1/models's client send it.
@@ -387,6 +387,12 @@ func errRequestTimeout() *APIError {
 // errRequestTooLarge is the 413 of a request body over max_request_body.
 func errRequestTooLarge(limit int64) *APIError {
 	return errTooLarge(fmt.Sprintf("request body is larger than server.max_request_body (%d bytes)", limit))
+}
+
+// isRouteCap says whether limit, a route's body cap, is its own
+// (Route.MaxBody, adminMaxBody) rather than server.max_request_body.
+func (s *Server) isRouteCap(limit int64) bool {
+	return limit < int64(s.world.Load().Config.Server.MaxRequestBody)
 }
 
 // errBodyOver is the 413 of a body over limit on path; routeCap says the
