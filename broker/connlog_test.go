@@ -17,30 +17,6 @@ import (
 	"github.com/tollgate/tollgate/internal/testutil"
 )
 
-// lineCapture is a logf that keeps its lines.
-type lineCapture struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (c *lineCapture) logf(format string, args ...any) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.lines = append(c.lines, fmt.Sprintf(format, args...))
-}
-
-func (c *lineCapture) matching(s string) []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for _, l := range c.lines {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // handshakeCounter is a nats-server logger counting the TLS handshakes
 // it refused.
 type handshakeCounter struct {
@@ -94,8 +70,8 @@ func TestRefusedReconnectionsAreNotLoggedEachTime(t *testing.T) {
 		return srv
 	}
 	srv := start(server.RANDOM_PORT, false)
-	var log lineCapture
-	b, err := Start(testContext(t), config.NATS{URL: srv.ClientURL(), TLSCA: caPath, Replicas: 1}, dir, log.logf)
+	var log testutil.Log
+	b, err := Start(testContext(t), config.NATS{URL: srv.ClientURL(), TLSCA: caPath, Replicas: 1}, dir, log.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,13 +97,13 @@ func TestRefusedReconnectionsAreNotLoggedEachTime(t *testing.T) {
 	})
 	// The disconnection went out at once; what followed within
 	// connLogEvery is held back.
-	if got := log.matching("nats:"); len(got) != 1 || !strings.Contains(got[0], "disconnected") {
+	if got := log.Matching("nats:"); len(got) != 1 || !strings.Contains(got[0], "disconnected") {
 		t.Fatalf("logged %q; want the disconnection alone", got)
 	}
 	b.Close()
-	got := log.matching("certificate required")
+	got := log.Matching("certificate required")
 	if len(got) != 1 || !strings.Contains(got[0], "lines about the nats connection") {
-		t.Fatalf("at close, logged %q (all: %q); want the latest refusal once, with how many lines were left out", got, log.matching("nats:"))
+		t.Fatalf("at close, logged %q (all: %q); want the latest refusal once, with how many lines were left out", got, log.Matching("nats:"))
 	}
 }
 
@@ -135,24 +111,24 @@ func TestRefusedReconnectionsAreNotLoggedEachTime(t *testing.T) {
 // were left out, even when no line comes after it: the log's last line
 // is the connection's latest state.
 func TestConnLogWritesTheLatestHeldLineAtTheWindowsEnd(t *testing.T) {
-	var log lineCapture
-	cl := newConnLog(log.logf, 100*time.Millisecond)
+	var log testutil.Log
+	cl := newConnLog(log.Logf, 100*time.Millisecond)
 	defer cl.close()
 	cl.printf("nats: disconnected: EOF")
 	for range 3 {
 		cl.printf("nats: remote error: refused")
 	}
 	cl.printf("nats: reconnected to nats://127.0.0.1:4222")
-	if got := log.matching("nats:"); len(got) != 1 {
+	if got := log.Matching("nats:"); len(got) != 1 {
 		t.Fatalf("within the window, logged %q; want the first line alone", got)
 	}
 	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := log.matching("reconnected"); len(got) != 1 || !strings.Contains(got[0], "the latest of 4 lines") {
-			return fmt.Errorf("logged %q", log.matching("nats:"))
+		if got := log.Matching("reconnected"); len(got) != 1 || !strings.Contains(got[0], "the latest of 4 lines") {
+			return fmt.Errorf("logged %q", log.Matching("nats:"))
 		}
 		return nil
 	})
-	if got := log.matching("remote error"); len(got) != 0 {
+	if got := log.Matching("remote error"); len(got) != 0 {
 		t.Fatalf("logged %q, lines the latest replaced", got)
 	}
 }
@@ -162,8 +138,8 @@ func TestConnLogWritesTheLatestHeldLineAtTheWindowsEnd(t *testing.T) {
 // held one after it, the log's last line was the older state, and two
 // lines went out at once.
 func TestConnLogLineAtTheWindowsEndTakesTheHeldOnes(t *testing.T) {
-	var log lineCapture
-	cl := newConnLog(log.logf, time.Hour) // the flush never fires by itself
+	var log testutil.Log
+	cl := newConnLog(log.Logf, time.Hour) // the flush never fires by itself
 	defer cl.close()
 	cl.printf("nats: disconnected: EOF")
 	cl.printf("nats: consumer not active (older)")
@@ -171,12 +147,12 @@ func TestConnLogLineAtTheWindowsEndTakesTheHeldOnes(t *testing.T) {
 	cl.next = time.Now().Add(-time.Millisecond) // the window just ended
 	cl.mu.Unlock()
 	cl.printf("nats: consumer not active (newer)")
-	got := log.matching("nats:")
+	got := log.Matching("nats:")
 	if len(got) != 2 || !strings.Contains(got[1], "(newer)") || !strings.Contains(got[1], "the latest of 2 lines") {
 		t.Fatalf("logged %q; want the first line, then the newer line counting the held one", got)
 	}
 	cl.close()
-	if got := log.matching("older"); len(got) != 0 {
+	if got := log.Matching("older"); len(got) != 0 {
 		t.Fatalf("the held older line was written too: %q", got)
 	}
 }
@@ -185,17 +161,17 @@ func TestConnLogLineAtTheWindowsEndTakesTheHeldOnes(t *testing.T) {
 // "reconnected" 40 ms after a node was killed, logged 10 s later without
 // it, read as a 10 s outage.
 func TestConnLogHeldLineSaysWhenItCame(t *testing.T) {
-	var log lineCapture
-	cl := newConnLog(log.logf, 1500*time.Millisecond)
+	var log testutil.Log
+	cl := newConnLog(log.Logf, 1500*time.Millisecond)
 	defer cl.close()
 	cl.printf("nats: disconnected: EOF")
 	came := time.Now().UTC()
 	cl.printf("nats: reconnected to nats://127.0.0.1:4222")
 	cameBy := time.Now().UTC()
 	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		got := log.matching("reconnected")
+		got := log.Matching("reconnected")
 		if len(got) != 1 {
-			return fmt.Errorf("logged %q", log.matching("nats:"))
+			return fmt.Errorf("logged %q", log.Matching("nats:"))
 		}
 		at, atLatest := came.Format("2006-01-02T15:04:05"), cameBy.Format("2006-01-02T15:04:05")
 		if !strings.Contains(got[0], "(at "+at) && !strings.Contains(got[0], "(at "+atLatest) {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,37 +15,6 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/testutil"
 )
-
-// lines collects log lines; safe for the broker's goroutines.
-type lines struct {
-	t  *testing.T
-	mu sync.Mutex
-	l  []string
-}
-
-func (l *lines) logf(format string, args ...any) {
-	line := fmt.Sprintf(format, args...)
-	l.t.Log(line)
-	l.mu.Lock()
-	l.l = append(l.l, line)
-	l.mu.Unlock()
-}
-
-// with is the first line holding every word, or "".
-func (l *lines) with(words ...string) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-next:
-	for _, line := range l.l {
-		for _, w := range words {
-			if !strings.Contains(line, w) {
-				continue next
-			}
-		}
-		return line
-	}
-	return ""
-}
 
 func storeWatchedEvery(t *testing.T, every time.Duration, room int64) {
 	oldEvery, oldRoom := storeCheckEvery, storeRoomToRestart
@@ -63,8 +31,9 @@ func storeWatchedEvery(t *testing.T, every time.Duration, room int64) {
 func TestStoreThatWasFullTakesWritesAgainOnceTheDiskHasRoom(t *testing.T) {
 	storeWatchedEvery(t, 50*time.Millisecond, 1<<20)
 	dataDir := testutil.SmallDisk(t, 24<<20)
-	log := &lines{t: t}
-	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, log.logf)
+	var log testutil.Log
+	logf := func(format string, args ...any) { t.Logf(format, args...); log.Logf(format, args...) }
+	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, logf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +75,7 @@ func TestStoreThatWasFullTakesWritesAgainOnceTheDiskHasRoom(t *testing.T) {
 		return nil
 	})
 	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if log.with("cannot write", "KV_FULL", "restarts JetStream itself") == "" {
+		if log.Count("cannot write", "KV_FULL", "restarts JetStream itself") == 0 {
 			return errors.New("no log line says the store cannot write")
 		}
 		return nil
@@ -120,7 +89,7 @@ func TestStoreThatWasFullTakesWritesAgainOnceTheDiskHasRoom(t *testing.T) {
 	if err := b.StoreError(); err != nil {
 		t.Errorf("StoreError after the restart: %v", err)
 	}
-	if log.with("restarted JetStream", "KV_FULL") == "" {
+	if log.Count("restarted JetStream", "KV_FULL") == 0 {
 		t.Error("no log line says JetStream was restarted")
 	}
 	got, err := kv.Get(ctx, "k")

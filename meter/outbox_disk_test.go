@@ -9,40 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
-
-// logLines is a logf that keeps what it is given, for any goroutine.
-type logLines struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logLines) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, args...))
-}
-
-// with returns the lines holding every one of parts.
-func (l *logLines) with(parts ...string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-next:
-	for _, line := range l.lines {
-		for _, p := range parts {
-			if !strings.Contains(line, p) {
-				continue next
-			}
-		}
-		out = append(out, line)
-	}
-	return out
-}
 
 // A disk remounted read-only after an I/O error keeps the outbox's mapped
 // pages dirty for good: the events copied into them never reach the disk,
@@ -52,22 +24,22 @@ next:
 // as waiting for JetStream, and lost without a line.
 func TestOutboxLogsWhatItCouldNotSyncAndRefusesUntilASyncSucceeds(t *testing.T) {
 	ob := openTestOutbox(t, t.TempDir(), 0)
-	var log logLines
-	ob.setLogf(log.logf)
+	var log testutil.Log
+	ob.setLogf(log.Logf)
 	appendEvents(t, ob, 0, 10)
 	waitDurable(t, ob, 10)
 
 	FailOutboxSyncs(ob, syscall.EROFS)
 	appendEvents(t, ob, 10, 20)
 	checkFor(t, 10*time.Second, time.Millisecond, func() error {
-		if got := log.with("DROPPED usage event, not on disk", "read-only file system", "check ClickHouse"); len(got) < 10 {
-			return fmt.Errorf("%d events logged as not on disk, want 10: %q", len(got), log.with())
+		if got := log.Matching("DROPPED usage event, not on disk", "read-only file system", "check ClickHouse"); len(got) < 10 {
+			return fmt.Errorf("%d events logged as not on disk, want 10: %q", len(got), log.Matching())
 		}
 		return nil
 	})
 	for i := 10; i < 20; i++ {
 		id := outboxTestEvent(i).ID
-		if got := log.with(`"id":"` + id + `"`); len(got) != 1 {
+		if got := log.Matching(`"id":"` + id + `"`); len(got) != 1 {
 			t.Errorf("event %s is in %d lines, want 1 with its JSON", id, len(got))
 		}
 	}
@@ -82,7 +54,7 @@ func TestOutboxLogsWhatItCouldNotSyncAndRefusesUntilASyncSucceeds(t *testing.T) 
 		}
 		return nil
 	})
-	if got := log.with("DROPPED usage event, not on disk"); len(got) != 10 {
+	if got := log.Matching("DROPPED usage event, not on disk"); len(got) != 10 {
 		t.Errorf("%d lines about events not on disk after the syncs were retried, want 10", len(got))
 	}
 	if st := ob.Stats(); st.Lost != 10 {
@@ -93,8 +65,8 @@ func TestOutboxLogsWhatItCouldNotSyncAndRefusesUntilASyncSucceeds(t *testing.T) 
 	checkFor(t, 10*time.Second, time.Millisecond, func() error {
 		return ob.Append(outboxTestEvent(21))
 	})
-	if got := log.with("writing to disk again"); len(got) != 1 {
-		t.Errorf("lines %q, want one saying the disk takes writes again", log.with())
+	if got := log.Matching("writing to disk again"); len(got) != 1 {
+		t.Errorf("lines %q, want one saying the disk takes writes again", log.Matching())
 	}
 }
 
@@ -109,8 +81,8 @@ func TestOutboxReleasesAnFsyncWaitOnceTheEventIsLoggedAsNotOnDisk(t *testing.T) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ob.Close() })
-	var log logLines
-	ob.setLogf(log.logf)
+	var log testutil.Log
+	ob.setLogf(log.Logf)
 	FailOutboxSyncs(ob, syscall.EIO)
 	ev := outboxTestEvent(1)
 	done, err := ob.AppendDurable(ev)
@@ -120,10 +92,10 @@ func TestOutboxReleasesAnFsyncWaitOnceTheEventIsLoggedAsNotOnDisk(t *testing.T) 
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatalf("the answer still waits for an event its disk will not take; log: %q", log.with())
+		t.Fatalf("the answer still waits for an event its disk will not take; log: %q", log.Matching())
 	}
-	if got := log.with("DROPPED usage event, not on disk", `"id":"`+ev.ID+`"`); len(got) != 1 {
-		t.Fatalf("released with the event in %d lines, want 1 with its JSON first: %q", len(got), log.with())
+	if got := log.Matching("DROPPED usage event, not on disk", `"id":"`+ev.ID+`"`); len(got) != 1 {
+		t.Fatalf("released with the event in %d lines, want 1 with its JSON first: %q", len(got), log.Matching())
 	}
 }
 

@@ -10,49 +10,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 )
-
-// keptLog is a logf that keeps its lines, for any goroutine.
-type keptLog struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *keptLog) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, args...))
-}
-
-// count is how many lines hold every one of parts.
-func (l *keptLog) count(parts ...string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-next:
-	for _, line := range l.lines {
-		for _, p := range parts {
-			if !strings.Contains(line, p) {
-				continue next
-			}
-		}
-		n++
-	}
-	return n
-}
-
-func (l *keptLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
 
 // A gateway whose data dir went read-only, with NATS unreachable, said at
 // shutdown that the events it could not write "stay in the outbox for the
@@ -66,8 +31,8 @@ func TestPublisherOnAReadOnlyDiskLogsEveryEventAndKeepsNoneForTheNextStart(t *te
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log keptLog
-	p := meter.NewPublisher(gw.JetStream(), ob, log.logf)
+	var log testutil.Log
+	p := meter.NewPublisher(gw.JetStream(), ob, log.Logf)
 	meter.FailOutboxSyncs(ob, syscall.EROFS)
 	for i := range 5 {
 		p.Record(usageEvent(i))
@@ -77,22 +42,22 @@ func TestPublisherOnAReadOnlyDiskLogsEveryEventAndKeepsNoneForTheNextStart(t *te
 	// exactly one DROPPED line of either kind, and only the held ones are
 	// counted at shutdown.
 	waitFor(t, 10*time.Second, time.Millisecond, func() error {
-		if n := log.count("DROPPED usage event"); n < 5 {
+		if n := log.Count("DROPPED usage event"); n < 5 {
 			return fmt.Errorf("%d events logged as dropped, want 5:\n%s", n, &log)
 		}
 		return nil
 	})
 	for i := range 5 {
-		if n := log.count("DROPPED usage event", usageEvent(i).ID+`"`); n != 1 {
+		if n := log.Count("DROPPED usage event", usageEvent(i).ID+`"`); n != 1 {
 			t.Errorf("event %d is in %d DROPPED lines, want 1:\n%s", i, n, &log)
 		}
 	}
-	held := log.count("DROPPED usage event, not on disk")
+	held := log.Count("DROPPED usage event, not on disk")
 	if held < 1 {
 		t.Fatalf("no event logged as not on disk:\n%s", &log)
 	}
 	p.Record(usageEvent(5))
-	if n := log.count("DROPPED usage event, not billed", "cannot write to its disk", usageEvent(5).ID); n != 1 {
+	if n := log.Count("DROPPED usage event, not billed", "cannot write to its disk", usageEvent(5).ID); n != 1 {
 		t.Errorf("the event recorded after the failed sync is in %d refusal lines, want 1:\n%s", n, &log)
 	}
 	if st := p.Stats(); st.Dropped != 6 {
@@ -163,22 +128,22 @@ func segmentFirst(t *testing.T, path string) uint64 {
 
 // startedAgain starts NATS and a publisher on the outbox in dir, and
 // waits until it logged want.
-func startedAgain(t *testing.T, srv *natsServer, gw *broker.Broker, dir, want string) *keptLog {
+func startedAgain(t *testing.T, srv *natsServer, gw *broker.Broker, dir, want string) *testutil.Log {
 	t.Helper()
 	srv.start()
 	ob, err := meter.OpenOutbox(dir, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log keptLog
-	p := meter.NewPublisher(gw.JetStream(), ob, log.logf)
+	var log testutil.Log
+	p := meter.NewPublisher(gw.JetStream(), ob, log.Logf)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = p.Close(ctx)
 	})
 	waitFor(t, 20*time.Second, 5*time.Millisecond, func() error {
-		if log.count(want) == 0 {
+		if log.Count(want) == 0 {
 			return fmt.Errorf("no line says %q:\n%s", want, &log)
 		}
 		return nil
@@ -238,7 +203,7 @@ func TestPublisherSaysWhichRecordsASegmentLostWhileStoppedHeld(t *testing.T) {
 			from, to := tc.damage(t, segs)
 			want := fmt.Sprintf("LOST usage events: records %d to %d (%d) are in no segment", from, to, to-from+1)
 			log := startedAgain(t, srv, gw, dir, want)
-			if n := log.count("LOST"); n != 1 {
+			if n := log.Count("LOST"); n != 1 {
 				t.Fatalf("%d LOST lines, want 1:\n%s", n, log)
 			}
 		})
@@ -269,7 +234,7 @@ func TestPublisherTakesRecordsJetStreamStoredForNoLossAfterAStaleAckedFile(t *te
 	}
 	srv.stop()
 	log := startedAgain(t, srv, gw, dir, "but JetStream stored them (its batches of this outbox reach record 900): nothing is lost")
-	if n := log.count("LOST"); n != 0 {
+	if n := log.Count("LOST"); n != 0 {
 		t.Fatalf("%d LOST lines, want none:\n%s", n, log)
 	}
 }
