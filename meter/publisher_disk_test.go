@@ -80,17 +80,7 @@ func TestPublisherOnAReadOnlyDiskLogsEveryEventAndKeepsNoneForTheNextStart(t *te
 // files in order.
 func outboxAfterAnOutage(t *testing.T) (*natsServer, *broker.Broker, string, []string) {
 	t.Helper()
-	srv, gw := externalUsageStream(t)
-	dir := filepath.Join(t.TempDir(), "outbox")
-	ob, err := meter.OpenOutbox(dir, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := meter.NewPublisher(gw.JetStream(), ob, syncLog(t))
-	for i := range 100 {
-		p.Record(usageEvent(i))
-	}
-	waitDrained(t, p)
+	srv, gw, dir, p := drainedPublisher(t, 100)
 	srv.stop()
 	waitFor(t, 10*time.Second, time.Millisecond, func() error {
 		if p.Stats().Connected {
@@ -114,6 +104,26 @@ func outboxAfterAnOutage(t *testing.T) (*natsServer, *broker.Broker, string, []s
 	// take records (a spare made off the lock can lose the race).
 	slices.SortFunc(segs, func(a, b string) int { return cmp.Compare(segmentFirst(t, a), segmentFirst(t, b)) })
 	return srv, gw, dir, segs
+}
+
+// drainedPublisher starts a NATS server of its own with the USAGE stream
+// and a publisher on a new outbox dir with 1 MiB of segments, records n
+// events and waits until JetStream acknowledged them all. It returns the
+// server, the gateway's connection, the dir and the publisher.
+func drainedPublisher(t *testing.T, n int) (*natsServer, *broker.Broker, string, *meter.Publisher) {
+	t.Helper()
+	srv, gw := externalUsageStream(t)
+	dir := filepath.Join(t.TempDir(), "outbox")
+	ob, err := meter.OpenOutbox(dir, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := meter.NewPublisher(gw.JetStream(), ob, syncLog(t))
+	for i := range n {
+		p.Record(usageEvent(i))
+	}
+	waitDrained(t, p)
+	return srv, gw, dir, p
 }
 
 // segmentFirst is the first record the segment file at path was made for.
@@ -215,17 +225,7 @@ func TestPublisherSaysWhichRecordsASegmentLostWhileStoppedHeld(t *testing.T) {
 // records before the first on disk are no loss, and JetStream's batches
 // show it.
 func TestPublisherTakesRecordsJetStreamStoredForNoLossAfterAStaleAckedFile(t *testing.T) {
-	srv, gw := externalUsageStream(t)
-	dir := filepath.Join(t.TempDir(), "outbox")
-	ob, err := meter.OpenOutbox(dir, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := meter.NewPublisher(gw.JetStream(), ob, syncLog(t))
-	for i := range 900 {
-		p.Record(usageEvent(i))
-	}
-	waitDrained(t, p)
+	srv, gw, dir, p := drainedPublisher(t, 900)
 	if err := p.Close(testContext(t)); err != nil {
 		t.Fatal(err)
 	}
