@@ -407,15 +407,16 @@ func (p *Publisher) watchOutboxWrites() {
 		case <-tick.C:
 		}
 		st := p.outbox.Stats()
-		if st.WriteFailures > seen && st.Unwritable {
-			p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); it refuses new usage events, each logged with its JSON, until a sync succeeds",
-				st.WriteFailures-seen, outboxWriteReport, st.LastWriteErr)
-			seen = st.WriteFailures
-		} else if st.WriteFailures > seen {
-			p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); it takes events while its current segment has room or acknowledged segments can be deleted or reused, then refuses them",
-				st.WriteFailures-seen, outboxWriteReport, st.LastWriteErr)
-			seen = st.WriteFailures
+		if st.WriteFailures <= seen {
+			continue
 		}
+		then := "it takes events while its current segment has room or acknowledged segments can be deleted or reused, then refuses them"
+		if st.Unwritable {
+			then = "it refuses new usage events, each logged with its JSON, until a sync succeeds"
+		}
+		p.logf("meter: the outbox failed to write to disk %d times in the last %s (last: %v); %s",
+			st.WriteFailures-seen, outboxWriteReport, st.LastWriteErr, then)
+		seen = st.WriteFailures
 	}
 }
 
