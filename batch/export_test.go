@@ -36,10 +36,11 @@ var (
 
 // ReadJobsThrough has the service read job records through what wrap
 // makes of its bucket (a replica behind the leader, say), and confirm
-// their misses through js.
+// their misses through js, as with replicated buckets.
 func (s *Service) ReadJobsThrough(wrap func(jetstream.KeyValue) jetstream.KeyValue, js jetstream.JetStream) {
 	s.jobs = wrap(s.jobs)
 	s.js = js
+	s.replicated = true
 }
 
 // ReadNewestThrough has the service read the index of the newest jobs
