@@ -35,24 +35,10 @@ func TestListReadsTheNewestJobsNotAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	template := e.create(svc, "acme", nil, "")
-	entry, err := e.kv(batch.JobsBucket).Get(e.ctx, "acme."+template)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const stored = 300
 	ids := []string{template}
 	for range stored {
-		var rec map[string]any
-		if err := json.Unmarshal(entry.Value(), &rec); err != nil {
-			t.Fatal(err)
-		}
-		id := uuid.Must(uuid.NewV7()).String()
-		rec["id"] = id
-		data, _ := json.Marshal(rec)
-		if _, err := e.kv(batch.JobsBucket).Create(e.ctx, "acme."+id, data); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
+		ids = append(ids, e.storeUnindexed("acme", template))
 	}
 	// As a release without the index left it.
 	if kv, err := b.JetStream().KeyValue(e.ctx, batch.NewestBucket); err == nil {
@@ -62,14 +48,7 @@ func TestListReadsTheNewestJobsNotAll(t *testing.T) {
 	}
 	wantNewest := func(ids []string) {
 		t.Helper()
-		jobs, err := svc.List(e.ctx, "acme")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for _, j := range jobs {
-			got = append(got, j.ID)
-		}
+		got := e.listed(svc, "acme")
 		want := slices.Clone(ids[len(ids)-20:])
 		slices.Reverse(want)
 		if !slices.Equal(got, want) {
@@ -143,15 +122,7 @@ func TestIndexOfJobsDeletedElsewhereHealsItself(t *testing.T) {
 	want := slices.Clone(ids[:5])
 	slices.Reverse(want)
 	for i := range 3 {
-		jobs, err := svc.List(e.ctx, "acme")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for _, j := range jobs {
-			got = append(got, j.ID)
-		}
-		if !slices.Equal(got, want) {
+		if got := e.listed(svc, "acme"); !slices.Equal(got, want) {
 			t.Fatalf("listing %d after the deletes: %v,\nwant %v", i+1, got, want)
 		}
 	}
@@ -204,34 +175,9 @@ func TestForgetNewestListsJobsMadeWithoutTheIndex(t *testing.T) {
 		ids = append(ids, e.create(svc, "acme", nil, ""))
 	}
 	e.create(svc, "other", nil, "")
-	listed := func(account string) []string {
-		t.Helper()
-		jobs, err := svc.List(e.ctx, account)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for _, j := range jobs {
-			got = append(got, j.ID)
-		}
-		return got
-	}
+	listed := func(account string) []string { t.Helper(); return e.listed(svc, account) }
 	listed("acme")
-	// As the release before this one creates a job: its record alone.
-	entry, err := e.kv(batch.JobsBucket).Get(e.ctx, "acme."+ids[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rec map[string]any
-	if err := json.Unmarshal(entry.Value(), &rec); err != nil {
-		t.Fatal(err)
-	}
-	unindexed := uuid.Must(uuid.NewV7()).String()
-	rec["id"] = unindexed
-	data, _ := json.Marshal(rec)
-	if _, err := e.kv(batch.JobsBucket).Create(e.ctx, "acme."+unindexed, data); err != nil {
-		t.Fatal(err)
-	}
+	unindexed := e.storeUnindexed("acme", ids[0])
 	ids = append(ids, unindexed)
 	if got := listed("acme"); slices.Contains(got, unindexed) {
 		t.Logf("listed the job made without the index before the repair: %v", got)
@@ -292,15 +238,43 @@ func TestListThroughAReplicaBehindShowsAJobJustCreated(t *testing.T) {
 		t.Fatalf("the list of one job: %v %v", jobs, err)
 	}
 	second := e.create(creator, "acme", nil, "")
-	jobs, err := lister.List(e.ctx, "acme")
+	if ids := e.listed(lister, "acme"); len(ids) != 2 || ids[0] != second || ids[1] != first {
+		t.Fatalf("the list right after job %s was created, its index read through a replica behind: %v, want [%s %s]", second, ids, second, first)
+	}
+}
+
+// storeUnindexed stores a copy of account's job template under a new id,
+// as the release before this one creates a job: its record alone, not in
+// the index of the newest jobs. It returns the new id.
+func (e *env) storeUnindexed(account, template string) string {
+	e.t.Helper()
+	entry, err := e.kv(batch.JobsBucket).Get(e.ctx, account+"."+template)
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(entry.Value(), &rec); err != nil {
+		e.t.Fatal(err)
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	rec["id"] = id
+	data, _ := json.Marshal(rec)
+	if _, err := e.kv(batch.JobsBucket).Create(e.ctx, account+"."+id, data); err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
+// listed is the ids of the jobs svc lists of account, in their order.
+func (e *env) listed(svc *batch.Service, account string) []string {
+	e.t.Helper()
+	jobs, err := svc.List(e.ctx, account)
+	if err != nil {
+		e.t.Fatal(err)
 	}
 	var ids []string
 	for _, j := range jobs {
 		ids = append(ids, j.ID)
 	}
-	if len(ids) != 2 || ids[0] != second || ids[1] != first {
-		t.Fatalf("the list right after job %s was created, its index read through a replica behind: %v, want [%s %s]", second, ids, second, first)
-	}
+	return ids
 }
