@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -95,8 +93,8 @@ func TestSemanticWithoutVectors(t *testing.T) {
 func TestSemanticVectorsInstalledAfterStartAreUsedWithoutAReload(t *testing.T) {
 	plugins.LookForMissingVectorsEvery(t, 200*time.Millisecond)
 	missing := filepath.Join(t.TempDir(), "none.tgv")
-	var log keptLines
-	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, logf: log.logf})
+	var log testutil.Log
+	h := newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, logf: log.Logf})
 	body := `{"text": "My parcel has not arrived yet.", "labels": ["billing", "shipping"]}`
 	for range 3 {
 		if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "lexical" {
@@ -139,9 +137,9 @@ func TestSemanticCorruptVectorsAreSaidOnce(t *testing.T) {
 // as the gateway starts, before any request needs it.
 func TestSemanticMissingVectorsAreSaidAtStart(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "none.tgv")
-	var log keptLines
-	newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, preloadVectors: true, logf: log.logf})
-	for _, line := range log.lines() {
+	var log testutil.Log
+	newHarness(t, harnessOptions{plugins: "  engine: semantic\n  vectors: " + missing, preloadVectors: true, logf: log.Logf})
+	for _, line := range log.Matching() {
 		if strings.Contains(line, "semantic engine unavailable") && strings.Contains(line, missing) {
 			return
 		}
@@ -172,23 +170,3 @@ func TestLabelSetsThatJoinAlikeAreKeptApart(t *testing.T) {
 		t.Fatalf("after a crafted label set: %v", m)
 	}
 }
-
-// keptLines is a logf that keeps its lines, for any goroutine.
-type keptLines struct {
-	mu   sync.Mutex
-	kept []string
-}
-
-func (l *keptLines) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.kept = append(l.kept, fmt.Sprintf(format, args...))
-}
-
-func (l *keptLines) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.kept)
-}
-
-func (l *keptLines) String() string { return strings.Join(l.lines(), "\n") }
