@@ -207,10 +207,6 @@ func sortScores(s []LabelScore) {
 	sort.SliceStable(s, func(i, j int) bool { return s[i].Confidence > s[j].Confidence })
 }
 
-// sortScoresByLabel orders by confidence, descending, and equal
-// confidences by label (byte order): the result does not depend on the
-// order the caller listed the labels in. The lexical engine's ties come
-// from the words alone, so the caller's order must not break them.
 // inOneOrder returns labels sorted (labels itself when it is): the
 // engines read a label set in one order, whatever the caller's. A set's
 // centring and a softmax sum in the order the labels come, and float
@@ -226,6 +222,10 @@ func inOneOrder(labels []string) []string {
 	return sorted
 }
 
+// sortScoresByLabel orders by confidence, descending, and equal
+// confidences by label (byte order): the result does not depend on the
+// order the caller listed the labels in. The lexical engine's ties come
+// from the words alone, so the caller's order must not break them.
 func sortScoresByLabel(s []LabelScore) {
 	sort.Slice(s, func(i, j int) bool {
 		if s[i].Confidence != s[j].Confidence {
