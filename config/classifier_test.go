@@ -255,12 +255,10 @@ func TestIssueKeysNameLabelsInEitherUnicodeForm(t *testing.T) {
 	}
 }
 
-// A saved classifier whose labels, descriptions and examples take more
-// than MaxLabelSetBytes was loaded, and every classify request naming it
-// failed on a label set the client never sent. It is refused at load, on
-// its line, with the words a request gets; one at the bound loads.
-func TestSavedClassifierOverTheLabelSetBoundIsRefused(t *testing.T) {
-	head := `upstreams:
+// uptoPlugins is a gateway.yaml of one upstream and one model, up to its
+// plugins section's first setting: what follows starts at line 9, where
+// the tests' messages place it.
+const uptoPlugins = `upstreams:
   - name: local
     base_url: http://127.0.0.1:8000/v1
 models:
@@ -268,7 +266,14 @@ models:
     context_length: 2048
     max_output_length: 512
 plugins:
-  max_text_bytes: 1MiB
+`
+
+// A saved classifier whose labels, descriptions and examples take more
+// than MaxLabelSetBytes was loaded, and every classify request naming it
+// failed on a label set the client never sent. It is refused at load, on
+// its line, with the words a request gets; one at the bound loads.
+func TestSavedClassifierOverTheLabelSetBoundIsRefused(t *testing.T) {
+	head := uptoPlugins + `  max_text_bytes: 1MiB
 classifiers:
   big:
     labels: [a, b]
@@ -299,15 +304,7 @@ func TestSavedClassifierOfLabelsOnlyTheLLMTellsApart(t *testing.T) {
 		{"semantic", `gateway.yaml:13:17: classifiers.langs.labels[1]: labels has "C" and "C++", which differ only in case, spacing, punctuation, symbols or invisible characters: the offline engines (semantic and lexical) read only words and do not tell them apart; the llm engine does (plugins.engine is semantic: set it to auto or llm)`},
 		{"lexical", `plugins.engine is lexical: set it to auto or llm`},
 	} {
-		yaml := `upstreams:
-  - name: local
-    base_url: http://127.0.0.1:8000/v1
-models:
-  - id: first
-    context_length: 2048
-    max_output_length: 512
-plugins:
-  engine: ` + c.engine + `
+		yaml := uptoPlugins + `  engine: ` + c.engine + `
 classifiers:
   langs:
     mode: single
