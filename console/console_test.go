@@ -1280,16 +1280,7 @@ func TestReloadingTheKeyCreatedPageMakesNoSecondKey(t *testing.T) {
 	b := g.browser()
 	b.signIn("acme")
 	form := b.keyForm(url.Values{"name": {"ci"}, "scopes": {"generate"}})
-	resp := b.post("/console/keys", form)
-	page := string(readAll(t, resp))
-	if resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
-		t.Fatalf("create: %d %s", resp.StatusCode, page)
-	}
-	token := between(page, `id="new-key" class="secret" readonly autocomplete="off" spellcheck="false" value="`, `"`)
-	key, err := g.svc.Verify([]byte(token))
-	if err != nil {
-		t.Fatalf("the shown key does not verify: %v", err)
-	}
+	token, key := b.createKey(form)
 
 	second := &browser{t: t, g: startSecondGateway(t, g), client: b.client}
 	for _, via := range []*browser{b, second} {
@@ -1307,8 +1298,8 @@ func TestReloadingTheKeyCreatedPageMakesNoSecondKey(t *testing.T) {
 	if _, err := g.svc.RevokeKey(t.Context(), key.ID); err != nil {
 		t.Fatal(err)
 	}
-	resp = b.post("/console/keys", form)
-	page = string(readAll(t, resp))
+	resp := b.post("/console/keys", form)
+	page := string(readAll(t, resp))
 	if resp.StatusCode != 409 || !strings.Contains(page, "has been deleted since") || strings.Contains(page, "delete it") || strings.Contains(page, "/console/keys/revoke") {
 		t.Errorf("the form of a deleted key sent again: %d %s; want it said deleted, with no advice to delete it", resp.StatusCode, page)
 	}
@@ -1604,15 +1595,7 @@ func TestKeyFormWhoseKeyWasNotNotedMakesNoSecondKey(t *testing.T) {
 	b := g.browser()
 	b.signIn("acme")
 	form := b.keyForm(url.Values{"name": {"unnoted"}, "scopes": {"generate"}})
-	resp := b.post("/console/keys", form)
-	page := string(readAll(t, resp))
-	if resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
-		t.Fatalf("create: %d %s", resp.StatusCode, page)
-	}
-	key, err := g.svc.Verify([]byte(between(page, `id="new-key" class="secret" readonly autocomplete="off" spellcheck="false" value="`, `"`)))
-	if err != nil {
-		t.Fatalf("the shown key does not verify: %v", err)
-	}
+	_, key := b.createKey(form)
 	// What a lost note leaves: the claim, naming no key.
 	token := form.Get("form_token")
 	if _, err := g.console.keyForms.kv.Put(t.Context(), token, []byte(`{"account":"acme"}`)); err != nil {

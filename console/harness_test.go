@@ -285,6 +285,23 @@ func (b *browser) keyForm(fields url.Values) url.Values {
 	return form
 }
 
+// createKey sends form, a key form, and returns the key the "Key created"
+// page shows and what it verifies as.
+func (b *browser) createKey(form url.Values) (string, *accounts.Key) {
+	b.t.Helper()
+	resp := b.post("/console/keys", form)
+	page := string(readAll(b.t, resp))
+	if resp.StatusCode != 200 || !strings.Contains(page, `id="new-key"`) {
+		b.t.Fatalf("create: %d %s", resp.StatusCode, page)
+	}
+	token := between(page, `id="new-key" class="secret" readonly autocomplete="off" spellcheck="false" value="`, `"`)
+	key, err := b.g.svc.Verify([]byte(token))
+	if err != nil {
+		b.t.Fatalf("the shown key does not verify: %v", err)
+	}
+	return token, key
+}
+
 func (b *browser) cookie() *http.Cookie {
 	u, _ := url.Parse(b.g.url + "/console")
 	for _, c := range b.client.Jar.Cookies(u) {
