@@ -649,9 +649,12 @@ func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess se
 	// sent to another gateway than the deletion: the list is this
 	// gateway's copy of the keys, which the watch brings the revocation
 	// to in milliseconds. Only a key of the account is waited for, so
-	// that the wait tells nothing of other accounts' key ids.
-	if info, ok := c.accounts.KeyInfo(deleted); deleted != "" && ok && info.Account == sess.Account {
-		c.accounts.AwaitKeyRevoked(deleted, time.Second)
+	// that the wait tells nothing of other accounts' key ids. The flash
+	// names the key even when it is past the deleted keys shown (deleted
+	// on another tab).
+	var flash words
+	if info, ok := c.accounts.KeyInfo(deleted); deleted != "" && ok && info.Account == sess.Account && c.accounts.AwaitKeyRevoked(deleted, time.Second) {
+		flash = quoting("Key “", info.Name, fmt.Sprintf("” (%s) is deleted: calls with it are refused.", info.KeyID))
 	}
 	// From memory: the page stays up while NATS replaces a lost leader.
 	list, deletedNotShown, err := c.accounts.ListRecentKeys(sess.Account, deletedKeysShown)
@@ -672,18 +675,9 @@ func (c *Console) renderKeys(ctx *fasthttp.RequestCtx, call *proxy.Call, sess se
 		c.storeError(ctx, "a new key form", err)
 		return
 	}
-	var flash words
 	now := time.Now()
 	for _, k := range list {
 		view.Keys = append(view.Keys, describeKey(k, now))
-		if k.KeyID == deleted && k.RevokedAt != nil {
-			flash = quoting("Key “", k.Name, fmt.Sprintf("” (%s) is deleted: calls with it are refused.", k.KeyID))
-		}
-	}
-	// A key deleted on another tab may already be past the deleted keys
-	// shown; the flash still names it.
-	if info, ok := c.accounts.KeyInfo(deleted); flash == nil && deleted != "" && ok && info.Account == sess.Account && info.RevokedAt != nil {
-		flash = quoting("Key “", info.Name, fmt.Sprintf("” (%s) is deleted: calls with it are refused.", info.KeyID))
 	}
 	data := c.pageData(sess, "API keys", "keys", view)
 	data.Flash, data.Error = flash, problem
