@@ -260,11 +260,13 @@ func hasPrefixFold(s, prefix string) bool {
 
 func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }
 
-// The label checks read words as the engines do: config.LabelKey.
-var isWordMark = config.WordMark
+// isWordMark is config.WordMark: the label checks read words as the
+// engines do (config.LabelKey). A function, not a func variable, so that
+// scanWord's check of each rune inlines (ASCII text makes no call).
+func isWordMark(r rune) bool { return config.WordMark(r) }
 
-// Inside a word, the engines skip what config.WordJoiner names.
-var isWordJoiner = config.WordJoiner
+// isWordJoiner is config.WordJoiner: inside a word, the engines skip it.
+func isWordJoiner(r rune) bool { return config.WordJoiner(r) }
 
 func dropJoiner(r rune) rune {
 	if isWordJoiner(r) {

@@ -178,8 +178,13 @@ func LabelKey(l string) string {
 // Enclosing marks (the keycap of "1⃣") make a symbol of their letter,
 // not a word.
 func WordMark(r rune) bool {
-	return r >= '\u0300' && unicode.In(r, unicode.Mn, unicode.Mc) && !invisible(r)
+	// Small enough to inline: a word's reader asks it of every rune that
+	// is not a letter or digit, and below U+0300 (all of ASCII) that is
+	// one comparison, with no call.
+	return r >= '\u0300' && isMark(r)
 }
+
+func isMark(r rune) bool { return unicode.In(r, unicode.Mn, unicode.Mc) && !invisible(r) }
 
 // WordJoiner reports whether r, inside a word, leaves the word whole and
 // is not part of it: a format character that Unicode's word boundaries
