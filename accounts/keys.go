@@ -425,11 +425,8 @@ func (s *Service) AwaitKeyRevoked(keyID string, d time.Duration) bool {
 	if info, ok := s.snap.key(keyID); !ok || info.RevokedAt != nil {
 		return ok
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	_ = s.snap.waitUntil(ctx, func() bool {
-		e, ok := s.snap.keys[keyID]
-		return !ok || e.deleted || e.info.RevokedAt != nil
+	s.snap.awaitKey(keyID, d, func(e keyEntry, seen bool) bool {
+		return !seen || e.deleted || e.info.RevokedAt != nil
 	})
 	info, ok := s.snap.key(keyID)
 	return ok && info.RevokedAt != nil

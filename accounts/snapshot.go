@@ -88,17 +88,23 @@ func (sn *snapshot) key(id string) (*KeyInfo, bool) {
 // snapshot holds nothing of it (a deleted key's tombstone is something),
 // and says whether it came.
 func (sn *snapshot) awaitUnseenKey(id string, d time.Duration) bool {
+	// Under the read lock first, with no timer: a call with a deleted
+	// key's token comes here every time.
 	sn.mu.RLock()
 	_, seen := sn.keys[id]
 	sn.mu.RUnlock()
-	if seen {
-		return false
-	}
+	return !seen && sn.awaitKey(id, d, func(_ keyEntry, seen bool) bool { return seen })
+}
+
+// awaitKey waits up to d for done, given key id's entry (seen false when
+// the snapshot holds none) with sn.mu held, to hold, and says whether it
+// did.
+func (sn *snapshot) awaitKey(id string, d time.Duration, done func(e keyEntry, seen bool) bool) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return sn.waitUntil(ctx, func() bool {
-		_, seen := sn.keys[id]
-		return seen
+		e, seen := sn.keys[id]
+		return done(e, seen)
 	}) == nil
 }
 
