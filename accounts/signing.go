@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/internal/durable"
 )
 
 // SigningKeyFile is the name of the Ed25519 key under data_dir that signs
@@ -68,7 +69,7 @@ func loadOrCreateSigningKey(dataDir string) (ed25519.PrivateKey, error) {
 	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("installing signing key: %w", err)
 	}
-	syncDir(dataDir)
+	_ = durable.SyncDir(dataDir) // best effort: failing only weakens durability
 	return readSigningKey(path)
 }
 
@@ -90,15 +91,6 @@ func readSigningKey(path string) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("signing key %s: %T, want an Ed25519 key", path, parsed)
 	}
 	return key, nil
-}
-
-// syncDir makes a new directory entry durable; failure only weakens
-// durability, so it is not reported.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 func publicOf(k ed25519.PrivateKey) ed25519.PublicKey {

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/broker"
+	"github.com/tollgate/tollgate/internal/durable"
 )
 
 // SecretFile, under data_dir, keys the session cookies. Every gateway of a
@@ -217,16 +218,6 @@ func createSecret(dataDir, path string) error {
 	// The link is durable only once the directory is synced: a power loss
 	// soon after a first start lost console.secret, and the next start
 	// made another, which the fingerprint published in NATS refused.
-	syncDir(dataDir)
+	_ = durable.SyncDir(dataDir) // best effort: failing only weakens durability
 	return nil
-}
-
-// syncDir makes the names created in dir durable. Best effort: where a
-// directory cannot be synced the file is still there, only less surely
-// after a crash.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
 }

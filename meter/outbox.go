@@ -24,6 +24,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"github.com/tollgate/tollgate/internal/durable"
 	"github.com/tollgate/tollgate/internal/utf8cut"
 )
 
@@ -2055,12 +2056,7 @@ func validOutboxID(id string) bool {
 
 // syncDir makes created, renamed and removed names in dir durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("syncing outbox dir: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := durable.SyncDir(dir); err != nil {
 		return fmt.Errorf("syncing outbox dir: %w", err)
 	}
 	return nil

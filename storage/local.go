@@ -20,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/durable"
 )
 
 // Defaults of the local backend.
@@ -162,7 +164,7 @@ func LoadOrCreateSecret(file string) (string, error) {
 	// The link is durable only once the directory is synced: a power loss
 	// soon after a first start lost the secret, and the upload and
 	// download URLs handed out before it were refused after.
-	_ = syncDir(filepath.Dir(file)) // best effort: the secret is written
+	_ = durable.SyncDir(filepath.Dir(file)) // best effort: the secret is written
 	return secret, nil
 }
 
@@ -402,7 +404,7 @@ func (u *partialFile) Commit() error {
 		_ = os.Remove(u.f.Name())
 		return fmt.Errorf("storage: committing %s: %w", u.key, err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := durable.SyncDir(dir); err != nil {
 		return fmt.Errorf("storage: committing %s: %w", u.key, err)
 	}
 	return nil
@@ -415,18 +417,6 @@ func (u *partialFile) Abort() {
 	u.done = true
 	u.f.Close()
 	_ = os.Remove(u.f.Name())
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 // isNotDir reports ENOTDIR: a path through a file, as when key a/b is

@@ -26,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/console"
+	"github.com/tollgate/tollgate/internal/durable"
 	"github.com/tollgate/tollgate/internal/rawconn"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
@@ -523,18 +524,10 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		_ = os.Remove(tmp)
 		return err
 	}
-	syncDir(filepath.Dir(path))
+	// Best effort: where a directory cannot be synced the file is still
+	// there, only less surely after a crash.
+	_ = durable.SyncDir(filepath.Dir(path))
 	return nil
-}
-
-// syncDir makes the names created in dir durable. Best effort: where a
-// directory cannot be synced (not on Linux or macOS) the file is still
-// there, only less surely after a crash.
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		_ = d.Close()
-	}
 }
 
 // openStorage opens the object store of batch jobs. The local backend
