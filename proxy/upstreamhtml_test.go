@@ -25,20 +25,10 @@ const nginxPlainHTTPToHTTPSPort = "<html>\r\n<head><title>400 The plain HTTP req
 func TestUpstreamHTMLPageWith400IsABadAnswerNotTheClients(t *testing.T) {
 	var log logCapture
 	h := newHarness(t, harnessOptions{logf: log.logf})
-	var hit atomic.Bool
-	raw := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
-		hit.Store(true)
+	h.useRawUpstream(func(c net.Conn) bool {
 		fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\nServer: nginx\r\nContent-Type: text/html\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 			len(nginxPlainHTTPToHTTPSPort), nginxPlainHTTPToHTTPSPort)
 		return false // nginx closes the connection after it
-	})
-	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, raw, 1))
-	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-		readAll(t, h.post("/v1/chat/completions", smallChat))
-		if !hit.Load() {
-			return fmt.Errorf("the raw upstream is not in force yet")
-		}
-		return nil
 	})
 	before := len(h.rec.Events())
 	for _, body := range []string{smallChat, strings.Replace(smallChat, `{`, `{"stream":true,`, 1)} {
@@ -88,4 +78,24 @@ func TestUpstreamJSON4xxIsPassedOnUnchanged(t *testing.T) {
 			t.Fatalf("p0 %+v; want a JSON 4xx not counted against it", s)
 		}
 	}
+}
+
+// useRawUpstream puts a raw upstream that answers each request with
+// answer (see proxy.StartRawUpstream) in place of h's upstream, and
+// waits until a call reaches it.
+func (h *harness) useRawUpstream(answer func(c net.Conn) bool) {
+	h.t.Helper()
+	var hit atomic.Bool
+	raw := proxy.StartRawUpstream(h.t, func(_, _ int, c net.Conn) bool {
+		hit.Store(true)
+		return answer(c)
+	})
+	h.writeConfig(strings.Replace(readFile(h.t, h.cfgPath), h.up.URL, raw, 1))
+	checkFor(h.t, 3*time.Second, 20*time.Millisecond, func() error {
+		readAll(h.t, h.post("/v1/chat/completions", smallChat))
+		if !hit.Load() {
+			return fmt.Errorf("the raw upstream is not in force yet")
+		}
+		return nil
+	})
 }

@@ -6,9 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -26,11 +24,9 @@ const nginxMovedPermanently = "<html>\r\n<head><title>301 Moved Permanently</tit
 func TestUpstreamRedirectIsABadAnswerNamingItsLocation(t *testing.T) {
 	var log logCapture
 	h := newHarness(t, harnessOptions{logf: log.logf})
-	var hit atomic.Bool
 	var status atomic.Int32
 	status.Store(301)
-	raw := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
-		hit.Store(true)
+	h.useRawUpstream(func(c net.Conn) bool {
 		const location = "https://ops:hunter2@api.example.com/v1/chat/completions?sig=s3cret#x"
 		if status.Load() == 307 {
 			fmt.Fprintf(c, "HTTP/1.1 307 Temporary Redirect\r\nLocation: %s\r\nContent-Length: 0\r\n\r\n", location)
@@ -39,14 +35,6 @@ func TestUpstreamRedirectIsABadAnswerNamingItsLocation(t *testing.T) {
 		fmt.Fprintf(c, "HTTP/1.1 301 Moved Permanently\r\nServer: nginx\r\nContent-Type: text/html\r\nLocation: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 			location, len(nginxMovedPermanently), nginxMovedPermanently)
 		return false
-	})
-	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, raw, 1))
-	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-		readAll(t, h.post("/v1/chat/completions", smallChat))
-		if !hit.Load() {
-			return fmt.Errorf("the raw upstream is not in force yet")
-		}
-		return nil
 	})
 	before := len(h.rec.Events())
 	for _, st := range []int32{301, 307} {
@@ -122,11 +110,9 @@ func TestResponsesStateRedirectIsABadAnswer(t *testing.T) {
 func TestUpstream304IsAnUnexpectedNotModifiedNotARedirect(t *testing.T) {
 	var log logCapture
 	h := newHarness(t, harnessOptions{logf: log.logf})
-	var hit atomic.Bool
 	var status atomic.Int32
 	status.Store(304)
-	raw := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
-		hit.Store(true)
+	h.useRawUpstream(func(c net.Conn) bool {
 		if status.Load() == 304 {
 			fmt.Fprint(c, "HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n")
 			return true
@@ -134,14 +120,6 @@ func TestUpstream304IsAnUnexpectedNotModifiedNotARedirect(t *testing.T) {
 		const choices = "<html><a href=\"/v1/a\">a</a> <a href=\"/v1/b\">b</a></html>"
 		fmt.Fprintf(c, "HTTP/1.1 300 Multiple Choices\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s", len(choices), choices)
 		return true
-	})
-	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, raw, 1))
-	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-		readAll(t, h.post("/v1/chat/completions", smallChat))
-		if !hit.Load() {
-			return fmt.Errorf("the raw upstream is not in force yet")
-		}
-		return nil
 	})
 	e := wantError(t, h.post("/v1/chat/completions", smallChat), 502, "upstream_bad_answer")
 	if msg := e["message"].(string); !strings.Contains(msg, "upstream local answered 304 with an unexpected Not Modified") || strings.Contains(msg, "redirect") {
