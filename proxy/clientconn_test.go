@@ -281,16 +281,7 @@ func TestClientGoneWhileWaitingForAConnectionIsNotSent(t *testing.T) {
 		}
 		return nil
 	})
-	conn.Close()
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if !strings.Contains(scrape(t, h.harness), `status="499"`) {
-			return fmt.Errorf("no 499 counted yet for the call whose client left")
-		}
-		return nil
-	})
-	if evs := h.rec.Events(); len(evs) != 0 {
-		t.Fatalf("events %+v for a call no upstream saw; want none billed", evs[0])
-	}
+	h.leftUnbilled(conn, 5*time.Second)
 	releaseOnce()
 	if status := <-held; status != 200 {
 		t.Fatalf("the first call got %d", status)
@@ -315,16 +306,7 @@ func TestClientGoneBeforeARetryIsNotSent(t *testing.T) {
 	hang := newSilentUpstream(t)
 	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin")
 	h.setUpstreamOf(0, strings.Replace(hang.URL, "http://", "https://", 1), "connect_timeout: 1s, first_byte_timeout: 8s")
-	// p0 first: its weight wins the round robin's first turn.
-	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0, p1]", "upstreams: [{name: p0, weight: 1000}, p1]", 1))
-	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
-		for _, m := range h.gw.World().Config.Models {
-			if m.ID == "small" && len(m.Upstreams) == 2 && m.Upstreams[0].Weight == 1000 {
-				return nil
-			}
-		}
-		return fmt.Errorf("p0's weight is not in force yet")
-	})
+	h.p0First()
 	conn := rawRequest(t, h.url, h.chatRequest(smallChat), "")
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if hang.calls.Load() == 0 {
@@ -332,16 +314,7 @@ func TestClientGoneBeforeARetryIsNotSent(t *testing.T) {
 		}
 		return nil
 	})
-	conn.Close()
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if !strings.Contains(scrape(t, h.harness), `status="499"`) {
-			return fmt.Errorf("no 499 counted yet: the client left before the retry")
-		}
-		return nil
-	})
-	if evs := h.rec.Events(); len(evs) != 0 {
-		t.Fatalf("events %+v for a call no upstream saw; want none billed", evs[0])
-	}
+	h.leftUnbilled(conn, 10*time.Second)
 	if n := h.ups[1].ChatCalls(); n != 0 {
 		t.Fatalf("p1 got %d calls after their client had left", n)
 	}
@@ -408,16 +381,7 @@ func TestClientGoneWhileConnectingIsA499(t *testing.T) {
 func TestClientGoneBeforeARetryCountsUnderTheUpstreamTried(t *testing.T) {
 	h := newPoolHarness(t, 2, "  retries: 1\n  balance: round_robin\n  eject_after: 100",
 		proxytest.Options{Status: 503, FirstByteDelay: 500 * time.Millisecond}, proxytest.Options{})
-	// p0 first: its weight wins the round robin's first turn.
-	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "upstreams: [p0, p1]", "upstreams: [{name: p0, weight: 1000}, p1]", 1))
-	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
-		for _, m := range h.gw.World().Config.Models {
-			if m.ID == "small" && len(m.Upstreams) == 2 && m.Upstreams[0].Weight == 1000 {
-				return nil
-			}
-		}
-		return fmt.Errorf("p0's weight is not in force yet")
-	})
+	h.p0First()
 	conn := rawRequest(t, h.url, h.chatRequest(smallChat), "")
 	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if h.ups[0].ChatCalls() == 0 {
@@ -436,5 +400,37 @@ func TestClientGoneBeforeARetryCountsUnderTheUpstreamTried(t *testing.T) {
 	}
 	if n := h.ups[1].ChatCalls(); n != 0 {
 		t.Fatalf("p1 got %d calls after their client had left", n)
+	}
+}
+
+// p0First gives p0 of a two-member pool harness the weight that wins
+// the round robin's first turn, and waits until it is in force.
+func (h *poolHarness) p0First() {
+	h.t.Helper()
+	h.writeConfig(strings.Replace(readFile(h.t, h.cfgPath), "upstreams: [p0, p1]", "upstreams: [{name: p0, weight: 1000}, p1]", 1))
+	checkFor(h.t, 3*time.Second, 10*time.Millisecond, func() error {
+		for _, m := range h.gw.World().Config.Models {
+			if m.ID == "small" && len(m.Upstreams) == 2 && m.Upstreams[0].Weight == 1000 {
+				return nil
+			}
+		}
+		return fmt.Errorf("p0's weight is not in force yet")
+	})
+}
+
+// leftUnbilled closes conn, the connection of a client whose call no
+// upstream got, and checks that the call is counted a 499 within wait
+// and billed nothing.
+func (h *poolHarness) leftUnbilled(conn net.Conn, wait time.Duration) {
+	h.t.Helper()
+	conn.Close()
+	checkFor(h.t, wait, 10*time.Millisecond, func() error {
+		if !strings.Contains(scrape(h.t, h.harness), `status="499"`) {
+			return fmt.Errorf("no 499 counted yet for the call whose client left")
+		}
+		return nil
+	})
+	if evs := h.rec.Events(); len(evs) != 0 {
+		h.t.Fatalf("events %+v for a call no upstream saw; want none billed", evs[0])
 	}
 }
