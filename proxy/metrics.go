@@ -171,52 +171,54 @@ func (m *callMetrics) observe(model, upstream, endpoint string, status int, took
 func (m *callMetrics) appendText(b []byte) []byte {
 	// The series are read from this copy, not through get: get would make
 	// a series a reload dropped meanwhile again.
+	type entry struct {
+		k seriesKey
+		s *callSeries
+	}
 	m.mu.RLock()
-	keys := make([]seriesKey, 0, len(m.series))
-	seriesOf := make(map[seriesKey]*callSeries, len(m.series))
+	all := make([]entry, 0, len(m.series))
 	for k, s := range m.series {
-		keys = append(keys, k)
-		seriesOf[k] = s
+		all = append(all, entry{k, s})
 	}
 	m.mu.RUnlock()
-	slices.SortFunc(keys, cmpSeriesKeys)
+	slices.SortFunc(all, func(a, b entry) int { return cmpSeriesKeys(a.k, b.k) })
 	labels := func(k seriesKey) string {
 		return fmt.Sprintf("model=%s,upstream=%s,endpoint=%q,status=\"%d\"", promLabel(k.model), promLabel(k.upstream), k.endpoint, k.status)
 	}
 	b = append(b, "# HELP tollgate_requests_total Calls (generation, and classify, tag, score and match, public ones included, under their engine or llm model) by model, upstream, endpoint and status.\n# TYPE tollgate_requests_total counter\n"...)
-	for _, k := range keys {
-		b = fmt.Appendf(b, "tollgate_requests_total{%s} %d\n", labels(k), seriesOf[k].calls.Load())
+	for _, e := range all {
+		b = fmt.Appendf(b, "tollgate_requests_total{%s} %d\n", labels(e.k), e.s.calls.Load())
 	}
 	// Time to first token and tokens are measured on answered calls only:
 	// an error status's series would stay 0 for ever.
 	// A plugin call has no first token to wait for (its answer is the
 	// engine's whole verdict): its series would stay 0 too.
-	answered, generated := keys[:0:0], keys[:0:0]
-	for _, k := range keys {
-		if k.status >= 200 && k.status < 300 {
-			answered = append(answered, k)
-			if k.endpoint == endpointChat.path() || k.endpoint == endpointResponses.path() {
-				generated = append(generated, k)
+	answered, generated := all[:0:0], all[:0:0]
+	for _, e := range all {
+		if e.k.status >= 200 && e.k.status < 300 {
+			answered = append(answered, e)
+			if e.k.endpoint == endpointChat.path() || e.k.endpoint == endpointResponses.path() {
+				generated = append(generated, e)
 			}
 		}
 	}
 	b = append(b, "# HELP tollgate_requests_interrupted_total Answered streams the upstream cut or stalled after their first byte, or ended with its own error event for a fault of its own (the client got its status, then an error event); also in tollgate_requests_total.\n# TYPE tollgate_requests_interrupted_total counter\n"...)
-	for _, k := range answered {
-		b = fmt.Appendf(b, "tollgate_requests_interrupted_total{%s} %d\n", labels(k), seriesOf[k].interrupted.Load())
+	for _, e := range answered {
+		b = fmt.Appendf(b, "tollgate_requests_interrupted_total{%s} %d\n", labels(e.k), e.s.interrupted.Load())
 	}
 	for _, h := range []struct {
 		name, help string
 		of         func(*callSeries) *histogram
-		keys       []seriesKey
+		series     []entry
 	}{
-		{"tollgate_request_duration_seconds", "Calls in tollgate_requests_total from request to last byte.", func(s *callSeries) *histogram { return &s.duration }, keys},
+		{"tollgate_request_duration_seconds", "Calls in tollgate_requests_total from request to last byte.", func(s *callSeries) *histogram { return &s.duration }, all},
 		{"tollgate_time_to_first_token_seconds", "Successful generation calls from request to the first byte of the answer (for a non-streamed answer, the whole body).", func(s *callSeries) *histogram { return &s.ttft }, generated},
 	} {
 		b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s histogram\n", h.name, h.help, h.name)
-		for _, k := range h.keys {
-			hist := h.of(seriesOf[k])
+		for _, e := range h.series {
+			hist := h.of(e.s)
 			var count uint64
-			l := labels(k)
+			l := labels(e.k)
 			for i := range hist.buckets {
 				count += hist.buckets[i].Load()
 				le := "+Inf"
@@ -229,9 +231,8 @@ func (m *callMetrics) appendText(b []byte) []byte {
 		}
 	}
 	b = append(b, "# HELP tollgate_tokens_total Tokens of answered calls (public plugin calls' too, though free), by kind (prompt includes cached; completion includes reasoning).\n# TYPE tollgate_tokens_total counter\n"...)
-	for _, k := range answered {
-		s := seriesOf[k]
-		l := labels(k)
+	for _, e := range answered {
+		s, l := e.s, labels(e.k)
 		for _, t := range []struct {
 			kind string
 			n    *atomic.Uint64
