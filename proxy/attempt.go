@@ -320,6 +320,8 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				h.retries.Add(1)
 				continue
 			}
+			c.operatorsFault = errors.Is(err, errCredentialsRefused) ||
+				errors.Is(err, errBadAnswer) && errStatus >= 300 && errStatus < 400
 			return nil, nil, retryAfterSoonest(everyTry(c.entry.ID, lastErr, failures), soonest)
 		}
 		status := resp.Header.StatusCode()

@@ -387,9 +387,13 @@ type generationCall struct {
 	// falls back to the offline engine, and should not wait a
 	// generation's response_timeout to do so.
 	engineCall bool
-	injected   bool
-	reqBody    *[]byte
-	resp       *upstreamResponse // nil until the upstream answered
+	// operatorsFault: the call's last try failed on the upstream's
+	// setting, not its health: a redirect (or a 304), or its api_key
+	// refused. An engine's call says so (CallModel, UpstreamFaultError).
+	operatorsFault bool
+	injected       bool
+	reqBody        *[]byte
+	resp           *upstreamResponse // nil until the upstream answered
 
 	usage     catalog.Usage
 	haveUsage bool

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -117,8 +116,7 @@ func (w *World) CallModel(ctx context.Context, model string, body []byte) (respB
 		errBody, _ := apiErr.MarshalJSON()
 		return nil, catalog.Usage{}, &ModelError{Status: apiErr.Status, Body: errBody, RetryAfter: apiErr.RetryAfter}
 	}
-	if apiErr != nil && (apiErr.Code == "upstream_credentials_refused" ||
-		apiErr.Code == "upstream_bad_answer" && (strings.Contains(apiErr.Message, " with "+aRedirect) || strings.Contains(apiErr.Message, " with "+notModified))) {
+	if apiErr != nil && call.operatorsFault {
 		return nil, catalog.Usage{}, &UpstreamFaultError{Answer: apiErr}
 	}
 	if apiErr != nil {

@@ -208,8 +208,6 @@ func (u *upstream) answeredRedirect(status int, what string) {
 		u.cfg.Name, status, what, logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
 }
 
-// aRedirect begins every redirectAnswer but a 304's, notModified: the
-// 502 of either is told by it (CallModel).
 const (
 	aRedirect   = "a redirect"
 	notModified = "an unexpected Not Modified"
