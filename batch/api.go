@@ -185,14 +185,9 @@ func (s *Service) loadEntry(ctx context.Context, account, id string) (*Job, jets
 	if !validJobID(id) {
 		return nil, nil, apiError(ErrNotFound, "no batch job has the id %q: job ids are UUIDs as POST /v1/batch returns them", id)
 	}
-	entry, err := s.jobs.Get(ctx, jobKey(account, id))
-	if errors.Is(err, jetstream.ErrKeyNotFound) && s.replicated {
-		// Any replica answers that get, a few milliseconds behind the
-		// leader: a job created through another gateway was "not found"
-		// when read at once through this one. The leader has the last word.
-		// With one replica, the server that answered is the leader.
-		entry, err = broker.LeaderGet(ctx, s.js, s.jobs, jobKey(account, id))
-	}
+	// A job created through another gateway was "not found" when read at
+	// once through this one, from a replica behind the leader.
+	entry, err := broker.GetLatest(ctx, s.js, s.jobs, jobKey(account, id), s.replicated)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, nil, apiError(ErrNotFound, "batch job %s does not exist (or was deleted)", id)
 	}

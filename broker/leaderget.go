@@ -113,3 +113,16 @@ func (e *leaderEntry) Revision() uint64                { return e.revision }
 func (e *leaderEntry) Created() time.Time              { return e.created }
 func (e *leaderEntry) Delta() uint64                   { return 0 }
 func (e *leaderEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
+// GetLatest reads key of kv as a reader that must not miss a write made a
+// moment ago through another gateway expects: on a replicated bucket, a
+// miss of the get, which any replica may answer, is asked of the stream
+// leader (LeaderGet). With one replica the server that answered is the
+// leader.
+func GetLatest(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, replicated bool) (jetstream.KeyValueEntry, error) {
+	entry, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) && replicated {
+		return LeaderGet(ctx, js, kv, key)
+	}
+	return entry, err
+}

@@ -286,7 +286,8 @@ func TestSignInLinkJustMadeWorksThroughAStaleReplica(t *testing.T) {
 	first := startGateway(t, "")
 	second := startSecondGateway(t, first)
 	logins := second.console.logins
-	logins.kv = staleReplica{logins.kv}
+	// A stale replica stands for a replicated bucket.
+	logins.kv, logins.replicated = staleReplica{logins.kv}, true
 
 	link := func() string {
 		resp := first.admin("POST", "/admin/v1/accounts/acme/console-login")

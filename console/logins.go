@@ -41,9 +41,11 @@ var ErrLoginInvalid = errors.New("console sign-in link is invalid, expired or al
 // JetStream KV bucket, so a link issued through one gateway can be redeemed
 // on any other. Safe for concurrent use.
 type Logins struct {
-	kv  jetstream.KeyValue
-	js  jetstream.JetStream // confirms kv's misses with its stream leader
-	now func() time.Time
+	kv jetstream.KeyValue
+	js jetstream.JetStream // confirms kv's misses with its stream leader
+	// replicated: kv has replicas, whose gets may answer behind the leader.
+	replicated bool
+	now        func() time.Time
 }
 
 type loginRecord struct {
@@ -64,7 +66,7 @@ func OpenLogins(ctx context.Context, js jetstream.JetStream, replicas int) (*Log
 	if err != nil {
 		return nil, err
 	}
-	return &Logins{kv: kv, js: js, now: time.Now}, nil
+	return &Logins{kv: kv, js: js, replicated: replicas > 1, now: time.Now}, nil
 }
 
 // IssueLogin returns a new sign-in token for account, valid once until
@@ -149,13 +151,9 @@ func (l *Logins) lookup(ctx context.Context, token string) (loginRecord, uint64,
 	if !wellFormedLoginToken(token) {
 		return loginRecord{}, 0, ErrLoginInvalid
 	}
-	entry, err := l.kv.Get(ctx, loginKey(token))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		// Any replica answers that get, a few milliseconds behind the
-		// leader: a link made through another gateway and opened at once
-		// was "invalid" until sent again. The leader has the last word.
-		entry, err = broker.LeaderGet(ctx, l.js, l.kv, loginKey(token))
-	}
+	// A link made through another gateway and opened at once was
+	// "invalid", read from a replica behind the leader, until sent again.
+	entry, err := broker.GetLatest(ctx, l.js, l.kv, loginKey(token), l.replicated)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return loginRecord{}, 0, ErrLoginInvalid
 	}

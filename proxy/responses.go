@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -595,64 +594,21 @@ func (r *ResponseStore) put(op mappingOp) error {
 // its leader's reads.
 type replicatedKV struct {
 	jetstream.KeyValue
-	nc *nats.Conn
-	// msgGet is the bucket stream's STREAM.MSG.GET subject, which only
-	// the leader answers. jetstream's GetLastMsgForSubject would send a
-	// direct get, as KeyValue.Get does, on a bucket (which allows them).
-	msgGet string
+	js jetstream.JetStream
 }
 
 func newReplicatedKV(kv jetstream.KeyValue, js jetstream.JetStream) *replicatedKV {
-	prefix := js.Options().APIPrefix
-	if prefix == "" {
-		prefix = jetstream.DefaultAPIPrefix
-	}
-	if !strings.HasSuffix(prefix, ".") {
-		prefix += "."
-	}
-	return &replicatedKV{KeyValue: kv, nc: js.Conn(), msgGet: prefix + "STREAM.MSG.GET.KV_" + BucketResponses}
+	return &replicatedKV{KeyValue: kv, js: js}
 }
 
 // GetFromLeader returns jetstream.ErrKeyNotFound for a key the leader
-// does not hold, or holds deleted.
+// does not hold, or holds deleted (broker.LeaderGet).
 func (kv *replicatedKV) GetFromLeader(ctx context.Context, key string) ([]byte, error) {
-	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + BucketResponses + "." + key})
+	entry, err := broker.LeaderGet(ctx, kv.js, kv.KeyValue, key)
 	if err != nil {
 		return nil, err
 	}
-	msg, err := kv.nc.RequestWithContext(ctx, kv.msgGet, req)
-	if err != nil {
-		return nil, err
-	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Header []byte `json:"hdrs"`
-			Data   []byte `json:"data"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fmt.Errorf("the stream leader's answer: %w", err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return nil, jetstream.ErrKeyNotFound
-	case resp.Error != nil:
-		return nil, resp.Error // no leader: JetStream cluster not available
-	case resp.Message == nil:
-		return nil, jetstream.ErrInvalidJetStreamResponse
-	}
-	if len(resp.Message.Header) > 0 {
-		// A delete or a purge is kept as a message without data.
-		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
-		if err != nil {
-			return nil, fmt.Errorf("the stream leader's answer: %w", err)
-		}
-		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-			return nil, jetstream.ErrKeyNotFound
-		}
-	}
-	return resp.Message.Data, nil
+	return entry.Value(), nil
 }
 
 // mappingKey is id as a KV key: as it is when it uses only letters,
