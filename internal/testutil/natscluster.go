@@ -13,8 +13,8 @@ import (
 
 // StartNATSCluster runs n routed nats-servers with JetStream on loopback,
 // in this process, each with its own store in a test dir, and waits for a
-// JetStream meta leader. It returns the servers and their client URLs;
-// the test's cleanup shuts down those still running.
+// JetStream meta leader that sees every node. It returns the servers and
+// their client URLs; the test's cleanup shuts down those still running.
 func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 	t.Helper()
 	clientPorts, routePorts := make([]int, n), make([]int, n)
@@ -47,9 +47,13 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 		servers = append(servers, srv)
 	}
-	for deadline := time.Now().Add(30 * time.Second); !slices.ContainsFunc(servers, (*server.Server).JetStreamIsLeader); time.Sleep(50 * time.Millisecond) {
+	// A meta leader alone is not enough: until it has every node's stats,
+	// a bucket of n replicas is refused "no suitable peers for placement,
+	// peer offline" (a make test run met it).
+	ready := func(srv *server.Server) bool { return srv.JetStreamIsLeader() && len(srv.JetStreamClusterPeers()) == n }
+	for deadline := time.Now().Add(30 * time.Second); !slices.ContainsFunc(servers, ready); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("no JetStream meta leader after 30 s")
+			t.Fatalf("no JetStream meta leader seeing all %d nodes after 30 s", n)
 		}
 	}
 	return servers, urls
