@@ -1982,35 +1982,10 @@ func writeAcked(dir string, seq uint64) error {
 func writeSeqFile(dir, name string, seq uint64) error {
 	b := binary.LittleEndian.AppendUint64(nil, seq)
 	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-	if err := replaceFile(dir, name, b); err != nil {
+	if err := durable.ReplaceFile(filepath.Join(dir, name), b, 0o600); err != nil {
 		return fmt.Errorf("writing outbox %s file: %w", name, err)
 	}
 	return nil
-}
-
-// replaceFile makes dir/name hold data, durably and whole: written to a
-// temporary file, synced, renamed over name, and the rename synced. A
-// crash leaves the old content or the new, never a torn or empty file.
-func replaceFile(dir, name string, data []byte) error {
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, name))
-	}
-	if err != nil {
-		return err
-	}
-	return syncDir(dir)
 }
 
 // errNoReserve is reserveDisk's answer where the file system (or the
@@ -2040,7 +2015,7 @@ func readOrCreateOutboxID(dir string) (string, error) {
 		return "", fmt.Errorf("making an outbox id: %w", err)
 	}
 	id := hex.EncodeToString(raw[:])
-	if err := replaceFile(dir, outboxIDFile, []byte(id+"\n")); err != nil {
+	if err := durable.ReplaceFile(filepath.Join(dir, outboxIDFile), []byte(id+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("writing outbox id: %w", err)
 	}
 	return id, nil

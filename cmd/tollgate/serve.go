@@ -500,33 +500,14 @@ func reachableAddr(listen string, ln net.Addr) string {
 }
 
 // writeFileAtomic puts data at path whole or not at all, a crash
-// included: written aside and synced, renamed into place, the directory
-// synced. Without the syncs, a power loss soon after a first start left
-// admin.token empty (the rename had reached the disk, the data had not),
-// and the gateway refused to start until it was deleted.
+// included. Without that, a power loss soon after a first start left
+// admin.token empty, and the gateway refused to start until it was
+// deleted. Where the directory cannot be synced the file is still there,
+// only less surely after a crash: that is good enough here.
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
+	if err := durable.ReplaceFile(path, data, mode); err != nil && !errors.Is(err, durable.ErrDirNotSynced) {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	// Best effort: where a directory cannot be synced the file is still
-	// there, only less surely after a crash.
-	_ = durable.SyncDir(filepath.Dir(path))
 	return nil
 }
 

@@ -1,7 +1,12 @@
 // Package durable holds what makes a file system change survive a crash.
 package durable
 
-import "os"
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
 
 // SyncDir makes the names created, renamed or removed in dir durable: a
 // file's own fsync does not cover its directory entry.
@@ -15,4 +20,40 @@ func SyncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// ErrDirNotSynced wraps ReplaceFile's error when the file is in place but
+// its directory could not be synced: the new content is there, only less
+// surely after a power loss. Callers for whom that is good enough test
+// for it with errors.Is.
+var ErrDirNotSynced = errors.New("directory not synced")
+
+// ReplaceFile makes path hold data, whole or not at all, a crash
+// included: written aside and synced, renamed over path, the directory
+// synced. Without the syncs, a power loss soon after the rename can leave
+// path empty: the rename reached the disk, the data had not.
+func ReplaceFile(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := SyncDir(filepath.Dir(path)); err != nil {
+		return fmt.Errorf("%w: %w", ErrDirNotSynced, err)
+	}
+	return nil
 }
