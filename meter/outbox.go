@@ -1306,8 +1306,11 @@ func (ob *Outbox) syncOnce() {
 	recovered := ob.diskErr != nil
 	ob.diskErr = nil
 	ob.durableSeq = max(ob.durableSeq, through)
-	ob.releaseWaitersLocked(ob.durableSeq)
+	released := ob.takeWaitersLocked(ob.durableSeq)
 	ob.mu.Unlock()
+	for _, w := range released {
+		close(w.done)
+	}
 	if recovered {
 		logf("meter: outbox: writing to disk again; new usage events are taken again")
 	}
@@ -1318,21 +1321,6 @@ type pendingSync struct {
 	m    *mappedSegment
 	from int
 	to   int
-}
-
-// releaseWaitersLocked closes the channels of the fsync-durable appends of
-// records through seq. ob.mu must be held.
-func (ob *Outbox) releaseWaitersLocked(seq uint64) {
-	keep := ob.waiters[:0]
-	for _, w := range ob.waiters {
-		if w.seq <= seq {
-			close(w.done)
-		} else {
-			keep = append(keep, w)
-		}
-	}
-	clear(ob.waiters[len(keep):])
-	ob.waiters = keep
 }
 
 // takeWaitersLocked removes the waiters of records through seq and
