@@ -5,6 +5,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,6 +67,7 @@ type DiskSync struct {
 // server keeps its own (its sync_interval setting).
 func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(string, ...any), sync DiskSync) (*Broker, error) {
 	b := &Broker{replicas: max(cfg.Replicas, 1), closed: make(chan struct{})}
+	startTimeout := cmp.Or(cfg.StartTimeout, config.DefaultNATSStartTimeout)
 	url := cfg.URL
 	var opts []nats.Option
 	if url == "" {
@@ -140,7 +142,11 @@ func StartWith(ctx context.Context, cfg config.NATS, dataDir string, logf func(s
 		b.Close()
 		return nil, fmt.Errorf("opening jetstream: %w", err)
 	}
-	b.js = js
+	b.js = &startJetStream{JetStream: js, wait: &startWait{
+		until:   time.Now().Add(startTimeout),
+		timeout: startTimeout,
+		logf:    logf,
+	}}
 	if b.embedded != nil {
 		watchLog := logf
 		if watchLog == nil {
@@ -299,18 +305,27 @@ func (b *Broker) shutdownEmbedded() {
 }
 
 // EnsureKV creates the bucket or updates its configuration to cfg. It is
-// idempotent, so every process can call it at start-up.
+// idempotent, so every process can call it at start-up; at start, through
+// a broker's JetStream, it waits out an election (see declareAtStart).
 func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	// A process started with a smaller nats.replicas (say a billing
-	// consumer on the default file) must not shrink a cluster's R3 bucket.
-	if kv, err := js.KeyValue(ctx, cfg.Bucket); err == nil {
-		if st, err := kv.Status(ctx); err == nil {
-			if info, ok := st.(*jetstream.KeyValueBucketStatus); ok && info.StreamInfo().Config.Replicas > cfg.Replicas {
-				cfg.Replicas = info.StreamInfo().Config.Replicas
+	kv, err := declareAtStart(ctx, js, "kv bucket "+cfg.Bucket, func(ctx context.Context) (jetstream.KeyValue, error) {
+		cfg := cfg
+		// A process started with a smaller nats.replicas (say a billing
+		// consumer on the default file) must not shrink a cluster's R3
+		// bucket; nor may one whose look was not answered.
+		kv, err := js.KeyValue(ctx, cfg.Bucket)
+		if _, election := electionExplains(err); election {
+			return nil, err
+		}
+		if err == nil {
+			if st, err := kv.Status(ctx); err == nil {
+				if info, ok := st.(*jetstream.KeyValueBucketStatus); ok && info.StreamInfo().Config.Replicas > cfg.Replicas {
+					cfg.Replicas = info.StreamInfo().Config.Replicas
+				}
 			}
 		}
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+		return js.CreateOrUpdateKeyValue(ctx, cfg)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("ensuring kv bucket %s: %w", cfg.Bucket, err)
 	}
@@ -348,12 +363,20 @@ func PublishOrRead(ctx context.Context, kv jetstream.KeyValue, key string, value
 }
 
 // EnsureStream creates the stream or updates its configuration to cfg. It is
-// idempotent, so every process can call it at start-up.
+// idempotent, so every process can call it at start-up; at start, through
+// a broker's JetStream, it waits out an election (see declareAtStart).
 func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
-	if existing, err := js.Stream(ctx, cfg.Name); err == nil && existing.CachedInfo().Config.Replicas > cfg.Replicas {
-		cfg.Replicas = existing.CachedInfo().Config.Replicas // never shrink, as in EnsureKV
-	}
-	st, err := js.CreateOrUpdateStream(ctx, cfg)
+	st, err := declareAtStart(ctx, js, "stream "+cfg.Name, func(ctx context.Context) (jetstream.Stream, error) {
+		cfg := cfg
+		existing, err := js.Stream(ctx, cfg.Name)
+		if _, election := electionExplains(err); election {
+			return nil, err // an unanswered look must not shrink it, as in EnsureKV
+		}
+		if err == nil && existing.CachedInfo().Config.Replicas > cfg.Replicas {
+			cfg.Replicas = existing.CachedInfo().Config.Replicas
+		}
+		return js.CreateOrUpdateStream(ctx, cfg)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("ensuring stream %s: %w", cfg.Name, err)
 	}

@@ -224,6 +224,10 @@ type NATS struct {
 	TLSKey         string `yaml:"tls_key"`
 	// Replicas for streams and KV buckets (1 single node, 3 in a cluster).
 	Replicas int `yaml:"replicas"`
+	// StartTimeout is how long a process's start waits for a JetStream
+	// that is electing its leaders (a node lost, the cluster starting)
+	// before it gives up. restart-only.
+	StartTimeout time.Duration `yaml:"start_timeout"`
 }
 
 // ClickHouse is the billing store.

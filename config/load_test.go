@@ -371,12 +371,12 @@ func TestRestartOnlyDiff(t *testing.T) {
 	changed.Billing.FsyncInterval *= 2
 	changed.Billing.PublishBatch.MaxDelay *= 2
 	changed.Billing.UsageRetention = time.Hour
-	changed.NATS = NATS{URL: "nats://x:4222", EmbeddedListen: "127.0.0.1:1", CredsFile: "c", TLSCA: "a", TLSCert: "b", TLSKey: "k", Replicas: 3}
+	changed.NATS = NATS{URL: "nats://x:4222", EmbeddedListen: "127.0.0.1:1", CredsFile: "c", TLSCA: "a", TLSCert: "b", TLSKey: "k", Replicas: 3, StartTimeout: 2 * time.Minute}
 	changed.ClickHouse = ClickHouse{DSN: "clickhouse://y:9000/z", ConsumeInServe: !old.ClickHouse.ConsumeInServe}
 	want := []string{"server.listen", "server.data_dir", "server.admin_token", "server.max_request_body", "server.metrics_listen", "auth.issuer",
 		"billing.outbox_max_bytes", "billing.durability", "billing.fsync_interval", "billing.publish_batch", "billing.usage_retention",
 		"nats.url", "nats.embedded_listen", "nats.creds_file", "nats.tls_ca", "nats.tls_cert", "nats.tls_key", "nats.replicas",
-		"clickhouse.dsn", "clickhouse.consume_in_serve"}
+		"nats.start_timeout", "clickhouse.dsn", "clickhouse.consume_in_serve"}
 	if diff := changed.RestartOnlyDiff(old); !reflect.DeepEqual(diff, want) {
 		t.Errorf("RestartOnlyDiff = %v, want %v", diff, want)
 	}
@@ -655,6 +655,28 @@ func TestShippedRetryBudgetOutlastsFirstByteTimeout(t *testing.T) {
 	for _, u := range cfg.Upstreams {
 		if cfg.Routing.RetryBudget <= u.FirstByteTimeout {
 			t.Fatalf("gateway.yaml: retry_budget %s is not above %s's first_byte_timeout %s", cfg.Routing.RetryBudget, u.Name, u.FirstByteTimeout)
+		}
+	}
+}
+
+// nats.start_timeout is 1ns to an hour; left out, a minute. A written 0
+// is refused, not read as the default.
+func TestNATSStartTimeout(t *testing.T) {
+	const rest = "upstreams:\n  - name: a\n    base_url: http://127.0.0.1:8001/v1\n"
+	for value, want := range map[string]time.Duration{"": DefaultNATSStartTimeout, "5s": 5 * time.Second, "1h": time.Hour} {
+		file := rest
+		if value != "" {
+			file = "nats:\n  start_timeout: " + value + "\n" + rest
+		}
+		cfg, err := parse("gateway.yaml", []byte(file), noEnv)
+		if err != nil || cfg.NATS.StartTimeout != want {
+			t.Errorf("start_timeout %q: %v, %v; want %s", value, cfg, err, want)
+		}
+	}
+	for value, refusal := range map[string]string{"0s": "0 is outside 1ns..1h", "-1s": "-1s is outside", "61m": "1h1m0s is outside"} {
+		_, err := parse("gateway.yaml", []byte("nats:\n  start_timeout: "+value+"\n"+rest), noEnv)
+		if err == nil || !strings.Contains(err.Error(), "nats.start_timeout: "+refusal) {
+			t.Errorf("start_timeout %q: %v, want it refused (%s)", value, err, refusal)
 		}
 	}
 }

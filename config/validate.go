@@ -65,8 +65,13 @@ const (
 	DefaultMaxResponseBody = 64 << 20 // 64MiB
 	DefaultEmbeddedListen  = "127.0.0.1:4222"
 	DefaultReplicas        = 1
-	DefaultClickHouseDSN   = "clickhouse://127.0.0.1:9000/default"
-	DefaultEngine          = "auto"
+	// DefaultNATSStartTimeout outlasts a JetStream election after a node
+	// is lost (seconds; more in a rolling restart), and still ends a start
+	// on a cluster that is not coming back soon enough for an orchestrator
+	// to show it.
+	DefaultNATSStartTimeout = 60 * time.Second
+	DefaultClickHouseDSN    = "clickhouse://127.0.0.1:9000/default"
+	DefaultEngine           = "auto"
 	// DefaultVectors is where scripts/vectors.sh installs the semantic
 	// engine's word vectors, relative to the working directory.
 	DefaultVectors = "./data/vectors/en.tgv"
@@ -147,6 +152,7 @@ func (l *loader) applyDefaults(c *Config) {
 	l.applyTracingDefaults(&c.Tracing)
 	setDefault(&c.NATS.EmbeddedListen, DefaultEmbeddedListen)
 	setDefault(&c.NATS.Replicas, DefaultReplicas)
+	setDefault(&c.NATS.StartTimeout, DefaultNATSStartTimeout)
 	setDefault(&c.ClickHouse.DSN, DefaultClickHouseDSN)
 	applyStorageDefaults(&c.Storage)
 	applyBatchDefaults(&c.Batch)
@@ -549,6 +555,12 @@ func (l *loader) validateNATS(n NATS) {
 	}
 	l.check(n.Replicas >= 1 && n.Replicas <= 5, "nats.replicas",
 		"must be 1 to 5 (JetStream's limit), got %d", n.Replicas)
+	if l.writtenZero("nats.start_timeout") {
+		// Zero would read as the default: not what "do not wait" meant.
+		l.check(false, "nats.start_timeout", "0 is outside 1ns..1h: write how long a start waits for NATS's JetStream, or leave it out for %s", DefaultNATSStartTimeout)
+	} else {
+		l.check(n.StartTimeout > 0 && n.StartTimeout <= time.Hour, "nats.start_timeout", "%s is outside 1ns..1h", n.StartTimeout)
+	}
 	l.check(n.TLSKey != "" || n.TLSCert == "", "nats.tls_cert", "tls_key is missing: set both tls_cert and tls_key, or neither")
 	l.check(n.TLSCert != "" || n.TLSKey == "", "nats.tls_key", "tls_cert is missing: set both tls_cert and tls_key, or neither")
 	l.checkNATSFiles(n)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +27,7 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 	}
 	var servers []*server.Server
 	for i := range n {
-		srv, err := server.NewServer(&server.Options{
+		opts := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1",
 			Port:       clientPorts[i],
@@ -36,16 +37,8 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
 			NoSigs:     true,
 			NoLog:      true,
-		})
-		if err != nil {
-			t.Fatal(err)
 		}
-		go srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("NATS node n%d not ready", i+1)
-		}
-		t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-		servers = append(servers, srv)
+		servers = append(servers, startNATSNode(t, opts))
 	}
 	// A meta leader alone is not enough: until it has every node's stats,
 	// a bucket of n replicas is refused "no suitable peers for placement,
@@ -57,6 +50,40 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 		}
 	}
 	return servers, urls
+}
+
+// nodeOptions holds the options each node of StartNATSCluster was started
+// with, so RestartNATSNode can start it again as it was.
+var nodeOptions sync.Map // *server.Server -> *server.Options
+
+func startNATSNode(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(opts.Clone())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatalf("NATS node %s not ready", opts.ServerName)
+	}
+	nodeOptions.Store(srv, opts)
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown(); nodeOptions.Delete(srv) })
+	return srv
+}
+
+// RestartNATSNode starts node srv of StartNATSCluster again, on its ports
+// and its store, after the test shut it down (it is shut down first if
+// not), and returns the new server; it rejoins the cluster as the node
+// that was lost. It does not wait for a meta leader.
+func RestartNATSNode(t testing.TB, srv *server.Server) *server.Server {
+	t.Helper()
+	opts, ok := nodeOptions.Load(srv)
+	if !ok {
+		t.Fatal("RestartNATSNode: not a node of StartNATSCluster")
+	}
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	return startNATSNode(t, opts.(*server.Options))
 }
 
 func freePort(t testing.TB) int {

@@ -1,0 +1,118 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// startLogEvery is how often a start waiting for JetStream says so.
+const startLogEvery = 5 * time.Second
+
+// JetStream API error codes an election explains (nats-server's
+// errors.json).
+const (
+	jsErrCodeClusterNotAvailable = 10008 // no meta leader: "JetStream system temporarily unavailable"
+	jsErrCodeClusterNotLeader    = 10009 // asked a server that lost its leadership meanwhile
+	jsErrCodeNoSuitablePeers     = 10005 // "no suitable peers for placement", with its reasons
+	jsErrCodeStreamOffline       = 10118 // every node of the stream down
+)
+
+// startJetStream is a broker's JetStream while its process starts: until
+// nats.start_timeout after the connection, EnsureStream and EnsureKV made
+// through it try again while their error is one an election explains. A
+// cluster without a meta leader (a node just lost, or the cluster
+// starting with the gateways) did not answer the first declaration
+// within the client's 5 s, and the gateway exited: an orchestrator
+// restarted it into the same election, over and over.
+type startJetStream struct {
+	jetstream.JetStream
+	wait *startWait
+}
+
+// startWait is how long, and where, a start waits for JetStream.
+type startWait struct {
+	until   time.Time
+	timeout time.Duration        // nats.start_timeout, for messages
+	logf    func(string, ...any) // nil: silent
+}
+
+// declareAtStart runs declare once, or, with a broker's JetStream whose
+// start wait has not run out, again while it fails with an error an
+// election explains, each try within the client's timeout, saying every
+// few seconds what the start waits for. what names the declaration in
+// those lines ("stream USAGE").
+func declareAtStart[T any](ctx context.Context, js jetstream.JetStream, what string, declare func(context.Context) (T, error)) (T, error) {
+	sj, ok := js.(*startJetStream)
+	if !ok || !time.Now().Before(sj.wait.until) {
+		return declare(ctx)
+	}
+	w := sj.wait
+	var logged time.Time
+	pause := 100 * time.Millisecond
+	for {
+		tryCtx, cancel := context.WithTimeout(ctx, min(time.Until(w.until), js.Options().DefaultTimeout))
+		v, err := declare(tryCtx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return v, err
+		}
+		why, explained := electionExplains(err)
+		if !explained {
+			return v, err
+		}
+		if denied := js.Conn().LastError(); errors.Is(denied, nats.ErrPermissionViolation) {
+			// A request the server denies is dropped unanswered: the
+			// refusal comes to the connection, and the request times out.
+			return v, fmt.Errorf("%w (%v)", err, denied)
+		}
+		left := time.Until(w.until)
+		if left <= 0 {
+			return v, fmt.Errorf("NATS's JetStream not ready within nats.start_timeout (%s; raise it in gateway.yaml to wait longer): %s: %w", w.timeout, why, err)
+		}
+		if w.logf != nil && time.Since(logged) >= startLogEvery {
+			w.logf("nats: waiting for the NATS cluster's JetStream to declare %s: %s (%v); giving up in %s (nats.start_timeout %s)",
+				what, why, err, left.Round(time.Second), w.timeout)
+			logged = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(min(pause, left)):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// electionExplains says whether err, from a JetStream API request, is one
+// an election explains, and how: no answer (no meta leader, or a
+// stream's leader being elected), no JetStream subscribed yet (a server
+// starting), or the cluster's own word for it. Anything else (a stream's
+// configuration refused, a permission denied, an account without
+// JetStream) is no election, and waiting would not mend it.
+func electionExplains(err error) (string, bool) {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+		return "no answer: no JetStream meta leader, or a stream's leader being elected", true
+	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return "no server answers the JetStream API yet", true
+	case !errors.As(err, &apiErr):
+		return "", false
+	case apiErr.ErrorCode == jsErrCodeClusterNotAvailable, apiErr.ErrorCode == jsErrCodeClusterNotLeader:
+		return "no JetStream meta leader", true
+	case apiErr.ErrorCode == jsErrCodeStreamOffline:
+		return "the stream's nodes are down", true
+	case apiErr.ErrorCode == jsErrCodeNoSuitablePeers && strings.Contains(apiErr.Description, "peer offline"):
+		// The cluster's own reason: a node lost, or not yet known to a
+		// meta leader just elected. Too few nodes for nats.replicas is
+		// said without it, and fails at once.
+		return "too few nodes up for nats.replicas", true
+	}
+	return "", false
+}
