@@ -461,19 +461,19 @@ func (s *Server) MetricsText() []byte {
 }
 
 // appendConnectionMetrics appends the API listener's client connections
-// against their cap (clientConnectionCap). Past the cap fasthttp answers
-// a plain-text 503 and closes the connection before any request is read,
+// against their cap (clientConnectionCap). Past the cap a connection is
+// answered 503 and closed before any request is read (refuseConnection),
 // so those clients are in no other series: without these an operator saw
 // only SDK retries and a log line a minute.
 func (s *Server) appendConnectionMetrics(b []byte) []byte {
 	b = append(b, "# HELP tollgate_client_connections Client connections the API listener holds open now.\n# TYPE tollgate_client_connections gauge\n"...)
 	b = fmt.Appendf(b, "tollgate_client_connections %d\n", s.http.GetOpenConnectionsCount())
-	if limit := s.http.Concurrency; limit > 0 {
+	if limit := s.connCap; limit > 0 {
 		b = append(b, "# HELP tollgate_client_connections_cap Client connections the API listener serves at once, from the process's file limit; past it a connection is answered 503 and closed.\n# TYPE tollgate_client_connections_cap gauge\n"...)
 		b = fmt.Appendf(b, "tollgate_client_connections_cap %d\n", limit)
 	}
 	b = append(b, "# HELP tollgate_client_connections_refused_total Client connections answered 503 and closed because the API listener held tollgate_client_connections_cap already.\n# TYPE tollgate_client_connections_refused_total counter\n"...)
-	return fmt.Appendf(b, "tollgate_client_connections_refused_total %d\n", s.http.GetRejectedConnectionsCount())
+	return fmt.Appendf(b, "tollgate_client_connections_refused_total %d\n", s.refusedConns.Load()+uint64(s.http.GetRejectedConnectionsCount()))
 }
 
 // baseURLHint says how the client's base URL is wrong when path is a

@@ -101,6 +101,12 @@ type Server struct {
 	http      *fasthttp.Server
 	streams   openStreams
 
+	// connCap is how many client connections the API listener holds
+	// open at once (clientConnectionCap); 0 leaves them uncapped.
+	connCap      int
+	refusedConns atomic.Uint64    // connections answered 503 at the cap
+	refusedLog   loglimit.Limiter // the lines saying so
+
 	// metricsElsewhere: server.metrics_listen serves /metrics, and the
 	// public listener does not (restart-only, so read once in New).
 	metricsElsewhere bool
@@ -122,6 +128,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		tracer:    opts.Tracer,
 
 		metricsElsewhere: cfg.Server.MetricsListen != "",
+		connCap:          clientConnections(),
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
@@ -191,10 +198,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 		// parse in the log (and in the 400), Authorization included.
 		SecureErrorLogMessage: true,
 		Logger:                newFasthttpLogger(s.logf),
-		// Clients may not take the descriptors the process needs for
-		// anything else (see clientConnectionCap); past it a connection
-		// is answered 503 and closed at once.
-		Concurrency: clientConnections(),
+		// Concurrency stays fasthttp's default: the listener caps the
+		// connections itself (Serve), since past fasthttp's cap a
+		// connection got fasthttp's plain-text 503.
 	}
 	return s, nil
 }
@@ -227,7 +233,46 @@ var clientConnections = func() int { return clientConnectionCap(rawconn.Descript
 
 // ClientConnections is how many client connections the API listener
 // serves at once (clientConnectionCap).
-func (s *Server) ClientConnections() int { return s.http.Concurrency }
+func (s *Server) ClientConnections() int { return s.connCap }
+
+// refuseConnection answers a connection past the client connection cap
+// before any request is read, and closes it: a 503 in the error envelope,
+// to be retried in a second. Past fasthttp's own cap the answer was plain
+// text ("The connection cannot be served because Server.Concurrency limit
+// exceeded"), which the OpenAI SDKs showed as an unparsed body. It runs
+// on the accepting goroutine, as fasthttp's answer did: a few hundred
+// bytes to a new connection's empty send buffer do not wait, and the
+// deadline bounds a write that would.
+func (s *Server) refuseConnection(c net.Conn) {
+	s.refusedConns.Add(1)
+	e := errOverloaded(s.connCap)
+	body, _ := e.MarshalJSON()
+	var resp fasthttp.Response
+	resp.SetStatusCode(e.Status)
+	resp.Header.SetServer("tollgate")
+	resp.Header.SetContentType("application/json")
+	resp.Header.Set("x-request-id", newRequestID())
+	SetRetryAfter(&resp.Header, e.RetryAfter)
+	resp.SetConnectionClose()
+	resp.SetBody(body)
+	_ = c.SetWriteDeadline(time.Now().Add(refusalWriteWait))
+	_, _ = resp.WriteTo(c)
+	_ = c.Close()
+	if ok, held := s.refusedLog.Allow(time.Now(), time.Minute); ok {
+		s.logf("http: a client connection was answered 503 and closed: %d are open, the most the API listener serves at once; raise the process's file limit (LimitNOFILE, ulimit -n): the gateway serves at most half of it, less a reserve, at once%s",
+			s.connCap, loglimit.HeldNote(held, "connections refused since the last line"))
+	}
+}
+
+// refusalWriteWait bounds the write of refuseConnection's answer.
+const refusalWriteWait = 100 * time.Millisecond
+
+// errOverloaded is the 503 of a connection past the client connection
+// cap (refuseConnection).
+func errOverloaded(limit int) *APIError {
+	return &APIError{Status: fasthttp.StatusServiceUnavailable, Type: "service_unavailable_error", Code: "server_overloaded", RetryAfter: time.Second,
+		Message: fmt.Sprintf("the gateway holds as many client connections as it serves at once (%d); try again shortly", limit)}
+}
 
 // Apply builds the World for cfg, provisions the modules for it and swaps
 // both in, then cleans up the modules' previous routes. It is the build
@@ -349,7 +394,7 @@ func (w *World) Grace() money.Nanos { return w.grace }
 
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	return s.http.Serve(rawconn.NewListener(ln, s.logf))
+	return s.http.Serve(rawconn.NewListener(ln, s.logf).Capped(s.connCap, s.refuseConnection))
 }
 
 // Shutdown stops accepting and waits for open requests, streams included.

@@ -3,6 +3,7 @@ package rawconn
 import (
 	"errors"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,6 +27,34 @@ type Listener struct {
 	Logf func(format string, args ...any)
 
 	waits *loglimit.Limiter // the lines saying so
+	conns *connCap          // nil: as many connections as come
+}
+
+// connCap counts the connections a capped Listener accepted that are not
+// closed yet.
+type connCap struct {
+	limit  int64
+	open   atomic.Int64
+	refuse func(net.Conn)
+}
+
+// release frees the place of a connection closed.
+func (c *connCap) release() { c.open.Add(-1) }
+
+// countedConn is a connection not wrapped for raw calls (not a TCP
+// connection, or not on Linux) that a capped Listener accepted.
+type countedConn struct {
+	net.Conn
+	conns    *connCap
+	released atomic.Bool
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	if !c.released.Swap(true) {
+		c.conns.release()
+	}
+	return err
 }
 
 const logEvery = 10 * time.Second
@@ -35,13 +64,34 @@ func NewListener(ln net.Listener, logf func(format string, args ...any)) Listene
 	return Listener{Listener: ln, Logf: logf, waits: new(loglimit.Limiter)}
 }
 
+// Capped returns l holding at most limit connections open at once: one
+// accepted past it is handed to refuse, which answers it and closes it,
+// and Accept waits for the next. The count is one atomic add as a
+// connection is accepted and one as it is closed, nothing per request.
+// A limit of 0 or less leaves l uncapped.
+func (l Listener) Capped(limit int, refuse func(net.Conn)) Listener {
+	if limit > 0 {
+		l.conns = &connCap{limit: int64(limit), refuse: refuse}
+	}
+	return l
+}
+
 func (l Listener) Accept() (net.Conn, error) {
 	var pause time.Duration
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
+			if l.conns == nil {
+				limitUnsent(c)
+				return Wrap(c), nil
+			}
+			if l.conns.open.Add(1) > l.conns.limit {
+				l.conns.release()
+				l.conns.refuse(c)
+				continue
+			}
 			limitUnsent(c)
-			return Wrap(c), nil
+			return counted(Wrap(c), l.conns), nil
 		}
 		if !outOfDescriptors(err) {
 			return nil, err

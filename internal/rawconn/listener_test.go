@@ -8,6 +8,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // failingListener answers Accept with errs first, then accepts.
@@ -84,5 +85,58 @@ func TestSideListenerCapIsAShareOfTheReserve(t *testing.T) {
 		if got := SideListenerCap(c.limit, c.known, c.share); got != c.want {
 			t.Errorf("file limit %d, share %d/16: %d connections, want %d", c.limit, c.share, got, c.want)
 		}
+	}
+}
+
+// A capped listener hands a connection past its cap to refuse, not to
+// Accept's caller, and a connection closed, however many times, frees one
+// place.
+func TestCappedListenerRefusesPastItsCap(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan net.Conn, 4)
+	l := NewListener(ln, nil).Capped(2, func(c net.Conn) { c.Close(); refused <- c })
+	defer l.Close()
+	dial := func() {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	for range 3 {
+		dial()
+	}
+	a, _ := l.Accept()
+	b, _ := l.Accept()
+	if _, ok := a.(*Conn); !ok {
+		t.Fatalf("accepted %T; want *rawconn.Conn", a)
+	}
+	accepted := make(chan net.Conn)
+	go func() {
+		c, _ := l.Accept() // refuses the third, waits for another
+		accepted <- c
+	}()
+	select {
+	case <-refused:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no connection refused past the cap")
+	}
+	a.Close()
+	a.Close() // frees its place once
+	dial()
+	c := <-accepted
+	if c == nil {
+		t.Fatal("no connection accepted in the place of one closed")
+	}
+	if n := l.conns.open.Load(); n != 2 {
+		t.Fatalf("%d connections counted open, want 2", n)
+	}
+	c.Close()
+	b.Close()
+	if n := l.conns.open.Load(); n != 0 {
+		t.Fatalf("%d connections counted open after all were closed", n)
 	}
 }

@@ -15,3 +15,6 @@ func Quiet(net.Conn) bool { return true }
 
 // limitUnsent does nothing: TCP_NOTSENT_LOWAT is set on Linux only.
 func limitUnsent(net.Conn) {}
+
+// counted has a capped Listener's c free its place when it is closed.
+func counted(c net.Conn, conns *connCap) net.Conn { return &countedConn{Conn: c, conns: conns} }

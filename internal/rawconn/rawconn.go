@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -36,6 +37,11 @@ type Conn struct {
 	// RawConn are built once per connection and not per call.
 	r, w            op
 	readDo, writeDo func(fd uintptr) bool
+
+	// conns, for a connection a capped Listener accepted, is told once of
+	// its Close.
+	conns    *connCap
+	released atomic.Bool
 }
 
 type op struct {
@@ -58,6 +64,25 @@ func Wrap(c net.Conn) net.Conn {
 	rc := &Conn{TCPConn: tc, raw: raw}
 	rc.readDo, rc.writeDo = rc.read, rc.write
 	return rc
+}
+
+// counted has a capped Listener's c free its place when it is closed.
+func counted(c net.Conn, conns *connCap) net.Conn {
+	if rc, ok := c.(*Conn); ok {
+		rc.conns = conns
+		return rc
+	}
+	return &countedConn{Conn: c, conns: conns}
+}
+
+// Close closes the connection and, the first time, frees its place under
+// the cap of the Listener that accepted it.
+func (c *Conn) Close() error {
+	err := c.TCPConn.Close()
+	if c.conns != nil && !c.released.Swap(true) {
+		c.conns.release()
+	}
+	return err
 }
 
 func (c *Conn) Read(p []byte) (int, error) {
