@@ -314,8 +314,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		}
 		setStreamHeaders(ctx)
 		call.clientCtx = ctx
-		ctx.SetBodyStream(call, -1)
 		s.addStream(call, ctx.Conn()) // removed by its Close
+		sendStream(ctx, call)
 	default:
 		call.forwardWhole(ctx, status)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -22,11 +23,54 @@ import (
 // A streamed answer is the generationCall itself, set as the response's
 // body stream: fasthttp calls WriteTo from the connection's own goroutine
 // with a writer that sends each Write as one chunk and flushes it, then
-// Close however writing ended. Unlike SetBodyStreamWriter, no goroutine and
-// no pipe stand between the upstream's events and the client's socket.
+// Close however writing ended (to an HTTP/1.0 client, sendStream calls
+// them, with the connection itself as the writer). Unlike
+// SetBodyStreamWriter, no goroutine and no pipe stand between the
+// upstream's events and the client's socket.
 
 // SupportsBodyWriteTo tells fasthttp to frame WriteTo's writes directly.
 func (c *generationCall) SupportsBodyWriteTo() bool { return true }
+
+// sendStream answers with body, each read of it sent as it comes, and
+// closes body once it is written, however writing ended. An HTTP/1.1
+// client gets it chunked, written by fasthttp after the handler. An
+// HTTP/1.0 client (nginx's default proxy_http_version, curl -0) cannot
+// be sent chunked (RFC 9112), yet fasthttp chunked it, having no other
+// framing for a body of unknown length, and a client that took the body
+// as it came read chunk sizes among the events. It gets the bytes
+// unframed, with Connection: close, the body ending as the connection
+// closes, written here by the handler, so that a shutdown waits for it as
+// for any request.
+func sendStream(ctx *fasthttp.RequestCtx, body io.ReadCloser) {
+	if ctx.Request.Header.IsHTTP11() {
+		ctx.SetBodyStream(body, -1)
+		return
+	}
+	h := &ctx.Response.Header
+	h.SetConnectionClose()
+	h.SetServer(serverName)
+	head := h.AppendBytes(nil)
+	conn := ctx.Conn()
+	var err error
+	if call, ok := body.(*generationCall); ok {
+		// The head goes out with the first events, as it does from
+		// fasthttp's buffer to an HTTP/1.1 client.
+		call.pending = append(head, call.pending...)
+	} else {
+		_, err = conn.Write(head)
+	}
+	if err == nil {
+		// io.Copy relays through the call's WriteTo; the bare writer
+		// keeps the TCP connection's ReadFrom, which would bypass rawconn,
+		// out of a stateStream's copy.
+		_, _ = io.Copy(struct{ io.Writer }{conn}, body)
+	}
+	_ = body.Close()
+	// fasthttp writes no answer of its own after this one, and closes
+	// the connection.
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(net.Conn) {})
+}
 
 // maxCoalesced bounds the events that arrived together and go out in one
 // write. The SSE reader's buffer and the server's write buffer have the

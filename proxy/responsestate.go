@@ -421,7 +421,7 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admis
 	if bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) && !resp.done {
 		ctx.SetStatusCode(status)
 		setStreamHeaders(ctx)
-		ctx.SetBodyStream(&stateStream{resp: resp}, -1) // closed by fasthttp
+		sendStream(ctx, &stateStream{resp: resp})
 		return status >= 200 && status <= 299
 	}
 	body := bytebufferpool.Get()
@@ -477,8 +477,8 @@ func (up *upstream) stateRequest(dst []byte, method, path, query string, accept 
 }
 
 // stateStream relays an upstream's event stream (GET ?stream=true) to the
-// client; fasthttp writes each read as one flushed chunk and calls Close
-// however the relay ended. The connection goes back to the pool only
+// client; each read is written as it comes (sendStream) and Close is
+// called however the relay ended. The connection goes back to the pool only
 // after the stream's clean end; otherwise it is closed, not drained.
 type stateStream struct {
 	resp *upstreamResponse

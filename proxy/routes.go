@@ -209,6 +209,14 @@ func discardBound(limit int64) int64 { return max(2*limit, 64<<20) }
 // first, so what follows it sees only the methods, keys and paths that
 // check let through.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if !ctx.Request.Header.IsHTTP11() {
+		// An HTTP/1.0 client's answer leaves once written, never held
+		// back for a request it pipelined behind it: a stream to such a
+		// client is written to the connection itself (sendStream), and
+		// would overtake an answer still in fasthttp's buffer. Setting a
+		// write deadline, here none, has fasthttp flush each answer.
+		_ = ctx.SetWriteDeadline(time.Time{})
+	}
 	path := ctx.Path()
 	ep, isGeneration := generationEndpoint(path)
 	refusal, limit, unread := s.refusalFromHeaders(ctx, path)

@@ -162,7 +162,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	s.http = &fasthttp.Server{
 		Handler:      s.handle,
 		ErrorHandler: s.handleParseError,
-		Name:         "tollgate",
+		Name:         serverName,
 		// Bodies are streamed to the handler, which reads them itself
 		// (readRequestBody): read whole, fasthttp allocated a buffer of the
 		// request's Content-Length before it had a byte of the body, so a
@@ -204,6 +204,9 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	}
 	return s, nil
 }
+
+// serverName is the Server header of every answer.
+const serverName = "tollgate"
 
 // clientConnectionCap is how many client connections the API listener
 // serves at once, given the process's file limit: half of what is left
@@ -249,7 +252,7 @@ func (s *Server) refuseConnection(c net.Conn) {
 	body, _ := e.MarshalJSON()
 	var resp fasthttp.Response
 	resp.SetStatusCode(e.Status)
-	resp.Header.SetServer("tollgate")
+	resp.Header.SetServer(serverName)
 	resp.Header.SetContentType("application/json")
 	resp.Header.Set("x-request-id", newRequestID())
 	SetRetryAfter(&resp.Header, e.RetryAfter)
