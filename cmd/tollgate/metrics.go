@@ -21,13 +21,13 @@ func metricsText(st meter.PublisherStats) []byte {
 	return fmt.Appendf(nil, `# HELP tollgate_outbox_depth Usage events not yet acknowledged by JetStream.
 # TYPE tollgate_outbox_depth gauge
 tollgate_outbox_depth %d
-# HELP tollgate_outbox_bytes Bytes held by the usage outbox on disk.
+# HELP tollgate_outbox_bytes Bytes of usage events (and segment headers) the outbox holds, counted against billing.outbox_max_bytes; its segment files on disk are allocated whole, larger.
 # TYPE tollgate_outbox_bytes gauge
 tollgate_outbox_bytes %d
-# HELP tollgate_usage_published_total Usage events acknowledged by JetStream.
+# HELP tollgate_usage_published_total Usage events JetStream holds that this process published or found stored already; new ones are this less tollgate_usage_duplicates_total.
 # TYPE tollgate_usage_published_total counter
 tollgate_usage_published_total %d
-# HELP tollgate_usage_duplicates_total Republished events JetStream recognised as duplicates.
+# HELP tollgate_usage_duplicates_total Usage events JetStream held already when this process came to publish them: sent again and recognised as duplicates, or skipped because the start-up look-up found them stored.
 # TYPE tollgate_usage_duplicates_total counter
 tollgate_usage_duplicates_total %d
 # HELP tollgate_usage_publish_failures_total Failed publish attempts and failed outbox writes to disk (a spare segment, the acked file); each is retried.
