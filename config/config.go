@@ -38,6 +38,21 @@ type Config struct {
 	// envRead holds the variables the file reads (a ${NAME} met while
 	// expanding it), set or not.
 	envRead map[string]bool
+	// lines maps the yaml paths written in the file to their line, for
+	// the messages of a reload that refuses or warns about a setting.
+	lines map[string]int
+}
+
+// line is the line of path in the file, or of its nearest ancestor
+// written there (a default has none); 0 when none is.
+func (c *Config) line(path string) int {
+	for path != "" {
+		if n, ok := c.lines[path]; ok {
+			return n
+		}
+		path = parentPath(path)
+	}
+	return 0
 }
 
 // Server is the public listener. Fields marked restart-only in gateway.yaml

@@ -55,8 +55,15 @@ func (e *Errors) Error() string {
 type RestartRequiredError struct {
 	// Fields are the yaml paths of the changed restart-only fields.
 	Fields []string
+	// Reasons, when set, say the same as Fields with each one's line in
+	// the file and, for a change refused for what it would destroy, what.
+	Reasons []string
 }
 
 func (e *RestartRequiredError) Error() string {
-	return "config reload not supported for " + strings.Join(e.Fields, ", ") + " (restart required)"
+	named := e.Fields
+	if len(e.Reasons) == len(e.Fields) {
+		named = e.Reasons
+	}
+	return "config reload not supported for " + strings.Join(named, ", ") + " (restart required)"
 }

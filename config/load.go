@@ -126,6 +126,10 @@ func parseWith(name string, data []byte, lookupEnv func(string) (string, bool), 
 	if err := l.result(); err != nil {
 		return nil, err
 	}
+	cfg.lines = make(map[string]int, len(l.nodes))
+	for path, n := range l.nodes {
+		cfg.lines[path] = n.Line
+	}
 	return cfg, nil
 }
 

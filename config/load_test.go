@@ -356,6 +356,7 @@ func TestRestartOnlyDiff(t *testing.T) {
 	same.Models = nil
 	same.Upstreams[0].IdleTimeout = time.Hour
 	same.Billing.GraceUSD = "1"
+	same.Routing.ResponseTTL = old.Routing.ResponseTTL + time.Hour // a longer one deletes nothing
 	if diff := same.RestartOnlyDiff(old); diff != nil {
 		t.Errorf("reloadable changes reported as restart-only: %v", diff)
 	}
@@ -373,10 +374,11 @@ func TestRestartOnlyDiff(t *testing.T) {
 	changed.Billing.UsageRetention = time.Hour
 	changed.NATS = NATS{URL: "nats://x:4222", EmbeddedListen: "127.0.0.1:1", CredsFile: "c", TLSCA: "a", TLSCert: "b", TLSKey: "k", Replicas: 3, StartTimeout: 2 * time.Minute}
 	changed.ClickHouse = ClickHouse{DSN: "clickhouse://y:9000/z", ConsumeInServe: !old.ClickHouse.ConsumeInServe}
+	changed.Routing.ResponseTTL = old.Routing.ResponseTTL - time.Hour
 	want := []string{"server.listen", "server.data_dir", "server.admin_token", "server.max_request_body", "server.metrics_listen", "auth.issuer",
 		"billing.outbox_max_bytes", "billing.durability", "billing.fsync_interval", "billing.publish_batch", "billing.usage_retention",
 		"nats.url", "nats.embedded_listen", "nats.creds_file", "nats.tls_ca", "nats.tls_cert", "nats.tls_key", "nats.replicas",
-		"nats.start_timeout", "clickhouse.dsn", "clickhouse.consume_in_serve"}
+		"nats.start_timeout", "clickhouse.dsn", "clickhouse.consume_in_serve", "routing.response_ttl"}
 	if diff := changed.RestartOnlyDiff(old); !reflect.DeepEqual(diff, want) {
 		t.Errorf("RestartOnlyDiff = %v, want %v", diff, want)
 	}

@@ -245,7 +245,7 @@ func (w *Watcher) applyData(data []byte) error {
 		return err
 	}
 	if changed := cfg.RestartOnlyDiff(w.current.Load()); len(changed) > 0 {
-		err := &RestartRequiredError{Fields: changed}
+		err := &RestartRequiredError{Fields: changed, Reasons: cfg.restartOnlyReasons(w.current.Load(), changed)}
 		w.logf("%v; keeping the running config", err)
 		return err
 	}

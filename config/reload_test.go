@@ -274,7 +274,7 @@ func TestWatcherRefusesRestartOnlyChange(t *testing.T) {
 	if !errors.As(err, &restart) {
 		t.Fatalf("Reload() = %v, want *RestartRequiredError", err)
 	}
-	const want = "config reload not supported for server.listen, nats.replicas (restart required)"
+	const want = "config reload not supported for server.listen (line 2), nats.replicas (line 14) (restart required)"
 	if err.Error() != want {
 		t.Errorf("error %q, want %q", err, want)
 	}
@@ -293,7 +293,7 @@ func TestWatcherRefusesIssuerChange(t *testing.T) {
 	f := newWatchFixture(t, configWith("127.0.0.1:8080", "a"), nil)
 	before := f.w.Current()
 	replaceFile(t, f.path, configWith("127.0.0.1:8080", "a")+"auth:\n  issuer: someone-else\n")
-	const want = "config reload not supported for auth.issuer (restart required)"
+	const want = "config reload not supported for auth.issuer (line 11) (restart required)"
 	if err := f.w.Reload(); err == nil || err.Error() != want {
 		t.Fatalf("Reload() = %v, want %q", err, want)
 	}

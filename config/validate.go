@@ -793,7 +793,30 @@ func (c *Config) RestartOnlyDiff(old *Config) []string {
 	add(c.ClickHouse.ConsumeInServe != old.ClickHouse.ConsumeInServe, "clickhouse.consume_in_serve")
 	changed = append(changed, storageRestartOnly(c.Storage, old.Storage)...)
 	add(c.Batch.MaxJobs != old.Batch.MaxJobs, "batch.max_jobs")
+	// A shorter max age makes nats-server delete, at once, the mappings
+	// older than it, of every gateway on this NATS, and a longer one
+	// later brings none back: a slip (72m for 72h) saved in an editor
+	// must not do that 2 s later. A longer one harms nothing and reloads.
+	add(c.Routing.ResponseTTL < old.Routing.ResponseTTL, "routing.response_ttl")
 	return changed
+}
+
+// restartOnlyReasons describes each field RestartOnlyDiff named, for the
+// refusal: its path, its line in c's file and, where the restart is asked
+// for what the change would destroy, what that is.
+func (c *Config) restartOnlyReasons(old *Config, fields []string) []string {
+	reasons := make([]string, len(fields))
+	for i, path := range fields {
+		reasons[i] = path
+		if line := c.line(path); line > 0 {
+			reasons[i] += fmt.Sprintf(" (line %d)", line)
+		}
+		if path == "routing.response_ttl" {
+			reasons[i] += fmt.Sprintf(": %s is shorter than the %s in force, and would delete the stored responses older than %s (the TOLLGATE_RESPONSES bucket's mappings) for every gateway on this NATS, for good; a longer value reloads, a shorter one takes a restart",
+				c.Routing.ResponseTTL, old.Routing.ResponseTTL, c.Routing.ResponseTTL)
+		}
+	}
+	return reasons
 }
 
 // checkURLBlanks refuses a URL setting with a space or a control

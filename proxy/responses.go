@@ -181,17 +181,31 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 	// billing.usage_retention does for the USAGE stream.
 	ensure := func(ctx context.Context, ttl time.Duration) (jetstream.KeyValue, error) {
 		var before time.Duration
+		var held uint64
 		if old, err := js.KeyValue(ctx, BucketResponses); err == nil {
 			if st, err := old.Status(ctx); err == nil {
-				before = st.TTL()
+				before, held = st.TTL(), st.Values()
 			}
 		}
 		kv, err := broker.EnsureKV(ctx, js, cfg(ttl))
-		if err == nil && before != 0 && before != ttl {
-			logf("responses: the %s bucket now keeps response mappings for %s, not %s, for every gateway on this NATS (routing.response_ttl of this gateway; keep it the same in every one)",
-				BucketResponses, ttl, before)
+		if err != nil || before == 0 || before == ttl {
+			return kv, err
 		}
-		return kv, err
+		// A shorter max age deletes the older mappings at once (a reload
+		// refuses it; a start is where it is done on purpose), and a
+		// longer one later brings none back: say how many went. A
+		// cluster may delete them after the update answers, and then
+		// the count is not known.
+		dropped := ""
+		if ttl < before {
+			dropped = fmt.Sprintf(": the mappings older than %s are deleted", ttl)
+			if st, err := kv.Status(ctx); err == nil && st.Values() < held {
+				dropped = fmt.Sprintf(": %d of its %d mappings, those older than %s, were deleted", held-st.Values(), held, ttl)
+			}
+		}
+		logf("responses: the %s bucket now keeps response mappings for %s, not %s, for every gateway on this NATS%s (routing.response_ttl of this gateway; keep it the same in every one)",
+			BucketResponses, ttl, before, dropped)
+		return kv, nil
 	}
 	kv, err := ensure(ctx, ttl)
 	if err != nil {

@@ -19,6 +19,8 @@ import (
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // send is a request with the harness key (or key) to base (h.url unless
@@ -642,12 +644,16 @@ func TestResponsesWithNATSGone(t *testing.T) {
 	}
 }
 
-// TestResponseTTLReloads: routing.response_ttl is the bucket's max age,
-// changed by a config reload without a restart.
+// TestResponseTTLReloads: routing.response_ttl is the bucket's max age. A
+// longer one reloads; a shorter one would make nats-server delete every
+// older mapping of every gateway on this NATS, for good, and a slip saved
+// in an editor (72m for 72h) did so two seconds later: a reload refuses
+// it, and a start that shortens it says how many mappings went.
 func TestResponseTTLReloads(t *testing.T) {
-	h := newPoolHarness(t, 1, "  balance: round_robin")
+	var gatewayLog logCapture
+	h := newPoolHarnessWith(t, harnessOptions{logf: gatewayLog.logf}, 1, "  balance: round_robin")
 	ctx := context.Background()
-	ttl := func() time.Duration {
+	status := func() jetstream.KeyValueStatus {
 		kv, err := h.broker.JetStream().KeyValue(ctx, proxy.BucketResponses)
 		if err != nil {
 			t.Fatal(err)
@@ -656,29 +662,55 @@ func TestResponseTTLReloads(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st.TTL()
+		return st
 	}
-	if got := ttl(); got != config.DefaultResponseTTL {
+	if got := status().TTL(); got != config.DefaultResponseTTL {
 		t.Fatalf("bucket TTL %s, want the default %s", got, config.DefaultResponseTTL)
 	}
-	h.setPool("  balance: round_robin\n  response_ttl: 2h", "p0")
+	h.create("", createResp, "")
 	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-		if got := ttl(); got != 2*time.Hour {
-			return fmt.Errorf("bucket TTL %s after the reload, want 2h", got)
+		if n := status().Values(); n == 0 {
+			return errors.New("the response's mapping is not in the bucket yet")
 		}
 		return nil
 	})
-	// The bucket is every gateway's: one with another TTL says it changed
-	// it for all (it did so silently).
+	held := status().Values()
+
+	h.setPool("  balance: round_robin\n  response_ttl: 1000h", "p0")
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if got := status().TTL(); got != 1000*time.Hour {
+			return fmt.Errorf("bucket TTL %s after the reload, want 1000h", got)
+		}
+		return nil
+	})
+
+	h.setPool("  balance: round_robin\n  response_ttl: 1m", "p0")
+	line := strings.Count(readFile(t, h.cfgPath)[:strings.Index(readFile(t, h.cfgPath), "response_ttl: 1m")], "\n") + 1
+	time.Sleep(200 * time.Millisecond) // the writer would apply it by now
+	if got := status().TTL(); got != 1000*time.Hour {
+		t.Fatalf("bucket TTL %s after a reload shortening it, want 1000h kept", got)
+	}
+	if n := status().Values(); n != held {
+		t.Fatalf("the bucket holds %d mappings after a reload shortening its TTL, held %d", n, held)
+	}
+	want := fmt.Sprintf("config reload not supported for routing.response_ttl (line %d): 1m0s is shorter than the 1000h0m0s in force, and would delete the stored responses older than 1m0s", line)
+	if refused := gatewayLog.matching(want, "for every gateway on this NATS", "restart required"); len(refused) != 1 {
+		t.Errorf("no refusal logged %q; log:\n%s", want, strings.Join(gatewayLog.matching(), "\n"))
+	}
+
+	// The bucket is every gateway's: one started with a shorter TTL
+	// deletes the older mappings of all, on purpose, and says how many.
+	time.Sleep(1100 * time.Millisecond)
 	var log logCapture
-	other, err := proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Hour, log.logf)
+	other, err := proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Second, log.logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other.Close()
 	logged := log.matching()
-	if len(logged) != 1 || !strings.Contains(logged[0], "now keeps response mappings for 1h0m0s, not 2h0m0s, for every gateway") {
-		t.Errorf("a second gateway with another response_ttl logged %q", logged)
+	want = fmt.Sprintf("now keeps response mappings for 1s, not 1000h0m0s, for every gateway on this NATS: %d of its %d mappings, those older than 1s, were deleted", held, held)
+	if len(logged) != 1 || !strings.Contains(logged[0], want) {
+		t.Errorf("a second gateway with a shorter response_ttl logged %q, want %q", logged, want)
 	}
 }
 
