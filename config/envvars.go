@@ -23,6 +23,39 @@ var ShippedEnv = map[string]string{
 	"TOLLGATE_STORAGE_BACKEND":    "storage.backend",
 	"TOLLGATE_STORAGE_LISTEN":     "storage.local.listen",
 	"TOLLGATE_STORAGE_PUBLIC_URL": "storage.local.public_base_url",
+	"UPSTREAM_BASE_URL":           "upstreams.0.base_url",
+	"UPSTREAM_API_KEY":            "upstreams.0.api_key",
+	"NATS_URL":                    "nats.url",
+	"CLICKHOUSE_DSN":              "clickhouse.dsn",
+	"S3_ENDPOINT":                 "storage.s3.endpoint",
+	"S3_REGION":                   "storage.s3.region",
+	"S3_BUCKET":                   "storage.s3.bucket",
+	"S3_ACCESS_KEY":               "storage.s3.access_key",
+	"S3_SECRET_KEY":               "storage.s3.secret_key",
+	"S3_USE_SSL":                  "storage.s3.use_ssl",
+	"S3_PUBLIC_ENDPOINT":          "storage.s3.public_endpoint",
+}
+
+// secretEnv are the variables of ShippedEnv that hold a secret: the
+// shipped file gives them no default, and neither does EnvDefault.
+var secretEnv = map[string]bool{
+	"TOLLGATE_ADMIN_TOKEN": true,
+	"UPSTREAM_API_KEY":     true,
+	"S3_ACCESS_KEY":        true,
+	"S3_SECRET_KEY":        true,
+}
+
+// EnvDefault is the default to write in ${name:-…} for a file that does
+// not read name, a variable of ShippedEnv: the value in force, so the
+// day name is not set nothing changes, but never a secret of the file
+// (an empty default, as the shipped file's, and a URL's password
+// hidden), as it goes to a terminal and logs.
+func (c *Config) EnvDefault(name string) string {
+	if secretEnv[name] {
+		return ""
+	}
+	v, _ := Setting(c, ShippedEnv[name])
+	return redactPassword(v)
 }
 
 // UnreadEnv lists, sorted, the variables of ShippedEnv set (not empty) in environ

@@ -721,7 +721,7 @@ func configWarnings(cfg *config.Config) []string {
 		// The value in force as the default: ${NAME:-} alone would have
 		// a data_dir fall back to ./data, a new signing key and an empty
 		// store, the day the variable is not set.
-		current, _ := config.Setting(cfg, setting)
+		current := cfg.EnvDefault(name)
 		lines = append(lines, fmt.Sprintf("warning: %s is set, but %s does not read it: it sets nothing. A variable sets %s only through the file: write %s: ${%s:-%s} under %s, as the gateway.yaml of this release does",
 			name, cfg.Path, setting, leaf, name, current, section))
 	}
