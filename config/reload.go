@@ -260,7 +260,43 @@ func (w *Watcher) applyData(data []byte) error {
 	} else {
 		w.logf("config reloaded from %s", w.path)
 	}
+	switch freed := cfg.freedModels(old); {
+	case len(freed) == 1:
+		w.logf("warning: model %s had a price and is free now (no pricing block, or every price 0): its calls are billed nothing from this reload on; write its pricing back if that is not meant", freed[0])
+	case len(freed) > 1:
+		w.logf("warning: models %s had a price and are free now (no pricing block, or every price 0): their calls are billed nothing from this reload on; write their pricing back if that is not meant", strings.Join(freed, ", "))
+	}
 	return nil
+}
+
+// freedModels names the models of c that old priced and c does not: a
+// pricing block deleted, or moved to another model's entry by a slip,
+// makes a paid model free, which the reload applied in silence.
+func (c *Config) freedModels(old *Config) []string {
+	if old == nil {
+		return nil
+	}
+	pricedBefore := map[string]bool{}
+	for _, m := range old.Models {
+		pricedBefore[m.ID] = m.Pricing.priced()
+	}
+	var freed []string
+	for _, m := range c.Models {
+		if pricedBefore[m.ID] && !m.Pricing.priced() {
+			freed = append(freed, m.ID)
+		}
+	}
+	return freed
+}
+
+// priced reports whether any price of p is above 0.
+func (p Pricing) priced() bool {
+	for _, v := range []string{p.Prompt, p.Completion, p.Image, p.Request, p.InputCacheRead} {
+		if price, err := parsePrice(v); err == nil && price > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // firstStartOnlyDiff names the settings that differ between old and c

@@ -504,3 +504,31 @@ func TestWatcherCurrentIsRaceFree(t *testing.T) {
 		t.Fatalf("final models %q, want a", got)
 	}
 }
+
+// A pricing block deleted (or moved to another entry by a slip) made a
+// paid model free, and the reload said only "config reloaded". It warns
+// now, naming each model that had a price; one never priced, or priced
+// still, is not named.
+func TestWatcherWarnsOfAPricedModelMadeFree(t *testing.T) {
+	const file = "upstreams:\n  - name: default\n    base_url: http://127.0.0.1:8000/v1\nmodels:\n" +
+		"  - id: paid\n    context_length: 4096\n    max_output_length: 512\n%s" +
+		"  - id: also-paid\n    context_length: 4096\n    max_output_length: 512\n%s" +
+		"  - id: still-paid\n    context_length: 4096\n    max_output_length: 512\n    pricing: {prompt: \"0.000001\", completion: \"0.000002\"}\n" +
+		"  - id: never-paid\n    context_length: 4096\n    max_output_length: 512\n"
+	const priced = "    pricing: {prompt: \"0.000001\", completion: \"0.000002\"}\n"
+	f := newWatchFixture(t, fmt.Sprintf(file, priced, priced), nil)
+	replaceFile(t, f.path, fmt.Sprintf(file, "", "    pricing: {prompt: \"0\", completion: \"0\"}\n"))
+	if err := f.w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	const want = "warning: models paid, also-paid had a price and are free now (no pricing block, or every price 0): their calls are billed nothing from this reload on"
+	if err := f.log.contains(want); err != nil {
+		t.Error(err)
+	}
+	if err := f.log.contains("never-paid"); err == nil {
+		t.Error("a model never priced was named")
+	}
+	if err := f.log.contains("still-paid"); err == nil {
+		t.Error("a model priced still was named")
+	}
+}
