@@ -58,6 +58,10 @@ func (c *Config) EnvDefault(name string) string {
 	return redactPassword(v)
 }
 
+// ReadsEnv reports whether the file c was loaded from reads the variable
+// name (a ${name} in it), set or not.
+func (c *Config) ReadsEnv(name string) bool { return c.envRead[name] }
+
 // UnreadEnv lists, sorted, the variables of ShippedEnv set (not empty) in environ
 // (os.Environ's form) that the file c was loaded from does not read.
 // A variable sets a setting only through a ${NAME} in the file, so these

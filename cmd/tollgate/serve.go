@@ -415,8 +415,41 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 			"(the other gateways of a deployment keep theirs: give them all one with TOLLGATE_ADMIN_TOKEN):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
 		return tok, nil
 	}
-	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
+	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n%s\n", p, tok, cliExports(cfg))
 	return tok, nil
+}
+
+// cliExports are the export lines, each "  export NAME=value\n", that
+// point bin/tollgate in another shell at this gateway: the config file
+// when it is not ./gateway.yaml, and the listen address and data dir
+// when the file took them from TOLLGATE_LISTEN and TOLLGATE_DATA_DIR.
+// Printed with the first start's exports: without them, the admin CLI
+// in the terminal those were pasted into read ./gateway.yaml with
+// neither variable, and called 127.0.0.1:8080 (another gateway, or
+// nothing) with ./data's token.
+func cliExports(cfg *config.Config) string {
+	var b strings.Builder
+	if cfg.Path != "gateway.yaml" {
+		fmt.Fprintf(&b, "  export TOLLGATE_CONFIG=%s\n", shellQuote(cfg.Path))
+	}
+	for _, name := range []string{"TOLLGATE_LISTEN", "TOLLGATE_DATA_DIR"} {
+		if v := os.Getenv(name); v != "" && cfg.ReadsEnv(name) {
+			fmt.Fprintf(&b, "  export %s=%s\n", name, shellQuote(v))
+		}
+	}
+	return b.String()
+}
+
+// shellQuote is s as a POSIX shell word: as it is when it holds nothing
+// the shell reads specially, else in single quotes.
+func shellQuote(s string) string {
+	plain := s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./:@,+=%", r))
+	})
+	if plain {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // readAdminTokenFile reads the admin token kept at p, as the gateway and
@@ -481,7 +514,7 @@ func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Se
 	if err := writeMarker(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n\n", credit, token, addr)
+	fmt.Fprintf(out, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n%s\n", credit, token, addr, cliExports(cfg))
 	return nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -419,5 +420,75 @@ func TestMetricsListenTakesMetricsOffThePublicListener(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("POST /metrics: %d, want 405", resp.StatusCode)
+	}
+}
+
+// make run beside another gateway takes TOLLGATE_LISTEN and
+// TOLLGATE_DATA_DIR (the README's example), and its first start printed
+// export lines for another terminal without them: bin/tollgate accounts
+// list there read ./gateway.yaml with neither, and called 127.0.0.1:8080
+// (the other gateway, or nothing). Both export blocks now carry them,
+// and the admin CLI, given those lines, calls this gateway.
+func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	root := t.TempDir()
+	t.Chdir(root)
+	if err := os.WriteFile("gateway.yaml", []byte("server:\n  listen: ${TOLLGATE_LISTEN:-127.0.0.1:8080}\n  data_dir: ${TOLLGATE_DATA_DIR:-./data}\n  demo_credit_usd: \"5\"\n"+
+		"upstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TOLLGATE_CONFIG", "")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "")
+	t.Setenv("TOLLGATE_LISTEN", "127.0.0.1:8180")
+	t.Setenv("TOLLGATE_DATA_DIR", "./data2")
+	cfg, err := config.Load("gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tokenBlock, err := stderrOf(t, func() error { _, err := loadAdminToken(cfg, true); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var demoBlock strings.Builder
+	if err := ensureDemoAccount(context.Background(), cfg, g.Accounts, "127.0.0.1:8180", &demoBlock); err != nil {
+		t.Fatal(err)
+	}
+	for name, block := range map[string]string{"admin token": tokenBlock, "demo key": demoBlock.String()} {
+		for _, want := range []string{"  export TOLLGATE_LISTEN=127.0.0.1:8180\n", "  export TOLLGATE_DATA_DIR=./data2\n"} {
+			if !strings.Contains(block, want) {
+				t.Errorf("the %s block lacks %q:\n%s", name, want, block)
+			}
+		}
+		if strings.Contains(block, "TOLLGATE_CONFIG") {
+			t.Errorf("the %s block exports TOLLGATE_CONFIG for ./gateway.yaml:\n%s", name, block)
+		}
+	}
+
+	// The other terminal: a shell with only what the blocks export.
+	t.Setenv("TOLLGATE_LISTEN", "")
+	t.Setenv("TOLLGATE_DATA_DIR", "")
+	for line := range strings.Lines(tokenBlock) {
+		if name, value, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "export "), "="); ok && strings.HasPrefix(strings.TrimSpace(line), "export ") {
+			t.Setenv(name, value)
+		}
+	}
+	target := adminFlags(flag.NewFlagSet("accounts", flag.ContinueOnError))
+	if target.cfg == nil {
+		t.Fatalf("the admin CLI in the other terminal did not load gateway.yaml: %v", target.cfgErr)
+	}
+	if *target.url != "http://127.0.0.1:8180" || target.cfg.Server.DataDir != "./data2" {
+		t.Errorf("the admin CLI in the other terminal calls %s with the data dir %s, want http://127.0.0.1:8180 and ./data2", *target.url, target.cfg.Server.DataDir)
+	}
+
+	// A config named on the command line is exported too, quoted.
+	cfg.Path = filepath.Join(root, "my gateway.yaml")
+	if got, want := cliExports(cfg), "  export TOLLGATE_CONFIG='"+cfg.Path+"'\n"; !strings.HasPrefix(got, want) {
+		t.Errorf("cliExports = %q, want it to begin %q", got, want)
 	}
 }
