@@ -8,6 +8,8 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,10 +257,21 @@ func (w *Watcher) applyData(data []byte) error {
 		return err
 	}
 	old := w.current.Swap(cfg)
+	changed := "; changed: " + cfg.changedNames(old)
 	if unused := cfg.firstStartOnlyDiff(old); len(unused) > 0 {
-		w.logf("config reloaded from %s; %s is read only at a gateway's first start: the change has no effect here", w.path, strings.Join(unused, ", "))
+		w.logf("config reloaded from %s%s; %s is read only at a gateway's first start: the change has no effect here", w.path, changed, strings.Join(unused, ", "))
 	} else {
-		w.logf("config reloaded from %s", w.path)
+		w.logf("config reloaded from %s%s", w.path, changed)
+	}
+	// What config check would warn of, once: a reload that brought in a
+	// retry_budget under a pool member's first_byte_timeout said only
+	// "config reloaded".
+	environ := os.Environ()
+	before := old.Warnings(environ)
+	for _, line := range cfg.Warnings(environ) {
+		if !slices.Contains(before, line) {
+			w.logf("%s", line)
+		}
 	}
 	switch freed := cfg.freedModels(old); {
 	case len(freed) == 1:
@@ -267,6 +280,59 @@ func (w *Watcher) applyData(data []byte) error {
 		w.logf("warning: models %s had a price and are free now (no pricing block, or every price 0): their calls are billed nothing from this reload on; write their pricing back if that is not meant", strings.Join(freed, ", "))
 	}
 	return nil
+}
+
+// changedNames names, on one line, what differs between old and c: the
+// top-level sections, and within upstreams and models the entries (by
+// name and id) changed, added or removed; "nothing" when none is.
+func (c *Config) changedNames(old *Config) string {
+	var parts []string
+	cv, ov := reflect.ValueOf(c).Elem(), reflect.ValueOf(old).Elem()
+	for i := range cv.NumField() {
+		name := yamlName(cv.Type().Field(i))
+		if name == "" || reflect.DeepEqual(cv.Field(i).Interface(), ov.Field(i).Interface()) {
+			continue
+		}
+		switch name {
+		case "upstreams":
+			name += entriesChanged(c.Upstreams, old.Upstreams, func(u Upstream) string { return u.Name })
+		case "models":
+			name += entriesChanged(c.Models, old.Models, func(m Model) string { return m.ID })
+		}
+		parts = append(parts, name)
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// entriesChanged is " (a, b)": the names of the entries of now and before
+// that differ, are new, or are gone, in the order of now and then of
+// before; "" when only their order changed.
+func entriesChanged[T any](now, before []T, name func(T) string) string {
+	was := make(map[string]T, len(before))
+	for _, e := range before {
+		was[name(e)] = e
+	}
+	var names []string
+	seen := map[string]bool{}
+	for _, e := range now {
+		n := name(e)
+		seen[n] = true
+		if old, ok := was[n]; !ok || !reflect.DeepEqual(e, old) {
+			names = append(names, n)
+		}
+	}
+	for _, e := range before {
+		if !seen[name(e)] {
+			names = append(names, name(e))
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(names, ", ") + ")"
 }
 
 // freedModels names the models of c that old priced and c does not: a

@@ -532,3 +532,46 @@ func TestWatcherWarnsOfAPricedModelMadeFree(t *testing.T) {
 		t.Error("a model priced still was named")
 	}
 }
+
+// A reload that succeeded said only "config reloaded from gateway.yaml",
+// and one that brought in what config check warns of (a retry_budget a
+// pool member's first_byte_timeout outlasts) said nothing more: the
+// warning was seen only at the next start. The line names what changed,
+// and the warnings the reload brought in follow it, once.
+func TestWatcherSaysWhatAReloadChangedAndWarnsAsConfigCheck(t *testing.T) {
+	const file = "upstreams:\n  - {name: a, base_url: http://127.0.0.1:8000/v1, first_byte_timeout: %s}\n" +
+		"  - {name: b, base_url: http://127.0.0.1:8001/v1}\n" +
+		"models:\n  - {id: pooled, context_length: 4096, max_output_length: 512, upstreams: [a, b]}\n" +
+		"  - {id: %s, context_length: 4096, max_output_length: 512, upstream: b}\n"
+	f := newWatchFixture(t, fmt.Sprintf(file, "60s", "m"), nil)
+	replaceFile(t, f.path, fmt.Sprintf(file, "5m", "m2")+"routing:\n  balance: round_robin\n")
+	if err := f.w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.log.contains("config reloaded from " + f.path + "; changed: upstreams (a), models (m2, m), routing"); err != nil {
+		t.Error(err)
+	}
+	const warning = "warning: routing.retry_budget (2m0s) is not above the first_byte_timeout of pool member a"
+	if err := f.log.contains(warning); err != nil {
+		t.Error(err)
+	}
+	// The same file again: nothing changed, and the warning in force is
+	// not said again.
+	if err := f.w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f.log.mu.Lock()
+	defer f.log.mu.Unlock()
+	last, warned := f.log.lines[len(f.log.lines)-1], 0
+	for _, line := range f.log.lines {
+		if strings.HasPrefix(line, warning) {
+			warned++
+		}
+	}
+	if want := "config reloaded from " + f.path + "; changed: nothing"; last != want {
+		t.Errorf("reloading the same file logged %q last, want %q", last, want)
+	}
+	if warned != 1 {
+		t.Errorf("the warning was logged %d times, want once; log:\n%s", warned, strings.Join(f.log.lines, "\n"))
+	}
+}

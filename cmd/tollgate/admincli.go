@@ -693,51 +693,11 @@ func runConfig(args []string) error {
 	if err := proxy.CheckEgress(cfg); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	for _, line := range configWarnings(cfg) {
+	for _, line := range cfg.Warnings(os.Environ()) {
 		fmt.Fprintln(os.Stderr, line)
 	}
 	fmt.Printf("%s: ok\n", path)
 	return nil
-}
-
-// configWarnings says, a line each, what in cfg is valid but most likely
-// not meant: variables of the shipped gateway.yaml set while cfg's file
-// does not read them (they set nothing there), a retry budget that
-// pool members' first-byte timeouts outlast, and /metrics served, with
-// no key, on a listen address off loopback.
-func configWarnings(cfg *config.Config) []string {
-	var lines []string
-	for _, name := range cfg.UnreadEnv(os.Environ()) {
-		if name == "TOLLGATE_ADMIN_TOKEN" {
-			// The admin CLI reads it itself, as its token, and the
-			// first start tells everyone to export it: not a mistake.
-			continue
-		}
-		setting := config.ShippedEnv[name]
-		section, leaf := setting, setting
-		if i := strings.LastIndexByte(setting, '.'); i >= 0 {
-			section, leaf = setting[:i], setting[i+1:]
-		}
-		// The value in force as the default: ${NAME:-} alone would have
-		// a data_dir fall back to ./data, a new signing key and an empty
-		// store, the day the variable is not set.
-		current := cfg.EnvDefault(name)
-		lines = append(lines, fmt.Sprintf("warning: %s is set, but %s does not read it: it sets nothing. A variable sets %s only through the file: write %s: ${%s:-%s} under %s, as the gateway.yaml of this release does",
-			name, cfg.Path, setting, leaf, name, current, section))
-	}
-	if shadowed := cfg.RetryBudgetShadows(); len(shadowed) > 0 {
-		members := "pool member " + shadowed[0]
-		if len(shadowed) > 1 {
-			members = "pool members " + strings.Join(shadowed, ", ")
-		}
-		lines = append(lines, fmt.Sprintf("warning: routing.retry_budget (%s) is not above the first_byte_timeout of %s: a call that gets no first byte within that timeout is never tried on another member, it gets a 503. Raise retry_budget (the default is %s) or lower first_byte_timeout",
-			cfg.Routing.RetryBudget, members, config.DefaultRetryBudget))
-	}
-	if cfg.MetricsOnPublicListener() {
-		lines = append(lines, fmt.Sprintf("warning: server.listen (%s) is not a loopback address and server.metrics_listen is empty: GET /metrics is served there to anyone who reaches it, with no key, and names upstreams, models and the billing backlog. Set server.metrics_listen (TOLLGATE_METRICS_LISTEN in the shipped gateway.yaml) to a private host:port, such as 127.0.0.1:9090, and scrape it there; the public listener then answers /metrics with a 404",
-			cfg.Server.Listen))
-	}
-	return lines
 }
 
 // printSetting prints the setting args name, of the config file they name,

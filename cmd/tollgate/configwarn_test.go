@@ -53,7 +53,7 @@ func TestConfigCheckWarnsOfMetricsOnAListenerOffLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range configWarnings(shipped) {
+	for _, line := range shipped.Warnings(os.Environ()) {
 		if strings.Contains(line, "metrics_listen") {
 			t.Errorf("the shipped gateway.yaml's defaults warn: %s", line)
 		}

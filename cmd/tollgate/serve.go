@@ -46,7 +46,7 @@ func runServe(args []string) error {
 	}
 	ignoreBrokenPipe()
 	logf := log.New(os.Stderr, "", log.LstdFlags).Printf
-	for _, line := range configWarnings(cfg) {
+	for _, line := range cfg.Warnings(os.Environ()) {
 		logf("%s", line)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
