@@ -704,3 +704,20 @@ func TestHSTSMaxAge(t *testing.T) {
 		}
 	}
 }
+
+// supported_features: [tools, tools] was accepted in silence, where an
+// upstream or a model listed twice is refused: a slip more likely than
+// meant. Each list of a model's entries refuses a repeat, on its line.
+func TestModelListsRefuseARepeatedEntry(t *testing.T) {
+	data := configWith("127.0.0.1:8080", "m") +
+		"    supported_features: [tools, tools]\n" +
+		"    input_modalities:\n      - text\n      - image\n      - text\n" +
+		"    supported_sampling_parameters: [temperature, top_p, temperature]\n"
+	const want = `gateway.yaml:10:33: models[0].supported_features[1]: "tools" is listed twice (also at [0]): remove one
+gateway.yaml:14:9: models[0].input_modalities[2]: "text" is listed twice (also at [0]): remove one
+gateway.yaml:15:57: models[0].supported_sampling_parameters[2]: "temperature" is listed twice (also at [0]): remove one`
+	_, err := parse("gateway.yaml", []byte(data), noEnv)
+	if err == nil || err.Error() != want {
+		t.Fatalf("%v\nwant %s", err, want)
+	}
+}

@@ -540,6 +540,7 @@ func (l *loader) validateModels(list []Model, nUpstreams int, upstreams map[stri
 		l.checkOneOf(m.InputModalities, Modalities, path+".input_modalities")
 		l.checkOneOf(m.OutputModalities, Modalities, path+".output_modalities")
 		l.checkOneOf(m.SupportedFeatures, Features, path+".supported_features")
+		l.checkNoRepeat(m.SupportedSamplingParameters, path+".supported_sampling_parameters")
 	}
 	return models
 }
@@ -748,6 +749,18 @@ func (l *loader) checkOneOf(values, allowed []string, path string) {
 			ok = ok || v == a
 		}
 		l.check(ok, fmt.Sprintf("%s[%d]", path, i), "%q is not one of %s", v, strings.Join(allowed, ", "))
+	}
+	l.checkNoRepeat(values, path)
+}
+
+// checkNoRepeat refuses an entry listed twice, as upstreams and models
+// are: [tools, tools] was taken in silence, a slip (the entry meant
+// beside it written over) more likely than meant.
+func (l *loader) checkNoRepeat(values []string, path string) {
+	for i, v := range values {
+		if first := slices.Index(values, v); first < i {
+			l.check(false, fmt.Sprintf("%s[%d]", path, i), "%q is listed twice (also at [%d]): remove one", v, first)
+		}
 	}
 }
 
