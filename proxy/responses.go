@@ -221,7 +221,18 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 		store = newReplicatedKV(kv, js)
 	}
 	r := newResponseStore(store, ttl, logf)
+	// A reload lengthens the bucket's max age, never shortens it: the
+	// config refuses a value under this gateway's own, and one under
+	// what another gateway set (a longer one started since) would
+	// delete the older mappings of every gateway as well.
 	r.retune = func(ctx context.Context, ttl time.Duration) error {
+		if kv, err := js.KeyValue(ctx, BucketResponses); err == nil {
+			if st, err := kv.Status(ctx); err == nil && st.TTL() > ttl {
+				logf("responses: routing.response_ttl %s is not applied to the %s bucket, which keeps response mappings for %s (another gateway's value): shortening it would delete the older mappings of every gateway on this NATS; restart to apply it",
+					ttl, BucketResponses, st.TTL())
+				return nil
+			}
+		}
 		_, err := ensure(ctx, ttl)
 		return err
 	}

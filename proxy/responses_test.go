@@ -698,17 +698,35 @@ func TestResponseTTLReloads(t *testing.T) {
 		t.Errorf("no refusal logged %q; log:\n%s", want, strings.Join(gatewayLog.matching(), "\n"))
 	}
 
+	// Nor does a reload that lengthens this gateway's value shorten what
+	// another gateway set since.
+	other, err := proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, 2000*time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Close()
+	h.setPool("  balance: round_robin\n  response_ttl: 1500h", "p0")
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if kept := gatewayLog.matching("routing.response_ttl 1500h0m0s is not applied", "keeps response mappings for 2000h0m0s"); len(kept) != 1 {
+			return fmt.Errorf("no word that 1500h is not applied; log:\n%s", strings.Join(gatewayLog.matching("responses:"), "\n"))
+		}
+		return nil
+	})
+	if got := status().TTL(); got != 2000*time.Hour {
+		t.Fatalf("bucket TTL %s after a reload under another gateway's, want 2000h kept", got)
+	}
+
 	// The bucket is every gateway's: one started with a shorter TTL
 	// deletes the older mappings of all, on purpose, and says how many.
 	time.Sleep(1100 * time.Millisecond)
 	var log logCapture
-	other, err := proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Second, log.logf)
+	other, err = proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Second, log.logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other.Close()
 	logged := log.matching()
-	want = fmt.Sprintf("now keeps response mappings for 1s, not 1000h0m0s, for every gateway on this NATS: %d of its %d mappings, those older than 1s, were deleted", held, held)
+	want = fmt.Sprintf("now keeps response mappings for 1s, not 2000h0m0s, for every gateway on this NATS: %d of its %d mappings, those older than 1s, were deleted", held, held)
 	if len(logged) != 1 || !strings.Contains(logged[0], want) {
 		t.Errorf("a second gateway with a shorter response_ttl logged %q, want %q", logged, want)
 	}
