@@ -528,7 +528,7 @@ func (c *Console) signIn(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 		c.storeError(ctx, "the sign-in link", err)
 		return
 	}
-	value, sess, err := c.sessions.issue(account)
+	value, sess, err := c.sessions.issue(account, c.signOuts.accountSignedOutAt(account))
 	if err != nil {
 		c.storeError(ctx, "a new session", err)
 		return

@@ -64,14 +64,28 @@ type sessions struct {
 	now    func() time.Time
 }
 
+// issue begins a session of account, whose sessions begun at or before
+// signedOutAt (zero: never) the operator signed out.
+//
 // cookie value: base64url(account) "." expiry unix seconds "." nonce (hex)
 // "." base64url(HMAC of the three).
-func (s *sessions) issue(account string) (value string, sess session, err error) {
+func (s *sessions) issue(account string, signedOutAt time.Time) (value string, sess session, err error) {
 	var nonce [16]byte
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return "", session{}, fmt.Errorf("generating session nonce: %w", err)
 	}
-	sess = session{Account: account, Expires: s.now().Add(s.ttl).Truncate(time.Second), nonce: hex.EncodeToString(nonce[:])}
+	expires := s.now().Add(s.ttl).Truncate(time.Second)
+	// A session's start is known to the second (its expiry less the
+	// ttl), so one begun after a sign-out, in its same second, read as
+	// begun at or before it: a link issued just after
+	// "tollgate accounts logout" signed its holder in and straight out
+	// ("This session was signed out"). Known to begin after it, it is
+	// dated the next second; one begun before it is dated as ever, and
+	// ended.
+	if !expires.Add(-s.ttl).After(signedOutAt) {
+		expires = expires.Add(time.Second)
+	}
+	sess = session{Account: account, Expires: expires, nonce: hex.EncodeToString(nonce[:])}
 	payload := base64.RawURLEncoding.EncodeToString([]byte(account)) + "." +
 		strconv.FormatInt(sess.Expires.Unix(), 10) + "." + sess.nonce
 	return payload + "." + s.mac("session", payload), sess, nil

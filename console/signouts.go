@@ -128,11 +128,20 @@ func (s *signOuts) signedOut(sess session) bool {
 	return ok && !sess.Expires.Add(-s.ttl).After(at)
 }
 
+// accountSignedOutAt is when the latest sign-out of account that still
+// holds was made, zero if none: the sessions begun at or before it are
+// ended.
+func (s *signOuts) accountSignedOutAt(account string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.accounts[account]
+}
+
 // signOutAccount ends every session of account begun until now, on this
 // gateway at once and, through the bucket (unix ns), on every other. The
 // entry expires with the bucket's TTL, when those sessions would have. A
-// session's start is known to the second, so one begun in the same second
-// just after is ended too.
+// session's start is known to the second: one begun after it in its same
+// second is dated the next (sessions.issue).
 func (s *signOuts) signOutAccount(ctx context.Context, account string) (time.Time, error) {
 	at := s.now()
 	s.noteAccount(account, at)
