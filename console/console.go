@@ -766,9 +766,12 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 		// A checkbox sends "on" or nothing: logging=yes or true made a key
 		// with logging off, saying nothing.
 		problem = quoting(`The field "logging" is "on" or left out; it was `, strconv.Quote(string(v)), ".")
-	} else if problem == nil && !wellFormedKeyFormToken(string(args.Peek("form_token"))) {
+	} else if token := args.Peek("form_token"); problem == nil && len(token) == 0 {
 		// Without it a reload could not be told from a new form.
 		problem = plain("This form arrived without the one-time token the API keys page gives it (form_token), so nothing was created. Check the form below and send it again.")
+	} else if problem == nil && !wellFormedKeyFormToken(string(token)) {
+		// It said "without the token" of a form that had one.
+		problem = plain("This form's one-time token (form_token) arrived malformed: it is not the one the API keys page gives it, so nothing was created. Check the form below and send it again.")
 	}
 	if problem != nil {
 		c.renderKeys(ctx, call, sess, 400, in, problem)
@@ -802,7 +805,7 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	if err != nil {
 		// No key made: the same form sent again is no reload.
-		if rerr := c.keyForms.release(sctx, formToken); rerr != nil {
+		if rerr := c.keyForms.release(sctx, formToken, sess.Account); rerr != nil {
 			c.logf("console: %v", rerr)
 		}
 	}

@@ -1382,6 +1382,40 @@ func TestReloadingTheKeyCreatedPageMakesNoSecondKey(t *testing.T) {
 	}
 }
 
+// A key form's one-time token was noted for every account at once: a
+// token acme had used, sent in other's form, was a 409 "Key already
+// created" and no key was made. A malformed token was said to be missing.
+func TestKeyFormTokenIsTheAccountsOwn(t *testing.T) {
+	g := startGateway(t, "")
+	acme, other := g.browser(), g.browser()
+	acme.signIn("acme")
+	other.signIn("other")
+	used := acme.keyForm(url.Values{"name": {"ci"}, "scopes": {"generate"}})
+	acme.createKey(used)
+
+	form := other.keyForm(url.Values{"name": {"ci"}, "scopes": {"generate"}})
+	form.Set("form_token", used.Get("form_token"))
+	_, key := other.createKey(form)
+	if key.Account != "other" {
+		t.Fatalf("other's form made a key of %s", key.Account)
+	}
+	if resp := other.post("/console/keys", form); resp.StatusCode != 409 {
+		t.Fatalf("other's form sent again: %d; want 409", resp.StatusCode)
+	}
+
+	form = other.keyForm(url.Values{"name": {"malformed"}, "scopes": {"generate"}})
+	form.Set("form_token", "x")
+	resp := other.post("/console/keys", form)
+	if page := string(readAll(t, resp)); resp.StatusCode != 400 || !strings.Contains(page, "arrived malformed") || strings.Contains(page, "without the one-time token") {
+		t.Errorf("a form with a malformed token: %d %s", resp.StatusCode, page)
+	}
+	for account, want := range map[string]int{"acme": 1, "other": 1} {
+		if keys, err := g.svc.ListKeys(t.Context(), account); err != nil || len(keys) != want {
+			t.Errorf("%s has %d keys, %v; want %d", account, len(keys), err, want)
+		}
+	}
+}
+
 // Error pages (a mistyped path, a key that is not there, a form refused,
 // an ended session) had no way back but the address bar: no navigation
 // and no link. They are console pages like the others: signed in, with
@@ -1630,7 +1664,7 @@ func TestKeyFormWhoseKeyWasNotNotedMakesNoSecondKey(t *testing.T) {
 	_, key := b.createKey(form)
 	// What a lost note leaves: the claim, naming no key.
 	token := form.Get("form_token")
-	if _, err := g.console.keyForms.kv.Put(t.Context(), token, []byte(`{"account":"acme"}`)); err != nil {
+	if _, err := g.console.keyForms.kv.Put(t.Context(), keyFormKey("acme", token), []byte(`{"account":"acme"}`)); err != nil {
 		t.Fatal(err)
 	}
 	second := &browser{t: t, g: startSecondGateway(t, g), client: b.client}
@@ -1644,7 +1678,7 @@ func TestKeyFormWhoseKeyWasNotNotedMakesNoSecondKey(t *testing.T) {
 	if keys, err := g.svc.ListKeys(t.Context(), "acme"); err != nil || len(keys) != 1 {
 		t.Fatalf("%d keys, %v; want the 1 made", len(keys), err)
 	}
-	entry, err := g.console.keyForms.kv.Get(t.Context(), token)
+	entry, err := g.console.keyForms.kv.Get(t.Context(), keyFormKey("acme", token))
 	if err != nil || !strings.Contains(string(entry.Value()), key.ID) {
 		t.Fatalf("the form's note after it was sent again: %v; want it to name %s", err, key.ID)
 	}

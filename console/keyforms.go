@@ -14,8 +14,8 @@ import (
 	"github.com/tollgate/tollgate/broker"
 )
 
-// BucketKeyForms holds the one-time tokens of the key forms sent, each
-// with the key it made. A browser that reloads the page answering the
+// BucketKeyForms holds the one-time tokens of the key forms sent, under
+// the account that sent each (keyFormKey), with the key it made. A browser that reloads the page answering the
 // form sends the form again: without the token every reload made
 // another key, shown once on a page the holder had already left. The
 // note is a shortcut, not the guard: the key's id is derived from the
@@ -24,8 +24,15 @@ import (
 const BucketKeyForms = "TOLLGATE_CONSOLE_KEY_FORMS"
 
 // keyFormTokenBytes is the randomness of a key form's token; the token is
-// it in hex, which is a valid KV key as it is.
+// it in hex.
 const keyFormTokenBytes = 16
+
+// keyFormKey is where the bucket notes account's form of token. A token is
+// the account's own: noted by token alone, a token one account had used,
+// sent in another account's form, was "Key already created" with no key
+// made. Account ids and hex tokens are valid KV keys as they are, and the
+// token's fixed length keeps the two apart.
+func keyFormKey(account, token string) string { return account + "." + token }
 
 // errKeyFormSent is claim's answer for a form sent before.
 var errKeyFormSent = errors.New("this key form was sent before")
@@ -93,14 +100,14 @@ func (f *keyForms) claim(ctx context.Context, token, account string) (keyFormSen
 		return keyFormSent{}, err
 	}
 	for attempt := 0; ; attempt++ {
-		_, err = f.kv.Create(ctx, token, data)
+		_, err = f.kv.Create(ctx, keyFormKey(account, token), data)
 		if err == nil {
 			return mine, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return keyFormSent{}, fmt.Errorf("recording a key form: %w", err)
 		}
-		entry, err := f.kv.Get(ctx, token)
+		entry, err := f.kv.Get(ctx, keyFormKey(account, token))
 		// Released between the two calls (its first send made no key):
 		// claim it again, a few times at most.
 		if errors.Is(err, jetstream.ErrKeyNotFound) && attempt < 3 {
@@ -119,7 +126,7 @@ func (f *keyForms) claim(ctx context.Context, token, account string) (keyFormSen
 			// then failed to note it. Refused as a reload, the first two
 			// were told a key was made when none was; taken over after a
 			// wait, the last made a second key.
-			if _, err := f.kv.Update(ctx, token, data, entry.Revision()); err == nil {
+			if _, err := f.kv.Update(ctx, keyFormKey(account, token), data, entry.Revision()); err == nil {
 				return mine, nil
 			}
 			continue // another send took it first: read what it wrote
@@ -134,7 +141,7 @@ func (f *keyForms) made(ctx context.Context, token, account, keyID string) error
 	if err != nil {
 		return err
 	}
-	if _, err := f.kv.Put(ctx, token, data); err != nil {
+	if _, err := f.kv.Put(ctx, keyFormKey(account, token), data); err != nil {
 		return fmt.Errorf("noting the key a form made: %w", err)
 	}
 	return nil
@@ -143,8 +150,8 @@ func (f *keyForms) made(ctx context.Context, token, account, keyID string) error
 // release forgets a claimed form that made no key (refused at the key
 // cap, the store failing), so that sending it again, after the holder
 // deleted a key, is not taken for a reload.
-func (f *keyForms) release(ctx context.Context, token string) error {
-	if err := f.kv.Delete(ctx, token); err != nil {
+func (f *keyForms) release(ctx context.Context, token, account string) error {
+	if err := f.kv.Delete(ctx, keyFormKey(account, token)); err != nil {
 		return fmt.Errorf("releasing a key form: %w", err)
 	}
 	return nil
