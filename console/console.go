@@ -166,11 +166,11 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 		// AuthNone: the console signs in with its own cookie, never with an
 		// API key.
 		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: c.page(r.handle),
-			MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody})
+			MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody, Headers: c.protectiveHeaders})
 	}
 	p.Routes = append(p.Routes,
-		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: c.style, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody},
-		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: c.toOverview, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody})
+		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: c.style, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody, Headers: c.protectiveHeaders},
+		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: c.toOverview, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody, Headers: c.protectiveHeaders})
 	// The operator's way in: behind the admin token, under /admin/v1.
 	p.AdminRoutes = []admin.Route{
 		{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin},
@@ -181,19 +181,26 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 
 func (c *Console) page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
 	return func(ctx *fasthttp.RequestCtx, call *proxy.Call) {
-		h := &ctx.Response.Header
-		// no-store: pages hold balances and, once, a key; none may linger
-		// in a cache or in the back/forward history.
-		h.Set("Cache-Control", "no-store")
-		h.Set("Content-Security-Policy", contentSecurityPolicy)
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("X-Frame-Options", "DENY")
-		// same-origin: sign-in links carry a token in their URL, which must
-		// never travel in a Referer to another site.
-		h.Set("Referrer-Policy", "same-origin")
-		c.strictTransport(ctx)
+		c.protectiveHeaders(ctx)
 		handle(c, ctx, call)
 	}
+}
+
+// protectiveHeaders are the headers of every console answer. The server
+// sets them too (proxy.Route.Headers) on the answers it gives for the
+// console: its 413 of a body over maxFormBody had none.
+func (c *Console) protectiveHeaders(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Response.Header
+	// no-store: pages hold balances and, once, a key; none may linger
+	// in a cache or in the back/forward history.
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Security-Policy", contentSecurityPolicy)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	// same-origin: sign-in links carry a token in their URL, which must
+	// never travel in a Referer to another site.
+	h.Set("Referrer-Policy", "same-origin")
+	c.strictTransport(ctx)
 }
 
 // consoleLogin serves POST /admin/v1/accounts/{id}/console-login: a

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -1621,6 +1622,39 @@ func TestStrictTransportSecurityOverHTTPSOnly(t *testing.T) {
 			readAll(t, resp)
 			if got := resp.Header.Values("Strict-Transport-Security"); strings.Join(got, "|") != tc.want {
 				t.Errorf("%s: %s %s (%d) sends Strict-Transport-Security %q, want %q", tc.name, p.method, p.path, resp.StatusCode, got, tc.want)
+			}
+		}
+	}
+}
+
+// A body over the console's 64 KiB is refused by the server before the
+// console sees it, and that 413 lacked the headers every console answer
+// carries: Strict-Transport-Security, the CSP, X-Frame-Options, nosniff.
+func TestConsoleRefusalOfALargeBodyCarriesItsHeaders(t *testing.T) {
+	g := startGatewayWith(t, "", "  public_url: https://console.example.com\n")
+	body := strings.Repeat("x", maxFormBody+1)
+	for name, send := range map[string]io.Reader{
+		"Content-Length": strings.NewReader(body),
+		"chunked":        struct{ io.Reader }{strings.NewReader(body)}, // its length unknown to the client
+	} {
+		req, _ := http.NewRequest("POST", g.url+"/console/keys", send)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		if resp.StatusCode != 413 {
+			t.Errorf("%s: %d, want 413", name, resp.StatusCode)
+		}
+		for header, want := range map[string]string{
+			"Strict-Transport-Security": "max-age=31536000",
+			"Content-Security-Policy":   contentSecurityPolicy,
+			"X-Frame-Options":           "DENY",
+			"X-Content-Type-Options":    "nosniff",
+		} {
+			if got := resp.Header.Get(header); got != want {
+				t.Errorf("%s: the 413's %s is %q, want %q", name, header, got, want)
 			}
 		}
 	}

@@ -70,6 +70,11 @@ type Route struct {
 	// without it a client with none held max_request_body per connection
 	// for the read timeout.
 	MaxBody int64
+	// Headers, when set, adds the module's own headers to every answer
+	// to the route, the server's own refusals included (the 413 of a
+	// body over MaxBody, which the handler never sees): the console's
+	// 413 lacked its security headers.
+	Headers func(ctx *fasthttp.RequestCtx)
 }
 
 // AnyMethod as a Route's Method answers every method no route of the
@@ -349,6 +354,9 @@ func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) (refu
 	// with 8 MiB was read whole before the console's 405 page.
 	if (ok || answer != nil) && r.MaxBody > 0 {
 		limit = min(limit, r.MaxBody)
+	}
+	if (ok || answer != nil) && r.Headers != nil {
+		r.Headers(ctx)
 	}
 	if int64(ctx.Request.Header.ContentLength()) > limit {
 		return nil, limit, false
