@@ -237,7 +237,9 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 // path: it got the API's JSON.
 func (c *Console) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 	c.page(func(c *Console, ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-		text := "The console's pages take " + allow + " only, not " + string(ctx.Method()) + "."
+		// Allow is this page's methods: "The console's pages take POST
+		// only" (GET /console/logout) was said of all of them.
+		text := "This page takes " + allow + " only, not " + string(ctx.Method()) + "."
 		if string(ctx.Path()) == "/console/logout" {
 			// A bookmarked or typed sign-out link: signing out is a form,
 			// as no GET may change anything.

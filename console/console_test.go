@@ -840,7 +840,8 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 // there is a 404). A GET or POST of a page that does not take it was a
 // 404 "no console page" (GET /console/logout, POST /console/style.css,
 // POST /console/) where PUT was a 405: every method a page does not take
-// is a 405.
+// is a 405. Its text said "The console's pages take POST only" of one
+// page's methods: it says "This page takes".
 func TestOtherMethodsGetAConsolePage(t *testing.T) {
 	g := startGateway(t, "")
 	for _, tc := range []struct{ method, path, allow string }{
@@ -863,7 +864,7 @@ func TestOtherMethodsGetAConsolePage(t *testing.T) {
 		}
 		page := string(readAll(t, resp))
 		if resp.StatusCode != 405 || resp.Header.Get("Allow") != tc.allow || !strings.Contains(page, "<html") ||
-			!strings.Contains(page, "take "+tc.allow+" only, not "+tc.method) || resp.Header.Get("X-Frame-Options") != "DENY" {
+			!strings.Contains(page, "This page takes "+tc.allow+" only, not "+tc.method) || resp.Header.Get("X-Frame-Options") != "DENY" {
 			t.Errorf("%s %s: %d, Allow %q, X-Frame-Options %q; want 405, Allow %q and a page:\n%.300s",
 				tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("X-Frame-Options"), tc.allow, page)
 		}
