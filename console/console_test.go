@@ -17,6 +17,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/net/html"
@@ -831,6 +832,26 @@ func TestConsoleWithTrailingSlashLeadsToTheOverview(t *testing.T) {
 	status, page := b.get("/console/logout")
 	if status != 405 || !strings.Contains(page, "<html") || !strings.Contains(page, "Sign out button") {
 		t.Errorf("GET /console/logout: %d %.400s", status, page)
+	}
+}
+
+// A path or key id of the address that is not UTF-8 was echoed as its
+// bytes into the UTF-8 page (escaped, but not UTF-8), while %00 was shown
+// as U+FFFD: each byte that is not UTF-8 is U+FFFD too.
+func TestBytesNotUTF8InTheAddressAreShownAsReplacements(t *testing.T) {
+	g := startGateway(t, "")
+	b := g.browser()
+	b.signIn("acme")
+	for path, want := range map[string]string{
+		"/console/%ff%fe":                    "/console/\uFFFD\uFFFD",
+		"/console/a%00b":                     "/console/a\uFFFDb",
+		"/console/caf%C3%A9%C3":              "/console/café\uFFFD",
+		"/console/keys/revoke?key_id=key%ff": "key\uFFFD",
+	} {
+		status, page := b.get(path)
+		if status != 404 || !utf8.ValidString(page) || !strings.Contains(page, "<bdi>"+want+"</bdi>") {
+			t.Errorf("GET %s: %d, valid UTF-8 %v, want %q shown:\n%.600q", path, status, utf8.ValidString(page), want, page)
+		}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 
@@ -100,7 +101,23 @@ func plain(text string) words {
 
 // quoting is before, what a user wrote, then after.
 func quoting(before, user, after string) words {
-	return words{{Text: before}, {Text: user, User: true}, {Text: after}}
+	return words{{Text: before}, {Text: validText(user), User: true}, {Text: after}}
+}
+
+// validText is s with each byte that is not part of UTF-8 made U+FFFD, as
+// html/template makes a NUL: a path of the address (/console/%ff%fe) was
+// echoed as its bytes into a page that says it is UTF-8.
+func validText(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:]) // utf8.RuneError, 1 for a byte not UTF-8
+		b.WriteRune(r)
+		i += n
+	}
+	return b.String()
 }
 
 // backLink is a message page's way back into the console.
