@@ -760,14 +760,14 @@ func (c *Console) createKey(ctx *fasthttp.RequestCtx, call *proxy.Call) {
 	}
 	req, text := keyRequest(in, call.World.Catalog)
 	problem := plain(text)
-	if field, ok := unknownKeyField(ctx); ok {
+	if field, ok := unknownField(ctx, keyFormFields); ok {
 		// Taken silently, a field the form does not have (rpm=5,
 		// expires_in=1h) reads as a setting the key would not have.
 		problem = quoting("This form has no field ", strconv.Quote(field), ".")
 		if f := strings.ToLower(field); f == "rpm" || f == "tpm" || f == "max_concurrent" {
 			problem = append(problem, plain(" Keys made here have no rate limits of their own: the limits of your account, on the Overview page, hold for all its keys together, and plugin calls have the per-key limits shown there.")...)
 		}
-	} else if field, n, ok := repeatedKeyField(args); ok {
+	} else if field, n, ok := repeatedField(args, singleKeyFields); ok {
 		// name=ok&name=second made a key "ok": the first was taken and the
 		// others dropped, saying nothing.
 		problem = plain(fmt.Sprintf("The field %q was sent %d times; this form sends it once.", field, n))
@@ -880,29 +880,35 @@ func roundUpWait(d time.Duration) string {
 // keyFormFields are the fields of the key form (templates/keys.html).
 var keyFormFields = map[string]bool{"csrf": true, "form_token": true, "name": true, "scopes": true, "models": true, "logging": true, "retention_days": true}
 
-// unknownKeyField returns the first field of a key form post, in its body
-// or its query string (the form's action has none), that the form does
-// not have.
-func unknownKeyField(ctx *fasthttp.RequestCtx) (string, bool) {
+// singleKeyFields are the fields of the key form that hold one value
+// (scopes and models are lists).
+var singleKeyFields = []string{"csrf", "form_token", "name", "logging", "retention_days"}
+
+// revokeFormFields are the fields of the form that deletes a key
+// (templates/revoke.html); each holds one value (singleRevokeFields).
+var (
+	revokeFormFields   = map[string]bool{"csrf": true, "key_id": true}
+	singleRevokeFields = []string{"csrf", "key_id"}
+)
+
+// unknownField returns the first field of a form post, in its body or its
+// query string (the forms' actions have none), that fields does not name.
+func unknownField(ctx *fasthttp.RequestCtx, fields map[string]bool) (string, bool) {
 	for key := range ctx.QueryArgs().All() {
 		return string(key), true
 	}
 	for key := range ctx.PostArgs().All() {
-		if !keyFormFields[string(key)] {
+		if !fields[string(key)] {
 			return string(key), true
 		}
 	}
 	return "", false
 }
 
-// singleKeyFields are the fields of the key form that hold one value
-// (scopes and models are lists).
-var singleKeyFields = []string{"csrf", "form_token", "name", "logging", "retention_days"}
-
-// repeatedKeyField returns the first field of singleKeyFields that a key
-// form post sends more than once, and how many times.
-func repeatedKeyField(args *fasthttp.Args) (string, int, bool) {
-	for _, field := range singleKeyFields {
+// repeatedField returns the first of single, fields that hold one value,
+// that a form post sends more than once, and how many times.
+func repeatedField(args *fasthttp.Args, single []string) (string, int, bool) {
+	for _, field := range single {
 		if n := len(args.PeekMulti(field)); n > 1 {
 			return field, n, true
 		}
@@ -954,6 +960,16 @@ func (c *Console) confirmRevoke(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 func (c *Console) revoke(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
 	sess, ok := c.formSession(ctx)
 	if !ok {
+		return
+	}
+	// As the key form: key_id=A&key_id=B deleted A and said nothing of
+	// B, and a field the form does not have was taken silently.
+	if field, ok := unknownField(ctx, revokeFormFields); ok {
+		c.messageWords(ctx, 400, "Form refused", quoting("This form has no field ", strconv.Quote(field), "; no key was deleted."), false)
+		return
+	}
+	if field, n, ok := repeatedField(ctx.PostArgs(), singleRevokeFields); ok {
+		c.message(ctx, 400, "Form refused", fmt.Sprintf("The field %q was sent %d times; this form sends it once. No key was deleted.", field, n), false)
 		return
 	}
 	info, ok := c.ownedKey(ctx, sess, string(ctx.PostArgs().Peek("key_id")))

@@ -1313,12 +1313,41 @@ func TestKeyFormsRefuseAMissingKeyAndARepeatedField(t *testing.T) {
 			t.Errorf("%s: %d %s", form.Encode(), resp.StatusCode, page)
 		}
 	}
+	// The delete form too: key_id=A&key_id=B deleted A and said nothing
+	// of B, and a field it does not have was taken silently.
+	_, first := b.createKey(b.keyForm(url.Values{"name": {"first"}, "scopes": {"generate"}}))
+	_, second := b.createKey(b.keyForm(url.Values{"name": {"second"}, "scopes": {"generate"}}))
+	for _, tc := range []struct {
+		form  url.Values
+		path  string
+		named string
+	}{
+		{url.Values{"key_id": {first.ID, second.ID}}, "", "&#34;key_id&#34; was sent 2 times"},
+		{url.Values{"key_id": {first.ID}, "confirm": {"yes"}}, "", "&#34;confirm&#34;"},
+		{url.Values{"key_id": {first.ID}}, "?key_id=" + second.ID, "&#34;key_id&#34;"},
+	} {
+		tc.form.Set("csrf", b.csrf())
+		resp := b.post("/console/keys/revoke"+tc.path, tc.form)
+		if page := string(readAll(t, resp)); resp.StatusCode != 400 || !strings.Contains(page, tc.named) || !strings.Contains(page, "No key was deleted") && !strings.Contains(page, "no key was deleted") {
+			t.Errorf("revoke %s%s: %d %s", tc.form.Encode(), tc.path, resp.StatusCode, page)
+		}
+	}
+	for _, key := range []*accounts.Key{first, second} {
+		if info, ok := g.svc.KeyInfo(key.ID); !ok || info.RevokedAt != nil {
+			t.Errorf("%s after the refused deletions: %+v, %v; want it not deleted", key.ID, info, ok)
+		}
+		if _, err := g.svc.RevokeKey(t.Context(), key.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// Scopes and models are lists: several are the form's own.
 	form := b.keyForm(url.Values{"name": {"ci"}, "scopes": {"generate", "classify"}, "models": {"small", "large"}})
 	if resp := b.post("/console/keys", form); resp.StatusCode != 200 {
 		t.Errorf("a key with two scopes and two models: %d %s", resp.StatusCode, readAll(t, resp))
 	}
 	keys, err := g.svc.ListKeys(t.Context(), "acme")
+	keys = slices.DeleteFunc(keys, func(k accounts.KeyInfo) bool { return k.RevokedAt != nil })
 	if err != nil || len(keys) != 1 || keys[0].Name != "ci" {
 		t.Fatalf("keys after the forms: %+v %v", keys, err)
 	}
