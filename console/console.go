@@ -720,7 +720,7 @@ func keyRequest(in keyInput, cat *catalog.Catalog) (accounts.KeyRequest, string)
 	if in.Retention != "" {
 		var err error
 		if days, err = strconv.Atoi(strings.TrimSpace(in.Retention)); err != nil {
-			return req, fmt.Sprintf("Retention must be a whole number of days from 0 to %d (0 keeps logged calls with no expiry).", accounts.MaxRetentionDays)
+			return req, fmt.Sprintf("Logging retention must be a whole number of days from 0 to %d (0 keeps logged calls with no expiry).", accounts.MaxRetentionDays)
 		}
 	}
 	req.Logging = accounts.Logging{Enabled: in.Logging, RetentionDays: days}

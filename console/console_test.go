@@ -687,6 +687,10 @@ func TestKeyFormRefusesTooLongNameAndRetention(t *testing.T) {
 		{"invalid UTF-8", url.Values{"name": {"bad\xffname"}, "scopes": {"generate"}}, "Name must be valid UTF-8."},
 		{"retention", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"on"}, "retention_days": {"36501"}},
 			"Logging retention must be a whole number of days from 0 to 36500"},
+		// Not a number said "Retention must be", a number out of range
+		// "Logging retention must be": the same words for both.
+		{"retention not a number", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"on"}, "retention_days": {"abc"}},
+			"Logging retention must be a whole number of days from 0 to 36500"},
 		// A checkbox sends "on": "yes" made a key with logging off.
 		{"logging not on", url.Values{"name": {"ci"}, "scopes": {"generate"}, "logging": {"yes"}},
 			"The field &#34;logging&#34; is &#34;on&#34; or left out; it was <bdi>&#34;yes&#34;</bdi>."},
