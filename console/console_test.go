@@ -789,7 +789,10 @@ func TestSummarizeIsExact(t *testing.T) {
 	if total.Cost != 1_100_000_000 || usd(total.Cost) != "1.10" || total.Prompt != 18 {
 		t.Fatalf("total %+v", total)
 	}
-	for n, want := range map[money.Nanos]string{0: "0.00", 1: "0.000000001", 4_990_000_000: "4.99", -1_500_000: "-0.0015", 123_456_789_012: "123.456789012"} {
+	// Whole dollars grouped as token counts are (4,500,000): the balance
+	// showed 1234568.49098195.
+	for n, want := range map[money.Nanos]string{0: "0.00", 1: "0.000000001", 4_990_000_000: "4.99", -1_500_000: "-0.0015", 123_456_789_012: "123.456789012",
+		1_234_568_490_981_950: "1,234,568.49098195", -1_234_500_000_000: "-1,234.50", 999_999_999_999: "999.999999999", 1000 * money.NanosPerUSD: "1,000.00"} {
 		if got := usd(n); got != want {
 			t.Errorf("usd(%d) = %q, want %q", n, got, want)
 		}

@@ -263,19 +263,24 @@ func (c *Console) messageWords(ctx *fasthttp.RequestCtx, status int, heading str
 }
 
 // usd shows nano-USD as a decimal with 2 to 9 places: exact, and short
-// for round amounts ("4.99", "0.0012345").
+// for round amounts ("4.99", "0.0012345"), its whole dollars grouped as
+// thousands groups counts ("1,234,568.49").
 func usd(n money.Nanos) string {
 	s := n.String() // nine places
 	trimmed := strings.TrimRight(s, "0")
 	if dot := strings.IndexByte(s, '.'); len(trimmed) < dot+3 {
 		trimmed = s[:dot+3]
 	}
-	return trimmed
+	whole, fraction, _ := strings.Cut(trimmed, ".")
+	return groupDigits(whole) + "." + fraction
 }
 
 // thousands groups digits by three with commas: 1234567 → "1,234,567".
-func thousands(n int64) string {
-	s := strconv.FormatInt(n, 10)
+func thousands(n int64) string { return groupDigits(strconv.FormatInt(n, 10)) }
+
+// groupDigits groups a whole number written in digits, with its sign, by
+// three with commas.
+func groupDigits(s string) string {
 	sign := ""
 	if strings.HasPrefix(s, "-") {
 		sign, s = "-", s[1:]
