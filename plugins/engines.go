@@ -359,11 +359,12 @@ const (
 	probeStale   = 30 * time.Second       // older than this, a request waits for a fresh probe…
 	probeWait    = 500 * time.Millisecond // …but no longer than this
 	probeTimeout = 3 * time.Second
-	// probeAfterFailedCall: a failed call marks the upstream down, and it
-	// is probed again this long after its last probe, not probeEvery: one
-	// dropped connection sent every auto call and batch line offline for
-	// 10 s while the upstream answered.
-	probeAfterFailedCall = time.Second
+	// probeWhileDown: an upstream down, by a failed call or a failed
+	// probe, is probed again this long after its last probe, not
+	// probeEvery: one dropped connection sent every auto call and batch
+	// line offline for 10 s while the upstream answered, and a probe
+	// during a 0.4 s restart sent the rest of a job offline.
+	probeWhileDown = time.Second
 )
 
 // probeSet is the probes of one plugins module: one gateway's view of its
@@ -408,8 +409,8 @@ type probe struct {
 	ok        bool
 	running   chan struct{} // closed when the probe in flight ends; nil when none
 	// probedAt is when the last probe started, and nextProbe when the
-	// next is due: probeEvery after it, or probeAfterFailedCall after it
-	// once a call failed.
+	// next is due: probeEvery after it, or probeWhileDown after it once
+	// it or a call failed.
 	probedAt, nextProbe time.Time
 	// failedCallAt is when a failed call marked the upstream down; zero
 	// once a probe has answered since.
@@ -482,6 +483,8 @@ func (p *probe) check(done chan struct{}) {
 	p.ok, p.checkedAt, p.running, p.failedCallAt = ok, time.Now(), nil, time.Time{}
 	if ok {
 		p.fault = nil
+	} else {
+		p.nextProbe = p.probedAt.Add(probeWhileDown)
 	}
 	p.mu.Unlock()
 	close(done)
@@ -537,42 +540,57 @@ func (ps probes) fault() *proxy.UpstreamFaultError {
 }
 
 // markDown records a failed llm call: auto requests go offline until the
-// next probe, due probeAfterFailedCall after the last, finds the upstream
+// next probe, due probeWhileDown after the last, finds the upstream
 // back. One failure is not trusted for probeEvery: a connection dropped
 // once says little of the next call.
 func (p *probe) markDown(fault *proxy.UpstreamFaultError) {
 	p.mu.Lock()
 	now := time.Now()
 	p.ok, p.checkedAt, p.failedCallAt, p.fault = false, now, now, fault
-	if soon := p.probedAt.Add(probeAfterFailedCall); soon.Before(p.nextProbe) {
+	if soon := p.probedAt.Add(probeWhileDown); soon.Before(p.nextProbe) {
 		p.nextProbe = soon
 	}
 	p.mu.Unlock()
 }
 
-// failedCall is when a failed call marked the upstream down; zero when
-// a probe has answered since.
-func (p *probe) failedCall() time.Time {
+// downSince is when a failed call marked the upstream down (failedCall),
+// else when its last probe failed (failedProbe); both zero when it
+// answered its last probe, or has answered none yet.
+func (p *probe) downSince() (failedCall, failedProbe time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.failedCallAt
+	switch {
+	case !p.failedCallAt.IsZero():
+		return p.failedCallAt, time.Time{}
+	case !p.ok:
+		return time.Time{}, p.checkedAt
+	}
+	return time.Time{}, time.Time{}
 }
 
 // skippedNote is the fallback of an auto answer that went offline without
-// asking the model because a call to it failed lately: one with no word
-// of why was taken for the llm's verdict being offline's. "" when the
-// upstreams are down by their probes (documented: auto is offline while
-// the upstream does not answer GET /models).
+// asking the model: why not. One with no word of why was taken for the
+// llm's verdict being offline's, and every answer auto's llm did not
+// give says so, whether a failed call, a failed probe or a probe not
+// answered yet kept the model from it.
 func (c *engineChoice) skippedNote(off *engineChoice) string {
-	var last time.Time
+	var lastCall, lastProbe time.Time
 	for _, p := range c.probes {
-		if at := p.failedCall(); at.After(last) {
-			last = at
+		call, probe := p.downSince()
+		if call.After(lastCall) {
+			lastCall = call
+		}
+		if probe.After(lastProbe) {
+			lastProbe = probe
 		}
 	}
-	if last.IsZero() {
-		return ""
+	switch {
+	case !lastCall.IsZero():
+		return fmt.Sprintf("llm model %s not asked: a call to it failed at %s, and its upstream has not answered a probe since; %s answered",
+			c.model, lastCall.UTC().Format(batch.TimeFormat), off.name)
+	case !lastProbe.IsZero():
+		return fmt.Sprintf("llm model %s not asked: its upstream failed its probe (GET /models) at %s; %s answered",
+			c.model, lastProbe.UTC().Format(batch.TimeFormat), off.name)
 	}
-	return fmt.Sprintf("llm model %s not asked: a call to it failed at %s, and its upstream has not answered a probe since; %s answered",
-		c.model, last.UTC().Format(batch.TimeFormat), off.name)
+	return fmt.Sprintf("llm model %s not asked: its upstream's probe (GET /models) has not answered yet; %s answered", c.model, off.name)
 }

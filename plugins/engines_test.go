@@ -80,11 +80,12 @@ func TestEngineSelection(t *testing.T) {
 }
 
 // TestAutoWithUpstreamDown: when the upstream fails its health probe, auto
-// answers with lexical without trying the model.
+// answers with lexical without trying the model, and says so (it said
+// nothing, and was taken for the llm's answer).
 func TestAutoWithUpstreamDown(t *testing.T) {
 	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 503}, plugins: "  engine: auto"})
 	m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
-	if m["engine"] != "lexical" || m["fallback"] != nil {
+	if m["engine"] != "lexical" || !strings.Contains(fmt.Sprint(m["fallback"]), "llm model small not asked: its upstream failed its probe (GET /models) at ") {
 		t.Errorf("auto with the upstream down: %v", m)
 	}
 	if n := h.up.ChatCalls(); n != 0 {
@@ -93,8 +94,8 @@ func TestAutoWithUpstreamDown(t *testing.T) {
 	if len(h.up.Requests()) != 1 {
 		t.Errorf("upstream requests %v, want one GET /models", h.up.Requests())
 	}
-	// The model back up: the next probe (every 10 s) finds it; until then
-	// explicit llm requests are refused, without asking the model.
+	// Until a probe (due a second after the last while it is down) finds
+	// it back, explicit llm requests are refused, without asking the model.
 	h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`).apiError(t, 503, "upstream_unavailable")
 	if n := h.up.ChatCalls(); n != 0 {
 		t.Errorf("%d chat calls to a down upstream", n)
@@ -552,6 +553,49 @@ func TestAutoAfterOneDroppedConnection(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAutoAcrossAnUpstreamBlink: an upstream gone for a moment (killed
+// and restarted) failed a call, then the probe a second later; from then
+// auto answered offline with no fallback, the failed probe having
+// cleared the failed call, and probed again only 10 s later: a 0.4 s
+// blink sent the rest of a 20,000-line job offline silently. Every
+// answer the model was not asked for now says why, whichever failure
+// took the upstream for down, and while it is down a probe is due every
+// second, so the llm answers again a second or two after it is back.
+func TestAutoAcrossAnUpstreamBlink(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: auto\n  llm_model: small"})
+	const body = `{"text": "the export button crashes", "labels": ["bug", "billing"]}`
+	if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "llm" {
+		t.Fatalf("auto with the upstream up: %v", m)
+	}
+	opts := h.up.Options()
+	h.up.Close()
+	// Long enough for the probe a failed call brings forward to fail too.
+	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		m := h.keyed("/v1/classify", body).ok(t)
+		if m["engine"] != "lexical" || m["fallback"] == nil {
+			t.Fatalf("auto with the upstream gone answered %v: want lexical, with a fallback saying why", m)
+		}
+	}
+	ln, err := net.Listen("tcp", h.up.Addr)
+	if err != nil {
+		t.Fatalf("listening on the upstream's address again: %v", err)
+	}
+	back := proxytest.NewServerOn(ln, opts)
+	t.Cleanup(back.Close)
+	backAt := time.Now()
+	checkFor(t, 3*time.Second, 50*time.Millisecond, func() error {
+		m := h.keyed("/v1/classify", body).ok(t)
+		if m["engine"] != "llm" {
+			if m["fallback"] == nil {
+				t.Fatalf("auto answered %v after the upstream came back: no fallback saying why", m)
+			}
+			return fmt.Errorf("auto after the upstream came back: %v", m)
+		}
+		return nil
+	})
+	t.Logf("the llm answered again %v after its upstream", time.Since(backAt).Round(time.Millisecond))
 }
 
 // TestIssueLLMIsNotRefusedLabelsOnlyItTellsApart: labels the offline
