@@ -104,6 +104,13 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 	if len(data) > maxRequestBytes {
 		return Created{}, apiError(ErrInvalid, "labels, descriptions and examples of a batch job take %d bytes; at most %d are kept with a job", len(data), maxRequestBytes)
 	}
+	// Presigned before the creation is counted: an s3 store that has not
+	// answered since the start refuses it, and a client retrying that 503
+	// must not use up its max_jobs_created_per_hour.
+	url, fields, err := s.store.PresignPost(ctx, j.InputKey, int64(cfg.Storage.MaxUploadBytes), ttl)
+	if err != nil {
+		return Created{}, fmt.Errorf("presigning the upload of job %s: %w", j.ID, err)
+	}
 	if err := askAgain(ctx, func(ctx context.Context) error { return s.checkPendingCap(ctx, p.Account, cfg.Batch.MaxPendingJobs) }); err != nil {
 		return Created{}, err
 	}
@@ -124,10 +131,6 @@ func (s *Service) Create(ctx context.Context, p CreateParams) (Created, error) {
 			made, cfg.Batch.MaxJobsCreatedPerHour, wait.Round(time.Second))
 		e.RetryAfter = wait
 		return Created{}, e
-	}
-	url, fields, err := s.store.PresignPost(ctx, j.InputKey, int64(cfg.Storage.MaxUploadBytes), ttl)
-	if err != nil {
-		return Created{}, fmt.Errorf("presigning the upload of job %s: %w", j.ID, err)
 	}
 	// Counted before it is stored, so that no job is ever pending
 	// uncounted; a marker whose job was not stored is the reaper's.

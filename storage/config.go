@@ -11,6 +11,8 @@ import (
 // FromConfig builds the store cfg.Storage selects. For the local backend
 // the caller must also serve it: (*Local).Serve on a listener bound to
 // cfg.Storage.Local.Listen, and (*Local).Shutdown when stopping.
+// An s3 store that does not answer is checked again in the background
+// until ctx ends (see NewS3).
 func FromConfig(ctx context.Context, cfg *config.Config, logf func(string, ...any)) (Store, error) {
 	s := cfg.Storage
 	switch s.Backend {
@@ -25,7 +27,7 @@ func FromConfig(ctx context.Context, cfg *config.Config, logf func(string, ...an
 		return NewS3(ctx, S3Options{
 			Endpoint: e.Endpoint, UseSSL: e.UseSSL, Region: e.Region, Bucket: e.Bucket,
 			AccessKey: e.AccessKey, SecretKey: e.SecretKey,
-			PublicEndpoint: e.PublicEndpoint, CreateBucket: e.CreateBucket,
+			PublicEndpoint: e.PublicEndpoint, CreateBucket: e.CreateBucket, Logf: logf,
 		})
 	}
 	return nil, fmt.Errorf("storage: unknown backend %q (want local or s3)", s.Backend)

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -27,6 +29,9 @@ type S3Options struct {
 	PublicEndpoint string
 	// CreateBucket creates Bucket when it does not exist.
 	CreateBucket bool
+	// Logf says when the store did not answer at start, and when it
+	// does; nil: not said.
+	Logf func(string, ...any)
 }
 
 // s3PartSize is the part size of streamed writes: minio-go buffers one part
@@ -40,14 +45,40 @@ type S3 struct {
 	// its region is set, so minio-go need not look the bucket's up.
 	presigner *minio.Client
 	bucket    string
+	// unchecked is why the bucket is not known to be there yet: the
+	// store did not answer at start, and is asked again in the
+	// background. Until it answers every method returns this error,
+	// which batch jobs take for an outage. nil once it answered.
+	unchecked atomic.Pointer[error]
 }
 
+const (
+	// bucketCheckTimeout bounds one check of the bucket: minio-go tries
+	// a refused connection 10 times over about 3 s, but a store that
+	// drops packets would hold each try for its dial timeout.
+	bucketCheckTimeout = 10 * time.Second
+	// bucketRetryPause is the pause between checks of a store that did
+	// not answer at start: short, so batch jobs go on within seconds of
+	// its return.
+	bucketRetryPause = time.Second
+	// bucketLogEvery is how often a store that still does not answer
+	// is logged again.
+	bucketLogEvery = 30 * time.Second
+)
+
 // NewS3 connects to the store and checks that the bucket is there (creating
-// it when opts.CreateBucket), so a wrong endpoint, key or bucket fails at
-// start rather than at the first upload.
+// it when opts.CreateBucket), so a wrong key or bucket fails at start
+// rather than at the first upload. A store that does not answer (no
+// connection, a timeout, a 5xx) is an outage, not a mistake: the
+// gateway's API must not wait for it. NewS3 then returns the store, whose
+// methods fail until a check made in the background, every second until
+// ctx ends, finds the bucket (making it if asked).
 func NewS3(ctx context.Context, opts S3Options) (*S3, error) {
 	if opts.Region == "" {
 		opts.Region = "us-east-1"
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
 	}
 	creds := credentials.NewStaticV4(opts.AccessKey, opts.SecretKey, "")
 	client, err := minio.New(opts.Endpoint, &minio.Options{Creds: creds, Secure: opts.UseSSL, Region: opts.Region})
@@ -65,25 +96,113 @@ func NewS3(ctx context.Context, opts S3Options) (*S3, error) {
 			return nil, fmt.Errorf("storage: s3 public endpoint %q: %w", opts.PublicEndpoint, err)
 		}
 	}
-	exists, err := client.BucketExists(ctx, opts.Bucket)
+	began := time.Now()
+	err = s.checkBucket(ctx, opts)
+	if err == nil {
+		return s, nil
+	}
+	if ctx.Err() != nil || !storeDown(ctx, err) {
+		return nil, err
+	}
+	opts.Logf("%v; starting without it: batch calls that need it answer 503 batch_unavailable and jobs wait, "+
+		"until it answers (asked every %s, logged every %s)", err, bucketRetryPause, bucketLogEvery)
+	s.unchecked.Store(&err)
+	go s.awaitBucket(ctx, opts, began)
+	return s, nil
+}
+
+// checkBucket checks that the bucket is there, making it when
+// opts.CreateBucket.
+func (s *S3) checkBucket(ctx context.Context, opts S3Options) error {
+	ctx, cancel := context.WithTimeout(ctx, bucketCheckTimeout)
+	defer cancel()
+	exists, err := s.client.BucketExists(ctx, opts.Bucket)
 	if err != nil {
-		return nil, fmt.Errorf("storage: s3 bucket %s at %s: %w", opts.Bucket, opts.Endpoint, err)
+		return fmt.Errorf("storage: s3 bucket %s at %s: %w", opts.Bucket, opts.Endpoint, err)
 	}
 	if !exists {
 		if !opts.CreateBucket {
-			return nil, fmt.Errorf("storage: s3 bucket %s does not exist at %s: create it, or set storage.s3.create_bucket", opts.Bucket, opts.Endpoint)
+			return fmt.Errorf("storage: s3 bucket %s does not exist at %s: create it, or set storage.s3.create_bucket", opts.Bucket, opts.Endpoint)
 		}
-		err := client.MakeBucket(ctx, opts.Bucket, minio.MakeBucketOptions{Region: opts.Region})
+		err := s.client.MakeBucket(ctx, opts.Bucket, minio.MakeBucketOptions{Region: opts.Region})
 		if err != nil && !isCode(err, "BucketAlreadyOwnedByYou") {
-			return nil, fmt.Errorf("storage: creating s3 bucket %s: %w", opts.Bucket, err)
+			return fmt.Errorf("storage: creating s3 bucket %s at %s: %w", opts.Bucket, opts.Endpoint, err)
 		}
 	}
-	return s, nil
+	return nil
+}
+
+// awaitBucket checks the bucket of a store that did not answer at start
+// until it is there or ctx ends. An answer that is no outage (a key
+// refused, a missing bucket) is logged at once, since only the operator
+// can end it, and the checks go on.
+func (s *S3) awaitBucket(ctx context.Context, opts S3Options, began time.Time) {
+	logged, loggedDown := time.Now(), true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(bucketRetryPause):
+		}
+		err := s.checkBucket(ctx, opts)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			s.unchecked.Store(nil)
+			opts.Logf("storage: s3 bucket %s at %s answers now, %s after the start: batch jobs go on",
+				opts.Bucket, opts.Endpoint, time.Since(began).Round(time.Second))
+			return
+		}
+		s.unchecked.Store(&err)
+		down := storeDown(ctx, err)
+		if down != loggedDown || time.Since(logged) >= bucketLogEvery {
+			opts.Logf("%v; batch jobs still wait for it (%s since the start)", err, time.Since(began).Round(time.Second))
+			logged, loggedDown = time.Now(), down
+		}
+	}
+}
+
+// storeDown says err is the store not answering, or answering that it
+// cannot now (a 5xx: MinIO starting, a proxy without a backend), which an
+// outage explains. A 4xx (a key refused) or a certificate refused is a
+// mistake to fix, as is anything not said over the network.
+func storeDown(ctx context.Context, err error) bool {
+	if code := minio.ToErrorResponse(err).StatusCode; code != 0 {
+		return code >= 500
+	}
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &opErr), errors.As(err, &dnsErr):
+		return true // refused, reset, unreachable; a name not (yet) in DNS
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return true // the connection closed before an answer
+	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return true // bucketCheckTimeout
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return true
+	}
+	return false
+}
+
+// notChecked is the error of every method until the bucket was found.
+func (s *S3) notChecked() error {
+	if err := s.unchecked.Load(); err != nil {
+		return fmt.Errorf("%w (the bucket is not checked yet: asked again every %s)", *err, bucketRetryPause)
+	}
+	return nil
 }
 
 // PresignPost implements Store.
 func (s *S3) PresignPost(ctx context.Context, key string, maxBytes int64, ttl time.Duration) (string, map[string]string, error) {
 	if err := checkPresign(key, maxBytes, ttl); err != nil {
+		return "", nil, err
+	}
+	// Presigning asks nothing of the store, but a form for a store not
+	// checked yet may name a bucket still to be made.
+	if err := s.notChecked(); err != nil {
 		return "", nil, err
 	}
 	p := minio.NewPostPolicy()
@@ -112,6 +231,9 @@ func (s *S3) PresignGet(ctx context.Context, key string, ttl time.Duration) (str
 	if err := checkTTL(ttl); err != nil {
 		return "", err
 	}
+	if err := s.notChecked(); err != nil {
+		return "", err
+	}
 	u, err := s.presigner.PresignedGetObject(ctx, s.bucket, key, ttl, nil)
 	if err != nil {
 		return "", fmt.Errorf("storage: presigning download of %s: %w", key, err)
@@ -122,6 +244,9 @@ func (s *S3) PresignGet(ctx context.Context, key string, ttl time.Duration) (str
 // Stat implements Store.
 func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	if err := CheckKey(key); err != nil {
+		return Info{}, err
+	}
+	if err := s.notChecked(); err != nil {
 		return Info{}, err
 	}
 	info, err := s.client.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{})
@@ -143,6 +268,9 @@ func (s *S3) OpenAt(ctx context.Context, key string, offset int64) (io.ReadClose
 	}
 	if offset < 0 {
 		return nil, fmt.Errorf("storage: negative offset %d in %s", offset, key)
+	}
+	if err := s.notChecked(); err != nil {
+		return nil, err
 	}
 	var opts minio.GetObjectOptions
 	if offset > 0 {
@@ -179,6 +307,9 @@ func (s *S3) OpenAt(ctx context.Context, key string, offset int64) (io.ReadClose
 // only when the upload completes at Commit; Abort cancels it.
 func (s *S3) Create(ctx context.Context, key string) (Upload, error) {
 	if err := CheckKey(key); err != nil {
+		return nil, err
+	}
+	if err := s.notChecked(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -249,6 +380,9 @@ func (u *s3Upload) Abort() {
 // Delete implements Store.
 func (s *S3) Delete(ctx context.Context, key string) error {
 	if err := CheckKey(key); err != nil {
+		return err
+	}
+	if err := s.notChecked(); err != nil {
 		return err
 	}
 	if err := s.client.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{}); err != nil && !isCode(err, "NoSuchKey") {

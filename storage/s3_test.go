@@ -2,7 +2,10 @@ package storage
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -126,5 +129,66 @@ func TestS3PublicEndpointAndMissingBucket(t *testing.T) {
 	c, _ := minio.New(srv.Endpoint(), &minio.Options{Creds: credentials.NewStaticV4(srv.AccessKey(), srv.SecretKey(), "")})
 	if ok, err := c.BucketExists(ctx, "not-there"); !ok || err != nil {
 		t.Fatalf("create_bucket did not create it: %v, %v", ok, err)
+	}
+}
+
+// TestS3StoreDownAtStart: a store that did not answer at start failed
+// NewS3 (`storage: s3 bucket … connection refused`), and with it the
+// start of the whole gateway, so a gateway restarted during an S3
+// outage served nothing. NewS3 must return the store, which fails until
+// the store answers, and then makes the bucket and works within seconds.
+func TestS3StoreDownAtStart(t *testing.T) {
+	srv := miniotest.Start(t)
+	srv.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+	}
+	began := time.Now()
+	s, err := NewS3(ctx, S3Options{Endpoint: srv.Endpoint(), Region: miniotest.Region, Bucket: testBucket,
+		AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), CreateBucket: true, Logf: logf})
+	if err != nil {
+		t.Fatalf("NewS3 with the store down: %v, want the store, checked again in the background", err)
+	}
+	t.Logf("NewS3 returned in %s", time.Since(began).Round(time.Millisecond))
+	if _, err := s.Stat(ctx, "batch/a/input"); err == nil || errors.Is(err, ErrNotExist) || !strings.Contains(err.Error(), "the bucket is not checked yet") {
+		t.Fatalf("Stat before the store answered: %v, want the outage", err)
+	}
+	if _, _, err := s.PresignPost(ctx, "batch/a/input", 10, time.Minute); err == nil {
+		t.Fatal("PresignPost before the store answered succeeded: the form may name a bucket not made yet")
+	}
+	srv.Restart()
+	back := time.Now()
+	for {
+		_, err := s.Stat(ctx, "batch/a/input")
+		if errors.Is(err, ErrNotExist) {
+			break
+		}
+		if time.Since(back) > 10*time.Second {
+			t.Fatalf("Stat 10 s after the store came back: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("the store worked %s after it came back", time.Since(back).Round(time.Millisecond))
+	up, err := s.Create(ctx, "batch/a/input")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := up.Write([]byte("{}\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := up.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(logged) != 2 || !strings.Contains(logged[0], "connection refused") || !strings.Contains(logged[0], "starting without it") ||
+		!strings.Contains(logged[1], "answers now") {
+		t.Errorf("logged %q, want the first failure and the return", logged)
 	}
 }
