@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-
-	"github.com/tollgate/tollgate/internal/loglimit"
 )
 
 // How the embedded server's store is watched. Variables, not constants,
@@ -28,6 +26,12 @@ var (
 	// storeRestartEvery spaces restarts: each one makes every client start
 	// its watchers and pulls over.
 	storeRestartEvery = time.Minute
+	// storeWaitLogEvery spaces the lines saying a restart still waits for
+	// room: one is logged when the free space changed since the last,
+	// so an operator freeing space sees how far it is, and one every
+	// storeWaitRemindEvery without a change.
+	storeWaitLogEvery    = time.Minute
+	storeWaitRemindEvery = 10 * time.Minute
 )
 
 // StoreWriteError says that streams of the embedded server's JetStream
@@ -115,7 +119,10 @@ type storeWatch struct {
 	// The rest belongs to the run goroutine.
 	failing   *StoreWriteError // as last logged; nil while the store writes
 	restarted time.Time        // the last restart; zero before one
-	roomLog   loglimit.Limiter // the lines saying a restart was put off for want of room
+	// The last line saying a restart was put off for want of room, and
+	// the free MiB it said; zero before one.
+	waitLogged     time.Time
+	waitLoggedFree int64
 }
 
 func startStoreWatch(srv *server.Server, dir string, logf func(string, ...any), reconnect func() error) *storeWatch {
@@ -162,8 +169,12 @@ func (w *storeWatch) check(now time.Time) {
 		return
 	}
 	if err := roomToWrite(w.dir, storeRoomToRestart); err != nil {
-		if ok, _ := w.roomLog.Allow(now, 10*time.Minute); ok {
-			w.logf("nats: JetStream not restarted yet: %v", err)
+		free, _ := freeBytes(w.dir)
+		since := now.Sub(w.waitLogged)
+		if w.waitLogged.IsZero() || since >= storeWaitRemindEvery || since >= storeWaitLogEvery && free>>20 != w.waitLoggedFree {
+			w.logf("nats: JetStream not restarted yet: %v (on a disk that cannot have %d MiB free, restart the gateway "+
+				"once it has some room: see \"JetStream's own disk full\" in README.md)", err, storeRoomToRestart>>20)
+			w.waitLogged, w.waitLoggedFree = now, free>>20
 		}
 		return
 	}

@@ -123,3 +123,87 @@ func TestStoreNotRestartedWhileTheDiskIsFull(t *testing.T) {
 		t.Errorf("roomToWrite with room: %v", err)
 	}
 }
+
+// While JetStream waits for room to be restarted, the line saying so
+// came once, then not for 10 minutes: an operator who freed 56 MiB of
+// the 64 needed saw nothing saying it still waited, or how much was
+// free. It is said again, at most once a minute, when the free space
+// changed. A disk that cannot have that much free needs the gateway
+// restarted once it has some room, which opens the stores anew.
+func TestStoreWaitingForRoomSaysHowMuchIsFree(t *testing.T) {
+	storeWatchedEvery(t, 50*time.Millisecond, 8<<20)
+	oldLogEvery := storeWaitLogEvery
+	storeWaitLogEvery = 200 * time.Millisecond
+	t.Cleanup(func() { storeWaitLogEvery = oldLogEvery })
+	dataDir := testutil.SmallDisk(t, 24<<20)
+	var log testutil.Log
+	logf := func(format string, args ...any) { t.Logf(format, args...); log.Logf(format, args...) }
+	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	ctx := testContext(t)
+	kv, err := EnsureKV(ctx, b.JetStream(), jetstream.KeyValueConfig{Bucket: "FULL", Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler := testutil.FillDisk(t, dataDir)
+	put := func(kv jetstream.KeyValue, value []byte) error {
+		c, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := kv.Put(c, "k", value)
+		return err
+	}
+	testutil.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if put(kv, make([]byte, 64<<10)) == nil {
+			return errors.New("every write taken on the full disk")
+		}
+		return nil
+	})
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if log.Count("JetStream not restarted yet", "has 0 MiB free, less than 8 MiB") == 0 {
+			return errors.New("no line says JetStream waits for room")
+		}
+		return nil
+	})
+
+	// Some room, not enough: the filler cut by 4 MiB at once.
+	st, err := os.Stat(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filler, st.Size()-4<<20); err != nil {
+		t.Fatal(err)
+	}
+	free, err := freeBytes(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("has %d MiB free, less than 8 MiB", free>>20)
+	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if log.Count("JetStream not restarted yet", want, "restart the gateway once it has some room") == 0 {
+			return fmt.Errorf("no line says JetStream still waits, with %q; logged:\n%s", want, log.String())
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond) // more than storeWaitLogEvery, with the free space the same
+	if n := log.Count("JetStream not restarted yet"); n != 2 {
+		t.Errorf("%d lines say JetStream waits for room, want 2 (the free space changed once)", n)
+	}
+
+	// What the line advises: a restart of the gateway on that room.
+	b.Close()
+	b, err = Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, logf)
+	if err != nil {
+		t.Fatalf("starting again with %d MiB free: %v", free>>20, err)
+	}
+	t.Cleanup(b.Close)
+	kv, err = b.JetStream().KeyValue(ctx, "FULL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := put(kv, []byte("after")); err != nil {
+		t.Fatalf("a write after the restart with %d MiB free: %v", free>>20, err)
+	}
+}
