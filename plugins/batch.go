@@ -291,7 +291,10 @@ func writeBatchError(ctx *fasthttp.RequestCtx, call *proxy.Call, err error) {
 	// cause names the store's address (a private S3 endpoint), which is
 	// the operator's, in the log under the request id.
 	call.Server.Logf("batch: request %s: %v", call.RequestID, err)
-	proxy.WriteError(ctx, &proxy.APIError{Status: fasthttp.StatusServiceUnavailable, Type: "service_unavailable_error", Code: "batch_unavailable",
+	// Retry-After: an outage of the store or an election ends by itself,
+	// and the SDKs then wait a second between their retries, not the
+	// half second they wait without it.
+	proxy.WriteError(ctx, &proxy.APIError{Status: fasthttp.StatusServiceUnavailable, Type: "service_unavailable_error", Code: "batch_unavailable", RetryAfter: time.Second,
 		Message: "batch jobs cannot be reached now (their object store or job records did not answer); try again (request " + call.RequestID + ")"})
 }
 

@@ -826,6 +826,10 @@ func TestBatchStartWithTheStoreDownIs503(t *testing.T) {
 	if r.status != 503 || !strings.Contains(string(r.body), `"code":"batch_unavailable"`) || strings.Contains(string(r.body), "127.0.0.1") {
 		t.Fatalf("start with the store down: %s", r)
 	}
+	// An outage ends by itself: the SDKs are told to wait a second.
+	if r.header.Get("Retry-After") != "1" || r.header.Get("retry-after-ms") != "1000" {
+		t.Fatalf("start with the store down: Retry-After %q, retry-after-ms %q; want 1 and 1000", r.header.Get("Retry-After"), r.header.Get("retry-after-ms"))
+	}
 }
 
 // TestBatchLinesAreDescribedAndBilledAsClassifyAlone: a job's lines are
