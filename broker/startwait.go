@@ -54,9 +54,12 @@ func declareAtStart[T any](ctx context.Context, js jetstream.JetStream, what str
 	}
 	w := sj.wait
 	var logged time.Time
+	var lastWhy string // of the last try that had the client's whole timeout
+	var lastErr error
 	pause := 100 * time.Millisecond
 	for {
-		tryCtx, cancel := context.WithTimeout(ctx, min(time.Until(w.until), js.Options().DefaultTimeout))
+		tryTimeout := min(time.Until(w.until), js.Options().DefaultTimeout)
+		tryCtx, cancel := context.WithTimeout(ctx, tryTimeout)
 		v, err := declare(tryCtx)
 		cancel()
 		if err == nil || ctx.Err() != nil {
@@ -66,6 +69,12 @@ func declareAtStart[T any](ctx context.Context, js jetstream.JetStream, what str
 		if !explained {
 			return v, err
 		}
+		if notRunning(js.Conn(), err) {
+			// A server whose INFO says it runs no JetStream gives no
+			// responders, as one still starting does; waiting for it
+			// would only hold the start for nats.start_timeout.
+			return v, fmt.Errorf("%w: the NATS server at %s does not run JetStream (enable jetstream in its configuration)", err, js.Conn().ConnectedUrlRedacted())
+		}
 		if denied := js.Conn().LastError(); errors.Is(denied, nats.ErrPermissionViolation) {
 			// A request the server denies is dropped unanswered: the
 			// refusal comes to the connection, and the request times out.
@@ -73,7 +82,15 @@ func declareAtStart[T any](ctx context.Context, js jetstream.JetStream, what str
 		}
 		left := time.Until(w.until)
 		if left <= 0 {
+			// The last try was cut to the time left, and its timeout
+			// says nothing of why: the try before it does.
+			if tryTimeout < js.Options().DefaultTimeout && lastErr != nil {
+				why, err = lastWhy, lastErr
+			}
 			return v, fmt.Errorf("NATS's JetStream not ready within nats.start_timeout (%s; raise it in gateway.yaml to wait longer): %s: %w", w.timeout, why, err)
+		}
+		if tryTimeout >= js.Options().DefaultTimeout || !errors.Is(err, context.DeadlineExceeded) {
+			lastWhy, lastErr = why, err
 		}
 		if w.logf != nil && time.Since(logged) >= startLogEvery {
 			w.logf("nats: waiting for the NATS cluster's JetStream to declare %s: %s (%v); giving up in %s (nats.start_timeout %s)",
@@ -101,6 +118,7 @@ func electionExplains(err error) (string, bool) {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
 		return "no answer: no JetStream meta leader, or a stream's leader being elected", true
 	case errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		// A server still starting, or one without JetStream (notRunning).
 		return "no server answers the JetStream API yet", true
 	case !errors.As(err, &apiErr):
 		return "", false
@@ -115,4 +133,15 @@ func electionExplains(err error) (string, bool) {
 		return "too few nodes up for nats.replicas", true
 	}
 	return "", false
+}
+
+// notRunning says err is a JetStream API request nobody answered, or
+// answered that JetStream is not enabled, from a server whose INFO says
+// it runs no JetStream: no election, and no wait, brings it.
+func notRunning(nc *nats.Conn, err error) bool {
+	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		return false
+	}
+	on, _ := nc.ConnectedServerJetStream()
+	return !on
 }

@@ -132,3 +132,30 @@ func TestStartDoesNotWaitOutADeniedDeclaration(t *testing.T) {
 		t.Fatalf("a denied declaration: %v after %s, want the permissions violation after one try", err, time.Since(began))
 	}
 }
+
+// A NATS server without JetStream answered no JetStream request, as one
+// still starting does, and the start waited the whole nats.start_timeout
+// (60 s) to blame an election; it had failed at once. Its INFO says it
+// runs none: the start fails at once, saying so.
+func TestStartDoesNotWaitForAServerWithoutJetStream(t *testing.T) {
+	ctx := context.Background()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS not ready")
+	}
+	defer srv.Shutdown()
+	b, err := Start(ctx, config.NATS{URL: srv.ClientURL(), StartTimeout: time.Minute}, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	began := time.Now()
+	_, err = EnsureKV(ctx, b.JetStream(), jetstream.KeyValueConfig{Bucket: "NO_JETSTREAM"})
+	if err == nil || !strings.Contains(err.Error(), "does not run JetStream") || time.Since(began) > 7*time.Second {
+		t.Fatalf("a server without JetStream: %v after %s, want it named at once", err, time.Since(began))
+	}
+}
