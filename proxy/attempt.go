@@ -237,6 +237,13 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			// A connect_timeout is no wait for an answer: nothing was sent.
 			timedOut := reached && isTimeout(err)
 			generating := timedOut && wholeAnswer
+			if timedOut {
+				// Its wait is what it costs: left out, a member whose
+				// engine was stuck (its API server answering) looked idle
+				// and fast after each timeout, and p2c sent it the next
+				// calls, each held for the whole timeout.
+				h.sample(time.Since(sentAt))
+			}
 			// requestsFault: the upstream answered with an error that blames
 			// the request, which says nothing of its health.
 			requestsFault := answerErr.Exists() && !serverFault(answerErr)
@@ -313,7 +320,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// upstream may not have, counted as a failure.
 				h.undecided(sent)
 			default:
-				up.fail(rt, reason, clientReason, sent, c.alone, answerErr.Exists() || badAnswer != "" || refusal != "")
+				up.fail(rt, reason, clientReason, sent, c.alone, timedOut || answerErr.Exists() || badAnswer != "" || refusal != "")
 			}
 			failures = append(failures, up.cfg.Name+": "+why)
 			if c.pinned == nil && !generating && !lastErr.NoRetry && retryable(n, rt, c.start, p, tried) {
@@ -773,10 +780,11 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 // 503 for every other caller. The failure is still counted and shown.
 //
 // reason is for operators; clientReason says the same without addresses,
-// for the 503s of calls that find the upstream out. answered: the failure
-// is an HTTP answer (a 5xx), not a connection that failed or timed out.
-func (up *upstream) fail(rt *config.Routing, reason, clientReason string, sent ticket, alone, answered bool) {
-	if up.health.failed(rt, reason, clientReason, sent, alone, answered) {
+// for the 503s of calls that find the upstream out. tookCall: the
+// upstream took the call and failed it (a 5xx, a bad answer, a timeout
+// while it held it), not a connection that failed.
+func (up *upstream) fail(rt *config.Routing, reason, clientReason string, sent ticket, alone, tookCall bool) {
+	if up.health.failed(rt, reason, clientReason, sent, alone, tookCall) {
 		up.ejected(rt, reason)
 		return
 	}

@@ -334,7 +334,7 @@ func (h *upstreamHealth) closeLocked() {
 // call sent before the last ejection (that ejection took its burst into
 // account), or one that was in flight while the upstream was out. One
 // alone in the call's pool is never ejected (see upstream.fail).
-func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, sent ticket, alone, answered bool) (ejected bool) {
+func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, sent ticket, alone, tookCall bool) (ejected bool) {
 	h.count(true)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -352,12 +352,15 @@ func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string,
 		if !sent.trial {
 			return false
 		}
-		// A trial that failed with an answer (a 5xx) stops the probe's
-		// answer from ending the ejection early: its API server answers
-		// while its calls fail. One that could not connect or timed out
-		// leaves the probe running, to bring a restarted replica back
-		// within a probe_interval.
-		if answered {
+		// A trial the upstream took and failed (a 5xx, or no answer in
+		// time) stops the probe's answer from ending the ejection early:
+		// its API server answers while its calls fail. Left running after
+		// a timeout, the probe brought a replica whose engine was stuck
+		// back every probe_interval, for a trial that held a call for
+		// response_timeout, never ejected longer. One that could not
+		// connect leaves the probe running, to bring a restarted replica
+		// back within a probe_interval.
+		if tookCall {
 			h.trialFailed.Store(true)
 		}
 		h.ejectLocked(min(max(2*h.ejectFor, rt.EjectFor), rt.EjectMax))

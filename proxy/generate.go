@@ -687,6 +687,16 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 	if errors.Is(err, errBodyTooLarge) || errors.Is(err, errEventTooLarge) {
 		return
 	}
+	if isTimeout(err) {
+		// Stalled: what it made the call wait enters its latency, as a
+		// first byte's wait that timed out does (attempt), so p2c sends
+		// the next calls elsewhere. The wait is the deadline it missed.
+		wait := c.upstream.cfg.IdleTimeout
+		if !c.eventStream {
+			wait = c.upstream.cfg.ResponseTimeout
+		}
+		c.upstream.health.sample(wait)
+	}
 	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.sent, c.alone, c.eventStream)
 }
 
