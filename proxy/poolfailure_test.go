@@ -1,8 +1,10 @@
 package proxy_test
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -139,5 +141,118 @@ func TestPoolTrialThatTimesOutDoublesTheEjection(t *testing.T) {
 	}
 	if d := until.Sub(trialEnded); d < 1500*time.Millisecond {
 		t.Fatalf("ejected for %s after the failed trial, want twice eject_for (2s)", d.Round(time.Millisecond))
+	}
+}
+
+// crashingUpstream is a raw HTTP/1.1 upstream that answers generation
+// calls on kept-alive connections until told to close: then it reads each
+// call whole, counts it, and closes the connection without answering (a
+// query of death: the replica crashes on it). GET /models always answers.
+type crashingUpstream struct {
+	URL     string
+	closing atomic.Bool
+	calls   atomic.Int32 // generation requests read whole
+}
+
+func newCrashingUpstream(t *testing.T) *crashingUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &crashingUpstream{URL: "http://" + ln.Addr().String() + "/v1"}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					body := `{"object":"list","data":[{"id":"proxytest-small","object":"model"}]}`
+					if req.Method == "POST" {
+						u.calls.Add(1)
+						if u.closing.Load() {
+							return
+						}
+						body = `{"id":"c","object":"chat.completion","model":"proxytest-small","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+					}
+					if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return u
+}
+
+// withCrashingUpstreams serves model small with n crashingUpstreams, p0 …,
+// each with a kept-alive connection that has answered.
+func withCrashingUpstreams(t *testing.T, n int) (*poolHarness, []*crashingUpstream) {
+	t.Helper()
+	h := newPoolHarness(t, 2, "  balance: round_robin\n  retries: 2")
+	var ups []*crashingUpstream
+	cfg := readFile(t, h.cfgPath)
+	for i := range 2 {
+		u := newCrashingUpstream(t)
+		ups = append(ups, u)
+		cfg = strings.Replace(cfg, "base_url: "+h.ups[i].URL+",", "base_url: "+u.URL+",", 1)
+	}
+	if n == 1 {
+		cfg = strings.Replace(cfg, "upstreams: [p0, p1]", "upstreams: [p0]", 1)
+	}
+	h.writeConfig(cfg)
+	ups = ups[:n]
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		resp := h.post("/v1/chat/completions", smallChat)
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			return fmt.Errorf("warm-up call: %d %s", resp.StatusCode, body)
+		}
+		for i, u := range ups {
+			if u.calls.Load() == 0 {
+				return fmt.Errorf("p%d not called yet", i)
+			}
+		}
+		return nil
+	})
+	return h, ups
+}
+
+// An upstream that reads a call whole and closes the connection without
+// answering took it: it is not sent the call again, though the call came
+// on a kept-alive connection. The connection was looked at when taken
+// (idle over 50 ms: rawconn.Quiet), so the close was no stale keep-alive,
+// yet it came within a few round trips of the request and the call was
+// sent again on a new connection: 2 deliveries for 1 call to a model's
+// only upstream, and 2 to each member of a pool of two.
+func TestUpstreamThatClosedAfterTakingTheCallIsNotSentItAgain(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprintf("pool of %d", n), func(t *testing.T) {
+			h, ups := withCrashingUpstreams(t, n)
+			var before []int32
+			for _, u := range ups {
+				u.closing.Store(true)
+				before = append(before, u.calls.Load())
+			}
+			time.Sleep(100 * time.Millisecond) // past quietCheckIdle: looked at when taken
+			resp := h.post("/v1/chat/completions", smallChat)
+			if body := readAll(t, resp); resp.StatusCode != 503 {
+				t.Fatalf("%d %s, want 503", resp.StatusCode, body)
+			}
+			for i, u := range ups {
+				if got := u.calls.Load() - before[i]; got != 1 {
+					t.Errorf("p%d got the call %d times, want once", i, got)
+				}
+			}
+		})
 	}
 }

@@ -75,6 +75,10 @@ type upstreamConn struct {
 	br        *bufio.Reader
 	idleSince time.Time
 	reused    bool // served a request before: a failure before any byte may be the upstream closing it
+	// checked: looked at when taken (rawconn.Quiet) and found open, so a
+	// close after the request is the upstream's answer to it, not a
+	// keep-alive closed while it sat idle.
+	checked bool
 	// dialTook is how long the connection's TCP connect took, about a
 	// round trip to the upstream: how soon the reset of a request sent on
 	// a connection it had already closed comes back.
@@ -107,7 +111,8 @@ func (p *connPool) acquire(client net.Conn) (uc *upstreamConn, atOnce bool, err 
 		p.idle = p.idle[:n-1]
 		if idle := now.Sub(uc.idleSince); idle < idlePoolTime {
 			p.mu.Unlock()
-			if idle < quietCheckIdle || uc.tc == nil || rawconn.Quiet(uc.tc.Conn) {
+			uc.checked = idle >= quietCheckIdle && uc.tc != nil
+			if !uc.checked || rawconn.Quiet(uc.tc.Conn) {
 				return uc, atOnce, nil
 			}
 		} else {
@@ -399,6 +404,9 @@ type upstreamResponse struct {
 	err        error
 
 	interim int // interim (1xx) responses before the header
+	// unsent: the request's write failed, so the upstream did not get it
+	// whole.
+	unsent bool
 }
 
 var upstreamResponsePool = sync.Pool{New: func() any { return new(upstreamResponse) }}
@@ -459,12 +467,17 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 			return nil, errClientGone
 		}
 		// Not one byte of an answer came, at once, on a connection that
-		// served before: the upstream closed it while it sat idle. One that
-		// took the request, worked on it and then closed (a crash, a
-		// restart) was sent it again on a new connection, and generated it
-		// twice.
+		// served before and was not looked at when taken: the upstream
+		// closed it while it sat idle. One that took the request, worked
+		// on it and then closed (a crash, a restart) was sent it again on
+		// a new connection, and generated it twice. So was one that
+		// closed at once on reading it (a query of death), on a
+		// connection found open when taken: its close came within the
+		// stale window too. A request whose write failed never reached
+		// the upstream whole, whatever the connection.
 		// An interim response came: the upstream took the request.
-		stale := uc.reused && resp.interim == 0 && (uc.tc == nil || uc.tc.awaitingFirst && time.Since(uc.tc.wroteAt) < uc.staleWindow()) && !isTimeout(err)
+		stale := uc.reused && (resp.unsent ||
+			!uc.checked && resp.interim == 0 && (uc.tc == nil || uc.tc.awaitingFirst && time.Since(uc.tc.wroteAt) < uc.staleWindow()) && !isTimeout(err))
 		p.discard(uc)
 		resp.recycle()
 		if !stale || attempt >= 2 {
@@ -479,6 +492,7 @@ func (p *connPool) roundTrip(req []byte, firstByte time.Duration, client net.Con
 
 func (r *upstreamResponse) exchange(req []byte) error {
 	if _, err := r.uc.conn.Write(req); err != nil {
+		r.unsent = true
 		return err
 	}
 	for {
@@ -882,6 +896,6 @@ func (r *upstreamResponse) recycle() {
 	r.Header.Reset()
 	r.pool, r.uc = nil, nil
 	r.chunked, r.untilClose, r.needCRLF, r.done = false, false, false, false
-	r.left, r.err, r.interim = 0, nil, 0
+	r.left, r.err, r.interim, r.unsent = 0, nil, 0, false
 	upstreamResponsePool.Put(r)
 }
