@@ -686,7 +686,7 @@ func errorAnswer(body []byte) gjson.Result {
 // upstream_bad_answer it hid them, and the SDKs raised a server error for
 // a request they should change.
 func requestFaultAnswer(upstream string, status int, e gjson.Result, msg string) *APIError {
-	apiErr := &APIError{Status: 400, Type: "invalid_request_error", NoRetry: true,
+	apiErr := &APIError{Status: 400, Type: "invalid_request_error", NoRetry: true, upstreams: true,
 		Message: fmt.Sprintf("upstream %s answered %d with an error that blames the request: %s; not billed", upstream, status, msg)}
 	if t := e.Get("type"); t.Type == gjson.String && t.Str != "" {
 		apiErr.Type = t.Str

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -349,4 +350,37 @@ func awaitBadAnswer(t *testing.T, h *harness, path, body, says string) {
 		}
 		return nil
 	})
+}
+
+// An upstream's 200 whose body is an error that blames the request,
+// passed on as the 400 it means, is the upstream's answer, not a call
+// the gateway refused: it is counted in tollgate_requests_total, as an
+// upstream's plain 400 is, and not in tollgate_requests_refused_total,
+// which counted it as if the gateway had refused the call itself.
+func TestUpstreamsErrorPassedOnAs400IsNoRefusal(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	var asked atomic.Int32
+	tooLong := jsonUpstream(t, `{"object":"error","message":"maximum context length is 1000 tokens","type":"BadRequestError","param":null,"code":400}`, &asked)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, tooLong, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		if asked.Load() > 0 {
+			return nil
+		}
+		readAll(t, h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`))
+		return fmt.Errorf("the upstream was not asked yet")
+	})
+	refused := refusedCount(scrape(t, h), "/v1/chat/completions", "400")
+	for range 3 {
+		resp := h.post("/v1/chat/completions", `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
+		if body := readAll(t, resp); resp.StatusCode != 400 {
+			t.Fatalf("%d %s, want the upstream's 400", resp.StatusCode, body)
+		}
+	}
+	m := scrape(t, h)
+	if n := refusedCount(m, "/v1/chat/completions", "400") - refused; n != 0 {
+		t.Errorf("tollgate_requests_refused_total{status=\"400\"} rose by %d for 3 errors of the upstream's, want 0", n)
+	}
+	if want := `tollgate_requests_total{model="small",upstream="local",endpoint="/v1/chat/completions",status="400"} ` + strconv.Itoa(int(asked.Load())) + "\n"; !strings.Contains(m, want) {
+		t.Errorf("no %q in /metrics", want)
+	}
 }

@@ -26,6 +26,11 @@ type APIError struct {
 	// over their own rule of retrying every 5xx: for an answer that
 	// asking again would only pay for again.
 	NoRetry bool
+	// upstreams: the error an upstream answered, passed on in the
+	// envelope (an error that blames the request, in a 200), not a call
+	// the gateway refused: counted in tollgate_requests_total only, as
+	// an upstream's own 4xx is.
+	upstreams bool
 }
 
 func (e *APIError) Error() string { return e.Message }
@@ -66,7 +71,7 @@ func (e *APIError) MarshalJSON() ([]byte, error) {
 func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	// A client that left (499) was refused nothing: its call is counted
 	// in tollgate_requests_total, as its usage event, and was in both.
-	if err.Status >= 400 && err.Status < 500 && err.Status != statusClientClosed {
+	if err.Status >= 400 && err.Status < 500 && err.Status != statusClientClosed && !err.upstreams {
 		refusals.count(ctx.Path(), err.Status)
 	}
 	body, _ := err.MarshalJSON()
