@@ -123,6 +123,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		var errStatus int    // its status
 		var badAnswer string // why a 2xx body is no answer (notAnAnswer)
 		var refusal string   // the message of a 401 or 403 that refused the gateway's api_key
+		var cut bool         // a whole answer cut short (cutShort)
 		if err == nil {
 			// An absent Content-Type reads as absent, not as fasthttp's
 			// default: the error for a bad answer quoted a "text/plain;
@@ -159,6 +160,12 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					if badAnswer = c.notAnAnswer(resp); badAnswer != "" {
 						err, errStatus = errBadAnswer, resp.Header.StatusCode()
 					}
+				} else if cutShort(c.respErr) {
+					// Nothing of it reached the client, as of a body that
+					// is no JSON: passed on, a Content-Length cut was a 502
+					// with no other member tried, where the same cut of a
+					// close-delimited body, read as bad JSON, was retried.
+					err, cut = c.respErr, true
 				}
 			}
 			if err != nil && resp.uc.tc != nil && resp.uc.tc.clientGone {
@@ -284,6 +291,10 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					requestsFault = true
 					up.answeredRedirect(errStatus, badAnswer)
 				}
+			case cut:
+				lastErr = upstreamCut(up, err)
+				why = "cut its answer short: " + faultForClient(err)
+				reason, clientReason = "cut its answer short: "+err.Error(), why
 			case errors.Is(err, errCredentialsRefused):
 				// Every call to it fails until its api_key is fixed: counted,
 				// a pool ejects it and the calls go to the others.
@@ -320,7 +331,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// upstream may not have, counted as a failure.
 				h.undecided(sent)
 			default:
-				up.fail(rt, reason, clientReason, sent, c.alone, timedOut || answerErr.Exists() || badAnswer != "" || refusal != "")
+				up.fail(rt, reason, clientReason, sent, c.alone, timedOut || cut || answerErr.Exists() || badAnswer != "" || refusal != "")
 			}
 			failures = append(failures, up.cfg.Name+": "+why)
 			if c.pinned == nil && !generating && !lastErr.NoRetry && retryable(n, rt, c.start, p, tried) {
@@ -606,6 +617,15 @@ func notJSONObject(resp *upstreamResponse, body []byte) string {
 		ct = fmt.Sprintf("Content-Type %q", v)
 	}
 	return fmt.Sprintf("a body that is not a JSON object (%s, %d bytes)", ct, len(body))
+}
+
+// cutShort reports whether err, met reading a whole answer, is the
+// upstream cutting it short (a close or reset before its end), not a
+// wait past response_timeout (a 504, not retried: it may have been
+// generating all along), a body over max_response_body (the setting's
+// doing) or a client gone.
+func cutShort(err error) bool {
+	return !isTimeout(err) && !errors.Is(err, errBodyTooLarge) && !errors.Is(err, errClientGone)
 }
 
 // errBadAnswer: a success status with a body that is no answer

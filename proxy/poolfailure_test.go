@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // stuckEngine is a vLLM whose engine is stuck: its API server answers
@@ -256,5 +258,35 @@ func TestUpstreamThatClosedAfterTakingTheCallIsNotSentItAgain(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A non-streamed answer cut short (the connection closed after 300 of
+// the 1000 bytes its Content-Length announced) reached the client as
+// nothing, as a close-delimited body cut short does: both move on to
+// another member of the pool. The first was a 502 upstream_response_cut
+// at once, no other member tried, while the second, read as JSON that
+// does not parse, was retried.
+func TestPoolRetriesANonStreamedAnswerCutShort(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin\n  retries: 2\n  eject_after: 100")
+	var asked atomic.Int32
+	cut := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		asked.Add(1)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"id\":\"c\",\"choices\":[%s", strings.Repeat(" ", 280))
+		return false
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), "base_url: "+h.ups[0].URL+",", "base_url: "+cut+",", 1))
+	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		if asked.Load() >= 2 {
+			return nil
+		}
+		resp := h.post("/v1/chat/completions", smallChat)
+		if body := readAll(t, resp); resp.StatusCode != 200 {
+			t.Fatalf("%d %s, want p1's answer", resp.StatusCode, body)
+		}
+		return fmt.Errorf("p0 asked %d times", asked.Load())
+	})
+	if evs := h.rec.Events(); len(evs) == 0 || evs[len(evs)-1].Upstream != "p1" {
+		t.Fatalf("events %+v, want p1's answers billed", evs)
 	}
 }
