@@ -241,6 +241,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			why := unreachableReason(up, err)
 			lastErr = Unavailable(fmt.Sprintf("upstream %s%s %s", up.cfg.Name, what, why))
 			reason, clientReason := err.Error(), faultForClient(err) // the first with the address, for operators
+			if closedWithoutAnswering(err) {
+				reason, clientReason = why, why // fasthttp's "error when reading response headers: EOF" said less
+			}
 			// A connect_timeout is no wait for an answer: nothing was sent.
 			timedOut := reached && isTimeout(err)
 			generating := timedOut && wholeAnswer
@@ -294,7 +297,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			case cut:
 				lastErr = upstreamCut(up, err)
 				why = "cut its answer short: " + faultForClient(err)
-				reason, clientReason = "cut its answer short: "+err.Error(), why
+				reason, clientReason = "cut its answer short: "+faultForOperator(err), why
 			case errors.Is(err, errCredentialsRefused):
 				// Every call to it fails until its api_key is fixed: counted,
 				// a pool ejects it and the calls go to the others.

@@ -598,7 +598,7 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	}
 	if err != nil {
 		apiErr := upstreamCut(c.upstream, err)
-		reason := fmt.Sprintf("upstream %s: reading its response: %v", c.upstream.cfg.Name, err)
+		reason := fmt.Sprintf("upstream %s: reading its response: %s", c.upstream.cfg.Name, faultForOperator(err))
 		if isTimeout(err) && !c.stream {
 			// Its body, as its header, was due within response_timeout.
 			apiErr = c.unfinishedAnswer()
@@ -733,6 +733,11 @@ func unreachableReason(up *upstream, err error) string {
 		// unreachable" contradicted the busy member kept in service.
 		return "is busy: every connection is in use (max_connections)"
 	}
+	if closedWithoutAnswering(err) {
+		// It took the connection and the request: "is unreachable" sent
+		// its operator looking for a network fault.
+		return closedWithoutAnsweringReason
+	}
 	why := "is unreachable: " + reasonForClient(err)
 	if up.loopback && errors.Is(err, syscall.ECONNREFUSED) {
 		// Said without the address: an upstream on loopback is the
@@ -741,6 +746,27 @@ func unreachableReason(up *upstream, err error) string {
 		why += " (" + loopbackRefusedHint + ")"
 	}
 	return why
+}
+
+// closedWithoutAnswering reports whether err is an upstream closing a
+// connection it had taken, after the request went out, before a byte of
+// its answer.
+func closedWithoutAnswering(err error) bool {
+	return (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) && !connectFailed(err)
+}
+
+const closedWithoutAnsweringReason = "closed the connection without answering"
+
+// faultForOperator words an error met reading an answer for the
+// upstream's last_error and the log: as it is, addresses included, but
+// for a close, said in the client's words (faultForClient): Go's and
+// fasthttp's "unexpected EOF" and "error when reading response headers:
+// EOF" said less than the client read.
+func faultForOperator(err error) string {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return faultForClient(err)
+	}
+	return err.Error()
 }
 
 // loopbackRefusedHint follows the reason of a connection refused by an

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
 // stuckEngine is a vLLM whose engine is stuck: its API server answers
@@ -288,5 +289,41 @@ func TestPoolRetriesANonStreamedAnswerCutShort(t *testing.T) {
 	})
 	if evs := h.rec.Events(); len(evs) == 0 || evs[len(evs)-1].Upstream != "p1" {
 		t.Fatalf("events %+v, want p1's answers billed", evs)
+	}
+}
+
+// An upstream that took the call and closed the connection without a
+// byte of answer is said to have done so, to the client and in
+// last_error: it was "is unreachable: it closed the connection" to the
+// client and fasthttp's "error when reading response headers: EOF" or a
+// bare "EOF" in last_error; and a stream it cut was "unexpected EOF" in
+// last_error where its client read that it closed the connection.
+func TestUpstreamThatClosedIsSaidToHaveClosed(t *testing.T) {
+	h, ups := withCrashingUpstreams(t, 1)
+	ups[0].closing.Store(true)
+	time.Sleep(100 * time.Millisecond)
+	e := wantError(t, h.post("/v1/chat/completions", smallChat), 503, "upstream_unavailable")
+	if msg := e["message"].(string); msg != "upstream p0 closed the connection without answering" {
+		t.Errorf("message %q", msg)
+	}
+	if st := h.statuses()["p0"]; st.LastError != "closed the connection without answering" {
+		t.Errorf("last_error %q", st.LastError)
+	}
+
+	h.ups[0].SetOptions(proxytest.Options{DropAfter: 3})
+	cfg := readFile(t, h.cfgPath)
+	h.writeConfig(strings.Replace(cfg, "base_url: "+ups[0].URL+",", "base_url: "+h.ups[0].URL+",", 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		body := string(readAll(t, h.post("/v1/chat/completions", strings.Replace(smallChat, `{`, `{"stream":true,`, 1))))
+		if !strings.Contains(body, "stream_interrupted") {
+			return fmt.Errorf("stream %s, want it cut", body)
+		}
+		if !strings.Contains(body, "upstream p0 stream was interrupted: it closed the connection") {
+			t.Fatalf("stream %s", body)
+		}
+		return nil
+	})
+	if st := h.statuses()["p0"]; st.LastError != "upstream p0 stream was interrupted: it closed the connection" {
+		t.Errorf("last_error %q, want the client's words", st.LastError)
 	}
 }

@@ -259,9 +259,10 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		}
 		// The upstream broke the stream: end it cleanly with an error event
 		// the SDKs raise, instead of pretending it completed.
-		// The operator's last_error keeps the sockets' own words.
+		// The operator's last_error keeps the sockets' own words, but for
+		// a close, said as the client reads it (faultForOperator).
 		msg := fmt.Sprintf("upstream %s stream was interrupted: %s", c.upstream.cfg.Name, faultForClient(err))
-		lastError := fmt.Sprintf("upstream %s stream was interrupted: %v", c.upstream.cfg.Name, err)
+		lastError := fmt.Sprintf("upstream %s stream was interrupted: %s", c.upstream.cfg.Name, faultForOperator(err))
 		if isTimeout(err) {
 			msg = fmt.Sprintf("upstream %s sent nothing for idle_timeout (%s); stream ended", c.upstream.cfg.Name, c.upstream.cfg.IdleTimeout)
 			lastError = msg
