@@ -175,6 +175,13 @@ const (
 	// MaxRetentionDays is the longest request-log retention (100 years);
 	// 0 keeps logged calls with no expiry: deleting the key leaves them.
 	MaxRetentionDays = 36_500
+	// MaxKeyLifetime is the longest a key may be asked to live (about 292
+	// years): whole hours below the longest time.Duration, so that the
+	// expiry, rounded up to a second, cannot overflow. Up to a second
+	// below the longest, it did: "2562047h47m16s" made a key that
+	// expired in 1734, refused at once yet counted against
+	// auth.max_keys_per_account.
+	MaxKeyLifetime = 2_562_047 * time.Hour
 )
 
 const (
@@ -334,6 +341,9 @@ func validateKeyRequest(req *KeyRequest) error {
 	}
 	if req.ExpiresIn < 0 {
 		return fmt.Errorf("%w: expiry must not be negative (0 = never expires)", ErrInvalidInput)
+	}
+	if req.ExpiresIn > MaxKeyLifetime {
+		return fmt.Errorf("%w: a key lives at most %s (about 292 years), asked for %s", ErrInvalidInput, MaxKeyLifetime, req.ExpiresIn)
 	}
 	if len(req.IdempotencyKey) > MaxIdempotencyKey {
 		return fmt.Errorf("%w: the idempotency key has %d bytes, at most %d", ErrInvalidInput, len(req.IdempotencyKey), MaxIdempotencyKey)

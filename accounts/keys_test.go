@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -149,11 +150,14 @@ func TestCreateKeyRefusesBadRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, req := range map[string]KeyRequest{
-		"unknown scope":      {Scopes: []string{"admin"}},
-		"negative rpm":       {RPM: -1},
-		"negative expiry":    {ExpiresIn: -time.Second},
-		"negative retention": {Logging: Logging{RetentionDays: -1}},
-		"empty model":        {Models: []string{""}},
+		"unknown scope":   {Scopes: []string{"admin"}},
+		"negative rpm":    {RPM: -1},
+		"negative expiry": {ExpiresIn: -time.Second},
+		// Its expiry overflowed into 1734: a key dead on arrival.
+		"expiry past MaxKeyLifetime": {ExpiresIn: MaxKeyLifetime + time.Second},
+		"longest duration":           {ExpiresIn: math.MaxInt64},
+		"negative retention":         {Logging: Logging{RetentionDays: -1}},
+		"empty model":                {Models: []string{""}},
 	} {
 		if _, _, err := s.CreateKey(ctx, "acme", req); !errors.Is(err, ErrInvalidInput) {
 			t.Errorf("%s: %v, want ErrInvalidInput", name, err)
@@ -658,6 +662,9 @@ func TestKeyLastsAtLeastWhatWasAsked(t *testing.T) {
 		if got := keyExpiry(calledAt, d); !got.Equal(want) {
 			t.Errorf("expiry of a %v key asked for at %v: %v, want %v", d, calledAt, got, want)
 		}
+	}
+	if got, want := keyExpiry(calledAt, MaxKeyLifetime), time.Date(2317, 4, 14, 18, 15, 5, 0, time.UTC); !got.Equal(want) {
+		t.Errorf("expiry of the longest key asked for at %v: %v, want %v", calledAt, got, want)
 	}
 	onTheSecond := time.Date(2025, 1, 2, 19, 15, 4, 0, time.UTC)
 	if got, want := keyExpiry(onTheSecond, 5*time.Second), onTheSecond.Add(5*time.Second); !got.Equal(want) {

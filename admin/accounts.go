@@ -345,10 +345,11 @@ func (a *API) createKey(call *Call) (int, any, error) {
 			// It made a key that never expires, where a script whose
 			// variable was unset meant one that does.
 			return 0, nil, proxy.BadRequest("expires_in", `expires_in is empty: give a lifetime such as "720h", or leave the field out for a key that never expires`)
-		case err != nil && wellFormedDuration.MatchString(expiresIn):
+		case err != nil && wellFormedDuration.MatchString(expiresIn), err == nil && d > accounts.MaxKeyLifetime:
 			// Said to be "not positive", "100000000h" sent the admin
-			// looking for a sign.
-			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is longer than a duration can be (at most 2562047h, about 292 years); leave it out for a key that never expires", expiresIn))
+			// looking for a sign. One bound for both: past it but within
+			// a duration, the key's expiry overflowed into 1734.
+			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is longer than a key can live (at most %.0fh, about 292 years); leave it out for a key that never expires", expiresIn, accounts.MaxKeyLifetime.Hours()))
 		case err != nil:
 			return 0, nil, proxy.BadRequest("expires_in", fmt.Sprintf("expires_in %q is not a duration: give a number with a unit of h, m or s, such as \"720h\" for 30 days (there is no d)", expiresIn))
 		case d <= 0:

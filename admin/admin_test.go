@@ -303,7 +303,13 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"soon"}`, 400, `"param":"expires_in"`},
 		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"1ns"}`, 400, `under a second`},
 		// A lifetime too long, or in days, was "must be a positive duration".
-		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"100000000h"}`, 400, `longer than a duration can be (at most 2562047h`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"100000000h"}`, 400, `longer than a key can live (at most 2562047h`},
+		// Up to an int64 of nanoseconds less a second, the expiry
+		// overflowed: "2562047h47m16s" made a key that expired in 1734.
+		// One bound, whole hours: 2562047h is taken, a second more is not.
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"2562047h47m16s"}`, 400, `"expires_in \"2562047h47m16s\" is longer than a key can live (at most 2562047h, about 292 years)`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"2562047h0m1s"}`, 400, `at most 2562047h, about 292 years`},
+		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"2562047h47m17s"}`, 400, `longer than a key can live (at most 2562047h, about 292 years)`},
 		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"30d"}`, 400, `there is no d`},
 		{"POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"-5h"}`, 400, `must be a positive duration`},
 		{"GET", "/admin/v1/upstreams", "", 200, `"name":"local"`},
@@ -315,11 +321,19 @@ func TestRoutesAuthAndMethods(t *testing.T) {
 			t.Fatalf("%s %s: %d %s, want %d with %s", s.method, s.path, status, body, s.status, s.contains)
 		}
 	}
+	// The longest lifetime taken expires about 292 years from now.
+	status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"2562047h"}`)
+	var longest struct {
+		ExpiresAt time.Time `json:"expires_at"`
+	}
+	if err := json.Unmarshal(body, &longest); status != 201 || err != nil || longest.ExpiresAt.Before(time.Now().Add(2562047*time.Hour)) {
+		t.Fatalf("key of 2562047h: %d %s", status, body)
+	}
 	if status, allow, body := g.call("PUT", "/admin/v1/accounts/acme/keys", ""); status != 405 || allow != "GET, HEAD, POST" {
 		t.Fatalf("PUT keys: %d, Allow %q: %s", status, allow, body)
 	}
 
-	status, _, body := g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","scopes":["generate"]}`)
+	status, _, body = g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","scopes":["generate"]}`)
 	var created struct {
 		KeyID string `json:"key_id"`
 		Key   string `json:"key"`
