@@ -426,6 +426,27 @@ func (s *Service) ListRecentKeys(account string, revokedShown int) ([]KeyInfo, i
 	return out, hidden, nil
 }
 
+// KeysWithNoModelServed lists the keys neither revoked nor expired that
+// are limited to models none of which served says the gateway serves:
+// keys every call of which is refused, whose models left gateway.yaml.
+// Oldest first. It reads the snapshot and does no I/O.
+func (s *Service) KeysWithNoModelServed(served func(model string) bool) []KeyInfo {
+	now := time.Now()
+	var out []KeyInfo
+	s.snap.mu.RLock()
+	for _, e := range s.snap.keys {
+		info := e.info
+		if !e.notRevoked() || len(info.Models) == 0 || info.ExpiresAt != nil && !now.Before(*info.ExpiresAt) ||
+			slices.ContainsFunc(info.Models, served) {
+			continue
+		}
+		out = append(out, *info)
+	}
+	s.snap.mu.RUnlock()
+	slices.SortFunc(out, func(a, b KeyInfo) int { return byCreation(&a, &b) })
+	return out
+}
+
 // AwaitKeyRevoked waits up to d for this gateway's snapshot to show key
 // keyID revoked, when it holds the key not revoked, and says whether it
 // shows the key revoked then. It does no I/O: a key revoked through

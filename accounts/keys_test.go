@@ -825,3 +825,38 @@ func TestFullVerificationCacheDropsOneToken(t *testing.T) {
 		t.Errorf("%d tokens cached after a new one joined a full cache (newcomer cached: %v), want %d", len(s.cache), s.cache[newcomer] != nil, maxCacheSize)
 	}
 }
+
+// A key limited to models that all left gateway.yaml can call nothing; a
+// reload says nothing of it unless the gateway can find such keys.
+func TestKeysWithNoModelServed(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	made := map[string]string{}
+	for _, req := range []KeyRequest{
+		{Name: "stranded", Models: []string{"old", "older"}},
+		{Name: "half", Models: []string{"old", "small"}},
+		{Name: "all"},
+		{Name: "revoked", Models: []string{"old"}},
+		{Name: "expired", Models: []string{"old"}, ExpiresIn: time.Second},
+	} {
+		info, _, err := s.CreateKey(ctx, "acme", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made[req.Name] = info.KeyID
+	}
+	if _, err := s.RevokeKey(ctx, made["revoked"]); err != nil {
+		t.Fatal(err)
+	}
+	served := func(model string) bool { return model == "small" }
+	checkFor(t, 3*time.Second, 50*time.Millisecond, func() error {
+		got := s.KeysWithNoModelServed(served)
+		if len(got) != 1 || got[0].KeyID != made["stranded"] || got[0].Account != "acme" {
+			return fmt.Errorf("keys with no model served: %+v, want the one named stranded", got)
+		}
+		return nil
+	})
+}

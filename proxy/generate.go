@@ -221,6 +221,17 @@ func (s *Server) prepareCall(ctx *fasthttp.RequestCtx, w *World, ep endpoint, ke
 // resolveModel finds the request's model in the catalog and checks the
 // key may use it.
 func resolveModel(w *World, key *accounts.Key, f *requestFields) (*catalog.Entry, *APIError) {
+	entry, apiErr := findModel(w, key, f)
+	if apiErr != nil && len(key.Models) > 0 && len(w.ModelsAllowed(key.Models)) == 0 {
+		// Its models all left the catalog: whatever the call names, the
+		// key can call nothing, and "valid models: " listed none.
+		return nil, Forbidden(fmt.Sprintf("this API key may use only models no longer served (%s): an admin must replace it "+
+			"(revoke it, and create the account a key for models served)", catalog.ListIDs(key.Models)))
+	}
+	return entry, apiErr
+}
+
+func findModel(w *World, key *accounts.Key, f *requestFields) (*catalog.Entry, *APIError) {
 	switch {
 	case !f.Model.Exists() || f.Model.Type == gjson.Null:
 		return nil, BadRequest("model", "you must provide a model parameter; valid models: "+w.ValidModels(key.Models))

@@ -597,6 +597,30 @@ func TestAuthFailures(t *testing.T) {
 	}
 }
 
+// A key limited to models that all left the catalog (removed from
+// gateway.yaml and reloaded) got, on every call, a 400 "does not exist or
+// is not allowed; valid models: " listing nothing. It is a 403 that names
+// the models gone and says an admin must replace the key.
+func TestKeyWhoseModelsLeftTheCatalogIsToldSo(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := t.Context()
+	_, stranded, err := h.svc.CreateKey(ctx, "acme", accounts.KeyRequest{Name: "old", Models: []string{"retired", "retired-2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{`{"model":"retired","messages":[]}`, `{"model":"small","messages":[]}`, `{"messages":[]}`} {
+		e := wantError(t, h.post("/v1/chat/completions", body, stranded), 403, "permission_denied")
+		want := "this API key may use only models no longer served (retired, retired-2): an admin must replace it " +
+			"(revoke it, and create the account a key for models served)"
+		if msg := e["message"].(string); msg != want {
+			t.Fatalf("%s with a key whose models all left the catalog: %q, want %q", body, msg, want)
+		}
+	}
+}
+
 func TestBalanceBelowGraceIs402UntilTopUp(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	ctx := t.Context()

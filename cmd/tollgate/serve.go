@@ -133,7 +133,13 @@ func runServe(args []string) error {
 	// The watcher is made first so /metrics can report its reloads; it
 	// builds on the server, which exists before RunOn starts it.
 	var srv *proxy.Server
-	watcher := config.NewWatcher(path, cfg, func(c *config.Config) error { return srv.Apply(c) }, logf)
+	watcher := config.NewWatcher(path, cfg, func(c *config.Config) error {
+		if err := srv.Apply(c); err != nil {
+			return err
+		}
+		warnKeysWithNoModelServed(svc, c, logf)
+		return nil
+	}, logf)
 	backlog := newBacklogCache(b.JetStream())
 	metrics := func() []byte {
 		m := append(metricsText(rec.Stats()), reloadMetrics(watcher)...)
@@ -151,6 +157,7 @@ func runServe(args []string) error {
 		return err
 	}
 	defer closeServer()
+	warnKeysWithNoModelServed(svc, cfg, logf)
 	if metricsLn != nil {
 		serveMetrics(metricsLn, srv, logf)
 	}
@@ -162,6 +169,33 @@ func runServe(args []string) error {
 
 	go watcher.RunOn(ctx, hup)
 	return serveUntilDone(ctx, srv, ln, path, cfg, b, logf)
+}
+
+// keysNamedInWarning is how many keys the warning of keys with no model
+// served names: the rest it counts.
+const keysNamedInWarning = 20
+
+// warnKeysWithNoModelServed logs the keys, neither revoked nor expired,
+// limited to models none of which cfg serves: every call they make is
+// refused, and a reload that removed their models said nothing of them.
+func warnKeysWithNoModelServed(svc *accounts.Service, cfg *config.Config, logf func(string, ...any)) {
+	served := make(map[string]bool, len(cfg.Models))
+	for _, m := range cfg.Models {
+		served[m.ID] = true
+	}
+	keys := svc.KeysWithNoModelServed(func(model string) bool { return served[model] })
+	if len(keys) == 0 {
+		return
+	}
+	var named []string
+	for _, k := range keys[:min(len(keys), keysNamedInWarning)] {
+		named = append(named, fmt.Sprintf("%s (account %s; models %s)", k.KeyID, k.Account, strings.Join(k.Models, ", ")))
+	}
+	if more := len(keys) - len(named); more > 0 {
+		named = append(named, fmt.Sprintf("and %d more", more))
+	}
+	logf("warning: API keys limited to models gateway.yaml no longer serves, every call of which is refused (%d): %s; "+
+		"revoke them (tollgate keys revoke KEY_ID) and create their accounts keys for models served", len(keys), strings.Join(named, "; "))
 }
 
 // prepareProcess readies what the process itself needs before anything

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/billing"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
@@ -490,5 +491,37 @@ func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
 	cfg.Path = filepath.Join(root, "my gateway.yaml")
 	if got, want := cliExports(cfg), "  export TOLLGATE_CONFIG='"+cfg.Path+"'\n"; !strings.HasPrefix(got, want) {
 		t.Errorf("cliExports = %q, want it to begin %q", got, want)
+	}
+}
+
+// A reload that removed every model of a key left the key refused on
+// every call, and logged nothing: it names the key and its account now.
+func TestKeysWithNoModelServedAreWarnedAbout(t *testing.T) {
+	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
+		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
+			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
+	}})
+	if _, err := g.Accounts.CreateAccount(g.Ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	old, _, err := g.Accounts.CreateKey(g.Ctx, "acme", accounts.KeyRequest{Name: "old", Models: []string{"gone"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := g.Accounts.CreateKey(g.Ctx, "acme", accounts.KeyRequest{Name: "served", Models: []string{"m"}}); err != nil {
+		t.Fatal(err)
+	}
+	var logged []string
+	logf := func(format string, args ...any) { logged = append(logged, fmt.Sprintf(format, args...)) }
+	warnKeysWithNoModelServed(g.Accounts, &config.Config{Models: []config.Model{{ID: "m"}}}, logf)
+	want := "warning: API keys limited to models gateway.yaml no longer serves, every call of which is refused (1): " +
+		old.KeyID + " (account acme; models gone); revoke them (tollgate keys revoke KEY_ID) and create their accounts keys for models served"
+	if len(logged) != 1 || logged[0] != want {
+		t.Fatalf("logged %q, want %q", logged, want)
+	}
+	logged = nil
+	warnKeysWithNoModelServed(g.Accounts, &config.Config{Models: []config.Model{{ID: "m"}, {ID: "gone"}}}, logf)
+	if len(logged) != 0 {
+		t.Fatalf("with every key's models served, logged %q", logged)
 	}
 }
