@@ -435,8 +435,12 @@ func (s *Service) AccountIDs(ctx context.Context, after string) ([]string, error
 	return ids, nil
 }
 
-// Credit adds amount (> 0) to the account's balance.
+// Credit adds amount (> 0) to the account's balance. A correction, a
+// negative credit, goes through CreditOnce, which says what it takes.
 func (s *Service) Credit(ctx context.Context, id string, amount money.Nanos) (Account, error) {
+	if amount < 0 {
+		return Account{}, fmt.Errorf("%w: credit amount must be positive, got %s USD", ErrInvalidInput, amount)
+	}
 	acc, _, err := s.CreditOnce(ctx, id, amount, "")
 	return acc, err
 }
@@ -445,9 +449,15 @@ func (s *Service) Credit(ctx context.Context, id string, amount money.Nanos) (Ac
 // credit sent again with the key of one applied in the last 7 days is
 // not applied again, and replayed says so; with another amount it is
 // ErrExists. An empty key credits as Credit does.
+//
+// A negative amount corrects credits made before (1000 typed for 10.00,
+// which nothing else could take back): it lowers the credited total and
+// the balance, under the same key rules, and is refused past the
+// credited total. The balance may go negative by it: what was spent
+// stays debited.
 func (s *Service) CreditOnce(ctx context.Context, id string, amount money.Nanos, key string) (acc Account, replayed bool, err error) {
-	if amount <= 0 {
-		return Account{}, false, fmt.Errorf("%w: credit amount must be positive, got %s USD", ErrInvalidInput, amount)
+	if amount == 0 {
+		return Account{}, false, fmt.Errorf("%w: credit amount must not be zero", ErrInvalidInput)
 	}
 	if len(key) > MaxIdempotencyKey {
 		return Account{}, false, fmt.Errorf("%w: the idempotency key has %d bytes, at most %d", ErrInvalidInput, len(key), MaxIdempotencyKey)
@@ -473,6 +483,10 @@ func (s *Service) CreditOnce(ctx context.Context, id string, amount money.Nanos,
 		credited, ok2 := addNanos(rec.CreditedNanos, int64(amount))
 		if !ok1 || !ok2 {
 			return fmt.Errorf("%w: crediting %s USD would overflow the balance", ErrInvalidInput, amount)
+		}
+		if credited < 0 {
+			return fmt.Errorf("%w: correcting by %s USD: credited_usd would go below zero (it is %s); a correction takes back at most what was credited",
+				ErrInvalidInput, amount, money.Nanos(rec.CreditedNanos))
 		}
 		rec.BalanceNanos, rec.CreditedNanos = balance, credited
 		if key != "" {

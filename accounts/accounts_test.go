@@ -449,3 +449,42 @@ func TestRecentKeysAreListedWhileTheBucketsElectALeader(t *testing.T) {
 		t.Fatalf("listed %+v (%d hidden), want %s then %s revoked", keys, hidden, kept.KeyID, gone.KeyID)
 	}
 }
+
+// A credit typed wrong (1000 for 10.00) could not be taken back: a
+// negative amount corrects it, under the same idempotency key rules, and
+// never takes the credited total below zero.
+func TestNegativeCreditCorrectsACredit(t *testing.T) {
+	s, _, _ := gateway(t)
+	ctx := testContext(t)
+	if _, err := s.CreateAccount(ctx, "acme", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.CreditOnce(ctx, "acme", 1000*money.NanosPerUSD, "pay_1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Debit(ctx, "acme", 2*money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		acc, replayed, err := s.CreditOnce(ctx, "acme", -990*money.NanosPerUSD, "fix_pay_1")
+		if err != nil || replayed != (i == 1) {
+			t.Fatalf("correction %d: replayed %v, %v", i, replayed, err)
+		}
+		if acc.Credited != 10*money.NanosPerUSD || acc.Balance != 8*money.NanosPerUSD || acc.Debited != 2*money.NanosPerUSD {
+			t.Fatalf("after correcting 1000 to 10 with 2 spent: credited %s, balance %s, debited %s", acc.Credited, acc.Balance, acc.Debited)
+		}
+	}
+	if _, _, err := s.CreditOnce(ctx, "acme", -5*money.NanosPerUSD, "fix_pay_1"); !errors.Is(err, ErrExists) {
+		t.Errorf("the correction's key with another amount: %v, want ErrExists", err)
+	}
+	_, _, err := s.CreditOnce(ctx, "acme", -11*money.NanosPerUSD, "")
+	if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), "credited_usd would go below zero") {
+		t.Errorf("a correction past what was credited: %v, want ErrInvalidInput naming credited_usd", err)
+	}
+	if acc, _, err := s.CreditOnce(ctx, "acme", -10*money.NanosPerUSD, ""); err != nil || acc.Credited != 0 || acc.Balance != -2*money.NanosPerUSD {
+		t.Errorf("correcting every credit away: %+v, %v; want credited 0, balance -2", acc, err)
+	}
+	if _, _, err := s.CreditOnce(ctx, "acme", 0, ""); !errors.Is(err, ErrInvalidInput) {
+		t.Errorf("a credit of 0: %v, want ErrInvalidInput", err)
+	}
+}

@@ -39,10 +39,18 @@ func checkLimit(field string, v int64) error {
 	return nil
 }
 
+// usdSign is which amounts a USD field takes.
+type usdSign int
+
+const (
+	usdNotNegative usdSign = iota // an account's first credit
+	usdNotZero                    // a credit, or below zero its correction
+)
+
 // parseUSDField reads the USD amount of a body's field: the decimal
 // alone, as gateway.yaml takes it. money.ParseUSD trims spaces and reads
 // a '+', so " 1.00", "1.00\n" and "+1" were credited unseen.
-func parseUSDField(field, s string, positive bool) (money.Nanos, error) {
+func parseUSDField(field, s string, sign usdSign) (money.Nanos, error) {
 	var n money.Nanos
 	var err error
 	switch {
@@ -53,11 +61,12 @@ func parseUSDField(field, s string, positive bool) (money.Nanos, error) {
 	default:
 		n, err = money.ParseUSD(s)
 	}
-	if err == nil && (n < 0 || positive && n == 0) {
-		err = errors.New("must be greater than zero")
-		if !positive {
-			err = errors.New("must not be negative")
-		}
+	switch {
+	case err != nil:
+	case sign == usdNotNegative && n < 0:
+		err = errors.New("must not be negative")
+	case sign == usdNotZero && n == 0:
+		err = errors.New("must not be zero: a positive amount credits, a negative one corrects credits made before")
 	}
 	if err != nil {
 		return 0, proxy.BadRequest(field, fmt.Sprintf("%s: %v (write USD as a decimal string such as \"10.00\")", field, err))
@@ -100,7 +109,7 @@ func (a *API) createAccount(call *Call) (int, any, error) {
 			return 0, nil, proxy.BadRequest("credit_usd", `credit_usd is empty: give an amount such as "10.00", or leave the field out for an account with no credit`)
 		}
 		var err error
-		if credit, err = parseUSDField("credit_usd", *req.CreditUSD, false); err != nil {
+		if credit, err = parseUSDField("credit_usd", *req.CreditUSD, usdNotNegative); err != nil {
 			return 0, nil, err
 		}
 	}
@@ -257,7 +266,9 @@ func (a *API) credit(call *Call) (int, any, error) {
 	if err := decodeStrict(call.HTTP, &req); err != nil {
 		return 0, nil, err
 	}
-	amount, err := parseUSDField("usd", req.USD, true)
+	// Negative, it corrects a credit typed wrong (see
+	// accounts.CreditOnce), which nothing could take back before.
+	amount, err := parseUSDField("usd", req.USD, usdNotZero)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -423,6 +423,38 @@ func TestCreditWithIdempotencyKeyAppliesOnce(t *testing.T) {
 	}
 }
 
+// A credit typed wrong ("1000" meant as "10.00") could not be taken back:
+// "-5" was "must be greater than zero", and no route debits. A negative
+// usd corrects it, once per idempotency key, and never below what was
+// credited.
+func TestNegativeCreditCorrectsACreditTypedWrong(t *testing.T) {
+	g := startGateway(t)
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme","credit_usd":"1000"}`); status != 201 {
+		t.Fatalf("create account: %d %s", status, body)
+	}
+	for i := range 2 {
+		status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"-990","idempotency_key":"fix_1"}`)
+		if status != 200 || !bytes.Contains(body, []byte(`"balance_usd":"10.000000000","credited_usd":"10.000000000"`)) {
+			t.Fatalf("correction %d: %d %s", i+1, status, body)
+		}
+	}
+	status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"-10.01"}`)
+	if status != 400 {
+		t.Fatalf("a correction past what was credited: %d %s", status, body)
+	}
+	want := "correcting by -10.010000000 USD: credited_usd would go below zero (it is 10.000000000); a correction takes back at most what was credited"
+	if msg := wantError(t, body, "usd", "invalid_request_error"); msg != want {
+		t.Errorf("a correction past what was credited: %q, want %q", msg, want)
+	}
+	status, _, body = g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"-0"}`)
+	if msg := wantError(t, body, "usd", "invalid_request_error"); status != 400 || !strings.Contains(msg, "must not be zero") {
+		t.Errorf("a credit of -0: %d %q", status, msg)
+	}
+	if status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"beta","credit_usd":"-1"}`); status != 400 || !bytes.Contains(body, []byte("must not be negative")) {
+		t.Errorf("an account created with a negative credit: %d %s", status, body)
+	}
+}
+
 // An id in the path is one segment as sent: "acme/../acme4" credited
 // acme4, and "acme%2Fkeys" (or acme/keys) listed acme's keys, because
 // routes matched the path after fasthttp decoded and cleaned it. A

@@ -368,7 +368,7 @@ const accountsCommands = `  accounts create ID [-credit USD] [-rpm N] [-tpm N] [
   accounts get ID
   accounts list [-limit N] [-after ID]   a page of accounts by id; -after the page's last_id for the next
   accounts limits ID [-rpm N] [-tpm N] [-max-concurrent N]   set the limits given, keep the others
-  accounts credit ID USD [-idempotency-key KEY]
+  accounts credit ID USD [-idempotency-key KEY]   a negative USD (-5, or -- -5) corrects credits made before
   accounts login ID      print a one-time web console sign-in link (15 minutes)
   accounts logout ID     end the account's console sessions and cancel its sign-in links`
 

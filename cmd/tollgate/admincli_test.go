@@ -506,3 +506,22 @@ func TestAdminListAccountsAndGetKey(t *testing.T) {
 		t.Fatalf("calls\n%s\nwant\n%s", strings.Join(*calls, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A credit typed wrong is corrected with a negative amount, after the
+// account or after "--", with its own idempotency key.
+func TestAccountsCreditSendsANegativeCorrection(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, args := range [][]string{
+		{"credit", "acme", "-990", "-url", url},
+		{"credit", "acme", "-url", url, "-idempotency-key", "fix_1", "--", "-9.99"},
+	} {
+		if err := runAccounts(args); err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+	}
+	want := []string{`POST /admin/v1/accounts/acme/credit {"usd":"-990"}`,
+		`POST /admin/v1/accounts/acme/credit {"idempotency_key":"fix_1","usd":"-9.99"}`}
+	if strings.Join(*calls, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("calls %q, want %q", *calls, want)
+	}
+}
