@@ -481,8 +481,15 @@ func (s *Service) CreditOnce(ctx context.Context, id string, amount money.Nanos,
 		}
 		balance, ok1 := addNanos(rec.BalanceNanos, int64(amount))
 		credited, ok2 := addNanos(rec.CreditedNanos, int64(amount))
-		if !ok1 || !ok2 {
-			return fmt.Errorf("%w: crediting %s USD would overflow the balance", ErrInvalidInput, amount)
+		switch {
+		case !ok2:
+			// The balance is at most credited_usd: this is the total
+			// that overflows, and the one to name.
+			return fmt.Errorf("%w: crediting %s USD would take credited_usd (%s) past its maximum, %s USD",
+				ErrInvalidInput, amount, money.Nanos(rec.CreditedNanos), money.Nanos(math.MaxInt64))
+		case !ok1:
+			return fmt.Errorf("%w: crediting %s USD would take the balance (%s) past its minimum, %s USD",
+				ErrInvalidInput, amount, money.Nanos(rec.BalanceNanos), money.Nanos(math.MinInt64))
 		}
 		if credited < 0 {
 			return fmt.Errorf("%w: correcting by %s USD: credited_usd would go below zero (it is %s); a correction takes back at most what was credited",

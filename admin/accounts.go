@@ -258,7 +258,7 @@ var pageLimit = regexp.MustCompile(`^[1-9][0-9]{0,3}$`)
 
 func (a *API) credit(call *Call) (int, any, error) {
 	var req struct {
-		USD string `json:"usd"`
+		USD *string `json:"usd"`
 		// IdempotencyKey makes a credit sent twice (a retried call, a
 		// payment webhook delivered again) apply once.
 		IdempotencyKey *string `json:"idempotency_key"`
@@ -266,9 +266,18 @@ func (a *API) credit(call *Call) (int, any, error) {
 	if err := decodeStrict(call.HTTP, &req); err != nil {
 		return 0, nil, err
 	}
+	// Left out, it was read as "" and refused as "not a plain decimal
+	// number", as if one had been sent.
+	const example = `give an amount such as "10.00" (a negative one corrects credits made before)`
+	switch {
+	case req.USD == nil:
+		return 0, nil, proxy.BadRequest("usd", "usd is required: "+example)
+	case *req.USD == "":
+		return 0, nil, proxy.BadRequest("usd", "usd is empty: "+example)
+	}
 	// Negative, it corrects a credit typed wrong (see
 	// accounts.CreditOnce), which nothing could take back before.
-	amount, err := parseUSDField("usd", req.USD, usdNotZero)
+	amount, err := parseUSDField("usd", *req.USD, usdNotZero)
 	if err != nil {
 		return 0, nil, err
 	}

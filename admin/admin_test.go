@@ -781,8 +781,22 @@ func TestStoreRefusalsNameTheirField(t *testing.T) {
 		t.Fatalf("account that exists: %d %s", status, body)
 	}
 	status, _, body = g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"9000000000"}`)
-	if msg := wantError(t, body, "usd", "invalid_request_error"); status != 400 || !strings.HasPrefix(msg, "crediting 9000000000.000000000 USD would overflow") {
-		t.Fatalf("a credit past the balance: %d %s", status, body)
+	// It said "would overflow the balance": credited_usd is what would,
+	// and it has a maximum to name.
+	want := "crediting 9000000000.000000000 USD would take credited_usd (9000000000.000000000) past its maximum, 9223372036.854775807 USD"
+	if msg := wantError(t, body, "usd", "invalid_request_error"); status != 400 || msg != want {
+		t.Fatalf("a credit past the balance: %d %s, want %q", status, body, want)
+	}
+	// Said "usd: USD amount \"\": not a plain decimal number".
+	status, _, body = g.call("POST", "/admin/v1/accounts/acme/credit", `{}`)
+	want = `usd is required: give an amount such as "10.00" (a negative one corrects credits made before)`
+	if msg := wantError(t, body, "usd", "invalid_request_error"); status != 400 || msg != want {
+		t.Fatalf("a credit without usd: %d %s, want %q", status, body, want)
+	}
+	status, _, body = g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":""}`)
+	want = `usd is empty: give an amount such as "10.00" (a negative one corrects credits made before)`
+	if msg := wantError(t, body, "usd", "invalid_request_error"); status != 400 || msg != want {
+		t.Fatalf("a credit of usd \"\": %d %s, want %q", status, body, want)
 	}
 	if status, _, body := g.call("POST", "/admin/v1/accounts/acme/credit", `{"usd":"1","idempotency_key":"pay_1"}`); status != 200 {
 		t.Fatalf("credit: %d %s", status, body)
