@@ -27,6 +27,8 @@ import (
 // adminClient calls the admin API of a running gateway.
 type adminClient struct {
 	url, token string
+	// shown is url as messages print it, its password left out.
+	shown string
 	// tokenFrom says where token came from, for a 401: a stale
 	// $TOLLGATE_ADMIN_TOKEN won over the data dir's admin.token without a
 	// word, and the 401 did not say which token was refused.
@@ -113,16 +115,16 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		example := ""
 		if !strings.Contains(baseURL, "://") {
-			example = " (-url http://" + strings.TrimPrefix(baseURL, "//") + ")"
+			example = " (-url http://" + shownURL(strings.TrimPrefix(baseURL, "//")) + ")"
 		}
-		return nil, fmt.Errorf("gateway URL %q: write it as http://HOST:PORT or https://HOST%s", baseURL, example)
+		return nil, fmt.Errorf("gateway URL %q: write it as http://HOST:PORT or https://HOST%s", shownURL(baseURL), example)
 	}
 	// The admin path is appended to the URL: after a query or a fragment
 	// it was part of them, and the call, admin token and all, went to
 	// "GET /"; after /admin/v1 it was /admin/v1/admin/v1. A path before
 	// it (a reverse proxy's prefix) is kept.
 	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(baseURL, "#") {
-		return nil, fmt.Errorf("gateway URL %q: give it without a query or fragment (-url %s)", baseURL, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String())
+		return nil, fmt.Errorf("gateway URL %q: give it without a query or fragment (-url %s)", shownURL(baseURL), (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String())
 	}
 	// OPENAI_BASE_URL, which the first start prints, ends in /v1: given
 	// as -url it sent the call to /v1/admin/v1/… and got a 404.
@@ -131,7 +133,7 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 		{"/v1", "without the /v1 of OPENAI_BASE_URL"},
 	} {
 		if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), suffix.path); ok {
-			return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, %s (-url %s)", baseURL, suffix.what, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
+			return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, %s (-url %s)", shownURL(baseURL), suffix.what, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
 		}
 	}
 	tokenFrom := ""
@@ -162,7 +164,7 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 		}
 		token, tokenFrom = tok, tokenFile
 	}
-	return &adminClient{url: strings.TrimRight(baseURL, "/"), token: token, tokenFrom: tokenFrom, http: &http.Client{Timeout: 15 * time.Second}}, nil
+	return &adminClient{url: strings.TrimRight(baseURL, "/"), shown: shownURL(strings.TrimRight(baseURL, "/")), token: token, tokenFrom: tokenFrom, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }
 
 func (c *adminClient) call(method, path string, body any) error {
@@ -196,7 +198,7 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("calling the gateway (is `tollgate serve` running at %s?): %w", c.url, err)
+		return nil, fmt.Errorf("calling the gateway (is `tollgate serve` running at %s?): %w", c.shown, err)
 	}
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(resp.Body)
@@ -208,7 +210,7 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 		err := fmt.Errorf("%s: %s", resp.Status, out)
 		if resp.StatusCode == http.StatusNotFound && bytes.Contains(out, []byte("no admin route")) {
 			// A command newer than the gateway it calls.
-			err = fmt.Errorf("%w\n(the gateway at %s does not have this route: it may run an older release than this tollgate, %s)", err, c.url, version())
+			err = fmt.Errorf("%w\n(the gateway at %s does not have this route: it may run an older release than this tollgate, %s)", err, c.shown, version())
 		}
 		if resp.StatusCode == http.StatusUnauthorized && c.tokenFrom != "" {
 			err = fmt.Errorf("%w\n(the refused admin token came from %s)", err, c.tokenFrom)
@@ -219,6 +221,31 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 		fmt.Fprintln(os.Stderr, "tollgate: a credit with this idempotency key was applied before: not applied again (the account as it is now:)")
 	}
 	return out, nil
+}
+
+// shownURL is a gateway URL as a message prints it, a password in it
+// replaced as url.URL.Redacted does: -url http://user:s3cret@host was
+// printed whole when the gateway did not answer. Read by hand, so that a
+// URL written without its scheme, which url.Parse misreads, is hidden
+// too.
+func shownURL(raw string) string {
+	start := 0
+	if i := strings.Index(raw, "//"); i >= 0 {
+		start = i + 2
+	}
+	end := len(raw)
+	if i := strings.IndexAny(raw[start:], "/?#"); i >= 0 {
+		end = start + i
+	}
+	at := strings.LastIndex(raw[start:end], "@")
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPassword := strings.Cut(raw[start:start+at], ":")
+	if !hasPassword {
+		return raw
+	}
+	return raw[:start] + user + ":xxxxx" + raw[start+at:]
 }
 
 func splitList(s string) []string {
@@ -374,8 +401,45 @@ const accountsCommands = `  accounts create ID [-credit USD] [-rpm N] [-tpm N] [
 
 const accountsUsage = "usage: tollgate accounts SUBCOMMAND, one of:\n" + accountsCommands
 
+// accountsArgs names the arguments each accounts subcommand takes, as
+// accountsCommands writes them.
+var accountsArgs = map[string][]string{
+	"create": {"ID"}, "get": {"ID"}, "list": nil, "limits": {"ID"},
+	"credit": {"ID", "USD"}, "login": {"ID"}, "logout": {"ID"},
+}
+
+// subcommandUsage is the line of commands, a usage list, that starts
+// with command ("accounts credit").
+func subcommandUsage(commands, command string) string {
+	for _, line := range strings.Split(commands, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), command); ok && (rest == "" || rest[0] == ' ') {
+			return "usage: tollgate " + strings.TrimSpace(line)
+		}
+	}
+	return ""
+}
+
+// checkArgs says which of names is missing from args, or which argument
+// is one too many, then usage: a wrong count printed the usage of every
+// subcommand, saying nothing of what was wrong.
+func checkArgs(command string, args, names []string, usage string) error {
+	switch {
+	case len(args) < len(names):
+		return fmt.Errorf("%s: %s is missing\n%s", command, names[len(args)], usage)
+	case len(args) > len(names) && len(names) == 0:
+		return fmt.Errorf("%s: unexpected argument %q (it takes none)\n%s", command, args[0], usage)
+	case len(args) > len(names):
+		return fmt.Errorf("%s: unexpected argument %q after %s\n%s", command, args[len(names)], names[len(names)-1], usage)
+	}
+	return nil
+}
+
 func runAccounts(args []string) error {
 	if len(args) == 0 {
+		return errors.New(accountsUsage)
+	}
+	argNames, known := accountsArgs[args[0]]
+	if !known {
 		return errors.New(accountsUsage)
 	}
 	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
@@ -405,6 +469,14 @@ func runAccounts(args []string) error {
 		"after":           "give the last_id of the page before, or leave the flag out for the first page",
 	}); err != nil {
 		return err
+	}
+	usage := subcommandUsage(accountsCommands, fs.Name())
+	if err := checkArgs(fs.Name(), pos, argNames, usage); err != nil {
+		return err
+	}
+	if args[0] == "limits" && len(givenLimits(fs)) == 0 {
+		// An empty PATCH changed nothing and exited 0.
+		return fmt.Errorf("%s: give at least one of -rpm, -tpm, -max-concurrent (0 = no limit)\n%s", fs.Name(), usage)
 	}
 	var account string // escaped for the path
 	if args[0] != "create" && len(pos) > 0 {
@@ -548,13 +620,28 @@ func printConsoleLogin(c *adminClient, escaped, account string) error {
 	return nil
 }
 
+// keysCommands lists the keys subcommands, for `tollgate -h` and
+// `tollgate keys` alike.
+const keysCommands = `  keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N]
+  keys list ACCOUNT
+  keys get KEY_ID
+  keys revoke KEY_ID`
+
+// keysArgs names the argument of each keys subcommand.
+var keysArgs = map[string][]string{"create": {"ACCOUNT"}, "list": {"ACCOUNT"}, "get": {"KEY_ID"}, "revoke": {"KEY_ID"}}
+
 func runKeys(args []string) error {
-	const keysUsage = "usage: tollgate keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N] | list ACCOUNT | get KEY_ID | revoke KEY_ID"
+	const keysUsage = "usage: tollgate keys SUBCOMMAND, one of:\n" + keysCommands
 	if len(args) == 0 {
+		return errors.New(keysUsage)
+	}
+	argNames, known := keysArgs[args[0]]
+	if !known {
 		return errors.New(keysUsage)
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	target := adminFlags(fs)
+	usage := subcommandUsage(keysCommands, fs.Name())
 	if args[0] != "create" {
 		// list, get and revoke take none of create's flags: "keys list
 		// acme -name ci" listed every key as if the name filtered them.
@@ -562,8 +649,8 @@ func runKeys(args []string) error {
 		if err != nil {
 			return helpShownIsNoError(err)
 		}
-		if len(pos) != 1 || !slices.Contains([]string{"list", "get", "revoke"}, args[0]) {
-			return errors.New(keysUsage)
+		if err := checkArgs(fs.Name(), pos, argNames, usage); err != nil {
+			return err
 		}
 		method, path, what := "GET", "/accounts/%s/keys", "account"
 		switch args[0] {
@@ -594,8 +681,8 @@ func runKeys(args []string) error {
 	if err != nil {
 		return helpShownIsNoError(err)
 	}
-	if len(pos) != 1 {
-		return errors.New(keysUsage)
+	if err := checkArgs(fs.Name(), pos, argNames, usage); err != nil {
+		return err
 	}
 	if err := refuseGivenEmpty(fs, map[string]string{
 		"expires-in": "give a lifetime such as 720h, or leave the flag out for a key that never expires",

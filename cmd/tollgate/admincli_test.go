@@ -525,3 +525,44 @@ func TestAccountsCreditSendsANegativeCorrection(t *testing.T) {
 		t.Fatalf("calls %q, want %q", *calls, want)
 	}
 }
+
+// A wrong number of arguments printed the whole usage: it says what is
+// missing or unexpected, then the subcommand's own usage line.
+func TestAdminArgumentErrorsSayWhatIsWrong(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, tc := range []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runKeys, []string{"revoke"}, "keys revoke: KEY_ID is missing\nusage: tollgate keys revoke KEY_ID"},
+		{runKeys, []string{"revoke", "a", "b"}, `keys revoke: unexpected argument "b" after KEY_ID` + "\nusage: tollgate keys revoke KEY_ID"},
+		{runKeys, []string{"create", "-name", "ci"}, "keys create: ACCOUNT is missing\nusage: tollgate keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N]"},
+		{runAccounts, []string{"credit", "acme"}, "accounts credit: USD is missing\nusage: tollgate accounts credit ID USD [-idempotency-key KEY]"},
+		{runAccounts, []string{"list", "acme"}, `accounts list: unexpected argument "acme" (it takes none)` + "\nusage: tollgate accounts list [-limit N] [-after ID]"},
+		{runAccounts, []string{"get"}, "accounts get: ID is missing\nusage: tollgate accounts get ID"},
+		// An empty PATCH changed nothing and exited 0.
+		{runAccounts, []string{"limits", "acme"}, "accounts limits: give at least one of -rpm, -tpm, -max-concurrent (0 = no limit)\nusage: tollgate accounts limits ID [-rpm N] [-tpm N] [-max-concurrent N]"},
+	} {
+		err := tc.run(append(tc.args, "-url", url))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want it to begin %q", strings.Join(tc.args, " "), err, tc.want)
+		}
+	}
+	if len(*calls) != 0 {
+		t.Fatalf("refused commands called the gateway: %q", *calls)
+	}
+}
+
+// A password given in -url was printed with the URL when the gateway
+// did not answer ("is tollgate serve running at http://user:s3cret@…").
+func TestAdminURLPasswordIsNotPrinted(t *testing.T) {
+	t.Setenv("TOLLGATE_CONFIG", "")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-x")
+	for _, u := range []string{"http://user:s3cret@127.0.0.1:1", "http://user:s3cret@127.0.0.1:1/?x=1", "http://user:s3cret@127.0.0.1:1/v1", "user:s3cret@127.0.0.1:1"} {
+		err := runAccounts([]string{"get", "acme", "-url", u})
+		if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "user:xxxxx@127.0.0.1:1") {
+			t.Errorf("-url %s: %v, want the URL with its password redacted", u, err)
+		}
+	}
+}

@@ -46,8 +46,7 @@ commands:
                          values serve derives at run time), e.g. server.data_dir,
                          models.0.id, classifiers.NAME.mode; -h for more
 ` + accountsCommands + `
-  keys create ACCOUNT -name NAME [-scopes a,b] [-models m1,m2] [-rpm N] [-tpm N] [-expires-in 720h] [-logging] [-retention-days N]
-  keys list ACCOUNT | get KEY_ID | revoke KEY_ID
+` + keysCommands + `
   version                print the version
 
 accounts and keys call the admin API of a running gateway: -url (default
