@@ -78,6 +78,18 @@ func TestOutboxOnAFullDiskRefusesWithoutRetryingForEachEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ob.Close() })
+	// The spare is made ahead, off the lock: filled while it was being
+	// preallocated, the disk got its room back when that failed, and a
+	// later try made a segment (an append taken amid the refusals, in a
+	// run on a loaded machine).
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		ob.mu.Lock()
+		defer ob.mu.Unlock()
+		if ob.spare == nil {
+			return errors.New("no spare made yet")
+		}
+		return nil
+	})
 	fillDisk(t, disk)
 	n := fillOutbox(t, ob)
 	before := ob.Stats().WriteFailures
