@@ -88,7 +88,7 @@ func (l *loader) checkClickHouseDSN(v, path string) {
 	const example = "clickhouse://user:password@127.0.0.1:9000/default"
 	shown := v
 	if _, err := url.Parse(v); err == nil {
-		shown = redactPassword(v)
+		shown = RedactURL(v)
 	} else if at := strings.LastIndex(v, "@"); at > strings.Index(v, "://") && strings.Contains(v, "://") {
 		// Unparsable, and the error is logged: hide the user and password.
 		shown = v[:strings.Index(v, "://")+3] + "xxxxx" + v[at:]
@@ -105,22 +105,59 @@ func (l *loader) checkClickHouseDSN(v, path string) {
 	}
 }
 
-// redactPassword hides the password of a URL url.Parse takes, leaving the
-// rest as written: url.URL.Redacted writes a space as %20, and a message
-// about the space then showed none.
-func redactPassword(v string) string {
+// RedactURL hides the credentials of a URL, or of a comma-separated list
+// of them (nats.url), leaving the rest as written (url.URL.Redacted
+// writes a space as %20, and a message about the space then showed
+// none): a password in the user info ("user:xxxxx@"), user info that is
+// a token alone ("xxxxx@"), and the value of a query parameter that
+// holds a secret (ClickHouse's "?password=", a "token="). It is for
+// whatever prints a URL a setting holds: a warning, a log line, an error.
+func RedactURL(v string) string {
+	if !strings.Contains(v, ",") {
+		return redactOneURL(v)
+	}
+	parts := strings.Split(v, ",")
+	for i, p := range parts {
+		parts[i] = redactOneURL(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+// secretParams are the query parameters whose values RedactURL hides.
+var secretParams = map[string]bool{"password": true, "passwd": true, "pass": true, "pwd": true, "secret": true,
+	"token": true, "api_key": true, "access_key": true, "secret_key": true}
+
+func redactOneURL(v string) string {
 	scheme := strings.Index(v, "://")
 	if scheme < 0 {
 		return v
 	}
-	authority := v[scheme+3:]
-	if end := strings.IndexAny(authority, "/?#"); end >= 0 {
-		authority = authority[:end]
+	start := scheme + 3
+	end := len(v)
+	if i := strings.IndexAny(v[start:], "/?#"); i >= 0 {
+		end = start + i
 	}
-	at := strings.LastIndex(authority, "@")
-	colon := strings.Index(authority, ":")
-	if at < 0 || colon < 0 || colon > at {
+	if at := strings.LastIndex(v[start:end], "@"); at >= 0 {
+		info := v[start : start+at]
+		hidden := "xxxxx"
+		if colon := strings.Index(info, ":"); colon >= 0 {
+			hidden = info[:colon+1] + "xxxxx"
+		}
+		v = v[:start] + hidden + v[start+at:]
+	}
+	q := strings.Index(v, "?")
+	if q < 0 {
 		return v
 	}
-	return v[:scheme+3] + authority[:colon+1] + "xxxxx" + v[scheme+3+at:]
+	query, frag := v[q+1:], ""
+	if h := strings.Index(query, "#"); h >= 0 {
+		query, frag = query[:h], query[h:]
+	}
+	pairs := strings.Split(query, "&")
+	for i, pair := range pairs {
+		if k, _, ok := strings.Cut(pair, "="); ok && secretParams[strings.ToLower(k)] {
+			pairs[i] = k + "=xxxxx"
+		}
+	}
+	return v[:q+1] + strings.Join(pairs, "&") + frag
 }

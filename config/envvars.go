@@ -55,7 +55,7 @@ func (c *Config) EnvDefault(name string) string {
 		return ""
 	}
 	v, _ := Setting(c, ShippedEnv[name])
-	return redactPassword(v)
+	return RedactURL(v)
 }
 
 // ReadsEnv reports whether the file c was loaded from reads the variable

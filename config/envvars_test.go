@@ -154,3 +154,22 @@ func TestMetricsOnPublicListenerWhenListenIsOffLoopback(t *testing.T) {
 		}
 	}
 }
+
+// The default a warning suggests for a variable the file does not read
+// is the value in force, printed to a terminal and the log: it showed
+// ClickHouse's ?password=, a NATS token given as the user info, and the
+// password of the second URL of a NATS list.
+func TestRedactURLHidesEveryCredential(t *testing.T) {
+	for in, want := range map[string]string{
+		"clickhouse://127.0.0.1:9000/default?username=bill&password=S3cr3tQ":   "clickhouse://127.0.0.1:9000/default?username=bill&password=xxxxx",
+		"clickhouse://bill:pw@127.0.0.1:9000/default?secure=true&Password=x#f": "clickhouse://bill:xxxxx@127.0.0.1:9000/default?secure=true&Password=xxxxx#f",
+		"nats://tokOnly123@127.0.0.1:31505":                                    "nats://xxxxx@127.0.0.1:31505",
+		"nats://127.0.0.1:31505,nats://u2:SecondPw77@127.0.0.1:31506":          "nats://127.0.0.1:31505,nats://u2:xxxxx@127.0.0.1:31506",
+		"http://127.0.0.1:8000/v1":                                             "http://127.0.0.1:8000/v1",
+		"127.0.0.1:9000":                                                       "127.0.0.1:9000",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

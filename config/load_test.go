@@ -675,7 +675,7 @@ func TestNATSStartTimeout(t *testing.T) {
 			t.Errorf("start_timeout %q: %v, %v; want %s", value, cfg, err, want)
 		}
 	}
-	for value, refusal := range map[string]string{"0s": "0 is outside 1ns..1h", "-1s": "-1s is outside", "61m": "1h1m0s is outside"} {
+	for value, refusal := range map[string]string{"0s": "0 is outside 1s..1h", "-1s": "-1s is outside", "1ms": "1ms is outside 1s..1h", "61m": "1h1m0s is outside"} {
 		_, err := parse("gateway.yaml", []byte("nats:\n  start_timeout: "+value+"\n"+rest), noEnv)
 		if err == nil || !strings.Contains(err.Error(), "nats.start_timeout: "+refusal) {
 			t.Errorf("start_timeout %q: %v, want it refused (%s)", value, err, refusal)

@@ -558,9 +558,11 @@ func (l *loader) validateNATS(n NATS) {
 		"must be 1 to 5 (JetStream's limit), got %d", n.Replicas)
 	if l.writtenZero("nats.start_timeout") {
 		// Zero would read as the default: not what "do not wait" meant.
-		l.check(false, "nats.start_timeout", "0 is outside 1ns..1h: write how long a start waits for NATS's JetStream, or leave it out for %s", DefaultNATSStartTimeout)
+		l.check(false, "nats.start_timeout", "0 is outside 1s..1h: write how long a start waits for NATS's JetStream, or leave it out for %s", DefaultNATSStartTimeout)
 	} else {
-		l.check(n.StartTimeout > 0 && n.StartTimeout <= time.Hour, "nats.start_timeout", "%s is outside 1ns..1h", n.StartTimeout)
+		// Under a second is no wait: one try takes longer, and 1ms failed
+		// a start on a healthy cluster while 1ns made one try.
+		l.check(n.StartTimeout >= time.Second && n.StartTimeout <= time.Hour, "nats.start_timeout", "%s is outside 1s..1h", n.StartTimeout)
 	}
 	l.check(n.TLSKey != "" || n.TLSCert == "", "nats.tls_cert", "tls_key is missing: set both tls_cert and tls_key, or neither")
 	l.check(n.TLSCert != "" || n.TLSKey == "", "nats.tls_key", "tls_cert is missing: set both tls_cert and tls_key, or neither")

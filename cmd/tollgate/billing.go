@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -55,7 +54,7 @@ func runBilling(args []string) error {
 	if err := declareUsageStream(ctx, cfg, b, logf); err != nil {
 		return err
 	}
-	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), redactDSN(cfg.ClickHouse.DSN))
+	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), config.RedactURL(cfg.ClickHouse.DSN))
 	if err := billingLoop(ctx, cfg, b, svc, logf, exitOnDSNSettings); err != nil {
 		// The process exists to bill: a DSN it can never bill with is a
 		// configuration error, for the supervisor to show, like a file
@@ -148,7 +147,7 @@ func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, s
 		return err // reachable, and it names what it refuses
 	}
 	if err != nil {
-		return fmt.Errorf("ClickHouse at %s unreachable: %w", redactDSN(cfg.ClickHouse.DSN), err)
+		return fmt.Errorf("ClickHouse at %s unreachable: %w", config.RedactURL(cfg.ClickHouse.DSN), err)
 	}
 	defer sink.Close()
 	if applied, err := sink.Migrate(ctx); err != nil {
@@ -195,7 +194,7 @@ func runMigrate(args []string) error {
 	defer cancel()
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
 	if err != nil {
-		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
+		return fmt.Errorf("ClickHouse at %s: %w", config.RedactURL(cfg.ClickHouse.DSN), err)
 	}
 	defer sink.Close()
 	applied, err := sink.Migrate(ctx)
@@ -209,15 +208,4 @@ func runMigrate(args []string) error {
 		fmt.Println("applied", m)
 	}
 	return nil
-}
-
-// redactDSN hides a password in a DSN for logs.
-func redactDSN(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "redacted")
-			return u.String()
-		}
-	}
-	return dsn
 }

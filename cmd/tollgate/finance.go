@@ -82,9 +82,9 @@ func runFinance(args []string) error {
 		if envFile != "" && errors.Is(err, syscall.ECONNREFUSED) {
 			return fmt.Errorf("ClickHouse at %s (from %s): %w; make run's ClickHouse stops when its gateway exits: "+
 				"start it again with `scripts/clickhouse.sh start %s` (in the repository), or run make run again",
-				redactDSN(cfg.ClickHouse.DSN), envFile, err, filepath.Dir(envFile))
+				config.RedactURL(cfg.ClickHouse.DSN), envFile, err, filepath.Dir(envFile))
 		}
-		return fmt.Errorf("ClickHouse at %s: %w", redactDSN(cfg.ClickHouse.DSN), err)
+		return fmt.Errorf("ClickHouse at %s: %w", config.RedactURL(cfg.ClickHouse.DSN), err)
 	}
 	defer sink.Close()
 	rows, err := sink.Conn().Query(ctx, strings.TrimSuffix(strings.TrimSpace(sql), ";"))

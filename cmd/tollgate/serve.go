@@ -461,17 +461,32 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 // in the terminal those were pasted into read ./gateway.yaml with
 // neither variable, and called 127.0.0.1:8080 (another gateway, or
 // nothing) with ./data's token.
+//
+// Paths are made absolute: pasted into a shell in another directory, a
+// relative one named nothing there ("open conf2.yaml: no such file").
 func cliExports(cfg *config.Config) string {
 	var b strings.Builder
 	if cfg.Path != "gateway.yaml" {
-		fmt.Fprintf(&b, "  export TOLLGATE_CONFIG=%s\n", shellQuote(cfg.Path))
+		fmt.Fprintf(&b, "  export TOLLGATE_CONFIG=%s\n", shellQuote(absolutePath(cfg.Path)))
 	}
 	for _, name := range []string{"TOLLGATE_LISTEN", "TOLLGATE_DATA_DIR"} {
 		if v := os.Getenv(name); v != "" && cfg.ReadsEnv(name) {
+			if name == "TOLLGATE_DATA_DIR" {
+				v = absolutePath(v)
+			}
 			fmt.Fprintf(&b, "  export %s=%s\n", name, shellQuote(v))
 		}
 	}
 	return b.String()
+}
+
+// absolutePath is p from the root, or p where the working directory is
+// unknown.
+func absolutePath(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 // shellQuote is s as a POSIX shell word: as it is when it holds nothing
@@ -652,7 +667,7 @@ func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc
 	billingCtx, stopBilling := context.WithCancel(ctx)
 	billingDone := make(chan struct{})
 	if cfg.ClickHouse.ConsumeInServe {
-		logf("billing: consuming USAGE into %s in this process (clickhouse.consume_in_serve)", redactDSN(cfg.ClickHouse.DSN))
+		logf("billing: consuming USAGE into %s in this process (clickhouse.consume_in_serve)", config.RedactURL(cfg.ClickHouse.DSN))
 		go func() {
 			defer close(billingDone)
 			_ = billingLoop(billingCtx, cfg, b, svc, logf, waitOnDSNSettings) // it logs what it cannot bill

@@ -461,7 +461,9 @@ func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, block := range map[string]string{"admin token": tokenBlock, "demo key": demoBlock.String()} {
-		for _, want := range []string{"  export TOLLGATE_LISTEN=127.0.0.1:8180\n", "  export TOLLGATE_DATA_DIR=./data2\n"} {
+		// The data dir from the root: pasted into a shell elsewhere, a
+		// relative one named nothing there.
+		for _, want := range []string{"  export TOLLGATE_LISTEN=127.0.0.1:8180\n", "  export TOLLGATE_DATA_DIR=" + filepath.Join(root, "data2") + "\n"} {
 			if !strings.Contains(block, want) {
 				t.Errorf("the %s block lacks %q:\n%s", name, want, block)
 			}
@@ -483,13 +485,17 @@ func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
 	if target.cfg == nil {
 		t.Fatalf("the admin CLI in the other terminal did not load gateway.yaml: %v", target.cfgErr)
 	}
-	if *target.url != "http://127.0.0.1:8180" || target.cfg.Server.DataDir != "./data2" {
-		t.Errorf("the admin CLI in the other terminal calls %s with the data dir %s, want http://127.0.0.1:8180 and ./data2", *target.url, target.cfg.Server.DataDir)
+	if *target.url != "http://127.0.0.1:8180" || target.cfg.Server.DataDir != filepath.Join(root, "data2") {
+		t.Errorf("the admin CLI in the other terminal calls %s with the data dir %s, want http://127.0.0.1:8180 and %s", *target.url, target.cfg.Server.DataDir, filepath.Join(root, "data2"))
 	}
 
 	// A config named on the command line is exported too, quoted.
 	cfg.Path = filepath.Join(root, "my gateway.yaml")
 	if got, want := cliExports(cfg), "  export TOLLGATE_CONFIG='"+cfg.Path+"'\n"; !strings.HasPrefix(got, want) {
+		t.Errorf("cliExports = %q, want it to begin %q", got, want)
+	}
+	cfg.Path = "conf2.yaml"
+	if got, want := cliExports(cfg), "  export TOLLGATE_CONFIG="+filepath.Join(root, "conf2.yaml")+"\n"; !strings.HasPrefix(got, want) {
 		t.Errorf("cliExports = %q, want it to begin %q", got, want)
 	}
 }
