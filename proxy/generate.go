@@ -452,9 +452,14 @@ type generationCall struct {
 	finished bool
 	// choices is a chat request's n when above 1: a stream cut after one
 	// choice's finish_reason has not finished the others. choiceDone marks
-	// the indexes that finished.
-	choices    int
-	choiceDone [maxChoices / 64]uint64
+	// the indexes that finished, choiceSeen those that came in a chunk (an
+	// upstream may answer several without n), and choiceBeyond an index
+	// the sets cannot hold (see allChoicesFinished).
+	choices      int
+	choiceDone   [maxChoices / 64]uint64
+	choiceSeen   [maxChoices / 64]uint64
+	choiceBeyond bool
+	doneSeen     bool // a chat stream's [DONE] came
 	// choiceFailed: a choice finished with finish_reason "error", as
 	// OpenRouter ends a stream a provider broke.
 	choiceFailed bool

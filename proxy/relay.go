@@ -426,7 +426,7 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		return ev.Raw, false
 	}
 	if bytes.Equal(data, doneData) {
-		c.finished = true
+		c.finished, c.doneSeen = true, true
 		return ev.Raw, false
 	}
 	if startsWithError(data) {
@@ -444,10 +444,12 @@ func (c *generationCall) inspectChat(ev *sseEvent) (out []byte, drop bool) {
 		// (appendTerminal) carries the stream's id and model.
 		c.chunkHead = appendChunkHead(c.chunkHead, gjson.Parse(bstr(data)))
 	}
-	if !c.logging.Enabled && !mayFinish(data) {
+	if !c.logging.Enabled && !mayFinish(data) && !mayNameOtherChoice(data) {
 		// Most chunks carry only a delta. Their text matters only if no
 		// usage report comes after them, so they are kept as they came
-		// and read at the end, instead of parsed now.
+		// and read at the end, instead of parsed now. They carry the
+		// first choice, whose finish_reason a stream needs in any case:
+		// a chunk of another is parsed, for the choices the stream holds.
 		usage := gjson.Result{}
 		if bytes.Contains(data, keyUsage) {
 			usage = gjson.Get(bstr(data), "usage") // top level only
@@ -660,7 +662,30 @@ func mayFinish(data []byte) bool {
 	}
 }
 
+// mayNameOtherChoice reports whether a chat chunk may carry a choice
+// other than the first, which must be noted as the chunk passes (see
+// seeChoice). It errs towards yes: any "index" it does not read as 0
+// counts, a tool call's among them.
+func mayNameOtherChoice(data []byte) bool {
+	rest := data
+	for {
+		i := bytes.Index(rest, keyIndex)
+		if i < 0 {
+			return false
+		}
+		rest = bytes.TrimLeft(rest[i+len(keyIndex):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			return true
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if len(rest) < 2 || rest[0] != '0' || rest[1] >= '0' && rest[1] <= '9' || rest[1] == '.' || rest[1] == 'e' || rest[1] == 'E' {
+			return true
+		}
+	}
+}
+
 var (
+	keyIndex        = []byte(`"index"`)
 	keyUsage        = []byte(`"usage"`)
 	keyError        = []byte(`"error"`)
 	keyType         = []byte(`"type"`)

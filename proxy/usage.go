@@ -6,7 +6,6 @@ package proxy
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -431,6 +430,8 @@ func (c *generationCall) readChoices(choices gjson.Result, reported bool) {
 		if fr := ch.Get("finish_reason"); fr.Type == gjson.String {
 			c.finishChoice(ch.Get("index").Int())
 			c.choiceFailed = c.choiceFailed || fr.Str == "error"
+		} else {
+			c.seeChoice(ch.Get("index").Int())
 		}
 		if !reported || c.logging.Enabled {
 			d := ch.Get("delta")
@@ -631,22 +632,50 @@ func (c *generationCall) appendToolOutput(s string) {
 // maxChoices is OpenAI's bound on n.
 const maxChoices = 128
 
-// finishChoice notes that choice i reached its finish_reason; the stream's
-// content is finished once every choice asked for has.
+// finishChoice notes that choice i reached its finish_reason.
 func (c *generationCall) finishChoice(i int64) {
-	if c.choices <= 1 {
-		c.finished = true
-		return
+	if i >= 0 && i < maxChoices {
+		c.choiceDone[i/64] |= 1 << (i % 64)
 	}
-	if i < 0 || i >= int64(c.choices) {
-		return
+	c.seeChoice(i)
+}
+
+// seeChoice notes that choice i came in a chunk: the stream's content is
+// finished once it, and every other choice that came or was asked for,
+// has its finish_reason. An index out of the sets' range (none of
+// OpenAI's: n is at most maxChoices) leaves the stream unfinished until
+// [DONE]: cut without it, it is interrupted, since which choices it held
+// is not known.
+func (c *generationCall) seeChoice(i int64) {
+	if i < 0 || i >= maxChoices {
+		c.choiceBeyond = true
+	} else {
+		c.choiceSeen[i/64] |= 1 << (i % 64)
 	}
-	c.choiceDone[i/64] |= 1 << (i % 64)
-	done := 0
-	for _, w := range c.choiceDone {
-		done += bits.OnesCount64(w)
+	c.finished = c.doneSeen || c.endedByError || c.allChoicesFinished()
+}
+
+// allChoicesFinished reports whether every choice has its finish_reason:
+// the first (a stream's only one, without n), each below the request's n,
+// and each that came in a chunk.
+func (c *generationCall) allChoicesFinished() bool {
+	if c.choiceBeyond {
+		return false
 	}
-	c.finished = done >= c.choices
+	asked := max(c.choices, 1)
+	for w := range c.choiceDone {
+		want := c.choiceSeen[w]
+		switch below := asked - 64*w; {
+		case below >= 64:
+			want = ^uint64(0)
+		case below > 0:
+			want |= 1<<below - 1
+		}
+		if want&^c.choiceDone[w] != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *generationCall) collectWholeText(body []byte) {
