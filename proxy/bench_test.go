@@ -82,6 +82,7 @@ func inspectAll(c *generationCall, rd *sseReader) {
 			return
 		}
 		c.inspectResponses(&ev)
+		c.countKeptText() // as the relay does once the event is written
 	}
 }
 

@@ -428,7 +428,7 @@ type generationCall struct {
 	// admission.
 	revocationsSeen uint64
 	// text is forwarded output text not counted yet, and textTokens the
-	// tokens of what came before it (see appendCounted): the output after
+	// tokens of what came before it (see countKeptText): the output after
 	// the last usage report, or all of it when none came, which the
 	// tokenizer's estimate bills.
 	text       []byte

@@ -108,6 +108,8 @@ func (c *generationCall) WriteTo(w io.Writer) (int64, error) {
 			c.forgetText(written)
 			return err
 		}
+		// Text is counted once the events that brought it are out.
+		c.countKeptText()
 		written = c.markText()
 		return nil
 	}
@@ -175,6 +177,7 @@ func (c *generationCall) expectClientProgress() {
 // one event per read, split over several if larger than p.
 func (c *generationCall) Read(p []byte) (int, error) {
 	for len(c.pending) == 0 {
+		c.countKeptText() // the text of the events handed over
 		out, terminal, err := c.nextEvent()
 		if err != nil {
 			return 0, err

@@ -23,7 +23,7 @@ import (
 )
 
 // maxEstimateText bounds the text kept for estimating usage: a longer text
-// is counted as it comes, this much at a time (see appendCounted).
+// is counted as it comes, this much at a time (see countKeptText).
 const maxEstimateText = 4 << 20
 
 // setUsage reads the chat (prompt/completion) or responses (input/output)
@@ -296,7 +296,7 @@ func (c *generationCall) appendOutput(s string, reported bool) {
 		c.appendLogText(s)
 	}
 	if !reported {
-		c.text, c.textTokens = appendCounted(c.text, c.textTokens, s, maxEstimateText)
+		c.text = append(c.text, s...)
 	}
 }
 
@@ -331,9 +331,9 @@ func (c *generationCall) markText() textMark {
 }
 
 // forgetText drops the text kept since m: that of events the client never
-// got, whose write failed. Text counted or read from its chunks since
-// (once every 4 MiB) stays in the estimate, at most one write's worth too
-// many.
+// got, whose write failed. Text read from its chunks since (once every
+// 4 MiB of them) stays in the estimate, at most one write's worth too
+// many; none is counted before its write (countKeptText).
 func (c *generationCall) forgetText(m textMark) {
 	c.logText, c.logLeftOut = c.logText[:m.logText], m.logLeftOut
 	if c.toolOutputTokens == m.toolOutputTokens {
@@ -358,23 +358,34 @@ func (c *generationCall) completionEstimate() int64 {
 	return c.textTokens + int64(tokens.Count(bstr(c.text)))
 }
 
-// appendCounted appends s to text, the part of an answer's text not
-// counted yet, after counted tokens of it were. Text past limit bytes is
-// counted up to a cut (see safeCut) and dropped, so an answer of any
-// length is counted in bounded memory: capped instead, a text of 5 MB was
-// billed no completion tokens at all, and a stream the first 4 MiB of its
-// text. A long answer without usage is counted while it is relayed, about
-// 3 s per 4 MiB of text, a million tokens or so.
-func appendCounted(text []byte, counted int64, s string, limit int) ([]byte, int64) {
-	for len(text)+len(s) > limit {
-		n := limit - len(text)
-		text = append(text, s[:n]...)
-		s = s[n:]
-		cut := safeCut(text)
+// countKeptText counts the text kept for the estimate past
+// maxEstimateText (see countPast), the answer's and its tools' output.
+// The relay calls it once the events that brought the text are written,
+// not as they are read: counting takes about 3 s per 4 MiB, and an event
+// of 6 MiB of text reached the client seconds after the upstream sent it.
+// So the text kept outgrows the bound by what the events of one write
+// carry, at most one event's over maxCoalesced, which max_response_body
+// bounds.
+func (c *generationCall) countKeptText() {
+	c.text, c.textTokens = countPast(c.text, c.textTokens, maxEstimateText)
+	c.toolOutput, c.toolOutputTokens = countPast(c.toolOutput, c.toolOutputTokens, maxEstimateText)
+}
+
+// countPast counts text, the part of an answer's text not counted yet,
+// after counted tokens of it were, down to limit bytes: up to a cut (see
+// safeCut) in its first limit bytes, again until limit bytes or fewer
+// are left. An answer of any length is counted in bounded memory:
+// capped instead, a text of 5 MB was billed no completion tokens at all,
+// and a stream the first 4 MiB of its text. A long answer without usage
+// is counted while it is relayed, about 3 s per 4 MiB of text, a million
+// tokens or so.
+func countPast(text []byte, counted int64, limit int) ([]byte, int64) {
+	for len(text) > limit {
+		cut := safeCut(text[:limit])
 		counted += int64(tokens.Count(bstr(text[:cut])))
 		text = text[:copy(text, text[cut:])]
 	}
-	return append(text, s...), counted
+	return text, counted
 }
 
 // safeCut returns where in text, past its first half, it can be cut so
@@ -467,7 +478,7 @@ func (c *generationCall) appendToolCalls(calls gjson.Result, reported bool) {
 // part's done, content_part.done, output_item.done) adds what was not
 // counted yet: an upstream that sends text only there, no deltas, was
 // billed none of it when its stream was cut. The kept text cannot tell:
-// counted once every 4 MiB (see appendCounted), it no longer ends with
+// counted once every 4 MiB (see countPast), it no longer ends with
 // what deltas delivered before the count, and that part was counted
 // again.
 type outputItem struct {
@@ -625,7 +636,7 @@ func toolInputKey(itemType string) string {
 // input, so the estimate counts it as prompt, not completion.
 func (c *generationCall) appendToolOutput(s string) {
 	if !c.haveUsage {
-		c.toolOutput, c.toolOutputTokens = appendCounted(c.toolOutput, c.toolOutputTokens, s, maxEstimateText)
+		c.toolOutput = append(c.toolOutput, s...)
 	}
 }
 
@@ -770,6 +781,7 @@ func (c *generationCall) event(status int) *meter.Event {
 	u := c.usage
 	source := meter.SourceUpstream
 	c.textOfRawChunks()
+	c.countKeptText()
 	var after int64 // the output's tokens no report counted
 	if len(c.text) > 0 || c.textTokens > 0 {
 		after = c.completionEstimate()

@@ -236,7 +236,7 @@ func TestAppendCountedAddsUpToTheWhole(t *testing.T) {
 			for s := tc.text; len(s) > 0; {
 				n := min(len(s), 1+rng.IntN(300))
 				before := counted
-				text, counted = appendCounted(text, counted, s[:n], limit)
+				text, counted = countPast(append(text, s[:n]...), counted, limit)
 				if counted != before {
 					cuts++
 				}
@@ -372,7 +372,7 @@ func TestStreamLogKeepsWhatTheEventCarriesAndCountsTheRest(t *testing.T) {
 }
 
 // A function call whose argument deltas straddled a count of the kept text
-// (once every 4 MiB, see appendCounted) had the part counted before the
+// (once every 4 MiB, see countPast) had the part counted before the
 // cut counted again when function_call_arguments.done repeated the
 // arguments: the kept text no longer ended with all the deltas had
 // delivered, and done added what it did not find there. The arguments
