@@ -146,3 +146,35 @@ func TestLargeEventGoesOutBeforeItsTextIsCounted(t *testing.T) {
 		return nil
 	})
 }
+
+// vLLM writes `data:{…}`, without the space, in some versions. A chunk the
+// gateway stripped of the usage the client did not ask for came out as
+// `data: {…}`, and every line of an event whose data spans several as
+// `data: …`: the upstream's own prefix stays now.
+func TestStrippedChunkKeepsTheUpstreamsDataPrefix(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	const usage = `"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}`
+	events := []string{
+		`data:{"id":"chatcmpl-v","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}],` + usage + "}\n\n",
+		"data:{\"id\":\"chatcmpl-v\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\ndata:\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"finish_reason\":null}],\ndata:" +
+			usage + "}\n\n",
+		`data:{"id":"chatcmpl-v","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + usage + "}\n\n",
+		"data:[DONE]\n\n",
+	}
+	up := endingUpstream(t, events...)
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, up, 1))
+	want := `data:{"id":"chatcmpl-v","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}` + "\n\n" +
+		"data:{\"id\":\"chatcmpl-v\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\ndata:\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"finish_reason\":null}]}\n\n" +
+		`data:{"id":"chatcmpl-v","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n" +
+		"data:[DONE]\n\n"
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		got := string(readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`)))
+		if !strings.Contains(got, "chatcmpl-v") {
+			return fmt.Errorf("not yet the new upstream: %s", got)
+		}
+		if got != want {
+			t.Errorf("got\n%s\nwant\n%s", got, want)
+		}
+		return nil
+	})
+}

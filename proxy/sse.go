@@ -173,6 +173,21 @@ func (r *sseReader) field(ev *sseEvent, start, end int, content []byte) {
 	}
 }
 
+// dataPrefix is the start of a data line up to its value: "data:" and the
+// space after it, if one came. Written as "data: " always, the lines of
+// an upstream that sends none (vLLM's `data:{…}`, in some versions)
+// gained one wherever the gateway rewrote an event.
+func dataPrefix(line []byte) []byte {
+	n := bytes.IndexByte(line, ':') + 1
+	if n == 0 {
+		return dataColon // "data" alone: an empty value (attempt.go's)
+	}
+	if n < len(line) && line[n] == ' ' {
+		n++
+	}
+	return line[:n]
+}
+
 func trimEOL(line []byte) []byte {
 	if n := len(line); n > 0 && line[n-1] == '\n' {
 		line = line[:n-1]
@@ -186,7 +201,8 @@ func trimEOL(line []byte) []byte {
 // appendWithDataLines appends ev to dst with its data replaced by data,
 // for an event whose data came in several lines (or after a byte order
 // mark): every other line stays as it came, and data, split at its
-// newlines into lines again, takes the place of the first data line.
+// newlines into lines again, each after the first data line's prefix,
+// takes the place of the first data line.
 func appendWithDataLines(dst []byte, ev *sseEvent, data []byte) []byte {
 	raw, wrote := ev.Raw, false
 	if ev.bom { // only ever the first bytes of a stream's first event
@@ -211,8 +227,9 @@ func appendWithDataLines(dst []byte, ev *sseEvent, data []byte) []byte {
 		}
 		wrote = true
 		term := line[len(content):]
+		prefix := dataPrefix(content)
 		for part := range bytes.SplitSeq(data, []byte{'\n'}) {
-			dst = append(dst, "data: "...)
+			dst = append(dst, prefix...)
 			dst = append(dst, part...)
 			dst = append(dst, term...)
 		}
@@ -224,7 +241,7 @@ func appendWithDataLines(dst []byte, ev *sseEvent, data []byte) []byte {
 // replaced by data, keeping every other byte as received.
 func appendWithData(dst []byte, ev *sseEvent, data []byte) []byte {
 	dst = append(dst, ev.Raw[:ev.dataStart]...)
-	dst = append(dst, "data: "...)
+	dst = append(dst, dataPrefix(ev.Raw[ev.dataStart:ev.dataEnd])...)
 	dst = append(dst, data...)
 	// keep the line terminator the upstream used
 	term := ev.Raw[ev.dataStart:ev.dataEnd]
