@@ -69,6 +69,7 @@ func BenchmarkSSERelayResponsesEstimated(b *testing.B) {
 		src.Reset(responsesToolStream)
 		rd.reset(src)
 		c.haveUsage, c.finished, c.text, c.textTokens, c.toolOutput, c.items = false, false, c.text[:0], 0, c.toolOutput[:0], [outputItemSlots]outputItem{}
+		c.reasoning, c.reasoningTokens = c.reasoning[:0], 0
 		inspectAll(c, rd)
 	}
 }

@@ -433,7 +433,14 @@ type generationCall struct {
 	// tokenizer's estimate bills.
 	text       []byte
 	textTokens int64
-	rawChunks  []byte // chat chunks whose text is read only at the end (see keepRawChunk)
+	// reasoning is the part of that text that is reasoning (chat's
+	// reasoning_content, a response's reasoning text and summaries), kept
+	// and counted apart as well, and reasoningTokens the tokens of what
+	// came before it: the estimate's reasoning tokens, part of its
+	// completion.
+	reasoning       []byte
+	reasoningTokens int64
+	rawChunks       []byte // chat chunks whose text is read only at the end (see keepRawChunk)
 	// rawChunksRead counts the times rawChunks was read into text and
 	// emptied (see forgetText).
 	rawChunksRead int
@@ -591,7 +598,7 @@ func (c *generationCall) recycle() {
 		}
 	}
 	*c = generationCall{
-		text: keep(c.text), logText: keep(c.logText), rawChunks: keep(c.rawChunks), toolOutput: keep(c.toolOutput),
+		text: keep(c.text), reasoning: keep(c.reasoning), logText: keep(c.logText), rawChunks: keep(c.rawChunks), toolOutput: keep(c.toolOutput),
 		scratchData: keep(c.scratchData), scratchEvent: keep(c.scratchEvent), chunkHead: keep(c.chunkHead),
 		pending: keep(c.pending), sse: sse, traceHeaders: keep(c.traceHeaders),
 	}

@@ -781,14 +781,14 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		}
 	case "response.output_text.delta", "response.reasoning_text.delta", "response.refusal.delta",
 		"response.reasoning_summary_text.delta":
-		item, part, text := textPartEvent(data)
-		c.appendPartText(item, part, text, false)
+		item, part, text, reasoning := textPartEvent(data)
+		c.appendPartText(item, part, text, false, reasoning || strings.HasPrefix(typ, "response.reasoning_"))
 	case "response.output_text.done", "response.reasoning_text.done", "response.refusal.done", "response.content_part.done",
 		"response.reasoning_summary_text.done", "response.reasoning_summary_part.done":
 		// A part's text whole, after deltas that carried it or none: an
 		// upstream that sends no deltas was billed none of it.
-		item, part, text := textPartEvent(data)
-		c.appendPartText(item, part, text, true)
+		item, part, text, reasoning := textPartEvent(data)
+		c.appendPartText(item, part, text, true, reasoning || strings.HasPrefix(typ, "response.reasoning_"))
 	case "response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.mcp_call_arguments.delta",
 		"response.code_interpreter_call_code.delta":
 		c.appendToolInput(gjson.Get(bstr(data), "output_index").Int(), gjson.Get(bstr(data), "delta").Str)
@@ -808,9 +808,10 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 // textPartEvent reads a text part's event in one pass over its members:
 // the output item, the part (a content index, or a summary index), and
 // its text, a delta or the part whole ("text", "refusal", or a "part"
-// object holding either). Three lookups, each a scan of the event, cost
-// every delta of a Responses stream three times one.
-func textPartEvent(data []byte) (item int64, part textPart, text string) {
+// object holding either), and whether the part is reasoning (a summary
+// part, or a part of type reasoning_text). Three lookups, each a scan of
+// the event, cost every delta of a Responses stream three times one.
+func textPartEvent(data []byte) (item int64, part textPart, text string, reasoning bool) {
 	gjson.Parse(bstr(data)).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "output_index":
@@ -825,10 +826,11 @@ func textPartEvent(data []byte) (item int64, part textPart, text string) {
 			if text = v.Get("text").Str; text == "" {
 				text = v.Get("refusal").Str
 			}
+			reasoning = v.Get("type").Str == "reasoning_text"
 		}
 		return true
 	})
-	return item, part, text
+	return item, part, text, reasoning || part.summary
 }
 
 // toolInputDoneKey is the member of a tool call's input done event that

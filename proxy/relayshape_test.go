@@ -178,3 +178,64 @@ func TestStrippedChunkKeepsTheUpstreamsDataPrefix(t *testing.T) {
 		return nil
 	})
 }
+
+// Reasoning streamed without usage (a chat stream's reasoning_content, a
+// response's reasoning summary) was counted into the estimate's
+// completion, and its reasoning tokens reported as 0: in the client's
+// usage and in the usage event. They are the reasoning text's tokens
+// now, part of the completion, which is billed as before.
+func TestEstimatedUsageCountsReasoningTokens(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	reasoning := strings.Repeat(" Let me think about the weather in Paris.", 20)
+	answer := strings.Repeat(" It is sunny.", 10)
+	reasoningChunk := func(s string) string {
+		return `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"` + s + `"},"finish_reason":null}]}` + "\n\n"
+	}
+	chat := endingUpstream(t, reasoningChunk(reasoning[:len(reasoning)/2]), reasoningChunk(reasoning[len(reasoning)/2:]),
+		chatChunk(answer, ""), chatChunk("", "stop"), "data: [DONE]\n\n")
+	event := func(typ string, seq int, data string) string {
+		return fmt.Sprintf("event: %s\ndata: {\"type\":%q,\"sequence_number\":%d,%s}\n\n", typ, typ, seq, data)
+	}
+	responses := endingUpstream(t,
+		event("response.created", 0, `"response":{"id":"resp_r","object":"response","status":"in_progress","output":[]}`),
+		event("response.output_item.added", 1, `"output_index":0,"item":{"id":"rs_1","type":"reasoning","summary":[]}`),
+		event("response.reasoning_summary_text.delta", 2, `"item_id":"rs_1","output_index":0,"summary_index":0,"delta":"`+reasoning+`"`),
+		event("response.output_item.added", 3, `"output_index":1,"item":{"id":"msg_1","type":"message","role":"assistant","content":[]}`),
+		event("response.output_text.delta", 4, `"item_id":"msg_1","output_index":1,"content_index":0,"delta":"`+answer+`"`),
+		event("response.completed", 5, `"response":{"id":"resp_r","object":"response","status":"completed","output":[]}`))
+	wantReasoning, wantCompletion := int64(tokens.Count(reasoning)), int64(tokens.Count(reasoning+answer))
+	url := h.up.URL
+	for i, tc := range []struct {
+		upstream, path, request, usage, completion, reasoning string
+	}{
+		{chat, "/v1/chat/completions", `{"model":"small","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
+			"usage", "completion_tokens", "completion_tokens_details.reasoning_tokens"},
+		{responses, "/v1/responses", `{"model":"small","stream":true,"store":false,"input":"hi"}`,
+			"response.usage", "output_tokens", "output_tokens_details.reasoning_tokens"},
+	} {
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), url, tc.upstream, 1))
+		url = tc.upstream
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			got := string(readAll(t, h.post(tc.path, tc.request)))
+			if !strings.Contains(got, "sunny") {
+				return fmt.Errorf("not yet the new upstream: %s", got)
+			}
+			events := sseEvents([]byte(got))
+			var usage gjson.Result
+			for _, ev := range events {
+				_, data, _ := strings.Cut(ev, "data: ")
+				if u := gjson.Get(data, tc.usage); u.IsObject() {
+					usage = u
+				}
+			}
+			if usage.Get(tc.completion).Int() != wantCompletion || usage.Get(tc.reasoning).Int() != wantReasoning {
+				t.Errorf("%s: usage %s; want %d completion tokens, %d of them reasoning", tc.path, usage.Raw, wantCompletion, wantReasoning)
+			}
+			return nil
+		})
+		evs := h.events(i + 1)
+		if ev := evs[i]; ev.CompletionTokens != wantCompletion || ev.ReasoningTokens != wantReasoning {
+			t.Errorf("%s: event %+v; want %d completion tokens, %d of them reasoning", tc.path, ev, wantCompletion, wantReasoning)
+		}
+	}
+}

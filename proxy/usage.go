@@ -71,6 +71,7 @@ func (c *generationCall) setUsage(u gjson.Result) bool {
 	c.haveUsage = true
 	c.reports++
 	c.text, c.textTokens, c.rawChunks = c.text[:0], 0, c.rawChunks[:0]
+	c.reasoning, c.reasoningTokens = c.reasoning[:0], 0
 	return true
 }
 
@@ -300,6 +301,17 @@ func (c *generationCall) appendOutput(s string, reported bool) {
 	}
 }
 
+// appendReasoning is appendOutput for reasoning text, which the estimate
+// counts apart too, as the reasoning tokens of its completion: reported
+// as 0, they hid from the client, and from the usage event, how much of
+// an estimated completion was reasoning.
+func (c *generationCall) appendReasoning(s string, reported bool) {
+	c.appendOutput(s, reported)
+	if !reported {
+		c.reasoning = append(c.reasoning, s...)
+	}
+}
+
 // appendLogText keeps s for a stream's log, as much of it as an event can
 // carry (meter.MaxLogBytes), and counts the bytes left out, which the log's
 // cut line reports. Once some are left out nothing more is kept: the log is
@@ -320,14 +332,14 @@ func (c *generationCall) appendLogText(s string) {
 
 // textMark is where the text kept for the estimate stood after an event.
 type textMark struct {
-	text, rawChunks, logText, toolOutput     int
-	textTokens, logLeftOut, toolOutputTokens int64
-	rawChunksRead, reports                   int
+	text, reasoning, rawChunks, logText, toolOutput           int
+	textTokens, reasoningTokens, logLeftOut, toolOutputTokens int64
+	rawChunksRead, reports                                    int
 }
 
 func (c *generationCall) markText() textMark {
-	return textMark{len(c.text), len(c.rawChunks), len(c.logText), len(c.toolOutput),
-		c.textTokens, c.logLeftOut, c.toolOutputTokens, c.rawChunksRead, c.reports}
+	return textMark{len(c.text), len(c.reasoning), len(c.rawChunks), len(c.logText), len(c.toolOutput),
+		c.textTokens, c.reasoningTokens, c.logLeftOut, c.toolOutputTokens, c.rawChunksRead, c.reports}
 }
 
 // forgetText drops the text kept since m: that of events the client never
@@ -343,12 +355,13 @@ func (c *generationCall) forgetText(m textMark) {
 		// A usage report came in these events: all the text kept since
 		// it came with them too.
 		c.text, c.textTokens, c.rawChunks = c.text[:0], 0, c.rawChunks[:0]
+		c.reasoning, c.reasoningTokens = c.reasoning[:0], 0
 		return
 	}
-	if c.textTokens != m.textTokens || c.rawChunksRead != m.rawChunksRead {
+	if c.textTokens != m.textTokens || c.reasoningTokens != m.reasoningTokens || c.rawChunksRead != m.rawChunksRead {
 		return
 	}
-	c.text, c.rawChunks = c.text[:m.text], c.rawChunks[:m.rawChunks]
+	c.text, c.reasoning, c.rawChunks = c.text[:m.text], c.reasoning[:m.reasoning], c.rawChunks[:m.rawChunks]
 }
 
 // completionEstimate is the tokens of the text forwarded since the last
@@ -356,6 +369,16 @@ func (c *generationCall) forgetText(m textMark) {
 // its part no report counted.
 func (c *generationCall) completionEstimate() int64 {
 	return c.textTokens + int64(tokens.Count(bstr(c.text)))
+}
+
+// reasoningEstimate is the tokens of the reasoning text among those
+// completionEstimate counts, and no more than they: counted apart, a
+// text's tokens may add up to one or two more than counted whole.
+func (c *generationCall) reasoningEstimate(completion int64) int64 {
+	if len(c.reasoning) == 0 && c.reasoningTokens == 0 {
+		return 0
+	}
+	return min(c.reasoningTokens+int64(tokens.Count(bstr(c.reasoning))), completion)
 }
 
 // countKeptText counts the text kept for the estimate past
@@ -368,6 +391,7 @@ func (c *generationCall) completionEstimate() int64 {
 // bounds.
 func (c *generationCall) countKeptText() {
 	c.text, c.textTokens = countPast(c.text, c.textTokens, maxEstimateText)
+	c.reasoning, c.reasoningTokens = countPast(c.reasoning, c.reasoningTokens, maxEstimateText)
 	c.toolOutput, c.toolOutputTokens = countPast(c.toolOutput, c.toolOutputTokens, maxEstimateText)
 }
 
@@ -447,8 +471,8 @@ func (c *generationCall) readChoices(choices gjson.Result, reported bool) {
 		if !reported || c.logging.Enabled {
 			d := ch.Get("delta")
 			c.appendOutput(d.Get("content").Str, reported)
-			c.appendOutput(d.Get("reasoning_content").Str, reported)
-			c.appendOutput(d.Get("reasoning").Str, reported)
+			c.appendReasoning(d.Get("reasoning_content").Str, reported)
+			c.appendReasoning(d.Get("reasoning").Str, reported)
 			// A refusal is generated text too: a stream of it was billed
 			// no completion tokens when it came without usage.
 			c.appendOutput(d.Get("refusal").Str, reported)
@@ -514,8 +538,9 @@ func (c *generationCall) outputItemAt(i int64) *outputItem {
 
 // appendPartText takes text of part p of the message or reasoning item at
 // output index i: a delta, or, whole says, the part's whole text, of
-// which only what its deltas did not bring is counted.
-func (c *generationCall) appendPartText(i int64, p textPart, text string, whole bool) {
+// which only what its deltas did not bring is counted; reasoning says
+// it is a reasoning item's.
+func (c *generationCall) appendPartText(i int64, p textPart, text string, whole, reasoning bool) {
 	t := c.outputItemAt(i)
 	if t.part != p {
 		t.part, t.partCounted = p, 0
@@ -526,7 +551,7 @@ func (c *generationCall) appendPartText(i int64, p textPart, text string, whole 
 		}
 		text = text[t.partCounted:]
 	}
-	c.appendText(text)
+	c.appendItemOutput(text, reasoning)
 	t.partCounted += len(text)
 	t.textCounted += len(text)
 }
@@ -535,7 +560,7 @@ func (c *generationCall) appendPartText(i int64, p textPart, text string, whole 
 // output_item.done or a whole answer carries, counting what its parts'
 // deltas and done events did not: the item's text, part after part, past
 // the bytes counted already.
-func (c *generationCall) appendItemText(t *outputItem, item gjson.Result) {
+func (c *generationCall) appendItemText(t *outputItem, item gjson.Result, reasoning bool) {
 	skip := t.textCounted
 	// A reasoning item's summary is generated text as its content is.
 	for _, key := range [...]string{"content", "summary"} {
@@ -545,12 +570,22 @@ func (c *generationCall) appendItemText(t *outputItem, item gjson.Result) {
 					skip -= len(text)
 					continue
 				}
-				c.appendText(text[skip:])
+				c.appendItemOutput(text[skip:], reasoning)
 				t.textCounted += len(text) - skip
 				skip = 0
 			}
 			return true
 		})
+	}
+}
+
+// appendItemOutput takes text of a Responses output item, reasoning if
+// the item is a reasoning one.
+func (c *generationCall) appendItemOutput(s string, reasoning bool) {
+	if reasoning {
+		c.appendReasoning(s, false)
+	} else {
+		c.appendText(s)
 	}
 }
 
@@ -586,14 +621,14 @@ func (c *generationCall) appendWholeToolCall(i int64, added bool, name, input st
 // output, the tools an MCP server listed, and a message's or reasoning
 // item's text.
 func (c *generationCall) appendOutputItem(i int64, added bool, item gjson.Result) {
+	typ := item.Get("type").Str
 	if added {
 		// Its text comes after, in deltas and done events; an added item
 		// with text (none of OpenAI's) is counted once done.
 		c.items[uint64(i)%outputItemSlots] = outputItem{outputIndex: i}
 	} else {
-		c.appendItemText(c.outputItemAt(i), item)
+		c.appendItemText(c.outputItemAt(i), item, typ == "reasoning")
 	}
-	typ := item.Get("type").Str
 	if typ == "mcp_list_tools" {
 		// The tool definitions the MCP server returned: the model reads
 		// them as it reads a request's tools, so they are prompt, counted
@@ -694,8 +729,8 @@ func (c *generationCall) collectWholeText(body []byte) {
 		gjson.Get(bstr(body), "choices").ForEach(func(_, ch gjson.Result) bool {
 			m := ch.Get("message")
 			c.appendText(m.Get("content").Str)
-			c.appendText(m.Get("reasoning_content").Str)
-			c.appendText(m.Get("reasoning").Str)
+			c.appendReasoning(m.Get("reasoning_content").Str, false)
+			c.appendReasoning(m.Get("reasoning").Str, false)
 			c.appendText(m.Get("refusal").Str)
 			c.appendToolCalls(m.Get("tool_calls"), false)
 			return true
@@ -782,17 +817,19 @@ func (c *generationCall) event(status int) *meter.Event {
 	source := meter.SourceUpstream
 	c.textOfRawChunks()
 	c.countKeptText()
-	var after int64 // the output's tokens no report counted
+	var after, reasoningAfter int64 // the output's tokens no report counted, and of its reasoning
 	if len(c.text) > 0 || c.textTokens > 0 {
 		after = c.completionEstimate()
+		reasoningAfter = c.reasoningEstimate(after)
 	}
 	if !c.haveUsage {
 		source = meter.SourceEstimated
 		u.PromptTokens = c.countedPrompt() + c.toolOutputTokens + int64(tokens.Count(bstr(c.toolOutput)))
-		u.CompletionTokens = after
+		u.CompletionTokens, u.ReasoningTokens = after, reasoningAfter
 	} else if after > 0 {
 		source = meter.SourceEstimated
 		u.CompletionTokens += after
+		u.ReasoningTokens += reasoningAfter
 	}
 	c.logRefusedUsage(after)
 	if c.entry.Prices.Image != 0 {
