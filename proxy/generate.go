@@ -493,6 +493,9 @@ type generationCall struct {
 	// endedByError: the upstream's own error event ended the answer
 	// (endedInError), after which a chat stream gets no usage chunk.
 	endedByError bool
+	// crlf: the upstream's last event ended in CRLF, as the gateway's own
+	// events (a usage chunk, an error event) then end.
+	crlf bool
 
 	// The relay of a streamed answer (WriteTo, Read, Close).
 	sse        *sseReader

@@ -228,7 +228,7 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		// revoked while it waited for it (addStream), was relayed to its
 		// end and billed in full. Nothing more goes out.
 		c.streamDone = true
-		return streamErrorEvent(c.ep, endedByRevocation, "the API key of this call was revoked; stream ended", c.nextSequence), false, nil
+		return streamErrorEvent(c.ep, endedByRevocation, "the API key of this call was revoked; stream ended", c.nextSequence, c.crlf), false, nil
 	}
 	ev, err := c.sse.Next()
 	if err == nil && !ev.Complete && !c.finished {
@@ -284,9 +284,10 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 			c.failStreamSpan(lastError)
 			c.answerBroke(err, lastError, msg)
 		}
-		return streamErrorEvent(c.ep, endedBy, msg, c.nextSequence), false, nil
+		return streamErrorEvent(c.ep, endedBy, msg, c.nextSequence, c.crlf), false, nil
 	}
 	out = ev.Raw
+	c.crlf = bytes.HasSuffix(ev.Raw, blankCRLF)
 	if c.ep == endpointChat {
 		var drop bool
 		if out, drop = c.inspectChat(&ev); drop {
@@ -323,7 +324,7 @@ func (c *generationCall) appendTerminal(dst, out []byte) []byte {
 			dst = append(dst, `{"object":"chat.completion.chunk",`...)
 		}
 		dst = appendChatUsage(append(dst, `"choices":[],"usage":`...), c.billed)
-		dst = append(dst, "}\n\n"...)
+		dst = append(append(dst, '}'), eventEnd(c.crlf)...)
 	case c.ep == endpointResponses && !c.usageShown:
 		if withUsage := c.withBilledUsage(&c.terminalEvent); withUsage != nil {
 			c.usageShown = true
@@ -406,16 +407,28 @@ const (
 // the endedBy types. A responses one has no error type (OpenAI's error
 // event has none: its type is "error"), and carries sequence_number, the
 // next after the upstream's last, as every responses event does (0 when
-// none came; events without one count as numbered in turn).
-func streamErrorEvent(ep endpoint, errType, msg string, sequence int64) []byte {
+// none came; events without one count as numbered in turn). Its lines
+// end in CRLF when crlf says the upstream's did.
+func streamErrorEvent(ep endpoint, errType, msg string, sequence int64, crlf bool) []byte {
+	end := eventEnd(crlf)
 	if ep == endpointChat {
 		e := &APIError{Type: errType, Code: "stream_interrupted", Message: msg}
 		body, _ := e.MarshalJSON()
-		return append(append([]byte("data: "), body...), "\n\n"...)
+		return append(append([]byte("data: "), body...), end...)
 	}
 	body, _ := sjson.SetBytes([]byte(`{"type":"error","code":"stream_interrupted","param":null}`), "message", msg)
 	body, _ = sjson.SetBytes(body, "sequence_number", sequence)
-	return append(append([]byte("event: error\ndata: "), body...), "\n\n"...)
+	ev := append([]byte("event: error"), end[:len(end)/2]...)
+	return append(append(append(ev, "data: "...), body...), end...)
+}
+
+// eventEnd is what ends an event of the gateway's own: its last line's
+// end and the blank line, in CRLF when the upstream's events end so.
+func eventEnd(crlf bool) []byte {
+	if crlf {
+		return blankCRLF
+	}
+	return blankLF
 }
 
 var doneData = []byte("[DONE]")

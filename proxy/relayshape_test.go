@@ -239,3 +239,46 @@ func TestEstimatedUsageCountsReasoningTokens(t *testing.T) {
 		}
 	}
 }
+
+// An upstream whose events end in CRLF got the gateway's own events (the
+// usage chunk of a client that asked for usage, the error event of a cut
+// stream) ending in LF among them. They end as the upstream's do now.
+func TestAddedEventsEndAsTheUpstreamsDo(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	crlf := func(ev string) string { return strings.ReplaceAll(ev, "\n", "\r\n") }
+	chatRequest := `{"model":"small","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	url := h.up.URL
+	for _, tc := range []struct {
+		name, path, request string
+		events              []string
+		added               string // the start of the gateway's event
+	}{
+		{"usage chunk", "/v1/chat/completions", chatRequest,
+			[]string{crlf(chatChunk("Hello", "")), crlf(chatChunk("", "stop")), "data: [DONE]\r\n\r\n"}, `data: {"id":"chatcmpl-r","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage"`},
+		{"chat error event", "/v1/chat/completions", chatRequest,
+			[]string{crlf(chatChunk("Hello", ""))}, `data: {"error"`},
+		{"responses error event", "/v1/responses", `{"model":"small","stream":true,"store":false,"input":"hi"}`,
+			[]string{"event: response.created\r\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_c\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\r\n\r\n",
+				"event: response.output_text.delta\r\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"output_index\":0,\"content_index\":0,\"delta\":\"Hello\"}\r\n\r\n"},
+			"event: error"},
+	} {
+		up := endingUpstream(t, tc.events...)
+		h.writeConfig(strings.Replace(readFile(t, h.cfgPath), url, up, 1))
+		url = up
+		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+			got := string(readAll(t, h.post(tc.path, tc.request)))
+			if !strings.Contains(got, "Hello") || !strings.Contains(got, "\r\n") {
+				return fmt.Errorf("not yet the new upstream: %q", got)
+			}
+			i := strings.Index(got, tc.added)
+			if i < 0 {
+				t.Fatalf("%s: no event of the gateway's in %q", tc.name, got)
+			}
+			added := got[i:]
+			if end := strings.Index(added, "\n\n"); end >= 0 || !strings.Contains(added, "}\r\n\r\n") {
+				t.Errorf("%s: the gateway's event %q does not end as the upstream's do (CRLF)", tc.name, added)
+			}
+			return nil
+		})
+	}
+}
