@@ -74,17 +74,22 @@ func (s *sessions) issue(account string, signedOutAt time.Time) (value string, s
 	if _, err := rand.Read(nonce[:]); err != nil {
 		return "", session{}, fmt.Errorf("generating session nonce: %w", err)
 	}
-	expires := s.now().Add(s.ttl).Truncate(time.Second)
 	// A session's start is known to the second (its expiry less the
 	// ttl), so one begun after a sign-out, in its same second, read as
 	// begun at or before it: a link issued just after
 	// "tollgate accounts logout" signed its holder in and straight out
-	// ("This session was signed out"). Known to begin after it, it is
-	// dated the next second; one begun before it is dated as ever, and
-	// ended.
-	if !expires.Add(-s.ttl).After(signedOutAt) {
-		expires = expires.Add(time.Second)
+	// ("This session was signed out"). Such a session begins in the next
+	// second instead, the sign-in waiting for it (a second at most).
+	// Dated the next second without the wait, it outlived a second
+	// sign-out later in the first one.
+	now := s.now()
+	if !signedOutAt.IsZero() && !now.Truncate(time.Second).After(signedOutAt) {
+		if wait := signedOutAt.Truncate(time.Second).Add(time.Second).Sub(now); wait > 0 && wait <= time.Second {
+			time.Sleep(wait)
+			now = s.now()
+		}
 	}
+	expires := now.Add(s.ttl).Truncate(time.Second)
 	sess = session{Account: account, Expires: expires, nonce: hex.EncodeToString(nonce[:])}
 	payload := base64.RawURLEncoding.EncodeToString([]byte(account)) + "." +
 		strconv.FormatInt(sess.Expires.Unix(), 10) + "." + sess.nonce
