@@ -125,7 +125,8 @@ func RedactURL(v string) string {
 
 // secretParams are the query parameters whose values RedactURL hides.
 var secretParams = map[string]bool{"password": true, "passwd": true, "pass": true, "pwd": true, "secret": true,
-	"token": true, "api_key": true, "access_key": true, "secret_key": true}
+	"token": true, "access_token": true, "auth": true, "key": true, "api_key": true, "api-key": true, "apikey": true,
+	"access_key": true, "secret_key": true, "sig": true, "signature": true}
 
 func redactOneURL(v string) string {
 	scheme := strings.Index(v, "://")

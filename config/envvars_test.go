@@ -166,10 +166,30 @@ func TestRedactURLHidesEveryCredential(t *testing.T) {
 		"nats://tokOnly123@127.0.0.1:31505":                                    "nats://xxxxx@127.0.0.1:31505",
 		"nats://127.0.0.1:31505,nats://u2:SecondPw77@127.0.0.1:31506":          "nats://127.0.0.1:31505,nats://u2:xxxxx@127.0.0.1:31506",
 		"http://127.0.0.1:8000/v1":                                             "http://127.0.0.1:8000/v1",
-		"127.0.0.1:9000":                                                       "127.0.0.1:9000",
+		"http://c:4318/v1/traces?token=A&access_token=B&sig=C&api-version=1":   "http://c:4318/v1/traces?token=xxxxx&access_token=xxxxx&sig=xxxxx&api-version=1",
+		"127.0.0.1:9000": "127.0.0.1:9000",
 	} {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The OTLP exporter sends to the endpoint's host and path only: a query
+// token was never sent, and was printed at every start. A query is
+// warned of, its secrets hidden, and a URL refused is quoted hidden too.
+func TestOTLPEndpointQueryIsWarnedOfAndHidden(t *testing.T) {
+	const rest = "upstreams:\n  - name: a\n    base_url: http://127.0.0.1:8001/v1\n"
+	cfg, err := parse("gateway.yaml", []byte("tracing:\n  otlp_endpoint: http://127.0.0.1:4318/v1/traces?token=S3CRET\n"+rest), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warnings := strings.Join(cfg.Warnings(nil), "\n")
+	if !strings.Contains(warnings, "tracing.otlp_endpoint") || !strings.Contains(warnings, "OTEL_EXPORTER_OTLP_HEADERS") || strings.Contains(warnings, "S3CRET") {
+		t.Errorf("warnings %q: want the query warned of, its token hidden", warnings)
+	}
+	_, err = parse("gateway.yaml", []byte("upstreams:\n  - name: a\n    base_url: http://127.0.0.1:8001/v1?token=S3CRET#f\n"), noEnv)
+	if err == nil || strings.Contains(err.Error(), "S3CRET") || !strings.Contains(err.Error(), "fragment") {
+		t.Errorf("a base_url with a fragment and a token: %v, want it refused with the token hidden", err)
 	}
 }

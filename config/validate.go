@@ -692,9 +692,10 @@ func (l *loader) checkHTTPURL(v, path, example string) {
 		return
 	}
 	u, err := url.Parse(v)
+	shown := RedactURL(v) // the error is logged: a ?token= in it too
 	switch {
 	case err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
-		l.check(false, path, "%q: want an absolute http:// or https:// URL such as %s", v, example)
+		l.check(false, path, "%q: want an absolute http:// or https:// URL such as %s", shown, example)
 	case u.User != nil:
 		// A user and password in the URL were dropped without a word, and
 		// every call went without them. Redacted: the error is logged.
@@ -702,9 +703,9 @@ func (l *loader) checkHTTPURL(v, path, example string) {
 		if strings.HasSuffix(path, ".base_url") {
 			hint = `put the upstream's key in api_key instead (sent as "Authorization: Bearer <key>")`
 		}
-		l.check(false, path, "%q: a user or password before the host is never sent; %s", u.Redacted(), hint)
+		l.check(false, path, "%q: a user or password before the host is never sent; %s", shown, hint)
 	case u.Fragment != "" || strings.HasSuffix(v, "#"):
-		l.check(false, path, "%q: a #fragment is never sent to a server; remove it (a query such as ?api-version=1 is kept)", v)
+		l.check(false, path, "%q: a #fragment is never sent to a server; remove it (a query such as ?api-version=1 is kept)", shown)
 	}
 }
 

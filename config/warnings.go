@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 )
 
@@ -39,6 +40,13 @@ func (c *Config) Warnings(environ []string) []string {
 		}
 		lines = append(lines, fmt.Sprintf("warning: routing.retry_budget (%s) is not above the first_byte_timeout of %s: a call that gets no first byte within that timeout is never tried on another member, it gets a 503. Raise retry_budget (the default is %s) or lower first_byte_timeout",
 			c.Routing.RetryBudget, members, DefaultRetryBudget))
+	}
+	if u, err := url.Parse(c.Tracing.OTLPEndpoint); err == nil && u.RawQuery != "" {
+		// The OTLP exporter keeps the URL's host and path only: a
+		// collector that authenticates by a query token refused every
+		// export, and the token was in the log besides.
+		lines = append(lines, fmt.Sprintf("warning: tracing.otlp_endpoint (%s) has a query, which the OTLP exporter never sends: spans go to the URL without it. Give a collector's credentials in OTEL_EXPORTER_OTLP_HEADERS (such as Authorization=Bearer%%20<token>) instead",
+			RedactURL(c.Tracing.OTLPEndpoint)))
 	}
 	if c.MetricsOnPublicListener() {
 		lines = append(lines, fmt.Sprintf("warning: server.listen (%s) is not a loopback address and server.metrics_listen is empty: GET /metrics is served there to anyone who reaches it, with no key, and names upstreams, models and the billing backlog. Set server.metrics_listen (TOLLGATE_METRICS_LISTEN in the shipped gateway.yaml) to a private host:port, such as 127.0.0.1:9090, and scrape it there; the public listener then answers /metrics with a 404",

@@ -270,7 +270,7 @@ func newServer(ctx context.Context, cfg *config.Config, b *broker.Broker, opts p
 		return nil, nil, err
 	}
 	if tracer != nil {
-		logf("tracing: spans to %s, sampling %g of calls without a traceparent (a traceparent's sampled flag decides)", cfg.Tracing.OTLPEndpoint, cfg.Tracing.SampleRatio)
+		logf("tracing: spans to %s, sampling %g of calls without a traceparent (a traceparent's sampled flag decides)", config.RedactURL(cfg.Tracing.OTLPEndpoint), cfg.Tracing.SampleRatio)
 	}
 	flushTracing := func() {
 		// Spans are best effort; a collector that accepts and never
