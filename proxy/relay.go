@@ -680,24 +680,32 @@ func mayFinish(data []byte) bool {
 
 // mayNameOtherChoice reports whether a chat chunk may carry a choice
 // other than the first, which must be noted as the chunk passes (see
-// seeChoice). It errs towards yes: any "index" it does not read as 0
-// counts, a tool call's among them.
+// seeChoice). A streamed chunk carries one choice, whose "index" comes
+// before its delta's (a tool call's): only the first "index" is read,
+// which keeps the look to the chunk's head. It errs towards yes: an
+// "index" it does not read as 0 counts. Reading every "index" of every
+// chunk cost a fifth of a relayed chunk's time.
 func mayNameOtherChoice(data []byte) bool {
-	rest := data
-	for {
-		i := bytes.Index(rest, keyIndex)
-		if i < 0 {
-			return false
-		}
-		rest = bytes.TrimLeft(rest[i+len(keyIndex):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			return true
-		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-		if len(rest) < 2 || rest[0] != '0' || rest[1] >= '0' && rest[1] <= '9' || rest[1] == '.' || rest[1] == 'e' || rest[1] == 'E' {
-			return true
-		}
+	i := bytes.Index(data, keyIndex)
+	if i < 0 {
+		return false
 	}
+	rest := skipJSONSpace(data[i+len(keyIndex):])
+	if len(rest) == 0 || rest[0] != ':' {
+		return true
+	}
+	rest = skipJSONSpace(rest[1:])
+	return len(rest) < 2 || rest[0] != '0' || rest[1] >= '0' && rest[1] <= '9' || rest[1] == '.' || rest[1] == 'e' || rest[1] == 'E'
+}
+
+// skipJSONSpace is b past its leading JSON whitespace. bytes.TrimLeft
+// with a cutset built its set on every call: a fifth of a relayed chunk's
+// time.
+func skipJSONSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r' || b[0] == '\n') {
+		b = b[1:]
+	}
+	return b
 }
 
 var (
