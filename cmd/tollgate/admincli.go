@@ -401,22 +401,26 @@ const accountsCommands = `  accounts create ID [-credit USD] [-rpm N] [-tpm N] [
 
 const accountsUsage = "usage: tollgate accounts SUBCOMMAND, one of:\n" + accountsCommands
 
-// accountsArgs names the arguments each accounts subcommand takes, as
-// accountsCommands writes them.
-var accountsArgs = map[string][]string{
-	"create": {"ID"}, "get": {"ID"}, "list": nil, "limits": {"ID"},
-	"credit": {"ID", "USD"}, "login": {"ID"}, "logout": {"ID"},
-}
-
-// subcommandUsage is the line of commands, a usage list, that starts
-// with command ("accounts credit").
-func subcommandUsage(commands, command string) string {
+// subcommand finds the line of commands, a usage list, for the
+// subcommand name of command ("accounts", "credit"): its usage, and the
+// arguments it takes, the upper-case words the line writes right after
+// the name ("ID", "USD"). ok is false for a name the list does not have.
+// The list is the one place a subcommand's arguments are written.
+func subcommand(commands, command, name string) (usage string, args []string, ok bool) {
 	for _, line := range strings.Split(commands, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), command); ok && (rest == "" || rest[0] == ' ') {
-			return "usage: tollgate " + strings.TrimSpace(line)
+		words := strings.Fields(line)
+		if len(words) < 2 || words[0] != command || words[1] != name {
+			continue
 		}
+		for _, w := range words[2:] {
+			if strings.ContainsFunc(w, func(r rune) bool { return (r < 'A' || r > 'Z') && r != '_' }) {
+				break
+			}
+			args = append(args, w)
+		}
+		return "usage: tollgate " + strings.TrimSpace(line), args, true
 	}
-	return ""
+	return "", nil, false
 }
 
 // checkArgs says which of names is missing from args, or which argument
@@ -438,7 +442,7 @@ func runAccounts(args []string) error {
 	if len(args) == 0 {
 		return errors.New(accountsUsage)
 	}
-	argNames, known := accountsArgs[args[0]]
+	usage, argNames, known := subcommand(accountsCommands, "accounts", args[0])
 	if !known {
 		return errors.New(accountsUsage)
 	}
@@ -470,7 +474,6 @@ func runAccounts(args []string) error {
 	}); err != nil {
 		return err
 	}
-	usage := subcommandUsage(accountsCommands, fs.Name())
 	if err := checkArgs(fs.Name(), pos, argNames, usage); err != nil {
 		return err
 	}
@@ -627,21 +630,17 @@ const keysCommands = `  keys create ACCOUNT -name NAME [-scopes a,b] [-models m1
   keys get KEY_ID
   keys revoke KEY_ID`
 
-// keysArgs names the argument of each keys subcommand.
-var keysArgs = map[string][]string{"create": {"ACCOUNT"}, "list": {"ACCOUNT"}, "get": {"KEY_ID"}, "revoke": {"KEY_ID"}}
-
 func runKeys(args []string) error {
 	const keysUsage = "usage: tollgate keys SUBCOMMAND, one of:\n" + keysCommands
 	if len(args) == 0 {
 		return errors.New(keysUsage)
 	}
-	argNames, known := keysArgs[args[0]]
+	usage, argNames, known := subcommand(keysCommands, "keys", args[0])
 	if !known {
 		return errors.New(keysUsage)
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	target := adminFlags(fs)
-	usage := subcommandUsage(keysCommands, fs.Name())
 	if args[0] != "create" {
 		// list, get and revoke take none of create's flags: "keys list
 		// acme -name ci" listed every key as if the name filtered them.
