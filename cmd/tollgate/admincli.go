@@ -491,20 +491,21 @@ func runAccounts(args []string) error {
 	if err != nil {
 		return err
 	}
-	switch {
-	case args[0] == "create" && len(pos) == 1:
+	// checkArgs took the count each one reads.
+	switch args[0] {
+	case "create":
 		body := givenLimits(fs)
 		body["id"] = pos[0]
 		if *credit != "" {
 			body["credit_usd"] = *credit
 		}
 		return c.call("POST", "/accounts", body)
-	case args[0] == "limits" && len(pos) == 1:
+	case "limits":
 		// Only the limits given change: "limits acme -rpm 60" keeps its tpm.
 		return c.call("PATCH", "/accounts/"+account, givenLimits(fs))
-	case args[0] == "get" && len(pos) == 1:
+	case "get":
 		return c.call("GET", "/accounts/"+account, nil)
-	case args[0] == "list" && len(pos) == 0:
+	case "list":
 		// Only the flags given: the gateway's default page is its own.
 		query := url.Values{}
 		fs.Visit(func(f *flag.Flag) {
@@ -517,15 +518,15 @@ func runAccounts(args []string) error {
 			path += "?" + query.Encode()
 		}
 		return c.call("GET", path, nil)
-	case args[0] == "credit" && len(pos) == 2:
+	case "credit":
 		body := map[string]string{"usd": pos[1]}
 		if *idemKey != "" {
 			body["idempotency_key"] = *idemKey
 		}
 		return c.call("POST", "/accounts/"+account+"/credit", body)
-	case args[0] == "login" && len(pos) == 1:
+	case "login":
 		return printConsoleLogin(c, account, pos[0])
-	case args[0] == "logout" && len(pos) == 1:
+	case "logout":
 		return c.call("POST", "/accounts/"+account+"/console-logout", nil)
 	}
 	return errors.New(accountsUsage)
