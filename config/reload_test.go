@@ -45,26 +45,13 @@ func replaceFile(t *testing.T, path, data string) {
 }
 
 // logBuffer collects a Watcher's log lines; Run logs from its own goroutine.
-type logBuffer struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logBuffer) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, args...))
-}
+type logBuffer struct{ testutil.Log }
 
 func (l *logBuffer) contains(s string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, line := range l.lines {
-		if strings.Contains(line, s) {
-			return nil
-		}
+	if l.Count(s) > 0 {
+		return nil
 	}
-	return fmt.Errorf("no log line contains %q; log:\n%s", s, strings.Join(l.lines, "\n"))
+	return fmt.Errorf("no log line contains %q; log:\n%s", s, &l.Log)
 }
 
 type watchFixture struct {
@@ -89,7 +76,7 @@ func newWatchFixture(t *testing.T, content string, buildErr error) *watchFixture
 	f.w = NewWatcher(f.path, initial, func(*Config) error {
 		f.builds.Add(1)
 		return buildErr
-	}, f.log.logf)
+	}, f.log.Logf)
 	f.w.settle = 0 // TestWatcherWaitsForAFileToSettle tests it
 	return f
 }
@@ -318,16 +305,8 @@ func TestWatcherSaysAFirstStartSettingHasNoEffect(t *testing.T) {
 	if err := f.w.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	f.log.mu.Lock()
-	defer f.log.mu.Unlock()
-	notes := 0
-	for _, line := range f.log.lines {
-		if strings.Contains(line, "server.demo_credit_usd is read only at a gateway's first start") {
-			notes++
-		}
-	}
-	if notes != 1 {
-		t.Fatalf("%d notes about demo_credit_usd, want 1 (for the second reload); log:\n%s", notes, strings.Join(f.log.lines, "\n"))
+	if notes := f.log.Count("server.demo_credit_usd is read only at a gateway's first start"); notes != 1 {
+		t.Fatalf("%d notes about demo_credit_usd, want 1 (for the second reload); log:\n%s", notes, &f.log.Log)
 	}
 }
 
@@ -560,10 +539,9 @@ func TestWatcherSaysWhatAReloadChangedAndWarnsAsConfigCheck(t *testing.T) {
 	if err := f.w.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	f.log.mu.Lock()
-	defer f.log.mu.Unlock()
-	last, warned := f.log.lines[len(f.log.lines)-1], 0
-	for _, line := range f.log.lines {
+	lines := f.log.Matching()
+	last, warned := lines[len(lines)-1], 0
+	for _, line := range lines {
 		if strings.HasPrefix(line, warning) {
 			warned++
 		}
@@ -572,6 +550,6 @@ func TestWatcherSaysWhatAReloadChangedAndWarnsAsConfigCheck(t *testing.T) {
 		t.Errorf("reloading the same file logged %q last, want %q", last, want)
 	}
 	if warned != 1 {
-		t.Errorf("the warning was logged %d times, want once; log:\n%s", warned, strings.Join(f.log.lines, "\n"))
+		t.Errorf("the warning was logged %d times, want once; log:\n%s", warned, strings.Join(lines, "\n"))
 	}
 }
