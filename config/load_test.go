@@ -661,46 +661,44 @@ func TestShippedRetryBudgetOutlastsFirstByteTimeout(t *testing.T) {
 	}
 }
 
-// nats.start_timeout is 1ns to an hour; left out, a minute. A written 0
+// nats.start_timeout is 1s to an hour; left out, a minute. A written 0
 // is refused, not read as the default.
 func TestNATSStartTimeout(t *testing.T) {
-	const rest = "upstreams:\n  - name: a\n    base_url: http://127.0.0.1:8001/v1\n"
-	for value, want := range map[string]time.Duration{"": DefaultNATSStartTimeout, "5s": 5 * time.Second, "1h": time.Hour} {
-		file := rest
-		if value != "" {
-			file = "nats:\n  start_timeout: " + value + "\n" + rest
-		}
-		cfg, err := parse("gateway.yaml", []byte(file), noEnv)
-		if err != nil || cfg.NATS.StartTimeout != want {
-			t.Errorf("start_timeout %q: %v, %v; want %s", value, cfg, err, want)
-		}
-	}
-	for value, refusal := range map[string]string{"0s": "0 is outside 1s..1h", "-1s": "-1s is outside", "1ms": "1ms is outside 1s..1h", "61m": "1h1m0s is outside"} {
-		_, err := parse("gateway.yaml", []byte("nats:\n  start_timeout: "+value+"\n"+rest), noEnv)
-		if err == nil || !strings.Contains(err.Error(), "nats.start_timeout: "+refusal) {
-			t.Errorf("start_timeout %q: %v, want it refused (%s)", value, err, refusal)
-		}
-	}
+	checkDurationSetting(t, "nats.start_timeout", func(c *Config) time.Duration { return c.NATS.StartTimeout },
+		map[string]time.Duration{"": DefaultNATSStartTimeout, "5s": 5 * time.Second, "1h": time.Hour},
+		map[string]string{"0s": "0 is outside 1s..1h", "-1s": "-1s is outside", "1ms": "1ms is outside 1s..1h", "61m": "1h1m0s is outside"})
 }
 
 // server.hsts_max_age is whole seconds from 0s (send none) to two years;
 // left out, a year.
 func TestHSTSMaxAge(t *testing.T) {
+	checkDurationSetting(t, "server.hsts_max_age", func(c *Config) time.Duration { return c.Server.HSTSMaxAge },
+		map[string]time.Duration{"": DefaultHSTSMaxAge, "0s": 0, "1h": time.Hour, "17520h": MaxHSTSMaxAge},
+		map[string]string{"-1s": "-1s", "1.5s": "1.5s", "17521h": "17521h"})
+}
+
+// checkDurationSetting loads a file that writes setting ("section.key")
+// as each value of accepted ("" leaves it out) and wants get to read the
+// duration given; each value of refused must be refused with a message
+// holding "section.key: " and its refusal.
+func checkDurationSetting(t *testing.T, setting string, get func(*Config) time.Duration, accepted map[string]time.Duration, refused map[string]string) {
+	t.Helper()
 	const rest = "upstreams:\n  - name: a\n    base_url: http://127.0.0.1:8001/v1\n"
-	for value, want := range map[string]time.Duration{"": DefaultHSTSMaxAge, "0s": 0, "1h": time.Hour, "17520h": MaxHSTSMaxAge} {
+	section, key, _ := strings.Cut(setting, ".")
+	for value, want := range accepted {
 		file := rest
 		if value != "" {
-			file = "server:\n  hsts_max_age: " + value + "\n" + rest
+			file = section + ":\n  " + key + ": " + value + "\n" + rest
 		}
 		cfg, err := parse("gateway.yaml", []byte(file), noEnv)
-		if err != nil || cfg.Server.HSTSMaxAge != want {
-			t.Errorf("hsts_max_age %q: %v, %v; want %s", value, cfg, err, want)
+		if err != nil || get(cfg) != want {
+			t.Errorf("%s %q: %v, %v; want %s", key, value, cfg, err, want)
 		}
 	}
-	for _, value := range []string{"-1s", "1.5s", "17521h"} {
-		_, err := parse("gateway.yaml", []byte("server:\n  hsts_max_age: "+value+"\n"+rest), noEnv)
-		if err == nil || !strings.Contains(err.Error(), "server.hsts_max_age: "+value) {
-			t.Errorf("hsts_max_age %q: %v, want it refused", value, err)
+	for value, refusal := range refused {
+		_, err := parse("gateway.yaml", []byte(section+":\n  "+key+": "+value+"\n"+rest), noEnv)
+		if err == nil || !strings.Contains(err.Error(), setting+": "+refusal) {
+			t.Errorf("%s %q: %v, want it refused (%s)", key, value, err, refusal)
 		}
 	}
 }
