@@ -18,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 )
@@ -31,20 +32,7 @@ func testContext(t testing.TB) context.Context {
 
 // waitFor polls fn every `every` until it returns nil, failing the test
 // with fn's last error once total has passed.
-func waitFor(t testing.TB, total, every time.Duration, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
+var waitFor = testutil.CheckFor
 
 // natsServer is an embedded nats-server that a test can stop and start
 // again on the same port and store, as a restart of the machine would.
