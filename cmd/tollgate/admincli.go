@@ -151,20 +151,17 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 			// Named in full: run beside a gateway started with an
 			// exported TOLLGATE_ADMIN_TOKEN, "run where the gateway's
 			// data dir is" sent the user to where they already were.
-			looked := tokenFile
-			if abs, err := filepath.Abs(tokenFile); err == nil {
-				looked = abs
-			}
 			return nil, fmt.Errorf("no admin token: -token and TOLLGATE_ADMIN_TOKEN are empty and %s does not exist; "+
 				"a gateway given server.admin_token (TOLLGATE_ADMIN_TOKEN) writes none: pass that token with -token or TOLLGATE_ADMIN_TOKEN, "+
-				"or run where the gateway's data dir is", looked)
+				"or run where the gateway's data dir is", absolutePath(tokenFile))
 		}
 		if err != nil {
 			return nil, err
 		}
 		token, tokenFrom = tok, tokenFile
 	}
-	return &adminClient{url: strings.TrimRight(baseURL, "/"), shown: shownURL(strings.TrimRight(baseURL, "/")), token: token, tokenFrom: tokenFrom, http: &http.Client{Timeout: 15 * time.Second}}, nil
+	base := strings.TrimRight(baseURL, "/")
+	return &adminClient{url: base, shown: shownURL(base), token: token, tokenFrom: tokenFrom, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }
 
 func (c *adminClient) call(method, path string, body any) error {
