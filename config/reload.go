@@ -339,9 +339,6 @@ func entriesChanged[T any](now, before []T, name func(T) string) string {
 // pricing block deleted, or moved to another model's entry by a slip,
 // makes a paid model free, which the reload applied in silence.
 func (c *Config) freedModels(old *Config) []string {
-	if old == nil {
-		return nil
-	}
 	pricedBefore := map[string]bool{}
 	for _, m := range old.Models {
 		pricedBefore[m.ID] = m.Pricing.priced()
