@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tollgate/tollgate/internal/loglimit"
 )
 
 // startLogEvery is how often a start waiting for JetStream says so.
@@ -53,7 +55,7 @@ func declareAtStart[T any](ctx context.Context, js jetstream.JetStream, what str
 		return declare(ctx)
 	}
 	w := sj.wait
-	var logged time.Time
+	var waitLog loglimit.Limiter
 	var lastWhy string // of the last try that had the client's whole timeout
 	var lastErr error
 	pause := 100 * time.Millisecond
@@ -92,10 +94,9 @@ func declareAtStart[T any](ctx context.Context, js jetstream.JetStream, what str
 		if tryTimeout >= js.Options().DefaultTimeout || !errors.Is(err, context.DeadlineExceeded) {
 			lastWhy, lastErr = why, err
 		}
-		if w.logf != nil && time.Since(logged) >= startLogEvery {
+		if ok, _ := waitLog.Allow(time.Now(), startLogEvery); ok && w.logf != nil {
 			w.logf("nats: waiting for the NATS cluster's JetStream to declare %s: %s (%v); giving up in %s (nats.start_timeout %s)",
 				what, why, err, left.Round(time.Second), w.timeout)
-			logged = time.Now()
 		}
 		select {
 		case <-ctx.Done():

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tollgate/tollgate/internal/loglimit"
 )
 
 // How the embedded server's store is watched. Variables, not constants,
@@ -119,10 +122,9 @@ type storeWatch struct {
 	// The rest belongs to the run goroutine.
 	failing   *StoreWriteError // as last logged; nil while the store writes
 	restarted time.Time        // the last restart; zero before one
-	// The last line saying a restart was put off for want of room, and
-	// the free MiB it said; zero before one.
-	waitLogged     time.Time
-	waitLoggedFree int64
+	// roomLog spaces the lines saying a restart was put off for want of
+	// room; their state is the free MiB they say.
+	roomLog loglimit.Limiter
 }
 
 func startStoreWatch(srv *server.Server, dir string, logf func(string, ...any), reconnect func() error) *storeWatch {
@@ -170,11 +172,9 @@ func (w *storeWatch) check(now time.Time) {
 	}
 	if err := roomToWrite(w.dir, storeRoomToRestart); err != nil {
 		free, _ := freeBytes(w.dir)
-		since := now.Sub(w.waitLogged)
-		if w.waitLogged.IsZero() || since >= storeWaitRemindEvery || since >= storeWaitLogEvery && free>>20 != w.waitLoggedFree {
+		if ok, _ := w.roomLog.AllowChanged(now, storeWaitRemindEvery, storeWaitLogEvery, strconv.FormatInt(free>>20, 10)); ok {
 			w.logf("nats: JetStream not restarted yet: %v (on a disk that cannot have %d MiB free, restart the gateway "+
 				"once it has some room: see \"JetStream's own disk full\" in README.md)", err, storeRoomToRestart>>20)
-			w.waitLogged, w.waitLoggedFree = now, free>>20
 		}
 		return
 	}

@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/tollgate/tollgate/internal/loglimit"
 )
 
 // S3Options configures NewS3.
@@ -137,7 +140,9 @@ func (s *S3) checkBucket(ctx context.Context, opts S3Options) error {
 // refused, a missing bucket) is logged at once, since only the operator
 // can end it, and the checks go on.
 func (s *S3) awaitBucket(ctx context.Context, opts S3Options, began time.Time) {
-	logged, loggedDown := time.Now(), true
+	// Its state is whether the store was down; NewS3 logged the first.
+	var failLog loglimit.Limiter
+	failLog.AllowChanged(time.Now(), bucketLogEvery, 0, strconv.FormatBool(true))
 	for {
 		select {
 		case <-ctx.Done():
@@ -155,10 +160,8 @@ func (s *S3) awaitBucket(ctx context.Context, opts S3Options, began time.Time) {
 			return
 		}
 		s.unchecked.Store(&err)
-		down := storeDown(ctx, err)
-		if down != loggedDown || time.Since(logged) >= bucketLogEvery {
+		if ok, _ := failLog.AllowChanged(time.Now(), bucketLogEvery, 0, strconv.FormatBool(storeDown(ctx, err))); ok {
 			opts.Logf("%v; batch jobs still wait for it (%s since the start)", err, time.Since(began).Round(time.Second))
-			logged, loggedDown = time.Now(), down
 		}
 	}
 }
