@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 func testContext(t *testing.T) context.Context {
@@ -115,18 +116,10 @@ func TestEmbeddedRestartKeepsKV(t *testing.T) {
 
 func TestExternalURL(t *testing.T) {
 	ctx := testContext(t)
-	srv, err := server.NewServer(&server.Options{
+	srv := testutil.StartNATSServer(t, &server.Options{
 		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
 		StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("external server not ready")
-	}
 
 	dataDir := t.TempDir()
 	b, err := Start(ctx, config.NATS{URL: srv.ClientURL(), Replicas: 1}, dataDir, nil)

@@ -109,17 +109,9 @@ func TestStartWaitsOutAJetStreamElection(t *testing.T) {
 // an election's would be; it fails after one try, saying so.
 func TestStartDoesNotWaitOutADeniedDeclaration(t *testing.T) {
 	ctx := context.Background()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(),
+	srv := testutil.StartNATSServer(t, &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(),
 		NoSigs: true, NoLog: true, Users: []*server.User{{Username: "gw", Password: "pw", Permissions: &server.Permissions{
 			Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.API.STREAM.CREATE.DENIED"}}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
-	defer srv.Shutdown()
 	url := strings.Replace(srv.ClientURL(), "nats://", "nats://gw:pw@", 1)
 	b, err := Start(ctx, config.NATS{URL: url, StartTimeout: time.Minute}, t.TempDir(), nil)
 	if err != nil {
@@ -139,15 +131,7 @@ func TestStartDoesNotWaitOutADeniedDeclaration(t *testing.T) {
 // runs none: the start fails at once, saying so.
 func TestStartDoesNotWaitForAServerWithoutJetStream(t *testing.T) {
 	ctx := context.Background()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS not ready")
-	}
-	defer srv.Shutdown()
+	srv := testutil.StartNATSServer(t, &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoSigs: true, NoLog: true})
 	b, err := Start(ctx, config.NATS{URL: srv.ClientURL(), StartTimeout: time.Minute}, t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)

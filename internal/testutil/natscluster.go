@@ -58,16 +58,25 @@ var nodeOptions sync.Map // *server.Server -> *server.Options
 
 func startNATSNode(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(opts.Clone())
+	srv := StartNATSServer(t, opts.Clone())
+	nodeOptions.Store(srv, opts)
+	t.Cleanup(func() { nodeOptions.Delete(srv) })
+	return srv
+}
+
+// StartNATSServer runs a nats-server with opts in this process, waits
+// until it takes connections, and has the test's cleanup shut it down.
+func StartNATSServer(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
 	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("NATS node %s not ready", opts.ServerName)
+		t.Fatalf("NATS server %s not ready", opts.ServerName)
 	}
-	nodeOptions.Store(srv, opts)
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown(); nodeOptions.Delete(srv) })
 	return srv
 }
 
