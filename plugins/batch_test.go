@@ -8,12 +8,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"mime/multipart"
 	"net"
 	"net/http"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -144,41 +142,9 @@ func (h *batchHarness) createJob(key, body string) created {
 	return c
 }
 
-// upload posts file to the upload URL as `curl -F` does: every upload
-// field as a form field, then the file as field "file", and no
-// Authorization header (spec 4.4).
-func upload(t *testing.T, url string, fields map[string]string, file []byte) (int, string) {
-	t.Helper()
-	var body bytes.Buffer
-	mw := multipart.NewWriter(&body)
-	names := make([]string, 0, len(fields))
-	for name := range fields {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if err := mw.WriteField(name, fields[name]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fw, err := mw.CreateFormFile("file", "input.ndjson")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fw.Write(file)
-	mw.Close()
-	resp, err := http.Post(url, mw.FormDataContentType(), &body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(msg)
-}
-
 func (h *batchHarness) upload(c created, file []byte) {
 	h.t.Helper()
-	if status, msg := upload(h.t, c.UploadURL, c.UploadFields, file); status/100 != 2 {
+	if status, msg := testutil.PostForm(h.t, c.UploadURL, c.UploadFields, file); status/100 != 2 {
 		h.t.Fatalf("upload: %d %s", status, msg)
 	}
 }
@@ -378,7 +344,7 @@ func TestEmptyInputUploadIsRefusedAndStartSaysSo(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			h := newBatchHarness(t, backend, harnessOptions{})
 			c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
-			if status, msg := upload(t, c.UploadURL, c.UploadFields, nil); status != 400 || !strings.Contains(msg, "EntityTooSmall") {
+			if status, msg := testutil.PostForm(t, c.UploadURL, c.UploadFields, nil); status != 400 || !strings.Contains(msg, "EntityTooSmall") {
 				t.Fatalf("empty upload: %d %s; want 400 EntityTooSmall", status, msg)
 			}
 			e := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
@@ -396,7 +362,7 @@ func TestTooLargeUploadIsRefusedAndStartSaysSo(t *testing.T) {
 	h := newBatchHarness(t, "local", harnessOptions{extra: "storage:\n  max_upload_bytes: 64"})
 	c := h.createJob(h.key, `{"labels": ["billing", "bug"]}`)
 	big := bytes.Repeat([]byte(`{"text": "I was charged twice"}`+"\n"), 4)
-	if status, msg := upload(t, c.UploadURL, c.UploadFields, big); status != 400 || !strings.Contains(msg, "EntityTooLarge") {
+	if status, msg := testutil.PostForm(t, c.UploadURL, c.UploadFields, big); status != 400 || !strings.Contains(msg, "EntityTooLarge") {
 		t.Fatalf("upload of %d bytes: %d %s; want 400 EntityTooLarge", len(big), status, msg)
 	}
 	e := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
@@ -540,12 +506,12 @@ func TestBatchUploadPolicies(t *testing.T) {
 		"no signature":           forge(func(f map[string]string) { delete(f, "x-amz-signature") }),
 		"someone else's account": forge(func(f map[string]string) { f["key"] = strings.Replace(c.InputKey, "acme", "globex", 1) }),
 	} {
-		if status, msg := upload(t, c.UploadURL, fields, []byte(batchInput)); status != http.StatusForbidden && status != http.StatusBadRequest {
+		if status, msg := testutil.PostForm(t, c.UploadURL, fields, []byte(batchInput)); status != http.StatusForbidden && status != http.StatusBadRequest {
 			t.Errorf("upload with %s: %d %s, want it refused", name, status, msg)
 		}
 	}
 	time.Sleep(2100 * time.Millisecond)
-	if status, msg := upload(t, c.UploadURL, c.UploadFields, []byte(batchInput)); status != http.StatusForbidden {
+	if status, msg := testutil.PostForm(t, c.UploadURL, c.UploadFields, []byte(batchInput)); status != http.StatusForbidden {
 		t.Fatalf("upload after the policy expired: %d %s, want 403", status, msg)
 	}
 	// Starting it says the form expired, not to upload to it.

@@ -3,15 +3,12 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -124,7 +121,7 @@ func TestServeStartsWhileTheS3StoreIsDown(t *testing.T) {
 		return json.Unmarshal(body, &created)
 	})
 	t.Logf("batch jobs are created %s after the store came back", time.Since(back).Round(time.Millisecond))
-	if status, msg := postForm(t, created.UploadURL, created.UploadFields, []byte(`{"text": "I was charged twice"}`+"\n")); status/100 != 2 {
+	if status, msg := testutil.PostForm(t, created.UploadURL, created.UploadFields, []byte(`{"text": "I was charged twice"}`+"\n")); status/100 != 2 {
 		t.Fatalf("upload: %d %s", status, msg)
 	}
 	if status, _, body := call("POST", api+"/v1/batch/"+created.JobID+"/start", made.Key, ""); status != http.StatusAccepted {
@@ -150,37 +147,4 @@ func TestServeStartsWhileTheS3StoreIsDown(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatal("serve still runs 40 s after SIGTERM")
 	}
-}
-
-// postForm posts file to url as `curl -F` does: the fields, then the
-// file as field "file".
-func postForm(t *testing.T, url string, fields map[string]string, file []byte) (int, string) {
-	t.Helper()
-	var body bytes.Buffer
-	mw := multipart.NewWriter(&body)
-	names := make([]string, 0, len(fields))
-	for name := range fields {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		if err := mw.WriteField(name, fields[name]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fw, err := mw.CreateFormFile("file", "input.ndjson")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fw.Write(file); err != nil {
-		t.Fatal(err)
-	}
-	mw.Close()
-	resp, err := http.Post(url, mw.FormDataContentType(), &body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(msg)
 }
