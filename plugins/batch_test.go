@@ -882,8 +882,41 @@ func TestBatchAutoLinesAfterADroppedConnectionSayWhy(t *testing.T) {
 	h := newBatchHarness(t, "local", harnessOptions{upstream: proxytest.Options{CutChatTimes: 8},
 		plugins: "  engine: auto\n  llm_model: small"})
 	h.startWorker()
+	t.Logf("lines by engine: %v", h.autoJobSaysWhy(300))
+}
+
+// TestBatchAutoLinesWhileTheUpstreamIsDownSayWhy: once the probe that a
+// failed call brought forward had failed too, a job's lines went to the
+// offline engine with no fallback (after a 0.4 s blink of the upstream,
+// 18,336 lines in a row). Every line the llm was not asked for says why,
+// whichever failure took its upstream for down.
+func TestBatchAutoLinesWhileTheUpstreamIsDownSayWhy(t *testing.T) {
+	h := newBatchHarness(t, "local", harnessOptions{plugins: "  engine: auto\n  llm_model: small"})
+	h.startWorker()
+	const body = `{"text": "the export button crashes", "labels": ["bug", "billing"]}`
+	if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "llm" {
+		t.Fatalf("auto with the upstream up: %v", m)
+	}
+	h.up.Close()
+	// A failed call, then, a second on, the probe it brought forward,
+	// which fails too (the next call starts it).
+	if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "lexical" || m["fallback"] == nil {
+		t.Fatalf("auto with its upstream gone: %v", m)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	h.keyed("/v1/classify", body).ok(t)
+	time.Sleep(200 * time.Millisecond)
+
+	h.autoJobSaysWhy(200)
+}
+
+// autoJobSaysWhy runs a job of n lines through the worker, and fails the
+// test on a result line the llm did not answer with no fallback saying
+// why. It returns how many lines each engine answered.
+func (h *batchHarness) autoJobSaysWhy(n int) map[string]int {
+	t := h.t
+	t.Helper()
 	var input strings.Builder
-	const n = 300
 	for i := range n {
 		fmt.Fprintf(&input, "{\"text\": \"The export button crashes, ticket %d\"}\n", i)
 	}
@@ -909,54 +942,5 @@ func TestBatchAutoLinesAfterADroppedConnectionSayWhy(t *testing.T) {
 			t.Fatalf("line %d answered by %s with no fallback saying why the llm was not", line.Line, line.Engine)
 		}
 	}
-	t.Logf("lines by engine: %v", engines)
-}
-
-// TestBatchAutoLinesWhileTheUpstreamIsDownSayWhy: once the probe that a
-// failed call brought forward had failed too, a job's lines went to the
-// offline engine with no fallback (after a 0.4 s blink of the upstream,
-// 18,336 lines in a row). Every line the llm was not asked for says why,
-// whichever failure took its upstream for down.
-func TestBatchAutoLinesWhileTheUpstreamIsDownSayWhy(t *testing.T) {
-	h := newBatchHarness(t, "local", harnessOptions{plugins: "  engine: auto\n  llm_model: small"})
-	h.startWorker()
-	const body = `{"text": "the export button crashes", "labels": ["bug", "billing"]}`
-	if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "llm" {
-		t.Fatalf("auto with the upstream up: %v", m)
-	}
-	h.up.Close()
-	// A failed call, then, a second on, the probe it brought forward,
-	// which fails too (the next call starts it).
-	if m := h.keyed("/v1/classify", body).ok(t); m["engine"] != "lexical" || m["fallback"] == nil {
-		t.Fatalf("auto with its upstream gone: %v", m)
-	}
-	time.Sleep(1100 * time.Millisecond)
-	h.keyed("/v1/classify", body).ok(t)
-	time.Sleep(200 * time.Millisecond)
-
-	var input strings.Builder
-	const n = 200
-	for i := range n {
-		fmt.Fprintf(&input, "{\"text\": \"The export button crashes, ticket %d\"}\n", i)
-	}
-	c := h.createJob(h.key, `{"labels": ["bug", "billing"]}`)
-	h.upload(c, []byte(input.String()))
-	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, 202)
-	if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
-		t.Fatalf("job %v", job)
-	}
-	_, data := download(t, h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)["download_url"].(string))
-	for l := range bytes.Lines(data) {
-		var line struct {
-			Line     int    `json:"line"`
-			Engine   string `json:"engine"`
-			Fallback string `json:"fallback"`
-		}
-		if err := json.Unmarshal(l, &line); err != nil {
-			t.Fatalf("result line %s: %v", l, err)
-		}
-		if line.Engine != "llm" && line.Fallback == "" {
-			t.Fatalf("line %d answered by %s with no fallback saying why the llm was not", line.Line, line.Engine)
-		}
-	}
+	return engines
 }
