@@ -16,6 +16,23 @@ import (
 	"github.com/tollgate/tollgate/internal/testutil"
 )
 
+// startOnSmallDisk starts an embedded broker on a 24 MiB disk of its own,
+// logging to log, and declares the file-stored bucket FULL on it.
+func startOnSmallDisk(t *testing.T, log *testutil.Log) (*Broker, jetstream.KeyValue, string) {
+	t.Helper()
+	dataDir := testutil.SmallDisk(t, 24<<20)
+	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, log.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	kv, err := EnsureKV(testContext(t), b.JetStream(), jetstream.KeyValueConfig{Bucket: "FULL", Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, kv, dataDir
+}
+
 func storeWatchedEvery(t *testing.T, every time.Duration, room int64) {
 	oldEvery, oldRoom := storeCheckEvery, storeRoomToRestart
 	storeCheckEvery, storeRoomToRestart = every, room
@@ -30,19 +47,9 @@ func storeWatchedEvery(t *testing.T, every time.Duration, room int64) {
 // refuse writes and restarts JetStream itself once the disk has room.
 func TestStoreThatWasFullTakesWritesAgainOnceTheDiskHasRoom(t *testing.T) {
 	storeWatchedEvery(t, 50*time.Millisecond, 1<<20)
-	dataDir := testutil.SmallDisk(t, 24<<20)
-	var log testutil.Log
-	logf := func(format string, args ...any) { t.Logf(format, args...); log.Logf(format, args...) }
-	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
+	log := &testutil.Log{T: t}
+	b, kv, dataDir := startOnSmallDisk(t, log)
 	ctx := testContext(t)
-	kv, err := EnsureKV(ctx, b.JetStream(), jetstream.KeyValueConfig{Bucket: "FULL", Storage: jetstream.FileStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := kv.Put(ctx, "k", []byte("before")); err != nil {
 		t.Fatal(err)
 	}
@@ -135,19 +142,9 @@ func TestStoreWaitingForRoomSaysHowMuchIsFree(t *testing.T) {
 	oldLogEvery := storeWaitLogEvery
 	storeWaitLogEvery = 200 * time.Millisecond
 	t.Cleanup(func() { storeWaitLogEvery = oldLogEvery })
-	dataDir := testutil.SmallDisk(t, 24<<20)
-	var log testutil.Log
-	logf := func(format string, args ...any) { t.Logf(format, args...); log.Logf(format, args...) }
-	b, err := Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
+	log := &testutil.Log{T: t}
+	b, kv, dataDir := startOnSmallDisk(t, log)
 	ctx := testContext(t)
-	kv, err := EnsureKV(ctx, b.JetStream(), jetstream.KeyValueConfig{Bucket: "FULL", Storage: jetstream.FileStorage})
-	if err != nil {
-		t.Fatal(err)
-	}
 	filler := testutil.FillDisk(t, dataDir)
 	put := func(kv jetstream.KeyValue, value []byte) error {
 		c, cancel := context.WithTimeout(ctx, time.Second)
@@ -194,7 +191,7 @@ func TestStoreWaitingForRoomSaysHowMuchIsFree(t *testing.T) {
 
 	// What the line advises: a restart of the gateway on that room.
 	b.Close()
-	b, err = Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, logf)
+	b, err = Start(testContext(t), config.NATS{EmbeddedListen: "127.0.0.1:0"}, dataDir, log.Logf)
 	if err != nil {
 		t.Fatalf("starting again with %d MiB free: %v", free>>20, err)
 	}

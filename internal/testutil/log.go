@@ -4,17 +4,24 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"testing"
 )
 
 // Log is a logf that keeps its lines, for any goroutine: pass its Logf
 // where the code under test logs.
 type Log struct {
+	// T, when set, is given every line too (t.Logf), to read in the
+	// test's output.
+	T     testing.TB
 	mu    sync.Mutex
 	lines []string
 }
 
 // Logf keeps the line format and args make.
 func (l *Log) Logf(format string, args ...any) {
+	if l.T != nil {
+		l.T.Logf(format, args...)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lines = append(l.lines, fmt.Sprintf(format, args...))
