@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -15,15 +16,6 @@ import (
 
 // startLogEvery is how often a start waiting for JetStream says so.
 const startLogEvery = 5 * time.Second
-
-// JetStream API error codes an election explains (nats-server's
-// errors.json).
-const (
-	jsErrCodeClusterNotAvailable = 10008 // no meta leader: "JetStream system temporarily unavailable"
-	jsErrCodeClusterNotLeader    = 10009 // asked a server that lost its leadership meanwhile
-	jsErrCodeNoSuitablePeers     = 10005 // "no suitable peers for placement", with its reasons
-	jsErrCodeStreamOffline       = 10118 // every node of the stream down
-)
 
 // startJetStream is a broker's JetStream while its process starts: until
 // nats.start_timeout after the connection, EnsureStream and EnsureKV made
@@ -123,15 +115,21 @@ func electionExplains(err error) (string, bool) {
 		return "no server answers the JetStream API yet", true
 	case !errors.As(err, &apiErr):
 		return "", false
-	case apiErr.ErrorCode == jsErrCodeClusterNotAvailable, apiErr.ErrorCode == jsErrCodeClusterNotLeader:
+	}
+	// The server's own error identifiers (its errors.json).
+	switch server.ErrorIdentifier(apiErr.ErrorCode) {
+	case server.JSClusterNotAvailErr, // no meta leader: "JetStream system temporarily unavailable"
+		server.JSClusterNotLeaderErr: // asked a server that lost its leadership meanwhile
 		return "no JetStream meta leader", true
-	case apiErr.ErrorCode == jsErrCodeStreamOffline:
+	case server.JSStreamOfflineErr: // every node of the stream down
 		return "the stream's nodes are down", true
-	case apiErr.ErrorCode == jsErrCodeNoSuitablePeers && strings.Contains(apiErr.Description, "peer offline"):
+	case server.JSClusterNoPeersErrF: // "no suitable peers for placement", with its reasons
 		// The cluster's own reason: a node lost, or not yet known to a
 		// meta leader just elected. Too few nodes for nats.replicas is
 		// said without it, and fails at once.
-		return "too few nodes up for nats.replicas", true
+		if strings.Contains(apiErr.Description, "peer offline") {
+			return "too few nodes up for nats.replicas", true
+		}
 	}
 	return "", false
 }
