@@ -129,8 +129,6 @@ func (c *Console) Module() proxy.Module {
 	return proxy.Module{ID: "console", New: c.provision}
 }
 
-type handlerFunc func(c *Console, ctx *fasthttp.RequestCtx, call *proxy.Call)
-
 func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, error) {
 	var public *url.URL
 	if raw := w.Config.Server.PublicURL; raw != "" {
@@ -144,33 +142,32 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 	c.hstsMaxAge.Store(int64(w.Config.Server.HSTSMaxAge / time.Second))
 	pages := []struct {
 		method, path string
-		handle       handlerFunc
+		handle       func(*fasthttp.RequestCtx, *proxy.Call)
 	}{
-		{"GET", "/console", (*Console).overview},
-		{"GET", "/console/login", (*Console).signInPage},
-		{"POST", "/console/login", (*Console).signIn},
-		{"POST", "/console/logout", (*Console).signOut},
-		{"GET", "/console/keys", (*Console).keys},
-		{"POST", "/console/keys", (*Console).createKey},
-		{"GET", "/console/keys/revoke", (*Console).confirmRevoke},
-		{"POST", "/console/keys/revoke", (*Console).revoke},
+		{"GET", "/console", c.overview},
+		{"GET", "/console/login", c.signInPage},
+		{"POST", "/console/login", c.signIn},
+		{"POST", "/console/logout", c.signOut},
+		{"GET", "/console/keys", c.keys},
+		{"POST", "/console/keys", c.createKey},
+		{"GET", "/console/keys/revoke", c.confirmRevoke},
+		{"POST", "/console/keys/revoke", c.revoke},
 		// Any other path under /console is a page too, whatever the
 		// method: a mistyped or old bookmark got the API's JSON 404 or
 		// 405. AnyMethod, not GET and POST routes over "/*": those
 		// answered GET /console/logout and POST /console/style.css with
 		// this 404 before the pages' own 405 (PUT there was a 405).
-		{proxy.AnyMethod, "/console/*", (*Console).noSuchPage},
+		{proxy.AnyMethod, "/console/*", c.noSuchPage},
+		{"GET", "/console/style.css", c.style},
+		{"GET", "/console/", c.toOverview},
 	}
 	var p proxy.Provisioned
 	for _, r := range pages {
 		// AuthNone: the console signs in with its own cookie, never with an
 		// API key.
-		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: c.page(r.handle),
+		p.Routes = append(p.Routes, proxy.Route{Method: r.method, Path: r.path, Auth: proxy.AuthNone, Handler: r.handle,
 			MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody, Headers: c.protectiveHeaders})
 	}
-	p.Routes = append(p.Routes,
-		proxy.Route{Method: "GET", Path: "/console/style.css", Auth: proxy.AuthNone, Handler: c.style, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody, Headers: c.protectiveHeaders},
-		proxy.Route{Method: "GET", Path: "/console/", Auth: proxy.AuthNone, Handler: c.toOverview, MethodNotAllowed: c.methodNotAllowed, MaxBody: maxFormBody, Headers: c.protectiveHeaders})
 	// The operator's way in: behind the admin token, under /admin/v1.
 	p.AdminRoutes = []admin.Route{
 		{Method: "POST", Path: "accounts/{}/console-login", Handle: c.consoleLogin},
@@ -179,16 +176,10 @@ func (c *Console) provision(_ proxy.Host, w *proxy.World) (proxy.Provisioned, er
 	return p, nil
 }
 
-func (c *Console) page(handle handlerFunc) func(*fasthttp.RequestCtx, *proxy.Call) {
-	return func(ctx *fasthttp.RequestCtx, call *proxy.Call) {
-		c.protectiveHeaders(ctx)
-		handle(c, ctx, call)
-	}
-}
-
-// protectiveHeaders are the headers of every console answer. The server
-// sets them too (proxy.Route.Headers) on the answers it gives for the
-// console: its 413 of a body over maxFormBody had none.
+// protectiveHeaders are the headers of every console answer. Each
+// console route has the server set them (proxy.Route.Headers) before it
+// answers or refuses the request, so a handler need not: its 413 of a
+// body over maxFormBody, which no handler sees, had none.
 func (c *Console) protectiveHeaders(ctx *fasthttp.RequestCtx) {
 	h := &ctx.Response.Header
 	// no-store: pages hold balances and, once, a key; none may linger
@@ -236,19 +227,17 @@ func (c *Console) consoleLogin(call *admin.Call) (int, any, error) {
 // DELETE, GET of a form's target) with a page, as noSuchPage answers a
 // path: it got the API's JSON.
 func (c *Console) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
-	c.page(func(c *Console, ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-		// Allow is this page's methods: "The console's pages take POST
-		// only" (GET /console/logout) was said of all of them.
-		text := "This page takes " + allow + " only, not " + string(ctx.Method()) + "."
-		if string(ctx.Path()) == "/console/logout" {
-			// A bookmarked or typed sign-out link: signing out is a form,
-			// as no GET may change anything.
-			text += " To sign out, use the Sign out button at the top of any console page."
-		} else {
-			text += " The console starts at /console."
-		}
-		c.message(ctx, 405, "Not allowed", text, false)
-	})(ctx, nil)
+	// Allow is this page's methods: "The console's pages take POST only"
+	// (GET /console/logout) was said of all of them.
+	text := "This page takes " + allow + " only, not " + string(ctx.Method()) + "."
+	if string(ctx.Path()) == "/console/logout" {
+		// A bookmarked or typed sign-out link: signing out is a form, as
+		// no GET may change anything.
+		text += " To sign out, use the Sign out button at the top of any console page."
+	} else {
+		text += " The console starts at /console."
+	}
+	c.message(ctx, 405, "Not allowed", text, false)
 }
 
 func (c *Console) noSuchPage(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
@@ -302,15 +291,13 @@ func (c *Console) strictTransport(ctx *fasthttp.RequestCtx) {
 // toOverview sends "/console/", which people type as often as "/console",
 // to the overview.
 func (c *Console) toOverview(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-	c.strictTransport(ctx)
 	ctx.Response.Header.Set("Location", "/console")
 	ctx.SetStatusCode(fasthttp.StatusPermanentRedirect)
 }
 
 func (c *Console) style(ctx *fasthttp.RequestCtx, _ *proxy.Call) {
-	c.strictTransport(ctx)
+	// Cacheable, unlike the pages: protectiveHeaders set no-store.
 	ctx.Response.Header.Set("Cache-Control", "public, max-age=3600")
-	ctx.Response.Header.Set("X-Content-Type-Options", "nosniff")
 	ctx.SetContentType("text/css; charset=utf-8")
 	ctx.SetBody(styleCSS)
 }
