@@ -111,13 +111,7 @@ func validText(s string) string {
 	if utf8.ValidString(s) {
 		return s
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:]) // utf8.RuneError, 1 for a byte not UTF-8
-		b.WriteRune(r)
-		i += n
-	}
-	return b.String()
+	return string([]rune(s)) // each byte not UTF-8 is a utf8.RuneError
 }
 
 // backLink is a message page's way back into the console.
