@@ -81,13 +81,12 @@ func (s *sessions) issue(account string, signedOutAt time.Time) (value string, s
 	// ("This session was signed out"). Such a session begins in the next
 	// second instead, the sign-in waiting for it (a second at most).
 	// Dated the next second without the wait, it outlived a second
-	// sign-out later in the first one.
+	// sign-out later in the first one. (A sign-out dated ahead of this
+	// gateway's clock is not waited for.)
 	now := s.now()
-	if !signedOutAt.IsZero() && !now.Truncate(time.Second).After(signedOutAt) {
-		if wait := signedOutAt.Truncate(time.Second).Add(time.Second).Sub(now); wait > 0 && wait <= time.Second {
-			time.Sleep(wait)
-			now = s.now()
-		}
+	if wait := signedOutAt.Truncate(time.Second).Add(time.Second).Sub(now); !signedOutAt.IsZero() && wait > 0 && wait <= time.Second {
+		time.Sleep(wait)
+		now = s.now()
 	}
 	expires := now.Add(s.ttl).Truncate(time.Second)
 	sess = session{Account: account, Expires: expires, nonce: hex.EncodeToString(nonce[:])}
