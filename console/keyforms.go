@@ -15,12 +15,12 @@ import (
 )
 
 // BucketKeyForms holds the one-time tokens of the key forms sent, under
-// the account that sent each (keyFormKey), with the key it made. A browser that reloads the page answering the
-// form sends the form again: without the token every reload made
-// another key, shown once on a page the holder had already left. The
-// note is a shortcut, not the guard: the key's id is derived from the
-// token (accounts.KeyRequest.IdempotencyKey), so a form whose note was
-// lost still cannot make a second key.
+// the account that sent each (keyFormKey), with the key it made. A
+// browser that reloads the page answering the form sends the form again:
+// without the token every reload made another key, shown once on a page
+// the holder had already left. The note is a shortcut, not the guard: the
+// key's id is derived from the token (accounts.KeyRequest.IdempotencyKey),
+// so a form whose note was lost still cannot make a second key.
 const BucketKeyForms = "TOLLGATE_CONSOLE_KEY_FORMS"
 
 // keyFormTokenBytes is the randomness of a key form's token; the token is
@@ -99,15 +99,16 @@ func (f *keyForms) claim(ctx context.Context, token, account string) (keyFormSen
 	if err != nil {
 		return keyFormSent{}, err
 	}
+	key := keyFormKey(account, token)
 	for attempt := 0; ; attempt++ {
-		_, err = f.kv.Create(ctx, keyFormKey(account, token), data)
+		_, err = f.kv.Create(ctx, key, data)
 		if err == nil {
 			return mine, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return keyFormSent{}, fmt.Errorf("recording a key form: %w", err)
 		}
-		entry, err := f.kv.Get(ctx, keyFormKey(account, token))
+		entry, err := f.kv.Get(ctx, key)
 		// Released between the two calls (its first send made no key):
 		// claim it again, a few times at most.
 		if errors.Is(err, jetstream.ErrKeyNotFound) && attempt < 3 {
@@ -120,13 +121,13 @@ func (f *keyForms) claim(ctx context.Context, token, account string) (keyFormSen
 		if err := json.Unmarshal(entry.Value(), &first); err != nil {
 			return keyFormSent{}, fmt.Errorf("decoding a key form sent before: %w", err)
 		}
-		if first.KeyID == "" && first.Account == account && attempt < 3 {
+		if first.KeyID == "" && attempt < 3 { // first.Account is account: keyFormKey
 			// Its send may be making the key now, may have given up (NATS
 			// away, the gateway killed), or may have made and shown it and
 			// then failed to note it. Refused as a reload, the first two
 			// were told a key was made when none was; taken over after a
 			// wait, the last made a second key.
-			if _, err := f.kv.Update(ctx, keyFormKey(account, token), data, entry.Revision()); err == nil {
+			if _, err := f.kv.Update(ctx, key, data, entry.Revision()); err == nil {
 				return mine, nil
 			}
 			continue // another send took it first: read what it wrote
