@@ -129,8 +129,10 @@ type accountRecord struct {
 	// are already charged to the account; see ApplyUsage.
 	BilledThroughSeq uint64     `json:"billed_through_seq"`
 	BilledRanges     []SeqRange `json:"billed_ranges,omitempty"`
-	// Credits are the credits of the last day that carried an
-	// idempotency key, so that one sent again is not applied twice; kept
+	// Credits are the credits (and corrections) that carried an
+	// idempotency key, of the last creditKeyWindow and at most
+	// maxKeyedCredits of them, so that one sent again is not applied
+	// twice; kept
 	// in the record, they are checked and added in the same
 	// compare-and-set as the credit.
 	Credits []keyedCredit `json:"keyed_credits,omitempty"`

@@ -219,8 +219,6 @@ func (b *Broker) Conn() *nats.Conn { return b.nc }
 // JetStream is the JetStream context of Conn.
 func (b *Broker) JetStream() jetstream.JetStream { return b.js }
 
-// ClientURL is where other processes (`tollgate billing`, nats tools, tests)
-// reach the embedded server; with an external NATS it is the URL connected to.
 // RedactURLs hides the credentials of a comma-separated list of NATS URLs
 // in text (the list itself, or an error that quotes it): the user info of
 // each (user and password, the part before its last "@") becomes xxxxx,
@@ -254,6 +252,8 @@ type redactedError struct {
 func (e redactedError) Error() string { return e.msg }
 func (e redactedError) Unwrap() error { return e.err }
 
+// ClientURL is where other processes (`tollgate billing`, nats tools, tests)
+// reach the embedded server; with an external NATS it is the URL connected to.
 func (b *Broker) ClientURL() string {
 	if b.embedded != nil {
 		return b.embedded.ClientURL()
