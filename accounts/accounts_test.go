@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/money"
 )
 
@@ -214,7 +214,7 @@ func TestWaitSyncedSeesWritesFromElsewhere(t *testing.T) {
 // gateways; updates made after it is back must still reach both snapshots.
 func TestSnapshotFollowsAcrossServerRestart(t *testing.T) {
 	storeDir := t.TempDir()
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	run := func() *server.Server {
 		srv, err := server.NewServer(&server.Options{
 			Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: storeDir, NoSigs: true, NoLog: true,
@@ -267,16 +267,6 @@ func TestSnapshotFollowsAcrossServerRestart(t *testing.T) {
 		return nil
 	})
 	t.Logf("seen everywhere %s after the restart", time.Since(restarted))
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // TestCreditOnce: a credit sent again with its idempotency key (a retried

@@ -29,10 +29,13 @@ func TestServeStartsWhileTheS3StoreIsDown(t *testing.T) {
 	minio := miniotest.Start(t)
 	minio.Stop()
 	dir := t.TempDir()
-	const api = "http://127.0.0.1:29130"
+	// Named in the config (runServe reads a file): free ones, not fixed
+	// ones another package's test may hold.
+	listen, natsListen := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t)), fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
+	api := "http://" + listen
 	cfg := filepath.Join(dir, "gateway.yaml")
-	if err := os.WriteFile(cfg, []byte("server:\n  data_dir: "+dir+"\n  listen: 127.0.0.1:29130\n  demo_credit_usd: \"0\"\n  admin_token: test-admin-token-0123\n"+
-		"nats:\n  embedded_listen: 127.0.0.1:29131\n"+
+	if err := os.WriteFile(cfg, []byte("server:\n  data_dir: "+dir+"\n  listen: "+listen+"\n  demo_credit_usd: \"0\"\n  admin_token: test-admin-token-0123\n"+
+		"nats:\n  embedded_listen: "+natsListen+"\n"+
 		"storage:\n  backend: s3\n  s3:\n    endpoint: "+minio.Endpoint()+"\n    bucket: tollgate\n    access_key: "+minio.AccessKey()+
 		"\n    secret_key: "+minio.SecretKey()+"\n    create_bucket: true\n"+
 		"plugins:\n  engine: lexical\n"+

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"go/build"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -60,7 +59,7 @@ func Start(t testing.TB) *Server {
 	// The port is picked free, but another process can take it before the
 	// server binds it; a new port then is as good as the old one.
 	for attempt := 1; ; attempt++ {
-		s.port = freePort(t)
+		s.port = testutil.FreePort(t)
 		err := s.launch()
 		if err == nil {
 			return s
@@ -241,16 +240,6 @@ func gopaths() []string {
 		gopath = strings.TrimSpace(string(out))
 	}
 	return filepath.SplitList(gopath)
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("miniotest: finding a free port: %v", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func randomHex(n int) string {

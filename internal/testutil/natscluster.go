@@ -21,7 +21,7 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	var routes, urls []string
 	for i := range n {
-		clientPorts[i], routePorts[i] = freePort(t), freePort(t)
+		clientPorts[i], routePorts[i] = FreePort(t), FreePort(t)
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[i]))
 		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]))
 	}
@@ -95,7 +95,10 @@ func RestartNATSNode(t testing.TB, srv *server.Server) *server.Server {
 	return startNATSNode(t, opts.(*server.Options))
 }
 
-func freePort(t testing.TB) int {
+// FreePort is a TCP port on 127.0.0.1 that nothing listens on now, for a
+// server a test must start on a port it names (a config file, a restart on
+// the same address).
+func FreePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
