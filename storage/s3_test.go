@@ -3,9 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/tollgate/tollgate/internal/miniotest"
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 const testBucket = "tollgate-test"
@@ -142,16 +141,10 @@ func TestS3StoreDownAtStart(t *testing.T) {
 	srv.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-	}
+	var log testutil.Log
 	began := time.Now()
 	s, err := NewS3(ctx, S3Options{Endpoint: srv.Endpoint(), Region: miniotest.Region, Bucket: testBucket,
-		AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), CreateBucket: true, Logf: logf})
+		AccessKey: srv.AccessKey(), SecretKey: srv.SecretKey(), CreateBucket: true, Logf: log.Logf})
 	if err != nil {
 		t.Fatalf("NewS3 with the store down: %v, want the store, checked again in the background", err)
 	}
@@ -185,9 +178,7 @@ func TestS3StoreDownAtStart(t *testing.T) {
 	if err := up.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(logged) != 2 || !strings.Contains(logged[0], "connection refused") || !strings.Contains(logged[0], "starting without it") ||
+	if logged := log.Matching(); len(logged) != 2 || !strings.Contains(logged[0], "connection refused") || !strings.Contains(logged[0], "starting without it") ||
 		!strings.Contains(logged[1], "answers now") {
 		t.Errorf("logged %q, want the first failure and the return", logged)
 	}
