@@ -569,18 +569,18 @@ func startsWithError(data []byte) bool {
 	if len(data) == 0 || data[0] != '{' {
 		return false
 	}
-	rest := bytes.TrimLeft(data[1:], " \t\r\n")
+	rest := skipJSONSpace(data[1:])
 	if bytes.HasPrefix(rest, keyError) {
 		return true
 	}
 	if !bytes.HasPrefix(rest, keyType) {
 		return false
 	}
-	rest = bytes.TrimLeft(rest[len(keyType):], " \t\r\n")
+	rest = skipJSONSpace(rest[len(keyType):])
 	if len(rest) == 0 || rest[0] != ':' {
 		return false
 	}
-	return bytes.HasPrefix(bytes.TrimLeft(rest[1:], " \t\r\n"), keyError)
+	return bytes.HasPrefix(skipJSONSpace(rest[1:]), keyError)
 }
 
 // isUpstreamError reports whether an error event's error is one: an
@@ -667,11 +667,11 @@ func mayFinish(data []byte) bool {
 		if i < 0 {
 			return false
 		}
-		rest = bytes.TrimLeft(rest[i+len(keyFinishReason):], " \t\r\n")
+		rest = skipJSONSpace(rest[i+len(keyFinishReason):])
 		if len(rest) == 0 || rest[0] != ':' {
 			return true
 		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		rest = skipJSONSpace(rest[1:])
 		if !bytes.HasPrefix(rest, jsonNull) {
 			return true
 		}
