@@ -41,19 +41,31 @@ type connCap struct {
 // release frees the place of a connection closed.
 func (c *connCap) release() { c.open.Add(-1) }
 
-// countedConn is a connection not wrapped for raw calls (not a TCP
-// connection, or not on Linux) that a capped Listener accepted.
-type countedConn struct {
-	net.Conn
+// capPlace is a connection's place under the cap of the Listener that
+// accepted it; conns is nil for one no capped Listener accepted.
+type capPlace struct {
 	conns    *connCap
 	released atomic.Bool
 }
 
+// free frees the place, the first time it is called: a connection
+// closed twice frees one.
+func (p *capPlace) free() {
+	if p.conns != nil && !p.released.Swap(true) {
+		p.conns.release()
+	}
+}
+
+// countedConn is a connection not wrapped for raw calls (not a TCP
+// connection, or not on Linux) that a capped Listener accepted.
+type countedConn struct {
+	net.Conn
+	place capPlace
+}
+
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
-	if !c.released.Swap(true) {
-		c.conns.release()
-	}
+	c.place.free()
 	return err
 }
 

@@ -17,4 +17,6 @@ func Quiet(net.Conn) bool { return true }
 func limitUnsent(net.Conn) {}
 
 // counted has a capped Listener's c free its place when it is closed.
-func counted(c net.Conn, conns *connCap) net.Conn { return &countedConn{Conn: c, conns: conns} }
+func counted(c net.Conn, conns *connCap) net.Conn {
+	return &countedConn{Conn: c, place: capPlace{conns: conns}}
+}

@@ -20,7 +20,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -38,10 +37,9 @@ type Conn struct {
 	r, w            op
 	readDo, writeDo func(fd uintptr) bool
 
-	// conns, for a connection a capped Listener accepted, is told once of
+	// place, for a connection a capped Listener accepted, is freed by
 	// its Close.
-	conns    *connCap
-	released atomic.Bool
+	place capPlace
 }
 
 type op struct {
@@ -69,19 +67,17 @@ func Wrap(c net.Conn) net.Conn {
 // counted has a capped Listener's c free its place when it is closed.
 func counted(c net.Conn, conns *connCap) net.Conn {
 	if rc, ok := c.(*Conn); ok {
-		rc.conns = conns
+		rc.place.conns = conns
 		return rc
 	}
-	return &countedConn{Conn: c, conns: conns}
+	return &countedConn{Conn: c, place: capPlace{conns: conns}}
 }
 
 // Close closes the connection and, the first time, frees its place under
 // the cap of the Listener that accepted it.
 func (c *Conn) Close() error {
 	err := c.TCPConn.Close()
-	if c.conns != nil && !c.released.Swap(true) {
-		c.conns.release()
-	}
+	c.place.free()
 	return err
 }
 
