@@ -25,6 +25,12 @@ func StartRawUpstream(t *testing.T, answer func(conn, req int, c net.Conn) bool)
 	return "http://" + startRawUpstream(t, answer).ln.Addr().String() + "/v1"
 }
 
+// ServeConns is serveConns for the tests of package proxy_test.
+func ServeConns(t *testing.T, handle func(c net.Conn)) (addr string) {
+	t.Helper()
+	return serveConns(t, handle)
+}
+
 // PromptEstimate is promptEstimate for the tests of package proxy_test.
 func PromptEstimate(body []byte, limit int64) int64 { return promptEstimate(body, limit) }
 

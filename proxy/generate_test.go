@@ -1140,31 +1140,10 @@ func TestClientGoneBeforeTheAnswerStopsTheCall(t *testing.T) {
 
 func TestNonStreamCutIs502(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for { // headers, then a small body we need not parse
-					line, err := br.ReadString('\n')
-					if err != nil || line == "\r\n" {
-						break
-					}
-				}
-				fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"id\":\"chatcmpl-1\",\"choices\":[")
-			}()
-		}
-	}()
-	cut := "http://" + ln.Addr().String() + "/v1"
+	cut := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"id\":\"chatcmpl-1\",\"choices\":[")
+		return false
+	})
 	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, cut, 1))
 	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		resp := h.post("/v1/chat/completions", chatBody)

@@ -34,28 +34,13 @@ func TestCallModelRetriesOnAnotherUpstream(t *testing.T) {
 // An answer cut before its Content-Length is an unavailable model, never
 // a short body handed to the engine as if it were the answer.
 func TestCallModelCutAnswerIsAnError(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				_, _ = c.Read(buf)
-				_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"choices\":[{\"message\""))
-			}()
-		}
-	}()
+	cut := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"choices\":[{\"message\""))
+		return false
+	})
 	h := newPoolHarness(t, 1, "  retries: 0")
 	// p0 moves to the cutting server; setPool reads only its upstreams' URLs.
-	h.ups = []*proxytest.Server{{URL: "http://" + ln.Addr().String() + "/v1"}}
+	h.ups = []*proxytest.Server{{URL: cut}}
 	h.setPool("  retries: 0\n  eject_after: 5", "p0")
 	checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
 		if _, _, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody)); err == nil {
@@ -63,7 +48,7 @@ func TestCallModelCutAnswerIsAnError(t *testing.T) {
 		}
 		return nil
 	})
-	_, _, err = h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody))
+	_, _, err := h.gw.World().CallModel(context.Background(), "small", []byte(modelCallBody))
 	if !errors.Is(err, proxy.ErrModelUnavailable) || !strings.Contains(err.Error(), "reading its response") {
 		t.Fatalf("cut answer: %v; want ErrModelUnavailable saying the response was cut", err)
 	}

@@ -161,42 +161,28 @@ type crashingUpstream struct {
 
 func newCrashingUpstream(t *testing.T) *crashingUpstream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &crashingUpstream{URL: "http://" + ln.Addr().String() + "/v1"}
-	go func() {
+	u := &crashingUpstream{}
+	u.URL = "http://" + proxy.ServeConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					body := `{"object":"list","data":[{"id":"proxytest-small","object":"model"}]}`
-					if req.Method == "POST" {
-						u.calls.Add(1)
-						if u.closing.Load() {
-							return
-						}
-						body = `{"id":"c","object":"chat.completion","model":"proxytest-small","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
-					}
-					if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
-						return
-					}
+			_, _ = io.Copy(io.Discard, req.Body)
+			body := `{"object":"list","data":[{"id":"proxytest-small","object":"model"}]}`
+			if req.Method == "POST" {
+				u.calls.Add(1)
+				if u.closing.Load() {
+					return
 				}
-			}()
+				body = `{"id":"c","object":"chat.completion","model":"proxytest-small","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`
+			}
+			if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+				return
+			}
 		}
-	}()
-	t.Cleanup(func() { ln.Close() })
+	}) + "/v1"
 	return u
 }
 

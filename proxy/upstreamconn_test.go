@@ -53,6 +53,31 @@ func startRawUpstream(t *testing.T, answer func(conn int, req int, c net.Conn) b
 	return u
 }
 
+// serveConns accepts connections on a loopback port until the test ends,
+// serving each with handle on a goroutine of its own and closing it once
+// handle returns. It returns the listener's address.
+func serveConns(t *testing.T, handle func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
 // readRequest reads one request with a Content-Length body.
 func readRequest(br *bufio.Reader) bool {
 	length := 0

@@ -97,25 +97,11 @@ func TestTLSHandshakeIsPartOfTheDial(t *testing.T) {
 // reason kept for operators and "the TLS handshake failed" for clients.
 func TestTLSHandshakeFailureIsAConnectFailure(t *testing.T) {
 	cert := testutil.NewTLSCertificate(t)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.Cert}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.(*tls.Conn).Handshake()
-			}()
-		}
-	}()
-	up := testHTTPSUpstream(t, ln.Addr().String(), 2*time.Second)
-	_, err = up.pool.roundTrip(testRequest, 10*time.Second, nil, false)
+	addr := serveConns(t, func(c net.Conn) {
+		_ = tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert.Cert}}).Handshake()
+	})
+	up := testHTTPSUpstream(t, addr, 2*time.Second)
+	_, err := up.pool.roundTrip(testRequest, 10*time.Second, nil, false)
 	if err == nil || !connectFailed(err) || sentUpstream(err) {
 		t.Fatalf("an untrusted certificate: %v, want a connection not opened", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/meter"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // wholeAnswerBody is a non-streamed chat answer with the upstream's usage.
@@ -29,51 +30,37 @@ const wholeAnswerBody = `{"id":"chatcmpl-1","object":"chat.completion","created"
 // closed; any other request gets body at once.
 func pausingUpstream(t *testing.T, body string, first int, pause time.Duration) (baseURL string, closed <-chan time.Duration) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	closedc := make(chan time.Duration, 16)
-	go func() {
+	addr := proxy.ServeConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := readUpstreamRequest(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := readUpstreamRequest(br)
-					if err != nil {
-						return
-					}
-					head := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
-					if !strings.Contains(req, "pause") {
-						if _, err := io.WriteString(c, head+body); err != nil {
-							return
-						}
-						continue
-					}
-					if _, err := io.WriteString(c, head+body[:first]); err != nil {
-						return
-					}
-					paused := time.Now()
-					_ = c.SetReadDeadline(paused.Add(pause))
-					if _, err := br.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
-						closedc <- time.Since(paused) // the gateway closed it (or sent more, which it must not)
-						return
-					}
-					_ = c.SetReadDeadline(time.Time{})
-					if _, err := io.WriteString(c, body[first:]); err != nil {
-						return
-					}
+			head := "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
+			if !strings.Contains(req, "pause") {
+				if _, err := io.WriteString(c, head+body); err != nil {
+					return
 				}
-			}()
+				continue
+			}
+			if _, err := io.WriteString(c, head+body[:first]); err != nil {
+				return
+			}
+			paused := time.Now()
+			_ = c.SetReadDeadline(paused.Add(pause))
+			if _, err := br.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) {
+				closedc <- time.Since(paused) // the gateway closed it (or sent more, which it must not)
+				return
+			}
+			_ = c.SetReadDeadline(time.Time{})
+			if _, err := io.WriteString(c, body[first:]); err != nil {
+				return
+			}
 		}
-	}()
-	return "http://" + ln.Addr().String() + "/v1", closedc
+	})
+	return "http://" + addr + "/v1", closedc
 }
 
 // readUpstreamRequest reads one request and returns its body.
