@@ -178,14 +178,23 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 	}
 	// The bucket is shared: a gateway with another routing.response_ttl
 	// changes how long every gateway's mappings live. Say so, as
-	// billing.usage_retention does for the USAGE stream.
-	ensure := func(ctx context.Context, ttl time.Duration) (jetstream.KeyValue, error) {
+	// billing.usage_retention does for the USAGE stream. A reload
+	// (reloading) never shortens it: the config refuses a value under
+	// this gateway's own, and one under what another gateway set (a
+	// longer one started since) would delete the older mappings of
+	// every gateway as well.
+	ensure := func(ctx context.Context, ttl time.Duration, reloading bool) (jetstream.KeyValue, error) {
 		var before time.Duration
 		var held uint64
 		if old, err := js.KeyValue(ctx, BucketResponses); err == nil {
 			if st, err := old.Status(ctx); err == nil {
 				before, held = st.TTL(), st.Values()
 			}
+		}
+		if reloading && before > ttl {
+			logf("responses: routing.response_ttl %s is not applied to the %s bucket, which keeps response mappings for %s (another gateway's value): shortening it would delete the older mappings of every gateway on this NATS; restart to apply it",
+				ttl, BucketResponses, before)
+			return nil, nil
 		}
 		kv, err := broker.EnsureKV(ctx, js, cfg(ttl))
 		if err != nil || before == 0 || before == ttl {
@@ -207,7 +216,7 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 			BucketResponses, ttl, before, dropped)
 		return kv, nil
 	}
-	kv, err := ensure(ctx, ttl)
+	kv, err := ensure(ctx, ttl, false)
 	if err != nil {
 		return nil, err
 	}
@@ -221,19 +230,8 @@ func OpenResponseStore(ctx context.Context, js jetstream.JetStream, replicas int
 		store = newReplicatedKV(kv, js)
 	}
 	r := newResponseStore(store, ttl, logf)
-	// A reload lengthens the bucket's max age, never shortens it: the
-	// config refuses a value under this gateway's own, and one under
-	// what another gateway set (a longer one started since) would
-	// delete the older mappings of every gateway as well.
 	r.retune = func(ctx context.Context, ttl time.Duration) error {
-		if kv, err := js.KeyValue(ctx, BucketResponses); err == nil {
-			if st, err := kv.Status(ctx); err == nil && st.TTL() > ttl {
-				logf("responses: routing.response_ttl %s is not applied to the %s bucket, which keeps response mappings for %s (another gateway's value): shortening it would delete the older mappings of every gateway on this NATS; restart to apply it",
-					ttl, BucketResponses, st.TTL())
-				return nil
-			}
-		}
-		_, err := ensure(ctx, ttl)
+		_, err := ensure(ctx, ttl, true)
 		return err
 	}
 	r.nc = js.Conn()
