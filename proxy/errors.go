@@ -74,22 +74,28 @@ func WriteError(ctx *fasthttp.RequestCtx, err *APIError) {
 	if err.Status >= 400 && err.Status < 500 && err.Status != statusClientClosed && !err.upstreams {
 		refusals.count(ctx.Path(), err.Status)
 	}
-	body, _ := err.MarshalJSON()
-	ctx.Response.ResetBody()
-	ctx.SetStatusCode(err.Status)
-	ctx.SetContentType("application/json")
-	ctx.SetBody(body)
-	if err.RetryAfter > 0 {
-		SetRetryAfter(&ctx.Response.Header, err.RetryAfter)
-	}
-	if err.NoRetry {
-		ctx.Response.Header.Set("x-should-retry", "false")
-	}
+	setError(&ctx.Response, err)
 	if err.Status == statusClientClosed {
 		// The client is gone for the requests it pipelined behind this
 		// one too: kept open, the connection served the next one from
 		// fasthttp's buffer, sent it upstream and billed it another 499.
 		ctx.SetConnectionClose()
+	}
+}
+
+// setError makes resp err's answer: its status, its envelope, and the
+// headers that say whether and when to retry.
+func setError(resp *fasthttp.Response, err *APIError) {
+	body, _ := err.MarshalJSON()
+	resp.ResetBody()
+	resp.SetStatusCode(err.Status)
+	resp.Header.SetContentType("application/json")
+	resp.SetBody(body)
+	if err.RetryAfter > 0 {
+		SetRetryAfter(&resp.Header, err.RetryAfter)
+	}
+	if err.NoRetry {
+		resp.Header.Set("x-should-retry", "false")
 	}
 }
 

@@ -248,16 +248,11 @@ func (s *Server) ClientConnections() int { return s.connCap }
 // deadline bounds a write that would.
 func (s *Server) refuseConnection(c net.Conn) {
 	s.refusedConns.Add(1)
-	e := errOverloaded(s.connCap)
-	body, _ := e.MarshalJSON()
 	var resp fasthttp.Response
-	resp.SetStatusCode(e.Status)
+	setError(&resp, errOverloaded(s.connCap))
 	resp.Header.SetServer(serverName)
-	resp.Header.SetContentType("application/json")
 	resp.Header.Set("x-request-id", newRequestID())
-	SetRetryAfter(&resp.Header, e.RetryAfter)
 	resp.SetConnectionClose()
-	resp.SetBody(body)
 	_ = c.SetWriteDeadline(time.Now().Add(refusalWriteWait))
 	_, _ = resp.WriteTo(c)
 	_ = c.Close()
