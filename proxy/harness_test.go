@@ -5,15 +5,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"go.opentelemetry.io/otel/trace"
 	"io"
 	"net/http"
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tidwall/gjson"
 
@@ -273,33 +273,4 @@ func (h *harness) keyID(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return key.ID
-}
-
-// logCapture keeps the lines a gateway logs, for a test to look into.
-type logCapture struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (c *logCapture) logf(format string, args ...any) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.lines = append(c.lines, fmt.Sprintf(format, args...))
-}
-
-// matching is the lines holding every one of words, in the order logged.
-func (c *logCapture) matching(words ...string) []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var found []string
-next:
-	for _, l := range c.lines {
-		for _, w := range words {
-			if !strings.Contains(l, w) {
-				continue next
-			}
-		}
-		found = append(found, l)
-	}
-	return found
 }

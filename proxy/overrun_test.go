@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -17,8 +18,8 @@ import (
 // for bob"), billed on its usage. Each call gets its own answer; the
 // overrun is counted and logged, without the bytes.
 func TestUpstreamAnswerOverrunDoesNotShiftAnswers(t *testing.T) {
-	var log logCapture
-	h := newHarness(t, harnessOptions{logf: log.logf})
+	var log testutil.Log
+	h := newHarness(t, harnessOptions{logf: log.Logf})
 	answer := func(who string) string {
 		body := fmt.Sprintf(`{"id":"chatcmpl-%s","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"answer for %s"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}`, who, who)
 		return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
@@ -51,7 +52,7 @@ func TestUpstreamAnswerOverrunDoesNotShiftAnswers(t *testing.T) {
 	if m := scrape(t, h); !strings.Contains(m, "tollgate_upstream_overruns_total{upstream=\"local\"} 1\n") {
 		t.Fatalf("the overrun is not counted:\n%s", m)
 	}
-	lines := log.matching("after the end of an answer")
+	lines := log.Matching("after the end of an answer")
 	if len(lines) != 1 || strings.Contains(lines[0], "SMUGGLED") {
 		t.Fatalf("logged %q, want one line without the bytes", lines)
 	}
@@ -64,8 +65,8 @@ func TestUpstreamAnswerOverrunDoesNotShiftAnswers(t *testing.T) {
 // included, for keys with logging off too. The client is told the header
 // was invalid, nothing quotes the answer, and another member answers.
 func TestUpstreamInvalidHeaderIsSaidWithoutTheAnswer(t *testing.T) {
-	var log logCapture
-	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 2, "  retries: 1\n  balance: round_robin")
+	var log testutil.Log
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.Logf}, 2, "  retries: 1\n  balance: round_robin")
 	const request = `{"model":"small","messages":[{"role":"user","content":"hi"}]}`
 	p0 := h.ups[0].URL
 	for header, says := range map[string]string{
@@ -103,7 +104,7 @@ func TestUpstreamInvalidHeaderIsSaidWithoutTheAnswer(t *testing.T) {
 			return nil
 		})
 	}
-	if lines := log.matching("SECRET"); len(lines) > 0 {
+	if lines := log.Matching("SECRET"); len(lines) > 0 {
 		t.Fatalf("the log quotes the answer: %q", lines)
 	}
 }

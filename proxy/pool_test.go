@@ -657,12 +657,12 @@ func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
 // base_url: never ejected, it was never logged, and the Quick start's
 // gateway with no upstream running answered 503s with a silent log.
 func TestPoolLogsAnUpstreamAloneThatFailsOnce(t *testing.T) {
-	var log logCapture
-	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 1, "  eject_after: 2", proxytest.Options{Status: 500})
+	var log testutil.Log
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.Logf}, 1, "  eject_after: 2", proxytest.Options{Status: 500})
 	for range 3 {
 		readAll(t, h.post("/v1/chat/completions", smallChat))
 	}
-	failed := log.matching("upstream p0 (", "failed")
+	failed := log.Matching("upstream p0 (", "failed")
 	if len(failed) != 1 || !strings.Contains(failed[0], "("+h.ups[0].URL) {
 		t.Fatalf("logged %q, want one line naming p0's base_url %s", failed, h.ups[0].URL)
 	}
@@ -1266,9 +1266,9 @@ func TestPoolEditOfAnUpstreamUnderLoadKeepsItsCapAndInFlight(t *testing.T) {
 // refuses, what to start: the Quick start's gateway with no upstream
 // running said nothing until a call failed with a 503.
 func TestCheckUpstreamsLogsOneThatDoesNotAnswer(t *testing.T) {
-	var log logCapture
-	lines := log.matching
-	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 2, "", proxytest.Options{})
+	var log testutil.Log
+	lines := log.Matching
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.Logf}, 2, "", proxytest.Options{})
 	h.ups[1].Close()
 	h.gw.CheckUpstreams()
 	testutil.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -1293,9 +1293,9 @@ func TestCheckUpstreamsLogsOneThatDoesNotAnswer(t *testing.T) {
 // its first byte. Said once, with its base_url, and once more when a
 // stream of it completes.
 func TestPoolLogsAnUpstreamAloneThatBreaksStreamsOnce(t *testing.T) {
-	var log logCapture
-	lines := log.matching
-	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 1, "  eject_after: 2", proxytest.Options{Chunks: 10, DropAfter: 3})
+	var log testutil.Log
+	lines := log.Matching
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.Logf}, 1, "  eject_after: 2", proxytest.Options{Chunks: 10, DropAfter: 3})
 	stream := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	for range 3 {
 		readAll(t, h.post("/v1/chat/completions", stream))

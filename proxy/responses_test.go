@@ -15,6 +15,7 @@ import (
 	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -650,8 +651,8 @@ func TestResponsesWithNATSGone(t *testing.T) {
 // in an editor (72m for 72h) did so two seconds later: a reload refuses
 // it, and a start that shortens it says how many mappings went.
 func TestResponseTTLReloads(t *testing.T) {
-	var gatewayLog logCapture
-	h := newPoolHarnessWith(t, harnessOptions{logf: gatewayLog.logf}, 1, "  balance: round_robin")
+	var gatewayLog testutil.Log
+	h := newPoolHarnessWith(t, harnessOptions{logf: gatewayLog.Logf}, 1, "  balance: round_robin")
 	ctx := context.Background()
 	status := func() jetstream.KeyValueStatus {
 		kv, err := h.broker.JetStream().KeyValue(ctx, proxy.BucketResponses)
@@ -694,8 +695,8 @@ func TestResponseTTLReloads(t *testing.T) {
 		t.Fatalf("the bucket holds %d mappings after a reload shortening its TTL, held %d", n, held)
 	}
 	want := fmt.Sprintf("config reload not supported for routing.response_ttl (line %d): 1m0s is shorter than the 1000h0m0s in force, and would delete the stored responses older than 1m0s", line)
-	if refused := gatewayLog.matching(want, "for every gateway on this NATS", "restart required"); len(refused) != 1 {
-		t.Errorf("no refusal logged %q; log:\n%s", want, strings.Join(gatewayLog.matching(), "\n"))
+	if refused := gatewayLog.Matching(want, "for every gateway on this NATS", "restart required"); len(refused) != 1 {
+		t.Errorf("no refusal logged %q; log:\n%s", want, strings.Join(gatewayLog.Matching(), "\n"))
 	}
 
 	// Nor does a reload that lengthens this gateway's value shorten what
@@ -707,8 +708,8 @@ func TestResponseTTLReloads(t *testing.T) {
 	other.Close()
 	h.setPool("  balance: round_robin\n  response_ttl: 1500h", "p0")
 	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
-		if kept := gatewayLog.matching("routing.response_ttl 1500h0m0s is not applied", "keeps response mappings for 2000h0m0s"); len(kept) != 1 {
-			return fmt.Errorf("no word that 1500h is not applied; log:\n%s", strings.Join(gatewayLog.matching("responses:"), "\n"))
+		if kept := gatewayLog.Matching("routing.response_ttl 1500h0m0s is not applied", "keeps response mappings for 2000h0m0s"); len(kept) != 1 {
+			return fmt.Errorf("no word that 1500h is not applied; log:\n%s", strings.Join(gatewayLog.Matching("responses:"), "\n"))
 		}
 		return nil
 	})
@@ -719,13 +720,13 @@ func TestResponseTTLReloads(t *testing.T) {
 	// The bucket is every gateway's: one started with a shorter TTL
 	// deletes the older mappings of all, on purpose, and says how many.
 	time.Sleep(1100 * time.Millisecond)
-	var log logCapture
-	other, err = proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Second, log.logf)
+	var log testutil.Log
+	other, err = proxy.OpenResponseStore(ctx, h.broker.JetStream(), 1, time.Second, log.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other.Close()
-	logged := log.matching()
+	logged := log.Matching()
 	want = fmt.Sprintf("now keeps response mappings for 1s, not 2000h0m0s, for every gateway on this NATS: %d of its %d mappings, those older than 1s, were deleted", held, held)
 	if len(logged) != 1 || !strings.Contains(logged[0], want) {
 		t.Errorf("a second gateway with a shorter response_ttl logged %q, want %q", logged, want)

@@ -241,8 +241,8 @@ func TestUpstreamThroughAnEgressProxy(t *testing.T) {
 		"upstream.test:443": strings.TrimSuffix(strings.TrimPrefix(upURL, "https://"), "/v1"),
 	})
 	proxy.SetEgressProxy(t, egress.ProxyURL())
-	var log logCapture
-	h := newPoolHarnessWith(t, harnessOptions{logf: log.logf}, 1, "  retries: 0")
+	var log testutil.Log
+	h := newPoolHarnessWith(t, harnessOptions{logf: log.Logf}, 1, "  retries: 0")
 	h.setUpstreamOf(0, "https://upstream.test/v1", "first_byte_timeout: 2s, connect_timeout: 2s, tls_ca: "+writeCAFile(t, cert))
 	for _, body := range []string{smallChat, `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`} {
 		resp := h.post("/v1/chat/completions", body)
@@ -254,7 +254,7 @@ func TestUpstreamThroughAnEgressProxy(t *testing.T) {
 		t.Fatalf("the proxy saw %q", seen)
 	}
 	said := "upstream p0 (https://upstream.test/v1) goes through the egress proxy http://" + egress.Addr()
-	if got := log.matching(said); len(got) != 1 {
+	if got := log.Matching(said); len(got) != 1 {
 		t.Fatalf("logged %q, want one line saying %q", got, said)
 	}
 
@@ -268,10 +268,10 @@ func TestUpstreamThroughAnEgressProxy(t *testing.T) {
 	if st := h.statuses()["p0"]; !strings.Contains(st.LastError, "through egress proxy http://"+egress.Addr()+": it answered 407") || strings.Contains(st.LastError, "s3cret") {
 		t.Fatalf("p0's last_error %q", st.LastError)
 	}
-	if got := log.matching("s3cret"); len(got) != 0 {
+	if got := log.Matching("s3cret"); len(got) != 0 {
 		t.Fatalf("the log holds the proxy's password: %q", got)
 	}
-	if got := log.matching("goes through the egress proxy"); len(got) != 1 {
+	if got := log.Matching("goes through the egress proxy"); len(got) != 1 {
 		t.Fatalf("the edit logged the proxy again: %q", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
@@ -23,8 +24,8 @@ const nginxPlainHTTPToHTTPSPort = "<html>\r\n<head><title>400 The plain HTTP req
 // nothing was logged. It is a 502 upstream_bad_answer that quotes none of
 // the page, not billed, and the log names the upstream.
 func TestUpstreamHTMLPageWith400IsABadAnswerNotTheClients(t *testing.T) {
-	var log logCapture
-	h := newHarness(t, harnessOptions{logf: log.logf})
+	var log testutil.Log
+	h := newHarness(t, harnessOptions{logf: log.Logf})
 	h.useRawUpstream(func(c net.Conn) bool {
 		fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\nServer: nginx\r\nContent-Type: text/html\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 			len(nginxPlainHTTPToHTTPSPort), nginxPlainHTTPToHTTPSPort)
@@ -42,7 +43,7 @@ func TestUpstreamHTMLPageWith400IsABadAnswerNotTheClients(t *testing.T) {
 	if n := len(h.rec.Events()); n != before {
 		t.Fatalf("%d events recorded for an answer not passed on", n-before)
 	}
-	if got := log.matching("upstream local", "answered 400"); len(got) != 1 || strings.Contains(got[0], "plain HTTP") {
+	if got := log.Matching("upstream local", "answered 400"); len(got) != 1 || strings.Contains(got[0], "plain HTTP") {
 		t.Fatalf("logged %q; want one line naming the upstream, quoting nothing of the page", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -95,8 +96,8 @@ const openAIIncorrectKey = `{"error":{"message":"Incorrect API key provided: Aut
 // and nothing was logged. It is a 502 upstream_credentials_refused naming
 // the upstream, the key masked, logged, not billed.
 func TestUpstream401IsTheGatewaysCredentialsNotTheClients(t *testing.T) {
-	var log logCapture
-	h := newHarness(t, harnessOptions{logf: log.logf})
+	var log testutil.Log
+	h := newHarness(t, harnessOptions{logf: log.Logf})
 	withUpstreamKey(h)
 	before := len(h.rec.Events())
 	for _, status := range []int{401, 403} {
@@ -113,7 +114,7 @@ func TestUpstream401IsTheGatewaysCredentialsNotTheClients(t *testing.T) {
 	if n := len(h.rec.Events()); n != before {
 		t.Fatalf("%d events recorded for a refusal", n-before)
 	}
-	if got := log.matching("upstream local", "answered 401, refusing the gateway's credentials", maskedUpstreamKey); len(got) != 1 || strings.Contains(got[0], "SECRET") {
+	if got := log.Matching("upstream local", "answered 401, refusing the gateway's credentials", maskedUpstreamKey); len(got) != 1 || strings.Contains(got[0], "SECRET") {
 		t.Fatalf("logged %q; want one line naming the upstream, the key masked", got)
 	}
 	// A stored response's routes, asked of its holder with the same key.

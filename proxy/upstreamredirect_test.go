@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -22,8 +23,8 @@ const nginxMovedPermanently = "<html>\r\n<head><title>301 Moved Permanently</tit
 // fix of base_url), without the Location's userinfo or query, not billed,
 // and logged once.
 func TestUpstreamRedirectIsABadAnswerNamingItsLocation(t *testing.T) {
-	var log logCapture
-	h := newHarness(t, harnessOptions{logf: log.logf})
+	var log testutil.Log
+	h := newHarness(t, harnessOptions{logf: log.Logf})
 	var status atomic.Int32
 	status.Store(301)
 	h.useRawUpstream(func(c net.Conn) bool {
@@ -56,7 +57,7 @@ func TestUpstreamRedirectIsABadAnswerNamingItsLocation(t *testing.T) {
 	if n := len(h.rec.Events()); n != before {
 		t.Fatalf("%d events recorded for a redirect not passed on", n-before)
 	}
-	got := log.matching("upstream local", "answered 301 with a redirect to https://api.example.com/v1/chat/completions", "base_url")
+	got := log.Matching("upstream local", "answered 301 with a redirect to https://api.example.com/v1/chat/completions", "base_url")
 	if len(got) != 1 || strings.Contains(got[0], "hunter2") || strings.Contains(got[0], "s3cret") {
 		t.Fatalf("logged %q; want one line naming the upstream and where its redirect points", got)
 	}
@@ -108,8 +109,8 @@ func TestResponsesStateRedirectIsABadAnswer(t *testing.T) {
 // Location", and the log said to set base_url to where the redirect
 // points. A 300 without a Location reads as such.
 func TestUpstream304IsAnUnexpectedNotModifiedNotARedirect(t *testing.T) {
-	var log logCapture
-	h := newHarness(t, harnessOptions{logf: log.logf})
+	var log testutil.Log
+	h := newHarness(t, harnessOptions{logf: log.Logf})
 	var status atomic.Int32
 	status.Store(304)
 	h.useRawUpstream(func(c net.Conn) bool {
@@ -125,7 +126,7 @@ func TestUpstream304IsAnUnexpectedNotModifiedNotARedirect(t *testing.T) {
 	if msg := e["message"].(string); !strings.Contains(msg, "upstream local answered 304 with an unexpected Not Modified") || strings.Contains(msg, "redirect") {
 		t.Fatalf("304: %v", e)
 	}
-	if got := log.matching("upstream local answered 304"); len(got) != 1 || strings.Contains(got[0], "redirect") || !strings.Contains(got[0], "Not Modified") {
+	if got := log.Matching("upstream local answered 304"); len(got) != 1 || strings.Contains(got[0], "redirect") || !strings.Contains(got[0], "Not Modified") {
 		t.Fatalf("logged %q; want one line saying it answered an unexpected Not Modified", got)
 	}
 	status.Store(300)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy"
@@ -132,14 +133,14 @@ func TestUsageOutOfRangeBesideAGoodReportLogsWhatIsBilled(t *testing.T) {
 		{"bad alone", chatChunk("Hello", "stop") + bad + "data: [DONE]\n\n",
 			0, meter.SourceEstimated, "billing the tokenizer's estimate instead"},
 	} {
-		var log logCapture
-		h := newHarness(t, harnessOptions{logf: log.logf})
+		var log testutil.Log
+		h := newHarness(t, harnessOptions{logf: log.Logf})
 		answerWith(t, h, tc.stream)
 		ev := billedStream(t, h, request, h.key)
 		if tc.prompt != 0 && (ev.PromptTokens != tc.prompt || ev.CompletionTokens != 50) || ev.UsageSource != tc.source {
 			t.Errorf("%s: billed %d+%d (%s)", tc.name, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource)
 		}
-		lines := log.matching("reported usage out of range")
+		lines := log.Matching("reported usage out of range")
 		if len(lines) != 1 || !strings.Contains(lines[0], tc.log) {
 			t.Errorf("%s: logged %q, want one line saying %q", tc.name, lines, tc.log)
 		}
@@ -151,8 +152,8 @@ func TestUsageOutOfRangeBesideAGoodReportLogsWhatIsBilled(t *testing.T) {
 // its JSON, newlines and all. The first is logged, quoted on one line;
 // the rest are counted in tollgate_upstream_usage_refused_total.
 func TestRefusedUsageIsLoggedOnceAWhileAndCounted(t *testing.T) {
-	var log logCapture
-	h := newHarness(t, harnessOptions{logf: log.logf})
+	var log testutil.Log
+	h := newHarness(t, harnessOptions{logf: log.Logf})
 	body := `{"id":"chatcmpl-badusage","object":"chat.completion","created":1,"model":"m",` +
 		`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],` +
 		"\"usage\":{\"prompt_tokens\":-1,\n\"completion_tokens\":50}}"
@@ -180,7 +181,7 @@ func TestRefusedUsageIsLoggedOnceAWhileAndCounted(t *testing.T) {
 		if m := scrape(t, h); !strings.Contains(m, fmt.Sprintf("tollgate_upstream_usage_refused_total{upstream=\"local\"} %d\n", refused)) {
 			return fmt.Errorf("want %d refused reports counted:\n%s", refused, m)
 		}
-		lines := log.matching("reported usage out of range")
+		lines := log.Matching("reported usage out of range")
 		if len(lines) != 1 || strings.Contains(lines[0], "\n") || !strings.Contains(lines[0], `-1,\n\"completion_tokens\":50}"`) {
 			return fmt.Errorf("%d calls with a bad report logged %q, want one line with the report quoted", refused, lines)
 		}
@@ -243,15 +244,15 @@ func TestInterimUsageBeforeAWholeReportIsNotRefused(t *testing.T) {
 		{"interim, out of range, then whole", interim(`{"content":"Hello"}`) + bad + usageChunk(100, 2, `{"content":""}`) + chatChunk("", "stop") + "data: [DONE]\n\n",
 			true, meter.SourceUpstream},
 	} {
-		var log logCapture
-		h := newHarness(t, harnessOptions{logf: log.logf})
+		var log testutil.Log
+		h := newHarness(t, harnessOptions{logf: log.Logf})
 		answerWith(t, h, tc.stream)
 		ev := billedStream(t, h, request, h.key)
 		if ev.UsageSource != tc.source || tc.source == meter.SourceUpstream && (ev.PromptTokens != 100 || ev.CompletionTokens != 2) {
 			t.Errorf("%s: billed %d+%d (%s), want %s", tc.name, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource, tc.source)
 		}
 		counted := strings.Contains(scrape(t, h), "tollgate_upstream_usage_refused_total{upstream=\"local\"} 1\n")
-		lines := log.matching("reported usage")
+		lines := log.Matching("reported usage")
 		if counted != tc.refused || (len(lines) == 1) != tc.refused {
 			t.Errorf("%s: refusal counted %v, logged %q; want refused %v", tc.name, counted, lines, tc.refused)
 		}
@@ -274,8 +275,8 @@ func TestZeroUsageForAPromptOrOutputIsRefused(t *testing.T) {
 		`{"prompt_tokens":0,"completion_tokens":20,"total_tokens":20}`,
 		`{"input_tokens":10,"output_tokens":0,"total_tokens":10}`,
 	} {
-		var log logCapture
-		h := newHarness(t, harnessOptions{logf: log.logf, upstream: proxytest.Options{RawUsage: raw}})
+		var log testutil.Log
+		h := newHarness(t, harnessOptions{logf: log.Logf, upstream: proxytest.Options{RawUsage: raw}})
 		for _, stream := range []string{"false", "true"} {
 			readAll(t, h.post("/v1/chat/completions", `{"model":"small","stream":`+stream+`,"messages":[{"role":"user","content":"one two three"}]}`))
 			readAll(t, h.post("/v1/responses", `{"model":"small","stream":`+stream+`,"input":"one two three"}`))
@@ -297,7 +298,7 @@ func TestZeroUsageForAPromptOrOutputIsRefused(t *testing.T) {
 			}
 			return nil
 		})
-		if lines := log.matching("reported usage out of range"); len(lines) != 1 {
+		if lines := log.Matching("reported usage out of range"); len(lines) != 1 {
 			t.Errorf("usage %s: logged %q, want one line", raw, lines)
 		}
 	}
