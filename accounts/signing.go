@@ -46,30 +46,12 @@ func loadOrCreateSigningKey(dataDir string) (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding signing key: %w", err)
 	}
-	tmp, err := os.CreateTemp(dataDir, SigningKeyFile+".tmp-*")
-	if err != nil {
+	// Of two processes starting at once, one creates it and both load
+	// that one key.
+	pemKey := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	if _, err := durable.CreateFile(path, pemKey); err != nil {
 		return nil, fmt.Errorf("writing signing key: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	// CreateTemp makes the file 0600 already; the key never exists with
-	// wider permissions.
-	if err := pem.Encode(tmp, &pem.Block{Type: "PRIVATE KEY", Bytes: der}); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("writing signing key: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("writing signing key: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, fmt.Errorf("writing signing key: %w", err)
-	}
-	// Link, unlike rename, fails when the target exists: a concurrent
-	// starter that won the race keeps its key and we load that one.
-	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("installing signing key: %w", err)
-	}
-	_ = durable.SyncDir(dataDir) // best effort: failing only weakens durability
 	return readSigningKey(path)
 }
 

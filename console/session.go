@@ -203,39 +203,23 @@ func loadOrCreateSecret(dataDir string) ([]byte, error) {
 		if !errors.Is(err, os.ErrNotExist) || attempt > 0 {
 			return nil, fmt.Errorf("reading console secret: %w", err)
 		}
-		if err := createSecret(dataDir, path); err != nil {
+		if err := createSecret(path); err != nil {
 			return nil, err
 		}
 	}
 }
 
-func createSecret(dataDir, path string) error {
+func createSecret(path string) error {
 	secret := make([]byte, secretLen)
 	if _, err := rand.Read(secret); err != nil {
 		return fmt.Errorf("generating console secret: %w", err)
 	}
-	tmp, err := os.CreateTemp(dataDir, SecretFile+".tmp*")
-	if err != nil {
-		return fmt.Errorf("creating console secret: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.WriteString(hex.EncodeToString(secret) + "\n")
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	// Of two processes starting at once, one creates it and both read
+	// that one. The directory's sync matters: a power loss soon after a
+	// first start lost console.secret, and the next start made another,
+	// which the fingerprint published in NATS refused.
+	if _, err := durable.CreateFile(path, []byte(hex.EncodeToString(secret)+"\n")); err != nil {
 		return fmt.Errorf("writing console secret: %w", err)
 	}
-	// CreateTemp made the file 0600. Link fails if another process won.
-	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("installing console secret: %w", err)
-	}
-	// The link is durable only once the directory is synced: a power loss
-	// soon after a first start lost console.secret, and the next start
-	// made another, which the fingerprint published in NATS refused.
-	_ = durable.SyncDir(dataDir) // best effort: failing only weakens durability
 	return nil
 }

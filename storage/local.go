@@ -138,33 +138,17 @@ func LoadOrCreateSecret(file string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(file), 0o750); err != nil {
 		return "", fmt.Errorf("storage: creating data directory: %w", err)
 	}
-	// Written aside and linked into place: of two processes starting at
-	// once, one links and the other reads the whole secret it linked.
-	f, err := os.CreateTemp(filepath.Dir(file), ".storage.secret-*")
+	// Of two processes starting at once, one creates it and the other
+	// reads the whole secret it wrote. The directory's sync matters: a
+	// power loss soon after a first start lost the secret, and the upload
+	// and download URLs handed out before it were refused after.
+	created, err := durable.CreateFile(file, []byte(secret+"\n"))
 	if err != nil {
 		return "", fmt.Errorf("storage: writing secret: %w", err)
 	}
-	defer os.Remove(f.Name())
-	_, err = f.WriteString(secret + "\n")
-	if err == nil {
-		err = f.Sync() // CreateTemp made it 0600
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Link(f.Name(), file)
-	}
-	if errors.Is(err, fs.ErrExist) {
+	if !created {
 		return LoadOrCreateSecret(file)
 	}
-	if err != nil {
-		return "", fmt.Errorf("storage: writing secret: %w", err)
-	}
-	// The link is durable only once the directory is synced: a power loss
-	// soon after a first start lost the secret, and the upload and
-	// download URLs handed out before it were refused after.
-	_ = durable.SyncDir(filepath.Dir(file)) // best effort: the secret is written
 	return secret, nil
 }
 

@@ -57,3 +57,38 @@ func ReplaceFile(path string, data []byte, mode os.FileMode) error {
 	}
 	return nil
 }
+
+// CreateFile makes path hold data unless it exists, a crash included:
+// written aside (mode 0600, never wider on the way) and synced, then
+// linked into place, which unlike a rename fails when path exists. Of
+// two processes creating it at once, one links and the other gets
+// created false and reads the whole file the first one linked. The
+// directory's sync is best effort: failing it only weakens durability,
+// and without it a power loss soon after a first start could lose the
+// file (and with a secret, what was signed with it).
+func CreateFile(path string, data []byte) (created bool, err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return false, err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Link(tmp.Name(), path)
+	}
+	if errors.Is(err, os.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_ = SyncDir(dir)
+	return true, nil
+}
