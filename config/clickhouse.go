@@ -123,22 +123,40 @@ func RedactURL(v string) string {
 	return strings.Join(parts, ",")
 }
 
+// userInfoEnd is the index of the "@" that ends rest's user info, or -1
+// for none. A password may hold an unescaped "/" (url.Parse refuses it,
+// people write it): user:pa/ss@host showed pa/ss whole, the "@" after
+// the first "/" read as the path's. So an "@" past a "/" still ends the
+// user info when a ":" before that "/" starts a password, not a port
+// (host:8080/path@x is a path's "@").
+func userInfoEnd(rest string) int {
+	end := len(rest)
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		end = i
+	}
+	at := strings.LastIndex(rest[:end], "@")
+	slash := strings.Index(rest[:end], "/")
+	if at < 0 || slash < 0 || at < slash {
+		return at
+	}
+	colon := strings.Index(rest[:slash], ":")
+	if colon < 0 || strings.Trim(rest[colon+1:slash], "0123456789") == "" {
+		return strings.LastIndex(rest[:slash], "@")
+	}
+	return at
+}
+
 // secretParams are the query parameters whose values RedactURL hides.
 var secretParams = map[string]bool{"password": true, "passwd": true, "pass": true, "pwd": true, "secret": true,
 	"token": true, "access_token": true, "auth": true, "key": true, "api_key": true, "api-key": true, "apikey": true,
 	"access_key": true, "secret_key": true, "sig": true, "signature": true}
 
 func redactOneURL(v string) string {
-	scheme := strings.Index(v, "://")
-	if scheme < 0 {
-		return v
+	start := 0
+	if i := strings.Index(v, "//"); i >= 0 {
+		start = i + 2 // with its scheme or without (-url //host)
 	}
-	start := scheme + 3
-	end := len(v)
-	if i := strings.IndexAny(v[start:], "/?#"); i >= 0 {
-		end = start + i
-	}
-	if at := strings.LastIndex(v[start:end], "@"); at >= 0 {
+	if at := userInfoEnd(v[start:]); at >= 0 {
 		info := v[start : start+at]
 		hidden := "xxxxx"
 		if colon := strings.Index(info, ":"); colon >= 0 {
@@ -147,7 +165,7 @@ func redactOneURL(v string) string {
 		v = v[:start] + hidden + v[start+at:]
 	}
 	q := strings.Index(v, "?")
-	if q < 0 {
+	if q < 0 || strings.Contains(v[:q], "#") {
 		return v
 	}
 	query, frag := v[q+1:], ""

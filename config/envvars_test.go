@@ -168,6 +168,13 @@ func TestRedactURLHidesEveryCredential(t *testing.T) {
 		"http://127.0.0.1:8000/v1":                                             "http://127.0.0.1:8000/v1",
 		"http://c:4318/v1/traces?token=A&access_token=B&sig=C&api-version=1":   "http://c:4318/v1/traces?token=xxxxx&access_token=xxxxx&sig=xxxxx&api-version=1",
 		"127.0.0.1:9000": "127.0.0.1:9000",
+		// A password with an unescaped "/", and URLs without a scheme.
+		"nats://u:pa/ss@127.0.0.1:4222":     "nats://u:xxxxx@127.0.0.1:4222",
+		"//admin:S3cr3t@gw.internal:8080":   "//admin:xxxxx@gw.internal:8080",
+		"admin:S3cr3t@gw.internal:8080":     "admin:xxxxx@gw.internal:8080",
+		"http://h:8080/users/a@b/v1":        "http://h:8080/users/a@b/v1",
+		"http://h/v1#frag?password=shown":   "http://h/v1#frag?password=shown",
+		"https://u:p@h/v1?x=1&password=p#f": "https://u:xxxxx@h/v1?x=1&password=xxxxx#f",
 	} {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)

@@ -115,16 +115,16 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		example := ""
 		if !strings.Contains(baseURL, "://") {
-			example = " (-url http://" + shownURL(strings.TrimPrefix(baseURL, "//")) + ")"
+			example = " (-url http://" + config.RedactURL(strings.TrimPrefix(baseURL, "//")) + ")"
 		}
-		return nil, fmt.Errorf("gateway URL %q: write it as http://HOST:PORT or https://HOST%s", shownURL(baseURL), example)
+		return nil, fmt.Errorf("gateway URL %q: write it as http://HOST:PORT or https://HOST%s", config.RedactURL(baseURL), example)
 	}
 	// The admin path is appended to the URL: after a query or a fragment
 	// it was part of them, and the call, admin token and all, went to
 	// "GET /"; after /admin/v1 it was /admin/v1/admin/v1. A path before
 	// it (a reverse proxy's prefix) is kept.
 	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(baseURL, "#") {
-		return nil, fmt.Errorf("gateway URL %q: give it without a query or fragment (-url %s)", shownURL(baseURL), (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String())
+		return nil, fmt.Errorf("gateway URL %q: give it without a query or fragment (-url %s)", config.RedactURL(baseURL), (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String())
 	}
 	// OPENAI_BASE_URL, which the first start prints, ends in /v1: given
 	// as -url it sent the call to /v1/admin/v1/… and got a 404.
@@ -133,7 +133,7 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 		{"/v1", "without the /v1 of OPENAI_BASE_URL"},
 	} {
 		if prefix, ok := strings.CutSuffix(strings.TrimRight(u.Path, "/"), suffix.path); ok {
-			return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, %s (-url %s)", shownURL(baseURL), suffix.what, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
+			return nil, fmt.Errorf("gateway URL %q: give the gateway's base URL, %s (-url %s)", config.RedactURL(baseURL), suffix.what, (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: prefix}).String())
 		}
 	}
 	tokenFrom := ""
@@ -161,7 +161,7 @@ func newAdminClient(baseURL, token string, cfg *config.Config) (*adminClient, er
 		token, tokenFrom = tok, tokenFile
 	}
 	base := strings.TrimRight(baseURL, "/")
-	return &adminClient{url: base, shown: shownURL(base), token: token, tokenFrom: tokenFrom, http: &http.Client{Timeout: 15 * time.Second}}, nil
+	return &adminClient{url: base, shown: config.RedactURL(base), token: token, tokenFrom: tokenFrom, http: &http.Client{Timeout: 15 * time.Second}}, nil
 }
 
 func (c *adminClient) call(method, path string, body any) error {
@@ -218,31 +218,6 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 		fmt.Fprintln(os.Stderr, "tollgate: a credit with this idempotency key was applied before: not applied again (the account as it is now:)")
 	}
 	return out, nil
-}
-
-// shownURL is a gateway URL as a message prints it, a password in it
-// replaced as url.URL.Redacted does: -url http://user:s3cret@host was
-// printed whole when the gateway did not answer. Read by hand, so that a
-// URL written without its scheme, which url.Parse misreads, is hidden
-// too.
-func shownURL(raw string) string {
-	start := 0
-	if i := strings.Index(raw, "//"); i >= 0 {
-		start = i + 2
-	}
-	end := len(raw)
-	if i := strings.IndexAny(raw[start:], "/?#"); i >= 0 {
-		end = start + i
-	}
-	at := strings.LastIndex(raw[start:end], "@")
-	if at < 0 {
-		return raw
-	}
-	user, _, hasPassword := strings.Cut(raw[start:start+at], ":")
-	if !hasPassword {
-		return raw
-	}
-	return raw[:start] + user + ":xxxxx" + raw[start+at:]
 }
 
 func splitList(s string) []string {
