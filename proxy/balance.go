@@ -112,6 +112,11 @@ type upstreamHealth struct {
 	// overruns counts answers it followed with bytes nobody asked for
 	// (upstream.answerOverran).
 	overruns atomic.Uint64
+	// failing counts its failed calls in a row, those of a pool it serves
+	// alone too, which failures leaves out (it is never ejected): read by
+	// the admin API and tollgate_upstream_healthy, which said a model's
+	// only upstream was healthy while every call to it failed.
+	failing atomic.Int64
 }
 
 // carryFrom takes over what prev, the health of the same upstream under
@@ -133,6 +138,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.busy.Store(prev.busy.Load())
 	h.usageRefused.Store(prev.usageRefused.Load())
 	h.overruns.Store(prev.overruns.Load())
+	h.failing.Store(prev.failing.Load())
 	h.window.Store(prev.window.Load())
 	h.curCalls.Store(prev.curCalls.Load())
 	h.curFails.Store(prev.curFails.Load())
@@ -205,6 +211,12 @@ func (h *upstreamHealth) take(now int64) (ticket, bool) {
 	}
 }
 
+// failingNow says its last eject_after calls failed: an upstream with
+// others in its pools is ejected then, a model's only one is still asked.
+func (h *upstreamHealth) failingNow(rt *config.Routing) bool {
+	return h.failing.Load() >= int64(max(rt.EjectAfter, 1))
+}
+
 // eligible is available without taking the trial slot: for choosing.
 func (h *upstreamHealth) eligible(now int64) bool {
 	switch h.state.Load() {
@@ -266,6 +278,9 @@ func (h *upstreamHealth) succeeded(sent ticket, ttfb time.Duration) (recovered b
 		h.answered.Store(int64(ttfb))
 	} else {
 		h.answered.Store(towards(old, int64(ttfb)))
+	}
+	if h.failing.Load() != 0 {
+		h.failing.Store(0)
 	}
 	if h.state.Load() == stateClosed {
 		if h.failures.Load() != 0 {
@@ -336,6 +351,7 @@ func (h *upstreamHealth) closeLocked() {
 // alone in the call's pool is never ejected (see upstream.fail).
 func (h *upstreamHealth) failed(rt *config.Routing, reason, clientReason string, sent ticket, alone, tookCall bool) (ejected bool) {
 	h.count(true)
+	h.failing.Add(1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.lastError, h.clientError = reason, clientReason
@@ -1043,7 +1059,9 @@ type UpstreamStatus struct {
 	Models  []string `json:"models"`
 	// State is "healthy", "ejected" (failed; out until EjectedUntil),
 	// "resting" (answered 429 with Retry-After; out until EjectedUntil, no
-	// failure counted) or "half_open" (the next call is a trial).
+	// failure counted), "half_open" (the next call is a trial) or
+	// "failing" (its last eject_after calls or more failed, and it is not
+	// out: the only upstream of a model it serves, never ejected).
 	State        string     `json:"state"`
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	LastError    string     `json:"last_error,omitempty"`
@@ -1098,6 +1116,10 @@ func (w *World) UpstreamStatuses() []UpstreamStatus {
 			}
 		case stateHalfOpen:
 			st.State = "half_open"
+		default:
+			if h.failingNow(&w.Config.Routing) {
+				st.State = "failing"
+			}
 		}
 		calls, fails := h.recent(time.Now())
 		st.RecentCalls = calls
@@ -1117,8 +1139,8 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 	}
 	all := []series{
 		{"tollgate_upstream_in_flight", "Generation calls in flight per upstream.", "gauge", func(h *upstreamHealth) float64 { return float64(h.inflight.Load()) }},
-		{"tollgate_upstream_healthy", "1 while the upstream takes calls (or is due a trial call), 0 while ejected or resting.", "gauge", func(h *upstreamHealth) float64 {
-			if h.eligible(time.Now().UnixNano()) {
+		{"tollgate_upstream_healthy", "1 while the upstream takes calls (or is due a trial call), 0 while ejected or resting, or while its last eject_after calls or more failed (a model's only upstream, never ejected).", "gauge", func(h *upstreamHealth) float64 {
+			if h.eligible(time.Now().UnixNano()) && !h.failingNow(&w.Config.Routing) {
 				return 1
 			}
 			return 0

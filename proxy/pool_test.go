@@ -1330,3 +1330,32 @@ func (h *poolHarness) answeredAll(n int) {
 		}
 	}
 }
+
+// A model's only upstream is never ejected, so the admin API and the
+// health gauge said healthy while every call to it failed: nothing an
+// operator's alert could see. Its failures in a row now show, and its
+// next answer clears them.
+func TestPoolOfOneFailingShowsInStateAndGauge(t *testing.T) {
+	h := newPoolHarness(t, 1, "  eject_after: 2", proxytest.Options{Status: 500})
+	for range 2 {
+		readAll(t, h.post("/v1/chat/completions", smallChat))
+	}
+	if st := h.statuses()["p0"]; st.State != "failing" {
+		t.Fatalf("p0, the pool's only member, failed 2 calls in a row (eject_after 2) and is %+v", st)
+	}
+	if m := scrape(t, h.harness); !strings.Contains(m, `tollgate_upstream_healthy{upstream="p0"} 0`) {
+		t.Fatalf("p0 failed every call and the gauge says otherwise:\n%s", m)
+	}
+	h.ups[0].SetOptions(proxytest.Options{})
+	if resp := h.post("/v1/chat/completions", smallChat); resp.StatusCode != 200 {
+		t.Fatalf("p0 answers again and the call got %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	if st := h.statuses()["p0"]; st.State != "healthy" {
+		t.Fatalf("p0 answered and is %+v", st)
+	}
+	if m := scrape(t, h.harness); !strings.Contains(m, `tollgate_upstream_healthy{upstream="p0"} 1`) {
+		t.Fatalf("p0 answered and the gauge says otherwise:\n%s", m)
+	}
+}
