@@ -138,7 +138,6 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 	h.busy.Store(prev.busy.Load())
 	h.usageRefused.Store(prev.usageRefused.Load())
 	h.overruns.Store(prev.overruns.Load())
-	h.failing.Store(prev.failing.Load())
 	h.window.Store(prev.window.Load())
 	h.curCalls.Store(prev.curCalls.Load())
 	h.curFails.Store(prev.curFails.Load())
@@ -148,6 +147,7 @@ func (h *upstreamHealth) carryFrom(prev *upstreamHealth, sameServer bool) {
 		return
 	}
 	h.latency.Store(prev.latency.Load())
+	h.failing.Store(prev.failing.Load())
 	h.sampled.Store(prev.sampled.Load())
 	h.answered.Store(prev.answered.Load())
 	prev.mu.Lock()
