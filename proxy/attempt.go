@@ -228,7 +228,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// whose every call outlasts its client's timeout was never
 				// ejected, and cost a client a timeout every few seconds.
 				reason := "no first byte in " + wait.Round(time.Millisecond).String() + ", when its client left"
-				up.fail(rt, reason, reason, sent, c.alone, false)
+				up.fail(rt, c.reqID, reason, reason, sent, c.alone, false)
 			} else {
 				h.undecided(sent)
 			}
@@ -286,13 +286,13 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 					// (nginx's 400 for http:// on its https port) does
 					// not stand before; logged, the operator sees it.
 					requestsFault = true
-					up.pageInsteadOfError(errStatus, badAnswer)
+					up.pageInsteadOfError(c.reqID, errStatus, badAnswer)
 				case errStatus >= 300 && errStatus < 400:
 					// A redirect is the base_url's, as such a front's
 					// page is: logged for the operator, tried on
 					// another member, and counted against none.
 					requestsFault = true
-					up.answeredRedirect(errStatus, badAnswer)
+					up.answeredRedirect(c.reqID, errStatus, badAnswer)
 				}
 			case cut:
 				lastErr = upstreamCut(up, err)
@@ -307,7 +307,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				why = fmt.Sprintf("refused the gateway's credentials (answered %d)", errStatus)
 				reason = fmt.Sprintf("refused the gateway's credentials (answered %d: %s)", errStatus, refusal)
 				clientReason = why
-				up.refusedCredentials(errStatus, refusal)
+				up.refusedCredentials(c.reqID, errStatus, refusal)
 			case generating:
 				// The upstream may have been generating all along: another
 				// would start over, and be paid for it again.
@@ -334,7 +334,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				// upstream may not have, counted as a failure.
 				h.undecided(sent)
 			default:
-				up.fail(rt, reason, clientReason, sent, c.alone, timedOut || cut || answerErr.Exists() || badAnswer != "" || refusal != "")
+				up.fail(rt, c.reqID, reason, clientReason, sent, c.alone, timedOut || cut || answerErr.Exists() || badAnswer != "" || refusal != "")
 			}
 			failures = append(failures, up.cfg.Name+": "+why)
 			if c.pinned == nil && !generating && !lastErr.NoRetry && retryable(n, rt, c.start, p, tried) {
@@ -359,7 +359,7 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 		case status >= 500:
 			answered := answeredStatus(status)
-			up.fail(rt, answered, answered, sent, c.alone, true)
+			up.fail(rt, c.reqID, answered, answered, sent, c.alone, true)
 		default:
 			// Load first: a Swap on every answer writes memory every call
 			// to this upstream shares, though the flag is almost never set.
@@ -802,13 +802,16 @@ func retryable(n int, rt *config.Routing, start time.Time, p *pool, tried uint64
 // fail (three tries of one call, with an SDK's retries) would turn into a
 // 503 for every other caller. The failure is still counted and shown.
 //
+// reqID names the call in the log, which says "request <reqID>" where
+// it is known (a classifier engine's question has none): the id the
+// client got in x-request-id leads to the upstream's failure.
 // reason is for operators; clientReason says the same without addresses,
 // for the 503s of calls that find the upstream out. tookCall: the
 // upstream took the call and failed it (a 5xx, a bad answer, a timeout
 // while it held it), not a connection that failed.
-func (up *upstream) fail(rt *config.Routing, reason, clientReason string, sent ticket, alone, tookCall bool) {
+func (up *upstream) fail(rt *config.Routing, reqID, reason, clientReason string, sent ticket, alone, tookCall bool) {
 	if up.health.failed(rt, reason, clientReason, sent, alone, tookCall) {
-		up.ejected(rt, reason)
+		up.ejected(rt, reqID, reason)
 		return
 	}
 	// One alone in its pool is never ejected, so nothing was logged: the
@@ -816,8 +819,17 @@ func (up *upstream) fail(rt *config.Routing, reason, clientReason string, sent t
 	// and its log said nothing of where it had tried. Once per state
 	// change, as an ejection is.
 	if alone && up.failingAlone.CompareAndSwap(false, true) {
-		up.logf("upstream %s (%s) failed: %s; the only upstream of the model, it is not ejected, and its calls fail until it answers", up.cfg.Name, logURL(up.cfg.BaseURL), reason)
+		up.logf("upstream %s (%s) failed%s: %s; the only upstream of the model, it is not ejected, and its calls fail until it answers", up.cfg.Name, logURL(up.cfg.BaseURL), onRequest(" on", reqID), reason)
 	}
+}
+
+// onRequest is " <prep> request <reqID>" for a log line, or "" for a call
+// without an id.
+func onRequest(prep, reqID string) string {
+	if reqID == "" {
+		return ""
+	}
+	return prep + " request " + reqID
 }
 
 // logURL is base_url for the log: without its query, which may carry a
@@ -831,18 +843,18 @@ func logURL(baseURL string) string {
 }
 
 // broke counts an answer up cut or stalled after its first byte, of the
-// attempt sent with ticket sent; alone as for fail, streamed whether the
-// answer was a stream.
-func (up *upstream) broke(rt *config.Routing, reason, clientReason string, sent ticket, alone, streamed bool) {
+// attempt sent with ticket sent; reqID and alone as for fail, streamed
+// whether the answer was a stream.
+func (up *upstream) broke(rt *config.Routing, reqID, reason, clientReason string, sent ticket, alone, streamed bool) {
 	if up.health.brokeMidAnswer(rt, reason, clientReason, sent, alone, streamed) {
-		up.ejected(rt, reason)
+		up.ejected(rt, reqID, reason)
 		return
 	}
 	// As in fail: one alone is never ejected, and an upstream that cut
 	// every stream was never logged. Once per kind that starts breaking,
 	// until an answer of that kind completes (completed).
 	if kind := answerKind(streamed); alone && up.brokeAlone.Load()&kind == 0 && up.brokeAlone.Or(kind)&kind == 0 {
-		up.logf("upstream %s (%s) broke an answer: %s; the only upstream of the model, it is not ejected, and its answers may break until one completes", up.cfg.Name, logURL(up.cfg.BaseURL), reason)
+		up.logf("upstream %s (%s) broke an answer%s: %s; the only upstream of the model, it is not ejected, and its answers may break until one completes", up.cfg.Name, logURL(up.cfg.BaseURL), onRequest(" to", reqID), reason)
 	}
 }
 
@@ -857,8 +869,8 @@ func (up *upstream) completed(sent ticket, streamed bool) {
 	}
 }
 
-func (up *upstream) ejected(rt *config.Routing, reason string) {
-	up.logf("upstream %s (%s) ejected: %s", up.cfg.Name, logURL(up.cfg.BaseURL), reason)
+func (up *upstream) ejected(rt *config.Routing, reqID, reason string) {
+	up.logf("upstream %s (%s) ejected%s: %s", up.cfg.Name, logURL(up.cfg.BaseURL), onRequest(" after", reqID), reason)
 	// Installing a World sets the interval; an upstream that never was
 	// (a test's) takes the call's.
 	up.probeInterval.CompareAndSwap(0, int64(rt.ProbeInterval))

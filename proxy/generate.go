@@ -723,7 +723,7 @@ func (c *generationCall) answerBroke(err error, reason, clientReason string) {
 		}
 		c.upstream.health.sample(wait)
 	}
-	c.upstream.broke(&c.server.world.Load().Config.Routing, reason, clientReason, c.sent, c.alone, c.eventStream)
+	c.upstream.broke(&c.server.world.Load().Config.Routing, c.reqID, reason, clientReason, c.sent, c.alone, c.eventStream)
 }
 
 // sentUpstream reports whether an attempt that ended with err (nil: an

@@ -648,8 +648,10 @@ func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
 			t.Fatalf("call %d: %d %s, want the upstream's own 500 every time", i, resp.StatusCode, body)
 		}
 	}
-	if st := h.statuses()["p0"]; st.State != "healthy" || !strings.Contains(st.LastError, "500") {
-		t.Fatalf("p0 is %+v, want healthy with the 500 as last error", st)
+	// Not out, and not said to be well either (failing: see
+	// TestPoolOfOneFailingShowsInStateAndGauge).
+	if st := h.statuses()["p0"]; st.State != "failing" || st.Ejections != 0 || !strings.Contains(st.LastError, "500") {
+		t.Fatalf("p0 is %+v, want failing, never ejected, with the 500 as last error", st)
 	}
 }
 
@@ -659,12 +661,22 @@ func TestPoolNeverEjectsAnUpstreamAloneInItsPool(t *testing.T) {
 func TestPoolLogsAnUpstreamAloneThatFailsOnce(t *testing.T) {
 	var log testutil.Log
 	h := newPoolHarnessWith(t, harnessOptions{logf: log.Logf}, 1, "  eject_after: 2", proxytest.Options{Status: 500})
-	for range 3 {
-		readAll(t, h.post("/v1/chat/completions", smallChat))
+	var first string
+	for i := range 3 {
+		resp := h.post("/v1/chat/completions", smallChat)
+		if i == 0 {
+			first = resp.Header.Get("x-request-id")
+		}
+		readAll(t, resp)
 	}
 	failed := log.Matching("upstream p0 (", "failed")
 	if len(failed) != 1 || !strings.Contains(failed[0], "("+h.ups[0].URL) {
 		t.Fatalf("logged %q, want one line naming p0's base_url %s", failed, h.ups[0].URL)
+	}
+	// The id the client got leads to the line: an operator asked about a
+	// failed call had only the time to go by.
+	if first == "" || !strings.Contains(failed[0], "failed on request "+first+":") {
+		t.Fatalf("logged %q, want it to name the failed call's request %q", failed[0], first)
 	}
 }
 

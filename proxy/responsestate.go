@@ -412,7 +412,7 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admis
 		// upstream to ask.
 		what := up.redirectAnswer(&resp.Header)
 		resp.Close()
-		up.answeredRedirect(status, what)
+		up.answeredRedirect(string(ctx.Response.Header.Peek("x-request-id")), status, what)
 		WriteError(ctx, &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
 			Message: fmt.Sprintf("upstream %s, which holds response %s, answered %d with %s; it was not passed on", up.cfg.Name, id, status, what)})
 		return false
@@ -439,7 +439,7 @@ func (s *Server) relayState(ctx *fasthttp.RequestCtx, up *upstream, limit *admis
 		if looksLikeJSONObject(body.B) {
 			msg = up.errorMessage(refusalError(body.B))
 		}
-		up.refusedCredentials(status, msg)
+		up.refusedCredentials(string(ctx.Response.Header.Peek("x-request-id")), status, msg)
 		WriteError(ctx, &APIError{Status: 502, Type: "upstream_error", Code: "upstream_credentials_refused",
 			Message: fmt.Sprintf("upstream %s, which holds response %s, refused the gateway's credentials for it (answered %d: %s); the gateway's operator must fix its api_key", up.cfg.Name, id, status, msg)})
 		return false

@@ -181,31 +181,31 @@ func upstreamAddr(u *url.URL) string {
 // pageInsteadOfError logs now and then a 4xx of the upstream whose body
 // is no JSON error (a front's HTML page): the call moves to another
 // member of its pool, or is answered 502 when none is left.
-func (u *upstream) pageInsteadOfError(status int, what string) {
+func (u *upstream) pageInsteadOfError(reqID string, status int, what string) {
 	ok, held := u.pageLog.Allow(time.Now(), upstreamLogEvery)
 	if !ok {
 		return
 	}
-	u.logf("upstream %s answered %d with %s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); the call was tried on another member of its pool if one was left, else answered 502 upstream_bad_answer%s",
-		u.cfg.Name, status, what, loglimit.HeldNote(held, "since the last such line"))
+	u.logf("upstream %s answered %d with %s%s, no error in OpenAI's shape: a proxy or firewall in front of it, or a base_url that does not reach the API (http:// on an https port); the call was tried on another member of its pool if one was left, else answered 502 upstream_bad_answer%s",
+		u.cfg.Name, status, what, onRequest(" to", reqID), loglimit.HeldNote(held, "since the last such line"))
 }
 
 // answeredRedirect logs now and then a redirect of the upstream (what
 // says where to), which no call follows: the call moves to another member
 // of its pool, or is answered 502 when none is left or it may go to no
 // other (a stored response's).
-func (u *upstream) answeredRedirect(status int, what string) {
+func (u *upstream) answeredRedirect(reqID string, status int, what string) {
 	ok, held := u.redirectLog.Allow(time.Now(), upstreamLogEvery)
 	if !ok {
 		return
 	}
 	if status == fasthttp.StatusNotModified {
-		u.logf("upstream %s answered %d with %s: a cache or proxy in front of it (%s) that answers for the API. Its calls go to another member of their pool where one is left, else are answered 502 upstream_bad_answer%s",
-			u.cfg.Name, status, what, logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
+		u.logf("upstream %s answered %d with %s%s: a cache or proxy in front of it (%s) that answers for the API. Its calls go to another member of their pool where one is left, else are answered 502 upstream_bad_answer%s",
+			u.cfg.Name, status, what, onRequest(" to", reqID), logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
 		return
 	}
-	u.logf("upstream %s answered %d with %s: its base_url (%s) is not where its API answers (an http:// base_url of an https-only provider); set base_url to where the redirect points. Its calls go to another member of their pool where one is left, else are answered 502 upstream_bad_answer%s",
-		u.cfg.Name, status, what, logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
+	u.logf("upstream %s answered %d with %s%s: its base_url (%s) is not where its API answers (an http:// base_url of an https-only provider); set base_url to where the redirect points. Its calls go to another member of their pool where one is left, else are answered 502 upstream_bad_answer%s",
+		u.cfg.Name, status, what, onRequest(" to", reqID), logURL(u.cfg.BaseURL), loglimit.HeldNote(held, "since the last such line"))
 }
 
 const (
@@ -329,13 +329,13 @@ func (u *upstream) errorMessage(e gjson.Result) string {
 
 // refusedCredentials logs now and then an upstream's 401 or 403, which
 // refuses the gateway's api_key, not the client's (msg its message).
-func (u *upstream) refusedCredentials(status int, msg string) {
+func (u *upstream) refusedCredentials(reqID string, status int, msg string) {
 	ok, held := u.credentialsLog.Allow(time.Now(), upstreamLogEvery)
 	if !ok {
 		return
 	}
-	u.logf("upstream %s (%s) answered %d, refusing the gateway's credentials: %s; check its api_key (and the account's access to the model). Its calls go to another member of their pool where one is left, else are answered 502 upstream_credentials_refused%s",
-		u.cfg.Name, logURL(u.cfg.BaseURL), status, msg, loglimit.HeldNote(held, "since the last such line"))
+	u.logf("upstream %s (%s) answered %d, refusing the gateway's credentials%s: %s; check its api_key (and the account's access to the model). Its calls go to another member of their pool where one is left, else are answered 502 upstream_credentials_refused%s",
+		u.cfg.Name, logURL(u.cfg.BaseURL), status, onRequest(" on", reqID), msg, loglimit.HeldNote(held, "since the last such line"))
 }
 
 // adoptTLSSessions makes u resume the TLS sessions of prev, the
