@@ -298,6 +298,10 @@ type Outbox struct {
 
 	writeFailures atomic.Uint64
 	lost          atomic.Uint64
+	// refusal mirrors refusalLocked, set under mu wherever what it reads
+	// changes, so that Refusal, which a readiness probe asks, reads it
+	// without the lock: mu is held across the making of a segment file.
+	refusal atomic.Int32
 
 	stopSyncer    chan struct{}
 	syncerDone    chan struct{}
@@ -396,6 +400,7 @@ func OpenOutboxWith(dir string, opts OutboxOptions) (*Outbox, error) {
 		}
 	}
 	ob.cutToRecordsLocked()
+	ob.noteRefusalLocked()
 	ob.mu.Unlock()
 	go ob.syncer()
 	go ob.compact()
@@ -798,7 +803,9 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 		return nil, fmt.Errorf("%w: %w", ErrOutboxUnwritable, err)
 	}
 	if ob.active == nil || int(ob.active.seg.size)+size > len(ob.active.mem) {
-		if err := ob.rotateLocked(); err != nil {
+		err := ob.rotateLocked()
+		ob.noteRefusalLocked()
+		if err != nil {
 			ob.mu.Unlock()
 			return nil, err
 		}
@@ -834,6 +841,9 @@ func (ob *Outbox) append(ev *Event, wait bool) (chan struct{}, error) {
 	ob.writtenSeq = seq
 	if wait {
 		ob.waiters = append(ob.waiters, durableWaiter{seq: seq, done: done})
+	}
+	if ob.bytes >= ob.opts.MaxBytes || ob.spareErr != nil {
+		ob.noteRefusalLocked() // the next segment may be refused
 	}
 	ob.mu.Unlock()
 
@@ -938,11 +948,18 @@ func (ob *Outbox) rotateLocked() error {
 // (restartSegmentLocked) when JetStream has acknowledged all its records,
 // and reports whether it did. ob.mu must be held.
 func (ob *Outbox) recycleActiveLocked() bool {
-	a := ob.active
-	if a == nil || a.seg.version != 2 || a.seg.last == 0 || a.seg.last > ob.acked {
+	if !ob.activeRecyclableLocked() {
 		return false
 	}
-	return ob.restartSegmentLocked(a, a.seg)
+	return ob.restartSegmentLocked(ob.active, ob.active.seg)
+}
+
+// activeRecyclableLocked says whether JetStream has acknowledged every
+// record of the active segment, which can then be reused in place.
+// ob.mu must be held.
+func (ob *Outbox) activeRecyclableLocked() bool {
+	a := ob.active
+	return a != nil && a.seg.version == 2 && a.seg.last != 0 && a.seg.last <= ob.acked
 }
 
 // recycleLast reuses the last segment in place as the next one when no
@@ -1093,6 +1110,7 @@ func (ob *Outbox) restartSegmentLocked(m *mappedSegment, old *outboxSegment) boo
 	if ob.openCount > 0 {
 		ob.sealLocked()
 	}
+	ob.noteRefusalLocked()
 	signal(ob.syncNow)
 	return true
 }
@@ -1220,6 +1238,7 @@ func (ob *Outbox) syncer() {
 					ob.spare, spare = spare, nil
 				}
 			}
+			ob.noteRefusalLocked()
 			ob.mu.Unlock()
 			if spare != nil {
 				ob.dropSpare(spare)
@@ -1287,6 +1306,7 @@ func (ob *Outbox) syncOnce() {
 		ob.lastWriteErr = syncErr
 		began := ob.diskErr == nil
 		ob.diskErr = syncErr
+		ob.noteRefusalLocked()
 		unwritten := ob.unwrittenLocked(failed)
 		// An answer waiting for its event to be on disk goes out once the
 		// event is logged instead: waiting could not help, and made each
@@ -1305,6 +1325,9 @@ func (ob *Outbox) syncOnce() {
 	}
 	recovered := ob.diskErr != nil
 	ob.diskErr = nil
+	if recovered {
+		ob.noteRefusalLocked()
+	}
 	ob.durableSeq = max(ob.durableSeq, through)
 	released := ob.takeWaitersLocked(ob.durableSeq)
 	ob.mu.Unlock()
@@ -1423,6 +1446,68 @@ func (ob *Outbox) Stats() OutboxStats {
 	}
 }
 
+// outboxRefusal is why the outbox refuses new events (refusalLocked).
+type outboxRefusal int32
+
+const (
+	refusesNothing outboxRefusal = iota
+	refusesClosed
+	refusesUnwritable
+	refusesAtBound
+	refusesNoSegment
+)
+
+// outboxRefusalReasons are Refusal's answers: short and fixed, so that
+// what a probe shows does not change with every byte (the log has the
+// details).
+var outboxRefusalReasons = [...]string{
+	refusesClosed:     "closed",
+	refusesUnwritable: "its last write to disk failed",
+	refusesAtBound:    "billing.outbox_max_bytes reached, waiting for JetStream",
+	refusesNoSegment:  "no room on its disk for a new segment",
+}
+
+// refusalLocked is why an event appended now, or soon, is refused: the
+// outbox is closed, or its last sync failed; or the active segment is
+// in its last eighth (or there is none) and the next cannot be had: the
+// outbox is at its byte bound, or no segment could be made (a full disk)
+// and JetStream has not acknowledged all of the active one, which would
+// be reused. Told only once the segment is full, a probe would see the
+// gateway refuse before it saw it not ready; told as soon as no next
+// segment can be made, a gateway on a full disk whose JetStream keeps up
+// (each segment reused once acknowledged) would leave its load
+// balancer's rotation under load and come back idle. ob.mu must be held.
+func (ob *Outbox) refusalLocked() outboxRefusal {
+	switch {
+	case ob.closed:
+		return refusesClosed
+	case ob.diskErr != nil:
+		return refusesUnwritable
+	case ob.active != nil && int64(len(ob.active.mem))-ob.active.seg.size > ob.segmentBytes/8:
+		return refusesNothing
+	case ob.bytes >= ob.opts.MaxBytes:
+		return refusesAtBound
+	case ob.spare == nil && ob.spareErr != nil && !ob.activeRecyclableLocked():
+		return refusesNoSegment
+	}
+	return refusesNothing
+}
+
+// noteRefusalLocked publishes refusalLocked for Refusal. ob.mu must be
+// held.
+func (ob *Outbox) noteRefusalLocked() {
+	if r := int32(ob.refusalLocked()); ob.refusal.Load() != r {
+		ob.refusal.Store(r)
+	}
+}
+
+// Refusal says why the outbox refuses new usage events, or will once its
+// active segment is full; "" while it takes them. It takes no lock, for
+// a readiness probe.
+func (ob *Outbox) Refusal() string {
+	return outboxRefusalReasons[ob.refusal.Load()]
+}
+
 // setLogf has the outbox say with logf what it could not write to disk.
 func (ob *Outbox) setLogf(logf func(string, ...any)) {
 	ob.mu.Lock()
@@ -1444,6 +1529,7 @@ func (ob *Outbox) missingReported() {
 func (ob *Outbox) ack(seq uint64) {
 	ob.mu.Lock()
 	ob.acked = max(ob.acked, seq)
+	ob.noteRefusalLocked() // the active segment may be reusable now
 	ob.mu.Unlock()
 }
 
@@ -1486,6 +1572,7 @@ func (ob *Outbox) closeInput() {
 		return
 	}
 	ob.closed = true
+	ob.noteRefusalLocked()
 	ob.mu.Unlock()
 	close(ob.stopSyncer)
 	<-ob.syncerDone
@@ -1605,6 +1692,7 @@ func (ob *Outbox) compactOnce() {
 	}
 	clear(ob.segments[len(keep):])
 	ob.segments = keep
+	ob.noteRefusalLocked()
 	ob.mu.Unlock()
 	for _, seg := range done {
 		if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -264,3 +264,54 @@ func TestOutboxKeepsItsLastSegmentsRoomThroughARestartOnAFullDisk(t *testing.T) 
 		})
 	}
 }
+
+// On a full disk with JetStream unreachable the outbox refuses events
+// once its segments are full: Refusal says so before the first refused
+// one, and says it takes them again once the disk has room, with no
+// event appended meanwhile (a gateway out of its load balancer's
+// rotation gets none).
+func TestOutboxRefusalOnAFullDisk(t *testing.T) {
+	disk := smallDisk(t, 2<<20)
+	ob, err := OpenOutboxWith(filepath.Join(disk, "outbox"), OutboxOptions{MaxBytes: 4 << 20, FsyncInterval: 10 * time.Millisecond}) // 512 KiB segments
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		ob.mu.Lock()
+		defer ob.mu.Unlock()
+		if ob.spare == nil {
+			return errors.New("no spare made yet")
+		}
+		return nil
+	})
+	filler := testutil.FillDisk(t, disk)
+	n, toldAt := 0, -1
+	for ; ; n++ {
+		if toldAt < 0 && ob.Refusal() != "" {
+			toldAt = n
+		}
+		err := ob.Append(outboxTestEvent(n))
+		if errors.Is(err, ErrOutboxFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if toldAt < 0 && n%64 == 0 {
+			time.Sleep(time.Millisecond) // for the syncer to try the next segment
+		}
+	}
+	if toldAt < 0 {
+		t.Fatalf("event %d refused on the full disk, and Refusal() said nothing before", n)
+	}
+	if got, want := ob.Refusal(), outboxRefusalReasons[refusesNoSegment]; got != want {
+		t.Fatalf("Refusal() on the full disk = %q, want %q", got, want)
+	}
+	t.Logf("Refusal() said so at event %d, the first refused was %d", toldAt, n)
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, ob, "")
+	appendEvents(t, ob, n, n+1)
+}

@@ -247,6 +247,10 @@ func (p *Publisher) RecordDurable(ev *Event) <-chan struct{} {
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
+// Refusal says why the outbox refuses new usage events, or is about to
+// (Outbox.Refusal); "" while it takes them. It takes no lock.
+func (p *Publisher) Refusal() string { return p.outbox.Refusal() }
+
 // Stats returns the current counters.
 func (p *Publisher) Stats() PublisherStats {
 	ob := p.outbox.Stats()
