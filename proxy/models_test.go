@@ -152,11 +152,12 @@ func TestEveryResponseCarriesARequestID(t *testing.T) {
 	}
 }
 
-// /healthz and /metrics answer GET and HEAD only, with 405 and Allow for
-// the rest, like every other fixed route; they answered 200 to anything.
+// /healthz, /readyz and /metrics answer GET and HEAD only, with 405 and
+// Allow for the rest, like every other fixed route; they answered 200 to
+// anything.
 func TestHealthAndMetricsRefuseOtherMethods(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
-	for _, path := range []string{"/healthz", "/metrics"} {
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		resp := h.post(path, "{}")
 		readAll(t, resp)
 		if resp.StatusCode != 405 || resp.Header.Get("Allow") != "GET, HEAD" {

@@ -267,6 +267,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(HealthzBody)
 		return
+	case "/readyz":
+		status, body := s.Readiness()
+		ctx.SetStatusCode(status)
+		ctx.SetContentType("application/json")
+		ctx.Response.Header.Set("Cache-Control", "no-store")
+		ctx.SetBody(body)
+		return
 	case "/metrics":
 		if s.metricsElsewhere {
 			break // a 404 as any path not served here
@@ -329,7 +336,7 @@ func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) (refu
 		return apiErr, limit, false
 	}
 	switch string(path) {
-	case "/v1/models", "/healthz":
+	case "/v1/models", "/healthz", "/readyz":
 		return readOnlyRefusal(ctx), limit, true
 	case "/metrics":
 		if !s.metricsElsewhere {
@@ -458,7 +465,8 @@ const (
 var drains = make(chan struct{}, maxDrains)
 
 // HealthzBody answers GET /healthz, on the public listener and on
-// server.metrics_listen.
+// server.metrics_listen: the process answers (liveness). Readiness, which
+// says whether calls are taken and billed, is /readyz.
 const HealthzBody = `{"status":"ok"}`
 
 // MetricsContentType is the Content-Type of GET /metrics.

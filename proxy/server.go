@@ -101,6 +101,12 @@ type Server struct {
 	http      *fasthttp.Server
 	streams   openStreams
 
+	// phase is phaseStarting until Serve, phaseDraining from Shutdown
+	// (Readiness).
+	phase atomic.Int32
+	// billing is the Recorder when it can say it refuses events.
+	billing billingRefusal
+
 	// connCap is how many client connections the API listener holds
 	// open at once (clientConnectionCap); 0 leaves them uncapped.
 	connCap      int
@@ -133,6 +139,7 @@ func New(cfg *config.Config, opts Options) (*Server, error) {
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
 	}
+	s.billing, _ = opts.Recorder.(billingRefusal)
 	if s.responses == nil {
 		s.responses = newResponseStore(nil, cfg.Routing.ResponseTTL, s.logf)
 	}
@@ -392,11 +399,16 @@ func (w *World) Grace() money.Nanos { return w.grace }
 
 // Serve accepts connections on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
+	s.phase.CompareAndSwap(phaseStarting, phaseServing)
 	return s.http.Serve(rawconn.NewListener(ln, s.logf).Capped(s.connCap, s.refuseConnection))
 }
 
 // Shutdown stops accepting and waits for open requests, streams included.
-func (s *Server) Shutdown() error { return s.http.Shutdown() }
+// /readyz answers 503 from its start, not once the wait is over.
+func (s *Server) Shutdown() error {
+	s.phase.Store(phaseDraining)
+	return s.http.Shutdown()
+}
 
 // requestReadTimeout bounds the reading of one request, headers and body.
 var requestReadTimeout = 60 * time.Second

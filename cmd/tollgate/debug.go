@@ -35,11 +35,13 @@ func serveDebug(addr string, logf func(string, ...any)) error {
 	return nil
 }
 
-// serveMetrics serves GET /metrics and /healthz on server.metrics_listen,
-// a listener of their own: the metrics need no key and name upstreams,
-// models and the billing backlog, and the public listener is where
-// clients call, so it could not be kept private. The proxy then serves
-// no /metrics on the public one. Closing ln ends it.
+// serveMetrics serves GET /metrics, /healthz and /readyz on
+// server.metrics_listen, a listener of their own: the metrics need no
+// key and name upstreams, models and the billing backlog, and the public
+// listener is where clients call, so it could not be kept private. The
+// proxy then serves no /metrics on the public one. Closing ln ends it.
+// Its /readyz goes on answering while the public listener drains, which
+// closed at once takes no probe.
 func serveMetrics(ln net.Listener, srv *proxy.Server, logf func(string, ...any)) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
@@ -49,6 +51,13 @@ func serveMetrics(ln net.Listener, srv *proxy.Server, logf func(string, ...any))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, proxy.HealthzBody)
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		status, body := srv.Readiness()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(status)
+		_, _ = w.Write(body)
 	})
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	logf("metrics on http://%s/metrics", ln.Addr())
