@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
@@ -641,7 +642,8 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 		}
 	}
 	collected := false
-	if u := gjson.Get(bstr(body), "usage"); u.IsObject() {
+	u := gjson.Get(bstr(body), "usage")
+	if u.IsObject() {
 		if reportsNoCompletion(u, c.ep == endpointResponses) {
 			// A report of no output is checked against the answer's
 			// text (contradictedUsage); believed, it drops the text.
@@ -663,7 +665,11 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	safe := c.record(status)
 	// attempt refused a body that is no answer (notAnAnswer).
 	relayed := body
-	if c.stream {
+	if !c.stream {
+		if u.Type == gjson.Null { // absent or null
+			relayed = wholeWithBilledUsage(body, c.ep, c.billed)
+		}
+	} else {
 		// A whole answer to a streamed request (see wholestream.go).
 		var billed []byte
 		switch {
@@ -685,6 +691,25 @@ func (c *generationCall) forwardWhole(ctx *fasthttp.RequestCtx, status int) {
 	ctx.SetBody(relayed)
 	c.waitRecorded(safe)
 	c.release()
+}
+
+// wholeWithBilledUsage returns body, a whole answer whose usage is absent or
+// null, with it set to the usage billed, as a stream's is (the usage
+// chunk, the terminal event's response): a client got "usage": null, or
+// none, for a call billed on the tokenizer's estimate, and the SDKs'
+// usage was null.
+func wholeWithBilledUsage(body []byte, ep endpoint, billed catalog.Usage) []byte {
+	var usage []byte
+	if ep == endpointResponses {
+		usage = appendResponsesUsage(nil, billed)
+	} else {
+		usage = appendChatUsage(nil, billed)
+	}
+	filled, err := sjson.SetRawBytes(body, "usage", usage)
+	if err != nil {
+		return body
+	}
+	return filled
 }
 
 // failWhole answers a non-streamed call whose upstream answer cannot be

@@ -233,3 +233,47 @@ func TestResponsesCompletedCarriesWhatIsBilledWhenTheUpstreamReportsNone(t *test
 		}
 	}
 }
+
+// A whole answer without usage, or with "usage": null, carried none to
+// its client, billed the tokenizer's estimate all the same: the SDKs'
+// usage was null for a call that cost money. It now carries what is
+// billed, as a stream's usage chunk and terminal event do.
+func TestWholeAnswerWithoutUsageCarriesWhatIsBilled(t *testing.T) {
+	const (
+		chat      = `{"model":"small","messages":[{"role":"user","content":"one two three"}]}`
+		responses = `{"model":"small","input":"one two three"}`
+	)
+	for _, tc := range []struct {
+		name, path, request, usageNull string
+		up                              proxytest.Options
+		source                          meter.UsageSource
+		prompt, completion              string // the usage's members
+	}{
+		{"chat without usage", "/v1/chat/completions", chat, "", proxytest.Options{Chunks: 5, OmitUsage: true}, meter.SourceEstimated, "prompt_tokens", "completion_tokens"},
+		{"chat with usage null", "/v1/chat/completions", chat, "null", proxytest.Options{Chunks: 5}, meter.SourceEstimated, "prompt_tokens", "completion_tokens"},
+		{"responses without usage", "/v1/responses", responses, "", proxytest.Options{Chunks: 5, OmitUsage: true}, meter.SourceEstimated, "input_tokens", "output_tokens"},
+		{"responses with usage null", "/v1/responses", responses, "null", proxytest.Options{Chunks: 5}, meter.SourceEstimated, "input_tokens", "output_tokens"},
+		{"chat with usage", "/v1/chat/completions", chat, "", proxytest.Options{Chunks: 5, PromptTokens: 8, CompletionTokens: 5}, meter.SourceUpstream, "prompt_tokens", "completion_tokens"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.usageNull != "" {
+				tc.up.RawUsage = tc.usageNull
+			}
+			h := newHarness(t, harnessOptions{upstream: tc.up})
+			resp := h.post(tc.path, tc.request)
+			body := readAll(t, resp)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			ev := h.billedEvent(resp)
+			u := gjson.GetBytes(body, "usage")
+			if ev.UsageSource != tc.source || u.Get(tc.prompt).Int() != ev.PromptTokens || u.Get(tc.completion).Int() != ev.CompletionTokens ||
+				u.Get("total_tokens").Int() != ev.PromptTokens+ev.CompletionTokens || ev.CompletionTokens == 0 {
+				t.Fatalf("the answer carries usage %s; the call is billed %d+%d (%s):\n%s", u.Raw, ev.PromptTokens, ev.CompletionTokens, ev.UsageSource, body)
+			}
+			if !gjson.ValidBytes(body) || strings.Count(string(body), `"usage"`) != 1 {
+				t.Fatalf("not one usage in valid JSON:\n%s", body)
+			}
+		})
+	}
+}
