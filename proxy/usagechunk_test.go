@@ -245,9 +245,9 @@ func TestWholeAnswerWithoutUsageCarriesWhatIsBilled(t *testing.T) {
 	)
 	for _, tc := range []struct {
 		name, path, request, usageNull string
-		up                              proxytest.Options
-		source                          meter.UsageSource
-		prompt, completion              string // the usage's members
+		up                             proxytest.Options
+		source                         meter.UsageSource
+		prompt, completion             string // the usage's members
 	}{
 		{"chat without usage", "/v1/chat/completions", chat, "", proxytest.Options{Chunks: 5, OmitUsage: true}, meter.SourceEstimated, "prompt_tokens", "completion_tokens"},
 		{"chat with usage null", "/v1/chat/completions", chat, "null", proxytest.Options{Chunks: 5}, meter.SourceEstimated, "prompt_tokens", "completion_tokens"},
