@@ -236,14 +236,20 @@ func (l *loader) yamlErrors(err error) {
 				problem := e.Msg
 				line := problemLine(l.data, e.Line, problem)
 				blockNote := ""
-				if odd, note := oddIndent(l.data, line, e.Msg); odd != 0 {
+				if at, col, key, text := missingSpace(l.data, line); at != 0 {
+					e.Msg = fmt.Sprintf("%q needs a space after the colon: YAML reads %s as one text, not a key and its value (the parser stopped on line %d: %s)",
+						key+":", text, line, problem)
+					e.Line, e.Col = at, col
+				} else if odd, note := oddIndent(l.data, line, e.Msg); odd != 0 {
 					e.Line, e.Msg = odd, e.Msg+note
 				} else if line != e.Line {
 					blockNote = fmt.Sprintf(" (the block holding it starts on line %d)", e.Line)
 					e.Msg += blockNote
 					e.Line = line
 				}
-				e.Col, e.Msg = tabHint(l.data, e.Line, e.Msg)
+				if e.Col == 0 {
+					e.Col, e.Msg = tabHint(l.data, e.Line, e.Msg)
+				}
 				if e.Col == 0 {
 					if at, col, r := oddSpace(l.data, e.Line); at > 0 {
 						what := fmt.Sprintf("the space character %U", r)
@@ -271,6 +277,44 @@ func (l *loader) yamlErrors(err error) {
 		}
 		l.errs = append(l.errs, e)
 	}
+}
+
+// keyWithoutSpace is a line that starts as a key whose colon the value
+// follows with no space (grace_usd:"0.50", - name:u): no "::", and no URL
+// (http://…), which a value going on over lines may hold.
+var keyWithoutSpace = regexp.MustCompile(`^(\s*(?:-\s+)?)([A-Za-z_][A-Za-z0-9_]*):([^\s:].*)$`)
+
+// missingSpace finds the line to blame for a syntax error found on line
+// stop when it is a key written without the space after its colon: YAML
+// reads the line as one plain text, and fails a line or more later, at
+// the next key (blaming the line its block starts on, or one of the
+// file's top level). The nearest such line up to stop is the one whose
+// space, put in, makes the file up to stop parse; a line in a literal
+// block or in a value going on over lines changes nothing, or breaks the
+// file sooner, and is passed over. It returns the line, the colon's
+// column, the key and the line's text, or 0.
+func missingSpace(data []byte, stop int) (int, int, string, string) {
+	lines := strings.SplitAfter(string(data), "\n")
+	if stop < 1 || stop > len(lines) {
+		return 0, 0, "", ""
+	}
+	cut := strings.Join(lines[:stop], "")
+	offset := len(cut)
+	tries := 0
+	for i := stop - 1; i >= 0 && tries < 16; i-- {
+		offset -= len(lines[i])
+		text := strings.TrimRight(lines[i], "\r\n")
+		m := keyWithoutSpace.FindStringSubmatch(text)
+		if m == nil || strings.HasPrefix(m[3], "//") {
+			continue
+		}
+		tries++
+		colon := offset + len(m[1]) + len(m[2])
+		if unmarshalCut([]byte(cut[:colon+1]+" "+cut[colon+1:])) == nil {
+			return i + 1, len(m[1]) + len(m[2]) + 1, m[2], strings.TrimSpace(strings.TrimPrefix(text, m[1]))
+		}
+	}
+	return 0, 0, "", ""
 }
 
 // tabHint says what yaml.v3's "found character that cannot start any

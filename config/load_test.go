@@ -719,3 +719,55 @@ gateway.yaml:15:57: models[0].supported_sampling_parameters[2]: "temperature" is
 		t.Fatalf("%v\nwant %s", err, want)
 	}
 }
+
+// A key written without the space after its colon (grace_usd:"0.50") is
+// one plain text to YAML, not a key and its value, and the parser fails a
+// line or more later: in the shipped file, at the next section's key,
+// blaming the block server: starts.
+func TestKeyWithoutASpaceAfterItsColonIsNamed(t *testing.T) {
+	shipped, err := os.ReadFile("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inShipped := func(line, broken string) (string, int) {
+		lines := strings.Split(string(shipped), "\n")
+		at := slices.Index(lines, line)
+		if at < 0 {
+			t.Fatalf("gateway.yaml has no %q line", line)
+		}
+		lines[at] = broken
+		return strings.Join(lines, "\n"), at + 1
+	}
+	grace, graceLine := inShipped(`  grace_usd: "0.50"`, `  grace_usd:"0.50"`)
+	listen, listenLine := inShipped(`  listen: ${TOLLGATE_LISTEN:-127.0.0.1:8080}`, `  listen:${TOLLGATE_LISTEN:-127.0.0.1:8080}`)
+	for name, c := range map[string]struct{ data, want string }{
+		"shipped grace_usd": {grace, fmt.Sprintf(`gateway.yaml:%d:12: "grace_usd:" needs a space after the colon: YAML reads grace_usd:"0.50" as one text, not a key and its value (the parser stopped on line `, graceLine)},
+		"shipped listen":    {listen, fmt.Sprintf(`gateway.yaml:%d:9: "listen:" needs a space after the colon: YAML reads listen:${TOLLGATE_LISTEN:-127.0.0.1:8080} as one text, not a key and its value (the parser stopped on line `, listenLine)},
+		"comments after it": {
+			"billing:\n  # Overdraft\n  grace_usd:\"0.50\"\n  # a\n  # b\n  # c\n  outbox_max_bytes: 1GiB\n",
+			`gateway.yaml:3:12: "grace_usd:" needs a space after the colon: YAML reads grace_usd:"0.50" as one text, not a key and its value (the parser stopped on line 7: did not find expected key)`,
+		},
+		"no comments": {
+			"billing:\n  grace_usd:\"0.50\"\n  outbox_max_bytes: 1GiB\n",
+			`gateway.yaml:2:12: "grace_usd:" needs a space after the colon: YAML reads grace_usd:"0.50" as one text, not a key and its value (the parser stopped on line 3: mapping values are not allowed in this context)`,
+		},
+		"a list item": {
+			"upstreams:\n  - name:u\n    base_url: http://127.0.0.1:8000/v1\n",
+			`gateway.yaml:2:9: "name:" needs a space after the colon: YAML reads name:u as one text, not a key and its value (the parser stopped on line 3: mapping values are not allowed in this context)`,
+		},
+		// Text that is no key keeps the parser's own error.
+		"a URL in a value going on": {
+			"server:\n  listen: 127.0.0.1:8080\n  public_url: see\n    http://x.example\n  data_dir: ./d\n   bad: 1\n",
+			"gateway.yaml:6: mapping values are not allowed in this context (indented deeper than line 5 above it, whose key has its value already: line 5 lacks indentation, or this line has too much)",
+		},
+		"key:value in a literal block": {
+			"server:\n  listen: |\n    a:b\n  data_dir: ./d\n   bad: 1\n",
+			"gateway.yaml:5: mapping values are not allowed in this context (indented deeper than line 4 above it, whose key has its value already: line 4 lacks indentation, or this line has too much)",
+		},
+	} {
+		_, err := parse("gateway.yaml", []byte(c.data), noEnv)
+		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("%s: %v\nwant %s", name, err, c.want)
+		}
+	}
+}
