@@ -38,6 +38,9 @@ type Config struct {
 	// envRead holds the variables the file reads (a ${NAME} met while
 	// expanding it), set or not.
 	envRead map[string]bool
+	// unsetEnv warns, a line each, of the ${VAR}s without a default whose
+	// variable was not set: they read as empty.
+	unsetEnv []string
 	// lines maps the yaml paths written in the file to their line, for
 	// the messages of a reload that refuses or warns about a setting.
 	lines map[string]int

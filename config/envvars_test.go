@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -198,5 +199,72 @@ func TestOTLPEndpointQueryIsWarnedOfAndHidden(t *testing.T) {
 	_, err = parse("gateway.yaml", []byte("upstreams:\n  - name: a\n    base_url: http://127.0.0.1:8001/v1?token=S3CRET#f\n"), noEnv)
 	if err == nil || strings.Contains(err.Error(), "S3CRET") || !strings.Contains(err.Error(), "fragment") {
 		t.Errorf("a base_url with a fragment and a token: %v, want it refused with the token hidden", err)
+	}
+}
+
+// A ${VAR} without a default whose variable is not set read as empty, and
+// nothing said so: data_dir: ${MY_DIR}/data loaded as /data, listen:
+// ${MY_HOST}:8080 as :8080 (every interface), and a required setting
+// left empty by one was "required" without naming the variable.
+func TestUnsetVariableIsNamed(t *testing.T) {
+	const valid = "server:\n  listen: ${MY_HOST}:8080\n  data_dir: ${MY_DIR}/data\n  public_url: ${MY_URL:-}\n  debug_listen: ${EMPTY}\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n    api_key: ${KEY}${KEY}\n"
+	lookup := func(name string) (string, bool) {
+		if name == "EMPTY" {
+			return "", true
+		}
+		return "", false
+	}
+	cfg, err := parse("gateway.yaml", []byte(valid), lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`warning: gateway.yaml:2: server.listen reads ${MY_HOST}, which is not set: it is ":8080". Set MY_HOST, or write ${MY_HOST:-default} for a default, or ${MY_HOST:?why} to refuse the file without it`,
+		`warning: gateway.yaml:3: server.data_dir reads ${MY_DIR}, which is not set: it is "/data". Set MY_DIR, or write ${MY_DIR:-default} for a default, or ${MY_DIR:?why} to refuse the file without it`,
+		`warning: gateway.yaml:9: upstreams[0].api_key reads ${KEY}, which is not set: it is "". Set KEY, or write ${KEY:-default} for a default, or ${KEY:?why} to refuse the file without it`,
+	}
+	// The last warns of /metrics served on :8080, every interface.
+	if got := cfg.Warnings(nil); len(got) != len(want)+1 || !reflect.DeepEqual(got[:len(want)], want) {
+		t.Errorf("warnings:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	const invalid = "upstreams:\n  - name: u\n    base_url: ${MY_UPSTREAM_URL}\nmodels:\n  - id: m\n    context_length: 4096\n    max_output_length: 100\n    pricing:\n      prompt: \"0.000001\"\n      completion: ${MY_PRICE}\n"
+	_, err = parse("gateway.yaml", []byte(invalid), noEnv)
+	for _, want := range []string{
+		`gateway.yaml:3:15: upstreams[0].base_url: required: ${MY_UPSTREAM_URL} is not set`,
+		`gateway.yaml:10:19: models[0].pricing.completion: is empty: ${MY_PRICE} is not set`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v\nwant a line starting %s", err, want)
+		}
+	}
+
+	// ${VAR:?message}, the shell's: the file is refused without VAR.
+	const required = "server:\n  data_dir: ${MY_DIR:?the data disk, such as /srv/tollgate}\n  public_url: ${MY_URL:?}\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n"
+	_, err = parse("gateway.yaml", []byte(required), lookup)
+	wantErr := "gateway.yaml:2:13: server.data_dir: ${MY_DIR} is not set: the data disk, such as /srv/tollgate\ngateway.yaml:3:15: server.public_url: ${MY_URL} is not set, and the file requires it"
+	if err == nil || err.Error() != wantErr {
+		t.Errorf("%v\nwant %s", err, wantErr)
+	}
+	cfg, err = parse("gateway.yaml", []byte(required), func(name string) (string, bool) {
+		return "https://" + strings.ToLower(strings.ReplaceAll(name, "_", "-")) + ".example", true
+	})
+	if err != nil {
+		t.Fatalf("with the variables set: %v", err)
+	}
+	if cfg.Server.DataDir != "https://my-dir.example" {
+		t.Errorf("with MY_DIR set: %v, data_dir %q", err, cfg.Server.DataDir)
+	}
+
+	shipped, err := os.ReadFile("../gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err = parse("gateway.yaml", shipped, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Warnings(nil); len(got) > 0 {
+		t.Errorf("the shipped gateway.yaml with no variable set warns:\n%s", strings.Join(got, "\n"))
 	}
 }

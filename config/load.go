@@ -79,9 +79,19 @@ type loader struct {
 	// decoding (and validation from checking) the rest of the file.
 	broken []brokenValue
 	walked int
+	// unset holds the variables of a scalar's ${VAR}s, without a default,
+	// that are not set: they are named in its errors, and warned of in
+	// the order of unsetPaths.
+	unset      map[*yaml.Node][]string
+	unsetPaths []nodePath
 	// natsFiles: read the NATS credentials and TLS files (checkNATSFiles),
 	// for the commands that connect.
 	natsFiles bool
+}
+
+type nodePath struct {
+	node *yaml.Node
+	path string
 }
 
 func parse(name string, data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
@@ -100,6 +110,7 @@ func parseWith(name string, data []byte, lookupEnv func(string) (string, bool), 
 		nodes:      map[string]*yaml.Node{},
 		expanded:   map[*yaml.Node]bool{},
 		unexpanded: map[*yaml.Node]bool{},
+		unset:      map[*yaml.Node][]string{},
 	}
 	cfg := &Config{Path: name, source: sha256.Sum256(data), envRead: map[string]bool{}}
 	l.lookupEnv = func(name string) (string, bool) {
@@ -129,6 +140,12 @@ func parseWith(name string, data []byte, lookupEnv func(string) (string, bool), 
 	cfg.lines = make(map[string]int, len(l.nodes))
 	for path, n := range l.nodes {
 		cfg.lines[path] = n.Line
+	}
+	for _, at := range l.unsetPaths {
+		for _, name := range l.unset[at.node] {
+			cfg.unsetEnv = append(cfg.unsetEnv, fmt.Sprintf("warning: %s:%d: %s reads ${%s}, which is not set: it is %q. Set %s, or write ${%s:-default} for a default, or ${%s:?why} to refuse the file without it",
+				l.file, at.node.Line, at.path, name, at.node.Value, name, name, name))
+		}
 	}
 	return cfg, nil
 }
@@ -166,11 +183,34 @@ func (l *loader) errAt(n *yaml.Node, path, format string, args ...any) {
 	e := Error{File: l.file, Path: path, Msg: fmt.Sprintf(format, args...)}
 	if n != nil {
 		e.Line, e.Col = n.Line, n.Column
+		e.Msg = unsetNote(e.Msg, n, l.unset[n])
 	}
 	l.errs = append(l.errs, e)
 	if path != "" {
 		l.failed[path] = true
 	}
+}
+
+// unsetNote names in msg, an error of the value of n, the variables of
+// its ${VAR}s that are not set: a value they left empty is "required" or
+// "is empty", which said nothing of the variable.
+func unsetNote(msg string, n *yaml.Node, unset []string) string {
+	if len(unset) == 0 {
+		return msg
+	}
+	vars := "${" + strings.Join(unset, "} and ${") + "}"
+	verb := "is"
+	if len(unset) > 1 {
+		verb = "are"
+	}
+	if n.Value != "" {
+		return fmt.Sprintf("%s (it reads %s, which %s not set)", msg, vars, verb)
+	}
+	head, rest, found := strings.Cut(msg, ": ")
+	if !found {
+		return fmt.Sprintf("%s: %s %s not set", msg, vars, verb)
+	}
+	return fmt.Sprintf("%s: %s %s not set: %s", head, vars, verb, rest)
 }
 
 // nodeFor finds the node of path, or of its nearest ancestor present in the
@@ -634,7 +674,7 @@ func (l *loader) expandTree(n *yaml.Node, path string) {
 		if !strings.Contains(n.Value, "$") {
 			return
 		}
-		value, err := expandEnv(n.Value, l.lookupEnv)
+		value, unset, err := expandEnv(n.Value, l.lookupEnv)
 		if err != nil {
 			l.errAt(n, path, "%v", err)
 			// Left unexpanded, it would be reported again as the
@@ -643,6 +683,10 @@ func (l *loader) expandTree(n *yaml.Node, path string) {
 			return
 		}
 		n.Value = value
+		if len(unset) > 0 {
+			l.unset[n] = unset
+			l.unsetPaths = append(l.unsetPaths, nodePath{n, path})
+		}
 		if n.Style&(yaml.TaggedStyle|yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) == 0 {
 			// A plain scalar was typed by its unexpanded text ("${X}" is a
 			// string); type it again by what it says now, as if written so.
@@ -657,10 +701,13 @@ func (l *loader) expandTree(n *yaml.Node, path string) {
 var ErrUnterminatedVar = errors.New(`unterminated "${" (close it with "}", or write "$$" for a literal "$")`)
 
 // expandEnv expands ${VAR}, ${VAR:-default} (default when VAR is unset or
-// empty) and $$ (a literal $), in a default too. Any other $ stays as it
-// is. A default cannot contain "}" or another ${...}: it ends at the first
-// "}", so a nested one would be cut in two.
-func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) {
+// empty), ${VAR:?message} (an error saying message when VAR is unset or
+// empty) and $$ (a literal $), in a default or message too. Any other $
+// stays as it is. A default cannot contain "}" or another ${...}: it ends
+// at the first "}", so a nested one would be cut in two. unset names the
+// variables of the ${VAR}s without either form that are not set: they
+// read as empty, which is rarely meant.
+func expandEnv(s string, lookupEnv func(string) (string, bool)) (_ string, unset []string, _ error) {
 	var b strings.Builder
 	for i := 0; i < len(s); {
 		if s[i] != '$' || i+1 == len(s) {
@@ -675,20 +722,33 @@ func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) 
 		case '{':
 			end := strings.IndexByte(s[i+2:], '}')
 			if end < 0 {
-				return "", ErrUnterminatedVar
+				return "", nil, ErrUnterminatedVar
 			}
 			ref := s[i+2 : i+2+end]
 			name, def, hasDefault := strings.Cut(ref, ":-")
+			name, why, required := strings.Cut(name, ":?")
+			if required && hasDefault { // ${X:?a:-b}: the message holds ":-"
+				name, why, _ = strings.Cut(ref, ":?")
+				def, hasDefault = "", false
+			}
 			if !validVarName(name) {
-				return "", fmt.Errorf("${%s}: %q is not a variable name (letters, digits and _, not starting with a digit)", ref, name)
+				return "", nil, fmt.Errorf("${%s}: %q is not a variable name (letters, digits and _, not starting with a digit)", ref, name)
 			}
 			def, nested := unescapeDefault(def)
-			if nested {
-				return "", fmt.Errorf(`%s: a default cannot hold another ${...}: nested defaults are not supported (write "$${" for a literal "${")`, wholeRef(s[i:]))
+			why, nestedWhy := unescapeDefault(why)
+			if nested || nestedWhy {
+				return "", nil, fmt.Errorf(`%s: a default cannot hold another ${...}: nested defaults are not supported (write "$${" for a literal "${")`, wholeRef(s[i:]))
 			}
 			value, set := lookupEnv(name)
-			if hasDefault && (!set || value == "") {
+			switch {
+			case required && (!set || value == "") && why == "":
+				return "", nil, fmt.Errorf("${%s} is not set, and the file requires it", name)
+			case required && (!set || value == ""):
+				return "", nil, fmt.Errorf("${%s} is not set: %s", name, why)
+			case hasDefault && (!set || value == ""):
 				value = def
+			case !hasDefault && !required && !set && !slices.Contains(unset, name):
+				unset = append(unset, name)
 			}
 			b.WriteString(value)
 			i += 2 + end + 1
@@ -697,7 +757,7 @@ func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) 
 			i++
 		}
 	}
-	return b.String(), nil
+	return b.String(), unset, nil
 }
 
 // unescapeDefault turns each $$ of a default into $, and reports a "${"

@@ -319,14 +319,16 @@ func TestExpandEnv(t *testing.T) {
 		"${UNSET:-a$b}":      "a$b",
 		"${UNSET:-$${SET}}":  "${SET}",
 		"${UNSET:-$$$$}-$$":  "$$-$",
+		"${SET:?why}":        "v",
+		"${SET:?a:-b}":       "v",
 	} {
-		got, err := expandEnv(in, lookup)
+		got, _, err := expandEnv(in, lookup)
 		if err != nil || got != want {
 			t.Errorf("expandEnv(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"${SET", "x ${", "${}", "${1X}", "${A B}", "${X:-${Y}}", "${X:-a$$${Y}}"} {
-		if got, err := expandEnv(in, lookup); err == nil {
+	for _, in := range []string{"${SET", "x ${", "${}", "${1X}", "${A B}", "${X:-${Y}}", "${X:-a$$${Y}}", "${UNSET:?why}", "${EMPTY:?}", "${UNSET:?a:-b}"} {
+		if got, _, err := expandEnv(in, lookup); err == nil {
 			t.Errorf("expandEnv(%q) = %q, want an error", in, got)
 		}
 	}

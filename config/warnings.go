@@ -3,18 +3,20 @@ package config
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 )
 
 // Warnings says, a line each, what in c is valid but most likely not
-// meant: variables of the shipped gateway.yaml set in environ
+// meant: a ${VAR} without a default whose variable is not set (it
+// reads as empty), variables of the shipped gateway.yaml set in environ
 // (os.Environ's form) while c's file does not read them (they set
 // nothing there), a retry budget that pool members' first-byte timeouts
 // outlast, and /metrics served, with no key, on a listen address off
 // loopback. serve logs them at start and config check prints them; a
 // reload logs those it brings in.
 func (c *Config) Warnings(environ []string) []string {
-	var lines []string
+	lines := slices.Clone(c.unsetEnv)
 	for _, name := range c.UnreadEnv(environ) {
 		if name == "TOLLGATE_ADMIN_TOKEN" {
 			// The admin CLI reads it itself, as its token, and the
