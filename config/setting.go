@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Setting is the value of one setting of cfg, named by its path in
@@ -16,8 +17,10 @@ import (
 // storage.local.listen, server.public_url from each request) is not filled
 // in: left empty in the file, it is empty here. A list item is named by its
 // index ("models.0.id", or "models[0].id" as errors write it) and a map
-// entry by its key ("classifiers.support-intent.mode"). Only single values
-// are printed; a section, list or map is refused with what it holds.
+// entry by its key ("classifiers.support-intent.mode"). Single values are
+// printed, durations as the file writes them (8760h), and a list of them
+// one a line; a section, a list of sections or a map is refused with what
+// it holds.
 func Setting(cfg *Config, path string) (string, error) {
 	v := reflect.ValueOf(cfg).Elem()
 	walked := ""
@@ -57,16 +60,56 @@ func Setting(cfg *Config, path string) (string, error) {
 	case reflect.Struct:
 		return "", fmt.Errorf("%s is a section: name one of its settings, %s", walked, strings.Join(yamlNames(v.Type()), ", "))
 	case reflect.Slice:
-		return "", errors.New(describeList(walked, v))
+		if !plainValue(v.Type().Elem()) {
+			return "", errors.New(describeList(walked, v))
+		}
+		// A list of plain values (input_modalities, trusted_proxies):
+		// one a line, for a script to read.
+		items := make([]string, v.Len())
+		for i := range items {
+			items[i] = settingValue(v.Index(i))
+		}
+		return strings.Join(items, "\n"), nil
 	case reflect.Map:
 		return "", errors.New(describeMap(walked, v))
 	case reflect.Pointer, reflect.Interface:
 		return "", fmt.Errorf("%s is not a single value", walked)
 	}
-	if s, ok := v.Interface().(fmt.Stringer); ok {
-		return s.String(), nil
+	return settingValue(v), nil
+}
+
+// plainValue says whether a value of t prints on a line of its own.
+func plainValue(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Struct, reflect.Slice, reflect.Map, reflect.Pointer, reflect.Interface:
+		return false
 	}
-	return fmt.Sprint(v.Interface()), nil
+	return true
+}
+
+// settingValue is a single value as the file writes it: a duration in
+// its shortest exact form (8760h, 1m, 1h30m), not Go's (8760h0m0s).
+func settingValue(v reflect.Value) string {
+	if d, ok := v.Interface().(time.Duration); ok {
+		return shortDuration(d)
+	}
+	if s, ok := v.Interface().(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+// shortDuration is d.String() without the zero minutes and seconds it
+// ends with: 8760h0m0s is 8760h, 1m0s is 1m.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // settingNames splits a setting's path into its names, reading an index

@@ -80,24 +80,54 @@ classifiers:
 		"classifiers.support-intent.mode":     "single",
 		"classifiers.support-intent.labels.1": "bug",
 		"classifiers.v1.5.labels.0":           "yes",
+		"classifiers.v1.5.labels":             "yes\nno",
+		"models.0.supported_features":         "", // an empty list of plain values
 	} {
 		if got, err := Setting(cfg, setting); err != nil || got != want {
 			t.Errorf("%s: got %q, %v; want %q", setting, got, err, want)
 		}
 	}
 	for setting, wantErr := range map[string]string{
-		"models":                      "models is a list of 2: name an item by its index, 0 to 1, such as models.0",
-		"models.2.id":                 "no setting models.2: models is a list of 2",
-		"models.first.id":             "no setting models.first: models is a list of 2",
-		"models.0":                    "models.0 is a section: name one of its settings, id, ",
-		"models.0.nope":               "no setting models.0.nope: models.0 holds id, ",
-		"models.0.id.more":            "models.0.id is a single value: it has no more",
-		"classifiers":                 "classifiers is a map: name one of its keys, support-intent, v1.5",
-		"classifiers.nope.mode":       "no setting classifiers.nope: classifiers is a map: name one of its keys, support-intent, v1.5",
-		"models.0.supported_features": "models.0.supported_features is an empty list",
+		"models":                "models is a list of 2: name an item by its index, 0 to 1, such as models.0",
+		"models.2.id":           "no setting models.2: models is a list of 2",
+		"models.first.id":       "no setting models.first: models is a list of 2",
+		"models.0":              "models.0 is a section: name one of its settings, id, ",
+		"models.0.nope":         "no setting models.0.nope: models.0 holds id, ",
+		"models.0.id.more":      "models.0.id is a single value: it has no more",
+		"classifiers":           "classifiers is a map: name one of its keys, support-intent, v1.5",
+		"classifiers.nope.mode": "no setting classifiers.nope: classifiers is a map: name one of its keys, support-intent, v1.5",
 	} {
 		if _, err := Setting(cfg, setting); err == nil || !strings.Contains(err.Error(), wantErr) {
 			t.Errorf("%s: got %v, want %q", setting, err, wantErr)
 		}
+	}
+}
+
+// config get printed durations in Go's form (8760h0m0s, 1m0s), not as the
+// file writes them, and refused a list of plain values as if its items
+// were sections: "models.0.input_modalities is a list of 1: name an item".
+func TestSettingPrintsDurationsAndListsAsWritten(t *testing.T) {
+	cfg, err := parse("gateway.yaml", []byte("server:\n  trusted_proxies: [10.0.0.0/8, 192.168.1.1]\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:8000/v1\n    connect_timeout: 1500ms\nmodels:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n    input_modalities: [text, image]\nrouting:\n  retry_budget: 1m\n  eject_max: 90m\n"), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for setting, want := range map[string]string{
+		"server.hsts_max_age":          "8760h",
+		"routing.retry_budget":         "1m",
+		"routing.eject_max":            "1h30m",
+		"routing.response_ttl":         "720h",
+		"upstreams.0.response_timeout": "9m30s",
+		"upstreams.0.connect_timeout":  "1.5s",
+		"billing.fsync_interval":       "100ms",
+		"models.0.input_modalities":    "text\nimage",
+		"server.trusted_proxies":       "10.0.0.0/8\n192.168.1.1",
+		"models.0.output_modalities":   "",
+	} {
+		if got, err := Setting(cfg, setting); err != nil || got != want {
+			t.Errorf("%s: got %q, %v; want %q", setting, got, err, want)
+		}
+	}
+	if _, err := Setting(cfg, "models"); err == nil || !strings.Contains(err.Error(), "models is a list of 1: name an item by its index") {
+		t.Errorf("models: %v, want the list of sections refused", err)
 	}
 }

@@ -715,7 +715,8 @@ defaults filled in. A value the gateway derives only when it runs is not
 filled in: storage.local.public_base_url left empty prints an empty line
 (serve uses http://<storage.local.listen>). SETTING is a path in the file:
 server.data_dir, models.0.id (a list item by its index),
-classifiers.NAME.mode (a map entry by its key).
+classifiers.NAME.mode (a map entry by its key). A duration prints as the
+file writes it (8760h), a list of plain values one item a line.
 `
 
 func runConfig(args []string) error {
