@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -738,7 +739,7 @@ func runConfig(args []string) error {
 	}
 	cfg, err := config.Load(path)
 	if err != nil {
-		return fmt.Errorf("%s is invalid:\n%w", path, err)
+		return loadError(path, err)
 	}
 	// serve refuses an admin token file it cannot use; one that is not
 	// there yet is made at start.
@@ -758,6 +759,19 @@ func runConfig(args []string) error {
 	}
 	fmt.Printf("%s: ok\n", path)
 	return nil
+}
+
+// loadError is config check's and config get's word on a config file
+// that did not load: one that cannot be read (missing, a directory, not
+// permitted) said "is invalid: reading config: open …", as if it held
+// mistakes.
+func loadError(path string, err error) error {
+	var invalid *config.Errors
+	var unread *fs.PathError
+	if !errors.As(err, &invalid) && errors.As(err, &unread) {
+		return fmt.Errorf("%s cannot be read: %w", path, unread)
+	}
+	return fmt.Errorf("%s is invalid:\n%w", path, err)
 }
 
 // printSetting prints the setting args name, of the config file they name,
@@ -781,7 +795,7 @@ func printSetting(args []string) error {
 	}
 	cfg, err := config.LoadNotConnecting(path)
 	if err != nil {
-		return fmt.Errorf("%s is invalid:\n%w", path, err)
+		return loadError(path, err)
 	}
 	v, err := config.Setting(cfg, setting)
 	if err != nil {
