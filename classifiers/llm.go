@@ -321,7 +321,7 @@ const (
 	formatCode  = "Answer with the number of the one best label only: its digits, nothing else."
 	formatYesNo = "Answer with one line per label, in the order given: its number, a colon and yes or no (for example \"12: yes\"), and nothing else."
 	formatDigit = "Answer with one digit from 0 to 9 only, nothing else."
-	formatTags  = "Answer with one tag per line, most fitting first, and nothing else."
+	formatTags  = "Answer with one tag per line, most fitting first, and nothing else; if no tag fits, answer none alone."
 )
 
 // yesNoPerLine is the max_tokens a yes/no line may take: "123: yes\n" is 6

@@ -297,16 +297,18 @@ func yesAt(toks []tokenLogprob, off int, said bool) float64 {
 	return 0
 }
 
-// lineTags reads open tags, one a line (list marks and numbering
-// dropped), with the probability of each tag's first token; 0.5 without
-// log-probabilities.
 // maxTagWords is the most words a line of an open-tags answer may have
 // to be read as a tag (the prompt asks for one or two).
 const maxTagWords = 4
 
+// lineTags reads open tags, one a line (list marks and numbering
+// dropped), with the probability of each tag's first token; 0.5 without
+// log-probabilities. An answer of none (or N/A, "no tags") is no tags,
+// not an error; an answer with no line to read as a tag is one.
 func lineTags(ans modelAnswer, maxTags int) ([]LabelScore, error) {
-	var tags []LabelScore
+	tags := []LabelScore{}
 	seen := map[string]bool{}
+	saidNone := false
 	pos := 0
 	for _, line := range strings.SplitAfter(ans.text, "\n") {
 		lineStart := pos
@@ -319,6 +321,12 @@ func lineTags(ans modelAnswer, maxTags int) ([]LabelScore, error) {
 		if tag == "" || seen[tag] || len(tags) == maxTags || strings.HasSuffix(tag, ":") || len(strings.Fields(tag)) > maxTagWords {
 			continue
 		}
+		// The prompt's way to say no tag fits, or a model's own: it was
+		// read as the tag "none", which the text never mentioned.
+		if _, ok := noTags[strings.TrimRight(tag, ".!")]; ok {
+			saidNone = true
+			continue
+		}
 		seen[tag] = true
 		c := 0.5
 		if ans.logprobs != nil {
@@ -326,11 +334,14 @@ func lineTags(ans modelAnswer, maxTags int) ([]LabelScore, error) {
 		}
 		tags = append(tags, LabelScore{Label: tag, Confidence: round4(c)})
 	}
-	if len(tags) == 0 {
+	if len(tags) == 0 && !saidNone {
 		return nil, errors.New("no tags in the answer")
 	}
 	return tags, nil
 }
+
+// noTags are the lines that say no tag fits the text.
+var noTags = map[string]struct{}{"none": {}, "n/a": {}, "no tags": {}, "no tag": {}}
 
 // tokenProbAt is the probability of the token holding text offset off.
 func tokenProbAt(toks []tokenLogprob, off int) float64 {

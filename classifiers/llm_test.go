@@ -729,3 +729,32 @@ func TestLLMUnderflowingLogprobsAreNoLogprobs(t *testing.T) {
 		t.Errorf("multi: %v", err)
 	}
 }
+
+// TestLLMOpenTagsNoneIsNoTags: asked for open tags, the model had no way
+// to say there are none, and its "none" was read as a tag: "???" was
+// tagged "none" at 0.9999 where the offline engine tags nothing. The
+// prompt says how to answer no tags, and that answer is no tags.
+func TestLLMOpenTagsNoneIsNoTags(t *testing.T) {
+	e, s := newLLM(t, proxytest.Options{})
+	r, err := e.Tag(ctx, TagRequest{Text: "???", MaxTags: 5})
+	if err != nil || r.Tags == nil || len(r.Tags) != 0 {
+		t.Fatalf("open tags of %q: %+v, %v; want none", "???", r.Tags, err)
+	}
+	if n := len(s.Requests()); n != 1 {
+		t.Errorf("%d requests, want 1: the answer none is an answer", n)
+	}
+	system := gjson.GetBytes(s.Requests()[0].Body, "messages.0.content").String()
+	if !strings.Contains(system, "none") {
+		t.Errorf("the prompt does not say how to answer no tags: %q", system)
+	}
+	for _, text := range []string{"none", "None.", "N/A", " NONE \n", "No tags."} {
+		tags, err := lineTags(modelAnswer{text: text}, 5)
+		if err != nil || len(tags) != 0 {
+			t.Errorf("answer %q: tags %+v, %v; want none", text, tags, err)
+		}
+	}
+	tags, err := lineTags(modelAnswer{text: "refund\nnone\n"}, 5)
+	if err != nil || len(tags) != 1 || tags[0].Label != "refund" {
+		t.Errorf("answer refund, none: tags %+v, %v; want refund alone", tags, err)
+	}
+}

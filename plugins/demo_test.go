@@ -106,3 +106,17 @@ func TestDemoMultiAtThresholdZeroAgreesOnNoEvidence(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoOpenTagsOfNothingAreNone: open tags of a text without a word,
+// through the demo upstream, came back as the made-up tag "none" at
+// 0.9999 (the model's way of saying none, read as a tag) where the
+// offline engine behind it answers [].
+func TestDemoOpenTagsOfNothingAreNone(t *testing.T) {
+	h := newHarness(t, harnessOptions{plugins: "  engine: auto\n  llm_model: small"})
+	body := `{"text": "???"}`
+	llm := h.keyed("/v1/tag", body).ok(t)
+	lex := h.keyed("/v1/tag", withModel(body, "lexical")).ok(t)
+	if llm["engine"] != "llm" || fmt.Sprint(llm["tags"]) != "[]" || fmt.Sprint(lex["tags"]) != "[]" {
+		t.Errorf("open tags of %s: llm %v %v, lexical %v", body, llm["engine"], llm["tags"], lex["tags"])
+	}
+}
