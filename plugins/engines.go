@@ -478,7 +478,13 @@ func (p *probe) check(done chan struct{}) {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	}
 	err := p.client.DoTimeout(req, resp, probeTimeout)
-	ok := err == nil && resp.StatusCode() >= 200 && resp.StatusCode() <= 299
+	// A 429 is an upstream up and at its limit: taken for down, a call
+	// naming the llm got 503 upstream_unavailable without a wait where
+	// chat passes the 429 and its Retry-After on, and auto's fallback
+	// said the probe failed. Asked, the model answers its 429, which the
+	// caller (or auto's fallback) is told as it is.
+	status := resp.StatusCode()
+	ok := err == nil && (status >= 200 && status <= 299 || status == fasthttp.StatusTooManyRequests)
 	p.mu.Lock()
 	p.ok, p.checkedAt, p.running, p.failedCallAt = ok, time.Now(), nil, time.Time{}
 	if ok {

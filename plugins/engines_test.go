@@ -704,3 +704,25 @@ func TestLLMEngineAnswersAnUpstreamsRedirectOrRefusalAsChatDoes(t *testing.T) {
 		t.Fatalf("auto with the upstream redirecting: %v", m)
 	}
 }
+
+// TestLLMUpstreamAtItsLimitIsNotDown: an upstream answering 429 to GET
+// /models too was taken for down by its probe: a classify naming the llm
+// got 503 upstream_unavailable without a wait, where a chat call passes
+// the 429 and its Retry-After on, and auto's fallback said the upstream
+// "failed its probe", not that it was at its limit. It is up, limited:
+// asked, it answers 429, and that is what the caller hears.
+func TestLLMUpstreamAtItsLimitIsNotDown(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 429, RetryAfter: "7"}, plugins: "  engine: auto\n  llm_model: small"})
+	// The auto call waits for the first probe, which has answered by then.
+	m := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"]}`).ok(t)
+	if m["engine"] != "lexical" || !strings.Contains(fmt.Sprint(m["fallback"]), "answered 429") {
+		t.Errorf("auto with the upstream at its limit: %v; want lexical, and a fallback saying the upstream answered 429", m)
+	}
+	for i := 0; i < 3; i++ {
+		r := h.keyed("/v1/classify", `{"text": "x", "labels": ["a", "b"], "model": "llm"}`)
+		if r.status != 429 || r.header.Get("Retry-After") != "7" {
+			t.Fatalf("call %d naming the llm, its upstream at its limit: %s (Retry-After %q); want 429 with the upstream's Retry-After", i, r, r.header.Get("Retry-After"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
