@@ -585,7 +585,11 @@ func TestAutoAcrossAnUpstreamBlink(t *testing.T) {
 	back := proxytest.NewServerOn(ln, opts)
 	t.Cleanup(back.Close)
 	backAt := time.Now()
-	checkFor(t, 3*time.Second, 50*time.Millisecond, func() error {
+	// A probe is due a second after the last while the upstream is
+	// down; 6 s leaves a busy machine room, and is still short of the
+	// 7.5 s or more that the upstream stayed offline when the next probe
+	// came 10 s after the last.
+	checkFor(t, 6*time.Second, 50*time.Millisecond, func() error {
 		m := h.keyed("/v1/classify", body).ok(t)
 		if m["engine"] != "llm" {
 			if m["fallback"] == nil {
