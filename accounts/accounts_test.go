@@ -432,7 +432,9 @@ func TestRecentKeysAreListedWhileTheBucketsElectALeader(t *testing.T) {
 	if err != nil {
 		t.Fatalf("listing keys while the buckets elect a leader: %v", err)
 	}
-	if waited := time.Since(start); waited > 100*time.Millisecond {
+	// Asking the buckets waited out a 10 s bound; 2 s leaves a busy
+	// machine under the race detector room.
+	if waited := time.Since(start); waited > 2*time.Second {
 		t.Errorf("listing keys took %s, want no wait", waited)
 	}
 	if len(keys) != 2 || hidden != 0 || keys[0].KeyID != kept.KeyID || keys[1].KeyID != gone.KeyID || keys[1].RevokedAt == nil {
