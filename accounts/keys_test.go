@@ -537,7 +537,9 @@ func TestKeyJustMadeElsewhereIsAcceptedOnceTheWatchDeliversIt(t *testing.T) {
 		if _, err := s.Verify([]byte(token)); err == nil {
 			t.Fatalf("%s accepted", name)
 		}
-		if waited := time.Since(start); waited > 100*time.Millisecond {
+		// Waiting for the watch takes unseenKeyWait; half of it leaves a
+		// busy machine under the race detector room.
+		if waited := time.Since(start); waited > unseenKeyWait/2 {
 			t.Errorf("%s was refused after %s, want at once", name, waited)
 		}
 	}
