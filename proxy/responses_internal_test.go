@@ -72,7 +72,10 @@ func TestRememberNeverWaitsOnKV(t *testing.T) {
 	for i := range n {
 		r.remember("resp_"+strconv.Itoa(i), "gpu-a", "acme", "small", true)
 	}
-	if took := time.Since(began); took > time.Second {
+	// 0.3-0.6 s under the race detector on a busy machine; remembers
+	// that waited 10 ms each for room in the queue took 10 s over the
+	// 1000 dropped.
+	if took := time.Since(began); took > 5*time.Second {
 		t.Fatalf("%d remembers took %v with KV stuck", n, took)
 	}
 	if d := r.dropped.Load(); d < 900 {
