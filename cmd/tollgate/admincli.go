@@ -269,7 +269,8 @@ func pathID(what, id string) (string, error) {
 	return url.PathEscape(id), nil
 }
 
-// errHelpShown: the subcommand's -h printed its flags; nothing went wrong.
+// errHelpShown: a command's -h printed its usage; nothing went wrong, and
+// run exits 0.
 var errHelpShown = errors.New("help shown")
 
 func helpShownIsNoError(err error) error {
@@ -279,11 +280,40 @@ func helpShownIsNoError(err error) error {
 	return err
 }
 
+// findSubcommand finds the subcommand args name in commands, the usage
+// list of command: its usage line and the arguments it takes. With no
+// subcommand, or an unknown one, it says so, then commandUsage: it
+// printed the usage alone, without a word of what was wrong. -h prints
+// commandUsage and returns errHelpShown.
+func findSubcommand(commands, command, commandUsage string, args []string) (usage string, argNames []string, err error) {
+	switch {
+	case len(args) == 0:
+		return "", nil, usageErrorf("%s needs a subcommand\n\n%s", command, commandUsage)
+	case args[0] == "help" || isHelp(args[0]):
+		fmt.Println(commandUsage)
+		return "", nil, errHelpShown
+	}
+	usage, argNames, known := subcommand(commands, command, args[0])
+	if !known {
+		return "", nil, usageErrorf("unknown %s subcommand %q\n\n%s", command, args[0], commandUsage)
+	}
+	return usage, argNames, nil
+}
+
 // parseSubcommand parses the flags of a subcommand whose flag set holds
-// only the flags it reads. A flag it does not take is an error naming the
-// ones it does: flags of another subcommand used to be accepted and
-// ignored. -h prints them and returns errHelpShown.
-func parseSubcommand(fs *flag.FlagSet, args []string) ([]string, error) {
+// only the flags it reads, usage its usage line. A flag it does not take
+// is an error naming the ones it does: flags of another subcommand used
+// to be accepted and ignored. -h prints usage and the flags, and returns
+// errHelpShown. Its errors are usageErrors.
+func parseSubcommand(fs *flag.FlagSet, usage string, args []string) ([]string, error) {
+	pos, err := parseSubcommandFlags(fs, usage, args)
+	if err != nil && !errors.Is(err, errHelpShown) {
+		err = usageError{err}
+	}
+	return pos, err
+}
+
+func parseSubcommandFlags(fs *flag.FlagSet, usage string, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard) // the error below says it once, with more
 	var repeated error
 	own := map[*flag.Flag]flag.Value{}
@@ -296,7 +326,7 @@ func parseSubcommand(fs *flag.FlagSet, args []string) ([]string, error) {
 		// PrintDefaults tells a default from a zero value by the value's
 		// type: the flags' own, not flagOnce.
 		fs.VisitAll(func(f *flag.Flag) { f.Value = own[f] })
-		fmt.Printf("flags of tollgate %s:\n", fs.Name())
+		fmt.Printf("%s\n\nflags:\n", usage)
 		fs.SetOutput(os.Stdout)
 		fs.PrintDefaults()
 		return nil, errHelpShown
@@ -402,22 +432,19 @@ func subcommand(commands, command, name string) (usage string, args []string, ok
 func checkArgs(command string, args, names []string, usage string) error {
 	switch {
 	case len(args) < len(names):
-		return fmt.Errorf("%s: %s is missing\n%s", command, names[len(args)], usage)
+		return usageErrorf("%s: %s is missing\n%s", command, names[len(args)], usage)
 	case len(args) > len(names) && len(names) == 0:
-		return fmt.Errorf("%s: unexpected argument %q (it takes none)\n%s", command, args[0], usage)
+		return usageErrorf("%s: unexpected argument %q (it takes none)\n%s", command, args[0], usage)
 	case len(args) > len(names):
-		return fmt.Errorf("%s: unexpected argument %q after %s\n%s", command, args[len(names)], names[len(names)-1], usage)
+		return usageErrorf("%s: unexpected argument %q after %s\n%s", command, args[len(names)], names[len(names)-1], usage)
 	}
 	return nil
 }
 
 func runAccounts(args []string) error {
-	if len(args) == 0 {
-		return errors.New(accountsUsage)
-	}
-	usage, argNames, known := subcommand(accountsCommands, "accounts", args[0])
-	if !known {
-		return errors.New(accountsUsage)
+	usage, argNames, err := findSubcommand(accountsCommands, "accounts", accountsUsage, args)
+	if err != nil {
+		return helpShownIsNoError(err)
 	}
 	fs := flag.NewFlagSet("accounts "+args[0], flag.ContinueOnError)
 	target := adminFlags(fs)
@@ -436,7 +463,7 @@ func runAccounts(args []string) error {
 	case "credit":
 		idemKey = fs.String("idempotency-key", "", "a key (a payment id) that makes the same credit, sent again within 7 days, apply once")
 	}
-	pos, err := parseSubcommand(fs, args[1:])
+	pos, err := parseSubcommand(fs, usage, args[1:])
 	if err != nil {
 		return helpShownIsNoError(err)
 	}
@@ -452,7 +479,7 @@ func runAccounts(args []string) error {
 	}
 	if args[0] == "limits" && len(givenLimits(fs)) == 0 {
 		// An empty PATCH changed nothing and exited 0.
-		return fmt.Errorf("%s: give at least one of -rpm, -tpm, -max-concurrent (0 = no limit)\n%s", fs.Name(), usage)
+		return usageErrorf("%s: give at least one of -rpm, -tpm, -max-concurrent (0 = no limit)\n%s", fs.Name(), usage)
 	}
 	var account string // escaped for the path
 	if args[0] != "create" && len(pos) > 0 {
@@ -606,19 +633,16 @@ const keysCommands = `  keys create ACCOUNT -name NAME [-scopes a,b] [-models m1
 
 func runKeys(args []string) error {
 	const keysUsage = "usage: tollgate keys SUBCOMMAND, one of:\n" + keysCommands
-	if len(args) == 0 {
-		return errors.New(keysUsage)
-	}
-	usage, argNames, known := subcommand(keysCommands, "keys", args[0])
-	if !known {
-		return errors.New(keysUsage)
+	usage, argNames, err := findSubcommand(keysCommands, "keys", keysUsage, args)
+	if err != nil {
+		return helpShownIsNoError(err)
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	target := adminFlags(fs)
 	if args[0] != "create" {
 		// list, get and revoke take none of create's flags: "keys list
 		// acme -name ci" listed every key as if the name filtered them.
-		pos, err := parseSubcommand(fs, args[1:])
+		pos, err := parseSubcommand(fs, usage, args[1:])
 		if err != nil {
 			return helpShownIsNoError(err)
 		}
@@ -650,7 +674,7 @@ func runKeys(args []string) error {
 	expiresIn := fs.String("expires-in", "", "lifetime, e.g. 720h (default: never)")
 	logging := fs.Bool("logging", false, "log generation inputs and outputs for this key")
 	retention := decimalFlag(fs, "retention-days", "`N` days to keep logged requests (0 = forever)")
-	pos, err := parseSubcommand(fs, args[1:])
+	pos, err := parseSubcommand(fs, usage, args[1:])
 	if err != nil {
 		return helpShownIsNoError(err)
 	}

@@ -19,7 +19,7 @@ import (
 // deployments where gateways only publish (clickhouse.consume_in_serve:
 // false). Several may run; they share one durable consumer.
 func runBilling(args []string) error {
-	path, err := configArg(args)
+	path, err := commandConfigArg(billingUsage, args)
 	if err != nil {
 		return err
 	}
@@ -182,7 +182,7 @@ func purgeExpiredLogs(ctx context.Context, sink *billing.ClickHouseSink, logf fu
 
 // runMigrate is `tollgate migrate`: apply pending ClickHouse migrations.
 func runMigrate(args []string) error {
-	path, err := configArg(args)
+	path, err := commandConfigArg(migrateUsage, args)
 	if err != nil {
 		return err
 	}

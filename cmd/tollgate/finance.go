@@ -37,31 +37,31 @@ func runFinance(args []string) error {
 	// "flag: help requested", and exited 1.
 	asksHelp := errors.Is(err, flag.ErrHelp) || err == nil && len(pos) > 0 && pos[0] == "help"
 	if err != nil && !asksHelp {
-		return err
+		return usageError{err}
 	}
 	if len(pos) == 0 || asksHelp {
 		return printFinanceUsage()
 	}
 	q, err := schema.FinanceQuery(pos[0])
 	if err != nil {
-		return err
+		return usageError{err} // no such query
 	}
 	values := map[string]string{}
 	for _, kv := range pos[1:] {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return fmt.Errorf("parameter %q: write name=value", kv)
+			return usageErrorf("parameter %q: write name=value", kv)
 		}
 		// The last of two used to win: a pasted line with an old month
 		// left in it ran another month's invoice without a word.
 		if first, given := values[k]; given {
-			return fmt.Errorf("%s is given twice (%q and %q): give each parameter once", k, first, v)
+			return usageErrorf("%s is given twice (%q and %q): give each parameter once", k, first, v)
 		}
 		values[k] = v
 	}
 	sql, err := q.Bind(values)
 	if err != nil {
-		return err
+		return usageError{err} // a parameter missing, unknown or invalid
 	}
 	if *printSQL {
 		fmt.Println(sql)

@@ -1,12 +1,12 @@
 // Command tollgate is the gateway's one binary.
 //
-//	tollgate serve                 run the gateway: the public API, the web
+//	tollgate serve [FILE]          run the gateway: the public API, the web
 //	                               console, the admin API, a batch worker, and the
 //	                               billing consumer when clickhouse.consume_in_serve
-//	tollgate billing               run the billing consumer alone (JetStream -> ClickHouse, debits)
-//	tollgate worker                run batch jobs alone, beside the gateways (storage.backend s3)
+//	tollgate billing [FILE]        run the billing consumer alone (JetStream -> ClickHouse, debits)
+//	tollgate worker [FILE]         run batch jobs alone, beside the gateways (storage.backend s3)
 //	tollgate batch reindex [FILE]  have every account's next GET /v1/batch rebuild its index of newest jobs
-//	tollgate migrate               apply the ClickHouse migrations of billing/schema
+//	tollgate migrate [FILE]        apply the ClickHouse migrations of billing/schema
 //	tollgate finance [QUERY k=v…]  run a finance query of billing/schema/queries.sql
 //	tollgate config check [FILE]   validate gateway.yaml, printing every error with its line
 //	tollgate config get SETTING [FILE]   print one setting as the file reads after loading (server.data_dir)
@@ -26,19 +26,21 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 )
 
 const usage = `usage: tollgate <command> [flags]
 
-commands:
-  serve                  run the gateway (reads $TOLLGATE_CONFIG, default ./gateway.yaml)
-  billing                run the billing consumer (JetStream -> ClickHouse)
-  worker                 run batch jobs only (storage.backend s3), beside the gateways
+commands (FILE, or -config FILE, is the config file: default
+$TOLLGATE_CONFIG, else ./gateway.yaml; COMMAND -h prints a command's usage):
+  serve [FILE]           run the gateway
+  billing [FILE]         run the billing consumer (JetStream -> ClickHouse)
+  worker [FILE]          run batch jobs only (storage.backend s3), beside the gateways
   batch reindex [FILE]   have every account's next GET /v1/batch rebuild its index of
                          newest jobs from its job records (once every gateway runs this
                          release, and after a rollback); needs the gateways' NATS
-  migrate                apply ClickHouse migrations
+  migrate [FILE]         apply ClickHouse migrations
   finance [QUERY k=v...] run a finance query of billing/schema/queries.sql (no QUERY, or help: list them)
   config check [FILE]    validate a config file; prints every error with file:line:col
   config get SETTING [FILE]  print one setting as the file reads after loading
@@ -55,22 +57,21 @@ else <data_dir>/admin.token).
 `
 
 func main() {
-	args := os.Args[1:]
+	os.Exit(run(os.Args[1:]))
+}
+
+// run runs the command line args and returns the exit code: 0, 1 for a
+// command that failed, 2 for a command line it cannot read (an unknown
+// command, subcommand, flag or argument, as the flag package exits).
+func run(args []string) int {
 	if len(args) == 0 {
 		// No command is not "serve": run by mistake where it was meant to
 		// print help, it made ./data, took the default ports and, on a
 		// fresh directory, printed a demo key no one asked for.
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		return 2
 	}
 	cmd, args := args[0], args[1:]
-	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") &&
-		cmd != "finance" && cmd != "version" {
-		// Every other command reads its first argument as a config file
-		// or a subcommand: "worker --help" tried to load a file named --help.
-		fmt.Print(usage)
-		return
-	}
 	var err error
 	switch cmd {
 	case "serve":
@@ -86,23 +87,111 @@ func main() {
 	case "finance":
 		err = runFinance(args)
 	case "config":
+		if len(args) > 0 && (isHelp(args[0]) || args[0] == "help") {
+			fmt.Println(configUsage)
+			return 0
+		}
 		err = runConfig(args)
 	case "accounts":
 		err = runAccounts(args)
 	case "keys":
 		err = runKeys(args)
 	case "version", "-version", "--version":
-		fmt.Println("tollgate", version())
+		switch {
+		case len(args) == 0:
+			fmt.Println("tollgate", version())
+		case asksHelp(args):
+			fmt.Println("usage: tollgate version\n\nPrints the version of this binary.")
+		default:
+			// It printed the version and exited 0.
+			err = usageErrorf("version takes no arguments: %q", args[0])
+		}
 	case "help", "-h", "--help":
-		fmt.Print(usage)
+		if len(args) == 0 {
+			fmt.Print(usage)
+			return 0
+		}
+		// "help serve" is "serve -h".
+		return run([]string{args[0], "-h"})
 	default:
 		fmt.Fprintf(os.Stderr, "tollgate: unknown command %q\n\n%s", cmd, usage)
-		os.Exit(2)
+		return 2
 	}
-	if err != nil {
+	switch {
+	case err == nil, errors.Is(err, errHelpShown):
+		return 0
+	case errors.As(err, new(usageError)):
 		fmt.Fprintln(os.Stderr, "tollgate:", err)
-		os.Exit(1)
+		return 2
+	default:
+		fmt.Fprintln(os.Stderr, "tollgate:", err)
+		return 1
 	}
+}
+
+// usageError is a command line a command cannot read; run exits 2 on it.
+type usageError struct{ error }
+
+func usageErrorf(format string, a ...any) error {
+	return usageError{fmt.Errorf(format, a...)}
+}
+
+// isHelp says whether arg asks for a command's help.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help"
+}
+
+// asksHelp says whether a command's args ask for its help: "help" first,
+// or a help flag anywhere.
+func asksHelp(args []string) bool {
+	return len(args) > 0 && args[0] == "help" || slices.ContainsFunc(args, isHelp)
+}
+
+// Usage of the commands whose one argument is the config file.
+const (
+	serveUsage = `usage: tollgate serve [FILE | -config FILE]
+
+Runs the gateway: the public API, the web console, the admin API, a batch
+worker, and the billing consumer when clickhouse.consume_in_serve is true.
+FILE is the config file (default $TOLLGATE_CONFIG, else ./gateway.yaml).
+`
+	billingUsage = `usage: tollgate billing [FILE | -config FILE]
+
+Runs the billing consumer alone (JetStream -> ClickHouse, debits), for
+gateways with clickhouse.consume_in_serve false. FILE is the config file
+(default $TOLLGATE_CONFIG, else ./gateway.yaml).
+`
+	workerUsage = `usage: tollgate worker [FILE | -config FILE]
+
+Runs batch jobs alone, beside the gateways; needs storage.backend s3.
+FILE is the config file (default $TOLLGATE_CONFIG, else ./gateway.yaml).
+`
+	migrateUsage = `usage: tollgate migrate [FILE | -config FILE]
+
+Applies the ClickHouse migrations of billing/schema to clickhouse.dsn.
+FILE is the config file (default $TOLLGATE_CONFIG, else ./gateway.yaml).
+`
+	batchUsage = `usage: tollgate batch reindex [FILE | -config FILE]
+
+Has every account's next GET /v1/batch rebuild its index of newest jobs
+from its job records: once every gateway runs this release, and after a
+rollback. Connects to the gateways' NATS (nats.url, else the embedded one
+of a running tollgate serve). FILE is the config file (default
+$TOLLGATE_CONFIG, else ./gateway.yaml).
+`
+)
+
+// commandConfigArg is configArg for a command whose one argument is the
+// config file, with usage its usage: -h, -help or --help prints it and
+// returns errHelpShown. The global usage printed for "serve -h" never
+// said the command takes FILE or -config FILE, and "batch reindex -h"
+// answered with an error.
+func commandConfigArg(usage string, args []string) (string, error) {
+	if asksHelp(args) {
+		fmt.Print(usage)
+		return "", errHelpShown
+	}
+	return configArg(args)
 }
 
 func version() string {
@@ -121,21 +210,21 @@ func configArg(args []string) (string, error) {
 		flag, value, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
 		switch {
 		case flag == "h" || flag == "help":
-			return "", errors.New("the config file is FILE or -config FILE (default $TOLLGATE_CONFIG, else ./gateway.yaml)")
+			return "", usageErrorf("the config file is FILE or -config FILE (default $TOLLGATE_CONFIG, else ./gateway.yaml)")
 		case flag != "config":
-			return "", fmt.Errorf("unknown flag %s: give the config file as FILE or -config FILE (default $TOLLGATE_CONFIG, else ./gateway.yaml)", args[0])
+			return "", usageErrorf("unknown flag %s: give the config file as FILE or -config FILE (default $TOLLGATE_CONFIG, else ./gateway.yaml)", args[0])
 		case hasValue && value == "":
-			return "", fmt.Errorf("%s names no file", args[0])
+			return "", usageErrorf("%s names no file", args[0])
 		case hasValue:
 			args = append([]string{value}, args[1:]...)
 		case len(args) < 2:
-			return "", fmt.Errorf("%s needs a file name", args[0])
+			return "", usageErrorf("%s needs a file name", args[0])
 		default:
 			args = args[1:]
 		}
 	}
 	if len(args) > 1 {
-		return "", fmt.Errorf("one config file at most, got %d arguments: %s", len(args), strings.Join(args, " "))
+		return "", usageErrorf("one config file at most, got %d arguments: %s", len(args), strings.Join(args, " "))
 	}
 	return configPath(args), nil
 }

@@ -36,7 +36,7 @@ import (
 )
 
 func runServe(args []string) error {
-	path, err := configArg(args)
+	path, err := commandConfigArg(serveUsage, args)
 	if err != nil {
 		return err
 	}

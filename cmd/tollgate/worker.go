@@ -24,7 +24,7 @@ import (
 // the object storage the gateways use, so storage.backend must be s3: the
 // local backend's files live on the gateway's machine.
 func runWorker(args []string) error {
-	path, err := configArg(args)
+	path, err := commandConfigArg(workerUsage, args)
 	if err != nil {
 		return err
 	}
@@ -96,10 +96,16 @@ func runWorker(args []string) error {
 // release before this one creates jobs without indexing them, and a
 // listing cannot tell cheaply that an account has such jobs.
 func runBatch(args []string) error {
-	if len(args) == 0 || args[0] != "reindex" {
-		return errors.New("usage: tollgate batch reindex [FILE]: have every account's next GET /v1/batch rebuild its index of newest jobs")
+	switch {
+	case len(args) == 0:
+		return usageErrorf("batch needs a subcommand\n\n%s", batchUsage)
+	case args[0] == "help" || isHelp(args[0]):
+		fmt.Print(batchUsage)
+		return nil
+	case args[0] != "reindex":
+		return usageErrorf("unknown batch subcommand %q\n\n%s", args[0], batchUsage)
 	}
-	path, err := configArg(args[1:])
+	path, err := commandConfigArg(batchUsage, args[1:])
 	if err != nil {
 		return err
 	}
