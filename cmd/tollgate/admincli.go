@@ -244,8 +244,16 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 			pos, args = append(pos, args[0]), args[1:]
 			continue
 		}
-		if err := fs.Parse(args); err != nil {
+		// The flags up to the next negative amount: given to fs.Parse, it
+		// was read as a flag after another flag ("accounts credit acme
+		// -idempotency-key k -6": "does not take -6").
+		n := flagsBeforeANegativeNumber(fs, args)
+		if err := fs.Parse(args[:n]); err != nil {
 			return nil, err
+		}
+		if n < len(args) {
+			args = args[n:] // the negative amount first
+			continue
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -254,6 +262,32 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// flagsBeforeANegativeNumber is how many of args, a run of flags, come
+// before the first negative number that is no flag's value ("-rpm -5"
+// sets -5, as the flag package reads it); len(args) when there is none
+// before the run ends (a positional argument or "--").
+func flagsBeforeANegativeNumber(fs *flag.FlagSet, args []string) int {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case negativeNumber.MatchString(a):
+			return i
+		case a == "--" || a == "-" || !strings.HasPrefix(a, "-"):
+			return len(args)
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if f := fs.Lookup(name); f != nil && !hasValue && !isBoolFlag(f) {
+			i++ // its value
+		}
+	}
+	return len(args)
+}
+
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
 
 var negativeNumber = regexp.MustCompile(`^-[0-9]+(\.[0-9]*)?$`)

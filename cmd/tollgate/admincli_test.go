@@ -526,6 +526,30 @@ func TestAccountsCreditSendsANegativeCorrection(t *testing.T) {
 	}
 }
 
+// A negative amount is the amount wherever it stands: after a flag,
+// "accounts credit acme -idempotency-key fix1 -6" said "accounts credit
+// does not take -6". A flag's value that looks like one stays its value.
+func TestAccountsCreditTakesANegativeAmountAfterItsFlags(t *testing.T) {
+	url, calls := fakeGateway(t)
+	for _, args := range [][]string{
+		{"credit", "acme", "-idempotency-key", "fix_1", "-6", "-url", url},
+		{"credit", "-url", url, "acme", "-idempotency-key=fix_2", "-0.5"},
+		{"credit", "-idempotency-key", "-7", "acme", "-8", "-url", url},
+		{"create", "acme", "-credit", "-5", "-url", url},
+	} {
+		if err := runAccounts(args); err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+	}
+	want := []string{`POST /admin/v1/accounts/acme/credit {"idempotency_key":"fix_1","usd":"-6"}`,
+		`POST /admin/v1/accounts/acme/credit {"idempotency_key":"fix_2","usd":"-0.5"}`,
+		`POST /admin/v1/accounts/acme/credit {"idempotency_key":"-7","usd":"-8"}`,
+		`POST /admin/v1/accounts {"credit_usd":"-5","id":"acme"}`}
+	if strings.Join(*calls, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("calls\n%s\nwant\n%s", strings.Join(*calls, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // A wrong number of arguments printed the whole usage: it says what is
 // missing or unexpected, then the subcommand's own usage line.
 func TestAdminArgumentErrorsSayWhatIsWrong(t *testing.T) {
