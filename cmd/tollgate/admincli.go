@@ -196,6 +196,11 @@ func (c *adminClient) fetch(method, path string, body any) ([]byte, error) {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
+		// Without url.Error's `Get "URL":`, which named the URL a second
+		// time, in a redaction of its own (u:*** beside u:xxxxx).
+		if urlErr := (*url.Error)(nil); errors.As(err, &urlErr) {
+			err = urlErr.Err
+		}
 		return nil, fmt.Errorf("calling the gateway (is `tollgate serve` running at %s?): %w", c.shown, err)
 	}
 	defer resp.Body.Close()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -588,5 +589,25 @@ func TestAdminURLPasswordIsNotPrinted(t *testing.T) {
 		if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "user:xxxxx@127.0.0.1:1") {
 			t.Errorf("-url %s: %v, want the URL with its password redacted", u, err)
 		}
+	}
+}
+
+// A gateway that does not answer is named once, as RedactURL writes it:
+// the message also quoted Go's url.Error, the URL in another redaction,
+// "(is `tollgate serve` running at http://u:xxxxx@127.0.0.1:1?): Get
+// "http://u:***@127.0.0.1:1/admin/v1/accounts"".
+func TestAdminUnreachableGatewayIsNamedOnce(t *testing.T) {
+	t.Setenv("TOLLGATE_CONFIG", "")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "tga-x")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	err = runAccounts([]string{"list", "-url", "http://u:pw@" + addr})
+	if err == nil || strings.Count(err.Error(), "://") != 1 || !strings.Contains(err.Error(), "running at http://u:xxxxx@"+addr+"?)") ||
+		!strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "***") {
+		t.Fatalf("accounts list with the gateway down: %v; want its URL named once, as http://u:xxxxx@%s, and why the call failed", err, addr)
 	}
 }
