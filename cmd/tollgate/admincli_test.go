@@ -64,7 +64,7 @@ func TestAdminClientReadsTheTokenFileAsTheGatewayDoes(t *testing.T) {
 	}
 	cfg := &config.Config{}
 	cfg.Server.DataDir = dir
-	served, err := loadAdminToken(cfg, false)
+	served, err := loadAdminToken(cfg, false, new(string))
 	if err != nil {
 		t.Fatal(err)
 	}

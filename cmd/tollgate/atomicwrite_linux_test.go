@@ -16,7 +16,7 @@ func TestAdminTokenSurvivesAPowerLossRightAfterTheFirstStart(t *testing.T) {
 	dataDir, afterCrash := testutil.CrashableDisk(t, 32<<20)
 	cfg := &config.Config{}
 	cfg.Server.DataDir = dataDir
-	tok, err := loadAdminToken(cfg, true)
+	tok, err := loadAdminToken(cfg, true, new(string))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestAdminTokenSurvivesAPowerLossRightAfterTheFirstStart(t *testing.T) {
 		t.Fatalf("after the crash the admin token reads %q, %v; want %q", got, err, tok)
 	}
 	cfg.Server.DataDir = crashed
-	if again, err := loadAdminToken(cfg, false); err != nil || again != tok {
+	if again, err := loadAdminToken(cfg, false, new(string)); err != nil || again != tok {
 		t.Fatalf("the start after the crash: %q, %v; want the token made before it", again, err)
 	}
 }

@@ -107,11 +107,13 @@ func runServe(args []string) error {
 	}
 	defer con.Close()
 
-	adminToken, err := loadAdminToken(cfg, firstStart)
+	// Printed once, with the first of the first start's blocks.
+	exports := cliExports(cfg, ln.Addr())
+	adminToken, err := loadAdminToken(cfg, firstStart, &exports)
 	if err != nil {
 		return err
 	}
-	if err := ensureDemoAccount(ctx, cfg, svc, reachableAddr(cfg.Server.Listen, ln.Addr()), os.Stderr); err != nil {
+	if err := ensureDemoAccount(ctx, cfg, svc, reachableAddr(cfg.Server.Listen, ln.Addr()), &exports, os.Stderr); err != nil {
 		return err
 	}
 	rec, closeRecorder, err := openRecorder(ctx, cfg, b, svc, logf)
@@ -421,8 +423,9 @@ const (
 )
 
 // loadAdminToken returns server.admin_token, or the token kept in the data
-// dir, generating and printing it on first start.
-func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
+// dir, generating and printing it on first start, with *exports, which it
+// empties then (see takeExports).
+func loadAdminToken(cfg *config.Config, firstStart bool, exports *string) (string, error) {
 	if cfg.Server.AdminToken != "" {
 		return cfg.Server.AdminToken, nil
 	}
@@ -449,7 +452,7 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 			"(the other gateways of a deployment keep theirs: give them all one with TOLLGATE_ADMIN_TOKEN):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n\n", p, tok)
 		return tok, nil
 	}
-	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n%s\n", p, tok, cliExports(cfg))
+	fmt.Fprintf(os.Stderr, "\nFirst start: admin token (also in %s):\n\n  export TOLLGATE_ADMIN_TOKEN=%s\n%s\n", p, tok, takeExports(exports))
 	return tok, nil
 }
 
@@ -464,20 +467,45 @@ func loadAdminToken(cfg *config.Config, firstStart bool) (string, error) {
 //
 // Paths are made absolute: pasted into a shell in another directory, a
 // relative one named nothing there ("open conf2.yaml: no such file").
-func cliExports(cfg *config.Config) string {
+// The listen address has the port bound, ln's: TOLLGATE_LISTEN's port 0
+// (a free one) was exported as given, and the CLI called port 0.
+func cliExports(cfg *config.Config, ln net.Addr) string {
 	var b strings.Builder
 	if cfg.Path != "gateway.yaml" {
 		fmt.Fprintf(&b, "  export TOLLGATE_CONFIG=%s\n", shellQuote(absolutePath(cfg.Path)))
 	}
 	for _, name := range []string{"TOLLGATE_LISTEN", "TOLLGATE_DATA_DIR"} {
 		if v := os.Getenv(name); v != "" && cfg.ReadsEnv(name) {
-			if name == "TOLLGATE_DATA_DIR" {
+			switch name {
+			case "TOLLGATE_LISTEN":
+				v = boundListen(v, ln)
+			case "TOLLGATE_DATA_DIR":
 				v = absolutePath(v)
 			}
 			fmt.Fprintf(&b, "  export %s=%s\n", name, shellQuote(v))
 		}
 	}
 	return b.String()
+}
+
+// takeExports returns *exports and empties it: the export lines go with
+// the first block of the first start that prints (the admin token's, else
+// the demo key's). Both printed them, the same lines twice.
+func takeExports(exports *string) string {
+	e := *exports
+	*exports = ""
+	return e
+}
+
+// boundListen is listen, a listen address, with the port of ln, where it
+// listens: "127.0.0.1:0" as "127.0.0.1:41234".
+func boundListen(listen string, ln net.Addr) string {
+	host, _, errListen := net.SplitHostPort(listen)
+	_, port, errLn := net.SplitHostPort(ln.String())
+	if errListen != nil || errLn != nil {
+		return listen
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // absolutePath is p from the root, or p where the working directory is
@@ -531,9 +559,9 @@ func readAdminTokenFile(p string) (string, error) {
 }
 
 // ensureDemoAccount creates the demo account and key on first start and
-// prints the key to out, with the gateway's address addr; it is shown
-// only this once.
-func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Service, addr string, out io.Writer) error {
+// prints the key to out, with the gateway's address addr and *exports,
+// which it empties then (see takeExports); it is shown only this once.
+func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Service, addr string, exports *string, out io.Writer) error {
 	credit, err := money.ParseUSD(cfg.Server.DemoCreditUSD)
 	if err != nil || credit <= 0 {
 		return nil
@@ -563,7 +591,7 @@ func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Se
 	if err := writeMarker(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n%s\n", credit, token, addr, cliExports(cfg))
+	fmt.Fprintf(out, "First start: demo account \"demo\" with %s USD credit. Its API key, shown only now:\n\n  export OPENAI_API_KEY=%s\n  export OPENAI_BASE_URL=http://%s/v1\n%s\n", credit, token, addr, takeExports(exports))
 	return nil
 }
 

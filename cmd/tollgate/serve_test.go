@@ -36,7 +36,7 @@ func TestDemoAccountOncePerDeployment(t *testing.T) {
 	ctx := context.Background()
 	for range 2 {
 		cfg := &config.Config{Server: config.Server{DemoCreditUSD: "5", DataDir: t.TempDir(), Listen: "127.0.0.1:8080"}}
-		if err := ensureDemoAccount(ctx, cfg, g.Accounts, "127.0.0.1:8080", io.Discard); err != nil {
+		if err := ensureDemoAccount(ctx, cfg, g.Accounts, "127.0.0.1:8080", new(string), io.Discard); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -61,7 +61,7 @@ func TestDemoKeyNamesTheListenersAddress(t *testing.T) {
 	defer ln.Close()
 	cfg := &config.Config{Server: config.Server{DemoCreditUSD: "5", DataDir: t.TempDir(), Listen: "127.0.0.1:0"}}
 	var out strings.Builder
-	if err := ensureDemoAccount(context.Background(), cfg, g.Accounts, reachableAddr(cfg.Server.Listen, ln.Addr()), &out); err != nil {
+	if err := ensureDemoAccount(context.Background(), cfg, g.Accounts, reachableAddr(cfg.Server.Listen, ln.Addr()), new(string), &out); err != nil {
 		t.Fatal(err)
 	}
 	if want := "export OPENAI_BASE_URL=http://" + ln.Addr().String() + "/v1\n"; !strings.Contains(out.String(), want) {
@@ -296,7 +296,7 @@ func TestEmptyAdminTokenFileIsRefused(t *testing.T) {
 		}
 		cfg := &config.Config{}
 		cfg.Server.DataDir = dir
-		if tok, err := loadAdminToken(cfg, false); err == nil {
+		if tok, err := loadAdminToken(cfg, false, new(string)); err == nil {
 			t.Errorf("admin.token %q gave the token %q", content, tok)
 		}
 	}
@@ -311,7 +311,7 @@ func TestAdminTokenFileTakesWhatTheSettingTakes(t *testing.T) {
 	}
 	cfg := &config.Config{}
 	cfg.Server.DataDir = dir
-	if tok, err := loadAdminToken(cfg, false); err != nil || tok != "0123456789 abcdef" {
+	if tok, err := loadAdminToken(cfg, false, new(string)); err != nil || tok != "0123456789 abcdef" {
 		t.Fatalf("got %q, %v", tok, err)
 	}
 }
@@ -428,8 +428,9 @@ func TestMetricsListenTakesMetricsOffThePublicListener(t *testing.T) {
 // TOLLGATE_DATA_DIR (the README's example), and its first start printed
 // export lines for another terminal without them: bin/tollgate accounts
 // list there read ./gateway.yaml with neither, and called 127.0.0.1:8080
-// (the other gateway, or nothing). Both export blocks now carry them,
-// and the admin CLI, given those lines, calls this gateway.
+// (the other gateway, or nothing). The first export block now carries
+// them (once: see TestFirstStartBannerExportsTheBoundAddressOnce), and
+// the admin CLI, given those lines, calls this gateway.
 func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
 	g := gatewaytest.Start(t, gatewaytest.Options{NoListen: true, Config: func(_, dir string) string {
 		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
@@ -452,25 +453,28 @@ func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
 	if err := os.MkdirAll(cfg.Server.DataDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	tokenBlock, err := stderrOf(t, func() error { _, err := loadAdminToken(cfg, true); return err })
+	bound := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8180}
+	exports := cliExports(cfg, bound)
+	tokenBlock, err := stderrOf(t, func() error { _, err := loadAdminToken(cfg, true, &exports); return err })
 	if err != nil {
 		t.Fatal(err)
 	}
 	var demoBlock strings.Builder
-	if err := ensureDemoAccount(context.Background(), cfg, g.Accounts, "127.0.0.1:8180", &demoBlock); err != nil {
+	if err := ensureDemoAccount(context.Background(), cfg, g.Accounts, "127.0.0.1:8180", &exports, &demoBlock); err != nil {
 		t.Fatal(err)
 	}
-	for name, block := range map[string]string{"admin token": tokenBlock, "demo key": demoBlock.String()} {
-		// The data dir from the root: pasted into a shell elsewhere, a
-		// relative one named nothing there.
-		for _, want := range []string{"  export TOLLGATE_LISTEN=127.0.0.1:8180\n", "  export TOLLGATE_DATA_DIR=" + filepath.Join(root, "data2") + "\n"} {
-			if !strings.Contains(block, want) {
-				t.Errorf("the %s block lacks %q:\n%s", name, want, block)
-			}
+	// The data dir from the root: pasted into a shell elsewhere, a
+	// relative one named nothing there.
+	for _, want := range []string{"  export TOLLGATE_LISTEN=127.0.0.1:8180\n", "  export TOLLGATE_DATA_DIR=" + filepath.Join(root, "data2") + "\n"} {
+		if !strings.Contains(tokenBlock, want) {
+			t.Errorf("the admin token block lacks %q:\n%s", want, tokenBlock)
 		}
-		if strings.Contains(block, "TOLLGATE_CONFIG") {
-			t.Errorf("the %s block exports TOLLGATE_CONFIG for ./gateway.yaml:\n%s", name, block)
+		if strings.Contains(demoBlock.String(), want) {
+			t.Errorf("the demo key block repeats %q:\n%s", want, demoBlock.String())
 		}
+	}
+	if strings.Contains(tokenBlock, "TOLLGATE_CONFIG") {
+		t.Errorf("the admin token block exports TOLLGATE_CONFIG for ./gateway.yaml:\n%s", tokenBlock)
 	}
 
 	// The other terminal: a shell with only what the blocks export.
@@ -491,11 +495,11 @@ func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
 
 	// A config named on the command line is exported too, quoted.
 	cfg.Path = filepath.Join(root, "my gateway.yaml")
-	if got, want := cliExports(cfg), "  export TOLLGATE_CONFIG='"+cfg.Path+"'\n"; !strings.HasPrefix(got, want) {
+	if got, want := cliExports(cfg, bound), "  export TOLLGATE_CONFIG='"+cfg.Path+"'\n"; !strings.HasPrefix(got, want) {
 		t.Errorf("cliExports = %q, want it to begin %q", got, want)
 	}
 	cfg.Path = "conf2.yaml"
-	if got, want := cliExports(cfg), "  export TOLLGATE_CONFIG="+filepath.Join(root, "conf2.yaml")+"\n"; !strings.HasPrefix(got, want) {
+	if got, want := cliExports(cfg, bound), "  export TOLLGATE_CONFIG="+filepath.Join(root, "conf2.yaml")+"\n"; !strings.HasPrefix(got, want) {
 		t.Errorf("cliExports = %q, want it to begin %q", got, want)
 	}
 }
