@@ -954,7 +954,7 @@ func (up *upstream) checkReachable() {
 	}
 	hint := ""
 	if up.loopback && errors.Is(err, syscall.ECONNREFUSED) {
-		hint = "; " + loopbackRefusedHint
+		hint = "; " + up.loopbackRefusedHint(false)
 	}
 	up.logf("upstream %s (%s) does not answer GET /models: %v; calls to it fail until it answers%s",
 		up.cfg.Name, logURL(up.cfg.BaseURL), err, hint)

@@ -794,7 +794,7 @@ func unreachableReason(up *upstream, err error) string {
 		// Said without the address: an upstream on loopback is the
 		// gateway's own operator's to start (the Quick start's, with no
 		// upstream running, read a bare "connection refused").
-		why += " (" + loopbackRefusedHint + ")"
+		why += " (" + up.loopbackRefusedHint(true) + ")"
 	}
 	return why
 }
@@ -821,9 +821,27 @@ func faultForOperator(err error) string {
 }
 
 // loopbackRefusedHint follows the reason of a connection refused by an
-// upstream whose base_url is on the gateway's own machine.
-const loopbackRefusedHint = "nothing listens at its base_url on the gateway's machine: start the upstream, " +
-	"e.g. make demo-upstream, or point its base_url in gateway.yaml (UPSTREAM_BASE_URL for the shipped file's default upstream) at a running one"
+// upstream whose base_url is on the gateway's own machine. make
+// demo-upstream alone listens on 127.0.0.1:8000: for a base_url elsewhere
+// it is given the address as ADDR, in the client's message without it
+// (forClient), as that message never names an upstream's address. Done
+// literally, "make demo-upstream" started the fake upstream where the
+// gateway did not call.
+func (up *upstream) loopbackRefusedHint(forClient bool) string {
+	demo := "make demo-upstream"
+	switch {
+	case up.addr == demoUpstreamAddr:
+	case forClient:
+		demo += " ADDR=HOST:PORT (its base_url's)"
+	default:
+		demo += " ADDR=" + up.addr
+	}
+	return "nothing listens at its base_url on the gateway's machine: start the upstream, e.g. " + demo +
+		", or point its base_url in gateway.yaml (UPSTREAM_BASE_URL for the shipped file's default upstream) at a running one"
+}
+
+// demoUpstreamAddr is where make demo-upstream listens without ADDR.
+const demoUpstreamAddr = "127.0.0.1:8000"
 
 // reasonForClient says why a connection failed without where it led: a
 // client learns that the upstream is unreachable and why, not its address,

@@ -1290,9 +1290,13 @@ func TestCheckUpstreamsLogsOneThatDoesNotAnswer(t *testing.T) {
 		return nil
 	})
 	got := lines("upstream p1 (")
+	// Where make demo-upstream is to listen: its default, 127.0.0.1:8000,
+	// is not p1's address (TestLoopbackHintNamesTheDemoUpstreamsAddress).
+	host, _, _ := strings.Cut(strings.TrimPrefix(h.ups[1].URL, "http://"), "/")
+	start := "make demo-upstream ADDR=" + host + ","
 	if len(got) != 1 || !strings.Contains(got[0], "("+h.ups[1].URL) || !strings.Contains(got[0], "does not answer") ||
-		!strings.Contains(got[0], "make demo-upstream") {
-		t.Fatalf("logged %q, want one line naming p1's base_url %s and what to start", got, h.ups[1].URL)
+		!strings.Contains(got[0], start) {
+		t.Fatalf("logged %q, want one line naming p1's base_url %s and what to start, %s", got, h.ups[1].URL, start)
 	}
 	time.Sleep(100 * time.Millisecond) // p0's check has long answered
 	if got := lines("upstream p0 ("); len(got) != 0 {

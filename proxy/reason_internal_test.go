@@ -83,6 +83,37 @@ func TestLoopbackHintOnlyForARefusedLocalUpstream(t *testing.T) {
 	}
 }
 
+// The hint names the make command that starts the fake upstream where
+// base_url points: with UPSTREAM_BASE_URL=http://127.0.0.1:31319/v1 it
+// said "make demo-upstream", which, done literally, starts it on
+// 127.0.0.1:8000. The client's message names no address, the log does.
+func TestLoopbackHintNamesTheDemoUpstreamsAddress(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	_, refused := net.Dial("tcp", addr)
+	if refused == nil {
+		t.Fatal("a closed port accepted")
+	}
+	for _, tc := range []struct {
+		baseURL, want string
+	}{
+		{"http://127.0.0.1:8000/v1", "e.g. make demo-upstream, or point"},
+		{"http://127.0.0.1:31319/v1", "e.g. make demo-upstream ADDR=HOST:PORT (its base_url's), or point"},
+		{"http://localhost/v1", "e.g. make demo-upstream ADDR=HOST:PORT (its base_url's), or point"},
+		{"http://[::1]:8000/v1", "e.g. make demo-upstream ADDR=HOST:PORT (its base_url's), or point"},
+	} {
+		up, err := newUpstream(config.Upstream{Name: "u", BaseURL: tc.baseURL}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := unreachableReason(up, refused); !strings.Contains(got, tc.want) || strings.Contains(got, "31319") {
+			t.Errorf("%s: the client reads %q, want it to hold %q", tc.baseURL, got, tc.want)
+		}
+	}
+	// The log names the address (TestCheckUpstreamsLogsOneThatDoesNotAnswer).
+}
+
 type timeoutError struct{}
 
 func (timeoutError) Error() string   { return "i/o timeout" }

@@ -93,6 +93,8 @@ type upstream struct {
 	// loopback: base_url's host is this machine (127.0.0.0/8, ::1,
 	// localhost), so a refused connection means nothing was started there.
 	loopback bool
+	// addr is base_url's host:port, the port filled in.
+	addr string
 }
 
 // idlePoolTime is kept below the 5 s keep-alive of uvicorn (vLLM, SGLang) so
@@ -115,6 +117,7 @@ func newUpstream(cfg config.Upstream, logf func(string, ...any)) (*upstream, err
 		// One pending change is enough: the probe reads the interval.
 		probeRetimed: make(chan struct{}, 1),
 		loopback:     isLoopbackHost(u.Hostname()),
+		addr:         addr,
 	}
 	if cfg.APIKey != "" {
 		up.authHeader = "Bearer " + cfg.APIKey
