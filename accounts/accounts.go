@@ -110,6 +110,44 @@ type Limits struct {
 	MaxConcurrent int64 `json:"max_concurrent"`
 }
 
+// Live is what the request path keeps of one account between its calls on
+// this gateway: how many are in flight, counted whatever the account's
+// limits, and its tokens per minute as they are now. A max_concurrent or
+// tpm set while calls run must count them: counted only while the account
+// had limits, 3 streams open when max_concurrent 2 was set were not
+// counted, and 5 ran at once under it. There is one per account, made when
+// the gateway first sees it and kept while the process runs, and Standing
+// answers it with the balance, so a call finds it without a look-up of
+// its own.
+type Live struct {
+	inFlight atomic.Int64
+	tpm      atomic.Int64
+}
+
+// Acquire counts one more call in flight, unless limit (0 = none) are in
+// flight already.
+func (l *Live) Acquire(limit int64) bool {
+	for {
+		n := l.inFlight.Load()
+		if limit > 0 && n >= limit {
+			return false
+		}
+		if l.inFlight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// Release ends a call Acquire counted.
+func (l *Live) Release() { l.inFlight.Add(-1) }
+
+// InFlight is how many calls are in flight.
+func (l *Live) InFlight() int64 { return l.inFlight.Load() }
+
+// TPM is the account's tokens per minute now (0 = none), which may have
+// been set since a call in flight was admitted.
+func (l *Live) TPM() int64 { return l.tpm.Load() }
+
 // Check refuses negative limits; 0 is none.
 func (l Limits) Check() error {
 	if l.RPM < 0 || l.TPM < 0 || l.MaxConcurrent < 0 {
@@ -348,22 +386,22 @@ func (s *Service) Close() {
 // debited yet (NoteCharge); false when the account does not exist. It
 // never does I/O.
 func (s *Service) Balance(account string) (money.Nanos, bool) {
-	balance, _, ok := s.Standing(account)
+	balance, _, _, ok := s.Standing(account)
 	return balance, ok
 }
 
-// Standing is Balance and the account's limits, read together so that
-// admitting a call looks the account up once. It never does I/O.
-func (s *Service) Standing(account string) (money.Nanos, Limits, bool) {
+// Standing is Balance, the account's limits and its Live, read together
+// so that admitting a call looks the account up once. It never does I/O.
+func (s *Service) Standing(account string) (money.Nanos, Limits, *Live, bool) {
 	s.share.readsBalances()
 	e, ok := s.snap.account(account)
 	if !ok {
-		return 0, Limits{}, false
+		return 0, Limits{}, nil, false
 	}
 	if u, found := s.unbilled.Load(account); found {
-		return e.balance - u.(*unbilled).outstanding(e.debited), e.limits, true
+		return e.balance - u.(*unbilled).outstanding(e.debited), e.limits, e.live, true
 	}
-	return e.balance, e.limits, true
+	return e.balance, e.limits, e.live, true
 }
 
 // Debited is the sum of every debit of account so far, from the same

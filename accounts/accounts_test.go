@@ -338,7 +338,7 @@ func TestAccountLimitsSeenByOtherGatewayAndKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFor(t, time.Second, 10*time.Millisecond, func() error {
-		if bal, limits, ok := b.Standing("acme"); !ok || bal != 2*money.NanosPerUSD-1 || limits != (Limits{RPM: 60, MaxConcurrent: 4}) {
+		if bal, limits, _, ok := b.Standing("acme"); !ok || bal != 2*money.NanosPerUSD-1 || limits != (Limits{RPM: 60, MaxConcurrent: 4}) {
 			return fmt.Errorf("other gateway sees %s USD and limits %+v (exists %v)", bal, limits, ok)
 		}
 		return nil

@@ -49,6 +49,7 @@ type accountEntry struct {
 	balance money.Nanos
 	debited money.Nanos // all debits ever, for telling whether a bill is in
 	limits  Limits
+	live    *Live // the same for every entry of the account
 }
 
 type keyEntry struct {
@@ -156,8 +157,13 @@ func (sn *snapshot) keysOfSplit(account string) (live, revoked []*KeyInfo) {
 func (sn *snapshot) putAccount(id string, rev uint64, rec accountRecord, deleted bool) {
 	sn.mu.Lock()
 	if old, ok := sn.accounts[id]; !ok || rev > old.rev {
+		live := old.live
+		if live == nil {
+			live = new(Live)
+		}
+		live.tpm.Store(rec.Limits.TPM)
 		sn.accounts[id] = accountEntry{rev: rev, deleted: deleted, balance: money.Nanos(rec.BalanceNanos), debited: money.Nanos(rec.DebitedNanos),
-			limits: rec.Limits}
+			limits: rec.Limits, live: live}
 	}
 	sn.mu.Unlock()
 }

@@ -625,7 +625,7 @@ func TestAccountLimitsSetAndChanged(t *testing.T) {
 	if status != 200 || !strings.Contains(string(body), `"rpm":0,"tpm":1000,"max_concurrent":4`) {
 		t.Fatalf("patch rpm to none: %d %s", status, body)
 	}
-	if _, limits, _ := g.svc.Standing("acme"); limits != (accounts.Limits{TPM: 1000, MaxConcurrent: 4}) {
+	if _, limits, _, _ := g.svc.Standing("acme"); limits != (accounts.Limits{TPM: 1000, MaxConcurrent: 4}) {
 		t.Errorf("the gateway admits calls under %+v", limits)
 	}
 	status, _, body = g.call("GET", "/admin/v1/accounts/acme", "")
@@ -649,7 +649,7 @@ func TestAccountLimitsSetAndChanged(t *testing.T) {
 	if status, _, body := g.call("PATCH", "/admin/v1/accounts/nobody", `{"rpm":1}`); status != 404 {
 		t.Errorf("limits of a missing account: %d %s", status, body)
 	}
-	if _, limits, _ := g.svc.Standing("acme"); limits != (accounts.Limits{TPM: 1000, MaxConcurrent: 4}) {
+	if _, limits, _, _ := g.svc.Standing("acme"); limits != (accounts.Limits{TPM: 1000, MaxConcurrent: 4}) {
 		t.Errorf("refused changes changed the limits to %+v", limits)
 	}
 }

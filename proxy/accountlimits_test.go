@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -8,6 +10,8 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/accounts"
+	"github.com/tollgate/tollgate/internal/gatewaytest"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
@@ -184,4 +188,78 @@ func TestTwoGatewaysTogetherSpendTheBalanceOnce(t *testing.T) {
 		t.Errorf("%d and %d calls served, %d in all, on a credit that pays %d; want at most %d", served[0].Load(), served[1].Load(), total, paid, paid+4)
 	}
 	t.Logf("%d and %d calls served", served[0].Load(), served[1].Load())
+}
+
+// patchAccount sets account's limits through the admin API, as an
+// operator does.
+func (h *harness) patchAccount(account, body string) {
+	h.t.Helper()
+	req, _ := http.NewRequest("PATCH", h.url+"/admin/v1/accounts/"+account, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+gatewaytest.DefaultAdminToken)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if b := readAll(h.t, resp); resp.StatusCode != 200 {
+		h.t.Fatalf("PATCH /admin/v1/accounts/%s: %d %s", account, resp.StatusCode, b)
+	}
+}
+
+// startStreams starts n streams with key and returns once the upstream
+// has them all; wait waits for their ends.
+func (h *harness) startStreams(n int, key string) (wait func()) {
+	h.t.Helper()
+	before := h.up.Active()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			resp := h.post("/v1/chat/completions", strings.Replace(chatBody, `{`, `{"stream":true,`, 1), key)
+			if b := readAll(h.t, resp); resp.StatusCode != 200 {
+				h.t.Errorf("stream: %d %s", resp.StatusCode, b)
+			}
+		})
+	}
+	testutil.CheckFor(h.t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := h.up.Active() - before; got < n {
+			return fmt.Errorf("%d of %d streams at the upstream", got, n)
+		}
+		return nil
+	})
+	return wg.Wait
+}
+
+// A max_concurrent set on an account without limits ignored the calls
+// already running, which were counted only while it had limits: with 3
+// streams open, max_concurrent 2 admitted more, 5 at once. Every call is
+// counted now, so the limit sees them at once.
+func TestAccountMaxConcurrentSetLaterCountsCallsInFlight(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 5, ChunkDelay: 300 * time.Millisecond}})
+	wait := h.startStreams(3, h.key)
+	h.patchAccount("acme", `{"max_concurrent":2}`)
+	e := wantError(t, h.post("/v1/chat/completions", chatBody), 429, "rate_limit_exceeded")
+	if msg := e["message"].(string); !strings.Contains(msg, "account acme (all its keys together) may have 2 in flight") {
+		t.Errorf("message %q", msg)
+	}
+	wait()
+	// Their ends gave their slots back: two fit again, not a third.
+	wait = h.startStreams(2, h.key)
+	wantError(t, h.post("/v1/chat/completions", chatBody), 429, "rate_limit_exceeded")
+	wait()
+	if resp := h.post("/v1/chat/completions", chatBody); resp.StatusCode != 200 {
+		t.Fatalf("after the streams ended: %d %s", resp.StatusCode, readAll(t, resp))
+	}
+}
+
+// A tpm set on an account while its calls ran did not count their usage:
+// they were admitted with nothing to charge it to.
+func TestAccountTPMSetLaterCountsCallsInFlight(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Chunks: 3, ChunkDelay: 300 * time.Millisecond, PromptTokens: 100, CompletionTokens: 100}})
+	wait := h.startStreams(3, h.key)
+	h.patchAccount("acme", `{"tpm":500}`)
+	wait()
+	// 600 tokens used on a tpm of 500: the next call waits.
+	e := wantError(t, h.post("/v1/chat/completions", chatBody), 429, "rate_limit_exceeded")
+	if msg := e["message"].(string); !strings.Contains(msg, "account acme (all its keys together) may use 500 tokens per minute") {
+		t.Errorf("message %q", msg)
+	}
 }

@@ -75,55 +75,54 @@ func (s *Server) Debited(account string) (money.Nanos, bool) {
 
 // checkBalance refuses accounts whose balance is below the grace buffer.
 func (s *Server) checkBalance(w *World, key *accounts.Key) *APIError {
-	_, apiErr := s.checkStanding(w, key)
+	_, _, apiErr := s.checkStanding(w, key)
 	return apiErr
 }
 
-// checkStanding is checkBalance, and answers the account's limits too, read
-// with its balance in one look-up.
-func (s *Server) checkStanding(w *World, key *accounts.Key) (accounts.Limits, *APIError) {
-	bal, limits, ok := s.accounts.Standing(key.Account)
+// checkStanding is checkBalance, and answers the account's limits and Live
+// too, read with its balance in one look-up.
+func (s *Server) checkStanding(w *World, key *accounts.Key) (accounts.Limits, *accounts.Live, *APIError) {
+	bal, limits, live, ok := s.accounts.Standing(key.Account)
 	if !ok {
-		return limits, errInvalidKey("the account of this API key does not exist")
+		return limits, nil, errInvalidKey("the account of this API key does not exist")
 	}
 	if bal < -w.grace {
-		return limits, errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, below the grace buffer of %s USD; a top-up resumes service at once", key.Account, bal, -w.grace))
+		return limits, live, errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, below the grace buffer of %s USD; a top-up resumes service at once", key.Account, bal, -w.grace))
 	}
-	return limits, nil
+	return limits, live, nil
 }
 
-// accountLimits is the limits of account, none without accounts.
-func (s *Server) accountLimits(account string) accounts.Limits {
+// accountLimits is the limits and Live of account, none without accounts.
+func (s *Server) accountLimits(account string) (accounts.Limits, *accounts.Live) {
 	if s.accounts == nil {
-		return accounts.Limits{}
+		return accounts.Limits{}, nil
 	}
-	_, limits, _ := s.accounts.Standing(account)
-	return limits
+	_, limits, live, _ := s.accounts.Standing(account)
+	return limits, live
 }
 
 // admit checks the key, its scope and its account's balance, and counts
 // the call against the key's own rpm/tpm and its account's limits: the
-// request, a slot of the account's max_concurrent and an estimate of its
-// prompt now, settled to its usage once that is known. The admission is
-// nil when neither the key nor the account has limits.
-func (s *Server) admit(ctx *fasthttp.RequestCtx, w *World) (*accounts.Key, *admission, *APIError) {
+// request, one of the account's calls in flight (its max_concurrent, if
+// any) and an estimate of its prompt now, settled to its usage once that
+// is known. The admission is a value the call keeps, so admitting
+// allocates nothing.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, w *World) (*accounts.Key, admission, *APIError) {
 	key, apiErr := s.authorize(ctx, accounts.ScopeGenerate)
 	if apiErr != nil {
-		return nil, nil, apiErr
+		return nil, admission{}, apiErr
 	}
-	acct, apiErr := s.checkStanding(w, key)
+	acct, live, apiErr := s.checkStanding(w, key)
 	if apiErr != nil {
-		return nil, nil, apiErr
+		return nil, admission{}, apiErr
 	}
-	limit := s.limits.generationAdmission(key, acct, true)
-	if limit != nil {
-		var estimate int64
-		if tpm := limit.tokenLimit(); tpm > 0 {
-			estimate = promptEstimate(ctx.PostBody(), tpm)
-		}
-		if apiErr := limit.admit(ctx, estimate); apiErr != nil {
-			return nil, nil, apiErr
-		}
+	limit := s.limits.generationAdmission(key, acct, live, true)
+	var estimate int64
+	if tpm := limit.tokenLimit(); tpm > 0 {
+		estimate = promptEstimate(ctx.PostBody(), tpm)
+	}
+	if apiErr := limit.admit(ctx, estimate); apiErr != nil {
+		return nil, admission{}, apiErr
 	}
 	return key, limit, nil
 }

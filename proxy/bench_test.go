@@ -91,16 +91,24 @@ func inspectAll(c *generationCall, rd *sseReader) {
 // call under a key's limits and its account's: the limiter's work per call.
 func BenchmarkGenerationAdmission(b *testing.B) {
 	l := newLimiter()
+	live := new(accounts.Live)
 	key := &accounts.Key{ID: "key_1", Account: "acme", RPM: 1 << 40, TPM: 1 << 40}
+	unlimited := &accounts.Key{ID: "key_2", Account: "acme"}
 	for _, bc := range []struct {
 		name string
+		key  *accounts.Key
 		acct accounts.Limits
-	}{{"key", accounts.Limits{}}, {"key+account", accounts.Limits{RPM: 1 << 40, TPM: 1 << 40, MaxConcurrent: 1 << 20}}} {
+	}{
+		{"none", unlimited, accounts.Limits{}},
+		{"account-concurrency", unlimited, accounts.Limits{MaxConcurrent: 1 << 20}},
+		{"key", key, accounts.Limits{}},
+		{"key+account", key, accounts.Limits{RPM: 1 << 40, TPM: 1 << 40, MaxConcurrent: 1 << 20}},
+	} {
 		b.Run(bc.name, func(b *testing.B) {
 			ctx := limitCtx("127.0.0.1")
 			b.ReportAllocs()
 			for b.Loop() {
-				a := l.generationAdmission(key, bc.acct, true)
+				a := l.generationAdmission(bc.key, bc.acct, live, true)
 				if err := a.admit(ctx, 100); err != nil {
 					b.Fatal(err)
 				}

@@ -539,7 +539,7 @@ type generationCall struct {
 	// without it billed a cut stream on a long chain its new words only.
 	history int64
 
-	limit   *admission                 // the key's own limits; nil without
+	limit   admission                  // the key's and its account's limits
 	respBuf *bytebufferpool.ByteBuffer // a non-streamed answer, read by readBody
 	respErr error                      // the error reading respBuf ended with
 

@@ -109,6 +109,17 @@ type admission struct {
 	// generation: a generation call, admitted on an estimate of its
 	// tokens that its usage settles (charge); settled once it has.
 	generation, settled bool
+	// account is the key's account. live counts its calls in flight, the
+	// call's too when it takes a slot, whatever the account's limits: a
+	// max_concurrent set later must count the calls already running, and
+	// a tpm set later their usage. maxConcurrent is its limit at
+	// admission, 0 for none.
+	account       string
+	live          *accounts.Live
+	maxConcurrent int64
+	// holding: admit took the call's slots and counts; done gives them
+	// back.
+	holding bool
 }
 
 // limitPart is a call's standing with one caller's limits.
@@ -132,21 +143,24 @@ func (a *admission) add(caller callerID, limits config.Limits, slot bool) {
 	a.n++
 }
 
-// accountPart adds the account's own limits, if it has any; slot says
-// whether the call is one max_concurrent counts.
-func (a *admission) accountPart(account string, acct accounts.Limits, slot bool) {
-	lim := config.Limits{RequestsPerMinute: acct.RPM, TokensPerMinute: acct.TPM}
-	if slot {
-		lim.Concurrent = acct.MaxConcurrent
+// accountPart adds the account's own rates, if it has any; slot says
+// whether the call is one of the account's calls in flight, which live
+// counts and max_concurrent bounds. live is nil for an account this
+// gateway does not know.
+func (a *admission) accountPart(account string, acct accounts.Limits, live *accounts.Live, slot bool) {
+	a.account = account
+	if slot && live != nil {
+		a.live, a.maxConcurrent = live, acct.MaxConcurrent
 	}
-	if lim.RequestsPerMinute > 0 || lim.TokensPerMinute > 0 || lim.Concurrent > 0 {
+	lim := config.Limits{RequestsPerMinute: acct.RPM, TokensPerMinute: acct.TPM}
+	if lim.RequestsPerMinute > 0 || lim.TokensPerMinute > 0 {
 		a.add(callerID{callerAccount, account}, lim, slot)
 	}
 }
 
 // admissionFor resolves who is calling and which limits hold for them:
-// acct is the limits of the key's account.
-func (l *limiter) admissionFor(ctx *fasthttp.RequestCtx, call *Call, acct accounts.Limits) *admission {
+// acct is the limits of the key's account, live its calls in flight.
+func (l *limiter) admissionFor(ctx *fasthttp.RequestCtx, call *Call, acct accounts.Limits, live *accounts.Live) *admission {
 	plugins := call.World.Config.Plugins
 	a := &admission{l: l}
 	if call.Key != nil {
@@ -158,7 +172,7 @@ func (l *limiter) admissionFor(ctx *fasthttp.RequestCtx, call *Call, acct accoun
 			limits.TokensPerMinute = call.Key.TPM
 		}
 		a.add(callerID{callerKey, call.Key.ID}, limits, true)
-		a.accountPart(call.Key.Account, acct, true)
+		a.accountPart(call.Key.Account, acct, live, true)
 	} else {
 		a.add(callerID{callerAddr, clientSubject(l.clientAddr(ctx, call.World.Config))}, plugins.PublicLimits, true)
 	}
@@ -300,7 +314,7 @@ func (a *admission) precheck(ctx *fasthttp.RequestCtx) *APIError {
 		p, snap := &a.parts[i], snaps[i]
 		if c := p.limits.Concurrent; p.slot && c > 0 && snap.inFlight >= c {
 			a.setHeaders(ctx, &snaps, now)
-			return a.refuseConcurrent(ctx, p)
+			return a.refuseConcurrent(ctx, p.caller, c)
 		}
 		if rpm := p.limits.RequestsPerMinute; rpm > 0 {
 			if next := max(snap.requestsTAT, now) + interval(1, rpm); next-now > limitWindow {
@@ -309,7 +323,17 @@ func (a *admission) precheck(ctx *fasthttp.RequestCtx) *APIError {
 			}
 		}
 	}
+	if a.accountBusy() {
+		a.setHeaders(ctx, &snaps, now)
+		return a.refuseConcurrent(ctx, callerID{callerAccount, a.account}, a.maxConcurrent)
+	}
 	return nil
+}
+
+// accountBusy reports whether the account has max_concurrent calls in
+// flight already.
+func (a *admission) accountBusy() bool {
+	return a.live != nil && a.maxConcurrent > 0 && a.live.InFlight() >= a.maxConcurrent
 }
 
 // lock locks the shards of the admission's parts, in the order of their
@@ -345,6 +369,16 @@ func (a *admission) lockOrder() (first, second int) {
 // concurrency slot, all or nothing. A generation's tokens are its prompt's
 // estimate, counted at most up to each part's whole limit.
 func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
+	if a.n == 0 { // no rates: only the account's calls in flight to count
+		if a.live == nil {
+			return nil
+		}
+		if !a.live.Acquire(a.maxConcurrent) {
+			return a.refuseConcurrent(ctx, callerID{callerAccount, a.account}, a.maxConcurrent)
+		}
+		a.holding = true
+		return nil
+	}
 	now := a.l.now()
 	a.lock()
 	// Swept before any state is made below, which a sweep would forget.
@@ -388,7 +422,11 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 			refused, why = i, "tokens"
 		}
 	}
-	if refused < 0 {
+	// Last, once nothing else refuses: the account's count is not the
+	// shards' to undo, so it is taken only when the call is admitted.
+	accountBusy := refused < 0 && a.live != nil && !a.live.Acquire(a.maxConcurrent)
+	if refused < 0 && !accountBusy {
+		a.holding = true
 		for i := range a.n {
 			p, st := &a.parts[i], states[i]
 			if p.limits.RequestsPerMinute > 0 {
@@ -408,13 +446,16 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 	}
 	a.unlock()
 	a.setHeaders(ctx, &snaps, now)
+	if accountBusy {
+		return a.refuseConcurrent(ctx, callerID{callerAccount, a.account}, a.maxConcurrent)
+	}
 	if refused < 0 {
 		return nil
 	}
 	p, lim := &a.parts[refused], a.parts[refused].limits
 	switch why {
 	case "concurrent":
-		return a.refuseConcurrent(ctx, p)
+		return a.refuseConcurrent(ctx, p.caller, lim.Concurrent)
 	case "too many tokens":
 		return a.refuse(ctx, p, "tokens", lim.TokensPerMinute, want[refused], -1)
 	case "requests":
@@ -424,7 +465,7 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 }
 
 // holds reports whether admit took the call's slots (not yet done).
-func (a *admission) holds() bool { return a != nil && a.parts[0].state != nil }
+func (a *admission) holds() bool { return a != nil && a.holding }
 
 // addTokens charges tokens found after the work (an engine's prompt beyond
 // the text). They may overdraw the minute; the next call then waits.
@@ -472,17 +513,23 @@ func (a *admission) done() {
 	if a.generation && !a.settled {
 		a.charge(0)
 	}
-	a.lock()
-	for i := range a.n {
-		p := &a.parts[i]
-		if p.slot {
-			p.state.inFlight--
-		} else {
-			p.state.generations--
+	if a.n > 0 {
+		a.lock()
+		for i := range a.n {
+			p := &a.parts[i]
+			if p.slot {
+				p.state.inFlight--
+			} else {
+				p.state.generations--
+			}
+			p.state = nil
 		}
-		p.state = nil
+		a.unlock()
 	}
-	a.unlock()
+	if a.live != nil {
+		a.live.Release()
+	}
+	a.holding = false
 }
 
 // refused gives back all a generation call took at admission, its
@@ -498,6 +545,10 @@ func (a *admission) refused(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	a.charge(0)
+	if a.n == 0 {
+		a.done()
+		return
+	}
 	now := a.l.now()
 	var snaps [2]callerState
 	a.lock()
@@ -566,12 +617,12 @@ func formatReset(ns int64) string {
 // address, its one part.
 func (a *admission) public() bool { return a.parts[0].caller.kind == callerAddr }
 
-func (a *admission) who(p *limitPart) (subject, remedy string) {
+func (a *admission) who(caller callerID) (subject, remedy string) {
 	switch {
-	case p.caller.kind == callerAddr:
+	case caller.kind == callerAddr:
 		return "requests without an API key from one client address", "; send an API key (Authorization: Bearer <API key>) for higher limits"
-	case p.caller.kind == callerAccount:
-		return "account " + p.caller.id + " (all its keys together)", ""
+	case caller.kind == callerAccount:
+		return "account " + caller.id + " (all its keys together)", ""
 	}
 	return "this API key", ""
 }
@@ -579,7 +630,7 @@ func (a *admission) who(p *limitPart) (subject, remedy string) {
 // refuse builds the 429 for a rate of p. wait < 0 means the request can
 // never pass (more tokens than the whole limit): no Retry-After then.
 func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, limit, tokens, wait int64) *APIError {
-	subject, remedy := a.who(p)
+	subject, remedy := a.who(p.caller)
 	var msg string
 	switch {
 	case wait < 0:
@@ -606,11 +657,11 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 	return errRateLimited(msg)
 }
 
-func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx, p *limitPart) *APIError {
-	subject, remedy := a.who(p)
+func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx, caller callerID, limit int64) *APIError {
+	subject, remedy := a.who(caller)
 	SetRetryAfter(&ctx.Response.Header, time.Second)
 	return errRateLimited(fmt.Sprintf("too many requests at once: %s may have %d in flight; wait for one to finish%s",
-		subject, p.limits.Concurrent, remedy))
+		subject, limit, remedy))
 }
 
 func errRateLimited(msg string) *APIError {
@@ -650,22 +701,20 @@ func (c *Call) Refused(ctx *fasthttp.RequestCtx) {
 
 // generationAdmission is the standing of a generation call (or a call on
 // a stored response, slot false) under its key's own rpm and tpm and its
-// account's limits acct; nil when neither has any (generation has no
-// default limits). The key's part shares the key's rates with the plugin
-// routes, so a key's limits hold across everything it calls, but not
-// their concurrency limit: open streams must not fill
-// plugins.key_limits.concurrent. The account's part counts the call
-// against max_concurrent when slot is set.
-func (l *limiter) generationAdmission(key *accounts.Key, acct accounts.Limits, slot bool) *admission {
+// account's limits acct; with no parts when neither has any rates
+// (generation has no default limits). The key's part shares the key's
+// rates with the plugin routes, so a key's limits hold across everything
+// it calls, but not their concurrency limit: open streams must not fill
+// plugins.key_limits.concurrent. When slot is set the call counts among
+// the account's calls in flight (live), against max_concurrent. A value,
+// which the call keeps: an admission for every call allocated nothing.
+func (l *limiter) generationAdmission(key *accounts.Key, acct accounts.Limits, live *accounts.Live, slot bool) admission {
 	a := admission{l: l, generation: true}
 	if key.RPM > 0 || key.TPM > 0 {
 		a.add(callerID{callerKey, key.ID}, config.Limits{RequestsPerMinute: key.RPM, TokensPerMinute: key.TPM}, false)
 	}
-	a.accountPart(key.Account, acct, slot)
-	if a.n == 0 {
-		return nil
-	}
-	return &a
+	a.accountPart(key.Account, acct, live, slot)
+	return a
 }
 
 // tokenLimit is the largest tokens per minute of the admission's parts, 0
@@ -686,17 +735,43 @@ func (a *admission) charge(tokens int64) {
 		return
 	}
 	a.settled = true
+	accountCounted := false
 	for i := range a.n {
 		p := &a.parts[i]
 		if p.limits.TokensPerMinute <= 0 {
 			continue
 		}
+		accountCounted = accountCounted || p.caller.kind == callerAccount
 		extra := tokens - p.admitted
 		p.admitted = tokens
 		if extra != 0 {
 			a.moveTokens(p, extra)
 		}
 	}
+	// A tpm set on the account while the call ran counts its usage: the
+	// call was admitted with no part to charge it to.
+	if !accountCounted && tokens > 0 && a.live != nil {
+		if tpm := a.live.TPM(); tpm > 0 {
+			a.l.chargeAccount(a.account, tokens, tpm)
+		}
+	}
+}
+
+// chargeAccount counts tokens against account's tpm, as moveTokens does
+// for a call's part: for a call admitted before the account had a tpm.
+func (l *limiter) chargeAccount(account string, tokens, tpm int64) {
+	caller := callerID{callerAccount, account}
+	now := l.now()
+	sh := &l.shards[l.shardOf(caller)]
+	sh.mu.Lock()
+	sh.sweep(now)
+	st := sh.callers[caller]
+	if st == nil {
+		st = &callerState{}
+		sh.callers[caller] = st
+	}
+	st.tokensTAT = min(max(st.tokensTAT, now)+interval(tokens, tpm), now+maxLockoutWindows*limitWindow)
+	sh.mu.Unlock()
 }
 
 // promptEstimate is what a generation request counts against its key's

@@ -4,6 +4,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,16 +186,19 @@ func TestAdmissionFor(t *testing.T) {
 	}}
 	l := newLimiter()
 	w := &World{Config: cfg}
-	a := l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", Account: "acme", RPM: 5}}, accounts.Limits{})
+	a := l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", Account: "acme", RPM: 5}}, accounts.Limits{}, nil)
 	if a.n != 1 || a.parts[0].caller != (callerID{callerKey, "k1"}) || a.public() || a.parts[0].limits != (config.Limits{RequestsPerMinute: 5, TokensPerMinute: 1000, Concurrent: 16}) {
 		t.Errorf("keyed admission %+v", a)
 	}
 	// An account with limits of its own adds them: the call must pass both.
-	a = l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", Account: "acme"}}, accounts.Limits{TPM: 50, MaxConcurrent: 2})
-	if a.n != 2 || a.parts[1].caller != (callerID{callerAccount, "acme"}) || a.parts[1].limits != (config.Limits{TokensPerMinute: 50, Concurrent: 2}) || !a.parts[1].slot {
+	// Its calls in flight are counted by its Live, not by a part.
+	live := new(accounts.Live)
+	a = l.admissionFor(limitCtx("203.0.113.1"), &Call{World: w, Key: &accounts.Key{ID: "k1", Account: "acme"}}, accounts.Limits{TPM: 50, MaxConcurrent: 2}, live)
+	if a.n != 2 || a.parts[1].caller != (callerID{callerAccount, "acme"}) || a.parts[1].limits != (config.Limits{TokensPerMinute: 50}) || !a.parts[1].slot ||
+		a.live != live || a.maxConcurrent != 2 {
 		t.Errorf("keyed admission of a limited account %+v", a)
 	}
-	a = l.admissionFor(limitCtx("2001:db8:1:2:3:4:5:6"), &Call{World: w}, accounts.Limits{})
+	a = l.admissionFor(limitCtx("2001:db8:1:2:3:4:5:6"), &Call{World: w}, accounts.Limits{}, nil)
 	if a.n != 1 || a.parts[0].caller != (callerID{callerAddr, "2001:db8:1:2::/64"}) || !a.public() || a.parts[0].limits != cfg.Plugins.PublicLimits {
 		t.Errorf("public admission %+v", a)
 	}
@@ -211,11 +215,11 @@ func TestGenerationsTakeNoPluginSlot(t *testing.T) {
 	key := &accounts.Key{ID: "k", RPM: 1000, TPM: 100_000}
 	var streams []*admission
 	for range 20 {
-		g := l.generationAdmission(key, accounts.Limits{}, true)
+		g := l.generationAdmission(key, accounts.Limits{}, nil, true)
 		if err := g.admit(limitCtx("127.0.0.1"), 0); err != nil {
 			t.Fatal(err)
 		}
-		streams = append(streams, g)
+		streams = append(streams, &g)
 	}
 	plugin := &admission{l: l}
 	plugin.add(callerID{callerKey, "k"}, config.Limits{RequestsPerMinute: 1000, TokensPerMinute: 100_000, Concurrent: 16}, true)
@@ -271,7 +275,7 @@ func TestSettledUsageLocksOutForAllItsTokensUpToAnHour(t *testing.T) {
 	l.now = clock.now
 	key := &accounts.Key{ID: "k", TPM: 60}
 	lockedOutFor := func(used int64) time.Duration {
-		g := l.generationAdmission(key, accounts.Limits{}, true)
+		g := l.generationAdmission(key, accounts.Limits{}, nil, true)
 		if err := g.admit(limitCtx("127.0.0.1"), 10); err != nil {
 			t.Fatalf("a call after the lock-out ended: %v", err)
 		}
@@ -287,12 +291,38 @@ func TestSettledUsageLocksOutForAllItsTokensUpToAnHour(t *testing.T) {
 	if d := lockedOutFor(4010); d != time.Hour {
 		t.Fatalf("4,010 tokens at tpm 60 locked the key out for %s, want the hour's cap", d)
 	}
-	g := l.generationAdmission(key, accounts.Limits{}, true)
+	g := l.generationAdmission(key, accounts.Limits{}, nil, true)
 	if err := g.admit(limitCtx("127.0.0.1"), 10); err == nil {
 		t.Fatal("a call was admitted during the lock-out")
 	}
 	clock.advance(time.Hour)
 	if d := lockedOutFor(200); d != 200*time.Second {
 		t.Fatalf("after the hour, 200 tokens locked the key out for %s, want 3m20s", d)
+	}
+}
+
+// A plugin call is refused before its body is worked on when its account
+// has max_concurrent calls in flight, counted whatever its limits were
+// when they started, and its Admit takes one of them.
+func TestPluginCallCountsAmongTheAccountsCallsInFlight(t *testing.T) {
+	l := newLimiter()
+	w := &World{Config: &config.Config{}}
+	live := new(accounts.Live)
+	key := &accounts.Key{ID: "k1", Account: "acme"}
+	running := l.generationAdmission(key, accounts.Limits{}, live, true)
+	if err := running.admit(limitCtx("127.0.0.1"), 0); err != nil || live.InFlight() != 1 {
+		t.Fatalf("a call without limits: %v, %d in flight", err, live.InFlight())
+	}
+	a := l.admissionFor(limitCtx("127.0.0.1"), &Call{World: w, Key: key}, accounts.Limits{MaxConcurrent: 1}, live)
+	if err := a.precheck(limitCtx("127.0.0.1")); err == nil || !strings.Contains(err.Message, "account acme (all its keys together) may have 1 in flight") {
+		t.Fatalf("precheck with the account's one call in flight: %v", err)
+	}
+	running.done()
+	if err := a.admit(limitCtx("127.0.0.1"), 1); err != nil || live.InFlight() != 1 {
+		t.Fatalf("admit once it ended: %v, %d in flight", err, live.InFlight())
+	}
+	a.done()
+	if live.InFlight() != 0 {
+		t.Fatalf("%d in flight after every call ended", live.InFlight())
 	}
 }

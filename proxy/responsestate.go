@@ -307,8 +307,9 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	// max_concurrent: these calls are not billed, and a cancel must
 	// not wait for the stream it cancels. Counted before the lookup, so
 	// a caller over its rpm is refused before the store is asked.
-	limit := s.limits.generationAdmission(key, s.accountLimits(key.Account), false)
-	if limit != nil {
+	acct, _ := s.accountLimits(key.Account)
+	limit := s.limits.generationAdmission(key, acct, nil, false)
+	if limit.n > 0 {
 		if apiErr := limit.admit(ctx, 0); apiErr != nil {
 			WriteError(ctx, apiErr)
 			return
@@ -338,7 +339,7 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 	if len(action) > 0 {
 		suffix = "/" + string(action)
 	}
-	if s.relayState(ctx, w.upstreams[m.Upstream], limit, method, id, suffix) && method == "DELETE" {
+	if s.relayState(ctx, w.upstreams[m.Upstream], &limit, method, id, suffix) && method == "DELETE" {
 		s.responses.forget(id)
 	}
 }

@@ -377,7 +377,7 @@ func (s *Server) refusalFromHeaders(ctx *fasthttp.RequestCtx, path []byte) (refu
 		// before its body, as a keyed one is its 401: read first, an
 		// address past its allowance still had every body held.
 		call := Call{World: s.world.Load()}
-		return s.limits.admissionFor(ctx, &call, accounts.Limits{}).precheck(ctx), limit, false
+		return s.limits.admissionFor(ctx, &call, accounts.Limits{}, nil).precheck(ctx), limit, false
 	case ok, answer != nil:
 		return nil, limit, false
 	case allow != "":
@@ -603,10 +603,11 @@ func (s *Server) servePlugin(ctx *fasthttp.RequestCtx, path []byte, reqID string
 	}
 	if r.Limits == LimitCaller {
 		var acct accounts.Limits
+		var live *accounts.Live
 		if call.Key != nil {
-			acct = s.accountLimits(call.Key.Account)
+			acct, live = s.accountLimits(call.Key.Account)
 		}
-		call.limit = s.limits.admissionFor(ctx, call, acct)
+		call.limit = s.limits.admissionFor(ctx, call, acct, live)
 		if apiErr := call.limit.precheck(ctx); apiErr != nil {
 			WriteError(ctx, apiErr)
 			return true

@@ -38,8 +38,9 @@ import (
 type Accounts interface {
 	Verify(token []byte) (*accounts.Key, error)
 	Balance(account string) (money.Nanos, bool)
-	// Standing is Balance and the account's own limits.
-	Standing(account string) (money.Nanos, accounts.Limits, bool)
+	// Standing is Balance, the account's own limits and what counts its
+	// calls in flight.
+	Standing(account string) (money.Nanos, accounts.Limits, *accounts.Live, bool)
 	Debited(account string) (money.Nanos, bool)
 	// NoteCharge counts a metered cost against Balance until the
 	// account's debits show it.
