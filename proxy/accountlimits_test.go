@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -261,5 +262,29 @@ func TestAccountTPMSetLaterCountsCallsInFlight(t *testing.T) {
 	e := wantError(t, h.post("/v1/chat/completions", chatBody), 429, "rate_limit_exceeded")
 	if msg := e["message"].(string); !strings.Contains(msg, "account acme (all its keys together) may use 500 tokens per minute") {
 		t.Errorf("message %q", msg)
+	}
+}
+
+// A tpm 429 whose wait is over a minute had no x-should-retry: false,
+// which the batch's 429 has: the OpenAI SDKs do not wait so long, and
+// retried at once, twice, into the same 429. Every limit's 429 carries it
+// when its wait is over a minute, the key's and the account's.
+func TestLimitWaitOverAMinuteTellsTheSDKsNotToRetry(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 140, CompletionTokens: 10}})
+	keyLimited := h.g.CreateKey("acme", accounts.KeyRequest{Name: "tpm", TPM: 50})
+	h.g.CreateAccount("limited", money.NanosPerUSD)
+	h.setLimits("limited", accounts.Limits{TPM: 50})
+	accountLimited := h.g.CreateKey("limited", accounts.KeyRequest{Name: "k"})
+	for _, key := range []string{keyLimited, accountLimited} {
+		// 150 tokens on 50 a minute: the next call waits 2 minutes and
+		// more (its own estimate).
+		if resp := h.post("/v1/chat/completions", chatBody, key); resp.StatusCode != 200 {
+			t.Fatalf("first call: %d %s", resp.StatusCode, readAll(t, resp))
+		}
+		resp := h.post("/v1/chat/completions", chatBody, key)
+		wantError(t, resp, 429, "rate_limit_exceeded")
+		if ra, _ := strconv.Atoi(resp.Header.Get("Retry-After")); ra <= 60 || resp.Header.Get("x-should-retry") != "false" {
+			t.Errorf("Retry-After %q, x-should-retry %q; want over 60 and false", resp.Header.Get("Retry-After"), resp.Header.Get("x-should-retry"))
+		}
 	}
 }

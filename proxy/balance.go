@@ -1013,6 +1013,9 @@ func (p *pool) allDown(model string) *APIError {
 	}
 	if back > 0 {
 		e.RetryAfter = time.Duration(back - now)
+		// A 429's wait the OpenAI SDKs would not honour: they would retry
+		// at once into the same answer.
+		e.NoRetry = e.Status == 429 && e.RetryAfter > sdkRetryWaitMax
 	}
 	return e
 }

@@ -649,6 +649,11 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 	}
 	if wait >= 0 {
 		SetRetryAfter(&ctx.Response.Header, time.Duration(wait))
+		if time.Duration(wait) > sdkRetryWaitMax {
+			// The OpenAI SDKs retry at once a wait they will not honour:
+			// twice into the same 429, as CreatedTooFast's callers were.
+			ctx.Response.Header.Set("x-should-retry", "false")
+		}
 	} else {
 		// The OpenAI SDKs retry every 429 unless told not to: this one
 		// would be refused the same each time.

@@ -203,14 +203,28 @@ func TestPoolOfRestingUpstreamsAnswers429WithRetryAfter(t *testing.T) {
 	}
 	resp = h.post("/v1/chat/completions", smallChat)
 	env := wantError(t, resp, 429, "rate_limit_exceeded")
-	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" {
-		t.Fatalf("Retry-After %q, want the rest left (30s)", ra)
+	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" || resp.Header.Get("x-should-retry") != "" {
+		t.Fatalf("Retry-After %q, x-should-retry %q; want the rest left (30s), retried", ra, resp.Header.Get("x-should-retry"))
 	}
 	if msg, _ := env["message"].(string); !strings.Contains(msg, "rate limited (p0: resting for") || !strings.Contains(msg, "p1: resting for") {
 		t.Fatalf("message %q", msg)
 	}
 	if n := len(h.ups[0].Requests()) + len(h.ups[1].Requests()); n != 2 {
 		t.Fatalf("the resting upstreams got %d calls, want 2", n)
+	}
+}
+
+// The gateway's own 429 for upstreams resting longer than a minute says
+// not to retry, as every limit's 429 with such a wait does: the OpenAI
+// SDKs do not wait so long, and retried at once into the same 429.
+func TestPoolRestingOverAMinuteTellsTheSDKsNotToRetry(t *testing.T) {
+	limited := proxytest.Options{Status: 429, RetryAfter: "120"}
+	h := newPoolHarness(t, 2, "  retries: 1", limited, limited)
+	readAll(t, h.post("/v1/chat/completions", smallChat))
+	resp := h.post("/v1/chat/completions", smallChat)
+	wantError(t, resp, 429, "rate_limit_exceeded")
+	if ra := resp.Header.Get("Retry-After"); (ra != "120" && ra != "119") || resp.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("Retry-After %q, x-should-retry %q; want the rest left (120s) and false", ra, resp.Header.Get("x-should-retry"))
 	}
 }
 
