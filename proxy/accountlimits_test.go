@@ -288,3 +288,23 @@ func TestLimitWaitOverAMinuteTellsTheSDKsNotToRetry(t *testing.T) {
 		}
 	}
 }
+
+// The 402 printed the grace as negative ("below the grace buffer of
+// -0.001000000 USD" with grace_usd "0.001"); it says it as the console
+// does, an allowance past zero.
+func TestInsufficientBalanceSaysTheGraceAsAnAllowance(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), `grace_usd: "0.50"`, `grace_usd: "0.001"`, 1))
+	h.g.CreateAccount("race", 0)
+	if _, err := h.svc.Debit(t.Context(), "race", 2_220_000); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.svc.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	key := h.g.CreateKey("race", accounts.KeyRequest{Name: "k"})
+	e := wantError(t, h.post("/v1/chat/completions", chatBody, key), 402, "INSUFFICIENT_BALANCE")
+	if want := "account race has a balance of -0.002220000 USD, past the grace allowance of 0.001000000 USD; a top-up resumes service at once"; e["message"] != want {
+		t.Errorf("message %q, want %q", e["message"], want)
+	}
+}

@@ -87,7 +87,9 @@ func (s *Server) checkStanding(w *World, key *accounts.Key) (accounts.Limits, *a
 		return limits, nil, errInvalidKey("the account of this API key does not exist")
 	}
 	if bal < -w.grace {
-		return limits, live, errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, below the grace buffer of %s USD; a top-up resumes service at once", key.Account, bal, -w.grace))
+		// The grace as the console says it, an allowance past zero: "below
+		// the grace buffer of -0.001000000 USD" read as a negative grace.
+		return limits, live, errInsufficientBalance(fmt.Sprintf("account %s has a balance of %s USD, past the grace allowance of %s USD; a top-up resumes service at once", key.Account, bal, w.grace))
 	}
 	return limits, live, nil
 }
