@@ -36,6 +36,11 @@ const TokenPrefix = "tg-"
 // another deployment (whose signing.key differs).
 var ErrInvalidKey = errors.New("invalid API key")
 
+// ErrRevoked is Verify's error for a key that was revoked (wrapping
+// ErrInvalidKey); the gateway answers it too to a stream whose key was
+// revoked before any of its answer went out.
+var ErrRevoked = fmt.Errorf("%w: revoked", ErrInvalidKey)
+
 // Prebuilt so that refusing a key, which attackers can make us do at will,
 // allocates nothing. A bad signature names its likeliest cause for a key
 // that was good: another gateway's, or another data_dir's; "bad signature"
@@ -49,7 +54,6 @@ var (
 	errNotYetValid    = fmt.Errorf("%w: not valid yet", ErrInvalidKey)
 	errWrongIssuer    = fmt.Errorf("%w: wrong issuer", ErrInvalidKey)
 	errBadClaims      = fmt.Errorf("%w: invalid claims", ErrInvalidKey)
-	errRevoked        = fmt.Errorf("%w: revoked", ErrInvalidKey)
 	errUnknownKey     = fmt.Errorf("%w: unknown key", ErrInvalidKey)
 )
 
@@ -640,7 +644,7 @@ func (s *Service) checkLive(k *Key, now time.Time) error {
 		return errUnknownKey
 	}
 	if info.RevokedAt != nil {
-		return errRevoked
+		return ErrRevoked
 	}
 	return nil
 }

@@ -458,11 +458,11 @@ func TestRevokedKeyRefusedByOtherGatewayWithinASecond(t *testing.T) {
 	if revoked.RevokedAt == nil {
 		t.Fatal("RevokeKey returned metadata without revoked_at")
 	}
-	if _, err := a.Verify([]byte(token)); !errors.Is(err, errRevoked) {
+	if _, err := a.Verify([]byte(token)); !errors.Is(err, ErrRevoked) {
 		t.Errorf("revoking gateway still accepts the key: %v", err)
 	}
 	checkFor(t, time.Second, 10*time.Millisecond, func() error {
-		if _, err := b.Verify([]byte(token)); !errors.Is(err, errRevoked) {
+		if _, err := b.Verify([]byte(token)); !errors.Is(err, ErrRevoked) {
 			return errors.New("other gateway still accepts the revoked key")
 		}
 		return nil

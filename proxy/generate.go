@@ -314,6 +314,10 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 	}
 	call.resp = resp
 	status := resp.Header.StatusCode()
+	if call.eventStream && status >= 200 && status <= 299 && s.addStream(call, ctx.Conn()) { // removed by its Close
+		call.refuseRevoked(ctx)
+		return
+	}
 	copyUpstreamHeaders(ctx, &resp.Header)
 	switch {
 	case status < 200 || status > 299:
@@ -326,11 +330,24 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, call *generationCall, r route
 		}
 		setStreamHeaders(ctx)
 		call.clientCtx = ctx
-		s.addStream(call, ctx.Conn()) // removed by its Close
 		sendStream(ctx, call)
 	default:
 		call.forwardWhole(ctx, status)
 	}
+}
+
+// refuseRevoked answers a stream whose key was revoked while it waited
+// for its upstream's first event with the 401 a call of a revoked key
+// gets: none of the answer has gone out (it was a 200 with only the
+// stream_interrupted event). The upstream took the prompt and answered
+// it, so the call is billed as one whose client left before the answer's
+// first byte: the prompt, estimated, and the request price.
+func (c *generationCall) refuseRevoked(ctx *fasthttp.RequestCtx) {
+	c.server.streams.remove(c)
+	c.cutUpstream() // addStream did, unless EndStreamsOfKey found the call first
+	c.record(fasthttp.StatusUnauthorized)
+	c.release()
+	WriteError(ctx, errInvalidKey(accounts.ErrRevoked.Error()))
 }
 
 // setStreamHeaders marks a response as a stream no cache or proxy may

@@ -28,8 +28,10 @@ type openStreams struct {
 // addStream holds a stream whose relay begins, and ends it at once if the
 // gateway ended streams meanwhile: CutStreams ran, or its key was revoked
 // while it waited for its upstream's first event. EndStreamsOfKey did not
-// see such a call, and it ran to its end, billed in full.
-func (s *Server) addStream(c *generationCall, client net.Conn) {
+// see such a call, and it ran to its end, billed in full. It reports
+// whether the key is revoked: nothing has gone out to the client yet, and
+// the caller answers the key's 401 in place of the stream.
+func (s *Server) addStream(c *generationCall, client net.Conn) (keyRevoked bool) {
 	o := &s.streams
 	o.mu.Lock()
 	if o.calls == nil {
@@ -48,6 +50,8 @@ func (s *Server) addStream(c *generationCall, client net.Conn) {
 	if cut {
 		c.cutUpstream()
 	}
+	// Set here, or by an EndStreamsOfKey that found the call since.
+	return c.keyRevoked.Load()
 }
 
 // keyIsRevoked says whether the snapshot, which is updated before
