@@ -28,7 +28,27 @@ type accountView struct {
 
 func viewAccount(acc accounts.Account) accountView {
 	return accountView{ID: acc.ID, BalanceUSD: acc.Balance.String(), CreditedUSD: acc.Credited.String(),
-		DebitedUSD: acc.Debited.String(), CreatedAt: acc.CreatedAt, Limits: acc.Limits}
+		DebitedUSD: acc.Debited.String(), CreatedAt: answeredTime(acc.CreatedAt), Limits: acc.Limits}
+}
+
+// answeredTime is a time as the admin API answers every one: UTC, in
+// whole seconds, the precision of a key's created_at and expires_at,
+// which its token carries. An account's created_at and a key's
+// revoked_at had nanoseconds beside them. Stored times keep theirs: the
+// records of every release read the same, and keys revoked in one second
+// are still listed in the order they were.
+func answeredTime(t time.Time) time.Time { return t.UTC().Truncate(time.Second) }
+
+// viewKey is info with its times as answeredTime makes them.
+func viewKey(info accounts.KeyInfo) accounts.KeyInfo {
+	info.CreatedAt = answeredTime(info.CreatedAt)
+	for _, t := range []**time.Time{&info.ExpiresAt, &info.RevokedAt} {
+		if *t != nil {
+			answered := answeredTime(**t)
+			*t = &answered
+		}
+	}
+	return info
 }
 
 // checkLimit refuses a negative limit, naming its field.
@@ -405,7 +425,7 @@ func (a *API) createKey(call *Call) (int, any, error) {
 	return 201, struct {
 		accounts.KeyInfo
 		Key string `json:"key"`
-	}{info, token}, nil
+	}{viewKey(info), token}, nil
 }
 
 func (a *API) listKeys(call *Call) (int, any, error) {
@@ -419,6 +439,9 @@ func (a *API) listKeys(call *Call) (int, any, error) {
 	}
 	if keys == nil {
 		keys = []accounts.KeyInfo{}
+	}
+	for i := range keys {
+		keys[i] = viewKey(keys[i])
 	}
 	return 200, struct {
 		Object string             `json:"object"`
@@ -434,7 +457,7 @@ func (a *API) getKey(call *Call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return 200, info, nil
+	return 200, viewKey(info), nil
 }
 
 func (a *API) revokeKey(call *Call) (int, any, error) {
@@ -449,7 +472,7 @@ func (a *API) revokeKey(call *Call) (int, any, error) {
 	return 200, struct {
 		accounts.KeyInfo
 		Revoked bool `json:"revoked"`
-	}{info, true}, nil
+	}{viewKey(info), true}, nil
 }
 
 // balanceFields are the names a PATCH of an account's balance is sent

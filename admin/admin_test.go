@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -1103,5 +1104,52 @@ func TestEveryAdminRouteRefusesAQueryItDoesNotRead(t *testing.T) {
 	// A trailing slash is taken on every admin route, as it was.
 	if status, _, body := g.call("GET", "/admin/v1/keys/"+created.KeyID+"/", ""); status != 200 || bytes.Contains(body, []byte(`"revoked_at":"`)) {
 		t.Fatalf("a key revoked for a query it was refused for, or no key at its path with a slash: %d %s", status, body)
+	}
+}
+
+// An account's created_at and a key's revoked_at had nanoseconds, a key's
+// created_at whole seconds (its token's): every time the admin API
+// answers is RFC 3339 in whole seconds, UTC, those of records stored with
+// nanoseconds too.
+func TestAdminTimesAreWholeSeconds(t *testing.T) {
+	g := startGateway(t)
+	wholeSecond := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$`)
+	times := regexp.MustCompile(`"(created_at|expires_at|revoked_at)":"([^"]*)"`)
+	check := func(what string, wantTimes int, status int, body []byte) {
+		t.Helper()
+		found := times.FindAllSubmatch(body, -1)
+		if status/100 != 2 || len(found) != wantTimes {
+			t.Fatalf("%s: %d, %d times in %s; want %d", what, status, len(found), body, wantTimes)
+		}
+		for _, m := range found {
+			if !wholeSecond.Match(m[2]) {
+				t.Errorf("%s: %s %s, want whole seconds, UTC", what, m[1], m[2])
+			}
+		}
+	}
+	status, _, body := g.call("POST", "/admin/v1/accounts", `{"id":"acme"}`)
+	check("create account", 1, status, body)
+	status, _, body = g.call("POST", "/admin/v1/accounts/acme/keys", `{"name":"ci","expires_in":"90m"}`)
+	check("create key", 2, status, body)
+	var created struct {
+		KeyID string `json:"key_id"`
+	}
+	if err := json.Unmarshal(body, &created); err != nil {
+		t.Fatal(err)
+	}
+	status, _, body = g.call("DELETE", "/admin/v1/keys/"+created.KeyID, "")
+	check("revoke key", 3, status, body)
+	// Stored with nanoseconds, as every release stores them.
+	if info, err := g.svc.LookupKey(t.Context(), created.KeyID); err != nil || info.RevokedAt.Nanosecond() == 0 {
+		t.Logf("revoked_at stored as %v (%v): on a whole second, this run proves less", info.RevokedAt, err)
+	}
+	for path, n := range map[string]int{
+		"/admin/v1/accounts/acme":         1,
+		"/admin/v1/accounts":              1,
+		"/admin/v1/accounts/acme/keys":    3,
+		"/admin/v1/keys/" + created.KeyID: 3,
+	} {
+		status, _, body := g.call("GET", path, "")
+		check("GET "+path, n, status, body)
 	}
 }
