@@ -196,7 +196,7 @@ func warnKeysWithNoModelServed(svc *accounts.Service, cfg *config.Config, logf f
 	if more := len(keys) - len(named); more > 0 {
 		named = append(named, fmt.Sprintf("and %d more", more))
 	}
-	logf("warning: API keys limited to models gateway.yaml no longer serves, every call of which is refused (%d): %s; "+
+	logf("warning: API keys limited to models gateway.yaml no longer serves, whose chat completions and responses calls are refused (%d): %s; "+
 		"revoke them (tollgate keys revoke KEY_ID) and create their accounts keys for models served", len(keys), strings.Join(named, "; "))
 }
 

@@ -524,7 +524,7 @@ func TestKeysWithNoModelServedAreWarnedAbout(t *testing.T) {
 	var logged []string
 	logf := func(format string, args ...any) { logged = append(logged, fmt.Sprintf(format, args...)) }
 	warnKeysWithNoModelServed(g.Accounts, &config.Config{Models: []config.Model{{ID: "m"}}}, logf)
-	want := "warning: API keys limited to models gateway.yaml no longer serves, every call of which is refused (1): " +
+	want := "warning: API keys limited to models gateway.yaml no longer serves, whose chat completions and responses calls are refused (1): " +
 		old.KeyID + " (account acme; models gone); revoke them (tollgate keys revoke KEY_ID) and create their accounts keys for models served"
 	if len(logged) != 1 || logged[0] != want {
 		t.Fatalf("logged %q, want %q", logged, want)
