@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,10 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/internal/gatewaytest"
 	"github.com/tollgate/tollgate/internal/testutil"
-	"github.com/tollgate/tollgate/money"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -107,23 +104,7 @@ func TestReadyzSaysNotReadyBeforeServingAndFromTheDrainsStart(t *testing.T) {
 		}
 	}
 
-	g.CreateAccount("acme", money.Nanos(5_000_000_000))
-	key := g.CreateKey("acme", accounts.KeyRequest{Name: "k"})
-	req, err := http.NewRequest(http.MethodPost, public+"/v1/chat/completions",
-		strings.NewReader(`{"model":"small","stream":true,"messages":[{"role":"user","content":"a long story"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if _, err := br.ReadString('\n'); err != nil { // the stream has begun
-		t.Fatal(err)
-	}
+	br := startStream(t, g, public)
 
 	again := make(chan os.Signal, 1)
 	stopped := make(chan struct{})

@@ -29,23 +29,7 @@ func TestSecondCtrlCEndsTheShutdownWait(t *testing.T) {
 				"    pricing: {prompt: \"0.0000001\", completion: \"0.0000003\"}\n", dir, upstream)
 		},
 	})
-	g.CreateAccount("acme", money.Nanos(5_000_000_000))
-	key := g.CreateKey("acme", accounts.KeyRequest{Name: "k"})
-	req, err := http.NewRequest(http.MethodPost, g.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"small","stream":true,"messages":[{"role":"user","content":"a long story"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if _, err := br.ReadString('\n'); err != nil { // the stream has begun
-		t.Fatal(err)
-	}
+	br := startStream(t, g, g.URL)
 
 	again := make(chan os.Signal, 1)
 	stopped := make(chan struct{})
@@ -68,4 +52,29 @@ func TestSecondCtrlCEndsTheShutdownWait(t *testing.T) {
 	if evs := g.Recorder.Events(); len(evs) != 1 {
 		t.Errorf("%d usage events after the cut, want 1 (billed)", len(evs))
 	}
+}
+
+// startStream opens a chat stream through the gateway at url, for a new
+// account of g, and returns its body once the stream has begun; the body
+// is closed at the test's end.
+func startStream(t *testing.T, g *gatewaytest.Gateway, url string) *bufio.Reader {
+	t.Helper()
+	g.CreateAccount("acme", money.Nanos(5_000_000_000))
+	key := g.CreateKey("acme", accounts.KeyRequest{Name: "k"})
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"small","stream":true,"messages":[{"role":"user","content":"a long story"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil { // the stream has begun
+		t.Fatal(err)
+	}
+	return br
 }
