@@ -787,8 +787,15 @@ func runConfig(args []string) error {
 	if len(args) >= 1 && args[0] == "get" {
 		return printSetting(args[1:])
 	}
-	if len(args) == 0 || args[0] != "check" {
-		return errors.New(configUsage)
+	switch {
+	case len(args) == 0:
+		return usageErrorf("%s", configUsage)
+	case asksHelp(args[:1]):
+		fmt.Println(configUsage)
+		return nil
+	case args[0] != "check":
+		// It printed the usage and exited 1, not naming what it refused.
+		return usageErrorf("unknown config subcommand %q\n%s", args[0], configUsage)
 	}
 	if slices.ContainsFunc(args[1:], func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
 		// Answered "the config file is FILE or -config FILE" as an error.
@@ -849,12 +856,12 @@ func printSetting(args []string) error {
 		fmt.Print(configGetUsage)
 		return nil
 	}
-	if setting == "" {
-		return errors.New(configUsage)
-	}
-	path, err := configArg(fileArgs)
+	path, err := configArg(fileArgs) // an unknown flag is named first
 	if err != nil {
 		return err
+	}
+	if setting == "" {
+		return usageErrorf("config get needs the setting to print\n%s", configGetUsage)
 	}
 	cfg, err := config.LoadNotConnecting(path)
 	if err != nil {

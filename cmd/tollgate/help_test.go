@@ -51,6 +51,17 @@ func TestEveryCommandsHelpAndUnknownArguments(t *testing.T) {
 		{[]string{"keys", "revoke", "-h"}, 0, "usage: tollgate keys revoke KEY_ID\n", ""},
 		{[]string{"help", "serve"}, 0, "usage: tollgate serve [FILE | -config FILE]", ""},
 		{[]string{"-h"}, 0, "usage: tollgate <command> [flags]", ""},
+		// "help -h" and "help help" called run for "help -h" again and
+		// again, until the stack overflowed (1 GB, exit 2).
+		{[]string{"help", "-h"}, 0, "usage: tollgate <command> [flags]", ""},
+		{[]string{"help", "help"}, 0, "usage: tollgate <command> [flags]", ""},
+		{[]string{"help", "accounts", "credit"}, 0, "usage: tollgate accounts credit ID USD", ""},
+		{[]string{"help", "config", "get"}, 0, "usage: tollgate config get SETTING", ""},
+		{[]string{"config", "-h"}, 0, "usage: tollgate config check [FILE]", ""},
+		{[]string{"config", "bogus"}, 2, "", `tollgate: unknown config subcommand "bogus"`},
+		{[]string{"config"}, 2, "", "tollgate: usage: tollgate config check"},
+		{[]string{"config", "get", "--bogus"}, 2, "", "tollgate: unknown flag --bogus"},
+		{[]string{"config", "get"}, 2, "", "tollgate: config get needs the setting to print"},
 
 		{[]string{"bogus"}, 2, "", `tollgate: unknown command "bogus"`},
 		{[]string{"version", "--bogus"}, 2, "", `tollgate: version takes no arguments: "--bogus"`},

@@ -107,12 +107,15 @@ func run(args []string) int {
 			err = usageErrorf("version takes no arguments: %q", args[0])
 		}
 	case "help", "-h", "--help":
-		if len(args) == 0 {
+		if len(args) == 0 || asksHelp(args[:1]) || args[0] == "help" {
+			// "help -h" and "help help" asked run for "help -h" again:
+			// it called itself until the stack overflowed.
 			fmt.Print(usage)
 			return 0
 		}
-		// "help serve" is "serve -h".
-		return run([]string{args[0], "-h"})
+		// "help serve" is "serve -h", "help accounts credit" is
+		// "accounts credit -h".
+		return run(append(slices.Clone(args), "-h"))
 	default:
 		fmt.Fprintf(os.Stderr, "tollgate: unknown command %q\n\n%s", cmd, usage)
 		return 2
