@@ -271,7 +271,15 @@ func (c *Console) consoleLogout(call *admin.Call) (int, any, error) {
 		Account        string    `json:"account"`
 		SignedOutUntil time.Time `json:"sessions_ended_before"`
 		LinksCancelled int       `json:"links_cancelled"`
-	}{account, at.UTC(), cancelled}, nil
+	}{account, endedBefore(at), cancelled}, nil
+}
+
+// endedBefore is the whole second, UTC, before which every session of a
+// sign-out made at at began, as the admin API answers times: sessions
+// begin on whole seconds and one begun in at's second is ended too. The
+// answer carried at's nanoseconds, unlike every other time of the API.
+func endedBefore(at time.Time) time.Time {
+	return at.UTC().Truncate(time.Second).Add(time.Second)
 }
 
 // strictTransport sends Strict-Transport-Security on a console answer

@@ -949,6 +949,18 @@ func TestOperatorSignsAnAccountOut(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"links_cancelled":1`) {
 		t.Fatalf("console-logout: %d %s", resp.StatusCode, body)
 	}
+	// In whole seconds, UTC, as the admin API's other times: it had
+	// nanoseconds.
+	var answer struct {
+		EndedBefore string `json:"sessions_ended_before"`
+	}
+	if err := json.Unmarshal(body, &answer); err != nil {
+		t.Fatal(err)
+	}
+	if at, err := time.Parse(time.RFC3339, answer.EndedBefore); err != nil || !strings.HasSuffix(answer.EndedBefore, "Z") ||
+		strings.Contains(answer.EndedBefore, ".") || !at.After(time.Now().Add(-2*time.Second)) {
+		t.Fatalf("sessions_ended_before %q (%v), want a whole second in UTC at or after the sign-out", answer.EndedBefore, err)
+	}
 	if status, page := acme.get("/console"); status != 401 || !strings.Contains(page, "Signed out") {
 		t.Fatalf("acme's session after the sign-out: %d %.300s", status, page)
 	}

@@ -1107,15 +1107,23 @@ func (w *World) UpstreamStatuses() []UpstreamStatus {
 		switch h.state.Load() {
 		case stateOpen:
 			until := time.Unix(0, h.openUntil.Load())
+			// Shown UTC, to the millisecond rounded up (it is out until
+			// then): it carried nanoseconds and the machine's zone. Not
+			// whole seconds, as the admin API's other times: an
+			// ejection may last under one.
+			shown := until.UTC().Truncate(time.Millisecond)
+			if shown.Before(until) {
+				shown = shown.Add(time.Millisecond)
+			}
 			switch {
 			case !until.After(now) && resting:
 				// Its rest is over; the next call closes the breaker.
 			case !until.After(now):
 				st.State = "half_open"
 			case resting:
-				st.State, st.EjectedUntil = "resting", &until
+				st.State, st.EjectedUntil = "resting", &shown
 			default:
-				st.State, st.EjectedUntil = "ejected", &until
+				st.State, st.EjectedUntil = "ejected", &shown
 			}
 		case stateHalfOpen:
 			st.State = "half_open"
