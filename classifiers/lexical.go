@@ -86,14 +86,13 @@ func (e lexical) Classify(ctx context.Context, req ClassifyRequest) (ClassifyRes
 	text := analyzeFor(raw, ls.literal)
 	textBag := bagOf(text.terms)
 	sims := labelSimilarities(&textBag, raw, ls)
-	negate(sims, ls.negates, multiCentre)
 
 	res.Scores = make([]LabelScore, len(req.Labels))
 	if req.Mode == ModeMulti {
 		for i, l := range req.Labels {
 			res.Scores[i] = LabelScore{Label: l, Confidence: round4(multiConfidence(sims[i]))}
 		}
-		res.Labels = matchedPairs(res.Scores, sims, req.Threshold, len(req.Labels), ls.negates, multiCentre)
+		res.Labels = matched(res.Scores, sims, req.Threshold, len(req.Labels))
 		sortScoresByLabel(res.Scores)
 	} else {
 		probs := softmax(sims, softmaxTemperature)
@@ -162,7 +161,6 @@ func labelSimilarities(textBag *bag, raw string, ls *labelSet) []float64 {
 // per label (its name, description and examples as a weighted bag), what
 // its name says about sentiment and catch-alls, the function words its
 // texts are read with as content words (literalWords: nil for most sets),
-// the labels that negate another (negatedLabels: nil for most sets),
 // and the token count of all of it. It is read-only once built, so
 // requests share it.
 type labelSet struct {
@@ -171,7 +169,6 @@ type labelSet struct {
 	neutral  []bool
 	fallback []bool
 	literal  map[string]struct{}
-	negates  []int
 	tokens   int64
 }
 
@@ -202,7 +199,6 @@ func buildLabelSet(labels []string, descriptions map[string]string, examples map
 		neutral:  make([]bool, len(labels)),
 		fallback: make([]bool, len(labels)),
 		literal:  literalWords(labels),
-		negates:  negatedLabels(labels),
 		tokens:   tokenCount,
 	}
 	for i, label := range labels {
@@ -308,12 +304,11 @@ func (e lexical) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	readLiterally(text.terms, ls.literal)
 	textBag := bagOf(text.terms)
 	sims := labelSimilarities(&textBag, raw, ls)
-	negate(sims, ls.negates, multiCentre)
 	all := make([]LabelScore, len(req.Tags))
 	for i, t := range req.Tags {
 		all[i] = LabelScore{Label: t, Confidence: round4(multiConfidence(sims[i]))}
 	}
-	res.Tags = matchedPairs(all, sims, threshold, maxTags, ls.negates, multiCentre)
+	res.Tags = matched(all, sims, threshold, maxTags)
 	res.Answer = lexicalAnswer(req.Text, ls.tokens)
 	return res, nil
 }

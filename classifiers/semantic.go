@@ -86,13 +86,12 @@ func (e *semantic) Classify(ctx context.Context, req ClassifyRequest) (ClassifyR
 	raw := composed(req.Text)
 	text := analyzeFor(raw, sl.lex.literal)
 	sims := e.labelSims(&text, raw, sl)
-	negate(sims, sl.lex.negates, semMultiCentre)
 	res.Scores = make([]LabelScore, len(req.Labels))
 	if req.Mode == ModeMulti {
 		for i, l := range req.Labels {
 			res.Scores[i] = LabelScore{Label: l, Confidence: round4(logistic((sims[i] - semMultiCentre) / semMultiSpread))}
 		}
-		res.Labels = matchedPairs(res.Scores, sims, req.Threshold, len(req.Labels), sl.lex.negates, semMultiCentre)
+		res.Labels = matched(res.Scores, sims, req.Threshold, len(req.Labels))
 		sortScoresByLabel(res.Scores)
 	} else {
 		probs := softmax(sims, semTemperature)
@@ -230,29 +229,12 @@ func (e *semantic) buildLabels(labels []string, descriptions map[string]string, 
 	}
 	labels, descriptions, examples = composedSet(labels, descriptions, examples)
 	literal := sl.lex.literal
-	// A label that negates another gets no vector: its similarity is its
-	// base label's mirrored (negate). Its vector, its base's with a
-	// stopword more, left the two nothing to tell them apart by once
-	// centred, and no neighbour nearer one than the other to expand by.
-	affirmed := labels
-	if sl.lex.negates != nil {
-		affirmed = make([]string, 0, len(labels))
-		for i, l := range labels {
-			if sl.lex.negates[i] < 0 {
-				affirmed = append(affirmed, l)
-			}
-		}
-	}
-	expansions := e.expansions.get(textsKey(affirmed...), func() [][]float32 {
-		return e.contrastiveExpansions(affirmed, literal)
+	expansions := e.expansions.get(textsKey(labels...), func() [][]float32 {
+		return e.contrastiveExpansions(labels, literal)
 	})
 	for i, l := range labels {
 		_, sl.fallback[i] = fallbackNames[strings.ToLower(strings.TrimSpace(l))]
-		if sl.lex.negates != nil && sl.lex.negates[i] >= 0 {
-			continue
-		}
-		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l], expansions[0], literal)
-		expansions = expansions[1:]
+		sl.vecs[i] = e.labelVector(l, descriptions[l], examples[l], expansions[i], literal)
 	}
 	centre(sl.vecs)
 	sl.hub = make([]float32, len(labels))
@@ -585,12 +567,11 @@ func (e *semantic) Tag(ctx context.Context, req TagRequest) (TagResult, error) {
 	raw := composed(req.Text)
 	text := analyzeFor(raw, sl.lex.literal)
 	sims := e.labelSims(&text, raw, sl)
-	negate(sims, sl.lex.negates, semMultiCentre)
 	all := make([]LabelScore, len(req.Tags))
 	for i, t := range req.Tags {
 		all[i] = LabelScore{Label: t, Confidence: round4(logistic((sims[i] - semMultiCentre) / semMultiSpread))}
 	}
-	res.Tags = matchedPairs(all, sims, threshold, maxTags, sl.lex.negates, semMultiCentre)
+	res.Tags = matched(all, sims, threshold, maxTags)
 	res.Answer = e.answer(lexicalAnswer(req.Text, sl.lex.tokens))
 	return res, nil
 }

@@ -425,25 +425,3 @@ func TestPluginCallTellsTheUpstreamsWait(t *testing.T) {
 			r, r.header.Get("Retry-After"), r.header.Get("retry-after-ms"))
 	}
 }
-
-// TestClassifyNegatedLabel: "spam" and "not spam" tied on every text
-// (every engine read "not spam" as "spam"), and both applied in multi
-// mode; now the negation is the complement of its label, through each
-// offline engine.
-func TestClassifyNegatedLabel(t *testing.T) {
-	h := newHarness(t, harnessOptions{plugins: "  engine: lexical\n  vectors: " + vectorsPath(t)})
-	for _, model := range []string{"lexical", "semantic"} {
-		for text, want := range map[string]string{"Please delete this spam, it keeps coming": "spam", "zzqx blorf": "not spam"} {
-			body := fmt.Sprintf(`{"text": %q, "labels": ["spam", "not spam"], "model": %q}`, text, model)
-			m := h.keyed("/v1/classify", body).ok(t)
-			if _, tie := m["tie"]; tie || m["label"] != want {
-				t.Errorf("%s: %v; want %s without a tie", body, m, want)
-			}
-			body = fmt.Sprintf(`{"text": %q, "labels": ["spam", "not spam"], "model": %q, "mode": "multi"}`, text, model)
-			m = h.keyed("/v1/classify", body).ok(t)
-			if labels := checkScores(t, m["labels"], "labels", 1); labels[0].(map[string]any)["label"] != want {
-				t.Errorf("%s: %v; want %s alone", body, m, want)
-			}
-		}
-	}
-}
