@@ -246,6 +246,11 @@ func TestUnsetVariableIsNamed(t *testing.T) {
 	if err == nil || err.Error() != wantErr {
 		t.Errorf("%v\nwant %s", err, wantErr)
 	}
+	// Set to nothing is refused too, and said so: it said "is not set".
+	_, err = parse("gateway.yaml", []byte(required), func(string) (string, bool) { return "", true })
+	if err == nil || !strings.Contains(err.Error(), "${MY_DIR} is set but empty: the data disk") {
+		t.Errorf("with MY_DIR empty: %v", err)
+	}
 	cfg, err = parse("gateway.yaml", []byte(required), func(name string) (string, bool) {
 		return "https://" + strings.ToLower(strings.ReplaceAll(name, "_", "-")) + ".example", true
 	})

@@ -740,11 +740,17 @@ func expandEnv(s string, lookupEnv func(string) (string, bool)) (_ string, unset
 				return "", nil, fmt.Errorf(`%s: a default cannot hold another ${...}: nested defaults are not supported (write "$${" for a literal "${")`, wholeRef(s[i:]))
 			}
 			value, set := lookupEnv(name)
+			// Set to nothing is refused too, as the shell does, and said
+			// as what it is.
+			state := "is not set"
+			if set {
+				state = "is set but empty"
+			}
 			switch {
 			case required && (!set || value == "") && why == "":
-				return "", nil, fmt.Errorf("${%s} is not set, and the file requires it", name)
+				return "", nil, fmt.Errorf("${%s} %s, and the file requires it", name, state)
 			case required && (!set || value == ""):
-				return "", nil, fmt.Errorf("${%s} is not set: %s", name, why)
+				return "", nil, fmt.Errorf("${%s} %s: %s", name, state, why)
 			case hasDefault && (!set || value == ""):
 				value = def
 			case !hasDefault && !required && !set && !slices.Contains(unset, name):
