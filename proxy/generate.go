@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -380,14 +381,34 @@ func copyUpstreamHeaders(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
 	if ct := h.ContentType(); len(ct) > 0 {
 		ctx.Response.Header.SetContentTypeBytes(ct)
 	}
+	retryAfter := false
 	for _, name := range forwardedHeaders {
 		if v := h.Peek(name); len(v) > 0 {
 			ctx.Response.Header.SetBytesV(name, v)
+			retryAfter = retryAfter || name == "Retry-After"
 		}
+	}
+	if !retryAfter {
+		setRetryAfterFromMs(ctx, h.Peek("Retry-After-Ms"))
 	}
 	if v := h.Peek("X-Request-Id"); len(v) > 0 {
 		ctx.Response.Header.SetBytesV("x-upstream-request-id", v)
 	}
+}
+
+// setRetryAfterFromMs adds the Retry-After, in whole seconds rounded up,
+// of an upstream answer that said only retry-after-ms (ms): LangChain JS
+// reads Retry-After alone, and took such a 429 for one without a wait,
+// which it does not retry at all.
+func setRetryAfterFromMs(ctx *fasthttp.RequestCtx, ms []byte) {
+	if len(ms) == 0 {
+		return
+	}
+	n, err := strconv.ParseFloat(string(ms), 64)
+	if err != nil || !(n > 0) || n > 24*3600*1000 {
+		return
+	}
+	ctx.Response.Header.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(n/1000)), 10))
 }
 
 // forwardedHeaders are the upstream's headers a client reads. The OpenAI

@@ -258,6 +258,21 @@ func TestUpstreamRetryAdviceIsPassedOn(t *testing.T) {
 	if resp.StatusCode != 500 || resp.Header.Get("retry-after-ms") != "300" || resp.Header.Get("x-should-retry") != "false" {
 		t.Fatalf("%d, retry-after-ms %q, x-should-retry %q", resp.StatusCode, resp.Header.Get("retry-after-ms"), resp.Header.Get("x-should-retry"))
 	}
+	// An upstream that says retry-after-ms alone gets a Retry-After
+	// beside it, rounded up: LangChain JS reads only Retry-After, and did
+	// not retry such a 429 at all. One of its own is passed on as it came.
+	for _, tc := range []struct{ ms, own, want string }{{"1500", "", "2"}, {"300", "", "1"}, {"1500", "7", "7"}, {"soon", "", ""}} {
+		headers := map[string]string{"retry-after-ms": tc.ms}
+		if tc.own != "" {
+			headers["Retry-After"] = tc.own
+		}
+		h.ups[0].SetOptions(proxytest.Options{Status: 429, StatusHeaders: headers})
+		resp := h.post("/v1/chat/completions", smallChat)
+		readAll(t, resp)
+		if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != tc.want || resp.Header.Get("retry-after-ms") != tc.ms {
+			t.Errorf("retry-after-ms %s, Retry-After %q: %d, Retry-After %q, want %q", tc.ms, tc.own, resp.StatusCode, resp.Header.Get("Retry-After"), tc.want)
+		}
+	}
 }
 
 // A success status with a body that is not a JSON object (a proxy's HTML
