@@ -82,14 +82,7 @@ func TestOutboxOnAFullDiskRefusesWithoutRetryingForEachEvent(t *testing.T) {
 	// preallocated, the disk got its room back when that failed, and a
 	// later try made a segment (an append taken amid the refusals, in a
 	// run on a loaded machine).
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
-		ob.mu.Lock()
-		defer ob.mu.Unlock()
-		if ob.spare == nil {
-			return errors.New("no spare made yet")
-		}
-		return nil
-	})
+	waitSpare(t, ob)
 	fillDisk(t, disk)
 	n := fillOutbox(t, ob)
 	before := ob.Stats().WriteFailures
@@ -277,6 +270,22 @@ func TestOutboxRefusalOnAFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ob.Close() })
+	waitSpare(t, ob)
+	filler := testutil.FillDisk(t, disk)
+	n := appendUntilRefused(t, ob, true)
+	if got, want := ob.Refusal(), outboxRefusalReasons[refusesNoSegment]; got != want {
+		t.Fatalf("Refusal() on the full disk = %q, want %q", got, want)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	wantRefusal(t, ob, "")
+	appendEvents(t, ob, n, n+1)
+}
+
+// waitSpare waits until the syncer made ob's spare segment.
+func waitSpare(t *testing.T, ob *Outbox) {
+	t.Helper()
 	checkFor(t, 5*time.Second, time.Millisecond, func() error {
 		ob.mu.Lock()
 		defer ob.mu.Unlock()
@@ -285,33 +294,4 @@ func TestOutboxRefusalOnAFullDisk(t *testing.T) {
 		}
 		return nil
 	})
-	filler := testutil.FillDisk(t, disk)
-	n, toldAt := 0, -1
-	for ; ; n++ {
-		if toldAt < 0 && ob.Refusal() != "" {
-			toldAt = n
-		}
-		err := ob.Append(outboxTestEvent(n))
-		if errors.Is(err, ErrOutboxFull) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if toldAt < 0 && n%64 == 0 {
-			time.Sleep(time.Millisecond) // for the syncer to try the next segment
-		}
-	}
-	if toldAt < 0 {
-		t.Fatalf("event %d refused on the full disk, and Refusal() said nothing before", n)
-	}
-	if got, want := ob.Refusal(), outboxRefusalReasons[refusesNoSegment]; got != want {
-		t.Fatalf("Refusal() on the full disk = %q, want %q", got, want)
-	}
-	t.Logf("Refusal() said so at event %d, the first refused was %d", toldAt, n)
-	if err := os.Remove(filler); err != nil {
-		t.Fatal(err)
-	}
-	wantRefusal(t, ob, "")
-	appendEvents(t, ob, n, n+1)
 }

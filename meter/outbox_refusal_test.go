@@ -20,16 +20,13 @@ func wantRefusal(t *testing.T, ob *Outbox, want string) {
 	})
 }
 
-// A readiness probe asks the outbox whether it takes events, with no
-// lock: an outbox at billing.outbox_max_bytes says so before its first
-// refused event (once the segment it fills is in its last eighth), and
-// says it takes them again once JetStream's acknowledgements freed a
-// segment, with no event appended meanwhile.
-func TestOutboxRefusalAtItsByteBound(t *testing.T) {
-	ob := openTestOutbox(t, t.TempDir(), 1<<20) // 128 KiB segments
-	if got := ob.Refusal(); got != "" {
-		t.Fatalf("Refusal() of a new outbox = %q, want none", got)
-	}
+// appendUntilRefused appends events from 0 until one is refused with
+// ErrOutboxFull, and returns its number; it fails the test unless
+// Refusal said so before that event. With pause, it sleeps a
+// millisecond every 64 events until Refusal says so, for the syncer to
+// try the next segment.
+func appendUntilRefused(t *testing.T, ob *Outbox, pause bool) int {
+	t.Helper()
 	n, toldAt := 0, -1
 	for ; ; n++ {
 		if toldAt < 0 && ob.Refusal() != "" {
@@ -42,14 +39,31 @@ func TestOutboxRefusalAtItsByteBound(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if pause && toldAt < 0 && n%64 == 0 {
+			time.Sleep(time.Millisecond)
+		}
 	}
 	if toldAt < 0 {
 		t.Fatalf("event %d refused (outbox full), and Refusal() said nothing before", n)
 	}
+	t.Logf("Refusal() said so at event %d, the first refused was %d", toldAt, n)
+	return n
+}
+
+// A readiness probe asks the outbox whether it takes events, with no
+// lock: an outbox at billing.outbox_max_bytes says so before its first
+// refused event (once the segment it fills is in its last eighth), and
+// says it takes them again once JetStream's acknowledgements freed a
+// segment, with no event appended meanwhile.
+func TestOutboxRefusalAtItsByteBound(t *testing.T) {
+	ob := openTestOutbox(t, t.TempDir(), 1<<20) // 128 KiB segments
+	if got := ob.Refusal(); got != "" {
+		t.Fatalf("Refusal() of a new outbox = %q, want none", got)
+	}
+	n := appendUntilRefused(t, ob, false)
 	if got, want := ob.Refusal(), outboxRefusalReasons[refusesAtBound]; got != want {
 		t.Fatalf("Refusal() at the bound = %q, want %q", got, want)
 	}
-	t.Logf("Refusal() said so at event %d, the first refused was %d", toldAt, n)
 	waitDurable(t, ob, uint64(n))
 	publishAll(t, ob, n)
 	wantRefusal(t, ob, "")
