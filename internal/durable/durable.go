@@ -38,13 +38,7 @@ func ReplaceFile(path string, data []byte, mode os.FileMode) error {
 	if err != nil {
 		return err
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err = writeAndClose(f, data)
 	if err == nil {
 		err = os.Rename(tmp, path)
 	}
@@ -73,13 +67,7 @@ func CreateFile(path string, data []byte) (created bool, err error) {
 		return false, err
 	}
 	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
+	err = writeAndClose(tmp, data)
 	if err == nil {
 		err = os.Link(tmp.Name(), path)
 	}
@@ -91,4 +79,17 @@ func CreateFile(path string, data []byte) (created bool, err error) {
 	}
 	_ = SyncDir(dir)
 	return true, nil
+}
+
+// writeAndClose writes data to f, syncs and closes it: the file written
+// aside that ReplaceFile and CreateFile then put in place.
+func writeAndClose(f *os.File, data []byte) error {
+	_, err := f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
