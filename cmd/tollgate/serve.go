@@ -478,7 +478,9 @@ func cliExports(cfg *config.Config, ln net.Addr) string {
 		if v := os.Getenv(name); v != "" && cfg.ReadsEnv(name) {
 			switch name {
 			case "TOLLGATE_LISTEN":
-				v = boundListen(v, ln)
+				if bound, ok := withBoundPort(v, ln); ok {
+					v = bound
+				}
 			case "TOLLGATE_DATA_DIR":
 				v = absolutePath(v)
 			}
@@ -497,15 +499,16 @@ func takeExports(exports *string) string {
 	return e
 }
 
-// boundListen is listen, a listen address, with the port of ln, where it
-// listens: "127.0.0.1:0" as "127.0.0.1:41234".
-func boundListen(listen string, ln net.Addr) string {
+// withBoundPort is listen, a listen address, with the port of ln, where
+// it listens: "127.0.0.1:0" as "127.0.0.1:41234"; ok is false when either
+// is not host:port.
+func withBoundPort(listen string, ln net.Addr) (addr string, ok bool) {
 	host, _, errListen := net.SplitHostPort(listen)
 	_, port, errLn := net.SplitHostPort(ln.String())
 	if errListen != nil || errLn != nil {
-		return listen
+		return "", false
 	}
-	return net.JoinHostPort(host, port)
+	return net.JoinHostPort(host, port), true
 }
 
 // absolutePath is p from the root, or p where the working directory is
@@ -601,12 +604,11 @@ func ensureDemoAccount(ctx context.Context, cfg *config.Config, svc *accounts.Se
 // OPENAI_BASE_URL=http://127.0.0.1:0/v1 for port 0, which picks a free
 // one, and http://:15120/v1 for no host.
 func reachableAddr(listen string, ln net.Addr) string {
-	host, _, errListen := net.SplitHostPort(listen)
-	_, port, errLn := net.SplitHostPort(ln.String())
-	if errListen != nil || errLn != nil {
-		return dialable(ln.String())
+	addr, ok := withBoundPort(listen, ln)
+	if !ok {
+		addr = ln.String()
 	}
-	return dialable(net.JoinHostPort(host, port))
+	return dialable(addr)
 }
 
 // writeFileAtomic puts data at path whole or not at all, a crash
