@@ -797,7 +797,7 @@ func runConfig(args []string) error {
 		// It printed the usage and exited 1, not naming what it refused.
 		return usageErrorf("unknown config subcommand %q\n%s", args[0], configUsage)
 	}
-	if slices.ContainsFunc(args[1:], func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
+	if slices.ContainsFunc(args[1:], isHelp) {
 		// Answered "the config file is FILE or -config FILE" as an error.
 		fmt.Print(configCheckUsage)
 		return nil

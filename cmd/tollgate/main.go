@@ -87,10 +87,6 @@ func run(args []string) int {
 	case "finance":
 		err = runFinance(args)
 	case "config":
-		if len(args) > 0 && (isHelp(args[0]) || args[0] == "help") {
-			fmt.Println(configUsage)
-			return 0
-		}
 		err = runConfig(args)
 	case "accounts":
 		err = runAccounts(args)
