@@ -30,11 +30,7 @@ func TestReadyzSaysTheOutboxRefusesEvents(t *testing.T) {
 		NoListen: true,
 		Upstream: &proxytest.Options{},
 		Config: func(upstream, _ string) string {
-			return fmt.Sprintf("server:\n  data_dir: %s\n  demo_credit_usd: \"0\"\n"+
-				"billing:\n  outbox_max_bytes: 1MiB\n"+ // 128 KiB segments
-				"upstreams:\n  - name: local\n    base_url: %s\n"+
-				"models:\n  - id: small\n    upstream: local\n    upstream_model: proxytest-small\n    context_length: 32768\n    max_output_length: 4096\n"+
-				"    pricing: {prompt: \"0.0000001\", completion: \"0.0000003\"}\n", disk, upstream)
+			return smallModelConfig(upstream, disk, "", "billing:\n  outbox_max_bytes: 1MiB\n") // 128 KiB segments
 		},
 	})
 	cfg, err := config.Load(g.ConfigPath)

@@ -78,10 +78,7 @@ func TestReadyzSaysNotReadyBeforeServingAndFromTheDrainsStart(t *testing.T) {
 		NoListen: true,
 		Upstream: &proxytest.Options{Chunks: 600, ChunkDelay: 50 * time.Millisecond},
 		Config: func(upstream, dir string) string {
-			return fmt.Sprintf("server:\n  data_dir: %s\n  demo_credit_usd: \"0\"\n  metrics_listen: 127.0.0.1:0\n"+
-				"upstreams:\n  - name: local\n    base_url: %s\n"+
-				"models:\n  - id: small\n    upstream: local\n    upstream_model: proxytest-small\n    context_length: 32768\n    max_output_length: 4096\n"+
-				"    pricing: {prompt: \"0.0000001\", completion: \"0.0000003\"}\n", dir, upstream)
+			return smallModelConfig(upstream, dir, "  metrics_listen: 127.0.0.1:0\n", "")
 		},
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

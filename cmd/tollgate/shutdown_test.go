@@ -23,10 +23,7 @@ func TestSecondCtrlCEndsTheShutdownWait(t *testing.T) {
 	g := gatewaytest.Start(t, gatewaytest.Options{
 		Upstream: &proxytest.Options{Chunks: 600, ChunkDelay: 50 * time.Millisecond},
 		Config: func(upstream, dir string) string {
-			return fmt.Sprintf("server:\n  listen: 127.0.0.1:0\n  data_dir: %s\n  demo_credit_usd: \"0\"\n"+
-				"upstreams:\n  - name: local\n    base_url: %s\n"+
-				"models:\n  - id: small\n    upstream: local\n    upstream_model: proxytest-small\n    context_length: 32768\n    max_output_length: 4096\n"+
-				"    pricing: {prompt: \"0.0000001\", completion: \"0.0000003\"}\n", dir, upstream)
+			return smallModelConfig(upstream, dir, "  listen: 127.0.0.1:0\n", "")
 		},
 	})
 	br := startStream(t, g, g.URL)
@@ -52,6 +49,17 @@ func TestSecondCtrlCEndsTheShutdownWait(t *testing.T) {
 	if evs := g.Recorder.Events(); len(evs) != 1 {
 		t.Errorf("%d usage events after the cut, want 1 (billed)", len(evs))
 	}
+}
+
+// smallModelConfig is the gateway.yaml of a gateway with data_dir dir and
+// no demo credit that serves model "small" from upstream, a proxytest
+// upstream; server adds lines to its server section, sections adds
+// sections of their own.
+func smallModelConfig(upstream, dir, server, sections string) string {
+	return fmt.Sprintf("server:\n  data_dir: %s\n  demo_credit_usd: \"0\"\n%s%s"+
+		"upstreams:\n  - name: local\n    base_url: %s\n"+
+		"models:\n  - id: small\n    upstream: local\n    upstream_model: proxytest-small\n    context_length: 32768\n    max_output_length: 4096\n"+
+		"    pricing: {prompt: \"0.0000001\", completion: \"0.0000003\"}\n", dir, server, sections, upstream)
 }
 
 // startStream opens a chat stream through the gateway at url, for a new
