@@ -132,32 +132,22 @@ func TestConnectTimeoutIsNoFirstByteTimeout(t *testing.T) {
 // receives, for each connection, whether its handshake resumed a session.
 func startTLSUpstream(t *testing.T, cert *testutil.TLSCertificate) (addr string, resumed chan bool) {
 	t.Helper()
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert.Cert}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	resumed = make(chan bool, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				tc := c.(*tls.Conn)
-				if tc.Handshake() != nil {
-					return
-				}
-				resumed <- tc.ConnectionState().DidResume
-				if readRequest(bufio.NewReader(c)) {
-					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-				}
-			}()
+	// One config for every connection: its session ticket keys are what
+	// a second connection resumes with.
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert.Cert}}
+	addr = serveConns(t, func(c net.Conn) {
+		tc := tls.Server(c, cfg)
+		defer tc.Close()
+		if tc.Handshake() != nil {
+			return
 		}
-	}()
-	return ln.Addr().String(), resumed
+		resumed <- tc.ConnectionState().DidResume
+		if readRequest(bufio.NewReader(tc)) {
+			_, _ = io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+		}
+	})
+	return addr, resumed
 }
 
 // callOnce makes one call to up and reads its answer whole.
