@@ -381,15 +381,22 @@ func copyUpstreamHeaders(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
 	if ct := h.ContentType(); len(ct) > 0 {
 		ctx.Response.Header.SetContentTypeBytes(ct)
 	}
-	retryAfter := false
+	var retryAfter, retryAfterMs []byte
 	for _, name := range forwardedHeaders {
 		if v := h.Peek(name); len(v) > 0 {
 			ctx.Response.Header.SetBytesV(name, v)
-			retryAfter = retryAfter || name == "Retry-After"
+			switch name {
+			case "Retry-After":
+				retryAfter = v
+			case "Retry-After-Ms":
+				retryAfterMs = v
+			}
 		}
 	}
-	if !retryAfter {
-		setRetryAfterFromMs(ctx, h.Peek("Retry-After-Ms"))
+	if len(retryAfter) == 0 {
+		// retry-after-ms as the loop read it: peeked again, every
+		// answer's headers were searched once more.
+		setRetryAfterFromMs(ctx, retryAfterMs)
 	}
 	if v := h.Peek("X-Request-Id"); len(v) > 0 {
 		ctx.Response.Header.SetBytesV("x-upstream-request-id", v)
