@@ -394,12 +394,7 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 	refused, why := -1, ""
 	for i := range a.n {
 		p := &a.parts[i]
-		sh := &a.l.shards[p.shard]
-		st := sh.callers[p.caller]
-		if st == nil {
-			st = &callerState{}
-			sh.callers[p.caller] = st
-		}
+		st := a.l.shards[p.shard].state(p.caller)
 		states[i], snaps[i] = st, *st
 		lim := p.limits
 		want[i] = tokens
@@ -491,9 +486,7 @@ func (a *admission) moveTokens(p *limitPart, delta int64) (callerState, int64) {
 	sh.mu.Lock()
 	if tpm := p.limits.TokensPerMinute; tpm > 0 {
 		if delta > 0 {
-			// Calls settled one after another stack up to the same
-			// lock-out as one call that used all their tokens.
-			p.state.tokensTAT = min(max(p.state.tokensTAT, now)+interval(delta, tpm), now+maxLockoutWindows*limitWindow)
+			p.state.tokensTAT = settledTAT(p.state.tokensTAT, now, delta, tpm)
 		} else {
 			p.state.tokensTAT = max(p.state.tokensTAT-interval(-delta, tpm), now)
 		}
@@ -562,6 +555,17 @@ func (a *admission) refused(ctx *fasthttp.RequestCtx) {
 	a.unlock()
 	a.done()
 	a.setHeaders(ctx, &snaps, now)
+}
+
+// state is caller's state in the shard, made if it has none. mu must be
+// held.
+func (sh *limitShard) state(caller callerID) *callerState {
+	st := sh.callers[caller]
+	if st == nil {
+		st = &callerState{}
+		sh.callers[caller] = st
+	}
+	return st
 }
 
 // sweep forgets callers whose limits are whole again and who have nothing
@@ -770,13 +774,16 @@ func (l *limiter) chargeAccount(account string, tokens, tpm int64) {
 	sh := &l.shards[l.shardOf(caller)]
 	sh.mu.Lock()
 	sh.sweep(now)
-	st := sh.callers[caller]
-	if st == nil {
-		st = &callerState{}
-		sh.callers[caller] = st
-	}
-	st.tokensTAT = min(max(st.tokensTAT, now)+interval(tokens, tpm), now+maxLockoutWindows*limitWindow)
+	st := sh.state(caller)
+	st.tokensTAT = settledTAT(st.tokensTAT, now, tokens, tpm)
 	sh.mu.Unlock()
+}
+
+// settledTAT is a tokens TAT with tokens used more under tpm, settled
+// after the work: calls settled one after another stack up to the same
+// lock-out as one call that used all their tokens, maxLockoutWindows.
+func settledTAT(tat, now, tokens, tpm int64) int64 {
+	return min(max(tat, now)+interval(tokens, tpm), now+maxLockoutWindows*limitWindow)
 }
 
 // promptEstimate is what a generation request counts against its key's
