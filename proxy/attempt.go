@@ -366,6 +366,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			if recovered := h.succeeded(sent, time.Since(sentAt)); up.failingAlone.Load() && up.failingAlone.Swap(false) || recovered {
 				up.logf("upstream %s is back: a call to it was answered", up.cfg.Name)
 			}
+			if status > 299 {
+				// Passed on as it is: nothing of it is left to break. A
+				// 2xx ends the streak once it completes (completed).
+				h.endFailingStreak()
+			}
 		}
 		if (status == 429 || status == 502 || status == 503) && c.pinned == nil && retryable(n, rt, c.start, p, tried) {
 			failures = append(failures, up.cfg.Name+": "+answeredStatus(status))

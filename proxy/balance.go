@@ -112,10 +112,14 @@ type upstreamHealth struct {
 	// overruns counts answers it followed with bytes nobody asked for
 	// (upstream.answerOverran).
 	overruns atomic.Uint64
-	// failing counts its failed calls in a row, those of a pool it serves
-	// alone too, which failures leaves out (it is never ejected): read by
+	// failing counts its calls in a row that failed, before their first
+	// byte or after it (broken), those of a pool it serves alone too,
+	// which failures and broken leave out (it is never ejected): read by
 	// the admin API and tollgate_upstream_healthy, which said a model's
-	// only upstream was healthy while every call to it failed.
+	// only upstream was healthy while every call to it failed. An answer
+	// ends it when it completes, not at its first byte (endFailingStreak):
+	// ended there, an upstream that cut every stream after its first
+	// event showed healthy.
 	failing atomic.Int64
 }
 
@@ -211,8 +215,9 @@ func (h *upstreamHealth) take(now int64) (ticket, bool) {
 	}
 }
 
-// failingNow says its last eject_after calls failed: an upstream with
-// others in its pools is ejected then, a model's only one is still asked.
+// failingNow says its last eject_after calls failed or broke their
+// answers: an upstream with others in its pools is ejected then, a
+// model's only one is still asked.
 func (h *upstreamHealth) failingNow(rt *config.Routing) bool {
 	return h.failing.Load() >= int64(max(rt.EjectAfter, 1))
 }
@@ -270,7 +275,9 @@ func (h *upstreamHealth) recent(now time.Time) (calls, fails int64) {
 // would only count (see failed). Any answer closed it: with a 300 ms first
 // byte, a 20 s ejection ended after a few ms, at the first answer of a
 // call in flight across it, which also cleared trialFailed, so the probe
-// shortened the next ejection of an upstream failing its trials.
+// shortened the next ejection of an upstream failing its trials. It does
+// not end the failing streak: the answer may still break (see
+// endFailingStreak).
 func (h *upstreamHealth) succeeded(sent ticket, ttfb time.Duration) (recovered bool) {
 	h.count(false)
 	h.sampleAnswer(ttfb)
@@ -278,9 +285,6 @@ func (h *upstreamHealth) succeeded(sent ticket, ttfb time.Duration) (recovered b
 		h.answered.Store(int64(ttfb))
 	} else {
 		h.answered.Store(towards(old, int64(ttfb)))
-	}
-	if h.failing.Load() != 0 {
-		h.failing.Store(0)
 	}
 	if h.state.Load() == stateClosed {
 		if h.failures.Load() != 0 {
@@ -303,6 +307,17 @@ func (h *upstreamHealth) succeeded(sent ticket, ttfb time.Duration) (recovered b
 	}
 	h.closeLocked()
 	return true
+}
+
+// endFailingStreak ends the failing streak at an answer that completed
+// (completedAnswer), or that has nothing to complete: an error status
+// passed on as it is (a 4xx that blames the request, attempt). Load
+// first: a store on every answer writes memory every call to this
+// upstream shares, though the streak is almost never on.
+func (h *upstreamHealth) endFailingStreak() {
+	if h.failing.Load() != 0 {
+		h.failing.Store(0)
+	}
 }
 
 // probeAnswered ends an ejection early because GET /models answered: the
@@ -432,6 +447,7 @@ func answerKind(streamed bool) uint32 {
 // counts, as for failed. alone as for failed.
 func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason string, sent ticket, alone, streamed bool) (ejected bool) {
 	h.curFails.Add(1) // the call itself was counted when it answered
+	h.failing.Add(1)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.lastError, h.clientError = reason, clientReason
@@ -461,7 +477,10 @@ func (h *upstreamHealth) brokeMidAnswer(rt *config.Routing, reason, clientReason
 // non-streamed answer proves nothing of the streams an upstream cuts, nor
 // a stream of the bodies it cuts short. An ejection keeps brokenKinds, so
 // after its return only an answer of the kind that broke proves it.
+// Any answer completed ends the failing streak, of either kind and sent
+// whenever: that streak is the last calls', for operators.
 func (h *upstreamHealth) completedAnswer(sent ticket, streamed bool) {
+	h.endFailingStreak()
 	if !h.oneAtATime.Load() && h.brokenKinds.Load() == 0 && !h.unproven.Load() {
 		if h.broken.Load() != 0 {
 			h.broken.Store(0)
@@ -1063,8 +1082,9 @@ type UpstreamStatus struct {
 	// State is "healthy", "ejected" (failed; out until EjectedUntil),
 	// "resting" (answered 429 with Retry-After; out until EjectedUntil, no
 	// failure counted), "half_open" (the next call is a trial) or
-	// "failing" (its last eject_after calls or more failed, and it is not
-	// out: the only upstream of a model it serves, never ejected).
+	// "failing" (its last eject_after calls or more failed, before their
+	// first byte or after it, and it is not out: the only upstream of a
+	// model it serves, never ejected).
 	State        string     `json:"state"`
 	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
 	LastError    string     `json:"last_error,omitempty"`
@@ -1150,7 +1170,7 @@ func (w *World) UpstreamMetrics(b []byte) []byte {
 	}
 	all := []series{
 		{"tollgate_upstream_in_flight", "Generation calls in flight per upstream.", "gauge", func(h *upstreamHealth) float64 { return float64(h.inflight.Load()) }},
-		{"tollgate_upstream_healthy", "1 while the upstream takes calls (or is due a trial call), 0 while ejected or resting, or while its last eject_after calls or more failed (a model's only upstream, never ejected).", "gauge", func(h *upstreamHealth) float64 {
+		{"tollgate_upstream_healthy", "1 while the upstream takes calls (or is due a trial call), 0 while ejected or resting, or while its last eject_after calls or more failed or broke their answers (a model's only upstream, never ejected).", "gauge", func(h *upstreamHealth) float64 {
 			if h.eligible(time.Now().UnixNano()) && !h.failingNow(&w.Config.Routing) {
 				return 1
 			}

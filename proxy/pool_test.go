@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/testutil"
+	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 )
 
@@ -1402,5 +1403,55 @@ func TestPoolOfOneFailingShowsInStateAndGauge(t *testing.T) {
 	}
 	if m := scrape(t, h.harness); !strings.Contains(m, `tollgate_upstream_healthy{upstream="p0"} 1`) {
 		t.Fatalf("p0 answered and the gauge says otherwise:\n%s", m)
+	}
+}
+
+// A model's only upstream that resets every stream after its first event
+// failed every call while the admin API and the health gauge said
+// healthy: each answer's first byte ended its failing streak, and an
+// answer broken after it counted in none. Its answers broken in a row
+// now show, as failures before the first byte do, and one that
+// completes clears them.
+func TestPoolOfOneBreakingEveryAnswerShowsFailing(t *testing.T) {
+	var cut atomic.Bool
+	cut.Store(true)
+	base := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		if cut.Load() {
+			writeSSE(c, chatChunk("Hello", ""))
+			time.Sleep(50 * time.Millisecond) // the event is read before the reset
+			_ = c.(*net.TCPConn).SetLinger(0)
+			return false
+		}
+		writeSSE(c, chatChunk("Hello", ""), chatChunk(" there", "stop"), "data: [DONE]\n\n")
+		fmt.Fprint(c, "0\r\n\r\n")
+		return true
+	})
+	h := newPoolHarness(t, 1, "  eject_after: 2")
+	h.setUpstreamOf(0, base, "first_byte_timeout: 2s")
+	stream := `{"model":"small","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	state := func() (string, string) {
+		gauge := "?"
+		for _, line := range strings.Split(scrape(t, h.harness), "\n") {
+			if v, ok := strings.CutPrefix(line, `tollgate_upstream_healthy{upstream="p0"} `); ok {
+				gauge = v
+			}
+		}
+		return h.statuses()["p0"].State, gauge
+	}
+	// One answer cut is no streak yet; eject_after of them are.
+	for i, want := range []struct{ state, gauge string }{{"healthy", "1"}, {"failing", "0"}} {
+		if got := string(readAll(t, h.post("/v1/chat/completions", stream))); !strings.Contains(got, `"code":"stream_interrupted"`) {
+			t.Fatalf("call %d got %s, want the stream cut", i, got)
+		}
+		if st, gauge := state(); st != want.state || gauge != want.gauge {
+			t.Fatalf("after %d answers cut in a row (eject_after 2) p0 is %s with tollgate_upstream_healthy %s, want %s and %s", i+1, st, gauge, want.state, want.gauge)
+		}
+	}
+	cut.Store(false)
+	if got := string(readAll(t, h.post("/v1/chat/completions", stream))); strings.Contains(got, "error") || !strings.Contains(got, "[DONE]") {
+		t.Fatalf("p0 answers whole and the call got %s", got)
+	}
+	if st, gauge := state(); st != "healthy" || gauge != "1" {
+		t.Fatalf("p0 completed an answer and is %s with tollgate_upstream_healthy %s", st, gauge)
 	}
 }
