@@ -1031,10 +1031,7 @@ func (p *pool) allDown(model string) *APIError {
 			Message: fmt.Sprintf("every upstream of model %q is rate limited (%s)", model, strings.Join(parts, "; "))}
 	}
 	if back > 0 {
-		e.RetryAfter = time.Duration(back - now)
-		// A 429's wait the OpenAI SDKs would not honour: they would retry
-		// at once into the same answer.
-		e.NoRetry = e.Status == 429 && e.RetryAfter > sdkRetryWaitMax
+		e.retryIn(time.Duration(back - now))
 	}
 	return e
 }

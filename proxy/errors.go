@@ -91,12 +91,34 @@ func setError(resp *fasthttp.Response, err *APIError) {
 	resp.SetStatusCode(err.Status)
 	resp.Header.SetContentType("application/json")
 	resp.SetBody(body)
+	setRetryHeaders(&resp.Header, err)
+}
+
+// setRetryHeaders writes whether and when to ask err's request again:
+// Retry-After (and retry-after-ms) for its RetryAfter, x-should-retry:
+// false for NoRetry.
+func setRetryHeaders(h *fasthttp.ResponseHeader, err *APIError) {
 	if err.RetryAfter > 0 {
-		SetRetryAfter(&resp.Header, err.RetryAfter)
+		SetRetryAfter(h, err.RetryAfter)
 	}
 	if err.NoRetry {
-		resp.Header.Set("x-should-retry", "false")
+		h.Set("x-should-retry", "false")
 	}
+}
+
+// retryIn says e may be asked again after d: its Retry-After, and, for a
+// 429 whose wait the OpenAI SDKs would not honour (over sdkRetryWaitMax),
+// NoRetry: they retry such a 429 after their own short backoff instead,
+// twice, into the same 429. The one rule for the gateway's 429s that say
+// a wait: a key's or an account's rate (refuse), an hourly cap on what an
+// account makes (CreatedTooFast), a pool whose every upstream rests
+// (allDown).
+func (e *APIError) retryIn(d time.Duration) *APIError {
+	e.RetryAfter = d
+	if e.Status == fasthttp.StatusTooManyRequests && d > sdkRetryWaitMax {
+		e.NoRetry = true
+	}
+	return e
 }
 
 // SetRetryAfter tells the client to wait d (WriteError's errors, and the
@@ -163,12 +185,10 @@ const sdkRetryWaitMax = time.Minute
 
 // CreatedTooFast is 429 for an account at one of its limits on what it
 // may make in an hour (keys, batch jobs): the request is fine, and the
-// same request succeeds after wait. A wait the OpenAI SDKs would not
-// honour (over a minute) is sent with x-should-retry: false, as their
-// retries a second or two later would be refused the same.
+// same request succeeds after wait (retryIn: over a minute, the SDKs'
+// retries a second or two later would be refused the same).
 func CreatedTooFast(msg string, wait time.Duration) *APIError {
-	return &APIError{Status: 429, Type: "rate_limit_error", Code: "rate_limit_exceeded", Message: msg,
-		RetryAfter: wait, NoRetry: wait > sdkRetryWaitMax}
+	return errRateLimited(msg).retryIn(wait)
 }
 
 // MethodNotAllowed answers 405 with the Allow header set to allow, for

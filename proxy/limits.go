@@ -651,19 +651,18 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 		msg = fmt.Sprintf("rate limit reached for requests: %s may make %d per minute; try again in %s%s",
 			subject, limit, formatReset(wait), remedy)
 	}
+	e := errRateLimited(msg)
 	if wait >= 0 {
-		SetRetryAfter(&ctx.Response.Header, time.Duration(wait))
-		if time.Duration(wait) > sdkRetryWaitMax {
-			// The OpenAI SDKs retry at once a wait they will not honour:
-			// twice into the same 429, as CreatedTooFast's callers were.
-			ctx.Response.Header.Set("x-should-retry", "false")
-		}
+		e.retryIn(time.Duration(wait))
 	} else {
 		// The OpenAI SDKs retry every 429 unless told not to: this one
 		// would be refused the same each time.
-		ctx.Response.Header.Set("x-should-retry", "false")
+		e.NoRetry = true
 	}
-	return errRateLimited(msg)
+	// On ctx now, as admit's x-ratelimit headers are (setHeaders): the
+	// refusal is whole there before WriteError, which writes the same.
+	setRetryHeaders(&ctx.Response.Header, e)
+	return e
 }
 
 func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx, caller callerID, limit int64) *APIError {
