@@ -6,6 +6,7 @@ import (
 	"io"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -423,5 +424,17 @@ func TestPluginCallTellsTheUpstreamsWait(t *testing.T) {
 	if r.status != 429 || r.header.Get("Retry-After") != "7" || r.header.Get("retry-after-ms") != "7000" {
 		t.Fatalf("classify with the llm's upstream at its limit: %s (Retry-After %q, retry-after-ms %q)",
 			r, r.header.Get("Retry-After"), r.header.Get("retry-after-ms"))
+	}
+}
+
+// A wait over a minute is passed on with x-should-retry: false, as for a
+// chat call's 429s: an SDK that honours any Retry-After slept the hour
+// inside classify(), and one that does not retried at once into it.
+func TestPluginCallTellsNotToRetryALongWait(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{Status: 429, RetryAfter: "3600"}, plugins: "  engine: llm\n  llm_model: small"})
+	r := h.keyed("/v1/classify", `{"text": "Please refund the charge", "labels": ["billing", "bug"]}`)
+	if ra, _ := strconv.Atoi(r.header.Get("Retry-After")); r.status != 429 || ra <= 60 || r.header.Get("x-should-retry") != "false" {
+		t.Fatalf("classify with the llm's upstream resting an hour: %s (Retry-After %q, x-should-retry %q); want 429, over 60 and false",
+			r, r.header.Get("Retry-After"), r.header.Get("x-should-retry"))
 	}
 }

@@ -1031,7 +1031,7 @@ func (p *pool) allDown(model string) *APIError {
 			Message: fmt.Sprintf("every upstream of model %q is rate limited (%s)", model, strings.Join(parts, "; "))}
 	}
 	if back > 0 {
-		e.retryIn(time.Duration(back - now))
+		e.RetryAfter = time.Duration(back - now)
 	}
 	return e
 }

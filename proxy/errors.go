@@ -96,29 +96,20 @@ func setError(resp *fasthttp.Response, err *APIError) {
 
 // setRetryHeaders writes whether and when to ask err's request again:
 // Retry-After (and retry-after-ms) for its RetryAfter, x-should-retry:
-// false for NoRetry.
+// false for NoRetry, and for every 429 whose wait the OpenAI SDKs would
+// not honour (over sdkRetryWaitMax): they retry such a 429 after their
+// own short backoff instead, twice, into the same 429, or sleep the whole
+// wait inside the call. Decided here, where every 429 the gateway writes
+// passes: a key's or an account's rate (refuse), an hourly cap on what an
+// account makes (CreatedTooFast), a pool whose every upstream rests
+// (allDown), a classifier engine's upstream at its limit (plugins).
 func setRetryHeaders(h *fasthttp.ResponseHeader, err *APIError) {
 	if err.RetryAfter > 0 {
 		SetRetryAfter(h, err.RetryAfter)
 	}
-	if err.NoRetry {
+	if err.NoRetry || err.Status == fasthttp.StatusTooManyRequests && err.RetryAfter > sdkRetryWaitMax {
 		h.Set("x-should-retry", "false")
 	}
-}
-
-// retryIn says e may be asked again after d: its Retry-After, and, for a
-// 429 whose wait the OpenAI SDKs would not honour (over sdkRetryWaitMax),
-// NoRetry: they retry such a 429 after their own short backoff instead,
-// twice, into the same 429. The one rule for the gateway's 429s that say
-// a wait: a key's or an account's rate (refuse), an hourly cap on what an
-// account makes (CreatedTooFast), a pool whose every upstream rests
-// (allDown).
-func (e *APIError) retryIn(d time.Duration) *APIError {
-	e.RetryAfter = d
-	if e.Status == fasthttp.StatusTooManyRequests && d > sdkRetryWaitMax {
-		e.NoRetry = true
-	}
-	return e
 }
 
 // SetRetryAfter tells the client to wait d (WriteError's errors, and the
@@ -185,10 +176,12 @@ const sdkRetryWaitMax = time.Minute
 
 // CreatedTooFast is 429 for an account at one of its limits on what it
 // may make in an hour (keys, batch jobs): the request is fine, and the
-// same request succeeds after wait (retryIn: over a minute, the SDKs'
-// retries a second or two later would be refused the same).
+// same request succeeds after wait (over a minute, the SDKs' retries a
+// second or two later would be refused the same: setRetryHeaders).
 func CreatedTooFast(msg string, wait time.Duration) *APIError {
-	return errRateLimited(msg).retryIn(wait)
+	e := errRateLimited(msg)
+	e.RetryAfter = wait
+	return e
 }
 
 // MethodNotAllowed answers 405 with the Allow header set to allow, for

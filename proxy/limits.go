@@ -653,7 +653,7 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 	}
 	e := errRateLimited(msg)
 	if wait >= 0 {
-		e.retryIn(time.Duration(wait))
+		e.RetryAfter = time.Duration(wait)
 	} else {
 		// The OpenAI SDKs retry every 429 unless told not to: this one
 		// would be refused the same each time.
