@@ -250,6 +250,9 @@ type Service struct {
 	// share sends this process's charges to the other processes on the
 	// NATS and takes theirs into unbilled (see shareUnbilled).
 	share sharing
+	// kept writes this process's charges not debited yet to its data_dir
+	// (see UnbilledFile).
+	kept keeper
 
 	cacheMu sync.RWMutex
 	cache   map[string]*Key // verified tokens; see Verify
@@ -353,12 +356,18 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 	}
 	s.snap.init()
 	s.share.init()
+	if dataDir != "" {
+		if err := s.restoreUnbilled(dataDir); err != nil {
+			return nil, err
+		}
+	}
 	watchCtx, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.stopped.Add(3)
+	s.stopped.Add(4)
 	go s.watch(watchCtx, accountsKV, bucketAccounts)
 	go s.watch(watchCtx, keysKV, bucketKeys)
 	go s.shareUnbilled(watchCtx)
+	go s.keepUnbilledUntil(watchCtx)
 
 	if err := s.snap.waitLoaded(ctx); err != nil {
 		s.Close()
@@ -375,10 +384,13 @@ func (s *Service) OnKeyRevoked(fn func(keyID string)) {
 	s.revoked.Store(&fn)
 }
 
-// Close stops watching the buckets. The service must not be used afterwards.
+// Close stops watching the buckets, and writes this gateway's charges not
+// debited yet to its data_dir (UnbilledFile) for its next start. The
+// service must not be used afterwards.
 func (s *Service) Close() {
 	s.stop()
 	s.stopped.Wait()
+	_ = s.keepUnbilled() // as at every round, a failed write leaves the last one
 }
 
 // Balance is the account's balance as last seen by this gateway, less what

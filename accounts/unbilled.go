@@ -29,6 +29,16 @@ import (
 // balance on its own. So every process also tells the others, over core
 // NATS (UnbilledSubject), what it charged each account, within
 // shareEvery of the charge, and counts theirs as it counts its own.
+//
+// A process that stops, or goes silent, leaves charges nobody debited
+// yet: while the billing consumer or ClickHouse is down they wait in
+// JetStream (or its outbox), and no live process counted them any more.
+// Forgotten after peerSilence, they let every account spend its whole
+// balance again: 11 calls on a credit of 10, refused on three gateways,
+// then 11 more once one of them was restarted, the balance at -0.000084
+// USD on 0.00007 of credit. So the others keep a silent process's
+// charges until the account's debits show them (see peerCharges.gone),
+// and a gateway keeps its own across a restart (unbilledfile.go).
 
 // UnbilledSubject carries, on core NATS, each process's charges per account
 // (an unbilledMessage): no stream keeps them, a process that misses one
@@ -50,8 +60,8 @@ const (
 	// since, is caught up).
 	heartbeatEvery = time.Second
 	// peerSilence is how long a process may stay silent before the others
-	// forget its charges: it is dead (its charges wait in its outbox and
-	// come back as debits when it starts again) or cut off from NATS.
+	// take it for gone: it is dead, or cut off from NATS. Its charges
+	// still count until the debits show them (peerCharges.gone).
 	peerSilence = 5 * time.Second
 	// maxAccountsPerMessage keeps a message well under NATS's 1 MB
 	// default max_payload (an entry is at most about 110 bytes).
@@ -66,8 +76,13 @@ type unbilledMessage struct {
 	// Listening: the process reads balances (a gateway admitting calls),
 	// so the others send it their charges as they come, not only in
 	// heartbeats.
-	Listening bool                     `json:"listening,omitempty"`
-	Accounts  map[string]unbilledTotal `json:"accounts,omitempty"`
+	Listening bool `json:"listening,omitempty"`
+	// Replaces is the process this one took the charges of at its start
+	// (a gateway restarted on its data_dir): the others stop counting
+	// that one's charges of an account once this one speaks of it, so
+	// that they are not counted twice.
+	Replaces string                   `json:"replaces,omitempty"`
+	Accounts map[string]unbilledTotal `json:"accounts,omitempty"`
 }
 
 type unbilledTotal struct {
@@ -86,9 +101,11 @@ type unbilledTotal struct {
 // the count twice (this process's share, and the other's once it saw the
 // debit too): erring towards admitting, for as long as this gateway's own
 // debits took to land. Matched against all, a debit lowers the count once.
-// What can still be taken too early are debits of charges no live process
-// reports (a process silent for peerSilence, bills older than the
-// processes): they let through at most their amount more.
+// What can still be taken too early are debits of charges no process
+// reports (bills older than the processes), and those of a gone process
+// once debits as large as what it said it had pending landed, which may
+// be other processes' (see peerCharges.gone): they let through at most
+// their amount more, while the debits flow.
 //
 // A total this process missed (core NATS drops a message now and then)
 // and heard of only after its debit landed and counting started afresh
@@ -107,10 +124,22 @@ type unbilled struct {
 }
 
 // peerCharges is what another process said it charged an account.
+//
+// A process silent for peerSilence is gone, but not its charges: while
+// the debits stall they wait in JetStream or in its outbox, and no live
+// process counts them. So its entry stays, gone, remembering the debits
+// of that moment (goneDebited), and counts until the debits advanced by
+// the charges it last said were pending, or settle covers them: not
+// sooner, its pending staying in the cap (outstandingLocked's said) too,
+// and not for ever, debits that flow again ending it. Heard again (it was
+// cut off from NATS, not dead), it counts as before.
 type peerCharges struct {
 	total   money.Nanos // the last total it sent
 	base    money.Nanos // its total when the debits stood at debitedAt
 	pending money.Nanos // the last of its own charges it said were not debited
+
+	gone        bool        // silent for peerSilence
+	goneDebited money.Nanos // the account's debits when it was found gone
 }
 
 // charges is every charge counted since debitedAt. Lock u.mu on entry.
@@ -131,9 +160,36 @@ func (u *unbilled) settle(debited money.Nanos) {
 		return
 	}
 	u.charged, u.debitedAt = 0, debited
-	for _, p := range u.peers {
+	for process, p := range u.peers {
+		if p.gone {
+			delete(u.peers, process) // its charges are debited: nothing left to wait for
+			continue
+		}
 		p.base = p.total
 	}
+}
+
+// dropGone drops the peers gone since the account's debits advanced by
+// at least what each said it had pending, as debits of their charges,
+// and reports whether any gone peer stays. Lock u.mu on entry.
+func (u *unbilled) dropGone(debited money.Nanos) (kept bool) {
+	u.settle(debited)
+	for process, p := range u.peers {
+		if !p.gone {
+			continue
+		}
+		if debited-p.goneDebited < p.pending {
+			kept = true
+			continue
+		}
+		// Its charges leave the count with the debits taken for theirs,
+		// so that what is outstanding stays as it was; only the cap loses
+		// its pending, which lets through at most that much more if those
+		// debits were the others' after all.
+		u.debitedAt += p.total - p.base
+		delete(u.peers, process)
+	}
+	return kept
 }
 
 // outstanding is what of the charges the debits, standing at debited, do
@@ -204,10 +260,14 @@ func (s *Service) NoteCharge(account string, cost money.Nanos) {
 // with their totals.
 type sharing struct {
 	process string // random, new at every start
-	own     []byte // how this process's own messages begin
+	// replaces is the process whose charges this one took from its
+	// data_dir at start (see unbilledMessage.Replaces).
+	replaces string
+	own      []byte // how this process's own messages begin
 
 	listening atomic.Bool // this process reads balances (Standing)
 	heard     atomic.Bool // another that does was heard within peerSilence
+	goneKept  atomic.Bool // some account counts the charges of a gone process
 	charged   atomic.Bool // this process charged anything: then it sends heartbeats
 	announce  atomic.Bool // the next message is a heartbeat, at once
 
@@ -216,6 +276,8 @@ type sharing struct {
 	seen      map[string]time.Time // other processes, when last heard
 	listeners map[string]time.Time // those of them that read balances
 	kick      chan struct{}
+
+	forgetting sync.Mutex // one forgetSilentPeers at a time
 }
 
 func (sh *sharing) init() {
@@ -306,7 +368,7 @@ func (s *Service) sendUnbilled(heartbeat bool) {
 	if heartbeat && !sh.charged.Load() && !listening {
 		return // a process that neither charges nor admits (the billing consumer) has nothing to say
 	}
-	msg := unbilledMessage{Process: sh.process, Listening: listening, Accounts: make(map[string]unbilledTotal)}
+	msg := unbilledMessage{Process: sh.process, Listening: listening, Replaces: sh.replaces, Accounts: make(map[string]unbilledTotal)}
 	add := func(account string, u *unbilled, always bool) {
 		e, ok := s.snap.account(account)
 		if !ok {
@@ -386,6 +448,9 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 		u := s.unbilledOf(account, e.debited)
 		u.mu.Lock()
 		u.settle(e.debited)
+		if msg.Replaces != "" {
+			delete(u.peers, msg.Replaces) // its charges are among msg.Process's now
+		}
 		s.notePeer(u, msg.Process, money.Nanos(t.Total), money.Nanos(t.Pending))
 		u.mu.Unlock()
 	}
@@ -393,7 +458,8 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 
 // notePeer records process's total for u's account. A process heard of
 // for the first time (it started, or this one did) is counted from its
-// own charges not debited yet. Lock u.mu on entry.
+// own charges not debited yet; one taken for gone that speaks again
+// counts as before. Lock u.mu on entry.
 func (s *Service) notePeer(u *unbilled, process string, total, pending money.Nanos) {
 	p, ok := u.peers[process]
 	if !ok {
@@ -404,14 +470,18 @@ func (s *Service) notePeer(u *unbilled, process string, total, pending money.Nan
 		u.peers[process] = &peerCharges{total: total, base: total - pending, pending: pending}
 		return
 	}
+	p.gone = false
 	if total >= p.total { // a total only grows; an older message changes nothing
 		p.total, p.pending = total, max(pending, 0)
 	}
 }
 
-// forgetSilentPeers drops the charges of the processes not heard from for
-// peerSilence.
+// forgetSilentPeers takes the processes not heard from for peerSilence
+// for gone, and drops the charges of those gone once the debits show
+// them (see peerCharges).
 func (s *Service) forgetSilentPeers(now time.Time) {
+	s.share.forgetting.Lock() // goneKept says what the last round left
+	defer s.share.forgetting.Unlock()
 	var gone []string
 	s.share.mu.Lock()
 	for process, at := range s.share.seen {
@@ -423,16 +493,27 @@ func (s *Service) forgetSilentPeers(now time.Time) {
 	}
 	s.share.heard.Store(len(s.share.listeners) > 0)
 	s.share.mu.Unlock()
-	if len(gone) == 0 {
+	if len(gone) == 0 && !s.share.goneKept.Load() {
 		return
 	}
-	s.unbilled.Range(func(_, v any) bool {
+	kept := false
+	s.unbilled.Range(func(k, v any) bool {
 		u := v.(*unbilled)
+		e, ok := s.snap.account(k.(string))
 		u.mu.Lock()
 		for _, process := range gone {
-			delete(u.peers, process)
+			if p, found := u.peers[process]; found {
+				p.gone, p.goneDebited = true, e.debited
+				if !ok {
+					delete(u.peers, process) // the account is deleted: no debit will come
+				}
+			}
+		}
+		if ok && u.dropGone(e.debited) {
+			kept = true
 		}
 		u.mu.Unlock()
 		return true
 	})
+	s.share.goneKept.Store(kept)
 }

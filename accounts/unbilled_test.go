@@ -3,6 +3,9 @@ package accounts
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,8 +61,8 @@ func TestBalanceCountsChargesNotYetDebited(t *testing.T) {
 // Behind two gateways each counted only its own charges: an account of
 // 0.03 USD made 50 calls of 0.0012 and went to -0.03, each gateway
 // spending the whole balance on its own. The charges of one count on the
-// other within milliseconds, a debit lowers them once whichever gateway
-// charged it, and a process silent for peerSilence is forgotten.
+// other within milliseconds, and a debit lowers them once whichever
+// gateway charged it.
 func TestPeersChargesCountUntilDebited(t *testing.T) {
 	first, b, dir := gateway(t)
 	second := secondGateway(t, b, dir)
@@ -122,13 +125,12 @@ func TestPeersChargesCountUntilDebited(t *testing.T) {
 	first.receiveUnbilled(message(first.share.process, "acme", money.NanosPerUSD, money.NanosPerUSD))
 	balances(35*cent, "a process's own message taken")
 
-	// A process silent for peerSilence is forgotten; the first gateway,
-	// alive, has nothing pending of its own (its heartbeats say so), so
-	// the second gateway's charge counts alone, and the first gateway
-	// learns it again from the second's next heartbeat.
+	// A process silent for peerSilence is taken for gone, but its charge,
+	// not debited, still counts; the second gateway, alive, counts as
+	// before from its next heartbeat.
 	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
-	if got, _ := first.Balance("acme"); got != 40*cent {
-		t.Errorf("the second gateway forgotten: balance %s on the first, want 40 cents", got)
+	if got, _ := first.Balance("acme"); got != 35*cent {
+		t.Errorf("the second gateway taken for gone: balance %s on the first, want 35 cents", got)
 	}
 	balances(35*cent, "the second gateway's heartbeat")
 
@@ -220,4 +222,182 @@ func TestChargesGoOutAsTheyComeOnlyToAListener(t *testing.T) {
 	want(20*cent, "a listener appeared")
 	s.NoteCharge("acme", cent)
 	want(21*cent, "charged with a listener")
+}
+
+// gatewayOn opens a Service on its own connection to the NATS at url,
+// on dataDir (which holds the first gateway's signing key); stop closes
+// it, at most once, and the test's end does if stop was not called.
+func gatewayOn(t *testing.T, url, dataDir string) (s *Service, stop func()) {
+	t.Helper()
+	b := connectBroker(t, url)
+	s = openService(t, b, dataDir)
+	var once sync.Once
+	stop = func() { once.Do(func() { s.Close(); b.Close() }) }
+	t.Cleanup(stop)
+	return s, stop
+}
+
+// copySigningKey gives a new data dir the signing key of firstDataDir.
+func copySigningKey(t *testing.T, firstDataDir string) string {
+	t.Helper()
+	dataDir := t.TempDir()
+	key, err := os.ReadFile(filepath.Join(firstDataDir, SigningKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dataDir, SigningKeyFile), key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dataDir
+}
+
+// A gateway that stopped while the debits stalled (ClickHouse down, or the
+// billing consumer stopped) left its charges waiting in JetStream, and the
+// others forgot them after peerSilence: refused on three gateways after
+// its credit of 10 calls, an account made 11 more once one gateway was
+// restarted. They count until the debits show them, once.
+func TestGonePeersChargesCountUntilDebited(t *testing.T) {
+	first, b, dir := gateway(t)
+	ctx := testContext(t)
+	const cent = money.NanosPerUSD / 100
+	if _, err := first.CreateAccount(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	second, stopSecond := gatewayOn(t, b.ClientURL(), copySigningKey(t, dir))
+	if err := second.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	balance := func(want money.Nanos, when string) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			if got, _ := first.Balance("acme"); got != want {
+				return fmt.Errorf("%s: balance %s on the first gateway, want %s", when, got, want)
+			}
+			return nil
+		})
+	}
+	second.NoteCharge("acme", 10*cent)
+	balance(0, "the second gateway spent the credit")
+
+	// Nothing debits: the second gateway stops, and stays silent past
+	// peerSilence.
+	stopSecond()
+	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	if got, _ := first.Balance("acme"); got != 0 {
+		t.Fatalf("the second gateway gone for peerSilence, its charges not debited: balance %s on the first, want 0", got)
+	}
+	first.forgetSilentPeers(time.Now().Add(2*peerSilence + time.Second))
+	if got, _ := first.Balance("acme"); got != 0 {
+		t.Fatalf("a round later: balance %s on the first, want 0", got)
+	}
+
+	// Its charges are debited: they count once, then no more.
+	if _, _, err := first.ApplyUsage(ctx, "acme", Usage{Events: []SeqCost{{Seq: 1, Cost: 10 * cent}}}); err != nil {
+		t.Fatal(err)
+	}
+	balance(0, "its charges debited")
+	first.forgetSilentPeers(time.Now().Add(3*peerSilence + time.Second))
+	balance(0, "its charges debited, a round later")
+	if _, err := first.Credit(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	balance(10*cent, "credited again")
+	if v, ok := first.unbilled.Load("acme"); ok && len(v.(*unbilled).peers) > 0 {
+		t.Errorf("the gone gateway's charges are kept after their debit: %d peers", len(v.(*unbilled).peers))
+	}
+
+	// A process cut off from NATS, not dead, comes back under its id: it
+	// counts as before.
+	message := func(process string, total, pending money.Nanos) *nats.Msg {
+		data, err := json.Marshal(unbilledMessage{Process: process, Accounts: map[string]unbilledTotal{"acme": {Total: int64(total), Pending: int64(pending)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &nats.Msg{Data: data}
+	}
+	first.receiveUnbilled(message("cut-off", 3*cent, 3*cent))
+	balance(7*cent, "a third process charged")
+	first.forgetSilentPeers(time.Now().Add(4*peerSilence + time.Second))
+	balance(7*cent, "the third process gone")
+	first.receiveUnbilled(message("cut-off", 5*cent, 5*cent))
+	balance(5*cent, "the third process back, and charged")
+	if _, _, err := first.ApplyUsage(ctx, "acme", Usage{Events: []SeqCost{{Seq: 2, Cost: 5 * cent}}}); err != nil {
+		t.Fatal(err)
+	}
+	first.receiveUnbilled(message("cut-off", 5*cent, 0))
+	balance(5*cent, "the third process's charges debited")
+}
+
+// A gateway restarted while the debits stalled started counting from
+// nothing: every account it had charged could spend its whole balance
+// again, on it alone. It counts them again from its data_dir, and the
+// others, which counted them under its old process, count them once.
+func TestRestartedGatewayKeepsItsCharges(t *testing.T) {
+	first, b, dir := gateway(t)
+	ctx := testContext(t)
+	const cent = money.NanosPerUSD / 100
+	if _, err := first.CreateAccount(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.CreateAccount(ctx, "other", money.NanosPerUSD); err != nil {
+		t.Fatal(err)
+	}
+	first.NoteCharge("acme", 10*cent)
+	secondDir := copySigningKey(t, dir)
+	second, stopSecond := gatewayOn(t, b.ClientURL(), secondDir)
+	if err := second.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second.NoteCharge("other", 30*cent)
+	balances := func(s *Service, account string, want money.Nanos, when string) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			if got, _ := s.Balance(account); got != want {
+				return fmt.Errorf("%s: %s's balance %s, want %s", when, account, got, want)
+			}
+			return nil
+		})
+	}
+	balances(first, "other", 70*cent, "the second gateway charged")
+
+	// Nothing debits; the first gateway, which charged acme's whole
+	// credit, is restarted on its data_dir.
+	first.Close()
+	first = openService(t, b, dir)
+	t.Cleanup(first.Close)
+	if got, _ := first.Balance("acme"); got != 0 {
+		t.Fatalf("restarted, its charges not debited: acme's balance %s, want 0", got)
+	}
+	balances(first, "other", 70*cent, "the first gateway restarted")
+
+	// So is the second: the first counts its charges once, not under its
+	// old process and its new one, and after peerSilence too.
+	old := second.share.process
+	stopSecond()
+	second, _ = gatewayOn(t, b.ClientURL(), secondDir)
+	if got, _ := second.Balance("other"); got != 70*cent {
+		t.Fatalf("the second gateway restarted: other's balance %s on it, want 70 cents", got)
+	}
+	checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+		first.share.mu.Lock()
+		_, heard := first.share.seen[second.share.process]
+		first.share.mu.Unlock()
+		if !heard {
+			return fmt.Errorf("the first gateway has not heard the restarted second (it was %s)", old)
+		}
+		return nil
+	})
+	balances(first, "other", 70*cent, "the second gateway restarted")
+	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	balances(first, "other", 70*cent, "both second gateways silent")
+
+	// Debited, the charges count no more.
+	for i, account := range []string{"acme", "other"} {
+		cost := []money.Nanos{10 * cent, 30 * cent}[i]
+		if _, _, err := first.ApplyUsage(ctx, account, Usage{Events: []SeqCost{{Seq: 1, Cost: cost}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	balances(first, "acme", 0, "debited")
+	balances(second, "other", 70*cent, "debited")
 }
