@@ -66,6 +66,9 @@ func OpenClickHouse(ctx context.Context, dsn string) (*ClickHouseSink, error) {
 	}
 	if err := conn.Ping(ctx); err != nil {
 		conn.Close()
+		if refusesCredentials(err) {
+			return nil, &DSNCredentialsError{DSN: config.RedactURL(dsn), Err: err}
+		}
 		return nil, fmt.Errorf("pinging clickhouse at %v: %w", opts.Addr, err)
 	}
 	if err := checkDSNSettings(ctx, conn, opts); err != nil {
@@ -102,6 +105,58 @@ func (e *DSNSettingsError) Unwrap() error { return e.Err }
 func IsDSNSettings(err error) bool {
 	var settingsErr *DSNSettingsError
 	return errors.As(err, &settingsErr)
+}
+
+// DSNCredentialsError is returned by OpenClickHouse when ClickHouse
+// refuses the user or password of clickhouse.dsn: a wrong password, an
+// unknown user, a password missing, an address the user may not come
+// from. ClickHouse answered, yet billing said it was unreachable and
+// retried forever, sending the operator to the network. Trying again
+// does not help until the DSN or the user in ClickHouse is corrected.
+type DSNCredentialsError struct {
+	DSN string // clickhouse.dsn, its password hidden
+	Err error
+}
+
+func (e *DSNCredentialsError) Error() string {
+	return fmt.Sprintf("ClickHouse at %s refuses the user and password of clickhouse.dsn: %v; "+
+		"correct them in clickhouse.dsn, or the user in ClickHouse", e.DSN, e.Err)
+}
+
+func (e *DSNCredentialsError) Unwrap() error { return e.Err }
+
+// IsDSNRefused reports whether err is, or wraps, a *DSNSettingsError or a
+// *DSNCredentialsError: ClickHouse answers but refuses clickhouse.dsn,
+// and trying again does not help until it changes.
+func IsDSNRefused(err error) bool {
+	var credentialsErr *DSNCredentialsError
+	return IsDSNSettings(err) || errors.As(err, &credentialsErr)
+}
+
+// ClickHouse's codes for a login it refuses. 18.16 answers
+// WRONG_PASSWORD also for a password given to a user that has none;
+// newer versions answer AUTHENTICATION_FAILED for most of these.
+const (
+	errCodeUnknownUser          = 192
+	errCodeWrongPassword        = 193
+	errCodeRequiredPassword     = 194
+	errCodeIPAddressNotAllowed  = 195
+	errCodeAuthenticationFailed = 516
+)
+
+// refusesCredentials reports whether err is ClickHouse refusing the
+// login, told by its exception code: messages differ between versions.
+func refusesCredentials(err error) bool {
+	var exception *clickhouse.Exception
+	if !errors.As(err, &exception) {
+		return false
+	}
+	switch exception.Code {
+	case errCodeUnknownUser, errCodeWrongPassword, errCodeRequiredPassword,
+		errCodeIPAddressNotAllowed, errCodeAuthenticationFailed:
+		return true
+	}
+	return false
 }
 
 // checkDSNSettings runs a query carrying the DSN's server settings, if it

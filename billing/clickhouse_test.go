@@ -331,3 +331,39 @@ func TestOpenClickHouseRefusesTheDSNsUnknownSetting(t *testing.T) {
 	}
 	sink.Close()
 }
+
+// A user or password ClickHouse refuses ("code: 193, message: Wrong
+// password for user default") was reported as ClickHouse unreachable and
+// retried forever, sending the operator to the network. ClickHouse
+// answered: OpenClickHouse now says it refuses the DSN's credentials,
+// without printing the password.
+func TestOpenClickHouseRefusesTheDSNsCredentials(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const password = "pa55-of-the-test"
+	for _, user := range []string{
+		"default", // the test server's: it has no password
+		"nobody",
+	} {
+		userinfo := user + ":" + password
+		dsn := strings.Replace(srv.DSN(), "clickhouse://", "clickhouse://"+userinfo+"@", 1)
+		_, err := billing.OpenClickHouse(ctx, dsn)
+		t.Logf("user %s: %v", user, err)
+		var credentialsErr *billing.DSNCredentialsError
+		if !errors.As(err, &credentialsErr) {
+			t.Fatalf("user %s: got %v, want a DSNCredentialsError", user, err)
+		}
+		if !billing.IsDSNRefused(err) {
+			t.Errorf("user %s: IsDSNRefused(%v) is false", user, err)
+		}
+		for _, want := range []string{"refuses the user and password of clickhouse.dsn", srv.Addr(), "user " + user} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%q does not say %q", err, want)
+			}
+		}
+		if strings.Contains(err.Error(), password) {
+			t.Errorf("%q shows the password", err)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -55,7 +56,7 @@ func runBilling(args []string) error {
 		return err
 	}
 	logf("billing: consuming USAGE from %s into %s", b.ClientURL(), config.RedactURL(cfg.ClickHouse.DSN))
-	if err := billingLoop(ctx, cfg, b, svc, logf, exitOnDSNSettings); err != nil {
+	if err := billingLoop(ctx, cfg, b, svc, logf, exitOnRefusedDSN); err != nil {
 		// The process exists to bill: a DSN it can never bill with is a
 		// configuration error, for the supervisor to show, like a file
 		// that does not load.
@@ -84,31 +85,33 @@ func connectNATS(ctx context.Context, cfg *config.Config, logf func(string, ...a
 	return b, nil
 }
 
-// onDSNSettings is what billingLoop does when ClickHouse refuses the
-// settings of clickhouse.dsn (billing.DSNSettingsError).
-type onDSNSettings int
+// onRefusedDSN is what billingLoop does when ClickHouse refuses
+// clickhouse.dsn: its settings (billing.DSNSettingsError) or its user and
+// password (billing.DSNCredentialsError).
+type onRefusedDSN int
 
 const (
-	// exitOnDSNSettings returns the error: tollgate billing exits.
-	exitOnDSNSettings onDSNSettings = iota
-	// waitOnDSNSettings logs the error once and tries again every
-	// dsnSettingsRetry without a word: serve keeps serving, its events
-	// wait in JetStream, and a ClickHouse that comes to accept the
-	// setting (a profile changed) is billed into.
-	waitOnDSNSettings
+	// exitOnRefusedDSN returns the error: tollgate billing exits.
+	exitOnRefusedDSN onRefusedDSN = iota
+	// waitOnRefusedDSN logs the error once and tries again every
+	// refusedDSNRetry without a word: serve keeps serving, its events
+	// wait in JetStream, and a ClickHouse that comes to accept the DSN
+	// (a profile or user changed) is billed into.
+	waitOnRefusedDSN
 )
 
-// dsnSettingsRetry is how often a DSN whose settings ClickHouse refused
-// is tried again; a variable for tests.
-var dsnSettingsRetry = 5 * time.Minute
+// refusedDSNRetry is how often a DSN ClickHouse refused is tried again;
+// a variable for tests.
+var refusedDSNRetry = 5 * time.Minute
 
 // billingLoop opens ClickHouse (waiting while it is down), applies the
 // migrations and runs the consumer until ctx ends. Nothing is acknowledged
 // while ClickHouse is unreachable, so events wait in JetStream. A DSN
-// whose settings ClickHouse refuses is no outage, and retrying it each
-// 30 s logged the same error forever: what happens is onDSN's choice, and
-// the error is returned only with exitOnDSNSettings.
-func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any), onDSN onDSNSettings) error {
+// ClickHouse refuses (its settings, its user and password) is no outage,
+// and retrying it each 30 s logged the same error forever: what happens
+// is onRefused's choice, and the error is returned only with
+// exitOnRefusedDSN.
+func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any), onRefused onRefusedDSN) error {
 	backoff := time.Second
 	refused := ""
 	for ctx.Err() == nil {
@@ -117,12 +120,12 @@ func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc 
 			return nil
 		}
 		wait := backoff
-		refusedSettings := billing.IsDSNSettings(err)
+		refusedDSN := billing.IsDSNRefused(err)
 		switch {
-		case refusedSettings && onDSN == exitOnDSNSettings:
+		case refusedDSN && onRefused == exitOnRefusedDSN:
 			return err
-		case refusedSettings:
-			wait = dsnSettingsRetry
+		case refusedDSN:
+			wait = refusedDSNRetry
 			if err.Error() != refused {
 				refused = err.Error()
 				logf("billing: %v; billing waits for a corrected clickhouse.dsn (restart serve to apply it; trying again every %s meanwhile)", err, wait)
@@ -143,8 +146,8 @@ func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc 
 
 func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) error {
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
-	if billing.IsDSNSettings(err) {
-		return err // reachable, and it names what it refuses
+	if billing.IsDSNRefused(err) {
+		return err // reachable, and it says what it refuses
 	}
 	if err != nil {
 		return fmt.Errorf("ClickHouse at %s unreachable: %w", config.RedactURL(cfg.ClickHouse.DSN), err)
@@ -193,6 +196,10 @@ func runMigrate(args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
+	var credentialsErr *billing.DSNCredentialsError
+	if errors.As(err, &credentialsErr) {
+		return err // it names the DSN
+	}
 	if err != nil {
 		return fmt.Errorf("ClickHouse at %s: %w", config.RedactURL(cfg.ClickHouse.DSN), err)
 	}

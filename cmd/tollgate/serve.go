@@ -700,7 +700,7 @@ func openRecorder(ctx context.Context, cfg *config.Config, b *broker.Broker, svc
 		logf("billing: consuming USAGE into %s in this process (clickhouse.consume_in_serve)", config.RedactURL(cfg.ClickHouse.DSN))
 		go func() {
 			defer close(billingDone)
-			_ = billingLoop(billingCtx, cfg, b, svc, logf, waitOnDSNSettings) // it logs what it cannot bill
+			_ = billingLoop(billingCtx, cfg, b, svc, logf, waitOnRefusedDSN) // it logs what it cannot bill
 		}()
 	} else {
 		logf("billing: not consumed here (clickhouse.consume_in_serve false): run tollgate billing")
