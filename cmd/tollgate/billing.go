@@ -110,17 +110,35 @@ var refusedDSNRetry = 5 * time.Minute
 // ClickHouse refuses (its settings, its user and password) is no outage,
 // and retrying it each 30 s logged the same error forever: what happens
 // is onRefused's choice, and the error is returned only with
-// exitOnRefusedDSN.
+// exitOnRefusedDSN. Connecting after a failed attempt is logged: the last
+// line said ClickHouse was down or refusing while billing ran.
 func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any), onRefused onRefusedDSN) error {
 	backoff := time.Second
 	refused := ""
+	// resumed is what to say when an attempt connects, "" at the first
+	// and after one that connected.
+	resumed := ""
 	for ctx.Err() == nil {
-		err := runBillingOnce(ctx, cfg, b, svc, logf)
+		connected := false
+		err := runBillingOnce(ctx, cfg, b, svc, logf, func() {
+			connected = true
+			if resumed != "" {
+				logf("billing: ClickHouse at %s %s; billing resumed", config.RedactURL(cfg.ClickHouse.DSN), resumed)
+			}
+		})
 		if ctx.Err() != nil {
 			return nil
 		}
 		wait := backoff
 		refusedDSN := billing.IsDSNRefused(err)
+		switch {
+		case connected:
+			resumed = ""
+		case refusedDSN:
+			resumed = "accepts clickhouse.dsn now"
+		default:
+			resumed = "answers again"
+		}
 		switch {
 		case refusedDSN && onRefused == exitOnRefusedDSN:
 			return err
@@ -144,7 +162,9 @@ func billingLoop(ctx context.Context, cfg *config.Config, b *broker.Broker, svc 
 	return nil
 }
 
-func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any)) error {
+// runBillingOnce bills until ctx ends or something fails, calling
+// connected once ClickHouse is open and migrated.
+func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, svc *accounts.Service, logf func(string, ...any), connected func()) error {
 	sink, err := billing.OpenClickHouse(ctx, cfg.ClickHouse.DSN)
 	if billing.IsDSNRefused(err) {
 		return err // reachable, and it says what it refuses
@@ -158,6 +178,7 @@ func runBillingOnce(ctx context.Context, cfg *config.Config, b *broker.Broker, s
 	} else if len(applied) > 0 {
 		logf("billing: applied ClickHouse migrations %v", applied)
 	}
+	connected()
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	defer stopPurge()
 	go purgeExpiredLogs(purgeCtx, sink, logf)

@@ -3,14 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/accounts"
 	"github.com/tollgate/tollgate/billing"
+	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/chtest"
+	"github.com/tollgate/tollgate/meter"
 )
 
 // A DSN whose settings ClickHouse refuses (?sekure=true) was retried
@@ -72,5 +76,99 @@ func TestBillingLoopOnARefusedDSN(t *testing.T) {
 				t.Fatalf("serve logged %q, want the refusal once (and once more after each other error)", logged)
 			}
 		})
+	}
+}
+
+// ClickHouse down as billing started was logged ("… unreachable …;
+// retrying in 8s"), and its return was not: billing ran, the backlog
+// drained, and the last line still said ClickHouse was down. Its return
+// is said once, and a first start that connects says nothing of it.
+func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
+	srv := chtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	b, err := broker.Start(ctx, config.NATS{EmbeddedListen: "127.0.0.1:0"}, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cfg := &config.Config{ClickHouse: config.ClickHouse{DSN: srv.DSN()}}
+	svc, err := accounts.Open(ctx, b.JetStream(), 1, "", cfg.Auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	if err := declareUsageStream(ctx, cfg, b, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	var logged []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, fmt.Sprintf(format, args...))
+	}
+	// count is how many lines logged so far say want; with until, it
+	// first waits (up to 30 s) for one to.
+	count := func(want string, until bool) int {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			mu.Lock()
+			n := 0
+			for _, line := range logged {
+				if strings.Contains(line, want) {
+					n++
+				}
+			}
+			all := slices.Clone(logged)
+			mu.Unlock()
+			if n > 0 || !until {
+				return n
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no line says %q in 30s: %q", want, all)
+			}
+		}
+	}
+	start := func() (stop func()) {
+		loopCtx, stopLoop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = billingLoop(loopCtx, cfg, b, svc, logf, waitOnRefusedDSN)
+		}()
+		return func() { stopLoop(); <-done }
+	}
+	const resumed = "answers again; billing resumed"
+
+	stop := start()
+	// The consumer is made after billing connected and said what it had to.
+	for {
+		if _, err := b.JetStream().Consumer(ctx, meter.UsageStream, billing.ConsumerName); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("billing never made its consumer")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	if count(resumed, false) != 0 {
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("a first start that connected logged %q", logged)
+	}
+
+	srv.Stop()
+	stop = start()
+	defer func() { stop() }()
+	count("unreachable", true)
+	srv.Restart()
+	count(resumed, true)
+	if n := count("billing: ClickHouse at "+srv.DSN()+" "+resumed, false); n != 1 {
+		mu.Lock()
+		defer mu.Unlock()
+		t.Errorf("ClickHouse's return logged %d times, want once naming it: %q", n, logged)
 	}
 }
