@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 	"github.com/tollgate/tollgate/proxy/proxytest"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -588,6 +589,110 @@ func TestResponseDeletedThroughAnotherGateway(t *testing.T) {
 	}
 	if n := upstreamCalls() - before; n != 0 {
 		t.Fatalf("%d calls on a deleted response reached an upstream; the gateways know it is gone", n)
+	}
+}
+
+// TestStateRoutesFindAMappingStillBeingWritten: a response made through
+// one gateway is found by the state routes of another that asks while its
+// mapping is still on its way to KV, as a previous_response_id is. Until
+// 2026-11-28 they answered 404 at once (a black-box probe, creating on
+// one gateway and calling the route at once on another, 10 times in 60):
+// the SDKs raised NotFoundError, and a DELETE so refused left the
+// response stored upstream, where every gateway then found it.
+func TestStateRoutesFindAMappingStillBeingWritten(t *testing.T) {
+	h := newPoolHarness(t, 2, "  balance: round_robin")
+	other := h.another()
+	ctx := context.Background()
+	// The test's own reads and writes of the bucket, on a connection of
+	// its own, whose replies are told apart from the gateways'.
+	const ownInboxes = "_TEST_INBOX"
+	nc, err := nats.Connect(h.broker.ClientURL(), nats.CustomInboxPrefix(ownInboxes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, proxy.BucketResponses)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The gateways' reads of the bucket, seen as they are asked.
+	asked := make(chan string, 64)
+	sub, err := nc.Subscribe("$JS.API.DIRECT.GET.KV_"+proxy.BucketResponses+".>", func(msg *nats.Msg) {
+		if !strings.HasPrefix(msg.Reply, ownInboxes) {
+			asked <- msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	for _, c := range []struct{ method, suffix string }{{"GET", ""}, {"GET", "/input_items"}, {"DELETE", ""}} {
+		id, at := h.create("", createResp, "")
+		// The mapping the first gateway wrote, taken out of the bucket
+		// and put back as soon as the other gateway has missed it: the
+		// write that lands a few milliseconds after the client has its
+		// answer.
+		var mapping []byte
+		checkFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+			e, err := kv.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			mapping = e.Value()
+			return nil
+		})
+		if err := kv.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		missed := make(chan struct{})
+		go func() {
+			defer close(missed)
+			for key := ""; key != id; {
+				select {
+				case key = <-asked:
+				case <-time.After(5 * time.Second):
+					t.Errorf("the other gateway never looked %s up in KV", id)
+					return
+				}
+			}
+			// Its first look answered by now (a miss); well before a
+			// second one 100 ms later.
+			time.Sleep(20 * time.Millisecond)
+			if _, err := kv.Put(ctx, id, mapping); err != nil {
+				t.Error(err)
+			}
+		}()
+		began := time.Now()
+		status, body := h.send(other, c.method, "/v1/responses/"+id+c.suffix, "", "")
+		took := time.Since(began)
+		<-missed
+		if status != 200 {
+			t.Errorf("%s /v1/responses/{id}%s through another gateway while its mapping is being written: %d %s (in %v)",
+				c.method, c.suffix, status, body, took.Round(time.Millisecond))
+		}
+		if c.method == "DELETE" && h.ups[at].Stored(id) {
+			t.Errorf("%s still stored on p%d after its DELETE", id, at)
+		}
+	}
+	// A known id is not held back, and an unknown one is the same 404.
+	id, _ := h.create(other, createResp, "")
+	began := time.Now()
+	if status, body := h.send(other, "GET", "/v1/responses/"+id, "", ""); status != 200 {
+		t.Fatalf("GET of a known id: %d %s", status, body)
+	}
+	if took := time.Since(began); took >= 100*time.Millisecond {
+		t.Errorf("GET of an id the gateway knows took %v: it waited as for an unknown one", took)
+	}
+	unknown := "resp_000000000000000000000000"
+	if status, body := h.send(other, "GET", "/v1/responses/"+unknown, "", ""); status != 404 || string(body) != notFoundBody(unknown) {
+		t.Fatalf("GET of an unknown id: %d %s", status, body)
 	}
 }
 

@@ -35,9 +35,25 @@ import (
 
 var responsesPrefix = []byte("/v1/responses/")
 
-// lateMappingWait is how long an unknown previous_response_id waits before
-// it is looked up once more (see previousResponse).
+// lateMappingWait is how long an unknown response id, or an unknown item
+// sent by id alone, waits before it is looked up once more (see
+// lookupLate).
 const lateMappingWait = 100 * time.Millisecond
+
+// lookupLate is lookup for an id a client names, looked up once more
+// after lateMappingWait when KV is in use and it was not found: a whole
+// answer's mapping reaches KV as its call ends, a few milliseconds after
+// the client has it, and a client that goes on at once through another
+// gateway (a GET, a DELETE, a previous_response_id) can ask before it
+// lands. A known id does not wait.
+func (r *ResponseStore) lookupLate(id string) (m responseMapping, found bool, err error) {
+	m, found, err = r.lookup(context.Background(), id)
+	if err == nil && !found && r.kv != nil {
+		time.Sleep(lateMappingWait)
+		m, found, err = r.lookup(context.Background(), id)
+	}
+	return m, found, err
+}
 
 // errResponseNotFound is OpenAI's (and vLLM's) 404 for an unknown response.
 func errResponseNotFound(id string) *APIError {
@@ -66,14 +82,7 @@ func errStateUnavailable(err error) *APIError {
 // or was never shared could be continued by anyone who learnt it. One the
 // mappings cannot be looked up for (NATS down) is a 503 to retry.
 func (s *Server) previousResponse(key *accounts.Key, id string) (string, int64, *APIError) {
-	m, found, err := s.responses.lookup(context.Background(), id)
-	if err == nil && !found && s.responses.kv != nil {
-		// A whole answer's mapping reaches KV as its call ends, a few
-		// milliseconds after the client has it: a client that chains at
-		// once through another gateway can ask before it lands.
-		time.Sleep(lateMappingWait)
-		m, found, err = s.responses.lookup(context.Background(), id)
-	}
+	m, found, err := s.responses.lookupLate(id)
 	switch {
 	case err != nil:
 		s.responses.logSometimes("responses: previous_response_id %s: %v", id, err)
@@ -251,7 +260,7 @@ func (s *Server) referencedItems(key *accounts.Key, refs []itemRef) (holder stri
 	// is never mapped, and every turn would wait for nothing.
 	missing, apiErr := look()
 	if apiErr == nil && missing && s.responses.kv != nil {
-		time.Sleep(lateMappingWait) // a mapping still being written (see previousResponse)
+		time.Sleep(lateMappingWait) // a mapping still being written (see lookupLate)
 		_, apiErr = look()
 	}
 	if apiErr != nil {
@@ -317,7 +326,9 @@ func (s *Server) responseState(ctx *fasthttp.RequestCtx, rest []byte) {
 		defer limit.done()
 	}
 	id := string(idb)
-	m, found, err := s.responses.lookup(context.Background(), id)
+	// Looked up twice when unknown, as a previous_response_id is: a
+	// DELETE answered 404 left the response stored upstream.
+	m, found, err := s.responses.lookupLate(id)
 	var refusal *APIError
 	switch {
 	case err != nil:
