@@ -109,11 +109,7 @@ func TestResponseMappingsThroughAnElection(t *testing.T) {
 			time.AfterFunc(50*time.Millisecond, func() {
 				defer continued.Done()
 				asked := time.Now()
-				_, ok, err := b.lookup(context.Background(), id)
-				if err == nil && !ok {
-					time.Sleep(lateMappingWait)
-					_, ok, err = b.lookup(context.Background(), id)
-				}
+				_, ok, err := b.lookupLate(id)
 				ackedBefore := written.before(id, asked)
 				mu.Lock()
 				defer mu.Unlock()
