@@ -47,20 +47,13 @@ func TestBillingLoopOnARefusedDSN(t *testing.T) {
 
 			defer func(was time.Duration) { refusedDSNRetry = was }(refusedDSNRetry)
 			refusedDSNRetry = 20 * time.Millisecond
-			var mu sync.Mutex
-			var logged []string
-			logf := func(format string, args ...any) {
-				mu.Lock()
-				defer mu.Unlock()
-				logged = append(logged, fmt.Sprintf(format, args...))
-			}
+			var log logRecorder
 			ctx, stop := context.WithTimeout(context.Background(), time.Second)
 			defer stop()
-			if err := billingLoop(ctx, cfg, nil, nil, logf, waitOnRefusedDSN); err != nil {
+			if err := billingLoop(ctx, cfg, nil, nil, log.logf, waitOnRefusedDSN); err != nil {
 				t.Fatalf("serve's loop returned %v", err)
 			}
-			mu.Lock()
-			defer mu.Unlock()
+			logged := log.lines()
 			// Once, but again after another error came between (a ping that
 			// timed out on a loaded machine says "unreachable", and the refusal
 			// after it is news again): a line every 20 ms would fail this.
@@ -102,27 +95,19 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var mu sync.Mutex
-	var logged []string
-	logf := func(format string, args ...any) {
-		mu.Lock()
-		defer mu.Unlock()
-		logged = append(logged, fmt.Sprintf(format, args...))
-	}
+	var log logRecorder
 	// count is how many lines logged so far say want; with until, it
 	// first waits (up to 30 s) for one to.
 	count := func(want string, until bool) int {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			mu.Lock()
+			all := log.lines()
 			n := 0
-			for _, line := range logged {
+			for _, line := range all {
 				if strings.Contains(line, want) {
 					n++
 				}
 			}
-			all := slices.Clone(logged)
-			mu.Unlock()
 			if n > 0 || !until {
 				return n
 			}
@@ -136,7 +121,7 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = billingLoop(loopCtx, cfg, b, svc, logf, waitOnRefusedDSN)
+			_ = billingLoop(loopCtx, cfg, b, svc, log.logf, waitOnRefusedDSN)
 		}()
 		return func() { stopLoop(); <-done }
 	}
@@ -155,9 +140,7 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 	}
 	stop()
 	if count(resumed, false) != 0 {
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("a first start that connected logged %q", logged)
+		t.Fatalf("a first start that connected logged %q", log.lines())
 	}
 
 	srv.Stop()
@@ -167,8 +150,26 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 	srv.Restart()
 	count(resumed, true)
 	if n := count("billing: ClickHouse at "+srv.DSN()+" "+resumed, false); n != 1 {
-		mu.Lock()
-		defer mu.Unlock()
-		t.Errorf("ClickHouse's return logged %d times, want once naming it: %q", n, logged)
+		t.Errorf("ClickHouse's return logged %d times, want once naming it: %q", n, log.lines())
 	}
+}
+
+// logRecorder keeps the lines its logf is given, for a test to read
+// while the code logging them still runs.
+type logRecorder struct {
+	mu     sync.Mutex
+	logged []string
+}
+
+func (r *logRecorder) logf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logged = append(r.logged, fmt.Sprintf(format, args...))
+}
+
+// lines is a copy of what was logged so far.
+func (r *logRecorder) lines() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.logged)
 }
