@@ -39,11 +39,23 @@ import (
 // USD on 0.00007 of credit. So the others keep a silent process's
 // charges until the account's debits show them (see peerCharges.gone),
 // and a gateway keeps its own across a restart (unbilledfile.go).
+//
+// A gateway learnt the others' charges only once its first balance read
+// announced it, or from their heartbeats: restarted, it admitted the
+// calls of its first half second on its own charges alone, one more call
+// per max_concurrent slot at every restart (an account with credit for 10
+// calls ended at 18 billed). So a gateway asks the others for theirs
+// before it serves (askPeers).
 
 // UnbilledSubject carries, on core NATS, each process's charges per account
 // (an unbilledMessage): no stream keeps them, a process that misses one
 // has the next within a second.
 const UnbilledSubject = "tollgate.unbilled"
+
+// UnbilledHelloSubject is where a gateway starting asks the others for
+// their charges (an unbilledMessage saying who asks); each answers on the
+// request's inbox with its own (see askPeers).
+const UnbilledHelloSubject = "tollgate.unbilled.hello"
 
 const (
 	// shareEvery is the least time between two messages of a process's
@@ -66,6 +78,14 @@ const (
 	// maxAccountsPerMessage keeps a message well under NATS's 1 MB
 	// default max_payload (an entry is at most about 110 bytes).
 	maxAccountsPerMessage = 2000
+	// helloWait bounds how long a start waits for the first answer of the
+	// others (askPeers): their heartbeats bring their charges within it
+	// anyway. Alone, or among processes of an earlier release, which do
+	// not answer, NATS says at once that nobody listens.
+	helloWait = heartbeatEvery
+	// helloLinger is how long a start goes on taking answers after the
+	// first: each process answers as soon as it reads the question.
+	helloLinger = 100 * time.Millisecond
 )
 
 // unbilledMessage is one process's charges: per account, the total it
@@ -265,7 +285,7 @@ type sharing struct {
 	replaces string
 	own      []byte // how this process's own messages begin
 
-	listening atomic.Bool // this process reads balances (Standing)
+	listening atomic.Bool // this process reads balances (Standing), or asked the others at its start (askPeers)
 	heard     atomic.Bool // another that does was heard within peerSilence
 	goneKept  atomic.Bool // some account counts the charges of a gone process
 	charged   atomic.Bool // this process charged anything: then it sends heartbeats
@@ -278,6 +298,8 @@ type sharing struct {
 	kick      chan struct{}
 
 	forgetting sync.Mutex // one forgetSilentPeers at a time
+
+	answering *nats.Subscription // UnbilledHelloSubject's, from the end of Open; nil if it failed
 }
 
 func (sh *sharing) init() {
@@ -329,11 +351,12 @@ func (sh *sharing) wake() {
 // ctx ends. With NATS down nothing is sent or received: each gateway
 // counts its own charges only, as before they were shared, and peers
 // silent for peerSilence are forgotten.
-func (s *Service) shareUnbilled(ctx context.Context) {
+// received is the subscription to UnbilledSubject, made by Open before it
+// asks the others (nil if it failed).
+func (s *Service) shareUnbilled(ctx context.Context, received *nats.Subscription) {
 	defer s.stopped.Done()
-	sub, err := s.conn.Subscribe(UnbilledSubject, s.receiveUnbilled)
-	if err == nil {
-		defer func() { _ = sub.Unsubscribe() }()
+	if received != nil {
+		defer func() { _ = received.Unsubscribe() }()
 	}
 	heartbeat := time.NewTicker(heartbeatEvery)
 	defer heartbeat.Stop()
@@ -384,7 +407,7 @@ func (s *Service) sendUnbilled(heartbeat bool) {
 		u.mu.Unlock()
 		msg.Accounts[account] = unbilledTotal{Total: int64(total), Pending: int64(pending)}
 		if len(msg.Accounts) >= maxAccountsPerMessage {
-			s.publishUnbilled(&msg)
+			s.publishUnbilled(UnbilledSubject, &msg)
 		}
 	}
 	for account := range dirty {
@@ -401,19 +424,88 @@ func (s *Service) sendUnbilled(heartbeat bool) {
 		})
 	}
 	if len(msg.Accounts) > 0 || heartbeat {
-		s.publishUnbilled(&msg)
+		s.publishUnbilled(UnbilledSubject, &msg)
 	}
 }
 
-// publishUnbilled sends msg and empties its accounts. An error (NATS down,
-// the connection closed) loses the message: the next heartbeat repeats
-// what matters.
-func (s *Service) publishUnbilled(msg *unbilledMessage) {
+// publishUnbilled sends msg to subject and empties its accounts. An error
+// (NATS down, the connection closed) loses the message: the next
+// heartbeat repeats what matters.
+func (s *Service) publishUnbilled(subject string, msg *unbilledMessage) {
 	data, err := json.Marshal(msg)
 	if err == nil {
-		_ = s.conn.Publish(UnbilledSubject, data)
+		_ = s.conn.Publish(subject, data)
 	}
 	clear(msg.Accounts)
+}
+
+// askPeers has a gateway starting count the other processes' charges
+// before it admits a call: it asks them on UnbilledHelloSubject and takes
+// their answers for helloLinger after the first, or until helloWait
+// passes with none (a process that does not answer). NATS answers at
+// once when no process listens there (a gateway alone, or among those of
+// an earlier release, whose heartbeats bring their charges within a
+// second). The subscription to UnbilledSubject is made before, so that
+// the charges they send after answering reach this one too.
+func (s *Service) askPeers(ctx context.Context) {
+	sh := &s.share
+	sh.listening.Store(true)
+	// Those of an earlier release learn of it at once too, and all its
+	// own charges (taken from its data_dir).
+	defer sh.heartbeatNow()
+	inbox := nats.NewInbox()
+	answers, err := s.conn.SubscribeSync(inbox)
+	if err != nil {
+		return
+	}
+	defer func() { _ = answers.Unsubscribe() }()
+	hello, err := json.Marshal(unbilledMessage{Process: sh.process, Listening: true, Replaces: sh.replaces})
+	if err != nil || s.conn.PublishRequest(UnbilledHelloSubject, inbox, hello) != nil {
+		return
+	}
+	deadline := time.Now().Add(helloWait)
+	for answered := false; ; answered = true {
+		wait, cancel := context.WithDeadline(ctx, deadline)
+		m, err := answers.NextMsgWithContext(wait)
+		cancel()
+		if err != nil {
+			return // nobody listens (nats.ErrNoResponders), or the wait is over
+		}
+		s.receiveUnbilled(m)
+		if !answered {
+			deadline = time.Now().Add(helloLinger)
+		}
+	}
+}
+
+// answerHello sends a process starting (askPeers) this one's charges not
+// debited yet, to the inbox it asked from. It is taken for a listener
+// first, so that the charges made after it are sent to it as they come.
+func (s *Service) answerHello(m *nats.Msg) {
+	s.receiveUnbilled(m)
+	if m.Reply == "" {
+		return
+	}
+	sh := &s.share
+	msg := unbilledMessage{Process: sh.process, Listening: sh.listening.Load(), Replaces: sh.replaces, Accounts: make(map[string]unbilledTotal)}
+	s.unbilled.Range(func(k, v any) bool {
+		e, ok := s.snap.account(k.(string))
+		if !ok {
+			return true
+		}
+		u := v.(*unbilled)
+		u.mu.Lock()
+		pending, total := u.pending(e.debited), u.total
+		u.mu.Unlock()
+		if pending > 0 {
+			msg.Accounts[k.(string)] = unbilledTotal{Total: int64(total), Pending: int64(pending)}
+			if len(msg.Accounts) >= maxAccountsPerMessage {
+				s.publishUnbilled(m.Reply, &msg)
+			}
+		}
+		return true
+	})
+	s.publishUnbilled(m.Reply, &msg) // an answer with none too: the one asking waits no longer for this one
 }
 
 // receiveUnbilled counts another process's charges.

@@ -401,3 +401,33 @@ func TestRestartedGatewayKeepsItsCharges(t *testing.T) {
 	balances(first, "acme", 0, "debited")
 	balances(second, "other", 70*cent, "debited")
 }
+
+// A gateway learnt the others' charges only once its first balance read
+// announced it and they answered, or from their heartbeats: restarted
+// while the debits stalled, it admitted the calls of its first half
+// second on its own charges alone, one more call per max_concurrent slot
+// at every restart. Open returns once it heard them; alone on its NATS
+// it waits for nobody.
+func TestStartingGatewayCountsOthersChargesBeforeItServes(t *testing.T) {
+	dir := t.TempDir()
+	b := startBroker(t, dir)
+	t.Cleanup(b.Close)
+	started := time.Now()
+	first := openService(t, b, dir)
+	t.Cleanup(first.Close)
+	if took := time.Since(started); took > helloWait/2 {
+		t.Errorf("alone on its NATS, Open took %s: it waited for answers (helloWait is %s)", took, helloWait)
+	}
+	ctx := testContext(t)
+	const cent = money.NanosPerUSD / 100
+	if _, err := first.CreateAccount(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	first.Balance("acme") // it admits calls
+	first.NoteCharge("acme", 10*cent)
+
+	second, _ := gatewayOn(t, b.ClientURL(), copySigningKey(t, dir))
+	if got, _ := second.Balance("acme"); got != 0 {
+		t.Fatalf("read as Open returned: acme's balance %s on the gateway started after the first charged it all, want 0", got)
+	}
+}
