@@ -40,6 +40,15 @@ import (
 // charges until the account's debits show them (see peerCharges.gone),
 // and a gateway keeps its own across a restart (unbilledfile.go).
 //
+// A gateway killed (SIGKILL, a crash) leaves a file without the charges
+// of its last second. Restarted, it said it replaces the process that
+// wrote it, and the others dropped that process's charges for the new
+// one's, fewer: killed and restarted, a gateway gave an account back the
+// charges the others had counted right (4 calls more). So the others
+// take out of the old process's charges only what the new one took from
+// the file (unbilledTotal.Restored), and keep the rest as a gone
+// process's (unbilled.replaced).
+//
 // A gateway learnt the others' charges only once its first balance read
 // announced it, or from their heartbeats: restarted, it admitted the
 // calls of its first half second on its own charges alone, one more call
@@ -108,6 +117,9 @@ type unbilledMessage struct {
 type unbilledTotal struct {
 	Total   int64 `json:"total_nanos"`
 	Pending int64 `json:"pending_nanos"`
+	// Restored is what of Total the process took from the one it
+	// replaces (unbilledMessage.Replaces), from its data_dir.
+	Restored int64 `json:"restored_nanos,omitempty"`
 }
 
 // unbilled is what the processes charged one account since the account's
@@ -141,6 +153,7 @@ type unbilled struct {
 	debitedAt money.Nanos
 	sent      money.Nanos             // the pending this process last told the others
 	peers     map[string]*peerCharges // process id → its charges
+	restored  money.Nanos             // of total, what this process took from its data_dir at start
 }
 
 // peerCharges is what another process said it charged an account.
@@ -158,8 +171,9 @@ type peerCharges struct {
 	base    money.Nanos // its total when the debits stood at debitedAt
 	pending money.Nanos // the last of its own charges it said were not debited
 
-	gone        bool        // silent for peerSilence
+	gone        bool        // silent for peerSilence, or replaced
 	goneDebited money.Nanos // the account's debits when it was found gone
+	replaced    bool        // the process after it took its charges from the file it left (unbilled.replaced)
 }
 
 // charges is every charge counted since debitedAt. Lock u.mu on entry.
@@ -210,6 +224,27 @@ func (u *unbilled) dropGone(debited money.Nanos) (kept bool) {
 		delete(u.peers, process)
 	}
 	return kept
+}
+
+// replaced takes out of the charges of process, which another one
+// replaced on its data_dir, what that one took from the file it left
+// (restored), once. The rest, the charges its file lacked (those of the
+// last second of a process killed), counts as a gone process's does,
+// until the debits show them: dropping them all for the new process's,
+// as was done, lowered the count by them. It reports whether a gone
+// process's charges still count. Lock u.mu on entry.
+func (u *unbilled) replaced(process string, restored, debited money.Nanos) (goneKept bool) {
+	p, found := u.peers[process]
+	if !found || p.replaced {
+		return false
+	}
+	p.replaced = true
+	p.base += min(max(restored, 0), p.total-p.base)
+	p.pending = max(p.pending-restored, 0)
+	if !p.gone {
+		p.gone, p.goneDebited = true, debited
+	}
+	return u.dropGone(debited)
 }
 
 // outstanding is what of the charges the debits, standing at debited, do
@@ -398,14 +433,14 @@ func (s *Service) sendUnbilled(heartbeat bool) {
 			return
 		}
 		u.mu.Lock()
-		pending, total := u.pending(e.debited), u.total
+		pending, total, restored := u.pending(e.debited), u.total, u.restored
 		if pending == 0 && u.sent == 0 && !always {
 			u.mu.Unlock()
 			return
 		}
 		u.sent = pending
 		u.mu.Unlock()
-		msg.Accounts[account] = unbilledTotal{Total: int64(total), Pending: int64(pending)}
+		msg.Accounts[account] = unbilledTotal{Total: int64(total), Pending: int64(pending), Restored: int64(restored)}
 		if len(msg.Accounts) >= maxAccountsPerMessage {
 			s.publishUnbilled(UnbilledSubject, &msg)
 		}
@@ -495,10 +530,10 @@ func (s *Service) answerHello(m *nats.Msg) {
 		}
 		u := v.(*unbilled)
 		u.mu.Lock()
-		pending, total := u.pending(e.debited), u.total
+		pending, total, restored := u.pending(e.debited), u.total, u.restored
 		u.mu.Unlock()
 		if pending > 0 {
-			msg.Accounts[k.(string)] = unbilledTotal{Total: int64(total), Pending: int64(pending)}
+			msg.Accounts[k.(string)] = unbilledTotal{Total: int64(total), Pending: int64(pending), Restored: int64(restored)}
 			if len(msg.Accounts) >= maxAccountsPerMessage {
 				s.publishUnbilled(m.Reply, &msg)
 			}
@@ -520,6 +555,11 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 	now := time.Now()
 	newListener := false
 	s.share.mu.Lock()
+	if msg.Replaces != "" {
+		// Not taken for gone later: its charges are handled (unbilled.replaced).
+		delete(s.share.seen, msg.Replaces)
+		delete(s.share.listeners, msg.Replaces)
+	}
 	s.share.seen[msg.Process] = now
 	if msg.Listening {
 		_, known := s.share.listeners[msg.Process]
@@ -532,6 +572,7 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 		// It learns this process's totals now, not at the next heartbeat.
 		s.share.heartbeatNow()
 	}
+	goneKept := false
 	for account, t := range msg.Accounts {
 		e, ok := s.snap.account(account)
 		if !ok {
@@ -540,11 +581,18 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 		u := s.unbilledOf(account, e.debited)
 		u.mu.Lock()
 		u.settle(e.debited)
-		if msg.Replaces != "" {
-			delete(u.peers, msg.Replaces) // its charges are among msg.Process's now
+		if msg.Replaces != "" && u.replaced(msg.Replaces, money.Nanos(t.Restored), e.debited) {
+			goneKept = true
 		}
 		s.notePeer(u, msg.Process, money.Nanos(t.Total), money.Nanos(t.Pending))
 		u.mu.Unlock()
+	}
+	if goneKept {
+		// forgetSilentPeers drops them once debited; one running now
+		// may not have seen them.
+		s.share.forgetting.Lock()
+		s.share.goneKept.Store(true)
+		s.share.forgetting.Unlock()
 	}
 }
 

@@ -431,3 +431,77 @@ func TestStartingGatewayCountsOthersChargesBeforeItServes(t *testing.T) {
 		t.Fatalf("read as Open returned: acme's balance %s on the gateway started after the first charged it all, want 0", got)
 	}
 }
+
+// A gateway killed (SIGKILL, a crash) leaves a file without the charges
+// of its last second. Restarted, it said it replaces the process that
+// wrote it, and the others dropped that process's charges for the new
+// one's, fewer: the account could spend the charges the file lacked
+// again (4 calls more). The others still count them until debited.
+func TestKilledGatewayRestartedLowersNoCount(t *testing.T) {
+	first, b, dir := gateway(t)
+	ctx := testContext(t)
+	const cent = money.NanosPerUSD / 100
+	if _, err := first.CreateAccount(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	secondDir := copySigningKey(t, dir)
+	second, stopSecond := gatewayOn(t, b.ClientURL(), secondDir)
+	if err := second.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	balance := func(want money.Nanos, when string) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			if got, _ := first.Balance("acme"); got != want {
+				return fmt.Errorf("%s: balance %s on the first gateway, want %s", when, got, want)
+			}
+			return nil
+		})
+	}
+	second.NoteCharge("acme", 4*cent)
+	if err := second.keepUnbilled(); err != nil {
+		t.Fatal(err)
+	}
+	lastWritten, err := os.ReadFile(filepath.Join(secondDir, UnbilledFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.NoteCharge("acme", 3*cent) // its last second: killed before the file has it
+	balance(3*cent, "the second gateway charged 7 cents")
+
+	// Nothing debits; the second gateway is killed (its file as written
+	// before its last charge) and restarted on its data_dir.
+	stopSecond()
+	if err := os.WriteFile(filepath.Join(secondDir, UnbilledFile), lastWritten, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	second, _ = gatewayOn(t, b.ClientURL(), secondDir)
+	checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+		first.share.mu.Lock()
+		_, heard := first.share.seen[second.share.process]
+		first.share.mu.Unlock()
+		if !heard {
+			return fmt.Errorf("the first gateway has not heard the restarted second")
+		}
+		return nil
+	})
+	if got, _ := first.Balance("acme"); got != 3*cent {
+		t.Fatalf("the killed gateway restarted: balance %s on the first, want 3 cents (its 7 cents not debited)", got)
+	}
+	time.Sleep(heartbeatEvery + 200*time.Millisecond) // its heartbeats say it has 4 cents pending
+	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	if got, _ := first.Balance("acme"); got != 3*cent {
+		t.Fatalf("a heartbeat later, and a round of forgetting: balance %s on the first, want 3 cents", got)
+	}
+
+	// Debited, the charges count once, then no more.
+	if _, _, err := first.ApplyUsage(ctx, "acme", Usage{Events: []SeqCost{{Seq: 1, Cost: 7 * cent}}}); err != nil {
+		t.Fatal(err)
+	}
+	balance(3*cent, "debited")
+	first.forgetSilentPeers(time.Now().Add(2*peerSilence + time.Second))
+	if _, err := first.Credit(ctx, "acme", 7*cent); err != nil {
+		t.Fatal(err)
+	}
+	balance(10*cent, "debited, then credited again")
+}

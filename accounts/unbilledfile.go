@@ -64,7 +64,7 @@ func (s *Service) restoreUnbilled(dataDir string) error {
 			for account, c := range kept.Accounts {
 				if c.Pending > 0 {
 					pending := money.Nanos(c.Pending)
-					s.unbilled.Store(account, &unbilled{charged: pending, total: pending, debitedAt: money.Nanos(c.Debited)})
+					s.unbilled.Store(account, &unbilled{charged: pending, total: pending, debitedAt: money.Nanos(c.Debited), restored: pending})
 					s.share.charged.Store(true) // its heartbeats tell the others
 				}
 			}
