@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -504,4 +505,36 @@ func TestKilledGatewayRestartedLowersNoCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	balance(10*cent, "debited, then credited again")
+}
+
+// An unbilled.json the gateway cannot read stops its start, naming the
+// file once (it said `reading …/unbilled.json: read …/unbilled.json: is a
+// directory`), and one it cannot decode too.
+func TestUnreadableUnbilledFileStopsTheStart(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		make  func(path string) error
+		cause string
+	}{
+		{"a directory", func(path string) error { return os.Mkdir(path, 0o700) }, "is a directory"},
+		{"not JSON", func(path string) error { return os.WriteFile(path, []byte("{"), 0o600) }, "unexpected end of JSON input"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			path := filepath.Join(dataDir, UnbilledFile)
+			if err := c.make(path); err != nil {
+				t.Fatal(err)
+			}
+			var s Service
+			s.share.init()
+			err := s.restoreUnbilled(dataDir)
+			if err == nil {
+				t.Fatal("restored from an unreadable file")
+			}
+			want := "reading " + path + ": " + c.cause + " ("
+			if got := err.Error(); !strings.HasPrefix(got, want) || strings.Count(got, path) != 1 {
+				t.Fatalf("error %q, want it to begin %q and name the file once", got, want)
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -72,6 +73,10 @@ func (s *Service) restoreUnbilled(dataDir string) error {
 			s.kept.written = data
 			return nil
 		}
+	}
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) {
+		err = pathErr.Err // the path is said once, below
 	}
 	return fmt.Errorf("reading %s: %w (it holds the charges this gateway made that were not debited when it stopped: deleted, those are counted again only once debited)", s.kept.path, err)
 }
