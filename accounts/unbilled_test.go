@@ -238,20 +238,6 @@ func gatewayOn(t *testing.T, url, dataDir string) (s *Service, stop func()) {
 	return s, stop
 }
 
-// copySigningKey gives a new data dir the signing key of firstDataDir.
-func copySigningKey(t *testing.T, firstDataDir string) string {
-	t.Helper()
-	dataDir := t.TempDir()
-	key, err := os.ReadFile(filepath.Join(firstDataDir, SigningKeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dataDir, SigningKeyFile), key, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return dataDir
-}
-
 // A gateway that stopped while the debits stalled (ClickHouse down, or the
 // billing consumer stopped) left its charges waiting in JetStream, and the
 // others forgot them after peerSilence: refused on three gateways after
