@@ -96,18 +96,19 @@ func setError(resp *fasthttp.Response, err *APIError) {
 
 // setRetryHeaders writes whether and when to ask err's request again:
 // Retry-After (and retry-after-ms) for its RetryAfter, x-should-retry:
-// false for NoRetry, and for every 429 whose wait the OpenAI SDKs would
-// not honour (over sdkRetryWaitMax): they retry such a 429 after their
-// own short backoff instead, twice, into the same 429, or sleep the whole
-// wait inside the call. Decided here, where every 429 the gateway writes
-// passes: a key's or an account's rate (refuse), an hourly cap on what an
-// account makes (CreatedTooFast), a pool whose every upstream rests
-// (allDown), a classifier engine's upstream at its limit (plugins).
+// false for NoRetry, and for every error whose wait the OpenAI SDKs would
+// not honour (over sdkRetryWaitMax): they retry such a 429 or 503 after
+// their own short backoff instead, twice, into the same answer, or sleep
+// the whole wait inside the call. Decided here, where every error the
+// gateway writes passes: a key's or an account's rate (refuse), an hourly
+// cap on what an account makes (CreatedTooFast), a pool whose every
+// upstream rests or is ejected (allDown), a classifier engine's upstream
+// at its limit (plugins).
 func setRetryHeaders(h *fasthttp.ResponseHeader, err *APIError) {
 	if err.RetryAfter > 0 {
 		SetRetryAfter(h, err.RetryAfter)
 	}
-	if err.NoRetry || err.Status == fasthttp.StatusTooManyRequests && err.RetryAfter > sdkRetryWaitMax {
+	if err.NoRetry || err.RetryAfter > sdkRetryWaitMax {
 		h.Set("x-should-retry", "false")
 	}
 }

@@ -184,11 +184,27 @@ func TestPoolAllDownAnswers503NamingThemAtOnce(t *testing.T) {
 	if !strings.Contains(msg, "connection refused") || strings.Contains(msg, "127.0.0.1") || strings.Contains(msg, "dial tcp") {
 		t.Fatalf("503 does not say why without the upstreams' addresses: %q", msg)
 	}
-	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" {
-		t.Fatalf("Retry-After %q, want when the first upstream is back (30s)", ra)
+	if ra := resp.Header.Get("Retry-After"); ra != "30" && ra != "29" || resp.Header.Get("x-should-retry") != "" {
+		t.Fatalf("Retry-After %q, x-should-retry %q; want when the first upstream is back (30s), retried", ra, resp.Header.Get("x-should-retry"))
 	}
 	if st := h.statuses()["p0"]; st.State != "ejected" || !strings.Contains(st.LastError, h.ups[0].Addr) {
 		t.Fatalf("p0 is %+v, want ejected with its error, address included", st)
+	}
+}
+
+// A pool whose every upstream is ejected for over a minute says not to
+// retry, as a 429 with such a wait does: openai-node 6 slept the whole
+// wait inside create(), and the SDKs that honour at most a minute asked
+// again at once, twice, into the same 503.
+func TestPoolEjectedOverAMinuteTellsTheSDKsNotToRetry(t *testing.T) {
+	h := newPoolHarness(t, 2, "  eject_for: 2m\n  eject_max: 2m\n  eject_after: 1")
+	h.ups[0].Close()
+	h.ups[1].Close()
+	readAll(t, h.post("/v1/chat/completions", smallChat))
+	resp := h.post("/v1/chat/completions", smallChat)
+	wantError(t, resp, 503, "upstream_unavailable")
+	if ra := resp.Header.Get("Retry-After"); (ra != "120" && ra != "119") || resp.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("Retry-After %q, x-should-retry %q; want the ejection left (120s) and false", ra, resp.Header.Get("x-should-retry"))
 	}
 }
 
