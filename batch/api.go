@@ -278,18 +278,19 @@ func (s *Service) Results(ctx context.Context, account, id string) (string, time
 		default:
 			return "", time.Time{}, apiError(ErrConflict, "job %s is %s: results can be downloaded once it is completed", id, j.Status)
 		}
-		ttl := s.runtime.Config().Storage.DownloadTTL
-		expires := time.Now().Add(ttl)
+		// Signed before the job is kept for the link: the store tells
+		// when the link really expires (SigV4 counts whole seconds),
+		// and a link not given out, the job not kept, does no harm.
+		url, expires, err := s.store.PresignGet(ctx, j.OutputKey, s.runtime.Config().Storage.DownloadTTL)
+		if err != nil {
+			return "", time.Time{}, fmt.Errorf("presigning the results of job %s: %w", id, err)
+		}
 		err = s.keepForLink(ctx, entry, expires)
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && try < 3 {
 			continue // changed meanwhile (being deleted?): look again
 		}
 		if err != nil {
 			return "", time.Time{}, fmt.Errorf("keeping job %s for its results link: %w", id, err)
-		}
-		url, err := s.store.PresignGet(ctx, j.OutputKey, ttl)
-		if err != nil {
-			return "", time.Time{}, fmt.Errorf("presigning the results of job %s: %w", id, err)
 		}
 		return url, expires, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -281,6 +282,62 @@ func TestBatchWalkthrough(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBatchResultsExpireWhenTheAnswerSays: expires_at was the request's
+// time plus storage.download_ttl, but the link's signature counts whole
+// seconds (X-Amz-Date) and expired up to a second before: fetched 0.15 s
+// before expires_at, MinIO refused it as expired.
+func TestBatchResultsExpireWhenTheAnswerSays(t *testing.T) {
+	for _, backend := range []string{"local", "s3"} {
+		t.Run(backend, func(t *testing.T) {
+			h := newBatchHarness(t, backend, harnessOptions{extra: "storage:\n  download_ttl: 3s"})
+			h.startWorker()
+			c := h.createJob(h.key, `{"classifier": "support-intent"}`)
+			h.upload(c, []byte(batchInput))
+			h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").object(t, http.StatusAccepted)
+			if job := h.poll(h.key, c.JobID); job["status"] != "completed" {
+				t.Fatalf("job %v", job)
+			}
+			var link string
+			var expires time.Time
+			for range 5 {
+				res := h.call("GET", "/v1/batch/"+c.JobID+"/results", h.key, "").object(t, 200)
+				link, _ = res["download_url"].(string)
+				var err error
+				if expires, err = time.Parse(time.RFC3339, fmt.Sprint(res["expires_at"])); err != nil {
+					t.Fatalf("expires_at: %v", err)
+				}
+				if signed := linkExpiry(t, link); expires.After(signed) {
+					t.Fatalf("expires_at %s is after the link's own expiry %s (X-Amz-Date + X-Amz-Expires)",
+						res["expires_at"], signed.Format(time.RFC3339))
+				}
+				time.Sleep(170 * time.Millisecond) // another fraction of a second
+			}
+			time.Sleep(time.Until(expires.Add(-150 * time.Millisecond)))
+			if status, data := download(t, link); status != 200 {
+				t.Fatalf("download 150ms before expires_at: %d %s", status, data)
+			}
+		})
+	}
+}
+
+// linkExpiry is when a presigned URL expires by its signature.
+func linkExpiry(t *testing.T, link string) time.Time {
+	t.Helper()
+	u, err := url.Parse(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signedAt, err := time.Parse("20060102T150405Z", u.Query().Get("X-Amz-Date"))
+	if err != nil {
+		t.Fatalf("X-Amz-Date of %s: %v", link, err)
+	}
+	seconds, err := strconv.Atoi(u.Query().Get("X-Amz-Expires"))
+	if err != nil {
+		t.Fatalf("X-Amz-Expires of %s: %v", link, err)
+	}
+	return signedAt.Add(time.Duration(seconds) * time.Second)
 }
 
 func TestBatchMultiMode(t *testing.T) {

@@ -235,14 +235,15 @@ func (l *Local) objectURLPath(key string) string {
 }
 
 // PresignGet implements Store.
-func (l *Local) PresignGet(_ context.Context, key string, ttl time.Duration) (string, error) {
+func (l *Local) PresignGet(_ context.Context, key string, ttl time.Duration) (string, time.Time, error) {
 	if err := CheckKey(key); err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
 	if err := checkTTL(ttl); err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
-	return l.presignGet(key, time.Now(), ttl), nil
+	now := time.Now()
+	return l.presignGet(key, now, ttl), linkExpiry(now, ttl), nil
 }
 
 func (l *Local) presignGet(key string, now time.Time, ttl time.Duration) string {

@@ -97,7 +97,7 @@ func TestLocalAcceptsMinioGoSignatures(t *testing.T) {
 		t.Fatalf("download signed by minio-go: %d\n%s", status, body)
 	}
 	// And ours is what minio-go would send, byte for byte, for this key.
-	ours, err := l.PresignGet(ctx, key, time.Hour)
+	ours, _, err := l.PresignGet(ctx, key, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestLocalBehindAReverseProxy(t *testing.T) {
 	if status, body := upload(t, up, fields, content); status != http.StatusNoContent {
 		t.Fatalf("upload through the proxy: %d\n%s", status, body)
 	}
-	down, err := l.PresignGet(ctx, key, time.Hour)
+	down, _, err := l.PresignGet(ctx, key, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -568,7 +568,7 @@ func TestRefusedRequestCannotForgeLogLines(t *testing.T) {
 // could name another request's id than its header.
 func TestConcurrentRefusalsNameTheirOwnRequestID(t *testing.T) {
 	l, _, _ := startLocal(t, LocalOptions{Logf: func(string, ...any) {}})
-	signed, err := l.PresignGet(context.Background(), "k", time.Hour)
+	signed, _, err := l.PresignGet(context.Background(), "k", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

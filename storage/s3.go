@@ -227,21 +227,23 @@ func (s *S3) PresignPost(ctx context.Context, key string, maxBytes int64, ttl ti
 }
 
 // PresignGet implements Store.
-func (s *S3) PresignGet(ctx context.Context, key string, ttl time.Duration) (string, error) {
+func (s *S3) PresignGet(ctx context.Context, key string, ttl time.Duration) (string, time.Time, error) {
 	if err := CheckKey(key); err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
 	if err := checkTTL(ttl); err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
 	if err := s.notChecked(); err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
+	// minio-go reads the clock itself, after this.
+	signedAt := time.Now()
 	u, err := s.presigner.PresignedGetObject(ctx, s.bucket, key, ttl, nil)
 	if err != nil {
-		return "", fmt.Errorf("storage: presigning download of %s: %w", key, err)
+		return "", time.Time{}, fmt.Errorf("storage: presigning download of %s: %w", key, err)
 	}
-	return u.String(), nil
+	return u.String(), linkExpiry(signedAt, ttl), nil
 }
 
 // Stat implements Store.

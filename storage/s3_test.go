@@ -121,7 +121,7 @@ func TestS3PublicEndpointAndMissingBucket(t *testing.T) {
 	if err != nil || !strings.HasPrefix(url, "https://files.example.com/not-there") {
 		t.Fatalf("upload URL %q, %v: want it under the public endpoint", url, err)
 	}
-	get, err := s.PresignGet(ctx, "k", time.Minute)
+	get, _, err := s.PresignGet(ctx, "k", time.Minute)
 	if err != nil || !strings.HasPrefix(get, "https://files.example.com/not-there/k?") {
 		t.Fatalf("download URL %q, %v: want it under the public endpoint", get, err)
 	}

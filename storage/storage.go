@@ -31,9 +31,10 @@ type Store interface {
 	// file as the last field, named "file", with no Authorization header. The
 	// store accepts a file of 1 to maxBytes bytes until ttl has passed.
 	PresignPost(ctx context.Context, key string, maxBytes int64, ttl time.Duration) (url string, fields map[string]string, err error)
-	// PresignGet returns a URL that downloads key with a plain GET until ttl
-	// has passed.
-	PresignGet(ctx context.Context, key string, ttl time.Duration) (string, error)
+	// PresignGet returns a URL that downloads key with a plain GET, and
+	// when it stops working: ttl from now at most, as SigV4 counts whole
+	// seconds (linkExpiry).
+	PresignGet(ctx context.Context, key string, ttl time.Duration) (url string, expires time.Time, err error)
 	// Stat describes key, or returns ErrNotExist.
 	Stat(ctx context.Context, key string) (Info, error)
 	// Open streams key from its start; ErrNotExist when missing. The caller
@@ -138,6 +139,16 @@ func checkTTL(ttl time.Duration) error {
 		return fmt.Errorf("storage: presigned URL lifetime %s is outside 1s..%s", ttl, maxPresignTTL)
 	}
 	return nil
+}
+
+// linkExpiry is when a URL presigned at signedAt for ttl stops working.
+// SigV4 signs with whole seconds (X-Amz-Date and X-Amz-Expires), so the
+// link expires up to a second before signedAt+ttl: telling clients that
+// later time had them fetch a link the store refused as expired.
+// signedAt must be read before the URL is signed, as a signer reading
+// the clock later can only sign a later second.
+func linkExpiry(signedAt time.Time, ttl time.Duration) time.Time {
+	return signedAt.Truncate(time.Second).Add(ttl.Truncate(time.Second))
 }
 
 // emptyReader is what OpenAt returns for an offset at the very end.

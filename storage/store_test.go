@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"mime/multipart"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +70,7 @@ func testStore(t *testing.T, b backend) {
 			t.Fatalf("third upload: %d\n%s", status, body)
 		}
 
-		download, err := s.PresignGet(ctx, key, 10*time.Minute)
+		download, _, err := s.PresignGet(ctx, key, 10*time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +238,7 @@ func testStore(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		defer s.Delete(ctx, key) //nolint:errcheck
-		good, err := s.PresignGet(ctx, key, time.Hour)
+		good, _, err := s.PresignGet(ctx, key, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,6 +255,67 @@ func testStore(t *testing.T, b backend) {
 		status, body = get(t, good[:strings.IndexByte(good, '?')])
 		wantS3Error(t, status, body, 403, "AccessDenied")
 	})
+
+	// The expiry PresignGet tells (the batch API's expires_at) was ttl
+	// after the call, up to a second after the link really expired:
+	// SigV4 signs whole seconds. Fetched just before it, the link was
+	// refused as expired.
+	t.Run("DownloadExpiresWhenSaid", func(t *testing.T) {
+		key := "batch/acct-1/job-5/results.ndjson"
+		u, err := s.Create(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprint(u, `{"label":"a","confidence":0.9,"tokens":3}`+"\n")
+		if err := u.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		defer s.Delete(ctx, key) //nolint:errcheck
+		var link string
+		var expires time.Time
+		for range 5 {
+			asked := time.Now()
+			link, expires, err = s.PresignGet(ctx, key, 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			signed := signedExpiry(t, link)
+			// A second begun between the clock read and the signing
+			// gives a link a second longer than said.
+			if expires.After(signed) || expires.Before(signed.Add(-time.Second)) || expires.After(asked.Add(2*time.Second)) {
+				t.Fatalf("PresignGet at %s said the link expires at %s; it was signed to expire at %s",
+					asked.UTC().Format(time.RFC3339Nano), expires.UTC().Format(time.RFC3339Nano), signed.UTC().Format(time.RFC3339))
+			}
+			time.Sleep(170 * time.Millisecond) // another fraction of a second
+		}
+		time.Sleep(time.Until(expires.Add(-150 * time.Millisecond)))
+		if status, body := get(t, link); status != http.StatusOK {
+			t.Fatalf("fetched 150ms before the expiry said: %d\n%s", status, body)
+		}
+		time.Sleep(time.Until(signedExpiry(t, link).Add(1100 * time.Millisecond)))
+		status, body := get(t, link)
+		wantS3Error(t, status, body, 403, "AccessDenied")
+	})
+}
+
+// signedExpiry is when a presigned URL expires by its signature:
+// X-Amz-Date plus X-Amz-Expires seconds.
+func signedExpiry(t *testing.T, link string) time.Time {
+	t.Helper()
+	u, err := url.Parse(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	signedAt, err := time.Parse(amzDateFormat, q.Get("X-Amz-Date"))
+	if err != nil {
+		t.Fatalf("X-Amz-Date of %s: %v", link, err)
+	}
+	seconds, err := strconv.Atoi(q.Get("X-Amz-Expires"))
+	if err != nil {
+		t.Fatalf("X-Amz-Expires of %s: %v", link, err)
+	}
+	return signedAt.Add(time.Duration(seconds) * time.Second)
 }
 
 type s3Answer struct {
