@@ -416,7 +416,7 @@ func (s *Service) Start(ctx context.Context, account, id string) (*Job, error) {
 			// sent the client round in circles.
 			expired := s.uploadFormExpiry(j)
 			if time.Now().After(expired) {
-				return nil, apiError(ErrNoInput, "job %s has no input file, and its upload form expired at %s (storage.upload_ttl after the job was created): create a new job and upload to its form", id, expired.UTC().Format(time.RFC3339))
+				return nil, apiError(ErrNoInput, "job %s has no input file, and its upload form expired at %s (storage.upload_ttl after the job was created): create a new job and upload to its form", id, *formatTime(&expired))
 			}
 			// An empty file, or one over storage.max_upload_bytes, is
 			// refused by the upload itself (its policy's

@@ -124,10 +124,11 @@ func (r reply) object(t *testing.T, status int) map[string]any {
 
 // created is the answer of POST /v1/batch.
 type created struct {
-	JobID        string            `json:"job_id"`
-	UploadURL    string            `json:"upload_url"`
-	UploadFields map[string]string `json:"upload_fields"`
-	InputKey     string            `json:"input_key"`
+	JobID           string            `json:"job_id"`
+	UploadURL       string            `json:"upload_url"`
+	UploadFields    map[string]string `json:"upload_fields"`
+	InputKey        string            `json:"input_key"`
+	UploadExpiresAt string            `json:"upload_expires_at"`
 }
 
 func (h *batchHarness) createJob(key, body string) created {
@@ -571,9 +572,11 @@ func TestBatchUploadPolicies(t *testing.T) {
 	if status, msg := testutil.PostForm(t, c.UploadURL, c.UploadFields, []byte(batchInput)); status != http.StatusForbidden {
 		t.Fatalf("upload after the policy expired: %d %s, want 403", status, msg)
 	}
-	// Starting it says the form expired, not to upload to it.
-	if r := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, ""); r.status != 400 || !strings.Contains(string(r.body), "upload form expired") {
-		t.Fatalf("start after the form expired: %s", r)
+	// Starting it says the form expired, not to upload to it, at the
+	// time create gave as upload_expires_at (it had whole seconds).
+	if r := h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, ""); r.status != 400 ||
+		!strings.Contains(string(r.body), "upload form expired at "+c.UploadExpiresAt+" ") {
+		t.Fatalf("start after the form expired: %s; want it to say the form expired at %s, its upload_expires_at", r, c.UploadExpiresAt)
 	}
 	h.call("POST", "/v1/batch/"+c.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
 	h.call("POST", "/v1/batch/"+other.JobID+"/start", h.key, "").apiError(t, 400, "invalid_request_error")
