@@ -417,7 +417,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 // counts: the upstream is answering. When that event is an error and no
 // answer (firstEventError: a chat stream's {"error":…} before any chunk,
 // a Responses stream's error event), it returns that error; an event
-// whose data spans several lines is not looked into.
+// whose data spans several lines is not looked into. A Responses
+// stream's prelude (isPreludeEvent) is no answer either: it is held in
+// the buffer, unread, and goes out with the first event after it; a
+// stream that ends cleanly after it, or whose prelude fills the buffer,
+// is relayed as it came.
 func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, error) {
 	if !c.sseStarted { // opened already when its body told it was a stream
 		c.openSSE(resp)
@@ -465,6 +469,9 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, 
 	scanned := 0        // bytes of whole lines looked at
 	hasData := false    // the block under way has a data line
 	namedError := false // the block under way is named error (event: error)
+	named := false      // the block under way has an event: line
+	prelude := false    // that line names a Responses prelude event
+	held := false       // Responses prelude events came before the block under way
 	// Where its data is in the buffer, when it has one data line: offsets,
 	// as a read that fills the buffer may move its bytes.
 	dataFrom, dataTo := 0, 0
@@ -483,10 +490,16 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, 
 			}
 			switch {
 			case len(line) == 0:
+				if hasData && c.ep == endpointResponses && (prelude || !named && dataTo > 0 && isPreludeEvent(gjson.GetBytes(b[dataFrom:dataTo], "type").Str)) {
+					// Sent before the request reached the engine: still
+					// no answer. Left in the buffer, to go out with the
+					// event that is one.
+					held, hasData, dataFrom, dataTo = true, false, 0, 0
+				}
 				if hasData {
 					return c.firstEventError(b[dataFrom:dataTo], namedError), nil
 				}
-				namedError = false
+				namedError, named, prelude = false, false, false
 			case bytes.Equal(line, fieldData) || bytes.HasPrefix(line, dataColon):
 				dataFrom, dataTo = 0, 0 // a second data line: not looked into
 				if !hasData && len(line) > len(dataColon) {
@@ -496,17 +509,37 @@ func (c *generationCall) awaitFirstEvent(resp *upstreamResponse) (gjson.Result, 
 				}
 				hasData = true
 			case bytes.HasPrefix(line, eventColon):
-				namedError = bytes.Equal(bytes.TrimPrefix(line[len(eventColon):], []byte{' '}), typeError)
+				name := bytes.TrimPrefix(line[len(eventColon):], []byte{' '})
+				namedError, named, prelude = bytes.Equal(name, typeError), true, isPreludeEvent(bstr(name))
 			}
 		}
 		if br.Buffered() == br.Size() {
+			// The prelude events held fill the buffer: relayed as they
+			// are, the first of them the first byte.
 			return gjson.Result{}, nil
 		}
 		// One more byte, or the end of the stream.
 		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			if held && !hasData && err == io.EOF && scanned == br.Buffered() {
+				// A stream of its prelude alone, ended cleanly: relayed
+				// as it came.
+				return gjson.Result{}, nil
+			}
 			return gjson.Result{}, closed(err, br.Buffered())
 		}
 	}
+}
+
+// isPreludeEvent reports whether a Responses stream's event of this type
+// is one an upstream sends before the request reached its engine: vLLM's
+// generator yields response.created and response.in_progress (OpenAI
+// response.queued too) while the request still waits in its queue.
+// Taken for the first byte, they kept a call on an upstream that then
+// stalled: first_byte_timeout never fired, no other upstream was tried,
+// p2c's latency left out the queue's wait, and the client got a 200 with
+// them and stream_interrupted, billed its prompt.
+func isPreludeEvent(typ string) bool {
+	return typ == "response.created" || typ == "response.in_progress" || typ == "response.queued"
 }
 
 var (

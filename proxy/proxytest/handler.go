@@ -308,6 +308,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, o *Options, even
 		}
 		return finished
 	}
+	stallAt := 1
+	if strings.HasSuffix(r.URL.Path, "/responses") {
+		stallAt = 3 // after response.created and response.in_progress, which are no answer yet
+	}
 	for i, ev := range events {
 		if i > 0 {
 			if out := s.wait(ctx, o.ChunkDelay, sc); out != finished {
@@ -341,7 +345,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, o *Options, even
 			_ = conn.Close()
 			return dropped
 		}
-		if o.Stall && written == 1 {
+		if o.Stall && written == stallAt {
 			select {
 			case <-ctx.Done():
 				return clientGone

@@ -96,8 +96,11 @@ type Options struct {
 	// WholeAnswers answers streamed requests with the whole JSON answer a
 	// request without "stream" gets, as an upstream that cannot stream.
 	WholeAnswers bool
-	// Stall stops writing after the first stream event and holds the
-	// connection open until the client goes away (or the server closes).
+	// Stall stops writing after the first stream event that is an answer
+	// (on /v1/responses, the first after response.created and
+	// response.in_progress, which an upstream such as vLLM sends while the
+	// request is still queued) and holds the connection open until the
+	// client goes away (or the server closes).
 	Stall bool
 	// CutChatTimes closes the connection of the first N chat requests
 	// under these options without an answer, as an upstream behind a
