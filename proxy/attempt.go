@@ -120,10 +120,11 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 		c.eventStream, c.sseStarted = false, false
 		// answerErr is the error a 2xx answer holds in place of an answer.
 		var answerErr gjson.Result
-		var errStatus int    // its status
-		var badAnswer string // why a 2xx body is no answer (notAnAnswer)
-		var refusal string   // the message of a 401 or 403 that refused the gateway's api_key
-		var cut bool         // a whole answer cut short (cutShort)
+		var errStatus int            // its status
+		var badAnswer string         // why a 2xx body is no answer (notAnAnswer)
+		var refusal string           // the message of a 401 or 403 that refused the gateway's api_key
+		var cut bool                 // a whole answer cut short (cutShort)
+		var answerWait time.Duration // the Retry-After of an answer that is an error
 		if err == nil {
 			// An absent Content-Type reads as absent, not as fasthttp's
 			// default: the error for a bad answer quoted a "text/plain;
@@ -170,6 +171,9 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 			}
 			if err != nil && resp.uc.tc != nil && resp.uc.tc.clientGone {
 				err = errClientGone
+			}
+			if errors.Is(err, errErrorAnswer) {
+				answerWait = retryAfter(&resp.Header) // read before the answer is closed
 			}
 			if err != nil {
 				c.dropBody()
@@ -262,6 +266,13 @@ func attempt(c *generationCall, p *pool, rt *config.Routing, affinity uint64, bo
 				msg := up.errorMessage(answerErr)
 				if requestsFault {
 					lastErr = requestFaultAnswer(up.cfg.Name+what, errStatus, answerErr, msg)
+					if lastErr.Status == fasthttp.StatusTooManyRequests && answerWait > 0 {
+						// Passed on as its own 429's would be.
+						lastErr.RetryAfter = answerWait
+						if soonest == 0 || answerWait < soonest {
+							soonest = answerWait
+						}
+					}
 				} else {
 					lastErr = &APIError{Status: 502, Type: "upstream_error", Code: "upstream_bad_answer",
 						Message: fmt.Sprintf("upstream %s%s answered %d with an error instead of an answer: %s; it was not passed on as an answer and is not billed",
@@ -749,8 +760,9 @@ func errorAnswer(body []byte) gjson.Result {
 func requestFaultAnswer(upstream string, status int, e gjson.Result, msg string) *APIError {
 	apiErr := &APIError{Status: 400, Type: "invalid_request_error", NoRetry: true, upstreams: true,
 		Message: fmt.Sprintf("upstream %s answered %d with an error that blames the request: %s; not billed", upstream, status, msg)}
+	typed := false
 	if t := e.Get("type"); t.Type == gjson.String && t.Str != "" {
-		apiErr.Type = t.Str
+		apiErr.Type, typed = t.Str, true
 	}
 	if c := e.Get("code"); c.Type == gjson.String && c.Str != "" {
 		apiErr.Code = c.Str
@@ -772,7 +784,14 @@ func requestFaultAnswer(upstream string, status int, e gjson.Result, msg string)
 		break
 	}
 	if apiErr.Status == 429 {
+		// The upstream is at its limit, which is no fault of the request:
+		// said as its own 429 says it, not as an invalid_request_error
+		// that "blames the request".
 		apiErr.NoRetry = false // the SDKs wait and ask again, as for the upstream's own 429
+		if !typed {
+			apiErr.Type = "rate_limit_error"
+		}
+		apiErr.Message = fmt.Sprintf("upstream %s answered %d with an error saying it is at its limit: %s; not billed", upstream, status, msg)
 	}
 	return apiErr
 }

@@ -384,3 +384,32 @@ func TestUpstreamsErrorPassedOnAs400IsNoRefusal(t *testing.T) {
 		t.Errorf("no %q in /metrics", want)
 	}
 }
+
+// A Responses stream whose first event is a rate limit error is the 429
+// of an upstream at its limit, as the upstream's own 429 is passed on:
+// rate_limit_error, its Retry-After kept. It was an invalid_request_error
+// whose message said the error "blames the request", which a rate limit
+// does not, and the Retry-After was lost.
+func TestResponsesRateLimitErrorEventIsTheUpstreamsLimit(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	events := "event: error\ndata: " +
+		`{"type":"error","sequence_number":0,"code":"rate_limit_exceeded","message":"Slow down","param":null}` + "\n\n"
+	limited := proxy.StartRawUpstream(t, func(_, _ int, c net.Conn) bool {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nRetry-After: 7\r\nContent-Length: %d\r\n\r\n%s", len(events), events)
+		return true
+	})
+	h.writeConfig(strings.Replace(readFile(t, h.cfgPath), h.up.URL, limited, 1))
+	checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		resp := h.post("/v1/responses", `{"model":"small","stream":true,"store":false,"input":"hi"}`)
+		got := string(readAll(t, resp))
+		if resp.StatusCode != 429 || !strings.Contains(got, `"type":"rate_limit_error"`) || !strings.Contains(got, `"code":"rate_limit_exceeded"`) ||
+			!strings.Contains(got, "at its limit: Slow down") || strings.Contains(got, "blames") || resp.Header.Get("Retry-After") != "7" {
+			return fmt.Errorf("got %d (Retry-After %q) %s", resp.StatusCode, resp.Header.Get("Retry-After"), got)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond)
+	if evs := h.rec.Events(); len(evs) != 0 {
+		t.Fatalf("billed %+v", evs[0])
+	}
+}
