@@ -301,10 +301,31 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 		out = c.upstream.masked(out)
 	}
 	terminal = c.finished && c.terminal(&ev)
-	if terminal && c.ep == endpointResponses {
-		c.terminalEvent = ev
+	if terminal {
+		c.expectEnd()
+		if c.ep == endpointResponses {
+			c.terminalEvent = ev
+		}
 	}
 	return out, terminal, nil
+}
+
+// endGrace is how long an upstream has to end its body after the event
+// that ends its answer (a Responses stream's response.completed,
+// incomplete or failed, or its error event; a chat stream's [DONE]). One
+// that kept the connection open held the client's body open for
+// idle_timeout (60 s by default) after it, and the SDKs, which read a
+// stream to its end, with it. Past endGrace the stream ends for the
+// client as if the body had, and the connection, its body unfinished,
+// is closed; a body that ends in time leaves it to be used again.
+const endGrace = 500 * time.Millisecond
+
+// expectEnd makes the reads after the answer's last event wait endGrace
+// at most.
+func (c *generationCall) expectEnd() {
+	if c.resp != nil && c.resp.uc != nil && c.resp.uc.tc != nil {
+		c.resp.uc.tc.ending = true
+	}
 }
 
 // appendTerminal appends out, the event that ends the answer for the

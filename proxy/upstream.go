@@ -557,8 +557,11 @@ type timeoutConn struct {
 	// the socket nor its deadline, so that a read of the TLS connection
 	// over it takes only the records that connection holds already
 	// (upstreamConn.strayHeldByTLS).
-	heldOnly              bool
-	awaitingFirst         bool
+	heldOnly      bool
+	awaitingFirst bool
+	// ending: the event that ends the answer came, and the body's end is
+	// due within endGrace, not idle_timeout (generationCall.expectEnd).
+	ending                bool
 	readWait              time.Duration // the wait the read deadline was armed with
 	readArmed, writeArmed time.Time     // when the deadlines were last armed
 	wroteAt               time.Time     // when the request in flight was written
@@ -672,7 +675,7 @@ func (c *timeoutConn) Write(p []byte) (int, error) {
 	if c.handshaking {
 		return c.Conn.Write(p)
 	}
-	c.awaitingFirst = true
+	c.awaitingFirst, c.ending = true, false
 	now := time.Now()
 	c.wroteAt, c.clientLooked = now, now
 	if now.Sub(c.writeArmed) > c.write/16 {
@@ -716,6 +719,9 @@ func (c *timeoutConn) Read(p []byte) (int, error) {
 	wait := c.idle
 	if c.awaitingFirst {
 		wait = c.firstByte
+	}
+	if c.ending && wait > endGrace {
+		wait = endGrace
 	}
 	if now := time.Now(); wait != c.readWait || now.Sub(c.readArmed) > wait/16 {
 		if err := c.Conn.SetReadDeadline(now.Add(wait)); err != nil {
