@@ -539,6 +539,10 @@ type generationCall struct {
 	// endedByError: the upstream's own error event ended the answer
 	// (endedInError), after which a chat stream gets no usage chunk.
 	endedByError bool
+	// responseEnded: a responses stream's terminal event came
+	// (response.completed, .incomplete, .failed), the one billed before
+	// it goes out; its error event is not that one (see terminal).
+	responseEnded bool
 	// crlf: the upstream's last event ended in CRLF, as the gateway's own
 	// events (a usage chunk, an error event) then end.
 	crlf bool

@@ -611,7 +611,9 @@ func isUpstreamError(e gjson.Result) bool {
 }
 
 // endedInError ends the answer on the upstream's own error event (e is
-// its error) and, when the error is the upstream's fault rather than the
+// its error): closed after it, the stream is not cut, though what the
+// upstream sends after it is still relayed and counted (see terminal).
+// When the error is the upstream's fault rather than the
 // request's, counts the answer as one the upstream broke (answerBroke):
 // in its error rate, last_error and the streak that ejects it, and in
 // tollgate_requests_interrupted_total, since the client got a 200 and
@@ -805,7 +807,7 @@ func (c *generationCall) inspectResponses(ev *sseEvent) {
 		}
 		c.endedInError(e)
 	case "response.completed", "response.incomplete", "response.failed":
-		c.finished = true
+		c.finished, c.responseEnded = true, true
 		if typ == "response.failed" {
 			// response.incomplete is a normal end (max_output_tokens, a
 			// content filter), not a failure.
@@ -921,8 +923,15 @@ func (c *generationCall) rememberItems(output gjson.Result) {
 
 // terminal reports, for a finished call, whether ev is the event that ends
 // the answer for the client: [DONE] in chat (the finish_reason chunk comes
-// before the usage chunk), and in responses the terminal event itself, which
-// is what set finished.
+// before the usage chunk), and in responses the terminal event itself. Not
+// the upstream's error event, which also finishes the call: whatever the
+// upstream sends after it is relayed, and was not counted once the call
+// was billed at the error (200 words and response.completed after it,
+// its usage report unread, billed the estimate of the words before it).
+// A stream that ends at its error is billed as it closes, as a cut one.
 func (c *generationCall) terminal(ev *sseEvent) bool {
-	return c.ep == endpointResponses || bytes.Equal(ev.Data, doneData)
+	if c.ep == endpointResponses {
+		return c.responseEnded
+	}
+	return bytes.Equal(ev.Data, doneData)
 }
