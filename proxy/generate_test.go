@@ -170,6 +170,31 @@ func TestImagesAreBilledAtTheImagePrice(t *testing.T) {
 	}
 }
 
+// A Responses tool's output may hold images: a function's or custom
+// tool's output list of input_image parts, a computer call's screenshot.
+// Only a message's content was looked at: an image there was billed at
+// the model's image price, the same image a tool returned was free.
+func TestImagesInToolOutputsAreBilledAtTheImagePrice(t *testing.T) {
+	h := newHarness(t, harnessOptions{upstream: proxytest.Options{PromptTokens: 10, CompletionTokens: 10}})
+	const png = `"data:image/png;base64,iVBORw0KGgo="`
+	for i, tc := range []struct {
+		name, item string
+		images     int64
+	}{
+		{"in a message", `{"role":"user","content":[{"type":"input_image","image_url":` + png + `}]}`, 1},
+		{"a function's output list", `{"type":"function_call_output","call_id":"c1","output":[{"type":"input_text","text":"the chart"},{"type":"input_image","image_url":` + png + `},{"type":"input_image","file_id":"file-1"}]}`, 2},
+		{"a custom tool's output list", `{"type":"custom_tool_call_output","call_id":"c1","output":[{"type":"input_image","image_url":` + png + `}]}`, 1},
+		{"a computer call's screenshot", `{"type":"computer_call_output","call_id":"c1","output":{"type":"computer_screenshot","image_url":` + png + `}}`, 1},
+		{"a function's output as text", `{"type":"function_call_output","call_id":"c1","output":"{\"type\":\"input_image\"}"}`, 0},
+	} {
+		readAll(t, h.post("/v1/responses", `{"model":"large","input":[`+tc.item+`]}`))
+		// 10*0.0000005 + 10*0.000002 + images*0.001 + 0.0001
+		if ev := h.events(i + 1)[i]; ev.Images != tc.images || ev.CostNanos != money.Nanos(125000+tc.images*1_000_000) {
+			t.Errorf("%s: billed %d images, %d nano-USD; want %d, %d", tc.name, ev.Images, ev.CostNanos, tc.images, 125000+tc.images*1_000_000)
+		}
+	}
+}
+
 // manyKeys is n distinct members k0 … k(n-1), for a body of many keys.
 func manyKeys(n int) string {
 	var b strings.Builder

@@ -945,20 +945,38 @@ func promptText(body []byte, ep endpoint) string {
 	return sb.String()
 }
 
-// countImages counts image inputs, billed at the model's image price.
+// countImages counts image inputs, billed at the model's image price:
+// those of a message's content and, in responses, those a tool returned,
+// in a function's or custom tool's output list or as a computer call's
+// screenshot, which the model sees as it sees the others (they were
+// free).
 func countImages(body []byte, ep endpoint) int64 {
 	var n int64
 	list, kind := "messages", "image_url"
 	if ep == endpointResponses {
 		list, kind = "input", "input_image"
 	}
-	gjson.Get(bstr(body), list).ForEach(func(_, m gjson.Result) bool {
-		m.Get("content").ForEach(func(_, part gjson.Result) bool {
+	countParts := func(parts gjson.Result) {
+		parts.ForEach(func(_, part gjson.Result) bool {
 			if part.Get("type").Str == kind {
 				n++
 			}
 			return true
 		})
+	}
+	gjson.Get(bstr(body), list).ForEach(func(_, m gjson.Result) bool {
+		countParts(m.Get("content"))
+		if ep != endpointResponses {
+			return true
+		}
+		switch output := m.Get("output"); {
+		case output.IsArray():
+			countParts(output)
+		case output.IsObject():
+			if typ := output.Get("type").Str; typ == "computer_screenshot" || typ == kind {
+				n++
+			}
+		}
 		return true
 	})
 	return n
