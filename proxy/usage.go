@@ -4,8 +4,10 @@ package proxy
 // the text, and the usage event that bills them.
 
 import (
+	"encoding/base64"
 	"fmt"
 	"math"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -884,8 +886,21 @@ func promptText(body []byte, ep endpoint) string {
 			return
 		}
 		content.ForEach(func(_, part gjson.Result) bool {
-			if t := part.Get("text"); t.Type == gjson.String {
-				sb.WriteString(t.Str)
+			// A refusal part of an earlier answer is text the model
+			// reads, and so is a text file's content; other files (a
+			// PDF) are not estimated.
+			for _, key := range [...]string{"text", "refusal"} {
+				if t := part.Get(key); t.Type == gjson.String {
+					sb.WriteString(t.Str)
+					sb.WriteByte('\n')
+				}
+			}
+			fileData := part.Get("file_data") // responses' input_file
+			if fileData.Type != gjson.String {
+				fileData = part.Get("file.file_data") // chat's file
+			}
+			if text, ok := textOfDataURL(fileData.Str); ok {
+				sb.Write(text)
 				sb.WriteByte('\n')
 			}
 			return true
@@ -925,7 +940,13 @@ func promptText(body []byte, ep endpoint) string {
 		add(input)
 	} else {
 		input.ForEach(func(_, item gjson.Result) bool {
-			add(item.Get("content"))
+			content := item.Get("content")
+			add(content)
+			if !holdsText(content) {
+				// A reasoning item's text may be its summary alone,
+				// which vLLM reads where the content has none.
+				add(item.Get("summary"))
+			}
 			add(item.Get("name"))
 			add(item.Get("arguments"))
 			add(item.Get("input")) // a custom tool's call
@@ -943,6 +964,39 @@ func promptText(body []byte, ep endpoint) string {
 		})
 	}
 	return sb.String()
+}
+
+// textOfDataURL is the content of a data URL whose media type is text
+// (text/*, JSON, XML, YAML), base64 or percent-encoded, for the prompt's
+// estimate; ok is false for any other (a PDF, an image, a file sent by
+// id), whose tokens the tokenizer cannot tell.
+func textOfDataURL(s string) (text []byte, ok bool) {
+	rest, found := strings.CutPrefix(s, "data:")
+	if !found {
+		return nil, false
+	}
+	header, data, found := strings.Cut(rest, ",")
+	if !found {
+		return nil, false
+	}
+	mediaType, params, _ := strings.Cut(header, ";")
+	mediaType = strings.ToLower(strings.TrimSpace(mediaType))
+	switch {
+	case strings.HasPrefix(mediaType, "text/"), mediaType == "application/json", mediaType == "application/xml",
+		mediaType == "application/yaml", mediaType == "application/x-yaml",
+		strings.HasSuffix(mediaType, "+json"), strings.HasSuffix(mediaType, "+xml"):
+	default:
+		return nil, false
+	}
+	if strings.HasSuffix(params, "base64") {
+		text, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(data, "="))
+		return text, err == nil
+	}
+	unescaped, err := url.PathUnescape(data)
+	if err != nil {
+		return []byte(data), true
+	}
+	return []byte(unescaped), true
 }
 
 // countImages counts image inputs, billed at the model's image price:

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"strings"
@@ -340,5 +341,42 @@ func TestZeroCompletionForNoOutputIsBelieved(t *testing.T) {
 	}
 	if m := scrape(t, h); !strings.Contains(m, "tollgate_upstream_usage_refused_total{upstream=\"local\"} 0\n") {
 		t.Errorf("a believed zero was counted as refused")
+	}
+}
+
+// The prompt a cut /v1/responses stream is billed on left out input the
+// model reads: a reasoning item's text in its summary alone (vLLM reads
+// its content or its summary) counted 2 tokens for ~1,500; an assistant
+// message's refusal part 2; a text file's content in an input_file's
+// file_data 0. They are counted now; a file that is not text (a PDF) is
+// not, the tokenizer having no way to read it.
+func TestCutResponsesStreamsPromptCountsSummariesRefusalsAndTextFiles(t *testing.T) {
+	long := strings.Repeat("The quick brown fox jumps over the lazy dog near the river bank. ", 110)
+	b64 := base64.StdEncoding.EncodeToString([]byte(long))
+	cut := responsesEvent(`{"type":"response.created","sequence_number":0,"response":{"id":"resp_cut","object":"response","status":"in_progress","output":[],"usage":null}}`) +
+		responsesEvent(`{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Sure"}`)
+	next := `{"role":"user","content":"go on"}`
+	for _, tc := range []struct {
+		name, item string
+		text       string // counted in the prompt
+	}{
+		{"a reasoning item's summary", `{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"` + long + `"}]}`, long},
+		{"a reasoning item's content, not its summary too", `{"type":"reasoning","id":"rs_1","content":[{"type":"reasoning_text","text":"` + long + `"}],"summary":[{"type":"summary_text","text":"` + long + `"}]}`, long},
+		{"an assistant's refusal", `{"role":"assistant","content":[{"type":"refusal","refusal":"` + long + `"}]}`, long},
+		{"a text file", `{"role":"user","content":[{"type":"input_file","filename":"notes.txt","file_data":"data:text/plain;base64,` + b64 + `"}]}`, long},
+		{"a text file, not base64", `{"role":"user","content":[{"type":"input_file","filename":"a.txt","file_data":"data:text/plain,one%20two%20three"}]}`, "one two three"},
+		{"a PDF", `{"role":"user","content":[{"type":"input_file","filename":"a.pdf","file_data":"data:application/pdf;base64,` + b64 + `"}]}`, ""},
+	} {
+		h := newHarness(t, harnessOptions{})
+		answerWith(t, h, cut)
+		_, ev := billedResponses(t, h, `{"model":"small","stream":true,"input":[`+tc.item+`,`+next+`]}`, "resp_cut")
+		// Each piece of text counts apart, with a newline after it.
+		want := int64(tokens.Count("go on\n"))
+		if tc.text != "" {
+			want += int64(tokens.Count(tc.text + "\n"))
+		}
+		if ev.UsageSource != meter.SourceEstimated || ev.PromptTokens < want || ev.PromptTokens > want+2 {
+			t.Errorf("%s: prompt billed %d (%s), want %d estimated", tc.name, ev.PromptTokens, ev.UsageSource, want)
+		}
 	}
 }
