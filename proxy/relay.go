@@ -312,7 +312,8 @@ func (c *generationCall) nextEvent() (out []byte, terminal bool, err error) {
 
 // endGrace is how long an upstream has to end its body after the event
 // that ends its answer (a Responses stream's response.completed,
-// incomplete or failed, or its error event; a chat stream's [DONE]). One
+// incomplete or failed, not its error event, after which more may come:
+// see terminal; a chat stream's [DONE]). One
 // that kept the connection open held the client's body open for
 // idle_timeout (60 s by default) after it, and the SDKs, which read a
 // stream to its end, with it. Past endGrace the stream ends for the
