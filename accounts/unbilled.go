@@ -110,7 +110,11 @@ type unbilledMessage struct {
 	// (a gateway restarted on its data_dir): the others stop counting
 	// that one's charges of an account once this one speaks of it, so
 	// that they are not counted twice.
-	Replaces string                   `json:"replaces,omitempty"`
+	Replaces string `json:"replaces,omitempty"`
+	// Relayed: not Process speaking, but another telling a process
+	// starting what it counts of Process's charges (answerHello): Process
+	// may be gone, and is taken for gone until it speaks itself.
+	Relayed  bool                     `json:"relayed,omitempty"`
 	Accounts map[string]unbilledTotal `json:"accounts,omitempty"`
 }
 
@@ -120,6 +124,9 @@ type unbilledTotal struct {
 	// Restored is what of Total the process took from the one it
 	// replaces (unbilledMessage.Replaces), from its data_dir.
 	Restored int64 `json:"restored_nanos,omitempty"`
+	// Replaced, in a relayed message: the process after it took its
+	// charges from its file, and Pending is without those already.
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // unbilled is what the processes charged one account since the account's
@@ -514,15 +521,28 @@ func (s *Service) askPeers(ctx context.Context) {
 }
 
 // answerHello sends a process starting (askPeers) this one's charges not
-// debited yet, to the inbox it asked from. It is taken for a listener
-// first, so that the charges made after it are sent to it as they come.
+// debited yet, to the inbox it asked from, and those of the other
+// processes it counts (relayed, under their own ids). It is taken for a
+// listener first, so that the charges made after it are sent to it as
+// they come.
+//
+// A gone process answers nobody: answered by the live ones alone, a
+// gateway restarted while another stayed down counted none of the one
+// down's charges (with ClickHouse down, exactly its share admitted again
+// at once), and a rolling restart of all would have forgotten them. The
+// live peers are relayed too: one stopped less than peerSilence ago is
+// not taken for gone yet, and one alive speaks for itself in its own
+// answer, which counts as it does (notePeer) whichever comes first.
 func (s *Service) answerHello(m *nats.Msg) {
 	s.receiveUnbilled(m)
 	if m.Reply == "" {
 		return
 	}
+	var asking unbilledMessage
+	_ = json.Unmarshal(m.Data, &asking) // its own charges are not relayed back to it
 	sh := &s.share
 	msg := unbilledMessage{Process: sh.process, Listening: sh.listening.Load(), Replaces: sh.replaces, Accounts: make(map[string]unbilledTotal)}
+	relayed := make(map[string]*unbilledMessage)
 	s.unbilled.Range(func(k, v any) bool {
 		e, ok := s.snap.account(k.(string))
 		if !ok {
@@ -531,6 +551,17 @@ func (s *Service) answerHello(m *nats.Msg) {
 		u := v.(*unbilled)
 		u.mu.Lock()
 		pending, total, restored := u.pending(e.debited), u.total, u.restored
+		for process, p := range u.peers {
+			if p.pending <= 0 || process == asking.Process {
+				continue
+			}
+			r := relayed[process]
+			if r == nil {
+				r = &unbilledMessage{Process: process, Relayed: true, Accounts: make(map[string]unbilledTotal)}
+				relayed[process] = r
+			}
+			r.Accounts[k.(string)] = unbilledTotal{Total: int64(p.total), Pending: int64(p.pending), Replaced: p.replaced}
+		}
 		u.mu.Unlock()
 		if pending > 0 {
 			msg.Accounts[k.(string)] = unbilledTotal{Total: int64(total), Pending: int64(pending), Restored: int64(restored)}
@@ -538,8 +569,18 @@ func (s *Service) answerHello(m *nats.Msg) {
 				s.publishUnbilled(m.Reply, &msg)
 			}
 		}
+		for _, r := range relayed {
+			if len(r.Accounts) >= maxAccountsPerMessage {
+				s.publishUnbilled(m.Reply, r)
+			}
+		}
 		return true
 	})
+	for _, r := range relayed {
+		if len(r.Accounts) > 0 {
+			s.publishUnbilled(m.Reply, r)
+		}
+	}
 	s.publishUnbilled(m.Reply, &msg) // an answer with none too: the one asking waits no longer for this one
 }
 
@@ -550,6 +591,10 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 	}
 	var msg unbilledMessage
 	if json.Unmarshal(m.Data, &msg) != nil || msg.Process == "" || msg.Process == s.share.process {
+		return
+	}
+	if msg.Relayed {
+		s.receiveRelayed(&msg)
 		return
 	}
 	now := time.Now()
@@ -593,6 +638,71 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 		s.share.forgetting.Lock()
 		s.share.goneKept.Store(true)
 		s.share.forgetting.Unlock()
+	}
+}
+
+// receiveRelayed counts the charges of a process another one told this
+// one of at its start (answerHello), as a gone process's until it speaks
+// itself. Those of the process this one replaces are counted less what
+// this one took from its file: the rest are the charges a process killed
+// had not written there, which only the others counted (with all calls on
+// a gateway killed and restarted, 11 more on a credit of 10).
+func (s *Service) receiveRelayed(msg *unbilledMessage) {
+	kept := false
+	for account, t := range msg.Accounts {
+		e, ok := s.snap.account(account)
+		if !ok {
+			continue
+		}
+		u := s.unbilledOf(account, e.debited)
+		u.mu.Lock()
+		u.settle(e.debited)
+		u.noteRelayed(msg.Process, money.Nanos(t.Total), money.Nanos(t.Pending), t.Replaced, e.debited)
+		if msg.Process == s.share.replaces {
+			u.replaced(msg.Process, u.restored, e.debited)
+		}
+		if u.dropGone(e.debited) {
+			kept = true
+		}
+		u.mu.Unlock()
+	}
+	if kept {
+		s.share.forgetting.Lock()
+		s.share.goneKept.Store(true)
+		s.share.forgetting.Unlock()
+	}
+}
+
+// noteRelayed records what another process counts of process's charges
+// of u's account (receiveRelayed). A process this one counts already
+// keeps its entry, which its own words made, or this one's file: only a
+// larger total, which it missed, is taken, and the replacement of a gone
+// one the sender knows of. Lock u.mu on entry.
+func (u *unbilled) noteRelayed(process string, total, pending money.Nanos, replaced bool, debited money.Nanos) {
+	pending = max(min(pending, total), 0)
+	p, ok := u.peers[process]
+	if !ok {
+		if u.peers == nil {
+			u.peers = make(map[string]*peerCharges)
+		}
+		u.peers[process] = &peerCharges{total: total, base: total - pending, pending: pending, gone: true, goneDebited: debited, replaced: replaced}
+		return
+	}
+	if !p.gone {
+		return
+	}
+	if total > p.total {
+		p.total = total
+		if replaced == p.replaced { // else one of the two pendings lacks what was restored
+			p.pending = max(p.pending, pending)
+		}
+	}
+	if replaced && !p.replaced {
+		// The sender took out what the process after it restored; so
+		// does this one, once (unbilled.replaced).
+		p.replaced = true
+		p.base = max(p.base, p.total-pending)
+		p.pending = min(p.pending, pending)
 	}
 }
 
@@ -644,7 +754,11 @@ func (s *Service) forgetSilentPeers(now time.Time) {
 		for _, process := range gone {
 			if p, found := u.peers[process]; found {
 				p.gone, p.goneDebited = true, e.debited
-				if !ok {
+			}
+		}
+		if !ok {
+			for process, p := range u.peers {
+				if p.gone {
 					delete(u.peers, process) // the account is deleted: no debit will come
 				}
 			}

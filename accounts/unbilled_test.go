@@ -423,7 +423,9 @@ func TestStartingGatewayCountsOthersChargesBeforeItServes(t *testing.T) {
 // of its last second. Restarted, it said it replaces the process that
 // wrote it, and the others dropped that process's charges for the new
 // one's, fewer: the account could spend the charges the file lacked
-// again (4 calls more). The others still count them until debited.
+// again (4 calls more). The others still count them until debited, and
+// the restarted gateway too, told of them at its start (it counted them
+// nowhere: with all calls on it, 11 more on a credit of 10).
 func TestKilledGatewayRestartedLowersNoCount(t *testing.T) {
 	first, b, dir := gateway(t)
 	ctx := testContext(t)
@@ -475,10 +477,16 @@ func TestKilledGatewayRestartedLowersNoCount(t *testing.T) {
 	if got, _ := first.Balance("acme"); got != 3*cent {
 		t.Fatalf("the killed gateway restarted: balance %s on the first, want 3 cents (its 7 cents not debited)", got)
 	}
+	if got, _ := second.Balance("acme"); got != 3*cent {
+		t.Fatalf("the killed gateway restarted: balance %s on it, want 3 cents (the first counted the 3 cents its file lacks)", got)
+	}
 	time.Sleep(heartbeatEvery + 200*time.Millisecond) // its heartbeats say it has 4 cents pending
 	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
-	if got, _ := first.Balance("acme"); got != 3*cent {
-		t.Fatalf("a heartbeat later, and a round of forgetting: balance %s on the first, want 3 cents", got)
+	second.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	for i, s := range []*Service{first, second} {
+		if got, _ := s.Balance("acme"); got != 3*cent {
+			t.Fatalf("a heartbeat later, and a round of forgetting: balance %s on gateway %d, want 3 cents", got, i+1)
+		}
 	}
 
 	// Debited, the charges count once, then no more.
@@ -522,5 +530,156 @@ func TestUnreadableUnbilledFileStopsTheStart(t *testing.T) {
 				t.Fatalf("error %q, want it to begin %q and name the file once", got, want)
 			}
 		})
+	}
+}
+
+// A gateway restarted while another stayed down counted the live ones'
+// charges (their answers) and its own (its file), not the one down's,
+// which only the others held, gone: with ClickHouse down, three gateways
+// refusing an account, the restarted one admitted exactly the stopped
+// one's share at once, and a rolling restart of all would have forgotten
+// it entirely. Its file keeps every process's charges it counts, and the
+// others tell a gateway starting the gone ones' too.
+func TestRestartedGatewayCountsAStoppedOnesCharges(t *testing.T) {
+	first, b, dir := gateway(t)
+	ctx := testContext(t)
+	const cent = money.NanosPerUSD / 100
+	if _, err := first.CreateAccount(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	secondDir := copySigningKey(t, dir)
+	second, stopSecond := gatewayOn(t, b.ClientURL(), secondDir)
+	third, stopThird := gatewayOn(t, b.ClientURL(), copySigningKey(t, dir))
+	for _, s := range []*Service{second, third} {
+		if err := s.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	balance := func(s *Service, want money.Nanos, when string) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			if got, _ := s.Balance("acme"); got != want {
+				return fmt.Errorf("%s: balance %s, want %s", when, got, want)
+			}
+			return nil
+		})
+	}
+	first.NoteCharge("acme", 2*cent)
+	second.NoteCharge("acme", 3*cent)
+	third.NoteCharge("acme", 4*cent)
+	for _, s := range []*Service{first, second, third} {
+		balance(s, cent, "each gateway charged")
+	}
+
+	// Nothing debits; the third gateway stops and stays down, the second
+	// is restarted on its data_dir.
+	stopThird()
+	stopSecond()
+	second, _ = gatewayOn(t, b.ClientURL(), secondDir)
+	if got, _ := second.Balance("acme"); got != cent {
+		t.Fatalf("restarted while the third gateway is down: balance %s on it, want 1 cent (the third's 4 cents not debited)", got)
+	}
+	heard(t, first, second)
+
+	// The first takes the third for gone; a gateway started on a new
+	// data_dir (or one whose file was lost) learns its charges from the
+	// others, and the restarted second's once.
+	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	fourth, _ := gatewayOn(t, b.ClientURL(), copySigningKey(t, dir))
+	if got, _ := fourth.Balance("acme"); got != cent {
+		t.Fatalf("a gateway started with no file: balance %s on it, want 1 cent", got)
+	}
+	for _, s := range []*Service{first, second, fourth} {
+		balance(s, cent, "a gateway started with no file")
+	}
+}
+
+// heard waits until s heard from other, under other's current process.
+func heard(t *testing.T, s, other *Service) {
+	t.Helper()
+	checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+		s.share.mu.Lock()
+		_, heard := s.share.seen[other.share.process]
+		s.share.mu.Unlock()
+		if !heard {
+			return fmt.Errorf("%s has not heard %s", s.share.process, other.share.process)
+		}
+		return nil
+	})
+}
+
+// A gateway running the embedded NATS takes it down when it restarts:
+// starting, it asked the others for their charges and nobody answered,
+// and with ClickHouse down it admitted their whole share at once (7 calls
+// of a credit of 10, every time). Its file holds their charges, counted
+// until they speak again, and once only when one comes back restarted.
+func TestGatewayRestartedWithNobodyAnsweringCountsTheOthers(t *testing.T) {
+	first, b, dir := gateway(t)
+	ctx := testContext(t)
+	const cent = money.NanosPerUSD / 100
+	if _, err := first.CreateAccount(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	secondDir := copySigningKey(t, dir)
+	second, stopSecond := gatewayOn(t, b.ClientURL(), secondDir)
+	third, stopThird := gatewayOn(t, b.ClientURL(), copySigningKey(t, dir))
+	for _, s := range []*Service{second, third} {
+		if err := s.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	balance := func(s *Service, want money.Nanos, when string) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			if got, _ := s.Balance("acme"); got != want {
+				return fmt.Errorf("%s: balance %s, want %s", when, got, want)
+			}
+			return nil
+		})
+	}
+	first.NoteCharge("acme", 2*cent)
+	second.NoteCharge("acme", 3*cent)
+	third.NoteCharge("acme", 4*cent)
+	for _, s := range []*Service{first, second, third} {
+		balance(s, cent, "each gateway charged")
+	}
+
+	// Nothing debits; the first gateway restarts while no other answers.
+	first.Close()
+	stopSecond()
+	stopThird()
+	first = openService(t, b, dir)
+	t.Cleanup(first.Close)
+	if got, _ := first.Balance("acme"); got != cent {
+		t.Fatalf("restarted with nobody answering: balance %s, want 1 cent (the others' 7 cents not debited)", got)
+	}
+
+	// The second comes back, restarted on its data_dir: its charges count
+	// once, on both.
+	second, _ = gatewayOn(t, b.ClientURL(), secondDir)
+	heard(t, first, second)
+	if got, _ := first.Balance("acme"); got != cent {
+		t.Fatalf("the second gateway back: balance %s on the first, want 1 cent", got)
+	}
+	balance(second, cent, "the second gateway back")
+	time.Sleep(heartbeatEvery + 200*time.Millisecond) // a heartbeat each
+	first.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	second.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	for _, s := range []*Service{first, second} {
+		balance(s, cent, "a heartbeat later, and a round of forgetting")
+	}
+
+	// Debited, they count no more.
+	if _, _, err := first.ApplyUsage(ctx, "acme", Usage{Events: []SeqCost{{Seq: 1, Cost: 9 * cent}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Service{first, second} {
+		balance(s, cent, "debited")
+	}
+	if _, err := first.Credit(ctx, "acme", 9*cent); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Service{first, second} {
+		balance(s, 10*cent, "debited, then credited again")
 	}
 }
