@@ -406,7 +406,7 @@ func (s *Service) Close() {
 	}
 	s.stop()
 	s.stopped.Wait()
-	_ = s.keepUnbilled() // as at every round, a failed write leaves the last one
+	_ = s.keepUnbilled(true) // as at every round, a failed write leaves the last one
 }
 
 // Balance is the account's balance as last seen by this gateway, less what

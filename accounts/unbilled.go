@@ -310,6 +310,9 @@ func (s *Service) NoteCharge(account string, cost money.Nanos) {
 	u.total += cost
 	u.mu.Unlock()
 	s.share.changed(account)
+	if !s.kept.changed.Load() {
+		s.kept.changed.Store(true)
+	}
 }
 
 // sharing is this process's side of UnbilledSubject.
@@ -616,6 +619,9 @@ func (s *Service) receiveUnbilled(m *nats.Msg) {
 	if newListener {
 		// It learns this process's totals now, not at the next heartbeat.
 		s.share.heartbeatNow()
+	}
+	if len(msg.Accounts) > 0 && !s.kept.changed.Load() {
+		s.kept.changed.Store(true)
 	}
 	goneKept := false
 	for account, t := range msg.Accounts {

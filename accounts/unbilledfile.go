@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate/tollgate/internal/durable"
@@ -31,10 +32,20 @@ import (
 // credit of 10).
 const UnbilledFile = "unbilled.json"
 
-// keepUnbilledEvery is how often UnbilledFile is rewritten, when what it
-// holds changed: what a crash can lose is the charges of the last second,
-// and a stop loses none (Close writes it).
-const keepUnbilledEvery = time.Second
+const (
+	// keepUnbilledEvery is how often UnbilledFile is rewritten when a
+	// charge or another process's message came since: what a SIGKILL
+	// loses is the charges of the last 100 ms or so, and a stop none
+	// (Close writes it). Rewritten once a second, a gateway killed within
+	// half a second of its last calls admitted them again at its restart
+	// (11 calls more on a credit of 10, more at each kill). A rewrite is
+	// not synced: a process killed leaves what it wrote in the page cache.
+	keepUnbilledEvery = 100 * time.Millisecond
+	// syncUnbilledEvery is how often, at most, UnbilledFile is synced to
+	// the disk, and how often it is rewritten when only the debits moved:
+	// what a power loss can lose is the last second's.
+	syncUnbilledEvery = time.Second
+)
 
 // unbilledKept is UnbilledFile's content.
 type unbilledKept struct {
@@ -71,9 +82,12 @@ type keptPeer struct {
 
 // keeper writes UnbilledFile.
 type keeper struct {
-	path    string // "" in a process that keeps none (no data_dir)
-	mu      sync.Mutex
-	written []byte // what the file holds
+	path     string      // "" in a process that keeps none (no data_dir)
+	changed  atomic.Bool // a charge or a message came since the last write
+	mu       sync.Mutex
+	written  []byte    // what the file holds
+	unsynced bool      // written since it was last synced
+	syncedAt time.Time // when it was last synced
 }
 
 // restoreUnbilled counts again the charges a process before this one on
@@ -146,30 +160,38 @@ func restoredUnbilled(c keptCharges) *unbilled {
 	return u
 }
 
-// keepUnbilledUntil writes UnbilledFile every keepUnbilledEvery until ctx
-// ends, off the request path: a write waits for the disk (durable's
-// syncs), and the charges this process shares must not.
+// keepUnbilledUntil writes UnbilledFile until ctx ends: every
+// keepUnbilledEvery when a charge or a message came, every
+// syncUnbilledEvery anyway (the debits lower what it holds). It runs off
+// the request path: a write waits for the disk, and the charges this
+// process shares must not; NoteCharge only marks a change.
 func (s *Service) keepUnbilledUntil(ctx context.Context) {
 	defer s.stopped.Done()
 	tick := time.NewTicker(keepUnbilledEvery)
 	defer tick.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
-			_ = s.keepUnbilled() // the file stays as it was; the next round tries again
+		case now := <-tick.C:
+			if s.kept.changed.Load() || now.Sub(last) >= syncUnbilledEvery {
+				last = now
+				_ = s.keepUnbilled(false) // the file stays as it was; the next round tries again
+			}
 		}
 	}
 }
 
 // keepUnbilled writes the charges not debited yet this process counts,
 // its own and the others', to UnbilledFile, when they changed since it
-// was last written.
-func (s *Service) keepUnbilled() error {
+// was last written. It syncs the file at most once every
+// syncUnbilledEvery, or always.
+func (s *Service) keepUnbilled(always bool) error {
 	if s.kept.path == "" || !s.snap.accountsLoaded() {
 		return nil // before the accounts are loaded, every charge would look gone
 	}
+	s.kept.changed.Store(false) // before reading: a change during the read is written next round
 	kept := unbilledKept{Process: s.share.process, Accounts: make(map[string]keptCharges)}
 	s.unbilled.Range(func(k, v any) bool {
 		e, ok := s.snap.account(k.(string))
@@ -208,14 +230,61 @@ func (s *Service) keepUnbilled() error {
 	}
 	s.kept.mu.Lock()
 	defer s.kept.mu.Unlock()
-	if bytes.Equal(data, s.kept.written) {
+	now := time.Now()
+	sync := always || now.Sub(s.kept.syncedAt) >= syncUnbilledEvery
+	switch {
+	case bytes.Equal(data, s.kept.written):
+		if s.kept.unsynced && sync {
+			if err := syncFile(s.kept.path); err != nil {
+				return fmt.Errorf("syncing %s: %w", s.kept.path, err)
+			}
+			s.kept.unsynced, s.kept.syncedAt = false, now
+		}
 		return nil
-	}
-	// A directory not synced leaves the new content in place, less surely
-	// after a power loss only.
-	if err := durable.ReplaceFile(s.kept.path, data, 0o600); err != nil && !errors.Is(err, durable.ErrDirNotSynced) {
-		return fmt.Errorf("writing %s: %w", s.kept.path, err)
+	case sync:
+		// A directory not synced leaves the new content in place, less
+		// surely after a power loss only.
+		if err := durable.ReplaceFile(s.kept.path, data, 0o600); err != nil && !errors.Is(err, durable.ErrDirNotSynced) {
+			return fmt.Errorf("writing %s: %w", s.kept.path, err)
+		}
+		s.kept.unsynced, s.kept.syncedAt = false, now
+	default:
+		if err := replaceUnsynced(s.kept.path, data); err != nil {
+			return fmt.Errorf("writing %s: %w", s.kept.path, err)
+		}
+		s.kept.unsynced = true
 	}
 	s.kept.written = data
 	return nil
+}
+
+// replaceUnsynced makes path hold data, whole, as durable.ReplaceFile
+// does but without its syncs: a process killed leaves the new content
+// in place (the page cache keeps it), a power loss may not.
+func replaceUnsynced(path string, data []byte) error {
+	tmp := path + ".tmp"
+	err := os.WriteFile(tmp, data, 0o600)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
+}
+
+// syncFile makes what path holds, and its name, durable.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = durable.SyncDir(filepath.Dir(path))
+	}
+	return err
 }
