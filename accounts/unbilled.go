@@ -181,6 +181,14 @@ type peerCharges struct {
 	gone        bool        // silent for peerSilence, or replaced
 	goneDebited money.Nanos // the account's debits when it was found gone
 	replaced    bool        // the process after it took its charges from the file it left (unbilled.replaced)
+	// waits is, for a process replaced, the pending it had before: its
+	// entry stays until the debits pass it, even with nothing left to
+	// count, so that it is relayed (answerHello) to a process that did
+	// not see it replaced. Restarted twice while another gateway was
+	// down, a gateway had that one count the charges its first restart
+	// restored twice, for good: it never heard the process that
+	// restored them say so.
+	waits money.Nanos
 }
 
 // charges is every charge counted since debitedAt. Lock u.mu on entry.
@@ -219,7 +227,7 @@ func (u *unbilled) dropGone(debited money.Nanos) (kept bool) {
 		if !p.gone {
 			continue
 		}
-		if debited-p.goneDebited < p.pending {
+		if debited-p.goneDebited < max(p.pending, p.waits) {
 			kept = true
 			continue
 		}
@@ -245,7 +253,7 @@ func (u *unbilled) replaced(process string, restored, debited money.Nanos) (gone
 	if !found || p.replaced {
 		return false
 	}
-	p.replaced = true
+	p.replaced, p.waits = true, max(p.waits, p.pending)
 	p.base += min(max(restored, 0), p.total-p.base)
 	p.pending = max(p.pending-restored, 0)
 	if !p.gone {
@@ -555,7 +563,7 @@ func (s *Service) answerHello(m *nats.Msg) {
 		u.mu.Lock()
 		pending, total, restored := u.pending(e.debited), u.total, u.restored
 		for process, p := range u.peers {
-			if p.pending <= 0 || process == asking.Process {
+			if (p.pending <= 0 && !p.replaced) || process == asking.Process {
 				continue
 			}
 			r := relayed[process]
@@ -706,7 +714,7 @@ func (u *unbilled) noteRelayed(process string, total, pending money.Nanos, repla
 	if replaced && !p.replaced {
 		// The sender took out what the process after it restored; so
 		// does this one, once (unbilled.replaced).
-		p.replaced = true
+		p.replaced, p.waits = true, max(p.waits, p.pending)
 		p.base = max(p.base, p.total-pending)
 		p.pending = min(p.pending, pending)
 	}

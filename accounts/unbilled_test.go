@@ -720,3 +720,70 @@ func TestKilledGatewayKeepsItsLastCharges(t *testing.T) {
 		t.Fatalf("killed 200 ms after charging 6 cents, and restarted: balance %s, want 4 cents", got)
 	}
 }
+
+// A gateway restarted twice while another was down: the one down, back,
+// counted from its file the charges of the first process, which it
+// never heard the second say it restored, beside the third's, which hold
+// them too: twice, and for good (2 cents below the truth on a credit of
+// 10, after the debits too), until the processes after kept the entry
+// of the one replaced, and relayed it.
+func TestGatewayRestartedTwiceWhileAnotherWasDownCountsOnce(t *testing.T) {
+	first, b, dir := gateway(t)
+	ctx := testContext(t)
+	const cent = money.NanosPerUSD / 100
+	if _, err := first.CreateAccount(ctx, "acme", 10*cent); err != nil {
+		t.Fatal(err)
+	}
+	secondDir, thirdDir := copySigningKey(t, dir), copySigningKey(t, dir)
+	second, stopSecond := gatewayOn(t, b.ClientURL(), secondDir)
+	third, stopThird := gatewayOn(t, b.ClientURL(), thirdDir)
+	for _, s := range []*Service{second, third} {
+		if err := s.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	balances := func(want money.Nanos, when string) {
+		t.Helper()
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			for i, s := range []*Service{first, second, third} {
+				if got, _ := s.Balance("acme"); got != want {
+					return fmt.Errorf("%s: gateway %d: balance %s, want %s", when, i+1, got, want)
+				}
+			}
+			return nil
+		})
+	}
+	first.NoteCharge("acme", 2*cent)
+	second.NoteCharge("acme", 3*cent)
+	third.NoteCharge("acme", 4*cent)
+	balances(cent, "each gateway charged")
+
+	// Nothing debits; the third is down while the second restarts twice.
+	stopThird()
+	for range 2 {
+		stopSecond()
+		second, stopSecond = gatewayOn(t, b.ClientURL(), secondDir)
+		heard(t, first, second)
+	}
+	third, _ = gatewayOn(t, b.ClientURL(), thirdDir)
+	if got, _ := third.Balance("acme"); got != cent {
+		t.Fatalf("back after the second restarted twice: balance %s on the third, want 1 cent", got)
+	}
+	time.Sleep(heartbeatEvery + 200*time.Millisecond) // a heartbeat each
+	for _, s := range []*Service{first, second, third} {
+		s.forgetSilentPeers(time.Now().Add(peerSilence + time.Second))
+	}
+	balances(cent, "a heartbeat later, and a round of forgetting")
+
+	if _, _, err := first.ApplyUsage(ctx, "acme", Usage{Events: []SeqCost{{Seq: 1, Cost: 9 * cent}}}); err != nil {
+		t.Fatal(err)
+	}
+	balances(cent, "debited")
+	if _, err := first.Credit(ctx, "acme", 9*cent); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Service{first, second, third} {
+		s.forgetSilentPeers(time.Now().Add(2*peerSilence + time.Second))
+	}
+	balances(10*cent, "debited, then credited again")
+}

@@ -78,6 +78,7 @@ type keptPeer struct {
 	// absent for a process heard from, taken for gone from Debited.
 	GoneDebited *int64 `json:"gone_debited_nanos,omitempty"`
 	Replaced    bool   `json:"replaced,omitempty"`
+	Waits       int64  `json:"waits_nanos,omitempty"`
 }
 
 // keeper writes UnbilledFile.
@@ -147,7 +148,7 @@ func restoredUnbilled(c keptCharges) *unbilled {
 		if u.peers == nil {
 			u.peers = make(map[string]*peerCharges)
 		}
-		p := &peerCharges{total: money.Nanos(kp.Total), pending: money.Nanos(max(kp.Pending, 0)), gone: true, goneDebited: money.Nanos(c.Debited), replaced: kp.Replaced}
+		p := &peerCharges{total: money.Nanos(kp.Total), pending: money.Nanos(max(kp.Pending, 0)), gone: true, goneDebited: money.Nanos(c.Debited), replaced: kp.Replaced, waits: money.Nanos(max(kp.Waits, 0))}
 		p.base = p.total - money.Nanos(max(kp.Counted, 0))
 		if kp.GoneDebited != nil {
 			p.goneDebited = money.Nanos(*kp.GoneDebited)
@@ -204,10 +205,10 @@ func (s *Service) keepUnbilled(always bool) error {
 		countedFrom := int64(u.debitedAt)
 		c.CountedFrom = &countedFrom
 		for process, p := range u.peers {
-			if p.total-p.base <= 0 && p.pending <= 0 {
+			if p.total-p.base <= 0 && p.pending <= 0 && !p.replaced {
 				continue // nothing of it counts
 			}
-			kp := keptPeer{Total: int64(p.total), Counted: int64(p.total - p.base), Pending: int64(p.pending), Replaced: p.replaced}
+			kp := keptPeer{Total: int64(p.total), Counted: int64(p.total - p.base), Pending: int64(p.pending), Replaced: p.replaced, Waits: int64(p.waits)}
 			if p.gone {
 				goneDebited := int64(p.goneDebited)
 				kp.GoneDebited = &goneDebited
