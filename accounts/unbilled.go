@@ -549,8 +549,6 @@ func (s *Service) answerHello(m *nats.Msg) {
 	if m.Reply == "" {
 		return
 	}
-	var asking unbilledMessage
-	_ = json.Unmarshal(m.Data, &asking) // its own charges are not relayed back to it
 	sh := &s.share
 	msg := unbilledMessage{Process: sh.process, Listening: sh.listening.Load(), Replaces: sh.replaces, Accounts: make(map[string]unbilledTotal)}
 	relayed := make(map[string]*unbilledMessage)
@@ -563,7 +561,7 @@ func (s *Service) answerHello(m *nats.Msg) {
 		u.mu.Lock()
 		pending, total, restored := u.pending(e.debited), u.total, u.restored
 		for process, p := range u.peers {
-			if (p.pending <= 0 && !p.replaced) || process == asking.Process {
+			if p.pending <= 0 && !p.replaced {
 				continue
 			}
 			r := relayed[process]

@@ -168,6 +168,9 @@ func restoredUnbilled(c keptCharges) *unbilled {
 // process shares must not; NoteCharge only marks a change.
 func (s *Service) keepUnbilledUntil(ctx context.Context) {
 	defer s.stopped.Done()
+	if s.kept.path == "" {
+		return // no data_dir: nothing to keep
+	}
 	tick := time.NewTicker(keepUnbilledEvery)
 	defer tick.Stop()
 	last := time.Now()
