@@ -250,9 +250,6 @@ type Service struct {
 	// share sends this process's charges to the other processes on the
 	// NATS and takes theirs into unbilled (see shareUnbilled).
 	share sharing
-	// kept writes this process's charges not debited yet to its data_dir
-	// (see UnbilledFile).
-	kept keeper
 
 	cacheMu sync.RWMutex
 	cache   map[string]*Key // verified tokens; see Verify
@@ -276,13 +273,10 @@ type Service struct {
 // Open declares the buckets, loads or creates the signing key under dataDir,
 // checks it is the one the other gateways on this NATS use, starts
 // watching both buckets and returns once the snapshot holds their current
-// contents (or ctx ends), and, with a dataDir (a gateway, which admits
-// calls), once it heard the other processes' charges not debited yet
-// (askPeers: at most helloWait and helloLinger). Close it before closing
-// the broker. With no dataDir the service has no signing key: for the
-// billing consumer and the batch worker, which only read and debit
-// balances (a key of their own, made at their first start, once looked
-// like one to share).
+// contents (or ctx ends). Close it before closing the broker. With no
+// dataDir the service has no signing key: for the billing consumer and
+// the batch worker, which only read and debit balances (a key of their
+// own, made at their first start, once looked like one to share).
 func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir string, auth config.Auth) (*Service, error) {
 	algorithm := auth.Algorithm
 	if algorithm == "" {
@@ -359,32 +353,16 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int, dataDir str
 	}
 	s.snap.init()
 	s.share.init()
-	if dataDir != "" {
-		if err := s.restoreUnbilled(dataDir); err != nil {
-			return nil, err
-		}
-	}
 	watchCtx, stop := context.WithCancel(context.Background())
 	s.stop = stop
-	s.stopped.Add(4)
+	s.stopped.Add(3)
 	go s.watch(watchCtx, accountsKV, bucketAccounts)
 	go s.watch(watchCtx, keysKV, bucketKeys)
-	received, err := s.conn.Subscribe(UnbilledSubject, s.receiveUnbilled)
-	if err != nil {
-		received = nil // nothing shared: each process counts its own charges, as with NATS down
-	}
-	go s.shareUnbilled(watchCtx, received)
-	go s.keepUnbilledUntil(watchCtx)
+	go s.shareUnbilled(watchCtx)
 
 	if err := s.snap.waitLoaded(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("loading accounts snapshot: %w", err)
-	}
-	if dataDir != "" {
-		s.askPeers(ctx) // a gateway: it admits calls once Open returns
-	}
-	if answering, err := s.conn.Subscribe(UnbilledHelloSubject, s.answerHello); err == nil {
-		s.share.answering = answering
 	}
 	return s, nil
 }
@@ -397,16 +375,10 @@ func (s *Service) OnKeyRevoked(fn func(keyID string)) {
 	s.revoked.Store(&fn)
 }
 
-// Close stops watching the buckets, and writes this gateway's charges not
-// debited yet to its data_dir (UnbilledFile) for its next start. The
-// service must not be used afterwards.
+// Close stops watching the buckets. The service must not be used afterwards.
 func (s *Service) Close() {
-	if s.share.answering != nil {
-		_ = s.share.answering.Unsubscribe()
-	}
 	s.stop()
 	s.stopped.Wait()
-	_ = s.keepUnbilled(true) // as at every round, a failed write leaves the last one
 }
 
 // Balance is the account's balance as last seen by this gateway, less what

@@ -64,19 +64,6 @@ func gateway(t testing.TB) (*Service, *broker.Broker, string) {
 // NATS, with a copy of the first gateway's signing key, as a cluster runs.
 func secondGateway(t testing.TB, first *broker.Broker, firstDataDir string) *Service {
 	t.Helper()
-	dataDir := copySigningKey(t, firstDataDir)
-	b := connectBroker(t, first.ClientURL())
-	s := openService(t, b, dataDir)
-	t.Cleanup(func() { s.Close(); b.Close() })
-	return s
-}
-
-// checkFor polls fn until it returns nil or total passes.
-var checkFor = testutil.CheckFor
-
-// copySigningKey gives a new data dir the signing key of firstDataDir.
-func copySigningKey(t testing.TB, firstDataDir string) string {
-	t.Helper()
 	dataDir := t.TempDir()
 	key, err := os.ReadFile(filepath.Join(firstDataDir, SigningKeyFile))
 	if err != nil {
@@ -85,5 +72,11 @@ func copySigningKey(t testing.TB, firstDataDir string) string {
 	if err := os.WriteFile(filepath.Join(dataDir, SigningKeyFile), key, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return dataDir
+	b := connectBroker(t, first.ClientURL())
+	s := openService(t, b, dataDir)
+	t.Cleanup(func() { s.Close(); b.Close() })
+	return s
 }
+
+// checkFor polls fn until it returns nil or total passes.
+var checkFor = testutil.CheckFor

@@ -241,14 +241,6 @@ func (sn *snapshot) waitUntil(ctx context.Context, cond func() bool) error {
 	}
 }
 
-// accountsLoaded is whether the watcher delivered the accounts' initial
-// contents.
-func (sn *snapshot) accountsLoaded() bool {
-	sn.mu.RLock()
-	defer sn.mu.RUnlock()
-	return sn.loaded[bucketAccounts]
-}
-
 func (sn *snapshot) waitLoaded(ctx context.Context) error {
 	return sn.waitUntil(ctx, func() bool { return sn.loaded[bucketAccounts] && sn.loaded[bucketKeys] })
 }
