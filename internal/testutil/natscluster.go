@@ -18,6 +18,26 @@ import (
 // their client URLs; the test's cleanup shuts down those still running.
 func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 	t.Helper()
+	// FreePort's ports are free when picked, not when bound: another
+	// package's test, run at the same time, can take one first, and that
+	// node never listens ("NATS server n2 not ready" in a make test run).
+	// The whole cluster is started again on new ports then.
+	for attempt := 1; ; attempt++ {
+		servers, urls, err := tryNATSCluster(t, n)
+		if err == nil {
+			return servers, urls
+		}
+		if attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("starting a NATS cluster again on other ports: %v", err)
+	}
+}
+
+// tryNATSCluster is one try of StartNATSCluster: the nodes it started are
+// shut down when it fails.
+func tryNATSCluster(t testing.TB, n int) ([]*server.Server, []string, error) {
+	t.Helper()
 	clientPorts, routePorts := make([]int, n), make([]int, n)
 	var routes, urls []string
 	for i := range n {
@@ -26,6 +46,7 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]))
 	}
 	var servers []*server.Server
+	var options []*server.Options
 	for i := range n {
 		opts := &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
@@ -38,7 +59,18 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 			NoSigs:     true,
 			NoLog:      true,
 		}
-		servers = append(servers, startNATSNode(t, opts))
+		srv, err := startNATS(opts.Clone())
+		if err != nil {
+			for _, started := range servers {
+				started.Shutdown()
+				started.WaitForShutdown()
+			}
+			return nil, nil, err
+		}
+		servers, options = append(servers, srv), append(options, opts)
+	}
+	for i, srv := range servers {
+		keepNATSNode(t, srv, options[i])
 	}
 	// A meta leader alone is not enough: until it has every node's stats,
 	// a bucket of n replicas is refused "no suitable peers for placement,
@@ -49,7 +81,7 @@ func StartNATSCluster(t testing.TB, n int) ([]*server.Server, []string) {
 			t.Fatalf("no JetStream meta leader seeing all %d nodes after 30 s", n)
 		}
 	}
-	return servers, urls
+	return servers, urls, nil
 }
 
 // nodeOptions holds the options each node of StartNATSCluster was started
@@ -64,20 +96,40 @@ func startNATSNode(t testing.TB, opts *server.Options) *server.Server {
 	return srv
 }
 
+// keepNATSNode has the test's cleanup shut down srv, started by startNATS
+// with opts, and RestartNATSNode able to start it again.
+func keepNATSNode(t testing.TB, srv *server.Server, opts *server.Options) {
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	nodeOptions.Store(srv, opts)
+	t.Cleanup(func() { nodeOptions.Delete(srv) })
+}
+
 // StartNATSServer runs a nats-server with opts in this process, waits
 // until it takes connections, and has the test's cleanup shut it down.
 func StartNATSServer(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(opts)
+	srv, err := startNATS(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Start()
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("NATS server %s not ready", opts.ServerName)
-	}
 	return srv
+}
+
+// startNATS runs a nats-server with opts in this process and waits until
+// it takes connections; one that does not is shut down.
+func startNATS(opts *server.Options) (*server.Server, error) {
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, err
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("NATS server %s not ready", opts.ServerName)
+	}
+	return srv, nil
 }
 
 // RestartNATSNode starts node srv of StartNATSCluster again, on its ports
