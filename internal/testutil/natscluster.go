@@ -88,14 +88,6 @@ func tryNATSCluster(t testing.TB, n int) ([]*server.Server, []string, error) {
 // with, so RestartNATSNode can start it again as it was.
 var nodeOptions sync.Map // *server.Server -> *server.Options
 
-func startNATSNode(t testing.TB, opts *server.Options) *server.Server {
-	t.Helper()
-	srv := StartNATSServer(t, opts.Clone())
-	nodeOptions.Store(srv, opts)
-	t.Cleanup(func() { nodeOptions.Delete(srv) })
-	return srv
-}
-
 // keepNATSNode has the test's cleanup shut down srv, started by startNATS
 // with opts, and RestartNATSNode able to start it again.
 func keepNATSNode(t testing.TB, srv *server.Server, opts *server.Options) {
@@ -144,7 +136,12 @@ func RestartNATSNode(t testing.TB, srv *server.Server) *server.Server {
 	}
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	return startNATSNode(t, opts.(*server.Options))
+	next, err := startNATS(opts.(*server.Options).Clone())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepNATSNode(t, next, opts.(*server.Options))
+	return next
 }
 
 // FreePort is a TCP port on 127.0.0.1 that nothing listens on now, for a
