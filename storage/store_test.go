@@ -229,15 +229,7 @@ func testStore(t *testing.T, b backend) {
 
 	t.Run("RefusedDownloads", func(t *testing.T) {
 		key := "batch/acct-1/job-4/results.ndjson"
-		u, err := s.Create(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprint(u, `{"label":"a","confidence":0.9,"tokens":3}`+"\n")
-		if err := u.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		defer s.Delete(ctx, key) //nolint:errcheck
+		putResults(t, s, key)
 		good, _, err := s.PresignGet(ctx, key, time.Hour)
 		if err != nil {
 			t.Fatal(err)
@@ -262,17 +254,10 @@ func testStore(t *testing.T, b backend) {
 	// refused as expired.
 	t.Run("DownloadExpiresWhenSaid", func(t *testing.T) {
 		key := "batch/acct-1/job-5/results.ndjson"
-		u, err := s.Create(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprint(u, `{"label":"a","confidence":0.9,"tokens":3}`+"\n")
-		if err := u.Commit(); err != nil {
-			t.Fatal(err)
-		}
-		defer s.Delete(ctx, key) //nolint:errcheck
+		putResults(t, s, key)
 		var link string
 		var expires time.Time
+		var err error
 		for range 5 {
 			asked := time.Now()
 			link, expires, err = s.PresignGet(ctx, key, 2*time.Second)
@@ -296,6 +281,22 @@ func testStore(t *testing.T, b backend) {
 		status, body := get(t, link)
 		wantS3Error(t, status, body, 403, "AccessDenied")
 	})
+}
+
+// putResults stores a one-line results file at key, deleted when the
+// test ends.
+func putResults(t *testing.T, s Store, key string) {
+	t.Helper()
+	ctx := context.Background()
+	u, err := s.Create(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(u, `{"label":"a","confidence":0.9,"tokens":3}`+"\n")
+	if err := u.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Delete(ctx, key) })
 }
 
 // signedExpiry is when a presigned URL expires by its signature:
