@@ -22,18 +22,9 @@ import (
 // once: TOLLGATE_LISTEN and TOLLGATE_DATA_DIR were in both the admin
 // token's block and the demo key's.
 func TestFirstStartBannerExportsTheBoundAddressOnce(t *testing.T) {
-	root := t.TempDir()
-	t.Chdir(root)
-	if err := os.WriteFile("gateway.yaml", []byte("server:\n  listen: ${TOLLGATE_LISTEN:-127.0.0.1:8080}\n  data_dir: ${TOLLGATE_DATA_DIR:-./data}\n  demo_credit_usd: \"5\"\n"+
+	firstStartDir(t, "127.0.0.1:0",
 		fmt.Sprintf("nats:\n  embedded_listen: 127.0.0.1:%d\nstorage:\n  local:\n    listen: 127.0.0.1:%d\n", testutil.FreePort(t), testutil.FreePort(t))+
-		"plugins:\n  engine: lexical\n"+
-		"upstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("TOLLGATE_CONFIG", "")
-	t.Setenv("TOLLGATE_ADMIN_TOKEN", "")
-	t.Setenv("TOLLGATE_LISTEN", "127.0.0.1:0")
-	t.Setenv("TOLLGATE_DATA_DIR", "./data2")
+			"plugins:\n  engine: lexical\n")
 
 	// What serve prints on stderr, the banner among it.
 	r, w, err := os.Pipe()

@@ -424,6 +424,28 @@ func TestMetricsListenTakesMetricsOffThePublicListener(t *testing.T) {
 	}
 }
 
+// firstStartDir makes a new directory the working one, with a
+// gateway.yaml that reads TOLLGATE_LISTEN and TOLLGATE_DATA_DIR (the
+// README's example) and gives demo credit, sections between its server
+// section and its upstream and model, and sets the environment of a
+// first start there: TOLLGATE_LISTEN listen, TOLLGATE_DATA_DIR ./data2,
+// no TOLLGATE_CONFIG or TOLLGATE_ADMIN_TOKEN. It returns the directory.
+func firstStartDir(t *testing.T, listen, sections string) string {
+	t.Helper()
+	root := t.TempDir()
+	t.Chdir(root)
+	if err := os.WriteFile("gateway.yaml", []byte("server:\n  listen: ${TOLLGATE_LISTEN:-127.0.0.1:8080}\n  data_dir: ${TOLLGATE_DATA_DIR:-./data}\n  demo_credit_usd: \"5\"\n"+
+		sections+
+		"upstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TOLLGATE_CONFIG", "")
+	t.Setenv("TOLLGATE_ADMIN_TOKEN", "")
+	t.Setenv("TOLLGATE_LISTEN", listen)
+	t.Setenv("TOLLGATE_DATA_DIR", "./data2")
+	return root
+}
+
 // make run beside another gateway takes TOLLGATE_LISTEN and
 // TOLLGATE_DATA_DIR (the README's example), and its first start printed
 // export lines for another terminal without them: bin/tollgate accounts
@@ -436,16 +458,7 @@ func TestFirstStartExportsPointTheAdminCLIAtThisGateway(t *testing.T) {
 		return "server:\n  data_dir: " + dir + "\nupstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\n" +
 			"models:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"
 	}})
-	root := t.TempDir()
-	t.Chdir(root)
-	if err := os.WriteFile("gateway.yaml", []byte("server:\n  listen: ${TOLLGATE_LISTEN:-127.0.0.1:8080}\n  data_dir: ${TOLLGATE_DATA_DIR:-./data}\n  demo_credit_usd: \"5\"\n"+
-		"upstreams:\n  - name: u\n    base_url: http://127.0.0.1:1/v1\nmodels:\n  - id: m\n    context_length: 100\n    max_output_length: 10\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("TOLLGATE_CONFIG", "")
-	t.Setenv("TOLLGATE_ADMIN_TOKEN", "")
-	t.Setenv("TOLLGATE_LISTEN", "127.0.0.1:8180")
-	t.Setenv("TOLLGATE_DATA_DIR", "./data2")
+	root := firstStartDir(t, "127.0.0.1:8180", "")
 	cfg, err := config.Load("gateway.yaml")
 	if err != nil {
 		t.Fatal(err)
