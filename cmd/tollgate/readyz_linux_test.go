@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -62,16 +61,7 @@ func TestReadyzSaysTheOutboxRefusesEvents(t *testing.T) {
 	key := g.CreateKey("acme", accounts.KeyRequest{Name: "k"})
 	call := func() {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
-			strings.NewReader(`{"model":"small","messages":[{"role":"user","content":"hi"}]}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := postChat(t, url, key, `{"model":"small","messages":[{"role":"user","content":"hi"}]}`)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("call: %d", resp.StatusCode)

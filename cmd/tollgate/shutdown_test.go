@@ -62,15 +62,11 @@ func smallModelConfig(upstream, dir, server, sections string) string {
 		"    pricing: {prompt: \"0.0000001\", completion: \"0.0000003\"}\n", dir, server, sections, upstream)
 }
 
-// startStream opens a chat stream through the gateway at url, for a new
-// account of g, and returns its body once the stream has begun; the body
-// is closed at the test's end.
-func startStream(t *testing.T, g *gatewaytest.Gateway, url string) *bufio.Reader {
+// postChat posts body to the chat completions of the gateway at url with
+// key, and returns the answer, its body for the caller to close.
+func postChat(t *testing.T, url, key, body string) *http.Response {
 	t.Helper()
-	g.CreateAccount("acme", money.Nanos(5_000_000_000))
-	key := g.CreateKey("acme", accounts.KeyRequest{Name: "k"})
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions",
-		strings.NewReader(`{"model":"small","stream":true,"messages":[{"role":"user","content":"a long story"}]}`))
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +75,17 @@ func startStream(t *testing.T, g *gatewaytest.Gateway, url string) *bufio.Reader
 	if err != nil {
 		t.Fatal(err)
 	}
+	return resp
+}
+
+// startStream opens a chat stream through the gateway at url, for a new
+// account of g, and returns its body once the stream has begun; the body
+// is closed at the test's end.
+func startStream(t *testing.T, g *gatewaytest.Gateway, url string) *bufio.Reader {
+	t.Helper()
+	g.CreateAccount("acme", money.Nanos(5_000_000_000))
+	key := g.CreateKey("acme", accounts.KeyRequest{Name: "k"})
+	resp := postChat(t, url, key, `{"model":"small","stream":true,"messages":[{"role":"user","content":"a long story"}]}`)
 	t.Cleanup(func() { resp.Body.Close() })
 	br := bufio.NewReader(resp.Body)
 	if _, err := br.ReadString('\n'); err != nil { // the stream has begun
