@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"github.com/tollgate/tollgate/broker"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/chtest"
+	"github.com/tollgate/tollgate/internal/testutil"
 	"github.com/tollgate/tollgate/meter"
 )
 
@@ -47,24 +46,18 @@ func TestBillingLoopOnARefusedDSN(t *testing.T) {
 
 			defer func(was time.Duration) { refusedDSNRetry = was }(refusedDSNRetry)
 			refusedDSNRetry = 20 * time.Millisecond
-			var log logRecorder
+			var log testutil.Log
 			ctx, stop := context.WithTimeout(context.Background(), time.Second)
 			defer stop()
-			if err := billingLoop(ctx, cfg, nil, nil, log.logf, waitOnRefusedDSN); err != nil {
+			if err := billingLoop(ctx, cfg, nil, nil, log.Logf, waitOnRefusedDSN); err != nil {
 				t.Fatalf("serve's loop returned %v", err)
 			}
-			logged := log.lines()
+			logged := log.Matching()
 			// Once, but again after another error came between (a ping that
 			// timed out on a loaded machine says "unreachable", and the refusal
 			// after it is news again): a line every 20 ms would fail this.
-			refusals, others := 0, 0
-			for _, line := range logged {
-				if strings.Contains(line, c.refusal) && strings.Contains(line, "restart serve") {
-					refusals++
-				} else {
-					others++
-				}
-			}
+			refusals := log.Count(c.refusal, "restart serve")
+			others := len(logged) - refusals
 			if refusals == 0 || refusals > others+1 {
 				t.Fatalf("serve logged %q, want the refusal once (and once more after each other error)", logged)
 			}
@@ -95,24 +88,18 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var log logRecorder
+	var log testutil.Log
 	// count is how many lines logged so far say want; with until, it
 	// first waits (up to 30 s) for one to.
 	count := func(want string, until bool) int {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			all := log.lines()
-			n := 0
-			for _, line := range all {
-				if strings.Contains(line, want) {
-					n++
-				}
-			}
+			n := log.Count(want)
 			if n > 0 || !until {
 				return n
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("no line says %q in 30s: %q", want, all)
+				t.Fatalf("no line says %q in 30s: %q", want, log.Matching())
 			}
 		}
 	}
@@ -121,7 +108,7 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = billingLoop(loopCtx, cfg, b, svc, log.logf, waitOnRefusedDSN)
+			_ = billingLoop(loopCtx, cfg, b, svc, log.Logf, waitOnRefusedDSN)
 		}()
 		return func() { stopLoop(); <-done }
 	}
@@ -140,7 +127,7 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 	}
 	stop()
 	if count(resumed, false) != 0 {
-		t.Fatalf("a first start that connected logged %q", log.lines())
+		t.Fatalf("a first start that connected logged %q", log.Matching())
 	}
 
 	srv.Stop()
@@ -150,26 +137,6 @@ func TestBillingLoopSaysWhenClickHouseAnswersAgain(t *testing.T) {
 	srv.Restart()
 	count(resumed, true)
 	if n := count("billing: ClickHouse at "+srv.DSN()+" "+resumed, false); n != 1 {
-		t.Errorf("ClickHouse's return logged %d times, want once naming it: %q", n, log.lines())
+		t.Errorf("ClickHouse's return logged %d times, want once naming it: %q", n, log.Matching())
 	}
-}
-
-// logRecorder keeps the lines its logf is given, for a test to read
-// while the code logging them still runs.
-type logRecorder struct {
-	mu     sync.Mutex
-	logged []string
-}
-
-func (r *logRecorder) logf(format string, args ...any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.logged = append(r.logged, fmt.Sprintf(format, args...))
-}
-
-// lines is a copy of what was logged so far.
-func (r *logRecorder) lines() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.logged)
 }
