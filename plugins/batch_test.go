@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -309,7 +308,7 @@ func TestBatchResultsExpireWhenTheAnswerSays(t *testing.T) {
 				if expires, err = time.Parse(time.RFC3339, fmt.Sprint(res["expires_at"])); err != nil {
 					t.Fatalf("expires_at: %v", err)
 				}
-				if signed := linkExpiry(t, link); expires.After(signed) {
+				if signed := testutil.PresignedExpiry(t, link); expires.After(signed) {
 					t.Fatalf("expires_at %s is after the link's own expiry %s (X-Amz-Date + X-Amz-Expires)",
 						res["expires_at"], signed.Format(time.RFC3339))
 				}
@@ -321,24 +320,6 @@ func TestBatchResultsExpireWhenTheAnswerSays(t *testing.T) {
 			}
 		})
 	}
-}
-
-// linkExpiry is when a presigned URL expires by its signature.
-func linkExpiry(t *testing.T, link string) time.Time {
-	t.Helper()
-	u, err := url.Parse(link)
-	if err != nil {
-		t.Fatal(err)
-	}
-	signedAt, err := time.Parse("20060102T150405Z", u.Query().Get("X-Amz-Date"))
-	if err != nil {
-		t.Fatalf("X-Amz-Date of %s: %v", link, err)
-	}
-	seconds, err := strconv.Atoi(u.Query().Get("X-Amz-Expires"))
-	if err != nil {
-		t.Fatalf("X-Amz-Expires of %s: %v", link, err)
-	}
-	return signedAt.Add(time.Duration(seconds) * time.Second)
 }
 
 func TestBatchMultiMode(t *testing.T) {

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"mime/multipart"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testutil"
 )
 
 // testStore runs the batch flow of spec 4.3-4.9 against one backend, the
@@ -264,7 +264,7 @@ func testStore(t *testing.T, b backend) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			signed := signedExpiry(t, link)
+			signed := testutil.PresignedExpiry(t, link)
 			// A second begun between the clock read and the signing
 			// gives a link a second longer than said.
 			if expires.After(signed) || expires.Before(signed.Add(-time.Second)) || expires.After(asked.Add(2*time.Second)) {
@@ -277,7 +277,7 @@ func testStore(t *testing.T, b backend) {
 		if status, body := get(t, link); status != http.StatusOK {
 			t.Fatalf("fetched 150ms before the expiry said: %d\n%s", status, body)
 		}
-		time.Sleep(time.Until(signedExpiry(t, link).Add(1100 * time.Millisecond)))
+		time.Sleep(time.Until(testutil.PresignedExpiry(t, link).Add(1100 * time.Millisecond)))
 		status, body := get(t, link)
 		wantS3Error(t, status, body, 403, "AccessDenied")
 	})
@@ -297,26 +297,6 @@ func putResults(t *testing.T, s Store, key string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Delete(ctx, key) })
-}
-
-// signedExpiry is when a presigned URL expires by its signature:
-// X-Amz-Date plus X-Amz-Expires seconds.
-func signedExpiry(t *testing.T, link string) time.Time {
-	t.Helper()
-	u, err := url.Parse(link)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	signedAt, err := time.Parse(amzDateFormat, q.Get("X-Amz-Date"))
-	if err != nil {
-		t.Fatalf("X-Amz-Date of %s: %v", link, err)
-	}
-	seconds, err := strconv.Atoi(q.Get("X-Amz-Expires"))
-	if err != nil {
-		t.Fatalf("X-Amz-Expires of %s: %v", link, err)
-	}
-	return signedAt.Add(time.Duration(seconds) * time.Second)
 }
 
 type s3Answer struct {
