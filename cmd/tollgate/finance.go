@@ -35,11 +35,11 @@ func runFinance(args []string) error {
 	// "finance help" and "finance -h" are asking for the list of queries,
 	// which "finance" alone prints: they said "no finance query" and
 	// "flag: help requested", and exited 1.
-	asksHelp := errors.Is(err, flag.ErrHelp) || err == nil && len(pos) > 0 && pos[0] == "help"
-	if err != nil && !asksHelp {
+	wantsList := errors.Is(err, flag.ErrHelp) || err == nil && len(pos) > 0 && pos[0] == "help"
+	if err != nil && !wantsList {
 		return usageError{err}
 	}
-	if len(pos) == 0 || asksHelp {
+	if len(pos) == 0 || wantsList {
 		return printFinanceUsage()
 	}
 	q, err := schema.FinanceQuery(pos[0])
