@@ -23,10 +23,7 @@ func TestReasonForClientNamesNoAddress(t *testing.T) {
 	defer cancel()
 	var d net.Dialer
 	_, dnsErr := d.DialContext(ctx, "tcp", "gpu-secret-7.invalid:8000")
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	_, refused := d.DialContext(ctx, "tcp", addr)
+	refused := refusedDial(t)
 	srv := httptest.NewTLSServer(http.NotFoundHandler())
 	defer srv.Close()
 	conn, err := tls.Dial("tcp", strings.TrimPrefix(srv.URL, "https://"), &tls.Config{ServerName: "10.255.255.1"})
@@ -53,13 +50,7 @@ func TestReasonForClientNamesNoAddress(t *testing.T) {
 // for an upstream on loopback that refused: for one elsewhere it would
 // be wrong, and a timeout is not nothing listening.
 func TestLoopbackHintOnlyForARefusedLocalUpstream(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	_, refused := net.Dial("tcp", addr)
-	if refused == nil {
-		t.Fatal("a closed port accepted")
-	}
+	refused := refusedDial(t)
 	const hint = "nothing listens at its base_url"
 	for _, tc := range []struct {
 		baseURL string
@@ -88,13 +79,7 @@ func TestLoopbackHintOnlyForARefusedLocalUpstream(t *testing.T) {
 // said "make demo-upstream", which, done literally, starts it on
 // 127.0.0.1:8000. The client's message names no address, the log does.
 func TestLoopbackHintNamesTheDemoUpstreamsAddress(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
-	_, refused := net.Dial("tcp", addr)
-	if refused == nil {
-		t.Fatal("a closed port accepted")
-	}
+	refused := refusedDial(t)
 	for _, tc := range []struct {
 		baseURL, want string
 	}{
@@ -112,6 +97,23 @@ func TestLoopbackHintNamesTheDemoUpstreamsAddress(t *testing.T) {
 		}
 	}
 	// The log names the address (TestCheckUpstreamsLogsOneThatDoesNotAnswer).
+}
+
+// refusedDial is the error of a dial to a loopback port nothing listens
+// on: connection refused.
+func refusedDial(t *testing.T) error {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	_, refused := net.Dial("tcp", addr)
+	if refused == nil {
+		t.Fatal("a closed port accepted")
+	}
+	return refused
 }
 
 type timeoutError struct{}
