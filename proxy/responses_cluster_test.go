@@ -31,15 +31,7 @@ func TestResponseMappingsThroughAnElection(t *testing.T) {
 	servers, nodes := testutil.StartNATSCluster(t, 3)
 	urls := strings.Join(nodes, ",")
 	open := func(name string) *ResponseStore {
-		nc, err := nats.Connect(urls, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, js := testutil.ConnectJetStream(t, urls, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		r, err := OpenResponseStore(ctx, js, 3, time.Hour, func(f string, a ...any) { t.Logf(name+": "+f, a...) })

@@ -606,15 +606,7 @@ func TestStateRoutesFindAMappingStillBeingWritten(t *testing.T) {
 	// The test's own reads and writes of the bucket, on a connection of
 	// its own, whose replies are told apart from the gateways'.
 	const ownInboxes = "_TEST_INBOX"
-	nc, err := nats.Connect(h.broker.ClientURL(), nats.CustomInboxPrefix(ownInboxes))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testutil.ConnectJetStream(t, h.broker.ClientURL(), nats.CustomInboxPrefix(ownInboxes))
 	kv, err := js.KeyValue(ctx, proxy.BucketResponses)
 	if err != nil {
 		t.Fatal(err)
