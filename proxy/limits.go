@@ -325,7 +325,7 @@ func (a *admission) precheck(ctx *fasthttp.RequestCtx) *APIError {
 	}
 	if a.accountBusy() {
 		a.setHeaders(ctx, &snaps, now)
-		return a.refuseConcurrent(ctx, callerID{callerAccount, a.account}, a.maxConcurrent)
+		return a.refuseAccountBusy(ctx)
 	}
 	return nil
 }
@@ -374,7 +374,7 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 			return nil
 		}
 		if !a.live.Acquire(a.maxConcurrent) {
-			return a.refuseConcurrent(ctx, callerID{callerAccount, a.account}, a.maxConcurrent)
+			return a.refuseAccountBusy(ctx)
 		}
 		a.holding = true
 		return nil
@@ -442,7 +442,7 @@ func (a *admission) admit(ctx *fasthttp.RequestCtx, tokens int64) *APIError {
 	a.unlock()
 	a.setHeaders(ctx, &snaps, now)
 	if accountBusy {
-		return a.refuseConcurrent(ctx, callerID{callerAccount, a.account}, a.maxConcurrent)
+		return a.refuseAccountBusy(ctx)
 	}
 	if refused < 0 {
 		return nil
@@ -663,6 +663,12 @@ func (a *admission) refuse(ctx *fasthttp.RequestCtx, p *limitPart, what string, 
 	// refusal is whole there before WriteError, which writes the same.
 	setRetryHeaders(&ctx.Response.Header, e)
 	return e
+}
+
+// refuseAccountBusy is refuseConcurrent for the account's max_concurrent,
+// counted by its Live rather than by a part.
+func (a *admission) refuseAccountBusy(ctx *fasthttp.RequestCtx) *APIError {
+	return a.refuseConcurrent(ctx, callerID{callerAccount, a.account}, a.maxConcurrent)
 }
 
 func (a *admission) refuseConcurrent(ctx *fasthttp.RequestCtx, caller callerID, limit int64) *APIError {
