@@ -1128,10 +1128,7 @@ func (w *World) UpstreamStatuses() []UpstreamStatus {
 			// then): it carried nanoseconds and the machine's zone. Not
 			// whole seconds, as the admin API's other times: an
 			// ejection may last under one.
-			shown := until.UTC().Truncate(time.Millisecond)
-			if shown.Before(until) {
-				shown = shown.Add(time.Millisecond)
-			}
+			shown := until.UTC().Add(time.Millisecond - 1).Truncate(time.Millisecond)
 			switch {
 			case !until.After(now) && resting:
 				// Its rest is over; the next call closes the breaker.
